@@ -1,0 +1,386 @@
+//! Minibatch plans: samples → micro-batches (token budget) → trainers.
+//!
+//! Guarantees of every plan returned (tested):
+//! - every sample of the minibatch is in exactly one micro-batch (I2 at planning time);
+//! - every micro-batch is non-empty and holds at most `budget` tokens;
+//! - `micro_batches` is sorted by cost, descending, and each micro-batch's `tokens` and `cost` are
+//!   the sums over its samples;
+//! - a static assignment (`per_trainer`) has one list per trainer and names every micro-batch
+//!   exactly once, each list in descending cost order (ascending index).
+//!
+//! Three strategies: [`plan_static`] (ODC's LB-Mini), [`plan_dynamic`] (greedy longest-first at
+//! run time) and [`plan_equal_count`] (LB-Micro, what collectives allow).
+
+use super::{pack, partition, BalanceError, CostModel};
+
+/// One micro-batch of a plan: packed samples under the token budget.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedMicroBatch {
+    /// Sample indices (into the minibatch), in packing order (longest first).
+    pub samples: Vec<usize>,
+    /// Token sum of the samples; at most the budget.
+    pub tokens: u64,
+    /// Estimated compute cost: the sum of the samples' costs.
+    pub cost: f64,
+}
+
+/// The plan of one minibatch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// All micro-batches of the minibatch, sorted by cost descending.
+    pub micro_batches: Vec<PlannedMicroBatch>,
+    /// Static assignment: for each trainer, indices into `micro_batches` (descending cost order).
+    /// `None` for a dynamic plan, where an idle trainer takes the costliest remaining micro-batch.
+    pub per_trainer: Option<Vec<Vec<usize>>>,
+}
+
+impl Plan {
+    /// Estimated cost of each trainer's assigned work; `None` for a dynamic plan.
+    pub fn trainer_costs(&self) -> Option<Vec<f64>> {
+        let per_trainer = self.per_trainer.as_ref()?;
+        Some(
+            per_trainer
+                .iter()
+                .map(|mbs| {
+                    mbs.iter()
+                        .filter_map(|&i| self.micro_batches.get(i))
+                        .map(|mb| mb.cost)
+                        .sum()
+                })
+                .collect(),
+        )
+    }
+
+    /// Number of samples over all micro-batches.
+    pub fn num_samples(&self) -> usize {
+        self.micro_batches.iter().map(|mb| mb.samples.len()).sum()
+    }
+}
+
+/// Checks the minibatch and returns every sample's cost.
+fn sample_costs(tokens: &[u64], cost: &CostModel, budget: u64) -> Result<Vec<f64>, BalanceError> {
+    if tokens.is_empty() {
+        return Err(BalanceError::EmptyMinibatch);
+    }
+    if budget == 0 {
+        return Err(BalanceError::ZeroBudget);
+    }
+    for (sample, &t) in tokens.iter().enumerate() {
+        if t == 0 {
+            return Err(BalanceError::ZeroLength { sample });
+        }
+        if t > budget {
+            return Err(BalanceError::SampleExceedsBudget {
+                sample,
+                tokens: t,
+                budget,
+            });
+        }
+    }
+    let costs = cost.sample_costs(tokens)?;
+    let total: f64 = costs.iter().sum();
+    if !total.is_finite() {
+        return Err(BalanceError::CostOverflow { total });
+    }
+    Ok(costs)
+}
+
+fn micro_batch(tokens: &[u64], costs: &[f64], samples: Vec<usize>) -> PlannedMicroBatch {
+    PlannedMicroBatch {
+        tokens: samples.iter().map(|&s| tokens[s]).sum(),
+        cost: samples.iter().map(|&s| costs[s]).sum(),
+        samples,
+    }
+}
+
+/// Sorts micro-batches (tagged with an owner) by cost descending, stable.
+fn sort_by_cost<T>(mbs: &mut [(T, PlannedMicroBatch)]) {
+    mbs.sort_by(|x, y| y.1.cost.total_cmp(&x.1.cost));
+}
+
+/// ODC's LB-Mini: partition the *samples* over `trainers` by cost
+/// ([`partition`](fn@partition), counts may differ), then each trainer packs its own samples into
+/// micro-batches under `budget`. Trainers may get different numbers of micro-batches; one with no
+/// samples gets none.
+///
+/// ```
+/// use odc_actors::balancer::{plan_static, CostModel};
+/// let tokens = [30_000, 8_000, 8_000, 7_000, 4_000, 3_000];
+/// let plan = plan_static(&tokens, &CostModel::linear(), 2, 32_000).unwrap();
+/// let per_trainer = plan.per_trainer.as_ref().unwrap();
+/// assert_eq!(per_trainer.len(), 2);
+/// assert_eq!(plan.num_samples(), 6);
+/// // 30k tokens on one trainer, 30k on the other: one micro-batch vs several.
+/// let costs = plan.trainer_costs().unwrap();
+/// assert!((costs[0] - costs[1]).abs() < 1e-9);
+/// ```
+pub fn plan_static(
+    tokens: &[u64],
+    cost: &CostModel,
+    trainers: usize,
+    budget: u64,
+) -> Result<Plan, BalanceError> {
+    if trainers == 0 {
+        return Err(BalanceError::ZeroTrainers);
+    }
+    let costs = sample_costs(tokens, cost, budget)?;
+    let mut owned = Vec::new();
+    for (trainer, samples) in partition(&costs, trainers, false).into_iter().enumerate() {
+        for mb in pack(tokens, &samples, budget)? {
+            owned.push((trainer, micro_batch(tokens, &costs, mb)));
+        }
+    }
+    sort_by_cost(&mut owned);
+    let mut per_trainer = vec![Vec::new(); trainers];
+    let mut micro_batches = Vec::with_capacity(owned.len());
+    for (position, (trainer, mb)) in owned.into_iter().enumerate() {
+        per_trainer[trainer].push(position);
+        micro_batches.push(mb);
+    }
+    Ok(Plan {
+        micro_batches,
+        per_trainer: Some(per_trainer),
+    })
+}
+
+/// Dynamic dispatch: pack all samples under `budget` and sort the micro-batches by cost
+/// descending; no static assignment (`per_trainer` is `None`): at run time an idle trainer takes
+/// the costliest remaining micro-batch (greedy longest-first, which adapts to stragglers).
+pub fn plan_dynamic(tokens: &[u64], cost: &CostModel, budget: u64) -> Result<Plan, BalanceError> {
+    let costs = sample_costs(tokens, cost, budget)?;
+    let all: Vec<usize> = (0..tokens.len()).collect();
+    let mut mbs: Vec<((), PlannedMicroBatch)> = pack(tokens, &all, budget)?
+        .into_iter()
+        .map(|mb| ((), micro_batch(tokens, &costs, mb)))
+        .collect();
+    sort_by_cost(&mut mbs);
+    Ok(Plan {
+        micro_batches: mbs.into_iter().map(|(_, mb)| mb).collect(),
+        per_trainer: None,
+    })
+}
+
+/// LB-Micro, what collectives allow: pack all samples under `budget`, then partition the
+/// micro-batches over `trainers` by cost with equal counts ([`partition`](fn@partition) with
+/// `equal_count`).
+///
+/// When the number of micro-batches is not a multiple of `trainers`, counts differ by at most one
+/// (some trainers, possibly all but a few, run one micro-batch fewer; with fewer micro-batches
+/// than trainers some run none). A collective schedule needs every trainer to run the same count:
+/// agreeing on the maximum and padding with empty micro-batches is the caller's job.
+pub fn plan_equal_count(
+    tokens: &[u64],
+    cost: &CostModel,
+    trainers: usize,
+    budget: u64,
+) -> Result<Plan, BalanceError> {
+    if trainers == 0 {
+        return Err(BalanceError::ZeroTrainers);
+    }
+    let Plan { micro_batches, .. } = plan_dynamic(tokens, cost, budget)?;
+    let mb_costs: Vec<f64> = micro_batches.iter().map(|mb| mb.cost).collect();
+    // `partition` lists indices ascending, i.e. by descending cost since `micro_batches` is sorted.
+    let per_trainer = partition(&mb_costs, trainers, true);
+    Ok(Plan {
+        micro_batches,
+        per_trainer: Some(per_trainer),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::balancer::{greedy_partition, max_load};
+    use proptest::prelude::*;
+
+    /// Checks every guarantee listed in the module docs.
+    fn assert_plan_valid(plan: &Plan, tokens: &[u64], cost: &CostModel, budget: u64) {
+        let mut seen: Vec<usize> = plan
+            .micro_batches
+            .iter()
+            .flat_map(|mb| mb.samples.iter().copied())
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..tokens.len()).collect::<Vec<_>>(), "exactly once");
+        for mb in &plan.micro_batches {
+            assert!(!mb.samples.is_empty());
+            let sum: u64 = mb.samples.iter().map(|&s| tokens[s]).sum();
+            assert_eq!(mb.tokens, sum);
+            assert!(mb.tokens <= budget, "budget respected");
+            let c: f64 = mb.samples.iter().map(|&s| cost.cost(tokens[s])).sum();
+            assert!((mb.cost - c).abs() <= 1e-9 * c.max(1.0));
+        }
+        for pair in plan.micro_batches.windows(2) {
+            assert!(pair[0].cost >= pair[1].cost, "sorted by cost descending");
+        }
+        if let Some(per_trainer) = &plan.per_trainer {
+            let mut all: Vec<usize> = per_trainer.iter().flatten().copied().collect();
+            all.sort_unstable();
+            assert_eq!(all, (0..plan.micro_batches.len()).collect::<Vec<_>>());
+            for list in per_trainer {
+                assert!(
+                    list.windows(2).all(|w| w[0] < w[1]),
+                    "descending cost order"
+                );
+            }
+        }
+    }
+
+    fn count_spread(per_trainer: &[Vec<usize>]) -> usize {
+        let max = per_trainer.iter().map(Vec::len).max().unwrap_or(0);
+        let min = per_trainer.iter().map(Vec::len).min().unwrap_or(0);
+        max - min
+    }
+
+    #[test]
+    fn plans_error_for_bad_input() {
+        let m = CostModel::default();
+        let static_plan = |t: &[u64], k, b| plan_static(t, &m, k, b);
+        let equal_plan = |t: &[u64], k, b| plan_equal_count(t, &m, k, b);
+        for plan in [
+            &static_plan as &dyn Fn(&[u64], usize, u64) -> _,
+            &equal_plan,
+        ] {
+            assert_eq!(plan(&[10], 0, 100), Err(BalanceError::ZeroTrainers));
+            assert_eq!(plan(&[], 2, 100), Err(BalanceError::EmptyMinibatch));
+            assert_eq!(plan(&[10], 2, 0), Err(BalanceError::ZeroBudget));
+            assert_eq!(
+                plan(&[10, 0], 2, 100),
+                Err(BalanceError::ZeroLength { sample: 1 })
+            );
+            assert_eq!(
+                plan(&[10, 101], 2, 100),
+                Err(BalanceError::SampleExceedsBudget {
+                    sample: 1,
+                    tokens: 101,
+                    budget: 100
+                })
+            );
+        }
+        assert_eq!(
+            plan_dynamic(&[], &m, 100),
+            Err(BalanceError::EmptyMinibatch)
+        );
+        assert_eq!(plan_dynamic(&[5], &m, 0), Err(BalanceError::ZeroBudget));
+        assert_eq!(
+            plan_dynamic(&[0], &m, 10),
+            Err(BalanceError::ZeroLength { sample: 0 })
+        );
+        let bad = CostModel::quadratic(-1.0, 0.0);
+        assert!(matches!(
+            plan_dynamic(&[5], &bad, 10),
+            Err(BalanceError::InvalidCostModel { field: "a", .. })
+        ));
+        let huge = CostModel::quadratic(0.0, f64::MAX);
+        assert!(matches!(
+            plan_static(&[32_000, 32_000, 64_000], &huge, 2, 64_000),
+            Err(BalanceError::NonFiniteCost { sample: 2, .. })
+                | Err(BalanceError::CostOverflow { .. })
+        ));
+        let big = CostModel::quadratic(0.0, f64::MAX / 2.0);
+        assert!(matches!(
+            plan_dynamic(&[32_000, 32_000, 32_000], &big, 64_000),
+            Err(BalanceError::CostOverflow { .. })
+        ));
+    }
+
+    #[test]
+    fn plan_static_is_lb_mini_counts_may_differ() {
+        // One long sample balances against many short ones: counts differ across trainers.
+        let tokens = [60_000, 10_000, 10_000, 10_000, 10_000, 10_000, 10_000];
+        let m = CostModel::linear();
+        let plan = plan_static(&tokens, &m, 2, 65_536).unwrap();
+        assert_plan_valid(&plan, &tokens, &m, 65_536);
+        let per_trainer = plan.per_trainer.as_ref().unwrap();
+        let mut counts: Vec<usize> = per_trainer.iter().map(Vec::len).collect();
+        counts.sort_unstable();
+        assert_eq!(counts, vec![1, 1]);
+        let costs = plan.trainer_costs().unwrap();
+        assert!((costs[0] - costs[1]).abs() < 1e-9);
+
+        // Budget forces the short samples into several micro-batches.
+        let plan = plan_static(&tokens, &m, 2, 60_000).unwrap();
+        assert_plan_valid(&plan, &tokens, &m, 60_000);
+        let mut counts: Vec<usize> = plan.per_trainer.unwrap().iter().map(Vec::len).collect();
+        counts.sort_unstable();
+        assert_eq!(counts, vec![1, 1]);
+        let plan = plan_static(&tokens, &m, 2, 30_000);
+        assert!(matches!(
+            plan,
+            Err(BalanceError::SampleExceedsBudget { sample: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn plan_static_more_trainers_than_samples() {
+        let tokens = [100, 200];
+        let m = CostModel::default();
+        let plan = plan_static(&tokens, &m, 5, 1000).unwrap();
+        assert_plan_valid(&plan, &tokens, &m, 1000);
+        let per_trainer = plan.per_trainer.unwrap();
+        assert_eq!(per_trainer.len(), 5);
+        assert_eq!(per_trainer.iter().filter(|l| l.is_empty()).count(), 3);
+    }
+
+    #[test]
+    fn plan_dynamic_sorted_costliest_first() {
+        let tokens = [1_000, 30_000, 2_000, 20_000, 15_000];
+        let m = CostModel::odc_7b();
+        let plan = plan_dynamic(&tokens, &m, 32_000).unwrap();
+        assert_plan_valid(&plan, &tokens, &m, 32_000);
+        assert!(plan.per_trainer.is_none());
+        assert!(plan.trainer_costs().is_none());
+        assert_eq!(plan.micro_batches[0].samples, vec![1, 2]);
+    }
+
+    #[test]
+    fn plan_equal_count_counts_differ_by_at_most_one() {
+        let tokens: Vec<u64> = (1..=23).map(|i| i * 1_000).collect();
+        let m = CostModel::odc_1_5b();
+        for trainers in 1..=9 {
+            let plan = plan_equal_count(&tokens, &m, trainers, 24_000).unwrap();
+            assert_plan_valid(&plan, &tokens, &m, 24_000);
+            let per_trainer = plan.per_trainer.as_ref().unwrap();
+            assert_eq!(per_trainer.len(), trainers);
+            assert!(count_spread(per_trainer) <= 1);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn plans_place_every_sample_once_within_budget(
+            tokens in prop::collection::vec(1u64..32_000, 1..80),
+            trainers in 1usize..9,
+            budget in 32_000u64..70_000,
+            quadratic in any::<bool>(),
+        ) {
+            let m = if quadratic { CostModel::odc_7b() } else { CostModel::linear() };
+            let s = plan_static(&tokens, &m, trainers, budget).unwrap();
+            assert_plan_valid(&s, &tokens, &m, budget);
+            prop_assert_eq!(s.per_trainer.as_ref().map(Vec::len), Some(trainers));
+            let d = plan_dynamic(&tokens, &m, budget).unwrap();
+            assert_plan_valid(&d, &tokens, &m, budget);
+            let e = plan_equal_count(&tokens, &m, trainers, budget).unwrap();
+            assert_plan_valid(&e, &tokens, &m, budget);
+            prop_assert!(count_spread(e.per_trainer.as_ref().unwrap()) <= 1);
+            prop_assert_eq!(s.num_samples(), tokens.len());
+        }
+
+        #[test]
+        fn plan_static_balances_samples_no_worse_than_greedy(
+            tokens in prop::collection::vec(1u64..64_000, 1..80),
+            trainers in 1usize..9,
+        ) {
+            let m = CostModel::odc_7b();
+            let plan = plan_static(&tokens, &m, trainers, 65_536).unwrap();
+            let costs: Vec<f64> = tokens.iter().map(|&t| m.cost(t)).collect();
+            let worst = plan
+                .trainer_costs()
+                .unwrap()
+                .into_iter()
+                .fold(0.0, f64::max);
+            let greedy = max_load(&costs, &greedy_partition(&costs, trainers));
+            prop_assert!(worst <= greedy * (1.0 + 1e-12));
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! The trainer-side API a user implements: [`Compute`] runs one micro-batch against a
+//! [`TrainerContext`](crate::context::TrainerContext).
+//!
+//! Loss convention (so that any split of a minibatch gives the same gradient, I3): the compute
+//! returns the **sum** of its samples' losses and pushes the gradient of that sum; with
+//! [`LossWeighting::Tokens`] the loss of a sample is the sum of its per-token losses, with
+//! [`LossWeighting::Samples`] it is the sample's mean per-token loss. The shard servers divide the
+//! accumulated gradient by the minibatch's total weight (tokens or samples) before the optimizer step.
+
+use std::sync::Arc;
+
+use crate::context::TrainerContext;
+use crate::error::Result;
+
+/// One sample of a minibatch as the runtime sees it: the user's dataset index and its lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleMeta {
+    /// Index into the user's dataset; the compute resolves it.
+    pub index: u64,
+    /// Sequence length in tokens (drives packing and the cost model).
+    pub tokens: u64,
+    /// Tokens that carry loss (the weight under [`LossWeighting::Tokens`]).
+    pub loss_tokens: u64,
+}
+
+impl SampleMeta {
+    /// A sample whose every token carries loss.
+    pub fn new(index: u64, tokens: u64) -> Self {
+        SampleMeta {
+            index,
+            tokens,
+            loss_tokens: tokens,
+        }
+    }
+}
+
+/// What the gradient is averaged over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossWeighting {
+    /// Token mean over the whole minibatch (verl's `token-mean`).
+    #[default]
+    Tokens,
+    /// Mean over samples of each sample's token mean (verl's `seq-mean-token-mean`).
+    Samples,
+}
+
+impl LossWeighting {
+    /// The weight `sample` contributes to the minibatch's total.
+    pub fn weight(self, sample: &SampleMeta) -> f64 {
+        match self {
+            LossWeighting::Tokens => sample.loss_tokens as f64,
+            LossWeighting::Samples => 1.0,
+        }
+    }
+}
+
+/// One unit of work handed to a trainer.
+#[derive(Debug, Clone)]
+pub struct MicroBatch {
+    /// Step (= parameter version) this micro-batch belongs to.
+    pub step: u64,
+    /// Index of the micro-batch within its minibatch's plan.
+    pub id: usize,
+    pub samples: Vec<SampleMeta>,
+    /// Sum of the samples' tokens.
+    pub tokens: u64,
+    /// Estimated cost (cost model units).
+    pub cost: f64,
+    pub weighting: LossWeighting,
+}
+
+/// What a micro-batch's compute returns.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ComputeOutput {
+    /// Sum of the samples' losses (see the module docs).
+    pub loss_sum: f64,
+}
+
+/// User compute for one micro-batch: gather units, compute, push gradients.
+///
+/// The runtime waits for every gradient push to be acknowledged after `run` returns, and drops
+/// prefetched units, so an implementation may leave pushes in flight.
+#[async_trait::async_trait]
+pub trait Compute: Send + 'static {
+    async fn run(
+        &mut self,
+        ctx: &mut TrainerContext,
+        micro_batch: &MicroBatch,
+    ) -> Result<ComputeOutput>;
+}
+
+/// Makes one [`Compute`] per trainer (called again when a failed trainer is respawned).
+pub trait ComputeFactory: Send + Sync + 'static {
+    fn create(&self, trainer: usize) -> Box<dyn Compute>;
+}
+
+impl<F> ComputeFactory for F
+where
+    F: Fn(usize) -> Box<dyn Compute> + Send + Sync + 'static,
+{
+    fn create(&self, trainer: usize) -> Box<dyn Compute> {
+        self(trainer)
+    }
+}
+
+/// Shared handle to a compute factory.
+pub type SharedComputeFactory = Arc<dyn ComputeFactory>;

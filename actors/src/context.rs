@@ -1,0 +1,442 @@
+//! [`TrainerContext`]: what user compute calls to move parameters and gradients.
+//!
+//! - `gather(unit)` pulls every shard of the unit concurrently, each shard in chunks
+//!   ([`odc_transport::chunk_ranges`]), from every owner at once; it then prefetches the next
+//!   `prefetch` units in forward order, or in reverse order after [`TrainerContext::backward`].
+//! - `release(unit)` drops the context's reference to a gathered unit.
+//! - `push_grad(unit, grad)` splits the gradient by owner and chunk and sends it asynchronously; the
+//!   returned [`PushTicket`] resolves when every owner acknowledged. The trainer waits for all pushes
+//!   before it reports the micro-batch done (ledger rule, DESIGN step 4).
+//!
+//! Invariants:
+//! - **I1 consistency**: every chunk read carries the version it was published with; a chunk whose
+//!   version differs from the micro-batch's step is refused ([`Error::VersionMismatch`]).
+//! - **I5 bounded memory**: prefetches are issued only while gathered units plus prefetches in flight
+//!   stay within `prefetch + 1`, so a compute that releases what it no longer needs never holds more
+//!   than `prefetch + 1` gathered units ([`MicroBatchStats::peak_gathered`]). Units the user gathers
+//!   explicitly are always served.
+//! - Pushes carry a [`WriteTag`] with the attempt's epoch and a write id unique per
+//!   (micro-batch, unit, shard, chunk), so owners refuse duplicates and late writes (I2).
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use odc_transport::{chunk_ranges, codec, Dtype, EndpointId, Transport, TransportError, WriteTag};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::compute::MicroBatch;
+use crate::directory::{Directory, ShardRoute};
+use crate::error::{Error, Result};
+use crate::layout::{ModelLayout, UnitId};
+use crate::metrics as m;
+
+/// Knobs of the trainer-side data path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextConfig {
+    /// Units prefetched ahead of the one being gathered (0 disables prefetching).
+    pub prefetch: usize,
+    /// Chunk size of reads and gradient pushes, in elements.
+    pub chunk_elems: usize,
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        ContextConfig {
+            prefetch: 1,
+            chunk_elems: 1 << 18,
+        }
+    }
+}
+
+/// Order in which units are being gathered; prefetching follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Forward,
+    Backward,
+}
+
+/// What one micro-batch's data path did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MicroBatchStats {
+    /// Time the compute was blocked in `gather`.
+    pub pull_wait: Duration,
+    /// Time spent waiting for push acknowledgements after the compute returned.
+    pub push_wait: Duration,
+    pub bytes_pulled: u64,
+    pub bytes_pushed: u64,
+    /// Most gathered units held at once (gathered and not released, plus prefetches in flight).
+    pub peak_gathered: usize,
+    /// Units pulled (demand pulls and prefetches).
+    pub pulls: usize,
+}
+
+/// A pulled unit's values and the bytes moved.
+type Pulled = (Arc<[f32]>, u64);
+
+type PushResult = std::result::Result<u64, (EndpointId, TransportError)>;
+
+/// Resolves when every owner acknowledged one `push_grad`.
+#[derive(Debug)]
+pub struct PushTicket {
+    unit: UnitId,
+    rx: oneshot::Receiver<PushResult>,
+}
+
+impl PushTicket {
+    /// Wait for the acknowledgements.
+    pub async fn wait(self) -> Result<()> {
+        match self.rx.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((owner, source))) => Err(Error::Push {
+                unit: self.unit,
+                owner,
+                source,
+            }),
+            Err(_) => Err(Error::Actor {
+                actor: "trainer".into(),
+                reason: format!("push of unit {} was cancelled", self.unit),
+            }),
+        }
+    }
+}
+
+/// The trainer-side API handed to [`Compute::run`](crate::compute::Compute::run).
+pub struct TrainerContext {
+    trainer: usize,
+    transport: Arc<dyn Transport>,
+    layout: Arc<ModelLayout>,
+    directory: Arc<Directory>,
+    config: ContextConfig,
+    // Per micro-batch state.
+    version: u64,
+    epoch: u64,
+    micro_batch: usize,
+    direction: Direction,
+    resident: HashMap<UnitId, Arc<[f32]>>,
+    inflight: HashMap<UnitId, JoinHandle<Result<Pulled>>>,
+    pushes: Vec<(UnitId, JoinHandle<PushResult>)>,
+    pushed: HashSet<UnitId>,
+    stats: MicroBatchStats,
+}
+
+impl TrainerContext {
+    /// A context for trainer `trainer`.
+    pub fn new(
+        trainer: usize,
+        transport: Arc<dyn Transport>,
+        layout: Arc<ModelLayout>,
+        directory: Arc<Directory>,
+        config: ContextConfig,
+    ) -> Self {
+        TrainerContext {
+            trainer,
+            transport,
+            layout,
+            directory,
+            config,
+            version: 0,
+            epoch: 0,
+            micro_batch: 0,
+            direction: Direction::Forward,
+            resident: HashMap::new(),
+            inflight: HashMap::new(),
+            pushes: Vec::new(),
+            pushed: HashSet::new(),
+            stats: MicroBatchStats::default(),
+        }
+    }
+
+    /// This trainer's index.
+    pub fn trainer(&self) -> usize {
+        self.trainer
+    }
+
+    /// Parameter version every read of this micro-batch returns (I1).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The model's units.
+    pub fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    /// The current gathering direction.
+    pub fn direction(&self) -> Direction {
+        self.direction
+    }
+
+    /// Start of a micro-batch (called by the trainer actor).
+    pub(crate) fn begin(&mut self, micro_batch: &MicroBatch, epoch: u64) {
+        self.cancel_prefetches();
+        self.resident.clear();
+        self.pushed.clear();
+        self.version = micro_batch.step;
+        self.epoch = epoch;
+        self.micro_batch = micro_batch.id;
+        self.direction = Direction::Forward;
+        self.stats = MicroBatchStats::default();
+    }
+
+    /// End of a micro-batch: drop gathered units and prefetches, wait for every push's
+    /// acknowledgement. Returns the micro-batch's stats, or the first push failure.
+    pub(crate) async fn finish(&mut self) -> Result<MicroBatchStats> {
+        self.cancel_prefetches();
+        self.resident.clear();
+        let started = Instant::now();
+        let mut first_err = None;
+        for (unit, handle) in self.pushes.drain(..) {
+            let outcome = match handle.await {
+                Ok(Ok(bytes)) => {
+                    self.stats.bytes_pushed += bytes;
+                    continue;
+                }
+                Ok(Err((owner, source))) => Error::Push {
+                    unit,
+                    owner,
+                    source,
+                },
+                Err(e) => Error::Actor {
+                    actor: format!("trainer {}", self.trainer),
+                    reason: format!("push task of unit {unit} failed: {e}"),
+                },
+            };
+            first_err.get_or_insert(outcome);
+        }
+        self.stats.push_wait += started.elapsed();
+        metrics::gauge!(m::GATHERED_UNITS, "trainer" => self.trainer.to_string()).set(0.0);
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(std::mem::take(&mut self.stats)),
+        }
+    }
+
+    /// Switch to backward order: prefetches now go to lower unit ids. Forward prefetches still in
+    /// flight are dropped.
+    pub fn backward(&mut self) {
+        if self.direction != Direction::Backward {
+            self.direction = Direction::Backward;
+            self.cancel_prefetches();
+        }
+    }
+
+    /// Pull every shard of `unit` (or take it from a prefetch), then prefetch ahead.
+    pub async fn gather(&mut self, unit: UnitId) -> Result<Arc<[f32]>> {
+        self.layout.unit(unit)?;
+        if let Some(data) = self.resident.get(&unit) {
+            return Ok(data.clone());
+        }
+        let started = Instant::now();
+        let prefetched = match self.inflight.remove(&unit) {
+            Some(handle) => handle.await.ok(),
+            None => None,
+        };
+        let (data, bytes) = match prefetched {
+            Some(result) => result?,
+            None => self.pull_task(unit).await?,
+        };
+        self.stats.pull_wait += started.elapsed();
+        self.stats.bytes_pulled += bytes;
+        self.stats.pulls += 1;
+        self.resident.insert(unit, data.clone());
+        self.prefetch_after(unit);
+        self.note_held();
+        Ok(data)
+    }
+
+    /// Drop the context's reference to a gathered unit.
+    pub fn release(&mut self, unit: UnitId) -> Result<()> {
+        self.layout.unit(unit)?;
+        match self.resident.remove(&unit) {
+            Some(_) => {
+                self.note_held();
+                Ok(())
+            }
+            None => Err(Error::NotGathered { unit }),
+        }
+    }
+
+    /// Units currently gathered and not released.
+    pub fn gathered(&self) -> usize {
+        self.resident.len()
+    }
+
+    /// Send `grad` (the gradient of the micro-batch's summed loss w.r.t. the whole unit) to the
+    /// unit's owners, split by shard and chunk, asynchronously.
+    pub fn push_grad(&mut self, unit: UnitId, grad: &[f32]) -> Result<PushTicket> {
+        let spec = self.layout.unit(unit)?;
+        if grad.len() != spec.len {
+            return Err(Error::GradLength {
+                unit,
+                name: spec.name.clone(),
+                expected: spec.len,
+                got: grad.len(),
+            });
+        }
+        if !self.pushed.insert(unit) {
+            return Err(Error::DuplicatePush {
+                unit,
+                micro_batch: self.micro_batch,
+            });
+        }
+        let mut writes = Vec::new();
+        for (shard, route) in self.routes(unit)?.iter().enumerate() {
+            for (chunk, r) in
+                chunk_ranges(0..route.range.len(), self.config.chunk_elems).enumerate()
+            {
+                let values = &grad[route.range.start + r.start..route.range.start + r.end];
+                let tag = WriteTag {
+                    epoch: self.epoch,
+                    write_id: write_id(self.micro_batch, unit, shard, chunk),
+                };
+                writes.push((
+                    route.clone(),
+                    r.start,
+                    codec::encode(Dtype::F32, values),
+                    tag,
+                ));
+            }
+        }
+        let transport = self.transport.clone();
+        let (tx, rx) = oneshot::channel();
+        let handle = tokio::spawn(async move {
+            let acks = join_all(writes.into_iter().map(|(route, offset, data, tag)| {
+                let transport = transport.clone();
+                async move {
+                    let len = data.len() as u64;
+                    transport
+                        .accumulate(&route.accumulator, offset, data, tag)
+                        .await
+                        .map(|()| len)
+                        .map_err(|e| (route.owner, e))
+                }
+            }))
+            .await;
+            let result = acks.into_iter().sum::<PushResult>();
+            if let Ok(bytes) = result {
+                metrics::counter!(m::BYTES_PUSHED, "transport" => transport.backend())
+                    .increment(bytes);
+            }
+            let _ = tx.send(result.clone());
+            result
+        });
+        self.pushes.push((unit, handle));
+        Ok(PushTicket { unit, rx })
+    }
+
+    fn routes(&self, unit: UnitId) -> Result<&[ShardRoute]> {
+        self.directory
+            .units
+            .get(unit)
+            .map(Vec::as_slice)
+            .ok_or(Error::UnknownUnit {
+                unit,
+                units: self.directory.units.len(),
+            })
+    }
+
+    fn pull_task(&self, unit: UnitId) -> impl std::future::Future<Output = Result<Pulled>> {
+        let routes = self.routes(unit).map(<[ShardRoute]>::to_vec);
+        let len = self.layout.unit(unit).map(|u| u.len);
+        let transport = self.transport.clone();
+        let (version, chunk) = (self.version, self.config.chunk_elems);
+        async move { pull_unit(transport, &routes?, unit, len?, version, chunk).await }
+    }
+
+    fn prefetch_after(&mut self, unit: UnitId) {
+        let depth = self.config.prefetch;
+        let candidates: Vec<UnitId> = match self.direction {
+            Direction::Forward => (unit + 1..self.layout.len()).take(depth).collect(),
+            Direction::Backward => (0..unit).rev().take(depth).collect(),
+        };
+        for next in candidates {
+            if self.resident.len() + self.inflight.len() > depth {
+                break;
+            }
+            if self.resident.contains_key(&next) || self.inflight.contains_key(&next) {
+                continue;
+            }
+            let task = tokio::spawn(self.pull_task(next));
+            self.inflight.insert(next, task);
+        }
+    }
+
+    fn cancel_prefetches(&mut self) {
+        for (_, handle) in self.inflight.drain() {
+            handle.abort();
+        }
+    }
+
+    fn note_held(&mut self) {
+        let held = self.resident.len() + self.inflight.len();
+        self.stats.peak_gathered = self.stats.peak_gathered.max(held);
+        metrics::gauge!(m::GATHERED_UNITS, "trainer" => self.trainer.to_string()).set(held as f64);
+    }
+}
+
+impl Drop for TrainerContext {
+    fn drop(&mut self) {
+        self.cancel_prefetches();
+    }
+}
+
+/// Write id unique per (micro-batch, unit, shard, chunk) within one epoch.
+fn write_id(micro_batch: usize, unit: UnitId, shard: usize, chunk: usize) -> u128 {
+    ((micro_batch as u128 & 0xffff_ffff) << 96)
+        | ((unit as u128 & 0xffff_ffff) << 64)
+        | ((shard as u128 & 0xffff_ffff) << 32)
+        | (chunk as u128 & 0xffff_ffff)
+}
+
+/// Read every chunk of every shard of a unit concurrently and assemble the fp32 unit.
+/// Returns the values and the bytes moved.
+async fn pull_unit(
+    transport: Arc<dyn Transport>,
+    routes: &[ShardRoute],
+    unit: UnitId,
+    len: usize,
+    version: u64,
+    chunk_elems: usize,
+) -> Result<Pulled> {
+    let started = Instant::now();
+    let transport_ref = &transport;
+    let reads = routes.iter().flat_map(|route| {
+        chunk_ranges(0..route.range.len(), chunk_elems).map(move |r: Range<usize>| async move {
+            let result = transport_ref.read(&route.published, r.clone()).await;
+            (route, r, result)
+        })
+    });
+    let mut out = vec![0f32; len];
+    let mut bytes = 0u64;
+    for (route, r, result) in join_all(reads).await {
+        let owner = route.owner;
+        let chunk = result.map_err(|source| Error::Pull {
+            unit,
+            owner,
+            source,
+        })?;
+        if chunk.version != version {
+            return Err(Error::VersionMismatch {
+                unit,
+                owner,
+                expected: version,
+                got: chunk.version,
+            });
+        }
+        let dst = &mut out[route.range.start + r.start..route.range.start + r.end];
+        codec::decode_into(route.published.dtype, &chunk.bytes, dst).map_err(|e| Error::Pull {
+            unit,
+            owner,
+            source: e.for_region(route.published.id),
+        })?;
+        bytes += chunk.bytes.len() as u64;
+    }
+    metrics::histogram!(m::PULL_SECONDS, "transport" => transport.backend())
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!(m::BYTES_PULLED, "transport" => transport.backend()).increment(bytes);
+    Ok((out.into(), bytes))
+}

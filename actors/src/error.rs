@@ -1,0 +1,85 @@
+//! The runtime's one error type. Every variant names what was wrong (unit, trainer, lengths, ...).
+
+use odc_transport::{EndpointId, TransportError};
+
+use crate::balancer::BalanceError;
+use crate::layout::UnitId;
+use crate::optimizer::OptimizerError;
+
+/// Errors of the odc runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown unit {unit}: the model has {units} units")]
+    UnknownUnit { unit: UnitId, units: usize },
+    #[error("gradient for unit {unit} ({name}) has {got} elements, the unit has {expected}")]
+    GradLength {
+        unit: UnitId,
+        name: String,
+        expected: usize,
+        got: usize,
+    },
+    #[error("unit {unit} was pushed twice in micro-batch {micro_batch}: sum the gradient locally and push once")]
+    DuplicatePush { unit: UnitId, micro_batch: usize },
+    #[error("unit {unit} is not gathered, so it cannot be released")]
+    NotGathered { unit: UnitId },
+    #[error("read of unit {unit} from server {owner} returned version {got} during step version {expected} (I1)")]
+    VersionMismatch {
+        unit: UnitId,
+        owner: EndpointId,
+        expected: u64,
+        got: u64,
+    },
+    #[error("pull of unit {unit} from server {owner} failed: {source}")]
+    Pull {
+        unit: UnitId,
+        owner: EndpointId,
+        source: TransportError,
+    },
+    #[error("gradient push of unit {unit} to server {owner} failed: {source}")]
+    Push {
+        unit: UnitId,
+        owner: EndpointId,
+        source: TransportError,
+    },
+    #[error("transport: {0}")]
+    Transport(#[from] TransportError),
+    #[error("invalid model layout: {0}")]
+    Layout(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("the job needs at least one {what}, got 0")]
+    Zero { what: &'static str },
+    #[error("empty minibatch at step {step}")]
+    EmptyMinibatch { step: u64 },
+    #[error("balancer: {0}")]
+    Balance(#[from] BalanceError),
+    #[error("optimizer: {0}")]
+    Optimizer(#[from] OptimizerError),
+    #[error("micro-batch {micro_batch} of step {step} failed on trainer {trainer}: {source}")]
+    MicroBatch {
+        step: u64,
+        micro_batch: usize,
+        trainer: usize,
+        source: Box<Error>,
+    },
+    #[error("user compute: {0}")]
+    User(Box<dyn std::error::Error + Send + Sync>),
+    #[error("no trainer left alive (step {step})")]
+    NoTrainers { step: u64 },
+    #[error("step {step} was replayed {replays} times and failed again; giving up")]
+    TooManyReplays { step: u64, replays: u32 },
+    #[error("a step is already running")]
+    Busy,
+    #[error("actor {actor}: {reason}")]
+    Actor { actor: String, reason: String },
+}
+
+impl Error {
+    /// Wrap an error of the user's compute.
+    pub fn user(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::User(e.into())
+    }
+}
+
+/// Short for `Result<T, odc_actors::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

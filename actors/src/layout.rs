@@ -1,0 +1,208 @@
+//! Model layout and sharding arithmetic.
+//!
+//! A model is an ordered list of **units** (FSDP's FlatParameter: the parameters gathered together).
+//! Each unit is split over `S` shard servers in contiguous **shards**: shard `i` of a unit of `n`
+//! elements is `i·n/S .. (i+1)·n/S` (integer division), so shards differ in length by at most one
+//! and together cover the unit exactly once ([`shard_range`], property-tested).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// Index of a unit in its [`ModelLayout`].
+pub type UnitId = usize;
+
+/// Initial values of a unit, materialised only shard by shard at the owning server.
+#[derive(Clone)]
+pub enum UnitInit {
+    /// Every element equals the constant.
+    Constant(f32),
+    /// Explicit values; their count must equal the unit's length.
+    Values(Arc<[f32]>),
+    /// Value of element `i`.
+    Fn(Arc<dyn Fn(usize) -> f32 + Send + Sync>),
+}
+
+impl std::fmt::Debug for UnitInit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnitInit::Constant(c) => write!(f, "Constant({c})"),
+            UnitInit::Values(v) => write!(f, "Values(len {})", v.len()),
+            UnitInit::Fn(_) => write!(f, "Fn"),
+        }
+    }
+}
+
+impl UnitInit {
+    /// The initial values of `range` of the unit.
+    pub fn slice(&self, range: Range<usize>) -> Vec<f32> {
+        match self {
+            UnitInit::Constant(c) => vec![*c; range.len()],
+            UnitInit::Values(v) => v[range].to_vec(),
+            UnitInit::Fn(f) => range.map(|i| f(i)).collect(),
+        }
+    }
+}
+
+/// One unit: a name, its length in elements and its initial values.
+#[derive(Debug, Clone)]
+pub struct UnitSpec {
+    pub name: String,
+    pub len: usize,
+    pub init: UnitInit,
+}
+
+impl UnitSpec {
+    /// A unit with explicit initial values.
+    pub fn with_values(name: impl Into<String>, values: Vec<f32>) -> Self {
+        UnitSpec {
+            name: name.into(),
+            len: values.len(),
+            init: UnitInit::Values(values.into()),
+        }
+    }
+
+    /// A unit of `len` elements all equal to `value`.
+    pub fn constant(name: impl Into<String>, len: usize, value: f32) -> Self {
+        UnitSpec {
+            name: name.into(),
+            len,
+            init: UnitInit::Constant(value),
+        }
+    }
+}
+
+/// The ordered units of a model. Validated on construction: at least one unit, no empty unit,
+/// unique names, explicit values matching the unit's length.
+#[derive(Debug, Clone)]
+pub struct ModelLayout {
+    units: Vec<UnitSpec>,
+}
+
+impl ModelLayout {
+    pub fn new(units: Vec<UnitSpec>) -> Result<Self> {
+        if units.is_empty() {
+            return Err(Error::Layout("a model needs at least one unit".into()));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (id, u) in units.iter().enumerate() {
+            if u.len == 0 {
+                return Err(Error::Layout(format!(
+                    "unit {id} ({}) has no elements",
+                    u.name
+                )));
+            }
+            if !names.insert(u.name.as_str()) {
+                return Err(Error::Layout(format!(
+                    "unit name {:?} is used twice",
+                    u.name
+                )));
+            }
+            if let UnitInit::Values(v) = &u.init {
+                if v.len() != u.len {
+                    return Err(Error::Layout(format!(
+                        "unit {id} ({}) has {} elements but {} initial values",
+                        u.name,
+                        u.len,
+                        v.len()
+                    )));
+                }
+            }
+        }
+        Ok(ModelLayout { units })
+    }
+
+    pub fn units(&self) -> &[UnitSpec] {
+        &self.units
+    }
+
+    pub fn len(&self) -> usize {
+        self.units.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.units.is_empty()
+    }
+
+    /// The unit `unit`, or [`Error::UnknownUnit`].
+    pub fn unit(&self, unit: UnitId) -> Result<&UnitSpec> {
+        self.units.get(unit).ok_or(Error::UnknownUnit {
+            unit,
+            units: self.units.len(),
+        })
+    }
+
+    /// The id of the unit named `name`.
+    pub fn find(&self, name: &str) -> Option<UnitId> {
+        self.units.iter().position(|u| u.name == name)
+    }
+
+    /// Total number of parameters.
+    pub fn total_elements(&self) -> usize {
+        self.units.iter().map(|u| u.len).sum()
+    }
+}
+
+/// The element range of shard `shard` of a unit of `len` elements split over `servers` servers.
+///
+/// ```
+/// use odc_actors::layout::shard_range;
+/// assert_eq!(shard_range(10, 3, 0), 0..3);
+/// assert_eq!(shard_range(10, 3, 2), 6..10);
+/// ```
+pub fn shard_range(len: usize, servers: usize, shard: usize) -> Range<usize> {
+    let servers = servers.max(1) as u128;
+    let at = |i: u128| ((i.min(servers) * len as u128) / servers) as usize;
+    at(shard as u128)..at(shard as u128 + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn shards_cover_unit_exactly_once(len in 1usize..10_000, servers in 1usize..17) {
+            let mut next = 0;
+            for s in 0..servers {
+                let r = shard_range(len, servers, s);
+                prop_assert_eq!(r.start, next);
+                prop_assert!(r.len() <= len / servers + 1);
+                prop_assert!(r.len() >= len / servers);
+                next = r.end;
+            }
+            prop_assert_eq!(next, len);
+        }
+    }
+
+    #[test]
+    fn layout_rejects_bad_units() {
+        assert!(matches!(ModelLayout::new(vec![]), Err(Error::Layout(_))));
+        let empty = UnitSpec::constant("a", 0, 0.0);
+        assert!(matches!(
+            ModelLayout::new(vec![empty]),
+            Err(Error::Layout(_))
+        ));
+        let dup = vec![
+            UnitSpec::constant("a", 1, 0.0),
+            UnitSpec::constant("a", 2, 0.0),
+        ];
+        assert!(matches!(ModelLayout::new(dup), Err(Error::Layout(_))));
+        let mut bad = UnitSpec::with_values("a", vec![1.0, 2.0]);
+        bad.len = 3;
+        assert!(matches!(ModelLayout::new(vec![bad]), Err(Error::Layout(_))));
+    }
+
+    #[test]
+    fn unknown_unit_is_a_typed_error() {
+        let l = ModelLayout::new(vec![UnitSpec::constant("a", 4, 1.0)]).unwrap();
+        assert!(matches!(
+            l.unit(3),
+            Err(Error::UnknownUnit { unit: 3, units: 1 })
+        ));
+        assert_eq!(l.find("a"), Some(0));
+        assert_eq!(l.unit(0).unwrap().init.slice(1..3), vec![1.0, 1.0]);
+    }
+}

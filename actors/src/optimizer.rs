@@ -1,0 +1,688 @@
+//! Optimizers on one shard: SGD and AdamW, elementwise, with the semantics of `torch.optim.SGD`
+//! and `torch.optim.AdamW`.
+//!
+//! Guarantees (tested):
+//! - **Elementwise**: the update of element `i` depends only on `params[i]`, `grads[i]`, the
+//!   state of element `i`, the config and the step count. The per-step scalars (bias corrections,
+//!   step size, decay factor) are computed once per step from the config and step count alone, so
+//!   splitting a unit into shards and stepping each shard gives bitwise the same parameters as
+//!   stepping the whole unit: sharding never changes results (DESIGN.md I3).
+//! - **All or nothing**: a step that returns an error changes neither the parameters nor the state.
+//! - The step count starts at 0 and counts successful steps; AdamW's bias corrections use `t =
+//!   steps()` after the increment, so the first step has `t = 1`, as in torch.
+//!
+//! Per-step scalars are computed in `f64` and rounded to `f32` (torch computes them as Python
+//! floats); elementwise arithmetic is `f32`, like torch on `float32` tensors. Non-finite gradients
+//! are not rejected (torch does not either): they propagate into the parameters.
+
+/// Why an optimizer step or config was rejected. Variants name the field or the lengths involved.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OptimizerError {
+    /// A hyper-parameter is out of range.
+    #[error("optimizer field `{field}` is {value}; it must be {requirement}")]
+    InvalidConfig {
+        /// Name of the field (`lr`, `momentum`, `weight_decay`, `beta1`, `beta2`, `eps`).
+        field: &'static str,
+        /// Its value.
+        value: f32,
+        /// The range it must lie in.
+        requirement: &'static str,
+    },
+    /// `params` and `grads` of one step have different lengths.
+    #[error("the step got {params} parameters but {grads} gradients")]
+    LengthMismatch {
+        /// Length of the parameter slice.
+        params: usize,
+        /// Length of the gradient slice.
+        grads: usize,
+    },
+    /// The parameter slice is not the length the state was created for.
+    #[error("the optimizer state holds {state} elements but the step got {params} parameters")]
+    StateLengthMismatch {
+        /// Length the state was created for.
+        state: usize,
+        /// Length of the parameter slice.
+        params: usize,
+    },
+    /// The state was created for one optimizer and stepped with another's config.
+    #[error("the optimizer state was created for {state} but the step uses {config}")]
+    KindMismatch {
+        /// Optimizer the state belongs to.
+        state: &'static str,
+        /// Optimizer of the config passed to the step.
+        config: &'static str,
+    },
+}
+
+/// Optimizer hyper-parameters. The learning rate may change between steps (a schedule); the kind
+/// may not.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OptimizerConfig {
+    /// `torch.optim.SGD` with dampening 0 and no Nesterov: `d = g + wd·p`; with momentum,
+    /// `buf = d` on the first step and `buf = momentum·buf + d` after, `d = buf`; `p -= lr·d`.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+        /// Momentum factor (0 disables the momentum buffer).
+        momentum: f32,
+        /// L2 penalty added to the gradient.
+        weight_decay: f32,
+    },
+    /// `torch.optim.AdamW`: decoupled decay `p *= 1 − lr·wd`, `m = β₁m + (1−β₁)g`,
+    /// `v = β₂v + (1−β₂)g²`, `p −= lr·m̂ / (√v̂ + ε)` with `m̂ = m/(1−β₁ᵗ)`, `v̂ = v/(1−β₂ᵗ)`.
+    AdamW {
+        /// Learning rate.
+        lr: f32,
+        /// Decay of the first moment.
+        beta1: f32,
+        /// Decay of the second moment.
+        beta2: f32,
+        /// Added to the denominator for numerical stability.
+        eps: f32,
+        /// Decoupled weight decay.
+        weight_decay: f32,
+    },
+}
+
+impl OptimizerConfig {
+    /// Plain SGD with torch's defaults: no momentum, no weight decay.
+    pub fn sgd(lr: f32) -> Self {
+        Self::Sgd {
+            lr,
+            momentum: 0.0,
+            weight_decay: 0.0,
+        }
+    }
+
+    /// AdamW with torch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    ///
+    /// ```
+    /// use odc_actors::optimizer::OptimizerConfig;
+    /// let c = OptimizerConfig::adamw(1e-4);
+    /// assert!(c.validate().is_ok());
+    /// assert_eq!(c.lr(), 1e-4);
+    /// ```
+    pub fn adamw(lr: f32) -> Self {
+        Self::AdamW {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+
+    /// The learning rate.
+    pub fn lr(&self) -> f32 {
+        match *self {
+            Self::Sgd { lr, .. } | Self::AdamW { lr, .. } => lr,
+        }
+    }
+
+    /// `"SGD"` or `"AdamW"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Sgd { .. } => "SGD",
+            Self::AdamW { .. } => "AdamW",
+        }
+    }
+
+    /// Checks the ranges torch checks: `lr`, `momentum`, `weight_decay` finite and ≥ 0; betas in
+    /// `[0, 1)`; `eps` finite and > 0.
+    pub fn validate(&self) -> Result<(), OptimizerError> {
+        let non_negative = |field, value: f32| {
+            if value.is_finite() && value >= 0.0 {
+                Ok(())
+            } else {
+                Err(OptimizerError::InvalidConfig {
+                    field,
+                    value,
+                    requirement: "finite and >= 0",
+                })
+            }
+        };
+        let beta = |field, value: f32| {
+            if (0.0..1.0).contains(&value) {
+                Ok(())
+            } else {
+                Err(OptimizerError::InvalidConfig {
+                    field,
+                    value,
+                    requirement: "in [0, 1)",
+                })
+            }
+        };
+        match *self {
+            Self::Sgd {
+                lr,
+                momentum,
+                weight_decay,
+            } => {
+                non_negative("lr", lr)?;
+                non_negative("momentum", momentum)?;
+                non_negative("weight_decay", weight_decay)
+            }
+            Self::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                non_negative("lr", lr)?;
+                beta("beta1", beta1)?;
+                beta("beta2", beta2)?;
+                if !(eps.is_finite() && eps > 0.0) {
+                    return Err(OptimizerError::InvalidConfig {
+                        field: "eps",
+                        value: eps,
+                        requirement: "finite and > 0",
+                    });
+                }
+                non_negative("weight_decay", weight_decay)
+            }
+        }
+    }
+}
+
+/// Per-element buffers of one optimizer.
+#[derive(Debug, Clone, PartialEq)]
+enum Buffers {
+    /// The momentum buffer, created on the first step with non-zero momentum (as torch).
+    Sgd { momentum: Option<Vec<f32>> },
+    /// First and second moments.
+    AdamW {
+        exp_avg: Vec<f32>,
+        exp_avg_sq: Vec<f32>,
+    },
+}
+
+/// Optimizer state of one shard (`len` elements): the step count and the per-element buffers.
+///
+/// ```
+/// use odc_actors::optimizer::{OptimizerConfig, OptimizerState};
+/// let config = OptimizerConfig::sgd(0.5);
+/// let mut state = OptimizerState::new(&config, 2);
+/// let mut params = [1.0, 2.0];
+/// state.step(&config, &mut params, &[1.0, -2.0]).unwrap();
+/// assert_eq!(params, [0.5, 3.0]);
+/// assert_eq!(state.steps(), 1);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimizerState {
+    len: usize,
+    steps: u64,
+    buffers: Buffers,
+}
+
+impl OptimizerState {
+    /// Fresh state (zero moments, step 0) for `len` elements of the optimizer `config` names.
+    pub fn new(config: &OptimizerConfig, len: usize) -> Self {
+        let buffers = match config {
+            OptimizerConfig::Sgd { .. } => Buffers::Sgd { momentum: None },
+            OptimizerConfig::AdamW { .. } => Buffers::AdamW {
+                exp_avg: vec![0.0; len],
+                exp_avg_sq: vec![0.0; len],
+            },
+        };
+        Self {
+            len,
+            steps: 0,
+            buffers,
+        }
+    }
+
+    /// Number of elements this state is for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether this state is for zero elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of successful steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// One optimizer step: updates `params` in place from `grads`. Fails, changing nothing, when
+    /// the config is invalid or of another optimizer than the state, or when the lengths of
+    /// `params`, `grads` and the state differ.
+    pub fn step(
+        &mut self,
+        config: &OptimizerConfig,
+        params: &mut [f32],
+        grads: &[f32],
+    ) -> Result<(), OptimizerError> {
+        config.validate()?;
+        if params.len() != grads.len() {
+            return Err(OptimizerError::LengthMismatch {
+                params: params.len(),
+                grads: grads.len(),
+            });
+        }
+        if params.len() != self.len {
+            return Err(OptimizerError::StateLengthMismatch {
+                state: self.len,
+                params: params.len(),
+            });
+        }
+        match (&mut self.buffers, *config) {
+            (
+                Buffers::Sgd { momentum: buffer },
+                OptimizerConfig::Sgd {
+                    lr,
+                    momentum,
+                    weight_decay,
+                },
+            ) => sgd_step(buffer, lr, momentum, weight_decay, params, grads),
+            (
+                Buffers::AdamW {
+                    exp_avg,
+                    exp_avg_sq,
+                },
+                OptimizerConfig::AdamW {
+                    lr,
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                },
+            ) => {
+                let t = self.steps.saturating_add(1);
+                let scalars = AdamScalars::new(lr, beta1, beta2, eps, weight_decay, t);
+                adamw_step(&scalars, exp_avg, exp_avg_sq, params, grads);
+            }
+            (buffers, config) => {
+                let state = match buffers {
+                    Buffers::Sgd { .. } => "SGD",
+                    Buffers::AdamW { .. } => "AdamW",
+                };
+                return Err(OptimizerError::KindMismatch {
+                    state,
+                    config: config.name(),
+                });
+            }
+        }
+        self.steps = self.steps.saturating_add(1);
+        Ok(())
+    }
+}
+
+fn sgd_step(
+    buffer: &mut Option<Vec<f32>>,
+    lr: f32,
+    momentum: f32,
+    weight_decay: f32,
+    params: &mut [f32],
+    grads: &[f32],
+) {
+    let direction = |p: f32, g: f32| {
+        if weight_decay != 0.0 {
+            g + weight_decay * p
+        } else {
+            g
+        }
+    };
+    if momentum == 0.0 {
+        for (p, &g) in params.iter_mut().zip(grads) {
+            *p += -lr * direction(*p, g);
+        }
+        return;
+    }
+    match buffer {
+        Some(buf) => {
+            for ((p, &g), b) in params.iter_mut().zip(grads).zip(buf.iter_mut()) {
+                *b = momentum * *b + direction(*p, g);
+                *p += -lr * *b;
+            }
+        }
+        None => {
+            let mut buf = Vec::with_capacity(params.len());
+            for (p, &g) in params.iter_mut().zip(grads) {
+                let d = direction(*p, g);
+                buf.push(d);
+                *p += -lr * d;
+            }
+            *buffer = Some(buf);
+        }
+    }
+}
+
+/// The scalars of one AdamW step, computed once so every shard uses bitwise the same values.
+struct AdamScalars {
+    decay: f32,
+    beta1: f32,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    step_size: f32,
+    bias_correction2_sqrt: f32,
+    eps: f32,
+}
+
+impl AdamScalars {
+    fn new(lr: f32, beta1: f32, beta2: f32, eps: f32, weight_decay: f32, t: u64) -> Self {
+        let (lr64, b1, b2) = (f64::from(lr), f64::from(beta1), f64::from(beta2));
+        // Exponents beyond i32 change nothing: β^t has long underflowed to 0 by then.
+        let t = i32::try_from(t).unwrap_or(i32::MAX);
+        let bias_correction1 = 1.0 - b1.powi(t);
+        let bias_correction2 = 1.0 - b2.powi(t);
+        Self {
+            decay: (1.0 - lr64 * f64::from(weight_decay)) as f32,
+            beta1,
+            one_minus_beta1: (1.0 - b1) as f32,
+            beta2,
+            one_minus_beta2: (1.0 - b2) as f32,
+            step_size: (lr64 / bias_correction1) as f32,
+            bias_correction2_sqrt: bias_correction2.sqrt() as f32,
+            eps,
+        }
+    }
+}
+
+fn adamw_step(
+    s: &AdamScalars,
+    exp_avg: &mut [f32],
+    exp_avg_sq: &mut [f32],
+    params: &mut [f32],
+    grads: &[f32],
+) {
+    let elements = params
+        .iter_mut()
+        .zip(grads)
+        .zip(exp_avg.iter_mut().zip(exp_avg_sq.iter_mut()));
+    for ((p, &g), (m, v)) in elements {
+        *p *= s.decay;
+        *m = s.beta1 * *m + s.one_minus_beta1 * g;
+        *v = s.beta2 * *v + s.one_minus_beta2 * g * g;
+        let denom = v.sqrt() / s.bias_correction2_sqrt + s.eps;
+        *p += -s.step_size * (*m / denom);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn close(x: f32, y: f64) -> bool {
+        (f64::from(x) - y).abs() <= 1e-6 * y.abs().max(1.0)
+    }
+
+    #[test]
+    fn adamw_matches_hand_computed_two_steps() {
+        let config = OptimizerConfig::AdamW {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        };
+        let mut state = OptimizerState::new(&config, 2);
+        let mut params = [1.0_f32, -2.0];
+        // Step 1: m̂ = g, v̂ = g², so the update is lr·g/(|g| + eps) ≈ lr·sign(g).
+        state.step(&config, &mut params, &[0.5, -0.25]).unwrap();
+        assert!(close(params[0], 1.0 * 0.999 - 0.1), "{}", params[0]);
+        assert!(close(params[1], -2.0 * 0.999 + 0.1), "{}", params[1]);
+        assert!(close(params[0], 0.899));
+        // Step 2 with the same gradient: m = 0.095, bc1 = 0.19; v = 0.00049975, bc2 = 0.001999.
+        state.step(&config, &mut params, &[0.5, -0.25]).unwrap();
+        assert!(close(params[0], 0.798101), "{}", params[0]);
+        assert!(close(params[1], -1.796102), "{}", params[1]);
+        assert_eq!(state.steps(), 2);
+    }
+
+    #[test]
+    fn adamw_second_step_with_different_gradient() {
+        let config = OptimizerConfig::AdamW {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        };
+        let mut state = OptimizerState::new(&config, 1);
+        let mut p = [0.0_f32];
+        state.step(&config, &mut p, &[1.0]).unwrap();
+        state.step(&config, &mut p, &[3.0]).unwrap();
+        // m = 0.09 + 0.3 = 0.39, m̂ = 0.39/0.19; v = 0.000999 + 0.009 = 0.009999, v̂ = v/0.001999.
+        let m_hat = 0.39 / 0.19;
+        let v_hat = 0.009999_f64 / 0.001999;
+        let expected = -0.01 - 0.01 * m_hat / (v_hat.sqrt() + 1e-8);
+        assert!(close(p[0], expected), "{} vs {expected}", p[0]);
+    }
+
+    #[test]
+    fn adamw_zero_gradient_only_decays() {
+        let config = OptimizerConfig::adamw(0.5);
+        let mut state = OptimizerState::new(&config, 1);
+        let mut p = [2.0_f32];
+        state.step(&config, &mut p, &[0.0]).unwrap();
+        assert!(close(p[0], 2.0 * (1.0 - 0.5 * 0.01)));
+    }
+
+    #[test]
+    fn sgd_matches_hand_computed_two_steps() {
+        let config = OptimizerConfig::Sgd {
+            lr: 0.1,
+            momentum: 0.9,
+            weight_decay: 0.1,
+        };
+        let mut state = OptimizerState::new(&config, 1);
+        let mut p = [1.0_f32];
+        // d = 0.5 + 0.1·1 = 0.6 = buf; p = 1 − 0.06.
+        state.step(&config, &mut p, &[0.5]).unwrap();
+        assert!(close(p[0], 0.94), "{}", p[0]);
+        // d = 0.5 + 0.094 = 0.594; buf = 0.54 + 0.594 = 1.134; p = 0.94 − 0.1134.
+        state.step(&config, &mut p, &[0.5]).unwrap();
+        assert!(close(p[0], 0.8266), "{}", p[0]);
+    }
+
+    #[test]
+    fn sgd_without_momentum_is_plain_gradient_descent() {
+        let config = OptimizerConfig::sgd(0.25);
+        let mut state = OptimizerState::new(&config, 3);
+        let mut p = [1.0_f32, 0.0, -1.0];
+        state.step(&config, &mut p, &[4.0, -4.0, 0.0]).unwrap();
+        assert_eq!(p, [0.0, 1.0, -1.0]);
+        state.step(&config, &mut p, &[4.0, -4.0, 0.0]).unwrap();
+        assert_eq!(p, [-1.0, 2.0, -1.0]);
+    }
+
+    #[test]
+    fn optimizer_defaults_match_torch() {
+        assert_eq!(
+            OptimizerConfig::adamw(1e-3),
+            OptimizerConfig::AdamW {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01
+            }
+        );
+        assert_eq!(
+            OptimizerConfig::sgd(0.1),
+            OptimizerConfig::Sgd {
+                lr: 0.1,
+                momentum: 0.0,
+                weight_decay: 0.0
+            }
+        );
+        assert_eq!(OptimizerConfig::sgd(0.1).name(), "SGD");
+        assert_eq!(OptimizerConfig::adamw(0.1).name(), "AdamW");
+    }
+
+    #[test]
+    fn optimizer_validate_rejects_out_of_range_fields() {
+        let adam = OptimizerConfig::adamw(1e-3);
+        let with = |f: &dyn Fn(&mut f32, &mut f32, &mut f32, &mut f32, &mut f32)| {
+            let mut c = adam;
+            if let OptimizerConfig::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } = &mut c
+            {
+                f(lr, beta1, beta2, eps, weight_decay);
+            }
+            c
+        };
+        let cases: [(OptimizerConfig, &str); 8] = [
+            (with(&|lr, _, _, _, _| *lr = -1.0), "lr"),
+            (with(&|lr, _, _, _, _| *lr = f32::NAN), "lr"),
+            (with(&|_, b1, _, _, _| *b1 = 1.0), "beta1"),
+            (with(&|_, _, b2, _, _| *b2 = -0.1), "beta2"),
+            (with(&|_, _, _, eps, _| *eps = 0.0), "eps"),
+            (with(&|_, _, _, _, wd| *wd = f32::INFINITY), "weight_decay"),
+            (
+                OptimizerConfig::Sgd {
+                    lr: 0.1,
+                    momentum: -0.5,
+                    weight_decay: 0.0,
+                },
+                "momentum",
+            ),
+            (OptimizerConfig::sgd(f32::INFINITY), "lr"),
+        ];
+        for (config, expected) in cases {
+            match config.validate() {
+                Err(OptimizerError::InvalidConfig { field, .. }) => assert_eq!(field, expected),
+                other => panic!("{config:?}: expected InvalidConfig, got {other:?}"),
+            }
+        }
+        assert!(adam.validate().is_ok());
+    }
+
+    #[test]
+    fn optimizer_step_errors_change_nothing() {
+        let config = OptimizerConfig::adamw(0.1);
+        let mut state = OptimizerState::new(&config, 2);
+        let fresh = state.clone();
+        let mut p = [1.0_f32, 2.0];
+        assert_eq!(
+            state.step(&config, &mut p, &[1.0]),
+            Err(OptimizerError::LengthMismatch {
+                params: 2,
+                grads: 1
+            })
+        );
+        let mut p3 = [1.0_f32, 2.0, 3.0];
+        assert_eq!(
+            state.step(&config, &mut p3, &[1.0, 1.0, 1.0]),
+            Err(OptimizerError::StateLengthMismatch {
+                state: 2,
+                params: 3
+            })
+        );
+        assert_eq!(
+            state.step(&OptimizerConfig::sgd(0.1), &mut p, &[1.0, 1.0]),
+            Err(OptimizerError::KindMismatch {
+                state: "AdamW",
+                config: "SGD"
+            })
+        );
+        assert!(matches!(
+            state.step(&OptimizerConfig::adamw(-1.0), &mut p, &[1.0, 1.0]),
+            Err(OptimizerError::InvalidConfig { field: "lr", .. })
+        ));
+        assert_eq!(p, [1.0, 2.0]);
+        assert_eq!(p3, [1.0, 2.0, 3.0]);
+        assert_eq!(state, fresh);
+        assert_eq!(state.steps(), 0);
+        assert_eq!(state.len(), 2);
+    }
+
+    /// Straightforward f64 AdamW, for comparison over many steps.
+    fn reference_adamw(lr: f64, wd: f64, steps: &[Vec<f32>], init: &[f32]) -> Vec<f64> {
+        let (b1, b2, eps) = (0.9_f64, 0.999_f64, 1e-8_f64);
+        let mut p: Vec<f64> = init.iter().map(|&x| f64::from(x)).collect();
+        let mut m = vec![0.0; p.len()];
+        let mut v = vec![0.0; p.len()];
+        for (t, g) in steps.iter().enumerate() {
+            let t = t as i32 + 1;
+            for i in 0..p.len() {
+                let g = f64::from(g[i]);
+                p[i] *= 1.0 - lr * wd;
+                m[i] = b1 * m[i] + (1.0 - b1) * g;
+                v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+                let m_hat = m[i] / (1.0 - b1.powi(t));
+                let v_hat = v[i] / (1.0 - b2.powi(t));
+                p[i] -= lr * m_hat / (v_hat.sqrt() + eps);
+            }
+        }
+        p
+    }
+
+    fn grads_strategy(len: usize, steps: usize) -> impl Strategy<Value = Vec<Vec<f32>>> {
+        prop::collection::vec(prop::collection::vec(-10.0f32..10.0, len), steps)
+    }
+
+    proptest! {
+        #[test]
+        fn adamw_matches_f64_reference(
+            (init, grads) in (1usize..16).prop_flat_map(|len| (
+                prop::collection::vec(-5.0f32..5.0, len),
+                grads_strategy(len, 5),
+            )),
+        ) {
+            let config = OptimizerConfig::adamw(1e-2);
+            let mut state = OptimizerState::new(&config, init.len());
+            let mut p = init.clone();
+            for g in &grads {
+                state.step(&config, &mut p, g).unwrap();
+            }
+            let expected = reference_adamw(1e-2, 0.01, &grads, &init);
+            for (got, want) in p.iter().zip(&expected) {
+                prop_assert!((f64::from(*got) - want).abs() < 1e-4, "{got} vs {want}");
+            }
+        }
+
+        #[test]
+        fn sharded_steps_equal_whole_step_bitwise(
+            (init, grads, cuts) in (1usize..64).prop_flat_map(|len| (
+                prop::collection::vec(-5.0f32..5.0, len),
+                grads_strategy(len, 4),
+                prop::collection::vec(0..=len, 0..5),
+            )),
+            adam in any::<bool>(),
+        ) {
+            let config = if adam {
+                OptimizerConfig::adamw(3e-3)
+            } else {
+                OptimizerConfig::Sgd { lr: 0.05, momentum: 0.9, weight_decay: 0.01 }
+            };
+            let mut whole = init.clone();
+            let mut whole_state = OptimizerState::new(&config, whole.len());
+
+            let mut bounds = cuts;
+            bounds.push(0);
+            bounds.push(init.len());
+            bounds.sort_unstable();
+            bounds.dedup();
+            let ranges: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1])).collect();
+            let mut shards: Vec<(Vec<f32>, OptimizerState)> = ranges
+                .iter()
+                .map(|&(a, b)| (init[a..b].to_vec(), OptimizerState::new(&config, b - a)))
+                .collect();
+
+            for g in &grads {
+                whole_state.step(&config, &mut whole, g).unwrap();
+                for ((shard, state), &(a, b)) in shards.iter_mut().zip(&ranges) {
+                    state.step(&config, shard, &g[a..b]).unwrap();
+                }
+            }
+            let joined: Vec<u32> = shards
+                .iter()
+                .flat_map(|(s, _)| s.iter().map(|x| x.to_bits()))
+                .collect();
+            let whole_bits: Vec<u32> = whole.iter().map(|x| x.to_bits()).collect();
+            prop_assert_eq!(joined, whole_bits);
+        }
+    }
+}

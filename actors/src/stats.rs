@@ -1,0 +1,53 @@
+//! Per-step statistics returned by the supervisor.
+
+use std::time::{Duration, Instant};
+
+/// One trainer's share of a step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainerStepStats {
+    /// Time in compute (sum over its micro-batches, pushes acknowledged included).
+    pub busy: Duration,
+    /// Step wall time minus busy time: waiting for work or for the barrier.
+    pub idle: Duration,
+    /// From its last micro-batch's end (or the step's start if it had none) to the barrier's end.
+    pub barrier_wait: Duration,
+    /// Time its compute was blocked in `gather`.
+    pub pull_wait: Duration,
+    pub micro_batches: usize,
+    /// Most gathered units held at once (I5).
+    pub peak_gathered: usize,
+    pub bytes_pulled: u64,
+    pub bytes_pushed: u64,
+}
+
+/// When and where one micro-batch ran (for timelines and the I4 check).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MicroBatchRecord {
+    pub micro_batch: usize,
+    pub trainer: usize,
+    pub started: Instant,
+    pub finished: Instant,
+    pub tokens: u64,
+    pub cost: f64,
+}
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepStats {
+    /// Version of the parameters the step trained on (the step index).
+    pub step: u64,
+    /// Loss averaged by the minibatch's total weight (tokens or samples).
+    pub loss: f64,
+    pub tokens: u64,
+    pub samples: usize,
+    pub micro_batches: usize,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Times the minibatch was replayed after a trainer failure.
+    pub replays: u32,
+    pub wall: Duration,
+    /// Indexed by trainer slot.
+    pub trainers: Vec<TrainerStepStats>,
+    /// Micro-batches of the successful attempt.
+    pub micro_batch_log: Vec<MicroBatchRecord>,
+}

@@ -1,0 +1,331 @@
+//! The [`Job`] builder: model layout, trainers, servers, optimizer, balancing and dispatch, compute
+//! and data; [`Job::run`] trains and returns per-step stats.
+
+use std::sync::Arc;
+
+use odc_actors::balancer::CostModel;
+use odc_actors::compute::{ComputeFactory, LossWeighting, SampleMeta};
+use odc_actors::context::ContextConfig;
+use odc_actors::dispatch::DispatchMode;
+use odc_actors::layout::{ModelLayout, UnitSpec};
+use odc_actors::optimizer::OptimizerConfig;
+use odc_actors::stats::StepStats;
+use odc_actors::supervisor::{
+    FailurePolicy, StepPolicy, Supervisor, SupervisorArgs, SupervisorMsg,
+};
+use odc_actors::{Error, Result};
+use odc_transport::local::LocalTransport;
+use odc_transport::{Dtype, Transport};
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef};
+
+use crate::data::DataSource;
+
+/// Precision of the parameter copy trainers pull.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Half the bytes of fp32; masters stay fp32 at the servers.
+    #[default]
+    Bf16,
+    F32,
+}
+
+impl Precision {
+    fn dtype(self) -> Dtype {
+        match self {
+            Precision::Bf16 => Dtype::Bf16,
+            Precision::F32 => Dtype::F32,
+        }
+    }
+}
+
+/// Builds a [`Job`]. Defaults: 1 trainer, 1 server, AdamW(lr 1e-3), dynamic dispatch, the 7B cost
+/// model, 65,536-token micro-batches, token-mean loss, bf16 pulls, prefetch 1, local transport.
+pub struct JobBuilder {
+    units: Vec<UnitSpec>,
+    trainers: usize,
+    servers: usize,
+    optimizer: OptimizerConfig,
+    policy: StepPolicy,
+    precision: Precision,
+    context: ContextConfig,
+    compute: Option<Arc<dyn ComputeFactory>>,
+    data: Option<Box<dyn DataSource>>,
+    transport: Option<Arc<dyn Transport>>,
+}
+
+impl Default for JobBuilder {
+    fn default() -> Self {
+        JobBuilder {
+            units: Vec::new(),
+            trainers: 1,
+            servers: 1,
+            optimizer: OptimizerConfig::adamw(1e-3),
+            policy: StepPolicy::default(),
+            precision: Precision::default(),
+            context: ContextConfig::default(),
+            compute: None,
+            data: None,
+            transport: None,
+        }
+    }
+}
+
+impl JobBuilder {
+    /// Append a unit to the model layout (units are gathered in the order added).
+    pub fn unit(mut self, unit: UnitSpec) -> Self {
+        self.units.push(unit);
+        self
+    }
+
+    /// Replace the model layout.
+    pub fn units(mut self, units: impl IntoIterator<Item = UnitSpec>) -> Self {
+        self.units = units.into_iter().collect();
+        self
+    }
+
+    pub fn trainers(mut self, n: usize) -> Self {
+        self.trainers = n;
+        self
+    }
+
+    pub fn servers(mut self, n: usize) -> Self {
+        self.servers = n;
+        self
+    }
+
+    pub fn optimizer(mut self, optimizer: OptimizerConfig) -> Self {
+        self.optimizer = optimizer;
+        self
+    }
+
+    pub fn dispatch(mut self, mode: DispatchMode) -> Self {
+        self.policy.dispatch = mode;
+        self
+    }
+
+    pub fn cost_model(mut self, cost: CostModel) -> Self {
+        self.policy.cost = cost;
+        self
+    }
+
+    /// Token budget of one micro-batch.
+    pub fn token_budget(mut self, tokens: u64) -> Self {
+        self.policy.token_budget = tokens;
+        self
+    }
+
+    pub fn loss_weighting(mut self, weighting: LossWeighting) -> Self {
+        self.policy.weighting = weighting;
+        self
+    }
+
+    /// Clip the global gradient norm (computed with one exchange at the barrier).
+    pub fn clip_grad_norm(mut self, max_norm: f64) -> Self {
+        self.policy.clip_norm = Some(max_norm);
+        self
+    }
+
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.policy.failure = policy;
+        self
+    }
+
+    /// Replays of one minibatch (after trainer failures) before the step fails.
+    pub fn max_replays(mut self, n: u32) -> Self {
+        self.policy.max_replays = n;
+        self
+    }
+
+    pub fn pull_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// Units prefetched ahead of the one being gathered.
+    pub fn prefetch(mut self, depth: usize) -> Self {
+        self.context.prefetch = depth;
+        self
+    }
+
+    /// Chunk size of pulls and pushes, in elements.
+    pub fn chunk_elems(mut self, elems: usize) -> Self {
+        self.context.chunk_elems = elems;
+        self
+    }
+
+    /// The user compute, one instance per trainer.
+    pub fn compute(mut self, factory: impl ComputeFactory) -> Self {
+        self.compute = Some(Arc::new(factory));
+        self
+    }
+
+    pub fn data(mut self, source: impl DataSource) -> Self {
+        self.data = Some(Box::new(source));
+        self
+    }
+
+    /// The data-plane backend (default: [`LocalTransport`]).
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+
+    /// Validate the configuration.
+    pub fn build(self) -> Result<Job> {
+        if self.trainers == 0 {
+            return Err(Error::Zero { what: "trainer" });
+        }
+        if self.servers == 0 {
+            return Err(Error::Zero {
+                what: "shard server",
+            });
+        }
+        if self.context.chunk_elems == 0 {
+            return Err(Error::Config(
+                "chunk size must be at least one element".into(),
+            ));
+        }
+        if self.policy.token_budget == 0 {
+            return Err(Error::Config("token budget must be positive".into()));
+        }
+        if let Some(max) = self.policy.clip_norm {
+            if !(max.is_finite() && max > 0.0) {
+                return Err(Error::Config(format!(
+                    "clip norm must be positive, got {max}"
+                )));
+            }
+        }
+        self.optimizer.validate()?;
+        self.policy.cost.validate()?;
+        let layout = ModelLayout::new(self.units)?;
+        let compute = self
+            .compute
+            .ok_or_else(|| Error::Config("no compute given (JobBuilder::compute)".into()))?;
+        Ok(Job {
+            args: Some(SupervisorArgs {
+                layout: Arc::new(layout),
+                transport: self
+                    .transport
+                    .unwrap_or_else(|| Arc::new(LocalTransport::new())),
+                trainers: self.trainers,
+                servers: self.servers,
+                compute,
+                optimizer: self.optimizer,
+                pull_dtype: self.precision.dtype(),
+                context: self.context,
+                policy: self.policy,
+            }),
+            data: self.data,
+            supervisor: None,
+            step: 0,
+        })
+    }
+}
+
+/// A training job: actors are spawned on first use and live until [`Job::shutdown`].
+pub struct Job {
+    args: Option<SupervisorArgs>,
+    data: Option<Box<dyn DataSource>>,
+    supervisor: Option<(ActorRef<SupervisorMsg>, tokio::task::JoinHandle<()>)>,
+    step: u64,
+}
+
+impl Job {
+    pub fn builder() -> JobBuilder {
+        JobBuilder::default()
+    }
+
+    async fn supervisor(&mut self) -> Result<ActorRef<SupervisorMsg>> {
+        if let Some((actor, _)) = &self.supervisor {
+            return Ok(actor.clone());
+        }
+        let args = self.args.take().ok_or_else(|| Error::Actor {
+            actor: "supervisor".into(),
+            reason: "the job's actors stopped".into(),
+        })?;
+        let (actor, handle) =
+            Actor::spawn(None, Supervisor, args)
+                .await
+                .map_err(|e| Error::Actor {
+                    actor: "supervisor".into(),
+                    reason: e.to_string(),
+                })?;
+        self.supervisor = Some((actor.clone(), handle));
+        Ok(actor)
+    }
+
+    /// Train one minibatch of explicit samples.
+    pub async fn step_with(&mut self, samples: Vec<SampleMeta>) -> Result<StepStats> {
+        let supervisor = self.supervisor().await?;
+        let reply = supervisor
+            .call(|reply| SupervisorMsg::Step { samples, reply }, None)
+            .await;
+        let stats = unwrap_call(reply, "step")??;
+        self.step += 1;
+        Ok(stats)
+    }
+
+    /// Train one minibatch from the data source.
+    pub async fn step(&mut self) -> Result<StepStats> {
+        let step = self.step;
+        let data = self
+            .data
+            .as_mut()
+            .ok_or_else(|| Error::Config("no data source given (JobBuilder::data)".into()))?;
+        let samples = data.minibatch(step)?;
+        self.step_with(samples).await
+    }
+
+    /// Train `steps` minibatches from the data source; per-step stats.
+    pub async fn run(&mut self, steps: u64) -> Result<Vec<StepStats>> {
+        let mut out = Vec::with_capacity(steps as usize);
+        for _ in 0..steps {
+            out.push(self.step().await?);
+        }
+        Ok(out)
+    }
+
+    /// Steps completed.
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+
+    /// fp32 master parameters of every unit, in layout order.
+    pub async fn parameters(&mut self) -> Result<Vec<Vec<f32>>> {
+        let supervisor = self.supervisor().await?;
+        let reply = supervisor.call(SupervisorMsg::Parameters, None).await;
+        unwrap_call(reply, "parameters")?
+    }
+
+    /// Stop every actor and wait for them.
+    pub async fn shutdown(mut self) {
+        if let Some((actor, handle)) = self.supervisor.take() {
+            actor.stop(None);
+            let _ = handle.await;
+        }
+    }
+}
+
+fn unwrap_call<T>(
+    reply: std::result::Result<CallResult<T>, ractor::MessagingErr<SupervisorMsg>>,
+    what: &str,
+) -> Result<T> {
+    match reply {
+        Ok(CallResult::Success(v)) => Ok(v),
+        Ok(other) => Err(Error::Actor {
+            actor: "supervisor".into(),
+            reason: format!(
+                "{what}: {}",
+                match other {
+                    CallResult::Timeout => "timed out",
+                    _ => "dropped the reply",
+                }
+            ),
+        }),
+        Err(e) => Err(Error::Actor {
+            actor: "supervisor".into(),
+            reason: format!("{what}: {e}"),
+        }),
+    }
+}

@@ -1,0 +1,56 @@
+//! # odc — on-demand communication for imbalanced LLM post-training
+//!
+//! Parameters, gradients and optimizer state are sharded over **shard servers**; **trainers** pull
+//! the units they need on demand and push gradients point to point; a **supervisor** holds the one
+//! synchronisation per minibatch and replays a minibatch when a trainer fails. See `DESIGN.md`.
+//!
+//! Users build a [`Job`] with a [`ModelLayout`](layout), a [`Compute`] (one micro-batch of their
+//! model against a [`TrainerContext`]) and a [`DataSource`], then call [`Job::run`].
+//!
+//! ```no_run
+//! use odc::{async_trait, Compute, ComputeOutput, Job, MicroBatch, SampleMeta, TrainerContext, UnitSpec};
+//!
+//! struct Scale;
+//! #[async_trait]
+//! impl Compute for Scale {
+//!     async fn run(&mut self, ctx: &mut TrainerContext, mb: &MicroBatch) -> odc::Result<ComputeOutput> {
+//!         let w = ctx.gather(0).await?;
+//!         let grad: Vec<f32> = w.iter().map(|w| w * mb.tokens as f32).collect();
+//!         ctx.push_grad(0, &grad)?;
+//!         Ok(ComputeOutput { loss_sum: 0.0 })
+//!     }
+//! }
+//! # async fn demo() -> odc::Result<()> {
+//! let mut job = Job::builder()
+//!     .unit(UnitSpec::constant("w", 8, 1.0))
+//!     .trainers(2)
+//!     .servers(2)
+//!     .compute(|_trainer| Box::new(Scale) as Box<dyn Compute>)
+//!     .data(|step: u64| Ok(vec![SampleMeta::new(step, 100), SampleMeta::new(step + 1, 200)]))
+//!     .build()?;
+//! let stats = job.run(3).await?;
+//! job.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+pub mod data;
+mod job;
+pub mod metrics;
+
+pub use async_trait::async_trait;
+pub use data::DataSource;
+pub use job::{Job, JobBuilder, Precision};
+pub use odc_actors::balancer::CostModel;
+pub use odc_actors::compute::{
+    Compute, ComputeFactory, ComputeOutput, LossWeighting, MicroBatch, SampleMeta,
+};
+pub use odc_actors::context::{
+    ContextConfig, Direction, MicroBatchStats, PushTicket, TrainerContext,
+};
+pub use odc_actors::dispatch::DispatchMode;
+pub use odc_actors::layout::{self, ModelLayout, UnitId, UnitInit, UnitSpec};
+pub use odc_actors::optimizer::{OptimizerConfig, OptimizerState};
+pub use odc_actors::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
+pub use odc_actors::supervisor::FailurePolicy;
+pub use odc_actors::{Error, Result};
+pub use odc_transport as transport;
