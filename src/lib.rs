@@ -54,3 +54,8 @@ pub use odc_actors::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
 pub use odc_actors::supervisor::FailurePolicy;
 pub use odc_actors::{Error, Result};
 pub use odc_transport as transport;
+
+/// The README's Rust examples compile and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -214,3 +214,160 @@ fn apply(state: &mut ServerState, clip: f64, version: u64) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use odc_transport::local::LocalTransport;
+    use odc_transport::{TransportError, WriteTag};
+
+    use super::*;
+    use crate::layout::UnitSpec;
+
+    async fn server(servers: usize, endpoint: u32) -> (ActorRef<ServerMsg>, Arc<dyn Transport>) {
+        let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+        let layout = ModelLayout::new(vec![UnitSpec::with_values(
+            "u",
+            (0..10).map(|i| i as f32).collect(),
+        )])
+        .unwrap();
+        let args = ServerArgs {
+            endpoint,
+            servers,
+            layout: Arc::new(layout),
+            transport: transport.clone(),
+            optimizer: OptimizerConfig::Sgd {
+                lr: 1.0,
+                momentum: 0.0,
+                weight_decay: 0.0,
+            },
+            pull_dtype: Dtype::F32,
+            epoch: 0,
+        };
+        let (actor, _) = Actor::spawn(None, ShardServer, args).await.unwrap();
+        (actor, transport)
+    }
+
+    async fn ask<T: Send + 'static>(
+        actor: &ActorRef<ServerMsg>,
+        msg: impl FnOnce(RpcReplyPort<T>) -> ServerMsg,
+    ) -> T {
+        actor
+            .call(msg, Some(Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .success_or(())
+            .map_err(|_| "no reply")
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn i2_discard_drops_landed_writes_and_refuses_late_ones() {
+        let (actor, transport) = server(3, 2).await;
+        let route = ask(&actor, ServerMsg::Routes).await[0].clone().unwrap();
+        assert_eq!(route.range, 6..10, "uneven shard of the last server");
+        let grad = codec::encode(Dtype::F32, &[1.0; 4]);
+        let tag = |write_id| WriteTag { epoch: 0, write_id };
+        // A failed attempt's write lands, then the attempt is discarded.
+        transport
+            .accumulate(&route.accumulator, 0, grad.clone(), tag(1))
+            .await
+            .unwrap();
+        ask(&actor, |reply| ServerMsg::Discard {
+            next_epoch: 1,
+            reply,
+        })
+        .await;
+        // The failed trainer's late write is refused...
+        let late = transport
+            .accumulate(&route.accumulator, 0, grad.clone(), tag(2))
+            .await;
+        assert!(matches!(
+            late,
+            Err(TransportError::StaleEpoch {
+                got: 0,
+                current: 1,
+                ..
+            })
+        ));
+        // ...the replay's write counts once, its duplicate is refused...
+        let replay = WriteTag {
+            epoch: 1,
+            write_id: 1,
+        };
+        transport
+            .accumulate(&route.accumulator, 0, grad.clone(), replay)
+            .await
+            .unwrap();
+        let dup = transport
+            .accumulate(&route.accumulator, 0, grad, replay)
+            .await;
+        assert!(matches!(dup, Err(TransportError::DuplicateWrite { .. })));
+        // ...so the step sees exactly one gradient of ones.
+        let sum_sq = ask(&actor, |reply| ServerMsg::Reduce {
+            scale: 1.0,
+            next_epoch: 2,
+            reply,
+        })
+        .await;
+        assert_eq!(sum_sq, 4.0);
+        ask(&actor, |reply| ServerMsg::Apply {
+            clip: 1.0,
+            version: 1,
+            reply,
+        })
+        .await
+        .unwrap();
+        let read = transport.read(&route.published, 0..4).await.unwrap();
+        assert_eq!(read.version, 1, "I1: the step published version 1");
+        assert_eq!(
+            codec::decode(Dtype::F32, &read.bytes).unwrap(),
+            vec![5.0, 6.0, 7.0, 8.0]
+        );
+        actor.stop(None);
+    }
+
+    #[tokio::test]
+    async fn i1_published_copy_changes_only_at_apply() {
+        let (actor, transport) = server(1, 0).await;
+        let route = ask(&actor, ServerMsg::Routes).await[0].clone().unwrap();
+        let before = transport.read(&route.published, 0..10).await.unwrap();
+        transport
+            .accumulate(
+                &route.accumulator,
+                0,
+                codec::encode(Dtype::F32, &[1.0; 10]),
+                WriteTag {
+                    epoch: 0,
+                    write_id: 0,
+                },
+            )
+            .await
+            .unwrap();
+        ask(&actor, |reply| ServerMsg::Reduce {
+            scale: 0.5,
+            next_epoch: 1,
+            reply,
+        })
+        .await;
+        // Gradients reduced, step not applied: readers still see version 0.
+        assert_eq!(
+            transport.read(&route.published, 0..10).await.unwrap(),
+            before
+        );
+        ask(&actor, |reply| ServerMsg::Apply {
+            clip: 1.0,
+            version: 1,
+            reply,
+        })
+        .await
+        .unwrap();
+        let after = transport.read(&route.published, 0..10).await.unwrap();
+        assert_eq!(after.version, 1);
+        assert_eq!(codec::decode(Dtype::F32, &after.bytes).unwrap()[3], 2.5);
+        let params = ask(&actor, ServerMsg::Parameters).await;
+        assert_eq!(params[0].2[0], -0.5);
+        actor.stop(None);
+    }
+}

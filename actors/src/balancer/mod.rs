@@ -38,4 +38,6 @@ pub use packing::pack;
 pub use partition::{
     greedy_partition, greedy_partition_equal_count, karmarkar_karp, loads, max_load, partition,
 };
-pub use plan::{plan_dynamic, plan_equal_count, plan_static, Plan, PlannedMicroBatch};
+pub use plan::{
+    plan_dynamic, plan_equal_count, plan_static, Plan, PlannedMicroBatch, MAX_TRAINERS,
+};

@@ -57,6 +57,23 @@ impl Plan {
     }
 }
 
+/// The most trainers a plan accepts (2²⁰): far above any cluster, low enough that the per-trainer
+/// lists of a plan always fit in memory.
+pub const MAX_TRAINERS: usize = 1 << 20;
+
+fn check_trainers(trainers: usize) -> Result<(), BalanceError> {
+    if trainers == 0 {
+        return Err(BalanceError::ZeroTrainers);
+    }
+    if trainers > MAX_TRAINERS {
+        return Err(BalanceError::TooManyTrainers {
+            trainers,
+            max: MAX_TRAINERS,
+        });
+    }
+    Ok(())
+}
+
 /// Checks the minibatch and returns every sample's cost.
 fn sample_costs(tokens: &[u64], cost: &CostModel, budget: u64) -> Result<Vec<f64>, BalanceError> {
     if tokens.is_empty() {
@@ -120,9 +137,7 @@ pub fn plan_static(
     trainers: usize,
     budget: u64,
 ) -> Result<Plan, BalanceError> {
-    if trainers == 0 {
-        return Err(BalanceError::ZeroTrainers);
-    }
+    check_trainers(trainers)?;
     let costs = sample_costs(tokens, cost, budget)?;
     let mut owned = Vec::new();
     for (trainer, samples) in partition(&costs, trainers, false).into_iter().enumerate() {
@@ -174,9 +189,7 @@ pub fn plan_equal_count(
     trainers: usize,
     budget: u64,
 ) -> Result<Plan, BalanceError> {
-    if trainers == 0 {
-        return Err(BalanceError::ZeroTrainers);
-    }
+    check_trainers(trainers)?;
     let Plan { micro_batches, .. } = plan_dynamic(tokens, cost, budget)?;
     let mb_costs: Vec<f64> = micro_batches.iter().map(|mb| mb.cost).collect();
     // `partition` lists indices ascending, i.e. by descending cost since `micro_batches` is sorted.
@@ -242,6 +255,14 @@ mod tests {
             &equal_plan,
         ] {
             assert_eq!(plan(&[10], 0, 100), Err(BalanceError::ZeroTrainers));
+            assert_eq!(
+                plan(&[10], usize::MAX, 100),
+                Err(BalanceError::TooManyTrainers {
+                    trainers: usize::MAX,
+                    max: MAX_TRAINERS
+                })
+            );
+            assert!(plan(&[10], MAX_TRAINERS, 100).is_ok());
             assert_eq!(plan(&[], 2, 100), Err(BalanceError::EmptyMinibatch));
             assert_eq!(plan(&[10], 2, 0), Err(BalanceError::ZeroBudget));
             assert_eq!(

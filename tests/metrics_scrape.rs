@@ -1,0 +1,84 @@
+//! The Prometheus endpoint serves the runtime's `odc_*` metrics over real HTTP. Its own test binary:
+//! the recorder is process-global.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use odc::{
+    async_trait, Compute, ComputeOutput, Job, MicroBatch, SampleMeta, TrainerContext, UnitSpec,
+};
+
+struct Ones;
+
+#[async_trait]
+impl Compute for Ones {
+    async fn run(
+        &mut self,
+        ctx: &mut TrainerContext,
+        mb: &MicroBatch,
+    ) -> odc::Result<ComputeOutput> {
+        let w = ctx.gather(0).await?;
+        ctx.push_grad(0, &vec![1.0; w.len()])?;
+        Ok(ComputeOutput {
+            loss_sum: mb.tokens as f64,
+        })
+    }
+}
+
+fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+fn scrape(addr: SocketAddr) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect to /metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("read response");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_serves_odc_metrics() {
+    let addr = free_port();
+    odc::metrics::serve(addr).expect("serve metrics");
+    // A second recorder in the same process is refused with a message naming the address.
+    let again = odc::metrics::serve(free_port()).unwrap_err();
+    assert!(again.to_string().contains("metrics endpoint"), "{again}");
+    let mut job = Job::builder()
+        .unit(UnitSpec::constant("w", 64, 0.0))
+        .trainers(2)
+        .servers(2)
+        .compute(|_| Box::new(Ones) as Box<dyn Compute>)
+        .data(|_| Ok((0..4).map(|i| SampleMeta::new(i, 10)).collect()))
+        .build()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), job.run(3))
+        .await
+        .expect("timeout")
+        .unwrap();
+    job.shutdown().await;
+    let body = tokio::task::spawn_blocking(move || scrape(addr))
+        .await
+        .unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    for name in [
+        "odc_bytes_pulled_total",
+        "odc_bytes_pushed_total",
+        "odc_pull_seconds",
+        "odc_trainer_busy_seconds_total",
+        "odc_trainer_idle_seconds_total",
+        "odc_trainer_barrier_wait_seconds_total",
+        "odc_tokens_total 120",
+        "odc_step 3",
+        "odc_micro_batches_total",
+    ] {
+        assert!(body.contains(name), "missing {name} in\n{body}");
+    }
+}
