@@ -307,6 +307,15 @@ impl Job {
     }
 }
 
+impl Drop for Job {
+    /// A job dropped without [`Job::shutdown`] still stops its actors (without waiting for them).
+    fn drop(&mut self) {
+        if let Some((actor, _)) = self.supervisor.take() {
+            actor.stop(None);
+        }
+    }
+}
+
 fn unwrap_call<T>(
     reply: std::result::Result<CallResult<T>, ractor::MessagingErr<SupervisorMsg>>,
     what: &str,

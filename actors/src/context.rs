@@ -116,6 +116,8 @@ pub struct TrainerContext {
     epoch: u64,
     micro_batch: usize,
     direction: Direction,
+    /// The unit gathered last; backward prefetching starts below it.
+    last_gathered: Option<UnitId>,
     resident: HashMap<UnitId, Arc<[f32]>>,
     inflight: HashMap<UnitId, JoinHandle<Result<Pulled>>>,
     pushes: Vec<(UnitId, JoinHandle<PushResult>)>,
@@ -142,6 +144,7 @@ impl TrainerContext {
             epoch: 0,
             micro_batch: 0,
             direction: Direction::Forward,
+            last_gathered: None,
             resident: HashMap::new(),
             inflight: HashMap::new(),
             pushes: Vec::new(),
@@ -179,6 +182,7 @@ impl TrainerContext {
         self.epoch = epoch;
         self.micro_batch = micro_batch.id;
         self.direction = Direction::Forward;
+        self.last_gathered = None;
         self.stats = MicroBatchStats::default();
     }
 
@@ -215,18 +219,23 @@ impl TrainerContext {
         }
     }
 
-    /// Switch to backward order: prefetches now go to lower unit ids. Forward prefetches still in
-    /// flight are dropped.
+    /// Switch to backward order: forward prefetches still in flight are dropped and prefetching
+    /// starts at once below the unit gathered last, in reverse order.
     pub fn backward(&mut self) {
         if self.direction != Direction::Backward {
             self.direction = Direction::Backward;
             self.cancel_prefetches();
+            if let Some(last) = self.last_gathered {
+                self.prefetch_after(last);
+                self.note_held();
+            }
         }
     }
 
     /// Pull every shard of `unit` (or take it from a prefetch), then prefetch ahead.
     pub async fn gather(&mut self, unit: UnitId) -> Result<Arc<[f32]>> {
         self.layout.unit(unit)?;
+        self.last_gathered = Some(unit);
         if let Some(data) = self.resident.get(&unit) {
             return Ok(data.clone());
         }

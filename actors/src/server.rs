@@ -262,6 +262,25 @@ mod tests {
             .unwrap()
     }
 
+    async fn reduce(actor: &ActorRef<ServerMsg>, scale: f64, next_epoch: u64) -> f64 {
+        ask(actor, |reply| ServerMsg::Reduce {
+            scale,
+            next_epoch,
+            reply,
+        })
+        .await
+    }
+
+    async fn apply_step(actor: &ActorRef<ServerMsg>, version: u64) {
+        ask(actor, |reply| ServerMsg::Apply {
+            clip: 1.0,
+            version,
+            reply,
+        })
+        .await
+        .unwrap()
+    }
+
     #[tokio::test]
     async fn i2_discard_drops_landed_writes_and_refuses_late_ones() {
         let (actor, transport) = server(3, 2).await;
@@ -305,20 +324,9 @@ mod tests {
             .await;
         assert!(matches!(dup, Err(TransportError::DuplicateWrite { .. })));
         // ...so the step sees exactly one gradient of ones.
-        let sum_sq = ask(&actor, |reply| ServerMsg::Reduce {
-            scale: 1.0,
-            next_epoch: 2,
-            reply,
-        })
-        .await;
+        let sum_sq = reduce(&actor, 1.0, 2).await;
         assert_eq!(sum_sq, 4.0);
-        ask(&actor, |reply| ServerMsg::Apply {
-            clip: 1.0,
-            version: 1,
-            reply,
-        })
-        .await
-        .unwrap();
+        apply_step(&actor, 1).await;
         let read = transport.read(&route.published, 0..4).await.unwrap();
         assert_eq!(read.version, 1, "I1: the step published version 1");
         assert_eq!(
@@ -345,24 +353,13 @@ mod tests {
             )
             .await
             .unwrap();
-        ask(&actor, |reply| ServerMsg::Reduce {
-            scale: 0.5,
-            next_epoch: 1,
-            reply,
-        })
-        .await;
+        reduce(&actor, 0.5, 1).await;
         // Gradients reduced, step not applied: readers still see version 0.
         assert_eq!(
             transport.read(&route.published, 0..10).await.unwrap(),
             before
         );
-        ask(&actor, |reply| ServerMsg::Apply {
-            clip: 1.0,
-            version: 1,
-            reply,
-        })
-        .await
-        .unwrap();
+        apply_step(&actor, 1).await;
         let after = transport.read(&route.published, 0..10).await.unwrap();
         assert_eq!(after.version, 1);
         assert_eq!(codec::decode(Dtype::F32, &after.bytes).unwrap()[3], 2.5);
