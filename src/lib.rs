@@ -36,6 +36,9 @@
 pub mod data;
 mod job;
 pub mod metrics;
+pub mod report;
+pub mod trace;
+pub mod workload;
 
 pub use async_trait::async_trait;
 pub use data::DataSource;

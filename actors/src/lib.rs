@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod optimizer;
 pub mod server;
 pub mod stats;
+pub mod straggler;
 pub mod supervisor;
 pub mod trainer;
 
