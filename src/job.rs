@@ -6,7 +6,7 @@ use std::sync::Arc;
 use odc_actors::balancer::CostModel;
 use odc_actors::compute::{ComputeFactory, LossWeighting, SampleMeta};
 use odc_actors::context::ContextConfig;
-use odc_actors::dispatch::DispatchMode;
+use odc_actors::dispatch::{Communication, DispatchMode};
 use odc_actors::layout::{ModelLayout, UnitSpec};
 use odc_actors::optimizer::OptimizerConfig;
 use odc_actors::stats::StepStats;
@@ -99,8 +99,21 @@ impl JobBuilder {
         self
     }
 
+    /// On-demand (default) or the collective (FSDP-style) baseline.
+    pub fn communication(mut self, communication: Communication) -> Self {
+        self.policy.communication = communication;
+        self
+    }
+
     pub fn dispatch(mut self, mode: DispatchMode) -> Self {
         self.policy.dispatch = mode;
+        self
+    }
+
+    /// Runtime straggler rebalancing: speed-aware dynamic dispatch and static plans corrected
+    /// between minibatches from each trainer's measured speed.
+    pub fn rebalance(mut self, on: bool) -> Self {
+        self.policy.rebalance = on;
         self
     }
 
@@ -195,6 +208,13 @@ impl JobBuilder {
                     "clip norm must be positive, got {max}"
                 )));
             }
+        }
+        if self.policy.communication == Communication::Collective
+            && self.policy.failure == FailurePolicy::Drop
+        {
+            return Err(Error::Config(
+                "collective mode needs every trainer: use FailurePolicy::Respawn".into(),
+            ));
         }
         self.optimizer.validate()?;
         self.policy.cost.validate()?;

@@ -33,10 +33,12 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bench;
 pub mod data;
 mod job;
 pub mod metrics;
 pub mod report;
+pub mod sim;
 pub mod trace;
 pub mod workload;
 
@@ -50,10 +52,10 @@ pub use odc_actors::compute::{
 pub use odc_actors::context::{
     ContextConfig, Direction, MicroBatchStats, PushTicket, TrainerContext,
 };
-pub use odc_actors::dispatch::DispatchMode;
+pub use odc_actors::dispatch::{Communication, DispatchMode};
 pub use odc_actors::layout::{self, ModelLayout, UnitId, UnitInit, UnitSpec};
 pub use odc_actors::optimizer::{OptimizerConfig, OptimizerState};
-pub use odc_actors::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
+pub use odc_actors::stats::{MicroBatchRecord, Span, SpanKind, StepStats, TrainerStepStats};
 pub use odc_actors::supervisor::FailurePolicy;
 pub use odc_actors::{Error, Result};
 pub use odc_transport as transport;

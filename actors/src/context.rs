@@ -24,15 +24,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use odc_transport::{chunk_ranges, codec, Dtype, EndpointId, Transport, TransportError, WriteTag};
+use odc_transport::{chunk_ranges, codec, Dtype, Transport, WriteTag};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::collective::{self, CollectiveGroup, OpKey, OpKind, UnitPlace};
 use crate::compute::MicroBatch;
 use crate::directory::{Directory, ShardRoute};
 use crate::error::{Error, Result};
 use crate::layout::{ModelLayout, UnitId};
 use crate::metrics as m;
+use crate::stats::{Span, SpanKind};
 
 /// Knobs of the trainer-side data path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,12 +74,15 @@ pub struct MicroBatchStats {
     pub peak_gathered: usize,
     /// Units pulled (demand pulls and prefetches).
     pub pulls: usize,
+    /// Timeline of the micro-batch: pull waits, push wait, and spans the compute recorded.
+    pub spans: Vec<Span>,
 }
 
 /// A pulled unit's values and the bytes moved.
 type Pulled = (Arc<[f32]>, u64);
 
-type PushResult = std::result::Result<u64, (EndpointId, TransportError)>;
+/// Bytes a push moved once acknowledged.
+type PushResult = Result<u64>;
 
 /// Resolves when every owner acknowledged one `push_grad`.
 #[derive(Debug)]
@@ -90,12 +95,7 @@ impl PushTicket {
     /// Wait for the acknowledgements.
     pub async fn wait(self) -> Result<()> {
         match self.rx.await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err((owner, source))) => Err(Error::Push {
-                unit: self.unit,
-                owner,
-                source,
-            }),
+            Ok(result) => result.map(|_| ()),
             Err(_) => Err(Error::Actor {
                 actor: "trainer".into(),
                 reason: format!("push of unit {} was cancelled", self.unit),
@@ -111,6 +111,12 @@ pub struct TrainerContext {
     layout: Arc<ModelLayout>,
     directory: Arc<Directory>,
     config: ContextConfig,
+    /// Some in collective mode: gathers are all-gathers, pushes reduce-scatters.
+    collective: Option<Arc<CollectiveGroup>>,
+    /// Micro-batch sequence number within `epoch` (collectives pair up by it).
+    seq: u64,
+    seq_epoch: Option<u64>,
+    occurrences: HashMap<(UnitId, OpKind), u32>,
     // Per micro-batch state.
     version: u64,
     epoch: u64,
@@ -133,6 +139,7 @@ impl TrainerContext {
         layout: Arc<ModelLayout>,
         directory: Arc<Directory>,
         config: ContextConfig,
+        collective: Option<Arc<CollectiveGroup>>,
     ) -> Self {
         TrainerContext {
             trainer,
@@ -140,6 +147,10 @@ impl TrainerContext {
             layout,
             directory,
             config,
+            collective,
+            seq: 0,
+            seq_epoch: None,
+            occurrences: HashMap::new(),
             version: 0,
             epoch: 0,
             micro_batch: 0,
@@ -179,6 +190,12 @@ impl TrainerContext {
         self.resident.clear();
         self.pushed.clear();
         self.version = micro_batch.step;
+        self.seq = match self.seq_epoch {
+            Some(e) if e == epoch => self.seq + 1,
+            _ => 0,
+        };
+        self.seq_epoch = Some(epoch);
+        self.occurrences.clear();
         self.epoch = epoch;
         self.micro_batch = micro_batch.id;
         self.direction = Direction::Forward;
@@ -199,11 +216,7 @@ impl TrainerContext {
                     self.stats.bytes_pushed += bytes;
                     continue;
                 }
-                Ok(Err((owner, source))) => Error::Push {
-                    unit,
-                    owner,
-                    source,
-                },
+                Ok(Err(e)) => e,
                 Err(e) => Error::Actor {
                     actor: format!("trainer {}", self.trainer),
                     reason: format!("push task of unit {unit} failed: {e}"),
@@ -212,6 +225,7 @@ impl TrainerContext {
             first_err.get_or_insert(outcome);
         }
         self.stats.push_wait += started.elapsed();
+        self.record_span(SpanKind::PushWait, started, Instant::now());
         metrics::gauge!(m::GATHERED_UNITS, "trainer" => self.trainer.to_string()).set(0.0);
         match first_err {
             Some(e) => Err(e),
@@ -249,6 +263,7 @@ impl TrainerContext {
             None => self.pull_task(unit).await?,
         };
         self.stats.pull_wait += started.elapsed();
+        self.record_span(SpanKind::PullWait, started, Instant::now());
         self.stats.bytes_pulled += bytes;
         self.stats.pulls += 1;
         self.resident.insert(unit, data.clone());
@@ -267,6 +282,11 @@ impl TrainerContext {
             }
             None => Err(Error::NotGathered { unit }),
         }
+    }
+
+    /// Record a span of the micro-batch's timeline (e.g. the compute's own work).
+    pub fn record_span(&mut self, kind: SpanKind, start: Instant, end: Instant) {
+        self.stats.spans.push(Span { kind, start, end });
     }
 
     /// Units currently gathered and not released.
@@ -292,40 +312,39 @@ impl TrainerContext {
                 micro_batch: self.micro_batch,
             });
         }
-        let mut writes = Vec::new();
-        for (shard, route) in self.routes(unit)?.iter().enumerate() {
-            for (chunk, r) in
-                chunk_ranges(0..route.range.len(), self.config.chunk_elems).enumerate()
-            {
-                let values = &grad[route.range.start + r.start..route.range.start + r.end];
-                let tag = WriteTag {
-                    epoch: self.epoch,
-                    write_id: write_id(self.micro_batch, unit, shard, chunk),
-                };
-                writes.push((
-                    route.clone(),
-                    r.start,
-                    codec::encode(Dtype::F32, values),
-                    tag,
-                ));
-            }
-        }
+        let routes = self.routes(unit)?.to_vec();
         let transport = self.transport.clone();
+        let (epoch, micro_batch, chunk) = (self.epoch, self.micro_batch, self.config.chunk_elems);
+        let tag = move |shard: usize, chunk: usize| WriteTag {
+            epoch,
+            write_id: write_id(micro_batch, unit, shard, chunk),
+        };
+        let grad = grad.to_vec();
+        let len = grad.len();
+        let collective = self.collective_op(unit, OpKind::ReduceScatter);
         let (tx, rx) = oneshot::channel();
         let handle = tokio::spawn(async move {
-            let acks = join_all(writes.into_iter().map(|(route, offset, data, tag)| {
-                let transport = transport.clone();
-                async move {
-                    let len = data.len() as u64;
-                    transport
-                        .accumulate(&route.accumulator, offset, data, tag)
-                        .await
-                        .map(|()| len)
-                        .map_err(|e| (route.owner, e))
+            let place = UnitPlace {
+                unit,
+                len,
+                routes: &routes,
+            };
+            let result = match collective {
+                Some((group, key, rank)) => {
+                    collective::reduce_scatter(
+                        transport.clone(),
+                        group,
+                        key,
+                        rank,
+                        place,
+                        grad,
+                        tag,
+                        chunk,
+                    )
+                    .await
                 }
-            }))
-            .await;
-            let result = acks.into_iter().sum::<PushResult>();
+                None => push_range(&transport, &routes, unit, 0..len, &grad, &tag, chunk).await,
+            };
             if let Ok(bytes) = result {
                 metrics::counter!(m::BYTES_PUSHED, "transport" => transport.backend())
                     .increment(bytes);
@@ -348,12 +367,64 @@ impl TrainerContext {
             })
     }
 
-    fn pull_task(&self, unit: UnitId) -> impl std::future::Future<Output = Result<Pulled>> {
+    /// The collective operation a gather or push of `unit` joins (collective mode only).
+    fn collective_op(
+        &mut self,
+        unit: UnitId,
+        kind: OpKind,
+    ) -> Option<(Arc<CollectiveGroup>, OpKey, usize)> {
+        let group = self.collective.clone()?;
+        let occurrence = self.occurrences.entry((unit, kind)).or_insert(0);
+        let key = OpKey {
+            epoch: self.epoch,
+            seq: self.seq,
+            unit,
+            kind,
+            occurrence: *occurrence,
+        };
+        *occurrence += 1;
+        Some((group, key, self.trainer))
+    }
+
+    fn pull_task(&mut self, unit: UnitId) -> impl std::future::Future<Output = Result<Pulled>> {
         let routes = self.routes(unit).map(<[ShardRoute]>::to_vec);
         let len = self.layout.unit(unit).map(|u| u.len);
         let transport = self.transport.clone();
         let (version, chunk) = (self.version, self.config.chunk_elems);
-        async move { pull_unit(transport, &routes?, unit, len?, version, chunk).await }
+        let collective = self.collective_op(unit, OpKind::AllGather);
+        async move {
+            let (routes, len) = (routes?, len?);
+            let started = Instant::now();
+            let (values, bytes) = match collective {
+                Some((group, key, rank)) => {
+                    let place = UnitPlace {
+                        unit,
+                        len,
+                        routes: &routes,
+                    };
+                    collective::all_gather(
+                        transport.clone(),
+                        group,
+                        key,
+                        rank,
+                        place,
+                        version,
+                        chunk,
+                    )
+                    .await?
+                }
+                None => {
+                    let mut out = vec![0f32; len];
+                    let bytes =
+                        pull_range(&transport, &routes, unit, 0..len, version, chunk, &mut out)
+                            .await?;
+                    (out, bytes)
+                }
+            };
+            metrics::histogram!(m::PULL_SECONDS, "transport" => transport.backend())
+                .record(started.elapsed().as_secs_f64());
+            Ok((values.into(), bytes))
+        }
     }
 
     fn prefetch_after(&mut self, unit: UnitId) {
@@ -401,25 +472,26 @@ fn write_id(micro_batch: usize, unit: UnitId, shard: usize, chunk: usize) -> u12
         | (chunk as u128 & 0xffff_ffff)
 }
 
-/// Read every chunk of every shard of a unit concurrently and assemble the fp32 unit.
-/// Returns the values and the bytes moved.
-async fn pull_unit(
-    transport: Arc<dyn Transport>,
+/// Read elements `range` of a unit from the shards overlapping it, every chunk of every shard
+/// concurrently, decoding into `out` (`range.len()` elements). Returns the bytes moved.
+pub(crate) async fn pull_range(
+    transport: &Arc<dyn Transport>,
     routes: &[ShardRoute],
     unit: UnitId,
-    len: usize,
+    range: Range<usize>,
     version: u64,
     chunk_elems: usize,
-) -> Result<Pulled> {
-    let started = Instant::now();
-    let transport_ref = &transport;
+    out: &mut [f32],
+) -> Result<u64> {
     let reads = routes.iter().flat_map(|route| {
-        chunk_ranges(0..route.range.len(), chunk_elems).map(move |r: Range<usize>| async move {
-            let result = transport_ref.read(&route.published, r.clone()).await;
+        let overlap = overlap(&route.range, &range);
+        chunk_ranges(overlap, chunk_elems).map(move |r: Range<usize>| async move {
+            // `r` is in unit coordinates; the region starts at the shard's start.
+            let local = r.start - route.range.start..r.end - route.range.start;
+            let result = transport.read(&route.published, local).await;
             (route, r, result)
         })
     });
-    let mut out = vec![0f32; len];
     let mut bytes = 0u64;
     for (route, r, result) in join_all(reads).await {
         let owner = route.owner;
@@ -436,7 +508,7 @@ async fn pull_unit(
                 got: chunk.version,
             });
         }
-        let dst = &mut out[route.range.start + r.start..route.range.start + r.end];
+        let dst = &mut out[r.start - range.start..r.end - range.start];
         codec::decode_into(route.published.dtype, &chunk.bytes, dst).map_err(|e| Error::Pull {
             unit,
             owner,
@@ -444,8 +516,52 @@ async fn pull_unit(
         })?;
         bytes += chunk.bytes.len() as u64;
     }
-    metrics::histogram!(m::PULL_SECONDS, "transport" => transport.backend())
-        .record(started.elapsed().as_secs_f64());
     metrics::counter!(m::BYTES_PULLED, "transport" => transport.backend()).increment(bytes);
-    Ok((out.into(), bytes))
+    Ok(bytes)
+}
+
+/// Accumulate `values` (elements `range` of a unit's gradient) into the shards overlapping it, every
+/// chunk concurrently, tagged by `tag(shard index, chunk index)`; resolves when all are
+/// acknowledged. Returns the bytes moved.
+pub(crate) async fn push_range(
+    transport: &Arc<dyn Transport>,
+    routes: &[ShardRoute],
+    unit: UnitId,
+    range: Range<usize>,
+    values: &[f32],
+    tag: &impl Fn(usize, usize) -> WriteTag,
+    chunk_elems: usize,
+) -> Result<u64> {
+    let writes = routes.iter().enumerate().flat_map(|(shard, route)| {
+        let overlap = overlap(&route.range, &range);
+        chunk_ranges(overlap, chunk_elems)
+            .enumerate()
+            .map(move |(chunk, r)| {
+                let data = codec::encode(
+                    Dtype::F32,
+                    &values[r.start - range.start..r.end - range.start],
+                );
+                let offset = r.start - route.range.start;
+                let tag = tag(shard, chunk);
+                async move {
+                    let bytes = data.len() as u64;
+                    transport
+                        .accumulate(&route.accumulator, offset, data, tag)
+                        .await
+                        .map(|()| bytes)
+                        .map_err(|source| Error::Push {
+                            unit,
+                            owner: route.owner,
+                            source,
+                        })
+                }
+            })
+    });
+    join_all(writes).await.into_iter().sum()
+}
+
+/// The intersection of two ranges (empty when disjoint).
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
+    let start = a.start.max(b.start);
+    start..a.end.min(b.end).max(start)
 }

@@ -12,6 +12,18 @@ use std::collections::VecDeque;
 
 use crate::balancer::Plan;
 
+/// How gathers and gradient pushes move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Communication {
+    /// Point to point with the shard servers; no trainer waits for another (odc).
+    #[default]
+    OnDemand,
+    /// FSDP-style ring all-gather / reduce-scatter across all trainers, each a barrier; plans are
+    /// LB-Micro ([`plan_equal_count`](crate::balancer::plan_equal_count): equal micro-batch counts,
+    /// dealt in rounds of similar cost).
+    Collective,
+}
+
 /// How micro-batches reach trainers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DispatchMode {
@@ -58,6 +70,21 @@ impl WorkQueue {
             }
         }
         self.shared.pop_front()
+    }
+
+    /// The shared list's micro-batches in order (costliest first).
+    pub fn shared(&self) -> impl Iterator<Item = usize> + '_ {
+        self.shared.iter().copied()
+    }
+
+    /// Take the micro-batch at `position` of the shared list.
+    pub fn take_shared(&mut self, position: usize) -> Option<usize> {
+        self.shared.remove(position)
+    }
+
+    /// True when `trainer` has no list of its own left (it takes from the shared list).
+    pub fn own_is_empty(&self, trainer: usize) -> bool {
+        self.per_trainer.get(trainer).is_none_or(VecDeque::is_empty)
     }
 
     /// Put a micro-batch back at the front of the shared list (taken next by any idle trainer).
@@ -107,6 +134,10 @@ mod tests {
         assert_eq!(q.next_for(0), Some(0));
         assert_eq!(q.next_for(0), None);
         assert_eq!(q.next_for(1), Some(1));
+        q.requeue(1);
+        assert!(q.own_is_empty(0));
+        assert_eq!(q.shared().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(q.take_shared(0), Some(1));
         q.requeue(1);
         assert_eq!(q.next_for(0), Some(1));
         assert_eq!(q.next_for(1), Some(2));

@@ -7,7 +7,7 @@ use crate::layout::UnitId;
 use crate::optimizer::OptimizerError;
 
 /// Errors of the odc runtime.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     #[error("unknown unit {unit}: the model has {units} units")]
     UnknownUnit { unit: UnitId, units: usize },
@@ -63,7 +63,9 @@ pub enum Error {
         source: Box<Error>,
     },
     #[error("user compute: {0}")]
-    User(Box<dyn std::error::Error + Send + Sync>),
+    User(std::sync::Arc<dyn std::error::Error + Send + Sync>),
+    #[error("a collective was aborted: its minibatch attempt was discarded")]
+    CollectiveAborted,
     #[error("no trainer left alive (step {step})")]
     NoTrainers { step: u64 },
     #[error("step {step} was replayed {replays} times and failed again; giving up")]
@@ -77,7 +79,7 @@ pub enum Error {
 impl Error {
     /// Wrap an error of the user's compute.
     pub fn user(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        Error::User(e.into())
+        Error::User(std::sync::Arc::from(e.into()))
     }
 }
 

@@ -13,6 +13,7 @@
 //! - **I5 bounded memory** — [`context`].
 
 pub mod balancer;
+pub mod collective;
 pub mod compute;
 pub mod context;
 pub mod directory;

@@ -2,6 +2,39 @@
 
 use std::time::{Duration, Instant};
 
+/// What a span of a trainer's timeline was spent on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SpanKind {
+    /// The model's own work (recorded by the compute).
+    Compute,
+    /// Blocked in `gather` (a pull, or an all-gather with its barriers).
+    PullWait,
+    /// Waiting for gradient pushes (or reduce-scatters) after the compute returned.
+    PushWait,
+    /// From the trainer's last micro-batch to the end of the step's barrier.
+    BarrierWait,
+}
+
+impl SpanKind {
+    /// Name used in traces.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpanKind::Compute => "compute",
+            SpanKind::PullWait => "pull wait",
+            SpanKind::PushWait => "push wait",
+            SpanKind::BarrierWait => "barrier wait",
+        }
+    }
+}
+
+/// One span of a trainer's timeline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Span {
+    pub kind: SpanKind,
+    pub start: Instant,
+    pub end: Instant,
+}
+
 /// One trainer's share of a step.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TrainerStepStats {
@@ -29,6 +62,8 @@ pub struct MicroBatchRecord {
     pub finished: Instant,
     pub tokens: u64,
     pub cost: f64,
+    /// The micro-batch's timeline on its trainer.
+    pub spans: Vec<Span>,
 }
 
 /// What one optimizer step did.
@@ -45,6 +80,8 @@ pub struct StepStats {
     pub grad_norm: f64,
     /// Times the minibatch was replayed after a trainer failure.
     pub replays: u32,
+    /// When the step started (plan); it ended at `started + wall`.
+    pub started: Instant,
     pub wall: Duration,
     /// Indexed by trainer slot.
     pub trainers: Vec<TrainerStepStats>,

@@ -22,11 +22,14 @@ use odc_transport::{Dtype, Transport};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::balancer::{plan_dynamic, plan_static, CostModel, Plan};
+use crate::balancer::{
+    plan_dynamic, plan_equal_count, plan_static, plan_static_weighted, CostModel, Plan,
+};
+use crate::collective::CollectiveGroup;
 use crate::compute::{LossWeighting, MicroBatch, SampleMeta, SharedComputeFactory};
 use crate::context::{ContextConfig, TrainerContext};
 use crate::directory::Directory;
-use crate::dispatch::{DispatchMode, WorkQueue};
+use crate::dispatch::{Communication, DispatchMode, WorkQueue};
 use crate::error::{Error, Result};
 use crate::layout::ModelLayout;
 use crate::ledger::Ledger;
@@ -34,6 +37,7 @@ use crate::metrics as m;
 use crate::optimizer::OptimizerConfig;
 use crate::server::{ServerArgs, ServerMsg, ShardServer};
 use crate::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
+use crate::straggler::{choose_micro_batch, SpeedEstimator};
 use crate::trainer::{Assignment, Trainer, TrainerArgs, TrainerMsg, TrainerReport};
 
 /// Timeout of control calls to shard servers.
@@ -57,6 +61,8 @@ impl Default for FailurePolicy {
 /// How each minibatch is planned, weighted, clipped and recovered.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepPolicy {
+    pub communication: Communication,
+    /// On-demand mode only; collective mode always plans LB-Micro.
     pub dispatch: DispatchMode,
     pub cost: CostModel,
     /// Token budget of one micro-batch.
@@ -67,11 +73,15 @@ pub struct StepPolicy {
     pub failure: FailurePolicy,
     /// Replays of one minibatch before the step fails.
     pub max_replays: u32,
+    /// Runtime straggler rebalancing: estimate each trainer's speed from completed work; dynamic
+    /// dispatch and static plans use the estimates.
+    pub rebalance: bool,
 }
 
 impl Default for StepPolicy {
     fn default() -> Self {
         StepPolicy {
+            communication: Communication::OnDemand,
             dispatch: DispatchMode::Dynamic,
             cost: CostModel::default(),
             token_budget: 65_536,
@@ -79,6 +89,7 @@ impl Default for StepPolicy {
             clip_norm: None,
             failure: FailurePolicy::default(),
             max_replays: 3,
+            rebalance: false,
         }
     }
 }
@@ -113,6 +124,8 @@ struct TrainerSlot {
     actor: Option<ActorRef<TrainerMsg>>,
     /// (epoch, micro-batch) it is running.
     busy: Option<(u64, usize)>,
+    /// When it got its current micro-batch and that micro-batch's cost.
+    busy_since: Option<(Instant, f64)>,
     respawns: u32,
 }
 
@@ -139,8 +152,11 @@ pub struct SupervisorState {
     context: ContextConfig,
     policy: StepPolicy,
     directory: Arc<Directory>,
+    collective: Option<Arc<CollectiveGroup>>,
     servers: Vec<ActorRef<ServerMsg>>,
     slots: Vec<TrainerSlot>,
+    /// Measured speed of every trainer slot (cost units per second).
+    speeds: SpeedEstimator,
     version: u64,
     epoch: u64,
     run: Option<StepRun>,
@@ -203,8 +219,11 @@ impl Actor for Supervisor {
             context: args.context,
             policy: args.policy,
             directory: Arc::new(directory),
+            collective: (args.policy.communication == Communication::Collective)
+                .then(|| Arc::new(CollectiveGroup::new(args.trainers))),
             servers,
             slots: Vec::new(),
+            speeds: SpeedEstimator::new(args.trainers, 0.5),
             version: 0,
             epoch: 0,
             run: None,
@@ -214,6 +233,7 @@ impl Actor for Supervisor {
             state.slots.push(TrainerSlot {
                 actor: Some(actor),
                 busy: None,
+                busy_since: None,
                 respawns: 0,
             });
         }
@@ -306,6 +326,7 @@ async fn spawn_trainer(
         state.layout.clone(),
         state.directory.clone(),
         state.context,
+        state.collective.clone(),
     );
     let args = TrainerArgs {
         index,
@@ -329,9 +350,32 @@ fn plan(state: &SupervisorState, samples: &[SampleMeta]) -> Result<(Plan, Vec<Op
     }
     let tokens: Vec<u64> = samples.iter().map(|s| s.tokens).collect();
     let p = &state.policy;
-    let plan = match p.dispatch {
-        DispatchMode::Static => plan_static(&tokens, &p.cost, live.len(), p.token_budget)?,
-        DispatchMode::Dynamic => plan_dynamic(&tokens, &p.cost, p.token_budget)?,
+    let plan = match (p.communication, p.dispatch) {
+        (Communication::Collective, _) => {
+            if live.len() != state.slots.len() {
+                return Err(Error::Config(format!(
+                    "collective mode needs all {} trainers, {} are left",
+                    state.slots.len(),
+                    live.len()
+                )));
+            }
+            plan_equal_count(&tokens, &p.cost, live.len(), p.token_budget)?
+        }
+        (Communication::OnDemand, DispatchMode::Static) if p.rebalance => {
+            // The static plan corrected between minibatches by the measured speeds.
+            let all = state.speeds.speeds();
+            let speeds: Vec<f64> = live
+                .iter()
+                .map(|&s| all.get(s).copied().unwrap_or(1.0))
+                .collect();
+            plan_static_weighted(&tokens, &p.cost, &speeds, p.token_budget)?
+        }
+        (Communication::OnDemand, DispatchMode::Static) => {
+            plan_static(&tokens, &p.cost, live.len(), p.token_budget)?
+        }
+        (Communication::OnDemand, DispatchMode::Dynamic) => {
+            plan_dynamic(&tokens, &p.cost, live.len(), p.token_budget)?
+        }
     };
     let mut queue_index = vec![None; state.slots.len()];
     for (q, &slot) in live.iter().enumerate() {
@@ -403,37 +447,107 @@ fn new_run(
     }
 }
 
+/// Which micro-batch idle trainer `slot` takes next, if any.
+fn next_micro_batch(state: &mut SupervisorState, slot: usize, queue_index: usize) -> Option<usize> {
+    let rebalance = state.policy.rebalance;
+    let run = state.run.as_mut()?;
+    if !rebalance || !run.queue.own_is_empty(queue_index) {
+        return run.queue.next_for(queue_index);
+    }
+    // Speed-aware dynamic dispatch: earliest finish time on trainers of measured speeds.
+    let speeds = state.speeds.speeds();
+    let remaining: Vec<f64> = run
+        .queue
+        .shared()
+        .map(|mb| run.micro_batches[mb].cost)
+        .collect();
+    let now = Instant::now();
+    let others: Vec<(f64, f64)> = state
+        .slots
+        .iter()
+        .enumerate()
+        .filter(|&(i, s)| i != slot && s.actor.is_some())
+        .map(|(i, s)| {
+            let speed = speeds.get(i).copied().unwrap_or(1.0);
+            let free = s.busy_since.map_or(0.0, |(since, cost)| {
+                (cost / speed - now.saturating_duration_since(since).as_secs_f64()).max(0.0)
+            });
+            (free, speed)
+        })
+        .collect();
+    let own = speeds.get(slot).copied().unwrap_or(1.0);
+    let position = choose_micro_batch(&remaining, own, &others)?;
+    run.queue.take_shared(position)
+}
+
 /// Hand the next micro-batch to every idle live trainer.
 fn dispatch(state: &mut SupervisorState) {
+    if state.run.is_none() {
+        return;
+    }
+    for slot_index in 0..state.slots.len() {
+        if state.slots[slot_index].actor.is_none() || state.slots[slot_index].busy.is_some() {
+            continue;
+        }
+        let Some(q) = state
+            .run
+            .as_ref()
+            .and_then(|r| r.queue_index.get(slot_index).copied().flatten())
+        else {
+            continue;
+        };
+        let Some(mb) = next_micro_batch(state, slot_index, q) else {
+            continue;
+        };
+        assign(state, slot_index, mb);
+    }
+    // A speed-aware choice may leave every trainer idle only if nobody is fit for the work; never
+    // stall the step: the first idle trainer takes the costliest micro-batch.
+    let all_idle = state.slots.iter().all(|s| s.busy.is_none());
+    let forced = state.run.as_mut().and_then(|run| {
+        if !all_idle || run.queue.remaining() == 0 {
+            return None;
+        }
+        let slot = (0..state.slots.len()).find(|&i| {
+            state.slots[i].actor.is_some() && run.queue_index.get(i).copied().flatten().is_some()
+        })?;
+        let q = run.queue_index[slot]?;
+        let mb = run.queue.next_for(q).or_else(|| run.queue.take_shared(0))?;
+        Some((slot, mb))
+    });
+    if let Some((slot, mb)) = forced {
+        assign(state, slot, mb);
+    }
+}
+
+/// Record and send `mb` to trainer `slot_index`.
+fn assign(state: &mut SupervisorState, slot_index: usize, mb: usize) {
     let Some(run) = state.run.as_mut() else {
         return;
     };
-    for (slot_index, slot) in state.slots.iter_mut().enumerate() {
-        let (Some(actor), None) = (&slot.actor, slot.busy) else {
-            continue;
-        };
-        let Some(q) = run.queue_index.get(slot_index).copied().flatten() else {
-            continue;
-        };
-        let Some(mb) = run.queue.next_for(q) else {
-            continue;
-        };
-        if let Err(e) = run.ledger.assign(mb, slot_index) {
-            tracing::error!("ledger refused to assign: {e}");
-            continue;
+    let slot = &mut state.slots[slot_index];
+    let Some(actor) = &slot.actor else {
+        run.queue.requeue(mb);
+        return;
+    };
+    if let Err(e) = run.ledger.assign(mb, slot_index) {
+        tracing::error!("ledger refused to assign: {e}");
+        return;
+    }
+    let assignment = Assignment {
+        micro_batch: run.micro_batches[mb].clone(),
+        epoch: state.epoch,
+    };
+    match actor.cast(TrainerMsg::Run(assignment)) {
+        Ok(()) => {
+            slot.busy = Some((state.epoch, mb));
+            slot.busy_since = Some((Instant::now(), run.micro_batches[mb].cost));
         }
-        let assignment = Assignment {
-            micro_batch: run.micro_batches[mb].clone(),
-            epoch: state.epoch,
-        };
-        match actor.cast(TrainerMsg::Run(assignment)) {
-            Ok(()) => slot.busy = Some((state.epoch, mb)),
-            Err(e) => {
-                // The trainer is gone; its supervision event will replan. Keep the work.
-                tracing::warn!("trainer {slot_index} unreachable: {e}");
-                run.ledger.fail_trainer(slot_index);
-                run.queue.requeue(mb);
-            }
+        Err(e) => {
+            // The trainer is gone; its supervision event will replan. Keep the work.
+            tracing::warn!("trainer {slot_index} unreachable: {e}");
+            run.ledger.fail_trainer(slot_index);
+            run.queue.requeue(mb);
         }
     }
 }
@@ -445,6 +559,7 @@ async fn on_done(state: &mut SupervisorState, report: TrainerReport) {
     };
     if slot.busy == Some((report.epoch, report.micro_batch)) {
         slot.busy = None;
+        slot.busy_since = None;
     }
     if report.epoch != state.epoch || state.run.is_none() {
         // A report of a discarded attempt: its gradients were discarded (or refused) at the owners.
@@ -475,8 +590,10 @@ async fn on_done(state: &mut SupervisorState, report: TrainerReport) {
         return;
     }
     let mb = &run.micro_batches[report.micro_batch];
+    let (tokens, cost) = (mb.tokens, mb.cost);
     run.loss_sum += output.loss_sum;
     let busy = report.finished.saturating_duration_since(report.started);
+    state.speeds.observe(trainer, cost, busy.as_secs_f64());
     if let Some(t) = run.trainers.get_mut(trainer) {
         t.busy += busy;
         t.pull_wait += io.pull_wait;
@@ -490,8 +607,9 @@ async fn on_done(state: &mut SupervisorState, report: TrainerReport) {
         trainer,
         started: report.started,
         finished: report.finished,
-        tokens: mb.tokens,
-        cost: mb.cost,
+        tokens,
+        cost,
+        spans: io.spans,
     });
     metrics::counter!(m::MICRO_BATCHES, "trainer" => trainer.to_string()).increment(1);
     if run.ledger.is_complete() {
@@ -514,6 +632,9 @@ async fn discard(state: &mut SupervisorState) -> Result<()> {
             "shard server discard",
         )
     });
+    if let Some(group) = &state.collective {
+        group.abort_before(next_epoch);
+    }
     let results = join_all(calls).await;
     state.epoch = next_epoch;
     results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
@@ -621,6 +742,7 @@ async fn barrier(state: &mut SupervisorState) -> Result<StepStats> {
         micro_batches: run.micro_batches.len(),
         grad_norm,
         replays: run.replays,
+        started: run.started,
         wall,
         trainers: std::mem::take(&mut run.trainers),
         micro_batch_log: std::mem::take(&mut run.log),
@@ -656,6 +778,8 @@ async fn on_child_exit(
     let slot = &mut state.slots[slot_index];
     slot.actor = None;
     slot.busy = None;
+    slot.busy_since = None;
+    state.speeds.reset(slot_index);
     if let FailurePolicy::Respawn { max_respawns } = state.policy.failure {
         if slot.respawns < max_respawns {
             slot.respawns += 1;

@@ -112,3 +112,37 @@ async fn i3_equivalence_with_sgd_and_prefetch_depths() {
         assert!(max_abs_diff(&got, &want) <= 1e-6, "prefetch {prefetch}");
     }
 }
+
+/// Collective mode (ring all-gather / reduce-scatter, LB-Micro with padded equal counts) trains to
+/// the same parameters as the single-process reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i3_equivalence_collective_mode() {
+    for trainers in [1, 2, 4, 8] {
+        for servers in [1, 3] {
+            for precision in [Precision::F32, Precision::Bf16] {
+                let data = minibatches(17, STEPS, 12, 40);
+                let job = model_job(
+                    trainers,
+                    servers,
+                    DispatchMode::Static,
+                    precision,
+                    Arc::new(Hooks::default()),
+                )
+                .communication(odc::Communication::Collective)
+                .build()
+                .expect("valid job");
+                let got = within(60, train(job, &data)).await;
+                let (dtype, tol) = match precision {
+                    Precision::F32 => (Dtype::F32, 1e-6),
+                    Precision::Bf16 => (Dtype::Bf16, 1e-4),
+                };
+                let want = reference_train(&data, adamw(), dtype, None);
+                let diff = max_abs_diff(&got, &want);
+                assert!(
+                    diff <= tol,
+                    "collective trainers={trainers} servers={servers} {precision:?}: {diff}"
+                );
+            }
+        }
+    }
+}

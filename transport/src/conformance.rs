@@ -319,6 +319,23 @@ pub async fn accumulate_adds_and_acks_c2(transport: Arc<dyn Transport>) {
     must_accumulate(&transport, &handle, 0, &[tiny, tiny, 0.5], tag(3, 2)).await;
     must_accumulate(&transport, &handle, 7, &[-8.0], tag(3, 3)).await;
     let expected = [tiny, tiny, 1.5, 2.0, 3.0, 4.0, 0.0, -8.0];
+    assert_eq!(
+        acc.read_local(1..4).expect("in range"),
+        expected[1..4],
+        "{b}: owner reads what was added without taking it"
+    );
+    assert!(
+        matches!(
+            acc.read_local(6..9),
+            Err(TransportError::OutOfRange {
+                start: 6,
+                end: 9,
+                len: 8,
+                ..
+            })
+        ),
+        "{b}: owner read out of range is a typed error"
+    );
     assert_eq!(acc.take(4), expected, "{b}: accumulated fp32 values");
     assert_eq!(acc.epoch(), 4, "{b}: epoch after take");
     assert_eq!(acc.take(5), [0.0; 8], "{b}: take zeroes the accumulator");

@@ -77,4 +77,7 @@ pub trait AccumulatorRegion: Send + Sync {
     fn take(&self, next_epoch: u64) -> Vec<f32>;
     /// The current epoch.
     fn epoch(&self) -> u64;
+    /// Owner side: copy the accumulated values of `range` without taking them (a collective's
+    /// staging buffer reads what its peer added). Out-of-range is [`TransportError::OutOfRange`].
+    fn read_local(&self, range: std::ops::Range<usize>) -> Result<Vec<f32>, crate::TransportError>;
 }

@@ -68,6 +68,15 @@ pub enum BalanceError {
         /// The sum of all sample costs.
         total: f64,
     },
+    /// A trainer's speed (for [`plan_static_weighted`](super::plan_static_weighted)) is not
+    /// finite and positive, so its share of the work is undefined.
+    #[error("trainer {trainer} has speed {speed}; speeds must be finite and positive")]
+    InvalidSpeed {
+        /// Index of the trainer in the `speeds` slice.
+        trainer: usize,
+        /// The speed given for it.
+        speed: f64,
+    },
     /// A cost model coefficient is negative or not finite, or its scale is not positive.
     #[error("cost model field `{field}` is {value}; it must be finite and {requirement}")]
     InvalidCostModel {

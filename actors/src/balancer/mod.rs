@@ -31,6 +31,7 @@ mod error;
 pub mod packing;
 pub mod partition;
 pub mod plan;
+pub mod weighted;
 
 pub use cost::CostModel;
 pub use error::BalanceError;
@@ -41,3 +42,4 @@ pub use partition::{
 pub use plan::{
     plan_dynamic, plan_equal_count, plan_static, Plan, PlannedMicroBatch, MAX_TRAINERS,
 };
+pub use weighted::plan_static_weighted;

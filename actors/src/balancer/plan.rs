@@ -158,13 +158,58 @@ pub fn plan_static(
     })
 }
 
-/// Dynamic dispatch: pack all samples under `budget` and sort the micro-batches by cost
-/// descending; no static assignment (`per_trainer` is `None`): at run time an idle trainer takes
-/// the costliest remaining micro-batch (greedy longest-first, which adapts to stragglers).
-pub fn plan_dynamic(tokens: &[u64], cost: &CostModel, budget: u64) -> Result<Plan, BalanceError> {
+/// Split `samples` into at least `parts` micro-batches of near-equal cost (Karmarkar–Karp over
+/// sample costs), each within `budget` tokens: when a part exceeds the budget, one more part is
+/// tried, up to one sample per part (which always fits, every sample being within the budget).
+/// Empty parts are dropped.
+fn pack_balanced(
+    tokens: &[u64],
+    costs: &[f64],
+    samples: &[usize],
+    parts: usize,
+    budget: u64,
+) -> Vec<Vec<usize>> {
+    let sub: Vec<f64> = samples.iter().map(|&s| costs[s]).collect();
+    let mut k = parts.clamp(1, samples.len().max(1));
+    loop {
+        let groups: Vec<Vec<usize>> = partition(&sub, k, false)
+            .into_iter()
+            .filter(|g| !g.is_empty())
+            .map(|g| g.into_iter().map(|i| samples[i]).collect())
+            .collect();
+        let fits = groups
+            .iter()
+            .all(|g| g.iter().map(|&s| tokens[s]).sum::<u64>() <= budget);
+        if fits || k >= samples.len() {
+            return groups;
+        }
+        k += 1;
+    }
+}
+
+/// Micro-batches needed to hold `tokens` under `budget`, at least one.
+fn min_parts(tokens: &[u64], budget: u64) -> usize {
+    let total: u64 = tokens.iter().sum();
+    (total.div_ceil(budget.max(1)) as usize).max(1)
+}
+
+/// Dynamic dispatch: samples split into cost-balanced micro-batches under `budget` — at least four
+/// per trainer when there are enough samples, so an idle trainer always has something to take and
+/// the last micro-batches are small enough to even out the tail — and
+/// sorted by cost descending; no static assignment (`per_trainer` is `None`): at run time an idle
+/// trainer takes the costliest remaining micro-batch (greedy longest-first, which adapts to
+/// stragglers).
+pub fn plan_dynamic(
+    tokens: &[u64],
+    cost: &CostModel,
+    trainers: usize,
+    budget: u64,
+) -> Result<Plan, BalanceError> {
+    check_trainers(trainers)?;
     let costs = sample_costs(tokens, cost, budget)?;
     let all: Vec<usize> = (0..tokens.len()).collect();
-    let mut mbs: Vec<((), PlannedMicroBatch)> = pack(tokens, &all, budget)?
+    let parts = min_parts(tokens, budget).max((4 * trainers).min(tokens.len()));
+    let mut mbs: Vec<((), PlannedMicroBatch)> = pack_balanced(tokens, &costs, &all, parts, budget)
         .into_iter()
         .map(|mb| ((), micro_batch(tokens, &costs, mb)))
         .collect();
@@ -175,14 +220,14 @@ pub fn plan_dynamic(tokens: &[u64], cost: &CostModel, budget: u64) -> Result<Pla
     })
 }
 
-/// LB-Micro, what collectives allow: pack all samples under `budget`, then partition the
-/// micro-batches over `trainers` by cost with equal counts ([`partition`](fn@partition) with
-/// `equal_count`).
-///
-/// When the number of micro-batches is not a multiple of `trainers`, counts differ by at most one
-/// (some trainers, possibly all but a few, run one micro-batch fewer; with fewer micro-batches
-/// than trainers some run none). A collective schedule needs every trainer to run the same count:
-/// agreeing on the maximum and padding with empty micro-batches is the caller's job.
+/// LB-Micro, the best plan collectives allow: every trainer runs the same number `m` of
+/// micro-batches, in lockstep. The samples are split into `trainers × m` cost-balanced micro-batches
+/// under `budget` (Karmarkar–Karp over sample costs), with `m` the smallest count for which every
+/// part fits the budget (the max count agreed across trainers, as verl does); they are sorted by cost
+/// and dealt in rounds, so the micro-batches that run together have similar costs: trainer `t` runs
+/// parts `t, trainers + t, 2·trainers + t, …`. When there are fewer samples than parts, the missing
+/// ones are **empty** micro-batches (no samples, zero tokens and cost): a collective still needs the
+/// trainer to take part. Counts are always equal.
 pub fn plan_equal_count(
     tokens: &[u64],
     cost: &CostModel,
@@ -190,12 +235,46 @@ pub fn plan_equal_count(
     budget: u64,
 ) -> Result<Plan, BalanceError> {
     check_trainers(trainers)?;
-    let Plan { micro_batches, .. } = plan_dynamic(tokens, cost, budget)?;
-    let mb_costs: Vec<f64> = micro_batches.iter().map(|mb| mb.cost).collect();
-    // `partition` lists indices ascending, i.e. by descending cost since `micro_batches` is sorted.
-    let per_trainer = partition(&mb_costs, trainers, true);
+    let costs = sample_costs(tokens, cost, budget)?;
+    let all: Vec<usize> = (0..tokens.len()).collect();
+    let mut rounds = min_parts(tokens, budget).div_ceil(trainers);
+    let groups = loop {
+        let parts = rounds * trainers;
+        let sub: Vec<f64> = costs.clone();
+        let groups = partition(&sub, parts.min(tokens.len()), false);
+        let fits = groups
+            .iter()
+            .all(|g| g.iter().map(|&s| tokens[s]).sum::<u64>() <= budget);
+        if fits || parts >= tokens.len() {
+            // One sample per part at worst, which always fits.
+            break if fits {
+                groups
+            } else {
+                pack_balanced(tokens, &costs, &all, tokens.len(), budget)
+            };
+        }
+        rounds += 1;
+    };
+    let rounds = groups.len().div_ceil(trainers).max(rounds);
+    let mut mbs: Vec<PlannedMicroBatch> = groups
+        .into_iter()
+        .filter(|g| !g.is_empty())
+        .map(|g| micro_batch(tokens, &costs, g))
+        .collect();
+    mbs.sort_by(|x, y| y.cost.total_cmp(&x.cost));
+    mbs.resize(
+        rounds * trainers,
+        PlannedMicroBatch {
+            samples: Vec::new(),
+            tokens: 0,
+            cost: 0.0,
+        },
+    );
+    let per_trainer = (0..trainers)
+        .map(|t| (0..rounds).map(|r| r * trainers + t).collect())
+        .collect();
     Ok(Plan {
-        micro_batches,
+        micro_batches: mbs,
         per_trainer: Some(per_trainer),
     })
 }
@@ -216,7 +295,11 @@ mod tests {
         seen.sort_unstable();
         assert_eq!(seen, (0..tokens.len()).collect::<Vec<_>>(), "exactly once");
         for mb in &plan.micro_batches {
-            assert!(!mb.samples.is_empty());
+            if mb.samples.is_empty() {
+                // Only LB-Micro pads with empty micro-batches, which cost nothing.
+                assert!(plan.per_trainer.is_some() && mb.tokens == 0 && mb.cost == 0.0);
+                continue;
+            }
             let sum: u64 = mb.samples.iter().map(|&s| tokens[s]).sum();
             assert_eq!(mb.tokens, sum);
             assert!(mb.tokens <= budget, "budget respected");
@@ -279,17 +362,17 @@ mod tests {
             );
         }
         assert_eq!(
-            plan_dynamic(&[], &m, 100),
+            plan_dynamic(&[], &m, 2, 100),
             Err(BalanceError::EmptyMinibatch)
         );
-        assert_eq!(plan_dynamic(&[5], &m, 0), Err(BalanceError::ZeroBudget));
+        assert_eq!(plan_dynamic(&[5], &m, 2, 0), Err(BalanceError::ZeroBudget));
         assert_eq!(
-            plan_dynamic(&[0], &m, 10),
+            plan_dynamic(&[0], &m, 2, 10),
             Err(BalanceError::ZeroLength { sample: 0 })
         );
         let bad = CostModel::quadratic(-1.0, 0.0);
         assert!(matches!(
-            plan_dynamic(&[5], &bad, 10),
+            plan_dynamic(&[5], &bad, 2, 10),
             Err(BalanceError::InvalidCostModel { field: "a", .. })
         ));
         let huge = CostModel::quadratic(0.0, f64::MAX);
@@ -300,7 +383,7 @@ mod tests {
         ));
         let big = CostModel::quadratic(0.0, f64::MAX / 2.0);
         assert!(matches!(
-            plan_dynamic(&[32_000, 32_000, 32_000], &big, 64_000),
+            plan_dynamic(&[32_000, 32_000, 32_000], &big, 2, 64_000),
             Err(BalanceError::CostOverflow { .. })
         ));
     }
@@ -347,15 +430,24 @@ mod tests {
     fn plan_dynamic_sorted_costliest_first() {
         let tokens = [1_000, 30_000, 2_000, 20_000, 15_000];
         let m = CostModel::odc_7b();
-        let plan = plan_dynamic(&tokens, &m, 32_000).unwrap();
+        let plan = plan_dynamic(&tokens, &m, 1, 32_000).unwrap();
         assert_plan_valid(&plan, &tokens, &m, 32_000);
         assert!(plan.per_trainer.is_none());
         assert!(plan.trainer_costs().is_none());
-        assert_eq!(plan.micro_batches[0].samples, vec![1, 2]);
+        // 68k tokens need 3 micro-batches of 32k; one trainer wants 4 (there are 5 samples).
+        assert_eq!(plan.micro_batches.len(), 4);
+        let two = plan_dynamic(&tokens, &m, 2, 32_000).unwrap();
+        assert_plan_valid(&two, &tokens, &m, 32_000);
+        assert_eq!(
+            two.micro_batches.len(),
+            5,
+            "at most one micro-batch per sample"
+        );
+        assert!(two.micro_batches.iter().all(|mb| !mb.samples.is_empty()));
     }
 
     #[test]
-    fn plan_equal_count_counts_differ_by_at_most_one() {
+    fn plan_equal_count_counts_are_equal_and_rounds_are_balanced() {
         let tokens: Vec<u64> = (1..=23).map(|i| i * 1_000).collect();
         let m = CostModel::odc_1_5b();
         for trainers in 1..=9 {
@@ -363,8 +455,17 @@ mod tests {
             assert_plan_valid(&plan, &tokens, &m, 24_000);
             let per_trainer = plan.per_trainer.as_ref().unwrap();
             assert_eq!(per_trainer.len(), trainers);
-            assert!(count_spread(per_trainer) <= 1);
+            assert_eq!(count_spread(per_trainer), 0);
         }
+        // A collective-friendly plan of many short samples: one round, every trainer busy.
+        let short = vec![4_000u64; 32];
+        let plan = plan_equal_count(&short, &m, 8, 65_536).unwrap();
+        assert_eq!(plan.micro_batches.len(), 8);
+        let costs: Vec<f64> = plan.micro_batches.iter().map(|mb| mb.cost).collect();
+        assert!(
+            costs.iter().all(|&c| (c - costs[0]).abs() < 1e-9),
+            "{costs:?}"
+        );
     }
 
     proptest! {
@@ -379,11 +480,11 @@ mod tests {
             let s = plan_static(&tokens, &m, trainers, budget).unwrap();
             assert_plan_valid(&s, &tokens, &m, budget);
             prop_assert_eq!(s.per_trainer.as_ref().map(Vec::len), Some(trainers));
-            let d = plan_dynamic(&tokens, &m, budget).unwrap();
+            let d = plan_dynamic(&tokens, &m, trainers, budget).unwrap();
             assert_plan_valid(&d, &tokens, &m, budget);
             let e = plan_equal_count(&tokens, &m, trainers, budget).unwrap();
             assert_plan_valid(&e, &tokens, &m, budget);
-            prop_assert!(count_spread(e.per_trainer.as_ref().unwrap()) <= 1);
+            prop_assert_eq!(count_spread(e.per_trainer.as_ref().unwrap()), 0);
             prop_assert_eq!(s.num_samples(), tokens.len());
         }
 

@@ -2,6 +2,7 @@
 //! applied in it, all behind one lock so that fencing and `take` are atomic (C3).
 
 use std::collections::HashSet;
+use std::ops::Range;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -121,6 +122,20 @@ impl Accumulator {
     fn epoch(&self) -> u64 {
         self.state.lock().epoch
     }
+
+    fn read_local(&self, range: Range<usize>) -> Result<Vec<f32>, TransportError> {
+        let state = self.state.lock();
+        state
+            .values
+            .get(range.clone())
+            .map(<[f32]>::to_vec)
+            .ok_or(TransportError::OutOfRange {
+                region: self.id,
+                start: range.start,
+                end: range.end,
+                len: self.len,
+            })
+    }
 }
 
 /// The owner's guard of an accumulator region; dropping it deregisters the region.
@@ -141,6 +156,10 @@ impl AccumulatorRegion for AccumulatorGuard {
 
     fn epoch(&self) -> u64 {
         self.region.epoch()
+    }
+
+    fn read_local(&self, range: Range<usize>) -> Result<Vec<f32>, TransportError> {
+        self.region.read_local(range)
     }
 }
 

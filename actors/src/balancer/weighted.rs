@@ -1,0 +1,530 @@
+//! Speed-weighted static plans: ODC's LB-Mini ([`plan_static`]) corrected for measured trainer
+//! speeds, so a static plan can be re-balanced between minibatches when a trainer straggles.
+//!
+//! [`plan_static_weighted`] partitions the *samples* over trainers so that the largest
+//! **normalised load** `load_t / speed_t` (the estimated time of the slowest trainer) is small,
+//! then each trainer packs its own samples under the token budget, exactly as [`plan_static`]
+//! does. The partition is the better (lower max normalised load; the [`plan_static`] one on
+//! ties) of two candidates, each refined by a local search:
+//! - LPT on uniform machines: samples by cost descending, each to the trainer that would finish it
+//!   first, i.e. with the smallest `(load_t + c) / speed_t` (ties to the lowest index);
+//! - the partition of [`plan_static`] (Karmarkar–Karp or greedy, refined, speed-unaware).
+//!
+//! The refinement repeatedly moves one sample out of the trainer with the largest normalised load
+//! `m`, or swaps one of its samples with a cheaper one of another trainer `j`, taking the step
+//! that lowers `max(load_m / speed_m, load_j / speed_j)` the most, while some step lowers it below
+//! the current maximum; it is capped at `4·(samples + trainers)` steps and stops if float
+//! rounding eats an improvement.
+//!
+//! Guarantees (tested):
+//! - **W1** every plan satisfies the guarantees of every [plan](super::plan): every sample in
+//!   exactly one micro-batch (DESIGN.md I2 at planning time), micro-batches non-empty, within the
+//!   budget and sorted by cost descending; `per_trainer` has one list per speed, names every
+//!   micro-batch exactly once, each list costliest first.
+//! - **W2** with all speeds equal the plan *is* [`plan_static`]'s (the problem is the same).
+//! - **W3** for any speeds, the max normalised load is at most that of [`plan_static`]'s
+//!   partition under the same speeds: measured speeds never make the plan worse than ignoring
+//!   them.
+//! - **W4** LPT bound on uniform machines: with `C` the total cost, `c_max` the costliest sample,
+//!   `k` trainers and `S` the sum of speeds, the max normalised load is at most
+//!   `(C + (k − 1)·c_max) / S`.
+//! - **W5** the slowest trainer is the bottleneck by at most one sample: its normalised load
+//!   exceeds the largest of the other trainers' by at most `c_max / speed_slowest` (otherwise
+//!   moving any of its samples to another trainer would be a refinement step; holds whenever the
+//!   refinement ends before its step cap, which the tests never reach).
+//!
+//! Bad input gives a [`BalanceError`], never a panic: those of [`plan_static`], plus
+//! [`BalanceError::InvalidSpeed`] naming the first trainer whose speed is not finite and
+//! positive. Only speed *ratios* matter (speeds are normalised by the fastest first). Cost: the
+//! LPT pass is `O(samples · trainers)`, each refinement step `O(samples · samples on m)`.
+
+use super::{
+    loads, pack, plan_static, BalanceError, CostModel, Plan, PlannedMicroBatch, MAX_TRAINERS,
+};
+
+/// ODC's LB-Mini for trainers of different speeds: partition the minibatch's samples over
+/// `speeds.len()` trainers minimising the largest `load_t / speeds[t]` (see the
+/// [module docs](self) for the algorithm and its guarantees), then each trainer packs its own
+/// samples into micro-batches under `budget`.
+///
+/// `speeds` are in any unit (cost units per second, or relative speeds with the fastest at 1.0,
+/// as [`SpeedEstimator::relative_speeds`](crate::straggler::SpeedEstimator::relative_speeds)
+/// gives); only their ratios matter. With all speeds equal this is exactly [`plan_static`].
+///
+/// Errors: [`BalanceError::ZeroTrainers`] for no speeds, [`BalanceError::TooManyTrainers`],
+/// [`BalanceError::InvalidSpeed`] for a speed that is not finite and positive, and every error
+/// of [`plan_static`] for a bad minibatch, budget or cost model.
+///
+/// ```
+/// use odc_actors::balancer::{plan_static_weighted, CostModel};
+/// // Twelve equal samples; trainer 1 runs at half speed.
+/// let tokens = [8_000; 12];
+/// let plan = plan_static_weighted(&tokens, &CostModel::linear(), &[1.0, 0.5], 32_000).unwrap();
+/// let costs = plan.trainer_costs().unwrap();
+/// // The fast trainer gets twice the work: both finish at the same time.
+/// assert!((costs[0] - 2.0 * costs[1]).abs() < 1e-9);
+/// assert_eq!(plan.num_samples(), 12);
+/// ```
+pub fn plan_static_weighted(
+    tokens: &[u64],
+    cost: &CostModel,
+    speeds: &[f64],
+    budget: u64,
+) -> Result<Plan, BalanceError> {
+    let trainers = speeds.len();
+    if trainers == 0 {
+        return Err(BalanceError::ZeroTrainers);
+    }
+    if trainers > MAX_TRAINERS {
+        return Err(BalanceError::TooManyTrainers {
+            trainers,
+            max: MAX_TRAINERS,
+        });
+    }
+    if let Some((trainer, &speed)) = speeds
+        .iter()
+        .enumerate()
+        .find(|(_, s)| !s.is_finite() || **s <= 0.0)
+    {
+        return Err(BalanceError::InvalidSpeed { trainer, speed });
+    }
+    // Validates the minibatch, budget and cost model; its partition is a candidate below.
+    let base = plan_static(tokens, cost, trainers, budget)?;
+    if speeds.windows(2).all(|w| w[0] == w[1]) {
+        return Ok(base);
+    }
+    let costs = cost.sample_costs(tokens)?;
+    let fastest = speeds.iter().copied().fold(0.0, f64::max);
+    // Clamped: a ratio that underflows to 0 would make normalised loads infinite.
+    let relative: Vec<f64> = speeds
+        .iter()
+        .map(|s| (s / fastest).max(f64::MIN_POSITIVE))
+        .collect();
+
+    let mut lpt = lpt_uniform(&costs, &relative);
+    refine_weighted(&costs, &relative, &mut lpt);
+    let mut best = lpt;
+    if let Some(mut from_static) = sample_partition(&base, trainers, tokens.len()) {
+        refine_weighted(&costs, &relative, &mut from_static);
+        if max_normalised_load(&costs, &relative, &from_static)
+            <= max_normalised_load(&costs, &relative, &best)
+        {
+            best = from_static;
+        }
+    }
+    assemble(tokens, &costs, &best, budget)
+}
+
+/// The largest `load_t / speeds[t]` of a partition (0 for no subsets).
+fn max_normalised_load(costs: &[f64], speeds: &[f64], parts: &[Vec<usize>]) -> f64 {
+    loads(costs, parts)
+        .iter()
+        .zip(speeds)
+        .map(|(load, speed)| load / speed)
+        .fold(0.0, f64::max)
+}
+
+/// Longest processing time first on uniform machines: samples by cost descending (ties by
+/// index), each to the trainer with the earliest finish time `(load + c) / speed` (ties to the
+/// lowest index).
+fn lpt_uniform(costs: &[f64], speeds: &[f64]) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..costs.len()).collect();
+    order.sort_by(|&x, &y| costs[y].total_cmp(&costs[x]).then(x.cmp(&y)));
+    let mut parts = vec![Vec::new(); speeds.len()];
+    let mut loads = vec![0.0; speeds.len()];
+    for sample in order {
+        let c = costs[sample];
+        let finish = |t: usize| (loads[t] + c) / speeds[t];
+        let Some(t) =
+            (0..speeds.len()).min_by(|&x, &y| finish(x).total_cmp(&finish(y)).then(x.cmp(&y)))
+        else {
+            break;
+        };
+        parts[t].push(sample);
+        loads[t] += c;
+    }
+    parts
+}
+
+/// Local search on a partition, normalised by speed: while some step lowers the normalised load
+/// of the bottleneck trainer `m` without making the other trainer involved reach the old
+/// maximum, move one sample out of `m` or swap one of its samples with a cheaper one of another
+/// trainer, taking the step with the lowest resulting pair maximum (ties: first found). The max
+/// normalised load never increases.
+fn refine_weighted(costs: &[f64], speeds: &[f64], parts: &mut [Vec<usize>]) {
+    let k = parts.len();
+    let mut loads = loads(costs, parts);
+    let norm = |load: f64, t: usize| load / speeds[t];
+    let max_steps = 4 * (costs.len() + k);
+    for _ in 0..max_steps {
+        let Some(m) = (0..k).max_by(|&x, &y| {
+            norm(loads[x], x)
+                .total_cmp(&norm(loads[y], y))
+                .then(y.cmp(&x))
+        }) else {
+            return;
+        };
+        let top = norm(loads[m], m);
+        // (pair max after the step, other trainer, position in m, position in other or None = move)
+        let mut best: Option<(f64, usize, usize, Option<usize>)> = None;
+        let mut consider = |pair_max: f64, j: usize, xi: usize, yi: Option<usize>| {
+            if pair_max < top && best.is_none_or(|(b, ..)| pair_max < b) {
+                best = Some((pair_max, j, xi, yi));
+            }
+        };
+        for j in (0..k).filter(|&j| j != m) {
+            // A trainer already at the maximum (or a NaN load) cannot take anything.
+            let nj = norm(loads[j], j);
+            if nj.is_nan() || nj >= top {
+                continue;
+            }
+            let after = |d: f64| norm(loads[m] - d, m).max(norm(loads[j] + d, j));
+            for (xi, &x) in parts[m].iter().enumerate() {
+                let cx = costs[x];
+                if cx > 0.0 {
+                    consider(after(cx), j, xi, None);
+                }
+                for (yi, &y) in parts[j].iter().enumerate() {
+                    let d = cx - costs[y];
+                    if d > 0.0 {
+                        consider(after(d), j, xi, Some(yi));
+                    }
+                }
+            }
+        }
+        let Some((_, j, xi, yi)) = best else { return };
+        let (before_m, before_j) = (parts[m].clone(), parts[j].clone());
+        match yi {
+            None => {
+                let x = parts[m].swap_remove(xi);
+                parts[j].push(x);
+            }
+            Some(yi) => {
+                let x = parts[m][xi];
+                parts[m][xi] = parts[j][yi];
+                parts[j][yi] = x;
+            }
+        }
+        let new_m: f64 = parts[m].iter().map(|&s| costs[s]).sum();
+        let new_j: f64 = parts[j].iter().map(|&s| costs[s]).sum();
+        if norm(new_m, m).max(norm(new_j, j)) >= top {
+            // Rounding ate the improvement: undo and stop.
+            parts[m] = before_m;
+            parts[j] = before_j;
+            return;
+        }
+        loads[m] = new_m;
+        loads[j] = new_j;
+    }
+}
+
+/// The sample partition behind a static plan: trainer `t` gets the samples of its micro-batches.
+/// `None` unless it covers every sample of `0..samples` exactly once over `trainers` lists.
+fn sample_partition(plan: &Plan, trainers: usize, samples: usize) -> Option<Vec<Vec<usize>>> {
+    let per_trainer = plan.per_trainer.as_ref()?;
+    if per_trainer.len() != trainers {
+        return None;
+    }
+    let mut seen = vec![false; samples];
+    let mut parts = Vec::with_capacity(trainers);
+    for list in per_trainer {
+        let mut part = Vec::new();
+        for &i in list {
+            for &sample in &plan.micro_batches.get(i)?.samples {
+                if std::mem::replace(seen.get_mut(sample)?, true) {
+                    return None;
+                }
+                part.push(sample);
+            }
+        }
+        part.sort_unstable();
+        parts.push(part);
+    }
+    seen.iter().all(|&s| s).then_some(parts)
+}
+
+/// Packs each trainer's samples under `budget` and lays the micro-batches out as
+/// [`plan_static`] does: sorted by cost descending (stable), `per_trainer` ascending positions.
+fn assemble(
+    tokens: &[u64],
+    costs: &[f64],
+    parts: &[Vec<usize>],
+    budget: u64,
+) -> Result<Plan, BalanceError> {
+    let mut owned = Vec::new();
+    for (trainer, samples) in parts.iter().enumerate() {
+        for samples in pack(tokens, samples, budget)? {
+            let mb = PlannedMicroBatch {
+                tokens: samples.iter().map(|&s| tokens[s]).sum(),
+                cost: samples.iter().map(|&s| costs[s]).sum(),
+                samples,
+            };
+            owned.push((trainer, mb));
+        }
+    }
+    owned.sort_by(|x, y| y.1.cost.total_cmp(&x.1.cost));
+    let mut per_trainer = vec![Vec::new(); parts.len()];
+    let mut micro_batches = Vec::with_capacity(owned.len());
+    for (position, (trainer, mb)) in owned.into_iter().enumerate() {
+        per_trainer[trainer].push(position);
+        micro_batches.push(mb);
+    }
+    Ok(Plan {
+        micro_batches,
+        per_trainer: Some(per_trainer),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// W1: the guarantees of every plan, plus one `per_trainer` list per speed.
+    fn assert_plan_valid(
+        plan: &Plan,
+        tokens: &[u64],
+        cost: &CostModel,
+        trainers: usize,
+        budget: u64,
+    ) {
+        let mut seen: Vec<usize> = plan
+            .micro_batches
+            .iter()
+            .flat_map(|mb| mb.samples.iter().copied())
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..tokens.len()).collect::<Vec<_>>(), "exactly once");
+        for mb in &plan.micro_batches {
+            assert!(!mb.samples.is_empty());
+            assert_eq!(
+                mb.tokens,
+                mb.samples.iter().map(|&s| tokens[s]).sum::<u64>()
+            );
+            assert!(mb.tokens <= budget, "budget respected");
+            let c: f64 = mb.samples.iter().map(|&s| cost.cost(tokens[s])).sum();
+            assert!((mb.cost - c).abs() <= 1e-9 * c.max(1.0));
+        }
+        for pair in plan.micro_batches.windows(2) {
+            assert!(pair[0].cost >= pair[1].cost, "sorted by cost descending");
+        }
+        let per_trainer = plan.per_trainer.as_ref().expect("a static plan");
+        assert_eq!(per_trainer.len(), trainers);
+        let mut all: Vec<usize> = per_trainer.iter().flatten().copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..plan.micro_batches.len()).collect::<Vec<_>>());
+        for list in per_trainer {
+            assert!(list.windows(2).all(|w| w[0] < w[1]), "costliest first");
+        }
+    }
+
+    fn normalised(plan: &Plan, speeds: &[f64]) -> Vec<f64> {
+        let costs = plan.trainer_costs().expect("a static plan");
+        costs.iter().zip(speeds).map(|(c, s)| c / s).collect()
+    }
+
+    fn max_of(xs: &[f64]) -> f64 {
+        xs.iter().copied().fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn weighted_rejects_bad_speeds_naming_the_trainer() {
+        let m = CostModel::linear();
+        assert_eq!(
+            plan_static_weighted(&[10], &m, &[], 100),
+            Err(BalanceError::ZeroTrainers)
+        );
+        for bad in [0.0, -1.0, f64::INFINITY, f64::NEG_INFINITY] {
+            assert_eq!(
+                plan_static_weighted(&[10], &m, &[1.0, 0.5, bad], 100),
+                Err(BalanceError::InvalidSpeed {
+                    trainer: 2,
+                    speed: bad
+                })
+            );
+        }
+        assert!(matches!(
+            plan_static_weighted(&[10], &m, &[f64::NAN, 1.0], 100),
+            Err(BalanceError::InvalidSpeed { trainer: 0, speed }) if speed.is_nan()
+        ));
+        let too_many = vec![1.0; MAX_TRAINERS + 1];
+        assert_eq!(
+            plan_static_weighted(&[10], &m, &too_many, 100),
+            Err(BalanceError::TooManyTrainers {
+                trainers: MAX_TRAINERS + 1,
+                max: MAX_TRAINERS
+            })
+        );
+    }
+
+    #[test]
+    fn weighted_passes_minibatch_errors_through() {
+        let m = CostModel::odc_7b();
+        let speeds = [1.0, 0.5];
+        assert_eq!(
+            plan_static_weighted(&[], &m, &speeds, 100),
+            Err(BalanceError::EmptyMinibatch)
+        );
+        assert_eq!(
+            plan_static_weighted(&[10], &m, &speeds, 0),
+            Err(BalanceError::ZeroBudget)
+        );
+        assert_eq!(
+            plan_static_weighted(&[10, 0], &m, &speeds, 100),
+            Err(BalanceError::ZeroLength { sample: 1 })
+        );
+        assert_eq!(
+            plan_static_weighted(&[10, 101], &m, &speeds, 100),
+            Err(BalanceError::SampleExceedsBudget {
+                sample: 1,
+                tokens: 101,
+                budget: 100
+            })
+        );
+        assert!(matches!(
+            plan_static_weighted(&[5], &CostModel::quadratic(-1.0, 0.0), &speeds, 10),
+            Err(BalanceError::InvalidCostModel { field: "a", .. })
+        ));
+    }
+
+    #[test]
+    fn weighted_equal_speeds_is_plan_static() {
+        let tokens = [40_000, 9_000, 12_000, 30_000, 5_000, 22_000, 17_000, 3_000];
+        let m = CostModel::odc_7b();
+        for speed in [1.0, 0.25, 3.0] {
+            let weighted = plan_static_weighted(&tokens, &m, &[speed; 3], 65_536).unwrap();
+            assert_eq!(weighted, plan_static(&tokens, &m, 3, 65_536).unwrap());
+        }
+    }
+
+    #[test]
+    fn weighted_half_speed_trainer_gets_half_the_work() {
+        let tokens = [8_000; 12];
+        let m = CostModel::linear();
+        let plan = plan_static_weighted(&tokens, &m, &[1.0, 0.5], 32_000).unwrap();
+        assert_plan_valid(&plan, &tokens, &m, 2, 32_000);
+        let counts: Vec<usize> = plan
+            .per_trainer
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|mbs| {
+                mbs.iter()
+                    .map(|&i| plan.micro_batches[i].samples.len())
+                    .sum()
+            })
+            .collect();
+        assert_eq!(counts, vec![8, 4]);
+        // Speed-unaware LB-Mini splits 6/6 and the slow trainer needs 1.5 as long.
+        let unaware = plan_static(&tokens, &m, 2, 32_000).unwrap();
+        let speeds = [1.0, 0.5];
+        assert!((max_of(&normalised(&plan, &speeds)) - 2.0).abs() < 1e-9);
+        assert!((max_of(&normalised(&unaware, &speeds)) - 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn weighted_one_straggler_among_eight() {
+        // One of eight trainers at half speed: the perfect-balance bound is total / 7.5.
+        let tokens: Vec<u64> = (0..64).map(|i| 2_000 + (i * 7_919) % 30_000).collect();
+        let m = CostModel::odc_7b();
+        let mut speeds = [1.0; 8];
+        speeds[3] = 0.5;
+        let plan = plan_static_weighted(&tokens, &m, &speeds, 65_536).unwrap();
+        assert_plan_valid(&plan, &tokens, &m, 8, 65_536);
+        let total: f64 = tokens.iter().map(|&t| m.cost(t)).sum();
+        let bound = total / speeds.iter().sum::<f64>();
+        let worst = max_of(&normalised(&plan, &speeds));
+        let unaware = max_of(&normalised(
+            &plan_static(&tokens, &m, 8, 65_536).unwrap(),
+            &speeds,
+        ));
+        assert!(worst <= 1.02 * bound, "{worst} vs bound {bound}");
+        assert!(
+            unaware > 1.5 * bound,
+            "speed-unaware plan: {unaware} vs bound {bound}"
+        );
+    }
+
+    #[test]
+    fn weighted_more_trainers_than_samples() {
+        let tokens = [100, 200];
+        let m = CostModel::linear();
+        let plan = plan_static_weighted(&tokens, &m, &[0.5, 1.0, 0.25, 1.0, 0.75], 1_000).unwrap();
+        assert_plan_valid(&plan, &tokens, &m, 5, 1_000);
+        let per_trainer = plan.per_trainer.unwrap();
+        // The two samples go to the two fastest trainers.
+        assert!(per_trainer[1].len() == 1 && per_trainer[3].len() == 1);
+        assert_eq!(per_trainer.iter().filter(|l| l.is_empty()).count(), 3);
+    }
+
+    proptest! {
+        /// W1 and W3 for arbitrary speeds.
+        #[test]
+        fn weighted_plans_are_valid_and_no_worse_than_plan_static(
+            tokens in prop::collection::vec(1u64..32_000, 1..60),
+            speeds in prop::collection::vec(0.05f64..4.0, 1..9),
+            budget in 32_000u64..70_000,
+            quadratic in any::<bool>(),
+        ) {
+            let m = if quadratic { CostModel::odc_7b() } else { CostModel::linear() };
+            let plan = plan_static_weighted(&tokens, &m, &speeds, budget).unwrap();
+            assert_plan_valid(&plan, &tokens, &m, speeds.len(), budget);
+            let unaware = plan_static(&tokens, &m, speeds.len(), budget).unwrap();
+            let (mine, theirs) = (
+                max_of(&normalised(&plan, &speeds)),
+                max_of(&normalised(&unaware, &speeds)),
+            );
+            prop_assert!(mine <= theirs * (1.0 + 1e-9), "{} > {}", mine, theirs);
+        }
+
+        /// W2 in terms of load: equal speeds never give a larger max load than plan_static.
+        #[test]
+        fn weighted_equal_speeds_no_worse_than_plan_static(
+            tokens in prop::collection::vec(1u64..64_000, 1..80),
+            trainers in 1usize..9,
+            speed in 0.01f64..100.0,
+        ) {
+            let m = CostModel::odc_7b();
+            let speeds = vec![speed; trainers];
+            let plan = plan_static_weighted(&tokens, &m, &speeds, 65_536).unwrap();
+            assert_plan_valid(&plan, &tokens, &m, trainers, 65_536);
+            let unaware = plan_static(&tokens, &m, trainers, 65_536).unwrap();
+            let mine = max_of(&plan.trainer_costs().unwrap());
+            let theirs = max_of(&unaware.trainer_costs().unwrap());
+            prop_assert!(mine <= theirs * (1.0 + 1e-12));
+        }
+
+        /// W4 and W5 with one trainer at half speed and the others between half and full speed.
+        #[test]
+        fn weighted_slow_trainer_within_lpt_bound(
+            tokens in prop::collection::vec(1u64..64_000, 1..80),
+            others in prop::collection::vec(0.5f64..=1.0, 0..7),
+            quadratic in any::<bool>(),
+        ) {
+            let m = if quadratic { CostModel::odc_7b() } else { CostModel::linear() };
+            let speeds: Vec<f64> = [1.0, 0.5].into_iter().chain(others).collect();
+            let plan = plan_static_weighted(&tokens, &m, &speeds, 65_536).unwrap();
+            assert_plan_valid(&plan, &tokens, &m, speeds.len(), 65_536);
+            let norm = normalised(&plan, &speeds);
+            let costs: Vec<f64> = tokens.iter().map(|&t| m.cost(t)).collect();
+            let c_max = max_of(&costs);
+            let total: f64 = costs.iter().sum();
+            let k = speeds.len() as f64;
+            let lpt_bound = (total + (k - 1.0) * c_max) / speeds.iter().sum::<f64>();
+            prop_assert!(
+                max_of(&norm) <= lpt_bound * (1.0 + 1e-9),
+                "W4: {:?} vs {}", norm, lpt_bound
+            );
+            let others_max = norm
+                .iter()
+                .enumerate()
+                .filter(|&(t, _)| t != 1)
+                .map(|(_, &n)| n)
+                .fold(0.0, f64::max);
+            prop_assert!(
+                norm[1] <= (others_max + c_max / 0.5) * (1.0 + 1e-9),
+                "W5: slow trainer at {} vs others {} + {}", norm[1], others_max, c_max / 0.5
+            );
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! The simulated device: a [`Compute`] whose forward/backward time per unit comes from the cost
+//! model at a configured device speed, while gathers and gradient pushes move real bytes over the
+//! real transport. Only the FLOPs are replaced by waiting, as a GPU's kernels run asynchronously to
+//! the host thread.
+//!
+//! - Time of a micro-batch: `Σ cost(sample) · seconds_per_cost / speed`, one third forward and two
+//!   thirds backward, split evenly over the units.
+//! - Waiting uses `std::thread::sleep` on a blocking thread (tens of microseconds of error), not
+//!   tokio's millisecond timer wheel, and what one wait overshoots is taken off the next one of the
+//!   micro-batch, so short spans do not inflate the modelled time.
+//! - Every compute span is recorded in the micro-batch's timeline ([`SpanKind::Compute`]); busy time
+//!   and utilization are measured from those spans.
+//! - [`SpeedSchedule`]: per-device speed factors, including a device that slows down from a step on.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use odc_actors::balancer::CostModel;
+
+use crate::{async_trait, Compute, ComputeOutput, MicroBatch, SpanKind, TrainerContext, UnitSpec};
+
+/// A change of one device's speed from a step on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpeedChange {
+    pub trainer: usize,
+    pub from_step: u64,
+    pub factor: f64,
+}
+
+/// Speed factor of every device at every step (1.0 = nominal).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SpeedSchedule {
+    pub changes: Vec<SpeedChange>,
+}
+
+impl SpeedSchedule {
+    /// Every device at nominal speed.
+    pub fn uniform() -> Self {
+        SpeedSchedule::default()
+    }
+
+    /// `trainer` runs at `factor` from `from_step` on.
+    pub fn with_change(mut self, trainer: usize, from_step: u64, factor: f64) -> Self {
+        self.changes.push(SpeedChange {
+            trainer,
+            from_step,
+            factor,
+        });
+        self
+    }
+
+    /// Speed of `trainer` during `step`: the last change that applies, else 1.0.
+    pub fn speed(&self, trainer: usize, step: u64) -> f64 {
+        self.changes
+            .iter()
+            .rev()
+            .find(|c| c.trainer == trainer && c.from_step <= step)
+            .map_or(1.0, |c| c.factor)
+    }
+
+    /// Sum of the speeds of `devices` devices at `step` (their joint capacity).
+    pub fn capacity(&self, devices: usize, step: u64) -> f64 {
+        (0..devices).map(|t| self.speed(t, step)).sum()
+    }
+}
+
+/// A simulated model and device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimDevice {
+    /// Units of the model (transformer blocks), gathered in order.
+    pub units: usize,
+    /// Elements per unit: the bytes every gather and push moves.
+    pub unit_elems: usize,
+    pub cost: CostModel,
+    /// Wall seconds one cost unit takes at speed 1.0 (the time scale).
+    pub seconds_per_cost: f64,
+    pub speeds: SpeedSchedule,
+}
+
+impl Default for SimDevice {
+    fn default() -> Self {
+        SimDevice {
+            units: 4,
+            unit_elems: 16 * 1024,
+            cost: CostModel::odc_7b(),
+            seconds_per_cost: 0.004,
+            speeds: SpeedSchedule::uniform(),
+        }
+    }
+}
+
+impl SimDevice {
+    /// The model's units (values are irrelevant to the simulation).
+    pub fn layout(&self) -> Vec<UnitSpec> {
+        (0..self.units)
+            .map(|u| UnitSpec::constant(format!("block{u}"), self.unit_elems, 0.0))
+            .collect()
+    }
+
+    /// Modelled compute seconds of `tokens` at speed 1.0.
+    pub fn seconds(&self, tokens: &[u64]) -> f64 {
+        tokens.iter().map(|&t| self.cost.cost(t)).sum::<f64>() * self.seconds_per_cost
+    }
+
+    /// A compute factory for this device.
+    pub fn factory(self: &Arc<Self>) -> impl Fn(usize) -> Box<dyn Compute> + Send + Sync + 'static {
+        let device = self.clone();
+        let grad: Arc<[f32]> = vec![1e-3f32; self.unit_elems].into();
+        move |trainer| {
+            Box::new(SimCompute {
+                trainer,
+                device: device.clone(),
+                grad: grad.clone(),
+            }) as Box<dyn Compute>
+        }
+    }
+}
+
+/// [`Compute`] of one simulated device.
+pub struct SimCompute {
+    trainer: usize,
+    device: Arc<SimDevice>,
+    grad: Arc<[f32]>,
+}
+
+/// Wait `seconds` of modelled compute and record the span. `debt` carries what earlier waits of
+/// the micro-batch overshot (sleeps wake late), so the micro-batch's compute adds up to the model.
+async fn work(ctx: &mut TrainerContext, seconds: f64, debt: &mut f64) {
+    if seconds <= 0.0 {
+        return;
+    }
+    let start = Instant::now();
+    let d = Duration::from_secs_f64((seconds - *debt).max(0.0));
+    // A blocking thread sleeps precisely; if the pool is gone, fall back to the timer.
+    if tokio::task::spawn_blocking(move || std::thread::sleep(d))
+        .await
+        .is_err()
+    {
+        tokio::time::sleep_until((start + d).into()).await;
+    }
+    let end = Instant::now();
+    *debt += end.duration_since(start).as_secs_f64() - seconds;
+    ctx.record_span(SpanKind::Compute, start, end);
+}
+
+#[async_trait]
+impl Compute for SimCompute {
+    async fn run(
+        &mut self,
+        ctx: &mut TrainerContext,
+        mb: &MicroBatch,
+    ) -> crate::Result<ComputeOutput> {
+        let dev = &self.device;
+        let tokens: Vec<u64> = mb.samples.iter().map(|s| s.tokens).collect();
+        let total = dev.seconds(&tokens) / dev.speeds.speed(self.trainer, mb.step);
+        let units = dev.units.max(1);
+        let forward = total / 3.0 / units as f64;
+        let mut debt = 0.0;
+        for u in 0..units {
+            ctx.gather(u).await?;
+            work(ctx, forward, &mut debt).await;
+            ctx.release(u)?;
+        }
+        ctx.backward();
+        for u in (0..units).rev() {
+            ctx.gather(u).await?;
+            work(ctx, 2.0 * forward, &mut debt).await;
+            ctx.push_grad(u, &self.grad)?;
+            ctx.release(u)?;
+        }
+        Ok(ComputeOutput {
+            loss_sum: mb.tokens as f64,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn speed_schedule_applies_the_last_change() {
+        let s = SpeedSchedule::uniform()
+            .with_change(7, 3, 0.5)
+            .with_change(7, 6, 0.25);
+        assert_eq!(s.speed(7, 2), 1.0);
+        assert_eq!(s.speed(7, 3), 0.5);
+        assert_eq!(s.speed(7, 9), 0.25);
+        assert_eq!(s.speed(0, 9), 1.0);
+        assert_eq!(s.capacity(8, 4), 7.5);
+    }
+
+    #[test]
+    fn modelled_seconds_follow_the_cost_model() {
+        let d = SimDevice::default();
+        let one = d.seconds(&[32_000]);
+        assert!((one - (4.348357 + 8.768377) * 0.004).abs() < 1e-12);
+        assert!((d.seconds(&[32_000, 32_000]) - 2.0 * one).abs() < 1e-12);
+    }
+}
