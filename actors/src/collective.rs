@@ -26,7 +26,9 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use odc_transport::{chunk_ranges, codec, Dtype, EndpointId, RegionHandle, Transport, WriteTag};
+use odc_transport::{
+    chunk_ranges, codec, AccumulatorRegion, Dtype, EndpointId, RegionHandle, Transport, WriteTag,
+};
 use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
@@ -225,6 +227,22 @@ async fn join(
     Ok((op, handles))
 }
 
+/// Register this trainer's staging region for `key` and join it; returns the region, the
+/// operation and the right neighbour's staging handle.
+async fn enter(
+    transport: &Arc<dyn Transport>,
+    group: &CollectiveGroup,
+    key: OpKey,
+    rank: usize,
+    len: usize,
+) -> Result<(Box<dyn AccumulatorRegion>, Arc<Op>, RegionHandle)> {
+    let staging =
+        transport.register_accumulator(TRAINER_ENDPOINT_BASE + rank as EndpointId, len, 0)?;
+    let (op, handles) = join(group, key, rank, staging.handle()).await?;
+    let right = handles[(rank + 1) % group.size()].clone();
+    Ok((staging, op, right))
+}
+
 /// Accumulate `values` (elements `range` of a unit-sized buffer) into `target` at the same
 /// offsets, in chunks, concurrently.
 async fn send_piece(
@@ -268,11 +286,8 @@ pub(crate) async fn all_gather(
     version: u64,
     chunk_elems: usize,
 ) -> Result<(Vec<f32>, u64)> {
-    let n = group.size();
-    let len = place.len;
-    let staging =
-        transport.register_accumulator(TRAINER_ENDPOINT_BASE + rank as EndpointId, len, 0)?;
-    let (op, handles) = join(&group, key, rank, staging.handle()).await?;
+    let (n, len) = (group.size(), place.len);
+    let (staging, op, right) = enter(&transport, &group, key, rank, len).await?;
     let mut full = vec![0f32; len];
     let mine = shard_range(len, n, rank);
     let mut bytes = crate::context::pull_range(
@@ -285,12 +300,11 @@ pub(crate) async fn all_gather(
         &mut full[mine],
     )
     .await?;
-    let right = &handles[(rank + 1) % n];
     for round in 0..n.saturating_sub(1) {
         let send = shard_range(len, n, (rank + n - round) % n);
         bytes += send_piece(
             &transport,
-            right,
+            &right,
             send.clone(),
             &full[send],
             round,
@@ -318,19 +332,15 @@ pub(crate) async fn reduce_scatter(
     server_tag: impl Fn(usize, usize) -> WriteTag,
     chunk_elems: usize,
 ) -> Result<u64> {
-    let n = group.size();
-    let len = place.len;
-    let staging =
-        transport.register_accumulator(TRAINER_ENDPOINT_BASE + rank as EndpointId, len, 0)?;
-    let (op, handles) = join(&group, key, rank, staging.handle()).await?;
+    let (n, len) = (group.size(), place.len);
+    let (staging, op, right) = enter(&transport, &group, key, rank, len).await?;
     let mut partial = grad;
-    let right = &handles[(rank + 1) % n];
     let mut bytes = 0;
     for round in 0..n.saturating_sub(1) {
         let send = shard_range(len, n, (rank + n - round) % n);
         bytes += send_piece(
             &transport,
-            right,
+            &right,
             send.clone(),
             &partial[send],
             round,

@@ -17,6 +17,14 @@ use crate::{adamw, model_job, train, within};
 
 const STEPS: usize = 5;
 
+/// What the reference computes with, and the tolerance, for a pull precision.
+fn reference_precision(precision: Precision) -> (Dtype, f32) {
+    match precision {
+        Precision::F32 => (Dtype::F32, 1e-6),
+        Precision::Bf16 => (Dtype::Bf16, 1e-4),
+    }
+}
+
 async fn check(trainers: usize, servers: usize, dispatch: DispatchMode, precision: Precision) {
     let data = minibatches(7, STEPS, 12, 40);
     let job = model_job(
@@ -29,10 +37,7 @@ async fn check(trainers: usize, servers: usize, dispatch: DispatchMode, precisio
     .build()
     .expect("valid job");
     let got = within(60, train(job, &data)).await;
-    let (dtype, tol) = match precision {
-        Precision::F32 => (Dtype::F32, 1e-6),
-        Precision::Bf16 => (Dtype::Bf16, 1e-4),
-    };
+    let (dtype, tol) = reference_precision(precision);
     let want = reference_train(&data, adamw(), dtype, None);
     let initial = reference_train(&[], adamw(), dtype, None);
     let diff = max_abs_diff(&got, &want);
@@ -132,10 +137,7 @@ async fn i3_equivalence_collective_mode() {
                 .build()
                 .expect("valid job");
                 let got = within(60, train(job, &data)).await;
-                let (dtype, tol) = match precision {
-                    Precision::F32 => (Dtype::F32, 1e-6),
-                    Precision::Bf16 => (Dtype::Bf16, 1e-4),
-                };
+                let (dtype, tol) = reference_precision(precision);
                 let want = reference_train(&data, adamw(), dtype, None);
                 let diff = max_abs_diff(&got, &want);
                 assert!(

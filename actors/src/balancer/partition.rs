@@ -339,20 +339,31 @@ pub fn karmarkar_karp(costs: &[f64], k: usize, equal_count: bool) -> Vec<Vec<usi
     canonical(parts)
 }
 
-/// Local search on a partition: while it lowers the cost of the max-loaded subset without making
-/// the other subset involved reach it, move one item out of the max-loaded subset (only when
-/// `allow_moves`) or swap one of its items with a cheaper item of another subset. Each accepted
-/// step strictly lowers the pair's max, so the max load never increases; the number of steps is
-/// capped so float rounding cannot make it cycle.
-fn refine(costs: &[f64], parts: &mut [Vec<usize>], allow_moves: bool) {
+/// Local search on a partition: while it lowers the normalised load (`load / speed`; speed 1 when
+/// `speeds` is `None`) of the most loaded subset without making the other subset involved reach it,
+/// move one item out of that subset (only when `allow_moves`) or swap one of its items with a
+/// cheaper item of another subset, taking the step with the lowest resulting pair maximum (ties:
+/// first found). Each accepted step strictly lowers the pair's max, so the max normalised load
+/// never increases; the number of steps is capped so float rounding cannot make it cycle.
+pub(crate) fn refine(
+    costs: &[f64],
+    speeds: Option<&[f64]>,
+    parts: &mut [Vec<usize>],
+    allow_moves: bool,
+) {
     let k = parts.len();
     let mut loads = loads(costs, parts);
-    let max_steps = costs.len() + k;
+    let norm = |load: f64, t: usize| load / speeds.and_then(|s| s.get(t)).copied().unwrap_or(1.0);
+    let max_steps = 4 * (costs.len() + k);
     for _ in 0..max_steps {
-        let Some(m) = (0..k).max_by(|&x, &y| loads[x].total_cmp(&loads[y]).then(y.cmp(&x))) else {
+        let Some(m) = (0..k).max_by(|&x, &y| {
+            norm(loads[x], x)
+                .total_cmp(&norm(loads[y], y))
+                .then(y.cmp(&x))
+        }) else {
             return;
         };
-        let top = loads[m];
+        let top = norm(loads[m], m);
         // (pair max after the step, other subset, position in m, position in other or None = move)
         let mut best: Option<(f64, usize, usize, Option<usize>)> = None;
         let mut consider = |pair_max: f64, j: usize, xi: usize, yi: Option<usize>| {
@@ -361,20 +372,21 @@ fn refine(costs: &[f64], parts: &mut [Vec<usize>], allow_moves: bool) {
             }
         };
         for j in (0..k).filter(|&j| j != m) {
-            let gap = top - loads[j];
-            // A NaN gap admits no candidate below: every comparison with it is false.
-            if gap <= 0.0 {
+            // A subset already at the maximum (or a NaN load) cannot take anything.
+            let nj = norm(loads[j], j);
+            if nj.is_nan() || nj >= top {
                 continue;
             }
+            let after = |d: f64| norm(loads[m] - d, m).max(norm(loads[j] + d, j));
             for (xi, &x) in parts[m].iter().enumerate() {
                 let cx = costs[x];
-                if allow_moves && cx > 0.0 && cx < gap {
-                    consider((top - cx).max(loads[j] + cx), j, xi, None);
+                if allow_moves && cx > 0.0 {
+                    consider(after(cx), j, xi, None);
                 }
                 for (yi, &y) in parts[j].iter().enumerate() {
                     let d = cx - costs[y];
-                    if d > 0.0 && d < gap {
-                        consider((top - d).max(loads[j] + d), j, xi, Some(yi));
+                    if d > 0.0 {
+                        consider(after(d), j, xi, Some(yi));
                     }
                 }
             }
@@ -388,12 +400,11 @@ fn refine(costs: &[f64], parts: &mut [Vec<usize>], allow_moves: bool) {
             }
             Some(yi) => {
                 let x = parts[m][xi];
-                parts[m][xi] = parts[j][yi];
-                parts[j][yi] = x;
+                parts[m][xi] = std::mem::replace(&mut parts[j][yi], x);
             }
         }
         let (new_m, new_j) = (subset_load(costs, &parts[m]), subset_load(costs, &parts[j]));
-        if new_m.max(new_j) >= top {
+        if norm(new_m, m).max(norm(new_j, j)) >= top {
             // Rounding ate the improvement: undo and stop.
             parts[m] = before_m;
             parts[j] = before_j;
@@ -423,9 +434,9 @@ fn refine(costs: &[f64], parts: &mut [Vec<usize>], allow_moves: bool) {
 pub fn partition(costs: &[f64], k: usize, equal_count: bool) -> Vec<Vec<usize>> {
     let allow_moves = !equal_count;
     let mut kk = karmarkar_karp(costs, k, equal_count);
-    refine(costs, &mut kk, allow_moves);
+    refine(costs, None, &mut kk, allow_moves);
     let mut greedy = greedy(costs, k, equal_count);
-    refine(costs, &mut greedy, allow_moves);
+    refine(costs, None, &mut greedy, allow_moves);
     let best = if max_load(costs, &greedy) < max_load(costs, &kk) {
         greedy
     } else {

@@ -61,7 +61,7 @@ impl Plan {
 /// lists of a plan always fit in memory.
 pub const MAX_TRAINERS: usize = 1 << 20;
 
-fn check_trainers(trainers: usize) -> Result<(), BalanceError> {
+pub(super) fn check_trainers(trainers: usize) -> Result<(), BalanceError> {
     if trainers == 0 {
         return Err(BalanceError::ZeroTrainers);
     }
@@ -75,7 +75,11 @@ fn check_trainers(trainers: usize) -> Result<(), BalanceError> {
 }
 
 /// Checks the minibatch and returns every sample's cost.
-fn sample_costs(tokens: &[u64], cost: &CostModel, budget: u64) -> Result<Vec<f64>, BalanceError> {
+pub(super) fn sample_costs(
+    tokens: &[u64],
+    cost: &CostModel,
+    budget: u64,
+) -> Result<Vec<f64>, BalanceError> {
     if tokens.is_empty() {
         return Err(BalanceError::EmptyMinibatch);
     }
@@ -139,14 +143,26 @@ pub fn plan_static(
 ) -> Result<Plan, BalanceError> {
     check_trainers(trainers)?;
     let costs = sample_costs(tokens, cost, budget)?;
+    assemble(tokens, &costs, &partition(&costs, trainers, false), budget)
+}
+
+/// A static plan from a partition of the samples over trainers: each trainer packs its own
+/// samples under `budget`; micro-batches sorted by cost descending (stable), each trainer's list
+/// in that order.
+pub(super) fn assemble(
+    tokens: &[u64],
+    costs: &[f64],
+    parts: &[Vec<usize>],
+    budget: u64,
+) -> Result<Plan, BalanceError> {
     let mut owned = Vec::new();
-    for (trainer, samples) in partition(&costs, trainers, false).into_iter().enumerate() {
-        for mb in pack(tokens, &samples, budget)? {
-            owned.push((trainer, micro_batch(tokens, &costs, mb)));
+    for (trainer, samples) in parts.iter().enumerate() {
+        for mb in pack(tokens, samples, budget)? {
+            owned.push((trainer, micro_batch(tokens, costs, mb)));
         }
     }
     sort_by_cost(&mut owned);
-    let mut per_trainer = vec![Vec::new(); trainers];
+    let mut per_trainer = vec![Vec::new(); parts.len()];
     let mut micro_batches = Vec::with_capacity(owned.len());
     for (position, (trainer, mb)) in owned.into_iter().enumerate() {
         per_trainer[trainer].push(position);

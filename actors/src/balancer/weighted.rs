@@ -38,9 +38,9 @@
 //! positive. Only speed *ratios* matter (speeds are normalised by the fastest first). Cost: the
 //! LPT pass is `O(samples · trainers)`, each refinement step `O(samples · samples on m)`.
 
-use super::{
-    loads, pack, plan_static, BalanceError, CostModel, Plan, PlannedMicroBatch, MAX_TRAINERS,
-};
+use super::partition::refine;
+use super::plan::{assemble, check_trainers, sample_costs};
+use super::{loads, partition, BalanceError, CostModel, Plan};
 
 /// ODC's LB-Mini for trainers of different speeds: partition the minibatch's samples over
 /// `speeds.len()` trainers minimising the largest `load_t / speeds[t]` (see the
@@ -72,15 +72,7 @@ pub fn plan_static_weighted(
     budget: u64,
 ) -> Result<Plan, BalanceError> {
     let trainers = speeds.len();
-    if trainers == 0 {
-        return Err(BalanceError::ZeroTrainers);
-    }
-    if trainers > MAX_TRAINERS {
-        return Err(BalanceError::TooManyTrainers {
-            trainers,
-            max: MAX_TRAINERS,
-        });
-    }
+    check_trainers(trainers)?;
     if let Some((trainer, &speed)) = speeds
         .iter()
         .enumerate()
@@ -88,29 +80,25 @@ pub fn plan_static_weighted(
     {
         return Err(BalanceError::InvalidSpeed { trainer, speed });
     }
-    // Validates the minibatch, budget and cost model; its partition is a candidate below.
-    let base = plan_static(tokens, cost, trainers, budget)?;
+    let costs = sample_costs(tokens, cost, budget)?;
+    // plan_static's partition: the answer at equal speeds, a candidate otherwise.
+    let mut from_static = partition(&costs, trainers, false);
     if speeds.windows(2).all(|w| w[0] == w[1]) {
-        return Ok(base);
+        return assemble(tokens, &costs, &from_static, budget);
     }
-    let costs = cost.sample_costs(tokens)?;
     let fastest = speeds.iter().copied().fold(0.0, f64::max);
     // Clamped: a ratio that underflows to 0 would make normalised loads infinite.
     let relative: Vec<f64> = speeds
         .iter()
         .map(|s| (s / fastest).max(f64::MIN_POSITIVE))
         .collect();
-
-    let mut lpt = lpt_uniform(&costs, &relative);
-    refine_weighted(&costs, &relative, &mut lpt);
-    let mut best = lpt;
-    if let Some(mut from_static) = sample_partition(&base, trainers, tokens.len()) {
-        refine_weighted(&costs, &relative, &mut from_static);
-        if max_normalised_load(&costs, &relative, &from_static)
-            <= max_normalised_load(&costs, &relative, &best)
-        {
-            best = from_static;
-        }
+    let mut best = lpt_uniform(&costs, &relative);
+    refine(&costs, Some(&relative), &mut best, true);
+    refine(&costs, Some(&relative), &mut from_static, true);
+    if max_normalised_load(&costs, &relative, &from_static)
+        <= max_normalised_load(&costs, &relative, &best)
+    {
+        best = from_static;
     }
     assemble(tokens, &costs, &best, budget)
 }
@@ -146,138 +134,10 @@ fn lpt_uniform(costs: &[f64], speeds: &[f64]) -> Vec<Vec<usize>> {
     parts
 }
 
-/// Local search on a partition, normalised by speed: while some step lowers the normalised load
-/// of the bottleneck trainer `m` without making the other trainer involved reach the old
-/// maximum, move one sample out of `m` or swap one of its samples with a cheaper one of another
-/// trainer, taking the step with the lowest resulting pair maximum (ties: first found). The max
-/// normalised load never increases.
-fn refine_weighted(costs: &[f64], speeds: &[f64], parts: &mut [Vec<usize>]) {
-    let k = parts.len();
-    let mut loads = loads(costs, parts);
-    let norm = |load: f64, t: usize| load / speeds[t];
-    let max_steps = 4 * (costs.len() + k);
-    for _ in 0..max_steps {
-        let Some(m) = (0..k).max_by(|&x, &y| {
-            norm(loads[x], x)
-                .total_cmp(&norm(loads[y], y))
-                .then(y.cmp(&x))
-        }) else {
-            return;
-        };
-        let top = norm(loads[m], m);
-        // (pair max after the step, other trainer, position in m, position in other or None = move)
-        let mut best: Option<(f64, usize, usize, Option<usize>)> = None;
-        let mut consider = |pair_max: f64, j: usize, xi: usize, yi: Option<usize>| {
-            if pair_max < top && best.is_none_or(|(b, ..)| pair_max < b) {
-                best = Some((pair_max, j, xi, yi));
-            }
-        };
-        for j in (0..k).filter(|&j| j != m) {
-            // A trainer already at the maximum (or a NaN load) cannot take anything.
-            let nj = norm(loads[j], j);
-            if nj.is_nan() || nj >= top {
-                continue;
-            }
-            let after = |d: f64| norm(loads[m] - d, m).max(norm(loads[j] + d, j));
-            for (xi, &x) in parts[m].iter().enumerate() {
-                let cx = costs[x];
-                if cx > 0.0 {
-                    consider(after(cx), j, xi, None);
-                }
-                for (yi, &y) in parts[j].iter().enumerate() {
-                    let d = cx - costs[y];
-                    if d > 0.0 {
-                        consider(after(d), j, xi, Some(yi));
-                    }
-                }
-            }
-        }
-        let Some((_, j, xi, yi)) = best else { return };
-        let (before_m, before_j) = (parts[m].clone(), parts[j].clone());
-        match yi {
-            None => {
-                let x = parts[m].swap_remove(xi);
-                parts[j].push(x);
-            }
-            Some(yi) => {
-                let x = parts[m][xi];
-                parts[m][xi] = parts[j][yi];
-                parts[j][yi] = x;
-            }
-        }
-        let new_m: f64 = parts[m].iter().map(|&s| costs[s]).sum();
-        let new_j: f64 = parts[j].iter().map(|&s| costs[s]).sum();
-        if norm(new_m, m).max(norm(new_j, j)) >= top {
-            // Rounding ate the improvement: undo and stop.
-            parts[m] = before_m;
-            parts[j] = before_j;
-            return;
-        }
-        loads[m] = new_m;
-        loads[j] = new_j;
-    }
-}
-
-/// The sample partition behind a static plan: trainer `t` gets the samples of its micro-batches.
-/// `None` unless it covers every sample of `0..samples` exactly once over `trainers` lists.
-fn sample_partition(plan: &Plan, trainers: usize, samples: usize) -> Option<Vec<Vec<usize>>> {
-    let per_trainer = plan.per_trainer.as_ref()?;
-    if per_trainer.len() != trainers {
-        return None;
-    }
-    let mut seen = vec![false; samples];
-    let mut parts = Vec::with_capacity(trainers);
-    for list in per_trainer {
-        let mut part = Vec::new();
-        for &i in list {
-            for &sample in &plan.micro_batches.get(i)?.samples {
-                if std::mem::replace(seen.get_mut(sample)?, true) {
-                    return None;
-                }
-                part.push(sample);
-            }
-        }
-        part.sort_unstable();
-        parts.push(part);
-    }
-    seen.iter().all(|&s| s).then_some(parts)
-}
-
-/// Packs each trainer's samples under `budget` and lays the micro-batches out as
-/// [`plan_static`] does: sorted by cost descending (stable), `per_trainer` ascending positions.
-fn assemble(
-    tokens: &[u64],
-    costs: &[f64],
-    parts: &[Vec<usize>],
-    budget: u64,
-) -> Result<Plan, BalanceError> {
-    let mut owned = Vec::new();
-    for (trainer, samples) in parts.iter().enumerate() {
-        for samples in pack(tokens, samples, budget)? {
-            let mb = PlannedMicroBatch {
-                tokens: samples.iter().map(|&s| tokens[s]).sum(),
-                cost: samples.iter().map(|&s| costs[s]).sum(),
-                samples,
-            };
-            owned.push((trainer, mb));
-        }
-    }
-    owned.sort_by(|x, y| y.1.cost.total_cmp(&x.1.cost));
-    let mut per_trainer = vec![Vec::new(); parts.len()];
-    let mut micro_batches = Vec::with_capacity(owned.len());
-    for (position, (trainer, mb)) in owned.into_iter().enumerate() {
-        per_trainer[trainer].push(position);
-        micro_batches.push(mb);
-    }
-    Ok(Plan {
-        micro_batches,
-        per_trainer: Some(per_trainer),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::balancer::{plan_static, MAX_TRAINERS};
     use proptest::prelude::*;
 
     /// W1: the guarantees of every plan, plus one `per_trainer` list per speed.
