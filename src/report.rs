@@ -70,11 +70,11 @@ pub struct BenchRow {
 }
 
 impl BenchRow {
-    /// Short label `workload/devices/minibatch_per_device` used on plot axes.
+    /// Short label `workload/devices/minibatch_per_device/dispatch` used on plot axes.
     pub fn label(&self) -> String {
         format!(
-            "{}/{}/{}",
-            self.workload, self.devices, self.minibatch_per_device
+            "{}/{}/{}/{}",
+            self.workload, self.devices, self.minibatch_per_device, self.dispatch
         )
     }
 
@@ -307,7 +307,8 @@ const REFERENCE: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 /// Writes an SVG with two stacked panels: (a) the speedup of on-demand over collective per row, with
 /// a line at 1.0 (parity); (b) the utilization of both modes per row, with on-demand throughput as a
 /// fraction of the perfect-balance bound as markers. Rows are on the x axis, labelled
-/// `workload/devices/minibatch-per-device` (see [`BenchRow::label`]), rotated when there are many.
+/// `workload/devices/minibatch-per-device/dispatch` (see [`BenchRow::label`]), rotated when there
+/// are many.
 ///
 /// With no rows the SVG holds only the title and "no rows". Non-finite values are not drawn. Text is
 /// emitted as SVG `<text>` (no fonts are embedded).
@@ -771,6 +772,6 @@ mod tests {
         let mut r0 = r.clone();
         r0.bound_tokens_per_s = 0.0;
         assert_eq!(r0.ondemand_of_bound(), None);
-        assert_eq!(r.label(), "x/8/4");
+        assert_eq!(r.label(), "x/8/4/dynamic");
     }
 }
