@@ -8,6 +8,7 @@ mod equivalence;
 mod exactly_once;
 mod model;
 mod no_inner_barrier;
+mod straggler;
 
 use std::future::Future;
 use std::sync::Arc;
