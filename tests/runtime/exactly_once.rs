@@ -135,3 +135,32 @@ async fn i2_every_sample_counts_exactly_once_despite_failure() {
         );
     }
 }
+
+/// Collective mode: the failed trainer's peers are blocked in ring barriers; discarding the
+/// attempt aborts them, the respawned trainer joins the replay, and the result still matches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i2_collective_mode_failure_aborts_peers_and_replays() {
+    let data = minibatches(21, 4, 12, 30);
+    let hooks = Arc::new(Hooks {
+        panic_at: Some((2, 1)),
+        ..Hooks::default()
+    });
+    let mut job = model_job(4, 3, DispatchMode::Static, Precision::F32, hooks.clone())
+        .communication(odc::Communication::Collective)
+        .build()
+        .unwrap();
+    let stats = within(60, async {
+        let mut out = Vec::new();
+        for mb in &data {
+            out.push(job.step_with(mb.clone()).await.expect("step survives the failure"));
+        }
+        out
+    })
+    .await;
+    let got = job.parameters().await.unwrap();
+    job.shutdown().await;
+    assert!(hooks.panicked.load(Ordering::SeqCst), "the failure was injected");
+    assert_eq!(stats[1].replays, 1);
+    let want = reference_train(&data, adamw(), Dtype::F32, None);
+    assert!(max_abs_diff(&got, &want) <= 1e-6);
+}
