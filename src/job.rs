@@ -194,6 +194,13 @@ impl JobBuilder {
                 what: "shard server",
             });
         }
+        let max = odc_actors::balancer::MAX_TRAINERS;
+        if self.trainers > max || self.servers > max {
+            return Err(Error::Config(format!(
+                "{} trainers and {} shard servers: at most {max} of each",
+                self.trainers, self.servers
+            )));
+        }
         if self.context.chunk_elems == 0 {
             return Err(Error::Config(
                 "chunk size must be at least one element".into(),
@@ -299,7 +306,7 @@ impl Job {
 
     /// Train `steps` minibatches from the data source; per-step stats.
     pub async fn run(&mut self, steps: u64) -> Result<Vec<StepStats>> {
-        let mut out = Vec::with_capacity(steps as usize);
+        let mut out = Vec::new();
         for _ in 0..steps {
             out.push(self.step().await?);
         }

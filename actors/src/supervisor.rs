@@ -186,7 +186,7 @@ impl Actor for Supervisor {
         }
         args.optimizer.validate().map_err(Error::from)?;
         args.policy.cost.validate().map_err(Error::from)?;
-        let mut servers = Vec::with_capacity(args.servers);
+        let mut servers = Vec::new();
         for endpoint in 0..args.servers {
             let server_args = ServerArgs {
                 endpoint: endpoint as u32,

@@ -152,14 +152,21 @@ async fn i2_collective_mode_failure_aborts_peers_and_replays() {
     let stats = within(60, async {
         let mut out = Vec::new();
         for mb in &data {
-            out.push(job.step_with(mb.clone()).await.expect("step survives the failure"));
+            out.push(
+                job.step_with(mb.clone())
+                    .await
+                    .expect("step survives the failure"),
+            );
         }
         out
     })
     .await;
     let got = job.parameters().await.unwrap();
     job.shutdown().await;
-    assert!(hooks.panicked.load(Ordering::SeqCst), "the failure was injected");
+    assert!(
+        hooks.panicked.load(Ordering::SeqCst),
+        "the failure was injected"
+    );
     assert_eq!(stats[1].replays, 1);
     let want = reference_train(&data, adamw(), Dtype::F32, None);
     assert!(max_abs_diff(&got, &want) <= 1e-6);
