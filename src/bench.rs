@@ -11,6 +11,11 @@ use std::time::Instant;
 
 use odc_actors::stats::{SpanKind, StepStats};
 
+use odc_actors::collective::TRAINER_ENDPOINT_BASE;
+use odc_transport::local::LocalTransport;
+use odc_transport::throttle::Throttled;
+use odc_transport::Transport;
+
 use crate::report::{self, BenchRow};
 use crate::sim::{SimDevice, SpeedSchedule};
 use crate::trace::TraceSpan;
@@ -77,6 +82,31 @@ pub struct Settings {
     pub seed: u64,
     pub prefetch: usize,
     pub chunk_elems: usize,
+    /// Modelled seconds to move one unit over one device's link (0: no link model). Each device's
+    /// shard server and trainer share its link; transfers on one link queue.
+    pub unit_transfer_seconds: f64,
+}
+
+impl Settings {
+    /// Modelled link bandwidth, bytes per second (`None` without a link model).
+    pub fn link_bytes_per_sec(&self) -> Option<f64> {
+        (self.unit_transfer_seconds > 0.0)
+            .then(|| (self.device.unit_elems * 4) as f64 / self.unit_transfer_seconds)
+    }
+
+    /// The transport of a run: local, behind the link model when there is one.
+    fn transport(&self) -> Arc<dyn Transport> {
+        let local: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+        match self.link_bytes_per_sec() {
+            // A device's link carries its shard server's regions and its trainer's staging.
+            Some(bw) => Arc::new(Throttled::new(
+                local,
+                bw,
+                Arc::new(|e| e % TRAINER_ENDPOINT_BASE),
+            )),
+            None => local,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -88,6 +118,7 @@ impl Default for Settings {
             seed: 0,
             prefetch: 1,
             chunk_elems: 1 << 14,
+            unit_transfer_seconds: 0.0,
         }
     }
 }
@@ -103,6 +134,8 @@ pub struct Measure {
     pub bound: f64,
     /// Seconds trainers waited on pulls and pushes.
     pub comm_wait: f64,
+    /// Bytes pulled and pushed by all trainers.
+    pub bytes: u64,
     pub spans: Vec<TraceSpan>,
 }
 
@@ -113,6 +146,7 @@ impl Measure {
         self.busy += other.busy;
         self.bound += other.bound;
         self.comm_wait += other.comm_wait;
+        self.bytes += other.bytes;
     }
 }
 
@@ -192,6 +226,7 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
         .pull_precision(Precision::F32)
         .prefetch(settings.prefetch)
         .chunk_elems(settings.chunk_elems)
+        .transport(settings.transport())
         .optimizer(crate::OptimizerConfig::sgd(0.0))
         .compute(device.factory())
         .build()?;
@@ -202,6 +237,11 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
         let tokens: Vec<u64> = samples.iter().map(|s| s.tokens).collect();
         let stats = job.step_with(samples).await?;
         m.tokens += stats.tokens;
+        m.bytes += stats
+            .trainers
+            .iter()
+            .map(|t| t.bytes_pulled + t.bytes_pushed)
+            .sum::<u64>();
         m.wall += stats.wall.as_secs_f64();
         m.bound += device.seconds(&tokens) / device.speeds.capacity(case.devices, step);
         for r in &stats.micro_batch_log {

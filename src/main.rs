@@ -87,6 +87,12 @@ struct AbArgs {
     /// Elements per unit (bytes moved per gather and push).
     #[arg(long, default_value_t = 16 * 1024)]
     unit_elems: usize,
+    /// Modelled milliseconds to move one unit over one device's link (default 0: no link model;
+    /// 0.5 at the default time scale is about a 7B layer in fp32 over 12.5 GB/s per GPU). Each of
+    /// a collective's many small ring transfers then pays a blocking-thread handoff that is large
+    /// at this time scale, so the link model penalises collective mode beyond real ring latency.
+    #[arg(long, default_value_t = 0.0)]
+    unit_transfer_ms: f64,
     /// Units (blocks) of the simulated model.
     #[arg(long, default_value_t = 4)]
     units: usize,
@@ -175,6 +181,13 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
     settings.device.seconds_per_cost = args.time_scale_ms / 1e3;
     settings.device.unit_elems = args.unit_elems.max(1);
     settings.device.units = args.units.max(1);
+    if !(args.unit_transfer_ms.is_finite() && args.unit_transfer_ms >= 0.0) {
+        bail!(
+            "--unit-transfer-ms must be a non-negative number, got {}",
+            args.unit_transfer_ms
+        );
+    }
+    settings.unit_transfer_seconds = args.unit_transfer_ms / 1e3;
     if args.token_budget == Some(0) {
         bail!("--token-budget must be positive");
     }
@@ -201,7 +214,7 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
     );
     let started = Instant::now();
     let mut rows = Vec::new();
-    let (mut comm, mut busy) = (0.0, 0.0);
+    let (mut comm, mut busy, mut bytes) = (0.0, 0.0, 0u64);
     let mut cases = Vec::new();
     for w in &workloads {
         for &n in &devices {
@@ -258,15 +271,26 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
             let (row, _, b) = bench::compare(case, side, &settings, args.reps).await?;
             comm += b.comm_wait;
             busy += b.busy;
+            bytes += b.bytes;
             print_row(&row);
             rows.push(row);
         }
     }
-    println!(
-        "\nmeasured on-demand communication/compute ratio: {:.3} (pull + push wait / modelled compute); {:.1} s",
-        if busy > 0.0 { comm / busy } else { 0.0 },
-        started.elapsed().as_secs_f64()
-    );
+    let exposed = if busy > 0.0 { comm / busy } else { 0.0 };
+    match settings.link_bytes_per_sec() {
+        Some(bw) => println!(
+            "\non-demand communication/compute: modelled {:.3} (link time of the bytes moved at {} ms per unit / compute), exposed {:.3} (pull + push wait / compute); {:.1} s",
+            if busy > 0.0 { bytes as f64 / bw / busy } else { 0.0 },
+            args.unit_transfer_ms,
+            exposed,
+            started.elapsed().as_secs_f64()
+        ),
+        None => println!(
+            "\non-demand communication/compute: no link model (--unit-transfer-ms), so communication is the local transport's real cost: exposed {:.3} (pull + push wait / compute); {:.1} s",
+            exposed,
+            started.elapsed().as_secs_f64()
+        ),
+    }
     if let Some(path) = &args.trace {
         let (case, sides) = &cases[0];
         let od = bench::run(case, sides[0], &settings, true).await?;

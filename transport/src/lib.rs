@@ -22,7 +22,7 @@
 //!   ([`chunk_ranges`]) which callers issue concurrently to every owner at once.
 //!
 //! Backends: [`local`] (one process, zero copy: a read is a reference-counted slice of the published
-//! buffer).
+//! buffer). [`throttle::Throttled`] wraps any backend with modelled link bandwidth.
 
 mod chunk;
 pub mod codec;
@@ -30,6 +30,7 @@ pub mod conformance;
 mod error;
 pub mod local;
 mod region;
+pub mod throttle;
 mod transport;
 
 pub use chunk::chunk_ranges;
