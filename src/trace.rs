@@ -235,14 +235,7 @@ mod tests {
 
     #[test]
     fn written_file_parses_back() {
-        let path = std::env::temp_dir().join(format!(
-            "odc-trace-{}-{}.json",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
+        let path = crate::test_util::temp_path("odc-trace", "trace.json");
         write_chrome_trace(&path, &spans(), "odc").unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let back: Value = serde_json::from_str(&text).unwrap();
