@@ -75,8 +75,8 @@ struct AbArgs {
     /// Minibatches per run (the straggler slows down from the middle one).
     #[arg(long, default_value_t = 6)]
     steps: u64,
-    /// A/B repetitions per row (interleaved).
-    #[arg(long, default_value_t = 1)]
+    /// A/B repetitions per row, interleaved (A B A B …); each row sums them.
+    #[arg(long, default_value_t = 2)]
     reps: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
