@@ -14,6 +14,34 @@ use odc::{
 use crate::model::{max_abs_diff, minibatches, reference_train, Hooks};
 use crate::{adamw, model_job, within};
 
+/// Train every minibatch (each step must survive the injected failure); per-step stats and the
+/// final parameters. Checks that the failure really happened.
+async fn run_through_failure(
+    mut job: Job,
+    data: &[Vec<SampleMeta>],
+    hooks: &Hooks,
+) -> (Vec<odc::StepStats>, Vec<Vec<f32>>) {
+    let stats = within(60, async {
+        let mut out = Vec::new();
+        for mb in data {
+            out.push(
+                job.step_with(mb.clone())
+                    .await
+                    .expect("step survives the failure"),
+            );
+        }
+        out
+    })
+    .await;
+    let params = job.parameters().await.unwrap();
+    job.shutdown().await;
+    assert!(
+        hooks.panicked.load(Ordering::SeqCst),
+        "the failure was injected"
+    );
+    (stats, params)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i2_trainer_panic_is_replayed_and_matches_failure_free_run() {
     for dispatch in [DispatchMode::Dynamic, DispatchMode::Static] {
@@ -22,27 +50,10 @@ async fn i2_trainer_panic_is_replayed_and_matches_failure_free_run() {
             panic_at: Some((1, 2)),
             ..Hooks::default()
         });
-        let mut job = model_job(4, 3, dispatch, Precision::F32, hooks.clone())
+        let job = model_job(4, 3, dispatch, Precision::F32, hooks.clone())
             .build()
             .unwrap();
-        let stats = within(60, async {
-            let mut out = Vec::new();
-            for mb in &data {
-                out.push(
-                    job.step_with(mb.clone())
-                        .await
-                        .expect("step survives the failure"),
-                );
-            }
-            out
-        })
-        .await;
-        let got = job.parameters().await.unwrap();
-        job.shutdown().await;
-        assert!(
-            hooks.panicked.load(Ordering::SeqCst),
-            "the failure was injected"
-        );
+        let (stats, got) = run_through_failure(job, &data, &hooks).await;
         assert_eq!(
             stats[2].replays, 1,
             "{dispatch:?}: step 2 was replayed once"
@@ -145,28 +156,11 @@ async fn i2_collective_mode_failure_aborts_peers_and_replays() {
         panic_at: Some((2, 1)),
         ..Hooks::default()
     });
-    let mut job = model_job(4, 3, DispatchMode::Static, Precision::F32, hooks.clone())
+    let job = model_job(4, 3, DispatchMode::Static, Precision::F32, hooks.clone())
         .communication(odc::Communication::Collective)
         .build()
         .unwrap();
-    let stats = within(60, async {
-        let mut out = Vec::new();
-        for mb in &data {
-            out.push(
-                job.step_with(mb.clone())
-                    .await
-                    .expect("step survives the failure"),
-            );
-        }
-        out
-    })
-    .await;
-    let got = job.parameters().await.unwrap();
-    job.shutdown().await;
-    assert!(
-        hooks.panicked.load(Ordering::SeqCst),
-        "the failure was injected"
-    );
+    let (stats, got) = run_through_failure(job, &data, &hooks).await;
     assert_eq!(stats[1].replays, 1);
     let want = reference_train(&data, adamw(), Dtype::F32, None);
     assert!(max_abs_diff(&got, &want) <= 1e-6);
