@@ -14,6 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
 
 /// Relative excess over 1 that [`utilization`] treats as floating-point noise and clamps away.
@@ -293,8 +294,12 @@ fn thousands(v: f64) -> String {
     out
 }
 
-/// Plot size in pixels.
+/// Smallest plot size in pixels; with many rows the plot widens to [`PIXELS_PER_ROW`] per row.
 const SVG_SIZE: (u32, u32) = (1200, 900);
+/// Horizontal room per row on wide plots.
+const PIXELS_PER_ROW: u32 = 22;
+/// Top of the utilization axis (room above 1.0 for the legend).
+const UTILIZATION_TOP: f64 = 1.3;
 /// Width of one row on the plots' x axis, in axis units.
 const SLOT: i64 = 100;
 /// Colour of the collective baseline.
@@ -327,11 +332,16 @@ pub fn write_svg(path: &Path, rows: &[BenchRow]) -> Result<(), ReportError> {
 /// Draws the plot of [`write_svg`] into `out`.
 fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
     let err = |e: DrawingAreaErrorKind<std::io::Error>| e.to_string();
-    let root = SVGBackend::with_string(out, SVG_SIZE).into_drawing_area();
+    let width = u32::try_from(rows.len())
+        .unwrap_or(u32::MAX)
+        .saturating_mul(PIXELS_PER_ROW)
+        .saturating_add(100)
+        .clamp(SVG_SIZE.0, 20_000);
+    let root = SVGBackend::with_string(out, (width, SVG_SIZE.1)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let body = root
         .titled(
-            "odc: on-demand vs collective (workload/devices/minibatch per device)",
+            "odc: on-demand vs collective (workload/devices/minibatch per device/dispatch)",
             ("sans-serif", 26),
         )
         .map_err(err)?;
@@ -352,7 +362,7 @@ fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
     let rotate = n > 6;
     let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0) as u32;
     let x_label_area = if rotate {
-        (20 + 8 * longest).clamp(40, 220)
+        (20 + 7 * longest).clamp(40, 200)
     } else {
         40
     };
@@ -362,7 +372,11 @@ fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
     let x_range = || {
         (-SLOT / 2..slots - SLOT / 2).with_key_points((0..slots).step_by(SLOT as usize).collect())
     };
+    // Rotated labels are drawn by `draw_rotated_labels`: the mesh would centre them on the axis.
     let label_of = |x: &i64| {
+        if rotate {
+            return String::new();
+        }
         usize::try_from(x / SLOT)
             .ok()
             .filter(|_| x % SLOT == 0)
@@ -370,12 +384,15 @@ fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
             .unwrap_or_default()
     };
     let at = |i: usize, offset: i64| i64::try_from(i).unwrap_or(i64::MAX / SLOT) * SLOT + offset;
-    let x_label_style = if rotate {
-        ("sans-serif", 14)
-            .into_font()
-            .transform(FontTransform::Rotate90)
-    } else {
-        ("sans-serif", 14).into_font()
+    let rotated_style = TextStyle::from(("sans-serif", 14).into_font())
+        .transform(FontTransform::Rotate90)
+        .pos(Pos::new(HPos::Left, VPos::Center));
+    // Draws each row's label downwards from its tick; `anchors` are the ticks' backend pixels.
+    let draw_rotated_labels = |anchors: &[(i32, i32)]| {
+        for (label, &(x, y)) in labels.iter().zip(anchors) {
+            root.draw(&Text::new(label.clone(), (x, y + 8), rotated_style.clone()))?;
+        }
+        Ok(())
     };
     let (top, bottom) = body.split_vertically(body.dim_in_pixel().1 / 2);
 
@@ -393,17 +410,23 @@ fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
         .margin(10)
         .x_label_area_size(x_label_area)
         .y_label_area_size(60)
-        .build_cartesian_2d(x_range(), 0.0..max_speedup * 1.15)
+        .build_cartesian_2d(x_range(), 0.0..max_speedup * 1.3)
         .map_err(err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_label_formatter(&label_of)
-        .x_label_style(x_label_style.clone())
+        .x_label_style(("sans-serif", 14))
         .y_desc("speedup (×)")
         .y_label_formatter(&|y| format!("{y:.2}"))
         .draw()
         .map_err(err)?;
+    if rotate {
+        let anchors: Vec<_> = (0..n)
+            .map(|i| chart.backend_coord(&(at(i, 0), 0.0)))
+            .collect();
+        draw_rotated_labels(&anchors).map_err(err)?;
+    }
     chart
         .draw_series(
             rows.iter()
@@ -460,23 +483,29 @@ fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
         .margin(10)
         .x_label_area_size(x_label_area)
         .y_label_area_size(60)
-        .build_cartesian_2d(x_range(), 0.0..1.1)
+        .build_cartesian_2d(x_range(), 0.0..UTILIZATION_TOP)
         .map_err(err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_label_formatter(&label_of)
-        .x_label_style(x_label_style)
+        .x_label_style(("sans-serif", 14))
         .y_desc("utilization")
         .y_label_formatter(&|y| format!("{y:.1}"))
         .draw()
         .map_err(err)?;
+    if rotate {
+        let anchors: Vec<_> = (0..n)
+            .map(|i| chart.backend_coord(&(at(i, 0), 0.0)))
+            .collect();
+        draw_rotated_labels(&anchors).map_err(err)?;
+    }
     let bars = |value: fn(&BenchRow) -> f64, from: i64, to: i64, color: RGBColor| {
         rows.iter()
             .enumerate()
             .filter(move |(_, r)| value(r).is_finite())
             .map(move |(i, r)| {
-                let v = value(r).clamp(0.0, 1.1);
+                let v = value(r).clamp(0.0, UTILIZATION_TOP);
                 Rectangle::new([(at(i, from), 0.0), (at(i, to), v)], color.filled())
             })
     };
@@ -492,15 +521,20 @@ fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
         .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], ONDEMAND.filled()));
     chart
         .draw_series(rows.iter().enumerate().filter_map(|(i, r)| {
-            r.ondemand_of_bound()
-                .map(|v| Cross::new((at(i, 20), v.clamp(0.0, 1.1)), 6, REFERENCE.stroke_width(2)))
+            r.ondemand_of_bound().map(|v| {
+                Cross::new(
+                    (at(i, 20), v.clamp(0.0, UTILIZATION_TOP)),
+                    6,
+                    REFERENCE.stroke_width(2),
+                )
+            })
         }))
         .map_err(err)?
         .label("on-demand / bound")
         .legend(|(x, y)| Cross::new((x + 7, y), 5, REFERENCE.stroke_width(2)));
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
@@ -688,26 +722,6 @@ mod tests {
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("w4/"));
         std::fs::remove_file(&path).unwrap();
-    }
-
-    #[test]
-    fn tmp_demo_svgs() {
-        let few = rows();
-        write_svg(Path::new("/tmp/demo_few.svg"), &few).unwrap();
-        let mut many = Vec::new();
-        for w in ["longalign", "swesmith", "rl", "balanced"] {
-            for d in [4, 8, 16] {
-                for mb in [1, 2, 4, 8] {
-                    let mut r = row(w, d, 1.0 + (d * mb) as f64 / 100.0);
-                    r.minibatch_per_device = mb;
-                    many.push(r);
-                }
-            }
-        }
-        write_svg(Path::new("/tmp/demo_many.svg"), &many).unwrap();
-        write_svg(Path::new("/tmp/demo_one.svg"), &few[..1]).unwrap();
-        write_svg(Path::new("/tmp/demo_none.svg"), &[]).unwrap();
-        println!("{}", format_table(&many[..6]));
     }
 
     #[test]
