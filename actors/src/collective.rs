@@ -356,16 +356,14 @@ pub(crate) async fn reduce_scatter(
     }
     group.leave(key, &op);
     let owned = shard_range(len, n, (rank + 1) % n);
-    bytes += crate::context::push_range(
-        &transport,
+    let writes = crate::context::encode_writes(
         place.routes,
-        place.unit,
         owned.clone(),
         &partial[owned],
         &server_tag,
         chunk_elems,
-    )
-    .await?;
+    );
+    bytes += crate::context::send_writes(&transport, place.unit, writes).await?;
     Ok(bytes)
 }
 

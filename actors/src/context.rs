@@ -23,8 +23,9 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::future::join_all;
-use odc_transport::{chunk_ranges, codec, Dtype, Transport, WriteTag};
+use odc_transport::{chunk_ranges, codec, Dtype, EndpointId, RegionHandle, Transport, WriteTag};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -319,18 +320,23 @@ impl TrainerContext {
             epoch,
             write_id: write_id(micro_batch, unit, shard, chunk),
         };
-        let grad = grad.to_vec();
         let len = grad.len();
-        let collective = self.collective_op(unit, OpKind::ReduceScatter);
+        // On demand, the chunks are encoded here, straight from the caller's gradient; a
+        // reduce-scatter needs its own copy to add partial sums into.
+        let work = match self.collective_op(unit, OpKind::ReduceScatter) {
+            Some(op) => PushWork::ReduceScatter(op, grad.to_vec()),
+            None => PushWork::Encoded(encode_writes(&routes, 0..len, grad, &tag, chunk)),
+        };
         let (tx, rx) = oneshot::channel();
         let handle = tokio::spawn(async move {
-            let place = UnitPlace {
-                unit,
-                len,
-                routes: &routes,
-            };
-            let result = match collective {
-                Some((group, key, rank)) => {
+            let result = match work {
+                PushWork::Encoded(writes) => send_writes(&transport, unit, writes).await,
+                PushWork::ReduceScatter((group, key, rank), grad) => {
+                    let place = UnitPlace {
+                        unit,
+                        len,
+                        routes: &routes,
+                    };
                     collective::reduce_scatter(
                         transport.clone(),
                         group,
@@ -343,7 +349,6 @@ impl TrainerContext {
                     )
                     .await
                 }
-                None => push_range(&transport, &routes, unit, 0..len, &grad, &tag, chunk).await,
             };
             if let Ok(bytes) = result {
                 metrics::counter!(m::BYTES_PUSHED, "transport" => transport.backend())
@@ -520,44 +525,67 @@ pub(crate) async fn pull_range(
     Ok(bytes)
 }
 
-/// Accumulate `values` (elements `range` of a unit's gradient) into the shards overlapping it, every
-/// chunk concurrently, tagged by `tag(shard index, chunk index)`; resolves when all are
-/// acknowledged. Returns the bytes moved.
-pub(crate) async fn push_range(
-    transport: &Arc<dyn Transport>,
+/// What a push task does: send chunks already encoded, or reduce-scatter an owned gradient.
+enum PushWork {
+    Encoded(Vec<Write>),
+    ReduceScatter((Arc<CollectiveGroup>, OpKey, usize), Vec<f32>),
+}
+
+/// One encoded gradient chunk bound for one shard's accumulator.
+pub(crate) struct Write {
+    accumulator: RegionHandle,
+    owner: EndpointId,
+    offset: usize,
+    data: Bytes,
+    tag: WriteTag,
+}
+
+/// Encode `values` (elements `range` of a unit's gradient) as chunks for the shards overlapping
+/// it, tagged by `tag(shard index, chunk index)`. The only copy of the gradient's bytes.
+pub(crate) fn encode_writes(
     routes: &[ShardRoute],
-    unit: UnitId,
     range: Range<usize>,
     values: &[f32],
     tag: &impl Fn(usize, usize) -> WriteTag,
     chunk_elems: usize,
-) -> Result<u64> {
-    let writes = routes.iter().enumerate().flat_map(|(shard, route)| {
-        let overlap = overlap(&route.range, &range);
-        chunk_ranges(overlap, chunk_elems)
-            .enumerate()
-            .map(move |(chunk, r)| {
-                let data = codec::encode(
+) -> Vec<Write> {
+    let mut writes = Vec::new();
+    for (shard, route) in routes.iter().enumerate() {
+        for (chunk, r) in chunk_ranges(overlap(&route.range, &range), chunk_elems).enumerate() {
+            writes.push(Write {
+                accumulator: route.accumulator.clone(),
+                owner: route.owner,
+                offset: r.start - route.range.start,
+                data: codec::encode(
                     Dtype::F32,
                     &values[r.start - range.start..r.end - range.start],
-                );
-                let offset = r.start - route.range.start;
-                let tag = tag(shard, chunk);
-                async move {
-                    let bytes = data.len() as u64;
-                    transport
-                        .accumulate(&route.accumulator, offset, data, tag)
-                        .await
-                        .map(|()| bytes)
-                        .map_err(|source| Error::Push {
-                            unit,
-                            owner: route.owner,
-                            source,
-                        })
-                }
+                ),
+                tag: tag(shard, chunk),
+            });
+        }
+    }
+    writes
+}
+
+/// Accumulate every write concurrently; resolves when all are acknowledged. Returns the bytes moved.
+pub(crate) async fn send_writes(
+    transport: &Arc<dyn Transport>,
+    unit: UnitId,
+    writes: Vec<Write>,
+) -> Result<u64> {
+    let sends = writes.into_iter().map(|w| async move {
+        let bytes = w.data.len() as u64;
+        transport
+            .accumulate(&w.accumulator, w.offset, w.data, w.tag)
+            .await
+            .map(|()| bytes)
+            .map_err(|source| Error::Push {
+                unit,
+                owner: w.owner,
+                source,
             })
     });
-    join_all(writes).await.into_iter().sum()
+    join_all(sends).await.into_iter().sum()
 }
 
 /// The intersection of two ranges (empty when disjoint).
