@@ -1,73 +1,161 @@
-//! Metric names (all `odc_*`), recorded through the `metrics` facade. Nothing is exported unless a
-//! recorder is installed (the `odc` crate's Prometheus endpoint does that).
+//! Metric names (all `odc_*`, Prometheus conventions: base units, `_total` for counters, `_seconds`,
+//! `_bytes`, `_ratio`), recorded through the `metrics` facade, and the cached handles the hot paths
+//! use (no label string is built per gather or push). Nothing is exported unless a recorder is
+//! installed (the `odc` crate's Prometheus endpoint does that) before the job starts: handles
+//! taken earlier record into nothing.
+//!
+//! Time spent per trainer is a histogram (`_seconds`): its `_sum` is the total, its `_count` the
+//! number of micro-batches or steps, so `rate(odc_trainer_busy_seconds_sum[1m])` is the busy
+//! fraction.
 
-/// Bytes read from published regions, label `transport`.
-pub const BYTES_PULLED: &str = "odc_bytes_pulled_total";
-/// Bytes of gradient accumulated at owners (acknowledged), label `transport`.
-pub const BYTES_PUSHED: &str = "odc_bytes_pushed_total";
-/// Latency of pulling one whole unit (all shards, all chunks), seconds, label `transport`.
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram};
+
+/// Bytes read from published regions (demand gathers and prefetches), label `transport`.
+pub const PULLED_BYTES: &str = "odc_pulled_bytes_total";
+/// Gradient bytes acknowledged by their receivers, label `transport`.
+pub const PUSHED_BYTES: &str = "odc_pushed_bytes_total";
+/// Latency of gathering one whole unit (all shards, all chunks), label `transport`.
 pub const PULL_SECONDS: &str = "odc_pull_seconds";
-/// Gathered units held by a trainer (resident plus prefetching), label `trainer`.
+/// Gathered units a trainer holds (resident plus prefetching), label `trainer`.
 pub const GATHERED_UNITS: &str = "odc_trainer_gathered_units";
-/// Seconds a trainer spent in compute (its micro-batches), label `trainer`.
-pub const TRAINER_BUSY: &str = "odc_trainer_busy_seconds_total";
-/// Seconds a trainer was idle within steps (waiting for work or for the barrier), label `trainer`.
-pub const TRAINER_IDLE: &str = "odc_trainer_idle_seconds_total";
+/// Compute seconds per micro-batch (pushes acknowledged included), label `trainer`.
+pub const TRAINER_BUSY: &str = "odc_trainer_busy_seconds";
+/// Seconds a trainer was idle per step (waiting for work or for the barrier), label `trainer`.
+pub const TRAINER_IDLE: &str = "odc_trainer_idle_seconds";
 /// Seconds from a trainer's last micro-batch of a step to the end of the barrier, label `trainer`.
-pub const TRAINER_BARRIER_WAIT: &str = "odc_trainer_barrier_wait_seconds_total";
-/// Seconds the compute was blocked in `gather`, label `trainer`.
-pub const TRAINER_PULL_WAIT: &str = "odc_trainer_pull_wait_seconds_total";
-/// Tokens trained on (completed steps).
-pub const TOKENS: &str = "odc_tokens_total";
-/// Current parameter version (optimizer steps applied).
-pub const STEP: &str = "odc_step";
+pub const TRAINER_BARRIER_WAIT: &str = "odc_trainer_barrier_wait_seconds";
+/// Seconds the compute was blocked in `gather`, per micro-batch, label `trainer`.
+pub const TRAINER_PULL_WAIT: &str = "odc_trainer_pull_wait_seconds";
+/// Tokens a trainer trained on in the last step divided by the step's wall time, label `trainer`.
+pub const TRAINER_TOKENS_PER_SECOND: &str = "odc_trainer_tokens_per_second";
+/// Busy seconds over wall seconds of the last step, label `trainer`.
+pub const TRAINER_UTILIZATION: &str = "odc_trainer_utilization_ratio";
 /// Micro-batches completed, label `trainer`.
 pub const MICRO_BATCHES: &str = "odc_micro_batches_total";
+/// Tokens trained on (completed steps).
+pub const TOKENS: &str = "odc_tokens_total";
+/// Tokens of the last step divided by its wall time.
+pub const TOKENS_PER_SECOND: &str = "odc_tokens_per_second";
+/// Current parameter version (optimizer steps applied).
+pub const STEP: &str = "odc_step";
+/// Wall time of a whole step (plan, compute, barrier).
+pub const STEP_SECONDS: &str = "odc_step_seconds";
+/// Mean loss of the last step.
+pub const LOSS: &str = "odc_loss";
 /// Minibatch replays after a trainer failure.
 pub const REPLAYS: &str = "odc_replays_total";
 /// Trainer failures seen by the supervisor.
 pub const TRAINER_FAILURES: &str = "odc_trainer_failures_total";
-/// Wall time of a whole step (plan, compute, barrier), seconds.
-pub const STEP_SECONDS: &str = "odc_step_seconds";
-/// Mean loss of the last step.
-pub const LOSS: &str = "odc_loss";
+/// Work moved between trainers at run time (micro-batches stolen by an idle trainer).
+pub const REBALANCES: &str = "odc_rebalances_total";
 
 /// Register descriptions and units with the installed recorder.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
-        BYTES_PULLED,
+        PULLED_BYTES,
         Unit::Bytes,
         "Bytes read from published parameter regions"
     );
     describe_counter!(
-        BYTES_PUSHED,
+        PUSHED_BYTES,
         Unit::Bytes,
-        "Gradient bytes accumulated at owners"
+        "Gradient bytes acknowledged by their receivers"
     );
-    describe_histogram!(PULL_SECONDS, Unit::Seconds, "Latency of pulling one unit");
+    describe_histogram!(PULL_SECONDS, Unit::Seconds, "Latency of gathering one unit");
     describe_gauge!(GATHERED_UNITS, "Gathered units a trainer holds");
-    describe_counter!(TRAINER_BUSY, Unit::Seconds, "Trainer compute time");
-    describe_counter!(
-        TRAINER_IDLE,
+    describe_histogram!(
+        TRAINER_BUSY,
         Unit::Seconds,
-        "Trainer idle time within steps"
+        "Compute time per micro-batch"
     );
-    describe_counter!(
+    describe_histogram!(TRAINER_IDLE, Unit::Seconds, "Idle time per step");
+    describe_histogram!(
         TRAINER_BARRIER_WAIT,
         Unit::Seconds,
-        "Trainer wait at the barrier"
+        "Wait at the barrier per step"
     );
-    describe_counter!(
+    describe_histogram!(
         TRAINER_PULL_WAIT,
         Unit::Seconds,
-        "Compute time blocked on pulls"
+        "Compute time blocked on gathers per micro-batch"
     );
-    describe_counter!(TOKENS, "Tokens trained on");
-    describe_gauge!(STEP, "Optimizer steps applied");
+    describe_gauge!(
+        TRAINER_TOKENS_PER_SECOND,
+        "Tokens per second of one trainer in the last step"
+    );
+    describe_gauge!(
+        TRAINER_UTILIZATION,
+        "Busy fraction of one trainer in the last step"
+    );
     describe_counter!(MICRO_BATCHES, "Micro-batches completed");
-    describe_counter!(REPLAYS, "Minibatch replays after failures");
-    describe_counter!(TRAINER_FAILURES, "Trainer failures");
+    describe_counter!(TOKENS, "Tokens trained on");
+    describe_gauge!(TOKENS_PER_SECOND, "Tokens per second of the last step");
+    describe_gauge!(STEP, "Optimizer steps applied");
     describe_histogram!(STEP_SECONDS, Unit::Seconds, "Wall time per step");
     describe_gauge!(LOSS, "Mean loss of the last step");
+    describe_counter!(REPLAYS, "Minibatch replays after failures");
+    describe_counter!(TRAINER_FAILURES, "Trainer failures");
+    describe_counter!(
+        REBALANCES,
+        "Micro-batches moved between trainers at run time"
+    );
+}
+
+/// Cached handles of one data path's transfer metrics.
+#[derive(Clone)]
+pub struct TransferMetrics {
+    pulled: Counter,
+    pushed: Counter,
+    pull_seconds: Histogram,
+}
+
+impl TransferMetrics {
+    pub fn new(transport: &'static str) -> Self {
+        TransferMetrics {
+            pulled: metrics::counter!(PULLED_BYTES, "transport" => transport),
+            pushed: metrics::counter!(PUSHED_BYTES, "transport" => transport),
+            pull_seconds: metrics::histogram!(PULL_SECONDS, "transport" => transport),
+        }
+    }
+
+    /// A unit of `bytes` was gathered in `took`.
+    pub fn pulled(&self, bytes: u64, took: Duration) {
+        self.pulled.increment(bytes);
+        self.pull_seconds.record(took.as_secs_f64());
+    }
+
+    /// `bytes` of gradient were acknowledged.
+    pub fn pushed(&self, bytes: u64) {
+        self.pushed.increment(bytes);
+    }
+}
+
+/// Cached handles of one trainer slot's metrics (the supervisor records them).
+#[derive(Clone)]
+pub struct TrainerMetrics {
+    pub busy: Histogram,
+    pub idle: Histogram,
+    pub barrier_wait: Histogram,
+    pub pull_wait: Histogram,
+    pub tokens_per_second: Gauge,
+    pub utilization: Gauge,
+    pub micro_batches: Counter,
+}
+
+impl TrainerMetrics {
+    pub fn new(trainer: u32) -> Self {
+        let label = trainer.to_string();
+        TrainerMetrics {
+            busy: metrics::histogram!(TRAINER_BUSY, "trainer" => label.clone()),
+            idle: metrics::histogram!(TRAINER_IDLE, "trainer" => label.clone()),
+            barrier_wait: metrics::histogram!(TRAINER_BARRIER_WAIT, "trainer" => label.clone()),
+            pull_wait: metrics::histogram!(TRAINER_PULL_WAIT, "trainer" => label.clone()),
+            tokens_per_second: metrics::gauge!(TRAINER_TOKENS_PER_SECOND, "trainer" => label.clone()),
+            utilization: metrics::gauge!(TRAINER_UTILIZATION, "trainer" => label.clone()),
+            micro_batches: metrics::counter!(MICRO_BATCHES, "trainer" => label),
+        }
+    }
 }

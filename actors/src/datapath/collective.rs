@@ -1,0 +1,360 @@
+//! The collective data path: the FSDP baseline at its best (DESIGN "Collective baseline mode"),
+//! over the same transport, servers and chunking as on-demand mode. Only the paradigm differs.
+//!
+//! A unit is split into one **piece** per trainer (`shard_range(len, trainers, rank)`); with as many
+//! servers as trainers, piece `r` is exactly the shard of server `r`, the server on trainer `r`'s own
+//! device, as in FSDP where every rank owns its shard.
+//! - **All-gather**: trainer `r` reads its own piece from the owners (raw bytes in the pull dtype, so
+//!   bf16 pulls make bf16 all-gathers), decodes it into the unit buffer and sends the bytes to its
+//!   right neighbour's inbox. In each of `n − 1` steps it receives one piece from its left
+//!   neighbour, decodes it and forwards the same bytes (zero copy) to its right neighbour, except in
+//!   the last step.
+//! - **Reduce-scatter**: in step `k` trainer `r` sends its partial sum of piece `r − k − 1` to its
+//!   right neighbour and adds the partial of piece `r − k − 2` its left neighbour sent into its own;
+//!   after `n − 1` steps it holds the full sum of piece `r` and writes it into the owners'
+//!   accumulators (its own device's server when servers = trainers), acknowledged.
+//!
+//! Signalling is neighbour-only: a step's message is its own signal (transport C7, NCCL's send/recv),
+//! so no global barrier exists anywhere in a collective. Inboxes are registered once per trainer
+//! (persistent staging); messages are keyed by [`OpKey::message_id`] and carry the attempt's epoch.
+//!
+//! Invariants:
+//! - Every trainer must issue the same collectives in the same order with the same micro-batch count
+//!   per step (LB-Micro plans guarantee the counts; the context assigns keys in call order).
+//! - **I6 / I2 replay**: [`CollectiveGroup::abort_before`] raises an epoch floor. An operation of an
+//!   older epoch fails at once with [`Error::CollectiveAborted`] — whether it is already waiting or
+//!   only starts after the discard — and every wait also ends at the operation's deadline, with an
+//!   error naming the peer it waited for.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+use odc_transport::{
+    codec, EndpointId, InboxRegion, RegionHandle, Transport, TransportError, WriteTag,
+};
+use tokio::sync::watch;
+
+use super::on_demand::unique;
+use super::transfer::{self, Out};
+use super::{DataPath, Gathered, Op, OpKey, Transfer};
+use crate::directory::Directory;
+use crate::error::{Error, Result};
+use crate::layout::{shard_range, UnitId};
+use crate::metrics::TransferMetrics;
+use crate::trainer::buffers::Lease;
+
+/// Endpoint id of trainer `rank`'s inbox (servers use `0..servers`); `endpoint % TRAINER_ENDPOINT_BASE`
+/// is the device a trainer shares with its server.
+pub const TRAINER_ENDPOINT_BASE: EndpointId = 1 << 24;
+
+/// The trainers taking part in collectives: where each one's inbox is, and the epoch floor below
+/// which every operation is aborted.
+#[derive(Debug)]
+pub struct CollectiveGroup {
+    size: u32,
+    inboxes: Mutex<Vec<Option<RegionHandle>>>,
+    floor: watch::Sender<u64>,
+}
+
+impl CollectiveGroup {
+    /// A group of `size` trainers (ranks `0..size`), floor 0.
+    pub fn new(size: u32) -> Self {
+        CollectiveGroup {
+            size: size.max(1),
+            inboxes: Mutex::new(vec![None; size.max(1) as usize]),
+            floor: watch::Sender::new(0),
+        }
+    }
+
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
+    fn inboxes(&self) -> std::sync::MutexGuard<'_, Vec<Option<RegionHandle>>> {
+        self.inboxes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Record (or replace, for a respawned trainer) the inbox of `rank`.
+    pub fn register(&self, rank: u32, inbox: RegionHandle) -> Result<()> {
+        let size = self.size;
+        match self.inboxes().get_mut(rank as usize) {
+            Some(slot) => {
+                *slot = Some(inbox);
+                Ok(())
+            }
+            None => Err(Error::Config(format!(
+                "collective rank {rank} is outside a group of {size}"
+            ))),
+        }
+    }
+
+    /// The inbox of `rank`.
+    pub fn inbox(&self, rank: u32) -> Result<RegionHandle> {
+        self.inboxes()
+            .get(rank as usize)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| Error::Config(format!("collective rank {rank} has no inbox yet")))
+    }
+
+    /// Abort every operation of an epoch before `epoch` (a discarded attempt), now and later.
+    pub fn abort_before(&self, epoch: u64) {
+        self.floor.send_if_modified(|floor| {
+            let raise = epoch > *floor;
+            if raise {
+                *floor = epoch;
+            }
+            raise
+        });
+    }
+
+    /// Operations of epochs below this fail at once.
+    pub fn floor(&self) -> u64 {
+        *self.floor.borrow()
+    }
+
+    /// Resolves once operations of `epoch` are aborted.
+    pub fn aborted(&self, epoch: u64) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.floor.subscribe();
+        async move {
+            while *rx.borrow_and_update() <= epoch {
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+
+    fn check(&self, key: &OpKey) -> Result<()> {
+        if key.epoch < self.floor() {
+            Err(Error::CollectiveAborted)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// One trainer's collective data path. See the [module docs](self).
+pub struct Collective {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    rank: u32,
+    transport: Arc<dyn Transport>,
+    group: Arc<CollectiveGroup>,
+    inbox: Box<dyn InboxRegion>,
+    directory: Arc<Directory>,
+    chunk_elems: usize,
+    metrics: TransferMetrics,
+}
+
+impl Collective {
+    /// Register trainer `rank`'s inbox on `transport` and join `group`.
+    pub fn new(
+        rank: u32,
+        transport: Arc<dyn Transport>,
+        group: Arc<CollectiveGroup>,
+        directory: Arc<Directory>,
+        chunk_elems: usize,
+    ) -> Result<Self> {
+        let inbox = transport.register_inbox(TRAINER_ENDPOINT_BASE + rank, group.floor())?;
+        group.register(rank, inbox.handle())?;
+        let metrics = TransferMetrics::new(transport.backend());
+        Ok(Collective {
+            inner: Arc::new(Inner {
+                rank,
+                transport,
+                group,
+                inbox,
+                directory,
+                chunk_elems: chunk_elems.max(1),
+                metrics,
+            }),
+        })
+    }
+}
+
+type SendFut = futures::future::BoxFuture<'static, Result<()>>;
+
+impl Inner {
+    fn neighbours(&self) -> (u32, u32) {
+        let n = self.group.size;
+        ((self.rank + n - 1) % n, (self.rank + 1) % n)
+    }
+
+    /// Piece `rank − offset` (mod n) of a unit of `len` elements.
+    fn piece(&self, len: usize, offset: u32) -> std::ops::Range<usize> {
+        let n = self.group.size;
+        let index = (u64::from(self.rank) + 2 * u64::from(n) - u64::from(offset)) % u64::from(n);
+        shard_range(len, n as usize, index as usize)
+    }
+
+    fn send(&self, to: &RegionHandle, peer: u32, op: &Op, round: u32, data: Bytes) -> SendFut {
+        let (transport, handle) = (self.transport.clone(), to.clone());
+        let tag = WriteTag {
+            epoch: op.key.epoch,
+            write_id: op.key.message_id(round),
+        };
+        let (unit, deadline) = (op.key.unit, op.deadline);
+        Box::pin(async move {
+            transport
+                .send(&handle, tag, data, deadline)
+                .await
+                .map_err(|source| ring_error(unit, peer, source))
+        })
+    }
+
+    /// Wait for step `round`'s message from the left neighbour, driving this trainer's own sends
+    /// meanwhile; fails at once when the epoch is aborted.
+    async fn recv(&self, op: &Op, round: u32, sends: &mut FuturesUnordered<SendFut>) -> Result<Bytes> {
+        let (left, _) = self.neighbours();
+        let tag = WriteTag {
+            epoch: op.key.epoch,
+            write_id: op.key.message_id(round),
+        };
+        let recv = self.inbox.recv(tag, op.deadline);
+        let aborted = self.group.aborted(op.key.epoch);
+        tokio::pin!(recv, aborted);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut aborted => return Err(Error::CollectiveAborted),
+                Some(sent) = sends.next(), if !sends.is_empty() => sent?,
+                got = &mut recv => {
+                    return got.map_err(|source| match source {
+                        TransportError::Aborted { .. } => Error::CollectiveAborted,
+                        source => ring_error(op.key.unit, left, source),
+                    });
+                }
+            }
+        }
+    }
+
+    async fn all_gather(&self, op: Op, mut buffer: Arc<[f32]>, lease: Lease) -> Result<Gathered> {
+        self.group.check(&op.key)?;
+        let unit = op.key.unit;
+        let routes = self.directory.routes(unit)?;
+        let dtype = transfer::published_dtype(routes, unit)?;
+        let n = self.group.size;
+        let (left, right) = self.neighbours();
+        let out = unique(&mut buffer, unit)?;
+        let len = out.len();
+        let mine = self.piece(len, 0);
+        let mut raw = vec![0u8; mine.len() * dtype.size()];
+        let mut bytes = transfer::pull(
+            self.transport.as_ref(),
+            routes,
+            unit,
+            mine.clone(),
+            op.version,
+            self.chunk_elems,
+            Out::Bytes(&mut raw),
+            op.deadline,
+        )
+        .await?;
+        let raw = Bytes::from(raw);
+        decode(dtype, &raw, &mut out[mine], unit, self.rank)?;
+        if n > 1 {
+            let to = self.group.inbox(right)?;
+            let mut sends: FuturesUnordered<SendFut> = FuturesUnordered::new();
+            sends.push(self.send(&to, right, &op, 0, raw));
+            for round in 0..n - 1 {
+                let piece = self.piece(len, round + 1);
+                let got = self.recv(&op, round, &mut sends).await?;
+                decode(dtype, &got, &mut out[piece], unit, left)?;
+                bytes += got.len() as u64;
+                if round + 2 < n {
+                    sends.push(self.send(&to, right, &op, round + 1, got));
+                }
+            }
+            while let Some(sent) = sends.next().await {
+                sent?;
+            }
+        }
+        Ok(Gathered {
+            values: buffer,
+            bytes,
+            lease,
+        })
+    }
+
+    async fn reduce_scatter(&self, op: Op, mut partial: Vec<f32>) -> Result<u64> {
+        self.group.check(&op.key)?;
+        let unit = op.key.unit;
+        let routes = self.directory.routes(unit)?;
+        let n = self.group.size;
+        let (left, right) = self.neighbours();
+        let len = partial.len();
+        let mut bytes = 0u64;
+        if n > 1 {
+            let to = self.group.inbox(right)?;
+            let mut sends: FuturesUnordered<SendFut> = FuturesUnordered::new();
+            for round in 0..n - 1 {
+                let data = codec::encode_f32(&partial[self.piece(len, round + 1)]);
+                bytes += data.len() as u64;
+                sends.push(self.send(&to, right, &op, round, data));
+                let got = self.recv(&op, round, &mut sends).await?;
+                let piece = self.piece(len, round + 2);
+                codec::add_f32_into(&got, &mut partial[piece]).map_err(|e| {
+                    ring_error(unit, left, e.for_region(self.inbox.handle().id))
+                })?;
+            }
+            while let Some(sent) = sends.next().await {
+                sent?;
+            }
+        }
+        // Piece `rank` now holds every trainer's contribution: write it into its owners.
+        let owned = self.piece(len, 0);
+        let tag = |shard, chunk| WriteTag {
+            epoch: op.key.epoch,
+            write_id: transfer::write_id(op.micro_batch, unit, shard, chunk),
+        };
+        let writes =
+            transfer::encode_writes(routes, owned.clone(), &partial[owned], tag, self.chunk_elems);
+        bytes += transfer::send_writes(self.transport.as_ref(), unit, writes, op.deadline).await?;
+        Ok(bytes)
+    }
+}
+
+impl DataPath for Collective {
+    fn begin(&self, epoch: u64) {
+        self.inner.inbox.advance(epoch);
+    }
+
+    fn gather(&self, op: Op, buffer: Arc<[f32]>, lease: Lease) -> Transfer<Gathered> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let gathered = inner.all_gather(op, buffer, lease).await?;
+            inner.metrics.pulled(gathered.bytes, started.elapsed());
+            Ok(gathered)
+        })
+    }
+
+    fn push(&self, op: Op, grad: &[f32]) -> Transfer<u64> {
+        // A reduce-scatter adds partial sums into its own copy of the gradient.
+        let (inner, partial) = (self.inner.clone(), grad.to_vec());
+        Box::pin(async move {
+            let bytes = inner.reduce_scatter(op, partial).await?;
+            inner.metrics.pushed(bytes);
+            Ok(bytes)
+        })
+    }
+}
+
+fn ring_error(unit: UnitId, peer: u32, source: TransportError) -> Error {
+    Error::Collective { unit, peer, source }
+}
+
+fn decode(
+    dtype: odc_transport::Dtype,
+    bytes: &[u8],
+    out: &mut [f32],
+    unit: UnitId,
+    peer: u32,
+) -> Result<()> {
+    codec::decode_into(dtype, bytes, out).map_err(|e| ring_error(unit, peer, e.for_region(0)))
+}

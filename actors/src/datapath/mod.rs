@@ -1,0 +1,122 @@
+//! Data paths: how a trainer's gathers and gradient pushes move. This is the one place the two modes
+//! differ; [`TrainerContext`](crate::trainer::TrainerContext) calls the [`DataPath`] trait and never
+//! branches on the mode.
+//!
+//! - [`OnDemand`] (odc): a gather reads every chunk of every shard of the unit straight from its
+//!   owner's published copy (one-sided, every owner at once, one batch with one deadline); a push
+//!   writes every chunk of the gradient into its owner's accumulator. A trainer waits only on its
+//!   own transfers, never on another trainer (**I4**).
+//! - [`Collective`] (the FSDP baseline at its best, DESIGN "Collective baseline mode"): a gather is
+//!   a ring all-gather among all trainers and a push a ring reduce-scatter. Signalling is
+//!   neighbour-only: each ring step is a message into the right neighbour's persistent inbox
+//!   (transport C7), so a trainer waits for its left neighbour only, never for a global barrier.
+//!
+//! What both paths cost per trainer and unit (so the A/B compares paradigms, not implementations):
+//!
+//! | | on-demand | collective |
+//! |---|---|---|
+//! | bytes in per gather | one unit (pull dtype) | one unit (pull dtype: bf16 all-gathers when pulls are bf16) |
+//! | passes over a gathered element | 1 decode into the unit buffer | 1 decode (its own piece: 1 copy + 1 decode) |
+//! | bytes out per push | one unit of fp32 | one unit of fp32 |
+//! | passes over a gradient element | 1 encode + 1 add at the owner | 1 encode + 1 add (at the neighbour or the owner) |
+//! | registration per operation | none | none (inboxes are registered once per trainer) |
+//! | waits on other trainers | never | its left neighbour, once per ring step |
+//!
+//! Operations are identified across trainers by an [`OpKey`] (epoch, micro-batch sequence number in
+//! the epoch, unit, kind, occurrence), which the context assigns in call order, so prefetches and
+//! re-gathers pair up whatever order tasks run in.
+
+pub mod collective;
+pub mod on_demand;
+mod transfer;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+pub use collective::{Collective, CollectiveGroup};
+pub use on_demand::OnDemand;
+
+use crate::error::Result;
+use crate::layout::UnitId;
+use crate::trainer::buffers::Lease;
+
+/// What a collective operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum OpKind {
+    /// A gather (all-gather in collective mode).
+    Gather,
+    /// A gradient push (reduce-scatter in collective mode).
+    Push,
+}
+
+/// Identifies one gather or push of a trainer; equal across trainers for the same logical
+/// operation of the same micro-batch sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OpKey {
+    /// Accumulator epoch of the minibatch attempt.
+    pub epoch: u64,
+    /// The trainer's micro-batch sequence number within the epoch.
+    pub seq: u32,
+    pub unit: UnitId,
+    pub kind: OpKind,
+    /// How many times this (unit, kind) was issued before in the micro-batch.
+    pub occurrence: u32,
+}
+
+impl OpKey {
+    /// A message id unique within an epoch for step `round` of this operation: sequence number
+    /// (32 bits), unit (32), kind (1), occurrence (31) and round (32) packed into 128 bits. Values
+    /// beyond their field width wrap, which only a run of more than 2³² micro-batches per epoch or
+    /// 2³¹ repeats of one unit in one micro-batch could reach.
+    pub fn message_id(&self, round: u32) -> u128 {
+        let kind = match self.kind {
+            OpKind::Gather => 0u128,
+            OpKind::Push => 1u128,
+        };
+        (u128::from(self.seq) << 96)
+            | (u128::from(self.unit) << 64)
+            | (kind << 63)
+            | (u128::from(self.occurrence & 0x7fff_ffff) << 32)
+            | u128::from(round)
+    }
+}
+
+/// One gather or push as the data path sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Op {
+    pub key: OpKey,
+    /// Parameter version every read must return (I1).
+    pub version: u64,
+    /// Index of the micro-batch in its plan (part of every gradient write id).
+    pub micro_batch: u32,
+    /// Every wait of the operation ends by then (I6).
+    pub deadline: Instant,
+}
+
+/// A gathered unit: its values, the bytes this trainer moved for it, and the lease that counts the
+/// buffer as held until the context takes it over (I5 accounting).
+pub struct Gathered {
+    pub values: Arc<[f32]>,
+    pub bytes: u64,
+    pub lease: Lease,
+}
+
+/// A transfer in progress: a future the context spawns (prefetch) or awaits.
+pub type Transfer<T> = BoxFuture<'static, Result<T>>;
+
+/// How gathers and pushes move. Implementations build the future synchronously (taking what they
+/// need from borrowed arguments) so the context can spawn it.
+pub trait DataPath: Send + Sync + 'static {
+    /// A micro-batch of attempt `epoch` starts (collective: the inbox forgets older epochs).
+    fn begin(&self, epoch: u64);
+
+    /// Fill `buffer` (exactly the unit's length, uniquely owned) with the whole unit at `op.version`.
+    fn gather(&self, op: Op, buffer: Arc<[f32]>, lease: Lease) -> Transfer<Gathered>;
+
+    /// Send `grad` (the gradient of the micro-batch's summed loss w.r.t. the whole unit) to the
+    /// unit's owners; resolves to the bytes this trainer sent once every write was acknowledged.
+    fn push(&self, op: Op, grad: &[f32]) -> Transfer<u64>;
+}

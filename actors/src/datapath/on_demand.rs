@@ -1,0 +1,101 @@
+//! The on-demand data path (odc): point to point with the shard servers.
+//!
+//! - A gather reads every chunk of every shard of the unit from its owner's published copy, one-sided
+//!   (the owner's actor is not involved), all owners at once in one batch, decoding straight into the
+//!   unit buffer; every chunk must carry the step's version (**I1**, [`Error::VersionMismatch`]).
+//! - A push encodes the gradient once, straight from the caller's slice, into fp32 chunks tagged with
+//!   the attempt's epoch and a write id unique per (micro-batch, unit, shard, chunk), so owners refuse
+//!   late and duplicate writes (**I2**, transport C3), and resolves when every owner acknowledged.
+//! - Nothing here waits on another trainer (**I4**).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use odc_transport::{Transport, WriteTag};
+
+use super::transfer::{self, Out};
+use super::{DataPath, Gathered, Op, Transfer};
+use crate::directory::Directory;
+use crate::error::{Error, Result};
+use crate::metrics::TransferMetrics;
+use crate::trainer::buffers::Lease;
+
+/// See the [module docs](self).
+pub struct OnDemand {
+    transport: Arc<dyn Transport>,
+    directory: Arc<Directory>,
+    chunk_elems: usize,
+    metrics: TransferMetrics,
+}
+
+impl OnDemand {
+    pub fn new(transport: Arc<dyn Transport>, directory: Arc<Directory>, chunk_elems: usize) -> Self {
+        let metrics = TransferMetrics::new(transport.backend());
+        OnDemand {
+            transport,
+            directory,
+            chunk_elems: chunk_elems.max(1),
+            metrics,
+        }
+    }
+}
+
+impl DataPath for OnDemand {
+    fn begin(&self, _epoch: u64) {}
+
+    fn gather(&self, op: Op, mut buffer: Arc<[f32]>, lease: Lease) -> Transfer<Gathered> {
+        let (transport, directory) = (self.transport.clone(), self.directory.clone());
+        let (chunk_elems, metrics) = (self.chunk_elems, self.metrics.clone());
+        Box::pin(async move {
+            let unit = op.key.unit;
+            let routes = directory.routes(unit)?;
+            let started = Instant::now();
+            let out = unique(&mut buffer, unit)?;
+            let len = out.len();
+            let bytes = transfer::pull(
+                transport.as_ref(),
+                routes,
+                unit,
+                0..len,
+                op.version,
+                chunk_elems,
+                Out::F32(out),
+                op.deadline,
+            )
+            .await?;
+            metrics.pulled(bytes, started.elapsed());
+            Ok(Gathered {
+                values: buffer,
+                bytes,
+                lease,
+            })
+        })
+    }
+
+    fn push(&self, op: Op, grad: &[f32]) -> Transfer<u64> {
+        let unit = op.key.unit;
+        let routes = match self.directory.routes(unit) {
+            Ok(routes) => routes,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let tag = |shard, chunk| WriteTag {
+            epoch: op.key.epoch,
+            write_id: transfer::write_id(op.micro_batch, unit, shard, chunk),
+        };
+        // Encoded here, straight from the caller's gradient: the only copy of its bytes.
+        let writes = transfer::encode_writes(routes, 0..grad.len(), grad, tag, self.chunk_elems);
+        let (transport, metrics) = (self.transport.clone(), self.metrics.clone());
+        Box::pin(async move {
+            let bytes = transfer::send_writes(transport.as_ref(), unit, writes, op.deadline).await?;
+            metrics.pushed(bytes);
+            Ok(bytes)
+        })
+    }
+}
+
+/// The unit buffer as a mutable slice: the context hands every data path a fresh, unshared buffer.
+pub(crate) fn unique(buffer: &mut Arc<[f32]>, unit: u32) -> Result<&mut [f32]> {
+    Arc::get_mut(buffer).ok_or_else(|| {
+        Error::Internal(format!("the buffer for unit {unit} is shared before it was filled"))
+    })
+}

@@ -1,0 +1,230 @@
+//! Moving one unit's elements between a trainer and the shard servers (contract C5: every chunk of
+//! every overlapping shard at once, as one batch with one deadline): reads of the published copy
+//! into a destination the caller owns, and tagged fp32 gradient writes into the accumulators.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use odc_transport::{
+    chunk_ranges, codec, AccumulateOp, Dest, Dtype, EndpointId, ReadOp, Transport, WriteTag,
+};
+
+use crate::directory::ShardRoute;
+use crate::error::{Error, Result};
+use crate::layout::UnitId;
+
+/// The intersection of two ranges (empty when disjoint).
+pub(crate) fn overlap(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
+    let start = a.start.max(b.start);
+    start..a.end.min(b.end).max(start)
+}
+
+/// Where pulled elements go: decoded fp32 values, or the raw bytes of the published dtype.
+pub(crate) enum Out<'a> {
+    F32(&'a mut [f32]),
+    Bytes(&'a mut [u8]),
+}
+
+/// The dtype every shard of a unit publishes in; a directory mixing dtypes is refused.
+pub(crate) fn published_dtype(routes: &[ShardRoute], unit: UnitId) -> Result<Dtype> {
+    let Some(first) = routes.first() else {
+        return Err(Error::Layout(format!("unit {unit} has no shard routes")));
+    };
+    let dtype = first.published.dtype;
+    if let Some(other) = routes.iter().find(|r| r.published.dtype != dtype) {
+        return Err(Error::Layout(format!(
+            "unit {unit}: server {} publishes {:?} but server {} publishes {dtype:?}",
+            other.owner, other.published.dtype, first.owner
+        )));
+    }
+    Ok(dtype)
+}
+
+/// Read elements `range` of `unit` at `version` from the shards overlapping it, every chunk of
+/// every shard in one batch, straight into `out` (`range.len()` elements). Returns the bytes moved.
+///
+/// Errors name the unit and the owner: a failed read is [`Error::Pull`], a chunk of another
+/// version [`Error::VersionMismatch`] (I1), routes that do not cover `range` [`Error::Layout`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn pull(
+    transport: &dyn Transport,
+    routes: &[ShardRoute],
+    unit: UnitId,
+    range: Range<usize>,
+    version: u64,
+    chunk_elems: usize,
+    out: Out<'_>,
+    deadline: Instant,
+) -> Result<u64> {
+    let dtype = published_dtype(routes, unit)?;
+    let mut plan: Vec<(usize, Range<usize>)> = Vec::new();
+    let mut cursor = range.start;
+    for (index, route) in routes.iter().enumerate() {
+        for chunk in chunk_ranges(overlap(&route.range(), &range), chunk_elems) {
+            if chunk.start != cursor {
+                return Err(gap(unit, cursor, chunk.start));
+            }
+            cursor = chunk.end;
+            plan.push((index, chunk));
+        }
+    }
+    if cursor != range.end {
+        return Err(gap(unit, cursor, range.end));
+    }
+    let mut ops = Vec::with_capacity(plan.len());
+    match out {
+        Out::F32(mut rest) => {
+            if rest.len() != range.len() {
+                return Err(out_size(unit, range.len(), rest.len()));
+            }
+            for (index, chunk) in &plan {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(chunk.len());
+                rest = tail;
+                ops.push(read_op(&routes[*index], chunk, Dest::F32(head)));
+            }
+        }
+        Out::Bytes(mut rest) => {
+            let size = dtype.size();
+            if rest.len() != range.len() * size {
+                return Err(out_size(unit, range.len() * size, rest.len()));
+            }
+            for (index, chunk) in &plan {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(chunk.len() * size);
+                rest = tail;
+                ops.push(read_op(&routes[*index], chunk, Dest::Bytes(head)));
+            }
+        }
+    }
+    let results = transport.read_batch(ops, deadline).await;
+    for ((index, _), result) in plan.iter().zip(results) {
+        let owner = routes[*index].owner;
+        let got = result.map_err(|source| Error::Pull {
+            unit,
+            owner,
+            source,
+        })?;
+        if got != version {
+            return Err(Error::VersionMismatch {
+                unit,
+                owner,
+                expected: version,
+                got,
+            });
+        }
+    }
+    Ok((range.len() * dtype.size()) as u64)
+}
+
+fn read_op<'a>(route: &'a ShardRoute, chunk: &Range<usize>, into: Dest<'a>) -> ReadOp<'a> {
+    // `chunk` is in unit coordinates; the region starts at the shard's start.
+    let start = route.range().start;
+    ReadOp {
+        handle: &route.published,
+        range: chunk.start - start..chunk.end - start,
+        into,
+    }
+}
+
+fn gap(unit: UnitId, from: usize, to: usize) -> Error {
+    Error::Layout(format!(
+        "the shard routes of unit {unit} do not cover elements {from}..{to}"
+    ))
+}
+
+fn out_size(unit: UnitId, expected: usize, got: usize) -> Error {
+    Error::Internal(format!(
+        "pull of unit {unit}: destination holds {got} elements or bytes, {expected} expected"
+    ))
+}
+
+/// One encoded gradient chunk bound for one shard's accumulator.
+pub(crate) struct Write {
+    pub owner: EndpointId,
+    pub op: AccumulateOp,
+}
+
+/// Encode `values` (elements `range` of a unit's gradient) as fp32 chunks for the shards
+/// overlapping it, tagged by `tag(shard index, chunk index)`: the one copy of the gradient's bytes.
+pub(crate) fn encode_writes(
+    routes: &[ShardRoute],
+    range: Range<usize>,
+    values: &[f32],
+    tag: impl Fn(u32, u32) -> WriteTag,
+    chunk_elems: usize,
+) -> Vec<Write> {
+    let mut writes = Vec::new();
+    for (shard, route) in routes.iter().enumerate() {
+        let shard_range = route.range();
+        for (chunk, r) in chunk_ranges(overlap(&shard_range, &range), chunk_elems).enumerate() {
+            writes.push(Write {
+                owner: route.owner,
+                op: AccumulateOp {
+                    handle: route.accumulator.clone(),
+                    offset: r.start - shard_range.start,
+                    data: codec::encode_f32(&values[r.start - range.start..r.end - range.start]),
+                    tag: tag(shard as u32, chunk as u32),
+                },
+            });
+        }
+    }
+    writes
+}
+
+/// Accumulate every write in one batch; resolves when all are acknowledged. Returns the bytes sent.
+pub(crate) async fn send_writes(
+    transport: &dyn Transport,
+    unit: UnitId,
+    writes: Vec<Write>,
+    deadline: Instant,
+) -> Result<u64> {
+    let bytes: u64 = writes.iter().map(|w| w.op.data.len() as u64).sum();
+    let owners: Vec<EndpointId> = writes.iter().map(|w| w.owner).collect();
+    let results = transport
+        .accumulate_batch(writes.into_iter().map(|w| w.op).collect(), deadline)
+        .await;
+    for (owner, result) in owners.into_iter().zip(results) {
+        result.map_err(|source| Error::Push {
+            unit,
+            owner,
+            source,
+        })?;
+    }
+    Ok(bytes)
+}
+
+/// Write id unique per (micro-batch, unit, shard, chunk) within one epoch.
+pub(crate) fn write_id(micro_batch: u32, unit: UnitId, shard: u32, chunk: u32) -> u128 {
+    (u128::from(micro_batch) << 96)
+        | (u128::from(unit) << 64)
+        | (u128::from(shard) << 32)
+        | u128::from(chunk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_ids_are_distinct_per_field() {
+        let base = write_id(1, 2, 3, 4);
+        for other in [
+            write_id(2, 2, 3, 4),
+            write_id(1, 3, 3, 4),
+            write_id(1, 2, 4, 4),
+            write_id(1, 2, 3, 5),
+        ] {
+            assert_ne!(base, other);
+        }
+        assert_eq!(
+            write_id(u32::MAX, u32::MAX, u32::MAX, u32::MAX),
+            u128::MAX,
+            "every field has its own 32 bits"
+        );
+    }
+
+    #[test]
+    fn overlap_of_disjoint_ranges_is_empty() {
+        assert!(overlap(&(0..4), &(6..9)).is_empty());
+        assert_eq!(overlap(&(0..7), &(5..9)), 5..7);
+    }
+}
