@@ -61,6 +61,8 @@
 
 mod chunk;
 pub mod codec;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod dest;
 mod error;
 pub mod local;
