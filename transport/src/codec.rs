@@ -16,6 +16,7 @@
 use bytes::Bytes;
 use half::bf16;
 
+use crate::error::wide;
 use crate::{Dtype, RegionId, TransportError};
 
 /// Bytes that do not fit the element count they were decoded for. Backends attach the region with
@@ -41,15 +42,15 @@ impl CodecError {
         match self {
             CodecError::NotWholeElements { dtype, bytes } => TransportError::BadPayload {
                 region,
-                bytes,
+                bytes: wide(bytes),
                 dtype,
             },
             CodecError::LengthMismatch {
                 elements, expected, ..
             } => TransportError::LengthMismatch {
                 region,
-                elements,
-                len: expected,
+                elements: wide(elements),
+                len: wide(expected),
             },
         }
     }

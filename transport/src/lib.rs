@@ -1,32 +1,69 @@
 //! # odc-transport — the data plane
 //!
-//! Moves tensor bytes between trainers and shard servers. Nothing here knows about models: a server
-//! registers **regions** (a published parameter copy, a gradient accumulator) and hands out
-//! [`RegionHandle`]s; trainers [`Transport::read`] published regions one-sidedly and
-//! [`Transport::accumulate`] fp32 gradients into accumulators.
+//! Moves tensor bytes between trainers and shard servers. Nothing here knows about models: an
+//! owner registers **regions** (a published parameter copy, a gradient accumulator, an inbox) and
+//! hands out [`RegionHandle`]s; peers [`Transport::read`] published regions one-sidedly into memory
+//! they own, [`Transport::accumulate`] fp32 gradients into accumulators and [`Transport::send`]
+//! tagged messages into inboxes.
 //!
-//! ## Contract (every backend; checked by [`conformance`])
-//! - **C1 one-sided read**: `read(handle, range)` returns the elements `range` of the region as last
-//!   published, together with the version they were published with. The owner's actor is not
-//!   involved; a read observes one whole publication, never a mix of two.
-//! - **C2 acknowledged accumulate**: `accumulate(handle, offset, f32 bytes, tag)` resolves only once the
-//!   owner has added the values into its fp32 accumulator.
+//! ## Handles
+//! - A [`RegionHandle`] is plain serializable data (serde; no `usize`): owner, region id, kind,
+//!   dtype, length in elements, the version (published) or epoch (accumulator, inbox) current when
+//!   it was taken, and a backend [`Descriptor`]. A handle that went through serialization is all a
+//!   peer needs: owner and reader may be different transport instances (different processes for
+//!   process-crossing backends).
+//! - A handle a backend cannot use (another process's local region; later: another backend's
+//!   descriptor) is [`TransportError::ForeignHandle`], naming the region and why. A handle to a
+//!   region that was dropped, or never existed, is [`TransportError::UnknownRegion`]. Region ids
+//!   are never reused, so a stale handle never reaches a newer region. Checked by
+//!   `conformance/handles.rs`.
+//!
+//! ## Contract (every backend; checked by the suite in `conformance/`, feature `conformance`)
+//! - **C1 one-sided read**: `read(handle, range, into, deadline)` writes the elements `range` of the
+//!   region as last published into the caller's destination [`Dest`] (raw little-endian bytes, or
+//!   decoded `f32`, bf16 widened exactly) and returns the version they were published with. The
+//!   owner's actor is not involved; a read observes one whole publication, never a mix of two.
+//!   `conformance/c1_read.rs`.
+//! - **C2 acknowledged accumulate**: `accumulate(handle, offset, f32 bytes, tag, deadline)` resolves
+//!   only once the owner has added the values into its fp32 accumulator. `conformance/c2_accumulate.rs`.
 //! - **C3 fencing**: an accumulate whose `tag.epoch` differs from the accumulator's current epoch is
 //!   refused ([`TransportError::StaleEpoch`]); a `tag.write_id` already applied in the current epoch is
-//!   refused ([`TransportError::DuplicateWrite`]). Taking or discarding the accumulator and moving to the
-//!   next epoch happen atomically with respect to accumulates, so a late write from a failed peer can
-//!   never land in the next epoch.
-//! - **C4 bounds**: unknown regions, out-of-range element ranges, payloads that are not whole fp32
-//!   elements and wrong region kinds are typed errors, never panics, and leave the region unchanged.
+//!   refused ([`TransportError::DuplicateWrite`]). Taking the accumulator and moving to the next
+//!   epoch happen atomically with respect to accumulates, so a late write from a failed peer can
+//!   never land in the next epoch. `conformance/c3_fencing.rs`.
+//! - **C4 bounds**: unknown regions, out-of-range element ranges, payloads that are not whole
+//!   elements, publications of the wrong length, wrong region kinds and destinations of the wrong
+//!   size ([`TransportError::BadDestination`]) are typed errors, never panics, and leave the region
+//!   and the destination unchanged. A destination the backend cannot write (device memory for a
+//!   host backend) is [`TransportError::Unsupported`]. A request is checked in this order and the
+//!   first failure is reported: deadline, handle (foreign, unknown), kind, shape (range, payload),
+//!   destination, then fencing (epoch, write id, capacity). `conformance/c4_bounds.rs`.
 //! - **C5 chunking**: large transfers are split into chunks of a configurable size
-//!   ([`chunk_ranges`]) which callers issue concurrently to every owner at once.
+//!   ([`chunk_ranges`]) which callers issue concurrently to every owner at once; any split reads and
+//!   adds exactly what the whole transfer does. `conformance/c5_chunking.rs`.
+//! - **C6 batches and deadlines**: every peer operation carries a [`Deadline`]. One that starts at
+//!   or after it is refused with [`TransportError::DeadlineExceeded`] (naming owner, region and
+//!   [`Op`]) and changes nothing; a wait that outlives it returns that error. `read_batch` and
+//!   `accumulate_batch` return one result per op, in order; one failing op does not affect the
+//!   others. `conformance/c6_deadlines.rs`.
+//! - **C7 inbox**: `send(inbox, tag, bytes, deadline)` resolves once the message sits in the inbox.
+//!   Fenced like C3: a `tag.epoch` other than the inbox's is [`TransportError::StaleEpoch`], a write
+//!   id already delivered in the epoch (even if since received) is
+//!   [`TransportError::DuplicateWrite`]; beyond the inbox's capacity of held messages a send is
+//!   [`TransportError::InboxFull`]. The owner's [`InboxRegion::recv`] waits for the message with
+//!   exactly its tag (any arrival order), removes it and returns it; a recv of an older epoch is
+//!   [`TransportError::Aborted`] at once, of a newer one `StaleEpoch`, of a message already received
+//!   `DuplicateWrite`. [`InboxRegion::advance`] moves the epoch forward, drops held messages and
+//!   aborts waiting receives of older epochs. `conformance/c7_inbox.rs`.
 //!
-//! Backends: [`local`] (one process, zero copy: a read is a reference-counted slice of the published
-//! buffer). [`throttle::Throttled`] wraps any backend with modelled link bandwidth.
+//! Backends: [`local`] (one process; any local transport of the process can use any local handle).
+//! [`throttle::Throttled`] wraps any backend with modelled link bandwidth.
 
 mod chunk;
 pub mod codec;
+#[cfg(feature = "conformance")]
 pub mod conformance;
+mod dest;
 mod error;
 pub mod local;
 mod region;
@@ -34,9 +71,10 @@ pub mod throttle;
 mod transport;
 
 pub use chunk::chunk_ranges;
-pub use error::TransportError;
+pub use dest::{Dest, DeviceDest};
+pub use error::{Op, TransportError};
 pub use region::{
-    AccumulatorRegion, Dtype, EndpointId, PublishedRegion, ReadChunk, RegionHandle, RegionId,
-    RegionKind, WriteTag,
+    AccumulatorRegion, Descriptor, Dtype, EndpointId, InboxRegion, PublishedRegion, RegionHandle,
+    RegionId, RegionKind, WriteTag,
 };
-pub use transport::Transport;
+pub use transport::{deadline_in, now, AccumulateOp, Deadline, ReadOp, Transport};

@@ -1,12 +1,18 @@
-use bytes::Bytes;
+//! Regions and their handles: what a peer needs to address a region, and the owner's guards.
 
-/// A shard server's identity on the data plane.
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::{Deadline, TransportError};
+
+/// A shard server's (or any region owner's) identity on the data plane.
 pub type EndpointId = u32;
-/// A region's identity, unique within its transport.
+/// A region's identity, unique within its backend's namespace (for `local`: its fabric) and never
+/// reused.
 pub type RegionId = u64;
 
 /// Element type of a region. Accumulators are always [`Dtype::F32`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Dtype {
     F32,
     Bf16,
@@ -22,38 +28,62 @@ impl Dtype {
     }
 }
 
-/// What a region is for; operations check it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What a region is for; operations check it ([`TransportError::WrongKind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RegionKind {
-    /// Parameters the owner publishes once per version; peers read them one-sidedly.
+    /// Parameters the owner publishes once per version; peers read them one-sidedly (C1).
     Published,
-    /// fp32 gradient accumulator; peers add into it.
+    /// fp32 gradient accumulator; peers add into it (C2, C3).
     Accumulator,
+    /// Two-sided messages: peers send, the owner receives by tag (C7).
+    Inbox,
 }
 
-/// Everything a peer needs to address a region. Cheap to clone and to send in a control message.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Where and how a backend reaches a region. The one part of a [`RegionHandle`] that differs
+/// between backends; a backend refuses a descriptor it cannot use with
+/// [`TransportError::ForeignHandle`].
+///
+/// Only `Local` exists today. The process-crossing backends add their variants here: `shm`
+/// (segment name + byte offset), `tcp` (endpoint address + region id), `rdma` (remote address +
+/// rkey), `cuda` (IPC memory handle + byte offset).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Descriptor {
+    /// A region of the [`local`](crate::local) backend: `fabric` (one per
+    /// [`LocalTransport`](crate::local::LocalTransport)) in the OS process `process`.
+    Local { process: u32, fabric: u64 },
+}
+
+/// Everything a peer needs to address a region: plain data, cheap to clone, serializable (no
+/// `usize`), sent in control messages. A handle received from another endpoint is all a reader
+/// needs; whether it can use it depends on its backend and on [`RegionHandle::descriptor`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RegionHandle {
     pub owner: EndpointId,
     pub id: RegionId,
     pub kind: RegionKind,
+    /// Element type. An inbox carries opaque bytes: its handle says [`Dtype::F32`], which means
+    /// nothing there.
     pub dtype: Dtype,
-    /// Length in elements.
-    pub len: usize,
-}
-
-/// The result of a one-sided read: the bytes of the requested elements (little-endian, in the
-/// region's dtype) and the version they were published with.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReadChunk {
+    /// Length in elements (0 for an inbox).
+    pub len: u64,
+    /// When the handle was taken: the publication version of a published region, the epoch of
+    /// an accumulator or an inbox. Informational: operations use the region's current state.
     pub version: u64,
-    pub bytes: Bytes,
+    pub descriptor: Descriptor,
 }
 
-/// Identifies one accumulate for fencing (contract C3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+impl RegionHandle {
+    /// [`RegionHandle::len`] as a `usize` (saturating on targets with a narrower `usize`).
+    pub fn elements(&self) -> usize {
+        usize::try_from(self.len).unwrap_or(usize::MAX)
+    }
+}
+
+/// Identifies one write (accumulate or send) for fencing (contract C3, C7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WriteTag {
-    /// Must equal the accumulator's current epoch.
+    /// Must equal the region's current epoch.
     pub epoch: u64,
     /// Unique per write within an epoch; a repeat is refused.
     pub write_id: u128,
@@ -64,7 +94,7 @@ pub trait PublishedRegion: Send + Sync {
     fn handle(&self) -> RegionHandle;
     /// Replace the whole region's contents (encoded in the region's dtype) and its version, atomically
     /// for readers (C1).
-    fn publish(&self, version: u64, data: Bytes) -> Result<(), crate::TransportError>;
+    fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError>;
     /// The version last published.
     fn version(&self) -> u64;
 }
@@ -77,7 +107,26 @@ pub trait AccumulatorRegion: Send + Sync {
     fn take(&self, next_epoch: u64) -> Vec<f32>;
     /// The current epoch.
     fn epoch(&self) -> u64;
-    /// Owner side: copy the accumulated values of `range` without taking them (a collective's
-    /// staging buffer reads what its peer added). Out-of-range is [`TransportError::OutOfRange`].
-    fn read_local(&self, range: std::ops::Range<usize>) -> Result<Vec<f32>, crate::TransportError>;
+}
+
+/// Owner side of an inbox region: peers [`send`](crate::Transport::send) tagged messages, the owner
+/// receives each by its tag (C7). Dropping it deregisters the region.
+#[async_trait::async_trait]
+pub trait InboxRegion: Send + Sync {
+    /// Kind [`RegionKind::Inbox`], length 0, version = the current epoch.
+    fn handle(&self) -> RegionHandle;
+    /// The current epoch.
+    fn epoch(&self) -> u64;
+    /// How many messages the inbox holds at most; a send beyond it is
+    /// [`TransportError::InboxFull`].
+    fn capacity(&self) -> usize;
+    /// Move to `epoch` (never backwards: an older or equal epoch changes nothing): drop every held
+    /// message of an older epoch, forget its delivered write ids and wake every `recv` of an older
+    /// epoch with [`TransportError::Aborted`].
+    fn advance(&self, epoch: u64);
+    /// Wait for the message sent with exactly `tag`, remove it and return its bytes. A `tag` of an
+    /// older epoch is [`TransportError::Aborted`], of a newer one [`TransportError::StaleEpoch`],
+    /// and a message already received is [`TransportError::DuplicateWrite`], all at once; no
+    /// message by `deadline` is [`TransportError::DeadlineExceeded`].
+    async fn recv(&self, tag: WriteTag, deadline: Deadline) -> Result<Bytes, TransportError>;
 }

@@ -1,12 +1,23 @@
 //! A transport wrapper that models link bandwidth: every transfer occupies the link of the
 //! region's owner for `bytes / bytes_per_sec` seconds, transfers on one link queue behind each
-//! other (serialised, FIFO by arrival), transfers on different links overlap. The bytes still move
-//! through the wrapped backend, so contents and every contract C1–C5 are the inner backend's.
+//! other (serialised, FIFO by arrival), transfers on different links overlap. Reads, accumulates
+//! and inbox sends are throttled; the bytes still move through the wrapped backend, so contents
+//! and every contract clause C1–C7 are the inner backend's.
+//!
+//! The link bookkeeping is [`LinkSchedule`], a pure function of the arrivals (no clock inside),
+//! tested deterministically. [`Throttled`] asks it when a transfer is done and waits until then
+//! with `std::thread::sleep` on a blocking thread, not tokio's millisecond timer wheel, so
+//! sub-millisecond transfers are not inflated.
+//!
+//! Deadlines (C6): an operation whose deadline has passed is refused before it reserves the link.
+//! A transfer whose modelled end lies past its deadline waits until the deadline and fails with
+//! [`TransportError::DeadlineExceeded`]: an accumulate or a send is then not applied (the bytes
+//! would cross the link before the owner applies them); a read has already written its
+//! destination, whose contents are then unspecified. The link stays reserved for the whole
+//! modelled transfer either way.
 //!
 //! Used by the simulated devices of the A/B benchmark to give communication a modelled cost that
-//! scales with bytes and contention (many readers of one owner wait for each other). Waiting uses
-//! `std::thread::sleep` on a blocking thread, not tokio's millisecond timer wheel, so
-//! sub-millisecond transfers are not inflated.
+//! scales with bytes and contention (many readers of one owner wait for each other).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -16,21 +27,59 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
+use crate::transport::{check_deadline, now};
 use crate::{
-    AccumulatorRegion, Dtype, EndpointId, PublishedRegion, ReadChunk, RegionHandle, Transport,
-    TransportError, WriteTag,
+    AccumulatorRegion, Deadline, Dest, Dtype, EndpointId, InboxRegion, Op, PublishedRegion,
+    RegionHandle, RegionId, Transport, TransportError, WriteTag,
 };
 
 /// Maps an owner endpoint to the link its transfers use (several endpoints may share a link).
 pub type LinkOf = Arc<dyn Fn(EndpointId) -> u32 + Send + Sync>;
+
+/// The longest one transfer is modelled to take; longer (or non-finite) ones are clamped to it.
+const MAX_TRANSFER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// When each link is next free. Pure bookkeeping: the caller passes the time a transfer arrives.
+///
+/// A transfer arriving at `now` on a link starts when the link is free (or at `now`, if it is
+/// already free) and occupies it for its duration; transfers on different links never interact.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use odc_transport::throttle::LinkSchedule;
+///
+/// let t0 = Instant::now();
+/// let mut links = LinkSchedule::default();
+/// let first = links.reserve(0, t0, 1.0);
+/// let second = links.reserve(0, t0, 1.0);
+/// assert_eq!(second, first + Duration::from_secs(1));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct LinkSchedule {
+    free_at: HashMap<u32, Instant>,
+}
+
+impl LinkSchedule {
+    /// Reserve `link` for a transfer of `seconds` arriving at `now`; return when it is done.
+    /// Negative or NaN durations count as zero, longer than a year as a year.
+    pub fn reserve(&mut self, link: u32, now: Instant, seconds: f64) -> Instant {
+        let duration = Duration::try_from_secs_f64(seconds.max(0.0))
+            .unwrap_or(MAX_TRANSFER)
+            .min(MAX_TRANSFER);
+        let free = self.free_at.get(&link).copied().unwrap_or(now);
+        let start = free.max(now);
+        let done = start.checked_add(duration).unwrap_or(start);
+        self.free_at.insert(link, done);
+        done
+    }
+}
 
 /// See the [module docs](self).
 pub struct Throttled {
     inner: Arc<dyn Transport>,
     bytes_per_sec: f64,
     link_of: LinkOf,
-    /// When each link is next free.
-    links: Mutex<HashMap<u32, Instant>>,
+    links: Mutex<LinkSchedule>,
 }
 
 impl std::fmt::Debug for Throttled {
@@ -50,7 +99,7 @@ impl Throttled {
             inner,
             bytes_per_sec,
             link_of,
-            links: Mutex::new(HashMap::new()),
+            links: Mutex::new(LinkSchedule::default()),
         }
     }
 
@@ -68,29 +117,37 @@ impl Throttled {
         }
     }
 
-    /// Reserve the owner's link for `bytes` and wait until the transfer would have finished.
-    async fn occupy(&self, owner: EndpointId, bytes: usize) {
+    /// Reserve the owner's link for `bytes` and wait until the transfer would have finished, or
+    /// until `deadline` if that comes first ([`TransportError::DeadlineExceeded`]).
+    async fn occupy(
+        &self,
+        owner: EndpointId,
+        region: RegionId,
+        op: Op,
+        bytes: usize,
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
         let seconds = self.seconds(bytes);
         if seconds <= 0.0 {
-            return;
+            return Ok(());
         }
-        let done = {
-            let mut links = self.links.lock();
-            let now = Instant::now();
-            let free = links.entry((self.link_of)(owner)).or_insert(now);
-            let start = (*free).max(now);
-            *free = start + Duration::from_secs_f64(seconds);
-            *free
-        };
-        let wait = done.saturating_duration_since(Instant::now());
-        if wait.is_zero() {
-            return;
-        }
-        if tokio::task::spawn_blocking(move || std::thread::sleep(wait))
-            .await
-            .is_err()
+        let done = self
+            .links
+            .lock()
+            .reserve((self.link_of)(owner), now(), seconds);
+        let until = done.min(deadline);
+        let wait = until.saturating_duration_since(now());
+        if !wait.is_zero()
+            && tokio::task::spawn_blocking(move || std::thread::sleep(wait))
+                .await
+                .is_err()
         {
-            tokio::time::sleep_until(done.into()).await;
+            tokio::time::sleep_until(until.into()).await;
+        }
+        if done > deadline {
+            Err(TransportError::DeadlineExceeded { owner, region, op })
+        } else {
+            Ok(())
         }
     }
 }
@@ -121,15 +178,27 @@ impl Transport for Throttled {
         self.inner.register_accumulator(owner, len, epoch)
     }
 
+    fn register_inbox(
+        &self,
+        owner: EndpointId,
+        epoch: u64,
+    ) -> Result<Box<dyn InboxRegion>, TransportError> {
+        self.inner.register_inbox(owner, epoch)
+    }
+
     async fn read(
         &self,
         handle: &RegionHandle,
         range: Range<usize>,
-    ) -> Result<ReadChunk, TransportError> {
-        // Check first: a refused request moves no bytes.
-        let chunk = self.inner.read(handle, range).await?;
-        self.occupy(handle.owner, chunk.bytes.len()).await;
-        Ok(chunk)
+        into: Dest<'_>,
+        deadline: Deadline,
+    ) -> Result<u64, TransportError> {
+        // Check first: a refused request moves no bytes and occupies no link.
+        let bytes = range.len().saturating_mul(handle.dtype.size());
+        let version = self.inner.read(handle, range, into, deadline).await?;
+        self.occupy(handle.owner, handle.id, Op::Read, bytes, deadline)
+            .await?;
+        Ok(version)
     }
 
     async fn accumulate(
@@ -138,10 +207,35 @@ impl Transport for Throttled {
         offset: usize,
         data: Bytes,
         tag: WriteTag,
+        deadline: Deadline,
     ) -> Result<(), TransportError> {
         // The bytes cross the link before the owner applies them.
-        self.occupy(handle.owner, data.len()).await;
-        self.inner.accumulate(handle, offset, data, tag).await
+        check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
+        self.occupy(
+            handle.owner,
+            handle.id,
+            Op::Accumulate,
+            data.len(),
+            deadline,
+        )
+        .await?;
+        self.inner
+            .accumulate(handle, offset, data, tag, deadline)
+            .await
+    }
+
+    async fn send(
+        &self,
+        inbox: &RegionHandle,
+        tag: WriteTag,
+        data: Bytes,
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        // The message crosses the inbox owner's link before it sits in the inbox.
+        check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
+        self.occupy(inbox.owner, inbox.id, Op::Send, data.len(), deadline)
+            .await?;
+        self.inner.send(inbox, tag, data, deadline).await
     }
 }
 
@@ -151,31 +245,152 @@ mod tests {
     use crate::codec;
     use crate::local::LocalTransport;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn transfers_on_one_link_serialise_and_on_two_links_overlap() {
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn transfers_on_one_link_serialise() {
+        let t0 = Instant::now();
+        let mut links = LinkSchedule::default();
+        let first = links.reserve(3, t0, 0.25);
+        let second = links.reserve(3, t0, 0.5);
+        assert_eq!(first, t0 + secs(0.25));
+        assert_eq!(
+            second,
+            first + secs(0.5),
+            "second starts when the first is done"
+        );
+    }
+
+    #[test]
+    fn transfers_on_different_links_overlap() {
+        let t0 = Instant::now();
+        let mut links = LinkSchedule::default();
+        let a = links.reserve(0, t0, 0.25);
+        let b = links.reserve(1, t0, 0.25);
+        assert_eq!(a, t0 + secs(0.25));
+        assert_eq!(b, t0 + secs(0.25), "another link is not delayed");
+    }
+
+    #[test]
+    fn transfer_arriving_after_the_link_is_free_starts_at_its_arrival() {
+        let t0 = Instant::now();
+        let mut links = LinkSchedule::default();
+        let first = links.reserve(0, t0, 0.25);
+        let later = t0 + secs(1.0);
+        let second = links.reserve(0, later, 0.5);
+        assert!(later > first);
+        assert_eq!(second, later + secs(0.5));
+    }
+
+    #[test]
+    fn transfer_arriving_while_the_link_is_busy_queues() {
+        let t0 = Instant::now();
+        let mut links = LinkSchedule::default();
+        let first = links.reserve(0, t0, 1.0);
+        let second = links.reserve(0, t0 + secs(0.5), 1.0);
+        assert_eq!(second, first + secs(1.0));
+    }
+
+    #[test]
+    fn degenerate_durations_are_clamped() {
+        let t0 = Instant::now();
+        let mut links = LinkSchedule::default();
+        assert_eq!(links.reserve(0, t0, -1.0), t0);
+        assert_eq!(links.reserve(1, t0, f64::NAN), t0);
+        assert_eq!(links.reserve(2, t0, f64::INFINITY), t0 + MAX_TRANSFER);
+    }
+
+    #[test]
+    fn no_bandwidth_means_no_throttling() {
         let inner: Arc<dyn Transport> = Arc::new(LocalTransport::new());
-        // 4,000 bytes per 100 ms.
-        let t = Arc::new(Throttled::per_endpoint(inner, 40_000.0));
-        let data = codec::encode(Dtype::F32, &[1.0; 1000]);
-        let a = t
-            .register_published(0, Dtype::F32, data.clone(), 0)
-            .unwrap();
-        let b = t.register_published(1, Dtype::F32, data, 0).unwrap();
-        let timed = |handles: Vec<RegionHandle>| {
-            let t = t.clone();
-            async move {
-                let start = Instant::now();
-                let reads = handles.iter().map(|h| t.read(h, 0..1000));
-                for r in futures::future::join_all(reads).await {
-                    r.unwrap();
-                }
-                start.elapsed()
-            }
+        for bandwidth in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let t = Throttled::per_endpoint(Arc::clone(&inner), bandwidth);
+            assert_eq!(t.seconds(1 << 30), 0.0);
+        }
+        let t = Throttled::per_endpoint(inner, 1000.0);
+        assert_eq!(t.seconds(500), 0.5);
+    }
+
+    /// A transfer modelled to take 1000 s cannot meet a deadline 50 ms away: it fails with
+    /// `DeadlineExceeded`, and an accumulate or a send that missed it is not applied. (Asserts on
+    /// outcomes only, never on elapsed time.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn transfer_past_its_deadline_fails_and_writes_nothing() {
+        let inner: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+        let t = Throttled::per_endpoint(Arc::clone(&inner), 4.0);
+        let deadline = || crate::deadline_in(Duration::from_millis(50));
+        let tag = WriteTag {
+            epoch: 0,
+            write_id: 1,
         };
-        let same = timed(vec![a.handle(), a.handle()]).await;
-        let apart = timed(vec![a.handle(), b.handle()]).await;
-        // Two 100 ms transfers: back to back on one link, side by side on two.
-        assert!(same >= Duration::from_millis(195), "{same:?}");
-        assert!(apart < same, "{apart:?} vs {same:?}");
+
+        let acc = t.register_accumulator(5, 1000, 0).expect("register");
+        let result = t
+            .accumulate(
+                &acc.handle(),
+                0,
+                codec::encode_f32(&[1.0; 1000]),
+                tag,
+                deadline(),
+            )
+            .await;
+        assert!(
+            matches!(result, Err(TransportError::DeadlineExceeded { owner: 5, op: Op::Accumulate, region }) if region == acc.handle().id),
+            "{result:?}"
+        );
+        assert_eq!(acc.take(1), vec![0.0; 1000], "not applied");
+
+        // Another owner's link is free, but this message is just as long.
+        let inbox = t.register_inbox(6, 0).expect("register");
+        let result = t
+            .send(
+                &inbox.handle(),
+                tag,
+                Bytes::from(vec![0u8; 4000]),
+                deadline(),
+            )
+            .await;
+        assert!(
+            matches!(
+                result,
+                Err(TransportError::DeadlineExceeded {
+                    owner: 6,
+                    op: Op::Send,
+                    ..
+                })
+            ),
+            "{result:?}"
+        );
+        // The refused message is not there (its write id is still free).
+        let unthrottled = inner
+            .send(
+                &inbox.handle(),
+                tag,
+                Bytes::from_static(b"x"),
+                crate::deadline_in(Duration::from_secs(10)),
+            )
+            .await;
+        assert_eq!(unthrottled, Ok(()));
+
+        let params = t
+            .register_published(7, Dtype::F32, codec::encode_f32(&[1.0; 1000]), 1)
+            .expect("register");
+        let mut out = vec![0.0f32; 1000];
+        let result = t
+            .read(&params.handle(), 0..1000, Dest::F32(&mut out), deadline())
+            .await;
+        assert!(
+            matches!(
+                result,
+                Err(TransportError::DeadlineExceeded {
+                    owner: 7,
+                    op: Op::Read,
+                    ..
+                })
+            ),
+            "{result:?}"
+        );
     }
 }

@@ -1,13 +1,74 @@
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use crate::{
-    AccumulatorRegion, Dtype, EndpointId, PublishedRegion, ReadChunk, RegionHandle, TransportError,
-    WriteTag,
+    AccumulatorRegion, Dest, Dtype, EndpointId, InboxRegion, Op, PublishedRegion, RegionHandle,
+    RegionId, TransportError, WriteTag,
 };
 
+/// When an operation must be done by (DESIGN I6: every wait is bounded). An operation that starts
+/// at or after its deadline is refused with [`TransportError::DeadlineExceeded`] and changes
+/// nothing; a wait that outlives it returns that error.
+pub type Deadline = Instant;
+
+/// The clock deadlines are compared with: tokio's (which is `std`'s unless a test pauses tokio's
+/// clock, so virtual-time simulations and their deadlines agree).
+pub fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// The deadline `timeout` from [`now`] (saturating far in the future).
+///
+/// ```
+/// let deadline = odc_transport::deadline_in(std::time::Duration::from_secs(5));
+/// assert!(deadline > odc_transport::now());
+/// ```
+pub fn deadline_in(timeout: Duration) -> Deadline {
+    let now = now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(now)
+}
+
+/// Refuse an operation that starts at or after its deadline.
+pub(crate) fn check_deadline(
+    deadline: Deadline,
+    owner: EndpointId,
+    region: RegionId,
+    op: Op,
+) -> Result<(), TransportError> {
+    if now() >= deadline {
+        Err(TransportError::DeadlineExceeded { owner, region, op })
+    } else {
+        Ok(())
+    }
+}
+
+/// One read of a [`Transport::read_batch`].
+#[derive(Debug)]
+pub struct ReadOp<'a> {
+    pub handle: &'a RegionHandle,
+    pub range: Range<usize>,
+    pub into: Dest<'a>,
+}
+
+/// One accumulate of a [`Transport::accumulate_batch`].
+#[derive(Debug, Clone)]
+pub struct AccumulateOp {
+    pub handle: RegionHandle,
+    pub offset: usize,
+    pub data: Bytes,
+    pub tag: WriteTag,
+}
+
 /// A data-plane backend. Object safe: the runtime holds an `Arc<dyn Transport>`.
+///
+/// Owner side: `register_*` return guards that keep a region registered while they live. Peer
+/// side: `read`, `accumulate`, `send` address a region by its [`RegionHandle`] alone, which may
+/// come from another transport instance (or, for process-crossing backends, another process).
+/// Every peer operation takes a [`Deadline`].
 #[async_trait::async_trait]
 pub trait Transport: Send + Sync + 'static {
     /// Short backend name, used as a metrics label (`local`, `shm`, `tcp`, ...).
@@ -30,12 +91,22 @@ pub trait Transport: Send + Sync + 'static {
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError>;
 
-    /// One-sided read of the elements `range` of a published region (C1).
+    /// Owner side: register an empty inbox at `epoch` (C7).
+    fn register_inbox(
+        &self,
+        owner: EndpointId,
+        epoch: u64,
+    ) -> Result<Box<dyn InboxRegion>, TransportError>;
+
+    /// One-sided read of the elements `range` of a published region into `into` (C1); returns the
+    /// version read.
     async fn read(
         &self,
         handle: &RegionHandle,
         range: Range<usize>,
-    ) -> Result<ReadChunk, TransportError>;
+        into: Dest<'_>,
+        deadline: Deadline,
+    ) -> Result<u64, TransportError>;
 
     /// Add fp32 little-endian `data` into the accumulator starting at element `offset`; resolves once
     /// applied (C2), refused when fenced (C3).
@@ -45,5 +116,43 @@ pub trait Transport: Send + Sync + 'static {
         offset: usize,
         data: Bytes,
         tag: WriteTag,
+        deadline: Deadline,
     ) -> Result<(), TransportError>;
+
+    /// Put the message `data` tagged `tag` into the inbox `inbox`; resolves once it sits there
+    /// (acknowledged), refused when fenced or full (C7).
+    async fn send(
+        &self,
+        inbox: &RegionHandle,
+        tag: WriteTag,
+        data: Bytes,
+        deadline: Deadline,
+    ) -> Result<(), TransportError>;
+
+    /// Issue every read at once; one result per op, in order (C6). One failing op does not
+    /// affect the others.
+    async fn read_batch(
+        &self,
+        ops: Vec<ReadOp<'_>>,
+        deadline: Deadline,
+    ) -> Vec<Result<u64, TransportError>> {
+        let reads = ops
+            .into_iter()
+            .map(|op| self.read(op.handle, op.range, op.into, deadline));
+        futures::future::join_all(reads).await
+    }
+
+    /// Issue every accumulate at once; one result per op, in order (C6). One failing op does not
+    /// affect the others.
+    async fn accumulate_batch(
+        &self,
+        ops: Vec<AccumulateOp>,
+        deadline: Deadline,
+    ) -> Vec<Result<(), TransportError>> {
+        let writes = ops.into_iter().map(|op| async move {
+            self.accumulate(&op.handle, op.offset, op.data, op.tag, deadline)
+                .await
+        });
+        futures::future::join_all(writes).await
+    }
 }

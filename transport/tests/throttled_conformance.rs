@@ -1,17 +1,29 @@
-//! The conformance suite (contract C1–C5) against the bandwidth-throttled wrapper of `local`: the
-//! wrapper changes timing only.
+//! The conformance suite (contract C1–C7 and the handle rules) against the bandwidth-throttled
+//! wrapper of `local`, each side wrapped: the wrapper changes timing only.
 
 use std::sync::Arc;
 
+use odc_transport::conformance::Pair;
 use odc_transport::local::LocalTransport;
 use odc_transport::throttle::Throttled;
-use odc_transport::Transport;
 
-async fn make_transport() -> Arc<dyn Transport> {
-    Arc::new(Throttled::per_endpoint(
-        Arc::new(LocalTransport::new()),
-        4e9,
-    ))
+/// Small, so the inbox capacity checks fill an inbox quickly.
+const INBOX_CAPACITY: usize = 64;
+
+/// Fast enough that the suite's largest transfers take well under a millisecond each.
+const BYTES_PER_SEC: f64 = 4e9;
+
+async fn make_pair() -> Pair {
+    Pair {
+        owner: Arc::new(Throttled::per_endpoint(
+            Arc::new(LocalTransport::with_inbox_capacity(INBOX_CAPACITY)),
+            BYTES_PER_SEC,
+        )),
+        reader: Arc::new(Throttled::per_endpoint(
+            Arc::new(LocalTransport::new()),
+            BYTES_PER_SEC,
+        )),
+    }
 }
 
-odc_transport::conformance_tests!(make_transport);
+odc_transport::conformance_tests!(make_pair);

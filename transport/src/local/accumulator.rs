@@ -2,16 +2,16 @@
 //! applied in it, all behind one lock so that fencing and `take` are atomic (C3).
 
 use std::collections::HashSet;
-use std::ops::Range;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::Registry;
+use super::registry::Registry;
 use crate::codec;
+use crate::error::wide;
 use crate::{
-    AccumulatorRegion, Dtype, EndpointId, RegionHandle, RegionId, RegionKind, TransportError,
-    WriteTag,
+    AccumulatorRegion, Descriptor, Dtype, EndpointId, RegionHandle, RegionId, RegionKind,
+    TransportError, WriteTag,
 };
 
 /// Everything an accumulate or a take reads and writes.
@@ -28,16 +28,24 @@ pub(super) struct Accumulator {
     owner: EndpointId,
     id: RegionId,
     len: usize,
+    descriptor: Descriptor,
     state: Mutex<State>,
 }
 
 impl Accumulator {
     /// A zeroed accumulator of `len` elements at `epoch`.
-    pub(super) fn new(owner: EndpointId, id: RegionId, len: usize, epoch: u64) -> Self {
+    pub(super) fn new(
+        owner: EndpointId,
+        id: RegionId,
+        descriptor: Descriptor,
+        len: usize,
+        epoch: u64,
+    ) -> Self {
         Self {
             owner,
             id,
             len,
+            descriptor,
             state: Mutex::new(State {
                 epoch,
                 values: vec![0.0; len],
@@ -56,7 +64,9 @@ impl Accumulator {
             id: self.id,
             kind: RegionKind::Accumulator,
             dtype: Dtype::F32,
-            len: self.len,
+            len: wide(self.len),
+            version: self.epoch(),
+            descriptor: self.descriptor.clone(),
         }
     }
 
@@ -76,9 +86,9 @@ impl Accumulator {
         let Some(end) = end else {
             return Err(TransportError::OutOfRange {
                 region: self.id,
-                start: offset,
-                end: offset.saturating_add(elements),
-                len: self.len,
+                start: wide(offset),
+                end: wide(offset.saturating_add(elements)),
+                len: wide(self.len),
             });
         };
         let mut state = self.state.lock();
@@ -101,9 +111,9 @@ impl Accumulator {
             .get_mut(offset..end)
             .ok_or(TransportError::OutOfRange {
                 region: self.id,
-                start: offset,
-                end,
-                len: self.len,
+                start: wide(offset),
+                end: wide(end),
+                len: wide(self.len),
             })?;
         codec::add_f32_into(data, target).map_err(|e| e.for_region(self.id))?;
         state.applied.insert(tag.write_id);
@@ -121,20 +131,6 @@ impl Accumulator {
 
     fn epoch(&self) -> u64 {
         self.state.lock().epoch
-    }
-
-    fn read_local(&self, range: Range<usize>) -> Result<Vec<f32>, TransportError> {
-        let state = self.state.lock();
-        state
-            .values
-            .get(range.clone())
-            .map(<[f32]>::to_vec)
-            .ok_or(TransportError::OutOfRange {
-                region: self.id,
-                start: range.start,
-                end: range.end,
-                len: self.len,
-            })
     }
 }
 
@@ -156,10 +152,6 @@ impl AccumulatorRegion for AccumulatorGuard {
 
     fn epoch(&self) -> u64 {
         self.region.epoch()
-    }
-
-    fn read_local(&self, range: Range<usize>) -> Result<Vec<f32>, TransportError> {
-        self.region.read_local(range)
     }
 }
 

@@ -1,18 +1,24 @@
-//! The `local` backend: every endpoint lives in one process and shares one [`LocalTransport`].
+//! The `local` backend: every endpoint lives in one process; regions are plain memory.
 //!
-//! Regions live in a concurrent map shared by the transport (the readers' and writers' side) and
-//! the owners' guards; dropping a guard deregisters its region. Region ids come from a counter and
-//! are never reused, so a handle to a dropped region stays unknown. A handle names a region by its
-//! `owner` and `id`; bounds are checked against the registered length, and a read returns bytes in
-//! the registered dtype. Every operation is synchronous inside its `async fn`: no lock is ever held
-//! across an `.await`.
+//! Every [`LocalTransport::new`] is its own **fabric**: a registry of regions with a fabric id
+//! unique in the process, recorded (weakly) in a process-global table and removed from it when the
+//! registry is dropped (once the transport and every guard of its regions are gone). A handle
+//! carries [`Descriptor::Local`]` { process, fabric }`, so any `LocalTransport` of the process can
+//! use a handle alone: its own fabric directly, another one through the global table. A handle of
+//! another OS process is [`TransportError::ForeignHandle`]; an unknown fabric, an unknown region id
+//! or a different owner is [`TransportError::UnknownRegion`]. Region ids come from a per-fabric
+//! counter and fabric ids from a process-wide one; neither is reused, so a handle to a dropped
+//! region stays unknown and never aliases a newer one.
 //!
-//! Guarantees of this backend (the numbering of the crate's contract):
+//! Every operation is synchronous inside its `async fn` (only an inbox `recv` waits, and it holds
+//! no lock while it does). Deadlines are checked when an operation starts.
+//!
+//! How this backend meets each clause of the crate's contract:
 //! - **C1**: a published region is a `(version, Bytes)` pair behind a read-write lock. `publish`
 //!   swaps in a whole new pair; `read` takes the read lock only to copy the version and a
-//!   reference-counted slice of the bytes. A read therefore returns exactly one publication, the last
-//!   one completed before it, with its version, and it copies no element (zero copy): the returned
-//!   bytes stay valid after a later publication or after the region is dropped.
+//!   reference count of the bytes, then decodes straight from those (immutable) bytes into the
+//!   caller's destination in one pass. A read therefore returns exactly one publication, the last
+//!   one completed before it, with its version; nothing is copied twice.
 //! - **C2**: an accumulate adds into the fp32 values under the region's lock before its future
 //!   resolves, so `Ok(())` means applied.
 //! - **C3**: the epoch, the set of applied write ids and the values sit behind that same lock. An
@@ -20,108 +26,126 @@
 //!   for zeros, clears the write ids and moves the epoch in another. An accumulate is therefore
 //!   entirely before a take (its values are in the taken vector) or entirely after it (refused as
 //!   stale, or, with the new epoch, counted in the next one).
-//! - **C4**: unknown ids (or a wrong owner), out-of-range or reversed element ranges, partial
-//!   elements, publications of the wrong length and wrong region kinds are [`TransportError`]s.
-//!   Every check runs before anything is modified, so a refused request leaves the region exactly as
-//!   it was, including the set of applied write ids.
+//! - **C4**: unknown ids, out-of-range or reversed element ranges, partial elements, publications
+//!   of the wrong length, wrong region kinds and destinations of the wrong size are
+//!   [`TransportError`]s; device destinations are [`TransportError::Unsupported`] (host memory
+//!   only). Every check runs before anything is modified, so a refused request leaves the region
+//!   (and a destination) exactly as it was, including the set of applied write ids.
 //! - **C5**: any split of a range into chunks (see [`crate::chunk_ranges`]) reads the same bytes as
 //!   the whole range, provided no publication happens in between; chunks of one accumulate are
 //!   independent writes with their own write ids.
+//! - **C6**: every operation checks its deadline first; the batches are the trait's defaults (each
+//!   op runs to completion synchronously, so a batch is as fast as the ops in sequence).
+//! - **C7**: an inbox holds messages by write id behind one lock with its epoch and its delivered
+//!   ids; a message is the sender's `Bytes`, handed to the receiver without a copy. A `recv`
+//!   registers with a `tokio::sync::Notify` before it looks for its message and waits with tokio's
+//!   timer until its deadline. Capacity: [`LocalTransport::with_inbox_capacity`].
 
 mod accumulator;
+mod inbox;
 mod published;
+mod registry;
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use dashmap::DashMap;
 
 use self::accumulator::{Accumulator, AccumulatorGuard};
+use self::inbox::{Inbox, InboxGuard};
 use self::published::{Published, PublishedGuard};
+use self::registry::{Region, Registry};
+use crate::transport::check_deadline;
 use crate::{
-    AccumulatorRegion, Dtype, EndpointId, PublishedRegion, ReadChunk, RegionHandle, RegionId,
-    RegionKind, Transport, TransportError, WriteTag,
+    AccumulatorRegion, Deadline, Descriptor, Dest, Dtype, EndpointId, InboxRegion, Op,
+    PublishedRegion, RegionHandle, RegionKind, Transport, TransportError, WriteTag,
 };
 
-/// A registered region.
-#[derive(Debug, Clone)]
-enum Region {
-    Published(Arc<Published>),
-    Accumulator(Arc<Accumulator>),
-}
-
-impl Region {
-    fn owner(&self) -> EndpointId {
-        match self {
-            Region::Published(region) => region.owner(),
-            Region::Accumulator(region) => region.owner(),
-        }
-    }
-
-    fn kind(&self) -> RegionKind {
-        match self {
-            Region::Published(_) => RegionKind::Published,
-            Region::Accumulator(_) => RegionKind::Accumulator,
-        }
-    }
-}
-
-/// The regions of one transport, shared with the owners' guards.
-#[derive(Debug, Default)]
-struct Registry {
-    regions: DashMap<RegionId, Region>,
-    next_id: AtomicU64,
-}
-
-impl Registry {
-    fn next_id(&self) -> RegionId {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The region `handle` names. The map's shard lock is released before the caller touches the
-    /// region.
-    fn lookup(&self, handle: &RegionHandle) -> Result<Region, TransportError> {
-        self.regions
-            .get(&handle.id)
-            .map(|entry| entry.value().clone())
-            .filter(|region| region.owner() == handle.owner)
-            .ok_or(TransportError::UnknownRegion {
-                owner: handle.owner,
-                region: handle.id,
-            })
-    }
-
-    fn remove(&self, id: RegionId) {
-        self.regions.remove(&id);
-    }
-}
-
-/// The one-process, zero-copy backend. Cheap to create; share it as an `Arc<dyn Transport>`.
+/// The one-process backend. Cheap to create; share it as an `Arc<dyn Transport>`. Any
+/// `LocalTransport` of the process can use a handle issued by any other.
 ///
 /// ```
-/// use odc_transport::{codec, local::LocalTransport, Dtype, Transport};
+/// use odc_transport::{codec, deadline_in, local::LocalTransport, Dest, Dtype, Transport};
+/// use std::time::Duration;
 ///
-/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let transport = LocalTransport::new();
-/// let params = transport
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let owner = LocalTransport::new();
+/// let params = owner
 ///     .register_published(0, Dtype::Bf16, codec::encode(Dtype::Bf16, &[1.0, 2.0, 3.0]), 7)
 ///     .unwrap();
-/// let chunk = transport.read(&params.handle(), 1..3).await.unwrap();
-/// assert_eq!(chunk.version, 7);
-/// assert_eq!(codec::decode(Dtype::Bf16, &chunk.bytes).unwrap(), vec![2.0, 3.0]);
+/// // A handle is plain data: serialize it, send it, use it from another transport.
+/// let handle = params.handle();
+/// let reader = LocalTransport::new();
+/// let mut values = [0.0f32; 2];
+/// let deadline = deadline_in(Duration::from_secs(1));
+/// let version = reader.read(&handle, 1..3, Dest::F32(&mut values), deadline).await.unwrap();
+/// assert_eq!((version, values), (7, [2.0, 3.0]));
 /// # });
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LocalTransport {
     registry: Arc<Registry>,
+    inbox_capacity: usize,
+}
+
+impl Default for LocalTransport {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl LocalTransport {
-    /// A transport with no regions.
+    /// How many messages an inbox holds at most unless configured otherwise.
+    pub const DEFAULT_INBOX_CAPACITY: usize = 65_536;
+
+    /// A new fabric with no regions; inboxes hold [`Self::DEFAULT_INBOX_CAPACITY`] messages.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_inbox_capacity(Self::DEFAULT_INBOX_CAPACITY)
+    }
+
+    /// A new fabric whose inboxes hold at most `capacity` messages each (0 refuses every
+    /// message).
+    pub fn with_inbox_capacity(capacity: usize) -> Self {
+        Self {
+            registry: Registry::new(),
+            inbox_capacity: capacity,
+        }
+    }
+
+    /// The region `handle` names, in this fabric or, through the process-global table, another.
+    fn resolve(&self, handle: &RegionHandle) -> Result<Region, TransportError> {
+        match handle.descriptor {
+            Descriptor::Local { process, fabric } => {
+                if process != self.registry.process() {
+                    return Err(TransportError::ForeignHandle {
+                        owner: handle.owner,
+                        region: handle.id,
+                        reason: format!(
+                            "it was issued by the local backend of process {process}, this is \
+                             process {}; local handles do not cross processes",
+                            self.registry.process()
+                        ),
+                    });
+                }
+                if fabric == self.registry.fabric() {
+                    return self.registry.lookup(handle);
+                }
+                Registry::find(fabric)
+                    .ok_or(TransportError::UnknownRegion {
+                        owner: handle.owner,
+                        region: handle.id,
+                    })?
+                    .lookup(handle)
+            }
+        }
+    }
+}
+
+fn wrong_kind(handle: &RegionHandle, expected: RegionKind, actual: &Region) -> TransportError {
+    TransportError::WrongKind {
+        region: handle.id,
+        expected,
+        actual: actual.kind(),
     }
 }
 
@@ -139,9 +163,11 @@ impl Transport for LocalTransport {
         version: u64,
     ) -> Result<Box<dyn PublishedRegion>, TransportError> {
         let id = self.registry.next_id();
-        let region = Arc::new(Published::new(owner, id, dtype, initial, version)?);
+        let descriptor = self.registry.descriptor();
+        let region = Arc::new(Published::new(
+            owner, id, descriptor, dtype, initial, version,
+        )?);
         self.registry
-            .regions
             .insert(id, Region::Published(Arc::clone(&region)));
         Ok(Box::new(PublishedGuard {
             registry: Arc::clone(&self.registry),
@@ -156,11 +182,32 @@ impl Transport for LocalTransport {
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
         let id = self.registry.next_id();
-        let region = Arc::new(Accumulator::new(owner, id, len, epoch));
+        let descriptor = self.registry.descriptor();
+        let region = Arc::new(Accumulator::new(owner, id, descriptor, len, epoch));
         self.registry
-            .regions
             .insert(id, Region::Accumulator(Arc::clone(&region)));
         Ok(Box::new(AccumulatorGuard {
+            registry: Arc::clone(&self.registry),
+            region,
+        }))
+    }
+
+    fn register_inbox(
+        &self,
+        owner: EndpointId,
+        epoch: u64,
+    ) -> Result<Box<dyn InboxRegion>, TransportError> {
+        let id = self.registry.next_id();
+        let descriptor = self.registry.descriptor();
+        let region = Arc::new(Inbox::new(
+            owner,
+            id,
+            descriptor,
+            self.inbox_capacity,
+            epoch,
+        ));
+        self.registry.insert(id, Region::Inbox(Arc::clone(&region)));
+        Ok(Box::new(InboxGuard {
             registry: Arc::clone(&self.registry),
             region,
         }))
@@ -170,14 +217,13 @@ impl Transport for LocalTransport {
         &self,
         handle: &RegionHandle,
         range: Range<usize>,
-    ) -> Result<ReadChunk, TransportError> {
-        match self.registry.lookup(handle)? {
-            Region::Published(region) => region.read(range),
-            other => Err(TransportError::WrongKind {
-                region: handle.id,
-                expected: RegionKind::Published,
-                actual: other.kind(),
-            }),
+        into: Dest<'_>,
+        deadline: Deadline,
+    ) -> Result<u64, TransportError> {
+        check_deadline(deadline, handle.owner, handle.id, Op::Read)?;
+        match self.resolve(handle)? {
+            Region::Published(region) => region.read_into(range, into),
+            other => Err(wrong_kind(handle, RegionKind::Published, &other)),
         }
     }
 
@@ -187,71 +233,106 @@ impl Transport for LocalTransport {
         offset: usize,
         data: Bytes,
         tag: WriteTag,
+        deadline: Deadline,
     ) -> Result<(), TransportError> {
-        match self.registry.lookup(handle)? {
+        check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
+        match self.resolve(handle)? {
             Region::Accumulator(region) => region.accumulate(offset, &data, tag),
-            other => Err(TransportError::WrongKind {
-                region: handle.id,
-                expected: RegionKind::Accumulator,
-                actual: other.kind(),
-            }),
+            other => Err(wrong_kind(handle, RegionKind::Accumulator, &other)),
+        }
+    }
+
+    async fn send(
+        &self,
+        inbox: &RegionHandle,
+        tag: WriteTag,
+        data: Bytes,
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
+        match self.resolve(inbox)? {
+            Region::Inbox(region) => region.deliver(tag, data),
+            other => Err(wrong_kind(inbox, RegionKind::Inbox, &other)),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
-    use crate::codec;
+    use crate::{codec, deadline_in};
 
     fn block_on<F: std::future::Future>(future: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
+            .enable_all()
             .build()
             .expect("tokio runtime")
             .block_on(future)
     }
 
+    fn soon() -> Deadline {
+        deadline_in(Duration::from_secs(10))
+    }
+
     #[test]
-    fn read_is_a_slice_of_the_published_buffer() {
+    fn read_is_served_from_the_own_fabric_and_from_another() {
         block_on(async {
-            let transport = LocalTransport::new();
-            let data = codec::encode(Dtype::Bf16, &[0.0, 1.0, 2.0, 3.0, 4.0]);
-            let base = data.as_ptr();
-            let region = transport
-                .register_published(0, Dtype::Bf16, data, 1)
+            let owner = LocalTransport::new();
+            let other = LocalTransport::new();
+            let region = owner
+                .register_published(0, Dtype::F32, codec::encode_f32(&[1.0, 2.0, 3.0]), 4)
                 .expect("register");
-            let chunk = transport.read(&region.handle(), 2..4).await.expect("read");
-            assert_eq!(
-                chunk.bytes.as_ptr(),
-                base.wrapping_add(2 * Dtype::Bf16.size())
-            );
-            assert_eq!(codec::decode(Dtype::Bf16, &chunk.bytes), Ok(vec![2.0, 3.0]));
+            let handle = region.handle();
+            for transport in [&owner, &other] {
+                let mut out = [0.0f32; 2];
+                let version = transport
+                    .read(&handle, 1..3, Dest::F32(&mut out), soon())
+                    .await
+                    .expect("read");
+                assert_eq!((version, out), (4, [2.0, 3.0]));
+            }
         });
     }
 
     #[test]
-    fn read_outlives_publication_and_region() {
+    fn dropped_fabric_is_unknown_even_to_its_peers() {
         block_on(async {
-            let transport = LocalTransport::new();
-            let region = transport
-                .register_published(0, Dtype::F32, codec::encode_f32(&[1.0; 4]), 1)
+            let reader = LocalTransport::new();
+            let owner = LocalTransport::new();
+            let region = owner
+                .register_published(0, Dtype::F32, codec::encode_f32(&[1.0]), 1)
                 .expect("register");
             let handle = region.handle();
-            let chunk = transport.read(&handle, 0..4).await.expect("read");
-            region
-                .publish(2, codec::encode_f32(&[2.0; 4]))
-                .expect("publish");
+            let Descriptor::Local { fabric, .. } = handle.descriptor;
+            // The guard keeps the fabric alive after its transport is gone.
+            drop(owner);
+            let mut out = [0.0f32; 1];
+            let read = reader
+                .read(&handle, 0..1, Dest::F32(&mut out), soon())
+                .await;
+            assert_eq!(read, Ok(1));
             drop(region);
-            assert_eq!(codec::decode_f32(&chunk.bytes), Ok(vec![1.0; 4]));
-            assert_eq!(chunk.version, 1);
+            assert!(Registry::find(fabric).is_none(), "fabric left the table");
+            let read = reader
+                .read(&handle, 0..1, Dest::F32(&mut out), soon())
+                .await;
             assert_eq!(
-                transport.read(&handle, 0..4).await,
+                read,
                 Err(TransportError::UnknownRegion {
                     owner: 0,
                     region: handle.id
                 })
             );
         });
+    }
+
+    #[test]
+    fn fabric_ids_are_not_reused() {
+        let first = LocalTransport::new().registry.fabric();
+        let second = LocalTransport::new().registry.fabric();
+        assert_ne!(first, second);
     }
 
     #[test]
@@ -263,8 +344,11 @@ mod tests {
                 .expect("register");
             let mut handle = region.handle();
             handle.owner = 4;
+            let mut out = [0u8; 4];
             assert_eq!(
-                transport.read(&handle, 0..1).await,
+                transport
+                    .read(&handle, 0..1, Dest::Bytes(&mut out), soon())
+                    .await,
                 Err(TransportError::UnknownRegion {
                     owner: 4,
                     region: handle.id
@@ -283,14 +367,20 @@ mod tests {
                 write_id: 1,
             };
             let result = transport
-                .accumulate(&acc.handle(), usize::MAX, codec::encode_f32(&[1.0]), tag)
+                .accumulate(
+                    &acc.handle(),
+                    usize::MAX,
+                    codec::encode_f32(&[1.0]),
+                    tag,
+                    soon(),
+                )
                 .await;
             assert_eq!(
                 result,
                 Err(TransportError::OutOfRange {
                     region: acc.handle().id,
-                    start: usize::MAX,
-                    end: usize::MAX,
+                    start: u64::MAX,
+                    end: u64::MAX,
                     len: 4
                 })
             );
@@ -299,12 +389,53 @@ mod tests {
     }
 
     #[test]
-    fn region_ids_are_not_reused() {
-        let transport = LocalTransport::new();
-        let first = transport.register_accumulator(0, 1, 0).expect("register");
-        let first_id = first.handle().id;
-        drop(first);
-        let second = transport.register_accumulator(0, 1, 0).expect("register");
-        assert_ne!(second.handle().id, first_id);
+    fn received_message_is_the_sent_buffer() {
+        block_on(async {
+            let owner = LocalTransport::new();
+            let sender = LocalTransport::new();
+            let inbox = owner.register_inbox(2, 0).expect("register");
+            let data = Bytes::from(vec![7u8; 64]);
+            let base = data.as_ptr();
+            let tag = WriteTag {
+                epoch: 0,
+                write_id: 9,
+            };
+            sender
+                .send(&inbox.handle(), tag, data, soon())
+                .await
+                .expect("send");
+            let got = inbox.recv(tag, soon()).await.expect("recv");
+            assert_eq!(got.as_ptr(), base, "zero copy");
+        });
+    }
+
+    #[test]
+    fn inbox_capacity_is_configurable() {
+        block_on(async {
+            let owner = LocalTransport::with_inbox_capacity(1);
+            let inbox = owner.register_inbox(0, 0).expect("register");
+            assert_eq!(inbox.capacity(), 1);
+            let tag = |write_id| WriteTag { epoch: 0, write_id };
+            let handle = inbox.handle();
+            assert_eq!(
+                owner.send(&handle, tag(1), Bytes::new(), soon()).await,
+                Ok(())
+            );
+            assert_eq!(
+                owner.send(&handle, tag(2), Bytes::new(), soon()).await,
+                Err(TransportError::InboxFull {
+                    region: handle.id,
+                    held: 1,
+                    capacity: 1
+                })
+            );
+            assert_eq!(
+                LocalTransport::new()
+                    .register_inbox(0, 0)
+                    .expect("register")
+                    .capacity(),
+                LocalTransport::DEFAULT_INBOX_CAPACITY
+            );
+        });
     }
 }

@@ -1,5 +1,5 @@
-//! A published region of the local backend: the owner swaps in whole publications, readers take
-//! reference-counted slices of the current one.
+//! A published region of the local backend: the owner swaps in whole publications, readers decode
+//! straight from the current one into their destination.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -7,10 +7,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::RwLock;
 
-use super::Registry;
+use super::registry::Registry;
 use crate::codec;
+use crate::error::wide;
 use crate::{
-    Dtype, EndpointId, PublishedRegion, ReadChunk, RegionHandle, RegionId, RegionKind,
+    Descriptor, Dest, Dtype, EndpointId, PublishedRegion, RegionHandle, RegionId, RegionKind,
     TransportError,
 };
 
@@ -28,6 +29,7 @@ pub(super) struct Published {
     id: RegionId,
     dtype: Dtype,
     len: usize,
+    descriptor: Descriptor,
     /// Swapped whole under the write lock; readers clone the `Bytes` (a reference count) under the
     /// read lock, so a read sees exactly one publication (C1).
     current: RwLock<Publication>,
@@ -38,6 +40,7 @@ impl Published {
     pub(super) fn new(
         owner: EndpointId,
         id: RegionId,
+        descriptor: Descriptor,
         dtype: Dtype,
         initial: Bytes,
         version: u64,
@@ -48,6 +51,7 @@ impl Published {
             id,
             dtype,
             len,
+            descriptor,
             current: RwLock::new(Publication {
                 version,
                 bytes: initial,
@@ -65,28 +69,46 @@ impl Published {
             id: self.id,
             kind: RegionKind::Published,
             dtype: self.dtype,
-            len: self.len,
+            len: wide(self.len),
+            version: self.version(),
+            descriptor: self.descriptor.clone(),
         }
     }
 
-    /// The elements `range` of the current publication, without copying.
-    pub(super) fn read(&self, range: Range<usize>) -> Result<ReadChunk, TransportError> {
+    /// Write the elements `range` of the current publication into `into`, decoding straight from
+    /// the published buffer (one pass, no intermediate copy); return its version. Every refusal
+    /// happens before anything is written.
+    pub(super) fn read_into(
+        &self,
+        range: Range<usize>,
+        into: Dest<'_>,
+    ) -> Result<u64, TransportError> {
         if range.start > range.end || range.end > self.len {
             return Err(TransportError::OutOfRange {
                 region: self.id,
-                start: range.start,
-                end: range.end,
-                len: self.len,
+                start: wide(range.start),
+                end: wide(range.end),
+                len: wide(self.len),
             });
         }
         // Cannot overflow: end <= len and len * size is the length of an existing buffer.
         let size = self.dtype.size();
         let bytes = range.start * size..range.end * size;
-        let current = self.current.read();
-        Ok(ReadChunk {
-            version: current.version,
-            bytes: current.bytes.slice(bytes),
-        })
+        // Take the publication (a reference count) and release the lock before decoding, so a
+        // large read never holds up the owner's next publication. The bytes are immutable: the
+        // read sees exactly this publication (C1).
+        let (version, publication) = {
+            let current = self.current.read();
+            (current.version, current.bytes.clone())
+        };
+        let src = publication.get(bytes).ok_or(TransportError::OutOfRange {
+            region: self.id,
+            start: wide(range.start),
+            end: wide(range.end),
+            len: wide(self.len),
+        })?;
+        into.fill_from_host(self.id, self.dtype, src)?;
+        Ok(version)
     }
 
     fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
@@ -95,8 +117,8 @@ impl Published {
         if elements != self.len {
             return Err(TransportError::LengthMismatch {
                 region: self.id,
-                elements,
-                len: self.len,
+                elements: wide(elements),
+                len: wide(self.len),
             });
         }
         let previous = std::mem::replace(
@@ -106,7 +128,7 @@ impl Published {
                 bytes: data,
             },
         );
-        // Freed (if no reader still holds a slice of it) after the lock is released.
+        // Freed (if no reader still holds it) after the lock is released.
         drop(previous);
         Ok(())
     }
