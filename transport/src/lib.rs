@@ -47,7 +47,10 @@
 //!   `accumulate_batch` return one result per op, in order; one failing op does not affect the
 //!   others. `conformance/c6_deadlines.rs`.
 //! - **C7 inbox**: `send(inbox, tag, bytes, deadline)` resolves once the message sits in the inbox.
-//!   Fenced like C3: a `tag.epoch` other than the inbox's is [`TransportError::StaleEpoch`], a write
+//!   Fenced like C3: a `tag.epoch` older than the inbox's is [`TransportError::StaleEpoch`]; a newer
+//!   one first moves the inbox to that epoch, exactly as `advance` does (a sender already in the
+//!   next minibatch attempt reaches a neighbour that has not begun it, or is stuck in a discarded
+//!   one, whose waits are then aborted); a write
 //!   id already delivered in the epoch (even if since received) is
 //!   [`TransportError::DuplicateWrite`]; beyond the inbox's capacity of held messages a send is
 //!   [`TransportError::InboxFull`]. The owner's [`InboxRegion::recv`] waits for the message with

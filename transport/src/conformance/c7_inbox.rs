@@ -78,13 +78,15 @@ pub async fn send_then_recv_by_tag_c7(pair: Pair) {
     );
 }
 
-/// C7: a send tagged with any epoch but the inbox's is `StaleEpoch` and leaves no trace (its write
-/// id is still free); a recv of a newer epoch is `StaleEpoch` at once.
+/// C7: a send tagged with an older epoch is `StaleEpoch` and leaves no trace (its write id stays
+/// free); a recv of a newer epoch is `StaleEpoch` at once; a send of a newer epoch moves the inbox
+/// there (held messages dropped, waiting older receives aborted).
 pub async fn inbox_stale_epoch_refused_c7(pair: Pair) {
     let b = pair.reader.backend();
     let inbox = register_inbox(&pair, 5);
     let handle = ship(&inbox.handle());
-    for epoch in [4, 6, 0, u64::MAX] {
+    must_send(&pair, &handle, tag(5, 1), b"held").await;
+    for epoch in [4, 0] {
         assert_eq!(
             send(&pair, &handle, tag(epoch, 9), b"stale").await,
             Err(TransportError::StaleEpoch {
@@ -104,9 +106,42 @@ pub async fn inbox_stale_epoch_refused_c7(pair: Pair) {
         }),
         "{b}: recv of a newer epoch"
     );
-    must_send(&pair, &handle, tag(5, 9), b"fresh").await;
-    assert_eq!(&must_recv(b, inbox.as_ref(), tag(5, 9)).await[..], b"fresh");
-    assert_eq!(inbox.epoch(), 5, "{b}: epoch unchanged");
+    assert_eq!(inbox.epoch(), 5, "{b}: refused sends left the epoch");
+    // A newer sender moves the inbox: the held epoch-5 message is dropped, a waiting epoch-5
+    // receive is aborted, and epoch 5 is refused from now on.
+    let waiting = inbox.recv(tag(5, 2), soon());
+    let moved = async {
+        tokio::task::yield_now().await;
+        must_send(&pair, &handle, tag(7, 9), b"newer").await;
+    };
+    let (waited, ()) = tokio::join!(waiting, moved);
+    assert_eq!(
+        waited,
+        Err(TransportError::Aborted {
+            region: handle.id,
+            epoch: 5,
+            current: 7
+        }),
+        "{b}: a receive of the older epoch is aborted by a newer send"
+    );
+    assert_eq!(inbox.epoch(), 7, "{b}: a newer send moved the inbox");
+    assert_eq!(
+        send(&pair, &handle, tag(5, 3), b"late").await,
+        Err(TransportError::StaleEpoch {
+            region: handle.id,
+            got: 5,
+            current: 7
+        }),
+        "{b}: the older epoch is refused once moved"
+    );
+    assert!(
+        matches!(
+            inbox.recv(tag(5, 1), soon()).await,
+            Err(TransportError::Aborted { .. })
+        ),
+        "{b}: the held older message is gone"
+    );
+    assert_eq!(&must_recv(b, inbox.as_ref(), tag(7, 9)).await[..], b"newer");
 }
 
 /// C7: a write id already delivered in the epoch is `DuplicateWrite`, before and after its message

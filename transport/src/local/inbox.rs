@@ -91,11 +91,21 @@ impl Inbox {
         self.state.lock().epoch
     }
 
-    /// Hold `data` under `tag`. Checks, in order: epoch, write id, capacity; any failure leaves the
-    /// inbox unchanged (a refused write id stays free).
+    /// Hold `data` under `tag`. A newer epoch first moves the inbox to it (dropping held messages
+    /// and waking older receives, as `advance`). Checks, in order: epoch (older is stale), write id,
+    /// capacity; any of these failures leaves the inbox unchanged (a refused write id stays free).
     pub(super) fn deliver(&self, tag: WriteTag, data: Bytes) -> Result<(), TransportError> {
-        {
+        let dropped = {
             let mut state = self.state.lock();
+            // A sender already in a newer attempt moves the inbox there first (as `advance`): the
+            // owner is still in a discarded one, or has not begun the new one yet.
+            let dropped = if tag.epoch > state.epoch {
+                state.epoch = tag.epoch;
+                state.delivered.clear();
+                std::mem::take(&mut state.held)
+            } else {
+                HashMap::new()
+            };
             if tag.epoch != state.epoch {
                 return Err(TransportError::StaleEpoch {
                     region: self.id,
@@ -119,7 +129,9 @@ impl Inbox {
             }
             state.delivered.insert(tag.write_id);
             state.held.insert(tag.write_id, data);
-        }
+            dropped
+        };
+        drop(dropped);
         self.changed.notify_waiters();
         Ok(())
     }
