@@ -1,25 +1,30 @@
 //! The runtime's one error type. Every variant names what was wrong (unit, trainer, lengths, ...).
+//!
+//! Errors are plain serializable data (kind + context: the variant and its fields, no trait
+//! objects), so they cross the control plane between processes unchanged; an error of the user's
+//! compute keeps its rendered message chain ([`Error::user`]).
 
 use odc_transport::{EndpointId, TransportError};
+use serde::{Deserialize, Serialize};
 
-use crate::balancer::BalanceError;
 use crate::layout::UnitId;
-use crate::optimizer::OptimizerError;
+use crate::policy::balancer::BalanceError;
+use crate::server::optimizer::OptimizerError;
 
 /// Errors of the odc runtime.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
 pub enum Error {
     #[error("unknown unit {unit}: the model has {units} units")]
-    UnknownUnit { unit: UnitId, units: usize },
+    UnknownUnit { unit: UnitId, units: u64 },
     #[error("gradient for unit {unit} ({name}) has {got} elements, the unit has {expected}")]
     GradLength {
         unit: UnitId,
         name: String,
-        expected: usize,
-        got: usize,
+        expected: u64,
+        got: u64,
     },
     #[error("unit {unit} was pushed twice in micro-batch {micro_batch}: sum the gradient locally and push once")]
-    DuplicatePush { unit: UnitId, micro_batch: usize },
+    DuplicatePush { unit: UnitId, micro_batch: u32 },
     #[error("unit {unit} is not gathered, so it cannot be released")]
     NotGathered { unit: UnitId },
     #[error("read of unit {unit} from server {owner} returned version {got} during step version {expected} (I1)")]
@@ -41,6 +46,12 @@ pub enum Error {
         owner: EndpointId,
         source: TransportError,
     },
+    #[error("collective of unit {unit} with trainer {peer} failed: {source}")]
+    Collective {
+        unit: UnitId,
+        peer: u32,
+        source: TransportError,
+    },
     #[error("transport: {0}")]
     Transport(#[from] TransportError),
     #[error("invalid model layout: {0}")]
@@ -48,7 +59,7 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("the job needs at least one {what}, got 0")]
-    Zero { what: &'static str },
+    Zero { what: String },
     #[error("empty minibatch at step {step}")]
     EmptyMinibatch { step: u64 },
     #[error("balancer: {0}")]
@@ -58,12 +69,12 @@ pub enum Error {
     #[error("micro-batch {micro_batch} of step {step} failed on trainer {trainer}: {source}")]
     MicroBatch {
         step: u64,
-        micro_batch: usize,
-        trainer: usize,
+        micro_batch: u32,
+        trainer: u32,
         source: Box<Error>,
     },
-    #[error("user compute: {0}")]
-    User(std::sync::Arc<dyn std::error::Error + Send + Sync>),
+    #[error("user compute: {message}")]
+    User { message: String },
     #[error("a collective was aborted: its minibatch attempt was discarded")]
     CollectiveAborted,
     #[error("no trainer left alive (step {step})")]
@@ -72,14 +83,41 @@ pub enum Error {
     TooManyReplays { step: u64, replays: u32 },
     #[error("a step is already running")]
     Busy,
+    #[error("{what} did not finish within {after_ms} ms{}", deadline_context(*step, *trainer, *micro_batch))]
+    Deadline {
+        what: String,
+        step: u64,
+        trainer: Option<u32>,
+        micro_batch: Option<u32>,
+        after_ms: u64,
+    },
     #[error("actor {actor}: {reason}")]
     Actor { actor: String, reason: String },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+fn deadline_context(step: u64, trainer: Option<u32>, micro_batch: Option<u32>) -> String {
+    match (micro_batch, trainer) {
+        (Some(mb), Some(t)) => format!(" (step {step}, micro-batch {mb} on trainer {t})"),
+        (None, Some(t)) => format!(" (step {step}, trainer {t})"),
+        (Some(mb), None) => format!(" (step {step}, micro-batch {mb})"),
+        (None, None) => format!(" (step {step})"),
+    }
 }
 
 impl Error {
-    /// Wrap an error of the user's compute.
+    /// Wrap an error of the user's compute, keeping its message and the messages of its sources.
     pub fn user(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        Error::User(std::sync::Arc::from(e.into()))
+        let e = e.into();
+        let mut message = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        Error::User { message }
     }
 }
 

@@ -1,19 +1,16 @@
-//! The trainer-side API a user implements: [`Compute`] runs one micro-batch against a
-//! [`TrainerContext`](crate::context::TrainerContext).
+//! What a trainer is asked to train on and what it returns: plain serializable data shared by the
+//! policy (which plans micro-batches), the control plane (which carries them) and the trainer API.
 //!
-//! Loss convention (so that any split of a minibatch gives the same gradient, I3): the compute
-//! returns the **sum** of its samples' losses and pushes the gradient of that sum; with
+//! Loss convention (so that any split of a minibatch gives the same gradient, I3): a compute returns
+//! the **sum** of its samples' losses and pushes the gradient of that sum; with
 //! [`LossWeighting::Tokens`] the loss of a sample is the sum of its per-token losses, with
 //! [`LossWeighting::Samples`] it is the sample's mean per-token loss. The shard servers divide the
 //! accumulated gradient by the minibatch's total weight (tokens or samples) before the optimizer step.
 
-use std::sync::Arc;
-
-use crate::context::TrainerContext;
-use crate::error::Result;
+use serde::{Deserialize, Serialize};
 
 /// One sample of a minibatch as the runtime sees it: the user's dataset index and its lengths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SampleMeta {
     /// Index into the user's dataset; the compute resolves it.
     pub index: u64,
@@ -35,7 +32,7 @@ impl SampleMeta {
 }
 
 /// What the gradient is averaged over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum LossWeighting {
     /// Token mean over the whole minibatch (verl's `token-mean`).
     #[default]
@@ -55,12 +52,12 @@ impl LossWeighting {
 }
 
 /// One unit of work handed to a trainer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MicroBatch {
     /// Step (= parameter version) this micro-batch belongs to.
     pub step: u64,
     /// Index of the micro-batch within its minibatch's plan.
-    pub id: usize,
+    pub id: u32,
     pub samples: Vec<SampleMeta>,
     /// Sum of the samples' tokens.
     pub tokens: u64,
@@ -70,38 +67,8 @@ pub struct MicroBatch {
 }
 
 /// What a micro-batch's compute returns.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct ComputeOutput {
     /// Sum of the samples' losses (see the module docs).
     pub loss_sum: f64,
 }
-
-/// User compute for one micro-batch: gather units, compute, push gradients.
-///
-/// The runtime waits for every gradient push to be acknowledged after `run` returns, and drops
-/// prefetched units, so an implementation may leave pushes in flight.
-#[async_trait::async_trait]
-pub trait Compute: Send + 'static {
-    async fn run(
-        &mut self,
-        ctx: &mut TrainerContext,
-        micro_batch: &MicroBatch,
-    ) -> Result<ComputeOutput>;
-}
-
-/// Makes one [`Compute`] per trainer (called again when a failed trainer is respawned).
-pub trait ComputeFactory: Send + Sync + 'static {
-    fn create(&self, trainer: usize) -> Box<dyn Compute>;
-}
-
-impl<F> ComputeFactory for F
-where
-    F: Fn(usize) -> Box<dyn Compute> + Send + Sync + 'static,
-{
-    fn create(&self, trainer: usize) -> Box<dyn Compute> {
-        self(trainer)
-    }
-}
-
-/// Shared handle to a compute factory.
-pub type SharedComputeFactory = Arc<dyn ComputeFactory>;

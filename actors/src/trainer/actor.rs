@@ -1,0 +1,106 @@
+//! The trainer actor (see the [module docs](super)).
+
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use super::compute::Compute;
+use super::context::TrainerContext;
+use super::{MicroBatchDone, TrainerMsg, TrainerReport, TrainerSpec};
+use crate::datapath::{Collective, DataPath, OnDemand};
+use crate::error::Error;
+use crate::node::Node;
+use crate::policy::clock::Timestamp;
+use crate::policy::dispatch::Communication;
+use crate::supervisor::SupervisorMsg;
+
+/// How to start a trainer: its serializable spec, its process's resources and its supervisor.
+pub struct TrainerArgs {
+    pub spec: TrainerSpec,
+    pub node: Arc<Node>,
+    pub supervisor: ActorRef<SupervisorMsg>,
+}
+
+/// State of a trainer.
+pub struct TrainerState {
+    rank: u32,
+    compute: Box<dyn Compute>,
+    context: TrainerContext,
+    supervisor: ActorRef<SupervisorMsg>,
+}
+
+/// The trainer actor.
+pub struct Trainer;
+
+impl Actor for Trainer {
+    type Msg = TrainerMsg;
+    type State = TrainerState;
+    type Arguments = TrainerArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: TrainerArgs,
+    ) -> std::result::Result<TrainerState, ActorProcessingErr> {
+        let TrainerArgs {
+            spec,
+            node,
+            supervisor,
+        } = args;
+        let directory = Arc::new(spec.directory);
+        let chunk_elems = usize::try_from(spec.context.chunk_elems).unwrap_or(usize::MAX);
+        let path: Arc<dyn DataPath> = match spec.communication {
+            Communication::OnDemand => Arc::new(OnDemand::new(
+                node.transport.clone(),
+                directory,
+                chunk_elems,
+            )),
+            Communication::Collective => {
+                let group = node.collective.clone().ok_or_else(|| {
+                    Error::Config("collective mode without a collective group".into())
+                })?;
+                Arc::new(Collective::new(
+                    spec.rank,
+                    node.transport.clone(),
+                    group,
+                    directory,
+                    chunk_elems,
+                )?)
+            }
+        };
+        Ok(TrainerState {
+            rank: spec.rank,
+            compute: node.compute.create(spec.rank),
+            context: TrainerContext::new(spec.rank, node.layout.clone(), path, spec.context),
+            supervisor,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: TrainerMsg,
+        state: &mut TrainerState,
+    ) -> std::result::Result<(), ActorProcessingErr> {
+        let TrainerMsg::Run(assignment) = msg;
+        let started = Timestamp::now();
+        let mb = &assignment.micro_batch;
+        state.context.begin(mb, assignment.epoch);
+        let output = state.compute.run(&mut state.context, mb).await;
+        let finished_io = state.context.finish().await;
+        let result = match (output, finished_io) {
+            (Ok(output), Ok(stats)) => Ok(MicroBatchDone { output, stats }),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+        let report = TrainerReport {
+            trainer: state.rank,
+            epoch: assignment.epoch,
+            micro_batch: mb.id,
+            started,
+            finished: Timestamp::now(),
+            result,
+        };
+        state.supervisor.cast(SupervisorMsg::Done(report))?;
+        Ok(())
+    }
+}
