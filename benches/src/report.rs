@@ -106,7 +106,7 @@ impl BenchReport {
     /// Parses a report written by [`BenchReport::to_json`].
     ///
     /// ```
-    /// use odc::report::BenchReport;
+    /// use odc_bench::report::BenchReport;
     /// let r = BenchReport::from_json(r#"{"rows":[]}"#).unwrap();
     /// assert!(r.rows.is_empty());
     /// assert!(BenchReport::from_json(r#"{"rows":[{"workload":1}]}"#).is_err());
@@ -134,7 +134,7 @@ impl BenchReport {
 /// accounting error stays visible.
 ///
 /// ```
-/// use odc::report::utilization;
+/// use odc_bench::report::utilization;
 /// assert_eq!(utilization(6.0, 4, 2.0), 0.75);
 /// assert_eq!(utilization(6.0, 0, 2.0), 0.0);
 /// ```
@@ -166,7 +166,7 @@ pub fn utilization(busy_device_seconds: f64, devices: usize, wall_seconds: f64) 
 /// quotient overflows.
 ///
 /// ```
-/// use odc::report::bound_tokens_per_s;
+/// use odc_bench::report::bound_tokens_per_s;
 /// // 8 devices share 40 s of work: 5 s of wall time at best for 100,000 tokens.
 /// assert_eq!(bound_tokens_per_s(100_000, 40.0, 8), 20_000.0);
 /// assert_eq!(bound_tokens_per_s(100_000, 0.0, 8), 0.0);
@@ -192,7 +192,7 @@ pub fn bound_tokens_per_s(total_tokens: u64, total_cost_seconds: f64, devices: u
 /// three decimals. Values that are not finite (and a ratio to a zero bound) show as `n/a`.
 ///
 /// ```
-/// use odc::report::{format_table, BenchRow};
+/// use odc_bench::report::{format_table, BenchRow};
 /// let row = BenchRow {
 ///     workload: "longalign".into(), devices: 8, minibatch_per_device: 4, dispatch: "dynamic".into(),
 ///     collective_tokens_per_s: 100_000.0, ondemand_tokens_per_s: 152_000.0, speedup: 1.52,

@@ -1,4 +1,4 @@
-//! `odc bench ab --quick --devices 4` runs as a smoke test: its JSON parses with sensible values,
+//! `odc-bench ab --quick --devices 4` runs as a smoke test: its JSON parses with sensible values,
 //! and it writes the plot and the trace. Bad workload files are refused naming the line.
 
 use std::path::PathBuf;
@@ -9,17 +9,16 @@ fn temp(name: &str) -> PathBuf {
 }
 
 fn odc(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_odc"))
+    Command::new(env!("CARGO_BIN_EXE_odc-bench"))
         .args(args)
         .output()
-        .expect("run odc")
+        .expect("run odc-bench")
 }
 
 #[test]
 fn quick_ab_bench_writes_sensible_json_plot_and_trace() {
     let (json, plot, trace) = (temp("ab.json"), temp("ab.svg"), temp("trace.json"));
     let out = odc(&[
-        "bench",
         "ab",
         "--quick",
         "--devices",
@@ -105,14 +104,7 @@ fn quick_ab_bench_writes_sensible_json_plot_and_trace() {
 fn bad_lengths_file_is_refused_naming_the_line() {
     let path = temp("lengths.txt");
     std::fs::write(&path, "1200\n800\n-5\n").unwrap();
-    let out = odc(&[
-        "bench",
-        "ab",
-        "--lengths",
-        path.to_str().unwrap(),
-        "--devices",
-        "2",
-    ]);
+    let out = odc(&["ab", "--lengths", path.to_str().unwrap(), "--devices", "2"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("line 3"), "{stderr}");

@@ -1,21 +1,21 @@
-//! `odc` command line: `odc bench ab` — the on-demand vs collective benchmark.
+//! `odc-bench` command line: `odc-bench ab` — the on-demand vs collective benchmark.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use odc::bench::{self, Case, Settings, Side};
-use odc::report::{self, BenchReport, BenchRow};
 use odc::sim::SpeedSchedule;
-use odc::workload::Workload;
 use odc::DispatchMode;
+use odc_bench::ab::{self as bench, Case, Settings, Side};
+use odc_bench::report::{self, BenchReport, BenchRow};
+use odc_bench::workload::Workload;
 
 #[derive(Parser)]
 #[command(
-    name = "odc",
+    name = "odc-bench",
     version,
-    about = "odc: on-demand communication runtime for LLM post-training"
+    about = "odc-bench: the evidence for odc (on-demand vs collective communication)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,13 +24,6 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Benchmarks.
-    #[command(subcommand)]
-    Bench(BenchCommand),
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
     /// Collective (FSDP-style) vs on-demand on the same simulated devices, workload and seed,
     /// interleaved (A B A B ...).
     Ab(AbArgs),
@@ -202,7 +195,7 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         .collect();
     let d = &settings.device;
     println!(
-        "odc bench ab: simulated {}-unit model, {} elements ({} KiB fp32) per unit; time scale: 1 cost unit = {} ms (a 32K-token sample of the 7B cost model = {:.0} ms); {} steps per run, {} rep(s), seed {}",
+        "odc-bench ab: simulated {}-unit model, {} elements ({} KiB fp32) per unit; time scale: 1 cost unit = {} ms (a 32K-token sample of the 7B cost model = {:.0} ms); {} steps per run, {} rep(s), seed {}",
         d.units,
         d.unit_elems,
         d.unit_elems * 4 / 1024,
@@ -332,6 +325,6 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     match cli.command {
-        Command::Bench(BenchCommand::Ab(args)) => runtime.block_on(ab(args)),
+        Command::Ab(args) => runtime.block_on(ab(args)),
     }
 }

@@ -151,7 +151,7 @@ impl Workload {
     /// whitespace ignored; `balanced` has 16384 tokens per sample). `None` for anything else.
     ///
     /// ```
-    /// use odc::workload::Workload;
+    /// use odc_bench::workload::Workload;
     /// assert_eq!(Workload::from_name("RL"), Some(Workload::Rl));
     /// assert_eq!(Workload::from_name("balanced"), Some(Workload::Balanced { tokens: 16384 }));
     /// assert_eq!(Workload::from_name("gsm8k"), None);
@@ -194,7 +194,7 @@ impl Workload {
     /// the same lengths. A [`Workload::Lengths`] with an empty list yields an empty vector.
     ///
     /// ```
-    /// use odc::workload::Workload;
+    /// use odc_bench::workload::Workload;
     /// let a = Workload::LongAlign.sample(100, 7);
     /// assert_eq!(a, Workload::LongAlign.sample(100, 7));
     /// assert!(a.iter().all(|&s| (8192..=65536).contains(&s)));
@@ -263,7 +263,7 @@ fn to_tokens(x: f64, min: u64, max: u64) -> u64 {
 /// with the 1-based line number. Input without any length gives [`WorkloadError::Empty`].
 ///
 /// ```
-/// use odc::workload::parse_lengths;
+/// use odc_bench::workload::parse_lengths;
 /// assert_eq!(parse_lengths("# lengths\n 100\n\n2048\n").unwrap(), vec![100, 2048]);
 /// assert_eq!(parse_lengths("1\n2\nabc\n").unwrap_err().line(), Some(3));
 /// ```

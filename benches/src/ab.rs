@@ -1,4 +1,4 @@
-//! The on-demand vs collective A/B benchmark (`odc bench ab`): the same simulated devices,
+//! The on-demand vs collective A/B benchmark (`odc-bench ab`): the same simulated devices,
 //! workload and seed in both modes, runs interleaved (A B A B …), figures measured in one run.
 //!
 //! For each run: tokens/s = tokens / wall; utilization = busy device-seconds (modelled compute spans
@@ -16,11 +16,12 @@ use odc_transport::local::LocalTransport;
 use odc_transport::throttle::Throttled;
 use odc_transport::Transport;
 
+use odc::sim::{SimDevice, SpeedSchedule};
+use odc::trace::TraceSpan;
+use odc::{Communication, DispatchMode, Job, OptimizerConfig, Precision, Result, SampleMeta};
+
 use crate::report::{self, BenchRow};
-use crate::sim::{SimDevice, SpeedSchedule};
-use crate::trace::TraceSpan;
 use crate::workload::Workload;
-use crate::{Communication, DispatchMode, Job, Precision, Result, SampleMeta};
 
 /// How one side of the comparison runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,7 +228,7 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
         .prefetch(settings.prefetch)
         .chunk_elems(settings.chunk_elems)
         .transport(settings.transport())
-        .optimizer(crate::OptimizerConfig::sgd(0.0))
+        .optimizer(OptimizerConfig::sgd(0.0))
         .compute(device.factory())
         .build()?;
     let origin = Instant::now();
