@@ -33,14 +33,11 @@
 //! # Ok(()) }
 //! ```
 
-pub mod bench;
 pub mod data;
 mod job;
 pub mod metrics;
-pub mod report;
 pub mod sim;
 pub mod trace;
-pub mod workload;
 
 pub use async_trait::async_trait;
 pub use data::DataSource;

@@ -13,10 +13,9 @@
 //! - `displayTimeUnit` is `"ms"`.
 
 use std::collections::BTreeSet;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-use serde_json::{json, Value};
 
 /// Process id used for every event.
 const PID: u64 = 1;
@@ -25,7 +24,7 @@ const PID: u64 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// The trace file could not be written.
-    #[error("cannot write trace {}: {source}", path.display())]
+    #[error("cannot write trace {}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
@@ -48,13 +47,38 @@ pub struct TraceSpan {
     pub duration: Duration,
 }
 
-/// `d` in microseconds, keeping fractions.
-fn micros(d: Duration) -> f64 {
-    d.as_nanos() as f64 / 1_000.0
+/// `d` in microseconds, keeping fractions, as a JSON number (always with a fraction or exponent,
+/// so readers see a float; a `Duration` is never `NaN` or infinite).
+fn micros(d: Duration) -> String {
+    format!("{:?}", d.as_nanos() as f64 / 1_000.0)
 }
 
-/// The trace of `spans` as a Trace Event Format object:
-/// `{"traceEvents":[...], "displayTimeUnit":"ms"}`.
+/// `s` as a JSON string literal: quotes, backslashes and control characters escaped (RFC 8259 §7).
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            c if u32::from(c) < 0x20 => {
+                // Writing into a String cannot fail.
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The trace of `spans` as Trace Event Format JSON text:
+/// `{"traceEvents":[...],"displayTimeUnit":"ms"}`, one event per line.
 ///
 /// ```
 /// use std::time::Duration;
@@ -65,50 +89,37 @@ fn micros(d: Duration) -> f64 {
 ///     start: Duration::from_millis(2),
 ///     duration: Duration::from_micros(1500),
 /// }];
-/// let trace = chrome_trace(&spans, "odc bench");
-/// let x = trace["traceEvents"].as_array().unwrap().iter().find(|e| e["ph"] == "X").unwrap();
-/// assert_eq!(x["ts"], 2000.0);
-/// assert_eq!(x["dur"], 1500.0);
-/// assert_eq!(x["tid"], 0);
+/// let json = chrome_trace(&spans, "odc bench");
+/// assert!(json.contains(r#"{"name":"compute","cat":"compute","ph":"X","ts":2000.0,"dur":1500.0,"pid":1,"tid":0}"#));
 /// ```
-pub fn chrome_trace(spans: &[TraceSpan], process_name: &str) -> Value {
+pub fn chrome_trace(spans: &[TraceSpan], process_name: &str) -> String {
     let trainers: BTreeSet<usize> = spans.iter().map(|s| s.trainer).collect();
     let mut events = Vec::with_capacity(1 + 2 * trainers.len() + spans.len());
-    events.push(json!({
-        "name": "process_name",
-        "ph": "M",
-        "pid": PID,
-        "tid": 0,
-        "args": { "name": process_name },
-    }));
+    events.push(format!(
+        r#"{{"name":"process_name","ph":"M","pid":{PID},"tid":0,"args":{{"name":{}}}}}"#,
+        json_string(process_name)
+    ));
     for &t in &trainers {
-        events.push(json!({
-            "name": "thread_name",
-            "ph": "M",
-            "pid": PID,
-            "tid": t,
-            "args": { "name": format!("trainer {t}") },
-        }));
-        events.push(json!({
-            "name": "thread_sort_index",
-            "ph": "M",
-            "pid": PID,
-            "tid": t,
-            "args": { "sort_index": t },
-        }));
+        events.push(format!(
+            r#"{{"name":"thread_name","ph":"M","pid":{PID},"tid":{t},"args":{{"name":"trainer {t}"}}}}"#
+        ));
+        events.push(format!(
+            r#"{{"name":"thread_sort_index","ph":"M","pid":{PID},"tid":{t},"args":{{"sort_index":{t}}}}}"#
+        ));
     }
     events.extend(spans.iter().map(|s| {
-        json!({
-            "name": s.name,
-            "cat": s.name,
-            "ph": "X",
-            "ts": micros(s.start),
-            "dur": micros(s.duration),
-            "pid": PID,
-            "tid": s.trainer,
-        })
+        let name = json_string(&s.name);
+        format!(
+            r#"{{"name":{name},"cat":{name},"ph":"X","ts":{},"dur":{},"pid":{PID},"tid":{}}}"#,
+            micros(s.start),
+            micros(s.duration),
+            s.trainer
+        )
     }));
-    json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+    format!(
+        "{{\"traceEvents\":[\n{}\n],\"displayTimeUnit\":\"ms\"}}\n",
+        events.join(",\n")
+    )
 }
 
 /// Writes [`chrome_trace`] of `spans` to `path`.
@@ -117,8 +128,7 @@ pub fn write_chrome_trace(
     spans: &[TraceSpan],
     process_name: &str,
 ) -> Result<(), TraceError> {
-    let text = chrome_trace(spans, process_name).to_string();
-    std::fs::write(path, text).map_err(|source| TraceError::Io {
+    std::fs::write(path, chrome_trace(spans, process_name)).map_err(|source| TraceError::Io {
         path: path.to_path_buf(),
         source,
     })
@@ -127,6 +137,7 @@ pub fn write_chrome_trace(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn span(trainer: usize, name: &str, start_us: u64, dur_us: u64) -> TraceSpan {
         TraceSpan {
@@ -147,13 +158,19 @@ mod tests {
         ]
     }
 
+    /// The trace parsed back by a real JSON parser.
+    fn parsed(spans: &[TraceSpan], process_name: &str) -> Value {
+        let text = chrome_trace(spans, process_name);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+
     fn events(trace: &Value) -> &Vec<Value> {
         trace["traceEvents"].as_array().unwrap()
     }
 
     #[test]
     fn one_complete_event_per_span_plus_metadata() {
-        let trace = chrome_trace(&spans(), "odc");
+        let trace = parsed(&spans(), "odc");
         let ev = events(&trace);
         let complete = ev.iter().filter(|e| e["ph"] == "X").count();
         let meta = ev.iter().filter(|e| e["ph"] == "M").count();
@@ -162,6 +179,7 @@ mod tests {
         assert_eq!(meta, 1 + 2 * 2);
         assert_eq!(ev.len(), complete + meta);
         assert_eq!(trace["displayTimeUnit"], "ms");
+        assert_eq!(trace.as_object().unwrap().len(), 2);
     }
 
     #[test]
@@ -172,18 +190,30 @@ mod tests {
             start: Duration::from_millis(3),
             duration: Duration::from_nanos(1_500),
         }];
-        let trace = chrome_trace(&s, "odc");
+        let trace = parsed(&s, "odc");
         let x = events(&trace).iter().find(|e| e["ph"] == "X").unwrap();
+        assert!(x["ts"].is_f64() && x["dur"].is_f64(), "{x}");
         assert_eq!(x["ts"].as_f64(), Some(3_000.0));
         assert_eq!(x["dur"].as_f64(), Some(1.5));
         assert_eq!(x["name"], "compute");
         assert_eq!(x["cat"], "compute");
         assert_eq!(x["pid"], 1);
+        // Extreme durations stay valid numbers.
+        let far = [TraceSpan {
+            trainer: 0,
+            name: "compute".into(),
+            start: Duration::MAX,
+            duration: Duration::from_nanos(1),
+        }];
+        let trace = parsed(&far, "odc");
+        let x = events(&trace).iter().find(|e| e["ph"] == "X").unwrap();
+        assert!(x["ts"].as_f64().unwrap() > 1e21);
+        assert_eq!(x["dur"].as_f64(), Some(0.001));
     }
 
     #[test]
     fn metadata_names_process_and_trainers_in_order() {
-        let trace = chrome_trace(&spans(), "odc bench ab");
+        let trace = parsed(&spans(), "odc bench ab");
         let ev = events(&trace);
         let process = ev.iter().find(|e| e["name"] == "process_name").unwrap();
         assert_eq!(process["args"]["name"], "odc bench ab");
@@ -218,8 +248,9 @@ mod tests {
     #[test]
     fn tids_match_trainers_in_span_order() {
         let s = spans();
-        let trace = chrome_trace(&s, "odc");
+        let trace = parsed(&s, "odc");
         let xs: Vec<&Value> = events(&trace).iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(xs.len(), s.len());
         for (x, span) in xs.iter().zip(&s) {
             assert_eq!(x["tid"].as_u64(), Some(span.trainer as u64));
             assert_eq!(x["name"], span.name.as_str());
@@ -228,8 +259,21 @@ mod tests {
     }
 
     #[test]
+    fn names_are_escaped() {
+        let awkward =
+            "a \"quoted\" \\ path\nwith\ttabs\r\u{08}\u{0c}\u{01}\u{1f} and ünïcödé ✓ \u{2028}";
+        let trace = parsed(&[span(0, awkward, 0, 1)], awkward);
+        let ev = events(&trace);
+        assert_eq!(ev[0]["args"]["name"], awkward);
+        let x = ev.iter().find(|e| e["ph"] == "X").unwrap();
+        assert_eq!(x["name"], awkward);
+        assert_eq!(x["cat"], awkward);
+        assert_eq!(json_string("\u{00}"), "\"\\u0000\"");
+    }
+
+    #[test]
     fn empty_trace_has_only_process_metadata() {
-        let trace = chrome_trace(&[], "odc");
+        let trace = parsed(&[], "odc");
         assert_eq!(events(&trace).len(), 1);
     }
 
@@ -239,7 +283,7 @@ mod tests {
         write_chrome_trace(&path, &spans(), "odc").unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let back: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(back, chrome_trace(&spans(), "odc"));
+        assert_eq!(back, parsed(&spans(), "odc"));
         std::fs::remove_file(&path).unwrap();
 
         let bad = path.join("nested").join("trace.json");

@@ -1,12 +1,14 @@
 //! Results of the on-demand vs collective benchmark: rows, their JSON form, a text table and an SVG
-//! plot, plus the two derived quantities the benchmark reports.
+//! plot, plus the derived quantities the benchmark reports (utilization, the perfect-balance bound,
+//! rates and ratios that never come out infinite).
 //!
 //! # Guarantees
 //!
 //! - **Schema.** [`BenchReport`] serialises as `{"rows":[{...}]}` with exactly the field names of
 //!   [`BenchRow`]; [`BenchReport::from_json`] reads back what [`BenchReport::to_json`] wrote.
-//! - **No infinities from the helpers.** [`utilization`] and [`bound_tokens_per_s`] return `0.0`
-//!   instead of `inf` or `NaN` when there are no devices, no time, or non-finite inputs.
+//! - **No infinities from the helpers.** [`utilization`], [`bound_tokens_per_s`] and [`rate`]
+//!   return `0.0` instead of `inf` or `NaN` when there are no devices, no time, or non-finite
+//!   inputs.
 //! - **Rendering never panics.** [`format_table`] and [`write_svg`] accept any rows, including none,
 //!   one, and rows holding `NaN` or infinite values (shown as `n/a` in the table, left out of the
 //!   plot). Failures to write are errors naming the path.
@@ -24,15 +26,15 @@ const UTILIZATION_TOLERANCE: f64 = 1e-9;
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// Reading or writing a file failed.
-    #[error("cannot write {}: {source}", path.display())]
+    #[error("cannot write {}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
         /// The underlying error.
         source: std::io::Error,
     },
-    /// JSON that is not a benchmark report (the message names line and column).
-    #[error("not a benchmark report: {0}")]
+    /// JSON that is not a benchmark report (the source names line and column).
+    #[error("not a benchmark report")]
     Json(#[from] serde_json::Error),
     /// The plotting library failed to draw.
     #[error("cannot plot {}: {message}", path.display())]
@@ -66,8 +68,20 @@ pub struct BenchRow {
     pub collective_utilization: f64,
     /// [`utilization`] of the on-demand run.
     pub ondemand_utilization: f64,
-    /// The perfect-balance bound, [`bound_tokens_per_s`].
+    /// The perfect-balance bound, [`bound_tokens_per_s`]: as if samples could be split.
     pub bound_tokens_per_s: f64,
+    /// The achievable bound: tokens over the sum, per step, of the larger of (total modelled
+    /// compute / joint device capacity) and (the costliest sample's modelled time on the fastest
+    /// device). At most `bound_tokens_per_s`.
+    pub achievable_bound_tokens_per_s: f64,
+    /// `ondemand_tokens_per_s / achievable_bound_tokens_per_s` (0 when the bound is not positive).
+    pub ondemand_over_achievable: f64,
+    /// Speedup of the balanced control at the same devices, minibatch per device and dispatch
+    /// (a balanced row's own); 1.00 when the comparison is fair. `null` without a control.
+    pub control_speedup: Option<f64>,
+    /// Set when the row's shortest modelled compute span is too short next to the measured
+    /// emulation floor (see [`crate::floor`]); names a faithful `--time-scale-ms`. `null` otherwise.
+    pub emulation_warning: Option<String>,
 }
 
 impl BenchRow {
@@ -84,6 +98,13 @@ impl BenchRow {
     pub fn ondemand_of_bound(&self) -> Option<f64> {
         let ratio = self.ondemand_tokens_per_s / self.bound_tokens_per_s;
         (self.bound_tokens_per_s > 0.0 && ratio.is_finite()).then_some(ratio)
+    }
+
+    /// On-demand throughput as a fraction of the achievable bound; `None` when that bound is not
+    /// positive or either value is not finite.
+    pub fn ondemand_of_achievable(&self) -> Option<f64> {
+        let ratio = self.ondemand_tokens_per_s / self.achievable_bound_tokens_per_s;
+        (self.achievable_bound_tokens_per_s > 0.0 && ratio.is_finite()).then_some(ratio)
     }
 }
 
@@ -106,7 +127,7 @@ impl BenchReport {
     /// Parses a report written by [`BenchReport::to_json`].
     ///
     /// ```
-    /// use odc::report::BenchReport;
+    /// use odc_bench::report::BenchReport;
     /// let r = BenchReport::from_json(r#"{"rows":[]}"#).unwrap();
     /// assert!(r.rows.is_empty());
     /// assert!(BenchReport::from_json(r#"{"rows":[{"workload":1}]}"#).is_err());
@@ -126,6 +147,42 @@ impl BenchReport {
     }
 }
 
+/// `tokens / seconds`, or `0.0` when `seconds` is not a positive finite number or the quotient is
+/// not finite.
+///
+/// ```
+/// use odc_bench::report::rate;
+/// assert_eq!(rate(1_000, 2.0), 500.0);
+/// assert_eq!(rate(1_000, 0.0), 0.0);
+/// ```
+pub fn rate(tokens: u64, seconds: f64) -> f64 {
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return 0.0;
+    }
+    let r = tokens as f64 / seconds;
+    if r.is_finite() {
+        r
+    } else {
+        0.0
+    }
+}
+
+/// `a / b`, or `0.0` when `b` is not positive or the quotient is not finite.
+///
+/// ```
+/// use odc_bench::report::ratio;
+/// assert_eq!(ratio(3.0, 4.0), 0.75);
+/// assert_eq!(ratio(3.0, 0.0), 0.0);
+/// ```
+pub fn ratio(a: f64, b: f64) -> f64 {
+    let r = a / b;
+    if b > 0.0 && r.is_finite() {
+        r
+    } else {
+        0.0
+    }
+}
+
 /// Fraction of device time spent busy: `busy_device_seconds / (devices × wall_seconds)`.
 ///
 /// Returns `0.0` when `devices` is 0, `wall_seconds` is not positive, or an input is not finite.
@@ -134,7 +191,7 @@ impl BenchReport {
 /// accounting error stays visible.
 ///
 /// ```
-/// use odc::report::utilization;
+/// use odc_bench::report::utilization;
 /// assert_eq!(utilization(6.0, 4, 2.0), 0.75);
 /// assert_eq!(utilization(6.0, 0, 2.0), 0.0);
 /// ```
@@ -166,7 +223,7 @@ pub fn utilization(busy_device_seconds: f64, devices: usize, wall_seconds: f64) 
 /// quotient overflows.
 ///
 /// ```
-/// use odc::report::bound_tokens_per_s;
+/// use odc_bench::report::bound_tokens_per_s;
 /// // 8 devices share 40 s of work: 5 s of wall time at best for 100,000 tokens.
 /// assert_eq!(bound_tokens_per_s(100_000, 40.0, 8), 20_000.0);
 /// assert_eq!(bound_tokens_per_s(100_000, 0.0, 8), 0.0);
@@ -188,82 +245,121 @@ pub fn bound_tokens_per_s(total_tokens: u64, total_cost_seconds: f64, devices: u
 }
 
 /// A fixed-width text table of `rows`: text columns left-aligned, numbers right-aligned, throughput
-/// with thousands separators, speedup as `1.52x`, utilizations and the on-demand/bound ratio with
-/// three decimals. Values that are not finite (and a ratio to a zero bound) show as `n/a`.
+/// with thousands separators, speedup and the balanced control's speedup as `1.52x`, utilizations
+/// and the on-demand/bound and on-demand/achievable ratios with three decimals. Values that are not
+/// finite, a ratio to a zero bound and a missing control show as `n/a`.
 ///
 /// ```
-/// use odc::report::{format_table, BenchRow};
+/// use odc_bench::report::{format_table, BenchRow};
 /// let row = BenchRow {
 ///     workload: "longalign".into(), devices: 8, minibatch_per_device: 4, dispatch: "dynamic".into(),
 ///     collective_tokens_per_s: 100_000.0, ondemand_tokens_per_s: 152_000.0, speedup: 1.52,
 ///     collective_utilization: 0.61, ondemand_utilization: 0.97, bound_tokens_per_s: 160_000.0,
+///     achievable_bound_tokens_per_s: 155_000.0, ondemand_over_achievable: 152.0 / 155.0,
+///     control_speedup: Some(1.01), emulation_warning: None,
 /// };
 /// let table = format_table(&[row]);
 /// assert!(table.contains("longalign") && table.contains("1.52x") && table.contains("152,000"));
+/// assert!(table.contains("1.01x") && table.contains("0.981"));
 /// ```
 pub fn format_table(rows: &[BenchRow]) -> String {
-    const HEADERS: [&str; 10] = [
-        "workload",
-        "devices",
-        "mb/dev",
-        "dispatch",
-        "collective tok/s",
-        "on-demand tok/s",
-        "speedup",
-        "util coll",
-        "util od",
-        "od/bound",
-    ];
-    // Columns 0 and 3 hold text; the rest are numbers.
-    let right_aligned = |col: usize| col != 0 && col != 3;
-    let cells: Vec<[String; 10]> = rows
-        .iter()
-        .map(|r| {
-            [
-                r.workload.clone(),
-                r.devices.to_string(),
-                r.minibatch_per_device.to_string(),
-                r.dispatch.clone(),
-                thousands(r.collective_tokens_per_s),
-                thousands(r.ondemand_tokens_per_s),
-                finite(r.speedup, |v| format!("{v:.2}x")),
-                finite(r.collective_utilization, |v| format!("{v:.3}")),
-                finite(r.ondemand_utilization, |v| format!("{v:.3}")),
-                r.ondemand_of_bound()
-                    .map_or_else(|| "n/a".to_string(), |v| format!("{v:.3}")),
-            ]
-        })
-        .collect();
-    let mut widths = HEADERS.map(|h| h.chars().count());
-    for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cols: &[String]| -> String {
-        let mut out = String::new();
-        for (i, (cell, w)) in cols.iter().zip(widths).enumerate() {
-            if i > 0 {
-                out.push_str("  ");
-            }
-            if right_aligned(i) {
-                out.push_str(&format!("{cell:>w$}"));
-            } else {
-                out.push_str(&format!("{cell:<w$}"));
-            }
-        }
-        out.trim_end().to_string()
-    };
-    let mut out = line(&HEADERS.map(String::from));
-    out.push('\n');
-    let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
-    out.push_str(&"-".repeat(total));
-    out.push('\n');
-    for row in &cells {
-        out.push_str(&line(row));
+    let layout = TableLayout::fit(
+        rows.iter()
+            .map(|r| (r.workload.as_str(), r.dispatch.as_str())),
+    );
+    let mut out = layout.header();
+    for row in rows {
+        out.push_str(&layout.line(row));
         out.push('\n');
     }
     out
+}
+
+/// Column titles of the table.
+const HEADERS: [&str; 12] = [
+    "workload",
+    "devices",
+    "mb/dev",
+    "dispatch",
+    "collective tok/s",
+    "on-demand tok/s",
+    "speedup",
+    "control",
+    "util coll",
+    "util od",
+    "od/bound",
+    "od/achievable",
+];
+
+/// Column widths of the table, fixed before the rows exist so rows printed one at a time line up
+/// (a wider number pushes its own line only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableLayout {
+    widths: [usize; 12],
+}
+
+impl TableLayout {
+    /// Widths that fit the headers, the given (workload, dispatch) names and numbers up to the
+    /// headers' widths.
+    pub fn fit<'a>(names: impl IntoIterator<Item = (&'a str, &'a str)>) -> TableLayout {
+        let mut widths = HEADERS.map(|h| h.chars().count());
+        // Room for up to 99,999 devices and samples per device.
+        widths[1] = widths[1].max(6);
+        widths[2] = widths[2].max(6);
+        for (workload, dispatch) in names {
+            widths[0] = widths[0].max(workload.chars().count());
+            widths[3] = widths[3].max(dispatch.chars().count());
+        }
+        TableLayout { widths }
+    }
+
+    /// The header line and the rule under it, each ending in a newline.
+    pub fn header(&self) -> String {
+        let mut out = self.join(&HEADERS.map(String::from));
+        out.push('\n');
+        let total: usize = self.widths.iter().sum::<usize>() + 2 * (self.widths.len() - 1);
+        out.push_str(&"-".repeat(total));
+        out.push('\n');
+        out
+    }
+
+    /// One row's line, without a newline.
+    pub fn line(&self, r: &BenchRow) -> String {
+        self.join(&[
+            r.workload.clone(),
+            r.devices.to_string(),
+            r.minibatch_per_device.to_string(),
+            r.dispatch.clone(),
+            thousands(r.collective_tokens_per_s),
+            thousands(r.ondemand_tokens_per_s),
+            finite(r.speedup, |v| format!("{v:.2}x")),
+            finite(r.control_speedup.unwrap_or(f64::NAN), |v| {
+                format!("{v:.2}x")
+            }),
+            finite(r.collective_utilization, |v| format!("{v:.3}")),
+            finite(r.ondemand_utilization, |v| format!("{v:.3}")),
+            r.ondemand_of_bound()
+                .map_or_else(|| "n/a".to_string(), |v| format!("{v:.3}")),
+            r.ondemand_of_achievable()
+                .map_or_else(|| "n/a".to_string(), |v| format!("{v:.3}")),
+        ])
+    }
+
+    /// Cells padded to the widths: text columns (0 and 3) left-aligned, numbers right-aligned.
+    fn join(&self, cells: &[String; 12]) -> String {
+        let mut out = String::new();
+        for (i, (cell, &w)) in cells.iter().zip(&self.widths).enumerate() {
+            if i > 0 {
+                out.push_str("  ");
+            }
+            if i == 0 || i == 3 {
+                out.push_str(&format!("{cell:<w$}"));
+            } else {
+                out.push_str(&format!("{cell:>w$}"));
+            }
+        }
+        out.trim_end().to_string()
+    }
 }
 
 /// `f(v)` for finite `v`, `n/a` otherwise.
@@ -308,10 +404,13 @@ const COLLECTIVE: RGBColor = RGBColor(0x9e, 0x9e, 0x9e);
 const ONDEMAND: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
 /// Colour of the parity line and the bound markers.
 const REFERENCE: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+/// Colour of the balanced control and the achievable-bound markers.
+const CONTROL: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
 
 /// Writes an SVG with two stacked panels: (a) the speedup of on-demand over collective per row, with
-/// a line at 1.0 (parity); (b) the utilization of both modes per row, with on-demand throughput as a
-/// fraction of the perfect-balance bound as markers. Rows are on the x axis, labelled
+/// a line at 1.0 (parity) and the balanced control's speedup as a marker; (b) the utilization of
+/// both modes per row, with on-demand throughput as a fraction of the perfect-balance and of the
+/// achievable bound as markers. Rows are on the x axis, labelled
 /// `workload/devices/minibatch-per-device/dispatch` (see [`BenchRow::label`]), rotated when there
 /// are many.
 ///
@@ -399,7 +498,8 @@ fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
     // (a) Speedup.
     let max_speedup = rows
         .iter()
-        .map(|r| r.speedup)
+        .flat_map(|r| [Some(r.speedup), r.control_speedup])
+        .flatten()
         .filter(|s| s.is_finite())
         .fold(1.0_f64, f64::max);
     let mut chart = ChartBuilder::on(&top)
@@ -458,6 +558,15 @@ fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
             )
             .map_err(err)?;
     }
+    chart
+        .draw_series(rows.iter().enumerate().filter_map(|(i, r)| {
+            r.control_speedup
+                .filter(|c| c.is_finite() && *c > 0.0)
+                .map(|c| Cross::new((at(i, 0), c), 6, CONTROL.stroke_width(2)))
+        }))
+        .map_err(err)?
+        .label("balanced control (1.00 = fair)")
+        .legend(|(x, y)| Cross::new((x + 7, y), 5, CONTROL.stroke_width(2)));
     chart
         .draw_series(LineSeries::new(
             [(-SLOT / 2, 1.0), (slots - SLOT / 2, 1.0)],
@@ -533,6 +642,19 @@ fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
         .label("on-demand / bound")
         .legend(|(x, y)| Cross::new((x + 7, y), 5, REFERENCE.stroke_width(2)));
     chart
+        .draw_series(rows.iter().enumerate().filter_map(|(i, r)| {
+            r.ondemand_of_achievable().map(|v| {
+                Circle::new(
+                    (at(i, 20), v.clamp(0.0, UTILIZATION_TOP)),
+                    5,
+                    CONTROL.stroke_width(2),
+                )
+            })
+        }))
+        .map_err(err)?
+        .label("on-demand / achievable")
+        .legend(|(x, y)| Circle::new((x + 7, y), 4, CONTROL.stroke_width(2)));
+    chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
@@ -559,6 +681,10 @@ mod tests {
             collective_utilization: 0.62,
             ondemand_utilization: 0.94,
             bound_tokens_per_s: 160_000.0,
+            achievable_bound_tokens_per_s: 155_000.0,
+            ondemand_over_achievable: 100_000.0 * speedup / 155_000.0,
+            control_speedup: Some(1.02),
+            emulation_warning: None,
         }
     }
 
@@ -606,11 +732,30 @@ mod tests {
             "collective_utilization",
             "ondemand_utilization",
             "bound_tokens_per_s",
+            "achievable_bound_tokens_per_s",
+            "ondemand_over_achievable",
+            "control_speedup",
+            "emulation_warning",
         ];
         expected.sort_unstable();
         assert_eq!(keys, expected);
         assert!(row["devices"].is_u64());
         assert!(row["speedup"].is_f64());
+        assert!(row["control_speedup"].is_f64());
+        assert!(row["emulation_warning"].is_null());
+        let mut none = rows();
+        none[0].control_speedup = None;
+        none[0].emulation_warning = Some("spans \"too\" short".into());
+        let v: serde_json::Value =
+            serde_json::from_str(&BenchReport { rows: none.clone() }.to_json()).unwrap();
+        assert!(v["rows"][0]["control_speedup"].is_null());
+        assert_eq!(v["rows"][0]["emulation_warning"], "spans \"too\" short");
+        assert_eq!(
+            BenchReport::from_json(&BenchReport { rows: none.clone() }.to_json())
+                .unwrap()
+                .rows,
+            none
+        );
     }
 
     #[test]
@@ -620,7 +765,9 @@ mod tests {
             Err(ReportError::Json(_))
         ));
         let err = BenchReport::from_json("not json").unwrap_err();
-        assert!(err.to_string().contains("line 1"), "{err}");
+        let text = crate::error_chain(&err);
+        assert!(text.contains("line 1"), "{text}");
+        assert_eq!(text.matches("line 1").count(), 1, "{text}");
     }
 
     #[test]
@@ -642,6 +789,8 @@ mod tests {
         }
         assert!(table.contains("152,300"), "{table}");
         assert!(table.contains("0.952"), "od/bound: {table}");
+        assert!(table.contains("0.983"), "od/achievable: {table}");
+        assert!(table.contains("1.02x"), "control: {table}");
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 2 + 3);
         assert!(lines[0].starts_with("workload"));
@@ -672,6 +821,8 @@ mod tests {
         assert_eq!(empty.lines().count(), 2);
         let mut r = row("weird", 4, f64::NAN);
         r.bound_tokens_per_s = 0.0;
+        r.achievable_bound_tokens_per_s = f64::NAN;
+        r.control_speedup = None;
         r.collective_tokens_per_s = f64::INFINITY;
         let table = format_table(&[r]);
         assert!(table.contains("n/a"), "{table}");

@@ -8,8 +8,12 @@
 //!   versions, so reproducibility holds for one build of this crate).
 //! - **Ranges.** Every length lies in the documented range of its workload; no length is zero unless a
 //!   caller built [`Workload::Balanced`] with `tokens: 0`.
-//! - **Parsing.** [`parse_lengths`] accepts only positive integers and rejects anything else with the
-//!   1-based line number and the offending text; it never panics.
+//! - **Parsing.** [`parse_lengths`] accepts only positive integers up to [`MAX_SEQUENCE_TOKENS`] and
+//!   rejects anything else with the 1-based line number and the offending text; it never panics.
+//!   [`Workload::from_file`] reads at most [`MAX_LENGTHS_FILE_BYTES`].
+//! - **Bounded lengths.** Every length a workload yields is at most [`Workload::max_tokens`], which is
+//!   at most [`MAX_SEQUENCE_TOKENS`] for the built-ins and for lists that came through
+//!   [`parse_lengths`].
 //!
 //! # Built-in distributions
 //!
@@ -28,6 +32,7 @@
 //! [`Workload::Lengths`] draws uniformly with replacement from a list of lengths, for example one read
 //! by [`Workload::from_file`].
 
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use rand::rngs::StdRng;
@@ -63,6 +68,14 @@ const RL_RESPONSE_SIGMA: f64 = 0.8;
 /// Length of every sample of the `balanced` built-in.
 const BALANCED_TOKENS: u64 = 16384;
 
+/// Longest sequence the benchmark accepts, in tokens (1,048,576 = 2^20: sixteen times the longest
+/// built-in sample). Longer lengths are refused where they enter (a lengths file line,
+/// `--token-budget`), so modelled times and token budgets stay far from overflow.
+pub const MAX_SEQUENCE_TOKENS: u64 = 1 << 20;
+
+/// Largest lengths file [`Workload::from_file`] reads (64 MiB: millions of lines).
+pub const MAX_LENGTHS_FILE_BYTES: u64 = 64 << 20;
+
 /// Names accepted by [`Workload::from_name`].
 pub const BUILTIN_NAMES: [&str; 4] = ["longalign", "swesmith", "rl", "balanced"];
 
@@ -83,15 +96,22 @@ pub enum WorkloadError {
     #[error("no sequence lengths found (one positive integer per line expected)")]
     Empty,
     /// A lengths file could not be read.
-    #[error("cannot read lengths file {}: {source}", path.display())]
+    #[error("cannot read lengths file {}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
         /// The underlying error.
         source: std::io::Error,
     },
-    /// A lengths file was read but its contents were rejected.
-    #[error("in lengths file {}: {source}", path.display())]
+    /// A lengths file larger than [`MAX_LENGTHS_FILE_BYTES`].
+    #[error("lengths file {} is larger than {} MiB", path.display(), MAX_LENGTHS_FILE_BYTES >> 20)]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A lengths file was read but its contents were rejected (the message is the file; the
+    /// source says what was wrong).
+    #[error("lengths file {}", path.display())]
     InFile {
         /// The file.
         path: PathBuf,
@@ -151,7 +171,7 @@ impl Workload {
     /// whitespace ignored; `balanced` has 16384 tokens per sample). `None` for anything else.
     ///
     /// ```
-    /// use odc::workload::Workload;
+    /// use odc_bench::workload::Workload;
     /// assert_eq!(Workload::from_name("RL"), Some(Workload::Rl));
     /// assert_eq!(Workload::from_name("balanced"), Some(Workload::Balanced { tokens: 16384 }));
     /// assert_eq!(Workload::from_name("gsm8k"), None);
@@ -172,12 +192,22 @@ impl Workload {
     /// the file stem (`"lengths"` if the path has none).
     ///
     /// Errors: [`WorkloadError::Io`] if the file cannot be read (or is not UTF-8);
-    /// [`WorkloadError::InFile`] wrapping the parse error otherwise.
+    /// [`WorkloadError::TooLarge`] beyond [`MAX_LENGTHS_FILE_BYTES`] (read no further, so a device
+    /// file cannot exhaust memory); [`WorkloadError::InFile`] wrapping the parse error otherwise.
     pub fn from_file(path: &Path) -> Result<Workload, WorkloadError> {
-        let text = std::fs::read_to_string(path).map_err(|source| WorkloadError::Io {
+        let io = |source| WorkloadError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_LENGTHS_FILE_BYTES + 1).read_to_string(&mut text))
+            .map_err(io)?;
+        if text.len() as u64 > MAX_LENGTHS_FILE_BYTES {
+            return Err(WorkloadError::TooLarge {
+                path: path.to_path_buf(),
+            });
+        }
         let lengths = parse_lengths(&text).map_err(|e| WorkloadError::InFile {
             path: path.to_path_buf(),
             source: Box::new(e),
@@ -190,11 +220,28 @@ impl Workload {
         Ok(Workload::Lengths { name, lengths })
     }
 
+    /// The longest length [`Workload::sample`] can yield (0 for an empty [`Workload::Lengths`]).
+    ///
+    /// ```
+    /// use odc_bench::workload::Workload;
+    /// assert_eq!(Workload::Rl.max_tokens(), 16384);
+    /// assert_eq!(Workload::Lengths { name: "f".into(), lengths: vec![3, 9, 4] }.max_tokens(), 9);
+    /// ```
+    pub fn max_tokens(&self) -> u64 {
+        match self {
+            Workload::LongAlign => LONGALIGN_MAX,
+            Workload::SweSmith => SWESMITH_MAX,
+            Workload::Rl => RL_MAX,
+            Workload::Balanced { tokens } => *tokens,
+            Workload::Lengths { lengths, .. } => lengths.iter().copied().max().unwrap_or(0),
+        }
+    }
+
     /// `n` sequence lengths drawn with a generator seeded by `seed`: the same arguments always give
     /// the same lengths. A [`Workload::Lengths`] with an empty list yields an empty vector.
     ///
     /// ```
-    /// use odc::workload::Workload;
+    /// use odc_bench::workload::Workload;
     /// let a = Workload::LongAlign.sample(100, 7);
     /// assert_eq!(a, Workload::LongAlign.sample(100, 7));
     /// assert!(a.iter().all(|&s| (8192..=65536).contains(&s)));
@@ -259,13 +306,15 @@ fn to_tokens(x: f64, min: u64, max: u64) -> u64 {
 ///
 /// Surrounding whitespace on each line is ignored; blank lines and lines whose first non-blank
 /// character is `#` are skipped (comments must be on their own line). Anything else must be a
-/// positive decimal integer that fits in `u64`; otherwise the result is [`WorkloadError::BadLine`]
-/// with the 1-based line number. Input without any length gives [`WorkloadError::Empty`].
+/// positive decimal integer of at most [`MAX_SEQUENCE_TOKENS`]; otherwise the result is
+/// [`WorkloadError::BadLine`] with the 1-based line number. Input without any length gives
+/// [`WorkloadError::Empty`].
 ///
 /// ```
-/// use odc::workload::parse_lengths;
+/// use odc_bench::workload::parse_lengths;
 /// assert_eq!(parse_lengths("# lengths\n 100\n\n2048\n").unwrap(), vec![100, 2048]);
 /// assert_eq!(parse_lengths("1\n2\nabc\n").unwrap_err().line(), Some(3));
+/// assert_eq!(parse_lengths("1\n1000000000000\n").unwrap_err().line(), Some(2));
 /// ```
 pub fn parse_lengths(text: &str) -> Result<Vec<u64>, WorkloadError> {
     let mut lengths = Vec::new();
@@ -279,16 +328,21 @@ pub fn parse_lengths(text: &str) -> Result<Vec<u64>, WorkloadError> {
             text: line.to_string(),
             reason: reason.to_string(),
         };
+        let too_long = || {
+            bad(&format!(
+                "longer than the maximum sequence length {MAX_SEQUENCE_TOKENS} tokens"
+            ))
+        };
         match line.parse::<u64>() {
             Ok(0) => return Err(bad("lengths must be positive")),
+            Ok(len) if len > MAX_SEQUENCE_TOKENS => return Err(too_long()),
             Ok(len) => lengths.push(len),
             Err(e) => {
-                let reason = match e.kind() {
-                    std::num::IntErrorKind::PosOverflow => "too large (does not fit in u64)",
-                    _ if is_negative_integer(line) => "lengths must be positive",
-                    _ => "not an integer",
-                };
-                return Err(bad(reason));
+                return Err(match e.kind() {
+                    std::num::IntErrorKind::PosOverflow => too_long(),
+                    _ if is_negative_integer(line) => bad("lengths must be positive"),
+                    _ => bad("not an integer"),
+                });
             }
         }
     }
@@ -480,11 +534,22 @@ mod tests {
     }
 
     #[test]
-    fn parse_rejects_overflow() {
-        let err = parse_lengths("1\n99999999999999999999999\n").unwrap_err();
-        assert!(
-            matches!(&err, WorkloadError::BadLine { line: 2, reason, .. } if reason.contains("too large")),
-            "{err:?}"
+    fn parse_rejects_lengths_above_the_maximum() {
+        for text in [
+            "1\n99999999999999999999999\n",
+            "1\n10000000000000000000\n",
+            "1\n1000000000000\n",
+            "1\n1048577\n",
+        ] {
+            let err = parse_lengths(text).unwrap_err();
+            assert!(
+                matches!(&err, WorkloadError::BadLine { line: 2, reason, .. } if reason.contains("maximum sequence length 1048576")),
+                "{text:?}: {err:?}"
+            );
+        }
+        assert_eq!(
+            parse_lengths("1048576\n").unwrap(),
+            vec![MAX_SEQUENCE_TOKENS]
         );
     }
 
@@ -548,7 +613,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn parse_of_joined_lengths_round_trips(lengths in prop::collection::vec(1u64..=u64::MAX, 1..64)) {
+        fn parse_of_joined_lengths_round_trips(lengths in prop::collection::vec(1u64..=MAX_SEQUENCE_TOKENS, 1..64)) {
             let text = lengths.iter().map(u64::to_string).collect::<Vec<_>>().join("\n");
             prop_assert_eq!(parse_lengths(&text).unwrap(), lengths.clone());
             // With surrounding whitespace, blank lines and CRLF as well.

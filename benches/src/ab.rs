@@ -1,0 +1,693 @@
+//! The on-demand vs collective A/B benchmark (`odc-bench ab`): the same simulated devices,
+//! workload and seed in both modes, figures measured in one run.
+//!
+//! # What a row measures
+//!
+//! - **ABBA.** A row's repetitions alternate which side runs first: rep 0 collective then
+//!   on-demand, rep 1 on-demand then collective, … ([`run_order`]), so neither side always runs
+//!   on a cold or a warm machine. The row sums its repetitions.
+//! - tokens/s = tokens / wall; utilization = busy device-seconds (modelled compute spans actually
+//!   executed) / (devices × wall).
+//! - **Bounds** ([`step_bounds`]), from the samples and speeds alone, per step: the perfect-balance
+//!   bound spreads the total modelled compute over the joint device capacity (as if samples could
+//!   be split); the achievable bound takes the larger of that and the costliest single sample on
+//!   the fastest device. Tokens over the summed per-step times give `bound_tokens_per_s ≥
+//!   achievable_bound_tokens_per_s`.
+//! - **Balanced control** ([`plan`], [`Controls`]): every (devices, minibatch per device,
+//!   dispatch) of a matrix also runs the `balanced` workload, first; with nothing to balance its
+//!   speedup is 1.00 when the comparison is fair, and every row carries it as `control_speedup`.
+//! - **Emulation floor**: each row records its shortest modelled forward span (from the micro-batch
+//!   costs the runtime reports), which the binary compares with the measured floor
+//!   ([`crate::floor`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use odc::sim::{SimDevice, SpeedSchedule};
+use odc::trace::TraceSpan;
+use odc::transport::local::LocalTransport;
+use odc::transport::throttle::Throttled;
+use odc::transport::Transport;
+use odc::{
+    Communication, DispatchMode, Error, Job, OptimizerConfig, Precision, Result, SampleMeta,
+    SpanKind, StepStats,
+};
+use odc_actors::collective::TRAINER_ENDPOINT_BASE;
+
+use crate::floor::EmulationFloor;
+use crate::report::{self, BenchRow};
+use crate::workload::Workload;
+
+/// How one side of the comparison runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Side {
+    pub communication: Communication,
+    pub dispatch: DispatchMode,
+    /// Speed-aware dispatch and plans (runtime straggler rebalancing).
+    pub rebalance: bool,
+}
+
+impl Side {
+    pub const COLLECTIVE: Side = Side {
+        communication: Communication::Collective,
+        dispatch: DispatchMode::Static,
+        rebalance: false,
+    };
+
+    pub fn on_demand(dispatch: DispatchMode, rebalance: bool) -> Side {
+        Side {
+            communication: Communication::OnDemand,
+            dispatch,
+            rebalance,
+        }
+    }
+
+    /// Name in the report's `dispatch` column.
+    pub fn dispatch_name(&self) -> String {
+        let base = match self.dispatch {
+            DispatchMode::Static => "static",
+            DispatchMode::Dynamic => "dynamic",
+        };
+        if self.rebalance {
+            format!("{base}+rebalance")
+        } else {
+            base.to_string()
+        }
+    }
+}
+
+/// One benchmark case.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub workload: Workload,
+    /// Name in the report (the workload's, or a scenario's).
+    pub name: String,
+    pub devices: usize,
+    pub minibatch_per_device: usize,
+    pub speeds: SpeedSchedule,
+}
+
+impl Case {
+    /// A balanced control: the `balanced` workload of `tokens` per sample at nominal speeds.
+    pub fn control(devices: usize, minibatch_per_device: usize, tokens: u64) -> Case {
+        let workload = Workload::Balanced { tokens };
+        Case {
+            name: workload.name(),
+            workload,
+            devices,
+            minibatch_per_device,
+            speeds: SpeedSchedule::uniform(),
+        }
+    }
+
+    /// Whether this case is a balanced control: the `balanced` workload at nominal speeds.
+    pub fn is_control(&self) -> bool {
+        matches!(self.workload, Workload::Balanced { .. })
+            && self.speeds == SpeedSchedule::uniform()
+    }
+
+    /// The slowest speed factor any device has in `steps` steps (1.0 without stragglers).
+    pub fn slowest_speed(&self, steps: u64) -> f64 {
+        self.speeds
+            .changes
+            .iter()
+            .filter(|c| c.trainer < self.devices && c.from_step < steps)
+            .map(|c| c.factor)
+            .fold(1.0, f64::min)
+    }
+}
+
+/// Knobs shared by every run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub device: SimDevice,
+    pub steps: u64,
+    /// Token budget of a micro-batch; `None`: the smallest power of two of at least 16,384 that
+    /// holds every sampled sequence (65,536 for the SFT-like workloads, 16,384 for RL).
+    pub token_budget: Option<u64>,
+    pub seed: u64,
+    pub prefetch: usize,
+    pub chunk_elems: usize,
+    /// Modelled seconds to move one unit over one device's link (0: no link model). Each device's
+    /// shard server and trainer share its link; transfers on one link queue.
+    pub unit_transfer_seconds: f64,
+}
+
+impl Settings {
+    /// Modelled link bandwidth, bytes per second (`None` without a link model).
+    pub fn link_bytes_per_sec(&self) -> Option<f64> {
+        (self.unit_transfer_seconds > 0.0)
+            .then(|| (self.device.unit_elems * 4) as f64 / self.unit_transfer_seconds)
+    }
+
+    /// The transport of a run: local, behind the link model when there is one.
+    fn transport(&self) -> Arc<dyn Transport> {
+        let local: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+        match self.link_bytes_per_sec() {
+            // A device's link carries its shard server's regions and its trainer's staging.
+            Some(bw) => Arc::new(Throttled::new(
+                local,
+                bw,
+                Arc::new(|e| e % TRAINER_ENDPOINT_BASE),
+            )),
+            None => local,
+        }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            device: SimDevice::default(),
+            steps: 4,
+            token_budget: None,
+            seed: 0,
+            prefetch: 1,
+            chunk_elems: 1 << 14,
+            unit_transfer_seconds: 0.0,
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Measure {
+    pub tokens: u64,
+    pub wall: f64,
+    /// Modelled compute seconds executed (all devices).
+    pub busy: f64,
+    /// Seconds of the perfect-balance bound (summed over steps).
+    pub bound: f64,
+    /// Seconds of the achievable bound (summed over steps).
+    pub achievable: f64,
+    /// The shortest modelled forward span of a compute unit of any micro-batch run (seconds).
+    pub shortest_forward_span: Option<f64>,
+    /// Seconds trainers waited on pulls and pushes.
+    pub comm_wait: f64,
+    /// Bytes pulled and pushed by all trainers.
+    pub bytes: u64,
+    pub spans: Vec<TraceSpan>,
+}
+
+impl Measure {
+    fn add(&mut self, other: &Measure) {
+        self.tokens += other.tokens;
+        self.wall += other.wall;
+        self.busy += other.busy;
+        self.bound += other.bound;
+        self.achievable += other.achievable;
+        self.shortest_forward_span =
+            min_span(self.shortest_forward_span, other.shortest_forward_span);
+        self.comm_wait += other.comm_wait;
+        self.bytes += other.bytes;
+    }
+}
+
+/// The smaller of two optional spans.
+fn min_span(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The two bounds of one step, in seconds: (perfect balance, achievable).
+///
+/// Perfect balance = total modelled compute / joint device capacity. Achievable = the larger of
+/// that and the costliest single sample's modelled time on the fastest device: no schedule can
+/// finish the step sooner, since a sample runs on one device.
+///
+/// ```
+/// use odc::sim::{SimDevice, SpeedSchedule};
+/// use odc_bench::ab::step_bounds;
+/// let d = SimDevice::default();
+/// let one = d.seconds(&[32_000]);
+/// // Two equal samples on two devices: both bounds are one sample's time.
+/// let (even, achievable) = step_bounds(&d, &[32_000, 32_000], 2, 0);
+/// assert!((even - one).abs() < 1e-12 && (achievable - one).abs() < 1e-12);
+/// // One sample on two devices cannot be split.
+/// let (even, achievable) = step_bounds(&d, &[32_000], 2, 0);
+/// assert!((even - one / 2.0).abs() < 1e-12 && (achievable - one).abs() < 1e-12);
+/// ```
+pub fn step_bounds(device: &SimDevice, tokens: &[u64], devices: usize, step: u64) -> (f64, f64) {
+    let seconds: Vec<f64> = tokens.iter().map(|&t| device.seconds(&[t])).collect();
+    let total: f64 = seconds.iter().sum();
+    let capacity = device.speeds.capacity(devices, step);
+    let fastest = (0..devices)
+        .map(|t| device.speeds.speed(t, step))
+        .fold(0.0, f64::max);
+    let costliest = seconds.iter().copied().fold(0.0, f64::max);
+    let even = if capacity > 0.0 {
+        total / capacity
+    } else {
+        0.0
+    };
+    let single = if fastest > 0.0 {
+        costliest / fastest
+    } else {
+        0.0
+    };
+    (even, even.max(single))
+}
+
+/// The minibatch of `step`: `devices × minibatch_per_device` samples of the workload.
+pub fn minibatch(case: &Case, seed: u64, step: u64) -> Vec<SampleMeta> {
+    let n = case.devices * case.minibatch_per_device;
+    let lengths = case
+        .workload
+        .sample(n, seed.wrapping_mul(1_000_003).wrapping_add(step));
+    lengths
+        .into_iter()
+        .enumerate()
+        .map(|(i, tokens)| SampleMeta::new(step * n as u64 + i as u64, tokens))
+        .collect()
+}
+
+/// The token budget of `case`'s runs: `settings.token_budget`, or the smallest power of two of at
+/// least 16,384 that holds the workload's longest possible sequence.
+pub fn token_budget(case: &Case, settings: &Settings) -> u64 {
+    settings
+        .token_budget
+        .unwrap_or_else(|| default_token_budget(&case.workload))
+}
+
+/// The smallest power of two of at least 16,384 that holds `workload`'s longest sequence
+/// (65,536 for the SFT-like built-ins, 16,384 for RL and balanced). Saturates instead of
+/// overflowing for lengths beyond 2^63 (which [`crate::workload::parse_lengths`] refuses).
+pub fn default_token_budget(workload: &Workload) -> u64 {
+    workload
+        .max_tokens()
+        .max(16_384)
+        .checked_next_power_of_two()
+        .unwrap_or(u64::MAX)
+}
+
+/// Spans of one step as trace spans relative to `origin`; barrier waits added per trainer.
+fn trace_spans(stats: &StepStats, origin: Instant, devices: usize) -> Vec<TraceSpan> {
+    let rel = |t: Instant| t.saturating_duration_since(origin);
+    let mut out = Vec::new();
+    for r in &stats.micro_batch_log {
+        for s in &r.spans {
+            out.push(TraceSpan {
+                trainer: r.trainer,
+                name: s.kind.name().to_string(),
+                start: rel(s.start),
+                duration: s.end.saturating_duration_since(s.start),
+            });
+        }
+    }
+    let end = stats.started + stats.wall;
+    for t in 0..devices {
+        let last = stats
+            .micro_batch_log
+            .iter()
+            .filter(|r| r.trainer == t)
+            .map(|r| r.finished)
+            .max()
+            .unwrap_or(stats.started);
+        out.push(TraceSpan {
+            trainer: t,
+            name: SpanKind::BarrierWait.name().to_string(),
+            start: rel(last),
+            duration: end.saturating_duration_since(last),
+        });
+    }
+    out
+}
+
+/// Run `settings.steps` minibatches of `case` on one side.
+pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> Result<Measure> {
+    let device = Arc::new(SimDevice {
+        speeds: case.speeds.clone(),
+        ..settings.device.clone()
+    });
+    let mut job = Job::builder()
+        .units(device.layout())
+        .trainers(case.devices)
+        .servers(case.devices)
+        .communication(side.communication)
+        .dispatch(side.dispatch)
+        .rebalance(side.rebalance)
+        .cost_model(device.cost)
+        .token_budget(token_budget(case, settings))
+        .pull_precision(Precision::F32)
+        .prefetch(settings.prefetch)
+        .chunk_elems(settings.chunk_elems)
+        .transport(settings.transport())
+        .optimizer(OptimizerConfig::sgd(0.0))
+        .compute(device.factory())
+        .build()?;
+    let origin = Instant::now();
+    let mut m = Measure::default();
+    for step in 0..settings.steps {
+        let samples = minibatch(case, settings.seed, step);
+        let tokens: Vec<u64> = samples.iter().map(|s| s.tokens).collect();
+        let stats = job.step_with(samples).await?;
+        m.tokens += stats.tokens;
+        m.bytes += stats
+            .trainers
+            .iter()
+            .map(|t| t.bytes_pulled + t.bytes_pushed)
+            .sum::<u64>();
+        m.wall += stats.wall.as_secs_f64();
+        let (even, achievable) = step_bounds(&device, &tokens, case.devices, step);
+        m.bound += even;
+        m.achievable += achievable;
+        // The simulated device splits a micro-batch into 3 × units spans; forward per unit is a
+        // third of its time over the units (backward twice that).
+        let units = device.units.max(1) as f64;
+        for r in stats.micro_batch_log.iter().filter(|r| r.cost > 0.0) {
+            let speed = device.speeds.speed(r.trainer, step);
+            let forward = r.cost * device.seconds_per_cost / speed / (3.0 * units);
+            m.shortest_forward_span = min_span(m.shortest_forward_span, Some(forward));
+        }
+        for r in &stats.micro_batch_log {
+            for s in &r.spans {
+                let d = s.end.saturating_duration_since(s.start).as_secs_f64();
+                match s.kind {
+                    SpanKind::Compute => m.busy += d,
+                    SpanKind::PullWait | SpanKind::PushWait => m.comm_wait += d,
+                    SpanKind::BarrierWait => {}
+                }
+            }
+        }
+        if trace {
+            m.spans.extend(trace_spans(&stats, origin, case.devices));
+        }
+    }
+    job.shutdown().await;
+    Ok(m)
+}
+
+/// Which side runs first in repetition `rep`: ABBA order, collective first in even repetitions.
+///
+/// ```
+/// use odc_bench::ab::run_order;
+/// assert_eq!(run_order(0), [true, false]); // collective, then on-demand
+/// assert_eq!(run_order(1), [false, true]);
+/// assert_eq!(run_order(2), [true, false]);
+/// ```
+pub fn run_order(rep: usize) -> [bool; 2] {
+    if rep % 2 == 0 {
+        [true, false]
+    } else {
+        [false, true]
+    }
+}
+
+/// A/B-compare `case`: collective vs on-demand `side`, `reps` repetitions in ABBA order
+/// ([`run_order`]). The row's `control_speedup` is its own speedup for a control case and `None`
+/// otherwise ([`Controls::attach`] fills it); `emulation_warning` comes from `floor` (if given)
+/// and the row's shortest modelled span.
+pub async fn compare(
+    case: &Case,
+    side: Side,
+    settings: &Settings,
+    reps: usize,
+    floor: Option<&EmulationFloor>,
+) -> Result<(BenchRow, Measure, Measure)> {
+    if reps == 0 {
+        return Err(Error::Config(
+            "an A/B comparison needs at least one repetition".into(),
+        ));
+    }
+    let (mut a, mut b) = (Measure::default(), Measure::default());
+    for rep in 0..reps {
+        for collective in run_order(rep) {
+            if collective {
+                a.add(&run(case, Side::COLLECTIVE, settings, false).await?);
+            } else {
+                b.add(&run(case, side, settings, false).await?);
+            }
+        }
+    }
+    let (coll, od) = (
+        report::rate(a.tokens, a.wall),
+        report::rate(b.tokens, b.wall),
+    );
+    let speedup = report::ratio(od, coll);
+    let achievable = report::rate(b.tokens, b.achievable);
+    let shortest = min_span(a.shortest_forward_span, b.shortest_forward_span);
+    let time_scale_ms = settings.device.seconds_per_cost * 1e3;
+    let row = BenchRow {
+        workload: case.name.clone(),
+        devices: case.devices,
+        minibatch_per_device: case.minibatch_per_device,
+        dispatch: side.dispatch_name(),
+        collective_tokens_per_s: coll,
+        ondemand_tokens_per_s: od,
+        speedup,
+        collective_utilization: report::utilization(a.busy, case.devices, a.wall),
+        ondemand_utilization: report::utilization(b.busy, case.devices, b.wall),
+        bound_tokens_per_s: report::rate(b.tokens, b.bound),
+        achievable_bound_tokens_per_s: achievable,
+        ondemand_over_achievable: report::ratio(od, achievable),
+        control_speedup: case.is_control().then_some(speedup),
+        emulation_warning: floor.zip(shortest).and_then(|(f, span)| {
+            f.warning(
+                span,
+                "shortest modelled compute span (forward, one unit, smallest micro-batch)",
+                time_scale_ms,
+            )
+        }),
+    };
+    Ok((row, a, b))
+}
+
+/// One row to run: a case, the on-demand side compared with collective, and whether it is a
+/// balanced control.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub case: Case,
+    pub side: Side,
+    pub control: bool,
+}
+
+/// The control key of a row: devices, minibatch per device, dispatch name.
+type ControlKey = (usize, usize, String);
+
+fn key(devices: usize, minibatch_per_device: usize, side: Side) -> ControlKey {
+    (devices, minibatch_per_device, side.dispatch_name())
+}
+
+/// The rows of a matrix in the order to run them: balanced controls first (the matrix's own
+/// balanced cases, then, if `with_controls`, a [`Case::control`] of `control_tokens` per sample for
+/// every (devices, minibatch per device, dispatch) the matrix measures that has none), then the
+/// other cases in their given order.
+pub fn plan(cases: &[(Case, Vec<Side>)], with_controls: bool, control_tokens: u64) -> Vec<Entry> {
+    let mut controls = Vec::new();
+    let mut others = Vec::new();
+    let mut covered: Vec<ControlKey> = Vec::new();
+    for (case, sides) in cases {
+        for &side in sides {
+            let entry = Entry {
+                case: case.clone(),
+                side,
+                control: case.is_control(),
+            };
+            if entry.control {
+                covered.push(key(case.devices, case.minibatch_per_device, side));
+                controls.push(entry);
+            } else {
+                others.push(entry);
+            }
+        }
+    }
+    if with_controls {
+        for e in &others {
+            let k = key(e.case.devices, e.case.minibatch_per_device, e.side);
+            if !covered.contains(&k) {
+                covered.push(k);
+                controls.push(Entry {
+                    case: Case::control(
+                        e.case.devices,
+                        e.case.minibatch_per_device,
+                        control_tokens,
+                    ),
+                    side: e.side,
+                    control: true,
+                });
+            }
+        }
+    }
+    controls.extend(others);
+    controls
+}
+
+/// The balanced controls' speedups measured so far, by (devices, minibatch per device, dispatch).
+#[derive(Debug, Clone, Default)]
+pub struct Controls {
+    speedups: HashMap<ControlKey, f64>,
+}
+
+impl Controls {
+    /// Records `row` if `entry` is a control, and sets the row's `control_speedup` to its
+    /// control's (its own for a control; `None` if that control has not run).
+    pub fn attach(&mut self, entry: &Entry, row: &mut BenchRow) {
+        let k = key(
+            entry.case.devices,
+            entry.case.minibatch_per_device,
+            entry.side,
+        );
+        if entry.control {
+            self.speedups.insert(k, row.speedup);
+            row.control_speedup = Some(row.speedup);
+        } else {
+            row.control_speedup = self.speedups.get(&k).copied();
+        }
+    }
+
+    /// Lowest and highest control speedup measured (`None` without controls).
+    pub fn range(&self) -> Option<(f64, f64)> {
+        let mut values = self.speedups.values().copied().filter(|v| v.is_finite());
+        let first = values.next()?;
+        Some(values.fold((first, first), |(lo, hi), v| (lo.min(v), hi.max(v))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sides() -> Vec<Side> {
+        vec![
+            Side::on_demand(DispatchMode::Static, false),
+            Side::on_demand(DispatchMode::Dynamic, false),
+        ]
+    }
+
+    fn case(workload: Workload, devices: usize, per_device: usize) -> Case {
+        Case {
+            name: workload.name(),
+            workload,
+            devices,
+            minibatch_per_device: per_device,
+            speeds: SpeedSchedule::uniform(),
+        }
+    }
+
+    #[test]
+    fn abba_alternates_which_side_runs_first() {
+        let firsts: Vec<bool> = (0..4).map(|r| run_order(r)[0]).collect();
+        assert_eq!(firsts, [true, false, true, false]);
+        for r in 0..4 {
+            let order = run_order(r);
+            assert_ne!(order[0], order[1], "each side runs once per repetition");
+        }
+    }
+
+    #[test]
+    fn plan_adds_one_control_per_devices_minibatch_and_dispatch_first() {
+        let cases = vec![
+            (case(Workload::LongAlign, 8, 4), sides()),
+            (case(Workload::Rl, 8, 4), sides()),
+            (case(Workload::LongAlign, 16, 4), sides()),
+        ];
+        let entries = plan(&cases, true, 16_384);
+        assert_eq!(entries.len(), 6 + 4);
+        assert!(entries[..4]
+            .iter()
+            .all(|e| e.control && e.case.is_control()));
+        assert!(entries[4..].iter().all(|e| !e.control));
+        let keys: Vec<_> = entries[..4]
+            .iter()
+            .map(|e| (e.case.devices, e.side.dispatch_name()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                (8, "static".to_string()),
+                (8, "dynamic".to_string()),
+                (16, "static".to_string()),
+                (16, "dynamic".to_string())
+            ]
+        );
+        assert!(plan(&cases, false, 16_384).iter().all(|e| !e.control));
+    }
+
+    #[test]
+    fn plan_uses_the_matrix_own_balanced_rows_as_controls() {
+        let balanced = Workload::from_name("balanced").unwrap();
+        let cases = vec![
+            (case(Workload::LongAlign, 8, 4), sides()),
+            (case(balanced, 8, 4), sides()),
+        ];
+        let entries = plan(&cases, true, 16_384);
+        assert_eq!(entries.len(), 4, "no extra control");
+        assert!(entries[0].control && entries[1].control);
+        // A straggler scenario on balanced data is not a control.
+        let mut slow = case(Workload::Balanced { tokens: 16_384 }, 8, 4);
+        slow.speeds = SpeedSchedule::uniform().with_change(7, 1, 0.5);
+        assert!(!slow.is_control());
+        assert_eq!(slow.slowest_speed(4), 0.5);
+        assert_eq!(slow.slowest_speed(1), 1.0);
+    }
+
+    #[test]
+    fn controls_attach_their_speedup_to_matching_rows() {
+        let cases = vec![(case(Workload::LongAlign, 8, 4), sides())];
+        let entries = plan(&cases, true, 16_384);
+        let mut controls = Controls::default();
+        let row = |speedup: f64| BenchRow {
+            workload: String::new(),
+            devices: 8,
+            minibatch_per_device: 4,
+            dispatch: String::new(),
+            collective_tokens_per_s: 1.0,
+            ondemand_tokens_per_s: speedup,
+            speedup,
+            collective_utilization: 0.5,
+            ondemand_utilization: 0.5,
+            bound_tokens_per_s: 2.0,
+            achievable_bound_tokens_per_s: 2.0,
+            ondemand_over_achievable: speedup / 2.0,
+            control_speedup: None,
+            emulation_warning: None,
+        };
+        let speedups = [1.01, 0.98, 1.30, 1.25];
+        let mut rows = Vec::new();
+        for (e, s) in entries.iter().zip(speedups) {
+            let mut r = row(s);
+            controls.attach(e, &mut r);
+            rows.push(r);
+        }
+        let got: Vec<Option<f64>> = rows.iter().map(|r| r.control_speedup).collect();
+        assert_eq!(got, [Some(1.01), Some(0.98), Some(1.01), Some(0.98)]);
+        assert_eq!(controls.range(), Some((0.98, 1.01)));
+    }
+
+    #[test]
+    fn achievable_bound_lies_between_perfect_balance_and_serial() {
+        let d = SimDevice {
+            speeds: SpeedSchedule::uniform().with_change(3, 0, 0.5),
+            ..SimDevice::default()
+        };
+        let tokens = [65_536, 1_000, 2_000, 3_000, 30_000];
+        let (even, achievable) = step_bounds(&d, &tokens, 4, 0);
+        assert!(achievable >= even);
+        assert!(
+            (achievable - d.seconds(&[65_536])).abs() < 1e-12,
+            "the longest sample on a full-speed device"
+        );
+        assert!((even - d.seconds(&tokens) / 3.5).abs() < 1e-12);
+        assert_eq!(step_bounds(&d, &[], 4, 0), (0.0, 0.0));
+        assert_eq!(step_bounds(&d, &tokens, 0, 0), (0.0, 0.0));
+    }
+
+    #[test]
+    fn default_budget_holds_the_longest_sequence() {
+        assert_eq!(default_token_budget(&Workload::LongAlign), 65_536);
+        assert_eq!(default_token_budget(&Workload::Rl), 16_384);
+        let w = Workload::Lengths {
+            name: "f".into(),
+            lengths: vec![100, 70_000],
+        };
+        assert_eq!(default_token_budget(&w), 131_072);
+        let huge = Workload::Lengths {
+            name: "h".into(),
+            lengths: vec![u64::MAX],
+        };
+        assert_eq!(default_token_budget(&huge), u64::MAX);
+    }
+}

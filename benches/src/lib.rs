@@ -1,0 +1,88 @@
+//! # odc-bench — the evidence for odc
+//!
+//! Everything that produces evidence and nothing that users embed: the on-demand vs collective A/B
+//! harness ([`ab`]), the sequence-length workloads ([`workload`]), the measured cost of the
+//! emulation itself ([`floor`]), the limits on user input ([`input`]) and the reports (table, JSON,
+//! SVG; [`report`]). The `odc-bench` binary (`odc-bench ab …`) drives them; the criterion
+//! micro-benchmarks live in `benches/benches/`.
+//!
+//! The harness uses only `odc`'s public API (the [`odc::Job`] builder, [`odc::sim`],
+//! [`odc::StepStats`]); it measures whatever the runtime does.
+
+pub mod ab;
+pub mod floor;
+pub mod input;
+pub mod report;
+pub mod workload;
+
+/// `err` and its chain of sources as one line, `outer: inner: …`, each message said once: a
+/// source whose text an earlier message already contains (an error that prints its source as well
+/// as returning it from [`std::error::Error::source`]) is left out.
+///
+/// ```
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("reading x: {0}")]
+/// struct Outer(#[source] std::io::Error);
+/// let e = Outer(std::io::Error::other("disk on fire"));
+/// assert_eq!(odc_bench::error_chain(&e), "reading x: disk on fire");
+/// ```
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut said: Vec<String> = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !text.is_empty() && !said.iter().any(|s| s.contains(&text)) {
+            said.push(text);
+        }
+        next = e.source();
+    }
+    said.join(": ")
+}
+
+/// Test-only helpers shared by the crate's unit tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use std::path::PathBuf;
+
+    /// A path in the temporary directory unique to this process, call and `name`.
+    pub(crate) fn temp_path(prefix: &str, name: &str) -> PathBuf {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        std::env::temp_dir().join(format!("{prefix}-{}-{nanos}-{name}", std::process::id()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("lengths file f.txt")]
+    struct InFile(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("line 2: too long")]
+    struct Inner;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("step 3 failed: {0}")]
+    struct Repeats(#[source] Inner);
+
+    #[test]
+    fn error_chain_says_each_message_once() {
+        assert_eq!(
+            error_chain(&InFile(Inner)),
+            "lengths file f.txt: line 2: too long"
+        );
+        assert_eq!(
+            error_chain(&Repeats(Inner)),
+            "step 3 failed: line 2: too long"
+        );
+        let any = anyhow::Error::new(Repeats(Inner)).context("running row 1");
+        let text = error_chain(any.as_ref());
+        assert_eq!(text, "running row 1: step 3 failed: line 2: too long");
+        assert_eq!(text.matches("line 2").count(), 1);
+    }
+}

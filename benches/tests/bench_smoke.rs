@@ -1,0 +1,165 @@
+//! `odc-bench ab --quick --devices 4` (2 steps, 1 repetition, 1 ms per cost unit) runs as a smoke
+//! test: its JSON parses with sensible values that satisfy the invariants a measurement cannot
+//! break (bounds ordered, speedup the ratio of throughputs, controls matching their rows), and it
+//! writes the plot and the trace.
+
+mod common;
+
+use common::{odc_bench, temp};
+use serde_json::Value;
+
+fn f64_of(row: &Value, key: &str) -> f64 {
+    row[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {row}"))
+}
+
+#[test]
+fn quick_ab_bench_writes_sensible_json_plot_and_trace() {
+    let (json, plot, trace) = (temp("ab.json"), temp("ab.svg"), temp("trace.json"));
+    let out = odc_bench(&[
+        "ab",
+        "--quick",
+        "--devices",
+        "4",
+        "--steps",
+        "2",
+        "--reps",
+        "1",
+        "--time-scale-ms",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for said in [
+        "time scale",
+        "emulation floor",
+        "median",
+        "p90",
+        "1.00x when the comparison is fair",
+        "od/achievable",
+    ] {
+        assert!(
+            stdout.contains(said),
+            "the bench states {said:?}:\n{stdout}"
+        );
+    }
+
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("JSON parses");
+    let rows = report["rows"].as_array().expect("rows");
+    // 3 workloads × 2 dispatch modes, the straggler scenario's 4, and the controls of its two
+    // rebalancing dispatches.
+    assert_eq!(rows.len(), 3 * 2 + 4 + 2, "{report}");
+    let table_rows = stdout
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("4"))
+        .count();
+    assert_eq!(
+        table_rows,
+        rows.len(),
+        "one table line per JSON row:\n{stdout}"
+    );
+    let workloads: Vec<&str> = rows
+        .iter()
+        .map(|r| r["workload"].as_str().unwrap())
+        .collect();
+    for w in ["longalign", "rl", "balanced", "longalign+straggler"] {
+        assert!(workloads.contains(&w), "{w} row in {workloads:?}");
+    }
+    // Controls run first.
+    let first_other = workloads.iter().position(|w| *w != "balanced").unwrap();
+    assert!(
+        workloads[first_other..].iter().all(|w| *w != "balanced"),
+        "{workloads:?}"
+    );
+
+    for r in rows {
+        assert_eq!(r["devices"], 4);
+        for key in ["collective_utilization", "ondemand_utilization"] {
+            let u = f64_of(r, key);
+            assert!(u > 0.0 && u <= 1.0, "{key} = {u} in {r}");
+        }
+        for key in [
+            "collective_tokens_per_s",
+            "ondemand_tokens_per_s",
+            "speedup",
+            "bound_tokens_per_s",
+            "achievable_bound_tokens_per_s",
+            "ondemand_over_achievable",
+            "control_speedup",
+        ] {
+            let v = f64_of(r, key);
+            assert!(v.is_finite() && v > 0.0, "{key} = {v} in {r}");
+        }
+        let (coll, od) = (
+            f64_of(r, "collective_tokens_per_s"),
+            f64_of(r, "ondemand_tokens_per_s"),
+        );
+        let speedup = f64_of(r, "speedup");
+        assert!(
+            (speedup - od / coll).abs() < 1e-9 * speedup,
+            "speedup is the ratio: {r}"
+        );
+        // Nothing beats the achievable bound (small slack for timer noise), which is at most the
+        // perfect-balance bound.
+        let (bound, achievable) = (
+            f64_of(r, "bound_tokens_per_s"),
+            f64_of(r, "achievable_bound_tokens_per_s"),
+        );
+        assert!(od <= achievable * 1.05, "{r}");
+        assert!(achievable <= bound * (1.0 + 1e-9), "{r}");
+        let over = f64_of(r, "ondemand_over_achievable");
+        assert!((over - od / achievable).abs() < 1e-9 * over, "{r}");
+        // The control of a row is the balanced row at the same devices, minibatch and dispatch.
+        let control = rows
+            .iter()
+            .find(|c| {
+                c["workload"] == "balanced"
+                    && c["devices"] == r["devices"]
+                    && c["minibatch_per_device"] == r["minibatch_per_device"]
+                    && c["dispatch"] == r["dispatch"]
+            })
+            .unwrap_or_else(|| panic!("no control for {r}"));
+        assert_eq!(r["control_speedup"], control["speedup"], "{r}");
+        let warning = &r["emulation_warning"];
+        assert!(
+            warning.is_null()
+                || warning
+                    .as_str()
+                    .is_some_and(|w| w.contains("--time-scale-ms")),
+            "{r}"
+        );
+    }
+
+    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    let timeline: Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).expect("trace parses");
+    let events = timeline["traceEvents"].as_array().unwrap();
+    let names: std::collections::HashSet<&str> = events
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    for n in ["compute", "pull wait", "push wait", "barrier wait"] {
+        assert!(names.contains(n), "{n} spans in the trace: {names:?}");
+    }
+    let mut collective = trace.clone().into_os_string();
+    collective.push(".collective.json");
+    let collective = std::path::PathBuf::from(collective);
+    let _: Value = serde_json::from_str(&std::fs::read_to_string(&collective).unwrap())
+        .expect("collective trace parses");
+    for p in [json, plot, trace, collective] {
+        let _ = std::fs::remove_file(p);
+    }
+}
