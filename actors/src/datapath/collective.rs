@@ -358,3 +358,210 @@ fn decode(
 ) -> Result<()> {
     codec::decode_into(dtype, bytes, out).map_err(|e| ring_error(unit, peer, e.for_region(0)))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use odc_transport::local::LocalTransport;
+    use odc_transport::{AccumulatorRegion, Dtype, PublishedRegion};
+
+    use super::*;
+    use crate::datapath::OpKind;
+    use crate::directory::ShardRoute;
+    use crate::trainer::buffers::UnitBuffers;
+
+    type Regions = (Vec<Box<dyn AccumulatorRegion>>, Vec<Box<dyn PublishedRegion>>);
+
+    /// `servers` shard servers holding a unit of `len` elements whose element i is i + 1.
+    fn servers(
+        transport: &Arc<dyn Transport>,
+        len: usize,
+        servers: usize,
+        dtype: Dtype,
+    ) -> (Arc<Directory>, Regions) {
+        let (mut routes, mut accs, mut pubs) = (vec![], vec![], vec![]);
+        for s in 0..servers {
+            let range = shard_range(len, servers, s);
+            if range.is_empty() {
+                continue;
+            }
+            let values: Vec<f32> = range.clone().map(|i| i as f32 + 1.0).collect();
+            let p = transport
+                .register_published(s as u32, dtype, codec::encode(dtype, &values), 3)
+                .unwrap();
+            let a = transport
+                .register_accumulator(s as u32, range.len(), 9)
+                .unwrap();
+            routes.push(ShardRoute {
+                unit: 0,
+                owner: s as u32,
+                start: range.start as u64,
+                end: range.end as u64,
+                published: p.handle(),
+                accumulator: a.handle(),
+            });
+            accs.push(a);
+            pubs.push(p);
+        }
+        let directory = Directory::from_routes(1, routes).unwrap();
+        (Arc::new(directory), (accs, pubs))
+    }
+
+    fn op(kind: OpKind, epoch: u64, micro_batch: u32) -> Op {
+        Op {
+            key: OpKey {
+                epoch,
+                seq: 0,
+                unit: 0,
+                kind,
+                occurrence: 0,
+            },
+            version: 3,
+            micro_batch,
+            deadline: Instant::now() + Duration::from_secs(20),
+        }
+    }
+
+    /// One collective path per rank, each on its own transport instance (joined by handles only).
+    fn ranks(n: u32, directory: &Arc<Directory>) -> (Arc<CollectiveGroup>, Vec<Arc<Collective>>) {
+        let group = Arc::new(CollectiveGroup::new(n));
+        let paths = (0..n)
+            .map(|rank| {
+                let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+                let path =
+                    Collective::new(rank, transport, group.clone(), directory.clone(), 2).unwrap();
+                path.begin(9);
+                Arc::new(path)
+            })
+            .collect();
+        (group, paths)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ring_all_gather_is_exact_for_uneven_pieces_in_both_dtypes() {
+        for dtype in [Dtype::F32, Dtype::Bf16] {
+            for (len, n, s) in [(10, 3, 4), (7, 4, 3), (5, 8, 2), (1, 2, 1), (33, 5, 3)] {
+                let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+                let (directory, _regions) = servers(&transport, len, s, dtype);
+                let (_group, paths) = ranks(n, &directory);
+                let buffers = UnitBuffers::default();
+                let tasks: Vec<_> = paths
+                    .iter()
+                    .map(|path| {
+                        let (buffer, lease) = buffers.allocate(len);
+                        tokio::spawn(path.gather(op(OpKind::Gather, 9, 0), buffer, lease))
+                    })
+                    .collect();
+                let want: Vec<f32> = (0..len)
+                    .map(|i| codec::round_trip(dtype, i as f32 + 1.0))
+                    .collect();
+                for (rank, task) in tasks.into_iter().enumerate() {
+                    let got = tokio::time::timeout(Duration::from_secs(20), task)
+                        .await
+                        .expect("all-gather finishes")
+                        .expect("task")
+                        .expect("all-gather succeeds");
+                    assert_eq!(got.values.len(), len);
+                    assert_eq!(
+                        &got.values[..],
+                        &want[..],
+                        "{dtype:?}, len {len}, {n} trainers, {s} servers, rank {rank}"
+                    );
+                    // Bytes in: one unit in the pull dtype, whatever the ring did.
+                    assert_eq!(got.bytes, (len * dtype.size()) as u64);
+                }
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ring_reduce_scatter_sums_exactly_into_the_owners() {
+        for (len, n, s) in [(10, 3, 4), (7, 4, 3), (5, 8, 2), (33, 5, 3), (6, 1, 2)] {
+            let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+            let (directory, (accs, _pubs)) = servers(&transport, len, s, Dtype::F32);
+            let (_group, paths) = ranks(n, &directory);
+            let tasks: Vec<_> = paths
+                .iter()
+                .enumerate()
+                .map(|(rank, path)| {
+                    // Trainer `rank` contributes (rank + 1) · (i + 1) at element i.
+                    let grad: Vec<f32> = (0..len).map(|i| ((rank + 1) * (i + 1)) as f32).collect();
+                    tokio::spawn(path.push(op(OpKind::Push, 9, rank as u32), &grad))
+                })
+                .collect();
+            for task in tasks {
+                tokio::time::timeout(Duration::from_secs(20), task)
+                    .await
+                    .expect("reduce-scatter finishes")
+                    .expect("task")
+                    .expect("reduce-scatter succeeds");
+            }
+            let ranks: usize = (1..=n as usize).sum();
+            let got: Vec<f32> = accs.iter().flat_map(|a| a.take(10)).collect();
+            let want: Vec<f32> = (0..len).map(|i| (ranks * (i + 1)) as f32).collect();
+            assert_eq!(got.len(), want.len());
+            assert_eq!(got, want, "len {len}, {n} trainers, {s} servers");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn aborting_an_epoch_fails_waiting_and_later_operations_at_once() {
+        let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+        let (directory, _regions) = servers(&transport, 8, 2, Dtype::F32);
+        let (group, paths) = ranks(3, &directory);
+        let buffers = UnitBuffers::default();
+        // Only rank 0 arrives: without the abort it would wait for its left neighbour until its
+        // deadline (20 s, beyond this test's timeout).
+        let (buffer, lease) = buffers.allocate(8);
+        let lonely = tokio::spawn(paths[0].gather(op(OpKind::Gather, 9, 0), buffer, lease));
+        // Whether it is already waiting in the ring or not yet started, the abort ends it.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        group.abort_before(10);
+        let result = tokio::time::timeout(Duration::from_secs(5), lonely)
+            .await
+            .expect("the abort wakes the waiter")
+            .expect("task");
+        assert!(matches!(result, Err(Error::CollectiveAborted)), "{:?}", result.err());
+        // A trainer joining an operation of the discarded epoch after the discard fails at once
+        // (the epoch floor), instead of waiting for peers that will never come.
+        let (buffer, lease) = buffers.allocate(8);
+        let late = tokio::time::timeout(
+            Duration::from_secs(5),
+            paths[1].gather(op(OpKind::Gather, 9, 0), buffer, lease),
+        )
+        .await
+        .expect("an old-epoch operation fails at once");
+        assert!(matches!(late, Err(Error::CollectiveAborted)));
+        let grad = [1.0f32; 8];
+        let late_push =
+            tokio::time::timeout(Duration::from_secs(5), paths[2].push(op(OpKind::Push, 9, 0), &grad))
+                .await
+                .expect("an old-epoch reduce-scatter fails at once");
+        assert!(matches!(late_push, Err(Error::CollectiveAborted)));
+        assert_eq!(buffers.live(), 0, "aborted operations hold no buffer");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_missing_peer_is_a_deadline_error_naming_it() {
+        let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+        let (directory, _regions) = servers(&transport, 6, 2, Dtype::F32);
+        let (_group, paths) = ranks(2, &directory);
+        let buffers = UnitBuffers::default();
+        let (buffer, lease) = buffers.allocate(6);
+        let mut short = op(OpKind::Gather, 9, 0);
+        short.deadline = Instant::now() + Duration::from_millis(50);
+        let result = tokio::time::timeout(Duration::from_secs(10), paths[0].gather(short, buffer, lease))
+            .await
+            .expect("the deadline ends the wait");
+        match result {
+            Err(Error::Collective { unit: 0, peer: 1, source }) => assert!(
+                matches!(source, TransportError::DeadlineExceeded { .. }),
+                "{source}"
+            ),
+            other => panic!("expected a deadline naming peer 1, got {:?}", other.err()),
+        }
+    }
+}

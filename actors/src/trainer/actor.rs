@@ -10,7 +10,7 @@ use super::{MicroBatchDone, TrainerMsg, TrainerReport, TrainerSpec};
 use crate::datapath::{Collective, DataPath, OnDemand};
 use crate::error::Error;
 use crate::node::Node;
-use crate::policy::clock::Timestamp;
+use crate::policy::clock::{Clock, SystemClock};
 use crate::policy::dispatch::Communication;
 use crate::supervisor::SupervisorMsg;
 
@@ -83,7 +83,7 @@ impl Actor for Trainer {
         state: &mut TrainerState,
     ) -> std::result::Result<(), ActorProcessingErr> {
         let TrainerMsg::Run(assignment) = msg;
-        let started = Timestamp::now();
+        let started = SystemClock.now();
         let mb = &assignment.micro_batch;
         state.context.begin(mb, assignment.epoch);
         let output = state.compute.run(&mut state.context, mb).await;
@@ -97,7 +97,7 @@ impl Actor for Trainer {
             epoch: assignment.epoch,
             micro_batch: mb.id,
             started,
-            finished: Timestamp::now(),
+            finished: SystemClock.now(),
             result,
         };
         state.supervisor.cast(SupervisorMsg::Done(report))?;

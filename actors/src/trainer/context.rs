@@ -38,7 +38,7 @@ use crate::datapath::{DataPath, Gathered, Op, OpKey, OpKind};
 use crate::error::{Error, Result};
 use crate::layout::{ModelLayout, UnitId};
 use crate::metrics as m;
-use crate::policy::clock::Timestamp;
+use crate::policy::clock::{Clock, SystemClock, Timestamp};
 use crate::policy::stats::{Span, SpanKind};
 
 /// Knobs of the trainer-side data path.
@@ -239,7 +239,7 @@ impl TrainerContext {
             values,
         });
         let started = Instant::now();
-        let start = Timestamp::now();
+        let start = SystemClock.now();
         let mut first_err = None;
         for (unit, handle) in self.pushes.drain(..) {
             let outcome = match handle.await {
@@ -253,7 +253,7 @@ impl TrainerContext {
             first_err.get_or_insert(outcome);
         }
         self.stats.push_wait += started.elapsed();
-        self.record_span(SpanKind::PushWait, start, Timestamp::now());
+        self.record_span(SpanKind::PushWait, start, SystemClock.now());
         self.note_held();
         match first_err {
             Some(e) => Err(e),
@@ -297,7 +297,7 @@ impl TrainerContext {
             return Ok(values);
         }
         let started = Instant::now();
-        let start = Timestamp::now();
+        let start = SystemClock.now();
         let gathered = match self.inflight.remove(&unit) {
             Some(handle) => handle.await.map_err(|e| {
                 Error::Internal(format!("prefetch of unit {unit} failed: {e}"))
@@ -305,7 +305,7 @@ impl TrainerContext {
             None => self.start_gather(unit)?.await?,
         };
         self.stats.pull_wait += started.elapsed();
-        self.record_span(SpanKind::PullWait, start, Timestamp::now());
+        self.record_span(SpanKind::PullWait, start, SystemClock.now());
         let values = self.take_over(gathered);
         self.resident.insert(unit, values.clone());
         self.last_gathered = Some((unit, values.clone()));
