@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use odc_actors::stats::{SpanKind, StepStats};
+use odc_actors::policy::stats::{SpanKind, StepStats};
 
 use odc_actors::collective::TRAINER_ENDPOINT_BASE;
 use odc_transport::local::LocalTransport;

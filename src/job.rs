@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use odc_actors::balancer::CostModel;
 use odc_actors::compute::{ComputeFactory, LossWeighting, SampleMeta};
 use odc_actors::context::ContextConfig;
-use odc_actors::dispatch::{Communication, DispatchMode};
 use odc_actors::layout::{ModelLayout, UnitSpec};
 use odc_actors::optimizer::OptimizerConfig;
-use odc_actors::stats::StepStats;
+use odc_actors::policy::balancer::CostModel;
+use odc_actors::policy::dispatch::{Communication, DispatchMode};
+use odc_actors::policy::stats::StepStats;
 use odc_actors::supervisor::{
     FailurePolicy, StepPolicy, Supervisor, SupervisorArgs, SupervisorMsg,
 };
@@ -194,7 +194,7 @@ impl JobBuilder {
                 what: "shard server",
             });
         }
-        let max = odc_actors::balancer::MAX_TRAINERS;
+        let max = odc_actors::policy::balancer::MAX_TRAINERS;
         if self.trainers > max || self.servers > max {
             return Err(Error::Config(format!(
                 "{} trainers and {} shard servers: at most {max} of each",

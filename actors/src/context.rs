@@ -35,7 +35,7 @@ use crate::directory::{Directory, ShardRoute};
 use crate::error::{Error, Result};
 use crate::layout::{ModelLayout, UnitId};
 use crate::metrics as m;
-use crate::stats::{Span, SpanKind};
+use crate::policy::stats::{Span, SpanKind};
 
 /// Knobs of the trainer-side data path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,9 +2,9 @@
 
 use odc_transport::{EndpointId, TransportError};
 
-use crate::balancer::BalanceError;
 use crate::layout::UnitId;
 use crate::optimizer::OptimizerError;
+use crate::policy::balancer::BalanceError;
 
 /// Errors of the odc runtime.
 #[derive(Debug, Clone, thiserror::Error)]

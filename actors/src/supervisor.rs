@@ -11,8 +11,8 @@
 //! - **I4 no inner barrier**: a trainer gets its next micro-batch as soon as it reports; nothing waits
 //!   for another trainer before the barrier.
 //!
-//! The policies (plan, work queue, ledger) are the pure modules [`crate::balancer`],
-//! [`crate::dispatch`] and [`crate::ledger`]; this actor only moves messages between them.
+//! The policies (plan, work queue, ledger) are the pure modules [`crate::policy::balancer`],
+//! [`crate::policy::dispatch`] and [`crate::policy::ledger`]; this actor only moves messages between them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,22 +22,22 @@ use odc_transport::{Dtype, Transport};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::balancer::{
-    plan_dynamic, plan_equal_count, plan_static, plan_static_weighted, CostModel, Plan,
-};
 use crate::collective::CollectiveGroup;
 use crate::compute::{LossWeighting, MicroBatch, SampleMeta, SharedComputeFactory};
 use crate::context::{ContextConfig, TrainerContext};
 use crate::directory::Directory;
-use crate::dispatch::{Communication, DispatchMode, WorkQueue};
 use crate::error::{Error, Result};
 use crate::layout::ModelLayout;
-use crate::ledger::Ledger;
 use crate::metrics as m;
 use crate::optimizer::OptimizerConfig;
+use crate::policy::balancer::{
+    plan_dynamic, plan_equal_count, plan_static, plan_static_weighted, CostModel, Plan,
+};
+use crate::policy::dispatch::{Communication, DispatchMode, WorkQueue};
+use crate::policy::ledger::Ledger;
+use crate::policy::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
+use crate::policy::straggler::{choose_micro_batch, SpeedEstimator};
 use crate::server::{ServerArgs, ServerMsg, ShardServer};
-use crate::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
-use crate::straggler::{choose_micro_batch, SpeedEstimator};
 use crate::trainer::{Assignment, Trainer, TrainerArgs, TrainerMsg, TrainerReport};
 
 /// Timeout of control calls to shard servers.

@@ -16,7 +16,7 @@ use super::BalanceError;
 /// [`BalanceError::ZeroLength`], [`BalanceError::SampleExceedsBudget`].
 ///
 /// ```
-/// use odc_actors::balancer::pack;
+/// use odc_actors::policy::balancer::pack;
 /// let tokens = [600, 500, 400, 300];
 /// let mbs = pack(&tokens, &[0, 1, 2, 3], 1000).unwrap();
 /// assert_eq!(mbs, vec![vec![0, 2], vec![1, 3]]);

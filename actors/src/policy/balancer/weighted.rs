@@ -48,7 +48,7 @@ use super::{loads, partition, BalanceError, CostModel, Plan};
 /// samples into micro-batches under `budget`.
 ///
 /// `speeds` are in any unit (cost units per second, or relative speeds with the fastest at 1.0,
-/// as [`SpeedEstimator::relative_speeds`](crate::straggler::SpeedEstimator::relative_speeds)
+/// as [`SpeedEstimator::relative_speeds`](crate::policy::straggler::SpeedEstimator::relative_speeds)
 /// gives); only their ratios matter. With all speeds equal this is exactly [`plan_static`].
 ///
 /// Errors: [`BalanceError::ZeroTrainers`] for no speeds, [`BalanceError::TooManyTrainers`],
@@ -56,7 +56,7 @@ use super::{loads, partition, BalanceError, CostModel, Plan};
 /// of [`plan_static`] for a bad minibatch, budget or cost model.
 ///
 /// ```
-/// use odc_actors::balancer::{plan_static_weighted, CostModel};
+/// use odc_actors::policy::balancer::{plan_static_weighted, CostModel};
 /// // Twelve equal samples; trainer 1 runs at half speed.
 /// let tokens = [8_000; 12];
 /// let plan = plan_static_weighted(&tokens, &CostModel::linear(), &[1.0, 0.5], 32_000).unwrap();
@@ -137,7 +137,7 @@ fn lpt_uniform(costs: &[f64], speeds: &[f64]) -> Vec<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancer::{plan_static, MAX_TRAINERS};
+    use crate::policy::balancer::{plan_static, MAX_TRAINERS};
     use proptest::prelude::*;
 
     /// W1: the guarantees of every plan, plus one `per_trainer` list per speed.

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use crate::balancer::Plan;
+use crate::policy::balancer::Plan;
 
 /// How gathers and gradient pushes move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -19,7 +19,7 @@ pub enum Communication {
     #[default]
     OnDemand,
     /// FSDP-style ring all-gather / reduce-scatter across all trainers, each a barrier; plans are
-    /// LB-Micro ([`plan_equal_count`](crate::balancer::plan_equal_count): equal micro-batch counts,
+    /// LB-Micro ([`plan_equal_count`](crate::policy::balancer::plan_equal_count): equal micro-batch counts,
     /// dealt in rounds of similar cost).
     Collective,
 }
@@ -101,7 +101,7 @@ impl WorkQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancer::PlannedMicroBatch;
+    use crate::policy::balancer::PlannedMicroBatch;
 
     fn plan(costs: &[f64], per_trainer: Option<Vec<Vec<usize>>>) -> Plan {
         Plan {

@@ -1,7 +1,7 @@
 //! Runtime straggler handling: estimate each trainer's speed from completed work and let dispatch
 //! use it.
 //!
-//! A pure policy core: no ractor, no tokio, no clock. Times are plain `f64` seconds the caller
+//! A pure policy core (see [`crate::policy`]): no clock. Times are plain `f64` seconds the caller
 //! measured, so every decision is a function of its arguments and is unit-tested as such. The
 //! supervisor drives it:
 //! - on every completed micro-batch it calls [`SpeedEstimator::observe`] with the micro-batch's
@@ -9,7 +9,7 @@
 //! - in dynamic dispatch, when a trainer is idle it asks [`choose_micro_batch`] which remaining
 //!   micro-batch that trainer should take, if any;
 //! - in static dispatch, between minibatches it plans with
-//!   [`plan_static_weighted`](crate::balancer::plan_static_weighted) on
+//!   [`plan_static_weighted`](crate::policy::balancer::plan_static_weighted) on
 //!   [`SpeedEstimator::relative_speeds`];
 //! - [`straggler_factor`] summarises the spread of speeds for reporting.
 //!
@@ -44,8 +44,8 @@ pub const DEFAULT_ALPHA: f64 = 0.3;
 /// clearly (more than 10%) faster.
 const TIE_TOLERANCE: f64 = 0.10;
 
-/// Most trainers an estimator tracks: that of a plan ([`crate::balancer::MAX_TRAINERS`]).
-const MAX_TRAINERS: usize = crate::balancer::MAX_TRAINERS;
+/// Most trainers an estimator tracks: that of a plan ([`crate::policy::balancer::MAX_TRAINERS`]).
+const MAX_TRAINERS: usize = crate::policy::balancer::MAX_TRAINERS;
 
 fn valid_speed(speed: f64) -> bool {
     speed.is_finite() && speed > 0.0
@@ -58,7 +58,7 @@ fn valid_speed(speed: f64) -> bool {
 /// reuses its slot and should be [`reset`](Self::reset).
 ///
 /// ```
-/// use odc_actors::straggler::SpeedEstimator;
+/// use odc_actors::policy::straggler::SpeedEstimator;
 /// let mut est = SpeedEstimator::new(2, 0.5);
 /// est.observe(0, 10.0, 2.0); // first observation: 5 units/s
 /// est.observe(0, 10.0, 1.0); // 10 units/s, smoothed: 0.5·10 + 0.5·5
@@ -75,7 +75,7 @@ pub struct SpeedEstimator {
 
 impl SpeedEstimator {
     /// An estimator for trainers `0..trainers` (at most
-    /// [`MAX_TRAINERS`](crate::balancer::MAX_TRAINERS); higher slots are not tracked), every speed
+    /// [`MAX_TRAINERS`](crate::policy::balancer::MAX_TRAINERS); higher slots are not tracked), every speed
     /// unknown. `alpha` is the weight of each new observation: a value above 1 is taken as 1 (no
     /// smoothing), a non-finite or non-positive one as [`DEFAULT_ALPHA`].
     pub fn new(trainers: usize, alpha: f64) -> Self {
@@ -156,7 +156,7 @@ impl SpeedEstimator {
     }
 
     /// [`speeds`](Self::speeds) divided by the fastest, so the fastest trainer is at 1.0 and every
-    /// value is in `(0, 1]` — what [`plan_static_weighted`](crate::balancer::plan_static_weighted)
+    /// value is in `(0, 1]` — what [`plan_static_weighted`](crate::policy::balancer::plan_static_weighted)
     /// takes. (A ratio that would underflow to 0 is clamped to the smallest positive normal
     /// `f64`.)
     pub fn relative_speeds(&self) -> Vec<f64> {
@@ -212,7 +212,7 @@ impl SpeedEstimator {
 /// An unsorted `remaining` still gives a valid index.
 ///
 /// ```
-/// use odc_actors::straggler::choose_micro_batch;
+/// use odc_actors::policy::straggler::choose_micro_batch;
 /// // A half-speed trainer next to an idle full-speed one: the fast one should take the 10
 /// // (done at 10 s), the slow one the 1 (done at 2 s, not at 20 s).
 /// assert_eq!(choose_micro_batch(&[10.0, 1.0], 0.5, &[(0.0, 1.0)]), Some(1));
@@ -256,7 +256,7 @@ pub fn choose_micro_batch(
 /// with one trainer at half speed; 1.0 when there are no valid speeds.
 ///
 /// ```
-/// use odc_actors::straggler::straggler_factor;
+/// use odc_actors::policy::straggler::straggler_factor;
 /// assert_eq!(straggler_factor(&[1.0, 0.5, 1.0]), 0.5);
 /// assert_eq!(straggler_factor(&[]), 1.0);
 /// ```

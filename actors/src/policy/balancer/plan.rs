@@ -125,7 +125,7 @@ fn sort_by_cost<T>(mbs: &mut [(T, PlannedMicroBatch)]) {
 /// samples gets none.
 ///
 /// ```
-/// use odc_actors::balancer::{plan_static, CostModel};
+/// use odc_actors::policy::balancer::{plan_static, CostModel};
 /// let tokens = [30_000, 8_000, 8_000, 7_000, 4_000, 3_000];
 /// let plan = plan_static(&tokens, &CostModel::linear(), 2, 32_000).unwrap();
 /// let per_trainer = plan.per_trainer.as_ref().unwrap();
@@ -298,7 +298,7 @@ pub fn plan_equal_count(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancer::{greedy_partition, max_load};
+    use crate::policy::balancer::{greedy_partition, max_load};
     use proptest::prelude::*;
 
     /// Checks every guarantee listed in the module docs.
