@@ -7,8 +7,8 @@
 //! communication or waiting.
 
 use std::sync::Arc;
-use std::time::Instant;
 
+use odc_actors::policy::clock::{Clock, SystemClock, Timestamp};
 use odc_actors::policy::stats::{SpanKind, StepStats};
 
 use odc_actors::collective::TRAINER_ENDPOINT_BASE;
@@ -176,8 +176,8 @@ pub fn token_budget(case: &Case, settings: &Settings) -> u64 {
 }
 
 /// Spans of one step as trace spans relative to `origin`; barrier waits added per trainer.
-fn trace_spans(stats: &StepStats, origin: Instant, devices: usize) -> Vec<TraceSpan> {
-    let rel = |t: Instant| t.saturating_duration_since(origin);
+fn trace_spans(stats: &StepStats, origin: Timestamp, devices: usize) -> Vec<TraceSpan> {
+    let rel = |t: Timestamp| t.saturating_duration_since(origin);
     let mut out = Vec::new();
     for r in &stats.micro_batch_log {
         for s in &r.spans {
@@ -230,7 +230,7 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
         .optimizer(crate::OptimizerConfig::sgd(0.0))
         .compute(device.factory())
         .build()?;
-    let origin = Instant::now();
+    let origin = SystemClock.now();
     let mut m = Measure::default();
     for step in 0..settings.steps {
         let samples = minibatch(case, settings.seed, step);

@@ -35,6 +35,7 @@ use crate::directory::{Directory, ShardRoute};
 use crate::error::{Error, Result};
 use crate::layout::{ModelLayout, UnitId};
 use crate::metrics as m;
+use crate::policy::clock::SystemClock;
 use crate::policy::stats::{Span, SpanKind};
 
 /// Knobs of the trainer-side data path.
@@ -287,7 +288,11 @@ impl TrainerContext {
 
     /// Record a span of the micro-batch's timeline (e.g. the compute's own work).
     pub fn record_span(&mut self, kind: SpanKind, start: Instant, end: Instant) {
-        self.stats.spans.push(Span { kind, start, end });
+        self.stats.spans.push(Span {
+            kind,
+            start: SystemClock::at(start),
+            end: SystemClock::at(end),
+        });
     }
 
     /// Units currently gathered and not released.

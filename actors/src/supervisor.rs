@@ -15,7 +15,7 @@
 //! [`crate::policy::dispatch`] and [`crate::policy::ledger`]; this actor only moves messages between them.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::join_all;
 use odc_transport::{Dtype, Transport};
@@ -33,6 +33,7 @@ use crate::optimizer::OptimizerConfig;
 use crate::policy::balancer::{
     plan_dynamic, plan_equal_count, plan_static, plan_static_weighted, CostModel, Plan,
 };
+use crate::policy::clock::{Clock, SystemClock};
 use crate::policy::dispatch::{Communication, DispatchMode, WorkQueue};
 use crate::policy::ledger::Ledger;
 use crate::policy::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
@@ -125,7 +126,7 @@ struct TrainerSlot {
     /// (epoch, micro-batch) it is running.
     busy: Option<(u64, usize)>,
     /// When it got its current micro-batch and that micro-batch's cost.
-    busy_since: Option<(Instant, f64)>,
+    busy_since: Option<(crate::policy::clock::Timestamp, f64)>,
     respawns: u32,
 }
 
@@ -137,7 +138,7 @@ struct StepRun {
     queue_index: Vec<Option<usize>>,
     ledger: Ledger,
     reply: RpcReplyPort<Result<StepStats>>,
-    started: Instant,
+    started: crate::policy::clock::Timestamp,
     replays: u32,
     loss_sum: f64,
     trainers: Vec<TrainerStepStats>,
@@ -439,7 +440,7 @@ fn new_run(
         queue_index,
         samples,
         reply,
-        started: Instant::now(),
+        started: SystemClock.now(),
         replays: 0,
         loss_sum: 0.0,
         trainers: vec![TrainerStepStats::default(); slots],
@@ -461,7 +462,7 @@ fn next_micro_batch(state: &mut SupervisorState, slot: usize, queue_index: usize
         .shared()
         .map(|mb| run.micro_batches[mb].cost)
         .collect();
-    let now = Instant::now();
+    let now = SystemClock.now();
     let others: Vec<(f64, f64)> = state
         .slots
         .iter()
@@ -541,7 +542,7 @@ fn assign(state: &mut SupervisorState, slot_index: usize, mb: usize) {
     match actor.cast(TrainerMsg::Run(assignment)) {
         Ok(()) => {
             slot.busy = Some((state.epoch, mb));
-            slot.busy_since = Some((Instant::now(), run.micro_batches[mb].cost));
+            slot.busy_since = Some((SystemClock.now(), run.micro_batches[mb].cost));
         }
         Err(e) => {
             // The trainer is gone; its supervision event will replan. Keep the work.
@@ -702,8 +703,8 @@ async fn barrier(state: &mut SupervisorState) -> Result<StepStats> {
     let Some(run) = state.run.as_mut() else {
         return Err(Error::Busy);
     };
-    let ended = Instant::now();
-    let wall = ended - run.started;
+    let ended = SystemClock.now();
+    let wall = ended.saturating_duration_since(run.started);
     for (i, t) in run.trainers.iter_mut().enumerate() {
         t.idle = wall.saturating_sub(t.busy);
         let last = run

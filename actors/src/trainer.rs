@@ -5,13 +5,12 @@
 //! reaches the supervisor as a supervision event (I2 replay). Trainers never talk to each other
 //! (I4): the only thing a trainer waits on is its own transfers.
 
-use std::time::Instant;
-
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::compute::{Compute, ComputeOutput, MicroBatch};
 use crate::context::{MicroBatchStats, TrainerContext};
 use crate::error::Result;
+use crate::policy::clock::{Clock, SystemClock, Timestamp};
 use crate::supervisor::SupervisorMsg;
 
 /// One micro-batch to run within the accumulator epoch `epoch`.
@@ -32,8 +31,8 @@ pub struct TrainerReport {
     pub trainer: usize,
     pub epoch: u64,
     pub micro_batch: usize,
-    pub started: Instant,
-    pub finished: Instant,
+    pub started: Timestamp,
+    pub finished: Timestamp,
     pub result: Result<(ComputeOutput, MicroBatchStats)>,
 }
 
@@ -81,7 +80,7 @@ impl Actor for Trainer {
         state: &mut TrainerState,
     ) -> std::result::Result<(), ActorProcessingErr> {
         let TrainerMsg::Run(assignment) = msg;
-        let started = Instant::now();
+        let started = SystemClock.now();
         let mb = &assignment.micro_batch;
         state.context.begin(mb, assignment.epoch);
         let output = state.compute.run(&mut state.context, mb).await;
@@ -95,7 +94,7 @@ impl Actor for Trainer {
             epoch: assignment.epoch,
             micro_batch: mb.id,
             started,
-            finished: Instant::now(),
+            finished: SystemClock.now(),
             result,
         };
         state.supervisor.cast(SupervisorMsg::Done(report))?;

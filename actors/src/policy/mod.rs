@@ -20,6 +20,7 @@
 //!   ([`step::Reason`]), printable for logs and comparable in tests.
 
 pub mod balancer;
+pub mod clock;
 pub mod dispatch;
 pub mod ledger;
 pub mod stats;
