@@ -31,13 +31,14 @@ use crate::layout::ModelLayout;
 use crate::metrics as m;
 use crate::optimizer::OptimizerConfig;
 use crate::policy::balancer::{
-    plan_dynamic, plan_equal_count, plan_static, plan_static_weighted, CostModel, Plan,
+    plan_dynamic, plan_dynamic_weighted, plan_equal_count, plan_static, plan_static_weighted,
+    CostModel, Plan,
 };
 use crate::policy::clock::{Clock, SystemClock};
-use crate::policy::dispatch::{Communication, DispatchMode, WorkQueue};
+use crate::policy::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
 use crate::policy::ledger::Ledger;
 use crate::policy::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
-use crate::policy::straggler::{choose_micro_batch, SpeedEstimator};
+use crate::policy::straggler::SpeedEstimator;
 use crate::server::{ServerArgs, ServerMsg, ShardServer};
 use crate::trainer::{Assignment, Trainer, TrainerArgs, TrainerMsg, TrainerReport};
 
@@ -134,8 +135,6 @@ struct StepRun {
     samples: Vec<SampleMeta>,
     micro_batches: Vec<MicroBatch>,
     queue: WorkQueue,
-    /// Slot index → the plan's trainer index (static plans are made for the live slots only).
-    queue_index: Vec<Option<usize>>,
     ledger: Ledger,
     reply: RpcReplyPort<Result<StepStats>>,
     started: crate::policy::clock::Timestamp,
@@ -340,7 +339,7 @@ async fn spawn_trainer(
 }
 
 /// Plan `samples` for the live trainer slots.
-fn plan(state: &SupervisorState, samples: &[SampleMeta]) -> Result<(Plan, Vec<Option<usize>>)> {
+fn plan(state: &SupervisorState, samples: &[SampleMeta]) -> Result<(Plan, Vec<usize>)> {
     let live: Vec<usize> = (0..state.slots.len())
         .filter(|&i| state.slots[i].actor.is_some())
         .collect();
@@ -362,14 +361,21 @@ fn plan(state: &SupervisorState, samples: &[SampleMeta]) -> Result<(Plan, Vec<Op
             }
             plan_equal_count(&tokens, &p.cost, live.len(), p.token_budget)?
         }
-        (Communication::OnDemand, DispatchMode::Static) if p.rebalance => {
-            // The static plan corrected between minibatches by the measured speeds.
+        (Communication::OnDemand, mode) if p.rebalance => {
+            // The plan corrected between minibatches by the measured speeds.
             let all = state.speeds.speeds();
             let speeds: Vec<f64> = live
                 .iter()
                 .map(|&s| all.get(s).copied().unwrap_or(1.0))
                 .collect();
-            plan_static_weighted(&tokens, &p.cost, &speeds, p.token_budget)?
+            match mode {
+                DispatchMode::Static => {
+                    plan_static_weighted(&tokens, &p.cost, &speeds, p.token_budget)?
+                }
+                DispatchMode::Dynamic => {
+                    plan_dynamic_weighted(&tokens, &p.cost, &speeds, p.token_budget)?
+                }
+            }
         }
         (Communication::OnDemand, DispatchMode::Static) => {
             plan_static(&tokens, &p.cost, live.len(), p.token_budget)?
@@ -378,11 +384,7 @@ fn plan(state: &SupervisorState, samples: &[SampleMeta]) -> Result<(Plan, Vec<Op
             plan_dynamic(&tokens, &p.cost, live.len(), p.token_budget)?
         }
     };
-    let mut queue_index = vec![None; state.slots.len()];
-    for (q, &slot) in live.iter().enumerate() {
-        queue_index[slot] = Some(q);
-    }
-    Ok((plan, queue_index))
+    Ok((plan, live))
 }
 
 fn start_step(
@@ -400,7 +402,7 @@ fn start_step(
         }));
         return;
     }
-    let (plan, queue_index) = match plan(state, &samples) {
+    let (plan, live) = match plan(state, &samples) {
         Ok(p) => p,
         Err(e) => {
             let _ = reply.send(Err(e));
@@ -408,7 +410,7 @@ fn start_step(
         }
     };
     let slots = state.slots.len();
-    state.run = Some(new_run(state, samples, &plan, queue_index, reply, slots));
+    state.run = Some(new_run(state, samples, &plan, &live, reply, slots));
     dispatch(state);
 }
 
@@ -416,7 +418,7 @@ fn new_run(
     state: &SupervisorState,
     samples: Vec<SampleMeta>,
     plan: &Plan,
-    queue_index: Vec<Option<usize>>,
+    live: &[usize],
     reply: RpcReplyPort<Result<StepStats>>,
     slots: usize,
 ) -> StepRun {
@@ -434,10 +436,9 @@ fn new_run(
         })
         .collect();
     StepRun {
-        queue: WorkQueue::from_plan(plan, queue_index.iter().flatten().count()),
+        queue: WorkQueue::new(plan, live, slots),
         ledger: Ledger::new(micro_batches.len()),
         micro_batches,
-        queue_index,
         samples,
         reply,
         started: SystemClock.now(),
@@ -448,37 +449,42 @@ fn new_run(
     }
 }
 
-/// Which micro-batch idle trainer `slot` takes next, if any.
-fn next_micro_batch(state: &mut SupervisorState, slot: usize, queue_index: usize) -> Option<usize> {
-    let rebalance = state.policy.rebalance;
+/// Which micro-batch idle trainer `slot` takes next, if any: its own list, else a steal
+/// (dynamic dispatch) on the measured speeds (`rebalance`) or equal ones.
+fn next_micro_batch(state: &mut SupervisorState, slot: usize) -> Option<usize> {
     let run = state.run.as_mut()?;
-    if !rebalance || !run.queue.own_is_empty(queue_index) {
-        return run.queue.next_for(queue_index);
+    if let Some(mb) = run.queue.next_own(slot) {
+        return Some(mb);
     }
-    // Speed-aware dynamic dispatch: earliest finish time on trainers of measured speeds.
-    let speeds = state.speeds.speeds();
-    let remaining: Vec<f64> = run
-        .queue
-        .shared()
-        .map(|mb| run.micro_batches[mb].cost)
-        .collect();
+    if state.policy.dispatch != DispatchMode::Dynamic
+        || state.policy.communication != Communication::OnDemand
+    {
+        return None;
+    }
+    let measured = state.speeds.speeds();
+    let mean = measured.iter().sum::<f64>() / measured.len().max(1) as f64;
     let now = SystemClock.now();
-    let others: Vec<(f64, f64)> = state
+    let outlooks: Vec<Outlook> = state
         .slots
         .iter()
         .enumerate()
-        .filter(|&(i, s)| i != slot && s.actor.is_some())
         .map(|(i, s)| {
-            let speed = speeds.get(i).copied().unwrap_or(1.0);
-            let free = s.busy_since.map_or(0.0, |(since, cost)| {
+            let speed = if state.policy.rebalance {
+                measured.get(i).copied().unwrap_or(mean)
+            } else {
+                mean
+            };
+            let busy_for = s.busy_since.map_or(0.0, |(since, cost)| {
                 (cost / speed - now.saturating_duration_since(since).as_secs_f64()).max(0.0)
             });
-            (free, speed)
+            Outlook {
+                live: s.actor.is_some(),
+                speed,
+                busy_for,
+            }
         })
         .collect();
-    let own = speeds.get(slot).copied().unwrap_or(1.0);
-    let position = choose_micro_batch(&remaining, own, &others)?;
-    run.queue.take_shared(position)
+    run.queue.steal(slot, &outlooks).map(|s| s.micro_batch)
 }
 
 /// Hand the next micro-batch to every idle live trainer.
@@ -490,34 +496,10 @@ fn dispatch(state: &mut SupervisorState) {
         if state.slots[slot_index].actor.is_none() || state.slots[slot_index].busy.is_some() {
             continue;
         }
-        let Some(q) = state
-            .run
-            .as_ref()
-            .and_then(|r| r.queue_index.get(slot_index).copied().flatten())
-        else {
-            continue;
-        };
-        let Some(mb) = next_micro_batch(state, slot_index, q) else {
+        let Some(mb) = next_micro_batch(state, slot_index) else {
             continue;
         };
         assign(state, slot_index, mb);
-    }
-    // A speed-aware choice may leave every trainer idle only if nobody is fit for the work; never
-    // stall the step: the first idle trainer takes the costliest micro-batch.
-    let all_idle = state.slots.iter().all(|s| s.busy.is_none());
-    let forced = state.run.as_mut().and_then(|run| {
-        if !all_idle || run.queue.remaining() == 0 {
-            return None;
-        }
-        let slot = (0..state.slots.len()).find(|&i| {
-            state.slots[i].actor.is_some() && run.queue_index.get(i).copied().flatten().is_some()
-        })?;
-        let q = run.queue_index[slot]?;
-        let mb = run.queue.next_for(q).or_else(|| run.queue.take_shared(0))?;
-        Some((slot, mb))
-    });
-    if let Some((slot, mb)) = forced {
-        assign(state, slot, mb);
     }
 }
 
@@ -528,7 +510,7 @@ fn assign(state: &mut SupervisorState, slot_index: usize, mb: usize) {
     };
     let slot = &mut state.slots[slot_index];
     let Some(actor) = &slot.actor else {
-        run.queue.requeue(mb);
+        run.queue.put_back(slot_index, mb);
         return;
     };
     if let Err(e) = run.ledger.assign(mb, slot_index) {
@@ -548,7 +530,7 @@ fn assign(state: &mut SupervisorState, slot_index: usize, mb: usize) {
             // The trainer is gone; its supervision event will replan. Keep the work.
             tracing::warn!("trainer {slot_index} unreachable: {e}");
             run.ledger.fail_trainer(slot_index);
-            run.queue.requeue(mb);
+            run.queue.put_back(slot_index, mb);
         }
     }
 }
@@ -809,10 +791,10 @@ async fn on_child_exit(
         return Ok(());
     }
     match plan(state, &run.samples) {
-        Ok((plan, queue_index)) => {
+        Ok((plan, live)) => {
             let slots = state.slots.len();
             let started = run.started;
-            let mut fresh = new_run(state, run.samples, &plan, queue_index, run.reply, slots);
+            let mut fresh = new_run(state, run.samples, &plan, &live, run.reply, slots);
             fresh.replays = replays;
             fresh.started = started;
             state.run = Some(fresh);
