@@ -58,7 +58,7 @@ pub use odc_actors::policy::dispatch::{Communication, DispatchMode};
 pub use odc_actors::policy::stats::{
     MicroBatchRecord, Span, SpanKind, StepStats, TrainerStepStats,
 };
-pub use odc_actors::supervisor::FailurePolicy;
+pub use odc_actors::policy::step::FailurePolicy;
 pub use odc_actors::{Error, Result};
 pub use odc_transport as transport;
 

@@ -5,6 +5,7 @@ use odc_transport::{EndpointId, TransportError};
 use crate::layout::UnitId;
 use crate::optimizer::OptimizerError;
 use crate::policy::balancer::BalanceError;
+use crate::policy::ledger::LedgerError;
 
 /// Errors of the odc runtime.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -74,6 +75,31 @@ pub enum Error {
     Busy,
     #[error("actor {actor}: {reason}")]
     Actor { actor: String, reason: String },
+    /// A wait ran past its deadline (DESIGN I6): a hung compute, a lost peer, a stuck step.
+    #[error("step {step}: {what}{} ran past its deadline, gave up after {after_ms} ms", place(*.trainer, *.micro_batch))]
+    Deadline {
+        /// What was waited for: `"micro-batch"`, `"step"`, `"parameters"`.
+        what: String,
+        step: u64,
+        trainer: Option<u32>,
+        micro_batch: Option<u32>,
+        /// How long it had run when given up on.
+        after_ms: u64,
+    },
+    /// The ledger refused a hand-out or a completion: the supervisor's state is inconsistent. The
+    /// step fails rather than drop or double-count a micro-batch (I2).
+    #[error("step {step}: the ledger refused: {source}")]
+    Ledger { step: u64, source: LedgerError },
+}
+
+/// `" on trainer T (micro-batch M)"`, the parts that are known.
+fn place(trainer: Option<u32>, micro_batch: Option<u32>) -> String {
+    match (trainer, micro_batch) {
+        (Some(t), Some(m)) => format!(" on trainer {t} (micro-batch {m})"),
+        (Some(t), None) => format!(" on trainer {t}"),
+        (None, Some(m)) => format!(" (micro-batch {m})"),
+        (None, None) => String::new(),
+    }
 }
 
 impl Error {

@@ -69,6 +69,32 @@ impl Outlook {
             busy_for: 0.0,
         }
     }
+
+    /// A live trainer of estimated `speed` that has run its current micro-batch of `cost` for
+    /// `ran` seconds: it needs `cost / speed − ran` more (0 when overdue). An overdue trainer is
+    /// slower than estimated: not yet done with `cost` after `ran` seconds, it is at most
+    /// `cost / ran` fast, which then counts as its speed (so its list is expected to take longer
+    /// and is stolen from more readily).
+    ///
+    /// ```
+    /// use odc_actors::policy::dispatch::Outlook;
+    /// let on_time = Outlook::busy(2.0, 4.0, 0.5);
+    /// assert_eq!((on_time.speed, on_time.busy_for), (2.0, 1.5));
+    /// let late = Outlook::busy(2.0, 4.0, 8.0);
+    /// assert_eq!((late.speed, late.busy_for), (0.5, 0.0));
+    /// ```
+    pub fn busy(speed: f64, cost: f64, ran: f64) -> Self {
+        let speed = if ran > 0.0 && cost > 0.0 {
+            speed.min(cost / ran)
+        } else {
+            speed
+        };
+        Outlook {
+            live: true,
+            speed,
+            busy_for: (cost / speed - ran).max(0.0),
+        }
+    }
 }
 
 /// A steal decided by [`WorkQueue::steal`].
@@ -114,11 +140,6 @@ impl WorkQueue {
     /// The front (costliest) micro-batch of `trainer`'s own list.
     pub fn next_own(&mut self, trainer: usize) -> Option<usize> {
         self.lists.get_mut(trainer)?.pop_front()
-    }
-
-    /// True when `trainer` has no list of its own left.
-    pub fn own_is_empty(&self, trainer: usize) -> bool {
-        self.lists.get(trainer).is_none_or(VecDeque::is_empty)
     }
 
     /// `trainer`'s own list, front first.
@@ -236,7 +257,7 @@ mod tests {
         let mut q = WorkQueue::new(&p, &[0, 1], 2);
         assert_eq!(q.next_own(0), Some(0));
         assert_eq!(q.next_own(0), None);
-        assert!(q.own_is_empty(0));
+        assert_eq!(q.own(0).count(), 0);
         assert_eq!(q.next_own(1), Some(1));
         q.put_back(1, 1);
         assert_eq!(q.own(1).collect::<Vec<_>>(), vec![1, 2]);
@@ -251,7 +272,7 @@ mod tests {
         // Plan made for live slots 1 and 3 of four.
         let p = plan(&[5.0, 3.0], vec![vec![0], vec![1]]);
         let mut q = WorkQueue::new(&p, &[1, 3], 4);
-        assert!(q.own_is_empty(0) && q.own_is_empty(2));
+        assert_eq!(q.own(0).chain(q.own(2)).count(), 0);
         assert_eq!(q.next_own(3), Some(1));
         assert_eq!(q.next_own(1), Some(0));
         // A list without an owner is not lost.
@@ -338,12 +359,11 @@ mod tests {
                     (None, None) => None,
                     (None, Some(known)) => {
                         let outlooks: Vec<Outlook> = (0..n)
-                            .map(|o| Outlook {
-                                live: true,
-                                speed: known[o],
-                                busy_for: running[o].map_or(0.0, |(mb, start, _)| {
-                                    (q.cost(mb) / known[o] - (now - start)).max(0.0)
-                                }),
+                            .map(|o| match running[o] {
+                                Some((mb, start, _)) => {
+                                    Outlook::busy(known[o], q.cost(mb), now - start)
+                                }
+                                None => Outlook::idle(known[o]),
                             })
                             .collect();
                         q.steal(t, &outlooks).map(|s| {

@@ -24,6 +24,7 @@ pub mod clock;
 pub mod dispatch;
 pub mod ledger;
 pub mod stats;
+pub mod step;
 pub mod straggler;
 
 #[cfg(test)]
