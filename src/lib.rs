@@ -55,10 +55,10 @@ pub use odc_actors::layout::{self, ModelLayout, UnitId, UnitInit, UnitSpec};
 pub use odc_actors::optimizer::{OptimizerConfig, OptimizerState};
 pub use odc_actors::policy::balancer::CostModel;
 pub use odc_actors::policy::dispatch::{Communication, DispatchMode};
+pub use odc_actors::policy::recovery::FailurePolicy;
 pub use odc_actors::policy::stats::{
     MicroBatchRecord, Span, SpanKind, StepStats, TrainerStepStats,
 };
-pub use odc_actors::policy::step::FailurePolicy;
 pub use odc_actors::{Error, Result};
 pub use odc_transport as transport;
 

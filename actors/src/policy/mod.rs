@@ -5,6 +5,7 @@
 //! - [`dispatch`]: the work queue of one minibatch attempt (own lists, earliest-finish stealing);
 //! - [`ledger`]: exactly-once accounting of micro-batches (I2);
 //! - [`straggler`]: per-trainer speed estimates;
+//! - [`recovery`]: what a trainer failure means (respawn or drop, replay or not, how often);
 //! - [`step`]: the supervisor's decisions as a state machine (plan, dispatch, ledger, barrier,
 //!   replay, deadlines): events in, commands with reasons out;
 //! - [`stats`]: what a step reports; [`clock`]: [`Timestamp`](clock::Timestamp) and the
@@ -23,6 +24,7 @@ pub mod balancer;
 pub mod clock;
 pub mod dispatch;
 pub mod ledger;
+pub mod recovery;
 pub mod stats;
 pub mod step;
 pub mod straggler;

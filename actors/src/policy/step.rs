@@ -14,7 +14,7 @@
 //!   squares of the scaled gradient; the norm gives the clip factor.
 //! - *Applying*: `Apply { clip, version }`; when every server applied, `Finish(Ok(stats))`.
 //!
-//! ## Failures
+//! ## Failures (the recovery rules are [`crate::policy::recovery`]'s)
 //! - A trainer lost while *Computing*: `Discard` (every owner drops the attempt and moves to a new
 //!   epoch), then re-plan for the live trainers and replay the whole minibatch; after
 //!   `max_replays` replays, `TooManyReplays`. The trainer is respawned (`FailurePolicy::Respawn`,
@@ -70,6 +70,7 @@ use crate::policy::balancer::{
 use crate::policy::clock::Timestamp;
 use crate::policy::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
 use crate::policy::ledger::{Ledger, LedgerError};
+use crate::policy::recovery::{may_replay, must_replay, slot_fate, FailurePolicy, SlotFate};
 use crate::policy::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
 use crate::policy::straggler::SpeedEstimator;
 use crate::trainer::{Assignment, TrainerReport};
@@ -79,21 +80,6 @@ pub const DEFAULT_MICRO_BATCH_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Longest period between two ticks ([`StepMachine::tick_period`]).
 const MAX_TICK: Duration = Duration::from_millis(100);
-
-/// What to do with a trainer that failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailurePolicy {
-    /// Spawn a fresh trainer in its slot, at most `max_respawns` times per slot.
-    Respawn { max_respawns: u32 },
-    /// Continue with the remaining trainers.
-    Drop,
-}
-
-impl Default for FailurePolicy {
-    fn default() -> Self {
-        FailurePolicy::Respawn { max_respawns: 3 }
-    }
-}
 
 /// How each minibatch is planned, dispatched, weighted, clipped, recovered and timed out.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -752,22 +738,22 @@ impl StepMachine {
         };
         s.busy = None;
         self.speeds.reset(slot);
-        match self.config.failure {
-            FailurePolicy::Respawn { max_respawns } if s.respawns < max_respawns => {
-                s.respawns += 1;
+        match slot_fate(self.config.failure, s.respawns) {
+            SlotFate::Respawn { respawn } => {
+                s.respawns = respawn;
                 s.presence = Presence::Respawning;
                 out.push(decision(
                     Command::Respawn { slot: slot as u32 },
                     why.clone(),
                 ));
             }
-            _ => s.presence = Presence::Gone,
+            SlotFate::Drop => s.presence = Presence::Gone,
         }
         let computing = self
             .run
             .as_ref()
             .is_some_and(|r| matches!(r.phase, Phase::Computing));
-        if was_live && computing && self.stopped.is_none() {
+        if must_replay(was_live, computing) && self.stopped.is_none() {
             out.extend(self.discard(AfterDiscard::Replay, why));
         }
         out
@@ -822,7 +808,7 @@ impl StepMachine {
         let Some(mut run) = self.run.take() else {
             return Vec::new();
         };
-        if run.replays >= self.config.max_replays {
+        if !may_replay(run.replays, self.config.max_replays) {
             let replays = run.replays;
             let e = Error::TooManyReplays {
                 step: self.version,
