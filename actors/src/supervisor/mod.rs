@@ -1,7 +1,7 @@
 //! The supervisor: plans each minibatch, dispatches micro-batches, keeps the ledger, runs the
 //! barrier and the optimizer step, replays a minibatch when a trainer fails and enforces the
 //! deadlines. Every decision is made by the pure [`StepMachine`](crate::policy::step::StepMachine);
-//! the actor ([`actor`]) only translates messages into its events and executes its commands.
+//! the actor ([`Supervisor`]) only translates messages into its events and executes its commands.
 
 mod actor;
 

@@ -1,14 +1,14 @@
-//! Speed-weighted static plans: ODC's LB-Mini ([`plan_static`]) corrected for measured trainer
+//! Speed-weighted static plans: ODC's LB-Mini ([`plan_static`](super::plan_static)) corrected for measured trainer
 //! speeds, so a static plan can be re-balanced between minibatches when a trainer straggles.
 //!
 //! [`plan_static_weighted`] partitions the *samples* over trainers so that the largest
 //! **normalised load** `load_t / speed_t` (the estimated time of the slowest trainer) is small,
-//! then each trainer packs its own samples under the token budget, exactly as [`plan_static`]
-//! does. The partition is the better (lower max normalised load; the [`plan_static`] one on
+//! then each trainer packs its own samples under the token budget, exactly as [`plan_static`](super::plan_static)
+//! does. The partition is the better (lower max normalised load; the [`plan_static`](super::plan_static) one on
 //! ties) of two candidates, each refined by a local search:
 //! - LPT on uniform machines: samples by cost descending, each to the trainer that would finish it
 //!   first, i.e. with the smallest `(load_t + c) / speed_t` (ties to the lowest index);
-//! - the partition of [`plan_static`] (Karmarkar–Karp or greedy, refined, speed-unaware).
+//! - the partition of [`plan_static`](super::plan_static) (Karmarkar–Karp or greedy, refined, speed-unaware).
 //!
 //! The refinement repeatedly moves one sample out of the trainer with the largest normalised load
 //! `m`, or swaps one of its samples with a cheaper one of another trainer `j`, taking the step
@@ -21,8 +21,8 @@
 //!   exactly one micro-batch (DESIGN.md I2 at planning time), micro-batches non-empty, within the
 //!   budget and sorted by cost descending; `per_trainer` has one list per speed, names every
 //!   micro-batch exactly once, each list costliest first.
-//! - **W2** with all speeds equal the plan *is* [`plan_static`]'s (the problem is the same).
-//! - **W3** for any speeds, the max normalised load is at most that of [`plan_static`]'s
+//! - **W2** with all speeds equal the plan *is* [`plan_static`](super::plan_static)'s (the problem is the same).
+//! - **W3** for any speeds, the max normalised load is at most that of [`plan_static`](super::plan_static)'s
 //!   partition under the same speeds: measured speeds never make the plan worse than ignoring
 //!   them.
 //! - **W4** LPT bound on uniform machines: with `C` the total cost, `c_max` the costliest sample,
@@ -33,7 +33,7 @@
 //!   moving any of its samples to another trainer would be a refinement step; holds whenever the
 //!   refinement ends before its step cap, which the tests never reach).
 //!
-//! Bad input gives a [`BalanceError`], never a panic: those of [`plan_static`], plus
+//! Bad input gives a [`BalanceError`], never a panic: those of [`plan_static`](super::plan_static), plus
 //! [`BalanceError::InvalidSpeed`] naming the first trainer whose speed is not finite and
 //! positive. Only speed *ratios* matter (speeds are normalised by the fastest first). Cost: the
 //! LPT pass is `O(samples · trainers)`, each refinement step `O(samples · samples on m)`.
@@ -49,11 +49,11 @@ use super::{loads, partition, BalanceError, CostModel, Plan};
 ///
 /// `speeds` are in any unit (cost units per second, or relative speeds with the fastest at 1.0,
 /// as [`SpeedEstimator::relative_speeds`](crate::policy::straggler::SpeedEstimator::relative_speeds)
-/// gives); only their ratios matter. With all speeds equal this is exactly [`plan_static`].
+/// gives); only their ratios matter. With all speeds equal this is exactly [`plan_static`](super::plan_static).
 ///
 /// Errors: [`BalanceError::ZeroTrainers`] for no speeds, [`BalanceError::TooManyTrainers`],
 /// [`BalanceError::InvalidSpeed`] for a speed that is not finite and positive, and every error
-/// of [`plan_static`] for a bad minibatch, budget or cost model.
+/// of [`plan_static`](super::plan_static) for a bad minibatch, budget or cost model.
 ///
 /// ```
 /// use odc_actors::policy::balancer::{plan_static_weighted, CostModel};
