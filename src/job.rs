@@ -2,17 +2,18 @@
 //! and data; [`Job::run`] trains and returns per-step stats.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use odc_actors::balancer::CostModel;
 use odc_actors::compute::{ComputeFactory, LossWeighting, SampleMeta};
 use odc_actors::context::ContextConfig;
-use odc_actors::dispatch::{Communication, DispatchMode};
 use odc_actors::layout::{ModelLayout, UnitSpec};
 use odc_actors::optimizer::OptimizerConfig;
-use odc_actors::stats::StepStats;
-use odc_actors::supervisor::{
-    FailurePolicy, StepPolicy, Supervisor, SupervisorArgs, SupervisorMsg,
-};
+use odc_actors::policy::balancer::CostModel;
+use odc_actors::policy::dispatch::{Communication, DispatchMode};
+use odc_actors::policy::recovery::FailurePolicy;
+use odc_actors::policy::stats::StepStats;
+use odc_actors::policy::step::StepConfig;
+use odc_actors::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
 use odc_actors::{Error, Result};
 use odc_transport::local::LocalTransport;
 use odc_transport::{Dtype, Transport};
@@ -39,14 +40,22 @@ impl Precision {
     }
 }
 
+/// Default [`JobBuilder::step_timeout`].
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Default [`JobBuilder::parameters_timeout`].
+pub const DEFAULT_PARAMETERS_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// Builds a [`Job`]. Defaults: 1 trainer, 1 server, AdamW(lr 1e-3), dynamic dispatch, the 7B cost
-/// model, 65,536-token micro-batches, token-mean loss, bf16 pulls, prefetch 1, local transport.
+/// model, 65,536-token micro-batches, token-mean loss, bf16 pulls, prefetch 1, local transport;
+/// deadlines: 600 s per micro-batch, 3600 s per step, 600 s for reading the parameters.
 pub struct JobBuilder {
     units: Vec<UnitSpec>,
     trainers: usize,
     servers: usize,
     optimizer: OptimizerConfig,
-    policy: StepPolicy,
+    policy: StepConfig,
+    step_timeout: Duration,
+    parameters_timeout: Duration,
     precision: Precision,
     context: ContextConfig,
     compute: Option<Arc<dyn ComputeFactory>>,
@@ -61,7 +70,9 @@ impl Default for JobBuilder {
             trainers: 1,
             servers: 1,
             optimizer: OptimizerConfig::adamw(1e-3),
-            policy: StepPolicy::default(),
+            policy: StepConfig::default(),
+            step_timeout: DEFAULT_STEP_TIMEOUT,
+            parameters_timeout: DEFAULT_PARAMETERS_TIMEOUT,
             precision: Precision::default(),
             context: ContextConfig::default(),
             compute: None,
@@ -110,8 +121,8 @@ impl JobBuilder {
         self
     }
 
-    /// Runtime straggler rebalancing: speed-aware dynamic dispatch and static plans corrected
-    /// between minibatches from each trainer's measured speed.
+    /// Runtime straggler rebalancing: plans weighted by each trainer's measured speed (between
+    /// minibatches), and dynamic dispatch's steals estimated on those speeds.
     pub fn rebalance(mut self, on: bool) -> Self {
         self.policy.rebalance = on;
         self
@@ -147,6 +158,28 @@ impl JobBuilder {
     /// Replays of one minibatch (after trainer failures) before the step fails.
     pub fn max_replays(mut self, n: u32) -> Self {
         self.policy.max_replays = n;
+        self
+    }
+
+    /// Longest a micro-batch may run: past it the step fails with [`Error::Deadline`] naming the
+    /// trainer and micro-batch, and the hung trainer is killed (and respawned per the failure
+    /// policy), so the next step works. Default 600 s.
+    pub fn micro_batch_timeout(mut self, timeout: Duration) -> Self {
+        self.policy.micro_batch_timeout = timeout;
+        self
+    }
+
+    /// Longest [`Job::step`] / [`Job::step_with`] waits for the supervisor's answer; past it the
+    /// call fails with [`Error::Deadline`] (`what: "step"`). Default 3600 s.
+    pub fn step_timeout(mut self, timeout: Duration) -> Self {
+        self.step_timeout = timeout;
+        self
+    }
+
+    /// Longest [`Job::parameters`] waits; past it [`Error::Deadline`] (`what: "parameters"`).
+    /// Default 600 s.
+    pub fn parameters_timeout(mut self, timeout: Duration) -> Self {
+        self.parameters_timeout = timeout;
         self
     }
 
@@ -194,7 +227,7 @@ impl JobBuilder {
                 what: "shard server",
             });
         }
-        let max = odc_actors::balancer::MAX_TRAINERS;
+        let max = odc_actors::policy::balancer::MAX_TRAINERS;
         if self.trainers > max || self.servers > max {
             return Err(Error::Config(format!(
                 "{} trainers and {} shard servers: at most {max} of each",
@@ -205,6 +238,17 @@ impl JobBuilder {
             return Err(Error::Config(
                 "chunk size must be at least one element".into(),
             ));
+        }
+        for (what, d) in [
+            ("micro-batch", self.policy.micro_batch_timeout),
+            ("step", self.step_timeout),
+            ("parameters", self.parameters_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(Error::Config(format!(
+                    "the {what} timeout must be positive"
+                )));
+            }
         }
         if self.policy.token_budget == 0 {
             return Err(Error::Config("token budget must be positive".into()));
@@ -241,11 +285,13 @@ impl JobBuilder {
                 optimizer: self.optimizer,
                 pull_dtype: self.precision.dtype(),
                 context: self.context,
-                policy: self.policy,
+                step: self.policy,
             }),
             data: self.data,
             supervisor: None,
             step: 0,
+            step_timeout: self.step_timeout,
+            parameters_timeout: self.parameters_timeout,
         })
     }
 }
@@ -256,6 +302,8 @@ pub struct Job {
     data: Option<Box<dyn DataSource>>,
     supervisor: Option<(ActorRef<SupervisorMsg>, tokio::task::JoinHandle<()>)>,
     step: u64,
+    step_timeout: Duration,
+    parameters_timeout: Duration,
 }
 
 impl Job {
@@ -282,13 +330,19 @@ impl Job {
         Ok(actor)
     }
 
-    /// Train one minibatch of explicit samples.
+    /// Train one minibatch of explicit samples. Waits at most the step timeout
+    /// ([`JobBuilder::step_timeout`]); past it [`Error::Deadline`] (the step may still be
+    /// running in the supervisor: the next call then gets [`Error::Busy`] until it ends).
     pub async fn step_with(&mut self, samples: Vec<SampleMeta>) -> Result<StepStats> {
         let supervisor = self.supervisor().await?;
+        let timeout = self.step_timeout;
         let reply = supervisor
-            .call(|reply| SupervisorMsg::Step { samples, reply }, None)
+            .call(
+                |reply| SupervisorMsg::Step { samples, reply },
+                Some(timeout),
+            )
             .await;
-        let stats = unwrap_call(reply, "step")??;
+        let stats = unwrap_call(reply, "step", self.step, timeout)??;
         self.step += 1;
         Ok(stats)
     }
@@ -318,11 +372,15 @@ impl Job {
         self.step
     }
 
-    /// fp32 master parameters of every unit, in layout order.
+    /// fp32 master parameters of every unit, in layout order. Waits at most the parameters
+    /// timeout ([`JobBuilder::parameters_timeout`]); past it [`Error::Deadline`].
     pub async fn parameters(&mut self) -> Result<Vec<Vec<f32>>> {
         let supervisor = self.supervisor().await?;
-        let reply = supervisor.call(SupervisorMsg::Parameters, None).await;
-        unwrap_call(reply, "parameters")?
+        let timeout = self.parameters_timeout;
+        let reply = supervisor
+            .call(SupervisorMsg::Parameters, Some(timeout))
+            .await;
+        unwrap_call(reply, "parameters", self.step, timeout)?
     }
 
     /// Stop every actor and wait for them.
@@ -343,21 +401,25 @@ impl Drop for Job {
     }
 }
 
+/// The answer of a call to the supervisor; a timeout is [`Error::Deadline`] for `what` of `step`.
 fn unwrap_call<T>(
     reply: std::result::Result<CallResult<T>, ractor::MessagingErr<SupervisorMsg>>,
     what: &str,
+    step: u64,
+    timeout: Duration,
 ) -> Result<T> {
     match reply {
         Ok(CallResult::Success(v)) => Ok(v),
-        Ok(other) => Err(Error::Actor {
+        Ok(CallResult::Timeout) => Err(Error::Deadline {
+            what: what.into(),
+            step,
+            trainer: None,
+            micro_batch: None,
+            after_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        }),
+        Ok(CallResult::SenderError) => Err(Error::Actor {
             actor: "supervisor".into(),
-            reason: format!(
-                "{what}: {}",
-                match other {
-                    CallResult::Timeout => "timed out",
-                    _ => "dropped the reply",
-                }
-            ),
+            reason: format!("{what}: dropped the reply"),
         }),
         Err(e) => Err(Error::Actor {
             actor: "supervisor".into(),

@@ -42,18 +42,20 @@ pub mod trace;
 pub use async_trait::async_trait;
 pub use data::DataSource;
 pub use job::{Job, JobBuilder, Precision};
-pub use odc_actors::balancer::CostModel;
 pub use odc_actors::compute::{
     Compute, ComputeFactory, ComputeOutput, LossWeighting, MicroBatch, SampleMeta,
 };
 pub use odc_actors::context::{
     ContextConfig, Direction, MicroBatchStats, PushTicket, TrainerContext,
 };
-pub use odc_actors::dispatch::{Communication, DispatchMode};
 pub use odc_actors::layout::{self, ModelLayout, UnitId, UnitInit, UnitSpec};
 pub use odc_actors::optimizer::{OptimizerConfig, OptimizerState};
-pub use odc_actors::stats::{MicroBatchRecord, Span, SpanKind, StepStats, TrainerStepStats};
-pub use odc_actors::supervisor::FailurePolicy;
+pub use odc_actors::policy::balancer::CostModel;
+pub use odc_actors::policy::dispatch::{Communication, DispatchMode};
+pub use odc_actors::policy::recovery::FailurePolicy;
+pub use odc_actors::policy::stats::{
+    MicroBatchRecord, Span, SpanKind, StepStats, TrainerStepStats,
+};
 pub use odc_actors::{Error, Result};
 pub use odc_transport as transport;
 

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use odc_actors::balancer::CostModel;
+use odc_actors::policy::balancer::CostModel;
 
 use crate::{async_trait, Compute, ComputeOutput, MicroBatch, SpanKind, TrainerContext, UnitSpec};
 

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::layout::UnitId;
 use crate::policy::balancer::BalanceError;
+use crate::policy::ledger::LedgerError;
 use crate::server::optimizer::OptimizerError;
 
 /// Errors of the odc runtime.
@@ -83,26 +84,34 @@ pub enum Error {
     TooManyReplays { step: u64, replays: u32 },
     #[error("a step is already running")]
     Busy,
-    #[error("{what} did not finish within {after_ms} ms{}", deadline_context(*step, *trainer, *micro_batch))]
+    /// A wait ran past its deadline (DESIGN I6): a hung compute, a lost peer, a stuck step.
+    #[error("step {step}: {what}{} ran past its deadline, gave up after {after_ms} ms", place(*.trainer, *.micro_batch))]
     Deadline {
+        /// What was waited for: `"micro-batch"`, `"step"`, `"parameters"`.
         what: String,
         step: u64,
         trainer: Option<u32>,
         micro_batch: Option<u32>,
+        /// How long it had run when given up on.
         after_ms: u64,
     },
+    /// The ledger refused a hand-out or a completion: the supervisor's state is inconsistent. The
+    /// step fails rather than drop or double-count a micro-batch (I2).
+    #[error("step {step}: the ledger refused: {source}")]
+    Ledger { step: u64, source: LedgerError },
     #[error("actor {actor}: {reason}")]
     Actor { actor: String, reason: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
 
-fn deadline_context(step: u64, trainer: Option<u32>, micro_batch: Option<u32>) -> String {
-    match (micro_batch, trainer) {
-        (Some(mb), Some(t)) => format!(" (step {step}, micro-batch {mb} on trainer {t})"),
-        (None, Some(t)) => format!(" (step {step}, trainer {t})"),
-        (Some(mb), None) => format!(" (step {step}, micro-batch {mb})"),
-        (None, None) => format!(" (step {step})"),
+/// `" on trainer T (micro-batch M)"`, the parts that are known.
+fn place(trainer: Option<u32>, micro_batch: Option<u32>) -> String {
+    match (trainer, micro_batch) {
+        (Some(t), Some(m)) => format!(" on trainer {t} (micro-batch {m})"),
+        (Some(t), None) => format!(" on trainer {t}"),
+        (None, Some(m)) => format!(" (micro-batch {m})"),
+        (None, None) => String::new(),
     }
 }
 

@@ -2,8 +2,8 @@
 //!
 //! Invariants:
 //! - **I2 exactly once**: a micro-batch is counted once. A completion from a trainer the micro-batch
-//!   is not assigned to, or a second completion, is refused ([`LedgerError`]). A failed trainer's
-//!   micro-batches go back to pending ([`Ledger::fail_trainer`]).
+//!   is not assigned to, or a second completion, is refused ([`LedgerError`]). A ledger belongs to
+//!   one attempt: after a failure the minibatch is replayed with a fresh one.
 //! - The barrier may run only when [`Ledger::is_complete`]: every micro-batch reported done by its
 //!   trainer, which reports only after every owner acknowledged its gradient pushes (DESIGN step 4).
 
@@ -103,18 +103,6 @@ impl Ledger {
         }
     }
 
-    /// Return every micro-batch assigned to (not completed by) `trainer` to pending; returns them.
-    pub fn fail_trainer(&mut self, trainer: usize) -> Vec<usize> {
-        let mut back = Vec::new();
-        for (i, e) in self.entries.iter_mut().enumerate() {
-            if *e == Entry::Assigned(trainer) {
-                *e = Entry::Pending;
-                back.push(i);
-            }
-        }
-        back
-    }
-
     /// True when every micro-batch is done: the barrier may run.
     pub fn is_complete(&self) -> bool {
         self.done == self.entries.len()
@@ -179,19 +167,5 @@ mod tests {
                 len: 1
             })
         ));
-    }
-
-    #[test]
-    fn i2_failed_trainer_work_returns_to_pending() {
-        let mut l = Ledger::new(3);
-        l.assign(0, 0).unwrap();
-        l.assign(1, 1).unwrap();
-        l.assign(2, 0).unwrap();
-        l.complete(2, 0).unwrap();
-        assert_eq!(l.fail_trainer(0), vec![0]);
-        l.assign(0, 1).unwrap();
-        l.complete(0, 1).unwrap();
-        l.complete(1, 1).unwrap();
-        assert!(l.is_complete());
     }
 }

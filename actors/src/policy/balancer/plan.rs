@@ -5,13 +5,14 @@
 //! - every micro-batch is non-empty and holds at most `budget` tokens;
 //! - `micro_batches` is sorted by cost, descending, and each micro-batch's `tokens` and `cost` are
 //!   the sums over its samples;
-//! - a static assignment (`per_trainer`) has one list per trainer and names every micro-batch
-//!   exactly once, each list in descending cost order (ascending index).
+//! - `per_trainer` has one list per trainer and names every micro-batch exactly once, each list in
+//!   descending cost order (ascending index).
 //!
-//! Three strategies: [`plan_static`] (ODC's LB-Mini), [`plan_dynamic`] (greedy longest-first at
-//! run time) and [`plan_equal_count`] (LB-Micro, what collectives allow).
+//! Three strategies: [`plan_static`] (ODC's LB-Mini), [`plan_dynamic`] (LB-Mini's partition in
+//! micro-batches of decreasing size, for dispatch that lets idle trainers steal the small ones at
+//! the end) and [`plan_equal_count`] (LB-Micro, what collectives allow).
 
-use super::{pack, partition, BalanceError, CostModel};
+use super::{pack, pack_guided, partition, BalanceError, CostModel};
 
 /// One micro-batch of a plan: packed samples under the token budget.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,26 +30,22 @@ pub struct PlannedMicroBatch {
 pub struct Plan {
     /// All micro-batches of the minibatch, sorted by cost descending.
     pub micro_batches: Vec<PlannedMicroBatch>,
-    /// Static assignment: for each trainer, indices into `micro_batches` (descending cost order).
-    /// `None` for a dynamic plan, where an idle trainer takes the costliest remaining micro-batch.
-    pub per_trainer: Option<Vec<Vec<usize>>>,
+    /// For each trainer, indices into `micro_batches` (descending cost order): its own list.
+    pub per_trainer: Vec<Vec<usize>>,
 }
 
 impl Plan {
-    /// Estimated cost of each trainer's assigned work; `None` for a dynamic plan.
-    pub fn trainer_costs(&self) -> Option<Vec<f64>> {
-        let per_trainer = self.per_trainer.as_ref()?;
-        Some(
-            per_trainer
-                .iter()
-                .map(|mbs| {
-                    mbs.iter()
-                        .filter_map(|&i| self.micro_batches.get(i))
-                        .map(|mb| mb.cost)
-                        .sum()
-                })
-                .collect(),
-        )
+    /// Estimated cost of each trainer's list.
+    pub fn trainer_costs(&self) -> Vec<f64> {
+        self.per_trainer
+            .iter()
+            .map(|mbs| {
+                mbs.iter()
+                    .filter_map(|&i| self.micro_batches.get(i))
+                    .map(|mb| mb.cost)
+                    .sum()
+            })
+            .collect()
     }
 
     /// Number of samples over all micro-batches.
@@ -125,14 +122,13 @@ fn sort_by_cost<T>(mbs: &mut [(T, PlannedMicroBatch)]) {
 /// samples gets none.
 ///
 /// ```
-/// use odc_actors::balancer::{plan_static, CostModel};
+/// use odc_actors::policy::balancer::{plan_static, CostModel};
 /// let tokens = [30_000, 8_000, 8_000, 7_000, 4_000, 3_000];
 /// let plan = plan_static(&tokens, &CostModel::linear(), 2, 32_000).unwrap();
-/// let per_trainer = plan.per_trainer.as_ref().unwrap();
-/// assert_eq!(per_trainer.len(), 2);
+/// assert_eq!(plan.per_trainer.len(), 2);
 /// assert_eq!(plan.num_samples(), 6);
 /// // 30k tokens on one trainer, 30k on the other: one micro-batch vs several.
-/// let costs = plan.trainer_costs().unwrap();
+/// let costs = plan.trainer_costs();
 /// assert!((costs[0] - costs[1]).abs() < 1e-9);
 /// ```
 pub fn plan_static(
@@ -143,21 +139,35 @@ pub fn plan_static(
 ) -> Result<Plan, BalanceError> {
     check_trainers(trainers)?;
     let costs = sample_costs(tokens, cost, budget)?;
-    assemble(tokens, &costs, &partition(&costs, trainers, false), budget)
+    let parts = partition(&costs, trainers, false);
+    assemble(tokens, &costs, &parts, budget, Packing::FirstFit)
 }
 
-/// A static plan from a partition of the samples over trainers: each trainer packs its own
-/// samples under `budget`; micro-batches sorted by cost descending (stable), each trainer's list
-/// in that order.
+/// How a trainer's share of the samples becomes micro-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Packing {
+    /// [`pack`]: the fewest micro-batches (static dispatch).
+    FirstFit,
+    /// [`pack_guided`]: decreasing sizes, small ones last (dynamic dispatch).
+    Guided,
+}
+
+/// A plan from a partition of the samples over trainers: each trainer packs its own samples under
+/// `budget`; micro-batches sorted by cost descending (stable), each trainer's list in that order.
 pub(super) fn assemble(
     tokens: &[u64],
     costs: &[f64],
     parts: &[Vec<usize>],
     budget: u64,
+    packing: Packing,
 ) -> Result<Plan, BalanceError> {
     let mut owned = Vec::new();
     for (trainer, samples) in parts.iter().enumerate() {
-        for mb in pack(tokens, samples, budget)? {
+        let packed = match packing {
+            Packing::FirstFit => pack(tokens, samples, budget)?,
+            Packing::Guided => pack_guided(tokens, costs, samples, budget)?,
+        };
+        for mb in packed {
             owned.push((trainer, micro_batch(tokens, costs, mb)));
         }
     }
@@ -170,7 +180,7 @@ pub(super) fn assemble(
     }
     Ok(Plan {
         micro_batches,
-        per_trainer: Some(per_trainer),
+        per_trainer,
     })
 }
 
@@ -209,12 +219,27 @@ fn min_parts(tokens: &[u64], budget: u64) -> usize {
     (total.div_ceil(budget.max(1)) as usize).max(1)
 }
 
-/// Dynamic dispatch: samples split into cost-balanced micro-batches under `budget` — at least four
-/// per trainer when there are enough samples, so an idle trainer always has something to take and
-/// the last micro-batches are small enough to even out the tail — and
-/// sorted by cost descending; no static assignment (`per_trainer` is `None`): at run time an idle
-/// trainer takes the costliest remaining micro-batch (greedy longest-first, which adapts to
-/// stragglers).
+/// The plan for dynamic dispatch: LB-Mini's partition of the samples over `trainers` (the one
+/// [`plan_static`] makes), each trainer's share packed into micro-batches of **decreasing size**
+/// ([`pack_guided`]: each about half of what is left, the last ones single samples). At run time
+/// a trainer runs its own list costliest first and, once it is empty, may steal the smallest
+/// micro-batch of the trainer expected to finish last
+/// ([`WorkQueue::steal`](crate::policy::dispatch::WorkQueue::steal)). Per trainer the work is
+/// exactly [`plan_static`]'s, so when costs are as modelled nothing needs to move.
+///
+/// ```
+/// use odc_actors::policy::balancer::{plan_dynamic, plan_static, CostModel};
+/// let tokens = [4_000; 16];
+/// let m = CostModel::odc_7b();
+/// let dynamic = plan_dynamic(&tokens, &m, 2, 65_536).unwrap();
+/// let fixed = plan_static(&tokens, &m, 2, 65_536).unwrap();
+/// for (d, s) in dynamic.trainer_costs().iter().zip(fixed.trainer_costs()) {
+///     assert!((d - s).abs() < 1e-9, "the same work per trainer");
+/// }
+/// // Eight samples per trainer: 4 + 2 + 1 + 1 instead of one micro-batch of 8.
+/// assert_eq!(dynamic.per_trainer[0].len(), 4);
+/// assert_eq!(fixed.per_trainer[0].len(), 1);
+/// ```
 pub fn plan_dynamic(
     tokens: &[u64],
     cost: &CostModel,
@@ -223,17 +248,8 @@ pub fn plan_dynamic(
 ) -> Result<Plan, BalanceError> {
     check_trainers(trainers)?;
     let costs = sample_costs(tokens, cost, budget)?;
-    let all: Vec<usize> = (0..tokens.len()).collect();
-    let parts = min_parts(tokens, budget).max((4 * trainers).min(tokens.len()));
-    let mut mbs: Vec<((), PlannedMicroBatch)> = pack_balanced(tokens, &costs, &all, parts, budget)
-        .into_iter()
-        .map(|mb| ((), micro_batch(tokens, &costs, mb)))
-        .collect();
-    sort_by_cost(&mut mbs);
-    Ok(Plan {
-        micro_batches: mbs.into_iter().map(|(_, mb)| mb).collect(),
-        per_trainer: None,
-    })
+    let parts = partition(&costs, trainers, false);
+    assemble(tokens, &costs, &parts, budget, Packing::Guided)
 }
 
 /// LB-Micro, the best plan collectives allow: every trainer runs the same number `m` of
@@ -291,14 +307,14 @@ pub fn plan_equal_count(
         .collect();
     Ok(Plan {
         micro_batches: mbs,
-        per_trainer: Some(per_trainer),
+        per_trainer,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancer::{greedy_partition, max_load};
+    use crate::policy::balancer::{greedy_partition, max_load};
     use proptest::prelude::*;
 
     /// Checks every guarantee listed in the module docs.
@@ -313,7 +329,7 @@ mod tests {
         for mb in &plan.micro_batches {
             if mb.samples.is_empty() {
                 // Only LB-Micro pads with empty micro-batches, which cost nothing.
-                assert!(plan.per_trainer.is_some() && mb.tokens == 0 && mb.cost == 0.0);
+                assert!(mb.tokens == 0 && mb.cost == 0.0);
                 continue;
             }
             let sum: u64 = mb.samples.iter().map(|&s| tokens[s]).sum();
@@ -325,17 +341,30 @@ mod tests {
         for pair in plan.micro_batches.windows(2) {
             assert!(pair[0].cost >= pair[1].cost, "sorted by cost descending");
         }
-        if let Some(per_trainer) = &plan.per_trainer {
-            let mut all: Vec<usize> = per_trainer.iter().flatten().copied().collect();
-            all.sort_unstable();
-            assert_eq!(all, (0..plan.micro_batches.len()).collect::<Vec<_>>());
-            for list in per_trainer {
-                assert!(
-                    list.windows(2).all(|w| w[0] < w[1]),
-                    "descending cost order"
-                );
-            }
+        let mut all: Vec<usize> = plan.per_trainer.iter().flatten().copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..plan.micro_batches.len()).collect::<Vec<_>>());
+        for list in &plan.per_trainer {
+            assert!(
+                list.windows(2).all(|w| w[0] < w[1]),
+                "descending cost order"
+            );
         }
+    }
+
+    /// Each trainer's samples, sorted.
+    fn samples_of(plan: &Plan) -> Vec<Vec<usize>> {
+        plan.per_trainer
+            .iter()
+            .map(|list| {
+                let mut samples: Vec<usize> = list
+                    .iter()
+                    .flat_map(|&i| plan.micro_batches[i].samples.iter().copied())
+                    .collect();
+                samples.sort_unstable();
+                samples
+            })
+            .collect()
     }
 
     fn count_spread(per_trainer: &[Vec<usize>]) -> usize {
@@ -411,17 +440,16 @@ mod tests {
         let m = CostModel::linear();
         let plan = plan_static(&tokens, &m, 2, 65_536).unwrap();
         assert_plan_valid(&plan, &tokens, &m, 65_536);
-        let per_trainer = plan.per_trainer.as_ref().unwrap();
-        let mut counts: Vec<usize> = per_trainer.iter().map(Vec::len).collect();
+        let mut counts: Vec<usize> = plan.per_trainer.iter().map(Vec::len).collect();
         counts.sort_unstable();
         assert_eq!(counts, vec![1, 1]);
-        let costs = plan.trainer_costs().unwrap();
+        let costs = plan.trainer_costs();
         assert!((costs[0] - costs[1]).abs() < 1e-9);
 
         // Budget forces the short samples into several micro-batches.
         let plan = plan_static(&tokens, &m, 2, 60_000).unwrap();
         assert_plan_valid(&plan, &tokens, &m, 60_000);
-        let mut counts: Vec<usize> = plan.per_trainer.unwrap().iter().map(Vec::len).collect();
+        let mut counts: Vec<usize> = plan.per_trainer.iter().map(Vec::len).collect();
         counts.sort_unstable();
         assert_eq!(counts, vec![1, 1]);
         let plan = plan_static(&tokens, &m, 2, 30_000);
@@ -437,29 +465,35 @@ mod tests {
         let m = CostModel::default();
         let plan = plan_static(&tokens, &m, 5, 1000).unwrap();
         assert_plan_valid(&plan, &tokens, &m, 1000);
-        let per_trainer = plan.per_trainer.unwrap();
+        let per_trainer = plan.per_trainer;
         assert_eq!(per_trainer.len(), 5);
         assert_eq!(per_trainer.iter().filter(|l| l.is_empty()).count(), 3);
     }
 
     #[test]
-    fn plan_dynamic_sorted_costliest_first() {
-        let tokens = [1_000, 30_000, 2_000, 20_000, 15_000];
+    fn plan_dynamic_is_lb_mini_in_decreasing_sizes() {
+        let tokens = [1_000, 30_000, 2_000, 20_000, 15_000, 3_000, 2_500, 1_500];
         let m = CostModel::odc_7b();
-        let plan = plan_dynamic(&tokens, &m, 1, 32_000).unwrap();
-        assert_plan_valid(&plan, &tokens, &m, 32_000);
-        assert!(plan.per_trainer.is_none());
-        assert!(plan.trainer_costs().is_none());
-        // 68k tokens need 3 micro-batches of 32k; one trainer wants 4 (there are 5 samples).
-        assert_eq!(plan.micro_batches.len(), 4);
-        let two = plan_dynamic(&tokens, &m, 2, 32_000).unwrap();
-        assert_plan_valid(&two, &tokens, &m, 32_000);
-        assert_eq!(
-            two.micro_batches.len(),
-            5,
-            "at most one micro-batch per sample"
+        for trainers in 1..=4 {
+            let plan = plan_dynamic(&tokens, &m, trainers, 32_000).unwrap();
+            assert_plan_valid(&plan, &tokens, &m, 32_000);
+            let fixed = plan_static(&tokens, &m, trainers, 32_000).unwrap();
+            assert_eq!(samples_of(&plan), samples_of(&fixed), "same partition");
+            for list in &plan.per_trainer {
+                // Each list ends with its cheapest micro-batch, a single sample.
+                if let Some(&last) = list.last() {
+                    assert_eq!(plan.micro_batches[last].samples.len(), 1);
+                }
+            }
+        }
+        let one = plan_dynamic(&tokens, &m, 1, 32_000).unwrap();
+        assert!(
+            one.micro_batches.len()
+                > plan_static(&tokens, &m, 1, 32_000)
+                    .unwrap()
+                    .micro_batches
+                    .len()
         );
-        assert!(two.micro_batches.iter().all(|mb| !mb.samples.is_empty()));
     }
 
     #[test]
@@ -469,7 +503,7 @@ mod tests {
         for trainers in 1..=9 {
             let plan = plan_equal_count(&tokens, &m, trainers, 24_000).unwrap();
             assert_plan_valid(&plan, &tokens, &m, 24_000);
-            let per_trainer = plan.per_trainer.as_ref().unwrap();
+            let per_trainer = &plan.per_trainer;
             assert_eq!(per_trainer.len(), trainers);
             assert_eq!(count_spread(per_trainer), 0);
         }
@@ -495,12 +529,13 @@ mod tests {
             let m = if quadratic { CostModel::odc_7b() } else { CostModel::linear() };
             let s = plan_static(&tokens, &m, trainers, budget).unwrap();
             assert_plan_valid(&s, &tokens, &m, budget);
-            prop_assert_eq!(s.per_trainer.as_ref().map(Vec::len), Some(trainers));
+            prop_assert_eq!(s.per_trainer.len(), trainers);
             let d = plan_dynamic(&tokens, &m, trainers, budget).unwrap();
             assert_plan_valid(&d, &tokens, &m, budget);
+            prop_assert_eq!(samples_of(&d), samples_of(&s));
             let e = plan_equal_count(&tokens, &m, trainers, budget).unwrap();
             assert_plan_valid(&e, &tokens, &m, budget);
-            prop_assert_eq!(count_spread(e.per_trainer.as_ref().unwrap()), 0);
+            prop_assert_eq!(count_spread(&e.per_trainer), 0);
             prop_assert_eq!(s.num_samples(), tokens.len());
         }
 
@@ -514,7 +549,6 @@ mod tests {
             let costs: Vec<f64> = tokens.iter().map(|&t| m.cost(t)).collect();
             let worst = plan
                 .trainer_costs()
-                .unwrap()
                 .into_iter()
                 .fold(0.0, f64::max);
             let greedy = max_load(&costs, &greedy_partition(&costs, trainers));

@@ -1,6 +1,9 @@
-//! Per-step statistics returned by the supervisor.
+//! Per-step statistics returned by the supervisor. Plain data: times are [`Timestamp`]s (comparable
+//! across processes of a host), lengths [`Duration`]s.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::clock::Timestamp;
 
 /// What a span of a trainer's timeline was spent on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,8 +34,8 @@ impl SpanKind {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Span {
     pub kind: SpanKind,
-    pub start: Instant,
-    pub end: Instant,
+    pub start: Timestamp,
+    pub end: Timestamp,
 }
 
 /// One trainer's share of a step.
@@ -58,8 +61,8 @@ pub struct TrainerStepStats {
 pub struct MicroBatchRecord {
     pub micro_batch: usize,
     pub trainer: usize,
-    pub started: Instant,
-    pub finished: Instant,
+    pub started: Timestamp,
+    pub finished: Timestamp,
     pub tokens: u64,
     pub cost: f64,
     /// The micro-batch's timeline on its trainer.
@@ -81,7 +84,7 @@ pub struct StepStats {
     /// Times the minibatch was replayed after a trainer failure.
     pub replays: u32,
     /// When the step started (plan); it ended at `started + wall`.
-    pub started: Instant,
+    pub started: Timestamp,
     pub wall: Duration,
     /// Indexed by trainer slot.
     pub trainers: Vec<TrainerStepStats>,

@@ -1,14 +1,14 @@
-//! Speed-weighted static plans: ODC's LB-Mini ([`plan_static`]) corrected for measured trainer
+//! Speed-weighted static plans: ODC's LB-Mini ([`plan_static`](super::plan_static)) corrected for measured trainer
 //! speeds, so a static plan can be re-balanced between minibatches when a trainer straggles.
 //!
 //! [`plan_static_weighted`] partitions the *samples* over trainers so that the largest
 //! **normalised load** `load_t / speed_t` (the estimated time of the slowest trainer) is small,
-//! then each trainer packs its own samples under the token budget, exactly as [`plan_static`]
-//! does. The partition is the better (lower max normalised load; the [`plan_static`] one on
+//! then each trainer packs its own samples under the token budget, exactly as [`plan_static`](super::plan_static)
+//! does. The partition is the better (lower max normalised load; the [`plan_static`](super::plan_static) one on
 //! ties) of two candidates, each refined by a local search:
 //! - LPT on uniform machines: samples by cost descending, each to the trainer that would finish it
 //!   first, i.e. with the smallest `(load_t + c) / speed_t` (ties to the lowest index);
-//! - the partition of [`plan_static`] (Karmarkar–Karp or greedy, refined, speed-unaware).
+//! - the partition of [`plan_static`](super::plan_static) (Karmarkar–Karp or greedy, refined, speed-unaware).
 //!
 //! The refinement repeatedly moves one sample out of the trainer with the largest normalised load
 //! `m`, or swaps one of its samples with a cheaper one of another trainer `j`, taking the step
@@ -21,8 +21,8 @@
 //!   exactly one micro-batch (DESIGN.md I2 at planning time), micro-batches non-empty, within the
 //!   budget and sorted by cost descending; `per_trainer` has one list per speed, names every
 //!   micro-batch exactly once, each list costliest first.
-//! - **W2** with all speeds equal the plan *is* [`plan_static`]'s (the problem is the same).
-//! - **W3** for any speeds, the max normalised load is at most that of [`plan_static`]'s
+//! - **W2** with all speeds equal the plan *is* [`plan_static`](super::plan_static)'s (the problem is the same).
+//! - **W3** for any speeds, the max normalised load is at most that of [`plan_static`](super::plan_static)'s
 //!   partition under the same speeds: measured speeds never make the plan worse than ignoring
 //!   them.
 //! - **W4** LPT bound on uniform machines: with `C` the total cost, `c_max` the costliest sample,
@@ -33,13 +33,13 @@
 //!   moving any of its samples to another trainer would be a refinement step; holds whenever the
 //!   refinement ends before its step cap, which the tests never reach).
 //!
-//! Bad input gives a [`BalanceError`], never a panic: those of [`plan_static`], plus
+//! Bad input gives a [`BalanceError`], never a panic: those of [`plan_static`](super::plan_static), plus
 //! [`BalanceError::InvalidSpeed`] naming the first trainer whose speed is not finite and
 //! positive. Only speed *ratios* matter (speeds are normalised by the fastest first). Cost: the
 //! LPT pass is `O(samples · trainers)`, each refinement step `O(samples · samples on m)`.
 
 use super::partition::refine;
-use super::plan::{assemble, check_trainers, sample_costs};
+use super::plan::{assemble, check_trainers, sample_costs, Packing};
 use super::{loads, partition, BalanceError, CostModel, Plan};
 
 /// ODC's LB-Mini for trainers of different speeds: partition the minibatch's samples over
@@ -48,19 +48,19 @@ use super::{loads, partition, BalanceError, CostModel, Plan};
 /// samples into micro-batches under `budget`.
 ///
 /// `speeds` are in any unit (cost units per second, or relative speeds with the fastest at 1.0,
-/// as [`SpeedEstimator::relative_speeds`](crate::straggler::SpeedEstimator::relative_speeds)
-/// gives); only their ratios matter. With all speeds equal this is exactly [`plan_static`].
+/// as [`SpeedEstimator::relative_speeds`](crate::policy::straggler::SpeedEstimator::relative_speeds)
+/// gives); only their ratios matter. With all speeds equal this is exactly [`plan_static`](super::plan_static).
 ///
 /// Errors: [`BalanceError::ZeroTrainers`] for no speeds, [`BalanceError::TooManyTrainers`],
 /// [`BalanceError::InvalidSpeed`] for a speed that is not finite and positive, and every error
-/// of [`plan_static`] for a bad minibatch, budget or cost model.
+/// of [`plan_static`](super::plan_static) for a bad minibatch, budget or cost model.
 ///
 /// ```
-/// use odc_actors::balancer::{plan_static_weighted, CostModel};
+/// use odc_actors::policy::balancer::{plan_static_weighted, CostModel};
 /// // Twelve equal samples; trainer 1 runs at half speed.
 /// let tokens = [8_000; 12];
 /// let plan = plan_static_weighted(&tokens, &CostModel::linear(), &[1.0, 0.5], 32_000).unwrap();
-/// let costs = plan.trainer_costs().unwrap();
+/// let costs = plan.trainer_costs();
 /// // The fast trainer gets twice the work: both finish at the same time.
 /// assert!((costs[0] - 2.0 * costs[1]).abs() < 1e-9);
 /// assert_eq!(plan.num_samples(), 12);
@@ -71,6 +71,39 @@ pub fn plan_static_weighted(
     speeds: &[f64],
     budget: u64,
 ) -> Result<Plan, BalanceError> {
+    let (costs, parts) = weighted_partition(tokens, cost, speeds, budget)?;
+    assemble(tokens, &costs, &parts, budget, Packing::FirstFit)
+}
+
+/// [`plan_dynamic`](super::plan_dynamic) for trainers of different speeds: the partition of
+/// [`plan_static_weighted`], each trainer's share packed in micro-batches of decreasing size
+/// ([`pack_guided`](super::pack_guided)). Same errors as [`plan_static_weighted`]; with all
+/// speeds equal this is exactly [`plan_dynamic`](super::plan_dynamic).
+///
+/// ```
+/// use odc_actors::policy::balancer::{plan_dynamic_weighted, CostModel};
+/// let tokens = [8_000; 12];
+/// let plan = plan_dynamic_weighted(&tokens, &CostModel::linear(), &[1.0, 0.5], 32_000).unwrap();
+/// let costs = plan.trainer_costs();
+/// assert!((costs[0] - 2.0 * costs[1]).abs() < 1e-9);
+/// ```
+pub fn plan_dynamic_weighted(
+    tokens: &[u64],
+    cost: &CostModel,
+    speeds: &[f64],
+    budget: u64,
+) -> Result<Plan, BalanceError> {
+    let (costs, parts) = weighted_partition(tokens, cost, speeds, budget)?;
+    assemble(tokens, &costs, &parts, budget, Packing::Guided)
+}
+
+/// Checks the input; every sample's cost and the speed-weighted partition of the module docs.
+fn weighted_partition(
+    tokens: &[u64],
+    cost: &CostModel,
+    speeds: &[f64],
+    budget: u64,
+) -> Result<(Vec<f64>, Vec<Vec<usize>>), BalanceError> {
     let trainers = speeds.len();
     check_trainers(trainers)?;
     if let Some((trainer, &speed)) = speeds
@@ -84,7 +117,7 @@ pub fn plan_static_weighted(
     // plan_static's partition: the answer at equal speeds, a candidate otherwise.
     let mut from_static = partition(&costs, trainers, false);
     if speeds.windows(2).all(|w| w[0] == w[1]) {
-        return assemble(tokens, &costs, &from_static, budget);
+        return Ok((costs, from_static));
     }
     let fastest = speeds.iter().copied().fold(0.0, f64::max);
     // Clamped: a ratio that underflows to 0 would make normalised loads infinite.
@@ -100,7 +133,7 @@ pub fn plan_static_weighted(
     {
         best = from_static;
     }
-    assemble(tokens, &costs, &best, budget)
+    Ok((costs, best))
 }
 
 /// The largest `load_t / speeds[t]` of a partition (0 for no subsets).
@@ -137,7 +170,7 @@ fn lpt_uniform(costs: &[f64], speeds: &[f64]) -> Vec<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balancer::{plan_static, MAX_TRAINERS};
+    use crate::policy::balancer::{plan_dynamic, plan_static, MAX_TRAINERS};
     use proptest::prelude::*;
 
     /// W1: the guarantees of every plan, plus one `per_trainer` list per speed.
@@ -168,7 +201,7 @@ mod tests {
         for pair in plan.micro_batches.windows(2) {
             assert!(pair[0].cost >= pair[1].cost, "sorted by cost descending");
         }
-        let per_trainer = plan.per_trainer.as_ref().expect("a static plan");
+        let per_trainer = &plan.per_trainer;
         assert_eq!(per_trainer.len(), trainers);
         let mut all: Vec<usize> = per_trainer.iter().flatten().copied().collect();
         all.sort_unstable();
@@ -179,7 +212,7 @@ mod tests {
     }
 
     fn normalised(plan: &Plan, speeds: &[f64]) -> Vec<f64> {
-        let costs = plan.trainer_costs().expect("a static plan");
+        let costs = plan.trainer_costs();
         costs.iter().zip(speeds).map(|(c, s)| c / s).collect()
     }
 
@@ -254,7 +287,27 @@ mod tests {
         for speed in [1.0, 0.25, 3.0] {
             let weighted = plan_static_weighted(&tokens, &m, &[speed; 3], 65_536).unwrap();
             assert_eq!(weighted, plan_static(&tokens, &m, 3, 65_536).unwrap());
+            let dynamic = plan_dynamic_weighted(&tokens, &m, &[speed; 3], 65_536).unwrap();
+            assert_eq!(dynamic, plan_dynamic(&tokens, &m, 3, 65_536).unwrap());
         }
+    }
+
+    #[test]
+    fn weighted_dynamic_has_the_weighted_partition_in_decreasing_sizes() {
+        let tokens: Vec<u64> = (0..24).map(|i| 1_000 + (i * 2_777) % 20_000).collect();
+        let m = CostModel::odc_7b();
+        let speeds = [1.0, 0.25, 1.0];
+        let fixed = plan_static_weighted(&tokens, &m, &speeds, 65_536).unwrap();
+        let dynamic = plan_dynamic_weighted(&tokens, &m, &speeds, 65_536).unwrap();
+        assert_plan_valid(&dynamic, &tokens, &m, 3, 65_536);
+        for (d, s) in dynamic.trainer_costs().iter().zip(fixed.trainer_costs()) {
+            assert!((d - s).abs() <= 1e-9 * s.max(1.0));
+        }
+        assert!(dynamic.micro_batches.len() >= fixed.micro_batches.len());
+        assert!(
+            plan_dynamic_weighted(&tokens, &m, &[1.0, 0.0], 65_536).is_err(),
+            "speeds are checked"
+        );
     }
 
     #[test]
@@ -265,8 +318,6 @@ mod tests {
         assert_plan_valid(&plan, &tokens, &m, 2, 32_000);
         let counts: Vec<usize> = plan
             .per_trainer
-            .as_ref()
-            .unwrap()
             .iter()
             .map(|mbs| {
                 mbs.iter()
@@ -311,7 +362,7 @@ mod tests {
         let m = CostModel::linear();
         let plan = plan_static_weighted(&tokens, &m, &[0.5, 1.0, 0.25, 1.0, 0.75], 1_000).unwrap();
         assert_plan_valid(&plan, &tokens, &m, 5, 1_000);
-        let per_trainer = plan.per_trainer.unwrap();
+        let per_trainer = plan.per_trainer;
         // The two samples go to the two fastest trainers.
         assert!(per_trainer[1].len() == 1 && per_trainer[3].len() == 1);
         assert_eq!(per_trainer.iter().filter(|l| l.is_empty()).count(), 3);
@@ -349,8 +400,8 @@ mod tests {
             let plan = plan_static_weighted(&tokens, &m, &speeds, 65_536).unwrap();
             assert_plan_valid(&plan, &tokens, &m, trainers, 65_536);
             let unaware = plan_static(&tokens, &m, trainers, 65_536).unwrap();
-            let mine = max_of(&plan.trainer_costs().unwrap());
-            let theirs = max_of(&unaware.trainer_costs().unwrap());
+            let mine = max_of(&plan.trainer_costs());
+            let theirs = max_of(&unaware.trainer_costs());
             prop_assert!(mine <= theirs * (1.0 + 1e-12));
         }
 

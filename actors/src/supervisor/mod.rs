@@ -1,0 +1,8 @@
+//! The supervisor: plans each minibatch, dispatches micro-batches, keeps the ledger, runs the
+//! barrier and the optimizer step, replays a minibatch when a trainer fails and enforces the
+//! deadlines. Every decision is made by the pure [`StepMachine`](crate::policy::step::StepMachine);
+//! the actor ([`Supervisor`]) only translates messages into its events and executes its commands.
+
+mod actor;
+
+pub use actor::{ServerOutcome, Supervisor, SupervisorArgs, SupervisorMsg, SupervisorState};
