@@ -114,7 +114,7 @@ impl Compute for Mlp {
             .flat_map(|s| (0..s.tokens).map(move |p| token(s.index, p)))
             .collect();
         // Forward, hidden layer (the output layer is prefetched meanwhile).
-        let w1 = ctx.gather(HIDDEN).await?;
+        let w1 = ctx.gather(HIDDEN as u32).await?;
         let hidden: Vec<Vec<f32>> = tokens
             .iter()
             .map(|(x, _)| {
@@ -127,7 +127,7 @@ impl Compute for Mlp {
                     .collect()
             })
             .collect();
-        let w2 = ctx.gather(OUTPUT).await?;
+        let w2 = ctx.gather(OUTPUT as u32).await?;
         ctx.backward();
         // Output layer forward + backward.
         let mut loss = 0f64;
@@ -150,8 +150,8 @@ impl Compute for Mlp {
                 g2[C * H + c] += d;
             }
         }
-        ctx.push_grad(OUTPUT, &g2)?;
-        ctx.release(OUTPUT)?;
+        ctx.push_grad(OUTPUT as u32, &g2)?;
+        ctx.release(OUTPUT as u32)?;
         // Hidden layer backward (ReLU).
         let mut g1 = vec![0f32; H * D + H];
         for (((x, _), h), dh) in tokens.iter().zip(&hidden).zip(&dhidden) {
@@ -164,8 +164,8 @@ impl Compute for Mlp {
                 }
             }
         }
-        ctx.push_grad(HIDDEN, &g1)?;
-        ctx.release(HIDDEN)?;
+        ctx.push_grad(HIDDEN as u32, &g1)?;
+        ctx.release(HIDDEN as u32)?;
         Ok(ComputeOutput { loss_sum: loss })
     }
 }

@@ -1,6 +1,6 @@
 //! Where minibatches come from.
 
-use odc_actors::compute::SampleMeta;
+use odc_actors::batch::SampleMeta;
 use odc_actors::Result;
 
 /// Yields the samples of each step's minibatch. The compute resolves [`SampleMeta::index`] in the

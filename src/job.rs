@@ -4,19 +4,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use odc_actors::compute::{ComputeFactory, LossWeighting, SampleMeta};
-use odc_actors::context::ContextConfig;
+use odc_actors::batch::{LossWeighting, SampleMeta};
+use odc_actors::datapath::CollectiveGroup;
 use odc_actors::layout::{ModelLayout, UnitSpec};
-use odc_actors::optimizer::OptimizerConfig;
+use odc_actors::messages::{ShardSnapshot, SupervisorSpec};
+use odc_actors::node::Node;
 use odc_actors::policy::balancer::CostModel;
 use odc_actors::policy::dispatch::{Communication, DispatchMode};
 use odc_actors::policy::recovery::FailurePolicy;
 use odc_actors::policy::stats::StepStats;
 use odc_actors::policy::step::StepConfig;
+use odc_actors::server::optimizer::OptimizerConfig;
 use odc_actors::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
+use odc_actors::trainer::{ComputeFactory, ContextConfig};
 use odc_actors::{Error, Result};
 use odc_transport::local::LocalTransport;
-use odc_transport::{Dtype, Transport};
+use odc_transport::{Dest, Dtype, ReadOp, Transport};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 
@@ -189,14 +192,21 @@ impl JobBuilder {
     }
 
     /// Units prefetched ahead of the one being gathered.
-    pub fn prefetch(mut self, depth: usize) -> Self {
+    pub fn prefetch(mut self, depth: u32) -> Self {
         self.context.prefetch = depth;
         self
     }
 
     /// Chunk size of pulls and pushes, in elements.
-    pub fn chunk_elems(mut self, elems: usize) -> Self {
+    pub fn chunk_elems(mut self, elems: u64) -> Self {
         self.context.chunk_elems = elems;
+        self
+    }
+
+    /// Deadline of every gather and gradient push, from when it is issued (a lost peer becomes
+    /// a typed error naming it, never a hang; default 120 s).
+    pub fn transfer_timeout(mut self, timeout: Duration) -> Self {
+        self.context.transfer_timeout = timeout;
         self
     }
 
@@ -220,11 +230,13 @@ impl JobBuilder {
     /// Validate the configuration.
     pub fn build(self) -> Result<Job> {
         if self.trainers == 0 {
-            return Err(Error::Zero { what: "trainer" });
+            return Err(Error::Zero {
+                what: "trainer".into(),
+            });
         }
         if self.servers == 0 {
             return Err(Error::Zero {
-                what: "shard server",
+                what: "shard server".into(),
             });
         }
         let max = odc_actors::policy::balancer::MAX_TRAINERS;
@@ -243,6 +255,7 @@ impl JobBuilder {
             ("micro-batch", self.policy.micro_batch_timeout),
             ("step", self.step_timeout),
             ("parameters", self.parameters_timeout),
+            ("transfer", self.context.transfer_timeout),
         ] {
             if d.is_zero() {
                 return Err(Error::Config(format!(
@@ -273,20 +286,30 @@ impl JobBuilder {
         let compute = self
             .compute
             .ok_or_else(|| Error::Config("no compute given (JobBuilder::compute)".into()))?;
+        // Both counts are at most MAX_TRAINERS (checked above), far below u32::MAX.
+        let (trainers, servers) = (self.trainers as u32, self.servers as u32);
+        let node = Arc::new(Node {
+            transport: self
+                .transport
+                .unwrap_or_else(|| Arc::new(LocalTransport::new())),
+            layout: Arc::new(layout),
+            compute,
+            collective: (self.policy.communication == Communication::Collective)
+                .then(|| Arc::new(CollectiveGroup::new(trainers))),
+        });
         Ok(Job {
             args: Some(SupervisorArgs {
-                layout: Arc::new(layout),
-                transport: self
-                    .transport
-                    .unwrap_or_else(|| Arc::new(LocalTransport::new())),
-                trainers: self.trainers,
-                servers: self.servers,
-                compute,
-                optimizer: self.optimizer,
-                pull_dtype: self.precision.dtype(),
-                context: self.context,
-                step: self.policy,
+                spec: SupervisorSpec {
+                    trainers,
+                    servers,
+                    optimizer: self.optimizer,
+                    pull_dtype: self.precision.dtype(),
+                    context: self.context,
+                    step: self.policy,
+                },
+                node: node.clone(),
             }),
+            node,
             data: self.data,
             supervisor: None,
             step: 0,
@@ -299,6 +322,7 @@ impl JobBuilder {
 /// A training job: actors are spawned on first use and live until [`Job::shutdown`].
 pub struct Job {
     args: Option<SupervisorArgs>,
+    node: Arc<Node>,
     data: Option<Box<dyn DataSource>>,
     supervisor: Option<(ActorRef<SupervisorMsg>, tokio::task::JoinHandle<()>)>,
     step: u64,
@@ -337,10 +361,7 @@ impl Job {
         let supervisor = self.supervisor().await?;
         let timeout = self.step_timeout;
         let reply = supervisor
-            .call(
-                |reply| SupervisorMsg::Step { samples, reply },
-                Some(timeout),
-            )
+            .call(|reply| SupervisorMsg::Step(samples, reply), Some(timeout))
             .await;
         let stats = unwrap_call(reply, "step", self.step, timeout)??;
         self.step += 1;
@@ -372,15 +393,19 @@ impl Job {
         self.step
     }
 
-    /// fp32 master parameters of every unit, in layout order. Waits at most the parameters
-    /// timeout ([`JobBuilder::parameters_timeout`]); past it [`Error::Deadline`].
+    /// fp32 master parameters of every unit, in layout order, read over the data plane: the
+    /// servers publish fp32 snapshots of their shards and the job reads them with one batch of
+    /// reads (no tensor bytes in control messages). Waits at most the parameters timeout
+    /// ([`JobBuilder::parameters_timeout`]); past it [`Error::Deadline`].
     pub async fn parameters(&mut self) -> Result<Vec<Vec<f32>>> {
         let supervisor = self.supervisor().await?;
         let timeout = self.parameters_timeout;
+        let deadline = odc_transport::deadline_in(timeout);
         let reply = supervisor
             .call(SupervisorMsg::Parameters, Some(timeout))
             .await;
-        unwrap_call(reply, "parameters", self.step, timeout)?
+        let snapshots = unwrap_call(reply, "parameters", self.step, timeout)??;
+        read_snapshots(self.node.as_ref(), &snapshots, deadline, self.step, timeout).await
     }
 
     /// Stop every actor and wait for them.
@@ -426,4 +451,85 @@ fn unwrap_call<T>(
             reason: format!("{what}: {e}"),
         }),
     }
+}
+
+/// Read every shard snapshot into whole units; every element of every unit must be covered once.
+async fn read_snapshots(
+    node: &Node,
+    snapshots: &[ShardSnapshot],
+    deadline: odc_transport::Deadline,
+    step: u64,
+    timeout: Duration,
+) -> Result<Vec<Vec<f32>>> {
+    let mut units: Vec<Vec<f32>> = node
+        .layout
+        .units()
+        .iter()
+        .map(|u| vec![0.0; u.len])
+        .collect();
+    let mut covered: Vec<usize> = vec![0; units.len()];
+    // Disjoint destinations: each snapshot's range of its unit, found by splitting the unit in
+    // range order.
+    let mut order: Vec<&ShardSnapshot> = snapshots.iter().collect();
+    order.sort_by_key(|s| (s.unit, s.start));
+    let mut ops = Vec::with_capacity(order.len());
+    let mut rest: Vec<&mut [f32]> = units.iter_mut().map(Vec::as_mut_slice).collect();
+    let mut at: Vec<usize> = vec![0; rest.len()];
+    for snapshot in &order {
+        let unit = snapshot.unit as usize;
+        let range = snapshot.range();
+        let Some(slice) = rest.get_mut(unit) else {
+            return Err(Error::UnknownUnit {
+                unit: snapshot.unit,
+                units: node.layout.len() as u64,
+            });
+        };
+        if range.start != at[unit] || range.end > range.start + slice.len() {
+            return Err(Error::Internal(format!(
+                "parameter snapshots of unit {unit} do not tile it (shard {range:?} after {})",
+                at[unit]
+            )));
+        }
+        let (head, tail) = std::mem::take(slice).split_at_mut(range.len());
+        *slice = tail;
+        at[unit] = range.end;
+        covered[unit] += range.len();
+        ops.push(ReadOp {
+            handle: &snapshot.region,
+            range: 0..range.len(),
+            into: Dest::F32(head),
+        });
+    }
+    let results = node.transport.read_batch(ops, deadline).await;
+    for (snapshot, result) in order.iter().zip(results) {
+        match result {
+            Ok(_) => {}
+            Err(odc_transport::TransportError::DeadlineExceeded { .. }) => {
+                return Err(Error::Deadline {
+                    what: "parameters".into(),
+                    step,
+                    trainer: None,
+                    micro_batch: None,
+                    after_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                })
+            }
+            Err(source) => {
+                return Err(Error::Pull {
+                    unit: snapshot.unit,
+                    owner: snapshot.region.owner,
+                    source,
+                })
+            }
+        }
+    }
+    drop(rest);
+    for (unit, (values, covered)) in units.iter().zip(&covered).enumerate() {
+        if *covered != values.len() {
+            return Err(Error::Internal(format!(
+                "parameter snapshots cover {covered} of the {} elements of unit {unit}",
+                values.len()
+            )));
+        }
+    }
+    Ok(units)
 }

@@ -42,19 +42,19 @@ pub mod trace;
 pub use async_trait::async_trait;
 pub use data::DataSource;
 pub use job::{Job, JobBuilder, Precision};
-pub use odc_actors::compute::{
-    Compute, ComputeFactory, ComputeOutput, LossWeighting, MicroBatch, SampleMeta,
-};
-pub use odc_actors::context::{
-    ContextConfig, Direction, MicroBatchStats, PushTicket, TrainerContext,
-};
+pub use odc_actors::batch::{ComputeOutput, LossWeighting, MicroBatch, SampleMeta};
+pub use odc_actors::datapath::collective::TRAINER_ENDPOINT_BASE;
 pub use odc_actors::layout::{self, ModelLayout, UnitId, UnitInit, UnitSpec};
-pub use odc_actors::optimizer::{OptimizerConfig, OptimizerState};
 pub use odc_actors::policy::balancer::CostModel;
+pub use odc_actors::policy::clock::{Clock, SystemClock, Timestamp};
 pub use odc_actors::policy::dispatch::{Communication, DispatchMode};
 pub use odc_actors::policy::recovery::FailurePolicy;
 pub use odc_actors::policy::stats::{
     MicroBatchRecord, Span, SpanKind, StepStats, TrainerStepStats,
+};
+pub use odc_actors::server::optimizer::{OptimizerConfig, OptimizerState};
+pub use odc_actors::trainer::{
+    Compute, ComputeFactory, ContextConfig, Direction, MicroBatchStats, PushTicket, TrainerContext,
 };
 pub use odc_actors::{Error, Result};
 pub use odc_transport as transport;

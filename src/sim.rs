@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use odc_actors::policy::balancer::CostModel;
 
-use crate::{async_trait, Compute, ComputeOutput, MicroBatch, SpanKind, TrainerContext, UnitSpec};
+use crate::{
+    async_trait, Compute, ComputeOutput, MicroBatch, SpanKind, SystemClock, TrainerContext, UnitId,
+    UnitSpec,
+};
 
 /// A change of one device's speed from a step on.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,7 +106,7 @@ impl SimDevice {
     }
 
     /// A compute factory for this device.
-    pub fn factory(self: &Arc<Self>) -> impl Fn(usize) -> Box<dyn Compute> + Send + Sync + 'static {
+    pub fn factory(self: &Arc<Self>) -> impl Fn(u32) -> Box<dyn Compute> + Send + Sync + 'static {
         let device = self.clone();
         let grad: Arc<[f32]> = vec![1e-3f32; self.unit_elems].into();
         move |trainer| {
@@ -118,7 +121,7 @@ impl SimDevice {
 
 /// [`Compute`] of one simulated device.
 pub struct SimCompute {
-    trainer: usize,
+    trainer: u32,
     device: Arc<SimDevice>,
     grad: Arc<[f32]>,
 }
@@ -140,7 +143,11 @@ async fn work(ctx: &mut TrainerContext, seconds: f64, debt: &mut f64) {
     }
     let end = Instant::now();
     *debt += end.duration_since(start).as_secs_f64() - seconds;
-    ctx.record_span(SpanKind::Compute, start, end);
+    ctx.record_span(
+        SpanKind::Compute,
+        SystemClock::at(start),
+        SystemClock::at(end),
+    );
 }
 
 #[async_trait]
@@ -152,14 +159,18 @@ impl Compute for SimCompute {
     ) -> crate::Result<ComputeOutput> {
         let dev = &self.device;
         let tokens: Vec<u64> = mb.samples.iter().map(|s| s.tokens).collect();
-        let total = dev.seconds(&tokens) / dev.speeds.speed(self.trainer, mb.step);
-        let units = dev.units.max(1);
-        let forward = total / 3.0 / units as f64;
+        let total = dev.seconds(&tokens) / dev.speeds.speed(self.trainer as usize, mb.step);
+        let units = dev.units.max(1) as UnitId;
+        let forward = total / 3.0 / f64::from(units);
         let mut debt = 0.0;
+        // Forward in order; the last unit stays gathered for the backward pass, which starts with
+        // it (as autograd keeps it), then walks back down, pushing each unit's gradient.
         for u in 0..units {
             ctx.gather(u).await?;
             work(ctx, forward, &mut debt).await;
-            ctx.release(u)?;
+            if u + 1 < units {
+                ctx.release(u)?;
+            }
         }
         ctx.backward();
         for u in (0..units).rev() {

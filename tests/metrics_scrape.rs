@@ -68,17 +68,52 @@ async fn metrics_endpoint_serves_odc_metrics() {
         .await
         .unwrap();
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    for name in [
-        "odc_bytes_pulled_total",
-        "odc_bytes_pushed_total",
-        "odc_pull_seconds",
-        "odc_trainer_busy_seconds_total",
-        "odc_trainer_idle_seconds_total",
-        "odc_trainer_barrier_wait_seconds_total",
-        "odc_tokens_total 120",
-        "odc_step 3",
-        "odc_micro_batches_total",
+    // Prometheus conventions: counters are counters named `_total`, durations `_seconds`
+    // (summaries: their `_sum` is the total), sizes `_bytes`, fractions `_ratio`.
+    for (name, kind) in [
+        ("odc_pulled_bytes_total", "counter"),
+        ("odc_pushed_bytes_total", "counter"),
+        ("odc_tokens_total", "counter"),
+        ("odc_micro_batches_total", "counter"),
+        ("odc_pull_seconds", "summary"),
+        ("odc_trainer_busy_seconds", "summary"),
+        ("odc_trainer_idle_seconds", "summary"),
+        ("odc_trainer_barrier_wait_seconds", "summary"),
+        ("odc_trainer_pull_wait_seconds", "summary"),
+        ("odc_step_seconds", "summary"),
+        ("odc_trainer_tokens_per_second", "gauge"),
+        ("odc_trainer_utilization_ratio", "gauge"),
+        ("odc_tokens_per_second", "gauge"),
+        ("odc_trainer_gathered_units", "gauge"),
+        ("odc_step", "gauge"),
     ] {
-        assert!(body.contains(name), "missing {name} in\n{body}");
+        let declared = format!("# TYPE {name} {kind}");
+        assert!(body.contains(&declared), "missing `{declared}` in\n{body}");
+    }
+    assert!(body.contains("odc_tokens_total 120"), "{body}");
+    assert!(body.contains("odc_step 3"), "{body}");
+    // Every trainer reports its own tokens per second, and the two add up to the job's.
+    let value = |line_start: &str| -> f64 {
+        body.lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no `{line_start}` in\n{body}"))
+    };
+    let per_trainer = value("odc_trainer_tokens_per_second{trainer=\"0\"}")
+        + value("odc_trainer_tokens_per_second{trainer=\"1\"}");
+    let total = value("odc_tokens_per_second ");
+    assert!(total > 0.0 && total.is_finite(), "{total}");
+    assert!(
+        (per_trainer - total).abs() <= 1e-6 * total,
+        "per-trainer tokens/s {per_trainer} vs job {total}"
+    );
+    // No counter is exported as a gauge under a `_total` name.
+    for line in body.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let mut parts = line.split(' ').skip(2);
+        let (name, kind) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        if name.ends_with("_total") {
+            assert_eq!(kind, "counter", "{line}");
+        }
     }
 }

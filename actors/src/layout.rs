@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 
 /// Index of a unit in its [`ModelLayout`].
-pub type UnitId = usize;
+pub type UnitId = u32;
 
 /// Initial values of a unit, materialised only shard by shard at the owning server.
 #[derive(Clone)]
@@ -127,15 +127,23 @@ impl ModelLayout {
 
     /// The unit `unit`, or [`Error::UnknownUnit`].
     pub fn unit(&self, unit: UnitId) -> Result<&UnitSpec> {
-        self.units.get(unit).ok_or(Error::UnknownUnit {
+        self.units.get(unit as usize).ok_or(Error::UnknownUnit {
             unit,
-            units: self.units.len(),
+            units: self.units.len() as u64,
         })
     }
 
     /// The id of the unit named `name`.
     pub fn find(&self, name: &str) -> Option<UnitId> {
-        self.units.iter().position(|u| u.name == name)
+        self.units
+            .iter()
+            .position(|u| u.name == name)
+            .map(|u| u as UnitId)
+    }
+
+    /// The ids of every unit, in order.
+    pub fn unit_ids(&self) -> std::ops::Range<UnitId> {
+        0..self.units.len() as UnitId
     }
 
     /// Total number of parameters.

@@ -66,11 +66,7 @@ pub fn describe() {
     );
     describe_histogram!(PULL_SECONDS, Unit::Seconds, "Latency of gathering one unit");
     describe_gauge!(GATHERED_UNITS, "Gathered units a trainer holds");
-    describe_histogram!(
-        TRAINER_BUSY,
-        Unit::Seconds,
-        "Compute time per micro-batch"
-    );
+    describe_histogram!(TRAINER_BUSY, Unit::Seconds, "Compute time per micro-batch");
     describe_histogram!(TRAINER_IDLE, Unit::Seconds, "Idle time per step");
     describe_histogram!(
         TRAINER_BARRIER_WAIT,

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use odc_transport::Transport;
 
-use crate::compute::SharedComputeFactory;
 use crate::datapath::CollectiveGroup;
 use crate::layout::ModelLayout;
+use crate::trainer::SharedComputeFactory;
 
 /// See the [module docs](self).
 pub struct Node {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use futures::future::join_all;
 use odc_transport::local::LocalTransport;
-use odc_transport::{chunk_ranges, codec, Dtype, Transport, WriteTag};
+use odc_transport::{chunk_ranges, codec, Dest, Dtype, Transport, WriteTag};
 
 const MIB: usize = 1 << 20;
 
@@ -48,8 +48,10 @@ fn pull(c: &mut Criterion) {
     group.bench_function("whole", |b| {
         b.iter(|| {
             rt.block_on(async {
-                let chunk = transport.read(&handle, 0..len).await.expect("read");
-                codec::decode_into(Dtype::Bf16, &chunk.bytes, &mut out).expect("decode");
+                transport
+                    .read(&handle, 0..len, Dest::F32(&mut out), deadline())
+                    .await
+                    .expect("read");
             });
             black_box(&out);
         })
@@ -63,8 +65,10 @@ fn pull(c: &mut Criterion) {
                         let transport = &transport;
                         let handle = &handle;
                         async move {
-                            let chunk = transport.read(handle, range).await.expect("read");
-                            codec::decode_into(Dtype::Bf16, &chunk.bytes, dst).expect("decode");
+                            transport
+                                .read(handle, range, Dest::F32(dst), deadline())
+                                .await
+                                .expect("read");
                         }
                     });
                 join_all(pulls).await;
@@ -107,14 +111,14 @@ fn push(c: &mut Criterion) {
         .sample_size(30);
     group.bench_function("whole", |b| {
         b.iter(|| {
-            rt.block_on(transport.accumulate(&handle, 0, whole.clone(), write_tag()))
+            rt.block_on(transport.accumulate(&handle, 0, whole.clone(), write_tag(), deadline()))
                 .expect("accumulate");
         })
     });
     group.bench_function("chunks_256KiB_concurrent", |b| {
         b.iter(|| {
             let pushes = chunks.iter().map(|(offset, bytes)| {
-                transport.accumulate(&handle, *offset, bytes.clone(), write_tag())
+                transport.accumulate(&handle, *offset, bytes.clone(), write_tag(), deadline())
             });
             for result in rt.block_on(join_all(pushes)) {
                 result.expect("accumulate");
@@ -122,6 +126,11 @@ fn push(c: &mut Criterion) {
         })
     });
     group.finish();
+}
+
+/// Far enough in the future for any iteration.
+fn deadline() -> odc_transport::Deadline {
+    odc_transport::deadline_in(Duration::from_secs(60))
 }
 
 criterion_group!(benches, pull, push);

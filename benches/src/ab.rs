@@ -22,7 +22,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use odc::sim::{SimDevice, SpeedSchedule};
 use odc::trace::TraceSpan;
@@ -30,10 +29,9 @@ use odc::transport::local::LocalTransport;
 use odc::transport::throttle::Throttled;
 use odc::transport::Transport;
 use odc::{
-    Communication, DispatchMode, Error, Job, OptimizerConfig, Precision, Result, SampleMeta,
-    SpanKind, StepStats,
+    Clock, Communication, DispatchMode, Error, Job, OptimizerConfig, Precision, Result, SampleMeta,
+    SpanKind, StepStats, SystemClock, Timestamp, TRAINER_ENDPOINT_BASE,
 };
-use odc_actors::collective::TRAINER_ENDPOINT_BASE;
 
 use crate::floor::EmulationFloor;
 use crate::report::{self, BenchRow};
@@ -284,13 +282,13 @@ pub fn default_token_budget(workload: &Workload) -> u64 {
 }
 
 /// Spans of one step as trace spans relative to `origin`; barrier waits added per trainer.
-fn trace_spans(stats: &StepStats, origin: Instant, devices: usize) -> Vec<TraceSpan> {
-    let rel = |t: Instant| t.saturating_duration_since(origin);
+fn trace_spans(stats: &StepStats, origin: Timestamp, devices: usize) -> Vec<TraceSpan> {
+    let rel = |t: Timestamp| t.saturating_duration_since(origin);
     let mut out = Vec::new();
     for r in &stats.micro_batch_log {
         for s in &r.spans {
             out.push(TraceSpan {
-                trainer: r.trainer,
+                trainer: r.trainer as usize,
                 name: s.kind.name().to_string(),
                 start: rel(s.start),
                 duration: s.end.saturating_duration_since(s.start),
@@ -302,7 +300,7 @@ fn trace_spans(stats: &StepStats, origin: Instant, devices: usize) -> Vec<TraceS
         let last = stats
             .micro_batch_log
             .iter()
-            .filter(|r| r.trainer == t)
+            .filter(|r| r.trainer == t as u32)
             .map(|r| r.finished)
             .max()
             .unwrap_or(stats.started);
@@ -332,13 +330,13 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
         .cost_model(device.cost)
         .token_budget(token_budget(case, settings))
         .pull_precision(Precision::F32)
-        .prefetch(settings.prefetch)
-        .chunk_elems(settings.chunk_elems)
+        .prefetch(settings.prefetch as u32)
+        .chunk_elems(settings.chunk_elems as u64)
         .transport(settings.transport())
         .optimizer(OptimizerConfig::sgd(0.0))
         .compute(device.factory())
         .build()?;
-    let origin = Instant::now();
+    let origin = SystemClock.now();
     let mut m = Measure::default();
     for step in 0..settings.steps {
         let samples = minibatch(case, settings.seed, step);
@@ -358,7 +356,7 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
         // third of its time over the units (backward twice that).
         let units = device.units.max(1) as f64;
         for r in stats.micro_batch_log.iter().filter(|r| r.cost > 0.0) {
-            let speed = device.speeds.speed(r.trainer, step);
+            let speed = device.speeds.speed(r.trainer as usize, step);
             let forward = r.cost * device.seconds_per_cost / speed / (3.0 * units);
             m.shortest_forward_span = min_span(m.shortest_forward_span, Some(forward));
         }

@@ -20,14 +20,14 @@ impl Compute for LayerByLayer {
         _mb: &MicroBatch,
     ) -> odc::Result<ComputeOutput> {
         for u in 0..UNITS {
-            let _w = ctx.gather(u).await?;
-            ctx.release(u)?;
+            let _w = ctx.gather(u as u32).await?;
+            ctx.release(u as u32)?;
         }
         ctx.backward();
         for u in (0..UNITS).rev() {
-            let w = ctx.gather(u).await?;
-            ctx.push_grad(u, &w)?;
-            ctx.release(u)?;
+            let w = ctx.gather(u as u32).await?;
+            ctx.push_grad(u as u32, &w)?;
+            ctx.release(u as u32)?;
         }
         Ok(ComputeOutput::default())
     }

@@ -72,7 +72,7 @@ async fn i2_trainer_panic_is_replayed_and_matches_failure_free_run() {
 /// a sample counted k times moves its parameter by exactly -k/8 (all values exact in binary).
 struct OneHot {
     fail: Arc<AtomicBool>,
-    trainer: usize,
+    trainer: u32,
     wait_ack: bool,
 }
 

@@ -15,7 +15,7 @@ use crate::within;
 
 /// Hangs forever on the first micro-batch any trainer runs (recording which), then behaves.
 struct HangOnce {
-    trainer: usize,
+    trainer: u32,
     hang: Arc<AtomicBool>,
     /// (trainer, micro-batch) that hung.
     hung: Arc<(AtomicUsize, AtomicUsize)>,
@@ -30,8 +30,8 @@ impl Compute for HangOnce {
     ) -> odc::Result<ComputeOutput> {
         let w = ctx.gather(0).await?;
         if self.hang.swap(false, Ordering::SeqCst) {
-            self.hung.0.store(self.trainer, Ordering::SeqCst);
-            self.hung.1.store(mb.id, Ordering::SeqCst);
+            self.hung.0.store(self.trainer as usize, Ordering::SeqCst);
+            self.hung.1.store(mb.id as usize, Ordering::SeqCst);
             std::future::pending::<()>().await;
         }
         ctx.push_grad(0, &vec![1.0; w.len()])?;

@@ -240,9 +240,9 @@ pub fn reference_train(
 #[derive(Default)]
 pub struct Hooks {
     /// Sleep this long before the first gather of every micro-batch on this trainer.
-    pub delay: Option<(usize, Duration)>,
+    pub delay: Option<(u32, Duration)>,
     /// Panic once, on this trainer, after pushing the head gradient, at this step.
-    pub panic_at: Option<(usize, u64)>,
+    pub panic_at: Option<(u32, u64)>,
     pub panicked: AtomicBool,
     /// (step, first values of unit 0) as gathered by every micro-batch (I1).
     pub seen: Mutex<Vec<(u64, Vec<f32>)>>,
@@ -253,7 +253,7 @@ pub struct Hooks {
 /// The model as user compute: gathers layer by layer, releases what it no longer needs and pushes
 /// each unit's gradient as soon as its backward is done.
 pub struct MlpCompute {
-    pub trainer: usize,
+    pub trainer: u32,
     pub hooks: Arc<Hooks>,
 }
 
@@ -305,7 +305,7 @@ impl Compute for MlpCompute {
 }
 
 /// A compute factory for [`MlpCompute`] sharing `hooks`.
-pub fn factory(hooks: Arc<Hooks>) -> impl Fn(usize) -> Box<dyn Compute> + Send + Sync + 'static {
+pub fn factory(hooks: Arc<Hooks>) -> impl Fn(u32) -> Box<dyn Compute> + Send + Sync + 'static {
     move |trainer| {
         Box::new(MlpCompute {
             trainer,
@@ -314,11 +314,39 @@ pub fn factory(hooks: Arc<Hooks>) -> impl Fn(usize) -> Box<dyn Compute> + Send +
     }
 }
 
-/// Largest absolute difference between two parameter sets.
+/// Largest absolute difference between two parameter sets. Panics (fails the test) if they do
+/// not have the same units of the same lengths, or if any value is not finite: a comparison that
+/// silently truncated or skipped NaNs could pass on a broken run.
 pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    a.iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "the parameter sets have different unit counts"
+    );
+    let mut max = 0f32;
+    for (unit, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.len(), y.len(), "unit {unit} has different lengths");
+        for (i, (p, q)) in x.iter().zip(y).enumerate() {
+            assert!(
+                p.is_finite() && q.is_finite(),
+                "unit {unit} element {i} is not finite: {p} vs {q}"
+            );
+            max = max.max((p - q).abs());
+        }
+    }
+    max
+}
+
+#[test]
+fn max_abs_diff_refuses_mismatches_and_nan() {
+    let a = vec![vec![1.0, 2.0]];
+    assert_eq!(max_abs_diff(&a, &[vec![1.5, 2.0]]), 0.5);
+    for b in [
+        vec![vec![1.0]],
+        vec![vec![1.0, f32::NAN]],
+        vec![vec![1.0, 2.0], vec![3.0]],
+    ] {
+        let caught = std::panic::catch_unwind(|| max_abs_diff(&a, &b));
+        assert!(caught.is_err(), "{b:?} must not compare");
+    }
 }

@@ -14,7 +14,7 @@ fn slow_share(last: &StepStats, trainers: usize) -> f64 {
     let cost = |t: usize| -> f64 {
         last.micro_batch_log
             .iter()
-            .filter(|r| r.trainer == t)
+            .filter(|r| r.trainer == t as u32)
             .map(|r| r.cost)
             .sum()
     };

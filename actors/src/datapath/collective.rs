@@ -209,7 +209,12 @@ impl Inner {
 
     /// Wait for step `round`'s message from the left neighbour, driving this trainer's own sends
     /// meanwhile; fails at once when the epoch is aborted.
-    async fn recv(&self, op: &Op, round: u32, sends: &mut FuturesUnordered<SendFut>) -> Result<Bytes> {
+    async fn recv(
+        &self,
+        op: &Op,
+        round: u32,
+        sends: &mut FuturesUnordered<SendFut>,
+    ) -> Result<Bytes> {
         let (left, _) = self.neighbours();
         let tag = WriteTag {
             epoch: op.key.epoch,
@@ -298,9 +303,8 @@ impl Inner {
                 sends.push(self.send(&to, right, &op, round, data));
                 let got = self.recv(&op, round, &mut sends).await?;
                 let piece = self.piece(len, round + 2);
-                codec::add_f32_into(&got, &mut partial[piece]).map_err(|e| {
-                    ring_error(unit, left, e.for_region(self.inbox.handle().id))
-                })?;
+                codec::add_f32_into(&got, &mut partial[piece])
+                    .map_err(|e| ring_error(unit, left, e.for_region(self.inbox.handle().id)))?;
             }
             while let Some(sent) = sends.next().await {
                 sent?;
@@ -312,8 +316,13 @@ impl Inner {
             epoch: op.key.epoch,
             write_id: transfer::write_id(op.micro_batch, unit, shard, chunk),
         };
-        let writes =
-            transfer::encode_writes(routes, owned.clone(), &partial[owned], tag, self.chunk_elems);
+        let writes = transfer::encode_writes(
+            routes,
+            owned.clone(),
+            &partial[owned],
+            tag,
+            self.chunk_elems,
+        );
         bytes += transfer::send_writes(self.transport.as_ref(), unit, writes, op.deadline).await?;
         Ok(bytes)
     }
@@ -371,7 +380,10 @@ mod tests {
     use crate::directory::ShardRoute;
     use crate::trainer::buffers::UnitBuffers;
 
-    type Regions = (Vec<Box<dyn AccumulatorRegion>>, Vec<Box<dyn PublishedRegion>>);
+    type Regions = (
+        Vec<Box<dyn AccumulatorRegion>>,
+        Vec<Box<dyn PublishedRegion>>,
+    );
 
     /// `servers` shard servers holding a unit of `len` elements whose element i is i + 1.
     fn servers(
@@ -524,7 +536,11 @@ mod tests {
             .await
             .expect("the abort wakes the waiter")
             .expect("task");
-        assert!(matches!(result, Err(Error::CollectiveAborted)), "{:?}", result.err());
+        assert!(
+            matches!(result, Err(Error::CollectiveAborted)),
+            "{:?}",
+            result.err()
+        );
         // A trainer joining an operation of the discarded epoch after the discard fails at once
         // (the epoch floor), instead of waiting for peers that will never come.
         let (buffer, lease) = buffers.allocate(8);
@@ -536,10 +552,12 @@ mod tests {
         .expect("an old-epoch operation fails at once");
         assert!(matches!(late, Err(Error::CollectiveAborted)));
         let grad = [1.0f32; 8];
-        let late_push =
-            tokio::time::timeout(Duration::from_secs(5), paths[2].push(op(OpKind::Push, 9, 0), &grad))
-                .await
-                .expect("an old-epoch reduce-scatter fails at once");
+        let late_push = tokio::time::timeout(
+            Duration::from_secs(5),
+            paths[2].push(op(OpKind::Push, 9, 0), &grad),
+        )
+        .await
+        .expect("an old-epoch reduce-scatter fails at once");
         assert!(matches!(late_push, Err(Error::CollectiveAborted)));
         assert_eq!(buffers.live(), 0, "aborted operations hold no buffer");
     }
@@ -553,11 +571,18 @@ mod tests {
         let (buffer, lease) = buffers.allocate(6);
         let mut short = op(OpKind::Gather, 9, 0);
         short.deadline = Instant::now() + Duration::from_millis(50);
-        let result = tokio::time::timeout(Duration::from_secs(10), paths[0].gather(short, buffer, lease))
-            .await
-            .expect("the deadline ends the wait");
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            paths[0].gather(short, buffer, lease),
+        )
+        .await
+        .expect("the deadline ends the wait");
         match result {
-            Err(Error::Collective { unit: 0, peer: 1, source }) => assert!(
+            Err(Error::Collective {
+                unit: 0,
+                peer: 1,
+                source,
+            }) => assert!(
                 matches!(source, TransportError::DeadlineExceeded { .. }),
                 "{source}"
             ),

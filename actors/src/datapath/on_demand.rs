@@ -29,7 +29,11 @@ pub struct OnDemand {
 }
 
 impl OnDemand {
-    pub fn new(transport: Arc<dyn Transport>, directory: Arc<Directory>, chunk_elems: usize) -> Self {
+    pub fn new(
+        transport: Arc<dyn Transport>,
+        directory: Arc<Directory>,
+        chunk_elems: usize,
+    ) -> Self {
         let metrics = TransferMetrics::new(transport.backend());
         OnDemand {
             transport,
@@ -86,7 +90,8 @@ impl DataPath for OnDemand {
         let writes = transfer::encode_writes(routes, 0..grad.len(), grad, tag, self.chunk_elems);
         let (transport, metrics) = (self.transport.clone(), self.metrics.clone());
         Box::pin(async move {
-            let bytes = transfer::send_writes(transport.as_ref(), unit, writes, op.deadline).await?;
+            let bytes =
+                transfer::send_writes(transport.as_ref(), unit, writes, op.deadline).await?;
             metrics.pushed(bytes);
             Ok(bytes)
         })
@@ -96,6 +101,8 @@ impl DataPath for OnDemand {
 /// The unit buffer as a mutable slice: the context hands every data path a fresh, unshared buffer.
 pub(crate) fn unique(buffer: &mut Arc<[f32]>, unit: u32) -> Result<&mut [f32]> {
     Arc::get_mut(buffer).ok_or_else(|| {
-        Error::Internal(format!("the buffer for unit {unit} is shared before it was filled"))
+        Error::Internal(format!(
+            "the buffer for unit {unit} is shared before it was filled"
+        ))
     })
 }

@@ -28,7 +28,19 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// assert_eq!(later.saturating_duration_since(t), Duration::from_micros(2));
 /// assert_eq!(t.saturating_duration_since(later), Duration::ZERO);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct Timestamp(u64);
 
 impl Timestamp {

@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 use crate::policy::balancer::Plan;
 
 /// How gathers and gradient pushes move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Communication {
     /// Point to point with the shard servers; no trainer waits for another (odc).
     #[default]
@@ -38,7 +38,7 @@ pub enum Communication {
 }
 
 /// How micro-batches reach trainers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum DispatchMode {
     /// LB-Mini static plan (Karmarkar–Karp per trainer, counts may differ); no stealing.
     Static,

@@ -8,24 +8,24 @@
 //!   trainer, which reports only after every owner acknowledged its gradient pushes (DESIGN step 4).
 
 /// Refusals of the ledger, naming the micro-batch and trainer involved.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum LedgerError {
     #[error("micro-batch {micro_batch} does not exist (the minibatch has {len})")]
-    Unknown { micro_batch: usize, len: usize },
+    Unknown { micro_batch: u32, len: u32 },
     #[error("micro-batch {micro_batch} is {state}, it cannot be assigned to trainer {trainer}")]
     NotPending {
-        micro_batch: usize,
-        trainer: usize,
-        state: &'static str,
+        micro_batch: u32,
+        trainer: u32,
+        state: String,
     },
     #[error("trainer {trainer} reported micro-batch {micro_batch}, which is not assigned to it ({state})")]
     NotAssigned {
-        micro_batch: usize,
-        trainer: usize,
+        micro_batch: u32,
+        trainer: u32,
         state: String,
     },
     #[error("micro-batch {micro_batch} was already completed by trainer {by}")]
-    Duplicate { micro_batch: usize, by: usize },
+    Duplicate { micro_batch: u32, by: u32 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +56,8 @@ impl Ledger {
             .get(micro_batch)
             .copied()
             .ok_or(LedgerError::Unknown {
-                micro_batch,
-                len: self.entries.len(),
+                micro_batch: micro_batch as u32,
+                len: self.entries.len() as u32,
             })
     }
 
@@ -69,14 +69,14 @@ impl Ledger {
                 Ok(())
             }
             Entry::Assigned(_) => Err(LedgerError::NotPending {
-                micro_batch,
-                trainer,
-                state: "assigned",
+                micro_batch: micro_batch as u32,
+                trainer: trainer as u32,
+                state: "assigned".into(),
             }),
             Entry::Done(_) => Err(LedgerError::NotPending {
-                micro_batch,
-                trainer,
-                state: "done",
+                micro_batch: micro_batch as u32,
+                trainer: trainer as u32,
+                state: "done".into(),
             }),
         }
     }
@@ -89,15 +89,18 @@ impl Ledger {
                 self.done += 1;
                 Ok(())
             }
-            Entry::Done(by) => Err(LedgerError::Duplicate { micro_batch, by }),
+            Entry::Done(by) => Err(LedgerError::Duplicate {
+                micro_batch: micro_batch as u32,
+                by: by as u32,
+            }),
             Entry::Assigned(t) => Err(LedgerError::NotAssigned {
-                micro_batch,
-                trainer,
+                micro_batch: micro_batch as u32,
+                trainer: trainer as u32,
                 state: format!("assigned to trainer {t}"),
             }),
             Entry::Pending => Err(LedgerError::NotAssigned {
-                micro_batch,
-                trainer,
+                micro_batch: micro_batch as u32,
+                trainer: trainer as u32,
                 state: "pending".into(),
             }),
         }

@@ -11,7 +11,7 @@
 //! - **R3 bounded replays**: a minibatch is replayed at most `max_replays` times.
 
 /// What to do with a trainer that failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FailurePolicy {
     /// Spawn a fresh trainer in its slot, at most `max_respawns` times per slot.
     Respawn { max_respawns: u32 },

@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use super::clock::Timestamp;
 
 /// What a span of a trainer's timeline was spent on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum SpanKind {
     /// The model's own work (recorded by the compute).
     Compute,
@@ -31,7 +33,7 @@ impl SpanKind {
 }
 
 /// One span of a trainer's timeline.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Span {
     pub kind: SpanKind,
     pub start: Timestamp,
@@ -39,7 +41,7 @@ pub struct Span {
 }
 
 /// One trainer's share of a step.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrainerStepStats {
     /// Time in compute (sum over its micro-batches, pushes acknowledged included).
     pub busy: Duration,
@@ -49,18 +51,20 @@ pub struct TrainerStepStats {
     pub barrier_wait: Duration,
     /// Time its compute was blocked in `gather`.
     pub pull_wait: Duration,
-    pub micro_batches: usize,
+    pub micro_batches: u32,
+    /// Tokens of its micro-batches.
+    pub tokens: u64,
     /// Most gathered units held at once (I5).
-    pub peak_gathered: usize,
+    pub peak_gathered: u32,
     pub bytes_pulled: u64,
     pub bytes_pushed: u64,
 }
 
 /// When and where one micro-batch ran (for timelines and the I4 check).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MicroBatchRecord {
-    pub micro_batch: usize,
-    pub trainer: usize,
+    pub micro_batch: u32,
+    pub trainer: u32,
     pub started: Timestamp,
     pub finished: Timestamp,
     pub tokens: u64,
@@ -70,15 +74,15 @@ pub struct MicroBatchRecord {
 }
 
 /// What one optimizer step did.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepStats {
     /// Version of the parameters the step trained on (the step index).
     pub step: u64,
     /// Loss averaged by the minibatch's total weight (tokens or samples).
     pub loss: f64,
     pub tokens: u64,
-    pub samples: usize,
-    pub micro_batches: usize,
+    pub samples: u64,
+    pub micro_batches: u32,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
     /// Times the minibatch was replayed after a trainer failure.

@@ -41,7 +41,7 @@
 //!   machine waits for its outcome in the `Discarding`, `Reducing` or `Applying` phase.
 //!
 //! ```
-//! use odc_actors::compute::SampleMeta;
+//! use odc_actors::batch::SampleMeta;
 //! use odc_actors::policy::clock::Timestamp;
 //! use odc_actors::policy::step::{Command, StepConfig, StepMachine};
 //! let mut m = StepMachine::new(StepConfig::default(), 2);
@@ -61,8 +61,9 @@
 
 use std::time::Duration;
 
-use crate::compute::{LossWeighting, MicroBatch, SampleMeta};
+use crate::batch::{LossWeighting, MicroBatch, SampleMeta};
 use crate::error::Error;
+use crate::messages::{Assignment, TrainerReport};
 use crate::policy::balancer::{
     plan_dynamic, plan_dynamic_weighted, plan_equal_count, plan_static, plan_static_weighted,
     CostModel,
@@ -73,7 +74,6 @@ use crate::policy::ledger::{Ledger, LedgerError};
 use crate::policy::recovery::{may_replay, must_replay, slot_fate, FailurePolicy, SlotFate};
 use crate::policy::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
 use crate::policy::straggler::SpeedEstimator;
-use crate::trainer::{Assignment, TrainerReport};
 
 /// Default [`StepConfig::micro_batch_timeout`].
 pub const DEFAULT_MICRO_BATCH_TIMEOUT: Duration = Duration::from_secs(600);
@@ -82,7 +82,7 @@ pub const DEFAULT_MICRO_BATCH_TIMEOUT: Duration = Duration::from_secs(600);
 const MAX_TICK: Duration = Duration::from_millis(100);
 
 /// How each minibatch is planned, dispatched, weighted, clipped, recovered and timed out.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepConfig {
     pub communication: Communication,
     /// On-demand mode only; collective mode always plans LB-Micro and never steals.
@@ -353,7 +353,7 @@ impl Run {
             let last = attempt
                 .log
                 .iter()
-                .filter(|r| r.trainer == i)
+                .filter(|r| r.trainer == i as u32)
                 .map(|r| r.finished)
                 .max()
                 .unwrap_or(started);
@@ -368,8 +368,8 @@ impl Run {
             step,
             loss,
             tokens: samples.iter().map(|s| s.tokens).sum(),
-            samples: samples.len(),
-            micro_batches: attempt.micro_batches.len(),
+            samples: samples.len() as u64,
+            micro_batches: attempt.micro_batches.len() as u32,
             grad_norm,
             replays,
             started,
@@ -481,13 +481,13 @@ impl StepMachine {
 
     /// A trainer's report of a micro-batch, success or error.
     pub fn on_report(&mut self, report: TrainerReport, now: Timestamp) -> Vec<Decision> {
-        let slot = report.trainer;
+        let slot = report.trainer as usize;
         let Some(s) = self.slots.get_mut(slot) else {
             return Vec::new();
         };
-        if s.busy
-            .is_some_and(|b| b.epoch == report.epoch && b.micro_batch == report.micro_batch)
-        {
+        if s.busy.is_some_and(|b| {
+            b.epoch == report.epoch && b.micro_batch == report.micro_batch as usize
+        }) {
             s.busy = None;
         }
         let current = self.stopped.is_none()
@@ -502,9 +502,9 @@ impl StepMachine {
             return self.dispatch(now);
         }
         let step = self.version;
-        let mb = report.micro_batch;
+        let mb = report.micro_batch as usize;
         let (output, io) = match report.result {
-            Ok(ok) => ok,
+            Ok(done) => (done.output, done.stats),
             Err(source) => {
                 let reason = Reason::MicroBatchFailed {
                     slot: slot as u32,
@@ -512,8 +512,8 @@ impl StepMachine {
                 };
                 let error = Error::MicroBatch {
                     step,
-                    micro_batch: mb,
-                    trainer: slot,
+                    micro_batch: report.micro_batch,
+                    trainer: report.trainer,
                     source: Box::new(source),
                 };
                 return self.fail(error, reason).into_iter().collect();
@@ -537,13 +537,14 @@ impl StepMachine {
             t.busy += busy;
             t.pull_wait += io.pull_wait;
             t.micro_batches += 1;
+            t.tokens += tokens;
             t.peak_gathered = t.peak_gathered.max(io.peak_gathered);
             t.bytes_pulled += io.bytes_pulled;
             t.bytes_pushed += io.bytes_pushed;
         }
         a.log.push(MicroBatchRecord {
-            micro_batch: mb,
-            trainer: slot,
+            micro_batch: report.micro_batch,
+            trainer: report.trainer,
             started: report.started,
             finished: report.finished,
             tokens,
@@ -872,7 +873,7 @@ impl StepMachine {
             .enumerate()
             .map(|(id, mb)| MicroBatch {
                 step: self.version,
-                id,
+                id: id as u32,
                 samples: mb
                     .samples
                     .iter()
@@ -1032,8 +1033,9 @@ mod tests {
     use std::collections::VecDeque;
 
     use super::*;
-    use crate::compute::ComputeOutput;
-    use crate::context::MicroBatchStats;
+    use crate::batch::ComputeOutput;
+    use crate::messages::MicroBatchDone;
+    use crate::trainer::MicroBatchStats;
 
     fn ms(n: u64) -> Timestamp {
         Timestamp::from_nanos(n * 1_000_000)
@@ -1061,17 +1063,17 @@ mod tests {
         finished: Timestamp,
     ) -> TrainerReport {
         TrainerReport {
-            trainer: slot as usize,
+            trainer: slot,
             epoch: a.epoch,
             micro_batch: a.micro_batch.id,
             started,
             finished,
-            result: Ok((
-                ComputeOutput {
+            result: Ok(MicroBatchDone {
+                output: ComputeOutput {
                     loss_sum: a.micro_batch.tokens as f64,
                 },
-                MicroBatchStats::default(),
-            )),
+                stats: MicroBatchStats::default(),
+            }),
         }
     }
 
@@ -1233,11 +1235,7 @@ mod tests {
         assert_eq!((stats.tokens, stats.samples, stats.loss), (400, 4, 1.0));
         assert_eq!(stats.micro_batch_log.len(), 4);
         assert_eq!(
-            stats
-                .trainers
-                .iter()
-                .map(|t| t.micro_batches)
-                .sum::<usize>(),
+            stats.trainers.iter().map(|t| t.micro_batches).sum::<u32>(),
             4
         );
         assert_eq!(
@@ -1323,7 +1321,7 @@ mod tests {
         let stats = w.finish().expect("finishes").expect("replayed");
         assert_eq!(stats.replays, 1);
         // Every micro-batch handed out exactly once in the replay's epoch.
-        let mut replayed: Vec<usize> = assigned(&w.log[from..])
+        let mut replayed: Vec<u32> = assigned(&w.log[from..])
             .iter()
             .filter(|(_, a)| a.epoch == 1)
             .map(|(_, a)| a.micro_batch.id)
@@ -1480,7 +1478,7 @@ mod tests {
             ds[0].reason,
             Reason::MicroBatchFailed {
                 slot: 0,
-                micro_batch: a.micro_batch.id as u32
+                micro_batch: a.micro_batch.id
             }
         );
         let ds = m.on_discarded(Ok(()), ms(6));
@@ -1522,7 +1520,7 @@ mod tests {
         assert_eq!(names(&ds), ["discard", "kill", "respawn"]);
         let reason = Reason::MicroBatchDeadline {
             slot: 0,
-            micro_batch: hung_mb as u32,
+            micro_batch: hung_mb,
             after: Duration::from_millis(501),
         };
         assert!(ds.iter().all(|d| d.reason == reason), "{ds:?}");
@@ -1536,7 +1534,7 @@ mod tests {
                 trainer: Some(0),
                 micro_batch: Some(mb),
                 after_ms: 501,
-            } if what == "micro-batch" && mb == hung_mb as u32 => {}
+            } if what == "micro-batch" && mb == hung_mb => {}
             other => panic!("{other:?}"),
         }
         assert!(w.event(), "the respawned trainer starts");
@@ -1632,7 +1630,7 @@ mod tests {
         let first = assigned(&ds);
         w.apply(ds);
         // Micro-batch of trainer 0 queued again at the front of trainer 1's list.
-        w.m.double_queue(1, first[0].1.micro_batch.id);
+        w.m.double_queue(1, first[0].1.micro_batch.id as usize);
         let result = w.finish().expect("the step finishes");
         match result {
             Err(Error::Ledger {
@@ -1675,7 +1673,7 @@ mod tests {
             token_budget: 65_536,
             ..config()
         };
-        let cost = |stats: &StepStats, t: usize| -> f64 {
+        let cost = |stats: &StepStats, t: u32| -> f64 {
             stats
                 .micro_batch_log
                 .iter()

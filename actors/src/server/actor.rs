@@ -119,8 +119,7 @@ impl Actor for ShardServer {
             }
             ServerMsg::Apply(cmd, reply) => {
                 let spec = state.spec;
-                let result =
-                    off_runtime(state, move |shards, _| apply(shards, &spec, cmd)).await?;
+                let result = off_runtime(state, move |shards, _| apply(shards, &spec, cmd)).await?;
                 if result.is_ok() {
                     state.version = cmd.version;
                 }

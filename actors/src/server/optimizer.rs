@@ -16,17 +16,17 @@
 //! are not rejected (torch does not either): they propagate into the parameters.
 
 /// Why an optimizer step or config was rejected. Variants name the field or the lengths involved.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum OptimizerError {
     /// A hyper-parameter is out of range.
     #[error("optimizer field `{field}` is {value}; it must be {requirement}")]
     InvalidConfig {
         /// Name of the field (`lr`, `momentum`, `weight_decay`, `beta1`, `beta2`, `eps`).
-        field: &'static str,
+        field: String,
         /// Its value.
         value: f32,
         /// The range it must lie in.
-        requirement: &'static str,
+        requirement: String,
     },
     /// `params` and `grads` of one step have different lengths.
     #[error("the step got {params} parameters but {grads} gradients")]
@@ -48,15 +48,15 @@ pub enum OptimizerError {
     #[error("the optimizer state was created for {state} but the step uses {config}")]
     KindMismatch {
         /// Optimizer the state belongs to.
-        state: &'static str,
+        state: String,
         /// Optimizer of the config passed to the step.
-        config: &'static str,
+        config: String,
     },
 }
 
 /// Optimizer hyper-parameters. The learning rate may change between steps (a schedule); the kind
 /// may not.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum OptimizerConfig {
     /// `torch.optim.SGD` with dampening 0 and no Nesterov: `d = g + wd·p`; with momentum,
     /// `buf = d` on the first step and `buf = momentum·buf + d` after, `d = buf`; `p -= lr·d`.
@@ -97,7 +97,7 @@ impl OptimizerConfig {
     /// AdamW with torch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
     ///
     /// ```
-    /// use odc_actors::optimizer::OptimizerConfig;
+    /// use odc_actors::server::optimizer::OptimizerConfig;
     /// let c = OptimizerConfig::adamw(1e-4);
     /// assert!(c.validate().is_ok());
     /// assert_eq!(c.lr(), 1e-4);
@@ -137,7 +137,7 @@ impl OptimizerConfig {
                 Err(OptimizerError::InvalidConfig {
                     field,
                     value,
-                    requirement: "finite and >= 0",
+                    requirement: "finite and >= 0".into(),
                 })
             }
         };
@@ -148,7 +148,7 @@ impl OptimizerConfig {
                 Err(OptimizerError::InvalidConfig {
                     field,
                     value,
-                    requirement: "in [0, 1)",
+                    requirement: "in [0, 1)".into(),
                 })
             }
         };
@@ -158,9 +158,9 @@ impl OptimizerConfig {
                 momentum,
                 weight_decay,
             } => {
-                non_negative("lr", lr)?;
-                non_negative("momentum", momentum)?;
-                non_negative("weight_decay", weight_decay)
+                non_negative("lr".into(), lr)?;
+                non_negative("momentum".into(), momentum)?;
+                non_negative("weight_decay".into(), weight_decay)
             }
             Self::AdamW {
                 lr,
@@ -169,17 +169,17 @@ impl OptimizerConfig {
                 eps,
                 weight_decay,
             } => {
-                non_negative("lr", lr)?;
-                beta("beta1", beta1)?;
-                beta("beta2", beta2)?;
+                non_negative("lr".into(), lr)?;
+                beta("beta1".into(), beta1)?;
+                beta("beta2".into(), beta2)?;
                 if !(eps.is_finite() && eps > 0.0) {
                     return Err(OptimizerError::InvalidConfig {
-                        field: "eps",
+                        field: "eps".into(),
                         value: eps,
-                        requirement: "finite and > 0",
+                        requirement: "finite and > 0".into(),
                     });
                 }
-                non_negative("weight_decay", weight_decay)
+                non_negative("weight_decay".into(), weight_decay)
             }
         }
     }
@@ -200,7 +200,7 @@ enum Buffers {
 /// Optimizer state of one shard (`len` elements): the step count and the per-element buffers.
 ///
 /// ```
-/// use odc_actors::optimizer::{OptimizerConfig, OptimizerState};
+/// use odc_actors::server::optimizer::{OptimizerConfig, OptimizerState};
 /// let config = OptimizerConfig::sgd(0.5);
 /// let mut state = OptimizerState::new(&config, 2);
 /// let mut params = [1.0, 2.0];
@@ -301,8 +301,8 @@ impl OptimizerState {
                     Buffers::AdamW { .. } => "AdamW",
                 };
                 return Err(OptimizerError::KindMismatch {
-                    state,
-                    config: config.name(),
+                    state: state.to_string(),
+                    config: config.name().to_string(),
                 });
             }
         }
@@ -583,13 +583,13 @@ mod tests {
         assert_eq!(
             state.step(&OptimizerConfig::sgd(0.1), &mut p, &[1.0, 1.0]),
             Err(OptimizerError::KindMismatch {
-                state: "AdamW",
-                config: "SGD"
+                state: "AdamW".into(),
+                config: "SGD".into()
             })
         );
         assert!(matches!(
             state.step(&OptimizerConfig::adamw(-1.0), &mut p, &[1.0, 1.0]),
-            Err(OptimizerError::InvalidConfig { field: "lr", .. })
+            Err(OptimizerError::InvalidConfig { field, .. }) if field == "lr"
         ));
         assert_eq!(p, [1.0, 2.0]);
         assert_eq!(p3, [1.0, 2.0, 3.0]);

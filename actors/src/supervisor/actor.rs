@@ -16,78 +16,45 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use odc_transport::{Dtype, Transport};
 use ractor::concurrency::JoinHandle;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use crate::collective::CollectiveGroup;
-use crate::compute::{SampleMeta, SharedComputeFactory};
-use crate::context::{ContextConfig, TrainerContext};
 use crate::directory::Directory;
 use crate::error::{Error, Result};
-use crate::layout::ModelLayout;
-use crate::metrics as m;
-use crate::optimizer::OptimizerConfig;
+use crate::messages::{
+    ApplyCmd, DiscardCmd, ReduceCmd, ServerMsg, ServerOutcome, ServerSpec, SupervisorMsg,
+    SupervisorSpec, TrainerMsg, TrainerSpec,
+};
+use crate::metrics::{self as m, TrainerMetrics};
+use crate::node::Node;
 use crate::policy::clock::{Clock, SystemClock};
 use crate::policy::dispatch::Communication;
 use crate::policy::stats::StepStats;
-use crate::policy::step::{Command, Decision, Reason, StepConfig, StepMachine};
-use crate::server::{ServerArgs, ServerMsg, ShardServer};
-use crate::trainer::{Trainer, TrainerArgs, TrainerMsg, TrainerReport};
+use crate::policy::step::{Command, Decision, Reason, StepMachine};
+use crate::server::{ServerArgs, ShardServer};
+use crate::trainer::{Trainer, TrainerArgs};
 
 /// Timeout of control calls to shard servers.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Messages of the supervisor.
-pub enum SupervisorMsg {
-    /// Train one minibatch; replies after the optimizer step.
-    Step {
-        samples: Vec<SampleMeta>,
-        reply: RpcReplyPort<Result<StepStats>>,
-    },
-    /// A trainer finished a micro-batch.
-    Done(TrainerReport),
-    /// fp32 master parameters of every unit.
-    Parameters(RpcReplyPort<Result<Vec<Vec<f32>>>>),
-    /// Periodic: time passed (deadlines).
-    Tick,
-    /// The outcome of server calls the supervisor started (sent by its own task).
-    Servers(ServerOutcome),
-}
-
-/// Outcome of a barrier or discard call to every server.
-pub enum ServerOutcome {
-    /// Sum over servers of their sums of squares.
-    Reduced(Result<f64>),
-    Applied(Result<()>),
-    Discarded(Result<()>),
-}
-
-/// How to build the supervisor (it spawns the servers and trainers, linked).
+/// How to start the supervisor (it spawns the servers and trainers, linked): the job's
+/// serializable spec and this process's resources.
 pub struct SupervisorArgs {
-    pub layout: Arc<ModelLayout>,
-    pub transport: Arc<dyn Transport>,
-    pub trainers: usize,
-    pub servers: usize,
-    pub compute: SharedComputeFactory,
-    pub optimizer: OptimizerConfig,
-    pub pull_dtype: Dtype,
-    pub context: ContextConfig,
-    pub step: StepConfig,
+    pub spec: SupervisorSpec,
+    pub node: Arc<Node>,
 }
 
 /// State of the supervisor.
 pub struct SupervisorState {
-    layout: Arc<ModelLayout>,
-    transport: Arc<dyn Transport>,
-    compute: SharedComputeFactory,
-    context: ContextConfig,
-    directory: Arc<Directory>,
-    collective: Option<Arc<CollectiveGroup>>,
+    spec: SupervisorSpec,
+    node: Arc<Node>,
+    directory: Directory,
     servers: Vec<ActorRef<ServerMsg>>,
     /// The trainer actor of every slot (`None`: lost, killed or not respawned).
     trainers: Vec<Option<ActorRef<TrainerMsg>>>,
+    /// Cached metric handles of every slot.
+    metrics: Vec<TrainerMetrics>,
     machine: StepMachine,
     clock: SystemClock,
     /// The caller of the running step.
@@ -108,62 +75,68 @@ impl Actor for Supervisor {
         myself: ActorRef<Self::Msg>,
         args: SupervisorArgs,
     ) -> std::result::Result<SupervisorState, ActorProcessingErr> {
-        if args.trainers == 0 {
-            return Err(Error::Zero { what: "trainer" }.into());
-        }
-        if args.servers == 0 {
+        let SupervisorArgs { spec, node } = args;
+        if spec.trainers == 0 {
             return Err(Error::Zero {
-                what: "shard server",
+                what: "trainer".into(),
             }
             .into());
         }
-        let trainers = u32::try_from(args.trainers)
-            .map_err(|_| Error::Config(format!("{} trainers: too many", args.trainers)))?;
-        args.optimizer.validate().map_err(Error::from)?;
-        args.step.cost.validate().map_err(Error::from)?;
+        if spec.servers == 0 {
+            return Err(Error::Zero {
+                what: "shard server".into(),
+            }
+            .into());
+        }
+        spec.optimizer.validate().map_err(Error::from)?;
+        spec.step.cost.validate().map_err(Error::from)?;
+        if spec.step.communication == Communication::Collective {
+            match &node.collective {
+                Some(group) if group.size() == spec.trainers => {}
+                _ => {
+                    return Err(Error::Config(format!(
+                        "collective mode needs a collective group of {} trainers",
+                        spec.trainers
+                    ))
+                    .into())
+                }
+            }
+        }
         let mut servers = Vec::new();
-        for endpoint in 0..args.servers {
+        for endpoint in 0..spec.servers {
             let server_args = ServerArgs {
-                endpoint: endpoint as u32,
-                servers: args.servers,
-                layout: args.layout.clone(),
-                transport: args.transport.clone(),
-                optimizer: args.optimizer,
-                pull_dtype: args.pull_dtype,
-                epoch: 0,
+                spec: ServerSpec {
+                    endpoint,
+                    servers: spec.servers,
+                    optimizer: spec.optimizer,
+                    pull_dtype: spec.pull_dtype,
+                    epoch: 0,
+                },
+                node: node.clone(),
             };
             let (server, _) =
                 Actor::spawn_linked(None, ShardServer, server_args, myself.get_cell()).await?;
             servers.push(server);
         }
-        let mut directory = Directory {
-            units: vec![Vec::new(); args.layout.len()],
-        };
+        let mut routes = Vec::new();
         for (endpoint, server) in servers.iter().enumerate() {
             let what = format!("shard server {endpoint} routes");
-            let routes = call(server, ServerMsg::Routes, &what).await?;
-            for (unit, route) in routes.into_iter().enumerate() {
-                if let (Some(route), Some(list)) = (route, directory.units.get_mut(unit)) {
-                    list.push(route);
-                }
-            }
+            routes.extend(call(server, ServerMsg::Routes, &what).await?);
         }
+        let directory = Directory::from_routes(node.layout.len(), routes)?;
         let mut state = SupervisorState {
-            layout: args.layout,
-            transport: args.transport,
-            compute: args.compute,
-            context: args.context,
-            directory: Arc::new(directory),
-            collective: (args.step.communication == Communication::Collective)
-                .then(|| Arc::new(CollectiveGroup::new(args.trainers))),
+            machine: StepMachine::new(spec.step, spec.trainers),
+            metrics: (0..spec.trainers).map(TrainerMetrics::new).collect(),
+            spec,
+            node,
+            directory,
             servers,
             trainers: Vec::new(),
-            machine: StepMachine::new(args.step, trainers),
             clock: SystemClock,
             pending: None,
             ticker: None,
         };
-        for slot in 0..args.trainers {
+        for slot in 0..state.spec.trainers {
             let actor = spawn_trainer(&state, &myself, slot).await?;
             state.trainers.push(Some(actor));
         }
@@ -197,18 +170,24 @@ impl Actor for Supervisor {
     ) -> std::result::Result<(), ActorProcessingErr> {
         let now = state.clock.now();
         let (decisions, request) = match msg {
-            SupervisorMsg::Step { samples, reply } => {
-                (state.machine.start(samples, now), Some(reply))
-            }
+            SupervisorMsg::Step(samples, reply) => (state.machine.start(samples, now), Some(reply)),
             SupervisorMsg::Done(report) => {
-                if report.result.is_ok() {
-                    metrics::counter!(m::MICRO_BATCHES, "trainer" => report.trainer.to_string())
-                        .increment(1);
+                if let (Ok(done), Some(metrics)) =
+                    (&report.result, state.metrics.get(report.trainer as usize))
+                {
+                    metrics.micro_batches.increment(1);
+                    metrics.busy.record(
+                        report
+                            .finished
+                            .saturating_duration_since(report.started)
+                            .as_secs_f64(),
+                    );
+                    metrics.pull_wait.record(done.stats.pull_wait.as_secs_f64());
                 }
                 (state.machine.on_report(report, now), None)
             }
             SupervisorMsg::Parameters(reply) => {
-                let _ = reply.send(parameters(state).await);
+                snapshots(state, reply);
                 return Ok(());
             }
             SupervisorMsg::Tick => (state.machine.on_tick(now), None),
@@ -303,26 +282,24 @@ async fn execute(
                 }
             }
             Command::Reduce { scale, next_epoch } => {
-                let calls = each_server(state, "reduce", move |reply| ServerMsg::Reduce {
-                    scale,
-                    next_epoch,
-                    reply,
-                });
+                let cmd = ReduceCmd { scale, next_epoch };
+                let calls =
+                    each_server(state, "reduce", move |reply| ServerMsg::Reduce(cmd, reply));
                 report_back(myself, async move {
-                    let sums = join_all(calls)
-                        .await
-                        .into_iter()
-                        .collect::<Result<Vec<f64>>>();
-                    ServerOutcome::Reduced(sums.map(|s| s.iter().sum()))
+                    let mut sum_sq = Ok(0.0);
+                    for r in join_all(calls).await {
+                        match r.and_then(|acked| acked) {
+                            Ok(ack) => sum_sq = sum_sq.map(|s| s + ack.sum_sq),
+                            Err(e) => sum_sq = sum_sq.and(Err(e)),
+                        }
+                    }
+                    ServerOutcome::Reduced(sum_sq)
                 });
                 Vec::new()
             }
             Command::Apply { clip, version } => {
-                let calls = each_server(state, "apply", move |reply| ServerMsg::Apply {
-                    clip,
-                    version,
-                    reply,
-                });
+                let cmd = ApplyCmd { clip, version };
+                let calls = each_server(state, "apply", move |reply| ServerMsg::Apply(cmd, reply));
                 report_back(myself, async move {
                     let mut outcome = Ok(());
                     for r in join_all(calls).await {
@@ -338,24 +315,26 @@ async fn execute(
                 if matches!(reason, Reason::TrainerLost { .. }) {
                     metrics::counter!(m::REPLAYS).increment(1);
                 }
-                if let Some(group) = &state.collective {
+                if let Some(group) = &state.node.collective {
                     group.abort_before(next_epoch);
                 }
-                let calls = each_server(state, "discard", move |reply| ServerMsg::Discard {
-                    next_epoch,
-                    reply,
+                let cmd = DiscardCmd { next_epoch };
+                let calls = each_server(state, "discard", move |reply| {
+                    ServerMsg::Discard(cmd, reply)
                 });
                 report_back(myself, async move {
-                    let done = join_all(calls)
-                        .await
-                        .into_iter()
-                        .collect::<Result<Vec<()>>>();
-                    ServerOutcome::Discarded(done.map(|_| ()))
+                    let mut outcome = Ok(());
+                    for r in join_all(calls).await {
+                        if let Err(e) = r.and_then(|discarded| discarded) {
+                            outcome = outcome.and(Err(e));
+                        }
+                    }
+                    ServerOutcome::Discarded(outcome)
                 });
                 Vec::new()
             }
             Command::Respawn { slot } => {
-                let spawned = spawn_trainer(state, myself, slot as usize).await;
+                let spawned = spawn_trainer(state, myself, slot).await;
                 let now = state.clock.now();
                 match spawned {
                     Ok(actor) => {
@@ -380,7 +359,7 @@ async fn execute(
             }
             Command::Finish(result) => {
                 if let Ok(stats) = &result {
-                    record_step(stats);
+                    record_step(&state.metrics, stats);
                 }
                 if let Some(reply) = state.pending.take().or_else(|| request.take()) {
                     let _ = reply.send(result);
@@ -436,23 +415,24 @@ fn report_back(
     });
 }
 
-/// Step metrics from a finished step's stats.
-fn record_step(stats: &StepStats) {
-    for (i, t) in stats.trainers.iter().enumerate() {
-        let label = i.to_string();
-        metrics::gauge!(m::TRAINER_BUSY, "trainer" => label.clone())
-            .increment(t.busy.as_secs_f64());
-        metrics::gauge!(m::TRAINER_IDLE, "trainer" => label.clone())
-            .increment(t.idle.as_secs_f64());
-        metrics::gauge!(m::TRAINER_BARRIER_WAIT, "trainer" => label.clone())
-            .increment(t.barrier_wait.as_secs_f64());
-        metrics::gauge!(m::TRAINER_PULL_WAIT, "trainer" => label)
-            .increment(t.pull_wait.as_secs_f64());
+/// Step metrics from a finished step's stats, through the cached per-trainer handles.
+fn record_step(metrics: &[TrainerMetrics], stats: &StepStats) {
+    let wall = stats.wall.as_secs_f64();
+    for (t, handles) in stats.trainers.iter().zip(metrics) {
+        handles.idle.record(t.idle.as_secs_f64());
+        handles.barrier_wait.record(t.barrier_wait.as_secs_f64());
+        if wall > 0.0 {
+            handles.tokens_per_second.set(t.tokens as f64 / wall);
+            handles.utilization.set(t.busy.as_secs_f64() / wall);
+        }
     }
     metrics::counter!(m::TOKENS).increment(stats.tokens);
+    if wall > 0.0 {
+        metrics::gauge!(m::TOKENS_PER_SECOND).set(stats.tokens as f64 / wall);
+    }
     metrics::gauge!(m::STEP).set((stats.step + 1) as f64);
     metrics::gauge!(m::LOSS).set(stats.loss);
-    metrics::histogram!(m::STEP_SECONDS).record(stats.wall.as_secs_f64());
+    metrics::histogram!(m::STEP_SECONDS).record(wall);
 }
 
 async fn call<M, T>(
@@ -484,39 +464,41 @@ where
 async fn spawn_trainer(
     state: &SupervisorState,
     myself: &ActorRef<SupervisorMsg>,
-    index: usize,
+    rank: u32,
 ) -> std::result::Result<ActorRef<TrainerMsg>, ActorProcessingErr> {
-    let context = TrainerContext::new(
-        index,
-        state.transport.clone(),
-        state.layout.clone(),
-        state.directory.clone(),
-        state.context,
-        state.collective.clone(),
-    );
     let args = TrainerArgs {
-        index,
-        compute: state.compute.create(index),
-        context,
+        spec: TrainerSpec {
+            rank,
+            communication: state.spec.step.communication,
+            context: state.spec.context,
+            directory: state.directory.clone(),
+        },
+        node: state.node.clone(),
         supervisor: myself.clone(),
     };
     let (actor, _) = Actor::spawn_linked(None, Trainer, args, myself.get_cell()).await?;
     Ok(actor)
 }
 
-async fn parameters(state: &SupervisorState) -> Result<Vec<Vec<f32>>> {
-    let mut units: Vec<Vec<f32>> = state
-        .layout
-        .units()
-        .iter()
-        .map(|u| vec![0.0; u.len])
-        .collect();
-    for server in &state.servers {
-        for (unit, range, values) in call(server, ServerMsg::Parameters, "shard server").await? {
-            if let Some(dst) = units.get_mut(unit).and_then(|u| u.get_mut(range)) {
-                dst.copy_from_slice(&values);
+/// Ask every server for its fp32 snapshot handles, in a task that answers `reply` directly (the
+/// caller reads the values over the data plane).
+fn snapshots(
+    state: &SupervisorState,
+    reply: RpcReplyPort<Result<Vec<crate::messages::ShardSnapshot>>>,
+) {
+    let calls = each_server(state, "snapshot", ServerMsg::Snapshot);
+    tokio::spawn(async move {
+        let mut all = Ok(Vec::new());
+        for r in join_all(calls).await {
+            match r.and_then(|taken| taken) {
+                Ok(list) => {
+                    if let Ok(all) = &mut all {
+                        all.extend(list);
+                    }
+                }
+                Err(e) => all = all.and(Err(e)),
             }
         }
-    }
-    Ok(units)
+        let _ = reply.send(all);
+    });
 }

@@ -5,4 +5,5 @@
 
 mod actor;
 
-pub use actor::{ServerOutcome, Supervisor, SupervisorArgs, SupervisorMsg, SupervisorState};
+pub use crate::messages::{ServerOutcome, SupervisorMsg, SupervisorSpec};
+pub use actor::{Supervisor, SupervisorArgs, SupervisorState};

@@ -33,7 +33,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::buffers::UnitBuffers;
-use crate::compute::MicroBatch;
+use crate::batch::MicroBatch;
 use crate::datapath::{DataPath, Gathered, Op, OpKey, OpKind};
 use crate::error::{Error, Result};
 use crate::layout::{ModelLayout, UnitId};
@@ -299,9 +299,9 @@ impl TrainerContext {
         let started = Instant::now();
         let start = SystemClock.now();
         let gathered = match self.inflight.remove(&unit) {
-            Some(handle) => handle.await.map_err(|e| {
-                Error::Internal(format!("prefetch of unit {unit} failed: {e}"))
-            })??,
+            Some(handle) => handle
+                .await
+                .map_err(|e| Error::Internal(format!("prefetch of unit {unit} failed: {e}")))??,
             None => self.start_gather(unit)?.await?,
         };
         self.stats.pull_wait += started.elapsed();

@@ -21,7 +21,7 @@ pub const DEFAULT_SCALE: f64 = 32_000.0;
 /// assert!((m.cost(32_000) - (4.348357 + 8.768377)).abs() < 1e-12);
 /// assert_eq!(CostModel::linear().cost(64_000), 2.0);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CostModel {
     /// Coefficient of the quadratic term.
     pub a: f64,
@@ -69,17 +69,17 @@ impl CostModel {
         for (field, value) in [("a", self.a), ("b", self.b)] {
             if !value.is_finite() || value < 0.0 {
                 return Err(BalanceError::InvalidCostModel {
-                    field,
+                    field: field.to_string(),
                     value,
-                    requirement: coefficient,
+                    requirement: coefficient.to_string(),
                 });
             }
         }
         if !self.scale.is_finite() || self.scale <= 0.0 {
             return Err(BalanceError::InvalidCostModel {
-                field: "scale",
+                field: "scale".into(),
                 value: self.scale,
-                requirement: "positive",
+                requirement: "positive".into(),
             });
         }
         Ok(())
@@ -98,7 +98,7 @@ impl CostModel {
                     Ok(cost)
                 } else {
                     Err(BalanceError::NonFiniteCost {
-                        sample,
+                        sample: sample as u64,
                         tokens: t,
                         cost,
                     })

@@ -2,7 +2,7 @@
 
 /// Why a minibatch could not be planned. Variants carry the offending sample index (an index into
 /// the minibatch's `tokens` slice) and the values involved, so the caller can report it precisely.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum BalanceError {
     /// The minibatch has no samples.
     #[error("the minibatch has no samples")]
@@ -15,9 +15,9 @@ pub enum BalanceError {
     #[error("cannot plan a minibatch over {trainers} trainers; at most {max} are supported")]
     TooManyTrainers {
         /// The requested number of trainers.
-        trainers: usize,
+        trainers: u64,
         /// The supported maximum.
-        max: usize,
+        max: u64,
     },
     /// The micro-batch token budget is zero.
     #[error("the micro-batch token budget is zero")]
@@ -26,7 +26,7 @@ pub enum BalanceError {
     #[error("sample {sample} has {tokens} tokens, more than the micro-batch budget of {budget}")]
     SampleExceedsBudget {
         /// Index of the sample in the minibatch.
-        sample: usize,
+        sample: u64,
         /// Its length in tokens.
         tokens: u64,
         /// The micro-batch token budget.
@@ -36,27 +36,27 @@ pub enum BalanceError {
     #[error("sample {sample} has zero tokens")]
     ZeroLength {
         /// Index of the sample in the minibatch.
-        sample: usize,
+        sample: u64,
     },
     /// A sample index passed to [`pack`](super::pack) is not an index into `tokens`.
     #[error("sample index {sample} is out of range for a minibatch of {len} samples")]
     SampleOutOfRange {
         /// The out-of-range index.
-        sample: usize,
+        sample: u64,
         /// Number of samples in the minibatch.
-        len: usize,
+        len: u64,
     },
     /// A sample index was passed to [`pack`](super::pack) more than once.
     #[error("sample {sample} is listed more than once")]
     DuplicateSample {
         /// The repeated index.
-        sample: usize,
+        sample: u64,
     },
     /// The cost model gave a non-finite (infinite or NaN) cost for a sample.
     #[error("the cost model gives sample {sample} of {tokens} tokens the non-finite cost {cost}")]
     NonFiniteCost {
         /// Index of the sample in the minibatch.
-        sample: usize,
+        sample: u64,
         /// Its length in tokens.
         tokens: u64,
         /// The cost computed for it.
@@ -73,7 +73,7 @@ pub enum BalanceError {
     #[error("trainer {trainer} has speed {speed}; speeds must be finite and positive")]
     InvalidSpeed {
         /// Index of the trainer in the `speeds` slice.
-        trainer: usize,
+        trainer: u64,
         /// The speed given for it.
         speed: f64,
     },
@@ -81,10 +81,10 @@ pub enum BalanceError {
     #[error("cost model field `{field}` is {value}; it must be finite and {requirement}")]
     InvalidCostModel {
         /// Name of the field (`a`, `b` or `scale`).
-        field: &'static str,
+        field: String,
         /// Its value.
         value: f64,
         /// What it must satisfy besides being finite.
-        requirement: &'static str,
+        requirement: String,
     },
 }

@@ -19,19 +19,23 @@ fn check_samples(tokens: &[u64], samples: &[usize], budget: u64) -> Result<(), B
     for &sample in samples {
         let Some(&len) = tokens.get(sample) else {
             return Err(BalanceError::SampleOutOfRange {
-                sample,
-                len: tokens.len(),
+                sample: sample as u64,
+                len: tokens.len() as u64,
             });
         };
         if std::mem::replace(&mut seen[sample], true) {
-            return Err(BalanceError::DuplicateSample { sample });
+            return Err(BalanceError::DuplicateSample {
+                sample: sample as u64,
+            });
         }
         if len == 0 {
-            return Err(BalanceError::ZeroLength { sample });
+            return Err(BalanceError::ZeroLength {
+                sample: sample as u64,
+            });
         }
         if len > budget {
             return Err(BalanceError::SampleExceedsBudget {
-                sample,
+                sample: sample as u64,
                 tokens: len,
                 budget,
             });
@@ -112,8 +116,8 @@ pub fn pack_guided(
     check_samples(tokens, samples, budget)?;
     if let Some(&sample) = samples.iter().find(|&&s| s >= costs.len()) {
         return Err(BalanceError::SampleOutOfRange {
-            sample,
-            len: costs.len(),
+            sample: sample as u64,
+            len: costs.len() as u64,
         });
     }
     let mut left: Vec<usize> = samples.to_vec();

@@ -64,8 +64,8 @@ pub(super) fn check_trainers(trainers: usize) -> Result<(), BalanceError> {
     }
     if trainers > MAX_TRAINERS {
         return Err(BalanceError::TooManyTrainers {
-            trainers,
-            max: MAX_TRAINERS,
+            trainers: trainers as u64,
+            max: MAX_TRAINERS as u64,
         });
     }
     Ok(())
@@ -85,11 +85,13 @@ pub(super) fn sample_costs(
     }
     for (sample, &t) in tokens.iter().enumerate() {
         if t == 0 {
-            return Err(BalanceError::ZeroLength { sample });
+            return Err(BalanceError::ZeroLength {
+                sample: sample as u64,
+            });
         }
         if t > budget {
             return Err(BalanceError::SampleExceedsBudget {
-                sample,
+                sample: sample as u64,
                 tokens: t,
                 budget,
             });
@@ -386,8 +388,8 @@ mod tests {
             assert_eq!(
                 plan(&[10], usize::MAX, 100),
                 Err(BalanceError::TooManyTrainers {
-                    trainers: usize::MAX,
-                    max: MAX_TRAINERS
+                    trainers: (usize::MAX) as u64,
+                    max: MAX_TRAINERS as u64
                 })
             );
             assert!(plan(&[10], MAX_TRAINERS, 100).is_ok());
@@ -418,7 +420,7 @@ mod tests {
         let bad = CostModel::quadratic(-1.0, 0.0);
         assert!(matches!(
             plan_dynamic(&[5], &bad, 2, 10),
-            Err(BalanceError::InvalidCostModel { field: "a", .. })
+            Err(BalanceError::InvalidCostModel { field, .. }) if field == "a"
         ));
         let huge = CostModel::quadratic(0.0, f64::MAX);
         assert!(matches!(

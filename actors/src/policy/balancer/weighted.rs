@@ -111,7 +111,10 @@ fn weighted_partition(
         .enumerate()
         .find(|(_, s)| !s.is_finite() || **s <= 0.0)
     {
-        return Err(BalanceError::InvalidSpeed { trainer, speed });
+        return Err(BalanceError::InvalidSpeed {
+            trainer: trainer as u64,
+            speed,
+        });
     }
     let costs = sample_costs(tokens, cost, budget)?;
     // plan_static's partition: the answer at equal speeds, a candidate otherwise.
@@ -244,8 +247,8 @@ mod tests {
         assert_eq!(
             plan_static_weighted(&[10], &m, &too_many, 100),
             Err(BalanceError::TooManyTrainers {
-                trainers: MAX_TRAINERS + 1,
-                max: MAX_TRAINERS
+                trainers: (MAX_TRAINERS + 1) as u64,
+                max: MAX_TRAINERS as u64
             })
         );
     }
@@ -276,7 +279,7 @@ mod tests {
         );
         assert!(matches!(
             plan_static_weighted(&[5], &CostModel::quadratic(-1.0, 0.0), &speeds, 10),
-            Err(BalanceError::InvalidCostModel { field: "a", .. })
+            Err(BalanceError::InvalidCostModel { field, .. }) if field == "a"
         ));
     }
 

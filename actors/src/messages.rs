@@ -1,0 +1,340 @@
+//! Every control-plane message between the supervisor, trainers and shard servers, in one place.
+//!
+//! Rules (DESIGN "Transport contract", ready for ractor_cluster):
+//! - every payload and every reply is plain serializable data (serde): no `Instant` (times are
+//!   [`Timestamp`]s), no trait objects (errors cross as [`Error`], a kind with its context), no
+//!   `usize` (fixed-width integers only) — checked for every message by this module's tests;
+//! - no tensor bytes and nothing that grows with the model beyond one route or snapshot handle per
+//!   unit: parameters and gradients move over the data plane (the transport);
+//! - actors start from serializable specs ([`ServerSpec`], [`TrainerSpec`], [`SupervisorSpec`])
+//!   plus their process's [`Node`](crate::node::Node), so a per-node spawner can start them from a
+//!   message;
+//! - RPC replies travel in a `RpcReplyPort` as the last field of their variant (ractor_cluster's
+//!   `#[rpc]` form).
+
+use std::ops::Range;
+
+use odc_transport::{Dtype, EndpointId, RegionHandle};
+use ractor::RpcReplyPort;
+use serde::{Deserialize, Serialize};
+
+use crate::batch::{ComputeOutput, MicroBatch, SampleMeta};
+use crate::directory::{Directory, ShardRoute};
+use crate::error::Result;
+use crate::layout::UnitId;
+use crate::policy::clock::Timestamp;
+use crate::policy::dispatch::Communication;
+use crate::policy::stats::StepStats;
+use crate::policy::step::StepConfig;
+use crate::server::optimizer::OptimizerConfig;
+use crate::trainer::{ContextConfig, MicroBatchStats};
+
+// ---------------------------------------------------------------------------------------------
+// Shard servers
+// ---------------------------------------------------------------------------------------------
+
+/// What a shard server is.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ServerSpec {
+    /// This server's endpoint, `0..servers`; it holds shard `endpoint` of every unit.
+    pub endpoint: EndpointId,
+    pub servers: u32,
+    pub optimizer: OptimizerConfig,
+    /// Dtype of the published copy trainers pull.
+    pub pull_dtype: Dtype,
+    /// Epoch the accumulators start at.
+    pub epoch: u64,
+}
+
+/// Barrier phase 1: take every accumulator (moving to `next_epoch`), scale it by `scale` and keep it
+/// for [`ApplyCmd`]; the reply is the sum of squares of the scaled gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ReduceCmd {
+    pub scale: f64,
+    pub next_epoch: u64,
+}
+
+/// The reply to [`ReduceCmd`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ReduceAck {
+    pub sum_sq: f64,
+}
+
+/// Barrier phase 2: multiply the kept gradient by `clip`, run the optimizer, publish `version`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ApplyCmd {
+    pub clip: f64,
+    pub version: u64,
+}
+
+/// Drop everything accumulated in this attempt and move to `next_epoch`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DiscardCmd {
+    pub next_epoch: u64,
+}
+
+/// An fp32 copy of one shard's master values at `version`, readable over the data plane.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardSnapshot {
+    pub unit: UnitId,
+    /// First element of the shard within its unit.
+    pub start: u64,
+    pub end: u64,
+    pub version: u64,
+    pub region: RegionHandle,
+}
+
+impl ShardSnapshot {
+    /// Elements of the unit this snapshot holds.
+    pub fn range(&self) -> Range<usize> {
+        self.start as usize..self.end as usize
+    }
+}
+
+/// Messages of a shard server.
+pub enum ServerMsg {
+    /// Routes of this server's non-empty shards, in unit order.
+    Routes(RpcReplyPort<Vec<ShardRoute>>),
+    Reduce(ReduceCmd, RpcReplyPort<Result<ReduceAck>>),
+    Apply(ApplyCmd, RpcReplyPort<Result<()>>),
+    Discard(DiscardCmd, RpcReplyPort<Result<()>>),
+    /// Publish the fp32 master values of every shard for a read-out over the data plane.
+    Snapshot(RpcReplyPort<Result<Vec<ShardSnapshot>>>),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trainers
+// ---------------------------------------------------------------------------------------------
+
+/// What a trainer is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerSpec {
+    /// The trainer's slot (its rank in collective mode).
+    pub rank: u32,
+    pub communication: Communication,
+    pub context: ContextConfig,
+    /// Where every shard lives.
+    pub directory: Directory,
+}
+
+/// One micro-batch to run within the accumulator epoch `epoch`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub micro_batch: MicroBatch,
+    pub epoch: u64,
+}
+
+/// Messages of a trainer.
+pub enum TrainerMsg {
+    Run(Assignment),
+}
+
+/// A micro-batch that completed: the compute's output and what its data path did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MicroBatchDone {
+    pub output: ComputeOutput,
+    pub stats: MicroBatchStats,
+}
+
+/// What a trainer tells the supervisor after a micro-batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerReport {
+    pub trainer: u32,
+    pub epoch: u64,
+    pub micro_batch: u32,
+    pub started: Timestamp,
+    pub finished: Timestamp,
+    pub result: Result<MicroBatchDone>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The supervisor
+// ---------------------------------------------------------------------------------------------
+
+/// What a job is: the supervisor's serializable configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SupervisorSpec {
+    pub trainers: u32,
+    pub servers: u32,
+    pub optimizer: OptimizerConfig,
+    pub pull_dtype: Dtype,
+    pub context: ContextConfig,
+    pub step: StepConfig,
+}
+
+/// Outcome of a barrier or discard call to every server (sent by the supervisor's own task).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ServerOutcome {
+    /// Sum over servers of their sums of squares.
+    Reduced(Result<f64>),
+    Applied(Result<()>),
+    Discarded(Result<()>),
+}
+
+/// Messages of the supervisor.
+pub enum SupervisorMsg {
+    /// Train one minibatch; replies after the optimizer step.
+    Step(Vec<SampleMeta>, RpcReplyPort<Result<StepStats>>),
+    /// A trainer finished a micro-batch.
+    Done(TrainerReport),
+    /// Where to read the fp32 master parameters of every shard (over the data plane).
+    Parameters(RpcReplyPort<Result<Vec<ShardSnapshot>>>),
+    /// Periodic: time passed (deadlines).
+    Tick,
+    /// The outcome of server calls the supervisor started.
+    Servers(ServerOutcome),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use odc_transport::local::LocalTransport;
+    use odc_transport::{Transport, TransportError};
+    use serde::de::DeserializeOwned;
+
+    use super::*;
+    use crate::batch::LossWeighting;
+    use crate::error::Error;
+    use crate::policy::stats::{Span, SpanKind};
+
+    /// `value` survives a serialization round trip unchanged.
+    fn round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(value: T) {
+        let bytes = serde_json::to_vec(&value).expect("serializes");
+        let back: T = serde_json::from_slice(&bytes).expect("deserializes");
+        assert_eq!(back, value);
+    }
+
+    fn handle() -> RegionHandle {
+        let t = LocalTransport::new();
+        let region = t.register_accumulator(3, 8, 2).expect("register");
+        region.handle()
+    }
+
+    fn micro_batch() -> MicroBatch {
+        MicroBatch {
+            step: 4,
+            id: 7,
+            samples: vec![SampleMeta::new(11, 300), SampleMeta::new(12, 5)],
+            tokens: 305,
+            cost: 0.25,
+            weighting: LossWeighting::Samples,
+        }
+    }
+
+    #[test]
+    fn every_payload_and_reply_round_trips() {
+        let route = ShardRoute {
+            unit: 2,
+            owner: 3,
+            start: 4,
+            end: 12,
+            published: handle(),
+            accumulator: handle(),
+        };
+        let spec = ServerSpec {
+            endpoint: 1,
+            servers: 4,
+            optimizer: OptimizerConfig::adamw(1e-3),
+            pull_dtype: Dtype::Bf16,
+            epoch: 9,
+        };
+        round_trip(spec);
+        round_trip(vec![route.clone()]);
+        round_trip(ReduceCmd {
+            scale: 0.5,
+            next_epoch: 3,
+        });
+        round_trip::<Result<ReduceAck>>(Ok(ReduceAck { sum_sq: 2.5 }));
+        round_trip(ApplyCmd {
+            clip: 0.9,
+            version: 8,
+        });
+        round_trip(DiscardCmd { next_epoch: 4 });
+        round_trip::<Result<Vec<ShardSnapshot>>>(Ok(vec![ShardSnapshot {
+            unit: 0,
+            start: 0,
+            end: 8,
+            version: 2,
+            region: handle(),
+        }]));
+        let directory = Directory::from_routes(3, vec![route]).expect("directory");
+        round_trip(TrainerSpec {
+            rank: 2,
+            communication: Communication::Collective,
+            context: ContextConfig::default(),
+            directory,
+        });
+        round_trip(Assignment {
+            micro_batch: micro_batch(),
+            epoch: 5,
+        });
+        let stats = MicroBatchStats {
+            pull_wait: Duration::from_micros(15),
+            push_wait: Duration::from_micros(3),
+            bytes_pulled: 1 << 20,
+            bytes_pushed: 2 << 20,
+            peak_gathered: 2,
+            pulls: 8,
+            spans: vec![Span {
+                kind: SpanKind::Compute,
+                start: Timestamp::from_nanos(10),
+                end: Timestamp::from_nanos(30),
+            }],
+        };
+        for result in [
+            Ok(MicroBatchDone {
+                output: ComputeOutput { loss_sum: 1.5 },
+                stats,
+            }),
+            Err(Error::MicroBatch {
+                step: 1,
+                micro_batch: 2,
+                trainer: 3,
+                source: Box::new(Error::Pull {
+                    unit: 1,
+                    owner: 2,
+                    source: TransportError::DeadlineExceeded {
+                        owner: 2,
+                        region: 5,
+                        op: odc_transport::Op::Read,
+                    },
+                }),
+            }),
+            Err(Error::user(std::io::Error::other("disk on fire"))),
+        ] {
+            round_trip(TrainerReport {
+                trainer: 1,
+                epoch: 2,
+                micro_batch: 3,
+                started: Timestamp::from_nanos(5),
+                finished: Timestamp::from_nanos(9),
+                result,
+            });
+        }
+        round_trip(SupervisorSpec {
+            trainers: 4,
+            servers: 2,
+            optimizer: OptimizerConfig::sgd(0.1),
+            pull_dtype: Dtype::F32,
+            context: ContextConfig::default(),
+            step: StepConfig::default(),
+        });
+        round_trip(vec![SampleMeta::new(1, 2)]);
+        round_trip(ServerOutcome::Reduced(Err(Error::Deadline {
+            what: "reduce".into(),
+            step: 3,
+            trainer: None,
+            micro_batch: None,
+            after_ms: 60_000,
+        })));
+        round_trip(ServerOutcome::Applied(Ok(())));
+        round_trip(ServerOutcome::Discarded(Ok(())));
+    }
+
+    #[test]
+    fn user_errors_keep_their_message_chain() {
+        let e = Error::user(std::io::Error::other("disk on fire"));
+        assert_eq!(e.to_string(), "user compute: disk on fire");
+    }
+}
