@@ -244,3 +244,317 @@ fn snapshot(shards: &mut [Shard], context: &Context) -> Result<Vec<ShardSnapshot
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Condvar, Mutex};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use odc_transport::local::LocalTransport;
+    use odc_transport::{
+        deadline_in, Dest, EndpointId, InboxRegion, RegionHandle, Transport, TransportError,
+        WriteTag,
+    };
+    use ractor::RpcReplyPort;
+
+    use super::*;
+    use crate::layout::{ModelLayout, UnitSpec};
+    use crate::trainer::{Compute, SharedComputeFactory};
+
+    fn node(transport: Arc<dyn Transport>, values: Vec<f32>) -> Arc<Node> {
+        let layout = ModelLayout::new(vec![UnitSpec::with_values("u", values)]).unwrap();
+        let compute: SharedComputeFactory =
+            Arc::new(|_: u32| -> Box<dyn Compute> { unreachable!("no trainer here") });
+        Arc::new(Node {
+            transport,
+            layout: Arc::new(layout),
+            compute,
+            collective: None,
+        })
+    }
+
+    fn spec(servers: u32, endpoint: u32) -> ServerSpec {
+        ServerSpec {
+            endpoint,
+            servers,
+            optimizer: OptimizerConfig::Sgd {
+                lr: 1.0,
+                momentum: 0.0,
+                weight_decay: 0.0,
+            },
+            pull_dtype: Dtype::F32,
+            epoch: 0,
+        }
+    }
+
+    async fn server(
+        transport: Arc<dyn Transport>,
+        servers: u32,
+        endpoint: u32,
+    ) -> ActorRef<ServerMsg> {
+        let args = ServerArgs {
+            spec: spec(servers, endpoint),
+            node: node(transport, (0..10).map(|i| i as f32).collect()),
+        };
+        Actor::spawn(None, ShardServer, args).await.unwrap().0
+    }
+
+    async fn ask<T: Send + 'static>(
+        actor: &ActorRef<ServerMsg>,
+        msg: impl FnOnce(RpcReplyPort<T>) -> ServerMsg,
+    ) -> T {
+        match actor.call(msg, Some(Duration::from_secs(10))).await {
+            Ok(ractor::rpc::CallResult::Success(v)) => v,
+            _ => panic!("the server did not answer"),
+        }
+    }
+
+    async fn read(t: &dyn Transport, handle: &RegionHandle, len: usize) -> (u64, Vec<f32>) {
+        let mut out = vec![f32::NAN; len];
+        let version = t
+            .read(handle, 0..len, Dest::F32(&mut out), deadline_in(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        (version, out)
+    }
+
+    async fn add(t: &dyn Transport, route: &ShardRoute, values: &[f32], tag: WriteTag) -> Result<()> {
+        t.accumulate(
+            &route.accumulator,
+            0,
+            codec::encode_f32(values),
+            tag,
+            deadline_in(Duration::from_secs(5)),
+        )
+        .await
+        .map_err(Error::from)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn i2_discard_drops_landed_writes_and_refuses_late_ones() {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+            let actor = server(transport.clone(), 3, 2).await;
+            let route = ask(&actor, ServerMsg::Routes).await.remove(0);
+            assert_eq!(route.range(), 6..10, "uneven shard of the last server");
+            let tag = |epoch, write_id| WriteTag { epoch, write_id };
+            // A failed attempt's write lands, then the attempt is discarded.
+            add(transport.as_ref(), &route, &[1.0; 4], tag(0, 1)).await.unwrap();
+            let discard = DiscardCmd { next_epoch: 1 };
+            ask(&actor, |r| ServerMsg::Discard(discard, r)).await.unwrap();
+            // The failed trainer's late write is refused...
+            let late = add(transport.as_ref(), &route, &[1.0; 4], tag(0, 2)).await;
+            assert!(matches!(
+                late,
+                Err(Error::Transport(TransportError::StaleEpoch { got: 0, current: 1, .. }))
+            ));
+            // ...the replay's write counts once, its duplicate is refused...
+            add(transport.as_ref(), &route, &[1.0; 4], tag(1, 1)).await.unwrap();
+            let dup = add(transport.as_ref(), &route, &[1.0; 4], tag(1, 1)).await;
+            assert!(matches!(
+                dup,
+                Err(Error::Transport(TransportError::DuplicateWrite { .. }))
+            ));
+            // ...so the step sees exactly one gradient of ones.
+            let reduce = ReduceCmd {
+                scale: 1.0,
+                next_epoch: 2,
+            };
+            let ack = ask(&actor, |r| ServerMsg::Reduce(reduce, r)).await.unwrap();
+            assert_eq!(ack.sum_sq, 4.0);
+            let apply = ApplyCmd {
+                clip: 1.0,
+                version: 1,
+            };
+            ask(&actor, |r| ServerMsg::Apply(apply, r)).await.unwrap();
+            let (version, values) = read(transport.as_ref(), &route.published, 4).await;
+            assert_eq!(version, 1, "I1: the step published version 1");
+            assert_eq!(values, vec![5.0, 6.0, 7.0, 8.0]);
+            actor.stop(None);
+        })
+        .await
+        .expect("test timed out");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn i1_published_copy_changes_only_at_apply_and_snapshots_read_over_the_data_plane() {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+            let actor = server(transport.clone(), 1, 0).await;
+            let route = ask(&actor, ServerMsg::Routes).await.remove(0);
+            let before = read(transport.as_ref(), &route.published, 10).await;
+            add(transport.as_ref(), &route, &[1.0; 10], WriteTag { epoch: 0, write_id: 0 })
+                .await
+                .unwrap();
+            let reduce = ReduceCmd {
+                scale: 0.5,
+                next_epoch: 1,
+            };
+            ask(&actor, |r| ServerMsg::Reduce(reduce, r)).await.unwrap();
+            // Gradients reduced, step not applied: readers still see version 0.
+            assert_eq!(read(transport.as_ref(), &route.published, 10).await, before);
+            let apply = ApplyCmd {
+                clip: 1.0,
+                version: 1,
+            };
+            ask(&actor, |r| ServerMsg::Apply(apply, r)).await.unwrap();
+            let (version, values) = read(transport.as_ref(), &route.published, 10).await;
+            assert_eq!((version, values[3]), (1, 2.5));
+            // The read-out goes over the data plane: a snapshot handle, read by another
+            // transport instance of the process.
+            let snapshots = ask(&actor, ServerMsg::Snapshot).await.unwrap();
+            assert_eq!(snapshots.len(), 1);
+            assert_eq!((snapshots[0].range(), snapshots[0].version), (0..10, 1));
+            let reader = LocalTransport::new();
+            let (_, master) = read(&reader, &snapshots[0].region, 10).await;
+            assert_eq!(master[0], -0.5);
+            assert_eq!(master[9], 8.5);
+            actor.stop(None);
+        })
+        .await
+        .expect("test timed out");
+    }
+
+    /// A transport whose owner-side `publish` and `take` block until the test grants a permit:
+    /// work that ran on the runtime's only thread would block the task that grants it.
+    struct Gated {
+        inner: LocalTransport,
+        permits: Arc<(Mutex<u32>, Condvar)>,
+    }
+
+    fn pass(permits: &(Mutex<u32>, Condvar)) -> bool {
+        let (lock, cvar) = permits;
+        let guard = lock.lock().unwrap();
+        let (mut guard, timeout) = cvar
+            .wait_timeout_while(guard, Duration::from_secs(5), |n| *n == 0)
+            .unwrap();
+        if timeout.timed_out() {
+            return false;
+        }
+        *guard -= 1;
+        true
+    }
+
+    struct GatedPublished(Box<dyn PublishedRegion>, Arc<(Mutex<u32>, Condvar)>);
+    impl PublishedRegion for GatedPublished {
+        fn handle(&self) -> RegionHandle {
+            self.0.handle()
+        }
+        fn publish(&self, version: u64, data: Bytes) -> std::result::Result<(), TransportError> {
+            if !pass(&self.1) {
+                return Err(TransportError::Unsupported {
+                    what: "the gate never opened: publish ran on the runtime thread".into(),
+                });
+            }
+            self.0.publish(version, data)
+        }
+        fn version(&self) -> u64 {
+            self.0.version()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Transport for Gated {
+        fn backend(&self) -> &'static str {
+            "gated"
+        }
+        fn register_published(
+            &self,
+            owner: EndpointId,
+            dtype: Dtype,
+            initial: Bytes,
+            version: u64,
+        ) -> std::result::Result<Box<dyn PublishedRegion>, TransportError> {
+            let inner = self.inner.register_published(owner, dtype, initial, version)?;
+            Ok(Box::new(GatedPublished(inner, self.permits.clone())))
+        }
+        fn register_accumulator(
+            &self,
+            owner: EndpointId,
+            len: usize,
+            epoch: u64,
+        ) -> std::result::Result<Box<dyn AccumulatorRegion>, TransportError> {
+            self.inner.register_accumulator(owner, len, epoch)
+        }
+        fn register_inbox(
+            &self,
+            owner: EndpointId,
+            epoch: u64,
+        ) -> std::result::Result<Box<dyn InboxRegion>, TransportError> {
+            self.inner.register_inbox(owner, epoch)
+        }
+        async fn read(
+            &self,
+            handle: &RegionHandle,
+            range: Range<usize>,
+            into: Dest<'_>,
+            deadline: odc_transport::Deadline,
+        ) -> std::result::Result<u64, TransportError> {
+            self.inner.read(handle, range, into, deadline).await
+        }
+        async fn accumulate(
+            &self,
+            handle: &RegionHandle,
+            offset: usize,
+            data: Bytes,
+            tag: WriteTag,
+            deadline: odc_transport::Deadline,
+        ) -> std::result::Result<(), TransportError> {
+            self.inner.accumulate(handle, offset, data, tag, deadline).await
+        }
+        async fn send(
+            &self,
+            inbox: &RegionHandle,
+            tag: WriteTag,
+            data: Bytes,
+            deadline: odc_transport::Deadline,
+        ) -> std::result::Result<(), TransportError> {
+            self.inner.send(inbox, tag, data, deadline).await
+        }
+    }
+
+    /// I6: the optimizer loop runs off the runtime's threads. On a runtime with one thread, the
+    /// publish at the end of `Apply` waits for a permit that a task on that same thread grants;
+    /// had `Apply` run on the runtime thread, the permit could never be granted (the publish
+    /// gives up after 5 s and the step fails).
+    #[test]
+    fn i6_apply_runs_off_the_runtime_thread() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let outcome = runtime.block_on(async {
+                let permits = Arc::new((Mutex::new(0u32), Condvar::new()));
+                let transport: Arc<dyn Transport> = Arc::new(Gated {
+                    inner: LocalTransport::new(),
+                    permits: permits.clone(),
+                });
+                let actor = server(transport, 1, 0).await;
+                let apply = ApplyCmd {
+                    clip: 1.0,
+                    version: 1,
+                };
+                let call = tokio::spawn({
+                    let actor = actor.clone();
+                    async move { ask(&actor, |r| ServerMsg::Apply(apply, r)).await }
+                });
+                // Runs only if the runtime thread is free while `Apply` waits for its permit.
+                tokio::task::yield_now().await;
+                let (lock, cvar) = &*permits;
+                *lock.lock().unwrap() += 1;
+                cvar.notify_all();
+                let outcome = call.await.unwrap();
+                actor.stop(None);
+                outcome
+            });
+            let _ = done_tx.send(outcome);
+        });
+        let outcome = done_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the server answered");
+        assert_eq!(outcome, Ok(()), "Apply completed with the permit granted from the runtime");
+    }
+}

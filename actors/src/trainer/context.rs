@@ -296,6 +296,8 @@ impl TrainerContext {
             self.note_held();
             return Ok(values);
         }
+        // The unit released last is not needed any more: free it before another transfer (I5).
+        self.last_gathered = None;
         let started = Instant::now();
         let start = SystemClock.now();
         let gathered = match self.inflight.remove(&unit) {
