@@ -46,74 +46,79 @@ fn scrape(addr: SocketAddr) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_endpoint_serves_odc_metrics() {
-    let addr = free_port();
-    odc::metrics::serve(addr).expect("serve metrics");
-    // A second recorder in the same process is refused with a message naming the address.
-    let again = odc::metrics::serve(free_port()).unwrap_err();
-    assert!(again.to_string().contains("metrics endpoint"), "{again}");
-    let mut job = Job::builder()
-        .unit(UnitSpec::constant("w", 64, 0.0))
-        .trainers(2)
-        .servers(2)
-        .compute(|_| Box::new(Ones) as Box<dyn Compute>)
-        .data(|_| Ok((0..4).map(|i| SampleMeta::new(i, 10)).collect()))
-        .build()
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(30), job.run(3))
-        .await
-        .expect("timeout")
-        .unwrap();
-    job.shutdown().await;
-    let body = tokio::task::spawn_blocking(move || scrape(addr))
-        .await
-        .unwrap();
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    // Prometheus conventions: counters are counters named `_total`, durations `_seconds`
-    // (summaries: their `_sum` is the total), sizes `_bytes`, fractions `_ratio`.
-    for (name, kind) in [
-        ("odc_pulled_bytes_total", "counter"),
-        ("odc_pushed_bytes_total", "counter"),
-        ("odc_tokens_total", "counter"),
-        ("odc_micro_batches_total", "counter"),
-        ("odc_pull_seconds", "summary"),
-        ("odc_trainer_busy_seconds", "summary"),
-        ("odc_trainer_idle_seconds", "summary"),
-        ("odc_trainer_barrier_wait_seconds", "summary"),
-        ("odc_trainer_pull_wait_seconds", "summary"),
-        ("odc_step_seconds", "summary"),
-        ("odc_trainer_tokens_per_second", "gauge"),
-        ("odc_trainer_utilization_ratio", "gauge"),
-        ("odc_tokens_per_second", "gauge"),
-        ("odc_trainer_gathered_units", "gauge"),
-        ("odc_step", "gauge"),
-    ] {
-        let declared = format!("# TYPE {name} {kind}");
-        assert!(body.contains(&declared), "missing `{declared}` in\n{body}");
-    }
-    assert!(body.contains("odc_tokens_total 120"), "{body}");
-    assert!(body.contains("odc_step 3"), "{body}");
-    // Every trainer reports its own tokens per second, and the two add up to the job's.
-    let value = |line_start: &str| -> f64 {
-        body.lines()
-            .find(|l| l.starts_with(line_start))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no `{line_start}` in\n{body}"))
-    };
-    let per_trainer = value("odc_trainer_tokens_per_second{trainer=\"0\"}")
-        + value("odc_trainer_tokens_per_second{trainer=\"1\"}");
-    let total = value("odc_tokens_per_second ");
-    assert!(total > 0.0 && total.is_finite(), "{total}");
-    assert!(
-        (per_trainer - total).abs() <= 1e-6 * total,
-        "per-trainer tokens/s {per_trainer} vs job {total}"
-    );
-    // No counter is exported as a gauge under a `_total` name.
-    for line in body.lines().filter(|l| l.starts_with("# TYPE ")) {
-        let mut parts = line.split(' ').skip(2);
-        let (name, kind) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-        if name.ends_with("_total") {
-            assert_eq!(kind, "counter", "{line}");
+    // A whole-test timeout: a hang fails the test instead of CI.
+    tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        let addr = free_port();
+        odc::metrics::serve(addr).expect("serve metrics");
+        // A second recorder in the same process is refused with a message naming the address.
+        let again = odc::metrics::serve(free_port()).unwrap_err();
+        assert!(again.to_string().contains("metrics endpoint"), "{again}");
+        let mut job = Job::builder()
+            .unit(UnitSpec::constant("w", 64, 0.0))
+            .trainers(2)
+            .servers(2)
+            .compute(|_| Box::new(Ones) as Box<dyn Compute>)
+            .data(|_| Ok((0..4).map(|i| SampleMeta::new(i, 10)).collect()))
+            .build()
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(30), job.run(3))
+            .await
+            .expect("timeout")
+            .unwrap();
+        job.shutdown().await;
+        let body = tokio::task::spawn_blocking(move || scrape(addr))
+            .await
+            .unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        // Prometheus conventions: counters are counters named `_total`, durations `_seconds`
+        // (summaries: their `_sum` is the total), sizes `_bytes`, fractions `_ratio`.
+        for (name, kind) in [
+            ("odc_pulled_bytes_total", "counter"),
+            ("odc_pushed_bytes_total", "counter"),
+            ("odc_tokens_total", "counter"),
+            ("odc_micro_batches_total", "counter"),
+            ("odc_pull_seconds", "summary"),
+            ("odc_trainer_busy_seconds", "summary"),
+            ("odc_trainer_idle_seconds", "summary"),
+            ("odc_trainer_barrier_wait_seconds", "summary"),
+            ("odc_trainer_pull_wait_seconds", "summary"),
+            ("odc_step_seconds", "summary"),
+            ("odc_trainer_tokens_per_second", "gauge"),
+            ("odc_trainer_utilization_ratio", "gauge"),
+            ("odc_tokens_per_second", "gauge"),
+            ("odc_trainer_gathered_units", "gauge"),
+            ("odc_step", "gauge"),
+        ] {
+            let declared = format!("# TYPE {name} {kind}");
+            assert!(body.contains(&declared), "missing `{declared}` in\n{body}");
         }
-    }
+        assert!(body.contains("odc_tokens_total 120"), "{body}");
+        assert!(body.contains("odc_step 3"), "{body}");
+        // Every trainer reports its own tokens per second, and the two add up to the job's.
+        let value = |line_start: &str| -> f64 {
+            body.lines()
+                .find(|l| l.starts_with(line_start))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no `{line_start}` in\n{body}"))
+        };
+        let per_trainer = value("odc_trainer_tokens_per_second{trainer=\"0\"}")
+            + value("odc_trainer_tokens_per_second{trainer=\"1\"}");
+        let total = value("odc_tokens_per_second ");
+        assert!(total > 0.0 && total.is_finite(), "{total}");
+        assert!(
+            (per_trainer - total).abs() <= 1e-6 * total,
+            "per-trainer tokens/s {per_trainer} vs job {total}"
+        );
+        // No counter is exported as a gauge under a `_total` name.
+        for line in body.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let mut parts = line.split(' ').skip(2);
+            let (name, kind) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            if name.ends_with("_total") {
+                assert_eq!(kind, "counter", "{line}");
+            }
+        }
+    })
+    .await
+    .expect("test timed out");
 }

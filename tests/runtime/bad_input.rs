@@ -73,80 +73,88 @@ fn samples() -> Vec<SampleMeta> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_compute_calls_are_typed_errors_and_the_job_keeps_running() {
-    let mode = Arc::new(AtomicU8::new(GOOD));
-    let mut job = job(mode.clone());
-    type Expect = fn(&Error) -> bool;
-    let cases: [(u8, Expect); 4] = [
-        (UNKNOWN_UNIT, |e| {
-            matches!(e, Error::UnknownUnit { unit: 99, units: 2 })
-        }),
-        (SHORT_GRAD, |e| {
-            matches!(
-                e,
-                Error::GradLength {
-                    unit: 0,
-                    expected: 10,
-                    got: 9,
-                    ..
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let mode = Arc::new(AtomicU8::new(GOOD));
+        let mut job = job(mode.clone());
+        type Expect = fn(&Error) -> bool;
+        let cases: [(u8, Expect); 4] = [
+            (UNKNOWN_UNIT, |e| {
+                matches!(e, Error::UnknownUnit { unit: 99, units: 2 })
+            }),
+            (SHORT_GRAD, |e| {
+                matches!(
+                    e,
+                    Error::GradLength {
+                        unit: 0,
+                        expected: 10,
+                        got: 9,
+                        ..
+                    }
+                )
+            }),
+            (TWICE, |e| matches!(e, Error::DuplicatePush { unit: 0, .. })),
+            (RELEASE_UNGATHERED, |e| {
+                matches!(e, Error::NotGathered { unit: 1 })
+            }),
+        ];
+        within(30, async {
+            for (m, expected) in cases {
+                mode.store(m, Ordering::SeqCst);
+                let err = job
+                    .step_with(samples())
+                    .await
+                    .expect_err("bad call fails the step");
+                match &err {
+                    Error::MicroBatch {
+                        source, step: 0, ..
+                    } => {
+                        assert!(expected(source), "mode {m}: unexpected {source}")
+                    }
+                    other => panic!("mode {m}: unexpected {other}"),
                 }
-            )
-        }),
-        (TWICE, |e| matches!(e, Error::DuplicatePush { unit: 0, .. })),
-        (RELEASE_UNGATHERED, |e| {
-            matches!(e, Error::NotGathered { unit: 1 })
-        }),
-    ];
-    within(30, async {
-        for (m, expected) in cases {
-            mode.store(m, Ordering::SeqCst);
-            let err = job
+                assert!(!err.to_string().is_empty());
+            }
+            // The job still runs, and nothing of the failed steps was applied: one good step with
+            // gradient 1 per token-weighted sample... total weight 100 tokens, 4 micro-batch pushes of
+            // 1.0 → mean gradient 4/100 per element, SGD lr 1.
+            mode.store(GOOD, Ordering::SeqCst);
+            let stats = job
                 .step_with(samples())
                 .await
-                .expect_err("bad call fails the step");
-            match &err {
-                Error::MicroBatch {
-                    source, step: 0, ..
-                } => {
-                    assert!(expected(source), "mode {m}: unexpected {source}")
-                }
-                other => panic!("mode {m}: unexpected {other}"),
+                .expect("good step after bad ones");
+            assert_eq!(stats.step, 0, "failed steps did not advance the version");
+            let params = job.parameters().await.unwrap();
+            let micro_batches = stats.micro_batches as f32;
+            for p in &params[0] {
+                assert!((p + micro_batches / 100.0).abs() < 1e-6, "got {p}");
             }
-            assert!(!err.to_string().is_empty());
-        }
-        // The job still runs, and nothing of the failed steps was applied: one good step with
-        // gradient 1 per token-weighted sample... total weight 100 tokens, 4 micro-batch pushes of
-        // 1.0 → mean gradient 4/100 per element, SGD lr 1.
-        mode.store(GOOD, Ordering::SeqCst);
-        let stats = job
-            .step_with(samples())
-            .await
-            .expect("good step after bad ones");
-        assert_eq!(stats.step, 0, "failed steps did not advance the version");
-        let params = job.parameters().await.unwrap();
-        let micro_batches = stats.micro_batches as f32;
-        for p in &params[0] {
-            assert!((p + micro_batches / 100.0).abs() < 1e-6, "got {p}");
-        }
+        })
+        .await;
+        job.shutdown().await;
     })
-    .await;
-    job.shutdown().await;
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_minibatches_are_typed_errors() {
-    let mut job = job(Arc::new(AtomicU8::new(GOOD)));
-    within(30, async {
-        assert!(matches!(
-            job.step_with(vec![]).await,
-            Err(Error::EmptyMinibatch { step: 0 })
-        ));
-        let too_long = vec![SampleMeta::new(0, 1000)];
-        let err = job.step_with(too_long).await.expect_err("over budget");
-        assert!(matches!(err, Error::Balance(_)), "{err}");
-        job.step_with(samples()).await.expect("still running");
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let mut job = job(Arc::new(AtomicU8::new(GOOD)));
+        within(30, async {
+            assert!(matches!(
+                job.step_with(vec![]).await,
+                Err(Error::EmptyMinibatch { step: 0 })
+            ));
+            let too_long = vec![SampleMeta::new(0, 1000)];
+            let err = job.step_with(too_long).await.expect_err("over budget");
+            assert!(matches!(err, Error::Balance(_)), "{err}");
+            job.step_with(samples()).await.expect("still running");
+        })
+        .await;
+        job.shutdown().await;
     })
-    .await;
-    job.shutdown().await;
+    .await
 }
 
 #[test]
@@ -186,33 +194,37 @@ fn zero_trainers_or_servers_or_missing_compute_are_refused() {
 
 #[tokio::test]
 async fn out_of_range_region_read_is_a_typed_error() {
-    let t = LocalTransport::new();
-    let region = t
-        .register_published(0, Dtype::F32, codec::encode(Dtype::F32, &[1.0; 4]), 0)
-        .unwrap();
-    let handle = region.handle();
-    let deadline = odc::transport::deadline_in(Duration::from_secs(5));
-    let mut out = [7.0f32; 7];
-    let err = t
-        .read(&handle, 2..9, Dest::F32(&mut out), deadline)
-        .await
-        .unwrap_err();
-    assert!(matches!(
-        err,
-        TransportError::OutOfRange {
-            start: 2,
-            end: 9,
-            len: 4,
-            ..
-        }
-    ));
-    assert!(err.to_string().contains("2..9"));
-    assert_eq!(out, [7.0; 7], "nothing written");
-    // The region is unharmed.
-    let mut whole = [0.0f32; 4];
-    let version = t
-        .read(&handle, 0..4, Dest::F32(&mut whole), deadline)
-        .await
-        .unwrap();
-    assert_eq!((version, whole), (0, [1.0; 4]));
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let t = LocalTransport::new();
+        let region = t
+            .register_published(0, Dtype::F32, codec::encode(Dtype::F32, &[1.0; 4]), 0)
+            .unwrap();
+        let handle = region.handle();
+        let deadline = odc::transport::deadline_in(Duration::from_secs(5));
+        let mut out = [7.0f32; 7];
+        let err = t
+            .read(&handle, 2..9, Dest::F32(&mut out), deadline)
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            TransportError::OutOfRange {
+                start: 2,
+                end: 9,
+                len: 4,
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("2..9"));
+        assert_eq!(out, [7.0; 7], "nothing written");
+        // The region is unharmed.
+        let mut whole = [0.0f32; 4];
+        let version = t
+            .read(&handle, 0..4, Dest::F32(&mut whole), deadline)
+            .await
+            .unwrap();
+        assert_eq!((version, whole), (0, [1.0; 4]));
+    })
+    .await
 }

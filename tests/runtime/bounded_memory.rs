@@ -89,19 +89,33 @@ async fn peak_live_buffers(prefetch: u32, hold: bool) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i5_live_unit_buffers_never_exceed_prefetch_plus_one() {
-    for prefetch in 0..4 {
-        let peak = peak_live_buffers(prefetch, false).await;
-        let bound = prefetch as usize + 1;
-        assert!(peak <= bound, "prefetch {prefetch}: {peak} unit buffers alive");
-        // Prefetching really happened, so the bound was reached, not just respected.
-        assert_eq!(peak, bound, "prefetch {prefetch}: peak {peak}");
-    }
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        for prefetch in 0..4 {
+            let peak = peak_live_buffers(prefetch, false).await;
+            let bound = prefetch as usize + 1;
+            assert!(
+                peak <= bound,
+                "prefetch {prefetch}: {peak} unit buffers alive"
+            );
+            // Prefetching really happened, so the bound was reached, not just respected.
+            assert_eq!(peak, bound, "prefetch {prefetch}: peak {peak}");
+        }
+    })
+    .await
 }
 
 /// The measurement sees buffers wherever they are: a compute that keeps every unit has them all
 /// alive, beyond the bound (what I5 excludes: memory the user's compute keeps itself).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i5_measurement_counts_what_the_compute_keeps() {
-    let peak = peak_live_buffers(1, true).await;
-    assert_eq!(peak, UNITS as usize, "every gathered unit is alive while the compute keeps it");
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let peak = peak_live_buffers(1, true).await;
+        assert_eq!(
+            peak, UNITS as usize,
+            "every gathered unit is alive while the compute keeps it"
+        );
+    })
+    .await
 }

@@ -55,96 +55,116 @@ async fn check(trainers: usize, servers: usize, dispatch: DispatchMode, precisio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i3_equivalence_matrix_fp32() {
-    for trainers in [1, 2, 4, 8] {
-        for servers in [1, 3, 4] {
-            for dispatch in [DispatchMode::Static, DispatchMode::Dynamic] {
-                check(trainers, servers, dispatch, Precision::F32).await;
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        for trainers in [1, 2, 4, 8] {
+            for servers in [1, 3, 4] {
+                for dispatch in [DispatchMode::Static, DispatchMode::Dynamic] {
+                    check(trainers, servers, dispatch, Precision::F32).await;
+                }
             }
         }
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i3_equivalence_matrix_bf16() {
-    for trainers in [1, 2, 4, 8] {
-        for servers in [1, 3, 4] {
-            for dispatch in [DispatchMode::Static, DispatchMode::Dynamic] {
-                check(trainers, servers, dispatch, Precision::Bf16).await;
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        for trainers in [1, 2, 4, 8] {
+            for servers in [1, 3, 4] {
+                for dispatch in [DispatchMode::Static, DispatchMode::Dynamic] {
+                    check(trainers, servers, dispatch, Precision::Bf16).await;
+                }
             }
         }
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i3_equivalence_with_global_norm_clipping() {
-    let data = minibatches(11, STEPS, 10, 30);
-    let job = model_job(
-        3,
-        2,
-        DispatchMode::Dynamic,
-        Precision::F32,
-        Arc::new(Hooks::default()),
-    )
-    .clip_grad_norm(0.05)
-    .build()
-    .unwrap();
-    let got = within(60, train(job, &data)).await;
-    let want = reference_train(&data, adamw(), Dtype::F32, Some(0.05));
-    let unclipped = reference_train(&data, adamw(), Dtype::F32, None);
-    assert!(max_abs_diff(&got, &want) <= 1e-6);
-    // Clipping changed the result, so the comparison above is not vacuous.
-    assert!(max_abs_diff(&want, &unclipped) > 1e-3);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn i3_equivalence_with_sgd_and_prefetch_depths() {
-    let sgd = odc::OptimizerConfig::sgd(0.05);
-    let data = minibatches(3, STEPS, 9, 25);
-    let want = reference_train(&data, sgd, Dtype::F32, None);
-    for prefetch in [0, 1, 2] {
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let data = minibatches(11, STEPS, 10, 30);
         let job = model_job(
-            2,
             3,
+            2,
             DispatchMode::Dynamic,
             Precision::F32,
             Arc::new(Hooks::default()),
         )
-        .optimizer(sgd)
-        .prefetch(prefetch)
+        .clip_grad_norm(0.05)
         .build()
         .unwrap();
         let got = within(60, train(job, &data)).await;
-        assert!(max_abs_diff(&got, &want) <= 1e-6, "prefetch {prefetch}");
-    }
+        let want = reference_train(&data, adamw(), Dtype::F32, Some(0.05));
+        let unclipped = reference_train(&data, adamw(), Dtype::F32, None);
+        assert!(max_abs_diff(&got, &want) <= 1e-6);
+        // Clipping changed the result, so the comparison above is not vacuous.
+        assert!(max_abs_diff(&want, &unclipped) > 1e-3);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i3_equivalence_with_sgd_and_prefetch_depths() {
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let sgd = odc::OptimizerConfig::sgd(0.05);
+        let data = minibatches(3, STEPS, 9, 25);
+        let want = reference_train(&data, sgd, Dtype::F32, None);
+        for prefetch in [0, 1, 2] {
+            let job = model_job(
+                2,
+                3,
+                DispatchMode::Dynamic,
+                Precision::F32,
+                Arc::new(Hooks::default()),
+            )
+            .optimizer(sgd)
+            .prefetch(prefetch)
+            .build()
+            .unwrap();
+            let got = within(60, train(job, &data)).await;
+            assert!(max_abs_diff(&got, &want) <= 1e-6, "prefetch {prefetch}");
+        }
+    })
+    .await
 }
 
 /// Collective mode (ring all-gather / reduce-scatter, LB-Micro with padded equal counts) trains to
 /// the same parameters as the single-process reference.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i3_equivalence_collective_mode() {
-    for trainers in [1, 2, 4, 8] {
-        for servers in [1, 3] {
-            for precision in [Precision::F32, Precision::Bf16] {
-                let data = minibatches(17, STEPS, 12, 40);
-                let job = model_job(
-                    trainers,
-                    servers,
-                    DispatchMode::Static,
-                    precision,
-                    Arc::new(Hooks::default()),
-                )
-                .communication(odc::Communication::Collective)
-                .build()
-                .expect("valid job");
-                let got = within(60, train(job, &data)).await;
-                let (dtype, tol) = reference_precision(precision);
-                let want = reference_train(&data, adamw(), dtype, None);
-                let diff = max_abs_diff(&got, &want);
-                assert!(
-                    diff <= tol,
-                    "collective trainers={trainers} servers={servers} {precision:?}: {diff}"
-                );
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        for trainers in [1, 2, 4, 8] {
+            for servers in [1, 3] {
+                for precision in [Precision::F32, Precision::Bf16] {
+                    let data = minibatches(17, STEPS, 12, 40);
+                    let job = model_job(
+                        trainers,
+                        servers,
+                        DispatchMode::Static,
+                        precision,
+                        Arc::new(Hooks::default()),
+                    )
+                    .communication(odc::Communication::Collective)
+                    .build()
+                    .expect("valid job");
+                    let got = within(60, train(job, &data)).await;
+                    let (dtype, tol) = reference_precision(precision);
+                    let want = reference_train(&data, adamw(), dtype, None);
+                    let diff = max_abs_diff(&got, &want);
+                    assert!(
+                        diff <= tol,
+                        "collective trainers={trainers} servers={servers} {precision:?}: {diff}"
+                    );
+                }
             }
         }
-    }
+    })
+    .await
 }

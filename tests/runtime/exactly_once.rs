@@ -44,28 +44,32 @@ async fn run_through_failure(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i2_trainer_panic_is_replayed_and_matches_failure_free_run() {
-    for dispatch in [DispatchMode::Dynamic, DispatchMode::Static] {
-        let data = minibatches(9, 5, 10, 30);
-        let hooks = Arc::new(Hooks {
-            panic_at: Some((1, 2)),
-            ..Hooks::default()
-        });
-        let job = model_job(4, 3, dispatch, Precision::F32, hooks.clone())
-            .build()
-            .unwrap();
-        let (stats, got) = run_through_failure(job, &data, &hooks).await;
-        assert_eq!(
-            stats[2].replays, 1,
-            "{dispatch:?}: step 2 was replayed once"
-        );
-        assert!(stats
-            .iter()
-            .enumerate()
-            .all(|(i, s)| i == 2 || s.replays == 0));
-        let want = reference_train(&data, adamw(), Dtype::F32, None);
-        let diff = max_abs_diff(&got, &want);
-        assert!(diff <= 1e-6, "{dispatch:?}: max |Δ| = {diff}");
-    }
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        for dispatch in [DispatchMode::Dynamic, DispatchMode::Static] {
+            let data = minibatches(9, 5, 10, 30);
+            let hooks = Arc::new(Hooks {
+                panic_at: Some((1, 2)),
+                ..Hooks::default()
+            });
+            let job = model_job(4, 3, dispatch, Precision::F32, hooks.clone())
+                .build()
+                .unwrap();
+            let (stats, got) = run_through_failure(job, &data, &hooks).await;
+            assert_eq!(
+                stats[2].replays, 1,
+                "{dispatch:?}: step 2 was replayed once"
+            );
+            assert!(stats
+                .iter()
+                .enumerate()
+                .all(|(i, s)| i == 2 || s.replays == 0));
+            let want = reference_train(&data, adamw(), Dtype::F32, None);
+            let diff = max_abs_diff(&got, &want);
+            assert!(diff <= 1e-6, "{dispatch:?}: max |Δ| = {diff}");
+        }
+    })
+    .await
 }
 
 /// Each sample pushes 1.0 at its own position; with SGD(lr = 1), sample weighting and 8 samples,
@@ -103,65 +107,73 @@ impl Compute for OneHot {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i2_every_sample_counts_exactly_once_despite_failure() {
-    let respawn = FailurePolicy::Respawn { max_respawns: 1 };
-    for (policy, wait_ack) in [
-        (respawn, true),
-        (respawn, false),
-        (FailurePolicy::Drop, true),
-    ] {
-        let fail = Arc::new(AtomicBool::new(true));
-        let f = fail.clone();
-        let mut job = Job::builder()
-            .unit(UnitSpec::constant("counts", 8, 0.0))
-            .trainers(3)
-            .servers(3)
-            .optimizer(OptimizerConfig::Sgd {
-                lr: 1.0,
-                momentum: 0.0,
-                weight_decay: 0.0,
-            })
-            .pull_precision(Precision::F32)
-            .loss_weighting(LossWeighting::Samples)
-            .token_budget(2)
-            .failure_policy(policy)
-            .compute(move |trainer| {
-                Box::new(OneHot {
-                    fail: f.clone(),
-                    trainer,
-                    wait_ack,
-                }) as Box<dyn Compute>
-            })
-            .build()
-            .unwrap();
-        let samples: Vec<SampleMeta> = (0..8).map(|i| SampleMeta::new(i, 1)).collect();
-        let stats = within(30, job.step_with(samples)).await.expect("step");
-        assert!(!fail.load(Ordering::SeqCst), "the failure was injected");
-        assert_eq!(stats.replays, 1);
-        let params = job.parameters().await.unwrap();
-        job.shutdown().await;
-        assert_eq!(
-            params[0],
-            vec![-0.125f32; 8],
-            "{policy:?} wait_ack={wait_ack}: each sample exactly once"
-        );
-    }
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let respawn = FailurePolicy::Respawn { max_respawns: 1 };
+        for (policy, wait_ack) in [
+            (respawn, true),
+            (respawn, false),
+            (FailurePolicy::Drop, true),
+        ] {
+            let fail = Arc::new(AtomicBool::new(true));
+            let f = fail.clone();
+            let mut job = Job::builder()
+                .unit(UnitSpec::constant("counts", 8, 0.0))
+                .trainers(3)
+                .servers(3)
+                .optimizer(OptimizerConfig::Sgd {
+                    lr: 1.0,
+                    momentum: 0.0,
+                    weight_decay: 0.0,
+                })
+                .pull_precision(Precision::F32)
+                .loss_weighting(LossWeighting::Samples)
+                .token_budget(2)
+                .failure_policy(policy)
+                .compute(move |trainer| {
+                    Box::new(OneHot {
+                        fail: f.clone(),
+                        trainer,
+                        wait_ack,
+                    }) as Box<dyn Compute>
+                })
+                .build()
+                .unwrap();
+            let samples: Vec<SampleMeta> = (0..8).map(|i| SampleMeta::new(i, 1)).collect();
+            let stats = within(30, job.step_with(samples)).await.expect("step");
+            assert!(!fail.load(Ordering::SeqCst), "the failure was injected");
+            assert_eq!(stats.replays, 1);
+            let params = job.parameters().await.unwrap();
+            job.shutdown().await;
+            assert_eq!(
+                params[0],
+                vec![-0.125f32; 8],
+                "{policy:?} wait_ack={wait_ack}: each sample exactly once"
+            );
+        }
+    })
+    .await
 }
 
 /// Collective mode: the failed trainer's peers are blocked in ring barriers; discarding the
 /// attempt aborts them, the respawned trainer joins the replay, and the result still matches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i2_collective_mode_failure_aborts_peers_and_replays() {
-    let data = minibatches(21, 4, 12, 30);
-    let hooks = Arc::new(Hooks {
-        panic_at: Some((2, 1)),
-        ..Hooks::default()
-    });
-    let job = model_job(4, 3, DispatchMode::Static, Precision::F32, hooks.clone())
-        .communication(odc::Communication::Collective)
-        .build()
-        .unwrap();
-    let (stats, got) = run_through_failure(job, &data, &hooks).await;
-    assert_eq!(stats[1].replays, 1);
-    let want = reference_train(&data, adamw(), Dtype::F32, None);
-    assert!(max_abs_diff(&got, &want) <= 1e-6);
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let data = minibatches(21, 4, 12, 30);
+        let hooks = Arc::new(Hooks {
+            panic_at: Some((2, 1)),
+            ..Hooks::default()
+        });
+        let job = model_job(4, 3, DispatchMode::Static, Precision::F32, hooks.clone())
+            .communication(odc::Communication::Collective)
+            .build()
+            .unwrap();
+        let (stats, got) = run_through_failure(job, &data, &hooks).await;
+        assert_eq!(stats[1].replays, 1);
+        let want = reference_train(&data, adamw(), Dtype::F32, None);
+        assert!(max_abs_diff(&got, &want) <= 1e-6);
+    })
+    .await
 }

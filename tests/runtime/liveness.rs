@@ -72,54 +72,62 @@ fn minibatch() -> Vec<SampleMeta> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i6_hung_compute_is_a_deadline_error_naming_trainer_and_micro_batch() {
-    let (mut job, hung) = hanging_job(Duration::from_millis(500), Duration::from_secs(60));
-    let err = within(30, job.step_with(minibatch()))
-        .await
-        .expect_err("the hung micro-batch fails the step");
-    let (trainer, micro_batch) = (hung.0.load(Ordering::SeqCst), hung.1.load(Ordering::SeqCst));
-    match &err {
-        Error::Deadline {
-            what,
-            step: 0,
-            trainer: Some(t),
-            micro_batch: Some(m),
-            after_ms,
-        } if what == "micro-batch"
-            && *t as usize == trainer
-            && *m as usize == micro_batch
-            && *after_ms >= 500 => {}
-        other => panic!("expected a micro-batch deadline on trainer {trainer}, micro-batch {micro_batch}: {other}"),
-    }
-    eprintln!("{err}");
-    // The hung trainer was killed and respawned: the next step works, on every trainer.
-    let stats = within(30, job.step_with(minibatch()))
-        .await
-        .expect("the next step works");
-    assert_eq!(stats.step, 0, "the failed step applied nothing");
-    assert_eq!(stats.replays, 0);
-    let params = within(30, job.parameters()).await.expect("parameters");
-    // SGD(0.1) on a gradient of 1 per micro-batch summed over 6, divided by 60 tokens: one step.
-    let want = -0.1 * 6.0 / 60.0;
-    assert!(
-        params[0].iter().all(|&p| (p - want).abs() < 1e-6),
-        "{params:?}"
-    );
-    job.shutdown().await;
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let (mut job, hung) = hanging_job(Duration::from_millis(500), Duration::from_secs(60));
+        let err = within(30, job.step_with(minibatch()))
+            .await
+            .expect_err("the hung micro-batch fails the step");
+        let (trainer, micro_batch) = (hung.0.load(Ordering::SeqCst), hung.1.load(Ordering::SeqCst));
+        match &err {
+            Error::Deadline {
+                what,
+                step: 0,
+                trainer: Some(t),
+                micro_batch: Some(m),
+                after_ms,
+            } if what == "micro-batch"
+                && *t as usize == trainer
+                && *m as usize == micro_batch
+                && *after_ms >= 500 => {}
+            other => panic!("expected a micro-batch deadline on trainer {trainer}, micro-batch {micro_batch}: {other}"),
+        }
+        eprintln!("{err}");
+        // The hung trainer was killed and respawned: the next step works, on every trainer.
+        let stats = within(30, job.step_with(minibatch()))
+            .await
+            .expect("the next step works");
+        assert_eq!(stats.step, 0, "the failed step applied nothing");
+        assert_eq!(stats.replays, 0);
+        let params = within(30, job.parameters()).await.expect("parameters");
+        // SGD(0.1) on a gradient of 1 per micro-batch summed over 6, divided by 60 tokens: one step.
+        let want = -0.1 * 6.0 / 60.0;
+        assert!(
+            params[0].iter().all(|&p| (p - want).abs() < 1e-6),
+            "{params:?}"
+        );
+        job.shutdown().await;
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i6_a_step_past_its_timeout_is_a_deadline_error() {
-    let (mut job, _) = hanging_job(Duration::from_secs(3600), Duration::from_millis(300));
-    let err = within(30, job.step_with(minibatch()))
-        .await
-        .expect_err("the caller stops waiting");
-    assert!(
-        matches!(
-            &err,
-            Error::Deadline { what, step: 0, trainer: None, micro_batch: None, after_ms: 300 }
-                if what == "step"
-        ),
-        "{err}"
-    );
-    within(30, job.shutdown()).await;
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let (mut job, _) = hanging_job(Duration::from_secs(3600), Duration::from_millis(300));
+        let err = within(30, job.step_with(minibatch()))
+            .await
+            .expect_err("the caller stops waiting");
+        assert!(
+            matches!(
+                &err,
+                Error::Deadline { what, step: 0, trainer: None, micro_batch: None, after_ms: 300 }
+                    if what == "step"
+            ),
+            "{err}"
+        );
+        within(30, job.shutdown()).await;
+    })
+    .await
 }

@@ -58,7 +58,10 @@ impl Compute for Gated {
                     notified.await;
                 }
             };
-            if tokio::time::timeout(self.timeout, progressed).await.is_err() {
+            if tokio::time::timeout(self.timeout, progressed)
+                .await
+                .is_err()
+            {
                 self.gate.timed_out.store(true, Ordering::SeqCst);
                 let done = self.gate.others_done.load(Ordering::SeqCst);
                 self.gate.done_at_timeout.store(done, Ordering::SeqCst);
@@ -74,7 +77,11 @@ impl Compute for Gated {
 }
 
 /// Run one step with trainer 0 held at the gate; the gate afterwards.
-async fn held_step(communication: Communication, dispatch: DispatchMode, timeout: Duration) -> Arc<Gate> {
+async fn held_step(
+    communication: Communication,
+    dispatch: DispatchMode,
+    timeout: Duration,
+) -> Arc<Gate> {
     let gate = Arc::new(Gate::default());
     let hooks = Arc::new(Hooks::default());
     let g = gate.clone();
@@ -107,34 +114,42 @@ async fn held_step(communication: Communication, dispatch: DispatchMode, timeout
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i4_on_demand_others_progress_while_one_trainer_is_held() {
-    for dispatch in [DispatchMode::Static, DispatchMode::Dynamic] {
-        // The timeout only bounds a broken run; a correct one never reaches it.
-        let gate = held_step(Communication::OnDemand, dispatch, Duration::from_secs(60)).await;
-        assert!(
-            !gate.timed_out.load(Ordering::SeqCst),
-            "{dispatch:?}: the others stopped while trainer 0 was held (an inner barrier)"
-        );
-        assert!(gate.others_done.load(Ordering::SeqCst) >= NEEDED);
-    }
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        for dispatch in [DispatchMode::Static, DispatchMode::Dynamic] {
+            // The timeout only bounds a broken run; a correct one never reaches it.
+            let gate = held_step(Communication::OnDemand, dispatch, Duration::from_secs(60)).await;
+            assert!(
+                !gate.timed_out.load(Ordering::SeqCst),
+                "{dispatch:?}: the others stopped while trainer 0 was held (an inner barrier)"
+            );
+            assert!(gate.others_done.load(Ordering::SeqCst) >= NEEDED);
+        }
+    })
+    .await
 }
 
 /// Negative control: the same check fails under collective mode, whose every all-gather waits
 /// for the held trainer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i4_negative_control_collective_mode_stalls_behind_the_held_trainer() {
-    let gate = held_step(
-        Communication::Collective,
-        DispatchMode::Static,
-        Duration::from_millis(500),
-    )
-    .await;
-    assert!(
-        gate.timed_out.load(Ordering::SeqCst),
-        "collective mode let the others progress without trainer 0"
-    );
-    assert_eq!(
-        gate.done_at_timeout.load(Ordering::SeqCst),
-        0,
-        "no other trainer completed anything while trainer 0 was held"
-    );
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let gate = held_step(
+            Communication::Collective,
+            DispatchMode::Static,
+            Duration::from_millis(500),
+        )
+        .await;
+        assert!(
+            gate.timed_out.load(Ordering::SeqCst),
+            "collective mode let the others progress without trainer 0"
+        );
+        assert_eq!(
+            gate.done_at_timeout.load(Ordering::SeqCst),
+            0,
+            "no other trainer completed anything while trainer 0 was held"
+        );
+    })
+    .await
 }

@@ -54,18 +54,22 @@ async fn last_step(rebalance: bool) -> StepStats {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebalancing_moves_planned_work_away_from_a_slow_trainer() {
-    let plain = within(60, last_step(false)).await;
-    let corrected = within(60, last_step(true)).await;
-    let (p, c) = (slow_share(&plain, 4), slow_share(&corrected, 4));
-    eprintln!("share of the quarter-speed trainer: plain {p:.3}, rebalanced {c:.3}");
-    // Without rebalancing LB-Mini gives every trainer about the same cost...
-    assert!(
-        p > 0.8,
-        "plain static plan share of the quarter-speed trainer: {p}"
-    );
-    // ...with it, the quarter-speed trainer gets well under half of the others' share.
-    assert!(
-        c < 0.5,
-        "rebalanced share of the quarter-speed trainer: {c}"
-    );
+    // A whole-test timeout: a hang fails the test instead of CI.
+    crate::within(180, async {
+        let plain = within(60, last_step(false)).await;
+        let corrected = within(60, last_step(true)).await;
+        let (p, c) = (slow_share(&plain, 4), slow_share(&corrected, 4));
+        eprintln!("share of the quarter-speed trainer: plain {p:.3}, rebalanced {c:.3}");
+        // Without rebalancing LB-Mini gives every trainer about the same cost...
+        assert!(
+            p > 0.8,
+            "plain static plan share of the quarter-speed trainer: {p}"
+        );
+        // ...with it, the quarter-speed trainer gets well under half of the others' share.
+        assert!(
+            c < 0.5,
+            "rebalanced share of the quarter-speed trainer: {c}"
+        );
+    })
+    .await
 }

@@ -318,79 +318,84 @@ mod tests {
     /// outcomes only, never on elapsed time.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn transfer_past_its_deadline_fails_and_writes_nothing() {
-        let inner: Arc<dyn Transport> = Arc::new(LocalTransport::new());
-        let t = Throttled::per_endpoint(Arc::clone(&inner), 4.0);
-        let deadline = || crate::deadline_in(Duration::from_millis(50));
-        let tag = WriteTag {
-            epoch: 0,
-            write_id: 1,
-        };
+        // A whole-test timeout: a hang fails the test instead of CI.
+        tokio::time::timeout(std::time::Duration::from_secs(120), async {
+            let inner: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+            let t = Throttled::per_endpoint(Arc::clone(&inner), 4.0);
+            let deadline = || crate::deadline_in(Duration::from_millis(50));
+            let tag = WriteTag {
+                epoch: 0,
+                write_id: 1,
+            };
 
-        let acc = t.register_accumulator(5, 1000, 0).expect("register");
-        let result = t
-            .accumulate(
-                &acc.handle(),
-                0,
-                codec::encode_f32(&[1.0; 1000]),
-                tag,
-                deadline(),
-            )
-            .await;
-        assert!(
-            matches!(result, Err(TransportError::DeadlineExceeded { owner: 5, op: Op::Accumulate, region }) if region == acc.handle().id),
-            "{result:?}"
-        );
-        assert_eq!(acc.take(1), vec![0.0; 1000], "not applied");
+            let acc = t.register_accumulator(5, 1000, 0).expect("register");
+            let result = t
+                .accumulate(
+                    &acc.handle(),
+                    0,
+                    codec::encode_f32(&[1.0; 1000]),
+                    tag,
+                    deadline(),
+                )
+                .await;
+            assert!(
+                matches!(result, Err(TransportError::DeadlineExceeded { owner: 5, op: Op::Accumulate, region }) if region == acc.handle().id),
+                "{result:?}"
+            );
+            assert_eq!(acc.take(1), vec![0.0; 1000], "not applied");
 
-        // Another owner's link is free, but this message is just as long.
-        let inbox = t.register_inbox(6, 0).expect("register");
-        let result = t
-            .send(
-                &inbox.handle(),
-                tag,
-                Bytes::from(vec![0u8; 4000]),
-                deadline(),
-            )
-            .await;
-        assert!(
-            matches!(
-                result,
-                Err(TransportError::DeadlineExceeded {
-                    owner: 6,
-                    op: Op::Send,
-                    ..
-                })
-            ),
-            "{result:?}"
-        );
-        // The refused message is not there (its write id is still free).
-        let unthrottled = inner
-            .send(
-                &inbox.handle(),
-                tag,
-                Bytes::from_static(b"x"),
-                crate::deadline_in(Duration::from_secs(10)),
-            )
-            .await;
-        assert_eq!(unthrottled, Ok(()));
+            // Another owner's link is free, but this message is just as long.
+            let inbox = t.register_inbox(6, 0).expect("register");
+            let result = t
+                .send(
+                    &inbox.handle(),
+                    tag,
+                    Bytes::from(vec![0u8; 4000]),
+                    deadline(),
+                )
+                .await;
+            assert!(
+                matches!(
+                    result,
+                    Err(TransportError::DeadlineExceeded {
+                        owner: 6,
+                        op: Op::Send,
+                        ..
+                    })
+                ),
+                "{result:?}"
+            );
+            // The refused message is not there (its write id is still free).
+            let unthrottled = inner
+                .send(
+                    &inbox.handle(),
+                    tag,
+                    Bytes::from_static(b"x"),
+                    crate::deadline_in(Duration::from_secs(10)),
+                )
+                .await;
+            assert_eq!(unthrottled, Ok(()));
 
-        let params = t
-            .register_published(7, Dtype::F32, codec::encode_f32(&[1.0; 1000]), 1)
-            .expect("register");
-        let mut out = vec![0.0f32; 1000];
-        let result = t
-            .read(&params.handle(), 0..1000, Dest::F32(&mut out), deadline())
-            .await;
-        assert!(
-            matches!(
-                result,
-                Err(TransportError::DeadlineExceeded {
-                    owner: 7,
-                    op: Op::Read,
-                    ..
-                })
-            ),
-            "{result:?}"
-        );
+            let params = t
+                .register_published(7, Dtype::F32, codec::encode_f32(&[1.0; 1000]), 1)
+                .expect("register");
+            let mut out = vec![0.0f32; 1000];
+            let result = t
+                .read(&params.handle(), 0..1000, Dest::F32(&mut out), deadline())
+                .await;
+            assert!(
+                matches!(
+                    result,
+                    Err(TransportError::DeadlineExceeded {
+                        owner: 7,
+                        op: Op::Read,
+                        ..
+                    })
+                ),
+                "{result:?}"
+            );
+        })
+        .await
+        .expect("test timed out");
     }
 }

@@ -313,13 +313,23 @@ mod tests {
     async fn read(t: &dyn Transport, handle: &RegionHandle, len: usize) -> (u64, Vec<f32>) {
         let mut out = vec![f32::NAN; len];
         let version = t
-            .read(handle, 0..len, Dest::F32(&mut out), deadline_in(Duration::from_secs(5)))
+            .read(
+                handle,
+                0..len,
+                Dest::F32(&mut out),
+                deadline_in(Duration::from_secs(5)),
+            )
             .await
             .unwrap();
         (version, out)
     }
 
-    async fn add(t: &dyn Transport, route: &ShardRoute, values: &[f32], tag: WriteTag) -> Result<()> {
+    async fn add(
+        t: &dyn Transport,
+        route: &ShardRoute,
+        values: &[f32],
+        tag: WriteTag,
+    ) -> Result<()> {
         t.accumulate(
             &route.accumulator,
             0,
@@ -340,17 +350,27 @@ mod tests {
             assert_eq!(route.range(), 6..10, "uneven shard of the last server");
             let tag = |epoch, write_id| WriteTag { epoch, write_id };
             // A failed attempt's write lands, then the attempt is discarded.
-            add(transport.as_ref(), &route, &[1.0; 4], tag(0, 1)).await.unwrap();
+            add(transport.as_ref(), &route, &[1.0; 4], tag(0, 1))
+                .await
+                .unwrap();
             let discard = DiscardCmd { next_epoch: 1 };
-            ask(&actor, |r| ServerMsg::Discard(discard, r)).await.unwrap();
+            ask(&actor, |r| ServerMsg::Discard(discard, r))
+                .await
+                .unwrap();
             // The failed trainer's late write is refused...
             let late = add(transport.as_ref(), &route, &[1.0; 4], tag(0, 2)).await;
             assert!(matches!(
                 late,
-                Err(Error::Transport(TransportError::StaleEpoch { got: 0, current: 1, .. }))
+                Err(Error::Transport(TransportError::StaleEpoch {
+                    got: 0,
+                    current: 1,
+                    ..
+                }))
             ));
             // ...the replay's write counts once, its duplicate is refused...
-            add(transport.as_ref(), &route, &[1.0; 4], tag(1, 1)).await.unwrap();
+            add(transport.as_ref(), &route, &[1.0; 4], tag(1, 1))
+                .await
+                .unwrap();
             let dup = add(transport.as_ref(), &route, &[1.0; 4], tag(1, 1)).await;
             assert!(matches!(
                 dup,
@@ -384,9 +404,17 @@ mod tests {
             let actor = server(transport.clone(), 1, 0).await;
             let route = ask(&actor, ServerMsg::Routes).await.remove(0);
             let before = read(transport.as_ref(), &route.published, 10).await;
-            add(transport.as_ref(), &route, &[1.0; 10], WriteTag { epoch: 0, write_id: 0 })
-                .await
-                .unwrap();
+            add(
+                transport.as_ref(),
+                &route,
+                &[1.0; 10],
+                WriteTag {
+                    epoch: 0,
+                    write_id: 0,
+                },
+            )
+            .await
+            .unwrap();
             let reduce = ReduceCmd {
                 scale: 0.5,
                 next_epoch: 1,
@@ -466,7 +494,9 @@ mod tests {
             initial: Bytes,
             version: u64,
         ) -> std::result::Result<Box<dyn PublishedRegion>, TransportError> {
-            let inner = self.inner.register_published(owner, dtype, initial, version)?;
+            let inner = self
+                .inner
+                .register_published(owner, dtype, initial, version)?;
             Ok(Box::new(GatedPublished(inner, self.permits.clone())))
         }
         fn register_accumulator(
@@ -501,7 +531,9 @@ mod tests {
             tag: WriteTag,
             deadline: odc_transport::Deadline,
         ) -> std::result::Result<(), TransportError> {
-            self.inner.accumulate(handle, offset, data, tag, deadline).await
+            self.inner
+                .accumulate(handle, offset, data, tag, deadline)
+                .await
         }
         async fn send(
             &self,
@@ -555,6 +587,10 @@ mod tests {
         let outcome = done_rx
             .recv_timeout(Duration::from_secs(60))
             .expect("the server answered");
-        assert_eq!(outcome, Ok(()), "Apply completed with the permit granted from the runtime");
+        assert_eq!(
+            outcome,
+            Ok(()),
+            "Apply completed with the permit granted from the runtime"
+        );
     }
 }
