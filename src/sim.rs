@@ -185,6 +185,85 @@ impl Compute for SimCompute {
     }
 }
 
+/// What one step of a collective ring costs in this process (the emulation's own ring latency):
+/// `ranks` tasks run `rounds` ring all-gathers of a small unit through the real collective data
+/// path over the local transport, and the wall time per all-gather is divided by its `ranks − 1`
+/// steps. On GPUs a ring step costs a few microseconds over NVLink; here it costs a task wake-up
+/// on the host, which a benchmark compares with its modelled compute. Zero for one rank.
+pub async fn ring_step_latency(ranks: u32, rounds: u32) -> crate::Result<Duration> {
+    use odc_actors::datapath::{Collective, CollectiveGroup, DataPath, Op, OpKey, OpKind};
+    use odc_actors::directory::{Directory, ShardRoute};
+    use odc_actors::trainer::buffers::UnitBuffers;
+    use odc_transport::local::LocalTransport;
+    use odc_transport::{codec, Dtype, Transport};
+
+    if ranks < 2 || rounds == 0 {
+        return Ok(Duration::ZERO);
+    }
+    let len = ranks as usize * 256;
+    let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+    let published = transport.register_published(
+        0,
+        Dtype::Bf16,
+        codec::encode(Dtype::Bf16, &vec![1.0; len]),
+        0,
+    )?;
+    let accumulator = transport.register_accumulator(0, len, 0)?;
+    let directory = Arc::new(Directory::from_routes(
+        1,
+        [ShardRoute {
+            unit: 0,
+            owner: 0,
+            start: 0,
+            end: len as u64,
+            published: published.handle(),
+            accumulator: accumulator.handle(),
+        }],
+    )?);
+    let group = Arc::new(CollectiveGroup::new(ranks));
+    let mut paths = Vec::new();
+    for rank in 0..ranks {
+        let path = Collective::new(
+            rank,
+            transport.clone(),
+            group.clone(),
+            directory.clone(),
+            len,
+        )?;
+        path.begin(0);
+        paths.push(Arc::new(path));
+    }
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for path in paths {
+        tasks.spawn(async move {
+            let buffers = UnitBuffers::default();
+            for round in 0..rounds {
+                let (buffer, lease) = buffers.allocate(len);
+                let op = Op {
+                    key: OpKey {
+                        epoch: 0,
+                        seq: round,
+                        unit: 0,
+                        kind: OpKind::Gather,
+                        occurrence: 0,
+                    },
+                    version: 0,
+                    micro_batch: 0,
+                    deadline: odc_transport::deadline_in(Duration::from_secs(60)),
+                };
+                path.gather(op, buffer, lease).await?;
+            }
+            Ok::<(), crate::Error>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.map_err(|e| crate::Error::Internal(format!("ring measurement task: {e}")))??;
+    }
+    let per_step = started.elapsed().as_secs_f64() / f64::from(rounds) / f64::from(ranks - 1);
+    Ok(Duration::from_secs_f64(per_step))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +278,20 @@ mod tests {
         assert_eq!(s.speed(7, 9), 0.25);
         assert_eq!(s.speed(0, 9), 1.0);
         assert_eq!(s.capacity(8, 4), 7.5);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ring_step_latency_is_measured_through_the_real_ring() {
+        let step = tokio::time::timeout(Duration::from_secs(60), ring_step_latency(4, 20))
+            .await
+            .expect("the measurement finishes")
+            .expect("the ring runs");
+        assert!(
+            step > Duration::ZERO && step < Duration::from_secs(1),
+            "{step:?}"
+        );
+        let alone = ring_step_latency(1, 20).await.expect("one rank");
+        assert_eq!(alone, Duration::ZERO);
     }
 
     #[test]

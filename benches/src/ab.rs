@@ -185,6 +185,8 @@ pub struct Measure {
     pub comm_wait: f64,
     /// Bytes pulled and pushed by all trainers.
     pub bytes: u64,
+    /// Micro-batches run (all devices, all steps).
+    pub micro_batches: u64,
     pub spans: Vec<TraceSpan>,
 }
 
@@ -199,6 +201,7 @@ impl Measure {
             min_span(self.shortest_forward_span, other.shortest_forward_span);
         self.comm_wait += other.comm_wait;
         self.bytes += other.bytes;
+        self.micro_batches += other.micro_batches;
     }
 }
 
@@ -349,6 +352,7 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
             .map(|t| t.bytes_pulled + t.bytes_pushed)
             .sum::<u64>();
         m.wall += stats.wall.as_secs_f64();
+        m.micro_batches += u64::from(stats.micro_batches);
         let (even, achievable) = step_bounds(&device, &tokens, case.devices, step);
         m.bound += even;
         m.achievable += achievable;
@@ -442,12 +446,25 @@ pub async fn compare(
         achievable_bound_tokens_per_s: achievable,
         ondemand_over_achievable: report::ratio(od, achievable),
         control_speedup: case.is_control().then_some(speedup),
-        emulation_warning: floor.zip(shortest).and_then(|(f, span)| {
-            f.warning(
-                span,
-                "shortest modelled compute span (forward, one unit, smallest micro-batch)",
-                time_scale_ms,
-            )
+        emulation_warning: floor.and_then(|f| {
+            let span = shortest.and_then(|span| {
+                f.warning(
+                    span,
+                    "shortest modelled compute span (forward, one unit, smallest micro-batch)",
+                    time_scale_ms,
+                )
+            });
+            // The collective side's mean micro-batch of modelled compute, and its exposed rings:
+            // every micro-batch's last reduce-scatter, every step's first all-gather.
+            let mean = a.busy / a.micro_batches.max(1) as f64;
+            let runs = (case.devices * reps) as f64 * settings.steps as f64;
+            let per_trainer_step = (a.micro_batches as f64 / runs).max(1.0);
+            let exposed = 1.0 + 1.0 / per_trainer_step;
+            let ring = f.ring_warning(case.devices, exposed, mean, time_scale_ms);
+            match (span, ring) {
+                (Some(s), Some(r)) => Some(format!("{s}; {r}")),
+                (s, r) => s.or(r),
+            }
         }),
     };
     Ok((row, a, b))

@@ -41,7 +41,15 @@ pub struct EmulationFloor {
     pub median: Duration,
     /// 90th percentile of the same.
     pub p90: Duration,
+    /// What one step of a collective ring costs in this process ([`odc::sim::ring_step_latency`]);
+    /// zero when not measured.
+    pub ring_step: Duration,
 }
+
+/// Share of a collective micro-batch the emulation's own ring latency may take before a row is
+/// flagged: collective mode exposes rings that compute cannot hide (a step's first all-gather, a
+/// micro-batch's last reduce-scatter), whose steps cost microseconds on GPUs.
+pub const RING_EXPOSED_LIMIT: f64 = 0.01;
 
 /// Issues `concurrency` tasks that each wait out short spans as the simulated device does
 /// (`spawn_blocking(std::thread::sleep(request))`), back to back, and measures their overshoot.
@@ -77,6 +85,7 @@ pub async fn measure(concurrency: usize, request: Duration) -> EmulationFloor {
         spans: all.len(),
         median: quantile(&all, 0.5),
         p90: quantile(&all, 0.9),
+        ring_step: Duration::ZERO,
     }
 }
 
@@ -108,7 +117,14 @@ impl EmulationFloor {
             self.spans,
             FAITHFUL_FACTOR,
             human(FAITHFUL_FACTOR * self.floor().as_secs_f64()),
-        )
+        ) + &if self.ring_step > Duration::ZERO {
+            format!(
+                "; one collective ring step costs {} here (a few µs over NVLink)",
+                human(self.ring_step.as_secs_f64())
+            )
+        } else {
+            String::new()
+        }
     }
 
     /// `None` if a modelled span of `span_seconds` (described by `what`) at `time_scale_ms` is at
@@ -121,6 +137,7 @@ impl EmulationFloor {
     /// let f = EmulationFloor {
     ///     request: Duration::from_micros(50), concurrency: 8, spans: 4000,
     ///     median: Duration::from_micros(40), p90: Duration::from_micros(100),
+    ///     ring_step: Duration::ZERO,
     /// };
     /// assert_eq!(f.warning(600e-6, "forward span", 4.0), None);
     /// let w = f.warning(100e-6, "forward span", 4.0).unwrap();
@@ -139,6 +156,55 @@ impl EmulationFloor {
             human(span_seconds),
             FAITHFUL_FACTOR,
             human(self.floor().as_secs_f64()),
+        ))
+    }
+}
+
+impl EmulationFloor {
+    /// `None` if the rings collective mode exposes per micro-batch — `exposed_rings` passes of
+    /// `devices − 1` ring steps at [`EmulationFloor::ring_step`]: the last reduce-scatter of every
+    /// micro-batch, plus the first all-gather of a step spread over its micro-batches — take at
+    /// most [`RING_EXPOSED_LIMIT`] of a mean micro-batch of `micro_batch_seconds` modelled compute
+    /// at `time_scale_ms`; otherwise a
+    /// warning naming the share and the time scale from which it would be within the limit. It
+    /// flags rows where the emulation's ring latency, not the paradigm, could decide part of the
+    /// collective side's cost.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use odc_bench::floor::EmulationFloor;
+    /// let f = EmulationFloor {
+    ///     request: Duration::from_micros(50), concurrency: 8, spans: 4000,
+    ///     median: Duration::from_micros(40), p90: Duration::from_micros(100),
+    ///     ring_step: Duration::from_micros(20),
+    /// };
+    /// // 16 devices, two passes: 30 steps of 20 µs = 0.6 ms per micro-batch.
+    /// assert_eq!(f.ring_warning(16, 2.0, 0.1, 4.0), None);
+    /// let w = f.ring_warning(16, 2.0, 0.03, 4.0).unwrap();
+    /// assert!(w.contains("2.0%") && w.contains("--time-scale-ms 8.0"), "{w}");
+    /// ```
+    pub fn ring_warning(
+        &self,
+        devices: usize,
+        exposed_rings: f64,
+        micro_batch_seconds: f64,
+        time_scale_ms: f64,
+    ) -> Option<String> {
+        let steps = exposed_rings * devices.saturating_sub(1) as f64;
+        let exposed = steps * self.ring_step.as_secs_f64();
+        if !(micro_batch_seconds.is_finite() && micro_batch_seconds > 0.0 && exposed > 0.0) {
+            return None;
+        }
+        let share = exposed / micro_batch_seconds;
+        if share <= RING_EXPOSED_LIMIT {
+            return None;
+        }
+        let scale = round_up_2(time_scale_ms * share / RING_EXPOSED_LIMIT);
+        Some(format!(
+            "the emulation's own ring latency ({steps:.0} ring steps of {} per micro-batch) is {:.1}% of a mean collective micro-batch, against {:.0}% allowed: within it from --time-scale-ms {scale}",
+            human(self.ring_step.as_secs_f64()),
+            share * 100.0,
+            RING_EXPOSED_LIMIT * 100.0,
         ))
     }
 }
@@ -185,6 +251,7 @@ mod tests {
             spans: 100,
             median: Duration::from_micros(median_us),
             p90: Duration::from_micros(2 * median_us),
+            ring_step: Duration::ZERO,
         }
     }
 

@@ -326,7 +326,10 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         args.seed
     );
     let most_devices = devices.iter().copied().max().unwrap_or(1);
-    let emulation_floor = floor::measure(most_devices, floor::REQUEST).await;
+    let mut emulation_floor = floor::measure(most_devices, floor::REQUEST).await;
+    emulation_floor.ring_step = odc::sim::ring_step_latency(most_devices as u32, 50)
+        .await
+        .context("measuring the emulation's ring latency")?;
     println!("{}", emulation_floor.describe());
     if args.no_control {
         println!("control: none (--no-control)");
@@ -391,9 +394,10 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         .count();
     if warned > 0 {
         println!(
-            "emulation: {warned} of {} rows have modelled spans below {:.0}x the measured floor (see `! emulation` under them)",
+            "emulation: {warned} of {} rows carry a warning (see `! emulation` under them): modelled spans below {:.0}x the measured floor, or the emulation's own ring latency above {:.0}% of a collective micro-batch; the emulation, not the system, may decide part of those rows",
             rows.len(),
-            floor::FAITHFUL_FACTOR
+            floor::FAITHFUL_FACTOR,
+            floor::RING_EXPOSED_LIMIT * 100.0
         );
     }
     let exposed = if busy > 0.0 { comm / busy } else { 0.0 };

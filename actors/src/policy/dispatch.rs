@@ -6,9 +6,9 @@
 //!   that is all; a trainer never takes another trainer's work.
 //! - [`DispatchMode::Dynamic`] ([`plan_dynamic`](crate::policy::balancer::plan_dynamic): the same
 //!   partition, each list in micro-batches of decreasing size): a trainer whose own list is empty
-//!   may **steal** the smallest micro-batch (the back) of the list of the trainer expected to
-//!   finish last, but only when it would finish that micro-batch earlier than its owner would
-//!   ([`WorkQueue::steal`], earliest finish time on the speeds the caller gives).
+//!   may **steal** from the list of the trainer expected to finish last a micro-batch it would
+//!   finish earlier than its owner would — the one that leaves the two finishing closest
+//!   together ([`WorkQueue::steal`], earliest finish time on the speeds the caller gives).
 //!
 //! Guarantees (tested):
 //! - **Q1 exactly once**: every micro-batch of the plan is handed out once ([`WorkQueue::next_own`]
@@ -157,10 +157,13 @@ impl WorkQueue {
     ///
     /// The victim is the trainer expected to finish last: the largest
     /// `busy_for + cost of its list / speed` (a list whose owner is not live never finishes;
-    /// ties go to the lowest slot). The candidate is the back of its list, its smallest
-    /// micro-batch. It is stolen only if the thief, free now, finishes it strictly earlier
-    /// (`cost / thief speed`) than the victim would (its expected finish). `None` when nothing
-    /// qualifies; the queue is then unchanged.
+    /// ties go to the lowest slot). Of its list, only micro-batches the thief, free now, would
+    /// finish strictly earlier (`cost / thief speed`) than their owner would (after its current
+    /// micro-batch and the ones ahead in its list) qualify; the one taken leaves the thief and
+    /// the victim finishing closest together — the smallest `max(thief finish, victim finish
+    /// without it)`, ties to the smaller micro-batch — so a straggler's queued work moves in one
+    /// balanced piece instead of crumb by crumb. A dead owner's list is taken costliest first.
+    /// `None` when nothing qualifies; the queue is then unchanged.
     ///
     /// ```
     /// use odc_actors::policy::balancer::{Plan, PlannedMicroBatch};
@@ -171,11 +174,12 @@ impl WorkQueue {
     ///     per_trainer: vec![vec![], vec![0, 1, 2]],
     /// };
     /// let mut q = WorkQueue::new(&plan, &[0, 1], 2);
-    /// // Trainer 1 is busy for 3 s and has 7 units left; trainer 0 steals the smallest.
+    /// // Trainer 1 is busy for 3 s, then has 4 + 2 + 1 units: it would end at 10. Trainer 0 takes
+    /// // the 4 (both then end by 6), not the 1 (ending at 1 and 9).
     /// let busy = Outlook { live: true, speed: 1.0, busy_for: 3.0 };
     /// let steal = q.steal(0, &[Outlook::idle(1.0), busy]).unwrap();
-    /// assert_eq!((steal.micro_batch, steal.from), (2, 1));
-    /// assert_eq!((steal.thief_finish, steal.victim_finish), (1.0, 10.0));
+    /// assert_eq!((steal.micro_batch, steal.from), (0, 1));
+    /// assert_eq!((steal.thief_finish, steal.victim_finish), (4.0, 10.0));
     /// // A trainer ten times slower would finish it later than its owner: no steal.
     /// assert_eq!(q.steal(0, &[Outlook::idle(0.05), busy]), None);
     /// ```
@@ -204,19 +208,41 @@ impl WorkQueue {
                 Some((_, bf)) if bf >= f => best,
                 _ => Some((t, f)),
             })?;
-        let &candidate = self.lists[victim].back()?;
-        let thief_finish = self.cost(candidate).max(0.0) / me.speed;
-        if thief_finish < victim_finish {
-            self.lists[victim].pop_back();
-            Some(Steal {
-                micro_batch: candidate,
-                from: victim,
-                thief_finish,
-                victim_finish,
-            })
+        let victim_outlook = trainers.get(victim)?;
+        let candidate = if !victim_outlook.live {
+            // Nobody will run a dead owner's list: take its costliest first (longest first).
+            Some((
+                0,
+                self.cost(*self.lists[victim].front()?).max(0.0) / me.speed,
+            ))
         } else {
-            None
-        }
+            // Among the micro-batches the thief finishes strictly before their owner would, the
+            // one that leaves the two finishing closest together (the lower of their two new
+            // finish times is as high as it can be); ties go to the smaller one.
+            let mut owner_done = victim_outlook.busy_for.max(0.0);
+            let mut best: Option<(usize, f64, f64)> = None;
+            for (position, &mb) in self.lists[victim].iter().enumerate() {
+                let cost = self.cost(mb).max(0.0);
+                owner_done += cost / victim_outlook.speed;
+                let thief_done = cost / me.speed;
+                if thief_done >= owner_done {
+                    continue;
+                }
+                let makespan = thief_done.max(victim_finish - cost / victim_outlook.speed);
+                if best.is_none_or(|(_, _, m)| makespan <= m) {
+                    best = Some((position, thief_done, makespan));
+                }
+            }
+            best.map(|(position, thief_done, _)| (position, thief_done))
+        };
+        let (position, thief_finish) = candidate?;
+        let micro_batch = self.lists[victim].remove(position)?;
+        Some(Steal {
+            micro_batch,
+            from: victim,
+            thief_finish,
+            victim_finish,
+        })
     }
 
     /// Put `micro_batch` back at the front of `trainer`'s list (it is handed out again next).
@@ -282,18 +308,21 @@ mod tests {
     }
 
     #[test]
-    fn steal_takes_the_back_of_the_last_to_finish() {
+    fn steal_takes_the_piece_that_balances_thief_and_victim() {
         let p = plan(
             &[8.0, 6.0, 4.0, 2.0, 1.0],
             vec![vec![], vec![0, 3], vec![1, 2, 4]],
         );
         let mut q = WorkQueue::new(&p, &[0, 1, 2], 3);
         let idle = Outlook::idle(1.0);
-        // Trainer 1 will finish at 10, trainer 2 at 11: steal trainer 2's smallest (1).
+        // Trainer 1 will finish at 10, trainer 2 at 11 (6, 4, 1). Its 6 the thief would not
+        // finish earlier than its owner (both at 6); the 4 leaves them at 4 and 7, the 1 at 1
+        // and 10: the 4 is taken.
         let s = q.steal(0, &[idle, idle, idle]).unwrap();
-        assert_eq!((s.micro_batch, s.from), (4, 2));
-        assert_eq!((s.thief_finish, s.victim_finish), (1.0, 11.0));
-        // Now both finish at 10: ties go to the lowest slot; its smallest is the 2.
+        assert_eq!((s.micro_batch, s.from), (2, 2));
+        assert_eq!((s.thief_finish, s.victim_finish), (4.0, 11.0));
+        // Now trainer 1 (8, 2) finishes last, at 10: the 2 is the only one the thief finishes
+        // earlier (at 2, the owner at 10).
         let s = q.steal(0, &[idle, idle, idle]).unwrap();
         assert_eq!((s.micro_batch, s.from), (3, 1));
     }

@@ -32,17 +32,17 @@ pub enum OptimizerError {
     #[error("the step got {params} parameters but {grads} gradients")]
     LengthMismatch {
         /// Length of the parameter slice.
-        params: usize,
+        params: u64,
         /// Length of the gradient slice.
-        grads: usize,
+        grads: u64,
     },
     /// The parameter slice is not the length the state was created for.
     #[error("the optimizer state holds {state} elements but the step got {params} parameters")]
     StateLengthMismatch {
         /// Length the state was created for.
-        state: usize,
+        state: u64,
         /// Length of the parameter slice.
-        params: usize,
+        params: u64,
     },
     /// The state was created for one optimizer and stepped with another's config.
     #[error("the optimizer state was created for {state} but the step uses {config}")]
@@ -259,14 +259,14 @@ impl OptimizerState {
         config.validate()?;
         if params.len() != grads.len() {
             return Err(OptimizerError::LengthMismatch {
-                params: params.len(),
-                grads: grads.len(),
+                params: params.len() as u64,
+                grads: grads.len() as u64,
             });
         }
         if params.len() != self.len {
             return Err(OptimizerError::StateLengthMismatch {
-                state: self.len,
-                params: params.len(),
+                state: self.len as u64,
+                params: params.len() as u64,
             });
         }
         match (&mut self.buffers, *config) {
