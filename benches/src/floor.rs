@@ -181,7 +181,7 @@ impl EmulationFloor {
     /// // 16 devices, two passes: 30 steps of 20 µs = 0.6 ms per micro-batch.
     /// assert_eq!(f.ring_warning(16, 2.0, 0.1, 4.0), None);
     /// let w = f.ring_warning(16, 2.0, 0.03, 4.0).unwrap();
-    /// assert!(w.contains("2.0%") && w.contains("--time-scale-ms 8.0"), "{w}");
+    /// assert!(w.contains("2.0%") && w.contains("--time-scale-ms 8."), "{w}");
     /// ```
     pub fn ring_warning(
         &self,
