@@ -286,14 +286,8 @@ async fn execute(
                 let calls =
                     each_server(state, "reduce", move |reply| ServerMsg::Reduce(cmd, reply));
                 report_back(myself, async move {
-                    let mut sum_sq = Ok(0.0);
-                    for r in join_all(calls).await {
-                        match r.and_then(|acked| acked) {
-                            Ok(ack) => sum_sq = sum_sq.map(|s| s + ack.sum_sq),
-                            Err(e) => sum_sq = sum_sq.and(Err(e)),
-                        }
-                    }
-                    ServerOutcome::Reduced(sum_sq)
+                    let acks = all_servers(calls).await;
+                    ServerOutcome::Reduced(acks.map(|acks| acks.iter().map(|a| a.sum_sq).sum()))
                 });
                 Vec::new()
             }
@@ -301,13 +295,7 @@ async fn execute(
                 let cmd = ApplyCmd { clip, version };
                 let calls = each_server(state, "apply", move |reply| ServerMsg::Apply(cmd, reply));
                 report_back(myself, async move {
-                    let mut outcome = Ok(());
-                    for r in join_all(calls).await {
-                        if let Err(e) = r.and_then(|applied| applied) {
-                            outcome = outcome.and(Err(e));
-                        }
-                    }
-                    ServerOutcome::Applied(outcome)
+                    ServerOutcome::Applied(all_servers(calls).await.map(|_| ()))
                 });
                 Vec::new()
             }
@@ -323,13 +311,7 @@ async fn execute(
                     ServerMsg::Discard(cmd, reply)
                 });
                 report_back(myself, async move {
-                    let mut outcome = Ok(());
-                    for r in join_all(calls).await {
-                        if let Err(e) = r.and_then(|discarded| discarded) {
-                            outcome = outcome.and(Err(e));
-                        }
-                    }
-                    ServerOutcome::Discarded(outcome)
+                    ServerOutcome::Discarded(all_servers(calls).await.map(|_| ()))
                 });
                 Vec::new()
             }
@@ -400,6 +382,17 @@ fn each_server<T: Send + 'static>(
             let (server, msg) = (server.clone(), msg.clone());
             async move { call(&server, msg, &format!("shard server {endpoint} {what}")).await }
         })
+        .collect()
+}
+
+/// Every server's answer, in server order, or the first error (of the call or of the answer).
+async fn all_servers<T>(
+    calls: Vec<impl std::future::Future<Output = Result<Result<T>>>>,
+) -> Result<Vec<T>> {
+    join_all(calls)
+        .await
+        .into_iter()
+        .map(|answer| answer.and_then(|inner| inner))
         .collect()
 }
 
@@ -488,17 +481,7 @@ fn snapshots(
 ) {
     let calls = each_server(state, "snapshot", ServerMsg::Snapshot);
     tokio::spawn(async move {
-        let mut all = Ok(Vec::new());
-        for r in join_all(calls).await {
-            match r.and_then(|taken| taken) {
-                Ok(list) => {
-                    if let Ok(all) = &mut all {
-                        all.extend(list);
-                    }
-                }
-                Err(e) => all = all.and(Err(e)),
-            }
-        }
+        let all = all_servers(calls).await.map(|lists| lists.concat());
         let _ = reply.send(all);
     });
 }
