@@ -2,15 +2,14 @@
 //! the write ids delivered in it, all behind one lock, so fencing, delivery, receipt and `advance`
 //! are atomic with respect to each other (C7).
 //!
-//! Waiting: a `recv` registers with the inbox's [`Notify`] (`Notified::enable`) *before* it looks
-//! for its message, and every delivery and every `advance` calls `notify_waiters` after releasing
-//! the lock, so a message that arrives between the look and the wait still wakes it (no lost
-//! wakeup). Every delivery wakes every pending `recv` of the inbox, which then looks again for its
-//! own tag: cheap for the few receives an inbox has pending at once in neighbour-to-neighbour
-//! signalling, and the price of never missing one.
+//! Waiting: a `recv` that finds no message registers, under the lock, a [`Notify`] for its own tag;
+//! a delivery of that tag, and every epoch change, calls `notify_one` on it after releasing the
+//! lock. `notify_one` stores a permit when the receiver is not yet waiting, so a delivery between
+//! the look and the wait still wakes it (no lost wakeup), and a delivery wakes only the receive it
+//! is for, however many other receives the inbox has pending (one per ring step of every
+//! collective in flight).
 
 use std::collections::{HashMap, HashSet};
-use std::pin::pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -34,6 +33,28 @@ struct State {
     /// Every write id delivered in the current epoch, received or not, so a retransmit is refused
     /// even after its first copy was received.
     delivered: HashSet<u128>,
+    /// The receive waiting for each write id of the current epoch.
+    waiting: HashMap<u128, Arc<Notify>>,
+}
+
+impl State {
+    /// Move to `epoch`: drop held messages and ids; returns the messages and the waiters to wake
+    /// (outside the lock).
+    fn move_to(&mut self, epoch: u64) -> (HashMap<u128, Bytes>, HashMap<u128, Arc<Notify>>) {
+        self.epoch = epoch;
+        self.delivered.clear();
+        (
+            std::mem::take(&mut self.held),
+            std::mem::take(&mut self.waiting),
+        )
+    }
+}
+
+/// Wake every receive of a previous epoch (each then finds itself aborted).
+fn wake_all(waiting: HashMap<u128, Arc<Notify>>) {
+    for notify in waiting.into_values() {
+        notify.notify_one();
+    }
 }
 
 /// State of an inbox region, shared by the registry (senders) and the owner's guard (receiver).
@@ -44,8 +65,6 @@ pub(super) struct Inbox {
     descriptor: Descriptor,
     capacity: usize,
     state: Mutex<State>,
-    /// Signalled after every delivery and every advance.
-    changed: Notify,
 }
 
 impl Inbox {
@@ -66,8 +85,8 @@ impl Inbox {
                 epoch,
                 held: HashMap::new(),
                 delivered: HashSet::new(),
+                waiting: HashMap::new(),
             }),
-            changed: Notify::new(),
         }
     }
 
@@ -95,51 +114,64 @@ impl Inbox {
     /// and waking older receives, as `advance`). Checks, in order: epoch (older is stale), write id,
     /// capacity; any of these failures leaves the inbox unchanged (a refused write id stays free).
     pub(super) fn deliver(&self, tag: WriteTag, data: Bytes) -> Result<(), TransportError> {
-        let dropped = {
+        let (dropped, woken, outcome) = {
             let mut state = self.state.lock();
             // A sender already in a newer attempt moves the inbox there first (as `advance`): the
             // owner is still in a discarded one, or has not begun the new one yet.
-            let dropped = if tag.epoch > state.epoch {
-                state.epoch = tag.epoch;
-                state.delivered.clear();
-                std::mem::take(&mut state.held)
+            let (dropped, woken) = if tag.epoch > state.epoch {
+                state.move_to(tag.epoch)
             } else {
-                HashMap::new()
+                (HashMap::new(), HashMap::new())
             };
-            if tag.epoch != state.epoch {
-                return Err(TransportError::StaleEpoch {
-                    region: self.id,
-                    got: tag.epoch,
-                    current: state.epoch,
-                });
-            }
-            if state.delivered.contains(&tag.write_id) {
-                return Err(TransportError::DuplicateWrite {
-                    region: self.id,
-                    epoch: state.epoch,
-                    write_id: tag.write_id,
-                });
-            }
-            if state.held.len() >= self.capacity {
-                return Err(TransportError::InboxFull {
-                    region: self.id,
-                    held: wide(state.held.len()),
-                    capacity: wide(self.capacity),
-                });
-            }
-            state.delivered.insert(tag.write_id);
-            state.held.insert(tag.write_id, data);
-            dropped
+            let outcome = self.check_and_hold(&mut state, tag, data);
+            (dropped, woken, outcome)
         };
         drop(dropped);
-        self.changed.notify_waiters();
+        wake_all(woken);
+        // The receive this message is for, if it is already waiting.
+        if let Some(notify) = outcome? {
+            notify.notify_one();
+        }
         Ok(())
+    }
+
+    /// Under the lock: epoch, write id and capacity checks, then hold the message; the waiting
+    /// receive to wake, if any.
+    fn check_and_hold(
+        &self,
+        state: &mut State,
+        tag: WriteTag,
+        data: Bytes,
+    ) -> Result<Option<Arc<Notify>>, TransportError> {
+        if tag.epoch != state.epoch {
+            return Err(TransportError::StaleEpoch {
+                region: self.id,
+                got: tag.epoch,
+                current: state.epoch,
+            });
+        }
+        if state.delivered.contains(&tag.write_id) {
+            return Err(TransportError::DuplicateWrite {
+                region: self.id,
+                epoch: state.epoch,
+                write_id: tag.write_id,
+            });
+        }
+        if state.held.len() >= self.capacity {
+            return Err(TransportError::InboxFull {
+                region: self.id,
+                held: wide(state.held.len()),
+                capacity: wide(self.capacity),
+            });
+        }
+        state.delivered.insert(tag.write_id);
+        state.held.insert(tag.write_id, data);
+        Ok(state.waiting.get(&tag.write_id).cloned())
     }
 
     /// The message tagged `tag` if it is here (removed), `None` if it may still come, or why it
     /// never will.
-    fn try_take(&self, tag: WriteTag) -> Result<Option<Bytes>, TransportError> {
-        let mut state = self.state.lock();
+    fn try_take(&self, state: &mut State, tag: WriteTag) -> Result<Option<Bytes>, TransportError> {
         if tag.epoch < state.epoch {
             return Err(TransportError::Aborted {
                 region: self.id,
@@ -171,15 +203,30 @@ impl Inbox {
     async fn recv(&self, tag: WriteTag, deadline: Deadline) -> Result<Bytes, TransportError> {
         check_deadline(deadline, self.owner, self.id, Op::Recv)?;
         loop {
-            let mut changed = pin!(self.changed.notified());
-            // Register before looking, so a delivery in between still wakes this wait.
-            changed.as_mut().enable();
-            if let Some(data) = self.try_take(tag)? {
-                return Ok(data);
-            }
-            let woken =
-                tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), changed).await;
+            let notify = {
+                let mut state = self.state.lock();
+                let taken = self.try_take(&mut state, tag);
+                if !matches!(taken, Ok(None)) {
+                    state.waiting.remove(&tag.write_id);
+                    if let Some(data) = taken? {
+                        return Ok(data);
+                    }
+                }
+                // Registered under the lock: a delivery after this wakes (or leaves a permit for)
+                // exactly this receive.
+                state
+                    .waiting
+                    .entry(tag.write_id)
+                    .or_insert_with(|| Arc::new(Notify::new()))
+                    .clone()
+            };
+            let woken = tokio::time::timeout_at(
+                tokio::time::Instant::from_std(deadline),
+                notify.notified(),
+            )
+            .await;
             if woken.is_err() {
+                self.state.lock().waiting.remove(&tag.write_id);
                 return Err(TransportError::DeadlineExceeded {
                     owner: self.owner,
                     region: self.id,
@@ -190,18 +237,16 @@ impl Inbox {
     }
 
     fn advance(&self, epoch: u64) {
-        let dropped = {
+        let (dropped, woken) = {
             let mut state = self.state.lock();
             if epoch <= state.epoch {
                 return;
             }
-            state.epoch = epoch;
-            state.delivered.clear();
-            std::mem::take(&mut state.held)
+            state.move_to(epoch)
         };
-        // Freed outside the lock.
+        // Freed and woken outside the lock.
         drop(dropped);
-        self.changed.notify_waiters();
+        wake_all(woken);
     }
 }
 
