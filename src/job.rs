@@ -467,7 +467,6 @@ async fn read_snapshots(
         .iter()
         .map(|u| vec![0.0; u.len])
         .collect();
-    let mut covered: Vec<usize> = vec![0; units.len()];
     // Disjoint destinations: each snapshot's range of its unit, found by splitting the unit in
     // range order.
     let mut order: Vec<&ShardSnapshot> = snapshots.iter().collect();
@@ -493,7 +492,6 @@ async fn read_snapshots(
         let (head, tail) = std::mem::take(slice).split_at_mut(range.len());
         *slice = tail;
         at[unit] = range.end;
-        covered[unit] += range.len();
         ops.push(ReadOp {
             handle: &snapshot.region,
             range: 0..range.len(),
@@ -523,7 +521,8 @@ async fn read_snapshots(
         }
     }
     drop(rest);
-    for (unit, (values, covered)) in units.iter().zip(&covered).enumerate() {
+    // Snapshots tile each unit from 0 without gaps (checked above), so `at` is what they cover.
+    for (unit, (values, covered)) in units.iter().zip(&at).enumerate() {
         if *covered != values.len() {
             return Err(Error::Internal(format!(
                 "parameter snapshots cover {covered} of the {} elements of unit {unit}",

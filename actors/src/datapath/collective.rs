@@ -146,6 +146,8 @@ struct Inner {
     transport: Arc<dyn Transport>,
     group: Arc<CollectiveGroup>,
     inbox: Box<dyn InboxRegion>,
+    /// The inbox's region id, named by errors about what arrived in it.
+    inbox_id: odc_transport::RegionId,
     directory: Arc<Directory>,
     chunk_elems: usize,
     metrics: TransferMetrics,
@@ -168,6 +170,7 @@ impl Collective {
                 rank,
                 transport,
                 group,
+                inbox_id: inbox.handle().id,
                 inbox,
                 directory,
                 chunk_elems: chunk_elems.max(1),
@@ -238,6 +241,20 @@ impl Inner {
         }
     }
 
+    /// Decode a piece `peer` sent (or this trainer read) into `out`; a piece of the wrong length is
+    /// an error naming the peer and this trainer's inbox.
+    fn decode(
+        &self,
+        dtype: odc_transport::Dtype,
+        bytes: &[u8],
+        out: &mut [f32],
+        unit: UnitId,
+        peer: u32,
+    ) -> Result<()> {
+        codec::decode_into(dtype, bytes, out)
+            .map_err(|e| ring_error(unit, peer, e.for_region(self.inbox_id)))
+    }
+
     async fn all_gather(&self, op: Op, mut buffer: Arc<[f32]>, lease: Lease) -> Result<Gathered> {
         self.group.check(&op.key)?;
         let unit = op.key.unit;
@@ -261,7 +278,7 @@ impl Inner {
         )
         .await?;
         let raw = Bytes::from(raw);
-        decode(dtype, &raw, &mut out[mine], unit, self.rank)?;
+        self.decode(dtype, &raw, &mut out[mine], unit, self.rank)?;
         if n > 1 {
             let to = self.group.inbox(right)?;
             let mut sends: FuturesUnordered<SendFut> = FuturesUnordered::new();
@@ -269,7 +286,7 @@ impl Inner {
             for round in 0..n - 1 {
                 let piece = self.piece(len, round + 1);
                 let got = self.recv(&op, round, &mut sends).await?;
-                decode(dtype, &got, &mut out[piece], unit, left)?;
+                self.decode(dtype, &got, &mut out[piece], unit, left)?;
                 bytes += got.len() as u64;
                 if round + 2 < n {
                     sends.push(self.send(&to, right, &op, round + 1, got));
@@ -304,7 +321,7 @@ impl Inner {
                 let got = self.recv(&op, round, &mut sends).await?;
                 let piece = self.piece(len, round + 2);
                 codec::add_f32_into(&got, &mut partial[piece])
-                    .map_err(|e| ring_error(unit, left, e.for_region(self.inbox.handle().id)))?;
+                    .map_err(|e| ring_error(unit, left, e.for_region(self.inbox_id)))?;
             }
             while let Some(sent) = sends.next().await {
                 sent?;
@@ -356,16 +373,6 @@ impl DataPath for Collective {
 
 fn ring_error(unit: UnitId, peer: u32, source: TransportError) -> Error {
     Error::Collective { unit, peer, source }
-}
-
-fn decode(
-    dtype: odc_transport::Dtype,
-    bytes: &[u8],
-    out: &mut [f32],
-    unit: UnitId,
-    peer: u32,
-) -> Result<()> {
-    codec::decode_into(dtype, bytes, out).map_err(|e| ring_error(unit, peer, e.for_region(0)))
 }
 
 #[cfg(test)]
