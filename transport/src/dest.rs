@@ -35,7 +35,64 @@ impl std::fmt::Debug for Dest<'_> {
     }
 }
 
+/// The shape of a [`Dest`] without its memory: what a process-crossing backend tells the owner so
+/// the owner refuses a wrong destination in the contract's order (C4), before any bytes move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DestSpec {
+    /// Raw bytes: this many.
+    Bytes(u64),
+    /// Decoded `f32`s: this many.
+    F32(u64),
+    /// Device memory (host backends refuse it).
+    Device(DeviceDest),
+}
+
+impl DestSpec {
+    /// Host backends: refuse a destination that cannot take `elements` elements of `dtype` of
+    /// `region` exactly as [`Dest`] filling would ([`TransportError::BadDestination`],
+    /// [`TransportError::Unsupported`]).
+    pub(crate) fn check_host(
+        self,
+        region: RegionId,
+        dtype: Dtype,
+        elements: usize,
+    ) -> Result<(), TransportError> {
+        let (expected, got) = match self {
+            DestSpec::Bytes(got) => (elements.saturating_mul(dtype.size()), got),
+            DestSpec::F32(got) => (elements, got),
+            DestSpec::Device(device) => return Err(device_unsupported(region, device)),
+        };
+        if crate::error::wide(expected) != got {
+            return Err(TransportError::BadDestination {
+                region,
+                expected: crate::error::wide(expected),
+                got,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn device_unsupported(region: RegionId, device: DeviceDest) -> TransportError {
+    TransportError::Unsupported {
+        what: format!(
+            "read of region {region} into device memory ({} bytes at {:#x} on device {}): \
+             this backend writes host memory only",
+            device.bytes, device.ptr, device.device
+        ),
+    }
+}
+
 impl Dest<'_> {
+    /// This destination's shape.
+    pub fn spec(&self) -> DestSpec {
+        match self {
+            Dest::Bytes(buf) => DestSpec::Bytes(crate::error::wide(buf.len())),
+            Dest::F32(out) => DestSpec::F32(crate::error::wide(out.len())),
+            Dest::Device(device) => DestSpec::Device(*device),
+        }
+    }
+
     /// Host backends: write the elements `src` (little-endian `dtype`, whole elements) of `region`
     /// into this destination in one pass, decoding for [`Dest::F32`]. A destination of the wrong
     /// size is [`TransportError::BadDestination`], a device one [`TransportError::Unsupported`];
@@ -69,13 +126,7 @@ impl Dest<'_> {
                 }
                 codec::decode_into(dtype, src, out).map_err(|e| e.for_region(region))
             }
-            Dest::Device(device) => Err(TransportError::Unsupported {
-                what: format!(
-                    "read of region {region} into device memory ({} bytes at {:#x} on device {}): \
-                     this backend writes host memory only",
-                    device.bytes, device.ptr, device.device
-                ),
-            }),
+            Dest::Device(device) => Err(device_unsupported(region, device)),
         }
     }
 }

@@ -70,14 +70,19 @@ mod dest;
 mod error;
 pub mod local;
 mod region;
+mod remote;
+pub mod tcp;
 pub mod throttle;
 mod transport;
+pub mod wire;
 
 pub use chunk::chunk_ranges;
-pub use dest::{Dest, DeviceDest};
+pub use dest::{Dest, DestSpec, DeviceDest};
 pub use error::{Op, TransportError};
 pub use region::{
     AccumulatorRegion, Descriptor, Dtype, EndpointId, InboxRegion, PublishedRegion, RegionHandle,
     RegionId, RegionKind, WriteTag,
 };
+pub use remote::RemoteConfig;
 pub use transport::{deadline_in, now, AccumulateOp, Deadline, ReadOp, Transport};
+pub use wire::ClusterSecret;

@@ -43,15 +43,37 @@ pub enum RegionKind {
 /// between backends; a backend refuses a descriptor it cannot use with
 /// [`TransportError::ForeignHandle`].
 ///
-/// Only `Local` exists today. The process-crossing backends add their variants here: `shm`
-/// (segment name + byte offset), `tcp` (endpoint address + region id), `rdma` (remote address +
-/// rkey), `cuda` (IPC memory handle + byte offset).
+/// Still to come: `rdma` (remote address + rkey), `cuda` (IPC memory handle + byte offset).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Descriptor {
     /// A region of the [`local`](crate::local) backend: `fabric` (one per
     /// [`LocalTransport`](crate::local::LocalTransport)) in the OS process `process`.
     Local { process: u32, fabric: u64 },
+    /// A region of the [`tcp`](crate::tcp) backend: served by the transport instance `instance`
+    /// listening at `addr` (`host:port`).
+    Tcp { addr: String, instance: u64 },
+    /// A region of the [`shm`](crate::shm) backend on the host `host` (its boot id), job `job`:
+    /// a published region is read one-sidedly from the shared-memory segment `segment`; accumulates
+    /// and sends go to the owner instance `instance` over the Unix socket `socket`.
+    Shm {
+        host: String,
+        job: String,
+        instance: u64,
+        socket: String,
+        segment: Option<String>,
+    },
+}
+
+impl Descriptor {
+    /// The backend that issued handles with this descriptor.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Descriptor::Local { .. } => "local",
+            Descriptor::Tcp { .. } => "tcp",
+            Descriptor::Shm { .. } => "shm",
+        }
+    }
 }
 
 /// Everything a peer needs to address a region: plain data, cheap to clone, serializable (no

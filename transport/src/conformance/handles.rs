@@ -142,6 +142,41 @@ fn foreign_forms(handle: &RegionHandle) -> Vec<(RegionHandle, bool)> {
             };
             vec![(other_process, true), (unknown_fabric, false)]
         }
+        Descriptor::Tcp { ref addr, instance } => {
+            let mut other_instance = handle.clone();
+            other_instance.descriptor = Descriptor::Tcp {
+                addr: addr.clone(),
+                instance: instance ^ (1 << 62),
+            };
+            vec![(other_instance, false)]
+        }
+        Descriptor::Shm {
+            ref host,
+            ref job,
+            instance,
+            ref socket,
+            ref segment,
+        } => {
+            let with = |host: String, job: String, instance: u64| {
+                let mut form = handle.clone();
+                form.descriptor = Descriptor::Shm {
+                    host,
+                    job,
+                    instance,
+                    socket: socket.clone(),
+                    segment: segment.clone(),
+                };
+                form
+            };
+            vec![
+                (
+                    with(format!("{host}-elsewhere"), job.clone(), instance),
+                    true,
+                ),
+                (with(host.clone(), format!("{job}-other"), instance), true),
+                (with(host.clone(), job.clone(), instance ^ (1 << 62)), false),
+            ]
+        }
     }
 }
 

@@ -57,8 +57,8 @@ use self::published::{Published, PublishedGuard};
 use self::registry::{Region, Registry};
 use crate::transport::check_deadline;
 use crate::{
-    AccumulatorRegion, Deadline, Descriptor, Dest, Dtype, EndpointId, InboxRegion, Op,
-    PublishedRegion, RegionHandle, RegionKind, Transport, TransportError, WriteTag,
+    AccumulatorRegion, Deadline, Descriptor, Dest, DestSpec, Dtype, EndpointId, InboxRegion, Op,
+    PublishedRegion, RegionHandle, RegionId, RegionKind, Transport, TransportError, WriteTag,
 };
 
 /// The one-process backend. Cheap to create; share it as an `Arc<dyn Transport>`. Any
@@ -137,6 +137,14 @@ impl LocalTransport {
                     })?
                     .lookup(handle)
             }
+            Descriptor::Tcp { .. } | Descriptor::Shm { .. } => Err(TransportError::ForeignHandle {
+                owner: handle.owner,
+                region: handle.id,
+                reason: format!(
+                    "it is a {} handle; the local backend reaches only local regions",
+                    handle.descriptor.backend()
+                ),
+            }),
         }
     }
 }
@@ -146,6 +154,115 @@ fn wrong_kind(handle: &RegionHandle, expected: RegionKind, actual: &Region) -> T
         region: handle.id,
         expected,
         actual: actual.kind(),
+    }
+}
+
+/// An element index from a peer's request, as a `usize` (saturating: an index past `usize::MAX` is
+/// out of range of every region anyway).
+fn index(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// The owner's side of the process-crossing backends: requests that arrived over a connection
+/// address a region of this fabric by owner and id, and are checked in the contract's order (the
+/// deadline and the handle's descriptor were the caller's checks).
+impl LocalTransport {
+    /// `handle` re-addressed to this fabric (for a backend that keeps its regions here and
+    /// serves its own handles without a socket).
+    pub(crate) fn local_handle(&self, handle: &RegionHandle) -> RegionHandle {
+        RegionHandle {
+            descriptor: self.registry.descriptor(),
+            ..handle.clone()
+        }
+    }
+
+    /// A region id of this fabric's sequence, for a region kept elsewhere (an `shm` segment), so
+    /// ids stay distinct across all of a transport's regions.
+    #[allow(dead_code)] // the shm backend (next) takes its segment ids from here
+    pub(crate) fn next_region_id(&self) -> RegionId {
+        self.registry.next_id()
+    }
+
+    /// The region of `owner` with `id`, of the `expected` kind.
+    fn served(
+        &self,
+        owner: EndpointId,
+        id: RegionId,
+        expected: RegionKind,
+    ) -> Result<Region, TransportError> {
+        let region = self.registry.get(owner, id)?;
+        if region.kind() != expected {
+            return Err(TransportError::WrongKind {
+                region: id,
+                expected,
+                actual: region.kind(),
+            });
+        }
+        Ok(region)
+    }
+
+    /// A peer's read: the elements `part` of the read of `range` into a destination shaped `dest`,
+    /// as a slice of the publication (no copy), with its version and dtype.
+    pub(crate) fn serve_read(
+        &self,
+        owner: EndpointId,
+        id: RegionId,
+        range: (u64, u64),
+        part: (u64, u64),
+        dest: DestSpec,
+    ) -> Result<(u64, Dtype, Bytes), TransportError> {
+        match self.served(owner, id, RegionKind::Published)? {
+            Region::Published(region) => {
+                let (version, bytes) = region.serve(
+                    index(range.0)..index(range.1),
+                    index(part.0)..index(part.1),
+                    dest,
+                )?;
+                Ok((version, region.dtype(), bytes))
+            }
+            other => Err(TransportError::WrongKind {
+                region: id,
+                expected: RegionKind::Published,
+                actual: other.kind(),
+            }),
+        }
+    }
+
+    /// A peer's accumulate.
+    pub(crate) fn serve_accumulate(
+        &self,
+        owner: EndpointId,
+        id: RegionId,
+        offset: u64,
+        data: &[u8],
+        tag: WriteTag,
+    ) -> Result<(), TransportError> {
+        match self.served(owner, id, RegionKind::Accumulator)? {
+            Region::Accumulator(region) => region.accumulate(index(offset), data, tag),
+            other => Err(TransportError::WrongKind {
+                region: id,
+                expected: RegionKind::Accumulator,
+                actual: other.kind(),
+            }),
+        }
+    }
+
+    /// A peer's inbox send.
+    pub(crate) fn serve_send(
+        &self,
+        owner: EndpointId,
+        id: RegionId,
+        tag: WriteTag,
+        data: Bytes,
+    ) -> Result<(), TransportError> {
+        match self.served(owner, id, RegionKind::Inbox)? {
+            Region::Inbox(region) => region.deliver(tag, data),
+            other => Err(TransportError::WrongKind {
+                region: id,
+                expected: RegionKind::Inbox,
+                actual: other.kind(),
+            }),
+        }
     }
 }
 
@@ -305,7 +422,9 @@ mod tests {
                 .register_published(0, Dtype::F32, codec::encode_f32(&[1.0]), 1)
                 .expect("register");
             let handle = region.handle();
-            let Descriptor::Local { fabric, .. } = handle.descriptor;
+            let Descriptor::Local { fabric, .. } = handle.descriptor else {
+                panic!("a local handle");
+            };
             // The guard keeps the fabric alive after its transport is gone.
             drop(owner);
             let mut out = [0.0f32; 1];

@@ -11,8 +11,8 @@ use super::registry::Registry;
 use crate::codec;
 use crate::error::wide;
 use crate::{
-    Descriptor, Dest, Dtype, EndpointId, PublishedRegion, RegionHandle, RegionId, RegionKind,
-    TransportError,
+    Descriptor, Dest, DestSpec, Dtype, EndpointId, PublishedRegion, RegionHandle, RegionId,
+    RegionKind, TransportError,
 };
 
 /// One publication: the bytes of every element and the version they carry.
@@ -83,14 +83,7 @@ impl Published {
         range: Range<usize>,
         into: Dest<'_>,
     ) -> Result<u64, TransportError> {
-        if range.start > range.end || range.end > self.len {
-            return Err(TransportError::OutOfRange {
-                region: self.id,
-                start: wide(range.start),
-                end: wide(range.end),
-                len: wide(self.len),
-            });
-        }
+        self.check_range(&range)?;
         // Cannot overflow: end <= len and len * size is the length of an existing buffer.
         let size = self.dtype.size();
         let bytes = range.start * size..range.end * size;
@@ -109,6 +102,49 @@ impl Published {
         })?;
         into.fill_from_host(self.id, self.dtype, src)?;
         Ok(version)
+    }
+
+    fn check_range(&self, range: &Range<usize>) -> Result<(), TransportError> {
+        if range.start > range.end || range.end > self.len {
+            return Err(TransportError::OutOfRange {
+                region: self.id,
+                start: wide(range.start),
+                end: wide(range.end),
+                len: wide(self.len),
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// For a peer in another process: check the whole read (`range` into a destination shaped
+    /// `dest`) in the contract's order, then return the elements `part` of it from the current
+    /// publication, with its version, as a slice of the published buffer (no copy).
+    pub(super) fn serve(
+        &self,
+        range: Range<usize>,
+        part: Range<usize>,
+        dest: DestSpec,
+    ) -> Result<(u64, Bytes), TransportError> {
+        self.check_range(&range)?;
+        dest.check_host(self.id, self.dtype, range.len())?;
+        if part.start > part.end || part.start < range.start || part.end > range.end {
+            return Err(TransportError::OutOfRange {
+                region: self.id,
+                start: wide(part.start),
+                end: wide(part.end),
+                len: wide(self.len),
+            });
+        }
+        let size = self.dtype.size();
+        let current = self.current.read();
+        Ok((
+            current.version,
+            current.bytes.slice(part.start * size..part.end * size),
+        ))
     }
 
     fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {

@@ -107,14 +107,16 @@ impl Registry {
     /// The region `handle` names (same id, same owner). The map's shard lock is released before
     /// the caller touches the region.
     pub(super) fn lookup(&self, handle: &RegionHandle) -> Result<Region, TransportError> {
+        self.get(handle.owner, handle.id)
+    }
+
+    /// The region `id` of `owner`.
+    pub(super) fn get(&self, owner: EndpointId, id: RegionId) -> Result<Region, TransportError> {
         self.regions
-            .get(&handle.id)
+            .get(&id)
             .map(|entry| entry.value().clone())
-            .filter(|region| region.owner() == handle.owner)
-            .ok_or(TransportError::UnknownRegion {
-                owner: handle.owner,
-                region: handle.id,
-            })
+            .filter(|region| region.owner() == owner)
+            .ok_or(TransportError::UnknownRegion { owner, region: id })
     }
 
     pub(super) fn remove(&self, id: RegionId) {

@@ -1,0 +1,131 @@
+//! What the process-crossing backends share above their byte streams: the owner's service (serve
+//! a connection's requests against a local fabric) and the reader's connections (dial, handshake,
+//! pipelined requests with deadlines). `tcp` runs them over TCP sockets; `shm` over a Unix socket
+//! for its acknowledged operations (accumulate, send) while its reads are one-sided; `rdma` keeps
+//! its control path here too.
+//!
+//! Guarantees (contract C2, C3, C6, C7 and I6 across processes):
+//! - A peer is served only after the handshake ([`crate::wire::handshake`]); a peer without the
+//!   secret never reaches a region.
+//! - An owner serves each connection in its own task, in request order, straight from its fabric
+//!   ([`crate::local::LocalTransport`]): a read answers with a slice of the publication (no copy
+//!   on the owner), an accumulate is acknowledged only once applied, a send once held.
+//! - A frame that does not decode, is over the cap or breaks the protocol closes that connection
+//!   with the reason logged (`tracing`); other connections and the owner are unaffected.
+//! - A reader's every request carries its deadline: a request that started after it is refused
+//!   before anything is sent, and a wait that outlives it is `DeadlineExceeded`. A connection
+//!   that fails (the peer vanished, a write was cut off by a deadline) fails every request in
+//!   flight on it with [`TransportError::Unreachable`] naming the owner and the reason, and the
+//!   next request dials again.
+
+mod client;
+pub(crate) mod ops;
+mod service;
+
+use std::time::Duration;
+
+pub(crate) use self::client::{BoxRead, BoxWrite, Dial, Peers};
+pub(crate) use self::service::{serve_connection, Served};
+
+/// Knobs of a process-crossing backend's connections.
+#[derive(Debug, Clone)]
+pub struct RemoteConfig {
+    /// Largest frame accepted from an authenticated peer (bytes). A read larger than
+    /// `read_part_bytes` travels in parts, so this bounds one part (plus a small head) and the
+    /// largest accumulate or message payload.
+    pub frame_cap: usize,
+    /// Bytes per part of a large read; parts are in flight at once (pipelined).
+    pub read_part_bytes: usize,
+    /// How long a peer has to complete the handshake (a slow or silent peer is dropped).
+    pub handshake_timeout: Duration,
+    /// Messages an inbox holds at most.
+    pub inbox_capacity: usize,
+}
+
+impl RemoteConfig {
+    /// 64 MiB + 4 KiB of head room.
+    pub const DEFAULT_FRAME_CAP: usize = (64 << 20) + 4096;
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        Self {
+            frame_cap: Self::DEFAULT_FRAME_CAP,
+            read_part_bytes: 4 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            inbox_capacity: crate::local::LocalTransport::DEFAULT_INBOX_CAPACITY,
+        }
+    }
+}
+
+/// A request whose payload exceeds what the peer accepts.
+pub(crate) fn too_large(what: &str, bytes: usize, cap: usize) -> crate::TransportError {
+    crate::TransportError::Unsupported {
+        what: format!(
+            "{what} of {bytes} bytes exceeds the frame cap of {cap} bytes; split it into chunks \
+             (chunk_elems) or raise frame_cap on every process"
+        ),
+    }
+}
+
+/// An owner's guard whose handles carry another backend's descriptor: the process-crossing
+/// backends keep their regions in a [`LocalTransport`](crate::local::LocalTransport) fabric and
+/// hand out handles that say how to reach it from elsewhere.
+pub(crate) struct Renamed<G: ?Sized> {
+    pub(crate) descriptor: crate::Descriptor,
+    pub(crate) inner: Box<G>,
+}
+
+impl<G: ?Sized> Renamed<G> {
+    fn rename(&self, mut handle: crate::RegionHandle) -> crate::RegionHandle {
+        handle.descriptor = self.descriptor.clone();
+        handle
+    }
+}
+
+impl crate::PublishedRegion for Renamed<dyn crate::PublishedRegion> {
+    fn handle(&self) -> crate::RegionHandle {
+        self.rename(self.inner.handle())
+    }
+    fn publish(&self, version: u64, data: bytes::Bytes) -> Result<(), crate::TransportError> {
+        self.inner.publish(version, data)
+    }
+    fn version(&self) -> u64 {
+        self.inner.version()
+    }
+}
+
+impl crate::AccumulatorRegion for Renamed<dyn crate::AccumulatorRegion> {
+    fn handle(&self) -> crate::RegionHandle {
+        self.rename(self.inner.handle())
+    }
+    fn take(&self, next_epoch: u64) -> Vec<f32> {
+        self.inner.take(next_epoch)
+    }
+    fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::InboxRegion for Renamed<dyn crate::InboxRegion> {
+    fn handle(&self) -> crate::RegionHandle {
+        self.rename(self.inner.handle())
+    }
+    fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+    fn advance(&self, epoch: u64) {
+        self.inner.advance(epoch)
+    }
+    async fn recv(
+        &self,
+        tag: crate::WriteTag,
+        deadline: crate::Deadline,
+    ) -> Result<bytes::Bytes, crate::TransportError> {
+        self.inner.recv(tag, deadline).await
+    }
+}

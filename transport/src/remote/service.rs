@@ -1,0 +1,133 @@
+//! The owner's side of a connection: handshake, then answer requests in order from the fabric.
+
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::RemoteConfig;
+use crate::local::LocalTransport;
+use crate::wire::frame::{write_frame, FrameError, FrameReader};
+use crate::wire::handshake::{self, ClusterSecret};
+use crate::wire::{Request, Response, Target};
+use crate::{deadline_in, TransportError};
+
+/// The regions one transport instance serves to peers: its fabric, and the instance number that
+/// handles to them carry (a request for another instance names an unknown region).
+#[derive(Debug)]
+pub(crate) struct Served {
+    pub(crate) instance: u64,
+    pub(crate) fabric: LocalTransport,
+    pub(crate) config: RemoteConfig,
+    pub(crate) secret: ClusterSecret,
+}
+
+impl Served {
+    fn check_instance(&self, target: &Target) -> Result<(), TransportError> {
+        if target.instance == self.instance {
+            Ok(())
+        } else {
+            Err(TransportError::UnknownRegion {
+                owner: target.owner,
+                region: target.region,
+            })
+        }
+    }
+
+    /// Answer one request.
+    pub(crate) fn answer(&self, request: Request) -> Response {
+        let req = request.req();
+        let outcome = match request {
+            Request::Read {
+                target,
+                start,
+                end,
+                part,
+                dest,
+                ..
+            } => self
+                .check_instance(&target)
+                .and_then(|()| {
+                    self.fabric
+                        .serve_read(target.owner, target.region, (start, end), part, dest)
+                })
+                .and_then(|(version, dtype, data)| {
+                    if data.len() > self.config.frame_cap.saturating_sub(64) {
+                        Err(super::too_large(
+                            "a read part",
+                            data.len(),
+                            self.config.frame_cap,
+                        ))
+                    } else {
+                        Ok(Response::ReadOk {
+                            req,
+                            version,
+                            dtype,
+                            data,
+                        })
+                    }
+                }),
+            Request::Accumulate {
+                target,
+                offset,
+                tag,
+                data,
+                ..
+            } => self.check_instance(&target).and_then(|()| {
+                self.fabric
+                    .serve_accumulate(target.owner, target.region, offset, &data, tag)
+                    .map(|()| Response::Done { req })
+            }),
+            Request::Send {
+                target, tag, data, ..
+            } => self.check_instance(&target).and_then(|()| {
+                self.fabric
+                    .serve_send(target.owner, target.region, tag, data)
+                    .map(|()| Response::Done { req })
+            }),
+        };
+        outcome.unwrap_or_else(|error| Response::Failed { req, error })
+    }
+}
+
+/// Serve one accepted connection until the peer closes it or breaks the protocol. `peer` names it
+/// in the log.
+pub(crate) async fn serve_connection<R, W>(
+    reader: R,
+    mut writer: W,
+    served: Arc<Served>,
+    peer: String,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut reader = FrameReader::new(reader, handshake::HANDSHAKE_FRAME_CAP);
+    let deadline = deadline_in(served.config.handshake_timeout);
+    if let Err(e) = handshake::accept(&mut reader, &mut writer, &served.secret, deadline).await {
+        tracing::warn!(%peer, "odc transport: refused a connection: {e}");
+        return;
+    }
+    reader.set_cap(served.config.frame_cap);
+    loop {
+        let body = match reader.next().await {
+            Ok(body) => body,
+            Err(FrameError::Closed) => return,
+            Err(e) => {
+                tracing::warn!(%peer, "odc transport: dropped a connection: {e}");
+                return;
+            }
+        };
+        let request = match Request::decode(body) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::warn!(%peer, "odc transport: dropped a connection: bad request: {e}");
+                return;
+            }
+        };
+        let response = served.answer(request);
+        let (head, payload) = response.encode();
+        if let Err(e) = write_frame(&mut writer, &head, &payload).await {
+            tracing::debug!(%peer, "odc transport: connection closed while answering: {e}");
+            return;
+        }
+    }
+}

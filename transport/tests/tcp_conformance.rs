@@ -1,0 +1,33 @@
+//! The conformance suite (contract C1–C7 and the handle rules) against the `tcp` backend, one
+//! test per check: owner and reader are two `TcpTransport`s on loopback, joined only by serialized
+//! handles, every operation crossing a real socket after the handshake. (The same suite with the
+//! owner in another process: `cross_process_conformance.rs`.)
+
+use std::sync::Arc;
+
+use odc_transport::conformance::Pair;
+use odc_transport::tcp::{TcpConfig, TcpTransport};
+use odc_transport::{ClusterSecret, RemoteConfig};
+
+async fn make_pair() -> Pair {
+    let secret = ClusterSecret::new("tcp-conformance").expect("secret");
+    let config = TcpConfig {
+        remote: RemoteConfig {
+            inbox_capacity: 64,
+            // Small parts, so multi-part reads (and their version check) are exercised.
+            read_part_bytes: 64 * 1024,
+            ..RemoteConfig::default()
+        },
+        ..TcpConfig::loopback(secret)
+    };
+    let owner = TcpTransport::bind(config.clone())
+        .await
+        .expect("owner binds");
+    let reader = TcpTransport::bind(config).await.expect("reader binds");
+    Pair {
+        owner: Arc::new(owner),
+        reader: Arc::new(reader),
+    }
+}
+
+odc_transport::conformance_tests!(make_pair);
