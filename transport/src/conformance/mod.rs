@@ -57,6 +57,7 @@ mod c5_chunking;
 mod c6_deadlines;
 mod c7_inbox;
 mod handles;
+pub mod remote_owner;
 
 use std::ops::Range;
 use std::sync::Arc;
