@@ -70,6 +70,9 @@ mod dest;
 mod error;
 pub mod local;
 mod region;
+#[cfg(target_os = "linux")]
+#[allow(dead_code)] // not wired into a backend yet
+mod shm;
 pub mod throttle;
 mod transport;
 
