@@ -72,8 +72,7 @@ pub mod local;
 mod region;
 mod remote;
 #[cfg(target_os = "linux")]
-#[allow(dead_code)] // not wired into a backend yet
-mod shm;
+pub mod shm;
 pub mod tcp;
 pub mod throttle;
 mod transport;

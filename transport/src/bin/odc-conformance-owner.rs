@@ -51,6 +51,22 @@ fn main() {
                     std::process::exit(2);
                 }
             },
+            #[cfg(target_os = "linux")]
+            "shm" => {
+                let job = std::env::var("ODC_JOB").unwrap_or_default();
+                let config = odc_transport::shm::ShmConfig {
+                    chunk_bytes: 16 * 1024,
+                    remote,
+                    ..odc_transport::shm::ShmConfig::new(job, secret)
+                };
+                match odc_transport::shm::ShmTransport::new(config).await {
+                    Ok(transport) => Arc::new(transport),
+                    Err(e) => {
+                        eprintln!("odc-conformance-owner: {e}");
+                        std::process::exit(2);
+                    }
+                }
+            }
             other => {
                 eprintln!("odc-conformance-owner: unknown backend {other:?} (tcp, shm)");
                 std::process::exit(2);

@@ -33,6 +33,7 @@ enum Cmd {
     RegisterPublished {
         owner: EndpointId,
         dtype: Dtype,
+        #[serde(with = "hex")]
         initial: Vec<u8>,
         version: u64,
     },
@@ -48,6 +49,7 @@ enum Cmd {
     Publish {
         guard: u64,
         version: u64,
+        #[serde(with = "hex")]
         data: Vec<u8>,
     },
     Version {
@@ -84,7 +86,7 @@ enum Reply {
     Registered { guard: u64, handle: RegionHandle },
     Number(u64),
     Bits(Vec<u32>),
-    Message(Vec<u8>),
+    Message(#[serde(with = "hex")] Vec<u8>),
     Done,
     Failed(TransportError),
 }
@@ -222,11 +224,42 @@ pub async fn serve_stdio(transport: Arc<dyn Transport>) {
     let _ = writer.await;
 }
 
+/// Byte payloads as hex strings: far quicker through JSON than arrays of numbers.
+mod hex {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(bytes.len() * 2);
+        for b in bytes {
+            out.push(DIGITS[usize::from(b >> 4)] as char);
+            out.push(DIGITS[usize::from(b & 15)] as char);
+        }
+        s.serialize_str(&out)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            _ => Err(serde::de::Error::custom("not a hex digit")),
+        };
+        text.as_bytes()
+            .chunks(2)
+            .map(|pair| match pair {
+                [hi, lo] => Ok(digit(*hi)? << 4 | digit(*lo)?),
+                _ => Err(serde::de::Error::custom("odd number of hex digits")),
+            })
+            .collect()
+    }
+}
+
 type Waiters = Arc<Mutex<HashMap<u64, mpsc::Sender<Reply>>>>;
 
 struct Channel {
     child: Mutex<Child>,
-    stdin: Mutex<ChildStdin>,
+    stdin: Mutex<Option<ChildStdin>>,
     waiters: Waiters,
     seq: AtomicU64,
     backend: &'static str,
@@ -241,6 +274,9 @@ impl Channel {
         let line = serde_json::to_string(&Envelope { seq, body: command })
             .unwrap_or_else(|e| panic!("{}: command does not serialize: {e}", self.backend));
         let mut stdin = self.stdin.lock();
+        let Some(stdin) = stdin.as_mut() else {
+            panic!("{}: the owner process was shut down", self.backend);
+        };
         if let Err(e) = writeln!(stdin, "{line}").and_then(|()| stdin.flush()) {
             panic!("{}: the owner process is gone: {e}", self.backend);
         }
@@ -259,7 +295,17 @@ impl Channel {
 
 impl Drop for Channel {
     fn drop(&mut self) {
+        // Closing stdin ends the child's loop: it drops its transport (removing its files) and
+        // exits. Killed only if it does not within a few seconds.
+        self.stdin.lock().take();
         let mut child = self.child.lock();
+        let give_up = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < give_up {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let _ = child.kill();
         let _ = child.wait();
     }
@@ -301,7 +347,7 @@ impl RemoteOwner {
         Self {
             channel: Arc::new(Channel {
                 child: Mutex::new(child),
-                stdin: Mutex::new(stdin),
+                stdin: Mutex::new(Some(stdin)),
                 waiters,
                 seq: AtomicU64::new(0),
                 backend,

@@ -104,8 +104,19 @@ const OFF_CHUNKS: usize = 56;
 const OFF_DATA: usize = 64;
 const OFF_TOTAL: usize = 72;
 const OFF_JOB: usize = 80;
+/// The owner's data-plane endpoint (u32), after the job id.
+const OFF_ENDPOINT: usize = OFF_JOB + MAX_JOB_LEN;
+/// The owner's transport instance (u64), so a handle of another instance never reads this one.
+const OFF_INSTANCE: usize = OFF_ENDPOINT + 8;
+/// The region id the owner's handles carry (u64), so a handle naming another region never reads
+/// this one through its segment name.
+const OFF_HANDLE_ID: usize = OFF_INSTANCE + 8;
 /// Bytes of the header page that carry fields.
-const HEADER_USED: usize = OFF_JOB + MAX_JOB_LEN;
+const HEADER_USED: usize = OFF_HANDLE_ID + 8;
+/// The one header word that changes: 0 while the segment is live, 1 once its owner dropped it
+/// (set before the file is unlinked, so a reader that mapped it earlier learns the region is
+/// gone). On the header page's last cache line.
+const OFF_STATE: usize = HEADER_BYTES - CONTROL_STRIDE;
 
 /// Offset of the version word within a control pair.
 const CONTROL_VERSION: usize = 8;
@@ -204,7 +215,7 @@ fn parse_any_name(name: &str) -> Option<(SegmentName, bool)> {
     parse_segment_name(name).map(|parsed| (parsed, false))
 }
 
-fn job_is_valid(job: &str) -> bool {
+pub(crate) fn job_is_valid(job: &str) -> bool {
     (1..=MAX_JOB_LEN).contains(&job.len())
         && job
             .bytes()
@@ -314,7 +325,7 @@ fn pid_alive(pid: u32) -> bool {
 
 /// Whether the owner recorded for a segment is gone: its pid is dead, or alive but started at
 /// another time (a reused pid). Unknown start times count as "same process".
-fn owner_gone(pid: u32, recorded_start: Option<u64>) -> bool {
+pub(crate) fn owner_gone(pid: u32, recorded_start: Option<u64>) -> bool {
     if !pid_alive(pid) {
         return true;
     }
@@ -396,6 +407,7 @@ impl SegmentWriter {
     /// Creates segment `segment_name(job, <this pid>, region)` in `dir` holding `initial`
     /// (`elements · elem_size` bytes) at `version`. A segment of that name whose owner is gone is
     /// replaced; one whose owner is alive is [`SegmentError::Exists`].
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn create(
         dir: &Path,
@@ -411,6 +423,36 @@ impl SegmentWriter {
             elem_size,
             elements,
             chunk_bytes,
+            endpoint: 0,
+            instance: 0,
+            handle_id: 0,
+        };
+        Self::create_as(dir, job, region, shape, initial, version, Owner::current())
+    }
+
+    /// [`SegmentWriter::create`] for the data-plane endpoint `endpoint` (recorded in the header,
+    /// so readers can refuse a handle naming another owner).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn create_for(
+        dir: &Path,
+        job: &str,
+        endpoint: u32,
+        instance: u64,
+        handle_id: u64,
+        region: u64,
+        elem_size: usize,
+        elements: usize,
+        chunk_bytes: usize,
+        initial: &[u8],
+        version: u64,
+    ) -> Result<Self, SegmentError> {
+        let shape = Shape {
+            elem_size,
+            elements,
+            chunk_bytes,
+            endpoint,
+            instance,
+            handle_id,
         };
         Self::create_as(dir, job, region, shape, initial, version, Owner::current())
     }
@@ -510,6 +552,9 @@ impl SegmentWriter {
         );
         put(&mut map, OFF_TOTAL, &wide(geometry.total).to_ne_bytes());
         put(&mut map, OFF_JOB, job.as_bytes());
+        put(&mut map, OFF_ENDPOINT, &shape.endpoint.to_ne_bytes());
+        put(&mut map, OFF_INSTANCE, &shape.instance.to_ne_bytes());
+        put(&mut map, OFF_HANDLE_ID, &shape.handle_id.to_ne_bytes());
         for c in 0..geometry.chunks {
             // seq stays 0 (the file is zero-filled): even, stable.
             put(
@@ -642,6 +687,15 @@ impl SegmentWriter {
 
 impl Drop for SegmentWriter {
     fn drop(&mut self) {
+        // Tell readers that mapped the segment earlier that the region is gone.
+        {
+            let mut map = self.map.lock();
+            // SAFETY: OFF_STATE is 8-aligned (the mapping is page aligned) and inside the header
+            // page; the word is only ever accessed atomically.
+            let state =
+                unsafe { AtomicU64::from_ptr(map.as_mut_ptr().add(OFF_STATE).cast::<u64>()) };
+            state.store(1, Ordering::Release);
+        }
         // Unlink only the file we created (a sweeper could in principle have replaced it).
         if let Ok(meta) = fs::symlink_metadata(&self.path) {
             if (meta.dev(), meta.ino()) == self.identity {
@@ -657,6 +711,10 @@ struct Shape {
     elem_size: usize,
     elements: usize,
     chunk_bytes: usize,
+    /// The owner's data-plane endpoint and transport instance, recorded in the header.
+    endpoint: u32,
+    instance: u64,
+    handle_id: u64,
 }
 
 /// Reader side of a segment: a read-only mapping of another (or the same) process's segment.
@@ -799,6 +857,41 @@ impl SegmentReader {
     /// Size of one element in bytes.
     pub(crate) fn elem_size(&self) -> usize {
         self.geometry.elem_size
+    }
+
+    /// The owner's data-plane endpoint from the header.
+    pub(crate) fn endpoint(&self) -> u32 {
+        let mut word = [0u8; 4];
+        if let Some(bytes) = self.map.get(OFF_ENDPOINT..OFF_ENDPOINT + 4) {
+            word.copy_from_slice(bytes);
+        }
+        u32::from_ne_bytes(word)
+    }
+
+    /// The owner's transport instance from the header.
+    pub(crate) fn instance(&self) -> u64 {
+        self.header_u64(OFF_INSTANCE)
+    }
+
+    /// The region id of the owner's handles, from the header.
+    pub(crate) fn handle_id(&self) -> u64 {
+        self.header_u64(OFF_HANDLE_ID)
+    }
+
+    fn header_u64(&self, offset: usize) -> u64 {
+        let mut word = [0u8; 8];
+        if let Some(bytes) = self.map.get(offset..offset + 8) {
+            word.copy_from_slice(bytes);
+        }
+        u64::from_ne_bytes(word)
+    }
+
+    /// Whether the owner dropped the segment (its region is gone), even if this mapping lives on.
+    pub(crate) fn is_closed(&self) -> bool {
+        // SAFETY: `open` checked the mapping is at least the header page and 64-byte aligned, so
+        // the word is in bounds and aligned; it is only loaded (allowed on read-only memory).
+        let state = unsafe { &*self.map.as_ptr().add(OFF_STATE).cast::<AtomicU64>() };
+        state.load(Ordering::Acquire) != 0
     }
 
     /// Whether the owner process recorded in the header still runs (same pid and start time).
@@ -1046,6 +1139,9 @@ mod tests {
             elem_size,
             elements,
             chunk_bytes,
+            endpoint: 0,
+            instance: 0,
+            handle_id: 0,
         }
     }
 
