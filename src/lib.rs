@@ -35,6 +35,7 @@
 
 pub mod data;
 mod job;
+pub mod launch;
 pub mod metrics;
 pub mod sim;
 pub mod trace;

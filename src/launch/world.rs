@@ -1,0 +1,445 @@
+//! Which process of which job this is: rank, world size and coordinator, read from the
+//! environment the way the usual launchers set it.
+//!
+//! Sources, first match wins (a process started by `odc launch` inside a Slurm or torchrun
+//! allocation sees all three; odc's own variables are the most specific):
+//! 1. **odc**: `ODC_RANK`, `ODC_WORLD_SIZE`, `ODC_COORDINATOR` (`host:port`; needed when the world
+//!    has more than one process).
+//! 2. **torchrun**: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`.
+//! 3. **Slurm**: `SLURM_PROCID`, `SLURM_NTASKS`, and the coordinator on the first host of
+//!    `SLURM_NODELIST` (e.g. `gpu[03-05,9]` → `gpu03`) at `ODC_PORT`, else `MASTER_PORT`, else
+//!    [`DEFAULT_PORT`].
+//! 4. Nothing set: one process, rank 0 of 1.
+//!
+//! Also read when present: `ODC_SECRET` (the cluster secret), `ODC_JOB` (the job id, used to
+//! name shared-memory files) and `ODC_TRANSPORT` (`local`, `shm`, `tcp`).
+//!
+//! Every value is checked: a rank that is not a number, a rank not below the world size, a world
+//! of 0 or of more than [`MAX_WORLD`] processes, a coordinator without a port are errors naming
+//! the variable and its value.
+
+use std::fmt;
+
+/// The port of a Slurm job's coordinator when neither `ODC_PORT` nor `MASTER_PORT` says.
+pub const DEFAULT_PORT: u16 = 29_500;
+/// The largest world accepted.
+pub const MAX_WORLD: u32 = 65_536;
+
+/// Where the rank came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorldSource {
+    Odc,
+    Torchrun,
+    Slurm,
+    /// No launcher: one process.
+    Single,
+}
+
+impl fmt::Display for WorldSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WorldSource::Odc => "ODC_RANK/ODC_WORLD_SIZE",
+            WorldSource::Torchrun => "torchrun (RANK/WORLD_SIZE)",
+            WorldSource::Slurm => "Slurm (SLURM_PROCID/SLURM_NTASKS)",
+            WorldSource::Single => "no launcher (one process)",
+        })
+    }
+}
+
+/// This process's place in its job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct World {
+    pub rank: u32,
+    pub world_size: u32,
+    /// `host:port` of rank 0's control plane; `None` only for a world of one.
+    pub coordinator: Option<String>,
+    pub source: WorldSource,
+    /// `ODC_SECRET`, if set.
+    pub secret: Option<String>,
+    /// `ODC_JOB`, if set.
+    pub job: Option<String>,
+    /// `ODC_TRANSPORT`, if set.
+    pub transport: Option<String>,
+}
+
+/// A launcher variable with a value odc cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable}={value:?}: {reason}")]
+pub struct WorldError {
+    pub variable: String,
+    pub value: String,
+    pub reason: String,
+}
+
+fn bad(variable: &str, value: &str, reason: impl Into<String>) -> WorldError {
+    WorldError {
+        variable: variable.into(),
+        value: value.into(),
+        reason: reason.into(),
+    }
+}
+
+impl World {
+    /// Read the process environment.
+    pub fn from_env() -> Result<World, WorldError> {
+        World::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Read variables through `get` (the environment, or a map in tests).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<World, WorldError> {
+        let get = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+        let (rank, world_size, coordinator, source) = if let Some(rank) = get("ODC_RANK") {
+            let (rank, size) = rank_and_size(&get, ("ODC_RANK", &rank), "ODC_WORLD_SIZE")?;
+            let coordinator = match get("ODC_COORDINATOR") {
+                Some(c) => Some(host_port("ODC_COORDINATOR", &c)?),
+                None => None,
+            };
+            (rank, size, coordinator, WorldSource::Odc)
+        } else if let Some(rank) = get("RANK") {
+            let (rank, size) = rank_and_size(&get, ("RANK", &rank), "WORLD_SIZE")?;
+            let coordinator = match (get("MASTER_ADDR"), get("MASTER_PORT")) {
+                (Some(addr), Some(port)) => Some(join(&addr, port_number("MASTER_PORT", &port)?)),
+                (None, None) => None,
+                (Some(addr), None) => {
+                    return Err(bad("MASTER_ADDR", &addr, "set without MASTER_PORT"))
+                }
+                (None, Some(port)) => {
+                    return Err(bad("MASTER_PORT", &port, "set without MASTER_ADDR"))
+                }
+            };
+            (rank, size, coordinator, WorldSource::Torchrun)
+        } else if let Some(rank) = get("SLURM_PROCID") {
+            let (rank, size) = rank_and_size(&get, ("SLURM_PROCID", &rank), "SLURM_NTASKS")?;
+            let coordinator = match get("SLURM_NODELIST").or_else(|| get("SLURM_JOB_NODELIST")) {
+                Some(list) => {
+                    let host = first_host(&list).map_err(|r| bad("SLURM_NODELIST", &list, r))?;
+                    let port = match get("ODC_PORT")
+                        .map(|p| ("ODC_PORT", p))
+                        .or_else(|| get("MASTER_PORT").map(|p| ("MASTER_PORT", p)))
+                    {
+                        Some((name, port)) => port_number(name, &port)?,
+                        None => DEFAULT_PORT,
+                    };
+                    Some(join(&host, port))
+                }
+                None => None,
+            };
+            (rank, size, coordinator, WorldSource::Slurm)
+        } else {
+            (0, 1, None, WorldSource::Single)
+        };
+        if world_size > 1 && coordinator.is_none() {
+            return Err(bad(
+                match source {
+                    WorldSource::Odc => "ODC_COORDINATOR",
+                    WorldSource::Torchrun => "MASTER_ADDR",
+                    _ => "SLURM_NODELIST",
+                },
+                "",
+                format!(
+                    "a world of {world_size} processes needs rank 0's address ({source} gave none)"
+                ),
+            ));
+        }
+        Ok(World {
+            rank,
+            world_size,
+            coordinator,
+            source,
+            secret: get("ODC_SECRET"),
+            job: get("ODC_JOB"),
+            transport: get("ODC_TRANSPORT"),
+        })
+    }
+
+    /// Whether this process is rank 0 (hosts the supervisor).
+    pub fn is_coordinator(&self) -> bool {
+        self.rank == 0
+    }
+}
+
+fn rank_and_size(
+    get: &impl Fn(&str) -> Option<String>,
+    (rank_name, rank): (&str, &str),
+    size_name: &str,
+) -> Result<(u32, u32), WorldError> {
+    let size_text = get(size_name).ok_or_else(|| {
+        bad(
+            rank_name,
+            rank,
+            format!("set without {size_name} (the number of processes)"),
+        )
+    })?;
+    let rank_n: u32 = rank
+        .trim()
+        .parse()
+        .map_err(|_| bad(rank_name, rank, "not a non-negative integer"))?;
+    let size: u32 = size_text
+        .trim()
+        .parse()
+        .map_err(|_| bad(size_name, &size_text, "not a positive integer"))?;
+    if size == 0 || size > MAX_WORLD {
+        return Err(bad(
+            size_name,
+            &size_text,
+            format!("must be between 1 and {MAX_WORLD}"),
+        ));
+    }
+    if rank_n >= size {
+        return Err(bad(
+            rank_name,
+            rank,
+            format!("must be below {size_name}={size}"),
+        ));
+    }
+    Ok((rank_n, size))
+}
+
+fn port_number(variable: &str, text: &str) -> Result<u16, WorldError> {
+    match text.trim().parse::<u16>() {
+        Ok(port) if port > 0 => Ok(port),
+        _ => Err(bad(variable, text, "not a port number (1-65535)")),
+    }
+}
+
+/// `host:port`, bracketing an IPv6 literal.
+fn join(host: &str, port: u16) -> String {
+    let host = host.trim();
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Check `text` is `host:port` with a valid port.
+fn host_port(variable: &str, text: &str) -> Result<String, WorldError> {
+    let text = text.trim();
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(bad(variable, text, "expected host:port"));
+    };
+    if host.is_empty() || host == "[]" {
+        return Err(bad(
+            variable,
+            text,
+            "expected host:port (the host is empty)",
+        ));
+    }
+    port_number(variable, port)?;
+    Ok(text.to_owned())
+}
+
+/// The first host of a Slurm node list: `a[01-03,7],b` → `a01`; `c5` → `c5`; `n[1-2]-ib[3-4]` →
+/// `n1-ib3`.
+pub fn first_host(list: &str) -> Result<String, String> {
+    let list = list.trim();
+    // The first top-level item: up to a comma outside brackets.
+    let mut depth = 0i32;
+    let mut end = list.len();
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                end = i;
+                break;
+            }
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            return Err("unbalanced or nested brackets".into());
+        }
+    }
+    if depth != 0 {
+        return Err("unbalanced brackets".into());
+    }
+    let item = &list[..end];
+    if item.is_empty() {
+        return Err("the node list is empty".into());
+    }
+    // Replace each bracket group by its first number, as written (zero padding kept).
+    let mut host = String::new();
+    let mut rest = item;
+    while let Some(open) = rest.find('[') {
+        host.push_str(&rest[..open]);
+        let close = rest[open..]
+            .find(']')
+            .map(|c| open + c)
+            .ok_or("unbalanced brackets")?;
+        let group = &rest[open + 1..close];
+        let first = group
+            .split(',')
+            .next()
+            .and_then(|range| range.split('-').next())
+            .map(str::trim)
+            .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+            .ok_or_else(|| format!("bracket group [{group}] is not a list of numbers"))?;
+        host.push_str(first);
+        rest = &rest[close + 1..];
+    }
+    host.push_str(rest);
+    Ok(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn world(vars: &[(&str, &str)]) -> Result<World, WorldError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        World::from_vars(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn nothing_set_is_one_process() {
+        let w = world(&[]).expect("world");
+        assert_eq!(
+            (w.rank, w.world_size, w.source),
+            (0, 1, WorldSource::Single)
+        );
+        assert_eq!(w.coordinator, None);
+    }
+
+    #[test]
+    fn odc_variables_win_over_torchrun_and_slurm() {
+        let w = world(&[
+            ("ODC_RANK", "2"),
+            ("ODC_WORLD_SIZE", "4"),
+            ("ODC_COORDINATOR", "10.0.0.1:7000"),
+            ("ODC_SECRET", "s"),
+            ("ODC_JOB", "j"),
+            ("ODC_TRANSPORT", "shm"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "8"),
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "16"),
+        ])
+        .expect("world");
+        assert_eq!((w.rank, w.world_size, w.source), (2, 4, WorldSource::Odc));
+        assert_eq!(w.coordinator.as_deref(), Some("10.0.0.1:7000"));
+        assert_eq!(
+            (
+                w.secret.as_deref(),
+                w.job.as_deref(),
+                w.transport.as_deref()
+            ),
+            (Some("s"), Some("j"), Some("shm"))
+        );
+    }
+
+    #[test]
+    fn torchrun_variables() {
+        let w = world(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "node7"),
+            ("MASTER_PORT", "29400"),
+        ])
+        .expect("world");
+        assert_eq!(
+            (w.rank, w.world_size, w.source),
+            (3, 4, WorldSource::Torchrun)
+        );
+        assert_eq!(w.coordinator.as_deref(), Some("node7:29400"));
+        let v6 = world(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "::1"),
+            ("MASTER_PORT", "5"),
+        ])
+        .expect("world");
+        assert_eq!(v6.coordinator.as_deref(), Some("[::1]:5"));
+    }
+
+    #[test]
+    fn slurm_variables_and_node_lists() {
+        let w = world(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_NODELIST", "gpu[03-05,9],cpu1"),
+        ])
+        .expect("world");
+        assert_eq!((w.rank, w.world_size, w.source), (1, 8, WorldSource::Slurm));
+        assert_eq!(w.coordinator.as_deref(), Some("gpu03:29500"));
+        let with_port = world(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_NODELIST", "a1"),
+            ("MASTER_PORT", "1234"),
+        ])
+        .expect("world");
+        assert_eq!(with_port.coordinator.as_deref(), Some("a1:1234"));
+        assert_eq!(first_host("n[1-2]-ib[3-4]"), Ok("n1-ib3".into()));
+        assert_eq!(first_host("solo"), Ok("solo".into()));
+        assert!(first_host("a[1-2").is_err());
+        assert!(first_host("a[x]").is_err());
+        assert!(first_host("").is_err());
+        assert!(first_host("a[[1]]").is_err());
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("ODC_RANK", "1")], "ODC_RANK"),
+            (&[("ODC_RANK", "x"), ("ODC_WORLD_SIZE", "2")], "ODC_RANK"),
+            (&[("ODC_RANK", "2"), ("ODC_WORLD_SIZE", "2")], "ODC_RANK"),
+            (
+                &[("ODC_RANK", "0"), ("ODC_WORLD_SIZE", "0")],
+                "ODC_WORLD_SIZE",
+            ),
+            (
+                &[("ODC_RANK", "0"), ("ODC_WORLD_SIZE", "99999999")],
+                "ODC_WORLD_SIZE",
+            ),
+            (
+                &[("ODC_RANK", "0"), ("ODC_WORLD_SIZE", "2")],
+                "ODC_COORDINATOR",
+            ),
+            (
+                &[
+                    ("ODC_RANK", "0"),
+                    ("ODC_WORLD_SIZE", "2"),
+                    ("ODC_COORDINATOR", "nohost"),
+                ],
+                "ODC_COORDINATOR",
+            ),
+            (
+                &[
+                    ("ODC_RANK", "0"),
+                    ("ODC_WORLD_SIZE", "2"),
+                    ("ODC_COORDINATOR", "h:99999"),
+                ],
+                "ODC_COORDINATOR",
+            ),
+            (
+                &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")],
+                "MASTER_ADDR",
+            ),
+            (
+                &[
+                    ("SLURM_PROCID", "0"),
+                    ("SLURM_NTASKS", "2"),
+                    ("SLURM_NODELIST", "a[1"),
+                ],
+                "SLURM_NODELIST",
+            ),
+        ];
+        for (vars, variable) in cases {
+            match world(vars) {
+                Err(e) => assert_eq!(e.variable, *variable, "{vars:?}: {e}"),
+                Ok(w) => panic!("{vars:?} accepted as {w:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn one_process_needs_no_coordinator() {
+        let w = world(&[("ODC_RANK", "0"), ("ODC_WORLD_SIZE", "1")]).expect("world");
+        assert_eq!((w.rank, w.world_size, w.coordinator), (0, 1, None));
+    }
+}

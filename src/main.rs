@@ -1,0 +1,108 @@
+//! The `odc` command: `odc launch --nprocs N --transport shm|tcp -- PROGRAM ARGS…` starts a local
+//! multi-process job (like `torchrun --standalone`) and exits with the worst exit status of its
+//! ranks. (Benchmarks are `odc-bench`.)
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use odc::launch::{launch, LaunchConfig};
+
+#[derive(Parser)]
+#[command(name = "odc", version, about = "odc: on-demand communication runtime")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TransportArg {
+    Shm,
+    Tcp,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start PROGRAM as N ranks of one job on this host (ODC_RANK, ODC_WORLD_SIZE,
+    /// ODC_COORDINATOR, ODC_SECRET, ODC_JOB, ODC_TRANSPORT set for each); exit with the worst
+    /// exit status.
+    Launch {
+        /// Processes to start.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        nprocs: u32,
+        /// Data plane between the ranks.
+        #[arg(long, value_enum, default_value = "shm")]
+        transport: TransportArg,
+        /// Seconds the other ranks may run on after one failed (and after SIGTERM).
+        #[arg(long, default_value_t = 10.0)]
+        grace_secs: f64,
+        /// Stop every rank after this many seconds (exit status 124).
+        #[arg(long)]
+        timeout_secs: Option<f64>,
+        /// The program and its arguments (after `--`).
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+}
+
+fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
+    if value.is_finite() && (0.0..=1e9).contains(&value) {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(format!(
+            "--{flag} must be a number of seconds between 0 and 1e9, got {value}"
+        ))
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Command::Launch {
+        nprocs,
+        transport,
+        grace_secs,
+        timeout_secs,
+        command,
+    } = cli.command;
+    let config = match (|| -> Result<LaunchConfig, String> {
+        let (program, args) = command.split_first().ok_or("no program given after --")?;
+        Ok(LaunchConfig {
+            nprocs,
+            transport: match transport {
+                TransportArg::Shm => "shm",
+                TransportArg::Tcp => "tcp",
+            }
+            .into(),
+            program: program.clone(),
+            args: args.to_vec(),
+            grace: seconds("grace-secs", grace_secs)?,
+            timeout: timeout_secs
+                .map(|t| seconds("timeout-secs", t))
+                .transpose()?,
+        })
+    })() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(launch(&config)) {
+        Ok(status) => ExitCode::from(u8::try_from(status.clamp(0, 255)).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: odc launch: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
