@@ -173,9 +173,13 @@ impl HandshakeFrame {
             HandshakeFrame::Welcome => out.put_u8(WELCOME),
             HandshakeFrame::Refused { reason } => {
                 out.put_u8(REFUSED);
-                // Fits the handshake cap whatever the reason.
-                let reason = reason.as_bytes();
-                out.put_slice(&reason[..reason.len().min(HANDSHAKE_FRAME_CAP - 1)]);
+                // Fits the handshake cap whatever the reason, cut at a character boundary so
+                // the peer reads a prefix of it (not a broken last character).
+                let mut end = reason.len().min(HANDSHAKE_FRAME_CAP - 1);
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                out.put_slice(&reason.as_bytes()[..end]);
             }
         }
         out.freeze()

@@ -1,0 +1,741 @@
+//! Hostile peers against a real `TcpTransport` owner over loopback sockets: the issue's "Hostile
+//! input" clause end to end. Garbage before the handshake, slow-loris peers, peers with the wrong
+//! secret or a forged proof, and authenticated peers that send oversized, unknown or truncated
+//! frames: each costs the owner a bounded buffer and at most the handshake deadline, its
+//! connection is dropped with the reason logged, and the job is unaffected (a well-behaved reader
+//! is served meanwhile and afterwards, and no region is touched).
+//!
+//! Every test runs on one current-thread runtime, so the owner's tasks run on the test's thread:
+//! the log is captured per test (a thread-local `tracing` subscriber), and so is the largest
+//! allocation (a global allocator that records it per thread).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use odc_transport::tcp::{TcpConfig, TcpTransport};
+use odc_transport::wire::frame::{write_frame, FrameError, FrameReader};
+use odc_transport::wire::handshake::{self, HandshakeFrame, HANDSHAKE_FRAME_CAP, MAGIC, PROTOCOL};
+use odc_transport::wire::{read_frame, ClusterSecret};
+use odc_transport::{
+    deadline_in, AccumulatorRegion, Dest, Dtype, InboxRegion, PublishedRegion, RegionHandle,
+    RemoteConfig, Transport, TransportError, WriteTag,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+/// Every test as a whole.
+const TEST_BOUND: Duration = Duration::from_secs(20);
+/// How long an owner may take to drop a connection it has a reason to drop.
+const DROP_BOUND: Duration = Duration::from_secs(3);
+/// The owners' handshake deadline (short, so slow lorises are dropped quickly).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(300);
+const OWNER: u32 = 1;
+const SECRET: &str = "hostile-peers";
+
+// ---------------------------------------------------------------------------------------------
+// The largest allocation of this thread, while tracking.
+
+struct Tracking;
+
+thread_local! {
+    static TRACK: Cell<bool> = const { Cell::new(false) };
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(size: usize) {
+    // `try_with`: the allocator runs during thread teardown too.
+    if TRACK.try_with(Cell::get).unwrap_or(false) {
+        let _ = LARGEST.try_with(|largest| largest.set(largest.get().max(size)));
+    }
+}
+
+// SAFETY: every call is forwarded to `System` unchanged; the bookkeeping only reads sizes.
+unsafe impl GlobalAlloc for Tracking {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Tracking = Tracking;
+
+/// Start recording this thread's largest allocation (from zero).
+fn track_allocations() {
+    LARGEST.with(|largest| largest.set(0));
+    TRACK.with(|track| track.set(true));
+}
+
+/// The largest allocation on this thread since [`track_allocations`].
+fn largest_allocation() -> usize {
+    LARGEST.with(Cell::get)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The log, captured.
+
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl Log {
+    /// Capture this thread's `tracing` events until the guard is dropped.
+    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let log = Log::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(log.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        (log.clone(), tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log lock")).into_owned()
+    }
+
+    /// Wait (a little) for a line containing every one of `parts`: the owner logs as it drops a
+    /// connection, which may be just after the peer notices.
+    async fn expect_line(&self, parts: &[&str]) {
+        let start = Instant::now();
+        loop {
+            let text = self.text();
+            if text
+                .lines()
+                .any(|line| parts.iter().all(|part| line.contains(part)))
+            {
+                return;
+            }
+            assert!(
+                start.elapsed() < DROP_BOUND,
+                "no log line with {parts:?}; the log:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+    type Writer = Log;
+    fn make_writer(&'a self) -> Log {
+        self.clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// An owner with one region of each kind, and well-behaved readers.
+
+fn config(secret: &str, frame_cap: usize) -> TcpConfig {
+    TcpConfig {
+        remote: RemoteConfig {
+            frame_cap,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            ..RemoteConfig::default()
+        },
+        ..TcpConfig::loopback(ClusterSecret::new(secret).expect("secret"))
+    }
+}
+
+struct Owner {
+    transport: TcpTransport,
+    published: Box<dyn PublishedRegion>,
+    accumulator: Box<dyn AccumulatorRegion>,
+    inbox: Box<dyn InboxRegion>,
+}
+
+/// The published region's contents: 256 f32s.
+fn contents() -> Vec<u8> {
+    (0..256u32).flat_map(|i| (i as f32).to_le_bytes()).collect()
+}
+
+async fn owner(frame_cap: usize) -> Owner {
+    let transport = TcpTransport::bind(config(SECRET, frame_cap))
+        .await
+        .expect("owner binds");
+    let published = transport
+        .register_published(OWNER, Dtype::F32, Bytes::from(contents()), 1)
+        .expect("published region");
+    let accumulator = transport
+        .register_accumulator(OWNER, 4, 0)
+        .expect("accumulator");
+    let inbox = transport.register_inbox(OWNER, 0).expect("inbox");
+    Owner {
+        transport,
+        published,
+        accumulator,
+        inbox,
+    }
+}
+
+async fn tcp_reader(secret: &str) -> TcpTransport {
+    TcpTransport::bind(config(secret, RemoteConfig::DEFAULT_FRAME_CAP))
+        .await
+        .expect("reader binds")
+}
+
+/// A well-behaved reader reads the whole published region, correctly.
+async fn assert_served(reader: &TcpTransport, handle: &RegionHandle) {
+    let mut into = vec![0u8; contents().len()];
+    let version = reader
+        .read(
+            handle,
+            0..256,
+            Dest::Bytes(&mut into),
+            deadline_in(Duration::from_secs(5)),
+        )
+        .await
+        .expect("a well-behaved reader is served");
+    assert_eq!(version, 1);
+    assert_eq!(into, contents());
+}
+
+fn within<F: Future>(future: F) -> tokio::time::Timeout<F> {
+    tokio::time::timeout(TEST_BOUND, future)
+}
+
+/// Wait until the owner drops `read`'s connection: the stream ends (EOF, or a reset when the
+/// owner closed with bytes of ours unread). What the owner sent before that comes back.
+async fn dropped(read: &mut (impl AsyncRead + Unpin)) -> Vec<u8> {
+    let mut received = Vec::new();
+    let mut buf = [0u8; 1024];
+    let wait = async {
+        loop {
+            match read.read(&mut buf).await {
+                Ok(0) => return,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+                Err(e) => panic!("unexpected error while waiting for the drop: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(DROP_BOUND, wait)
+        .await
+        .expect("the owner drops the connection in time");
+    received
+}
+
+/// Connect and complete the handshake by hand, as a peer that knows the secret.
+async fn authenticated(owner: &Owner) -> (FrameReader<OwnedReadHalf>, OwnedWriteHalf) {
+    let stream = TcpStream::connect(owner.transport.addr())
+        .await
+        .expect("connect");
+    let (read, mut write) = stream.into_split();
+    let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
+    handshake::dial(
+        &mut reader,
+        &mut write,
+        &ClusterSecret::new(SECRET).expect("secret"),
+        deadline_in(Duration::from_secs(5)),
+    )
+    .await
+    .expect("the handshake with the right secret succeeds");
+    reader.set_cap(RemoteConfig::DEFAULT_FRAME_CAP);
+    (reader, write)
+}
+
+/// The owner dropped an authenticated connection: no answer, just the end of the stream.
+async fn assert_dropped_after_auth(reader: &mut FrameReader<OwnedReadHalf>) {
+    let next = tokio::time::timeout(DROP_BOUND, reader.next())
+        .await
+        .expect("the owner drops the connection in time");
+    match next {
+        Err(FrameError::Closed) => {}
+        Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("expected the connection dropped without an answer, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) Garbage before the handshake.
+
+#[tokio::test]
+async fn http_request_before_the_handshake_is_dropped_and_the_job_unaffected() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+        let mut stream = TcpStream::connect(owner.transport.addr())
+            .await
+            .expect("connect");
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: odc\r\n\r\n")
+            .await
+            .expect("write");
+        let received = dropped(&mut stream).await;
+        assert!(
+            received.is_empty(),
+            "nothing is sent to garbage: {received:?}"
+        );
+        // "GET " read as a length prefix is far over the handshake cap.
+        log.expect_line(&["refused a connection", "exceeds the cap of 256 bytes"])
+            .await;
+        assert_served(&tcp_reader(SECRET).await, &owner.published.handle()).await;
+    })
+    .await
+    .expect("test bound");
+}
+
+#[tokio::test]
+async fn garbage_hello_frames_are_dropped_and_the_job_unaffected() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+        let hello = |magic, protocol| HandshakeFrame::Hello {
+            magic,
+            protocol,
+            nonce: [7; 32],
+        };
+        let cases: [(Bytes, &str); 5] = [
+            (Bytes::from_static(&[0x7f, 1, 2]), "unknown handshake type 0x7f"),
+            (Bytes::from_static(&[0x10, b'O', b'D']), "frame truncated"),
+            (hello(*b"HTTP", PROTOCOL).encode(), "bad magic"),
+            (hello(MAGIC, PROTOCOL + 1).encode(), "protocol"),
+            (HandshakeFrame::Welcome.encode(), "expected Hello, got a Welcome"),
+        ];
+        for (frame, reason) in cases {
+            let stream = TcpStream::connect(owner.transport.addr())
+                .await
+                .expect("connect");
+            let (mut read, mut write) = stream.into_split();
+            write_frame(&mut write, &frame, &[]).await.expect("write");
+            let received = dropped(&mut read).await;
+            if reason == "protocol" {
+                // A version mismatch is told to the peer before the drop.
+                let refused = read_frame(&received[..], HANDSHAKE_FRAME_CAP)
+                    .await
+                    .expect("a Refused frame");
+                assert!(
+                    matches!(HandshakeFrame::decode(refused), Ok(HandshakeFrame::Refused { ref reason }) if reason.contains("protocol")),
+                    "{received:?}"
+                );
+            } else {
+                assert!(received.is_empty(), "{reason}: {received:?}");
+            }
+            log.expect_line(&["refused a connection", reason]).await;
+        }
+        assert_served(&tcp_reader(SECRET).await, &owner.published.handle()).await;
+    })
+    .await
+    .expect("test bound");
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b) Slow loris.
+
+#[tokio::test]
+async fn slow_loris_peers_are_dropped_at_the_handshake_deadline_while_others_are_served() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+        let addr = owner.transport.addr().to_owned();
+        let start = Instant::now();
+        // One sends nothing; one trickles a valid Hello a byte per 100 ms (4.3 s for its 43 bytes).
+        let mut silent = TcpStream::connect(&addr).await.expect("connect");
+        let trickler = TcpStream::connect(&addr).await.expect("connect");
+        let (mut trickle_read, mut trickle_write) = trickler.into_split();
+        let body = HandshakeFrame::Hello {
+            magic: MAGIC,
+            protocol: PROTOCOL,
+            nonce: [1; 32],
+        }
+        .encode();
+        let mut hello = (body.len() as u32).to_be_bytes().to_vec();
+        hello.extend_from_slice(&body);
+        let trickle = async move {
+            for byte in hello {
+                // A failed write: the owner dropped the connection already.
+                if trickle_write.write_all(&[byte]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        let trickled = tokio::spawn(trickle);
+        // Meanwhile, a well-behaved reader is served at once.
+        let reader = tcp_reader(SECRET).await;
+        assert_served(&reader, &owner.published.handle()).await;
+        assert!(
+            start.elapsed() < HANDSHAKE_TIMEOUT,
+            "served while the lorises hold their connections ({:?})",
+            start.elapsed()
+        );
+        let (silent_received, trickle_received) =
+            tokio::join!(dropped(&mut silent), dropped(&mut trickle_read));
+        let elapsed = start.elapsed();
+        assert!(silent_received.is_empty() && trickle_received.is_empty());
+        assert!(
+            elapsed >= HANDSHAKE_TIMEOUT - Duration::from_millis(20),
+            "dropped at the deadline, not before ({elapsed:?})"
+        );
+        assert!(elapsed < HANDSHAKE_TIMEOUT + DROP_BOUND, "{elapsed:?}");
+        trickled.abort();
+        log.expect_line(&[
+            "refused a connection",
+            "did not complete by its deadline (waiting for Hello)",
+        ])
+        .await;
+        assert_served(&reader, &owner.published.handle()).await;
+    })
+    .await
+    .expect("test bound");
+}
+
+#[tokio::test]
+async fn a_peer_that_stalls_before_its_proof_is_dropped_at_the_handshake_deadline() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+        let stream = TcpStream::connect(owner.transport.addr())
+            .await
+            .expect("connect");
+        let (read, mut write) = stream.into_split();
+        let hello = HandshakeFrame::Hello {
+            magic: MAGIC,
+            protocol: PROTOCOL,
+            nonce: [3; 32],
+        };
+        write_frame(&mut write, &hello.encode(), &[])
+            .await
+            .expect("write");
+        let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
+        let challenge = reader.next().await.expect("a challenge");
+        assert!(matches!(
+            HandshakeFrame::decode(challenge),
+            Ok(HandshakeFrame::Challenge { .. })
+        ));
+        let start = Instant::now();
+        assert_dropped_after_auth(&mut reader).await;
+        assert!(start.elapsed() < HANDSHAKE_TIMEOUT + DROP_BOUND);
+        log.expect_line(&["refused a connection", "waiting for Proof"])
+            .await;
+        drop(write);
+        assert_served(&tcp_reader(SECRET).await, &owner.published.handle()).await;
+    })
+    .await
+    .expect("test bound");
+}
+
+// ---------------------------------------------------------------------------------------------
+// (c) The wrong secret.
+
+fn unreachable_for_the_secret(result: Result<(), TransportError>) {
+    match result {
+        Err(TransportError::Unreachable { owner, reason }) => {
+            assert_eq!(owner, OWNER);
+            assert!(
+                reason.contains("did not prove the cluster secret"),
+                "the reason names the failed proof: {reason}"
+            );
+        }
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_reader_with_the_wrong_secret_reads_nothing() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+        let stranger = tcp_reader("not-the-secret").await;
+        let mut into = vec![0xAAu8; contents().len()];
+        let result = stranger
+            .read(
+                &owner.published.handle(),
+                0..256,
+                Dest::Bytes(&mut into),
+                deadline_in(Duration::from_secs(5)),
+            )
+            .await;
+        unreachable_for_the_secret(result.map(|_| ()));
+        assert!(into.iter().all(|&b| b == 0xAA), "not a byte of the region");
+        log.expect_line(&["refused a connection"]).await;
+        assert_served(&tcp_reader(SECRET).await, &owner.published.handle()).await;
+    })
+    .await
+    .expect("test bound");
+}
+
+#[tokio::test]
+async fn a_peer_with_the_wrong_secret_cannot_accumulate() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+        let stranger = tcp_reader("not-the-secret").await;
+        let ones: Vec<u8> = [1.0f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let result = stranger
+            .accumulate(
+                &owner.accumulator.handle(),
+                0,
+                Bytes::from(ones),
+                WriteTag {
+                    epoch: 0,
+                    write_id: 1,
+                },
+                deadline_in(Duration::from_secs(5)),
+            )
+            .await;
+        unreachable_for_the_secret(result);
+        log.expect_line(&["refused a connection"]).await;
+        assert_eq!(owner.accumulator.take(1), vec![0.0; 4], "nothing was added");
+    })
+    .await
+    .expect("test bound");
+}
+
+#[tokio::test]
+async fn a_peer_with_the_wrong_secret_cannot_send() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+        let stranger = tcp_reader("not-the-secret").await;
+        let tag = WriteTag {
+            epoch: 0,
+            write_id: 1,
+        };
+        let result = stranger
+            .send(
+                &owner.inbox.handle(),
+                tag,
+                Bytes::from_static(b"let me in"),
+                deadline_in(Duration::from_secs(5)),
+            )
+            .await;
+        unreachable_for_the_secret(result);
+        log.expect_line(&["refused a connection"]).await;
+        let held = owner
+            .inbox
+            .recv(tag, deadline_in(Duration::from_millis(100)))
+            .await;
+        assert!(
+            matches!(held, Err(TransportError::DeadlineExceeded { .. })),
+            "no message was delivered: {held:?}"
+        );
+    })
+    .await
+    .expect("test bound");
+}
+
+#[tokio::test]
+async fn a_forged_proof_is_refused_with_a_reason_and_dropped() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+        let stream = TcpStream::connect(owner.transport.addr())
+            .await
+            .expect("connect");
+        let (read, mut write) = stream.into_split();
+        let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
+        let hello = HandshakeFrame::Hello {
+            magic: MAGIC,
+            protocol: PROTOCOL,
+            nonce: [9; 32],
+        };
+        write_frame(&mut write, &hello.encode(), &[])
+            .await
+            .expect("write");
+        let challenge = reader.next().await.expect("a challenge");
+        assert!(matches!(
+            HandshakeFrame::decode(challenge),
+            Ok(HandshakeFrame::Challenge { .. })
+        ));
+        // A peer that ignores the challenge's MAC and guesses a proof.
+        let proof = HandshakeFrame::Proof { mac: [0; 32] };
+        write_frame(&mut write, &proof.encode(), &[])
+            .await
+            .expect("write");
+        let refused = reader.next().await.expect("a Refused frame");
+        match HandshakeFrame::decode(refused) {
+            Ok(HandshakeFrame::Refused { reason }) => assert!(
+                reason.contains("did not prove the cluster secret"),
+                "{reason}"
+            ),
+            other => panic!("expected Refused, got {other:?}"),
+        }
+        assert_dropped_after_auth(&mut reader).await;
+        log.expect_line(&["refused a connection", "proof MAC does not match"])
+            .await;
+        assert_served(&tcp_reader(SECRET).await, &owner.published.handle()).await;
+    })
+    .await
+    .expect("test bound");
+}
+
+// ---------------------------------------------------------------------------------------------
+// (d) Authenticated peers that break the protocol.
+
+#[tokio::test]
+async fn authenticated_peers_sending_bad_frames_are_dropped_and_the_job_unaffected() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+        let well_behaved = tcp_reader(SECRET).await;
+        let cases: [(&[u8], &str); 4] = [
+            // A length prefix over the cap: refused before reading (or reserving) the body.
+            (&u32::MAX.to_be_bytes(), "exceeds the cap"),
+            // An unknown request type.
+            (&[0, 0, 0, 3, 0x7f, 1, 2], "unknown request type 0x7f"),
+            // A read request cut after its id.
+            (
+                &[0, 0, 0, 9, 0x01, 1, 0, 0, 0, 0, 0, 0, 0],
+                "frame truncated",
+            ),
+            // A read request with a byte too many.
+            (
+                &{
+                    let mut frame = [0u8; 4 + 91];
+                    frame[..4].copy_from_slice(&91u32.to_be_bytes());
+                    frame[4] = 0x01;
+                    frame
+                },
+                "unexpected bytes after a read request",
+            ),
+        ];
+        for (bytes, reason) in cases {
+            let (mut reader, mut write) = authenticated(&owner).await;
+            write.write_all(bytes).await.expect("write");
+            assert_dropped_after_auth(&mut reader).await;
+            log.expect_line(&["dropped a connection", reason]).await;
+            assert_served(&well_behaved, &owner.published.handle()).await;
+        }
+    })
+    .await
+    .expect("test bound");
+}
+
+#[tokio::test]
+async fn an_authenticated_peer_is_answered_until_its_first_bad_frame() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+        let (mut reader, mut write) = authenticated(&owner).await;
+        // A request for a region that does not exist is a typed answer, not a drop.
+        let (head, payload) = odc_transport::wire::Request::Send {
+            req: 5,
+            target: odc_transport::wire::Target {
+                owner: OWNER,
+                instance: 0,
+                region: 12345,
+            },
+            tag: WriteTag {
+                epoch: 0,
+                write_id: 1,
+            },
+            data: Bytes::from_static(b"hi"),
+        }
+        .encode();
+        write_frame(&mut write, &head, &payload)
+            .await
+            .expect("write");
+        let answer = reader.next().await.expect("an answer");
+        assert!(
+            matches!(
+                odc_transport::wire::Response::decode(answer),
+                Ok(odc_transport::wire::Response::Failed {
+                    req: 5,
+                    error: TransportError::UnknownRegion { .. }
+                })
+            ),
+            "a typed refusal"
+        );
+        write_frame(&mut write, &[0x04], &[]).await.expect("write");
+        assert_dropped_after_auth(&mut reader).await;
+        log.expect_line(&["dropped a connection", "unknown request type 0x04"])
+            .await;
+    })
+    .await
+    .expect("test bound");
+}
+
+// ---------------------------------------------------------------------------------------------
+// (e) A huge length prefix, then a stall.
+
+#[tokio::test]
+async fn a_stalled_60_mib_frame_costs_at_most_the_cap_and_is_dropped_when_the_peer_closes() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let cap = RemoteConfig::DEFAULT_FRAME_CAP;
+        let owner = owner(cap).await;
+        let well_behaved = tcp_reader(SECRET).await;
+        assert_served(&well_behaved, &owner.published.handle()).await;
+        let (mut reader, mut write) = authenticated(&owner).await;
+        track_allocations();
+        write
+            .write_all(&(60u32 << 20).to_be_bytes())
+            .await
+            .expect("write");
+        write.write_all(&[0x02; 100]).await.expect("write");
+        // The peer stalls; the owner keeps serving everyone else.
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_served(&well_behaved, &owner.published.handle()).await;
+        }
+        let largest = largest_allocation();
+        // The owner reserves room for the announced frame (a known cost: an authenticated
+        // peer can hold up to the cap per connection), never more than the cap.
+        assert!(
+            largest <= cap + 4,
+            "largest allocation {largest} bytes, cap {cap}"
+        );
+        // Closing its side mid-frame gets the connection dropped, with the reason.
+        write.shutdown().await.expect("shutdown");
+        assert_dropped_after_auth(&mut reader).await;
+        log.expect_line(&["dropped a connection", "stream ended inside a frame"])
+            .await;
+        assert_served(&well_behaved, &owner.published.handle()).await;
+    })
+    .await
+    .expect("test bound");
+}
+
+#[tokio::test]
+async fn a_60_mib_prefix_over_a_smaller_cap_allocates_nothing_and_is_dropped_at_once() {
+    let (log, _guard) = Log::capture();
+    within(async {
+        let cap = 1 << 20;
+        let owner = owner(cap).await;
+        let well_behaved = tcp_reader(SECRET).await;
+        assert_served(&well_behaved, &owner.published.handle()).await;
+        let (mut reader, mut write) = authenticated(&owner).await;
+        track_allocations();
+        write
+            .write_all(&(60u32 << 20).to_be_bytes())
+            .await
+            .expect("write");
+        // No close: the owner drops the connection on the prefix alone.
+        assert_dropped_after_auth(&mut reader).await;
+        let largest = largest_allocation();
+        assert!(
+            largest < 64 * 1024,
+            "largest allocation {largest} bytes for a refused 60 MiB prefix"
+        );
+        log.expect_line(&["dropped a connection", "exceeds the cap of 1048576 bytes"])
+            .await;
+        assert_served(&well_behaved, &owner.published.handle()).await;
+    })
+    .await
+    .expect("test bound");
+}
