@@ -60,6 +60,8 @@
 //!   aborts waiting receives of older epochs. `conformance/c7_inbox.rs`.
 //!
 //! Backends: [`local`] (one process; any local transport of the process can use any local handle).
+//! Process-crossing: [`tcp`], `shm` (Linux, one host) and `rdma` (feature `rdma`: one-sided RDMA
+//! READ of published regions; accumulates and sends over its TCP control connection).
 //! [`throttle::Throttled`] wraps any backend with modelled link bandwidth.
 
 mod chunk;
@@ -69,6 +71,14 @@ pub mod conformance;
 mod dest;
 mod error;
 pub mod local;
+#[cfg(feature = "rdma")]
+pub mod rdma;
+/// The `rdma` backend's verbs-free publication protocol (`rdma/seqlock.rs`), compiled and tested
+/// without the feature too (with it, it is `rdma::seqlock`).
+#[cfg(not(feature = "rdma"))]
+#[allow(dead_code)]
+#[path = "rdma/seqlock.rs"]
+mod rdma_seqlock;
 mod region;
 mod remote;
 #[cfg(target_os = "linux")]
@@ -82,8 +92,8 @@ pub use chunk::chunk_ranges;
 pub use dest::{Dest, DestSpec, DeviceDest};
 pub use error::{Op, TransportError};
 pub use region::{
-    AccumulatorRegion, Descriptor, Dtype, EndpointId, InboxRegion, PublishedRegion, RegionHandle,
-    RegionId, RegionKind, WriteTag,
+    AccumulatorRegion, Descriptor, Dtype, EndpointId, InboxRegion, PublishedRegion, RdmaMemory,
+    RegionHandle, RegionId, RegionKind, WriteTag,
 };
 pub use remote::RemoteConfig;
 pub use transport::{deadline_in, now, AccumulateOp, Deadline, ReadOp, Transport};

@@ -43,7 +43,7 @@ pub enum RegionKind {
 /// between backends; a backend refuses a descriptor it cannot use with
 /// [`TransportError::ForeignHandle`].
 ///
-/// Still to come: `rdma` (remote address + rkey), `cuda` (IPC memory handle + byte offset).
+/// Still to come: `cuda` (IPC memory handle + byte offset).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Descriptor {
@@ -63,6 +63,28 @@ pub enum Descriptor {
         socket: String,
         segment: Option<String>,
     },
+    /// A region of the `rdma` backend (`odc_transport::rdma`, feature `rdma`; the variant itself
+    /// always exists, so handles deserialize everywhere): served by the transport instance
+    /// `instance`, whose control endpoint (accumulates, sends, queue-pair exchange) listens at
+    /// `addr` (`host:port`), on the NIC port `gid`. A published region also has `memory`: where
+    /// it lies in the owner's registered memory, read one-sidedly with RDMA READ.
+    Rdma {
+        addr: String,
+        instance: u64,
+        gid: String,
+        memory: Option<RdmaMemory>,
+    },
+}
+
+/// Where a published region of the `rdma` backend lies in its owner's registered memory: the
+/// remote address and rkey of the memory region (header, seqlock words and data), its length in
+/// bytes, and the seqlock chunk size the layout was built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RdmaMemory {
+    pub remote_addr: u64,
+    pub rkey: u32,
+    pub len_bytes: u64,
+    pub chunk_bytes: u64,
 }
 
 impl Descriptor {
@@ -72,6 +94,7 @@ impl Descriptor {
             Descriptor::Local { .. } => "local",
             Descriptor::Tcp { .. } => "tcp",
             Descriptor::Shm { .. } => "shm",
+            Descriptor::Rdma { .. } => "rdma",
         }
     }
 }

@@ -177,6 +177,21 @@ fn foreign_forms(handle: &RegionHandle) -> Vec<(RegionHandle, bool)> {
                 (with(host.clone(), job.clone(), instance ^ (1 << 62)), false),
             ]
         }
+        Descriptor::Rdma {
+            ref addr,
+            instance,
+            ref gid,
+            memory,
+        } => {
+            let mut other_instance = handle.clone();
+            other_instance.descriptor = Descriptor::Rdma {
+                addr: addr.clone(),
+                instance: instance ^ (1 << 62),
+                gid: gid.clone(),
+                memory,
+            };
+            vec![(other_instance, false)]
+        }
     }
 }
 

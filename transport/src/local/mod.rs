@@ -137,14 +137,16 @@ impl LocalTransport {
                     })?
                     .lookup(handle)
             }
-            Descriptor::Tcp { .. } | Descriptor::Shm { .. } => Err(TransportError::ForeignHandle {
-                owner: handle.owner,
-                region: handle.id,
-                reason: format!(
-                    "it is a {} handle; the local backend reaches only local regions",
-                    handle.descriptor.backend()
-                ),
-            }),
+            Descriptor::Tcp { .. } | Descriptor::Shm { .. } | Descriptor::Rdma { .. } => {
+                Err(TransportError::ForeignHandle {
+                    owner: handle.owner,
+                    region: handle.id,
+                    reason: format!(
+                        "it is a {} handle; the local backend reaches only local regions",
+                        handle.descriptor.backend()
+                    ),
+                })
+            }
         }
     }
 }
