@@ -3,7 +3,8 @@
 //! Everything that produces evidence and nothing that users embed: the on-demand vs collective A/B
 //! harness ([`ab`]), the sequence-length workloads ([`workload`]), the measured cost of the
 //! emulation itself ([`floor`]), the limits on user input ([`input`]) and the reports (table, JSON,
-//! SVG; [`report`]). The `odc-bench` binary (`odc-bench ab …`) drives them; the criterion
+//! SVG; [`report`]), and the transport pull benchmark with its owner processes ([`transport`]). The
+//! `odc-bench` binary (`odc-bench ab …`, `odc-bench transport …`) drives them; the criterion
 //! micro-benchmarks live in `benches/benches/`.
 //!
 //! The harness uses only `odc`'s public API (the [`odc::Job`] builder, [`odc::sim`],
@@ -13,6 +14,7 @@ pub mod ab;
 pub mod floor;
 pub mod input;
 pub mod report;
+pub mod transport;
 pub mod workload;
 
 /// `err` and its chain of sources as one line, `outer: inner: …`, each message said once: a

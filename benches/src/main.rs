@@ -1,4 +1,6 @@
-//! `odc-bench` command line: `odc-bench ab` — the on-demand vs collective benchmark.
+//! `odc-bench` command line: `odc-bench ab` — the on-demand vs collective benchmark;
+//! `odc-bench transport` — pull bandwidth and latency of each transport backend next to the
+//! machine's own limit (see [`odc_bench::transport`]).
 //!
 //! Every input is checked before anything is allocated or run (limits in [`odc_bench::input`]);
 //! an error is printed once, as `error: outer: cause: …`, and the exit status is 1 (2 for a flag
@@ -16,6 +18,7 @@ use odc_bench::ab::{self, Case, Controls, Settings, Side};
 use odc_bench::floor;
 use odc_bench::input::{self, MAX_DEVICES, MAX_MINIBATCH_PER_DEVICE, MAX_SEQUENCE_TOKENS};
 use odc_bench::report::{self, BenchReport, BenchRow, TableLayout};
+use odc_bench::transport::{self as pulls, Backend, OwnerKind, TransportReport};
 use odc_bench::workload::Workload;
 
 #[derive(Parser)]
@@ -34,6 +37,112 @@ enum Command {
     /// Collective (FSDP-style) vs on-demand on the same simulated devices, workload and seed, in
     /// ABBA order, with a balanced control at every devices × minibatch × dispatch.
     Ab(AbArgs),
+    /// Pull bandwidth of each transport backend (local, shm, tcp) at 4 KiB, 1 MiB and 64 MiB next
+    /// to the machine's own limit measured in the same run (memcpy; a raw socket for tcp), in ABBA
+    /// order, and the round-trip latency of a small pull. shm and tcp owners run in child
+    /// processes.
+    Transport(TransportArgs),
+    /// Internal: the owner process of `odc-bench transport` (registers regions, prints their
+    /// handles as one JSON line, serves until stdin closes).
+    #[command(hide = true)]
+    TransportOwner(OwnerArgs),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    Local,
+    Shm,
+    Tcp,
+}
+
+impl From<BackendArg> for Backend {
+    fn from(b: BackendArg) -> Backend {
+        match b {
+            BackendArg::Local => Backend::Local,
+            BackendArg::Shm => Backend::Shm,
+            BackendArg::Tcp => Backend::Tcp,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OwnerBackendArg {
+    Shm,
+    Tcp,
+    RawTcp,
+}
+
+fn pull_size(s: &str) -> Result<usize, String> {
+    pulls::parse_bytes(s, 4, pulls::MAX_PULL_BYTES)
+}
+fn tcp_part_bytes(s: &str) -> Result<usize, String> {
+    let (min, max) = pulls::TCP_PART_BYTES;
+    pulls::parse_bytes(s, min, max)
+}
+fn shm_chunk_bytes(s: &str) -> Result<usize, String> {
+    let (min, max) = pulls::SHM_CHUNK_BYTES;
+    pulls::parse_bytes(s, min, max)
+}
+fn rounds(s: &str) -> Result<usize, String> {
+    input::count(s, pulls::MAX_ROUNDS)
+}
+fn measure_ms(s: &str) -> Result<u64, String> {
+    input::count(s, pulls::MEASURE_MS.1)
+}
+
+#[derive(Args)]
+#[command(
+    after_help = "Sizes (--sizes, --tcp-part-bytes, --shm-chunk-bytes) are bytes, optionally with \
+KiB, MiB or GiB, multiples of 4; --sizes at most 256 MiB, --tcp-part-bytes 4 KiB to 64 MiB, \
+--shm-chunk-bytes 8 bytes to 64 MiB; --rounds at most 1000; --measure-ms at most 10000."
+)]
+struct TransportArgs {
+    /// A few seconds: 2 rounds of ~5 ms measurements (a smoke run, not evidence).
+    #[arg(long)]
+    quick: bool,
+    /// Backends (comma separated).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "local,shm,tcp"
+    )]
+    backends: Vec<BackendArg>,
+    /// Pull sizes (comma separated; default 4KiB,1MiB,64MiB).
+    #[arg(long, value_delimiter = ',', value_parser = pull_size)]
+    sizes: Vec<usize>,
+    /// Limit/backend pairs per row, in ABBA order (default 8; 2 with --quick).
+    #[arg(long, value_parser = rounds)]
+    rounds: Option<usize>,
+    /// Milliseconds per measurement (default 150; 5 with --quick).
+    #[arg(long, value_parser = measure_ms)]
+    measure_ms: Option<u64>,
+    /// tcp: bytes per part of a large read (the transport's read_part_bytes; default 4 MiB).
+    #[arg(long, value_parser = tcp_part_bytes)]
+    tcp_part_bytes: Option<usize>,
+    /// shm: bytes per seqlock chunk of a segment (default 256 KiB).
+    #[arg(long, value_parser = shm_chunk_bytes)]
+    shm_chunk_bytes: Option<usize>,
+    /// Write the rows as JSON: {"rows":[{"backend","bytes","gbytes_per_s","limit_gbytes_per_s",
+    /// "ratio","latency_us"}]}.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct OwnerArgs {
+    #[arg(long, value_enum)]
+    backend: OwnerBackendArg,
+    /// Region sizes (comma separated).
+    #[arg(long, value_delimiter = ',', value_parser = pull_size, required = true)]
+    bytes: Vec<usize>,
+    /// The shm job id (the parent's).
+    #[arg(long, default_value = "odc-bench")]
+    job: String,
+    #[arg(long, value_parser = tcp_part_bytes, default_value_t = 4 << 20)]
+    tcp_part_bytes: usize,
+    #[arg(long, value_parser = shm_chunk_bytes, default_value_t = 256 << 10)]
+    shm_chunk_bytes: usize,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -439,6 +548,115 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The first value of `values` that appears twice.
+fn repeated<T: PartialEq + Copy>(values: &[T]) -> Option<T> {
+    values
+        .iter()
+        .enumerate()
+        .find(|(i, v)| values[..*i].contains(v))
+        .map(|(_, v)| *v)
+}
+
+async fn transport(args: TransportArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.json {
+        input::check_output("--json", path)?;
+    }
+    if let Some(b) = repeated(&args.backends) {
+        bail!("--backends names {} twice", Backend::from(b).name());
+    }
+    if let Some(n) = repeated(&args.sizes) {
+        bail!("--sizes names {} twice", pulls::human_bytes(n));
+    }
+    let exe = std::env::current_exe()
+        .context("finding the odc-bench executable (it runs the owner processes)")?;
+    let mut settings = pulls::Settings::new(exe, args.quick);
+    settings.backends = args.backends.iter().map(|&b| b.into()).collect();
+    if !args.sizes.is_empty() {
+        settings.sizes = args.sizes.clone();
+    }
+    if let Some(r) = args.rounds {
+        settings.rounds = r;
+    }
+    if let Some(ms) = args.measure_ms {
+        settings.measure = std::time::Duration::from_millis(ms);
+    }
+    if let Some(b) = args.tcp_part_bytes {
+        settings.tcp_part_bytes = b;
+    }
+    if let Some(b) = args.shm_chunk_bytes {
+        settings.shm_chunk_bytes = b;
+    }
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    println!(
+        "odc-bench transport: pulls of {} per backend ({}), each next to this machine's limit \
+         measured in the same run; {} round(s) in ABBA order, ~{} ms per measurement; {} core(s); \
+         {} build",
+        settings
+            .sizes
+            .iter()
+            .map(|&n| pulls::human_bytes(n))
+            .collect::<Vec<_>>()
+            .join(", "),
+        settings
+            .backends
+            .iter()
+            .map(|b| b.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        settings.rounds,
+        settings.measure.as_millis(),
+        cores,
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+    );
+    if cfg!(debug_assertions) {
+        println!("! debug build: the numbers are not evidence; run with --release");
+    }
+    let started = Instant::now();
+    print!("{}", pulls::table_header());
+    let rows = pulls::run(&settings, |m| {
+        println!("{}", pulls::table_line(m));
+        if let Some(w) = pulls::row_warning(m) {
+            println!("    ! {w}");
+        }
+    })
+    .await?;
+    println!();
+    for line in pulls::legend(&settings, &settings.backends) {
+        println!("{line}");
+    }
+    for line in pulls::target_lines(&rows) {
+        println!("{line}");
+    }
+    println!("{:.1} s", started.elapsed().as_secs_f64());
+    if let Some(path) = &args.json {
+        let report = TransportReport {
+            rows: rows.into_iter().map(|m| m.row).collect(),
+        };
+        report.write_json(path)?;
+        println!("json: {}", path.display());
+    }
+    Ok(())
+}
+
+async fn transport_owner(args: OwnerArgs) -> anyhow::Result<()> {
+    pulls::serve_owner(pulls::OwnerSettings {
+        kind: match args.backend {
+            OwnerBackendArg::Shm => OwnerKind::Shm,
+            OwnerBackendArg::Tcp => OwnerKind::Tcp,
+            OwnerBackendArg::RawTcp => OwnerKind::RawTcp,
+        },
+        sizes: args.bytes,
+        job: args.job,
+        tcp_part_bytes: args.tcp_part_bytes,
+        shm_chunk_bytes: args.shm_chunk_bytes,
+    })
+    .await
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -451,6 +669,8 @@ fn main() -> ExitCode {
         .context("starting the tokio runtime")
         .and_then(|runtime| match cli.command {
             Command::Ab(args) => runtime.block_on(ab(args)),
+            Command::Transport(args) => runtime.block_on(transport(args)),
+            Command::TransportOwner(args) => runtime.block_on(transport_owner(args)),
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,
