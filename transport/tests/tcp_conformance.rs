@@ -31,3 +31,20 @@ async fn make_pair() -> Pair {
 }
 
 odc_transport::conformance_tests!(make_pair);
+
+/// The whole suite once more with owner and reader the same instance: requests for a transport's
+/// own regions go straight to its fabric (no socket), and must behave exactly the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_instance_run_all() {
+    let pair = make_pair().await;
+    let same = Pair {
+        owner: pair.owner.clone(),
+        reader: pair.owner,
+    };
+    let outcome = tokio::time::timeout(
+        std::time::Duration::from_secs(600),
+        odc_transport::conformance::run_all(same),
+    )
+    .await;
+    assert!(outcome.is_ok(), "run_all on one instance timed out");
+}

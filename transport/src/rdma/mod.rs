@@ -90,18 +90,17 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use rand::RngCore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use self::nic::{Channel, ChannelError, EmulatedNic, Nic, QpInfo, Reach, Registration};
 use self::seqlock::{Expect, Identity, Layout, Local, ReadError, RegionMemory};
 use crate::codec;
 use crate::error::wide;
-use crate::local::LocalTransport;
 use crate::remote::{
-    ops, serve_connection, BoxRead, BoxWrite, Dial, Peers, RemoteConfig, Renamed, Served,
+    accept_loop, bind_tcp, ops, serve_connection, BoxRead, BoxWrite, Dial, Peers, RemoteConfig,
+    Served,
 };
 use crate::transport::check_deadline;
 use crate::wire::frame::FrameReader;
@@ -237,34 +236,14 @@ impl RdmaTransport {
     }
 
     async fn start(config: RdmaConfig, nic: Arc<dyn Nic>) -> Result<Self, TransportError> {
-        let listener =
-            TcpListener::bind(&config.bind)
-                .await
-                .map_err(|e| TransportError::Unsupported {
-                    what: format!("rdma backend cannot listen on {}: {e}", config.bind),
-                })?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| TransportError::Unsupported {
-                what: format!("rdma backend: no local address for {}: {e}", config.bind),
-            })?;
-        let host = config
-            .advertise_host
-            .clone()
-            .unwrap_or_else(|| local.ip().to_string());
-        let addr = if host.contains(':') && !host.starts_with('[') {
-            format!("[{host}]:{}", local.port())
-        } else {
-            format!("{host}:{}", local.port())
-        };
-        let served = Arc::new(Served {
-            instance: rand::rng().next_u64(),
-            fabric: LocalTransport::with_inbox_capacity(config.remote.inbox_capacity),
-            config: config.remote.clone(),
-            secret: config.secret.clone(),
-        });
-        let peers = Peers::new(Box::new(ControlDial), config.secret, config.remote);
-        let listener = tokio::spawn(accept_loop(listener, Arc::clone(&served), Arc::clone(&nic)));
+        let (listener, addr) =
+            bind_tcp("rdma", &config.bind, config.advertise_host.as_deref()).await?;
+        let served = Served::new(config.remote, config.secret);
+        let peers = Peers::new(Box::new(ControlDial), Arc::clone(&served));
+        let (serving, nics) = (Arc::clone(&served), Arc::clone(&nic));
+        let listener = tokio::spawn(accept_loop(listener, move |stream, peer| {
+            route(stream, Arc::clone(&serving), Arc::clone(&nics), peer)
+        }));
         Ok(Self {
             served,
             addr,
@@ -325,7 +304,7 @@ impl RdmaTransport {
 
     /// Whether `located` is one of this instance's regions (served without the network).
     fn is_own(&self, located: &Located<'_>) -> bool {
-        located.target.instance == self.served.instance && located.addr == self.addr
+        self.served.owns(&located.target)
     }
 
     /// What the reader expects at a published region's address: the handle's identity and the
@@ -811,27 +790,6 @@ async fn serve_exchange(
     drop(channel);
 }
 
-async fn accept_loop(listener: TcpListener, served: Arc<Served>, nic: Arc<dyn Nic>) {
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    if let Err(e) = stream.set_nodelay(true) {
-                        tracing::debug!(%peer, "odc rdma: cannot set TCP_NODELAY: {e}");
-                    }
-                    connections.spawn(route(stream, Arc::clone(&served), Arc::clone(&nic), peer.to_string()));
-                }
-                Err(e) => {
-                    tracing::warn!("odc rdma: accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-}
-
 /// Serve one accepted connection: a queue-pair exchange (it starts with the preamble) or the peer
 /// protocol (accumulates, sends, reads of non-published handles).
 async fn route(stream: TcpStream, served: Arc<Served>, nic: Arc<dyn Nic>, peer: String) {
@@ -964,11 +922,8 @@ impl Transport for RdmaTransport {
         len: usize,
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        let inner = self.served.fabric.register_accumulator(owner, len, epoch)?;
-        Ok(Box::new(Renamed {
-            descriptor: self.descriptor(None),
-            inner,
-        }))
+        self.served
+            .register_accumulator(self.descriptor(None), owner, len, epoch)
     }
 
     fn register_inbox(
@@ -976,11 +931,8 @@ impl Transport for RdmaTransport {
         owner: EndpointId,
         epoch: u64,
     ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        let inner = self.served.fabric.register_inbox(owner, epoch)?;
-        Ok(Box::new(Renamed {
-            descriptor: self.descriptor(None),
-            inner,
-        }))
+        self.served
+            .register_inbox(self.descriptor(None), owner, epoch)
     }
 
     async fn read(
@@ -996,10 +948,6 @@ impl Transport for RdmaTransport {
             Some(memory) => {
                 self.read_published(handle, &located, memory, range, into, deadline)
                     .await
-            }
-            None if self.is_own(&located) => {
-                let local = self.served.fabric.local_handle(handle);
-                self.served.fabric.read(&local, range, into, deadline).await
             }
             // Not a published region: the owner says what it is (unknown, wrong kind).
             None => {
@@ -1039,14 +987,6 @@ impl Transport for RdmaTransport {
                 )
                 .await);
         }
-        if self.is_own(&located) {
-            let local = self.served.fabric.local_handle(handle);
-            return self
-                .served
-                .fabric
-                .accumulate(&local, offset, data, tag, deadline)
-                .await;
-        }
         ops::accumulate(
             &self.peers,
             located.addr,
@@ -1079,10 +1019,6 @@ impl Transport for RdmaTransport {
                     deadline,
                 )
                 .await);
-        }
-        if self.is_own(&located) {
-            let local = self.served.fabric.local_handle(inbox);
-            return self.served.fabric.send(&local, tag, data, deadline).await;
         }
         ops::send(
             &self.peers,

@@ -8,9 +8,9 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 
-use super::RemoteConfig;
+use super::{RemoteConfig, Served};
 use crate::wire::frame::{write_frame, FrameReader};
-use crate::wire::handshake::{self, ClusterSecret};
+use crate::wire::handshake;
 use crate::wire::{Request, Response};
 use crate::{Deadline, EndpointId, Op, RegionId, TransportError};
 
@@ -75,11 +75,12 @@ impl Drop for Connection {
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Connection>>>>;
 
-/// A reader's connections to its peers, dialled on first use and again after a failure.
+/// A reader's connections to its peers, dialled on first use and again after a failure. It knows
+/// its own transport's [`Served`] fabric (secret, knobs, and the regions a request for its own
+/// instance reaches without a socket).
 pub(crate) struct Peers {
     dialer: Box<dyn Dial>,
-    secret: ClusterSecret,
-    config: RemoteConfig,
+    local: Arc<Served>,
     slots: Mutex<HashMap<String, Slot>>,
 }
 
@@ -117,17 +118,21 @@ impl About {
 }
 
 impl Peers {
-    pub(crate) fn new(dialer: Box<dyn Dial>, secret: ClusterSecret, config: RemoteConfig) -> Self {
+    pub(crate) fn new(dialer: Box<dyn Dial>, local: Arc<Served>) -> Self {
         Self {
             dialer,
-            secret,
-            config,
+            local,
             slots: Mutex::new(HashMap::new()),
         }
     }
 
     pub(crate) fn config(&self) -> &RemoteConfig {
-        &self.config
+        &self.local.config
+    }
+
+    /// The regions of this reader's own transport.
+    pub(crate) fn local(&self) -> &Served {
+        &self.local
     }
 
     /// Send the request `make(request id)` to `addr` and wait for its answer, by `deadline`.
@@ -227,10 +232,10 @@ impl Peers {
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
         let mut reader = FrameReader::new(read, handshake::HANDSHAKE_FRAME_CAP);
-        handshake::dial(&mut reader, &mut write, &self.secret, deadline)
+        handshake::dial(&mut reader, &mut write, &self.local.secret, deadline)
             .await
             .map_err(|e| e.to_string())?;
-        reader.set_cap(self.config.frame_cap);
+        reader.set_cap(self.local.config.frame_cap);
         let shared = Arc::new(Shared::default());
         let task = tokio::spawn(read_responses(reader, Arc::clone(&shared)));
         Ok(Connection {

@@ -19,12 +19,14 @@
 //!   next request dials again.
 
 mod client;
+mod listen;
 pub(crate) mod ops;
 mod service;
 
 use std::time::Duration;
 
 pub(crate) use self::client::{BoxRead, BoxWrite, Dial, Peers};
+pub(crate) use self::listen::{accept_loop, bind_tcp};
 pub(crate) use self::service::{serve_connection, Served};
 
 /// Knobs of a process-crossing backend's connections.

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::client::{About, Peers};
 use crate::error::wide;
 use crate::wire::{Request, Response, Target};
-use crate::{codec, Deadline, Dest, Op, RegionHandle, TransportError, WriteTag};
+use crate::{codec, Deadline, Dest, Op, RegionHandle, Transport, TransportError, WriteTag};
 
 fn protocol(about: About, addr: &str, what: String) -> TransportError {
     TransportError::Unreachable {
@@ -17,7 +17,8 @@ fn protocol(about: About, addr: &str, what: String) -> TransportError {
     }
 }
 
-/// Read `range` of the region `target` at `addr` into `into`. A range of more than
+/// Read `range` of the region `target` at `addr` into `into` (a region of the reader's own
+/// transport straight from its fabric, without a socket). A range of more than
 /// `read_part_bytes` travels as parts in flight at once; parts that saw different publications are
 /// read again (C1), until the deadline.
 pub(crate) async fn read(
@@ -29,6 +30,12 @@ pub(crate) async fn read(
     mut into: Dest<'_>,
     deadline: Deadline,
 ) -> Result<u64, TransportError> {
+    if peers.local().owns(&target) {
+        let fabric = &peers.local().fabric;
+        return fabric
+            .read(&fabric.local_handle(handle), range, into, deadline)
+            .await;
+    }
     let about = About {
         owner: target.owner,
         region: target.region,
@@ -137,7 +144,8 @@ fn fill(
     Ok(())
 }
 
-/// Add `data` into the accumulator `target` at `addr`; resolves once applied.
+/// Add `data` into the accumulator `target` at `addr` (or of the reader's own transport);
+/// resolves once applied. The caller checked the deadline.
 pub(crate) async fn accumulate(
     peers: &Peers,
     addr: &str,
@@ -147,6 +155,15 @@ pub(crate) async fn accumulate(
     tag: WriteTag,
     deadline: Deadline,
 ) -> Result<(), TransportError> {
+    if peers.local().owns(&target) {
+        return peers.local().fabric.serve_accumulate(
+            target.owner,
+            target.region,
+            wide(offset),
+            &data,
+            tag,
+        );
+    }
     let about = About {
         owner: target.owner,
         region: target.region,
@@ -164,7 +181,8 @@ pub(crate) async fn accumulate(
     .await
 }
 
-/// Put `data` into the inbox `target` at `addr`; resolves once held.
+/// Put `data` into the inbox `target` at `addr` (or of the reader's own transport); resolves
+/// once held. The caller checked the deadline.
 pub(crate) async fn send(
     peers: &Peers,
     addr: &str,
@@ -173,6 +191,12 @@ pub(crate) async fn send(
     data: Bytes,
     deadline: Deadline,
 ) -> Result<(), TransportError> {
+    if peers.local().owns(&target) {
+        return peers
+            .local()
+            .fabric
+            .serve_send(target.owner, target.region, tag, data);
+    }
     let about = About {
         owner: target.owner,
         region: target.region,

@@ -4,12 +4,14 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::RemoteConfig;
+use super::{RemoteConfig, Renamed};
 use crate::local::LocalTransport;
 use crate::wire::frame::{write_frame, FrameError, FrameReader};
 use crate::wire::handshake::{self, ClusterSecret};
 use crate::wire::{Request, Response, Target};
-use crate::{deadline_in, TransportError};
+use crate::{
+    deadline_in, AccumulatorRegion, Descriptor, EndpointId, InboxRegion, Transport, TransportError,
+};
 
 /// The regions one transport instance serves to peers: its fabric, and the instance number that
 /// handles to them carry (a request for another instance names an unknown region).
@@ -22,8 +24,48 @@ pub(crate) struct Served {
 }
 
 impl Served {
+    /// A fresh fabric under a random instance number (never reused, so a handle to an earlier
+    /// instance at the same address names an unknown region).
+    pub(crate) fn new(config: RemoteConfig, secret: ClusterSecret) -> Arc<Self> {
+        Arc::new(Served {
+            instance: rand::RngCore::next_u64(&mut rand::rng()),
+            fabric: LocalTransport::with_inbox_capacity(config.inbox_capacity),
+            config,
+            secret,
+        })
+    }
+
+    /// Whether `target` is one of these regions (instance numbers are random 64-bit values, so
+    /// the instance alone decides).
+    pub(crate) fn owns(&self, target: &Target) -> bool {
+        target.instance == self.instance
+    }
+
+    /// Register an accumulator in the fabric; its handles carry `descriptor`.
+    pub(crate) fn register_accumulator(
+        &self,
+        descriptor: Descriptor,
+        owner: EndpointId,
+        len: usize,
+        epoch: u64,
+    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
+        let inner = self.fabric.register_accumulator(owner, len, epoch)?;
+        Ok(Box::new(Renamed { descriptor, inner }))
+    }
+
+    /// Register an inbox in the fabric; its handles carry `descriptor`.
+    pub(crate) fn register_inbox(
+        &self,
+        descriptor: Descriptor,
+        owner: EndpointId,
+        epoch: u64,
+    ) -> Result<Box<dyn InboxRegion>, TransportError> {
+        let inner = self.fabric.register_inbox(owner, epoch)?;
+        Ok(Box::new(Renamed { descriptor, inner }))
+    }
+
     fn check_instance(&self, target: &Target) -> Result<(), TransportError> {
-        if target.instance == self.instance {
+        if self.owns(target) {
             Ok(())
         } else {
             Err(TransportError::UnknownRegion {

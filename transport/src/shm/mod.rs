@@ -39,15 +39,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use rand::RngCore;
 use tokio::net::{UnixListener, UnixStream};
 
 use self::segment::{SegmentError, SegmentReader, SegmentWriter};
 use crate::codec;
 use crate::error::wide;
-use crate::local::LocalTransport;
 use crate::remote::{
-    ops, serve_connection, BoxRead, BoxWrite, Dial, Peers, RemoteConfig, Renamed, Served,
+    accept_loop, ops, serve_connection, BoxRead, BoxWrite, Dial, Peers, RemoteConfig, Served,
 };
 use crate::transport::check_deadline;
 use crate::wire::{ClusterSecret, Target};
@@ -149,7 +147,6 @@ impl ShmTransport {
             )));
         }
         sweep(&config.dir, &config.job);
-        let instance = rand::rng().next_u64();
         let n = NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed);
         let socket = config.dir.join(format!(
             "odc-{}-{}-{n}.sock",
@@ -162,14 +159,13 @@ impl ShmTransport {
                 socket.display()
             ))
         })?;
-        let served = Arc::new(Served {
-            instance,
-            fabric: LocalTransport::with_inbox_capacity(config.remote.inbox_capacity),
-            config: config.remote.clone(),
-            secret: config.secret.clone(),
-        });
-        let peers = Peers::new(Box::new(UnixDial), config.secret, config.remote);
-        let listener = tokio::spawn(accept_loop(listener, Arc::clone(&served)));
+        let served = Served::new(config.remote, config.secret);
+        let peers = Peers::new(Box::new(UnixDial), Arc::clone(&served));
+        let serving = Arc::clone(&served);
+        let listener = tokio::spawn(accept_loop(listener, move |stream: UnixStream, peer| {
+            let (read, write) = stream.into_split();
+            serve_connection(read, write, Arc::clone(&serving), peer)
+        }));
         Ok(Self {
             served,
             host: host_id(),
@@ -241,12 +237,6 @@ impl ShmTransport {
                 other.backend()
             ))),
         }
-    }
-
-    /// Whether `target` is one of this instance's own accumulators or inboxes (served without a
-    /// socket).
-    fn is_own(&self, target: &Target) -> bool {
-        target.instance == self.served.instance
     }
 
     /// The mapped segment `name` if it is still the region `target` names.
@@ -438,32 +428,6 @@ fn sweep(dir: &Path, job: &str) {
     }
 }
 
-async fn accept_loop(listener: UnixListener, served: Arc<Served>) {
-    let mut connections = tokio::task::JoinSet::new();
-    let mut peers = 0u64;
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    peers += 1;
-                    let (read, write) = stream.into_split();
-                    connections.spawn(serve_connection(
-                        read,
-                        write,
-                        Arc::clone(&served),
-                        format!("unix peer {peers}"),
-                    ));
-                }
-                Err(e) => {
-                    tracing::warn!("odc shm: accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-}
-
 /// The owner's guard of a published segment.
 struct SegmentGuard {
     writer: SegmentWriter,
@@ -555,11 +519,8 @@ impl Transport for ShmTransport {
         len: usize,
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        let inner = self.served.fabric.register_accumulator(owner, len, epoch)?;
-        Ok(Box::new(Renamed {
-            descriptor: self.descriptor(None),
-            inner,
-        }))
+        self.served
+            .register_accumulator(self.descriptor(None), owner, len, epoch)
     }
 
     fn register_inbox(
@@ -567,11 +528,8 @@ impl Transport for ShmTransport {
         owner: EndpointId,
         epoch: u64,
     ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        let inner = self.served.fabric.register_inbox(owner, epoch)?;
-        Ok(Box::new(Renamed {
-            descriptor: self.descriptor(None),
-            inner,
-        }))
+        self.served
+            .register_inbox(self.descriptor(None), owner, epoch)
     }
 
     async fn read(
@@ -587,10 +545,6 @@ impl Transport for ShmTransport {
             Some(name) => {
                 let reader = self.segment(name, &located.target)?;
                 self.read_segment(&reader, &located.target, range, into, deadline)
-            }
-            None if self.is_own(&located.target) => {
-                let local = self.served.fabric.local_handle(handle);
-                self.served.fabric.read(&local, range, into, deadline).await
             }
             // Not a published region: the owner says what it is (unknown, wrong kind).
             None => {
@@ -625,14 +579,6 @@ impl Transport for ShmTransport {
                 RegionKind::Accumulator,
             ));
         }
-        if self.is_own(&located.target) {
-            let local = self.served.fabric.local_handle(handle);
-            return self
-                .served
-                .fabric
-                .accumulate(&local, offset, data, tag, deadline)
-                .await;
-        }
         ops::accumulate(
             &self.peers,
             located.socket,
@@ -656,10 +602,6 @@ impl Transport for ShmTransport {
         let located = self.locate(inbox)?;
         if let Some(name) = located.segment {
             return Err(self.wrong_kind_for_segment(name, &located.target, RegionKind::Inbox));
-        }
-        if self.is_own(&located.target) {
-            let local = self.served.fabric.local_handle(inbox);
-            return self.served.fabric.send(&local, tag, data, deadline).await;
         }
         ops::send(
             &self.peers,

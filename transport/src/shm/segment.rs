@@ -419,19 +419,24 @@ impl SegmentWriter {
         initial: &[u8],
         version: u64,
     ) -> Result<Self, SegmentError> {
-        let shape = Shape {
+        Self::create_for(
+            dir,
+            job,
+            0,
+            0,
+            0,
+            region,
             elem_size,
             elements,
             chunk_bytes,
-            endpoint: 0,
-            instance: 0,
-            handle_id: 0,
-        };
-        Self::create_as(dir, job, region, shape, initial, version, Owner::current())
+            initial,
+            version,
+        )
     }
 
-    /// [`SegmentWriter::create`] for the data-plane endpoint `endpoint` (recorded in the header,
-    /// so readers can refuse a handle naming another owner).
+    /// [`SegmentWriter::create`] for the data-plane endpoint `endpoint`, transport instance
+    /// `instance` and handle region id `handle_id`, recorded in the header so readers refuse a
+    /// handle naming another owner, instance or region.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn create_for(
         dir: &Path,

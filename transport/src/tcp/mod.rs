@@ -28,12 +28,11 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use rand::RngCore;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-use crate::local::LocalTransport;
 use crate::remote::{
-    ops, serve_connection, BoxRead, BoxWrite, Dial, Peers, RemoteConfig, Renamed, Served,
+    accept_loop, bind_tcp, ops, serve_connection, BoxRead, BoxWrite, Dial, Peers, RemoteConfig,
+    Renamed, Served,
 };
 use crate::transport::check_deadline;
 use crate::wire::{ClusterSecret, Target};
@@ -106,34 +105,15 @@ impl Drop for TcpTransport {
 impl TcpTransport {
     /// Listen at `config.bind` and serve this transport's regions there.
     pub async fn bind(config: TcpConfig) -> Result<Self, TransportError> {
-        let listener =
-            TcpListener::bind(&config.bind)
-                .await
-                .map_err(|e| TransportError::Unsupported {
-                    what: format!("tcp backend cannot listen on {}: {e}", config.bind),
-                })?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| TransportError::Unsupported {
-                what: format!("tcp backend: no local address for {}: {e}", config.bind),
-            })?;
-        let host = config
-            .advertise_host
-            .clone()
-            .unwrap_or_else(|| local.ip().to_string());
-        let addr = if host.contains(':') && !host.starts_with('[') {
-            format!("[{host}]:{}", local.port())
-        } else {
-            format!("{host}:{}", local.port())
-        };
-        let served = Arc::new(Served {
-            instance: rand::rng().next_u64(),
-            fabric: LocalTransport::with_inbox_capacity(config.remote.inbox_capacity),
-            config: config.remote.clone(),
-            secret: config.secret.clone(),
-        });
-        let peers = Peers::new(Box::new(TcpDial), config.secret, config.remote);
-        let listener = tokio::spawn(accept_loop(listener, Arc::clone(&served)));
+        let (listener, addr) =
+            bind_tcp("tcp", &config.bind, config.advertise_host.as_deref()).await?;
+        let served = Served::new(config.remote, config.secret);
+        let peers = Peers::new(Box::new(TcpDial), Arc::clone(&served));
+        let serving = Arc::clone(&served);
+        let listener = tokio::spawn(accept_loop(listener, move |stream: TcpStream, peer| {
+            let (read, write) = stream.into_split();
+            serve_connection(read, write, Arc::clone(&serving), peer)
+        }));
         Ok(Self {
             served,
             addr,
@@ -175,39 +155,6 @@ impl TcpTransport {
             }),
         }
     }
-
-    /// Whether `target` is one of this instance's own regions (served without a socket).
-    fn is_own(&self, addr: &str, target: &Target) -> bool {
-        target.instance == self.served.instance && addr == self.addr
-    }
-}
-
-async fn accept_loop(listener: TcpListener, served: Arc<Served>) {
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    if let Err(e) = stream.set_nodelay(true) {
-                        tracing::debug!(%peer, "odc tcp: cannot set TCP_NODELAY: {e}");
-                    }
-                    let (read, write) = stream.into_split();
-                    connections.spawn(serve_connection(
-                        read,
-                        write,
-                        Arc::clone(&served),
-                        peer.to_string(),
-                    ));
-                }
-                Err(e) => {
-                    // Out of descriptors, a reset during accept: keep listening.
-                    tracing::warn!("odc tcp: accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
 }
 
 #[async_trait::async_trait]
@@ -239,11 +186,8 @@ impl Transport for TcpTransport {
         len: usize,
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        let inner = self.served.fabric.register_accumulator(owner, len, epoch)?;
-        Ok(Box::new(Renamed {
-            descriptor: self.descriptor(),
-            inner,
-        }))
+        self.served
+            .register_accumulator(self.descriptor(), owner, len, epoch)
     }
 
     fn register_inbox(
@@ -251,11 +195,7 @@ impl Transport for TcpTransport {
         owner: EndpointId,
         epoch: u64,
     ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        let inner = self.served.fabric.register_inbox(owner, epoch)?;
-        Ok(Box::new(Renamed {
-            descriptor: self.descriptor(),
-            inner,
-        }))
+        self.served.register_inbox(self.descriptor(), owner, epoch)
     }
 
     async fn read(
@@ -267,10 +207,6 @@ impl Transport for TcpTransport {
     ) -> Result<u64, TransportError> {
         check_deadline(deadline, handle.owner, handle.id, Op::Read)?;
         let (addr, target) = self.locate(handle)?;
-        if self.is_own(addr, &target) {
-            let local = self.served.fabric.local_handle(handle);
-            return self.served.fabric.read(&local, range, into, deadline).await;
-        }
         ops::read(&self.peers, addr, target, handle, range, into, deadline).await
     }
 
@@ -284,14 +220,6 @@ impl Transport for TcpTransport {
     ) -> Result<(), TransportError> {
         check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
         let (addr, target) = self.locate(handle)?;
-        if self.is_own(addr, &target) {
-            let local = self.served.fabric.local_handle(handle);
-            return self
-                .served
-                .fabric
-                .accumulate(&local, offset, data, tag, deadline)
-                .await;
-        }
         ops::accumulate(&self.peers, addr, target, offset, data, tag, deadline).await
     }
 
@@ -304,10 +232,6 @@ impl Transport for TcpTransport {
     ) -> Result<(), TransportError> {
         check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
         let (addr, target) = self.locate(inbox)?;
-        if self.is_own(addr, &target) {
-            let local = self.served.fabric.local_handle(inbox);
-            return self.served.fabric.send(&local, tag, data, deadline).await;
-        }
         ops::send(&self.peers, addr, target, tag, data, deadline).await
     }
 }
