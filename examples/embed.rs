@@ -6,15 +6,29 @@
 //! cargo run --release --example embed -- --steps 30 --metrics-addr 127.0.0.1:9464
 //! curl -s 127.0.0.1:9464/metrics | grep odc_    # while it runs (or with --hold-secs)
 //! ```
+//!
+//! Under `odc launch` (or torchrun, or Slurm) every process joins one job from the environment:
+//! rank 0 hosts the supervisor and feeds the data, every rank hosts one shard server and one
+//! trainer unless `--servers-on` / `--trainers-on` place them. Each rank serves metrics on the
+//! metrics port + its rank.
+//!
+//! ```text
+//! cargo build --release --example embed
+//! odc launch --nprocs 4 --transport shm -- target/release/examples/embed --steps 30
+//! ```
+//!
+//! Every rank prints, as its last line, `final loss=<f64> params_l2=<f64>`.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use odc::launch::{parse_ranks, Roles, World};
 use odc::{
-    async_trait, Compute, ComputeOutput, DispatchMode, Job, MicroBatch, OptimizerConfig,
-    SampleMeta, TrainerContext, UnitSpec,
+    async_trait, Communication, Compute, ComputeOutput, DispatchMode, FailurePolicy, Job,
+    MicroBatch, OptimizerConfig, SampleMeta, TrainerContext, UnitSpec,
 };
 
 /// Input features per token, hidden width, classes.
@@ -30,10 +44,35 @@ const OUTPUT: usize = 1;
 struct Args {
     #[arg(long, default_value_t = 30)]
     steps: u64,
-    #[arg(long, default_value_t = 4)]
-    trainers: usize,
-    #[arg(long, default_value_t = 2)]
-    servers: usize,
+    /// Trainers (default: 4 in one process, one per rank in a multi-process job).
+    #[arg(long)]
+    trainers: Option<usize>,
+    /// Shard servers (default: 2 in one process, one per rank in a multi-process job).
+    #[arg(long)]
+    servers: Option<usize>,
+    /// Multi-process: the rank of each shard server, e.g. `0,1,2`.
+    #[arg(long)]
+    servers_on: Option<String>,
+    /// Multi-process: the rank of each trainer, e.g. `0,1,2,3`.
+    #[arg(long)]
+    trainers_on: Option<String>,
+    /// Gather/push mode: on-demand (odc) or the collective (FSDP-style) baseline.
+    #[arg(long, value_enum, default_value = "on-demand")]
+    communication: Comm,
+    /// What becomes of a failed trainer's slot.
+    #[arg(long, value_enum, default_value = "respawn")]
+    on_trainer_failure: OnFailure,
+    /// Extra compute time per micro-batch (emulates a bigger model; failure tests use it to
+    /// land a kill inside a step).
+    #[arg(long, default_value_t = 0)]
+    compute_delay_ms: u64,
+    /// Multi-process: longest wait for every rank to join (and for the others at the end).
+    #[arg(long, default_value_t = 120)]
+    join_timeout_secs: u64,
+    /// Write the final fp32 parameters (every unit in order, little-endian) to this file
+    /// (rank 0 only in a multi-process job).
+    #[arg(long)]
+    save_params: Option<std::path::PathBuf>,
     /// Samples per minibatch.
     #[arg(long, default_value_t = 64)]
     minibatch: usize,
@@ -58,6 +97,18 @@ struct Args {
 enum Dispatch {
     Static,
     Dynamic,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Comm {
+    OnDemand,
+    Collective,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OnFailure {
+    Respawn,
+    Drop,
 }
 
 /// A deterministic hash to [0, 1): the generated data set needs no storage.
@@ -99,7 +150,9 @@ fn minibatch(seed: u64, step: u64, size: usize) -> Vec<SampleMeta> {
 
 /// One micro-batch of the MLP: forward through both layers, softmax cross-entropy summed over
 /// tokens, backward, pushing each layer's gradient as soon as it is computed.
-struct Mlp;
+struct Mlp {
+    delay: Duration,
+}
 
 #[async_trait]
 impl Compute for Mlp {
@@ -128,6 +181,9 @@ impl Compute for Mlp {
             })
             .collect();
         let w2 = ctx.gather(OUTPUT as u32).await?;
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
         ctx.backward();
         // Output layer forward + backward.
         let mut loss = 0f64;
@@ -180,57 +236,126 @@ fn init(seed: u64, len: usize, fan_in: usize) -> Vec<f32> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,ractor_cluster=error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
     let args = Args::parse();
+    let world = World::from_env().context("reading the launcher's environment")?;
+    let rank = world.rank;
+    let multi = world.world_size > 1;
     if !args.no_metrics {
-        odc::metrics::serve(args.metrics_addr)?;
-        println!("metrics: http://{}/metrics", args.metrics_addr);
+        let mut addr = args.metrics_addr;
+        addr.set_port(addr.port().saturating_add(world.rank as u16));
+        odc::metrics::serve(addr)?;
+        println!("metrics: http://{addr}/metrics");
     }
     let seed = args.seed;
     let size = args.minibatch;
-    let mut job = Job::builder()
+    let delay = Duration::from_millis(args.compute_delay_ms);
+    let mut builder = Job::builder()
         .unit(UnitSpec::with_values("hidden", init(1, H * D + H, D)))
         .unit(UnitSpec::with_values("output", init(2, C * H + C, H)))
-        .trainers(args.trainers)
-        .servers(args.servers)
         .optimizer(OptimizerConfig::adamw(3e-3))
         .token_budget(args.token_budget)
         .dispatch(match args.dispatch {
             Dispatch::Static => DispatchMode::Static,
             Dispatch::Dynamic => DispatchMode::Dynamic,
         })
-        .compute(|_trainer| Box::new(Mlp) as Box<dyn Compute>)
-        .data(move |step| Ok(minibatch(seed, step, size)))
-        .build()
-        .context("building the job")?;
+        .communication(match args.communication {
+            Comm::OnDemand => Communication::OnDemand,
+            Comm::Collective => Communication::Collective,
+        })
+        .failure_policy(match args.on_trainer_failure {
+            OnFailure::Respawn => FailurePolicy::default(),
+            OnFailure::Drop => FailurePolicy::Drop,
+        })
+        .compute(move |_trainer| Box::new(Mlp { delay }) as Box<dyn Compute>)
+        .data(move |step| Ok(minibatch(seed, step, size)));
+    if multi {
+        let world_size = world.world_size;
+        builder = builder
+            .world(world)
+            .join_timeout(Duration::from_secs(args.join_timeout_secs));
+        if args.servers_on.is_some() || args.trainers_on.is_some() {
+            let ranks = |flag: &str, text: &Option<String>| match text {
+                Some(text) => parse_ranks(text).map_err(|e| anyhow::anyhow!("--{flag}: {e}")),
+                None => Ok((0..world_size).collect()),
+            };
+            builder = builder.roles(Roles::explicit(
+                ranks("servers-on", &args.servers_on)?,
+                ranks("trainers-on", &args.trainers_on)?,
+            ));
+        }
+        if let Some(n) = args.trainers {
+            builder = builder.trainers(n);
+        }
+        if let Some(n) = args.servers {
+            builder = builder.servers(n);
+        }
+    } else {
+        builder = builder
+            .trainers(args.trainers.unwrap_or(4))
+            .servers(args.servers.unwrap_or(2));
+    }
+    let mut job = builder.build().context("building the job")?;
     let started = Instant::now();
     let mut tokens = 0;
+    let mut loss = f64::NAN;
     for _ in 0..args.steps {
         let s = job.step().await?;
         tokens += s.tokens;
+        loss = s.loss;
+        if rank != 0 {
+            continue;
+        }
         let busy: f64 = s.trainers.iter().map(|t| t.busy.as_secs_f64()).sum();
         let utilization = busy / (s.trainers.len() as f64 * s.wall.as_secs_f64());
         println!(
-            "step {:3}  loss {:.4}  tokens {:6}  micro-batches {:3}  wall {:6.1} ms  utilization {:.2}",
+            "step {:3}  loss {:.4}  tokens {:6}  micro-batches {:3}  replays {}  wall {:6.1} ms  utilization {:.2}",
             s.step,
             s.loss,
             s.tokens,
             s.micro_batches,
+            s.replays,
             s.wall.as_secs_f64() * 1e3,
             utilization
         );
     }
     let secs = started.elapsed().as_secs_f64();
-    println!(
-        "{} steps in {:.2} s: {:.2} steps/s, {:.0} tokens/s",
-        args.steps,
-        secs,
-        args.steps as f64 / secs,
-        tokens as f64 / secs
-    );
+    if rank == 0 {
+        println!(
+            "{} steps in {:.2} s: {:.2} steps/s, {:.0} tokens/s",
+            args.steps,
+            secs,
+            args.steps as f64 / secs,
+            tokens as f64 / secs
+        );
+    }
+    let params = job.parameters().await.context("reading the parameters")?;
+    let l2 = params
+        .iter()
+        .flatten()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
+    if let (Some(path), 0) = (&args.save_params, rank) {
+        let bytes: Vec<u8> = params
+            .iter()
+            .flatten()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
+    }
     job.shutdown().await;
     if !args.no_metrics && args.hold_secs > 0 {
         println!("serving metrics for {} s", args.hold_secs);
         tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
     }
+    println!("final loss={loss} params_l2={l2}");
     Ok(())
 }

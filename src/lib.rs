@@ -36,6 +36,7 @@
 pub mod data;
 mod job;
 pub mod launch;
+mod membership;
 pub mod metrics;
 pub mod sim;
 pub mod trace;

@@ -150,6 +150,42 @@ impl ModelLayout {
     pub fn total_elements(&self) -> usize {
         self.units.iter().map(|u| u.len).sum()
     }
+
+    /// A fingerprint of the model (FNV-1a over unit names, lengths and the bits of explicit and
+    /// constant initial values; an initialiser function counts by its place only, as it is not
+    /// materialised here): processes of one job compare it before any of them serves a shard.
+    pub fn digest(&self) -> u64 {
+        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+        for u in &self.units {
+            h.bytes(u.name.as_bytes());
+            h.bytes(&(u.len as u64).to_le_bytes());
+            match &u.init {
+                UnitInit::Constant(c) => {
+                    h.bytes(&[0]);
+                    h.bytes(&c.to_bits().to_le_bytes());
+                }
+                UnitInit::Values(v) => {
+                    h.bytes(&[1]);
+                    for x in v.iter() {
+                        h.bytes(&x.to_bits().to_le_bytes());
+                    }
+                }
+                UnitInit::Fn(_) => h.bytes(&[2]),
+            }
+        }
+        h.0
+    }
+}
+
+/// 64-bit FNV-1a.
+struct Fnv(u64);
+
+impl Fnv {
+    fn bytes(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
 }
 
 /// The element range of shard `shard` of a unit of `len` elements split over `servers` servers.

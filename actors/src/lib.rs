@@ -20,6 +20,7 @@
 //!   [`server`] (barrier work off the async runtime).
 
 pub mod batch;
+pub mod cluster;
 pub mod datapath;
 pub mod directory;
 mod error;

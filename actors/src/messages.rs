@@ -185,6 +185,71 @@ pub enum SupervisorMsg {
     Servers(ServerOutcome),
 }
 
+// ---------------------------------------------------------------------------------------------
+// Node hosts (one per process of a multi-process job)
+// ---------------------------------------------------------------------------------------------
+
+/// Start a shard server on this node as `group` (its `ractor::pg` group, unique per spawn).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerSpawn {
+    pub spec: ServerSpec,
+    pub group: String,
+    /// The coordinator's [`ModelLayout::digest`](crate::layout::ModelLayout::digest): every
+    /// process must build the same model.
+    pub layout: u64,
+}
+
+/// Start a trainer on this node as `group`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerSpawn {
+    pub spec: TrainerSpec,
+    pub group: String,
+    pub layout: u64,
+}
+
+/// A trainer started: its collective inbox (collective mode), for every other node's group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerStarted {
+    pub inbox: Option<RegionHandle>,
+}
+
+/// Where the collective inbox of trainer `rank` is now (it started or was respawned).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InboxUpdate {
+    pub rank: u32,
+    pub inbox: RegionHandle,
+}
+
+/// How a step ended, told by the coordinator to every other process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepOutcome {
+    pub step: u64,
+    pub result: Result<StepStats>,
+}
+
+/// Messages of a node host: the per-process actor that starts servers and trainers on request
+/// of the supervisor (which may be in another process) and relays the job's progress to the
+/// process's [`Job`](crate::cluster).
+pub enum HostMsg {
+    SpawnServer(ServerSpawn, RpcReplyPort<Result<()>>),
+    SpawnTrainer(TrainerSpawn, RpcReplyPort<Result<TrainerStarted>>),
+    /// Register a trainer's collective inbox in this node's group.
+    Inbox(InboxUpdate, RpcReplyPort<Result<()>>),
+    /// Kill the actor of this `group` (a hung trainer).
+    Kill(String),
+    /// Abort every collective of an epoch below this one (a discarded attempt).
+    Abort(u64),
+    /// A step ended (coordinator to every other process).
+    Step(StepOutcome),
+    /// A step failed (coordinator to every other process, acknowledged: the coordinator is
+    /// about to stop and must know the others heard why before it exits).
+    StepFailed(StepOutcome, RpcReplyPort<()>),
+    /// Rank `n` is done with the job and waits for [`HostMsg::Shutdown`] (to the coordinator).
+    Leaving(u32),
+    /// The job is over: stop this node's actors (`Some(reason)` when it failed).
+    Shutdown(Option<String>),
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -1,9 +1,14 @@
 //! Joining and starting multi-process jobs: [`World`] reads this process's rank, world size and
-//! coordinator from the environment (odc's own variables, torchrun's or Slurm's); [`launch`]
-//! starts a local multi-process job (`odc launch`).
+//! coordinator from the environment (odc's own variables, torchrun's or Slurm's); [`Roles`] says
+//! which rank hosts which servers and trainers; [`transport`] makes this process's data plane;
+//! [`launch`] starts a local multi-process job (`odc launch`).
 
+mod roles;
 mod spawn;
+mod transport;
 mod world;
 
+pub use roles::{parse_ranks, Roles};
 pub use spawn::{launch, LaunchConfig, LaunchError, TIMED_OUT};
+pub use transport::{job_name, secret, transport};
 pub use world::{first_host, World, WorldError, WorldSource, DEFAULT_PORT, MAX_WORLD};

@@ -35,6 +35,8 @@ use crate::policy::step::{Command, Decision, Reason, StepMachine};
 use crate::server::{ServerArgs, ShardServer};
 use crate::trainer::{Trainer, TrainerArgs};
 
+use super::placement::{Child, Placement, Remote};
+
 /// Timeout of control calls to shard servers.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -43,6 +45,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct SupervisorArgs {
     pub spec: SupervisorSpec,
     pub node: Arc<Node>,
+    /// Where the children live in a multi-process job (`None`: all in this process, linked).
+    pub placement: Option<Placement>,
 }
 
 /// State of the supervisor.
@@ -60,6 +64,8 @@ pub struct SupervisorState {
     /// The caller of the running step.
     pending: Option<RpcReplyPort<Result<StepStats>>>,
     ticker: Option<JoinHandle<()>>,
+    /// Children in other processes (multi-process job).
+    remote: Option<Remote>,
 }
 
 /// The supervisor actor.
@@ -75,7 +81,11 @@ impl Actor for Supervisor {
         myself: ActorRef<Self::Msg>,
         args: SupervisorArgs,
     ) -> std::result::Result<SupervisorState, ActorProcessingErr> {
-        let SupervisorArgs { spec, node } = args;
+        let SupervisorArgs {
+            spec,
+            node,
+            placement,
+        } = args;
         if spec.trainers == 0 {
             return Err(Error::Zero {
                 what: "trainer".into(),
@@ -102,20 +112,28 @@ impl Actor for Supervisor {
                 }
             }
         }
+        let mut remote = placement.map(|p| Remote::new(p, &myself.get_cell()));
         let mut servers = Vec::new();
         for endpoint in 0..spec.servers {
-            let server_args = ServerArgs {
-                spec: ServerSpec {
-                    endpoint,
-                    servers: spec.servers,
-                    optimizer: spec.optimizer,
-                    pull_dtype: spec.pull_dtype,
-                    epoch: 0,
-                },
-                node: node.clone(),
+            let server_spec = ServerSpec {
+                endpoint,
+                servers: spec.servers,
+                optimizer: spec.optimizer,
+                pull_dtype: spec.pull_dtype,
+                epoch: 0,
             };
-            let (server, _) =
-                Actor::spawn_linked(None, ShardServer, server_args, myself.get_cell()).await?;
+            let server = match remote.as_mut() {
+                Some(remote) => remote.spawn_server(&myself.get_cell(), server_spec).await?,
+                None => {
+                    let server_args = ServerArgs {
+                        spec: server_spec,
+                        node: node.clone(),
+                    };
+                    Actor::spawn_linked(None, ShardServer, server_args, myself.get_cell())
+                        .await?
+                        .0
+                }
+            };
             servers.push(server);
         }
         let mut routes = Vec::new();
@@ -135,9 +153,10 @@ impl Actor for Supervisor {
             clock: SystemClock,
             pending: None,
             ticker: None,
+            remote,
         };
         for slot in 0..state.spec.trainers {
-            let actor = spawn_trainer(&state, &myself, slot).await?;
+            let actor = spawn_trainer(&mut state, &myself, slot).await?;
             state.trainers.push(Some(actor));
         }
         let period = state.machine.tick_period();
@@ -147,11 +166,15 @@ impl Actor for Supervisor {
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         state: &mut SupervisorState,
     ) -> std::result::Result<(), ActorProcessingErr> {
         if let Some(ticker) = state.ticker.take() {
             ticker.abort();
+        }
+        if let Some(remote) = state.remote.as_mut() {
+            remote.stop_all(&myself.get_cell());
+            return Ok(());
         }
         for actor in state.trainers.iter().flatten() {
             actor.stop(None);
@@ -211,40 +234,104 @@ impl Actor for Supervisor {
         event: SupervisionEvent,
         state: &mut SupervisorState,
     ) -> std::result::Result<(), ActorProcessingErr> {
-        let (cell, reason) = match event {
-            SupervisionEvent::ActorFailed(cell, err) => (cell, err.to_string()),
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                (cell, reason.unwrap_or_else(|| "stopped".into()))
+        let (child, reason) = match event {
+            SupervisionEvent::ActorFailed(cell, err) => {
+                (local_child(state, &cell), err.to_string())
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (
+                local_child(state, &cell),
+                reason.unwrap_or_else(|| "stopped".into()),
+            ),
+            SupervisionEvent::ProcessGroupChanged(ractor::pg::GroupChangeMessage::Leave(
+                _,
+                group,
+                _,
+            )) => {
+                let child = state
+                    .remote
+                    .as_mut()
+                    .and_then(|r| r.left(&myself.get_cell(), &group));
+                (child, left_reason(state, child))
             }
             _ => return Ok(()),
         };
-        let decisions = on_child_exit(state, cell, reason);
+        let decisions = match child {
+            Some(child) => on_child_exit(state, child, reason),
+            None => Vec::new(),
+        };
         execute(state, &myself, decisions, None).await;
         Ok(())
     }
 }
 
-/// Machine events for a child that exited: a trainer still in its slot is lost, a server lost.
-/// Children the supervisor killed and forgot are ignored.
-fn on_child_exit(state: &mut SupervisorState, cell: ActorCell, reason: String) -> Vec<Decision> {
+/// Which child (in this process) `cell` is; `None` for children killed and forgotten.
+fn local_child(state: &SupervisorState, cell: &ActorCell) -> Option<Child> {
     let id = cell.get_id();
-    let now = state.clock.now();
-    let slot = state
+    if let Some(slot) = state
         .trainers
         .iter()
-        .position(|t| t.as_ref().map(|a| a.get_id()) == Some(id));
-    if let Some(slot) = slot {
-        tracing::warn!("trainer {slot} failed: {reason}");
-        state.trainers[slot] = None;
-        metrics::counter!(m::TRAINER_FAILURES).increment(1);
-        return state.machine.on_trainer_lost(slot as u32, reason, now);
+        .position(|t| t.as_ref().map(|a| a.get_id()) == Some(id))
+    {
+        return Some(Child::Trainer(slot as u32));
     }
-    match state.servers.iter().position(|s| s.get_id() == id) {
-        Some(endpoint) => {
-            tracing::error!("shard server {endpoint} failed: {reason}");
-            state.machine.on_server_lost(endpoint as u32, reason, now)
+    state
+        .servers
+        .iter()
+        .position(|s| s.get_id() == id)
+        .map(|e| Child::Server(e as u32))
+}
+
+/// Why a child in another process is gone: its rank, and for a server the shard lost with it.
+fn left_reason(state: &SupervisorState, child: Option<Child>) -> String {
+    let Some(remote) = state.remote.as_ref() else {
+        return String::new();
+    };
+    match child {
+        Some(Child::Trainer(slot)) => format!(
+            "rank {} left the job (its process exited or its connection closed)",
+            remote.trainer_rank(slot).unwrap_or(u32::MAX)
+        ),
+        Some(Child::Server(endpoint)) => {
+            let servers = state.spec.servers as usize;
+            let units = state.node.layout.units();
+            let lost: usize = units
+                .iter()
+                .map(|u| crate::layout::shard_range(u.len, servers, endpoint as usize).len())
+                .sum();
+            format!(
+                "rank {} left the job (its process exited or its connection closed), and with it \
+                 shard {endpoint} of every unit: {lost} of the model's {} parameters, in {} \
+                 units, are lost (no recovery of shards yet)",
+                remote.server_rank(endpoint).unwrap_or(u32::MAX),
+                state.node.layout.total_elements(),
+                units.len()
+            )
         }
-        None => Vec::new(),
+        None => String::new(),
+    }
+}
+
+/// Machine events for a child that exited: a trainer still in its slot is lost, a server lost.
+fn on_child_exit(state: &mut SupervisorState, child: Child, reason: String) -> Vec<Decision> {
+    let now = state.clock.now();
+    match child {
+        Child::Trainer(slot) => {
+            if state
+                .trainers
+                .get(slot as usize)
+                .is_none_or(Option::is_none)
+            {
+                return Vec::new();
+            }
+            tracing::warn!("trainer {slot} failed: {reason}");
+            state.trainers[slot as usize] = None;
+            metrics::counter!(m::TRAINER_FAILURES).increment(1);
+            state.machine.on_trainer_lost(slot, reason, now)
+        }
+        Child::Server(endpoint) => {
+            tracing::error!("shard server {endpoint} failed: {reason}");
+            state.machine.on_server_lost(endpoint, reason, now)
+        }
     }
 }
 
@@ -306,6 +393,9 @@ async fn execute(
                 if let Some(group) = &state.node.collective {
                     group.abort_before(next_epoch);
                 }
+                if let Some(remote) = &state.remote {
+                    remote.abort_before(next_epoch);
+                }
                 let cmd = DiscardCmd { next_epoch };
                 let calls = each_server(state, "discard", move |reply| {
                     ServerMsg::Discard(cmd, reply)
@@ -316,7 +406,7 @@ async fn execute(
                 Vec::new()
             }
             Command::Respawn { slot } => {
-                let spawned = spawn_trainer(state, myself, slot).await;
+                let spawned = spawn_trainer(&mut *state, myself, slot).await;
                 let now = state.clock.now();
                 match spawned {
                     Ok(actor) => {
@@ -335,7 +425,10 @@ async fn execute(
                 if let Some(actor) = state.trainers.get_mut(slot as usize).and_then(Option::take) {
                     tracing::warn!("killing trainer {slot}: {reason}");
                     metrics::counter!(m::TRAINER_FAILURES).increment(1);
-                    actor.kill();
+                    match state.remote.as_mut() {
+                        Some(remote) => remote.kill_trainer(&myself.get_cell(), slot),
+                        None => actor.kill(),
+                    }
                 }
                 Vec::new()
             }
@@ -455,17 +548,21 @@ where
 }
 
 async fn spawn_trainer(
-    state: &SupervisorState,
+    state: &mut SupervisorState,
     myself: &ActorRef<SupervisorMsg>,
     rank: u32,
 ) -> std::result::Result<ActorRef<TrainerMsg>, ActorProcessingErr> {
+    let spec = TrainerSpec {
+        rank,
+        communication: state.spec.step.communication,
+        context: state.spec.context,
+        directory: state.directory.clone(),
+    };
+    if let Some(remote) = state.remote.as_mut() {
+        return Ok(remote.spawn_trainer(&myself.get_cell(), spec).await?);
+    }
     let args = TrainerArgs {
-        spec: TrainerSpec {
-            rank,
-            communication: state.spec.step.communication,
-            context: state.spec.context,
-            directory: state.directory.clone(),
-        },
+        spec,
         node: state.node.clone(),
         supervisor: myself.clone(),
     };

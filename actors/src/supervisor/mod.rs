@@ -4,6 +4,8 @@
 //! the actor ([`Supervisor`]) only translates messages into its events and executes its commands.
 
 mod actor;
+pub mod placement;
 
 pub use crate::messages::{ServerOutcome, SupervisorMsg, SupervisorSpec};
 pub use actor::{Supervisor, SupervisorArgs, SupervisorState};
+pub use placement::Placement;

@@ -1,0 +1,177 @@
+//! Starting `examples/embed` as a single process, under `odc launch`, or rank by rank.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `embed` example (cargo builds examples before it runs integration tests).
+pub fn embed() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<test> -> target/<profile>/examples/embed
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("examples").join("embed"))
+        .expect("a target directory");
+    assert!(
+        path.exists(),
+        "{} is missing: run through `cargo test`, which builds the examples",
+        path.display()
+    );
+    path
+}
+
+pub fn odc() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_odc"))
+}
+
+/// The flags every run here shares: a short, seeded job.
+pub const STEPS: &str = "6";
+pub fn common_args() -> Vec<String> {
+    [
+        "--steps",
+        STEPS,
+        "--minibatch",
+        "32",
+        "--no-metrics",
+        "--seed",
+        "7",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// A file in the temporary directory unique to this test run.
+pub fn temp(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    std::env::temp_dir().join(format!("odc-mp-{}-{nanos}-{name}", std::process::id()))
+}
+
+/// Run to completion within `limit` (killed past it, which fails the test).
+pub fn run(mut command: Command, limit: Duration) -> Output {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = command.spawn().expect("the command starts");
+    wait(child, limit)
+}
+
+pub fn wait(mut child: Child, limit: Duration) -> Output {
+    let started = Instant::now();
+    loop {
+        match child.try_wait().expect("waiting on a child") {
+            Some(_) => return child.wait_with_output().expect("collecting its output"),
+            None if started.elapsed() > limit => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("collecting its output");
+                panic!(
+                    "still running after {limit:?} (I6: no hang)\nstdout:\n{}\nstderr:\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Every `final loss=… params_l2=…` line of `stdout`, parsed.
+pub fn finals(stdout: &str) -> Vec<(f64, f64)> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("final loss="))
+        .map(|rest| {
+            let (loss, l2) = rest
+                .split_once(" params_l2=")
+                .unwrap_or_else(|| panic!("a malformed final line: {rest}"));
+            let loss: f64 = loss.parse().expect("loss is a number");
+            let l2: f64 = l2.parse().expect("params_l2 is a number");
+            assert!(loss.is_finite() && l2.is_finite(), "finite: {rest}");
+            (loss, l2)
+        })
+        .collect()
+}
+
+/// The parameters `--save-params` wrote.
+pub fn params(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(bytes.len() % 4, 0, "whole f32s");
+    let _ = std::fs::remove_file(path);
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// I3 within the stated tolerance: same length, no NaN, every element within 1e-5.
+pub fn assert_same_params(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: parameter count");
+    assert!(!want.is_empty(), "{what}: some parameters");
+    let mut worst = 0f32;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.is_finite() && w.is_finite(),
+            "{what}: parameter {i} is {g} / {w}"
+        );
+        worst = worst.max((g - w).abs());
+    }
+    assert!(worst <= 1e-5, "{what}: largest difference {worst} > 1e-5");
+    // The run trained: parameters moved away from their initial values is checked by the
+    // caller's loss; here, that the two runs are not trivially both zero.
+    assert!(
+        want.iter().any(|w| w.abs() > 1e-3),
+        "{what}: non-trivial parameters"
+    );
+}
+
+/// The single-process reference: `embed` with the given counts and extra flags; its parameters
+/// and final loss.
+pub fn single(trainers: usize, servers: usize, extra: &[&str]) -> (Vec<f32>, f64) {
+    let path = temp("single.params");
+    let mut cmd = Command::new(embed());
+    cmd.args(common_args())
+        .args(["--trainers", &trainers.to_string()])
+        .args(["--servers", &servers.to_string()])
+        .args(extra)
+        .arg("--save-params")
+        .arg(&path);
+    let out = run(cmd, Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "single process: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let finals = finals(&stdout);
+    assert_eq!(finals.len(), 1, "{stdout}");
+    (params(&path), finals[0].0)
+}
+
+/// The environment `odc launch` gives rank `rank` of `world` (tests that start ranks by hand).
+pub fn rank_env(
+    cmd: &mut Command,
+    rank: u32,
+    world: u32,
+    coordinator: &str,
+    secret: &str,
+    job: &str,
+    transport: &str,
+) {
+    cmd.env("ODC_RANK", rank.to_string())
+        .env("ODC_WORLD_SIZE", world.to_string())
+        .env("ODC_LOCAL_RANK", rank.to_string())
+        .env("ODC_COORDINATOR", coordinator)
+        .env("ODC_SECRET", secret)
+        .env("ODC_JOB", job)
+        .env("ODC_TRANSPORT", transport);
+}
+
+/// A port free right now on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}

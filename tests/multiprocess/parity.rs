@@ -1,0 +1,52 @@
+//! (a) Four processes over `tcp` and over `shm` train to the parameters of one process (I3).
+
+use std::time::Duration;
+
+use crate::harness::*;
+
+fn four_processes_equal_one(transport: &str) {
+    let (want, want_loss) = single(4, 4, &[]);
+    let path = temp(&format!("{transport}.params"));
+    let mut cmd = odc();
+    cmd.args([
+        "launch",
+        "--nprocs",
+        "4",
+        "--transport",
+        transport,
+        "--timeout-secs",
+        "150",
+        "--",
+    ])
+    .arg(embed())
+    .args(common_args())
+    .arg("--save-params")
+    .arg(&path);
+    let out = run(cmd, Duration::from_secs(180));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{transport}: {stdout}\n{stderr}");
+    // Every rank reports the same final loss and parameter norm.
+    let finals = finals(&stdout);
+    assert_eq!(finals.len(), 4, "one final line per rank: {stdout}");
+    assert!(finals.iter().all(|f| f == &finals[0]), "{finals:?}");
+    let (loss, _) = finals[0];
+    assert!(
+        ((loss - want_loss) / want_loss).abs() <= 1e-9,
+        "{transport}: loss {loss} vs one process {want_loss}"
+    );
+    // The per-step lines come from rank 0 only.
+    let steps = stdout.lines().filter(|l| l.starts_with("step ")).count();
+    assert_eq!(steps.to_string(), STEPS, "{stdout}");
+    assert_same_params(&params(&path), &want, transport);
+}
+
+#[test]
+fn four_processes_over_tcp_train_to_the_single_process_parameters() {
+    four_processes_equal_one("tcp");
+}
+
+#[test]
+fn four_processes_over_shm_train_to_the_single_process_parameters() {
+    four_processes_equal_one("shm");
+}
