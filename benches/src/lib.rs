@@ -3,7 +3,8 @@
 //! Everything that produces evidence and nothing that users embed: the on-demand vs collective A/B
 //! harness ([`ab`]), the sequence-length workloads ([`workload`]), the measured cost of the
 //! emulation itself ([`floor`]), the limits on user input ([`input`]) and the reports (table, JSON,
-//! SVG; [`report`]), and the transport pull benchmark with its owner processes ([`transport`]). The
+//! SVG; [`report`]), the transport pull benchmark with its owner processes ([`transport`]) and the cost of
+//! running a job as several processes ([`processes`]). The
 //! `odc-bench` binary (`odc-bench ab …`, `odc-bench transport …`) drives them; the criterion
 //! micro-benchmarks live in `benches/benches/`.
 //!
@@ -13,6 +14,7 @@
 pub mod ab;
 pub mod floor;
 pub mod input;
+pub mod processes;
 pub mod report;
 pub mod transport;
 pub mod workload;

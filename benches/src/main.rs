@@ -46,6 +46,33 @@ enum Command {
     /// handles as one JSON line, serves until stdin closes).
     #[command(hide = true)]
     TransportOwner(OwnerArgs),
+    /// Wall time per step of the `embed` example as N processes (`odc launch`, shm or tcp) next
+    /// to the same job in one process, interleaved ABBA, with an A-vs-A control.
+    Processes(ProcessesArgs),
+}
+
+#[derive(Args)]
+struct ProcessesArgs {
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=64))]
+    nprocs: u32,
+    #[arg(long, value_enum, default_value = "shm")]
+    transport: ProcessTransport,
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    steps: u32,
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: u32,
+    /// The `embed` example (default: examples/embed beside this executable).
+    #[arg(long)]
+    embed: Option<PathBuf>,
+    /// The `odc` launcher (default: odc beside this executable).
+    #[arg(long)]
+    odc: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProcessTransport {
+    Shm,
+    Tcp,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -657,6 +684,73 @@ async fn transport_owner(args: OwnerArgs) -> anyhow::Result<()> {
     .await
 }
 
+fn processes(args: ProcessesArgs) -> anyhow::Result<()> {
+    use odc_bench::processes as p;
+    let settings = p::Settings {
+        embed: match args.embed {
+            Some(path) => path,
+            None => p::sibling("embed", true)?,
+        },
+        odc: match args.odc {
+            Some(path) => path,
+            None => p::sibling("odc", false)?,
+        },
+        nprocs: args.nprocs,
+        transport: match args.transport {
+            ProcessTransport::Shm => "shm".into(),
+            ProcessTransport::Tcp => "tcp".into(),
+        },
+        steps: args.steps,
+        rounds: args.rounds,
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "odc-bench processes: embed, {n} trainers + {n} servers, {} steps, {} processes over {} \
+         vs one process; ABBA x {} rounds; {cores} cores",
+        settings.steps,
+        settings.nprocs,
+        settings.transport,
+        settings.rounds,
+        n = settings.nprocs
+    );
+    if !p::is_release(&settings.embed) {
+        println!(
+            "! {} is not a release build: the numbers are not evidence",
+            settings.embed.display()
+        );
+    }
+    if settings.nprocs as usize > cores {
+        println!(
+            "! {} processes share {cores} cores: oversubscription, not communication, can decide \
+             the ratio",
+            settings.nprocs
+        );
+    }
+    let outcome = p::run(&settings, |line| println!("{line}"))?;
+    let range = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{lo:.3}..{hi:.3}")
+    };
+    println!(
+        "one process {:.2} ms/step, {} processes {:.2} ms/step: ratio {:.3} (rounds {}), control \
+         {:.3} (rounds {}); target <= 1.2: {}",
+        outcome.single * 1e3,
+        settings.nprocs,
+        outcome.multi * 1e3,
+        outcome.ratio,
+        range(&outcome.round_ratios),
+        outcome.control,
+        range(&outcome.control_ratios),
+        if outcome.ratio <= 1.2 {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -671,6 +765,7 @@ fn main() -> ExitCode {
             Command::Ab(args) => runtime.block_on(ab(args)),
             Command::Transport(args) => runtime.block_on(transport(args)),
             Command::TransportOwner(args) => runtime.block_on(transport_owner(args)),
+            Command::Processes(args) => processes(args),
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -189,7 +189,7 @@ fn a_trainer_rank_killed_mid_minibatch_is_replayed_without_it() {
     let finals = finals(&stdout0);
     assert_eq!(finals.len(), 1, "{stdout0}");
     assert!(
-        ((finals[0].0 - want_loss) / want_loss).abs() <= 1e-9,
+        ((finals[0].0 - want_loss) / want_loss).abs() <= 1e-6,
         "{finals:?} vs {want_loss}"
     );
     assert_same_params(&params(&path), &want, "after a killed trainer rank");

@@ -5,7 +5,8 @@
 //! Tolerance (I3): a multi-process job sums the same per-micro-batch gradients as one process,
 //! in whatever order they arrive, in fp32; every final parameter must equal the single-process
 //! run's within `1e-5` absolute (the parameters are O(1); reordering fp32 sums moves them by
-//! ~1e-7), and the loss within `1e-9` relative (it is summed in f64).
+//! ~1e-7 per step), and the loss within `1e-6` relative (dynamic dispatch changes which trainer
+//! sums which micro-batch from run to run, so even two single-process runs differ in the last bits).
 
 mod failures;
 mod harness;

@@ -1,11 +1,12 @@
-//! (a) Four processes over `tcp` and over `shm` train to the parameters of one process (I3).
+//! (a) Four processes over `tcp` and over `shm` train to the parameters of one process (I3), in
+//! on-demand and in collective mode.
 
 use std::time::Duration;
 
 use crate::harness::*;
 
-fn four_processes_equal_one(transport: &str) {
-    let (want, want_loss) = single(4, 4, &[]);
+fn four_processes_equal_one(transport: &str, extra: &[&str]) {
+    let (want, want_loss) = single(4, 4, extra);
     let path = temp(&format!("{transport}.params"));
     let mut cmd = odc();
     cmd.args([
@@ -32,7 +33,7 @@ fn four_processes_equal_one(transport: &str) {
     assert!(finals.iter().all(|f| f == &finals[0]), "{finals:?}");
     let (loss, _) = finals[0];
     assert!(
-        ((loss - want_loss) / want_loss).abs() <= 1e-9,
+        ((loss - want_loss) / want_loss).abs() <= 1e-6,
         "{transport}: loss {loss} vs one process {want_loss}"
     );
     // The per-step lines come from rank 0 only.
@@ -43,10 +44,15 @@ fn four_processes_equal_one(transport: &str) {
 
 #[test]
 fn four_processes_over_tcp_train_to_the_single_process_parameters() {
-    four_processes_equal_one("tcp");
+    four_processes_equal_one("tcp", &[]);
 }
 
 #[test]
 fn four_processes_over_shm_train_to_the_single_process_parameters() {
-    four_processes_equal_one("shm");
+    four_processes_equal_one("shm", &[]);
+}
+
+#[test]
+fn four_processes_in_collective_mode_train_to_the_single_process_parameters() {
+    four_processes_equal_one("shm", &["--communication", "collective"]);
 }
