@@ -566,7 +566,8 @@ impl Job {
     }
 
     /// Train one minibatch from the data source. On ranks other than 0 of a multi-process job:
-    /// wait for rank 0's step and return its outcome.
+    /// wait for rank 0's step and return its outcome (without the per-micro-batch log, which
+    /// only rank 0 keeps).
     pub async fn step(&mut self) -> Result<StepStats> {
         self.start().await?;
         let step = self.step;

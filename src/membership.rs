@@ -95,9 +95,14 @@ impl Membership {
     /// Rank 0: tell every other rank how step `step` ended. A failure is acknowledged (each
     /// rank within [`FAILURE_ACK`]), as rank 0 usually stops right after it.
     pub async fn broadcast_step(&self, step: u64, result: &Result<StepStats>) {
+        // The per-micro-batch log stays on rank 0: it grows with the step, and control frames
+        // are capped (CONTROL_FRAME_CAP).
         let outcome = |result: &Result<StepStats>| StepOutcome {
             step,
-            result: result.clone(),
+            result: result.clone().map(|mut stats| {
+                stats.micro_batch_log = Vec::new();
+                stats
+            }),
         };
         if result.is_ok() {
             for host in self.hosts.iter().skip(1) {

@@ -23,8 +23,10 @@ use crate::error::{Error, Result};
 use crate::messages::HostMsg;
 
 /// Largest control-plane frame accepted from a peer: control messages carry specs, routes and
-/// step statistics, never tensor bytes.
-pub const CONTROL_FRAME_CAP: u64 = 4 << 20;
+/// step statistics, never tensor bytes. The largest is a trainer's spec, whose directory holds
+/// one route per unit and server (~170 bytes each: 100 units × 256 servers ≈ 4.3 MB), hence the
+/// headroom.
+pub const CONTROL_FRAME_CAP: u64 = 32 << 20;
 
 /// Where this process is on the control plane.
 #[derive(Debug, Clone)]
