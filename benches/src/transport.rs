@@ -52,8 +52,9 @@
 //! - The memcpy limit is *one* `memcpy` call of the whole size. glibc switches to non-temporal
 //!   (streaming) stores for a single copy above its `x86_non_temporal_threshold` (48 MiB on the
 //!   2-core development VM: `ld.so --list-tunables`), which a backend that copies the same bytes in
-//!   smaller pieces (shm: one copy per seqlock chunk, `--shm-chunk-bytes`) does not get; at 64 MiB
-//!   that alone was worth about 1.5x there.
+//!   smaller pieces does not get; at 64 MiB that alone was worth about 1.5x there. (shm copies a
+//!   range over several stable seqlock chunks in one call for this reason; only a read that
+//!   races a publication falls back to one copy per chunk, `--shm-chunk-bytes`.)
 //! - At 4 KiB the bandwidth columns are per-pull overhead, not bandwidth: judge those rows by their
 //!   latency.
 //! - On shared cores the per-round ratio range shows how much other work moved the measurements;

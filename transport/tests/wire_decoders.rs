@@ -1,7 +1,7 @@
 //! The decoders of peer bytes under random input: the issue's "Hostile input" clause (no panic, no
 //! unbounded allocation from a peer's length field, every bad frame a typed error, everything that
 //! decodes re-encodes identically). The fuzz targets in `fuzz/` explore the same decoders with
-//! coverage guidance; this file runs in every `cargo test`, 105,000 cases in all:
+//! coverage guidance; this file runs in every `cargo test`, 130,000 cases in all:
 //!
 //! | test | cases | input |
 //! |------|-------|-------|
@@ -9,11 +9,16 @@
 //! | `mutated_encodings_decode_or_fail_typed` | 40,000 | a valid encoding truncated, with a byte flipped, with trailing bytes, or with its type byte replaced |
 //! | `every_truncation_of_a_valid_encoding_fails_typed` | 5,000 | a valid encoding cut at every length |
 //! | `frame_reader_follows_the_length_prefixes` | 15,000 | frames whose prefixes may disagree with their bodies, split across reads |
+//! | `frames_taken_in_two_steps_follow_the_length_prefixes` | 15,000 | the same, each frame's head taken first and its body copied out, buffered or left to be discarded |
+//! | `read_heads_agree_with_whole_responses` | 5,000 | any bytes, to the read head decoder and the response decoder |
+//! | `read_heads_of_damaged_responses_agree_with_whole_responses` | 5,000 | a valid response truncated, flipped, extended or retyped, likewise |
 //! | `oversized_prefixes_are_refused_without_allocating` | 5,000 | a length prefix over the cap |
 //!
-//! Message decoders: [`Request::decode`], [`Response::decode`], [`HandshakeFrame::decode`]; the
-//! framing layer: [`FrameReader`]. A global allocator records the largest allocation each test
-//! thread makes, so "no allocation from a peer's length field" is measured, not assumed.
+//! Message decoders: [`Request::decode`], [`Response::decode`] (and the reader's
+//! [`Response::decode_read_head`], which must agree with it), [`HandshakeFrame::decode`]; the
+//! framing layer: [`FrameReader`], whole frames and frames taken head first. A global allocator
+//! records the largest allocation each test thread makes, so "no allocation from a peer's length
+//! field" is measured, not assumed.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -23,7 +28,7 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use odc_transport::wire::frame::{FrameError, FrameReader, PREFIX};
 use odc_transport::wire::handshake::{HandshakeFrame, HANDSHAKE_FRAME_CAP};
-use odc_transport::wire::{Request, Response, Target, WireError};
+use odc_transport::wire::{ReadOkHead, Request, Response, Target, WireError, READ_OK_HEAD};
 use odc_transport::{DestSpec, DeviceDest, Dtype, Op, RemoteConfig, TransportError, WriteTag};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -674,4 +679,181 @@ fn prefix_within_the_cap_reserves_at_most_the_cap() {
         largest <= cap + PREFIX,
         "largest allocation {largest} over the cap {cap}"
     );
+}
+
+/// How the body of one frame is taken after its head.
+#[derive(Debug, Clone, Copy)]
+enum Take {
+    /// Copied out with `read_body`, at most this many bytes (1..) per call.
+    Copy(usize),
+    /// Buffered whole with `rest_of_body`.
+    Buffer,
+    /// Left for the next frame's read to discard.
+    Leave,
+}
+
+fn take() -> impl Strategy<Value = Take> {
+    prop_oneof![
+        (1..40usize).prop_map(Take::Copy),
+        Just(Take::Buffer),
+        Just(Take::Leave),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(15_000))]
+
+    /// As `frame_reader_follows_the_length_prefixes`, with each frame taken head first
+    /// (`next_head`, a head of 0 to 24 bytes) and its body copied out in pieces, buffered or left
+    /// to be discarded: the bytes taken are exactly the frames' (never a byte of the next frame),
+    /// and the stream ends the way the bytes say.
+    #[test]
+    fn frames_taken_in_two_steps_follow_the_length_prefixes(
+        frames in proptest::collection::vec(claimed_frame(), 0..6),
+        garbage in proptest::collection::vec(any::<u8>(), 0..8),
+        cap in 0..400usize,
+        step in 1..64usize,
+        want in 0..24usize,
+        takes in proptest::collection::vec(take(), 6),
+    ) {
+        let mut stream = Vec::new();
+        for (claimed, body) in &frames {
+            stream.extend_from_slice(&claimed.to_be_bytes());
+            stream.extend_from_slice(body);
+        }
+        stream.extend_from_slice(&garbage);
+        let (expected, end) = frames_by_the_book(&stream, cap);
+        let (got, ended) = runtime().block_on(async {
+            let rest = Bytes::from(stream.clone());
+            let mut reader = FrameReader::new(Trickle { rest, step }, cap);
+            let mut got: Vec<(Vec<u8>, Take)> = Vec::new();
+            let ended = loop {
+                let (len, head) = match reader.next_head(want).await {
+                    Ok(frame) => frame,
+                    Err(FrameError::Closed) => break End::Closed,
+                    Err(FrameError::Io(e)) => {
+                        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+                        break End::Cut;
+                    }
+                    Err(FrameError::Wire(WireError::Oversized { len, cap: refused })) => {
+                        assert_eq!(refused, cap as u64);
+                        break End::Oversized(len);
+                    }
+                    Err(FrameError::Wire(other)) => panic!("a reader refuses only sizes: {other}"),
+                };
+                assert!(len <= cap, "a frame of {len} over the cap {cap}");
+                assert_eq!(head.len(), want.min(len));
+                assert_eq!(reader.body_left(), len - head.len());
+                let how = takes[got.len() % takes.len()];
+                let mut frame = head.to_vec();
+                let taken = match how {
+                    Take::Copy(piece) => {
+                        let mut out = vec![0u8; piece];
+                        loop {
+                            match reader.read_body(&mut out).await {
+                                Ok(0) => break Ok(()),
+                                Ok(n) => frame.extend_from_slice(&out[..n]),
+                                Err(e) => break Err(e),
+                            }
+                        }
+                    }
+                    Take::Buffer => {
+                        reader.rest_of_body().await.map(|rest| frame.extend_from_slice(&rest))
+                    }
+                    Take::Leave => Ok(()),
+                };
+                match taken {
+                    Ok(()) => got.push((frame, how)),
+                    Err(FrameError::Io(e)) => {
+                        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+                        break End::Cut;
+                    }
+                    Err(other) => panic!("taking a body fails only by the stream ending: {other}"),
+                }
+            };
+            (got, ended)
+        });
+        // A frame whose body was left may turn out cut only when the next read discards it.
+        let left_cut = got.len() == expected.len() + 1
+            && matches!(got.last(), Some((_, Take::Leave)))
+            && end == End::Cut;
+        prop_assert!(
+            got.len() == expected.len() || left_cut,
+            "{} frames, {} by the book",
+            got.len(),
+            expected.len()
+        );
+        for ((frame, how), want_frame) in got.iter().zip(&expected) {
+            match how {
+                Take::Leave => prop_assert!(want_frame.starts_with(frame)),
+                _ => prop_assert_eq!(&frame[..], *want_frame),
+            }
+        }
+        prop_assert_eq!(ended, end);
+    }
+}
+
+/// `decode_read_head` of a body's first bytes agrees with `decode` of the whole body.
+fn check_read_head(bytes: &[u8]) {
+    let head = Bytes::copy_from_slice(&bytes[..bytes.len().min(READ_OK_HEAD)]);
+    let whole = Response::decode(Bytes::copy_from_slice(bytes));
+    match Response::decode_read_head(head) {
+        Ok(Some(ReadOkHead {
+            req,
+            version,
+            dtype,
+        })) => assert_eq!(
+            whole,
+            Ok(Response::ReadOk {
+                req,
+                version,
+                dtype,
+                data: Bytes::copy_from_slice(&bytes[READ_OK_HEAD..]),
+            })
+        ),
+        Ok(None) => assert!(
+            !matches!(whole, Ok(Response::ReadOk { .. })),
+            "{whole:?} has no read head"
+        ),
+        Err(error) => assert_eq!(whole, Err(error)),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(5_000))]
+
+    /// Any bytes (half of them starting with a response type byte): the read head agrees with
+    /// the whole response.
+    #[test]
+    fn read_heads_agree_with_whole_responses(
+        bytes in proptest::collection::vec(any::<u8>(), 0..48),
+        typed in any::<Index>(),
+    ) {
+        let mut bytes = bytes;
+        if let Some(first) = bytes.first_mut() {
+            if *first & 1 == 0 {
+                *first = *typed.get(&RESPONSE_TYPES);
+            }
+        }
+        check_read_head(&bytes);
+    }
+
+    /// Valid responses, cut, flipped or extended: the read head agrees with the whole response.
+    #[test]
+    fn read_heads_of_damaged_responses_agree_with_whole_responses(
+        response in response(),
+        mutation in mutation(),
+    ) {
+        let mut bytes = body(response.encode()).to_vec();
+        match mutation {
+            Mutation::Truncate(at) => bytes.truncate(at.index(bytes.len())),
+            Mutation::Flip(at, mask) => {
+                let at = at.index(bytes.len());
+                bytes[at] ^= mask;
+            }
+            Mutation::Trail(extra) => bytes.extend_from_slice(&extra),
+            Mutation::Retype(code) => bytes[0] = code,
+        }
+        check_read_head(&bytes);
+    }
 }

@@ -1,4 +1,9 @@
 //! The reader's side: one authenticated connection per peer address, requests pipelined on it.
+//!
+//! Each connection has a reader task that takes the responses off the stream in order and hands
+//! each to the request waiting for it: a whole response (`Done`, `Failed`), or, for a read, its
+//! head and the stream itself positioned at its payload ([`Payload`]), so the payload goes from
+//! the socket straight into the caller's destination.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,11 +13,11 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 
+use super::payload::{Payload, Stream};
 use super::{RemoteConfig, Served};
 use crate::wire::frame::{write_frame, FrameReader};
-use crate::wire::handshake;
-use crate::wire::{Request, Response};
-use crate::{Deadline, EndpointId, Op, RegionId, TransportError};
+use crate::wire::{handshake, ReadOkHead, Request, Response, READ_OK_HEAD};
+use crate::{Deadline, Dtype, EndpointId, Op, RegionId, TransportError};
 
 pub(crate) type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
 pub(crate) type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
@@ -23,11 +28,23 @@ pub(crate) trait Dial: Send + Sync + 'static {
     async fn dial(&self, addr: &str) -> std::io::Result<(BoxRead, BoxWrite)>;
 }
 
-type Waiter = oneshot::Sender<Result<Response, String>>;
+/// What a request gets back.
+pub(crate) enum Answer {
+    /// A response without a payload to receive (`Done`, `Failed`).
+    Whole(Response),
+    /// A read's answer: its version and dtype, and its payload, next on the stream.
+    Read {
+        version: u64,
+        dtype: Dtype,
+        payload: Payload,
+    },
+}
+
+type Waiter = oneshot::Sender<Result<Answer, String>>;
 
 /// What a connection's reader task and its callers share.
 #[derive(Default)]
-struct Shared {
+pub(crate) struct Shared {
     /// Requests in flight, by request id.
     pending: Mutex<HashMap<u64, Waiter>>,
     /// Why the connection failed, once it has.
@@ -36,7 +53,7 @@ struct Shared {
 
 impl Shared {
     /// Mark the connection failed (first reason wins) and fail every request in flight.
-    fn fail(&self, reason: String) {
+    pub(crate) fn fail(&self, reason: String) {
         let reason = {
             let mut dead = self.dead.lock();
             dead.get_or_insert(reason).clone()
@@ -109,7 +126,7 @@ impl About {
         }
     }
 
-    fn unreachable(self, addr: &str, reason: impl std::fmt::Display) -> TransportError {
+    pub(crate) fn unreachable(self, addr: &str, reason: impl std::fmt::Display) -> TransportError {
         TransportError::Unreachable {
             owner: self.owner,
             reason: format!("{addr}: {reason}"),
@@ -135,14 +152,15 @@ impl Peers {
         &self.local
     }
 
-    /// Send the request `make(request id)` to `addr` and wait for its answer, by `deadline`.
+    /// Send the request `make(request id)` to `addr` and wait for its answer, by `deadline`. A
+    /// read's payload is the caller's to receive (also by its deadline) or drop.
     pub(crate) async fn call(
         &self,
         addr: &str,
         about: About,
         deadline: Deadline,
         make: impl FnOnce(u64) -> Request,
-    ) -> Result<Response, TransportError> {
+    ) -> Result<Answer, TransportError> {
         let conn = self.connection(addr, about, deadline).await?;
         let req = conn.next.fetch_add(1, Ordering::Relaxed);
         let request = make(req);
@@ -237,7 +255,7 @@ impl Peers {
             .map_err(|e| e.to_string())?;
         reader.set_cap(self.local.config.frame_cap);
         let shared = Arc::new(Shared::default());
-        let task = tokio::spawn(read_responses(reader, Arc::clone(&shared)));
+        let task = tokio::spawn(read_responses(Stream::new(reader), Arc::clone(&shared)));
         Ok(Connection {
             shared,
             writer: tokio::sync::Mutex::new(write),
@@ -247,26 +265,87 @@ impl Peers {
     }
 }
 
-/// A connection's reader task: hand each response to the request waiting for it; on any failure
-/// fail every request in flight.
-async fn read_responses(mut reader: FrameReader<BoxRead>, shared: Arc<Shared>) {
+/// Read payloads up to this size are received whole into the connection's receive buffer (reused
+/// from one answer to the next) and handed over as bytes; larger ones are lent (see
+/// [`Payload`]). Lending costs a task switch more, which outweighs a copy of a small payload.
+const BUFFER_UP_TO: usize = 256 * 1024;
+
+/// A connection's reader task: hand each response to the request waiting for it (a read's with the
+/// stream, until its payload is received); on any failure fail every request in flight. A
+/// response nobody waits for (its caller gave up at its deadline) is dropped, payload and all.
+async fn read_responses(mut stream: Stream, shared: Arc<Shared>) {
+    let bad = |e: &dyn std::fmt::Display| {
+        tracing::warn!("odc transport: dropped a connection: bad response: {e}");
+        format!("the peer sent a bad response: {e}")
+    };
     let reason = loop {
-        let body = match reader.next().await {
-            Ok(body) => body,
+        let head = match stream.frames.next_head(READ_OK_HEAD).await {
+            Ok((_, head)) => head,
             Err(e) => break e.to_string(),
         };
-        match Response::decode(body) {
-            Ok(response) => {
-                let waiter = shared.pending.lock().remove(&response.req());
-                // No waiter: its caller gave up at its deadline; the late answer is dropped.
-                if let Some(waiter) = waiter {
-                    let _ = waiter.send(Ok(response));
+        let read = match Response::decode_read_head(head.clone()) {
+            Ok(read) => read,
+            Err(e) => break bad(&e),
+        };
+        let Some(ReadOkHead {
+            req,
+            version,
+            dtype,
+        }) = read
+        else {
+            // A response without a payload: small, decoded whole.
+            let rest = match stream.frames.rest_of_body().await {
+                Ok(rest) => rest,
+                Err(e) => break e.to_string(),
+            };
+            let mut body = bytes::BytesMut::with_capacity(head.len() + rest.len());
+            body.extend_from_slice(&head);
+            body.extend_from_slice(&rest);
+            match Response::decode(body.freeze()) {
+                Ok(response) => {
+                    let waiter = shared.pending.lock().remove(&response.req());
+                    // No waiter: its caller gave up at its deadline; the late answer is dropped.
+                    if let Some(waiter) = waiter {
+                        let _ = waiter.send(Ok(Answer::Whole(response)));
+                    }
+                    continue;
+                }
+                Err(e) => break bad(&e),
+            }
+        };
+        let Some(waiter) = shared.pending.lock().remove(&req) else {
+            continue; // the next frame's read discards the payload
+        };
+        let left = stream.frames.body_left();
+        if left <= BUFFER_UP_TO || stream.frames.body_buffered() == left {
+            // A small payload (or one all here already): hand the bytes over, keep the stream.
+            let payload = match stream.frames.rest_of_body().await {
+                Ok(bytes) => Payload::Buffered(bytes),
+                Err(e) => break e.to_string(),
+            };
+            let _ = waiter.send(Ok(Answer::Read {
+                version,
+                dtype,
+                payload,
+            }));
+            continue;
+        }
+        let (payload, returned) = Payload::lend(stream, Arc::clone(&shared));
+        // If the caller is gone, the payload is dropped here or in the channel: either way it
+        // comes back.
+        let _ = waiter.send(Ok(Answer::Read {
+            version,
+            dtype,
+            payload,
+        }));
+        match returned.await {
+            Ok(returned) => {
+                stream = returned.stream;
+                if let Some(reason) = returned.broken {
+                    break reason;
                 }
             }
-            Err(e) => {
-                tracing::warn!("odc transport: dropped a connection: bad response: {e}");
-                break format!("the peer sent a bad response: {e}");
-            }
+            Err(_) => break "the stream lent to a read was lost".into(),
         }
     };
     shared.fail(reason);

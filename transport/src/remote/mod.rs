@@ -17,10 +17,17 @@
 //!   that fails (the peer vanished, a write was cut off by a deadline) fails every request in
 //!   flight on it with [`TransportError::Unreachable`] naming the owner and the reason, and the
 //!   next request dials again.
+//! - A reader receives a read's payload straight into the caller's destination (`payload`): the
+//!   connection's responses are taken in order, and the request a payload answers reads it off
+//!   the stream itself. A payload is received only if its length is exactly its part's (else a
+//!   protocol violation naming the owner, and the payload is discarded), never past its frame;
+//!   a request that gives up mid-payload leaves the rest to be discarded, and the connection goes
+//!   on. Frame lengths are checked against the cap before anything is reserved.
 
 mod client;
 mod listen;
 pub(crate) mod ops;
+mod payload;
 mod service;
 
 use std::time::Duration;

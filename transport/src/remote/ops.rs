@@ -5,10 +5,11 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
-use super::client::{About, Peers};
+use super::client::{About, Answer, Peers};
+use super::payload::Payload;
 use crate::error::wide;
 use crate::wire::{Request, Response, Target};
-use crate::{codec, Deadline, Dest, Op, RegionHandle, Transport, TransportError, WriteTag};
+use crate::{Deadline, Dest, Op, RegionHandle, Transport, TransportError, WriteTag};
 
 fn protocol(about: About, addr: &str, what: String) -> TransportError {
     TransportError::Unreachable {
@@ -19,8 +20,10 @@ fn protocol(about: About, addr: &str, what: String) -> TransportError {
 
 /// Read `range` of the region `target` at `addr` into `into` (a region of the reader's own
 /// transport straight from its fabric, without a socket). A range of more than
-/// `read_part_bytes` travels as parts in flight at once; parts that saw different publications are
-/// read again (C1), until the deadline.
+/// `read_part_bytes` travels as parts in flight at once, each received straight into its own
+/// slice of the destination; parts that saw different publications are read again (C1), until
+/// the deadline. A read that fails after its first part arrived may leave the destination partly
+/// written.
 pub(crate) async fn read(
     peers: &Peers,
     addr: &str,
@@ -59,89 +62,144 @@ pub(crate) async fn read(
     } else {
         vec![range.clone()]
     };
+    let mut slots = Slot::split(&mut into, &parts, size);
     loop {
-        let calls = parts.iter().map(|part| {
-            peers.call(addr, about, deadline, |req| Request::Read {
+        let calls = parts.iter().zip(slots.iter_mut()).map(|(part, slot)| {
+            let request = |req| Request::Read {
                 req,
                 target,
                 start: wide(range.start),
                 end: wide(range.end),
                 part: (wide(part.start), wide(part.end)),
                 dest: spec,
-            })
+            };
+            read_part(peers, addr, about, deadline, part.len(), slot, request)
         });
-        let mut answers = Vec::with_capacity(parts.len());
+        let mut versions = Vec::with_capacity(parts.len());
         for answer in futures::future::join_all(calls).await {
-            match answer? {
-                Response::ReadOk {
-                    version,
-                    dtype,
-                    data,
-                    ..
-                } => answers.push((version, dtype, data)),
-                Response::Failed { error, .. } => return Err(error),
-                Response::Done { .. } => {
-                    return Err(protocol(about, addr, "a read answered with Done".into()))
-                }
-            }
+            versions.push(answer?);
         }
-        let version = answers.first().map(|a| a.0).unwrap_or_default();
-        if answers.iter().any(|a| a.0 != version) {
+        let version = versions.first().copied().unwrap_or_default();
+        if versions.iter().any(|&v| v != version) {
             // Parts of two publications: read again (a publication is rare, once per step).
             if crate::now() >= deadline {
                 return Err(about.deadline_error());
             }
             continue;
         }
-        fill(&mut into, &parts, range.start, &answers, about, addr)?;
         return Ok(version);
     }
 }
 
-/// Write the parts' bytes into the destination, each at its place.
-fn fill(
-    into: &mut Dest<'_>,
-    parts: &[Range<usize>],
-    start: usize,
-    answers: &[(u64, crate::Dtype, Bytes)],
-    about: About,
-    addr: &str,
-) -> Result<(), TransportError> {
-    for (part, (_, dtype, data)) in parts.iter().zip(answers) {
-        let size = dtype.size();
-        if data.len() != part.len() * size {
-            return Err(protocol(
-                about,
-                addr,
-                format!(
-                    "{} bytes for a part of {} {dtype:?} elements",
-                    data.len(),
-                    part.len()
-                ),
-            ));
+/// Where one part of a read lands: its slice of the caller's destination.
+enum Slot<'a> {
+    Bytes(&'a mut [u8]),
+    F32(&'a mut [f32]),
+    /// A device destination (which the owner refuses: no host bytes may land there).
+    Device,
+}
+
+impl<'a> Slot<'a> {
+    /// One slot per part, in order: consecutive slices of `into`, `part.len()` elements each. A
+    /// read in parts has a destination of exactly the range's size (see `plausible`); a single
+    /// part gets the whole destination, whatever its size.
+    fn split(into: &'a mut Dest<'_>, parts: &[Range<usize>], size: usize) -> Vec<Slot<'a>> {
+        fn consecutive<'a, T>(mut rest: &'a mut [T], lens: &[usize]) -> Vec<&'a mut [T]> {
+            lens.iter()
+                .map(|&n| {
+                    let all = std::mem::take(&mut rest);
+                    let (slot, after) = all.split_at_mut(n.min(all.len()));
+                    rest = after;
+                    slot
+                })
+                .collect()
         }
-        let at = part.start - start;
-        let written = match into {
-            Dest::Bytes(buf) => buf
-                .get_mut(at * size..(at + part.len()) * size)
-                .map(|out| out.copy_from_slice(data))
-                .ok_or(()),
-            Dest::F32(out) => match out.get_mut(at..at + part.len()) {
-                Some(out) => codec::decode_into(*dtype, data, out).map_err(|_| ()),
-                None => Err(()),
-            },
-            // The owner refuses device destinations before answering.
-            Dest::Device(_) => Err(()),
-        };
-        written.map_err(|()| {
-            protocol(
-                about,
-                addr,
-                "an answer that does not fit the destination the owner accepted".into(),
-            )
-        })?;
+        let elements: Vec<usize> = parts.iter().map(|part| part.len()).collect();
+        if parts.len() <= 1 {
+            return vec![match into {
+                Dest::Bytes(buf) => Slot::Bytes(buf),
+                Dest::F32(out) => Slot::F32(out),
+                Dest::Device(_) => Slot::Device,
+            }];
+        }
+        match into {
+            Dest::Bytes(buf) => {
+                let bytes: Vec<usize> = elements.iter().map(|n| n * size).collect();
+                consecutive(buf, &bytes)
+                    .into_iter()
+                    .map(Slot::Bytes)
+                    .collect()
+            }
+            Dest::F32(out) => consecutive(out, &elements)
+                .into_iter()
+                .map(Slot::F32)
+                .collect(),
+            Dest::Device(_) => parts.iter().map(|_| Slot::Device).collect(),
+        }
     }
-    Ok(())
+
+    /// Whether a payload of `bytes` bytes, `elements` elements, fits this slot exactly.
+    fn fits(&self, elements: usize, bytes: usize) -> bool {
+        match self {
+            Slot::Bytes(out) => out.len() == bytes,
+            Slot::F32(out) => out.len() == elements,
+            Slot::Device => false,
+        }
+    }
+
+    /// Receive `payload` (little-endian `dtype` elements, checked to fit) into this slot.
+    async fn receive(&mut self, payload: &mut Payload, dtype: crate::Dtype) -> Result<(), String> {
+        match self {
+            Slot::Bytes(out) => payload.read_into(out).await,
+            Slot::F32(out) => payload.decode_into(dtype, out).await,
+            Slot::Device => Err("a device destination takes no bytes from a host peer".into()),
+        }
+    }
+}
+
+/// One part of a read: request it and receive its payload into `slot`, by `deadline`; its
+/// version. A payload whose length is not the part's (in the answered dtype), or does not fit the
+/// slot, is a protocol violation and is not received (the connection discards it).
+async fn read_part(
+    peers: &Peers,
+    addr: &str,
+    about: About,
+    deadline: Deadline,
+    elements: usize,
+    slot: &mut Slot<'_>,
+    request: impl FnOnce(u64) -> Request,
+) -> Result<u64, TransportError> {
+    match peers.call(addr, about, deadline, request).await? {
+        Answer::Read {
+            version,
+            dtype,
+            mut payload,
+        } => {
+            let bytes = payload.len();
+            if elements.checked_mul(dtype.size()) != Some(bytes) {
+                return Err(protocol(
+                    about,
+                    addr,
+                    format!("{bytes} bytes for a part of {elements} {dtype:?} elements"),
+                ));
+            }
+            if !slot.fits(elements, bytes) {
+                return Err(protocol(
+                    about,
+                    addr,
+                    "an answer that does not fit the destination the owner accepted".into(),
+                ));
+            }
+            match tokio::time::timeout_at(deadline.into(), slot.receive(&mut payload, dtype)).await
+            {
+                Ok(Ok(())) => Ok(version),
+                Ok(Err(reason)) => Err(about.unreachable(addr, reason)),
+                Err(_) => Err(about.deadline_error()),
+            }
+        }
+        Answer::Whole(Response::Failed { error, .. }) => Err(error),
+        Answer::Whole(_) => Err(protocol(about, addr, "a read answered with Done".into())),
+    }
 }
 
 /// Add `data` into the accumulator `target` at `addr` (or of the reader's own transport);
@@ -226,9 +284,10 @@ async fn acknowledged(
         return Err(super::too_large("a payload", bytes, cap));
     }
     match peers.call(addr, about, deadline, make).await? {
-        Response::Done { .. } => Ok(()),
-        Response::Failed { error, .. } => Err(error),
-        Response::ReadOk { .. } => Err(protocol(
+        Answer::Whole(Response::Done { .. }) => Ok(()),
+        Answer::Whole(Response::Failed { error, .. }) => Err(error),
+        // A read's payload, dropped here, is discarded by the connection.
+        Answer::Whole(Response::ReadOk { .. }) | Answer::Read { .. } => Err(protocol(
             about,
             addr,
             format!("a {:?} answered with read data", about.op),

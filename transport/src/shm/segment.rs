@@ -57,6 +57,15 @@
 //! and check the deadline: a writer that died in the middle of a publication leaves a `seq` odd (or
 //! the chunks at different `seq`s) forever, which ends in [`SegmentError::Deadline`], not a hang.
 //!
+//! A range over several chunks first tries all of them at once: load every covered chunk's `seq`
+//! (`Acquire`); if they are all even and equal (one publication), load the first chunk's
+//! `version`, hand the *whole* range to `copy` in one call, `fence(Acquire)`, and reload every
+//! `seq`; if none moved, that one copy is the read (it is the per-piece protocol above, with all
+//! pieces copied between the same two checks). Any odd or unequal `seq`, before or after, falls
+//! back to the piece-by-piece read, which redoes every piece. The point is one large copy: the C
+//! library's `memcpy` switches to non-temporal stores only for a single large copy, which pieces
+//! of one chunk each never get.
+//!
 //! `copy(src, offset_in_range)` receives a slice of the live mapping, so it can see bytes that are
 //! being overwritten; such a copy is always redone (same offset) before the read returns, so a
 //! caller that writes `src` into its destination at `offset_in_range` ends up consistent. `copy`
@@ -924,11 +933,13 @@ impl SegmentReader {
     }
 
     /// Consistent read of the data bytes `bytes` (element aligned, within the segment): calls
-    /// `copy(src, offset_in_range)` for each chunk piece (again, same offset, if a piece was torn
-    /// or belongs to another publication) and returns the version of the one publication that
-    /// all of the final pieces come from. An empty range returns the version of the chunk
-    /// holding its start. A read that starts at or after `deadline`, or is still waiting for a
-    /// stable publication then, is [`SegmentError::Deadline`].
+    /// `copy(src, offset_in_range)` once for the whole range if all of its chunks are stable at
+    /// one publication, else (and after that call, if a publication ran during it) for each chunk
+    /// piece (again, same offset, if a piece was torn or belongs to another publication); returns
+    /// the version of the one publication that all of the final pieces come from. An empty range
+    /// returns the version of the chunk holding its start. A read that starts at or after
+    /// `deadline`, or is still waiting for a stable publication then, is
+    /// [`SegmentError::Deadline`].
     pub(crate) fn read(
         &self,
         bytes: Range<usize>,
@@ -959,6 +970,11 @@ impl SegmentReader {
         } else {
             (bytes.end - 1) / g.chunk_bytes
         };
+        if last > first {
+            if let Some(version) = self.read_whole(first..=last, &bytes, copy) {
+                return Ok(version);
+            }
+        }
         'restart: loop {
             // (seq, version) every piece so far was read at.
             let mut at: Option<(u64, u64)> = None;
@@ -995,6 +1011,50 @@ impl SegmentReader {
             // `first..=last` is never empty, so `at` is set.
             return at.map(|(_, v)| v).ok_or_else(|| backoff.deadline());
         }
+    }
+
+    /// The fast path of [`SegmentReader::read`] for a range over the chunks `chunks`: if every
+    /// chunk is stable at one and the same `seq`, the whole range is handed to `copy` at once
+    /// (one large copy, which the C library may do with non-temporal stores) and the read
+    /// succeeds if no chunk's `seq` moved meanwhile. Returns the version read, or `None` (a
+    /// publication in progress, the chunks at different `seq`s, or one that ran during the
+    /// copy) when the caller must fall back to the piece-by-piece read, which then redoes every
+    /// piece: whatever `copy` wrote here is overwritten at the same offsets.
+    fn read_whole(
+        &self,
+        chunks: std::ops::RangeInclusive<usize>,
+        bytes: &Range<usize>,
+        copy: &mut dyn FnMut(&[u8], usize),
+    ) -> Option<u64> {
+        let g = &self.geometry;
+        let (first_seq, first_version) = self.control(*chunks.start());
+        let before = first_seq.load(Ordering::Acquire);
+        if before & 1 == 1 {
+            return None;
+        }
+        // Loaded after the `Acquire` load of chunk `first`'s `seq` and before the copy; the
+        // re-check below finds that `seq` unchanged only if the version is that publication's.
+        let version = first_version.load(Ordering::Relaxed);
+        // Every chunk at the same even `seq`: every one holds the same publication (each
+        // publication moves every chunk's `seq` by exactly 2).
+        if !chunks
+            .clone()
+            .all(|c| self.control(c).0.load(Ordering::Acquire) == before)
+        {
+            return None;
+        }
+        copy(
+            &self.map[g.data_offset + bytes.start..g.data_offset + bytes.end],
+            0,
+        );
+        // Orders the copy (and the version load) before the re-checks: if the copy saw any byte
+        // a later publication wrote into chunk `c`, chunk `c`'s `seq` has moved on (the writer
+        // made it odd, with a `Release` fence, before writing the chunk's bytes).
+        fence(Ordering::Acquire);
+        chunks
+            .into_iter()
+            .all(|c| self.control(c).0.load(Ordering::Relaxed) == before)
+            .then_some(version)
     }
 }
 
@@ -1214,14 +1274,15 @@ mod tests {
             assert_eq!(bytes, initial[range.clone()], "{range:?}");
             assert_eq!(version, 3);
         }
-        // The pieces arrive per chunk with their offset in the range.
+        // At rest a range over several chunks arrives as one copy (pieces per chunk only when a
+        // publication interferes: `a_publication_during_the_one_copy_is_never_returned_mixed`).
         let mut pieces = Vec::new();
         reader
             .read(250..770, far(), &mut |src, off| {
                 pieces.push((off, src.len()))
             })
             .expect("pieces");
-        assert_eq!(pieces, vec![(0, 6), (6, 256), (262, 256), (518, 2)]);
+        assert_eq!(pieces, vec![(0, 520)]);
         // Empty ranges still report the version.
         assert_eq!(read_vec(&reader, 600..600).expect("empty"), (vec![], 3));
         assert_eq!(
@@ -1378,6 +1439,166 @@ mod tests {
         assert!(
             seen.len() >= 2,
             "{reads} reads saw only versions {seen:?} of {published} publications"
+        );
+    }
+
+    /// The copies a read made: (offset in range, length) per `copy` call, and the bytes.
+    fn read_logged(
+        reader: &SegmentReader,
+        bytes: Range<usize>,
+        during: &mut dyn FnMut(usize),
+    ) -> (Vec<u8>, u64, Vec<(usize, usize)>) {
+        let mut out = vec![0u8; bytes.len()];
+        let mut calls = Vec::new();
+        let version = reader
+            .read(bytes, far(), &mut |src, off| {
+                calls.push((off, src.len()));
+                // Copy in two halves with `during(call)` between them, so a test can publish
+                // in the middle of one copy.
+                let half = src.len() / 2;
+                out[off..off + half].copy_from_slice(&src[..half]);
+                during(calls.len());
+                out[off + half..off + src.len()].copy_from_slice(&src[half..]);
+            })
+            .expect("read");
+        (out, version, calls)
+    }
+
+    #[test]
+    fn a_stable_multi_chunk_range_is_read_with_one_copy() {
+        let dir = TestDir::new("one_copy");
+        let job = "one_copy";
+        // 8 chunks of 64 bytes, 2-byte elements.
+        let data: Vec<u8> = (0..512u32).map(|i| (i * 7 % 251) as u8).collect();
+        let writer =
+            SegmentWriter::create(dir.path(), job, 1, 2, 256, 64, &data, 3).expect("create");
+        let reader = SegmentReader::open(dir.path(), writer.name(), job).expect("open");
+        for range in [0..512, 10..500, 62..66, 64..192, 130..512] {
+            let (out, version, calls) = read_logged(&reader, range.clone(), &mut |_| {});
+            assert_eq!((&out[..], version), (&data[range.clone()], 3), "{range:?}");
+            assert_eq!(calls, vec![(0, range.len())], "one copy for {range:?}");
+        }
+        // Within one chunk there is one piece anyway.
+        let (out, _, calls) = read_logged(&reader, 66..100, &mut |_| {});
+        assert_eq!((&out[..], calls), (&data[66..100], vec![(0, 34)]));
+    }
+
+    #[test]
+    fn a_publication_during_the_one_copy_is_never_returned_mixed() {
+        let dir = TestDir::new("one_copy_torn");
+        let job = "one_copy_torn";
+        // 8 chunks of 64 bytes; version 1 is all 0x11, version 2 all 0x22.
+        let (old, new) = (vec![0x11u8; 512], vec![0x22u8; 512]);
+        let writer =
+            SegmentWriter::create(dir.path(), job, 1, 4, 128, 64, &old, 1).expect("create");
+        let reader = SegmentReader::open(dir.path(), writer.name(), job).expect("open");
+        for range in [0..512, 4..508, 60..72] {
+            writer.publish(1, &old).expect("publish old");
+            // The first (whole-range) copy takes its first half of version 1, then version 2 is
+            // published, then it takes its second half: that copy is mixed and must be redone.
+            let (out, version, calls) = read_logged(&reader, range.clone(), &mut |call| {
+                if call == 1 {
+                    writer.publish(2, &new).expect("publish new");
+                }
+            });
+            assert_eq!(
+                calls[0],
+                (0, range.len()),
+                "{range:?}: tried as one copy first"
+            );
+            assert!(
+                calls.len() > 1,
+                "{range:?}: the mixed copy was redone: {calls:?}"
+            );
+            if range == (60..72) {
+                // Redone piece by piece, each at its offset in the range.
+                assert_eq!(calls, vec![(0, 12), (0, 4), (4, 8)]);
+            }
+            assert_eq!(version, 2, "{range:?}");
+            assert!(
+                out.iter().all(|&b| b == 0x22),
+                "{range:?}: mixed result {out:?}"
+            );
+        }
+        // A range whose chunks are at different publications (a writer that died between
+        // chunks) is never taken by the one-copy path either: it waits, then misses its deadline.
+        writer.poke_seq(0, 100);
+        let mut lengths = Vec::new();
+        let result = reader.read(
+            0..512,
+            Instant::now() + Duration::from_millis(50),
+            &mut |src, _| lengths.push(src.len()),
+        );
+        assert!(matches!(result, Err(SegmentError::Deadline { .. })));
+        assert!(
+            !lengths.contains(&512),
+            "no one copy across two publications: {lengths:?}"
+        );
+    }
+
+    #[test]
+    fn whole_segment_reads_under_a_publishing_writer_are_never_mixed() {
+        let dir = TestDir::new("whole_torn");
+        let job = "whole_torn";
+        const BYTES: usize = 256 * 1024; // 64 chunks of 4 KiB
+        const CHUNK: usize = 4096;
+        let (a, b) = (vec![0xAAu8; BYTES], vec![0x55u8; BYTES]);
+        let writer = Arc::new(
+            SegmentWriter::create(dir.path(), job, 1, 4, BYTES / 4, CHUNK, &b, 0).expect("create"),
+        );
+        let reader = SegmentReader::open(dir.path(), writer.name(), job).expect("open");
+        let stop = Arc::new(AtomicBool::new(false));
+        let publisher = {
+            let (writer, stop) = (Arc::clone(&writer), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut version = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    version += 1;
+                    let data = if version % 2 == 1 { &a } else { &b };
+                    writer.publish(version, data).expect("publish");
+                }
+                version
+            })
+        };
+        let started = Instant::now();
+        let (mut reads, mut one_copy) = (0u64, 0u64);
+        let mut seen = std::collections::BTreeSet::new();
+        let mut out = vec![0u8; BYTES];
+        while started.elapsed() < Duration::from_millis(300) {
+            // The whole segment, or all of it but the first and last element.
+            let range = if reads % 2 == 0 {
+                0..BYTES
+            } else {
+                4..BYTES - 4
+            };
+            let dest = &mut out[..range.len()];
+            dest.fill(0);
+            let mut calls = 0;
+            let version = reader
+                .read(
+                    range.clone(),
+                    Instant::now() + Duration::from_secs(5),
+                    &mut |src, off| {
+                        calls += 1;
+                        dest[off..off + src.len()].copy_from_slice(src)
+                    },
+                )
+                .expect("read under a live writer");
+            let expected = if version % 2 == 1 { 0xAA } else { 0x55 };
+            assert!(
+                dest.iter().all(|&x| x == expected),
+                "torn read of {range:?} at version {version} ({calls} copies)"
+            );
+            reads += 1;
+            one_copy += u64::from(calls == 1);
+            seen.insert(version);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let published = publisher.join().expect("publisher");
+        assert!(reads > 0);
+        println!(
+            "{reads} reads, {one_copy} as one copy, {} versions of {published} publications",
+            seen.len()
         );
     }
 

@@ -9,9 +9,10 @@
 //!
 //! A reader keeps one authenticated connection per owner address and pipelines its requests on
 //! it; reads larger than [`RemoteConfig::read_part_bytes`] go as parts in flight at once, and a
-//! batch issues all its operations to all owners at once (C5, C6). Received payloads are slices of
-//! the received frame (no copy until the caller's destination). A handle of this very instance is
-//! served in-process, without a socket.
+//! batch issues all its operations to all owners at once (C5, C6). A read's payload goes from the
+//! socket straight into its part of the caller's destination (`Dest::Bytes`; an `f32` destination
+//! decodes it from a receive buffer the connection reuses), never through a buffer allocated per
+//! answer. A handle of this very instance is served in-process, without a socket.
 //!
 //! How each clause holds across processes:
 //! - **C1**: the owner answers every part from one publication (a slice of its immutable bytes)

@@ -3,14 +3,25 @@
 //! The reader checks the length against its cap before it reserves anything, so a peer's length
 //! field can make it allocate at most the cap (and before authentication the cap is a few hundred
 //! bytes). A frame's body is handed out as `Bytes` split off the receive buffer: no copy.
+//!
+//! A body can also be taken in two steps, so a large payload lands where its reader wants it
+//! rather than in a fresh buffer: [`FrameReader::next_head`] hands out the length and the first
+//! few bytes, then [`FrameReader::read_body`] copies the rest into the caller's memory (or
+//! [`FrameReader::rest_of_body`] buffers it; the next frame's read discards whatever is left).
+//! Reads never go past the current frame's body, so a payload of the wrong length can never
+//! consume the next frame, and every step is cancel safe: progress is kept in the reader.
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::WireError;
 
 /// Bytes of the length prefix.
 pub const PREFIX: usize = 4;
+
+/// How far a read for a frame's head (or for bytes to discard) may read ahead into the buffer;
+/// what it takes of a payload is copied from there, the rest goes straight to its destination.
+const READ_AHEAD: usize = 64 * 1024;
 
 /// Payloads up to this size are copied next to their head and written with one call (fewer
 /// syscalls for small messages); larger ones are written from their own buffer.
@@ -36,6 +47,9 @@ pub struct FrameReader<R> {
     inner: R,
     buf: BytesMut,
     cap: usize,
+    /// Bytes of the current frame's body not taken yet (after [`FrameReader::next_head`]); the
+    /// first `min(body_left, buf.len())` of them are in `buf`.
+    body_left: usize,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -44,6 +58,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             inner,
             buf: BytesMut::with_capacity(8 * 1024),
             cap,
+            body_left: 0,
         }
     }
 
@@ -56,30 +71,133 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.cap
     }
 
-    /// The next frame's body. Cancel safe: bytes already read stay buffered.
+    /// The next frame's body (the rest of a frame begun with [`FrameReader::next_head`] is
+    /// discarded first). Cancel safe: bytes already read stay buffered.
     pub async fn next(&mut self) -> Result<Bytes, FrameError> {
+        self.discard_body().await?;
         loop {
             if let Some(body) = self.split()? {
                 return Ok(body);
             }
-            if self.inner.read_buf(&mut self.buf).await? == 0 {
-                return Err(if self.buf.is_empty() {
-                    FrameError::Closed
-                } else {
-                    FrameError::Io(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        format!(
-                            "stream ended inside a frame ({} bytes buffered)",
-                            self.buf.len()
-                        ),
-                    ))
-                });
-            }
+            self.fill(usize::MAX).await?;
         }
     }
 
-    /// A whole frame off the buffer, if one is there; otherwise make room for the rest of it.
-    fn split(&mut self) -> Result<Option<Bytes>, WireError> {
+    /// The next frame's body length and its first `min(want, length)` bytes; the rest of the body
+    /// ([`FrameReader::body_left`] bytes) is for [`FrameReader::read_body`] or
+    /// [`FrameReader::rest_of_body`], and whatever of it is left when the next frame is read is
+    /// discarded. The length is checked against the cap before anything is reserved. Cancel safe.
+    pub async fn next_head(&mut self, want: usize) -> Result<(usize, Bytes), FrameError> {
+        self.discard_body().await?;
+        loop {
+            if let Some(len) = self.prefix()? {
+                let take = want.min(len);
+                if self.buf.len() >= PREFIX + take {
+                    self.buf.advance(PREFIX);
+                    self.body_left = len - take;
+                    return Ok((len, self.buf.split_to(take).freeze()));
+                }
+            }
+            // Room to read ahead: a small frame then arrives whole in one read. Once the frames
+            // split off earlier are dropped, this reuses the buffer's allocation.
+            self.buf.reserve(READ_AHEAD);
+            self.fill(READ_AHEAD).await?;
+        }
+    }
+
+    /// Bytes of the current frame's body not taken yet.
+    pub fn body_left(&self) -> usize {
+        self.body_left
+    }
+
+    /// Bytes of the current frame's body already in the buffer (taking them reads nothing).
+    pub fn body_buffered(&self) -> usize {
+        self.body_left.min(self.buf.len())
+    }
+
+    /// Copy the next bytes of the current frame's body into `out`: at least one and at most
+    /// `min(out.len(), body_left)`, returned; 0 only when `out` is empty or the body is all
+    /// taken. Bytes already buffered are copied from the buffer, the rest is read from the stream
+    /// straight into `out`. A stream that ends first is [`FrameError::Io`]. Cancel safe.
+    pub async fn read_body(&mut self, out: &mut [u8]) -> Result<usize, FrameError> {
+        let n = out.len().min(self.body_left);
+        if n == 0 {
+            return Ok(0);
+        }
+        let taken = if self.buf.is_empty() {
+            match self.inner.read(&mut out[..n]).await? {
+                0 => return Err(self.cut()),
+                taken => taken,
+            }
+        } else {
+            let taken = n.min(self.buf.len());
+            out[..taken].copy_from_slice(&self.buf[..taken]);
+            self.buf.advance(taken);
+            taken
+        };
+        self.body_left -= taken;
+        Ok(taken)
+    }
+
+    /// The rest of the current frame's body, buffered (at most the cap: the length was checked).
+    /// Cancel safe.
+    pub async fn rest_of_body(&mut self) -> Result<Bytes, FrameError> {
+        let need = self.body_left;
+        while self.buf.len() < need {
+            self.buf.reserve(need - self.buf.len());
+            self.fill(usize::MAX).await?;
+        }
+        self.body_left = 0;
+        Ok(self.buf.split_to(need).freeze())
+    }
+
+    /// Drop the rest of the current frame's body, reading ahead at most [`READ_AHEAD`] bytes at a
+    /// time. Cancel safe.
+    async fn discard_body(&mut self) -> Result<(), FrameError> {
+        while self.body_left > 0 {
+            if self.buf.is_empty() {
+                self.fill(self.body_left.min(READ_AHEAD)).await?;
+            }
+            let taken = self.body_left.min(self.buf.len());
+            self.buf.advance(taken);
+            self.body_left -= taken;
+        }
+        Ok(())
+    }
+
+    /// Read at most `most` more bytes into the buffer (at least one). The stream ending is
+    /// [`FrameError::Closed`] between frames, [`FrameError::Io`] inside one.
+    async fn fill(&mut self, most: usize) -> Result<(), FrameError> {
+        if self
+            .inner
+            .read_buf(&mut (&mut self.buf).limit(most))
+            .await?
+            == 0
+        {
+            return Err(if self.buf.is_empty() && self.body_left == 0 {
+                FrameError::Closed
+            } else {
+                self.cut()
+            });
+        }
+        Ok(())
+    }
+
+    /// The error for a stream that ended inside a frame.
+    fn cut(&self) -> FrameError {
+        FrameError::Io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "stream ended inside a frame ({} bytes buffered, {} of the body not received)",
+                self.buf.len(),
+                self.body_left
+            ),
+        ))
+    }
+
+    /// The length of the frame whose prefix starts the buffer, if the prefix is there, checked
+    /// against the cap.
+    fn prefix(&self) -> Result<Option<usize>, WireError> {
         let Some(prefix) = self.buf.get(..PREFIX) else {
             return Ok(None);
         };
@@ -92,6 +210,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 cap: self.cap as u64,
             });
         }
+        Ok(Some(len))
+    }
+
+    /// A whole frame off the buffer, if one is there; otherwise make room for the rest of it.
+    fn split(&mut self) -> Result<Option<Bytes>, WireError> {
+        let Some(len) = self.prefix()? else {
+            return Ok(None);
+        };
         let total = PREFIX + len;
         if self.buf.len() >= total {
             self.buf.advance(PREFIX);

@@ -31,6 +31,17 @@ const READ_OK: u8 = 0x81;
 const DONE: u8 = 0x82;
 const FAILED: u8 = 0x83;
 
+/// Bytes of a `ReadOk` before its payload: type, req, version, dtype.
+pub const READ_OK_HEAD: usize = 1 + 8 + 8 + 1;
+
+/// The fields of a `ReadOk` before its payload ([`Response::decode_read_head`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOkHead {
+    pub req: u64,
+    pub version: u64,
+    pub dtype: Dtype,
+}
+
 /// Which region of which owner a request is for. `instance` names the owner's transport instance
 /// (from the handle's descriptor); a request for another instance is refused as an unknown region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,21 +279,19 @@ impl Response {
         let mut cur = Cursor::new(body);
         let code = cur.u8("response type")?;
         let response = match code {
-            READ_OK => Response::ReadOk {
-                req: cur.u64("request id")?,
-                version: cur.u64("version")?,
-                dtype: match cur.u8("dtype")? {
-                    0 => Dtype::F32,
-                    1 => Dtype::Bf16,
-                    code => {
-                        return Err(WireError::UnknownType {
-                            what: "dtype",
-                            code,
-                        })
-                    }
-                },
-                data: cur.rest(),
-            },
+            READ_OK => {
+                let ReadOkHead {
+                    req,
+                    version,
+                    dtype,
+                } = cur.read_ok_head()?;
+                Response::ReadOk {
+                    req,
+                    version,
+                    dtype,
+                    data: cur.rest(),
+                }
+            }
             DONE => {
                 let req = cur.u64("request id")?;
                 cur.finish("done response")?;
@@ -305,6 +314,22 @@ impl Response {
             }
         };
         Ok(response)
+    }
+
+    /// The first bytes of a response frame body ([`READ_OK_HEAD`] of them, or the whole body if
+    /// it is shorter), for a reader that receives a read's payload straight into its destination:
+    /// `Some` fields if they begin a `ReadOk` (whose payload is the rest of the body), `None` for
+    /// any other response type (decode the whole body with [`Response::decode`]). Agrees with
+    /// [`Response::decode`]: a `ReadOk` head that is cut short or names an unknown dtype is the
+    /// same error.
+    pub fn decode_read_head(head: Bytes) -> Result<Option<ReadOkHead>, WireError> {
+        let mut cur = Cursor::new(head);
+        if cur.u8("response type")? != READ_OK {
+            return Ok(None);
+        }
+        let head = cur.read_ok_head()?;
+        cur.finish("read response head")?;
+        Ok(Some(head))
     }
 }
 
@@ -377,6 +402,24 @@ impl Cursor {
             owner: self.u32("owner")?,
             instance: self.u64("instance")?,
             region: self.u64("region")?,
+        })
+    }
+
+    /// A `ReadOk`'s fields after its type byte.
+    fn read_ok_head(&mut self) -> Result<ReadOkHead, WireError> {
+        Ok(ReadOkHead {
+            req: self.u64("request id")?,
+            version: self.u64("version")?,
+            dtype: match self.u8("dtype")? {
+                0 => Dtype::F32,
+                1 => Dtype::Bf16,
+                code => {
+                    return Err(WireError::UnknownType {
+                        what: "dtype",
+                        code,
+                    })
+                }
+            },
         })
     }
 

@@ -23,7 +23,7 @@ pub mod message;
 
 pub use frame::{read_frame, write_frame, FrameReader};
 pub use handshake::{ClusterSecret, HandshakeError};
-pub use message::{Request, Response, Target};
+pub use message::{ReadOkHead, Request, Response, Target, READ_OK_HEAD};
 
 /// A frame from a peer that does not decode. Every variant says what was wrong; none carries the
 /// peer's bytes.
