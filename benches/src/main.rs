@@ -67,6 +67,9 @@ struct ProcessesArgs {
     /// The `odc` launcher (default: odc beside this executable).
     #[arg(long)]
     odc: Option<PathBuf>,
+    /// Extra compute per micro-batch that does not occupy a core (as a GPU's would), in ms.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    compute_delay_ms: u32,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -702,6 +705,7 @@ fn processes(args: ProcessesArgs) -> anyhow::Result<()> {
         },
         steps: args.steps,
         rounds: args.rounds,
+        compute_delay_ms: args.compute_delay_ms,
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(

@@ -15,7 +15,10 @@
 //!   sums micro-batches in a different order each run, so even two one-process runs differ in the
 //!   last bits): a mismatch fails the benchmark.
 //! - With more processes than cores the processes share cores; the benchmark says so, since that
-//!   oversubscription (not communication) can then decide the ratio.
+//!   oversubscription (not communication) can then decide the ratio. `embed`'s compute runs on
+//!   the CPU, so on a small machine the trainers' compute competes with every process's transport
+//!   and control tasks; `--compute-delay-ms` adds compute time that does not occupy a core (what
+//!   GPU kernels look like to the CPU), the setting odc is built for.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,6 +37,9 @@ pub struct Settings {
     pub transport: String,
     pub steps: u32,
     pub rounds: u32,
+    /// `embed --compute-delay-ms`: compute time per micro-batch that does not occupy a core (a
+    /// GPU's kernels, as the CPU sees them); 0 = the example as is.
+    pub compute_delay_ms: u32,
 }
 
 /// One run's time per step and final loss.
@@ -99,6 +105,8 @@ fn common(settings: &Settings) -> Vec<String> {
         "--no-metrics".into(),
         "--seed".into(),
         "3".into(),
+        "--compute-delay-ms".into(),
+        settings.compute_delay_ms.to_string(),
     ]
 }
 
