@@ -417,6 +417,7 @@ async fn execute(
                     }
                     Err(e) => {
                         let why = format!("respawn failed: {e}");
+                        tracing::warn!("trainer {slot}: {why}");
                         state.machine.on_trainer_lost(slot, why, now)
                     }
                 }
