@@ -39,6 +39,7 @@ pub mod launch;
 mod membership;
 pub mod metrics;
 pub mod sim;
+pub mod text;
 pub mod trace;
 
 pub use async_trait::async_trait;

@@ -1,0 +1,91 @@
+//! Post-training text data for the SFT and GRPO examples: problems, a tokenizer, packed samples
+//! and rewards. Pure Rust, CPU-cheap, no model code.
+//!
+//! The pieces and what each guarantees (tests are named after the guarantees):
+//!
+//! - [`problem`]: a [`Problem`] is a question and a GSM8K-style answer whose last `#### ` line
+//!   holds the final answer ([`Problem::final_answer`]).
+//! - [`arith`]: [`ArithTask`] generates grade-school arithmetic word problems. (1) A problem is a
+//!   pure function of (seed, split, index), the same on every platform. (2) Every step line is
+//!   exact integer arithmetic on numbers in `2..=1000`, and the `####` line repeats the last
+//!   result. (3) Step counts are long-tailed (`P(n) ∝ n^-1.5` for 1–12 steps), so token lengths
+//!   vary wildly. (4) The train and eval splits share no question.
+//! - [`gsm8k`]: [`gsm8k::load`] reads GSM8K-format JSONL; every malformed line is an error naming
+//!   the file, the 1-based line and what was wrong.
+//! - [`tokenizer`]: the [`Tokenizer`] trait and [`ByteTokenizer`], whose round trip is lossless
+//!   for any UTF-8 text.
+//! - [`packing`]: a [`Sample`] is `BOS question \n answer EOS` with loss only on the answer and
+//!   EOS; [`pack`] fills rows up to a token budget in order, with positions restarting at each
+//!   sample and segment ids that change exactly at sample boundaries; a sample over the budget is
+//!   an error naming it. [`sample_metas`] gives odc's balancer the real lengths.
+//! - [`reward`](mod@reward): GRPO rewards from the `####` line: [`exact_match`],
+//!   [`format_reward`] and their weighted sum [`reward()`].
+
+pub mod arith;
+pub mod gsm8k;
+pub mod packing;
+pub mod problem;
+pub mod reward;
+pub mod tokenizer;
+
+pub use arith::{ArithTask, Split};
+pub use packing::{pack, prompt_tokens, sample_metas, Packed, Sample};
+pub use problem::Problem;
+pub use reward::{exact_match, extract_answer, format_reward, reward};
+pub use tokenizer::{ByteTokenizer, Tokenizer};
+
+use std::path::PathBuf;
+
+/// What was wrong with text data; each variant names the file and line, or the sample.
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    /// The file could not be opened.
+    #[error("cannot open {}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file could not be read past a line.
+    #[error("cannot read {} at line {line}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line that could not be read.
+        line: usize,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A line is not a well-formed record.
+    #[error("{}:{line}: {reason}", path.display())]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line.
+        line: usize,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// A sample's tokens and loss mask disagree in length, or it has no tokens.
+    #[error(
+        "a sample needs at least one token and one mask entry per token; \
+         got {tokens} tokens and {mask} mask entries"
+    )]
+    SampleShape {
+        /// Its token count.
+        tokens: usize,
+        /// Its mask length.
+        mask: usize,
+    },
+    /// A sample does not fit the packing budget.
+    #[error("sample {index} has {tokens} tokens, over the packing budget of {budget}")]
+    OverBudget {
+        /// Its index in the input.
+        index: usize,
+        /// Its token count.
+        tokens: usize,
+        /// The budget.
+        budget: usize,
+    },
+}
