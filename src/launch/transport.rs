@@ -31,7 +31,7 @@ pub fn job_name(world: &World) -> String {
     world.job.clone().unwrap_or_else(|| "odc".into())
 }
 
-/// This process's transport (see the [module docs](self)).
+/// This process's transport: `ODC_TRANSPORT=shm` or `tcp` (the default for several processes), `local` alone.
 pub async fn transport(world: &World) -> Result<Arc<dyn Transport>> {
     let kind = world
         .transport
