@@ -38,6 +38,8 @@ mod job;
 pub mod launch;
 mod membership;
 pub mod metrics;
+#[cfg(feature = "candle")]
+pub mod model;
 pub mod sim;
 pub mod text;
 pub mod trace;

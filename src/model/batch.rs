@@ -1,0 +1,239 @@
+//! A packed micro-batch: several samples concatenated into one sequence of `T` tokens, with the
+//! per-token metadata the model needs.
+//!
+//! Conventions (the guarantees the forward relies on, each checked by [`PackedBatch::new`] or a test):
+//! - `segments[t]` is the index of the sample token `t` belongs to; samples are contiguous runs.
+//! - `positions[t]` is the token's position within its sample (0 at each sample's first token);
+//!   it drives the rotary embedding, so a sample's result does not depend on where it is packed.
+//! - Next-token targets stay within a sample: token `t` predicts token `t + 1` only if both are in
+//!   the same sample; a sample's last token predicts nothing.
+//! - `loss_mask[t]` marks token `t` as a **target** that carries loss (e.g. the response tokens of
+//!   an SFT sample); a sample's first token is never a target. The loss is the mean over targets.
+//! - `attention_mask` is additive `[T, T]`: 0 where query `i` may attend to key `j` (same sample and
+//!   `j <= i`), [`MASKED`] elsewhere.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::config::ModelConfig;
+use super::error::{Error, Result};
+use super::ops::rope_cos_sin;
+
+/// The additive mask value of a forbidden (query, key) pair: finite, so no `inf - inf` can make a
+/// NaN, and low enough that `exp` underflows to exactly 0 in fp32.
+pub const MASKED: f32 = -1e9;
+
+/// One sample of a pack: its tokens and which of them carry loss.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Token ids, each `< vocab_size`.
+    pub tokens: Vec<u32>,
+    /// Per token: whether it is a target that carries loss (same length as `tokens`).
+    pub loss_mask: Vec<bool>,
+}
+
+impl Sample {
+    /// A sample whose every token (but the first, which nothing predicts) carries loss.
+    pub fn all_loss(tokens: Vec<u32>) -> Self {
+        let loss_mask = vec![true; tokens.len()];
+        Sample { tokens, loss_mask }
+    }
+}
+
+/// A packed micro-batch on a device (see the module docs for the conventions).
+#[derive(Debug, Clone)]
+pub struct PackedBatch {
+    /// `[T]` u32 token ids.
+    pub tokens: Tensor,
+    /// `[T]` u32 position within the sample.
+    pub positions: Tensor,
+    /// `[T]` u32 sample index.
+    pub segments: Tensor,
+    /// `[T]` u32: the token each position predicts (0 where it predicts nothing).
+    pub targets: Tensor,
+    /// `[T]` f32: 1 where position `t`'s prediction counts in the loss, else 0.
+    pub target_weights: Tensor,
+    /// Number of predictions that count (the loss's denominator).
+    pub loss_tokens: usize,
+    /// `[T, T]` f32 additive attention mask.
+    pub attention_mask: Tensor,
+    /// `[T, head_dim / 2]` rotary cosines at each token's position.
+    pub rope_cos: Tensor,
+    /// `[T, head_dim / 2]` rotary sines at each token's position.
+    pub rope_sin: Tensor,
+    len: usize,
+}
+
+impl PackedBatch {
+    /// Packs `samples` in order (positions restart at 0 for each).
+    pub fn pack(config: &ModelConfig, samples: &[Sample], device: &Device) -> Result<Self> {
+        let (mut tokens, mut positions, mut segments, mut loss_mask) =
+            (vec![], vec![], vec![], vec![]);
+        for (s, sample) in samples.iter().enumerate() {
+            if sample.loss_mask.len() != sample.tokens.len() {
+                return Err(Error::Batch(format!(
+                    "sample {s}: {} tokens but a loss mask of {}",
+                    sample.tokens.len(),
+                    sample.loss_mask.len()
+                )));
+            }
+            tokens.extend_from_slice(&sample.tokens);
+            loss_mask.extend_from_slice(&sample.loss_mask);
+            positions.extend(0..sample.tokens.len() as u32);
+            segments.extend(std::iter::repeat_n(s as u32, sample.tokens.len()));
+        }
+        Self::new(config, &tokens, &positions, &segments, &loss_mask, device)
+    }
+
+    /// A packed batch from per-token columns (all of length `T > 0`).
+    pub fn new(
+        config: &ModelConfig,
+        tokens: &[u32],
+        positions: &[u32],
+        segments: &[u32],
+        loss_mask: &[bool],
+        device: &Device,
+    ) -> Result<Self> {
+        config.validate()?;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(Error::Batch("no tokens".into()));
+        }
+        if positions.len() != t || segments.len() != t || loss_mask.len() != t {
+            return Err(Error::Batch(format!(
+                "{t} tokens, {} positions, {} segments, {} loss-mask entries",
+                positions.len(),
+                segments.len(),
+                loss_mask.len()
+            )));
+        }
+        if let Some(i) = tokens.iter().position(|&x| x as usize >= config.vocab_size) {
+            return Err(Error::Batch(format!(
+                "token {i} is {} but vocab_size is {}",
+                tokens[i], config.vocab_size
+            )));
+        }
+        if let Some(i) = positions
+            .iter()
+            .position(|&p| p as usize >= config.max_seq_len)
+        {
+            return Err(Error::Batch(format!(
+                "position {} at token {i} is past max_seq_len {}",
+                positions[i], config.max_seq_len
+            )));
+        }
+        let mut targets = vec![0u32; t];
+        let mut weights = vec![0f32; t];
+        for i in 0..t - 1 {
+            if segments[i + 1] == segments[i] {
+                targets[i] = tokens[i + 1];
+                weights[i] = if loss_mask[i + 1] { 1.0 } else { 0.0 };
+            }
+        }
+        let loss_tokens = weights.iter().filter(|w| **w > 0.0).count();
+        let positions = Tensor::from_slice(positions, t, device)?;
+        let segments = Tensor::from_slice(segments, t, device)?;
+        let (rope_cos, rope_sin) = rope_cos_sin(&positions, config.head_dim(), config.rope_theta)?;
+        Ok(PackedBatch {
+            tokens: Tensor::from_slice(tokens, t, device)?,
+            attention_mask: packed_causal_mask(&segments)?,
+            positions,
+            segments,
+            targets: Tensor::from_vec(targets, t, device)?,
+            target_weights: Tensor::from_vec(weights, t, device)?,
+            loss_tokens,
+            rope_cos,
+            rope_sin,
+            len: t,
+        })
+    }
+
+    /// `T`, the packed length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a pack has at least one token.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The block-diagonal causal mask of a pack, built on `segments`' device: `[T, T]` f32, 0 where
+/// `segments[i] == segments[j] && j <= i`, [`MASKED`] elsewhere. Every row allows its diagonal.
+pub fn packed_causal_mask(segments: &Tensor) -> Result<Tensor> {
+    let t = segments.dims1()?;
+    let same = segments
+        .reshape((t, 1))?
+        .broadcast_eq(&segments.reshape((1, t))?)?;
+    let idx = Tensor::arange(0u32, t as u32, segments.device())?;
+    let causal = idx.reshape((t, 1))?.broadcast_ge(&idx.reshape((1, t))?)?;
+    let allowed = (same.to_dtype(DType::F32)? * causal.to_dtype(DType::F32)?)?;
+    // allowed = 1 -> 0, allowed = 0 -> MASKED.
+    Ok(((allowed - 1.0)? * (-MASKED as f64))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ModelConfig {
+        ModelConfig {
+            vocab_size: 16,
+            d_model: 8,
+            n_heads: 2,
+            max_seq_len: 8,
+            ..ModelConfig::tiny()
+        }
+    }
+
+    #[test]
+    fn mask_is_block_diagonal_causal() {
+        let segments = Tensor::new(&[0u32, 0, 1, 1, 1], &Device::Cpu).unwrap();
+        let mask = packed_causal_mask(&segments)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let allowed = |i: usize, j: usize| (i < 2) == (j < 2) && j <= i;
+        for (i, row) in mask.iter().enumerate() {
+            for (j, &m) in row.iter().enumerate() {
+                assert_eq!(m, if allowed(i, j) { 0.0 } else { MASKED }, "({i}, {j})");
+            }
+        }
+    }
+
+    #[test]
+    fn targets_stay_within_samples_and_positions_reset() {
+        let samples = [
+            Sample {
+                tokens: vec![1, 2, 3],
+                loss_mask: vec![true, true, false],
+            },
+            Sample::all_loss(vec![4, 5]),
+        ];
+        let b = PackedBatch::pack(&config(), &samples, &Device::Cpu).unwrap();
+        assert_eq!(b.positions.to_vec1::<u32>().unwrap(), vec![0, 1, 2, 0, 1]);
+        assert_eq!(b.segments.to_vec1::<u32>().unwrap(), vec![0, 0, 0, 1, 1]);
+        assert_eq!(b.targets.to_vec1::<u32>().unwrap(), vec![2, 3, 0, 5, 0]);
+        // 1 -> 2 counts, 2 -> 3 is masked, 3 predicts nothing (next sample), 4 -> 5 counts.
+        assert_eq!(
+            b.target_weights.to_vec1::<f32>().unwrap(),
+            vec![1., 0., 0., 1., 0.]
+        );
+        assert_eq!(b.loss_tokens, 2);
+    }
+
+    #[test]
+    fn malformed_batches_are_rejected() {
+        let c = config();
+        let cpu = &Device::Cpu;
+        assert!(PackedBatch::new(&c, &[], &[], &[], &[], cpu).is_err());
+        assert!(PackedBatch::new(&c, &[1, 2], &[0], &[0, 0], &[true, true], cpu).is_err());
+        assert!(PackedBatch::new(&c, &[16], &[0], &[0], &[true], cpu).is_err());
+        assert!(PackedBatch::new(&c, &[1], &[8], &[0], &[true], cpu).is_err());
+        let bad_mask = Sample {
+            tokens: vec![1, 2],
+            loss_mask: vec![true],
+        };
+        assert!(PackedBatch::pack(&c, &[bad_mask], cpu).is_err());
+    }
+}

@@ -1,0 +1,42 @@
+//! The model's one error type: a bad configuration (naming the field), a malformed packed batch, a
+//! parameter buffer of the wrong size, or an error from candle itself.
+
+/// Errors of [`crate::model`].
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A [`ModelConfig`](super::ModelConfig) field has a value the model cannot be built with.
+    #[error("invalid model config: `{field}` {reason}")]
+    Config {
+        /// The offending field, as spelled in the struct.
+        field: &'static str,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// A packed micro-batch is inconsistent (lengths differ, a token is out of the vocabulary, …).
+    #[error("invalid packed batch: {0}")]
+    Batch(String),
+    /// A unit's parameters (a flat buffer, or a list of tensors) do not match its parameter list.
+    #[error("unit parameters: expected {expected} {what}, got {got}")]
+    UnitParams {
+        /// `"values"` (a flat buffer) or `"tensors"`.
+        what: &'static str,
+        /// How many the unit's parameter list needs.
+        expected: usize,
+        /// How many were given.
+        got: usize,
+    },
+    /// A unit index past the model's last unit.
+    #[error("no unit {unit}: the model has {units} units")]
+    NoSuchUnit {
+        /// The index asked for.
+        unit: usize,
+        /// `n_layers + 2`.
+        units: usize,
+    },
+    /// An error from candle.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// `Result` with the model's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

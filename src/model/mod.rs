@@ -1,0 +1,41 @@
+//! A small causal transformer on candle (feature `candle`): the reference model that odc trains.
+//!
+//! Llama-style: token embedding, pre-RMSNorm blocks of rotary multi-head attention and a SwiGLU MLP,
+//! final RMSNorm and an untied LM head; fp32; the device is a parameter (CPU in the tests).
+//!
+//! **Units.** odc shards, gathers and reduces parameters unit by unit, so the model is written as
+//! units ([`transformer`]): unit 0 is the embedding, units `1..=n_layers` the blocks, the last unit
+//! the final norm and LM head. Each unit has a fixed parameter list ([`unit_params`], names such as
+//! `layers.3.attn.wq` that become safetensors names), a seeded initialisation of its flat `f32`
+//! buffer ([`unit_init_values`]), and a forward over plain tensors ([`unit_forward`]) that can be run
+//! on a detached input so that its backward is a vector–Jacobian product (candle has no per-module
+//! backward hooks). [`model_forward`] chains the units.
+//!
+//! **Packed micro-batches** ([`PackedBatch`]): samples are concatenated into one sequence; attention
+//! is block-diagonal causal and rotary positions restart at each sample ([`attention`]).
+//!
+//! **The candle trap.** candle 0.11.1's fused `softmax_last_dim`, `rms_norm`, `layer_norm`,
+//! `rotary_emb::rope*` and `sdpa` have no backward: a graph through them silently drops gradients.
+//! This module uses only the differentiable forms of [`ops`] — softmax and log-softmax from
+//! `exp`/`sum_keepdim`/`broadcast_div` with a detached max, RMSNorm from
+//! `sqr`/`mean_keepdim`/`sqrt`/`broadcast_div`/`broadcast_mul`, rotary embedding from
+//! `narrow`/`cat`/`neg`/`broadcast_mul`/add — each tested against the fused forward and against
+//! finite differences, and a test checks that the fused ones still drop gradients.
+
+pub mod attention;
+pub mod batch;
+pub mod block;
+pub mod config;
+pub mod error;
+pub mod ops;
+pub mod params;
+pub mod transformer;
+
+pub use batch::{PackedBatch, Sample};
+pub use config::ModelConfig;
+pub use error::{Error, Result};
+pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
+pub use transformer::{
+    model_forward, param_count, unit_count, unit_forward, unit_init_values, unit_params,
+    HeadOutput, Unit, UnitOutput,
+};

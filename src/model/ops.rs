@@ -1,0 +1,251 @@
+//! Differentiable forms of the transformer's fused ops.
+//!
+//! candle 0.11.1's fused `candle_nn::ops::{softmax_last_dim, rms_norm, layer_norm}`,
+//! `candle_nn::rotary_emb::rope*` and `sdpa` have **no backward**: a graph through them silently
+//! drops the gradients of everything upstream (the result is not tracked, no error is raised). The
+//! ops here are built only from basic tensor ops (exp, sum, div, sqr, mean, narrow, cat, mul, add),
+//! each of which candle differentiates.
+//!
+//! Guarantees (each has a test named after it):
+//! 1. Each op's forward equals candle's fused version within 1e-5 on random fp32 inputs.
+//! 2. Each op's backward gives finite, non-zero gradients that match central finite differences.
+//! 3. The fused versions indeed drop gradients in this candle version — if that test starts failing,
+//!    candle grew backward passes and the fused kernels may be used again.
+
+use candle_core::{DType, Result, Tensor, D};
+
+/// Softmax over the last dimension: `exp(x - max) / sum(exp(x - max))`.
+///
+/// The max is detached: the result does not depend on it mathematically, so no gradient is lost,
+/// and none flows through the (tie-breaking) max reduction.
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let num = x.broadcast_sub(&max)?.exp()?;
+    let den = num.sum_keepdim(D::Minus1)?;
+    num.broadcast_div(&den)
+}
+
+/// Log-softmax over the last dimension: `x - max - log(sum(exp(x - max)))` (max detached).
+pub fn log_softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let log_den = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    shifted.broadcast_sub(&log_den)
+}
+
+/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * weight`, `weight: [d]`.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let mean_sq = x.sqr()?.mean_keepdim(D::Minus1)?;
+    let denom = (mean_sq + eps)?.sqrt()?;
+    x.broadcast_div(&denom)?.broadcast_mul(weight)
+}
+
+/// SiLU, `x * sigmoid(x)` (candle's unary op, which has a backward).
+pub fn silu(x: &Tensor) -> Result<Tensor> {
+    x.silu()
+}
+
+/// Rotary embedding, non-interleaved ("rotate half", as Llama): `x: [.., T, head_dim]`,
+/// `cos, sin: [T, head_dim / 2]` (the angles of each token's own position, see [`rope_cos_sin`]).
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let head_dim = x.dim(D::Minus1)?;
+    let half = head_dim / 2;
+    let cos = Tensor::cat(&[cos, cos], D::Minus1)?;
+    let sin = Tensor::cat(&[sin, sin], D::Minus1)?;
+    let x1 = x.narrow(D::Minus1, 0, half)?;
+    let x2 = x.narrow(D::Minus1, half, half)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+}
+
+/// The rotary angles of each token: `cos, sin: [T, head_dim / 2]` with angle
+/// `positions[t] * theta^(-2i / head_dim)`. `positions: [T]` (u32), on the device of the result.
+pub fn rope_cos_sin(positions: &Tensor, head_dim: usize, theta: f64) -> Result<(Tensor, Tensor)> {
+    let inv_freq: Vec<f32> = (0..head_dim / 2)
+        .map(|i| theta.powf(-((2 * i) as f64) / head_dim as f64) as f32)
+        .collect();
+    let inv_freq = Tensor::from_vec(inv_freq, (1, head_dim / 2), positions.device())?;
+    let angles = positions
+        .to_dtype(DType::F32)?
+        .unsqueeze(1)?
+        .broadcast_mul(&inv_freq)?;
+    Ok((angles.cos()?, angles.sin()?))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// A seeded standard-normal-ish fp32 tensor (uniform in [-2, 2): enough for op checks).
+    pub(crate) fn random(shape: &[usize], seed: u64) -> Tensor {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let n = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
+    }
+
+    /// Checks the gradient of `sum(f(x) * r)` w.r.t. `x` against central finite differences.
+    fn check_grad(f: impl Fn(&Tensor) -> Result<Tensor>, shape: &[usize], seed: u64) {
+        let x0 = random(shape, seed);
+        let x = Var::from_tensor(&x0).unwrap();
+        let out_shape = f(&x0).unwrap().dims().to_vec();
+        let r = random(&out_shape, seed + 1);
+        let loss = |x: &Tensor| -> f64 {
+            let l = (f(x).unwrap() * &r).unwrap().sum_all().unwrap();
+            l.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
+        };
+        let grads = (f(x.as_tensor()).unwrap() * &r)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g: Vec<f32> = grads
+            .get(x.as_tensor())
+            .expect("no gradient reached the input")
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(g.iter().all(|v| v.is_finite()), "non-finite gradient {g:?}");
+        assert!(g.iter().any(|v| *v != 0.0), "all-zero gradient");
+        let base: Vec<f32> = x0.flatten_all().unwrap().to_vec1().unwrap();
+        let eps = 1e-2f32;
+        let (mut diff2, mut norm2) = (0f64, 0f64);
+        for k in 0..base.len() {
+            let mut plus = base.clone();
+            plus[k] += eps;
+            let mut minus = base.clone();
+            minus[k] -= eps;
+            let plus = Tensor::from_vec(plus, shape, &Device::Cpu).unwrap();
+            let minus = Tensor::from_vec(minus, shape, &Device::Cpu).unwrap();
+            let fd = (loss(&plus) - loss(&minus)) / (2.0 * eps as f64);
+            diff2 += (fd - g[k] as f64).powi(2);
+            norm2 += fd.powi(2);
+        }
+        let rel = (diff2 / norm2).sqrt();
+        assert!(
+            rel < 1e-2,
+            "gradient differs from finite differences: relative error {rel}"
+        );
+    }
+
+    /// Whether a backward of `sum(f(x) * r)` gives `x` any non-zero gradient.
+    fn gradient_reaches_input(f: impl Fn(&Tensor) -> Result<Tensor>, shape: &[usize]) -> bool {
+        let x = Var::from_tensor(&random(shape, 3)).unwrap();
+        let y = f(x.as_tensor()).unwrap();
+        let r = random(y.dims(), 4);
+        let grads = (y * r).unwrap().sum_all().unwrap().backward().unwrap();
+        match grads.get(x.as_tensor()) {
+            None => false,
+            Some(g) => {
+                g.abs()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap()
+                    > 0.0
+            }
+        }
+    }
+
+    fn cos_sin(t: usize, head_dim: usize, offset: u32) -> (Tensor, Tensor) {
+        let positions: Vec<u32> = (0..t as u32).map(|p| p * 3 + offset).collect();
+        let positions = Tensor::from_vec(positions, t, &Device::Cpu).unwrap();
+        rope_cos_sin(&positions, head_dim, 10_000.0).unwrap()
+    }
+
+    #[test]
+    fn softmax_matches_fused_forward() {
+        let x = (random(&[3, 5, 17], 1) * 4.0).unwrap();
+        let fused = candle_nn::ops::softmax_last_dim(&x).unwrap();
+        assert!(max_abs_diff(&softmax_last_dim(&x).unwrap(), &fused) < 1e-5);
+        let log = log_softmax_last_dim(&x).unwrap().exp().unwrap();
+        assert!(max_abs_diff(&log, &fused) < 1e-5);
+    }
+
+    #[test]
+    fn rms_norm_matches_fused_forward() {
+        let x = random(&[4, 6, 32], 2);
+        let w = random(&[32], 3);
+        let fused = candle_nn::ops::rms_norm(&x, &w, 1e-5).unwrap();
+        assert!(max_abs_diff(&rms_norm(&x, &w, 1e-5).unwrap(), &fused) < 1e-5);
+    }
+
+    #[test]
+    fn rope_matches_fused_forward() {
+        let (t, hd) = (9, 16);
+        let x = random(&[1, 3, t, hd], 4);
+        let (cos, sin) = cos_sin(t, hd, 5);
+        let fused = candle_nn::rotary_emb::rope(&x, &cos, &sin).unwrap();
+        assert!(max_abs_diff(&rope(&x, &cos, &sin).unwrap(), &fused) < 1e-5);
+        let slow = candle_nn::rotary_emb::rope_slow(&x, &cos, &sin).unwrap();
+        assert!(max_abs_diff(&rope(&x, &cos, &sin).unwrap(), &slow) < 1e-5);
+    }
+
+    #[test]
+    fn softmax_gradient_matches_finite_differences() {
+        check_grad(softmax_last_dim, &[2, 5], 10);
+        check_grad(log_softmax_last_dim, &[2, 5], 11);
+    }
+
+    #[test]
+    fn rms_norm_gradient_matches_finite_differences() {
+        let w = random(&[6], 12);
+        check_grad(|x| rms_norm(x, &w, 1e-5), &[3, 6], 13);
+        let x = random(&[3, 6], 14);
+        check_grad(|w| rms_norm(&x, w, 1e-5), &[6], 15);
+    }
+
+    #[test]
+    fn rope_gradient_matches_finite_differences() {
+        let (cos, sin) = cos_sin(3, 4, 1);
+        check_grad(|x| rope(x, &cos, &sin), &[2, 3, 4], 16);
+    }
+
+    #[test]
+    fn silu_gradient_matches_finite_differences() {
+        check_grad(silu, &[2, 7], 17);
+    }
+
+    #[test]
+    fn fused_candle_ops_drop_gradients() {
+        let (cos, sin) = cos_sin(3, 4, 0);
+        let w = random(&[4], 5);
+        assert!(gradient_reaches_input(softmax_last_dim, &[2, 4]));
+        assert!(!gradient_reaches_input(
+            candle_nn::ops::softmax_last_dim,
+            &[2, 4]
+        ));
+        assert!(gradient_reaches_input(|x| rms_norm(x, &w, 1e-5), &[2, 4]));
+        assert!(!gradient_reaches_input(
+            |x| candle_nn::ops::rms_norm(x, &w, 1e-5),
+            &[2, 4]
+        ));
+        assert!(gradient_reaches_input(
+            |x| rope(x, &cos, &sin),
+            &[1, 2, 3, 4]
+        ));
+        assert!(!gradient_reaches_input(
+            |x| candle_nn::rotary_emb::rope(x, &cos, &sin),
+            &[1, 2, 3, 4]
+        ));
+    }
+}
