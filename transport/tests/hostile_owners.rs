@@ -10,8 +10,8 @@
 //! and then answers each request as the test's script says. Allocations are recorded per thread
 //! (as in `hostile_peers`), so the reader's largest allocation during a read is known.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod common;
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,51 +39,11 @@ const CAP: usize = 8 << 20;
 /// The scripted owner's region: this many f32 elements (4 MiB).
 const ELEMENTS: usize = 1 << 20;
 
-// ---------------------------------------------------------------------------------------------
-// The largest allocation of this thread, while tracking.
-
-struct Tracking;
-
-thread_local! {
-    static TRACK: Cell<bool> = const { Cell::new(false) };
-    static LARGEST: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note(size: usize) {
-    if TRACK.try_with(Cell::get).unwrap_or(false) {
-        let _ = LARGEST.try_with(|largest| largest.set(largest.get().max(size)));
-    }
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; the bookkeeping only reads sizes.
-unsafe impl GlobalAlloc for Tracking {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Tracking = Tracking;
-
 /// The largest allocation on this thread while `f` runs.
 async fn largest_allocation<T>(f: impl std::future::Future<Output = T>) -> (T, usize) {
-    LARGEST.with(|largest| largest.set(0));
-    TRACK.with(|track| track.set(true));
+    common::alloc::start();
     let out = f.await;
-    TRACK.with(|track| track.set(false));
-    (out, LARGEST.with(Cell::get))
+    (out, common::alloc::stop())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@
 //! the log is captured per test (a thread-local `tracing` subscriber), and so is the largest
 //! allocation (a global allocator that records it per thread).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod common;
+
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,55 +37,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(300);
 const OWNER: u32 = 1;
 const SECRET: &str = "hostile-peers";
 
-// ---------------------------------------------------------------------------------------------
-// The largest allocation of this thread, while tracking.
-
-struct Tracking;
-
-thread_local! {
-    static TRACK: Cell<bool> = const { Cell::new(false) };
-    static LARGEST: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note(size: usize) {
-    // `try_with`: the allocator runs during thread teardown too.
-    if TRACK.try_with(Cell::get).unwrap_or(false) {
-        let _ = LARGEST.try_with(|largest| largest.set(largest.get().max(size)));
-    }
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; the bookkeeping only reads sizes.
-unsafe impl GlobalAlloc for Tracking {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Tracking = Tracking;
-
-/// Start recording this thread's largest allocation (from zero).
-fn track_allocations() {
-    LARGEST.with(|largest| largest.set(0));
-    TRACK.with(|track| track.set(true));
-}
-
-/// The largest allocation on this thread since [`track_allocations`].
-fn largest_allocation() -> usize {
-    LARGEST.with(Cell::get)
-}
+use common::alloc::{largest as largest_allocation, start as track_allocations};
 
 // ---------------------------------------------------------------------------------------------
 // The log, captured.

@@ -20,8 +20,8 @@
 //! records the largest allocation each test thread makes, so "no allocation from a peer's length
 //! field" is measured, not assumed.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod common;
+
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -34,53 +34,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use tokio::io::{AsyncRead, ReadBuf};
 
-// ---------------------------------------------------------------------------------------------
-// The largest allocation of this thread, while tracking.
-
-struct Tracking;
-
-thread_local! {
-    static TRACK: Cell<bool> = const { Cell::new(false) };
-    static LARGEST: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note(size: usize) {
-    // `try_with`: the allocator runs during thread teardown too.
-    if TRACK.try_with(Cell::get).unwrap_or(false) {
-        let _ = LARGEST.try_with(|largest| largest.set(largest.get().max(size)));
-    }
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; the bookkeeping only reads sizes.
-unsafe impl GlobalAlloc for Tracking {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Tracking = Tracking;
-
-/// `f`'s result and the largest single allocation it made on this thread.
-fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    LARGEST.with(|largest| largest.set(0));
-    TRACK.with(|track| track.set(true));
-    let out = f();
-    TRACK.with(|track| track.set(false));
-    (out, LARGEST.with(Cell::get))
-}
+use common::alloc::during as largest_allocation;
 
 // ---------------------------------------------------------------------------------------------
 // Decoding with every outcome checked.

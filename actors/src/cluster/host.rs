@@ -95,9 +95,7 @@ impl Actor for Host {
         _myself: ActorRef<HostMsg>,
         state: &mut HostState,
     ) -> std::result::Result<(), ActorProcessingErr> {
-        for (_, child) in state.children.drain() {
-            child.stop(None);
-        }
+        stop_children(state);
         Ok(())
     }
 
@@ -145,9 +143,7 @@ impl Actor for Host {
                 let _ = state.events.send(HostEvent::Leaving(rank));
             }
             HostMsg::Shutdown(reason) => {
-                for (_, child) in state.children.drain() {
-                    child.stop(None);
-                }
+                stop_children(state);
                 let _ = state.events.send(HostEvent::Shutdown(reason));
             }
         }
@@ -178,6 +174,12 @@ impl Actor for Host {
             state.children.remove(&group);
         }
         Ok(())
+    }
+}
+
+fn stop_children(state: &mut HostState) {
+    for (_, child) in state.children.drain() {
+        child.stop(None);
     }
 }
 

@@ -257,21 +257,12 @@ impl ClusterNode {
         Ok(hosts)
     }
 
-    /// The next session event (a lost peer), if one came.
-    pub fn try_event(&mut self) -> Option<SessionEvent> {
-        self.events.try_recv().ok()
-    }
-
     /// Wait for the next session event until `deadline`.
     pub async fn event_until(&mut self, deadline: tokio::time::Instant) -> Option<SessionEvent> {
         tokio::time::timeout_at(deadline, self.events.recv())
             .await
             .ok()
             .flatten()
-    }
-
-    pub fn config(&self) -> &ClusterConfig {
-        &self.config
     }
 
     /// Close every session and stop listening.
