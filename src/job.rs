@@ -7,12 +7,13 @@ use std::time::Duration;
 use odc_actors::batch::{LossWeighting, SampleMeta};
 use odc_actors::cluster::ClusterConfig;
 use odc_actors::datapath::CollectiveGroup;
-use odc_actors::layout::{ModelLayout, UnitSpec};
-use odc_actors::messages::{ShardSnapshot, SupervisorSpec};
+use odc_actors::layout::{ModelLayout, UnitId, UnitInit, UnitOptimizerInit, UnitSpec};
+use odc_actors::messages::{ShardSnapshot, SnapshotCmd, SupervisorSpec};
 use odc_actors::node::Node;
 use odc_actors::policy::balancer::CostModel;
 use odc_actors::policy::dispatch::{Communication, DispatchMode};
 use odc_actors::policy::recovery::FailurePolicy;
+use odc_actors::policy::schedule::LrSchedule;
 use odc_actors::policy::stats::StepStats;
 use odc_actors::policy::step::StepConfig;
 use odc_actors::server::optimizer::OptimizerConfig;
@@ -24,6 +25,7 @@ use odc_transport::{Dest, Dtype, ReadOp, Transport};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 
+use crate::checkpoint::TrainState;
 use crate::data::DataSource;
 use crate::launch::{Roles, World};
 use crate::membership::Membership;
@@ -78,6 +80,7 @@ pub struct JobBuilder {
     world: Option<World>,
     roles: Option<Roles>,
     join_timeout: Duration,
+    resume: Option<TrainState>,
 }
 
 impl Default for JobBuilder {
@@ -98,6 +101,7 @@ impl Default for JobBuilder {
             world: None,
             roles: None,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
+            resume: None,
         }
     }
 }
@@ -268,8 +272,24 @@ impl JobBuilder {
         self
     }
 
+    /// The learning rate's schedule: the optimizer's rate times `schedule`'s factor of each global
+    /// step (default: constant).
+    pub fn lr_schedule(mut self, schedule: LrSchedule) -> Self {
+        self.policy.schedule = schedule;
+        self
+    }
+
+    /// Continue from `state` (a checkpoint's, or [`Job::train_state`]): every unit starts from its
+    /// saved values and optimizer state, steps count on from `state.step` (the data source's
+    /// step, the schedule's position). The units added with [`JobBuilder::unit`] give the names
+    /// and lengths, which must match.
+    pub fn resume(mut self, state: TrainState) -> Self {
+        self.resume = Some(state);
+        self
+    }
+
     /// Validate the configuration.
-    pub fn build(self) -> Result<Job> {
+    pub fn build(mut self) -> Result<Job> {
         let world = self.world.clone().filter(|w| w.world_size > 1);
         let roles = match (&world, &self.roles) {
             (None, _) => None,
@@ -357,7 +377,13 @@ impl JobBuilder {
         }
         self.optimizer.validate()?;
         self.policy.cost.validate()?;
-        let layout = ModelLayout::new(self.units)?;
+        self.policy.schedule.validate().map_err(Error::Config)?;
+        let first_step = self.resume.as_ref().map_or(0, |s| s.step);
+        self.policy.first_step = first_step;
+        let layout = match self.resume.take() {
+            None => ModelLayout::new(self.units)?,
+            Some(state) => resumed_layout(self.units, state)?,
+        };
         let compute = self
             .compute
             .ok_or_else(|| Error::Config("no compute given (JobBuilder::compute)".into()))?;
@@ -393,12 +419,41 @@ impl JobBuilder {
             membership: None,
             data: self.data,
             supervisor: None,
-            step: 0,
+            step: first_step,
             step_timeout: self.step_timeout,
             parameters_timeout: self.parameters_timeout,
             join_timeout: self.join_timeout,
         })
     }
+}
+
+/// `units` starting from `state`: its values replace the units' initial values, its optimizer
+/// state is where the servers start.
+fn resumed_layout(mut units: Vec<UnitSpec>, state: TrainState) -> Result<ModelLayout> {
+    let TrainState {
+        params, optimizer, ..
+    } = state;
+    if params.len() != units.len() || optimizer.len() != units.len() {
+        return Err(Error::Config(format!(
+            "the state to resume holds {} units of values and {} of optimizer state, the model \
+             has {} units",
+            params.len(),
+            optimizer.len(),
+            units.len()
+        )));
+    }
+    for (id, (unit, values)) in units.iter_mut().zip(params).enumerate() {
+        if values.len() != unit.len {
+            return Err(Error::Config(format!(
+                "unit {id} ({}) has {} elements, the state to resume has {}",
+                unit.name,
+                unit.len,
+                values.len()
+            )));
+        }
+        unit.init = UnitInit::Values(values.into());
+    }
+    ModelLayout::new(units)?.with_optimizer_state(optimizer)
 }
 
 /// What [`Job`] starts on first use.
@@ -609,18 +664,46 @@ impl Job {
     /// Waits at most the parameters timeout ([`JobBuilder::parameters_timeout`]); past it
     /// [`Error::Deadline`].
     pub async fn parameters(&mut self) -> Result<Vec<Vec<f32>>> {
+        let (node, snapshots, deadline) = self.snapshots(SnapshotCmd::default()).await?;
+        let timeout = self.parameters_timeout;
+        read_snapshots(node.as_ref(), &snapshots, deadline, self.step, timeout).await
+    }
+
+    /// Everything a checkpoint holds, read like [`Job::parameters`]: the global step, the fp32
+    /// master values and the optimizer state of every unit. A job built with
+    /// [`JobBuilder::resume`] from it continues exactly where this one is.
+    pub async fn train_state(&mut self) -> Result<TrainState> {
+        let (node, snapshots, deadline) = self.snapshots(SnapshotCmd { optimizer: true }).await?;
+        let timeout = self.parameters_timeout;
+        let params =
+            read_snapshots(node.as_ref(), &snapshots, deadline, self.step, timeout).await?;
+        let optimizer =
+            read_optimizer_snapshots(node.as_ref(), &snapshots, deadline, self.step, timeout)
+                .await?;
+        Ok(TrainState {
+            step: self.step,
+            params,
+            optimizer,
+        })
+    }
+
+    /// Ask the supervisor for every shard's snapshot handles.
+    async fn snapshots(
+        &mut self,
+        cmd: SnapshotCmd,
+    ) -> Result<(Arc<Node>, Vec<ShardSnapshot>, odc_transport::Deadline)> {
         let supervisor = self.supervisor().await?;
         let timeout = self.parameters_timeout;
         let deadline = odc_transport::deadline_in(timeout);
         let reply = supervisor
-            .call(SupervisorMsg::Parameters, Some(timeout))
+            .call(|reply| SupervisorMsg::Parameters(cmd, reply), Some(timeout))
             .await;
         let snapshots = unwrap_call(reply, "parameters", self.step, timeout)??;
         let node = self
             .node
             .clone()
             .ok_or_else(|| Error::Internal("a started job without a node".into()))?;
-        read_snapshots(node.as_ref(), &snapshots, deadline, self.step, timeout).await
+        Ok((node, snapshots, deadline))
     }
 
     /// Stop every actor and wait for them. In a multi-process job rank 0 first waits (at most
@@ -693,39 +776,54 @@ fn unwrap_call<T>(
     }
 }
 
-/// Read every shard snapshot into whole units; every element of every unit must be covered once.
-async fn read_snapshots(
+/// One piece of a unit to read: the unit, the elements of it the region holds, and the region.
+struct Piece<'a> {
+    unit: UnitId,
+    range: std::ops::Range<usize>,
+    region: &'a odc_transport::RegionHandle,
+}
+
+/// Reads `pieces`, which must tile every unit of `lens` they touch, in one batch of reads over the
+/// data plane; units no piece touches stay empty. `what` names the values in errors.
+async fn read_tiled(
     node: &Node,
-    snapshots: &[ShardSnapshot],
+    lens: &[usize],
+    mut pieces: Vec<Piece<'_>>,
+    what: &str,
     deadline: odc_transport::Deadline,
     step: u64,
     timeout: Duration,
 ) -> Result<Vec<Vec<f32>>> {
-    let mut units: Vec<Vec<f32>> = node
-        .layout
-        .units()
+    let touched: std::collections::HashSet<UnitId> = pieces.iter().map(|p| p.unit).collect();
+    let mut units: Vec<Vec<f32>> = lens
         .iter()
-        .map(|u| vec![0.0; u.len])
+        .enumerate()
+        .map(|(u, &len)| {
+            if touched.contains(&(u as UnitId)) {
+                vec![0.0; len]
+            } else {
+                Vec::new()
+            }
+        })
         .collect();
-    // Disjoint destinations: each snapshot's range of its unit, found by splitting the unit in
-    // range order.
-    let mut order: Vec<&ShardSnapshot> = snapshots.iter().collect();
-    order.sort_by_key(|s| (s.unit, s.start));
-    let mut ops = Vec::with_capacity(order.len());
+    // Disjoint destinations: each piece's range of its unit, found by splitting the unit in range
+    // order.
+    pieces.sort_by_key(|p| (p.unit, p.range.start));
+    let mut ops = Vec::with_capacity(pieces.len());
     let mut rest: Vec<&mut [f32]> = units.iter_mut().map(Vec::as_mut_slice).collect();
     let mut at: Vec<usize> = vec![0; rest.len()];
-    for snapshot in &order {
-        let unit = snapshot.unit as usize;
-        let range = snapshot.range();
+    for piece in &pieces {
+        let unit = piece.unit as usize;
+        let range = piece.range.clone();
         let Some(slice) = rest.get_mut(unit) else {
             return Err(Error::UnknownUnit {
-                unit: snapshot.unit,
-                units: node.layout.len() as u64,
+                unit: piece.unit,
+                units: lens.len() as u64,
             });
         };
         if range.start != at[unit] || range.end > range.start + slice.len() {
             return Err(Error::Internal(format!(
-                "parameter snapshots of unit {unit} do not tile it (shard {range:?} after {})",
+                "{what} snapshots of unit {unit} do not tile it (shard {range:?} after {})",
                 at[unit]
             )));
         }
@@ -733,18 +831,18 @@ async fn read_snapshots(
         *slice = tail;
         at[unit] = range.end;
         ops.push(ReadOp {
-            handle: &snapshot.region,
+            handle: piece.region,
             range: 0..range.len(),
             into: Dest::F32(head),
         });
     }
     let results = node.transport.read_batch(ops, deadline).await;
-    for (snapshot, result) in order.iter().zip(results) {
+    for (piece, result) in pieces.iter().zip(results) {
         match result {
             Ok(_) => {}
             Err(odc_transport::TransportError::DeadlineExceeded { .. }) => {
                 return Err(Error::Deadline {
-                    what: "parameters".into(),
+                    what: what.into(),
                     step,
                     trainer: None,
                     micro_batch: None,
@@ -753,22 +851,125 @@ async fn read_snapshots(
             }
             Err(source) => {
                 return Err(Error::Pull {
-                    unit: snapshot.unit,
-                    owner: snapshot.region.owner,
+                    unit: piece.unit,
+                    owner: piece.region.owner,
                     source,
                 })
             }
         }
     }
     drop(rest);
-    // Snapshots tile each unit from 0 without gaps (checked above), so `at` is what they cover.
+    // Pieces tile each unit from 0 without gaps (checked above), so `at` is what they cover.
     for (unit, (values, covered)) in units.iter().zip(&at).enumerate() {
         if *covered != values.len() {
             return Err(Error::Internal(format!(
-                "parameter snapshots cover {covered} of the {} elements of unit {unit}",
+                "{what} snapshots cover {covered} of the {} elements of unit {unit}",
                 values.len()
             )));
         }
     }
     Ok(units)
+}
+
+/// The master values of every unit from the servers' snapshots.
+async fn read_snapshots(
+    node: &Node,
+    snapshots: &[ShardSnapshot],
+    deadline: odc_transport::Deadline,
+    step: u64,
+    timeout: Duration,
+) -> Result<Vec<Vec<f32>>> {
+    let lens: Vec<usize> = node.layout.units().iter().map(|u| u.len).collect();
+    let pieces = snapshots
+        .iter()
+        .map(|s| Piece {
+            unit: s.unit,
+            range: s.range(),
+            region: &s.region,
+        })
+        .collect();
+    let units = read_tiled(node, &lens, pieces, "parameters", deadline, step, timeout).await?;
+    if let Some(unit) = units.iter().position(Vec::is_empty) {
+        return Err(Error::Internal(format!(
+            "no parameter snapshot of unit {unit}"
+        )));
+    }
+    Ok(units)
+}
+
+/// The optimizer state of every unit from the servers' snapshots: per unit its step count and
+/// buffers, which every shard of the unit must agree on.
+async fn read_optimizer_snapshots(
+    node: &Node,
+    snapshots: &[ShardSnapshot],
+    deadline: odc_transport::Deadline,
+    step: u64,
+    timeout: Duration,
+) -> Result<Vec<UnitOptimizerInit>> {
+    let lens: Vec<usize> = node.layout.units().iter().map(|u| u.len).collect();
+    // Per unit: steps and buffer names, equal across its shards.
+    let mut meta: Vec<Option<(u64, Vec<String>)>> = vec![None; lens.len()];
+    for s in snapshots {
+        let opt = s.optimizer.as_ref().ok_or_else(|| {
+            Error::Internal(format!(
+                "unit {}: a snapshot without optimizer state",
+                s.unit
+            ))
+        })?;
+        let names: Vec<String> = opt.buffers.iter().map(|(n, _)| n.clone()).collect();
+        let slot = meta.get_mut(s.unit as usize).ok_or(Error::UnknownUnit {
+            unit: s.unit,
+            units: lens.len() as u64,
+        })?;
+        match slot {
+            None => *slot = Some((opt.steps, names)),
+            Some((steps, seen)) if *steps == opt.steps && *seen == names => {}
+            Some((steps, seen)) => {
+                return Err(Error::Internal(format!(
+                    "unit {}: its shards disagree on the optimizer state ({steps} steps, \
+                     {seen:?} vs {} steps, {names:?})",
+                    s.unit, opt.steps
+                )))
+            }
+        }
+    }
+    let mut out: Vec<UnitOptimizerInit> = Vec::with_capacity(lens.len());
+    for (unit, m) in meta.iter().enumerate() {
+        let (steps, _) = m
+            .as_ref()
+            .ok_or_else(|| Error::Internal(format!("no optimizer snapshot of unit {unit}")))?;
+        out.push(UnitOptimizerInit {
+            steps: *steps,
+            buffers: Vec::new(),
+        });
+    }
+    let mut names: Vec<&String> = meta.iter().flatten().flat_map(|(_, n)| n).collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        let pieces = snapshots
+            .iter()
+            .filter_map(|s| {
+                let (_, region) = s
+                    .optimizer
+                    .as_ref()?
+                    .buffers
+                    .iter()
+                    .find(|(n, _)| n == name)?;
+                Some(Piece {
+                    unit: s.unit,
+                    range: s.range(),
+                    region,
+                })
+            })
+            .collect();
+        let what = format!("optimizer `{name}`");
+        let values = read_tiled(node, &lens, pieces, &what, deadline, step, timeout).await?;
+        for (unit, values) in values.into_iter().enumerate() {
+            if !values.is_empty() {
+                out[unit].buffers.push((name.clone(), values.into()));
+            }
+        }
+    }
+    Ok(out)
 }

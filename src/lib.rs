@@ -33,6 +33,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod checkpoint;
 pub mod data;
 mod job;
 pub mod launch;
@@ -45,6 +46,7 @@ pub mod text;
 pub mod trace;
 
 pub use async_trait::async_trait;
+pub use checkpoint::TrainState;
 pub use data::DataSource;
 pub use job::{Job, JobBuilder, Precision};
 pub use odc_actors::batch::{ComputeOutput, LossWeighting, MicroBatch, SampleMeta};
@@ -54,6 +56,7 @@ pub use odc_actors::policy::balancer::CostModel;
 pub use odc_actors::policy::clock::{Clock, SystemClock, Timestamp};
 pub use odc_actors::policy::dispatch::{Communication, DispatchMode};
 pub use odc_actors::policy::recovery::FailurePolicy;
+pub use odc_actors::policy::schedule::LrSchedule;
 pub use odc_actors::policy::stats::{
     MicroBatchRecord, Span, SpanKind, StepStats, TrainerStepStats,
 };

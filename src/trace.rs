@@ -17,6 +17,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use odc_actors::policy::clock::Timestamp;
+use odc_actors::policy::stats::{SpanKind, StepStats};
+
 /// Process id used for every event.
 const PID: u64 = 1;
 
@@ -132,6 +135,40 @@ pub fn write_chrome_trace(
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// The spans of one step's micro-batches (compute, pull and push waits) relative to `origin`, and
+/// per trainer `0..trainers` a barrier wait from its last micro-batch to the step's end.
+pub fn step_spans(stats: &StepStats, origin: Timestamp, devices: usize) -> Vec<TraceSpan> {
+    let rel = |t: Timestamp| t.saturating_duration_since(origin);
+    let mut out = Vec::new();
+    for r in &stats.micro_batch_log {
+        for s in &r.spans {
+            out.push(TraceSpan {
+                trainer: r.trainer as usize,
+                name: s.kind.name().to_string(),
+                start: rel(s.start),
+                duration: s.end.saturating_duration_since(s.start),
+            });
+        }
+    }
+    let end = stats.started + stats.wall;
+    for t in 0..devices {
+        let last = stats
+            .micro_batch_log
+            .iter()
+            .filter(|r| r.trainer == t as u32)
+            .map(|r| r.finished)
+            .max()
+            .unwrap_or(stats.started);
+        out.push(TraceSpan {
+            trainer: t,
+            name: SpanKind::BarrierWait.name().to_string(),
+            start: rel(last),
+            duration: end.saturating_duration_since(last),
+        });
+    }
+    out
 }
 
 #[cfg(test)]

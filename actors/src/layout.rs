@@ -73,11 +73,23 @@ impl UnitSpec {
     }
 }
 
-/// The ordered units of a model. Validated on construction: at least one unit, no empty unit,
+/// The optimizer state a unit starts from (a job resumed from a checkpoint): the optimizer's step
+/// count and its named per-element buffers over the whole unit (see
+/// [`OptimizerState::restore`](crate::server::optimizer::OptimizerState::restore)). Each shard
+/// server takes its range.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitOptimizerInit {
+    pub steps: u64,
+    pub buffers: Vec<(String, Arc<[f32]>)>,
+}
+
+/// The ordered units of a model (and, for a resumed job, their optimizer state). Validated on construction: at least one unit, no empty unit,
 /// unique names, explicit values matching the unit's length.
 #[derive(Debug, Clone)]
 pub struct ModelLayout {
     units: Vec<UnitSpec>,
+    /// Per unit, the optimizer state to start from (`None`: fresh).
+    optimizer: Option<Arc<[UnitOptimizerInit]>>,
 }
 
 impl ModelLayout {
@@ -110,7 +122,41 @@ impl ModelLayout {
                 }
             }
         }
-        Ok(ModelLayout { units })
+        Ok(ModelLayout {
+            units,
+            optimizer: None,
+        })
+    }
+
+    /// The same model starting from `states` (one per unit, in order): the optimizer state of a
+    /// resumed run. Fails naming the unit and buffer whose length does not match.
+    pub fn with_optimizer_state(mut self, states: Vec<UnitOptimizerInit>) -> Result<Self> {
+        if states.len() != self.units.len() {
+            return Err(Error::Layout(format!(
+                "optimizer state for {} units, the model has {}",
+                states.len(),
+                self.units.len()
+            )));
+        }
+        for (id, (unit, state)) in self.units.iter().zip(&states).enumerate() {
+            for (name, values) in &state.buffers {
+                if values.len() != unit.len {
+                    return Err(Error::Layout(format!(
+                        "unit {id} ({}) has {} elements but its optimizer buffer `{name}` has {}",
+                        unit.name,
+                        unit.len,
+                        values.len()
+                    )));
+                }
+            }
+        }
+        self.optimizer = Some(states.into());
+        Ok(self)
+    }
+
+    /// The optimizer state unit `unit` starts from, if the job resumes one.
+    pub fn optimizer_init(&self, unit: UnitId) -> Option<&UnitOptimizerInit> {
+        self.optimizer.as_ref()?.get(unit as usize)
     }
 
     pub fn units(&self) -> &[UnitSpec] {
@@ -173,6 +219,15 @@ impl ModelLayout {
                 UnitInit::Fn(_) => h.bytes(&[2]),
             }
         }
+        for state in self.optimizer.iter().flat_map(|s| s.iter()) {
+            h.bytes(&state.steps.to_le_bytes());
+            for (name, values) in &state.buffers {
+                h.bytes(name.as_bytes());
+                for x in values.iter() {
+                    h.bytes(&x.to_bits().to_le_bytes());
+                }
+            }
+        }
         h.0
     }
 }
@@ -204,6 +259,40 @@ pub fn shard_range(len: usize, servers: usize, shard: usize) -> Range<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn optimizer_state_is_checked_against_the_units_and_counts_in_the_digest() {
+        let layout = || {
+            ModelLayout::new(vec![
+                UnitSpec::constant("a", 3, 1.0),
+                UnitSpec::constant("b", 2, 1.0),
+            ])
+            .unwrap()
+        };
+        let state = |b_len: usize, steps: u64| {
+            vec![
+                UnitOptimizerInit {
+                    steps,
+                    buffers: vec![("exp_avg".into(), vec![0.5; 3].into())],
+                },
+                UnitOptimizerInit {
+                    steps,
+                    buffers: vec![("exp_avg".into(), vec![0.5; b_len].into())],
+                },
+            ]
+        };
+        let err = layout().with_optimizer_state(state(3, 1)).unwrap_err();
+        assert!(err.to_string().contains("unit 1 (b)"), "{err}");
+        assert!(layout()
+            .with_optimizer_state(state(2, 1)[..1].to_vec())
+            .is_err());
+        let resumed = layout().with_optimizer_state(state(2, 1)).unwrap();
+        assert_eq!(resumed.optimizer_init(1).unwrap().steps, 1);
+        assert!(layout().optimizer_init(0).is_none());
+        let other = layout().with_optimizer_state(state(2, 2)).unwrap();
+        assert_ne!(resumed.digest(), layout().digest());
+        assert_ne!(resumed.digest(), other.digest());
+    }
     use proptest::prelude::*;
 
     proptest! {

@@ -60,10 +60,12 @@ pub struct ReduceAck {
     pub sum_sq: f64,
 }
 
-/// Barrier phase 2: multiply the kept gradient by `clip`, run the optimizer, publish `version`.
+/// Barrier phase 2: multiply the kept gradient by `clip`, run the optimizer at `lr_scale` times its
+/// base learning rate, publish `version`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ApplyCmd {
     pub clip: f64,
+    pub lr_scale: f64,
     pub version: u64,
 }
 
@@ -82,6 +84,24 @@ pub struct ShardSnapshot {
     pub end: u64,
     pub version: u64,
     pub region: RegionHandle,
+    /// The shard's optimizer state, when asked for ([`SnapshotCmd::optimizer`]).
+    pub optimizer: Option<OptimizerSnapshot>,
+}
+
+/// fp32 copies of one shard's optimizer buffers, readable over the data plane.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerSnapshot {
+    /// Optimizer steps taken.
+    pub steps: u64,
+    /// Each buffer's name (torch's: `exp_avg`, `exp_avg_sq`, `momentum_buffer`) and region.
+    pub buffers: Vec<(String, RegionHandle)>,
+}
+
+/// What a snapshot holds besides the master values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SnapshotCmd {
+    /// Also the optimizer state (for a checkpoint).
+    pub optimizer: bool,
 }
 
 impl ShardSnapshot {
@@ -98,8 +118,9 @@ pub enum ServerMsg {
     Reduce(ReduceCmd, RpcReplyPort<Result<ReduceAck>>),
     Apply(ApplyCmd, RpcReplyPort<Result<()>>),
     Discard(DiscardCmd, RpcReplyPort<Result<()>>),
-    /// Publish the fp32 master values of every shard for a read-out over the data plane.
-    Snapshot(RpcReplyPort<Result<Vec<ShardSnapshot>>>),
+    /// Publish the fp32 master values of every shard (and, when asked, the optimizer state) for a
+    /// read-out over the data plane.
+    Snapshot(SnapshotCmd, RpcReplyPort<Result<Vec<ShardSnapshot>>>),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -177,8 +198,9 @@ pub enum SupervisorMsg {
     Step(Vec<SampleMeta>, RpcReplyPort<Result<StepStats>>),
     /// A trainer finished a micro-batch.
     Done(TrainerReport),
-    /// Where to read the fp32 master parameters of every shard (over the data plane).
-    Parameters(RpcReplyPort<Result<Vec<ShardSnapshot>>>),
+    /// Where to read the fp32 master parameters (and, when asked, the optimizer state) of every
+    /// shard over the data plane.
+    Parameters(SnapshotCmd, RpcReplyPort<Result<Vec<ShardSnapshot>>>),
     /// Periodic: time passed (deadlines).
     Tick,
     /// The outcome of server calls the supervisor started.
@@ -312,6 +334,7 @@ mod tests {
         });
         round_trip::<Result<ReduceAck>>(Ok(ReduceAck { sum_sq: 2.5 }));
         round_trip(ApplyCmd {
+            lr_scale: 1.0,
             clip: 0.9,
             version: 8,
         });
@@ -322,7 +345,12 @@ mod tests {
             end: 8,
             version: 2,
             region: handle(),
+            optimizer: Some(OptimizerSnapshot {
+                steps: 3,
+                buffers: vec![("exp_avg".into(), handle())],
+            }),
         }]));
+        round_trip(SnapshotCmd { optimizer: true });
         let directory = Directory::from_routes(3, vec![route]).expect("directory");
         round_trip(TrainerSpec {
             rank: 2,

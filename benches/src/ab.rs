@@ -30,7 +30,7 @@ use odc::transport::throttle::Throttled;
 use odc::transport::Transport;
 use odc::{
     Clock, Communication, DispatchMode, Error, Job, OptimizerConfig, Precision, Result, SampleMeta,
-    SpanKind, StepStats, SystemClock, Timestamp, TRAINER_ENDPOINT_BASE,
+    SpanKind, SystemClock, TRAINER_ENDPOINT_BASE,
 };
 
 use crate::floor::EmulationFloor;
@@ -284,39 +284,6 @@ pub fn default_token_budget(workload: &Workload) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// Spans of one step as trace spans relative to `origin`; barrier waits added per trainer.
-fn trace_spans(stats: &StepStats, origin: Timestamp, devices: usize) -> Vec<TraceSpan> {
-    let rel = |t: Timestamp| t.saturating_duration_since(origin);
-    let mut out = Vec::new();
-    for r in &stats.micro_batch_log {
-        for s in &r.spans {
-            out.push(TraceSpan {
-                trainer: r.trainer as usize,
-                name: s.kind.name().to_string(),
-                start: rel(s.start),
-                duration: s.end.saturating_duration_since(s.start),
-            });
-        }
-    }
-    let end = stats.started + stats.wall;
-    for t in 0..devices {
-        let last = stats
-            .micro_batch_log
-            .iter()
-            .filter(|r| r.trainer == t as u32)
-            .map(|r| r.finished)
-            .max()
-            .unwrap_or(stats.started);
-        out.push(TraceSpan {
-            trainer: t,
-            name: SpanKind::BarrierWait.name().to_string(),
-            start: rel(last),
-            duration: end.saturating_duration_since(last),
-        });
-    }
-    out
-}
-
 /// Run `settings.steps` minibatches of `case` on one side.
 pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> Result<Measure> {
     let device = Arc::new(SimDevice {
@@ -375,7 +342,8 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
             }
         }
         if trace {
-            m.spans.extend(trace_spans(&stats, origin, case.devices));
+            m.spans
+                .extend(odc::trace::step_spans(&stats, origin, case.devices));
         }
     }
     job.shutdown().await;

@@ -16,6 +16,7 @@ pub mod floor;
 pub mod input;
 pub mod processes;
 pub mod report;
+pub mod sft_overhead;
 pub mod transport;
 pub mod workload;
 

@@ -49,6 +49,29 @@ enum Command {
     /// Wall time per step of the `embed` example as N processes (`odc launch`, shm or tcp) next
     /// to the same job in one process, interleaved ABBA, with an A-vs-A control.
     Processes(ProcessesArgs),
+    /// One SFT step of the reference transformer on odc (trainers and servers in one process,
+    /// local transport, per-unit backward) vs the same step in candle alone, ABBA, with a
+    /// candle-vs-candle control; tokens/s of both.
+    SftOverhead(SftOverheadArgs),
+}
+
+#[derive(Args)]
+struct SftOverheadArgs {
+    /// Steps per block (after one warm-up block per side).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    steps: u32,
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: u32,
+    /// Problems per minibatch.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4_096))]
+    batch_size: u32,
+    /// Most tokens per micro-batch.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(512..=1_048_576))]
+    token_budget: u64,
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    trainers: u32,
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    servers: u32,
 }
 
 #[derive(Args)]
@@ -755,6 +778,56 @@ fn processes(args: ProcessesArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
+    use odc_bench::sft_overhead as so;
+    let settings = so::Settings {
+        steps: args.steps,
+        rounds: args.rounds,
+        batch_size: args.batch_size as usize,
+        token_budget: args.token_budget,
+        trainers: args.trainers as usize,
+        servers: args.servers as usize,
+        model: odc::model::ModelConfig::tiny(),
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "odc-bench sft-overhead: tiny transformer ({} parameters), {} problems per step, budget {} \
+         tokens; odc: {} trainers + {} servers, local transport; ABBA x {} rounds of {} steps; \
+         {cores} cores",
+        odc::model::param_count(&settings.model)?,
+        settings.batch_size,
+        settings.token_budget,
+        settings.trainers,
+        settings.servers,
+        settings.rounds,
+        settings.steps
+    );
+    if cfg!(debug_assertions) {
+        println!("! a debug build: the numbers are not evidence (use --release)");
+    }
+    if settings.trainers > cores {
+        println!(
+            "! {} trainers share {cores} cores with candle's own threads: contention, not odc, can \
+             decide the ratio",
+            settings.trainers
+        );
+    }
+    let outcome = so::run(&settings, |line| println!("{line}")).await?;
+    let (candle_tps, odc_tps) = outcome.tokens_per_s();
+    let ratio = outcome.ratio();
+    println!(
+        "candle alone {candle_tps:.0} tokens/s, odc {odc_tps:.0} tokens/s ({:.0} tokens/step): \
+         ratio {ratio:.3} (odc / candle time per step), control {:.3}; last losses candle {:.4}, \
+         odc {:.4}; target <= 1.10: {}",
+        outcome.tokens_per_step,
+        outcome.control_ratio(),
+        outcome.candle_loss,
+        outcome.odc_loss,
+        if ratio <= 1.10 { "met" } else { "MISSED" }
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -770,6 +843,7 @@ fn main() -> ExitCode {
             Command::Transport(args) => runtime.block_on(transport(args)),
             Command::TransportOwner(args) => runtime.block_on(transport_owner(args)),
             Command::Processes(args) => processes(args),
+            Command::SftOverhead(args) => runtime.block_on(sft_overhead(args)),
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,

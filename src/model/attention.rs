@@ -30,8 +30,8 @@ pub struct AttentionWeights<'a> {
     pub wo: &'a Tensor,
 }
 
-/// `x: [T, d_model]` -> `[T, d_model]`: multi-head attention with rotary positions and the pack's
-/// block-diagonal causal mask.
+/// `x: [T, d_model]` -> `[T, d_model]`: multi-head attention with rotary positions, each sample of
+/// the pack attending causally within itself only.
 pub fn causal_self_attention(
     x: &Tensor,
     w: AttentionWeights<'_>,
@@ -40,21 +40,26 @@ pub fn causal_self_attention(
 ) -> Result<Tensor> {
     let (t, d) = x.dims2()?;
     let (probs, v) = probs_and_values(x, w, n_heads, batch)?;
-    let out = probs
-        .matmul(&v)?
+    let outs = probs
+        .iter()
+        .zip(&batch.spans)
+        .map(|(p, &(start, len))| p.matmul(&v.narrow(1, start, len)?))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let out = Tensor::cat(&outs, 1)?
         .transpose(0, 1)?
         .contiguous()?
         .reshape((t, d))?;
     Ok(out.matmul(&w.wo.t()?)?)
 }
 
-/// The attention probabilities `[H, T, T]` and the values `[H, T, head_dim]`.
+/// Per sample, the attention probabilities `[H, len, len]`; and the values `[H, T, head_dim]` of
+/// the whole pack. The projections run over the whole pack at once; scores only within a sample.
 fn probs_and_values(
     x: &Tensor,
     w: AttentionWeights<'_>,
     n_heads: usize,
     batch: &PackedBatch,
-) -> Result<(Tensor, Tensor)> {
+) -> Result<(Vec<Tensor>, Tensor)> {
     let (t, d) = x.dims2()?;
     let head_dim = d / n_heads;
     // [T, d] -> [H, T, head_dim]
@@ -68,9 +73,18 @@ fn probs_and_values(
     let k = rope(&heads(w.wk)?, &batch.rope_cos, &batch.rope_sin)?;
     let v = heads(w.wv)?;
     let scale = 1.0 / (head_dim as f64).sqrt();
-    let scores =
-        (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&batch.attention_mask)?;
-    Ok((softmax_last_dim(&scores)?, v))
+    let probs = batch
+        .spans
+        .iter()
+        .zip(&batch.causal_masks)
+        .map(|(&(start, len), mask)| -> Result<Tensor> {
+            let q = q.narrow(1, start, len)?;
+            let k = k.narrow(1, start, len)?;
+            let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(mask)?;
+            Ok(softmax_last_dim(&scores)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((probs, v))
 }
 
 #[cfg(test)]
@@ -153,17 +167,19 @@ mod tests {
         let w = weights();
         let x = (random(&[7, 16], 4) * 50.0).unwrap();
         let (probs, _) = probs_and_values(&x, aw(&w), 2, &pack(&[1, 4, 2])).unwrap();
-        let sums = probs.sum_keepdim(candle_core::D::Minus1).unwrap();
-        for v in sums.flatten_all().unwrap().to_vec1::<f32>().unwrap() {
-            assert!((v - 1.0).abs() < 1e-5, "row sums to {v}");
-        }
-        // Forbidden pairs (other sample, or a later token) get exactly zero probability.
-        let segments = [0, 1, 1, 1, 1, 2, 2];
-        for head in probs.to_vec3::<f32>().unwrap() {
-            for (i, row) in head.iter().enumerate() {
-                for (j, p) in row.iter().enumerate() {
-                    if segments[i] != segments[j] || j > i {
-                        assert_eq!(*p, 0.0, "({i}, {j})");
+        assert_eq!(probs.len(), 3, "one block per sample");
+        for (sample, p) in probs.iter().enumerate() {
+            let sums = p.sum_keepdim(candle_core::D::Minus1).unwrap();
+            for v in sums.flatten_all().unwrap().to_vec1::<f32>().unwrap() {
+                assert!((v - 1.0).abs() < 1e-5, "sample {sample}: a row sums to {v}");
+            }
+            // Later tokens of the sample get exactly zero probability.
+            for head in p.to_vec3::<f32>().unwrap() {
+                for (i, row) in head.iter().enumerate() {
+                    for (j, p) in row.iter().enumerate() {
+                        if j > i {
+                            assert_eq!(*p, 0.0, "sample {sample} ({i}, {j})");
+                        }
                     }
                 }
             }

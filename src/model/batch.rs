@@ -9,10 +9,12 @@
 //!   the same sample; a sample's last token predicts nothing.
 //! - `loss_mask[t]` marks token `t` as a **target** that carries loss (e.g. the response tokens of
 //!   an SFT sample); a sample's first token is never a target. The loss is the mean over targets.
-//! - `attention_mask` is additive `[T, T]`: 0 where query `i` may attend to key `j` (same sample and
-//!   `j <= i`), [`MASKED`] elsewhere.
+//! - Attention runs per sample: `spans[s]` is sample `s`'s `(start, len)` in the pack and
+//!   `causal_masks[s]` its additive `[len, len]` mask (0 where query `i` may attend to key `j <= i`,
+//!   [`MASKED`] elsewhere), so a pack of `T` tokens costs the sum of its samples' squared lengths,
+//!   not `T²`, and no sample can see another.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use super::config::ModelConfig;
 use super::error::{Error, Result};
@@ -39,6 +41,16 @@ impl Sample {
     }
 }
 
+impl From<&crate::text::Sample> for Sample {
+    /// A tokenized text sample (loss on its response).
+    fn from(s: &crate::text::Sample) -> Self {
+        Sample {
+            tokens: s.tokens().to_vec(),
+            loss_mask: s.loss_mask().to_vec(),
+        }
+    }
+}
+
 /// A packed micro-batch on a device (see the module docs for the conventions).
 #[derive(Debug, Clone)]
 pub struct PackedBatch {
@@ -54,8 +66,10 @@ pub struct PackedBatch {
     pub target_weights: Tensor,
     /// Number of predictions that count (the loss's denominator).
     pub loss_tokens: usize,
-    /// `[T, T]` f32 additive attention mask.
-    pub attention_mask: Tensor,
+    /// Each sample's `(start, len)` in the pack, in order.
+    pub spans: Vec<(usize, usize)>,
+    /// Each sample's `[len, len]` f32 additive causal mask (shared between equal lengths).
+    pub causal_masks: Vec<Tensor>,
     /// `[T, head_dim / 2]` rotary cosines at each token's position.
     pub rope_cos: Tensor,
     /// `[T, head_dim / 2]` rotary sines at each token's position.
@@ -130,12 +144,42 @@ impl PackedBatch {
             }
         }
         let loss_tokens = weights.iter().filter(|w| **w > 0.0).count();
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, &segment) in segments.iter().enumerate() {
+            if i > 0 && segments[i - 1] == segment {
+                if let Some(last) = spans.last_mut() {
+                    last.1 += 1;
+                }
+                continue;
+            }
+            if !seen.insert(segment) {
+                return Err(Error::Batch(format!(
+                    "sample {segment} is not contiguous (it resumes at token {i})"
+                )));
+            }
+            spans.push((i, 1));
+        }
+        let mut masks: std::collections::HashMap<usize, Tensor> = Default::default();
+        let mut causal_masks = Vec::with_capacity(spans.len());
+        for &(_, len) in &spans {
+            let mask = match masks.get(&len) {
+                Some(m) => m.clone(),
+                None => {
+                    let m = causal_mask(len, device)?;
+                    masks.insert(len, m.clone());
+                    m
+                }
+            };
+            causal_masks.push(mask);
+        }
         let positions = Tensor::from_slice(positions, t, device)?;
         let segments = Tensor::from_slice(segments, t, device)?;
         let (rope_cos, rope_sin) = rope_cos_sin(&positions, config.head_dim(), config.rope_theta)?;
         Ok(PackedBatch {
             tokens: Tensor::from_slice(tokens, t, device)?,
-            attention_mask: packed_causal_mask(&segments)?,
+            spans,
+            causal_masks,
             positions,
             segments,
             targets: Tensor::from_vec(targets, t, device)?,
@@ -158,18 +202,13 @@ impl PackedBatch {
     }
 }
 
-/// The block-diagonal causal mask of a pack, built on `segments`' device: `[T, T]` f32, 0 where
-/// `segments[i] == segments[j] && j <= i`, [`MASKED`] elsewhere. Every row allows its diagonal.
-pub fn packed_causal_mask(segments: &Tensor) -> Result<Tensor> {
-    let t = segments.dims1()?;
-    let same = segments
-        .reshape((t, 1))?
-        .broadcast_eq(&segments.reshape((1, t))?)?;
-    let idx = Tensor::arange(0u32, t as u32, segments.device())?;
-    let causal = idx.reshape((t, 1))?.broadcast_ge(&idx.reshape((1, t))?)?;
-    let allowed = (same.to_dtype(DType::F32)? * causal.to_dtype(DType::F32)?)?;
-    // allowed = 1 -> 0, allowed = 0 -> MASKED.
-    Ok(((allowed - 1.0)? * (-MASKED as f64))?)
+/// The causal mask of one sample of `len` tokens: `[len, len]` f32, 0 where `j <= i`, [`MASKED`]
+/// elsewhere. Every row allows its diagonal.
+pub fn causal_mask(len: usize, device: &Device) -> Result<Tensor> {
+    let values: Vec<f32> = (0..len)
+        .flat_map(|i| (0..len).map(move |j| if j <= i { 0.0 } else { MASKED }))
+        .collect();
+    Ok(Tensor::from_vec(values, (len, len), device)?)
 }
 
 #[cfg(test)]
@@ -187,18 +226,34 @@ mod tests {
     }
 
     #[test]
-    fn mask_is_block_diagonal_causal() {
-        let segments = Tensor::new(&[0u32, 0, 1, 1, 1], &Device::Cpu).unwrap();
-        let mask = packed_causal_mask(&segments)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        let allowed = |i: usize, j: usize| (i < 2) == (j < 2) && j <= i;
+    fn spans_are_the_samples_and_masks_are_causal() {
+        let c = config();
+        let b = PackedBatch::new(
+            &c,
+            &[1, 2, 3, 4, 5],
+            &[0, 1, 0, 1, 2],
+            &[0, 0, 1, 1, 1],
+            &[true; 5],
+            &Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(b.spans, vec![(0, 2), (2, 3)]);
+        let mask = b.causal_masks[1].to_vec2::<f32>().unwrap();
         for (i, row) in mask.iter().enumerate() {
             for (j, &m) in row.iter().enumerate() {
-                assert_eq!(m, if allowed(i, j) { 0.0 } else { MASKED }, "({i}, {j})");
+                assert_eq!(m, if j <= i { 0.0 } else { MASKED }, "({i}, {j})");
             }
         }
+        // A sample that resumes after another is not a pack.
+        let split = PackedBatch::new(
+            &c,
+            &[1, 2, 3],
+            &[0, 0, 1],
+            &[0, 1, 0],
+            &[true; 3],
+            &Device::Cpu,
+        );
+        assert!(split.unwrap_err().to_string().contains("not contiguous"));
     }
 
     #[test]

@@ -56,10 +56,20 @@ pub fn block_forward(
     let attn = AttentionWeights { wq, wk, wv, wo };
     let n = rms_norm(x, attn_norm, config.rms_eps)?;
     let h = (x + causal_self_attention(&n, attn, config.n_heads, batch)?)?;
-    let n = rms_norm(&h, mlp_norm, config.rms_eps)?;
+    mlp_residual(config, &h, [mlp_norm, w1, w2, w3])
+}
+
+/// `h + w2(silu(w1 n) * w3 n)`, `n = rms_norm(h, mlp_norm)`: the block's second half (also used by
+/// the cached decoder of [`super::generate`]).
+pub(crate) fn mlp_residual(
+    config: &ModelConfig,
+    h: &Tensor,
+    [mlp_norm, w1, w2, w3]: [&Tensor; 4],
+) -> Result<Tensor> {
+    let n = rms_norm(h, mlp_norm, config.rms_eps)?;
     let gate = silu(&n.matmul(&w1.t()?)?)?;
     let up = n.matmul(&w3.t()?)?;
-    Ok((&h + (gate * up)?.matmul(&w2.t()?)?)?)
+    Ok((h + (gate * up)?.matmul(&w2.t()?)?)?)
 }
 
 #[cfg(test)]

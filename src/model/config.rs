@@ -7,6 +7,7 @@ use super::error::{Error, Result};
 
 /// Shape and initialisation of the causal transformer of [`crate::model`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// Number of token ids (byte-level: 256 bytes plus a few specials).
     pub vocab_size: usize,

@@ -25,15 +25,21 @@
 pub mod attention;
 pub mod batch;
 pub mod block;
+pub mod compute;
 pub mod config;
 pub mod error;
+pub mod eval;
+pub mod generate;
 pub mod ops;
 pub mod params;
 pub mod transformer;
 
 pub use batch::{PackedBatch, Sample};
+pub use compute::{layout_units, tensor_map, unit_name, SampleStore, TransformerCompute};
 pub use config::ModelConfig;
 pub use error::{Error, Result};
+pub use eval::{evaluate, Evaluation};
+pub use generate::{forward_cached, generate, KvCache, Sampling, Weights};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
 pub use transformer::{
     model_forward, param_count, unit_count, unit_forward, unit_init_values, unit_params,

@@ -20,7 +20,7 @@ impl Message for ServerMsg {
             ServerMsg::Reduce(cmd, reply) => call("Reduce", &cmd, reply),
             ServerMsg::Apply(cmd, reply) => call("Apply", &cmd, reply),
             ServerMsg::Discard(cmd, reply) => call("Discard", &cmd, reply),
-            ServerMsg::Snapshot(reply) => call("Snapshot", &(), reply),
+            ServerMsg::Snapshot(cmd, reply) => call("Snapshot", &cmd, reply),
         }
     }
 
@@ -40,8 +40,7 @@ impl Message for ServerMsg {
                 ServerMsg::Discard(decode("Discard", &args)?, reply_port("Discard", reply))
             }
             "Snapshot" => {
-                decode::<()>("Snapshot", &args)?;
-                ServerMsg::Snapshot(reply_port("Snapshot", reply))
+                ServerMsg::Snapshot(decode("Snapshot", &args)?, reply_port("Snapshot", reply))
             }
             _ => return unknown("shard server", &variant, true),
         })
@@ -76,7 +75,7 @@ impl Message for SupervisorMsg {
         match self {
             SupervisorMsg::Step(samples, reply) => call("Step", &samples, reply),
             SupervisorMsg::Done(report) => cast("Done", &report),
-            SupervisorMsg::Parameters(reply) => call("Parameters", &(), reply),
+            SupervisorMsg::Parameters(cmd, reply) => call("Parameters", &cmd, reply),
             SupervisorMsg::Tick => cast("Tick", &()),
             SupervisorMsg::Servers(outcome) => cast("Servers", &outcome),
         }
@@ -88,10 +87,10 @@ impl Message for SupervisorMsg {
             ("Step", Some(reply)) => {
                 SupervisorMsg::Step(decode("Step", &args)?, reply_port("Step", reply))
             }
-            ("Parameters", Some(reply)) => {
-                decode::<()>("Parameters", &args)?;
-                SupervisorMsg::Parameters(reply_port("Parameters", reply))
-            }
+            ("Parameters", Some(reply)) => SupervisorMsg::Parameters(
+                decode("Parameters", &args)?,
+                reply_port("Parameters", reply),
+            ),
             ("Done", None) => SupervisorMsg::Done(decode("Done", &args)?),
             ("Tick", None) => {
                 decode::<()>("Tick", &args)?;
@@ -215,6 +214,7 @@ mod tests {
             |r| {
                 ServerMsg::Apply(
                     ApplyCmd {
+                        lr_scale: 1.0,
                         clip: 0.5,
                         version: 2,
                     },

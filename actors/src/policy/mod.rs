@@ -5,6 +5,7 @@
 //! - [`dispatch`]: the work queue of one minibatch attempt (own lists, earliest-finish stealing);
 //! - [`ledger`]: exactly-once accounting of micro-batches (I2);
 //! - [`straggler`]: per-trainer speed estimates;
+//! - [`schedule`]: the learning rate's factor per global step (warm-up, cosine decay);
 //! - [`recovery`]: what a trainer failure means (respawn or drop, replay or not, how often);
 //! - [`step`]: the supervisor's decisions as a state machine (plan, dispatch, ledger, barrier,
 //!   replay, deadlines): events in, commands with reasons out;
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod dispatch;
 pub mod ledger;
 pub mod recovery;
+pub mod schedule;
 pub mod stats;
 pub mod step;
 pub mod straggler;

@@ -72,6 +72,7 @@ use crate::policy::clock::Timestamp;
 use crate::policy::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
 use crate::policy::ledger::{Ledger, LedgerError};
 use crate::policy::recovery::{may_replay, must_replay, slot_fate, FailurePolicy, SlotFate};
+use crate::policy::schedule::LrSchedule;
 use crate::policy::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
 use crate::policy::straggler::SpeedEstimator;
 
@@ -102,6 +103,11 @@ pub struct StepConfig {
     /// Longest a micro-batch may run before its step fails with [`Error::Deadline`] and its
     /// trainer is killed (I6).
     pub micro_batch_timeout: Duration,
+    /// The learning rate's factor per global step.
+    pub schedule: LrSchedule,
+    /// Global step of this job's first step (a job resumed from a checkpoint of step `n`
+    /// starts at `n`): the schedule's position.
+    pub first_step: u64,
 }
 
 impl Default for StepConfig {
@@ -117,6 +123,8 @@ impl Default for StepConfig {
             max_replays: 3,
             rebalance: false,
             micro_batch_timeout: DEFAULT_MICRO_BATCH_TIMEOUT,
+            schedule: LrSchedule::Constant,
+            first_step: 0,
         }
     }
 }
@@ -137,8 +145,13 @@ pub enum Command {
     /// Every server: take the accumulators (moving to `next_epoch`), scale, reply the sum of
     /// squares → [`StepMachine::on_reduced`] with the sum over all servers.
     Reduce { scale: f64, next_epoch: u64 },
-    /// Every server: clip, optimizer step, publish `version` → [`StepMachine::on_applied`].
-    Apply { clip: f64, version: u64 },
+    /// Every server: clip, optimizer step at `lr_scale` times the base learning rate, publish
+    /// `version` → [`StepMachine::on_applied`].
+    Apply {
+        clip: f64,
+        lr_scale: f64,
+        version: u64,
+    },
     /// Every server: drop the attempt, move to `next_epoch`; the actor also aborts collectives
     /// below `next_epoch` → [`StepMachine::on_discarded`].
     Discard { next_epoch: u64 },
@@ -431,6 +444,12 @@ impl StepMachine {
         self.version
     }
 
+    /// The global step being trained: [`StepConfig::first_step`] plus the steps this machine
+    /// finished (what stats and errors name).
+    pub fn global_step(&self) -> u64 {
+        self.config.first_step + self.version
+    }
+
     /// Accumulator epoch of the current attempt.
     pub fn epoch(&self) -> u64 {
         self.epoch
@@ -457,7 +476,9 @@ impl StepMachine {
             return vec![decision(Command::Reject(Error::Busy), Reason::NotAccepted)];
         }
         if samples.is_empty() {
-            let e = Error::EmptyMinibatch { step: self.version };
+            let e = Error::EmptyMinibatch {
+                step: self.global_step(),
+            };
             return vec![decision(Command::Finish(Err(e)), Reason::Unplannable)];
         }
         let attempt = match self.plan(&samples) {
@@ -501,7 +522,7 @@ impl StepMachine {
             // owners), or of no step: ignored, the trainer is idle.
             return self.dispatch(now);
         }
-        let step = self.version;
+        let step = self.global_step();
         let mb = report.micro_batch as usize;
         let (output, io) = match report.result {
             Ok(done) => (done.output, done.stats),
@@ -607,9 +628,17 @@ impl StepMachine {
             _ => 1.0,
         };
         let version = self.version + 1;
+        let lr_scale = self
+            .config
+            .schedule
+            .factor(self.config.first_step + self.version);
         run.phase = Phase::Applying { grad_norm, version };
         vec![decision(
-            Command::Apply { clip, version },
+            Command::Apply {
+                clip,
+                lr_scale,
+                version,
+            },
             Reason::GradientsReduced { grad_norm, clip },
         )]
     }
@@ -629,7 +658,7 @@ impl StepMachine {
         let Some(run) = self.run.take() else {
             return Vec::new();
         };
-        let stats = run.stats(version - 1, grad_norm, now);
+        let stats = run.stats(self.config.first_step + version - 1, grad_norm, now);
         vec![decision(
             Command::Finish(Ok(stats)),
             Reason::Applied { version },
@@ -708,7 +737,7 @@ impl StepMachine {
             if current {
                 let error = Error::Deadline {
                     what: "micro-batch".into(),
-                    step: self.version,
+                    step: self.global_step(),
                     trainer: Some(slot as u32),
                     micro_batch: Some(busy.micro_batch as u32),
                     after_ms: millis(ran),
@@ -792,7 +821,7 @@ impl StepMachine {
             refusal: refusal.clone(),
         };
         let error = Error::Ledger {
-            step: self.version,
+            step: self.global_step(),
             source: refusal,
         };
         self.fail(error, reason).into_iter().collect()
@@ -812,7 +841,7 @@ impl StepMachine {
         if !may_replay(run.replays, self.config.max_replays) {
             let replays = run.replays;
             let e = Error::TooManyReplays {
-                step: self.version,
+                step: self.global_step(),
                 replays,
             };
             return vec![self.finish(Err(e), Reason::TooManyReplays { replays })];
@@ -833,7 +862,9 @@ impl StepMachine {
             .filter(|&i| self.slots[i].presence == Presence::Live)
             .collect();
         if live.is_empty() {
-            return Err(Error::NoTrainers { step: self.version });
+            return Err(Error::NoTrainers {
+                step: self.global_step(),
+            });
         }
         let tokens: Vec<u64> = samples.iter().map(|s| s.tokens).collect();
         let c = &self.config;
@@ -872,6 +903,7 @@ impl StepMachine {
             .iter()
             .enumerate()
             .map(|(id, mb)| MicroBatch {
+                // The parameter version every read of it must return (I1).
                 step: self.version,
                 id: id as u32,
                 samples: mb
@@ -1207,6 +1239,46 @@ mod tests {
         }
     }
 
+    /// A resumed job (`first_step` 10) applies the schedule's factor of global steps 10, 11, names
+    /// them in its stats, and still reads parameter version 0, 1 (I1 is about versions).
+    #[test]
+    fn apply_carries_the_schedule_factor_of_the_global_step() {
+        let schedule = LrSchedule::WarmupCosine {
+            warmup_steps: 20,
+            total_steps: 40,
+            min_ratio: 0.0,
+        };
+        let mut w = World::new(
+            StepConfig {
+                schedule,
+                first_step: 10,
+                ..config()
+            },
+            &[1.0],
+        );
+        for k in 0..2u64 {
+            let stats = w.step(samples(2, 100)).expect("finishes").expect("ok");
+            assert_eq!(stats.step, 10 + k);
+            let scale = w.log.iter().find_map(|d| match d.command {
+                Command::Apply { lr_scale, .. } => Some(lr_scale),
+                _ => None,
+            });
+            assert_eq!(scale, Some(schedule.factor(10 + k)));
+            let versions: Vec<u64> = w
+                .log
+                .iter()
+                .filter_map(|d| match &d.command {
+                    Command::Assign { assignment, .. } => Some(assignment.micro_batch.step),
+                    _ => None,
+                })
+                .collect();
+            assert!(
+                !versions.is_empty() && versions.iter().all(|v| *v == k),
+                "{versions:?}"
+            );
+        }
+    }
+
     #[test]
     fn normal_step_command_sequence() {
         let mut w = World::new(config(), &[1.0, 1.0]);
@@ -1225,7 +1297,7 @@ mod tests {
         }
         match &w.log[5] {
             Decision {
-                command: Command::Apply { clip, version },
+                command: Command::Apply { clip, version, .. },
                 reason: Reason::GradientsReduced { grad_norm, .. },
             } => assert_eq!((*clip, *version, *grad_norm), (1.0, 1, 2.0)),
             other => panic!("{other:?}"),

@@ -7,7 +7,10 @@ use odc_transport::{codec, AccumulatorRegion, Dtype, PublishedRegion};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::optimizer::{OptimizerConfig, OptimizerState};
-use super::{ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec, ShardSnapshot};
+use super::{
+    ApplyCmd, DiscardCmd, OptimizerSnapshot, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
+    ShardSnapshot, SnapshotCmd,
+};
 use crate::directory::ShardRoute;
 use crate::error::{Error, Result};
 use crate::layout::{shard_range, UnitId};
@@ -29,6 +32,8 @@ struct Shard {
     /// fp32 copy for read-outs, registered on first use (bf16 pulls only; fp32 pulls read the
     /// published copy, which is the same bytes).
     snapshot: Option<Box<dyn PublishedRegion>>,
+    /// fp32 copies of the optimizer buffers for checkpoints, registered on first use.
+    optimizer_snapshots: Vec<Option<Box<dyn PublishedRegion>>>,
     /// The scaled gradient `Reduce` kept for `Apply`.
     grad: Option<Vec<f32>>,
 }
@@ -72,14 +77,29 @@ impl Actor for ShardServer {
             let accumulator =
                 node.transport
                     .register_accumulator(spec.endpoint, range.len(), spec.epoch)?;
+            let optimizer = match node.layout.optimizer_init(unit as UnitId) {
+                None => OptimizerState::new(&spec.optimizer, range.len()),
+                Some(init) => {
+                    let buffers = init
+                        .buffers
+                        .iter()
+                        .map(|(name, values)| (name.clone(), values[range.clone()].to_vec()))
+                        .collect();
+                    OptimizerState::restore(&spec.optimizer, range.len(), init.steps, buffers)
+                        .map_err(|e| {
+                            Error::Layout(format!("unit {unit} ({}): {e}", unit_spec.name))
+                        })?
+                }
+            };
             shards.push(Shard {
                 unit: unit as UnitId,
-                optimizer: OptimizerState::new(&spec.optimizer, range.len()),
+                optimizer,
                 range,
                 master,
                 published,
                 accumulator,
                 snapshot: None,
+                optimizer_snapshots: Vec::new(),
                 grad: None,
             });
         }
@@ -129,8 +149,10 @@ impl Actor for ShardServer {
                 let result = off_runtime(state, move |shards, _| discard(shards, cmd)).await?;
                 let _ = reply.send(result);
             }
-            ServerMsg::Snapshot(reply) => {
-                let result = off_runtime(state, snapshot).await?;
+            ServerMsg::Snapshot(cmd, reply) => {
+                let result =
+                    off_runtime(state, move |shards, context| snapshot(shards, context, cmd))
+                        .await?;
                 let _ = reply.send(result);
             }
         }
@@ -182,7 +204,9 @@ fn reduce(shards: &mut [Shard], cmd: ReduceCmd) -> Result<ReduceAck> {
 
 /// Optimizer step on every shard with the gradient kept by `Reduce`, then publish `version`.
 fn apply(shards: &mut [Shard], spec: &ServerSpec, cmd: ApplyCmd) -> Result<()> {
-    let optimizer: &OptimizerConfig = &spec.optimizer;
+    // Scaled in f64 and rounded once, so every server applies bitwise the same rate (I3).
+    let lr = (f64::from(spec.optimizer.lr()) * cmd.lr_scale) as f32;
+    let optimizer: &OptimizerConfig = &spec.optimizer.with_lr(lr);
     for shard in shards {
         let mut grad = shard
             .grad
@@ -209,30 +233,38 @@ fn discard(shards: &mut [Shard], cmd: DiscardCmd) -> Result<()> {
     Ok(())
 }
 
-fn snapshot(shards: &mut [Shard], context: &Context) -> Result<Vec<ShardSnapshot>> {
+fn snapshot(
+    shards: &mut [Shard],
+    context: &Context,
+    cmd: SnapshotCmd,
+) -> Result<Vec<ShardSnapshot>> {
     let mut out = Vec::with_capacity(shards.len());
     for shard in shards {
         let region = if context.spec.pull_dtype == Dtype::F32 {
             shard.published.handle()
         } else {
-            let bytes = codec::encode(Dtype::F32, &shard.master);
-            match &shard.snapshot {
-                Some(region) => {
-                    region.publish(context.version, bytes)?;
-                    region.handle()
-                }
-                None => {
-                    let region = context.node.transport.register_published(
-                        context.spec.endpoint,
-                        Dtype::F32,
-                        bytes,
-                        context.version,
-                    )?;
-                    let handle = region.handle();
-                    shard.snapshot = Some(region);
-                    handle
-                }
+            publish_copy(&mut shard.snapshot, &shard.master, context)?
+        };
+        let optimizer = if cmd.optimizer {
+            let names = shard.optimizer.buffer_names();
+            let buffers = shard.optimizer.buffers();
+            shard
+                .optimizer_snapshots
+                .resize_with(buffers.len(), || None);
+            let mut handles = Vec::with_capacity(buffers.len());
+            for ((name, values), slot) in names
+                .iter()
+                .zip(buffers)
+                .zip(shard.optimizer_snapshots.iter_mut())
+            {
+                handles.push((name.to_string(), publish_copy(slot, values, context)?));
             }
+            Some(OptimizerSnapshot {
+                steps: shard.optimizer.steps(),
+                buffers: handles,
+            })
+        } else {
+            None
         };
         out.push(ShardSnapshot {
             unit: shard.unit,
@@ -240,9 +272,33 @@ fn snapshot(shards: &mut [Shard], context: &Context) -> Result<Vec<ShardSnapshot
             end: shard.range.end as u64,
             version: context.version,
             region,
+            optimizer,
         });
     }
     Ok(out)
+}
+
+/// Publish `values` as fp32 at the server's version in the region kept in `slot` (registered on
+/// first use) and return its handle.
+fn publish_copy(
+    slot: &mut Option<Box<dyn PublishedRegion>>,
+    values: &[f32],
+    context: &Context,
+) -> Result<odc_transport::RegionHandle> {
+    let bytes = codec::encode(Dtype::F32, values);
+    if let Some(region) = slot {
+        region.publish(context.version, bytes)?;
+        return Ok(region.handle());
+    }
+    let region = context.node.transport.register_published(
+        context.spec.endpoint,
+        Dtype::F32,
+        bytes,
+        context.version,
+    )?;
+    let handle = region.handle();
+    *slot = Some(region);
+    Ok(handle)
 }
 
 #[cfg(test)]
@@ -384,6 +440,7 @@ mod tests {
             let ack = ask(&actor, |r| ServerMsg::Reduce(reduce, r)).await.unwrap();
             assert_eq!(ack.sum_sq, 4.0);
             let apply = ApplyCmd {
+                lr_scale: 1.0,
                 clip: 1.0,
                 version: 1,
             };
@@ -423,6 +480,7 @@ mod tests {
             // Gradients reduced, step not applied: readers still see version 0.
             assert_eq!(read(transport.as_ref(), &route.published, 10).await, before);
             let apply = ApplyCmd {
+                lr_scale: 1.0,
                 clip: 1.0,
                 version: 1,
             };
@@ -431,7 +489,9 @@ mod tests {
             assert_eq!((version, values[3]), (1, 2.5));
             // The read-out goes over the data plane: a snapshot handle, read by another
             // transport instance of the process.
-            let snapshots = ask(&actor, ServerMsg::Snapshot).await.unwrap();
+            let snapshots = ask(&actor, |r| ServerMsg::Snapshot(SnapshotCmd::default(), r))
+                .await
+                .unwrap();
             assert_eq!(snapshots.len(), 1);
             assert_eq!((snapshots[0].range(), snapshots[0].version), (0..10, 1));
             let reader = LocalTransport::new();
@@ -566,6 +626,7 @@ mod tests {
                 });
                 let actor = server(transport, 1, 0).await;
                 let apply = ApplyCmd {
+                    lr_scale: 1.0,
                     clip: 1.0,
                     version: 1,
                 };

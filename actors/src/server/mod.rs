@@ -19,6 +19,7 @@ mod actor;
 pub mod optimizer;
 
 pub use crate::messages::{
-    ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec, ShardSnapshot,
+    ApplyCmd, DiscardCmd, OptimizerSnapshot, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
+    ShardSnapshot, SnapshotCmd,
 };
 pub use actor::{ServerArgs, ShardServer};

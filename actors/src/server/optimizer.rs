@@ -44,6 +44,14 @@ pub enum OptimizerError {
         /// Length of the parameter slice.
         params: u64,
     },
+    /// A restored buffer does not fit the state (missing, unknown, repeated, wrong length).
+    #[error("optimizer buffer `{buffer}` {reason}")]
+    BufferMismatch {
+        /// The buffer's name (`exp_avg`, `exp_avg_sq`, `momentum_buffer`).
+        buffer: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The state was created for one optimizer and stepped with another's config.
     #[error("the optimizer state was created for {state} but the step uses {config}")]
     KindMismatch {
@@ -110,6 +118,14 @@ impl OptimizerConfig {
             eps: 1e-8,
             weight_decay: 0.01,
         }
+    }
+
+    /// The same optimizer with learning rate `lr` (a schedule's value for one step).
+    pub fn with_lr(mut self, new_lr: f32) -> Self {
+        match &mut self {
+            Self::Sgd { lr, .. } | Self::AdamW { lr, .. } => *lr = new_lr,
+        }
+        self
     }
 
     /// The learning rate.
@@ -245,6 +261,95 @@ impl OptimizerState {
     /// Number of successful steps taken.
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// The names of the per-element buffers this state holds, in the order [`Self::buffers`]
+    /// returns them: torch's names (`exp_avg`, `exp_avg_sq` for AdamW; `momentum_buffer` for SGD
+    /// once a step with momentum created it).
+    pub fn buffer_names(&self) -> &'static [&'static str] {
+        match &self.buffers {
+            Buffers::Sgd { momentum: None } => &[],
+            Buffers::Sgd { momentum: Some(_) } => &["momentum_buffer"],
+            Buffers::AdamW { .. } => &["exp_avg", "exp_avg_sq"],
+        }
+    }
+
+    /// The per-element buffers, named by [`Self::buffer_names`] (for checkpoints).
+    pub fn buffers(&self) -> Vec<&[f32]> {
+        match &self.buffers {
+            Buffers::Sgd { momentum: None } => vec![],
+            Buffers::Sgd { momentum: Some(b) } => vec![b],
+            Buffers::AdamW {
+                exp_avg,
+                exp_avg_sq,
+            } => vec![exp_avg, exp_avg_sq],
+        }
+    }
+
+    /// A state restored from a checkpoint: `steps` taken and the buffers by name (see
+    /// [`Self::buffer_names`]), each `len` long. Fails naming the buffer that is missing, unknown
+    /// or of the wrong length; no buffers with `steps > 0` is valid only for SGD (no momentum yet).
+    ///
+    /// ```
+    /// use odc_actors::server::optimizer::{OptimizerConfig, OptimizerState};
+    /// let config = OptimizerConfig::adamw(1e-3);
+    /// let mut a = OptimizerState::new(&config, 2);
+    /// let mut p = [1.0, 2.0];
+    /// a.step(&config, &mut p, &[0.5, -0.5]).unwrap();
+    /// let named: Vec<(String, Vec<f32>)> = a.buffer_names().iter().zip(a.buffers())
+    ///     .map(|(n, b)| (n.to_string(), b.to_vec())).collect();
+    /// let b = OptimizerState::restore(&config, 2, a.steps(), named).unwrap();
+    /// assert_eq!(a, b);
+    /// ```
+    pub fn restore(
+        config: &OptimizerConfig,
+        len: usize,
+        steps: u64,
+        buffers: Vec<(String, Vec<f32>)>,
+    ) -> Result<Self, OptimizerError> {
+        let mut named: std::collections::BTreeMap<String, Vec<f32>> = Default::default();
+        for (name, values) in buffers {
+            if values.len() != len {
+                return Err(OptimizerError::BufferMismatch {
+                    buffer: name,
+                    reason: format!("has {} elements, the state is for {len}", values.len()),
+                });
+            }
+            if named.insert(name.clone(), values).is_some() {
+                return Err(OptimizerError::BufferMismatch {
+                    buffer: name,
+                    reason: "is given twice".into(),
+                });
+            }
+        }
+        let mut take = |name: &str| {
+            named
+                .remove(name)
+                .ok_or_else(|| OptimizerError::BufferMismatch {
+                    buffer: name.to_string(),
+                    reason: format!("is missing from the {} state", config.name()),
+                })
+        };
+        let buffers = match config {
+            OptimizerConfig::Sgd { .. } => Buffers::Sgd {
+                momentum: take("momentum_buffer").ok(),
+            },
+            OptimizerConfig::AdamW { .. } => Buffers::AdamW {
+                exp_avg: take("exp_avg")?,
+                exp_avg_sq: take("exp_avg_sq")?,
+            },
+        };
+        if let Some(name) = named.into_keys().next() {
+            return Err(OptimizerError::BufferMismatch {
+                buffer: name,
+                reason: format!("is not a buffer of {}", config.name()),
+            });
+        }
+        Ok(Self {
+            len,
+            steps,
+            buffers,
+        })
     }
 
     /// One optimizer step: updates `params` in place from `grads`. Fails, changing nothing, when

@@ -209,8 +209,8 @@ impl Actor for Supervisor {
                 }
                 (state.machine.on_report(report, now), None)
             }
-            SupervisorMsg::Parameters(reply) => {
-                snapshots(state, reply);
+            SupervisorMsg::Parameters(cmd, reply) => {
+                snapshots(state, cmd, reply);
                 return Ok(());
             }
             SupervisorMsg::Tick => (state.machine.on_tick(now), None),
@@ -378,8 +378,16 @@ async fn execute(
                 });
                 Vec::new()
             }
-            Command::Apply { clip, version } => {
-                let cmd = ApplyCmd { clip, version };
+            Command::Apply {
+                clip,
+                lr_scale,
+                version,
+            } => {
+                let cmd = ApplyCmd {
+                    clip,
+                    lr_scale,
+                    version,
+                };
                 let calls = each_server(state, "apply", move |reply| ServerMsg::Apply(cmd, reply));
                 report_back(myself, async move {
                     ServerOutcome::Applied(all_servers(calls).await.map(|_| ()))
@@ -575,9 +583,12 @@ async fn spawn_trainer(
 /// caller reads the values over the data plane).
 fn snapshots(
     state: &SupervisorState,
+    cmd: crate::messages::SnapshotCmd,
     reply: RpcReplyPort<Result<Vec<crate::messages::ShardSnapshot>>>,
 ) {
-    let calls = each_server(state, "snapshot", ServerMsg::Snapshot);
+    let calls = each_server(state, "snapshot", move |reply| {
+        ServerMsg::Snapshot(cmd, reply)
+    });
     tokio::spawn(async move {
         let all = all_servers(calls).await.map(|lists| lists.concat());
         let _ = reply.send(all);

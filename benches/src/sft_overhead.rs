@@ -1,0 +1,327 @@
+//! `odc-bench sft-overhead`: what one SFT step of the reference transformer costs on odc (trainers
+//! and shard servers in one process, local transport, per-unit backward, gradients pushed unit by
+//! unit, AdamW at the owners) next to the same step in candle alone.
+//!
+//! # Method
+//!
+//! - **A, candle alone** — what a candle user writes without odc: one model of `Var`s, the
+//!   minibatch packed greedily into micro-batches of at most `token_budget` tokens, forward and one
+//!   backward per micro-batch, gradients summed across micro-batches, divided by the minibatch's
+//!   loss tokens, one `candle_nn::AdamW` step. candle runs its matmuls on every core.
+//! - **B, odc** — `TransformerCompute` on a [`Job`] with `trainers` trainers and `servers` shard
+//!   servers, the same data, optimizer and budget; odc's balancer makes the micro-batches.
+//! - Same minibatches (generated arithmetic problems, seed fixed) on both sides; interleaved ABBA
+//!   over `rounds`, each block `steps` steps after one warm-up step; the ratio is B / A of the
+//!   median seconds per step. Tokens/s of both are reported.
+//! - **Control**: A against a second candle-alone model in the same pattern; it must read 1.00
+//!   within the machine's noise. When it does not, noise and not odc decides the row.
+//! - Nothing is emulated here (real compute, real transfers in memory), so no emulation floor
+//!   applies; on a machine with fewer cores than trainers, B's trainers share the cores that A's
+//!   matmuls use alone, which the report states.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use candle_core::{Device, Var};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use odc::model::{
+    as_tensors, layout_units, model_forward, unit_count, unit_init_values, unit_params, unit_vars,
+    ModelConfig, PackedBatch, Sample, SampleStore, TransformerCompute,
+};
+use odc::text::{ArithTask, ByteTokenizer};
+use odc::{Compute, Job, OptimizerConfig, Precision, SampleMeta};
+
+use crate::processes::median;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub steps: u32,
+    pub rounds: u32,
+    /// Problems per minibatch.
+    pub batch_size: usize,
+    pub token_budget: u64,
+    pub trainers: usize,
+    pub servers: usize,
+    pub model: ModelConfig,
+}
+
+/// What the benchmark measured: seconds per step of each block, per side.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub candle: Vec<f64>,
+    pub odc: Vec<f64>,
+    pub control_a: Vec<f64>,
+    pub control_b: Vec<f64>,
+    /// Tokens per minibatch (mean over the measured steps).
+    pub tokens_per_step: f64,
+    /// The last step's loss on each side (they train the same model on the same data).
+    pub candle_loss: f64,
+    pub odc_loss: f64,
+}
+
+impl Outcome {
+    /// odc / candle, medians of seconds per step.
+    pub fn ratio(&self) -> f64 {
+        median(&mut self.odc.clone()) / median(&mut self.candle.clone())
+    }
+
+    /// Second candle model / first candle model: must read 1.00.
+    pub fn control_ratio(&self) -> f64 {
+        median(&mut self.control_b.clone()) / median(&mut self.control_a.clone())
+    }
+
+    /// Tokens per second of candle alone and of odc.
+    pub fn tokens_per_s(&self) -> (f64, f64) {
+        (
+            self.tokens_per_step / median(&mut self.candle.clone()),
+            self.tokens_per_step / median(&mut self.odc.clone()),
+        )
+    }
+}
+
+/// Problems of at most `max_len` tokens: the benchmark's dataset, indexed from 0.
+fn dataset(max_len: usize, n: usize) -> Vec<Sample> {
+    ArithTask::train(7)
+        .problems(0..(n as u64) * 4)
+        .map(|p| odc::text::Sample::from_problem(&ByteTokenizer, &p))
+        .filter(|s| s.len() <= max_len)
+        .take(n)
+        .map(|s| Sample::from(&s))
+        .collect()
+}
+
+fn loss_tokens(s: &Sample) -> u64 {
+    s.loss_mask.iter().skip(1).filter(|m| **m).count() as u64
+}
+
+/// Minibatch `step`: `batch` consecutive samples of `data` (cycled).
+fn minibatch(data: &[Sample], step: u64, batch: usize) -> Vec<SampleMeta> {
+    (0..batch)
+        .map(|k| {
+            let i = (step as usize * batch + k) % data.len();
+            SampleMeta {
+                index: i as u64,
+                tokens: data[i].tokens.len() as u64,
+                loss_tokens: loss_tokens(&data[i]),
+            }
+        })
+        .collect()
+}
+
+fn adamw() -> (OptimizerConfig, ParamsAdamW) {
+    let (lr, beta1, beta2, eps, weight_decay) = (1e-3, 0.9, 0.95, 1e-8, 0.01);
+    (
+        OptimizerConfig::AdamW {
+            lr: lr as f32,
+            beta1: beta1 as f32,
+            beta2: beta2 as f32,
+            eps: eps as f32,
+            weight_decay: weight_decay as f32,
+        },
+        ParamsAdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        },
+    )
+}
+
+/// Side A: the model in candle alone.
+struct CandleAlone {
+    config: ModelConfig,
+    vars: Vec<Vec<Var>>,
+    optimizer: AdamW,
+    budget: usize,
+}
+
+impl CandleAlone {
+    fn new(config: &ModelConfig, budget: u64) -> anyhow::Result<Self> {
+        let vars = (0..unit_count(config))
+            .map(|u| {
+                unit_vars(
+                    &unit_init_values(config, u)?,
+                    &unit_params(config, u)?,
+                    &Device::Cpu,
+                )
+            })
+            .collect::<odc::model::Result<Vec<_>>>()?;
+        let optimizer = AdamW::new(vars.iter().flatten().cloned().collect(), adamw().1)?;
+        Ok(CandleAlone {
+            config: config.clone(),
+            vars,
+            optimizer,
+            budget: budget as usize,
+        })
+    }
+
+    /// One step on `samples`; returns the token-mean loss.
+    fn step(&mut self, samples: &[&Sample]) -> anyhow::Result<f64> {
+        // Greedy packing into micro-batches of at most `budget` tokens.
+        let mut packs: Vec<Vec<Sample>> = vec![Vec::new()];
+        let mut used = 0;
+        for s in samples {
+            if used + s.tokens.len() > self.budget && used > 0 {
+                packs.push(Vec::new());
+                used = 0;
+            }
+            used += s.tokens.len();
+            packs.last_mut().expect("one pack").push((*s).clone());
+        }
+        let params: Vec<_> = self.vars.iter().map(|v| as_tensors(v)).collect();
+        let mut grads: Option<candle_core::backprop::GradStore> = None;
+        let (mut loss_sum, mut tokens) = (0.0, 0usize);
+        for pack in &packs {
+            let batch = PackedBatch::pack(&self.config, pack, &Device::Cpu)?;
+            let out = model_forward(&self.config, &params, &batch)?;
+            loss_sum += out.loss_sum.to_scalar::<f32>()? as f64;
+            tokens += batch.loss_tokens;
+            let g = out.loss_sum.backward()?;
+            match &mut grads {
+                None => grads = Some(g),
+                Some(acc) => {
+                    for var in self.vars.iter().flatten() {
+                        if let Some(new) = g.get(var.as_tensor()) {
+                            let sum = match acc.get(var.as_tensor()) {
+                                Some(old) => (old + new)?,
+                                None => new.clone(),
+                            };
+                            acc.insert(var.as_tensor(), sum);
+                        }
+                    }
+                }
+            }
+        }
+        let mut grads = grads.context("an empty minibatch")?;
+        let scale = 1.0 / tokens.max(1) as f64;
+        for var in self.vars.iter().flatten() {
+            if let Some(g) = grads.get(var.as_tensor()) {
+                let scaled = (g * scale)?;
+                grads.insert(var.as_tensor(), scaled);
+            }
+        }
+        self.optimizer.step(&grads)?;
+        Ok(loss_sum / tokens.max(1) as f64)
+    }
+}
+
+/// Side B: the same model on odc.
+fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
+    let config = settings.model.clone();
+    let store_data = data.clone();
+    let store: Arc<dyn SampleStore> = Arc::new(move |i: u64| {
+        store_data
+            .get(i as usize)
+            .cloned()
+            .ok_or_else(|| format!("no sample {i}"))
+    });
+    let batch = settings.batch_size;
+    let steps = u64::from(settings.steps.max(1));
+    let compute_config = config.clone();
+    Ok(Job::builder()
+        .units(layout_units(&config)?)
+        .trainers(settings.trainers)
+        .servers(settings.servers)
+        .optimizer(adamw().0)
+        .pull_precision(Precision::F32)
+        .token_budget(settings.token_budget)
+        .compute(move |_| {
+            Box::new(
+                TransformerCompute::new(compute_config.clone(), Device::Cpu, store.clone())
+                    .expect("validated config"),
+            ) as Box<dyn Compute>
+        })
+        // Every block trains the same `steps` minibatches, on both sides.
+        .data(move |step: u64| Ok(minibatch(&data, step % steps, batch)))
+        .build()?)
+}
+
+/// Runs the benchmark; `progress` gets one line per block.
+pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow::Result<Outcome> {
+    let data = Arc::new(dataset(settings.model.max_seq_len, 512));
+    let mut a = CandleAlone::new(&settings.model, settings.token_budget)?;
+    let mut control = CandleAlone::new(&settings.model, settings.token_budget)?;
+    let mut job = odc_job(settings, data.clone())?;
+    let (mut a_step, mut c_step) = (0u64, 0u64);
+    let batch = settings.batch_size;
+    let mut out = Outcome {
+        candle: Vec::new(),
+        odc: Vec::new(),
+        control_a: Vec::new(),
+        control_b: Vec::new(),
+        tokens_per_step: 0.0,
+        candle_loss: f64::NAN,
+        odc_loss: f64::NAN,
+    };
+    let (mut tokens, mut counted) = (0u64, 0u64);
+
+    // One block of `steps` steps of a candle model; seconds per step.
+    let candle_block =
+        |model: &mut CandleAlone, next: &mut u64, n: u32| -> anyhow::Result<(f64, f64)> {
+            let t = Instant::now();
+            let mut loss = f64::NAN;
+            for _ in 0..n {
+                let metas = minibatch(&data, *next % u64::from(n), batch);
+                let samples: Vec<&Sample> = metas.iter().map(|m| &data[m.index as usize]).collect();
+                loss = model.step(&samples)?;
+                *next += 1;
+            }
+            Ok((t.elapsed().as_secs_f64() / n as f64, loss))
+        };
+    // Warm-up: one block of each (allocations, caches, the odc job's actors).
+    candle_block(&mut a, &mut a_step, settings.steps)?;
+    candle_block(&mut control, &mut c_step, settings.steps)?;
+    for _ in 0..settings.steps {
+        job.step().await?;
+    }
+
+    for round in 0..settings.rounds {
+        for side in ["A", "B", "B", "A"] {
+            match side {
+                "A" => {
+                    let (secs, loss) = candle_block(&mut a, &mut a_step, settings.steps)?;
+                    out.candle.push(secs);
+                    out.candle_loss = loss;
+                }
+                _ => {
+                    let t = Instant::now();
+                    for _ in 0..settings.steps {
+                        let s = job.step().await?;
+                        out.odc_loss = s.loss;
+                        tokens += s.tokens;
+                        counted += 1;
+                    }
+                    out.odc
+                        .push(t.elapsed().as_secs_f64() / settings.steps as f64);
+                }
+            }
+            progress(&format!(
+                "round {round} {side}: {:.1} ms/step",
+                1e3 * if side == "A" {
+                    out.candle[out.candle.len() - 1]
+                } else {
+                    out.odc[out.odc.len() - 1]
+                }
+            ));
+        }
+        for side in ["A", "C", "C", "A"] {
+            let (secs, _) = if side == "A" {
+                candle_block(&mut a, &mut a_step, settings.steps)?
+            } else {
+                candle_block(&mut control, &mut c_step, settings.steps)?
+            };
+            if side == "A" {
+                out.control_a.push(secs);
+            } else {
+                out.control_b.push(secs);
+            }
+        }
+        progress(&format!("round {round}: control done"));
+    }
+    out.tokens_per_step = tokens as f64 / counted.max(1) as f64;
+    job.shutdown().await;
+    Ok(out)
+}

@@ -1,0 +1,523 @@
+//! Supervised fine-tuning of odc's reference transformer (`odc::model`, candle on the CPU) on
+//! grade-school arithmetic word problems, with trainers and shard servers in one process — or
+//! across processes with `odc launch`.
+//!
+//! ```text
+//! cargo run --release --example sft                                 # generated data, ~5 min on 2 cores
+//! cargo run --release --example sft -- --steps 40 --eval-every 20   # shorter
+//! cargo run --release --example sft -- --data ../shared/data/gsm8k/train.jsonl
+//! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt
+//! cargo run --release --example sft -- --resume ckpt/step-50
+//! cargo run --release --example sft -- --config sft.toml --lr 1e-3  # flags override the file
+//! cargo run --release --bin odc -- launch --nprocs 2 -- target/release/examples/sft --steps 20
+//! ```
+//!
+//! Per step: AdamW at the shard servers with linear warm-up and cosine decay, the global gradient
+//! norm clipped, the loss a token mean over the minibatch's answer tokens (prompts are masked).
+//! Every `--eval-every` steps: exact-match accuracy of greedy answers on held-out problems (the
+//! evaluation split never shares a question with training). A progress bar shows loss, tokens/s
+//! and the ETA on a terminal; otherwise plain lines. Prometheus metrics at `--metrics-addr`
+//! (`odc_*` of the runtime plus `odc_sft_loss`, `odc_sft_tokens_per_second`,
+//! `odc_sft_eval_accuracy`); `--trace PATH` writes every step's trainer timelines as a Chrome
+//! trace. The last line is `final step=<n> loss=<f> eval_accuracy=<f>`.
+//!
+//! Config file (`--config PATH`, TOML): the same keys as the flags with `_` for `-`, plus a
+//! `[model]` table of `ModelConfig` fields; a flag given on the command line wins.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use candle_core::Device;
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use odc::checkpoint::{self, TensorMap};
+use odc::launch::World;
+use odc::model::{
+    evaluate, layout_units, tensor_map, ModelConfig, Sample, SampleStore, TransformerCompute,
+    Weights,
+};
+use odc::text::{ArithTask, ByteTokenizer, Problem};
+use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
+use odc::{Compute, Job, LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp};
+use serde::{Deserialize, Serialize};
+
+/// Every setting, from flags or the config file (`None`: not given there).
+#[derive(Debug, Clone, Default, Parser, Serialize, Deserialize)]
+#[command(about = "Supervised fine-tuning on odc (see the example's docs)")]
+#[serde(default, deny_unknown_fields)]
+struct Opts {
+    /// TOML file with any of these settings (flags override it).
+    #[arg(long)]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// Optimizer steps (minibatches) to train in total, counting those of a resumed run.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Problems per minibatch.
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long)]
+    lr: Option<f32>,
+    #[arg(long)]
+    warmup_steps: Option<u64>,
+    /// Floor of the cosine decay, as a fraction of the peak.
+    #[arg(long)]
+    min_lr_ratio: Option<f64>,
+    #[arg(long)]
+    weight_decay: Option<f32>,
+    /// Clip the global gradient norm to this.
+    #[arg(long)]
+    clip_grad_norm: Option<f64>,
+    /// Trainers and shard servers (in one process; with `odc launch`, one of each per rank by
+    /// default).
+    #[arg(long)]
+    trainers: Option<usize>,
+    #[arg(long)]
+    servers: Option<usize>,
+    /// Most tokens in one packed micro-batch.
+    #[arg(long)]
+    token_budget: Option<u64>,
+    /// Seed of the generated problems.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// GSM8K-format JSONL to train on instead of generated problems.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// GSM8K-format JSONL to evaluate on (default: the generated evaluation split, or nothing
+    /// held out when `--data` is given without it).
+    #[arg(long)]
+    eval_data: Option<PathBuf>,
+    /// Evaluate every this many steps (0: only at the end).
+    #[arg(long)]
+    eval_every: Option<u64>,
+    /// Held-out problems per evaluation.
+    #[arg(long)]
+    eval_problems: Option<usize>,
+    /// Longest greedy answer at evaluation, in tokens.
+    #[arg(long)]
+    max_new_tokens: Option<usize>,
+    /// Write a checkpoint every this many steps (0: never) ...
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+    /// ... into DIR/step-<N>.
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Continue from DIR/step-<N>.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Prometheus endpoint (each rank serves on this port + its rank; port 0 picks a free one).
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
+    /// Serve no metrics.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    no_metrics: Option<bool>,
+    /// Write the trainers' timelines of every step to this Chrome/Perfetto trace file.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// The model (TOML `[model]` table only; default: `ModelConfig::tiny()`).
+    #[arg(skip)]
+    model: Option<ModelConfig>,
+}
+
+/// The settings with defaults filled in.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Settings {
+    steps: u64,
+    batch_size: usize,
+    lr: f32,
+    warmup_steps: u64,
+    min_lr_ratio: f64,
+    weight_decay: f32,
+    clip_grad_norm: f64,
+    trainers: usize,
+    servers: usize,
+    token_budget: u64,
+    seed: u64,
+    data: Option<PathBuf>,
+    eval_data: Option<PathBuf>,
+    eval_every: u64,
+    eval_problems: usize,
+    max_new_tokens: usize,
+    checkpoint_every: u64,
+    checkpoint_dir: PathBuf,
+    metrics_addr: SocketAddr,
+    no_metrics: bool,
+    trace: Option<PathBuf>,
+    model: ModelConfig,
+}
+
+impl Opts {
+    /// Flags over the config file: every flag given replaces the file's value.
+    fn merged(self) -> anyhow::Result<(Opts, Option<PathBuf>)> {
+        let resume = self.resume.clone();
+        let Some(path) = self.config.clone() else {
+            return Ok((self, resume));
+        };
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading the config file {}", path.display()))?;
+        let file: Opts =
+            toml::from_str(&text).with_context(|| format!("config file {}", path.display()))?;
+        let mut merged = serde_json::to_value(file)?;
+        let flags = serde_json::to_value(&self)?;
+        if let (Some(m), Some(f)) = (merged.as_object_mut(), flags.as_object()) {
+            for (k, v) in f {
+                if !v.is_null() {
+                    m.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        let opts: Opts = serde_json::from_value(merged)?;
+        Ok((opts, resume.or(self.resume)))
+    }
+
+    fn settings(self) -> Settings {
+        Settings {
+            steps: self.steps.unwrap_or(300),
+            batch_size: self.batch_size.unwrap_or(32),
+            lr: self.lr.unwrap_or(3e-3),
+            warmup_steps: self.warmup_steps.unwrap_or(20),
+            min_lr_ratio: self.min_lr_ratio.unwrap_or(0.1),
+            weight_decay: self.weight_decay.unwrap_or(0.01),
+            clip_grad_norm: self.clip_grad_norm.unwrap_or(1.0),
+            trainers: self.trainers.unwrap_or(2),
+            servers: self.servers.unwrap_or(2),
+            token_budget: self.token_budget.unwrap_or(4096),
+            seed: self.seed.unwrap_or(0),
+            data: self.data,
+            eval_data: self.eval_data,
+            eval_every: self.eval_every.unwrap_or(100),
+            eval_problems: self.eval_problems.unwrap_or(50),
+            max_new_tokens: self.max_new_tokens.unwrap_or(320),
+            checkpoint_every: self.checkpoint_every.unwrap_or(0),
+            checkpoint_dir: self
+                .checkpoint_dir
+                .unwrap_or_else(|| PathBuf::from("checkpoints/sft")),
+            metrics_addr: self
+                .metrics_addr
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9464))),
+            no_metrics: self.no_metrics.unwrap_or(false),
+            trace: self.trace,
+            model: self.model.unwrap_or_else(ModelConfig::tiny),
+        }
+    }
+}
+
+/// The training problems: generated on the fly, or a file's records in order (cycled).
+#[derive(Clone)]
+enum Dataset {
+    Generated(ArithTask),
+    File(Arc<Vec<Problem>>),
+}
+
+impl Dataset {
+    fn problem(&self, index: u64) -> Problem {
+        match self {
+            Dataset::Generated(task) => task.problem(index),
+            Dataset::File(records) => records[(index % records.len() as u64) as usize].clone(),
+        }
+    }
+}
+
+/// Where the data stands (saved in checkpoints): the next problem index to read.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+struct DataPosition {
+    next: u64,
+}
+
+/// What `state.json` holds besides the step.
+#[derive(Debug, Serialize, Deserialize)]
+struct Saved {
+    settings: Settings,
+    data: DataPosition,
+}
+
+fn tokenize(dataset: &Dataset, index: u64) -> odc::text::Sample {
+    odc::text::Sample::from_problem(&ByteTokenizer, &dataset.problem(index))
+}
+
+/// The next `batch` problems from `position` that fit the model; advances `position`.
+fn next_minibatch(
+    dataset: &Dataset,
+    position: &mut DataPosition,
+    batch: usize,
+    max_len: usize,
+) -> odc::Result<Vec<SampleMeta>> {
+    let mut out = Vec::with_capacity(batch);
+    let mut skipped = 0;
+    while out.len() < batch {
+        let index = position.next;
+        position.next += 1;
+        let sample = tokenize(dataset, index);
+        if sample.len() > max_len {
+            skipped += 1;
+            if skipped > 100 * batch {
+                return Err(odc::Error::Config(format!(
+                    "no problem near index {index} fits max_seq_len {max_len}"
+                )));
+            }
+            continue;
+        }
+        out.push(sample.meta(index));
+    }
+    Ok(out)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,ractor_cluster=error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let (opts, resume) = Opts::parse().merged()?;
+    let settings = opts.settings();
+    let world = World::from_env().context("reading the launcher's environment")?;
+    let rank = world.rank;
+    let world_size = world.world_size;
+    let lead = rank == 0;
+    let say = |line: String| {
+        if lead {
+            println!("{line}");
+        }
+    };
+
+    // Resume: the checkpoint's state and data position; its model must be this run's.
+    let tensors: TensorMap = tensor_map(&settings.model)?;
+    let mut position = DataPosition { next: 0 };
+    let mut resumed = None;
+    if let Some(dir) = &resume {
+        let (state, extra) = checkpoint::load(dir, &tensors)
+            .with_context(|| format!("resuming from {}", dir.display()))?;
+        let saved: Saved = serde_json::from_value(extra)
+            .with_context(|| format!("{}: state.json has no sft settings", dir.display()))?;
+        if saved.settings.model != settings.model {
+            bail!(
+                "{}: the checkpoint's model is {:?}, this run's {:?}",
+                dir.display(),
+                saved.settings.model,
+                settings.model
+            );
+        }
+        position = saved.data;
+        say(format!(
+            "resuming from {} at step {} (problem {})",
+            dir.display(),
+            state.step,
+            position.next
+        ));
+        resumed = Some(state);
+    }
+
+    let dataset = match &settings.data {
+        Some(path) => Dataset::File(Arc::new(
+            odc::text::gsm8k::load(path).context("loading the training data")?,
+        )),
+        None => Dataset::Generated(ArithTask::train(settings.seed)),
+    };
+    if let Dataset::File(records) = &dataset {
+        if records.is_empty() {
+            bail!("{}: no problems", settings.data.as_ref().unwrap().display());
+        }
+    }
+    let eval_set: Vec<Problem> = match (&settings.eval_data, &settings.data) {
+        (Some(path), _) => odc::text::gsm8k::load(path).context("loading the evaluation data")?,
+        (None, Some(_)) => Vec::new(),
+        (None, None) => ArithTask::eval(settings.seed)
+            .problems(0..settings.eval_problems as u64)
+            .collect(),
+    };
+    let eval_set: Vec<Problem> = eval_set.into_iter().take(settings.eval_problems).collect();
+
+    if !settings.no_metrics {
+        let mut addr = settings.metrics_addr;
+        if addr.port() != 0 {
+            addr.set_port(addr.port().saturating_add(rank as u16));
+        }
+        odc::metrics::serve(addr)?;
+        say(format!("metrics: http://{addr}/metrics"));
+    }
+
+    let model = settings.model.clone();
+    let max_len = model.max_seq_len;
+    let store_data = dataset.clone();
+    let store: Arc<dyn SampleStore> =
+        Arc::new(move |index: u64| Ok(Sample::from(&tokenize(&store_data, index))));
+    let mut builder = Job::builder()
+        .units(layout_units(&model)?)
+        .optimizer(OptimizerConfig::AdamW {
+            lr: settings.lr,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: settings.weight_decay,
+        })
+        .lr_schedule(LrSchedule::WarmupCosine {
+            warmup_steps: settings.warmup_steps.min(settings.steps),
+            total_steps: settings.steps,
+            min_ratio: settings.min_lr_ratio,
+        })
+        .clip_grad_norm(settings.clip_grad_norm)
+        .token_budget(settings.token_budget)
+        .pull_precision(Precision::F32)
+        .compute(move |_trainer| {
+            Box::new(
+                TransformerCompute::new(model.clone(), Device::Cpu, store.clone())
+                    .expect("the model config was validated"),
+            ) as Box<dyn Compute>
+        });
+    let data_source = dataset.clone();
+    let batch = settings.batch_size;
+    let feed = Arc::new(Mutex::new(position));
+    let fed = feed.clone();
+    builder = builder.data(move |_step: u64| {
+        let mut at = fed.lock().unwrap_or_else(|e| e.into_inner());
+        next_minibatch(&data_source, &mut at, batch, max_len)
+    });
+    let trainers = if world_size > 1 {
+        world_size as usize
+    } else {
+        settings.trainers
+    };
+    if world_size > 1 {
+        builder = builder.world(world);
+    } else {
+        builder = builder
+            .trainers(settings.trainers)
+            .servers(settings.servers);
+    }
+    if let Some(state) = resumed {
+        builder = builder.resume(state);
+    }
+    let mut job = builder.build().context("building the job")?;
+
+    let first = job.steps_done();
+    if first >= settings.steps {
+        bail!(
+            "the run is already at step {first} of {}: raise --steps",
+            settings.steps
+        );
+    }
+    say(format!(
+        "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers",
+        odc::model::param_count(&settings.model)?,
+        settings.steps,
+        settings.batch_size,
+        trainers,
+        if world_size > 1 {
+            world_size as usize
+        } else {
+            settings.servers
+        }
+    ));
+    let bar = if lead && std::io::stdout().is_terminal() {
+        let bar = ProgressBar::new(settings.steps);
+        bar.set_style(ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
+        )?);
+        bar.set_position(first);
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let print = |line: String| {
+        if lead {
+            bar.suspend(|| println!("{line}"));
+        }
+    };
+
+    let started = Instant::now();
+    let mut origin: Option<Timestamp> = None;
+    let mut spans: Vec<TraceSpan> = Vec::new();
+    let (mut tokens, mut loss, mut accuracy) = (0u64, f64::NAN, f64::NAN);
+    let mut smoothed = f64::NAN;
+    for step in first..settings.steps {
+        let s = job.step().await.with_context(|| format!("step {step}"))?;
+        position = *feed.lock().unwrap_or_else(|e| e.into_inner());
+        tokens += s.tokens;
+        loss = s.loss;
+        smoothed = if smoothed.is_nan() {
+            loss
+        } else {
+            0.9 * smoothed + 0.1 * loss
+        };
+        let rate = tokens as f64 / started.elapsed().as_secs_f64();
+        metrics::gauge!("odc_sft_loss").set(loss);
+        metrics::gauge!("odc_sft_tokens_per_second").set(rate);
+        if settings.trace.is_some() {
+            let origin = *origin.get_or_insert(s.started);
+            spans.extend(step_spans(&s, origin, trainers));
+        }
+        let done = step + 1;
+        bar.set_position(done);
+        bar.set_message(format!("loss {smoothed:.4}  {rate:.0} tok/s"));
+        if !bar.is_hidden() || !lead {
+            // The bar shows it.
+        } else if done % 10 == 0 || done == first + 1 || done == settings.steps {
+            print(format!(
+                "step {done:4}/{}  loss {loss:.4}  grad-norm {:.3}  {rate:.0} tok/s  {:.0} ms/step",
+                settings.steps,
+                s.grad_norm,
+                s.wall.as_secs_f64() * 1e3
+            ));
+        }
+        let last = done == settings.steps;
+        let evaluate_now = !eval_set.is_empty()
+            && (last || (settings.eval_every > 0 && done % settings.eval_every == 0));
+        if lead && evaluate_now {
+            let params = job.parameters().await?;
+            let weights = Weights::from_units(&settings.model, &params, &Device::Cpu)?;
+            let t = Instant::now();
+            let e = evaluate(&weights, &ByteTokenizer, &eval_set, settings.max_new_tokens)?;
+            accuracy = e.accuracy();
+            metrics::gauge!("odc_sft_eval_accuracy").set(accuracy);
+            print(format!(
+                "eval step {done}: accuracy {:.3} ({}/{})  mean answer {:.0} tokens  ({:.1} s)\n  e.g. {:?}",
+                accuracy,
+                e.correct,
+                e.problems,
+                e.mean_answer_tokens,
+                t.elapsed().as_secs_f64(),
+                e.example.unwrap_or_default().chars().take(120).collect::<String>()
+            ));
+        }
+        if lead && settings.checkpoint_every > 0 && (done % settings.checkpoint_every == 0 || last)
+        {
+            let state = job.train_state().await?;
+            let saved = Saved {
+                settings: settings.clone(),
+                data: position,
+            };
+            let dir = checkpoint::save(
+                &settings.checkpoint_dir,
+                &tensors,
+                &state,
+                &serde_json::to_value(&saved)?,
+            )?;
+            print(format!("checkpoint: {}", dir.display()));
+        }
+    }
+    bar.finish_and_clear();
+    if let (Some(path), true) = (&settings.trace, lead) {
+        write_chrome_trace(path, &spans, "odc sft")?;
+        say(format!("trace: {}", path.display()));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    say(format!(
+        "{} steps in {secs:.1} s: {:.0} tokens/s",
+        settings.steps - first,
+        tokens as f64 / secs
+    ));
+    job.shutdown().await;
+    println!(
+        "final step={} loss={loss} eval_accuracy={accuracy}",
+        settings.steps
+    );
+    Ok(())
+}

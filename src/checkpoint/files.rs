@@ -1,0 +1,478 @@
+//! [`save`] and [`load`]: a [`TrainState`] as `step-<N>/{model,optimizer}.safetensors` and
+//! `state.json` (see the [module docs](super)).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use odc_actors::layout::UnitOptimizerInit;
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+use serde::{Deserialize, Serialize};
+
+use super::{TensorMap, TrainState};
+
+/// The parameters' file in a step directory.
+pub const MODEL_FILE: &str = "model.safetensors";
+/// The optimizer state's file.
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// The step, layout and the caller's state.
+pub const STATE_FILE: &str = "state.json";
+/// Version of the directory format `state.json` names.
+const FORMAT: u32 = 1;
+
+/// Why a checkpoint could not be written or read; names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file is not what a checkpoint holds (truncated, corrupted, a tensor missing or of
+    /// another shape).
+    #[error("{}: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+    /// The state does not fit the model's tensor map.
+    #[error("checkpoint does not fit the model: {0}")]
+    Map(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn invalid(path: &Path, reason: impl Into<String>) -> CheckpointError {
+    CheckpointError::Invalid {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// `state.json`.
+#[derive(Debug, Serialize, Deserialize)]
+struct StateFile {
+    format: u32,
+    step: u64,
+    /// Per unit, its tensors' names (a check that the files are of this model).
+    units: Vec<Vec<String>>,
+    /// Per unit, the optimizer's step count.
+    optimizer_steps: Vec<u64>,
+    /// Per unit, the optimizer's buffers (`<tensor>.<buffer>` in the optimizer file).
+    optimizer_buffers: Vec<Vec<String>>,
+    /// The caller's state (config, data position, RNG...).
+    extra: serde_json::Value,
+}
+
+/// `dir/step-<step>`.
+pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
+    dir.join(format!("step-{step}"))
+}
+
+/// Writes `state` (split into `tensors`' names) and `extra` to `dir/step-<state.step>` and returns
+/// that directory. The directory is written beside its final name and renamed into place, so it
+/// is complete or absent; an existing one of the same step is replaced.
+pub fn save(
+    dir: &Path,
+    tensors: &TensorMap,
+    state: &TrainState,
+    extra: &serde_json::Value,
+) -> Result<PathBuf, CheckpointError> {
+    let lens: Vec<usize> = state.params.iter().map(Vec::len).collect();
+    tensors.check_lens("the parameters", &lens)?;
+    if state.optimizer.len() != lens.len() {
+        return Err(CheckpointError::Map(format!(
+            "optimizer state for {} units, the model has {}",
+            state.optimizer.len(),
+            lens.len()
+        )));
+    }
+    for (u, opt) in state.optimizer.iter().enumerate() {
+        for (name, values) in &opt.buffers {
+            if values.len() != lens[u] {
+                return Err(CheckpointError::Map(format!(
+                    "optimizer buffer `{name}` of unit {u} has {} elements, the unit {}",
+                    values.len(),
+                    lens[u]
+                )));
+            }
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let target = step_dir(dir, state.step);
+    let staging = dir.join(format!(".step-{}.tmp-{}", state.step, std::process::id()));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
+    }
+    std::fs::create_dir(&staging).map_err(io(&staging))?;
+
+    let model: Vec<(String, &[f32], Vec<usize>)> = tensors
+        .units()
+        .iter()
+        .zip(&state.params)
+        .flat_map(|(named, values)| split(named, values))
+        .collect();
+    write_tensors(&staging.join(MODEL_FILE), &model)?;
+    let mut optimizer = Vec::new();
+    for (named, opt) in tensors.units().iter().zip(&state.optimizer) {
+        for (buffer, values) in &opt.buffers {
+            for (name, slice, shape) in split(named, values) {
+                optimizer.push((format!("{name}.{buffer}"), slice, shape));
+            }
+        }
+    }
+    write_tensors(&staging.join(OPTIMIZER_FILE), &optimizer)?;
+    let state_file = StateFile {
+        format: FORMAT,
+        step: state.step,
+        units: tensors
+            .units()
+            .iter()
+            .map(|u| u.iter().map(|t| t.name.clone()).collect())
+            .collect(),
+        optimizer_steps: state.optimizer.iter().map(|o| o.steps).collect(),
+        optimizer_buffers: state
+            .optimizer
+            .iter()
+            .map(|o| o.buffers.iter().map(|(n, _)| n.clone()).collect())
+            .collect(),
+        extra: extra.clone(),
+    };
+    let json_path = staging.join(STATE_FILE);
+    let json = serde_json::to_vec_pretty(&state_file)
+        .map_err(|e| invalid(&json_path, format!("cannot encode: {e}")))?;
+    std::fs::write(&json_path, json).map_err(io(&json_path))?;
+    if target.exists() {
+        std::fs::remove_dir_all(&target).map_err(io(&target))?;
+    }
+    std::fs::rename(&staging, &target).map_err(io(&target))?;
+    Ok(target)
+}
+
+/// Reads the checkpoint in `step_dir` (a `DIR/step-<N>` that [`save`] wrote) for a model whose
+/// tensors are `tensors`: the state and the caller's JSON.
+pub fn load(
+    step_dir: &Path,
+    tensors: &TensorMap,
+) -> Result<(TrainState, serde_json::Value), CheckpointError> {
+    let json_path = step_dir.join(STATE_FILE);
+    let json = std::fs::read(&json_path).map_err(io(&json_path))?;
+    let state: StateFile = serde_json::from_slice(&json)
+        .map_err(|e| invalid(&json_path, format!("not a checkpoint state: {e}")))?;
+    if state.format != FORMAT {
+        return Err(invalid(
+            &json_path,
+            format!("format {} (this build reads {FORMAT})", state.format),
+        ));
+    }
+    let names: Vec<Vec<String>> = tensors
+        .units()
+        .iter()
+        .map(|u| u.iter().map(|t| t.name.clone()).collect())
+        .collect();
+    if state.units != names {
+        return Err(invalid(
+            &json_path,
+            "the checkpoint's units and tensor names are not this model's",
+        ));
+    }
+    if state.optimizer_steps.len() != names.len() || state.optimizer_buffers.len() != names.len() {
+        return Err(invalid(
+            &json_path,
+            format!(
+                "optimizer state for {} units, the model has {}",
+                state.optimizer_steps.len(),
+                names.len()
+            ),
+        ));
+    }
+
+    let model_path = step_dir.join(MODEL_FILE);
+    let model_bytes = std::fs::read(&model_path).map_err(io(&model_path))?;
+    let model = parse(&model_path, &model_bytes)?;
+    let params = tensors
+        .units()
+        .iter()
+        .map(|named| {
+            let mut unit = Vec::new();
+            for t in named {
+                unit.extend(read_f32(&model_path, &model, &t.name, &t.shape)?);
+            }
+            Ok(unit)
+        })
+        .collect::<Result<Vec<_>, CheckpointError>>()?;
+    check_all_used(&model_path, &model, names.iter().flatten().cloned())?;
+
+    let opt_path = step_dir.join(OPTIMIZER_FILE);
+    let opt_bytes = std::fs::read(&opt_path).map_err(io(&opt_path))?;
+    let opt = parse(&opt_path, &opt_bytes)?;
+    let mut used = Vec::new();
+    let mut optimizer = Vec::with_capacity(names.len());
+    for ((named, &steps), buffers) in tensors
+        .units()
+        .iter()
+        .zip(&state.optimizer_steps)
+        .zip(&state.optimizer_buffers)
+    {
+        let mut unit = UnitOptimizerInit {
+            steps,
+            buffers: Vec::new(),
+        };
+        for buffer in buffers {
+            let mut values = Vec::new();
+            for t in named {
+                let name = format!("{}.{buffer}", t.name);
+                values.extend(read_f32(&opt_path, &opt, &name, &t.shape)?);
+                used.push(name);
+            }
+            unit.buffers.push((buffer.clone(), Arc::from(values)));
+        }
+        optimizer.push(unit);
+    }
+    check_all_used(&opt_path, &opt, used.into_iter())?;
+    Ok((
+        TrainState {
+            step: state.step,
+            params,
+            optimizer,
+        },
+        state.extra,
+    ))
+}
+
+/// A unit's flat `values` as its named tensors.
+fn split<'a>(
+    named: &'a [super::NamedTensor],
+    values: &'a [f32],
+) -> impl Iterator<Item = (String, &'a [f32], Vec<usize>)> + 'a {
+    let mut at = 0;
+    named.iter().map(move |t| {
+        let n = t.numel();
+        let slice = &values[at..at + n];
+        at += n;
+        (t.name.clone(), slice, t.shape.clone())
+    })
+}
+
+fn write_tensors(
+    path: &Path,
+    tensors: &[(String, &[f32], Vec<usize>)],
+) -> Result<(), CheckpointError> {
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, values, _)| values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((name, _, shape), data)| {
+            TensorView::new(Dtype::F32, shape.clone(), data)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| invalid(path, format!("tensor {name}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let metadata = HashMap::from([("format".to_string(), "odc".to_string())]);
+    safetensors::serialize_to_file(views, Some(metadata), path)
+        .map_err(|e| invalid(path, format!("cannot write: {e}")))
+}
+
+fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, CheckpointError> {
+    SafeTensors::deserialize(bytes).map_err(|e| {
+        invalid(
+            path,
+            format!(
+                "not a complete safetensors file ({} bytes; truncated or corrupted?): {e}",
+                bytes.len()
+            ),
+        )
+    })
+}
+
+fn read_f32(
+    path: &Path,
+    file: &SafeTensors<'_>,
+    name: &str,
+    shape: &[usize],
+) -> Result<Vec<f32>, CheckpointError> {
+    let view = file
+        .tensor(name)
+        .map_err(|_| invalid(path, format!("tensor {name} is missing")))?;
+    if view.dtype() != Dtype::F32 {
+        return Err(invalid(
+            path,
+            format!("tensor {name} is {:?}, expected F32", view.dtype()),
+        ));
+    }
+    if view.shape() != shape {
+        return Err(invalid(
+            path,
+            format!(
+                "tensor {name} has shape {:?}, the model's is {shape:?}",
+                view.shape()
+            ),
+        ));
+    }
+    Ok(view
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+/// Every tensor of `file` is one of `used`: a stray tensor means another model's file.
+fn check_all_used(
+    path: &Path,
+    file: &SafeTensors<'_>,
+    used: impl Iterator<Item = String>,
+) -> Result<(), CheckpointError> {
+    let used: std::collections::HashSet<String> = used.collect();
+    let mut stray: Vec<&str> = file
+        .names()
+        .into_iter()
+        .filter(|n| !used.contains(*n))
+        .collect();
+    stray.sort();
+    match stray.first() {
+        None => Ok(()),
+        Some(first) => Err(invalid(
+            path,
+            format!(
+                "{} tensors the model does not have (first: {first})",
+                stray.len()
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::NamedTensor;
+    use super::*;
+    use crate::test_util::temp_path;
+
+    fn map() -> TensorMap {
+        TensorMap::new(vec![
+            vec![NamedTensor::new("embed.weight", &[3, 2])],
+            vec![
+                NamedTensor::new("layers.0.norm", &[2]),
+                NamedTensor::new("layers.0.w", &[2, 2]),
+            ],
+        ])
+        .unwrap()
+    }
+
+    fn state() -> TrainState {
+        let unit = |n: usize, base: f32| (0..n).map(|i| base + i as f32 * 0.25).collect::<Vec<_>>();
+        TrainState {
+            step: 7,
+            params: vec![unit(6, 1.0), unit(6, -2.0)],
+            optimizer: vec![
+                UnitOptimizerInit {
+                    steps: 7,
+                    buffers: vec![
+                        ("exp_avg".into(), unit(6, 0.5).into()),
+                        ("exp_avg_sq".into(), unit(6, 0.125).into()),
+                    ],
+                },
+                UnitOptimizerInit {
+                    steps: 7,
+                    buffers: vec![
+                        ("exp_avg".into(), unit(6, 3.0).into()),
+                        ("exp_avg_sq".into(), unit(6, 4.0).into()),
+                    ],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn round_trip_is_exact_and_keeps_the_callers_json() {
+        let dir = temp_path("odc-ckpt", "round-trip");
+        let extra = serde_json::json!({"data_position": 42, "rng": [1, 2, 3]});
+        let step = save(&dir, &map(), &state(), &extra).unwrap();
+        assert_eq!(step, dir.join("step-7"));
+        let (loaded, back) = load(&step, &map()).unwrap();
+        assert_eq!(loaded, state());
+        assert_eq!(back, extra);
+        // Tensor names are the model's; shapes as declared.
+        let bytes = std::fs::read(step.join(MODEL_FILE)).unwrap();
+        let file = SafeTensors::deserialize(&bytes).unwrap();
+        let mut names = file.names();
+        names.sort();
+        assert_eq!(names, vec!["embed.weight", "layers.0.norm", "layers.0.w"]);
+        assert_eq!(file.tensor("layers.0.w").unwrap().shape(), &[2, 2]);
+        let bytes = std::fs::read(step.join(OPTIMIZER_FILE)).unwrap();
+        let opt = SafeTensors::deserialize(&bytes).unwrap();
+        assert!(opt.tensor("layers.0.w.exp_avg_sq").is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn truncated_file_is_an_error_naming_it() {
+        let dir = temp_path("odc-ckpt", "truncated");
+        let step = save(&dir, &map(), &state(), &serde_json::Value::Null).unwrap();
+        for file in [MODEL_FILE, OPTIMIZER_FILE] {
+            let path = step.join(file);
+            let bytes = std::fs::read(&path).unwrap();
+            std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
+            let err = load(&step, &map()).unwrap_err().to_string();
+            assert!(err.contains(file), "{err}");
+            assert!(err.contains("truncated"), "{err}");
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        let json = step.join(STATE_FILE);
+        let text = std::fs::read(&json).unwrap();
+        std::fs::write(&json, &text[..text.len() / 2]).unwrap();
+        let err = load(&step, &map()).unwrap_err().to_string();
+        assert!(err.contains(STATE_FILE), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn another_models_checkpoint_is_refused() {
+        let dir = temp_path("odc-ckpt", "other");
+        let step = save(&dir, &map(), &state(), &serde_json::Value::Null).unwrap();
+        let other = TensorMap::new(vec![
+            vec![NamedTensor::new("embed.weight", &[2, 3])],
+            vec![
+                NamedTensor::new("layers.0.norm", &[2]),
+                NamedTensor::new("layers.0.w", &[2, 2]),
+            ],
+        ])
+        .unwrap();
+        let err = load(&step, &other).unwrap_err().to_string();
+        assert!(err.contains("embed.weight has shape [3, 2]"), "{err}");
+        let renamed = TensorMap::flat(&[("a".into(), 6), ("b".into(), 6)]).unwrap();
+        let err = load(&step, &renamed).unwrap_err().to_string();
+        assert!(err.contains("not this model's"), "{err}");
+        let missing = load(&dir.join("step-8"), &map()).unwrap_err().to_string();
+        assert!(missing.contains("step-8"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn save_checks_lengths_and_replaces_a_step_atomically() {
+        let dir = temp_path("odc-ckpt", "replace");
+        let mut bad = state();
+        bad.params[1].pop();
+        assert!(matches!(
+            save(&dir, &map(), &bad, &serde_json::Value::Null),
+            Err(CheckpointError::Map(_))
+        ));
+        save(&dir, &map(), &state(), &serde_json::json!(1)).unwrap();
+        let mut next = state();
+        next.params[0][0] = 99.0;
+        let step = save(&dir, &map(), &next, &serde_json::json!(2)).unwrap();
+        let (loaded, extra) = load(&step, &map()).unwrap();
+        assert_eq!((loaded.params[0][0], extra), (99.0, serde_json::json!(2)));
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftovers, vec![std::ffi::OsString::from("step-7")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,16 @@
+//! [`TrainState`]: what a job needs to continue exactly, in memory.
+
+use odc_actors::layout::UnitOptimizerInit;
+
+/// A job's state after `step` optimizer steps: per unit its fp32 master values and optimizer state
+/// ([`Job::train_state`](crate::Job::train_state) reads it, [`JobBuilder::resume`](crate::JobBuilder::resume)
+/// starts from it, [`save`](super::save) and [`load`](super::load) put it on disk).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainState {
+    /// Global optimizer steps taken: the next step is `step`.
+    pub step: u64,
+    /// Per unit, its flat master values.
+    pub params: Vec<Vec<f32>>,
+    /// Per unit, its optimizer step count and named buffers (each as long as the unit).
+    pub optimizer: Vec<UnitOptimizerInit>,
+}

@@ -1,0 +1,158 @@
+//! `examples/sft` as a user runs it: a TOML config with flags overriding it, checkpoints on disk,
+//! resuming one, and a truncated checkpoint refused with the file named.
+#![cfg(feature = "candle")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `sft` example (cargo builds examples before it runs integration tests).
+fn sft() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<test> -> target/<profile>/examples/sft
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("examples").join("sft"))
+        .expect("target directory");
+    assert!(
+        path.exists(),
+        "{} is missing: run through `cargo test`, which builds the examples",
+        path.display()
+    );
+    path
+}
+
+/// A model small enough for a debug-profile run, and a short schedule.
+const CONFIG: &str = r#"
+steps = 6
+batch_size = 4
+token_budget = 700
+eval_every = 3
+eval_problems = 2
+max_new_tokens = 12
+no_metrics = true
+lr = 0.01
+warmup_steps = 2
+
+[model]
+vocab_size = 259
+d_model = 32
+n_layers = 1
+n_heads = 2
+d_ff = 64
+max_seq_len = 512
+rope_theta = 10000.0
+rms_eps = 1e-5
+init_std = 0.05
+seed = 3
+"#;
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    let out = Command::new(sft())
+        .arg("--config")
+        .arg(dir.join("sft.toml"))
+        .args(args)
+        .output()
+        .expect("sft runs");
+    out
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `final step=<n> loss=<f> eval_accuracy=<f>` as (n, loss, accuracy).
+fn final_line(stdout: &str) -> (u64, f64, f64) {
+    let last = stdout.lines().last().expect("some output");
+    let field = |name: &str| -> String {
+        last.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name}= in {last:?}"))
+            .to_string()
+    };
+    assert!(last.starts_with("final "), "last line: {last:?}");
+    (
+        field("step").parse().unwrap(),
+        field("loss").parse().unwrap(),
+        field("eval_accuracy").parse().unwrap(),
+    )
+}
+
+#[test]
+fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
+    let dir = std::env::temp_dir().join(format!("odc-sft-example-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("sft.toml"), CONFIG).unwrap();
+    let ckpt = dir.join("ckpt");
+    let ckpt_arg = ckpt.to_str().unwrap();
+
+    // The whole run, checkpointing every 3 steps.
+    let out = run(
+        &dir,
+        &["--checkpoint-every", "3", "--checkpoint-dir", ckpt_arg],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (step, loss, accuracy) = final_line(&stdout);
+    assert_eq!(step, 6);
+    assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
+    assert!((0.0..=1.0).contains(&accuracy), "accuracy {accuracy}");
+    assert!(stdout.contains("eval step 3:"), "{stdout}");
+    for step in ["step-3", "step-6"] {
+        for file in ["model.safetensors", "optimizer.safetensors", "state.json"] {
+            assert!(
+                ckpt.join(step).join(file).is_file(),
+                "{step}/{file} missing"
+            );
+        }
+    }
+
+    // Resuming at step 3 ends where the uninterrupted run ended.
+    let resume = ckpt.join("step-3");
+    let out = run(&dir, &["--resume", resume.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("resuming from"), "{stdout}");
+    let (step, resumed_loss, _) = final_line(&stdout);
+    assert_eq!(step, 6);
+    assert!(
+        ((resumed_loss - loss) / loss).abs() < 1e-4,
+        "resumed run's last loss {resumed_loss} vs uninterrupted {loss}"
+    );
+
+    // A flag overrides the file.
+    let out = run(&dir, &["--steps", "2", "--eval-every", "0"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(final_line(&stdout).0, 2);
+
+    // A truncated checkpoint: a clear error naming the file, no panic.
+    let model = resume.join("model.safetensors");
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
+    let out = run(&dir, &["--resume", resume.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !out.status.success(),
+        "a truncated checkpoint was accepted: {stdout}"
+    );
+    assert!(
+        stderr.contains("model.safetensors") && stderr.contains("truncated"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // An unknown key in the config file is named.
+    let misspelt = CONFIG.replace("[model]", "stepz = 3\n[model]");
+    std::fs::write(dir.join("sft.toml"), misspelt).unwrap();
+    let out = run(&dir, &[]);
+    let (_, stderr) = text(&out);
+    assert!(
+        !out.status.success() && stderr.contains("stepz"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
