@@ -37,12 +37,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use odc::checkpoint::{self, TensorMap};
 use odc::launch::World;
 use odc::model::{
-    evaluate, layout_units, tensor_map, ModelConfig, Sample, SampleStore, TransformerCompute,
-    Weights,
+    evaluate, tensor_map, transformer_job, ModelConfig, Objective, Sample, SampleStore, Weights,
 };
 use odc::text::{ArithTask, ByteTokenizer, Problem};
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
-use odc::{Compute, Job, LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp};
+use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp};
 use serde::{Deserialize, Serialize};
 
 /// Every setting, from flags or the config file (`None`: not given there).
@@ -349,8 +348,7 @@ async fn main() -> anyhow::Result<()> {
     let store_data = dataset.clone();
     let store: Arc<dyn SampleStore> =
         Arc::new(move |index: u64| Ok(Sample::from(&tokenize(&store_data, index))));
-    let mut builder = Job::builder()
-        .units(layout_units(&model)?)
+    let mut builder = transformer_job(&model, None, store, Objective::CrossEntropy)?
         .optimizer(OptimizerConfig::AdamW {
             lr: settings.lr,
             beta1: 0.9,
@@ -365,13 +363,7 @@ async fn main() -> anyhow::Result<()> {
         })
         .clip_grad_norm(settings.clip_grad_norm)
         .token_budget(settings.token_budget)
-        .pull_precision(Precision::F32)
-        .compute(move |_trainer| {
-            Box::new(
-                TransformerCompute::new(model.clone(), Device::Cpu, store.clone())
-                    .expect("the model config was validated"),
-            ) as Box<dyn Compute>
-        });
+        .pull_precision(Precision::F32);
     let data_source = dataset.clone();
     let batch = settings.batch_size;
     let feed = Arc::new(Mutex::new(position));
@@ -457,9 +449,8 @@ async fn main() -> anyhow::Result<()> {
         let done = step + 1;
         bar.set_position(done);
         bar.set_message(format!("loss {smoothed:.4}  {rate:.0} tok/s"));
-        if !bar.is_hidden() || !lead {
-            // The bar shows it.
-        } else if done % 10 == 0 || done == first + 1 || done == settings.steps {
+        // A terminal has the bar; a pipe or a log gets a line every 10 steps.
+        if bar.is_hidden() && (done % 10 == 0 || done == first + 1 || done == settings.steps) {
             print(format!(
                 "step {done:4}/{}  loss {loss:.4}  grad-norm {:.3}  {rate:.0} tok/s  {:.0} ms/step",
                 settings.steps,

@@ -26,11 +26,11 @@ use anyhow::Context as _;
 use candle_core::{Device, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use odc::model::{
-    as_tensors, layout_units, model_forward, unit_count, unit_init_values, unit_params, unit_vars,
-    ModelConfig, PackedBatch, Sample, SampleStore, TransformerCompute,
+    as_tensors, model_forward, transformer_job, unit_count, unit_init_values, unit_params,
+    unit_vars, ModelConfig, Objective, PackedBatch, Sample, SampleStore,
 };
 use odc::text::{ArithTask, ByteTokenizer};
-use odc::{Compute, Job, OptimizerConfig, Precision, SampleMeta};
+use odc::{Job, OptimizerConfig, Precision, SampleMeta};
 
 use crate::processes::median;
 
@@ -220,23 +220,17 @@ fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
     });
     let batch = settings.batch_size;
     let steps = u64::from(settings.steps.max(1));
-    let compute_config = config.clone();
-    Ok(Job::builder()
-        .units(layout_units(&config)?)
-        .trainers(settings.trainers)
-        .servers(settings.servers)
-        .optimizer(adamw().0)
-        .pull_precision(Precision::F32)
-        .token_budget(settings.token_budget)
-        .compute(move |_| {
-            Box::new(
-                TransformerCompute::new(compute_config.clone(), Device::Cpu, store.clone())
-                    .expect("validated config"),
-            ) as Box<dyn Compute>
-        })
-        // Every block trains the same `steps` minibatches, on both sides.
-        .data(move |step: u64| Ok(minibatch(&data, step % steps, batch)))
-        .build()?)
+    Ok(
+        transformer_job(&config, None, store, Objective::CrossEntropy)?
+            .trainers(settings.trainers)
+            .servers(settings.servers)
+            .optimizer(adamw().0)
+            .pull_precision(Precision::F32)
+            .token_budget(settings.token_budget)
+            // Every block trains the same `steps` minibatches, on both sides.
+            .data(move |step: u64| Ok(minibatch(&data, step % steps, batch)))
+            .build()?,
+    )
 }
 
 /// Runs the benchmark; `progress` gets one line per block.

@@ -26,14 +26,35 @@ use candle_core::{Device, Tensor, Var};
 
 use super::batch::{PackedBatch, Sample};
 use super::config::ModelConfig;
+use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::params::{as_tensors, unit_vars, ParamSpec};
-use super::transformer::{unit_count, unit_forward, unit_init_values, unit_params, UnitOutput};
+use super::transformer::{
+    head_log_probs, unit_count, unit_forward, unit_init_values, unit_params, HeadOutput, UnitOutput,
+};
 use crate::checkpoint::{NamedTensor, TensorMap};
 use crate::{Compute, ComputeOutput, LossWeighting, MicroBatch, TrainerContext, UnitSpec};
 
-/// Resolves a [`SampleMeta::index`](crate::SampleMeta) of a micro-batch to its tokens.
+/// Resolves a [`SampleMeta::index`](crate::SampleMeta) of a micro-batch to its tokens (and, for
+/// GRPO, its advantage and reference log-probs).
 pub trait SampleStore: Send + Sync + 'static {
     fn sample(&self, index: u64) -> Result<Sample, String>;
+
+    /// The sample's RL data ([`Objective::Grpo`] needs it for every sample).
+    fn rl(&self, index: u64) -> Option<RlSample> {
+        let _ = index;
+        None
+    }
+}
+
+/// What the head differentiates.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Objective {
+    /// Next-token cross-entropy summed over the targets (SFT).
+    #[default]
+    CrossEntropy,
+    /// GRPO's clipped policy gradient plus KL to the reference, summed over response tokens
+    /// ([`super::grpo`]); the loss reported is that sum.
+    Grpo(GrpoConfig),
 }
 
 impl<F> SampleStore for F
@@ -56,6 +77,39 @@ pub fn layout_units(config: &ModelConfig) -> super::Result<Vec<UnitSpec>> {
             ))
         })
         .collect()
+}
+
+/// A [`JobBuilder`](crate::JobBuilder) with the model's units (starting from `init`, one flat
+/// buffer per unit, or the seeded initialisation) and a [`TransformerCompute`] of `objective` on
+/// the CPU per trainer; the caller adds trainers, servers, optimizer and data.
+pub fn transformer_job(
+    config: &ModelConfig,
+    init: Option<Vec<Vec<f32>>>,
+    samples: Arc<dyn SampleStore>,
+    objective: Objective,
+) -> super::Result<crate::JobBuilder> {
+    let prototype =
+        TransformerCompute::new(config.clone(), Device::Cpu, samples)?.with_objective(objective);
+    let units = match init {
+        None => layout_units(config)?,
+        Some(values) => {
+            if values.len() != unit_count(config) {
+                return Err(super::Error::UnitParams {
+                    what: "units",
+                    expected: unit_count(config),
+                    got: values.len(),
+                });
+            }
+            values
+                .into_iter()
+                .enumerate()
+                .map(|(u, v)| UnitSpec::with_values(unit_name(config, u), v))
+                .collect()
+        }
+    };
+    Ok(crate::Job::builder()
+        .units(units)
+        .compute(move |_trainer| Box::new(prototype.clone()) as Box<dyn Compute>))
 }
 
 /// The name of unit `u` in the layout.
@@ -81,11 +135,13 @@ pub fn tensor_map(config: &ModelConfig) -> super::Result<TensorMap> {
 }
 
 /// The [`Compute`] of the model (see the [module docs](self)).
+#[derive(Clone)]
 pub struct TransformerCompute {
     config: ModelConfig,
     specs: Vec<Vec<ParamSpec>>,
     device: Device,
     samples: Arc<dyn SampleStore>,
+    objective: Objective,
 }
 
 impl TransformerCompute {
@@ -103,7 +159,14 @@ impl TransformerCompute {
             specs,
             device,
             samples,
+            objective: Objective::CrossEntropy,
         })
+    }
+
+    /// The same compute differentiating `objective`.
+    pub fn with_objective(mut self, objective: Objective) -> Self {
+        self.objective = objective;
+        self
     }
 }
 
@@ -127,6 +190,7 @@ impl Compute for TransformerCompute {
         ctx: &mut TrainerContext,
         mb: &MicroBatch,
     ) -> crate::Result<ComputeOutput> {
+        let units = self.specs.len();
         if mb.weighting != LossWeighting::Tokens {
             return Err(crate::Error::Config(
                 "the transformer's loss is a token sum: use LossWeighting::Tokens".into(),
@@ -156,8 +220,23 @@ impl Compute for TransformerCompute {
             })
             .collect::<crate::Result<Vec<_>>>()?;
         let batch = PackedBatch::pack(&self.config, &samples, &self.device).map_err(user)?;
+        let rl = match self.objective {
+            Objective::CrossEntropy => None,
+            Objective::Grpo(config) => {
+                let rl = mb
+                    .samples
+                    .iter()
+                    .map(|s| {
+                        self.samples.rl(s.index).ok_or_else(|| crate::Error::User {
+                            message: format!("sample {} has no advantage (GRPO)", s.index),
+                        })
+                    })
+                    .collect::<crate::Result<Vec<_>>>()?;
+                let (adv, reference) = rl_targets(&samples, &rl, &self.device).map_err(user)?;
+                Some((config, adv, reference))
+            }
+        };
 
-        let units = self.specs.len();
         let mut forwards: Vec<Forward> = Vec::with_capacity(units);
         let mut hidden: Option<Tensor> = None;
         for (u, specs) in self.specs.iter().enumerate() {
@@ -169,14 +248,30 @@ impl Compute for TransformerCompute {
                 None => None,
                 Some(h) => Some(Var::from_tensor(&h.detach()).map_err(user)?),
             };
-            let output = unit_forward(
-                &self.config,
-                u,
-                &as_tensors(&params),
-                input.as_ref().map(Var::as_tensor),
-                &batch,
-            )
-            .map_err(user)?;
+            let tensors = as_tensors(&params);
+            let output = match (&rl, &input) {
+                (Some((config, adv, reference)), Some(x)) if u == units - 1 => {
+                    let (logits, log_probs) =
+                        head_log_probs(&self.config, &tensors, x.as_tensor(), &batch)
+                            .map_err(user)?;
+                    let loss_sum =
+                        grpo_loss_sum(&log_probs, adv, reference, &batch.target_weights, *config)
+                            .map_err(user)?;
+                    UnitOutput::Head(HeadOutput {
+                        logits,
+                        loss: loss_sum.clone(),
+                        loss_sum,
+                    })
+                }
+                _ => unit_forward(
+                    &self.config,
+                    u,
+                    &tensors,
+                    input.as_ref().map(Var::as_tensor),
+                    &batch,
+                )
+                .map_err(user)?,
+            };
             if let UnitOutput::Hidden(h) = &output {
                 hidden = Some(h.clone());
             }

@@ -145,6 +145,20 @@ pub fn forward_cached(w: &Weights, cache: &mut KvCache, tokens: &[u32]) -> Resul
     Ok(rms_norm(&x, &head[0], c.rms_eps)?.matmul(&head[1].t()?)?)
 }
 
+/// Per token `t` of `tokens`, `log p(token t | tokens < t)` under `w` (entry 0, which nothing
+/// predicts, is 0): one cached forward over the sequence.
+pub fn sequence_log_probs(w: &Weights, tokens: &[u32]) -> Result<Vec<f32>> {
+    let mut cache = KvCache::default();
+    let logits = forward_cached(w, &mut cache, tokens)?;
+    let log_probs: Vec<Vec<f32>> = super::ops::log_softmax_last_dim(&logits)?.to_vec2()?;
+    let mut out = Vec::with_capacity(tokens.len());
+    out.push(0.0);
+    for t in 1..tokens.len() {
+        out.push(log_probs[t - 1][tokens[t] as usize]);
+    }
+    Ok(out)
+}
+
 /// How to draw a response.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampling {
@@ -308,6 +322,40 @@ mod tests {
         let distinct: std::collections::HashSet<Vec<u32>> = (0..8).map(draw).collect();
         assert!(distinct.len() > 1, "every seed drew the same response");
         assert!(draw(4).iter().all(|&t| (t as usize) < c.vocab_size));
+    }
+
+    #[test]
+    fn sequence_log_probs_are_the_training_forwards() {
+        let c = config();
+        let w = weights(&c);
+        let tokens: Vec<u32> = vec![3, 1, 4, 1, 5, 9];
+        let lp = sequence_log_probs(&w, &tokens).unwrap();
+        let batch =
+            PackedBatch::pack(&c, &[Sample::all_loss(tokens.clone())], &Device::Cpu).unwrap();
+        let (_, per) = crate::model::transformer::head_log_probs(
+            &c,
+            &w.units[c.n_layers + 1],
+            &{
+                let mut h = w.units[0][0].index_select(&batch.tokens, 0).unwrap();
+                for l in 0..c.n_layers {
+                    h = crate::model::block::block_forward(&c, &w.units[l + 1], &h, &batch)
+                        .unwrap();
+                }
+                h
+            },
+            &batch,
+        )
+        .unwrap();
+        let per: Vec<f32> = per.to_vec1().unwrap();
+        assert_eq!(lp.len(), tokens.len());
+        for t in 1..tokens.len() {
+            assert!(
+                (lp[t] - per[t - 1]).abs() < 1e-4,
+                "token {t}: {} vs {}",
+                lp[t],
+                per[t - 1]
+            );
+        }
     }
 
     #[test]

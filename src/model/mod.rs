@@ -30,18 +30,23 @@ pub mod config;
 pub mod error;
 pub mod eval;
 pub mod generate;
+pub mod grpo;
 pub mod ops;
 pub mod params;
 pub mod transformer;
 
 pub use batch::{PackedBatch, Sample};
-pub use compute::{layout_units, tensor_map, unit_name, SampleStore, TransformerCompute};
+pub use compute::{
+    layout_units, tensor_map, transformer_job, unit_name, Objective, SampleStore,
+    TransformerCompute,
+};
 pub use config::ModelConfig;
 pub use error::{Error, Result};
 pub use eval::{evaluate, Evaluation};
-pub use generate::{forward_cached, generate, KvCache, Sampling, Weights};
+pub use generate::{forward_cached, generate, sequence_log_probs, KvCache, Sampling, Weights};
+pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
 pub use transformer::{
-    model_forward, param_count, unit_count, unit_forward, unit_init_values, unit_params,
-    HeadOutput, Unit, UnitOutput,
+    head_log_probs, model_forward, param_count, unit_count, unit_forward, unit_init_values,
+    unit_params, HeadOutput, Unit, UnitOutput,
 };

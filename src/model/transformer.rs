@@ -114,6 +114,27 @@ pub fn head_forward(
     x: &Tensor,
     batch: &PackedBatch,
 ) -> Result<HeadOutput> {
+    let (logits, target_log_probs) = head_log_probs(config, params, x, batch)?;
+    let loss_sum = (target_log_probs * &batch.target_weights)?
+        .sum_all()?
+        .neg()?;
+    let loss = (&loss_sum / batch.loss_tokens.max(1) as f64)?;
+    Ok(HeadOutput {
+        logits,
+        loss_sum,
+        loss,
+    })
+}
+
+/// Last unit up to the loss: the logits `[T, vocab]` and, per position, the log-probability of
+/// the token it predicts `[T]` (positions that predict nothing read their target 0; the batch's
+/// weights mask them).
+pub fn head_log_probs(
+    config: &ModelConfig,
+    params: &[Tensor],
+    x: &Tensor,
+    batch: &PackedBatch,
+) -> Result<(Tensor, Tensor)> {
     let [norm, lm_head] = params else {
         return Err(Error::UnitParams {
             what: "tensors",
@@ -126,15 +147,7 @@ pub fn head_forward(
     let target_log_probs = log_probs
         .gather(&batch.targets.unsqueeze(1)?, 1)?
         .squeeze(1)?;
-    let loss_sum = (target_log_probs * &batch.target_weights)?
-        .sum_all()?
-        .neg()?;
-    let loss = (&loss_sum / batch.loss_tokens.max(1) as f64)?;
-    Ok(HeadOutput {
-        logits,
-        loss_sum,
-        loss,
-    })
+    Ok((logits, target_log_probs))
 }
 
 /// What a unit's forward returns.

@@ -1,0 +1,330 @@
+//! GRPO on odc: the reference transformer, warm-started by SFT, samples a group of responses per
+//! arithmetic problem, is rewarded for the right final number (plus a little for the `#### n`
+//! format), and is updated on odc with the clipped policy-gradient loss and a KL term to the
+//! reference (its starting weights). The balancer sees the **generated** lengths: the imbalance RL
+//! really has.
+//!
+//! ```text
+//! cargo run --release --example sft -- --checkpoint-every 300 --checkpoint-dir ckpt
+//! cargo run --release --example rl_grpo -- --init ckpt/step-300
+//! cargo run --release --example rl_grpo                 # runs a short SFT first (--sft-steps)
+//! ```
+//!
+//! Per step: `--prompts` problems × `--group-size` responses sampled from the current policy at
+//! `--temperature` (KV cache; at most `--max-new-tokens`), rewards and group-normalised advantages,
+//! the reference's log-probs of every response, then one odc step over all responses. Printed per
+//! step: reward, accuracy (exact match), response length (mean, max), loss. One process (trainers
+//! and servers in it); the last line is `final step=<n> reward=<f> accuracy=<f>`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use candle_core::Device;
+use clap::Parser;
+use odc::checkpoint;
+use odc::model::{
+    generate, group_advantages, sequence_log_probs, tensor_map, transformer_job, GrpoConfig,
+    ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights,
+};
+use odc::text::{exact_match, prompt_tokens, reward, ArithTask, ByteTokenizer, Tokenizer};
+use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+#[derive(Debug, Parser)]
+#[command(about = "GRPO on odc (see the example's docs)")]
+struct Args {
+    /// Start from this SFT checkpoint (DIR/step-<N>); without it, a short SFT runs first.
+    #[arg(long)]
+    init: Option<PathBuf>,
+    /// SFT steps of the warm start when no --init is given.
+    #[arg(long, default_value_t = 150)]
+    sft_steps: u64,
+    /// RL steps.
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Problems per step.
+    #[arg(long, default_value_t = 8)]
+    prompts: usize,
+    /// Responses per problem (G).
+    #[arg(long, default_value_t = 4)]
+    group_size: usize,
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    #[arg(long, default_value_t = 192)]
+    max_new_tokens: usize,
+    #[arg(long, default_value_t = 5e-4)]
+    lr: f32,
+    /// PPO clip range.
+    #[arg(long, default_value_t = 0.2)]
+    clip_eps: f64,
+    /// KL coefficient to the reference.
+    #[arg(long, default_value_t = 0.01)]
+    kl_coef: f64,
+    #[arg(long, default_value_t = 2)]
+    trainers: usize,
+    #[arg(long, default_value_t = 2)]
+    servers: usize,
+    #[arg(long, default_value_t = 4096)]
+    token_budget: u64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// The responses of the current step, by sample index (what the trainers' compute resolves).
+#[derive(Default)]
+struct Responses {
+    map: RwLock<HashMap<u64, (Sample, RlSample)>>,
+}
+
+impl SampleStore for Responses {
+    fn sample(&self, index: u64) -> Result<Sample, String> {
+        let map = self
+            .map
+            .read()
+            .map_err(|_| "response store poisoned".to_string())?;
+        map.get(&index)
+            .map(|(s, _)| s.clone())
+            .ok_or_else(|| format!("no response {index} in this step"))
+    }
+
+    fn rl(&self, index: u64) -> Option<RlSample> {
+        self.map.read().ok()?.get(&index).map(|(_, r)| r.clone())
+    }
+}
+
+/// SFT samples of the generated task, by problem index.
+struct Problems(ArithTask);
+
+impl SampleStore for Problems {
+    fn sample(&self, index: u64) -> Result<Sample, String> {
+        Ok(Sample::from(&odc::text::Sample::from_problem(
+            &ByteTokenizer,
+            &self.0.problem(index),
+        )))
+    }
+}
+
+/// A short SFT on the generated task; the trained parameters.
+async fn warm_start(args: &Args, model: &ModelConfig) -> anyhow::Result<Vec<Vec<f32>>> {
+    let task = ArithTask::train(args.seed);
+    let max_len = model.max_seq_len;
+    let mut next = 0u64;
+    let mut job = transformer_job(
+        model,
+        None,
+        Arc::new(Problems(task)),
+        Objective::CrossEntropy,
+    )?
+    .trainers(args.trainers)
+    .servers(args.servers)
+    .optimizer(OptimizerConfig::AdamW {
+        lr: 3e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    })
+    .lr_schedule(LrSchedule::WarmupCosine {
+        warmup_steps: 20.min(args.sft_steps),
+        total_steps: args.sft_steps,
+        min_ratio: 0.1,
+    })
+    .clip_grad_norm(1.0)
+    .token_budget(args.token_budget)
+    .pull_precision(Precision::F32)
+    .data(move |_step: u64| {
+        let mut metas = Vec::new();
+        while metas.len() < 16 {
+            let s = odc::text::Sample::from_problem(&ByteTokenizer, &task.problem(next));
+            if s.len() <= max_len {
+                metas.push(s.meta(next));
+            }
+            next += 1;
+        }
+        Ok(metas)
+    })
+    .build()?;
+    for step in 0..args.sft_steps {
+        let s = job.step().await?;
+        if (step + 1) % 25 == 0 {
+            println!(
+                "sft step {:4}/{}  loss {:.4}",
+                step + 1,
+                args.sft_steps,
+                s.loss
+            );
+        }
+    }
+    let params = job.parameters().await?;
+    job.shutdown().await;
+    Ok(params)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if args.prompts == 0 || args.group_size < 2 {
+        bail!("GRPO needs at least one prompt and a group of at least 2 responses");
+    }
+    if !(args.temperature.is_finite() && args.temperature > 0.0) {
+        bail!(
+            "--temperature must be positive (sampling), got {}",
+            args.temperature
+        );
+    }
+    let model = ModelConfig::tiny();
+    let init = match &args.init {
+        Some(dir) => {
+            let (state, _) = checkpoint::load(dir, &tensor_map(&model)?)
+                .with_context(|| format!("loading the SFT checkpoint {}", dir.display()))?;
+            println!(
+                "policy and reference from {} (step {})",
+                dir.display(),
+                state.step
+            );
+            state.params
+        }
+        None => {
+            println!("no --init: a {}-step SFT warm start first", args.sft_steps);
+            warm_start(&args, &model).await?
+        }
+    };
+    let reference = Weights::from_units(&model, &init, &Device::Cpu)?;
+    let responses = Arc::new(Responses::default());
+    let mut job = transformer_job(
+        &model,
+        Some(init),
+        responses.clone(),
+        Objective::Grpo(GrpoConfig {
+            clip_eps: args.clip_eps,
+            kl_coef: args.kl_coef,
+        }),
+    )?
+    .trainers(args.trainers)
+    .servers(args.servers)
+    .optimizer(OptimizerConfig::AdamW {
+        lr: args.lr,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    })
+    .clip_grad_norm(1.0)
+    .token_budget(args.token_budget)
+    .pull_precision(Precision::F32)
+    .build()?;
+
+    let task = ArithTask::train(args.seed.wrapping_add(1));
+    let tokenizer = ByteTokenizer;
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let sampling = Sampling {
+        temperature: args.temperature,
+        max_new_tokens: args.max_new_tokens,
+        stop: tokenizer.eos(),
+    };
+    let mut problem = 0u64;
+    let mut next_index = 0u64;
+    let (mut first_reward, mut reward_now, mut accuracy_now) = (f64::NAN, f64::NAN, f64::NAN);
+    let started = Instant::now();
+    for step in 0..args.steps {
+        let policy = Weights::from_units(&model, &job.parameters().await?, &Device::Cpu)?;
+        let t = Instant::now();
+        let mut store = HashMap::new();
+        let mut metas: Vec<SampleMeta> = Vec::new();
+        let (mut rewards_all, mut correct, mut lengths) = (Vec::new(), 0usize, Vec::new());
+        for _ in 0..args.prompts {
+            let p = task.problem(problem);
+            problem += 1;
+            let prompt = prompt_tokens(&tokenizer, &p.question);
+            if prompt.len() + 8 > model.max_seq_len {
+                continue;
+            }
+            let mut group = Vec::with_capacity(args.group_size);
+            for _ in 0..args.group_size {
+                let response = generate(&policy, &prompt, sampling, &mut rng)?;
+                let text = tokenizer.decode(&response);
+                let r = reward(&text, &p.answer);
+                correct += usize::from(exact_match(&text, &p.answer));
+                group.push((response, r));
+            }
+            let rewards: Vec<f64> = group.iter().map(|(_, r)| *r).collect();
+            let advantages = group_advantages(&rewards);
+            for ((response, r), advantage) in group.into_iter().zip(advantages) {
+                lengths.push(response.len());
+                rewards_all.push(r);
+                let tokens: Vec<u32> = prompt.iter().chain(&response).copied().collect();
+                let mut loss_mask = vec![false; tokens.len()];
+                loss_mask[prompt.len()..].fill(true);
+                let ref_log_probs = sequence_log_probs(&reference, &tokens)?;
+                let index = next_index;
+                next_index += 1;
+                metas.push(SampleMeta {
+                    index,
+                    tokens: tokens.len() as u64,
+                    loss_tokens: response.len() as u64,
+                });
+                store.insert(
+                    index,
+                    (
+                        Sample { tokens, loss_mask },
+                        RlSample {
+                            advantage: advantage as f32,
+                            ref_log_probs,
+                        },
+                    ),
+                );
+            }
+        }
+        if metas.is_empty() {
+            bail!(
+                "step {step}: no prompt fit the model's {} positions",
+                model.max_seq_len
+            );
+        }
+        let sample_secs = t.elapsed().as_secs_f64();
+        *responses
+            .map
+            .write()
+            .map_err(|_| anyhow::anyhow!("response store poisoned"))? = store;
+        let s = job
+            .step_with(metas)
+            .await
+            .with_context(|| format!("RL step {step}"))?;
+        reward_now = rewards_all.iter().sum::<f64>() / rewards_all.len() as f64;
+        accuracy_now = correct as f64 / rewards_all.len() as f64;
+        if step == 0 {
+            first_reward = reward_now;
+        }
+        let mean_len = lengths.iter().sum::<usize>() as f64 / lengths.len() as f64;
+        let max_len = lengths.iter().copied().max().unwrap_or(0);
+        println!(
+            "step {:3}/{}  reward {reward_now:.3}  accuracy {accuracy_now:.3}  response mean {mean_len:.0} max {max_len} tokens  loss {:+.4}  sampling {sample_secs:.1} s  update {:.1} s ({} micro-batches)",
+            step + 1,
+            args.steps,
+            s.loss,
+            s.wall.as_secs_f64(),
+            s.micro_batches
+        );
+    }
+    job.shutdown().await;
+    println!(
+        "{} RL steps in {:.1} s; reward {first_reward:.3} at the first step, {reward_now:.3} at the last",
+        args.steps,
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "final step={} reward={reward_now} accuracy={accuracy_now}",
+        args.steps
+    );
+    Ok(())
+}
