@@ -3,7 +3,7 @@
 //! across processes with `odc launch`.
 //!
 //! ```text
-//! cargo run --release --example sft                                 # generated data, ~5 min on 2 cores
+//! cargo run --release --example sft                                 # generated data, ~6 min on 2 cores
 //! cargo run --release --example sft -- --steps 40 --eval-every 20   # shorter
 //! cargo run --release --example sft -- --data ../shared/data/gsm8k/train.jsonl
 //! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt
@@ -176,8 +176,8 @@ impl Opts {
 
     fn settings(self) -> Settings {
         Settings {
-            steps: self.steps.unwrap_or(300),
-            batch_size: self.batch_size.unwrap_or(32),
+            steps: self.steps.unwrap_or(200),
+            batch_size: self.batch_size.unwrap_or(16),
             lr: self.lr.unwrap_or(3e-3),
             warmup_steps: self.warmup_steps.unwrap_or(20),
             min_lr_ratio: self.min_lr_ratio.unwrap_or(0.1),
@@ -189,8 +189,8 @@ impl Opts {
             seed: self.seed.unwrap_or(0),
             data: self.data,
             eval_data: self.eval_data,
-            eval_every: self.eval_every.unwrap_or(100),
-            eval_problems: self.eval_problems.unwrap_or(50),
+            eval_every: self.eval_every.unwrap_or(50),
+            eval_problems: self.eval_problems.unwrap_or(40),
             max_new_tokens: self.max_new_tokens.unwrap_or(320),
             checkpoint_every: self.checkpoint_every.unwrap_or(0),
             checkpoint_dir: self

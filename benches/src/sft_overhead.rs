@@ -56,7 +56,8 @@ pub struct Outcome {
     pub control_b: Vec<f64>,
     /// Tokens per minibatch (mean over the measured steps).
     pub tokens_per_step: f64,
-    /// The last step's loss on each side (they train the same model on the same data).
+    /// The last step's loss on each side (same model, same data; A is further along, as it also
+    /// runs the control blocks).
     pub candle_loss: f64,
     pub odc_loss: f64,
 }
