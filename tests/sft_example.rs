@@ -2,25 +2,14 @@
 //! resuming one, and a truncated checkpoint refused with the file named.
 #![cfg(feature = "candle")]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
+use std::time::Duration;
 
-/// The `sft` example (cargo builds examples before it runs integration tests).
-fn sft() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    // target/<profile>/deps/<test> -> target/<profile>/examples/sft
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|p| p.join("examples").join("sft"))
-        .expect("target directory");
-    assert!(
-        path.exists(),
-        "{} is missing: run through `cargo test`, which builds the examples",
-        path.display()
-    );
-    path
-}
+/// The multi-process tests' helpers: finding an example, running it under a deadline.
+#[allow(dead_code)]
+#[path = "multiprocess/harness.rs"]
+mod harness;
 
 /// A model small enough for a debug-profile run, and a short schedule.
 const CONFIG: &str = r#"
@@ -47,14 +36,11 @@ init_std = 0.05
 seed = 3
 "#;
 
+/// Runs `sft` with the test's config and `args`; killed (failing the test) past 5 minutes (I6).
 fn run(dir: &Path, args: &[&str]) -> Output {
-    let out = Command::new(sft())
-        .arg("--config")
-        .arg(dir.join("sft.toml"))
-        .args(args)
-        .output()
-        .expect("sft runs");
-    out
+    let mut command = Command::new(harness::example("sft"));
+    command.arg("--config").arg(dir.join("sft.toml")).args(args);
+    harness::run(command, Duration::from_secs(300))
 }
 
 fn text(out: &Output) -> (String, String) {

@@ -180,6 +180,7 @@ fn odc_training_equals_candle_alone() {
         job.shutdown().await;
         (params, stats)
     });
+    assert_eq!(stats.len(), losses.len(), "steps on each side");
     for (s, (st, want)) in stats.iter().zip(&losses).enumerate() {
         assert!(
             st.micro_batches > 2,

@@ -76,7 +76,7 @@ impl TensorMap {
         self.units[u].iter().map(NamedTensor::numel).sum()
     }
 
-    /// Checks that unit `u` of `values` (one flat buffer per unit) has the map's length.
+    /// Checks that `lens` (one per unit, of `what`) are the map's unit lengths.
     pub(super) fn check_lens(&self, what: &str, lens: &[usize]) -> Result<(), CheckpointError> {
         if lens.len() != self.units.len() {
             return Err(CheckpointError::Map(format!(

@@ -223,6 +223,7 @@ fn pick(logits: &Tensor, temperature: f64, rng: &mut impl Rng) -> Result<u32> {
 mod tests {
     use super::*;
     use crate::model::batch::{PackedBatch, Sample};
+    use crate::model::ops::tests::max_abs_diff;
     use crate::model::transformer::{model_forward, unit_init_values};
     use rand::rngs::StdRng;
     use rand::SeedableRng;
@@ -248,19 +249,6 @@ mod tests {
         Weights::from_units(c, &units, &Device::Cpu).unwrap()
     }
 
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-    }
-
     #[test]
     fn cached_logits_equal_the_training_forward() {
         let c = config();
@@ -272,7 +260,7 @@ mod tests {
         // All at once.
         let mut cache = KvCache::default();
         let at_once = forward_cached(&w, &mut cache, &tokens).unwrap();
-        assert!(max_diff(&at_once, &full) < 1e-4);
+        assert!(max_abs_diff(&at_once, &full) < 1e-4);
         // A prefix, then one token at a time.
         let mut cache = KvCache::default();
         let mut rows = vec![forward_cached(&w, &mut cache, &tokens[..3]).unwrap()];
@@ -282,9 +270,9 @@ mod tests {
         assert_eq!(cache.len(), tokens.len());
         let stepped = Tensor::cat(&rows, 0).unwrap();
         assert!(
-            max_diff(&stepped, &full) < 1e-4,
+            max_abs_diff(&stepped, &full) < 1e-4,
             "{}",
-            max_diff(&stepped, &full)
+            max_abs_diff(&stepped, &full)
         );
     }
 

@@ -87,17 +87,13 @@ pub(crate) mod tests {
         Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
     }
 
-    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
+    /// `max |a − b|` over all elements; fails on a shape mismatch or any non-finite element (a NaN
+    /// would otherwise slip through a max).
+    pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        assert_eq!(a.dims(), b.dims(), "shapes differ");
+        let diff: Vec<f32> = (a - b).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        assert!(diff.iter().all(|d| d.is_finite()), "a non-finite element");
+        diff.iter().fold(0.0, |m, d| m.max(d.abs()))
     }
 
     /// Checks the gradient of `sum(f(x) * r)` w.r.t. `x` against central finite differences.

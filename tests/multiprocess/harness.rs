@@ -6,12 +6,17 @@ use std::time::{Duration, Instant};
 
 /// The `embed` example (cargo builds examples before it runs integration tests).
 pub fn embed() -> PathBuf {
+    example("embed")
+}
+
+/// The example `name`, built by cargo beside this test binary.
+pub fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
-    // target/<profile>/deps/<test> -> target/<profile>/examples/embed
+    // target/<profile>/deps/<test> -> target/<profile>/examples/<name>
     let path = exe
         .parent()
         .and_then(Path::parent)
-        .map(|p| p.join("examples").join("embed"))
+        .map(|p| p.join("examples").join(name))
         .expect("a target directory");
     assert!(
         path.exists(),

@@ -612,6 +612,7 @@ impl StepMachine {
     /// Every server reduced (`Ok`: the sum over servers of their sums of squares) or one failed.
     pub fn on_reduced(&mut self, result: Result<f64, Error>, now: Timestamp) -> Vec<Decision> {
         let _ = now;
+        let lr_scale = self.config.schedule.factor(self.global_step());
         let Some(run) = self.run.as_mut() else {
             return Vec::new();
         };
@@ -628,10 +629,6 @@ impl StepMachine {
             _ => 1.0,
         };
         let version = self.version + 1;
-        let lr_scale = self
-            .config
-            .schedule
-            .factor(self.config.first_step + self.version);
         run.phase = Phase::Applying { grad_norm, version };
         vec![decision(
             Command::Apply {
