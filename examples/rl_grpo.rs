@@ -8,6 +8,7 @@
 //! cargo run --release --example sft -- --checkpoint-every 300 --checkpoint-dir ckpt
 //! cargo run --release --example rl_grpo -- --init ckpt/step-300
 //! cargo run --release --example rl_grpo                 # runs a short SFT first (--sft-steps)
+//! cargo run --release --example rl_grpo -- --tokenizer tokenizer.json --init ckpt/step-300
 //! ```
 //!
 //! Per step: `--prompts` problems × `--group-size` responses sampled from the current policy at
@@ -26,10 +27,12 @@ use candle_core::Device;
 use clap::Parser;
 use odc::checkpoint;
 use odc::model::{
-    generate, group_advantages, sequence_log_probs, tensor_map, transformer_job, GrpoConfig,
-    ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights,
+    evaluate, generate, group_advantages, sequence_log_probs, tensor_map, transformer_job,
+    GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights,
 };
-use odc::text::{exact_match, prompt_tokens, reward, ArithTask, ByteTokenizer, Tokenizer};
+use odc::text::{
+    exact_match, prompt_tokens, reward, ArithTask, ByteTokenizer, HfTokenizer, Tokenizer,
+};
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -72,6 +75,16 @@ struct Args {
     token_budget: u64,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Held-out problems answered greedily before and after RL (0: no evaluation).
+    #[arg(long, default_value_t = 40)]
+    eval_problems: usize,
+    /// The generated problems' largest number (20 to 1000; use the SFT run's `--max-value`).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(20..=1000))]
+    max_value: u64,
+    /// A Hugging Face `tokenizer.json` instead of the byte tokenizer (the one the `--init`
+    /// checkpoint was trained with); the model's `vocab_size` becomes its vocabulary size.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
 }
 
 /// The responses of the current step, by sample index (what the trainers' compute resolves).
@@ -97,26 +110,28 @@ impl SampleStore for Responses {
 }
 
 /// SFT samples of the generated task, by problem index.
-struct Problems(ArithTask);
+struct Problems(ArithTask, Arc<dyn Tokenizer>);
 
 impl SampleStore for Problems {
     fn sample(&self, index: u64) -> Result<Sample, String> {
-        Ok(Sample::from(&odc::text::Sample::from_problem(
-            &ByteTokenizer,
-            &self.0.problem(index),
-        )))
+        let sample = odc::text::Sample::from_problem(&*self.1, &self.0.problem(index));
+        Ok(Sample::from(&sample.map_err(|e| e.to_string())?))
     }
 }
 
 /// A short SFT on the generated task; the trained parameters.
-async fn warm_start(args: &Args, model: &ModelConfig) -> anyhow::Result<Vec<Vec<f32>>> {
-    let task = ArithTask::train(args.seed);
+async fn warm_start(
+    args: &Args,
+    model: &ModelConfig,
+    tokenizer: Arc<dyn Tokenizer>,
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    let task = ArithTask::train(args.seed).with_max_value(args.max_value);
     let max_len = model.max_seq_len;
     let mut next = 0u64;
     let mut job = transformer_job(
         model,
         None,
-        Arc::new(Problems(task)),
+        Arc::new(Problems(task, tokenizer.clone())),
         Objective::CrossEntropy,
     )?
     .trainers(args.trainers)
@@ -139,7 +154,8 @@ async fn warm_start(args: &Args, model: &ModelConfig) -> anyhow::Result<Vec<Vec<
     .data(move |_step: u64| {
         let mut metas = Vec::new();
         while metas.len() < 16 {
-            let s = odc::text::Sample::from_problem(&ByteTokenizer, &task.problem(next));
+            let s = odc::text::Sample::from_problem(&*tokenizer, &task.problem(next))
+                .map_err(odc::Error::user)?;
             if s.len() <= max_len {
                 metas.push(s.meta(next));
             }
@@ -182,7 +198,14 @@ async fn main() -> anyhow::Result<()> {
             args.temperature
         );
     }
-    let model = ModelConfig::tiny();
+    let tokenizer: Arc<dyn Tokenizer> = match &args.tokenizer {
+        Some(path) => Arc::new(HfTokenizer::from_file(path)?),
+        None => Arc::new(ByteTokenizer),
+    };
+    let model = ModelConfig {
+        vocab_size: tokenizer.vocab_size(),
+        ..ModelConfig::tiny()
+    };
     let init = match &args.init {
         Some(dir) => {
             let (state, _) = checkpoint::load(dir, &tensor_map(&model)?)
@@ -196,7 +219,7 @@ async fn main() -> anyhow::Result<()> {
         }
         None => {
             println!("no --init: a {}-step SFT warm start first", args.sft_steps);
-            warm_start(&args, &model).await?
+            warm_start(&args, &model, tokenizer.clone()).await?
         }
     };
     let reference = Weights::from_units(&model, &init, &Device::Cpu)?;
@@ -224,17 +247,34 @@ async fn main() -> anyhow::Result<()> {
     .pull_precision(Precision::F32)
     .build()?;
 
-    let task = ArithTask::train(args.seed.wrapping_add(1));
-    let tokenizer = ByteTokenizer;
+    let task = ArithTask::train(args.seed.wrapping_add(1)).with_max_value(args.max_value);
     let mut rng = StdRng::seed_from_u64(args.seed);
     let sampling = Sampling {
         temperature: args.temperature,
         max_new_tokens: args.max_new_tokens,
         stop: tokenizer.eos(),
     };
+    // Greedy exact match on held-out problems, before and after: the sampled rewards of a step
+    // (a few dozen responses at temperature) are too noisy to compare two steps.
+    let eval_set: Vec<_> = ArithTask::eval(args.seed)
+        .with_max_value(args.max_value)
+        .problems(0..args.eval_problems as u64)
+        .collect();
+    let evaluate_now = |params: &[Vec<f32>]| -> anyhow::Result<f64> {
+        let weights = Weights::from_units(&model, params, &Device::Cpu)?;
+        Ok(evaluate(&weights, &*tokenizer, &eval_set, args.max_new_tokens)?.accuracy())
+    };
+    let eval_before = evaluate_now(&job.parameters().await?)?;
+    if !eval_set.is_empty() {
+        println!(
+            "greedy accuracy on {} held-out problems before RL: {eval_before:.3}",
+            eval_set.len()
+        );
+    }
     let mut problem = 0u64;
     let mut next_index = 0u64;
-    let (mut first_reward, mut reward_now, mut accuracy_now) = (f64::NAN, f64::NAN, f64::NAN);
+    let (mut reward_now, mut accuracy_now) = (f64::NAN, f64::NAN);
+    let mut step_rewards = Vec::new();
     let started = Instant::now();
     for step in 0..args.steps {
         let policy = Weights::from_units(&model, &job.parameters().await?, &Device::Cpu)?;
@@ -245,14 +285,14 @@ async fn main() -> anyhow::Result<()> {
         for _ in 0..args.prompts {
             let p = task.problem(problem);
             problem += 1;
-            let prompt = prompt_tokens(&tokenizer, &p.question);
+            let prompt = prompt_tokens(&*tokenizer, &p.question)?;
             if prompt.len() + 8 > model.max_seq_len {
                 continue;
             }
             let mut group = Vec::with_capacity(args.group_size);
             for _ in 0..args.group_size {
                 let response = generate(&policy, &prompt, sampling, &mut rng)?;
-                let text = tokenizer.decode(&response);
+                let text = tokenizer.decode(&response)?;
                 let r = reward(&text, &p.answer);
                 correct += usize::from(exact_match(&text, &p.answer));
                 group.push((response, r));
@@ -302,9 +342,7 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("RL step {step}"))?;
         reward_now = rewards_all.iter().sum::<f64>() / rewards_all.len() as f64;
         accuracy_now = correct as f64 / rewards_all.len() as f64;
-        if step == 0 {
-            first_reward = reward_now;
-        }
+        step_rewards.push(reward_now);
         let mean_len = lengths.iter().sum::<usize>() as f64 / lengths.len() as f64;
         let max_len = lengths.iter().copied().max().unwrap_or(0);
         println!(
@@ -316,12 +354,24 @@ async fn main() -> anyhow::Result<()> {
             s.micro_batches
         );
     }
+    let eval_after = evaluate_now(&job.parameters().await?)?;
     job.shutdown().await;
+    // Mean sampled reward of the first and the last quarter of the steps.
+    let quarter = step_rewards.len().div_ceil(4).max(1);
+    let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len().max(1) as f64;
     println!(
-        "{} RL steps in {:.1} s; reward {first_reward:.3} at the first step, {reward_now:.3} at the last",
+        "{} RL steps in {:.1} s; mean reward {:.3} over the first {quarter} steps, {:.3} over the last {quarter}",
         args.steps,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        mean(&step_rewards[..quarter.min(step_rewards.len())]),
+        mean(&step_rewards[step_rewards.len().saturating_sub(quarter)..]),
     );
+    if !eval_set.is_empty() {
+        println!(
+            "greedy accuracy on {} held-out problems: {eval_before:.3} before RL, {eval_after:.3} after",
+            eval_set.len()
+        );
+    }
     println!(
         "final step={} reward={reward_now} accuracy={accuracy_now}",
         args.steps

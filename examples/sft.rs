@@ -8,6 +8,7 @@
 //! cargo run --release --example sft -- --data ../shared/data/gsm8k/train.jsonl
 //! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt
 //! cargo run --release --example sft -- --resume ckpt/step-50
+//! cargo run --release --example sft -- --tokenizer tokenizer.json  # a Hugging Face tokenizer
 //! cargo run --release --example sft -- --config sft.toml --lr 1e-3  # flags override the file
 //! cargo run --release --bin odc -- launch --nprocs 2 -- target/release/examples/sft --steps 20
 //! ```
@@ -39,10 +40,13 @@ use odc::launch::World;
 use odc::model::{
     evaluate, tensor_map, transformer_job, ModelConfig, Objective, Sample, SampleStore, Weights,
 };
-use odc::text::{ArithTask, ByteTokenizer, Problem};
+use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Problem, TextError, Tokenizer};
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp};
 use serde::{Deserialize, Serialize};
+
+/// The example's default bound on the generated numbers.
+const MAX_VALUE_DEFAULT: u64 = 1000;
 
 /// Every setting, from flags or the config file (`None`: not given there).
 #[derive(Debug, Clone, Default, Parser, Serialize, Deserialize)]
@@ -118,6 +122,14 @@ struct Opts {
     /// Write the trainers' timelines of every step to this Chrome/Perfetto trace file.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// A Hugging Face `tokenizer.json` instead of the byte tokenizer; the model's `vocab_size`
+    /// becomes its vocabulary size unless the `[model]` table sets one (at least that large).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// The generated problems' largest number (20 to 1000): fewer arithmetic facts to learn at
+    /// smaller bounds.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(20..=1000))]
+    max_value: Option<u64>,
     /// The model (TOML `[model]` table only; default: `ModelConfig::tiny()`).
     #[arg(skip)]
     model: Option<ModelConfig>,
@@ -147,7 +159,18 @@ struct Settings {
     metrics_addr: SocketAddr,
     no_metrics: bool,
     trace: Option<PathBuf>,
+    /// `None`: the byte tokenizer (also in checkpoints written before this setting existed).
+    #[serde(default)]
+    tokenizer: Option<PathBuf>,
+    /// The generated problems' largest number.
+    #[serde(default = "default_max_value")]
+    max_value: u64,
     model: ModelConfig,
+}
+
+/// The generator's own bound (also for checkpoints written before this setting existed).
+fn default_max_value() -> u64 {
+    odc::text::arith::MAX_VALUE
 }
 
 impl Opts {
@@ -201,6 +224,8 @@ impl Opts {
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9464))),
             no_metrics: self.no_metrics.unwrap_or(false),
             trace: self.trace,
+            tokenizer: self.tokenizer,
+            max_value: self.max_value.unwrap_or(MAX_VALUE_DEFAULT),
             model: self.model.unwrap_or_else(ModelConfig::tiny),
         }
     }
@@ -235,12 +260,54 @@ struct Saved {
     data: DataPosition,
 }
 
-fn tokenize(dataset: &Dataset, index: u64) -> odc::text::Sample {
-    odc::text::Sample::from_problem(&ByteTokenizer, &dataset.problem(index))
+/// The run's tokenizer (`--tokenizer`, else bytes). The model's `vocab_size` becomes its size
+/// unless the `[model]` table set one, which must then hold every id.
+fn load_tokenizer(
+    settings: &mut Settings,
+    model_given: bool,
+) -> anyhow::Result<Arc<dyn Tokenizer>> {
+    let (tokenizer, name): (Arc<dyn Tokenizer>, String) = match &settings.tokenizer {
+        Some(path) => (
+            Arc::new(HfTokenizer::from_file(path)?),
+            format!("the tokenizer {}", path.display()),
+        ),
+        None => (Arc::new(ByteTokenizer), "the byte tokenizer".into()),
+    };
+    let ids = tokenizer.vocab_size();
+    if !model_given {
+        settings.model.vocab_size = ids;
+    } else if settings.model.vocab_size < ids {
+        bail!(
+            "the [model] table's vocab_size = {} is smaller than the {ids} ids of {name}: \
+             raise it to at least {ids}",
+            settings.model.vocab_size
+        );
+    }
+    Ok(tokenizer)
+}
+
+/// Whether two `tokenizer` settings are the same file (or both the byte tokenizer).
+fn same_tokenizer(a: &Option<PathBuf>, b: &Option<PathBuf>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => {
+            a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b)
+        }
+        _ => false,
+    }
+}
+
+fn tokenize(
+    tokenizer: &dyn Tokenizer,
+    dataset: &Dataset,
+    index: u64,
+) -> Result<odc::text::Sample, TextError> {
+    odc::text::Sample::from_problem(tokenizer, &dataset.problem(index))
 }
 
 /// The next `batch` problems from `position` that fit the model; advances `position`.
 fn next_minibatch(
+    tokenizer: &dyn Tokenizer,
     dataset: &Dataset,
     position: &mut DataPosition,
     batch: usize,
@@ -251,7 +318,7 @@ fn next_minibatch(
     while out.len() < batch {
         let index = position.next;
         position.next += 1;
-        let sample = tokenize(dataset, index);
+        let sample = tokenize(tokenizer, dataset, index).map_err(odc::Error::user)?;
         if sample.len() > max_len {
             skipped += 1;
             if skipped > 100 * batch {
@@ -276,7 +343,9 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let (opts, resume) = Opts::parse().merged()?;
-    let settings = opts.settings();
+    let model_given = opts.model.is_some();
+    let mut settings = opts.settings();
+    let tokenizer = load_tokenizer(&mut settings, model_given)?;
     let world = World::from_env().context("reading the launcher's environment")?;
     let rank = world.rank;
     let world_size = world.world_size;
@@ -296,6 +365,18 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("resuming from {}", dir.display()))?;
         let saved: Saved = serde_json::from_value(extra)
             .with_context(|| format!("{}: state.json has no sft settings", dir.display()))?;
+        if !same_tokenizer(&saved.settings.tokenizer, &settings.tokenizer) {
+            let name = |t: &Option<PathBuf>| match t {
+                Some(path) => path.display().to_string(),
+                None => "the byte tokenizer".into(),
+            };
+            bail!(
+                "{}: the checkpoint's tokenizer is {}, this run's {}",
+                dir.display(),
+                name(&saved.settings.tokenizer),
+                name(&settings.tokenizer)
+            );
+        }
         if saved.settings.model != settings.model {
             bail!(
                 "{}: the checkpoint's model is {:?}, this run's {:?}",
@@ -318,7 +399,9 @@ async fn main() -> anyhow::Result<()> {
         Some(path) => Dataset::File(Arc::new(
             odc::text::gsm8k::load(path).context("loading the training data")?,
         )),
-        None => Dataset::Generated(ArithTask::train(settings.seed)),
+        None => {
+            Dataset::Generated(ArithTask::train(settings.seed).with_max_value(settings.max_value))
+        }
     };
     if let Dataset::File(records) = &dataset {
         if records.is_empty() {
@@ -329,6 +412,7 @@ async fn main() -> anyhow::Result<()> {
         (Some(path), _) => odc::text::gsm8k::load(path).context("loading the evaluation data")?,
         (None, Some(_)) => Vec::new(),
         (None, None) => ArithTask::eval(settings.seed)
+            .with_max_value(settings.max_value)
             .problems(0..settings.eval_problems as u64)
             .collect(),
     };
@@ -346,8 +430,11 @@ async fn main() -> anyhow::Result<()> {
     let model = settings.model.clone();
     let max_len = model.max_seq_len;
     let store_data = dataset.clone();
-    let store: Arc<dyn SampleStore> =
-        Arc::new(move |index: u64| Ok(Sample::from(&tokenize(&store_data, index))));
+    let store_tokenizer = tokenizer.clone();
+    let store: Arc<dyn SampleStore> = Arc::new(move |index: u64| {
+        let sample = tokenize(&*store_tokenizer, &store_data, index);
+        Ok(Sample::from(&sample.map_err(|e| e.to_string())?))
+    });
     let mut builder = transformer_job(&model, None, store, Objective::CrossEntropy)?
         .optimizer(OptimizerConfig::AdamW {
             lr: settings.lr,
@@ -368,9 +455,10 @@ async fn main() -> anyhow::Result<()> {
     let batch = settings.batch_size;
     let feed = Arc::new(Mutex::new(position));
     let fed = feed.clone();
+    let data_tokenizer = tokenizer.clone();
     builder = builder.data(move |_step: u64| {
         let mut at = fed.lock().unwrap_or_else(|e| e.into_inner());
-        next_minibatch(&data_source, &mut at, batch, max_len)
+        next_minibatch(&*data_tokenizer, &data_source, &mut at, batch, max_len)
     });
     let trainers = if world_size > 1 {
         world_size as usize
@@ -465,7 +553,7 @@ async fn main() -> anyhow::Result<()> {
             let params = job.parameters().await?;
             let weights = Weights::from_units(&settings.model, &params, &Device::Cpu)?;
             let t = Instant::now();
-            let e = evaluate(&weights, &ByteTokenizer, &eval_set, settings.max_new_tokens)?;
+            let e = evaluate(&weights, &*tokenizer, &eval_set, settings.max_new_tokens)?;
             accuracy = e.accuracy();
             metrics::gauge!("odc_sft_eval_accuracy").set(accuracy);
             print(format!(

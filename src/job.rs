@@ -187,6 +187,16 @@ impl JobBuilder {
         self
     }
 
+    /// Dynamic dispatch: fill each micro-batch to at least this fraction of the token budget
+    /// while enough samples are left (default 0: plain guided packing, sizes halving down to
+    /// single samples). Each micro-batch is one pass over the model and one gather of every
+    /// unit, so where that fixed cost is not small against a sample's compute (small models, the
+    /// CPU), a floor such as 0.5 keeps the passes few; stealing gets coarser. In `0..=1`.
+    pub fn micro_batch_min_fill(mut self, fraction: f64) -> Self {
+        self.policy.min_fill = fraction;
+        self
+    }
+
     pub fn loss_weighting(mut self, weighting: LossWeighting) -> Self {
         self.policy.weighting = weighting;
         self
@@ -360,6 +370,12 @@ impl JobBuilder {
         }
         if self.policy.token_budget == 0 {
             return Err(Error::Config("token budget must be positive".into()));
+        }
+        if !(0.0..=1.0).contains(&self.policy.min_fill) {
+            return Err(Error::Config(format!(
+                "the micro-batch fill floor is a fraction of the token budget in 0..=1, got {}",
+                self.policy.min_fill
+            )));
         }
         if let Some(max) = self.policy.clip_norm {
             if !(max.is_finite() && max > 0.0) {

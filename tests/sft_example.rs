@@ -1,8 +1,10 @@
 //! `examples/sft` as a user runs it: a TOML config with flags overriding it, checkpoints on disk,
-//! resuming one, and a truncated checkpoint refused with the file named.
+//! resuming one, and a truncated checkpoint refused with the file named; `--tokenizer` with a
+//! Hugging Face `tokenizer.json`, a `[model]` vocabulary too small for it, and a checkpoint resumed
+//! with another tokenizer, each refused with both sides named.
 #![cfg(feature = "candle")]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -138,6 +140,102 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     let (_, stderr) = text(&out);
     assert!(
         !out.status.success() && stderr.contains("stepz"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A word-level `tokenizer.json` over the words of the first generated training problems (`[UNK]`
+/// for the rest, `<s>`, `</s>`, `<pad>` special), saved in `dir`; its path and vocabulary size.
+fn save_word_level_tokenizer(dir: &Path) -> (PathBuf, usize) {
+    use tokenizers::models::wordlevel::{WordLevel, WordLevelTrainer};
+    use tokenizers::models::TrainerWrapper;
+    use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+    use tokenizers::AddedToken;
+
+    let model = WordLevel::builder()
+        .unk_token("[UNK]".into())
+        .build()
+        .unwrap();
+    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    tokenizer.with_pre_tokenizer(Some(WhitespaceSplit));
+    let mut trainer: TrainerWrapper = WordLevelTrainer::builder()
+        .show_progress(false)
+        .special_tokens(
+            ["[UNK]", "<s>", "</s>", "<pad>"]
+                .map(|name| AddedToken::from(name, true))
+                .to_vec(),
+        )
+        .build()
+        .unwrap()
+        .into();
+    let texts = odc::text::ArithTask::train(0)
+        .problems(0..100)
+        .flat_map(|p| [p.question, p.answer]);
+    tokenizer.train(&mut trainer, texts).unwrap();
+    let path = dir.join("tokenizer.json");
+    tokenizer.save(&path, false).unwrap();
+    (path, tokenizer.get_vocab_size(true))
+}
+
+#[test]
+fn hf_tokenizer_trains_checkpoints_and_mismatches_are_named() {
+    let dir = std::env::temp_dir().join(format!("odc-sft-example-hf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tokenizer, vocab) = save_word_level_tokenizer(&dir);
+    assert!(vocab > 259 && vocab < 4096, "{vocab} words");
+    let tokenizer_arg = tokenizer.to_str().unwrap();
+    let ckpt = dir.join("ckpt");
+
+    // A `[model]` table whose vocabulary is smaller than the tokenizer's: both numbers named.
+    std::fs::write(dir.join("sft.toml"), CONFIG).unwrap();
+    let out = run(&dir, &["--tokenizer", tokenizer_arg]);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("vocab_size = 259") && stderr.contains(&format!("{vocab} ids")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // Two steps with the tokenizer, a checkpoint and an evaluation at the end.
+    let config = CONFIG
+        .replace("vocab_size = 259", "vocab_size = 4096")
+        .replace("steps = 6", "steps = 2")
+        .replace("eval_every = 3", "eval_every = 0");
+    std::fs::write(dir.join("sft.toml"), config).unwrap();
+    let out = run(
+        &dir,
+        &[
+            "--tokenizer",
+            tokenizer_arg,
+            "--checkpoint-every",
+            "2",
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (step, loss, accuracy) = final_line(&stdout);
+    assert_eq!(step, 2);
+    assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
+    assert!((0.0..=1.0).contains(&accuracy), "accuracy {accuracy}");
+    assert!(stdout.contains("eval step 2:"), "{stdout}");
+
+    // Resuming it with the byte tokenizer: both tokenizers named.
+    let resume = ckpt.join("step-2");
+    let out = run(
+        &dir,
+        &["--resume", resume.to_str().unwrap(), "--steps", "3"],
+    );
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the checkpoint's tokenizer is {}, this run's the byte tokenizer",
+            tokenizer.display()
+        )),
         "{stderr}"
     );
     std::fs::remove_dir_all(&dir).unwrap();

@@ -33,7 +33,7 @@ fn config() -> ModelConfig {
 fn samples(n: usize) -> Vec<Sample> {
     ArithTask::train(5)
         .problems(0..10_000)
-        .map(|p| odc::text::Sample::from_problem(&ByteTokenizer, &p))
+        .map(|p| odc::text::Sample::from_problem(&ByteTokenizer, &p).expect("bytes never fail"))
         .filter(|s| s.len() <= 260)
         .take(n)
         .map(|s| Sample::from(&s))

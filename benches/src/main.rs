@@ -72,6 +72,9 @@ struct SftOverheadArgs {
     trainers: u32,
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     servers: u32,
+    /// odc's dispatch: `dynamic` (micro-batches of decreasing size, stealing) or `static`.
+    #[arg(long, value_enum, default_value = "dynamic")]
+    dispatch: Dispatch,
 }
 
 #[derive(Args)]
@@ -202,6 +205,15 @@ struct OwnerArgs {
 enum Dispatch {
     Static,
     Dynamic,
+}
+
+impl From<Dispatch> for DispatchMode {
+    fn from(d: Dispatch) -> Self {
+        match d {
+            Dispatch::Static => DispatchMode::Static,
+            Dispatch::Dynamic => DispatchMode::Dynamic,
+        }
+    }
 }
 
 fn devices(s: &str) -> Result<usize, String> {
@@ -787,6 +799,7 @@ async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
         token_budget: args.token_budget,
         trainers: args.trainers as usize,
         servers: args.servers as usize,
+        dispatch: args.dispatch.into(),
         model: odc::model::ModelConfig::tiny(),
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -817,10 +830,12 @@ async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
     let ratio = outcome.ratio();
     println!(
         "candle alone {candle_tps:.0} tokens/s, odc {odc_tps:.0} tokens/s ({:.0} tokens/step): \
-         ratio {ratio:.3} (odc / candle time per step), control {:.3}; last losses candle {:.4}, \
-         odc {:.4}; target <= 1.10: {}",
+         ratio {ratio:.3} (odc / candle time per step), control {:.3}; micro-batches per step \
+         candle {:.1}, odc {:.1}; last losses candle {:.4}, odc {:.4}; target <= 1.10: {}",
         outcome.tokens_per_step,
         outcome.control_ratio(),
+        outcome.candle_micro_batches,
+        outcome.odc_micro_batches,
         outcome.candle_loss,
         outcome.odc_loss,
         if ratio <= 1.10 { "met" } else { "MISSED" }

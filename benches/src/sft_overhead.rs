@@ -30,7 +30,7 @@ use odc::model::{
     unit_vars, ModelConfig, Objective, PackedBatch, Sample, SampleStore,
 };
 use odc::text::{ArithTask, ByteTokenizer};
-use odc::{Job, OptimizerConfig, Precision, SampleMeta};
+use odc::{DispatchMode, Job, OptimizerConfig, Precision, SampleMeta};
 
 use crate::processes::median;
 
@@ -44,6 +44,8 @@ pub struct Settings {
     pub token_budget: u64,
     pub trainers: usize,
     pub servers: usize,
+    /// How odc hands micro-batches to trainers.
+    pub dispatch: DispatchMode,
     pub model: ModelConfig,
 }
 
@@ -60,6 +62,9 @@ pub struct Outcome {
     /// runs the control blocks).
     pub candle_loss: f64,
     pub odc_loss: f64,
+    /// Micro-batches per step (mean over the measured steps) of each side.
+    pub candle_micro_batches: f64,
+    pub odc_micro_batches: f64,
 }
 
 impl Outcome {
@@ -86,7 +91,7 @@ impl Outcome {
 fn dataset(max_len: usize, n: usize) -> Vec<Sample> {
     ArithTask::train(7)
         .problems(0..(n as u64) * 4)
-        .map(|p| odc::text::Sample::from_problem(&ByteTokenizer, &p))
+        .map(|p| odc::text::Sample::from_problem(&ByteTokenizer, &p).expect("bytes never fail"))
         .filter(|s| s.len() <= max_len)
         .take(n)
         .map(|s| Sample::from(&s))
@@ -159,8 +164,8 @@ impl CandleAlone {
         })
     }
 
-    /// One step on `samples`; returns the token-mean loss.
-    fn step(&mut self, samples: &[&Sample]) -> anyhow::Result<f64> {
+    /// One step on `samples`; returns the token-mean loss and the micro-batches it ran.
+    fn step(&mut self, samples: &[&Sample]) -> anyhow::Result<(f64, usize)> {
         // Greedy packing into micro-batches of at most `budget` tokens.
         let mut packs: Vec<Vec<Sample>> = vec![Vec::new()];
         let mut used = 0;
@@ -205,7 +210,7 @@ impl CandleAlone {
             }
         }
         self.optimizer.step(&grads)?;
-        Ok(loss_sum / tokens.max(1) as f64)
+        Ok((loss_sum / tokens.max(1) as f64, packs.len()))
     }
 }
 
@@ -228,6 +233,7 @@ fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
             .optimizer(adamw().0)
             .pull_precision(Precision::F32)
             .token_budget(settings.token_budget)
+            .dispatch(settings.dispatch)
             // Every block trains the same `steps` minibatches, on both sides.
             .data(move |step: u64| Ok(minibatch(&data, step % steps, batch)))
             .build()?,
@@ -250,21 +256,26 @@ pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow:
         tokens_per_step: 0.0,
         candle_loss: f64::NAN,
         odc_loss: f64::NAN,
+        candle_micro_batches: 0.0,
+        odc_micro_batches: 0.0,
     };
     let (mut tokens, mut counted) = (0u64, 0u64);
+    let (mut odc_mbs, mut candle_mbs, mut candle_steps) = (0u64, 0u64, 0u64);
 
-    // One block of `steps` steps of a candle model; seconds per step.
+    // One block of `steps` steps of a candle model; seconds per step, the last loss and the
+    // micro-batches run.
     let candle_block =
-        |model: &mut CandleAlone, next: &mut u64, n: u32| -> anyhow::Result<(f64, f64)> {
+        |model: &mut CandleAlone, next: &mut u64, n: u32| -> anyhow::Result<(f64, f64, usize)> {
             let t = Instant::now();
-            let mut loss = f64::NAN;
+            let (mut loss, mut mbs) = (f64::NAN, 0);
             for _ in 0..n {
                 let metas = minibatch(&data, *next % u64::from(n), batch);
                 let samples: Vec<&Sample> = metas.iter().map(|m| &data[m.index as usize]).collect();
-                loss = model.step(&samples)?;
+                let (l, m) = model.step(&samples)?;
+                (loss, mbs) = (l, mbs + m);
                 *next += 1;
             }
-            Ok((t.elapsed().as_secs_f64() / n as f64, loss))
+            Ok((t.elapsed().as_secs_f64() / n as f64, loss, mbs))
         };
     // Warm-up: one block of each (allocations, caches, the odc job's actors).
     candle_block(&mut a, &mut a_step, settings.steps)?;
@@ -277,9 +288,11 @@ pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow:
         for side in ["A", "B", "B", "A"] {
             match side {
                 "A" => {
-                    let (secs, loss) = candle_block(&mut a, &mut a_step, settings.steps)?;
+                    let (secs, loss, mbs) = candle_block(&mut a, &mut a_step, settings.steps)?;
                     out.candle.push(secs);
                     out.candle_loss = loss;
+                    candle_mbs += mbs as u64;
+                    candle_steps += u64::from(settings.steps);
                 }
                 _ => {
                     let t = Instant::now();
@@ -287,6 +300,7 @@ pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow:
                         let s = job.step().await?;
                         out.odc_loss = s.loss;
                         tokens += s.tokens;
+                        odc_mbs += u64::from(s.micro_batches);
                         counted += 1;
                     }
                     out.odc
@@ -303,7 +317,7 @@ pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow:
             ));
         }
         for side in ["A", "C", "C", "A"] {
-            let (secs, _) = if side == "A" {
+            let (secs, _, _) = if side == "A" {
                 candle_block(&mut a, &mut a_step, settings.steps)?
             } else {
                 candle_block(&mut control, &mut c_step, settings.steps)?
@@ -317,6 +331,8 @@ pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow:
         progress(&format!("round {round}: control done"));
     }
     out.tokens_per_step = tokens as f64 / counted.max(1) as f64;
+    out.odc_micro_batches = odc_mbs as f64 / counted.max(1) as f64;
+    out.candle_micro_batches = candle_mbs as f64 / candle_steps.max(1) as f64;
     job.shutdown().await;
     Ok(out)
 }

@@ -79,9 +79,17 @@ pub fn layout_units(config: &ModelConfig) -> super::Result<Vec<UnitSpec>> {
         .collect()
 }
 
+/// [`transformer_job`]'s fill floor of a micro-batch, as a fraction of the token budget.
+pub const MICRO_BATCH_MIN_FILL: f64 = 0.5;
+
 /// A [`JobBuilder`](crate::JobBuilder) with the model's units (starting from `init`, one flat
 /// buffer per unit, or the seeded initialisation) and a [`TransformerCompute`] of `objective` on
 /// the CPU per trainer; the caller adds trainers, servers, optimizer and data.
+///
+/// Dynamic dispatch fills micro-batches to at least half the token budget
+/// ([`MICRO_BATCH_MIN_FILL`]; `JobBuilder::micro_batch_min_fill` overrides it): each micro-batch
+/// is a pass over every unit (a gather, a forward and a backward of each), which on a small model
+/// costs about as much as the last few samples guided packing would put alone.
 pub fn transformer_job(
     config: &ModelConfig,
     init: Option<Vec<Vec<f32>>>,
@@ -109,6 +117,7 @@ pub fn transformer_job(
     };
     Ok(crate::Job::builder()
         .units(units)
+        .micro_batch_min_fill(MICRO_BATCH_MIN_FILL)
         .compute(move |_trainer| Box::new(prototype.clone()) as Box<dyn Compute>))
 }
 

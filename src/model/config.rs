@@ -9,7 +9,7 @@ use super::error::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
-    /// Number of token ids (byte-level: 256 bytes plus a few specials).
+    /// Number of token ids: at least the tokenizer's `vocab_size` (259 for the byte tokenizer).
     pub vocab_size: usize,
     /// Width of the residual stream.
     pub d_model: usize,

@@ -1,5 +1,6 @@
 //! The model's one error type: a bad configuration (naming the field), a malformed packed batch, a
-//! parameter buffer of the wrong size, or an error from candle itself.
+//! parameter buffer of the wrong size, a tokenizer's error (evaluation), or an error from candle
+//! itself.
 
 /// Errors of [`crate::model`].
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,9 @@ pub enum Error {
         /// `n_layers + 2`.
         units: usize,
     },
+    /// A tokenizer could not encode a prompt or decode an answer (it names its file).
+    #[error(transparent)]
+    Text(#[from] crate::text::TextError),
     /// An error from candle.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

@@ -33,7 +33,8 @@ impl Evaluation {
 }
 
 /// Greedy answers of `weights` to `problems`, each at most `max_new_tokens` long (and within the
-/// model's `max_seq_len`); prompts that leave no room count as wrong.
+/// model's `max_seq_len`); prompts that leave no room count as wrong. A tokenizer's error is
+/// [`Error::Text`](super::Error::Text).
 pub fn evaluate(
     weights: &Weights,
     tokenizer: &dyn Tokenizer,
@@ -49,10 +50,10 @@ pub fn evaluate(
     let mut rng = StdRng::seed_from_u64(0);
     let (mut correct, mut tokens, mut example) = (0, 0, None);
     for problem in problems {
-        let prompt = prompt_tokens(tokenizer, &problem.question);
+        let prompt = prompt_tokens(tokenizer, &problem.question)?;
         let answer = generate(weights, &prompt, sampling, &mut rng)?;
         tokens += answer.len();
-        let text = tokenizer.decode(&answer);
+        let text = tokenizer.decode(&answer)?;
         if exact_match(&text, &problem.answer) {
             correct += 1;
         }

@@ -7,8 +7,9 @@
 //!    private SplitMix64 and integer arithmetic only, so it is the same on every platform and run.
 //! 2. **Exact**: every step line `a op b = c` is correct integer arithmetic (`+`, `-`, `*`, `/`
 //!    with no remainder), every number lies in `2..=`[`MAX_VALUE`] (ages in `2..=120`; never 0 or
-//!    1, so every count reads as a plural), each step starts from the previous result, and the
-//!    `####` line repeats the last result.
+//!    1, so every count reads as a plural) — or within the smaller bound of
+//!    [`ArithTask::with_max_value`] —, each step starts from the previous result, and the `####`
+//!    line repeats the last result.
 //! 3. **Long-tailed**: a problem has 1 to [`MAX_STEPS`] steps with `P(n) ∝ n^-1.5` (about half have
 //!    one step, three quarters at most three, one in ten seven or more), so token lengths vary
 //!    several-fold — the imbalance odc's balancer exists for.
@@ -23,8 +24,10 @@ use super::problem::Problem;
 
 /// The most steps a problem has.
 pub const MAX_STEPS: usize = 12;
-/// The largest number in a problem (ages stay at or below 120).
+/// The largest number in a problem by default (ages stay at or below 120).
 pub const MAX_VALUE: u64 = 1000;
+/// The smallest bound [`ArithTask::with_max_value`] accepts.
+pub const MIN_MAX_VALUE: u64 = 20;
 /// The oldest age in an ages problem.
 const MAX_AGE: u64 = 120;
 /// One question in this many (by hash of its text) belongs to the eval split.
@@ -53,6 +56,7 @@ pub enum Split {
 pub struct ArithTask {
     seed: u64,
     split: Split,
+    max_value: u64,
 }
 
 impl ArithTask {
@@ -61,6 +65,7 @@ impl ArithTask {
         ArithTask {
             seed,
             split: Split::Train,
+            max_value: MAX_VALUE,
         }
     }
 
@@ -69,6 +74,7 @@ impl ArithTask {
         ArithTask {
             seed,
             split: Split::Eval,
+            max_value: MAX_VALUE,
         }
     }
 
@@ -77,12 +83,34 @@ impl ArithTask {
         self.split
     }
 
+    /// The same task with every number at most `max` (clamped into
+    /// [`MIN_MAX_VALUE`]`..=`[`MAX_VALUE`]): the factors of a product at most `⌊√max⌋` (and 12),
+    /// opening amounts at most `max` (and 60), ages at most `max` (and 120). Smaller bounds leave
+    /// fewer arithmetic facts to learn; the wording, the step counts and the split rule stay.
+    /// [`MAX_VALUE`] gives the default task, problem for problem.
+    ///
+    /// ```
+    /// use odc::text::ArithTask;
+    /// let easy = ArithTask::train(7).with_max_value(20);
+    /// assert_eq!(easy.max_value(), 20);
+    /// assert_eq!(ArithTask::train(7).with_max_value(1000), ArithTask::train(7));
+    /// ```
+    pub fn with_max_value(mut self, max: u64) -> Self {
+        self.max_value = max.clamp(MIN_MAX_VALUE, MAX_VALUE);
+        self
+    }
+
+    /// The largest number a problem of this task holds.
+    pub fn max_value(&self) -> u64 {
+        self.max_value
+    }
+
     /// Problem number `index` of this split.
     pub fn problem(&self, index: u64) -> Problem {
         // Draw until the question hashes to this split: about 1.14 draws for train, 8 for eval.
         let mut attempt = 0u64;
         loop {
-            let problem = generate(&mut Rng::new(self.seed, index, attempt));
+            let problem = generate(&mut Rng::new(self.seed, index, attempt), self.max_value);
             if split_of(&problem.question) == self.split {
                 return problem;
             }
@@ -306,21 +334,25 @@ impl Theme {
         }
     }
 
-    fn max(self) -> u64 {
+    /// The largest number of this theme under the task's bound `max_value`.
+    fn max(self, max_value: u64) -> u64 {
         match self {
-            Theme::Ages => MAX_AGE,
-            _ => MAX_VALUE,
+            Theme::Ages => MAX_AGE.min(max_value),
+            _ => max_value,
         }
     }
 }
 
-/// Generates one problem from `rng`.
-fn generate(rng: &mut Rng) -> Problem {
+/// Generates one problem from `rng` with numbers at most `max_value` (at least
+/// [`MIN_MAX_VALUE`]).
+fn generate(rng: &mut Rng, max_value: u64) -> Problem {
     let theme = *rng.pick(&THEMES);
     let steps = draw_steps(rng);
     let p = rng.pick(&PEOPLE);
     let item = *rng.pick(theme.items());
-    let max = theme.max();
+    let max = theme.max(max_value);
+    // Factors of the opening product: 2..=12, and their product within `max`.
+    let factor = max.isqrt().min(12);
     let (name, he, she, his) = (p.name, p.he, p.he_lower, p.his);
 
     let mut question = Vec::with_capacity(steps + 2);
@@ -329,7 +361,7 @@ fn generate(rng: &mut Rng) -> Problem {
     // The opening: Shopping and Factory open with a product, which is the first step.
     let (mut value, ops) = match theme {
         Theme::Shopping | Theme::Factory => {
-            let (x, y) = (rng.range(2, 12), rng.range(2, 12));
+            let (x, y) = (rng.range(2, factor), rng.range(2, factor));
             let a = x * y;
             if theme == Theme::Shopping {
                 question.push(format!(
@@ -345,17 +377,17 @@ fn generate(rng: &mut Rng) -> Problem {
             (a, steps - 1)
         }
         Theme::Jar => {
-            let a = rng.range(2, 60);
+            let a = rng.range(2, max.min(60));
             question.push(format!("A jar holds {a} {item}."));
             (a, steps)
         }
         Theme::Savings => {
-            let a = rng.range(2, 60);
+            let a = rng.range(2, max.min(60));
             question.push(format!("{name} has {a} dollars in {his} piggy bank."));
             (a, steps)
         }
         Theme::Ages => {
-            let a = rng.range(4, 40);
+            let a = rng.range(4, max.min(40));
             question.push(format!("{name} is {a} years old."));
             (a, steps)
         }
@@ -561,17 +593,25 @@ mod tests {
 
     #[test]
     fn exact_every_step_is_correct_integer_arithmetic_within_bounds() {
-        for task in [ArithTask::train(11), ArithTask::eval(11)] {
+        let tasks = [
+            ArithTask::train(11),
+            ArithTask::eval(11),
+            ArithTask::train(11).with_max_value(MIN_MAX_VALUE),
+            ArithTask::eval(11).with_max_value(100),
+        ];
+        for task in tasks {
+            let mut largest = 0;
             for p in task.problems(0..2_000) {
                 let mut previous = None;
                 let lines: Vec<&str> = p.answer.lines().collect();
                 for line in &lines[..lines.len() - 1] {
                     let (a, op, b, c) = equation(line);
                     let max = if line.ends_with("years old.") {
-                        MAX_AGE
+                        MAX_AGE.min(task.max_value())
                     } else {
-                        MAX_VALUE
+                        task.max_value()
                     };
+                    largest = largest.max(a.max(b).max(c));
                     let expected = match op {
                         '+' => a + b,
                         '-' => a.checked_sub(b).expect("no negative results"),
@@ -594,6 +634,38 @@ mod tests {
                 let last = previous.expect("at least one step").to_string();
                 assert_eq!(p.final_answer(), Some(last.as_str()), "{}", p.answer);
                 assert!(p.question.ends_with('?'));
+            }
+            // The bound is reached, not just respected (it is not a no-op).
+            assert!(
+                largest * 2 > task.max_value(),
+                "{largest} of {}",
+                task.max_value()
+            );
+        }
+    }
+
+    #[test]
+    fn bounded_max_value_is_clamped_and_the_default_is_unchanged() {
+        assert_eq!(
+            ArithTask::train(3).with_max_value(0).max_value(),
+            MIN_MAX_VALUE
+        );
+        assert_eq!(
+            ArithTask::train(3).with_max_value(u64::MAX).max_value(),
+            MAX_VALUE
+        );
+        let easy = ArithTask::train(3).with_max_value(MIN_MAX_VALUE);
+        for index in 0..200 {
+            assert_eq!(
+                ArithTask::train(3).with_max_value(MAX_VALUE).problem(index),
+                ArithTask::train(3).problem(index)
+            );
+            // Opening products have factors within sqrt(20): 2..=4.
+            let p = easy.problem(index);
+            if let Some(rest) = p.question.split(" bags of ").next() {
+                if let Some(x) = rest.rsplit(' ').next().and_then(|x| x.parse::<u64>().ok()) {
+                    assert!((2..=4).contains(&x), "{}", p.question);
+                }
             }
         }
     }

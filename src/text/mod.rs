@@ -12,8 +12,11 @@
 //!   vary wildly. (4) The train and eval splits share no question.
 //! - [`gsm8k`]: [`gsm8k::load`] reads GSM8K-format JSONL; every malformed line is an error naming
 //!   the file, the 1-based line and what was wrong.
-//! - [`tokenizer`]: the [`Tokenizer`] trait and [`ByteTokenizer`], whose round trip is lossless
-//!   for any UTF-8 text.
+//! - [`tokenizer`]: the [`Tokenizer`] trait and [`ByteTokenizer`] (the default), whose round trip
+//!   is lossless for any UTF-8 text and which never fails.
+//! - [`hf_tokenizer`]: [`HfTokenizer`] reads a Hugging Face `tokenizer.json`; a bad file is an
+//!   error naming it, special ids are found by their usual names, and the vocabulary size covers
+//!   every id it emits. Encoding and decoding return [`TextError::Tokenizer`] naming the file.
 //! - [`packing`]: a [`Sample`] is `BOS question \n answer EOS` with loss only on the answer and
 //!   EOS; [`pack`] fills rows up to a token budget in order, with positions restarting at each
 //!   sample and segment ids that change exactly at sample boundaries; a sample over the budget is
@@ -23,12 +26,14 @@
 
 pub mod arith;
 pub mod gsm8k;
+pub mod hf_tokenizer;
 pub mod packing;
 pub mod problem;
 pub mod reward;
 pub mod tokenizer;
 
 pub use arith::{ArithTask, Split};
+pub use hf_tokenizer::HfTokenizer;
 pub use packing::{pack, prompt_tokens, sample_metas, Packed, Sample};
 pub use problem::Problem;
 pub use reward::{exact_match, extract_answer, format_reward, reward};
@@ -36,7 +41,8 @@ pub use tokenizer::{ByteTokenizer, Tokenizer};
 
 use std::path::PathBuf;
 
-/// What was wrong with text data; each variant names the file and line, or the sample.
+/// What was wrong with text data or a tokenizer; each variant names the file and line, the file,
+/// or the sample.
 #[derive(Debug, thiserror::Error)]
 pub enum TextError {
     /// The file could not be opened.
@@ -65,6 +71,14 @@ pub enum TextError {
         /// The 1-based line.
         line: usize,
         /// What was wrong with it.
+        reason: String,
+    },
+    /// A tokenizer file is not usable, or its tokenizer could not encode or decode.
+    #[error("tokenizer {}: {reason}", path.display())]
+    Tokenizer {
+        /// The tokenizer's file.
+        path: PathBuf,
+        /// What was wrong.
         reason: String,
     },
     /// A sample's tokens and loss mask disagree in length, or it has no tokens.

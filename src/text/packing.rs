@@ -42,23 +42,25 @@ impl Sample {
         Ok(Sample { tokens, loss_mask })
     }
 
-    /// `BOS question \n answer EOS`, with loss on the answer and EOS only.
+    /// `BOS question \n answer EOS`, with loss on the answer and EOS only; the tokenizer's error
+    /// if it cannot encode the text.
     ///
     /// ```
     /// use odc::text::{ByteTokenizer, Problem, Sample};
     /// let p = Problem { question: "1+1?".into(), answer: "#### 2".into() };
-    /// let s = Sample::from_problem(&ByteTokenizer, &p);
+    /// let s = Sample::from_problem(&ByteTokenizer, &p)?;
     /// assert_eq!(s.len(), 1 + 4 + 1 + 6 + 1);
     /// assert_eq!(s.loss_tokens(), 6 + 1);
+    /// # Ok::<(), odc::text::TextError>(())
     /// ```
-    pub fn from_problem(tokenizer: &dyn Tokenizer, problem: &Problem) -> Self {
-        let mut tokens = prompt_tokens(tokenizer, &problem.question);
+    pub fn from_problem(tokenizer: &dyn Tokenizer, problem: &Problem) -> Result<Self, TextError> {
+        let mut tokens = prompt_tokens(tokenizer, &problem.question)?;
         let prompt = tokens.len();
-        tokens.extend(tokenizer.encode(&problem.answer));
+        tokens.extend(tokenizer.encode(&problem.answer)?);
         tokens.push(tokenizer.eos());
         let mut loss_mask = vec![false; tokens.len()];
         loss_mask[prompt..].fill(true);
-        Sample { tokens, loss_mask }
+        Ok(Sample { tokens, loss_mask })
     }
 
     /// The token ids.
@@ -97,12 +99,12 @@ impl Sample {
 }
 
 /// The prompt a model continues to answer `question`: `BOS question \n` (what
-/// [`Sample::from_problem`] masks out of the loss).
-pub fn prompt_tokens(tokenizer: &dyn Tokenizer, question: &str) -> Vec<u32> {
+/// [`Sample::from_problem`] masks out of the loss); the tokenizer's error if it cannot encode it.
+pub fn prompt_tokens(tokenizer: &dyn Tokenizer, question: &str) -> Result<Vec<u32>, TextError> {
     let mut tokens = vec![tokenizer.bos()];
-    tokens.extend(tokenizer.encode(question));
-    tokens.extend(tokenizer.encode("\n"));
-    tokens
+    tokens.extend(tokenizer.encode(question)?);
+    tokens.extend(tokenizer.encode("\n")?);
+    Ok(tokens)
 }
 
 /// Each sample's [`SampleMeta`], indexed by its position in `samples`.
@@ -193,7 +195,7 @@ mod tests {
     fn samples(n: u64) -> Vec<Sample> {
         ArithTask::train(2)
             .problems(0..n)
-            .map(|p| Sample::from_problem(&ByteTokenizer, &p))
+            .map(|p| Sample::from_problem(&ByteTokenizer, &p).expect("bytes never fail"))
             .collect()
     }
 
@@ -201,9 +203,9 @@ mod tests {
     fn prompt_masked_false_on_every_prompt_token_true_on_every_answer_token() {
         let t = ByteTokenizer;
         for p in ArithTask::train(2).problems(0..200) {
-            let s = Sample::from_problem(&t, &p);
-            let prompt = prompt_tokens(&t, &p.question);
-            let answer = t.encode(&p.answer);
+            let s = Sample::from_problem(&t, &p).expect("bytes never fail");
+            let prompt = prompt_tokens(&t, &p.question).expect("bytes never fail");
+            let answer = t.encode(&p.answer).expect("bytes never fail");
             assert_eq!(s.len(), prompt.len() + answer.len() + 1);
             assert_eq!(&s.tokens()[..prompt.len()], &prompt[..]);
             assert_eq!(s.tokens()[0], t.bos());

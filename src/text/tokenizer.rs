@@ -1,16 +1,19 @@
-//! Text to token ids and back.
+//! Text to token ids and back: the [`Tokenizer`] trait and [`ByteTokenizer`], the default.
 //!
 //! Guarantee: [`ByteTokenizer`] round-trips any UTF-8 text losslessly
-//! (`decode(encode(s)) == s`) and never emits a special id from `encode`. A tokenizer read from a
-//! Hugging Face `tokenizer.json` is planned as a second implementation of [`Tokenizer`].
+//! (`decode(encode(s)) == s`), never emits a special id from `encode` and never fails. The other
+//! implementation, [`HfTokenizer`](super::HfTokenizer), reads a Hugging Face `tokenizer.json`; its
+//! encoding and decoding can fail, hence the `Result`s.
+
+use super::TextError;
 
 /// Encodes text as token ids and decodes ids back to text.
 pub trait Tokenizer: Send + Sync {
-    /// The ids of `text`, without special tokens.
-    fn encode(&self, text: &str) -> Vec<u32>;
+    /// The ids of `text`, without special tokens added. An error names the tokenizer and why.
+    fn encode(&self, text: &str) -> Result<Vec<u32>, TextError>;
     /// The text of `ids`. Special ids and ids outside the vocabulary are skipped; bytes that do not
-    /// form UTF-8 (a model's partial output) become U+FFFD.
-    fn decode(&self, ids: &[u32]) -> String;
+    /// form UTF-8 (a model's partial output) become U+FFFD. An error names the tokenizer and why.
+    fn decode(&self, ids: &[u32]) -> Result<String, TextError>;
     /// The number of ids, special ones included.
     fn vocab_size(&self) -> usize;
     /// Beginning of sequence.
@@ -26,8 +29,9 @@ pub trait Tokenizer: Send + Sync {
 /// ```
 /// use odc::text::{ByteTokenizer, Tokenizer};
 /// let t = ByteTokenizer;
-/// assert_eq!(t.encode("hi"), vec![104, 105]);
-/// assert_eq!(t.decode(&[t.bos(), 104, 105, t.eos()]), "hi");
+/// assert_eq!(t.encode("hi")?, vec![104, 105]);
+/// assert_eq!(t.decode(&[t.bos(), 104, 105, t.eos()])?, "hi");
+/// # Ok::<(), odc::text::TextError>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ByteTokenizer;
@@ -44,13 +48,13 @@ impl ByteTokenizer {
 }
 
 impl Tokenizer for ByteTokenizer {
-    fn encode(&self, text: &str) -> Vec<u32> {
-        text.bytes().map(u32::from).collect()
+    fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
+        Ok(text.bytes().map(u32::from).collect())
     }
 
-    fn decode(&self, ids: &[u32]) -> String {
+    fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
         let bytes: Vec<u8> = ids.iter().filter_map(|&id| u8::try_from(id).ok()).collect();
-        String::from_utf8_lossy(&bytes).into_owned()
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     fn vocab_size(&self) -> usize {
@@ -79,17 +83,17 @@ mod tests {
         #[test]
         fn byte_round_trip_is_lossless_for_any_utf8(text in any::<String>()) {
             let t = ByteTokenizer;
-            let ids = t.encode(&text);
+            let ids = t.encode(&text).expect("the byte tokenizer never fails");
             prop_assert_eq!(ids.len(), text.len());
             prop_assert!(ids.iter().all(|&id| id < 256), "encode emits no special id");
-            prop_assert_eq!(t.decode(&ids), text);
+            prop_assert_eq!(t.decode(&ids).expect("never fails"), text);
         }
 
         #[test]
         fn byte_decode_never_panics_on_any_ids(ids in proptest::collection::vec(any::<u32>(), 0..64)) {
             let t = ByteTokenizer;
             let bytes: Vec<u8> = ids.iter().filter_map(|&id| u8::try_from(id).ok()).collect();
-            prop_assert_eq!(t.decode(&ids), String::from_utf8_lossy(&bytes));
+            prop_assert_eq!(t.decode(&ids).expect("never fails"), String::from_utf8_lossy(&bytes));
         }
     }
 
@@ -101,8 +105,8 @@ mod tests {
         assert!(specials.iter().all(|&id| (id as usize) < t.vocab_size()));
         assert_eq!(t.vocab_size(), 259);
         let mut ids = vec![t.bos()];
-        ids.extend(t.encode("é #### 7"));
+        ids.extend(t.encode("é #### 7").expect("never fails"));
         ids.extend([t.eos(), t.pad(), t.pad(), 1_000_000]);
-        assert_eq!(t.decode(&ids), "é #### 7");
+        assert_eq!(t.decode(&ids).expect("never fails"), "é #### 7");
     }
 }

@@ -65,8 +65,8 @@ use crate::batch::{LossWeighting, MicroBatch, SampleMeta};
 use crate::error::Error;
 use crate::messages::{Assignment, TrainerReport};
 use crate::policy::balancer::{
-    plan_dynamic, plan_dynamic_weighted, plan_equal_count, plan_static, plan_static_weighted,
-    CostModel,
+    plan_dynamic_filled, plan_dynamic_weighted_filled, plan_equal_count, plan_static,
+    plan_static_weighted, CostModel,
 };
 use crate::policy::clock::Timestamp;
 use crate::policy::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
@@ -91,6 +91,11 @@ pub struct StepConfig {
     pub cost: CostModel,
     /// Token budget of one micro-batch.
     pub token_budget: u64,
+    /// Dynamic dispatch: a micro-batch takes samples until it holds at least this fraction of
+    /// `token_budget` (while enough are left), past guided packing's cost target
+    /// ([`plan_dynamic_filled`](crate::policy::balancer::plan_dynamic_filled)). In `0..=1`; 0
+    /// is plain guided packing.
+    pub min_fill: f64,
     pub weighting: LossWeighting,
     /// Clip the global gradient norm to this value.
     pub clip_norm: Option<f64>,
@@ -117,6 +122,7 @@ impl Default for StepConfig {
             dispatch: DispatchMode::Dynamic,
             cost: CostModel::default(),
             token_budget: 65_536,
+            min_fill: 0.0,
             weighting: LossWeighting::Tokens,
             clip_norm: None,
             failure: FailurePolicy::default(),
@@ -871,6 +877,8 @@ impl StepMachine {
                 .map(|&s| all.get(s).copied().unwrap_or(1.0))
                 .collect()
         };
+        // The fill floor in tokens (`min_fill` in 0..=1, so at most the budget).
+        let fill = (c.min_fill.clamp(0.0, 1.0) * c.token_budget as f64) as u64;
         let plan = match (c.communication, c.dispatch, c.rebalance) {
             (Communication::Collective, _, _) => {
                 if live.len() != self.slots.len() {
@@ -886,13 +894,13 @@ impl StepMachine {
                 plan_static_weighted(&tokens, &c.cost, &measured(), c.token_budget)?
             }
             (Communication::OnDemand, DispatchMode::Dynamic, true) => {
-                plan_dynamic_weighted(&tokens, &c.cost, &measured(), c.token_budget)?
+                plan_dynamic_weighted_filled(&tokens, &c.cost, &measured(), c.token_budget, fill)?
             }
             (Communication::OnDemand, DispatchMode::Static, false) => {
                 plan_static(&tokens, &c.cost, live.len(), c.token_budget)?
             }
             (Communication::OnDemand, DispatchMode::Dynamic, false) => {
-                plan_dynamic(&tokens, &c.cost, live.len(), c.token_budget)?
+                plan_dynamic_filled(&tokens, &c.cost, live.len(), c.token_budget, fill)?
             }
         };
         let micro_batches: Vec<MicroBatch> = plan
@@ -1778,5 +1786,41 @@ mod tests {
             "{} vs {others}",
             cost(&stats, 0)
         );
+    }
+
+    #[test]
+    fn dynamic_dispatch_fills_micro_batches_to_the_floor_and_still_steals() {
+        // 8 samples of 100 tokens per trainer: guided packing halves down to single samples
+        // (4, 2, 1, 1); a floor of half the 1,000-token budget keeps 5 together, then the rest.
+        let guided = StepConfig {
+            dispatch: DispatchMode::Dynamic,
+            token_budget: 1_000,
+            ..config()
+        };
+        let filled = StepConfig {
+            min_fill: 0.5,
+            ..guided
+        };
+        let run = |c: StepConfig, speeds: &[f64]| {
+            let mut w = World::new(c, speeds);
+            let stats = w.step(samples(16, 100)).expect("finishes").expect("ok");
+            let stolen = w
+                .log
+                .iter()
+                .any(|d| matches!(d.reason, Reason::Stolen { .. }));
+            (stats, stolen)
+        };
+        let (plain, _) = run(guided, &[1.0, 1.0]);
+        let (full, _) = run(filled, &[1.0, 1.0]);
+        assert_eq!(plain.micro_batches, 8);
+        assert_eq!(full.micro_batches, 4);
+        assert_eq!(full.samples, 16);
+        assert!(full
+            .micro_batch_log
+            .iter()
+            .all(|r| r.tokens >= 500 || r.tokens == 300));
+        // A slow trainer still loses its last micro-batch to the other.
+        let (_, stolen) = run(filled, &[0.2, 1.0]);
+        assert!(stolen);
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! - [`cost`]: the per-sample cost model `a·ŝ² + b·ŝ` ([`CostModel`]);
 //! - [`packing`]: token-budget packing into micro-batches ([`pack`], first-fit decreasing, and
-//!   [`pack_guided`], decreasing sizes);
+//!   [`pack_guided`], decreasing sizes, with a fill floor in [`pack_guided_filled`]);
 //! - [`partition`](mod@partition): `k`-way partitioning by cost ([`greedy_partition`],
 //!   [`karmarkar_karp`], and the planner's [`partition`](fn@partition));
 //! - [`plan`]: minibatch plans for the three dispatch modes ([`plan_static`] = ODC's LB-Mini,
@@ -37,11 +37,12 @@ pub mod weighted;
 
 pub use cost::CostModel;
 pub use error::BalanceError;
-pub use packing::{pack, pack_guided};
+pub use packing::{pack, pack_guided, pack_guided_filled};
 pub use partition::{
     greedy_partition, greedy_partition_equal_count, karmarkar_karp, loads, max_load, partition,
 };
 pub use plan::{
-    plan_dynamic, plan_equal_count, plan_static, Plan, PlannedMicroBatch, MAX_TRAINERS,
+    plan_dynamic, plan_dynamic_filled, plan_equal_count, plan_static, Plan, PlannedMicroBatch,
+    MAX_TRAINERS,
 };
-pub use weighted::{plan_dynamic_weighted, plan_static_weighted};
+pub use weighted::{plan_dynamic_weighted, plan_dynamic_weighted_filled, plan_static_weighted};

@@ -113,6 +113,36 @@ pub fn pack_guided(
     samples: &[usize],
     budget: u64,
 ) -> Result<Vec<Vec<usize>>, BalanceError> {
+    pack_guided_filled(tokens, costs, samples, budget, 0)
+}
+
+/// [`pack_guided`] with a **fill floor**: a micro-batch holding fewer than `min_tokens` tokens
+/// also takes the next sample visited that fits the `budget`, past its cost target. Each
+/// micro-batch runs the whole model once (and on odc gathers every unit once), so tiny ones cost
+/// more than their samples; the floor keeps them at least `min_tokens` large while enough is
+/// left, still in decreasing size. `min_tokens = 0` is [`pack_guided`]. Hence: every micro-batch
+/// of two or more samples costs at most half of what was left when it was made **or** held fewer
+/// than `min_tokens` tokens before its last sample joined.
+///
+/// ```
+/// use odc_actors::policy::balancer::{pack_guided, pack_guided_filled};
+/// let tokens = [100; 8];
+/// let costs = [1.0; 8];
+/// let all = [0, 1, 2, 3, 4, 5, 6, 7];
+/// let sizes = |mbs: Vec<Vec<usize>>| mbs.iter().map(Vec::len).collect::<Vec<_>>();
+/// assert_eq!(sizes(pack_guided_filled(&tokens, &costs, &all, 1_000, 300).unwrap()), [4, 3, 1]);
+/// assert_eq!(
+///     pack_guided_filled(&tokens, &costs, &all, 1_000, 0),
+///     pack_guided(&tokens, &costs, &all, 1_000)
+/// );
+/// ```
+pub fn pack_guided_filled(
+    tokens: &[u64],
+    costs: &[f64],
+    samples: &[usize],
+    budget: u64,
+    min_tokens: u64,
+) -> Result<Vec<Vec<usize>>, BalanceError> {
     check_samples(tokens, samples, budget)?;
     if let Some(&sample) = samples.iter().find(|&&s| s >= costs.len()) {
         return Err(BalanceError::SampleOutOfRange {
@@ -134,8 +164,9 @@ pub fn pack_guided(
         let (mut cost, mut used) = (0.0, 0u64);
         let mut members = Vec::new();
         left.retain(|&s| {
-            let fits = used + tokens[s] <= budget
-                && cost + costs[s] <= target + TARGET_SLACK * target.abs().max(1.0);
+            let fits = used.saturating_add(tokens[s]) <= budget
+                && (used < min_tokens
+                    || cost + costs[s] <= target + TARGET_SLACK * target.abs().max(1.0));
             if members.is_empty() || fits {
                 members.push(s);
                 cost += costs[s];
@@ -283,6 +314,48 @@ mod tests {
                     prop_assert!(mb.iter().map(|&s| costs[s]).sum::<f64>() >= costs[last[0]]);
                 }
             }
+        }
+
+        #[test]
+        fn pack_guided_filled_keeps_micro_batches_full_enough_every_sample_once(
+            tokens in prop::collection::vec(1u64..5_000, 0..120),
+            budget in 5_000u64..20_000,
+            fill in 0.0f64..=1.0,
+        ) {
+            let min_tokens = (fill * budget as f64) as u64;
+            let costs: Vec<f64> = tokens.iter().map(|&t| (t as f64).powf(1.5)).collect();
+            let samples: Vec<usize> = (0..tokens.len()).collect();
+            let mbs = pack_guided_filled(&tokens, &costs, &samples, budget, min_tokens).unwrap();
+            let mut placed: Vec<usize> = mbs.iter().flatten().copied().collect();
+            placed.sort_unstable();
+            prop_assert_eq!(placed, samples);
+            let mut left: f64 = costs.iter().sum();
+            let mut left_tokens: u64 = tokens.iter().sum();
+            for (k, mb) in mbs.iter().enumerate() {
+                let size: u64 = mb.iter().map(|&s| tokens[s]).sum();
+                prop_assert!(!mb.is_empty() && size <= budget);
+                let cost: f64 = mb.iter().map(|&s| costs[s]).sum();
+                let before_last = size - tokens[*mb.last().unwrap()];
+                if mb.len() > 1 {
+                    prop_assert!(
+                        cost <= left / 2.0 + 1e-6 * left.max(1.0) || before_last < min_tokens,
+                        "{} of {}", cost, left
+                    );
+                }
+                // Under the floor only when nothing else that was left would have fitted.
+                if size < min_tokens && k + 1 < mbs.len() {
+                    let rest = mbs[k + 1..].iter().flatten();
+                    let smallest = rest.map(|&s| tokens[s]).min().unwrap();
+                    prop_assert!(size + smallest > budget, "{} under the floor {}", size, min_tokens);
+                }
+                left -= cost;
+                left_tokens -= size;
+            }
+            prop_assert_eq!(left_tokens, 0);
+            // The floor never makes more micro-batches than guided packing without it.
+            let plain = pack_guided(&tokens, &costs, &(0..tokens.len()).collect::<Vec<_>>(), budget)
+                .unwrap();
+            prop_assert!(mbs.len() <= plain.len(), "{} > {}", mbs.len(), plain.len());
         }
     }
 }

@@ -12,7 +12,7 @@
 //! micro-batches of decreasing size, for dispatch that lets idle trainers steal the small ones at
 //! the end) and [`plan_equal_count`] (LB-Micro, what collectives allow).
 
-use super::{pack, pack_guided, partition, BalanceError, CostModel};
+use super::{pack, pack_guided_filled, partition, BalanceError, CostModel};
 
 /// One micro-batch of a plan: packed samples under the token budget.
 #[derive(Debug, Clone, PartialEq)]
@@ -150,8 +150,9 @@ pub fn plan_static(
 pub(super) enum Packing {
     /// [`pack`]: the fewest micro-batches (static dispatch).
     FirstFit,
-    /// [`pack_guided`]: decreasing sizes, small ones last (dynamic dispatch).
-    Guided,
+    /// [`pack_guided_filled`]: decreasing sizes, small ones last (dynamic dispatch), none under
+    /// `min_tokens` while enough is left.
+    Guided { min_tokens: u64 },
 }
 
 /// A plan from a partition of the samples over trainers: each trainer packs its own samples under
@@ -167,7 +168,9 @@ pub(super) fn assemble(
     for (trainer, samples) in parts.iter().enumerate() {
         let packed = match packing {
             Packing::FirstFit => pack(tokens, samples, budget)?,
-            Packing::Guided => pack_guided(tokens, costs, samples, budget)?,
+            Packing::Guided { min_tokens } => {
+                pack_guided_filled(tokens, costs, samples, budget, min_tokens)?
+            }
         };
         for mb in packed {
             owned.push((trainer, micro_batch(tokens, costs, mb)));
@@ -248,10 +251,42 @@ pub fn plan_dynamic(
     trainers: usize,
     budget: u64,
 ) -> Result<Plan, BalanceError> {
+    plan_dynamic_filled(tokens, cost, trainers, budget, 0)
+}
+
+/// [`plan_dynamic`] whose micro-batches hold at least `min_tokens` tokens while enough samples are
+/// left ([`pack_guided_filled`](super::pack_guided_filled)): fewer and larger micro-batches, so
+/// fewer passes over the model and fewer gathers of it, at the cost of coarser stealing. The work
+/// per trainer is still [`plan_static`]'s.
+///
+/// ```
+/// use odc_actors::policy::balancer::{plan_dynamic, plan_dynamic_filled, CostModel};
+/// let tokens = [4_000; 16];
+/// let m = CostModel::odc_7b();
+/// let filled = plan_dynamic_filled(&tokens, &m, 2, 65_536, 32_768).unwrap();
+/// let guided = plan_dynamic(&tokens, &m, 2, 65_536).unwrap();
+/// assert_eq!(filled.trainer_costs(), guided.trainer_costs());
+/// // Eight samples per trainer: 8 x 4,000 tokens fill the floor in one micro-batch.
+/// assert_eq!(filled.per_trainer[0].len(), 1);
+/// assert_eq!(guided.per_trainer[0].len(), 4);
+/// ```
+pub fn plan_dynamic_filled(
+    tokens: &[u64],
+    cost: &CostModel,
+    trainers: usize,
+    budget: u64,
+    min_tokens: u64,
+) -> Result<Plan, BalanceError> {
     check_trainers(trainers)?;
     let costs = sample_costs(tokens, cost, budget)?;
     let parts = partition(&costs, trainers, false);
-    assemble(tokens, &costs, &parts, budget, Packing::Guided)
+    assemble(
+        tokens,
+        &costs,
+        &parts,
+        budget,
+        Packing::Guided { min_tokens },
+    )
 }
 
 /// LB-Micro, the best plan collectives allow: every trainer runs the same number `m` of

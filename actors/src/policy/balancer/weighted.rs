@@ -93,8 +93,27 @@ pub fn plan_dynamic_weighted(
     speeds: &[f64],
     budget: u64,
 ) -> Result<Plan, BalanceError> {
+    plan_dynamic_weighted_filled(tokens, cost, speeds, budget, 0)
+}
+
+/// [`plan_dynamic_weighted`] with the fill floor of
+/// [`plan_dynamic_filled`](super::plan_dynamic_filled): micro-batches of at least `min_tokens`
+/// tokens while enough samples are left.
+pub fn plan_dynamic_weighted_filled(
+    tokens: &[u64],
+    cost: &CostModel,
+    speeds: &[f64],
+    budget: u64,
+    min_tokens: u64,
+) -> Result<Plan, BalanceError> {
     let (costs, parts) = weighted_partition(tokens, cost, speeds, budget)?;
-    assemble(tokens, &costs, &parts, budget, Packing::Guided)
+    assemble(
+        tokens,
+        &costs,
+        &parts,
+        budget,
+        Packing::Guided { min_tokens },
+    )
 }
 
 /// Checks the input; every sample's cost and the speed-weighted partition of the module docs.
