@@ -88,14 +88,18 @@ impl Outcome {
 }
 
 /// Problems of at most `max_len` tokens: the benchmark's dataset, indexed from 0.
-fn dataset(max_len: usize, n: usize) -> Vec<Sample> {
-    ArithTask::train(7)
-        .problems(0..(n as u64) * 4)
-        .map(|p| odc::text::Sample::from_problem(&ByteTokenizer, &p).expect("bytes never fail"))
-        .filter(|s| s.len() <= max_len)
-        .take(n)
-        .map(|s| Sample::from(&s))
-        .collect()
+fn dataset(max_len: usize, n: usize) -> anyhow::Result<Vec<Sample>> {
+    let mut out = Vec::with_capacity(n);
+    for p in ArithTask::train(7).problems(0..(n as u64) * 4) {
+        let s = odc::text::Sample::from_problem(&ByteTokenizer, &p)?;
+        if s.len() <= max_len {
+            out.push(Sample::from(&s));
+        }
+        if out.len() == n {
+            break;
+        }
+    }
+    Ok(out)
 }
 
 fn loss_tokens(s: &Sample) -> u64 {
@@ -242,7 +246,7 @@ fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
 
 /// Runs the benchmark; `progress` gets one line per block.
 pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow::Result<Outcome> {
-    let data = Arc::new(dataset(settings.model.max_seq_len, 512));
+    let data = Arc::new(dataset(settings.model.max_seq_len, 512)?);
     let mut a = CandleAlone::new(&settings.model, settings.token_budget)?;
     let mut control = CandleAlone::new(&settings.model, settings.token_budget)?;
     let mut job = odc_job(settings, data.clone())?;

@@ -265,7 +265,9 @@ pub fn plan_dynamic(
 /// let m = CostModel::odc_7b();
 /// let filled = plan_dynamic_filled(&tokens, &m, 2, 65_536, 32_768).unwrap();
 /// let guided = plan_dynamic(&tokens, &m, 2, 65_536).unwrap();
-/// assert_eq!(filled.trainer_costs(), guided.trainer_costs());
+/// for (f, g) in filled.trainer_costs().iter().zip(guided.trainer_costs()) {
+///     assert!((f - g).abs() < 1e-9, "the same work per trainer");
+/// }
 /// // Eight samples per trainer: 8 x 4,000 tokens fill the floor in one micro-batch.
 /// assert_eq!(filled.per_trainer[0].len(), 1);
 /// assert_eq!(guided.per_trainer[0].len(), 4);
