@@ -79,7 +79,8 @@ struct Args {
     #[arg(long, default_value_t = 40)]
     eval_problems: usize,
     /// The generated problems' largest number (20 to 1000; use the SFT run's `--max-value`).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(20..=1000))]
+    #[arg(long, default_value_t = odc::text::arith::MAX_VALUE, value_parser = clap::value_parser!(u64)
+        .range(odc::text::arith::MIN_MAX_VALUE..=odc::text::arith::MAX_VALUE))]
     max_value: u64,
     /// A Hugging Face `tokenizer.json` instead of the byte tokenizer (the one the `--init`
     /// checkpoint was trained with); the model's `vocab_size` becomes its vocabulary size.

@@ -45,9 +45,6 @@ use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp};
 use serde::{Deserialize, Serialize};
 
-/// The example's default bound on the generated numbers.
-const MAX_VALUE_DEFAULT: u64 = 1000;
-
 /// Every setting, from flags or the config file (`None`: not given there).
 #[derive(Debug, Clone, Default, Parser, Serialize, Deserialize)]
 #[command(about = "Supervised fine-tuning on odc (see the example's docs)")]
@@ -128,7 +125,7 @@ struct Opts {
     tokenizer: Option<PathBuf>,
     /// The generated problems' largest number (20 to 1000): fewer arithmetic facts to learn at
     /// smaller bounds.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(20..=1000))]
+    #[arg(long, value_parser = max_value_range())]
     max_value: Option<u64>,
     /// The model (TOML `[model]` table only; default: `ModelConfig::tiny()`).
     #[arg(skip)]
@@ -171,6 +168,12 @@ struct Settings {
 /// The generator's own bound (also for checkpoints written before this setting existed).
 fn default_max_value() -> u64 {
     odc::text::arith::MAX_VALUE
+}
+
+/// `--max-value`: what `ArithTask::with_max_value` accepts without clamping.
+fn max_value_range() -> clap::builder::RangedU64ValueParser<u64> {
+    use odc::text::arith::{MAX_VALUE, MIN_MAX_VALUE};
+    clap::value_parser!(u64).range(MIN_MAX_VALUE..=MAX_VALUE)
 }
 
 impl Opts {
@@ -225,7 +228,7 @@ impl Opts {
             no_metrics: self.no_metrics.unwrap_or(false),
             trace: self.trace,
             tokenizer: self.tokenizer,
-            max_value: self.max_value.unwrap_or(MAX_VALUE_DEFAULT),
+            max_value: self.max_value.unwrap_or_else(default_max_value),
             model: self.model.unwrap_or_else(ModelConfig::tiny),
         }
     }

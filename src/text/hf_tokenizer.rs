@@ -197,11 +197,22 @@ mod tests {
             .build()
             .expect("word-level trainer")
             .into();
+        train_and_save(tokenizer, &mut trainer, problems, dir)
+    }
+
+    /// Trains `tokenizer` on the questions and answers of `problems` and saves it as
+    /// `dir/tokenizer.json`.
+    fn train_and_save(
+        mut tokenizer: tokenizers::Tokenizer,
+        trainer: &mut TrainerWrapper,
+        problems: &[Problem],
+        dir: &Path,
+    ) -> PathBuf {
         let texts = problems
             .iter()
             .flat_map(|p| [p.question.clone(), p.answer.clone()]);
         tokenizer
-            .train(&mut trainer, texts)
+            .train(trainer, texts)
             .expect("train the tokenizer");
         let path = dir.join("tokenizer.json");
         tokenizer.save(&path, false).expect("save the tokenizer");
@@ -226,14 +237,7 @@ mod tests {
             .special_tokens(vec![AddedToken::from("<|endoftext|>", true)])
             .build()
             .into();
-        let texts = problems
-            .iter()
-            .flat_map(|p| [p.question.clone(), p.answer.clone()]);
-        tokenizer
-            .train(&mut trainer, texts)
-            .expect("train the tokenizer");
-        let path = dir.0.join("tokenizer.json");
-        tokenizer.save(&path, false).expect("save the tokenizer");
+        let path = train_and_save(tokenizer, &mut trainer, &problems, &dir.0);
 
         let t = HfTokenizer::from_file(&path).expect("a valid tokenizer.json");
         assert_eq!(
