@@ -181,8 +181,7 @@ async fn warm_start(
     Ok(params)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -190,6 +189,17 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    // Before any thread exists: each trainer gets its share of the cores.
+    let threads = odc::model::share_cpu_threads(args.trainers);
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?
+        .block_on(run(args, threads))
+}
+
+async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> {
+    println!("rl_grpo: {threads}");
     if args.prompts == 0 || args.group_size < 2 {
         bail!("GRPO needs at least one prompt and a group of at least 2 responses");
     }

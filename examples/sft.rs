@@ -3,7 +3,7 @@
 //! across processes with `odc launch`.
 //!
 //! ```text
-//! cargo run --release --example sft                                 # generated data, ~6 min on 2 cores
+//! cargo run --release --example sft                                 # generated data, ~4 min on 2 cores
 //! cargo run --release --example sft -- --steps 40 --eval-every 20   # shorter
 //! cargo run --release --example sft -- --data ../shared/data/gsm8k/train.jsonl
 //! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt
@@ -21,6 +21,10 @@
 //! (`odc_*` of the runtime plus `odc_sft_loss`, `odc_sft_tokens_per_second`,
 //! `odc_sft_eval_accuracy`); `--trace PATH` writes every step's trainer timelines as a Chrome
 //! trace. The last line is `final step=<n> loss=<f> eval_accuracy=<f>`.
+//!
+//! CPU threads: before anything else, `odc::model::share_cpu_threads` gives each trainer of the
+//! process an equal share of the host's cores for candle's pools (unless `RAYON_NUM_THREADS` or
+//! `CANDLE_NUM_THREADS` is set); the first line says what it chose.
 //!
 //! Config file (`--config PATH`, TOML): the same keys as the flags with `_` for `-`, plus a
 //! `[model]` table of `ModelConfig` fields; a flag given on the command line wins.
@@ -336,8 +340,7 @@ fn next_minibatch(
     Ok(out)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -346,6 +349,27 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let (opts, resume) = Opts::parse().merged()?;
+    // Before any thread exists: each trainer of this process gets its share of the cores (one
+    // trainer per process under `odc launch`).
+    let launched = World::from_env().is_ok_and(|w| w.world_size > 1);
+    let trainers_here = if launched {
+        1
+    } else {
+        opts.clone().settings().trainers
+    };
+    let threads = odc::model::share_cpu_threads(trainers_here);
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?
+        .block_on(run(opts, resume, threads))
+}
+
+async fn run(
+    opts: Opts,
+    resume: Option<PathBuf>,
+    threads: odc::model::CpuThreads,
+) -> anyhow::Result<()> {
     let model_given = opts.model.is_some();
     let mut settings = opts.settings();
     let tokenizer = load_tokenizer(&mut settings, model_given)?;
@@ -488,7 +512,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     say(format!(
-        "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers",
+        "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers, {threads}",
         odc::model::param_count(&settings.model)?,
         settings.steps,
         settings.batch_size,

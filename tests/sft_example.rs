@@ -89,6 +89,11 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
     assert!((0.0..=1.0).contains(&accuracy), "accuracy {accuracy}");
     assert!(stdout.contains("eval step 3:"), "{stdout}");
+    // The header says how the cores were split over the trainers (`share_cpu_threads`).
+    assert!(
+        stdout.contains("CPU thread(s) per trainer") || stdout.contains("CPU threads as set by"),
+        "{stdout}"
+    );
     for step in ["step-3", "step-6"] {
         for file in ["model.safetensors", "optimizer.safetensors", "state.json"] {
             assert!(
