@@ -349,31 +349,32 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let (opts, resume) = Opts::parse().merged()?;
+    let model_given = opts.model.is_some();
+    let settings = opts.settings();
+    let world = World::from_env().context("reading the launcher's environment")?;
     // Before any thread exists: each trainer of this process gets its share of the cores (one
     // trainer per process under `odc launch`).
-    let launched = World::from_env().is_ok_and(|w| w.world_size > 1);
-    let trainers_here = if launched {
+    let trainers_here = if world.world_size > 1 {
         1
     } else {
-        opts.clone().settings().trainers
+        settings.trainers
     };
     let threads = odc::model::share_cpu_threads(trainers_here);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?
-        .block_on(run(opts, resume, threads))
+        .block_on(run(settings, model_given, resume, world, threads))
 }
 
 async fn run(
-    opts: Opts,
+    mut settings: Settings,
+    model_given: bool,
     resume: Option<PathBuf>,
+    world: World,
     threads: odc::model::CpuThreads,
 ) -> anyhow::Result<()> {
-    let model_given = opts.model.is_some();
-    let mut settings = opts.settings();
     let tokenizer = load_tokenizer(&mut settings, model_given)?;
-    let world = World::from_env().context("reading the launcher's environment")?;
     let rank = world.rank;
     let world_size = world.world_size;
     let lead = rank == 0;
