@@ -11,11 +11,16 @@
 //! cargo run --release --example rl_grpo -- --tokenizer tokenizer.json --init ckpt/step-300
 //! ```
 //!
-//! Per step: `--prompts` problems × `--group-size` responses sampled from the current policy at
-//! `--temperature` (KV cache; at most `--max-new-tokens`), rewards and group-normalised advantages,
-//! the reference's log-probs of every response, then one odc step over all responses. Printed per
-//! step: reward, accuracy (exact match), response length (mean, max), loss. One process (trainers
-//! and servers in it); the last line is `final step=<n> reward=<f> accuracy=<f>`.
+//! Per step: `--prompts` problems (those whose sample fits the model) × `--group-size` responses
+//! sampled from the current policy at `--temperature` (KV cache; at most `--max-new-tokens`) by
+//! one thread per trainer while the trainers wait, each problem from its own seeded RNG (so the
+//! responses do not depend on the thread count); rewards and group-normalised advantages. A group
+//! whose responses all scored alike has zero advantages and is not trained on (DAPO's dynamic
+//! sampling, without refilling); the others get the reference's log-probs and go into one odc
+//! step. Printed per step: reward, accuracy (exact match), response length (mean, max), groups
+//! trained, loss. One process (trainers and servers in it); the last line is
+//! `final step=<n> reward=<f> accuracy=<f>`. `--max-value` defaults to the `--init`
+//! checkpoint's (the SFT run's setting).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -31,7 +36,8 @@ use odc::model::{
     GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights,
 };
 use odc::text::{
-    exact_match, prompt_tokens, reward, ArithTask, ByteTokenizer, HfTokenizer, Tokenizer,
+    exact_match, fitting, prompt_tokens, reward, ArithTask, ByteTokenizer, HfTokenizer, Problem,
+    Tokenizer,
 };
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta};
 use rand::rngs::StdRng;
@@ -57,7 +63,8 @@ struct Args {
     group_size: usize,
     #[arg(long, default_value_t = 1.0)]
     temperature: f64,
-    #[arg(long, default_value_t = 192)]
+    /// Longest response, in tokens (also bounded by the model's `max_seq_len`).
+    #[arg(long, default_value_t = 320)]
     max_new_tokens: usize,
     #[arg(long, default_value_t = 5e-4)]
     lr: f32,
@@ -76,17 +83,22 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Held-out problems answered greedily before and after RL (0: no evaluation).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 100)]
     eval_problems: usize,
-    /// The generated problems' largest number (20 to 1000; use the SFT run's `--max-value`).
-    #[arg(long, default_value_t = odc::text::arith::MAX_VALUE, value_parser = clap::value_parser!(u64)
+    /// The generated problems' largest number (20 to 1000). Default: the `--init` checkpoint's
+    /// (its SFT run's `--max-value`), else the SFT example's default.
+    #[arg(long, value_parser = clap::value_parser!(u64)
         .range(odc::text::arith::MIN_MAX_VALUE..=odc::text::arith::MAX_VALUE))]
-    max_value: u64,
+    max_value: Option<u64>,
     /// A Hugging Face `tokenizer.json` instead of the byte tokenizer (the one the `--init`
     /// checkpoint was trained with); the model's `vocab_size` becomes its vocabulary size.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
 }
+
+/// The bound of the generated problems when neither `--max-value` nor the checkpoint gives one:
+/// the SFT example's default.
+const DEFAULT_MAX_VALUE: u64 = odc::text::arith::MIN_MAX_VALUE;
 
 /// The responses of the current step, by sample index (what the trainers' compute resolves).
 #[derive(Default)]
@@ -123,10 +135,11 @@ impl SampleStore for Problems {
 /// A short SFT on the generated task; the trained parameters.
 async fn warm_start(
     args: &Args,
+    max_value: u64,
     model: &ModelConfig,
     tokenizer: Arc<dyn Tokenizer>,
 ) -> anyhow::Result<Vec<Vec<f32>>> {
-    let task = ArithTask::train(args.seed).with_max_value(args.max_value);
+    let task = ArithTask::train(args.seed).with_max_value(max_value);
     let max_len = model.max_seq_len;
     let mut next = 0u64;
     let mut job = transformer_job(
@@ -181,6 +194,89 @@ async fn warm_start(
     Ok(params)
 }
 
+/// What sampling a step's groups needs.
+struct Sampler<'a> {
+    policy: &'a Weights,
+    reference: &'a Weights,
+    tokenizer: &'a dyn Tokenizer,
+    sampling: Sampling,
+    group_size: usize,
+    seed: u64,
+}
+
+/// One sampled response.
+struct Response {
+    /// Prompt and response.
+    tokens: Vec<u32>,
+    response: Vec<u32>,
+    reward: f64,
+    correct: bool,
+    /// The reference's log-probs of `tokens` (empty when the group is not trained on).
+    ref_log_probs: Vec<f32>,
+}
+
+/// Each prompt's group of responses, sampled by `workers` threads at once (contiguous shares of
+/// the prompts). Each prompt draws from its own RNG, seeded by `seed` and the problem's index, so
+/// the responses do not depend on the number of workers.
+fn sample_groups(
+    sampler: &Sampler<'_>,
+    prompts: &[(u64, Problem)],
+    workers: usize,
+) -> anyhow::Result<Vec<Vec<Response>>> {
+    let share = prompts.len().div_ceil(workers.max(1)).max(1);
+    let shares: Vec<anyhow::Result<Vec<Vec<Response>>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .chunks(share)
+            .map(|chunk| {
+                scope.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(index, problem)| sample_group(sampler, *index, problem))
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    Ok(shares
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// `group_size` responses to one problem, and the reference's log-probs when their rewards
+/// differ (only such a group is trained on).
+fn sample_group(s: &Sampler<'_>, index: u64, problem: &Problem) -> anyhow::Result<Vec<Response>> {
+    let mut rng = StdRng::seed_from_u64(s.seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let prompt = prompt_tokens(s.tokenizer, &problem.question)?;
+    let mut group = Vec::with_capacity(s.group_size);
+    for _ in 0..s.group_size {
+        let response = generate(s.policy, &prompt, s.sampling, &mut rng)?;
+        let text = s.tokenizer.decode(&response)?;
+        group.push(Response {
+            tokens: prompt.iter().chain(&response).copied().collect(),
+            reward: reward(&text, &problem.answer),
+            correct: exact_match(&text, &problem.answer),
+            response,
+            ref_log_probs: Vec::new(),
+        });
+    }
+    if group.iter().any(|r| r.reward != group[0].reward) {
+        for r in &mut group {
+            r.ref_log_probs = sequence_log_probs(s.reference, &r.tokens)?;
+        }
+    }
+    Ok(group)
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -217,22 +313,34 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
         vocab_size: tokenizer.vocab_size(),
         ..ModelConfig::tiny()
     };
-    let init = match &args.init {
+    let (init, max_value) = match &args.init {
         Some(dir) => {
-            let (state, _) = checkpoint::load(dir, &tensor_map(&model)?)
+            let (state, extra) = checkpoint::load(dir, &tensor_map(&model)?)
                 .with_context(|| format!("loading the SFT checkpoint {}", dir.display()))?;
+            // The SFT example saves its settings beside the state; its bound is this run's default.
+            let trained_on = extra
+                .pointer("/settings/max_value")
+                .and_then(serde_json::Value::as_u64);
+            let max_value = args.max_value.or(trained_on).unwrap_or(DEFAULT_MAX_VALUE);
             println!(
-                "policy and reference from {} (step {})",
+                "policy and reference from {} (step {}); problems up to {max_value}",
                 dir.display(),
                 state.step
             );
-            state.params
+            (state.params, max_value)
         }
         None => {
-            println!("no --init: a {}-step SFT warm start first", args.sft_steps);
-            warm_start(&args, &model, tokenizer.clone()).await?
+            let max_value = args.max_value.unwrap_or(DEFAULT_MAX_VALUE);
+            println!(
+                "no --init: a {}-step SFT warm start first; problems up to {max_value}",
+                args.sft_steps
+            );
+            let params = warm_start(&args, max_value, &model, tokenizer.clone()).await?;
+            (params, max_value)
         }
     };
+    // Sampling and evaluation run while the trainers wait: one thread per trainer's share.
+    let workers = args.trainers.max(1);
     let reference = Weights::from_units(&model, &init, &Device::Cpu)?;
     let responses = Arc::new(Responses::default());
     let mut job = transformer_job(
@@ -258,22 +366,32 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
     .pull_precision(Precision::F32)
     .build()?;
 
-    let task = ArithTask::train(args.seed.wrapping_add(1)).with_max_value(args.max_value);
-    let mut rng = StdRng::seed_from_u64(args.seed);
+    let task = ArithTask::train(args.seed.wrapping_add(1)).with_max_value(max_value);
     let sampling = Sampling {
         temperature: args.temperature,
         max_new_tokens: args.max_new_tokens,
         stop: tokenizer.eos(),
     };
-    // Greedy exact match on held-out problems, before and after: the sampled rewards of a step
-    // (a few dozen responses at temperature) are too noisy to compare two steps.
-    let eval_set: Vec<_> = ArithTask::eval(args.seed)
-        .with_max_value(args.max_value)
-        .problems(0..args.eval_problems as u64)
-        .collect();
+    // Greedy exact match on held-out problems that fit the model, before and after: the sampled
+    // rewards of a step (a few dozen responses at temperature) are too noisy to compare two steps.
+    let eval_set = fitting(
+        &*tokenizer,
+        ArithTask::eval(args.seed)
+            .with_max_value(max_value)
+            .problems(0..(args.eval_problems as u64).saturating_mul(100)),
+        model.max_seq_len,
+        args.eval_problems,
+    )?;
     let evaluate_now = |params: &[Vec<f32>]| -> anyhow::Result<f64> {
         let weights = Weights::from_units(&model, params, &Device::Cpu)?;
-        Ok(evaluate(&weights, &*tokenizer, &eval_set, args.max_new_tokens)?.accuracy())
+        let e = evaluate(
+            &weights,
+            &*tokenizer,
+            &eval_set,
+            args.max_new_tokens,
+            workers,
+        )?;
+        Ok(e.accuracy())
     };
     let eval_before = evaluate_now(&job.parameters().await?)?;
     if !eval_set.is_empty() {
@@ -290,79 +408,96 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
     for step in 0..args.steps {
         let policy = Weights::from_units(&model, &job.parameters().await?, &Device::Cpu)?;
         let t = Instant::now();
+        // The step's problems: the next ones that fit the model with their reference answer.
+        let mut prompts = Vec::with_capacity(args.prompts);
+        while prompts.len() < args.prompts {
+            let p = task.problem(problem);
+            if odc::text::Sample::from_problem(&*tokenizer, &p)?.len() <= model.max_seq_len {
+                prompts.push((problem, p));
+            }
+            problem += 1;
+        }
+        let groups = sample_groups(
+            &Sampler {
+                policy: &policy,
+                reference: &reference,
+                tokenizer: &*tokenizer,
+                sampling,
+                group_size: args.group_size,
+                seed: args.seed,
+            },
+            &prompts,
+            workers,
+        )?;
         let mut store = HashMap::new();
         let mut metas: Vec<SampleMeta> = Vec::new();
-        let (mut rewards_all, mut correct, mut lengths) = (Vec::new(), 0usize, Vec::new());
-        for _ in 0..args.prompts {
-            let p = task.problem(problem);
-            problem += 1;
-            let prompt = prompt_tokens(&*tokenizer, &p.question)?;
-            if prompt.len() + 8 > model.max_seq_len {
+        let (mut rewards_all, mut correct, mut lengths, mut kept) =
+            (Vec::new(), 0usize, Vec::new(), 0usize);
+        for group in groups {
+            rewards_all.extend(group.iter().map(|r| r.reward));
+            correct += group.iter().filter(|r| r.correct).count();
+            lengths.extend(group.iter().map(|r| r.response.len()));
+            let rewards: Vec<f64> = group.iter().map(|r| r.reward).collect();
+            // A group whose responses all scored alike has zero advantages: nothing to learn
+            // but the KL term, so it is not trained on (DAPO's dynamic sampling, without refill).
+            if rewards.iter().all(|&r| r == rewards[0]) {
                 continue;
             }
-            let mut group = Vec::with_capacity(args.group_size);
-            for _ in 0..args.group_size {
-                let response = generate(&policy, &prompt, sampling, &mut rng)?;
-                let text = tokenizer.decode(&response)?;
-                let r = reward(&text, &p.answer);
-                correct += usize::from(exact_match(&text, &p.answer));
-                group.push((response, r));
-            }
-            let rewards: Vec<f64> = group.iter().map(|(_, r)| *r).collect();
-            let advantages = group_advantages(&rewards);
-            for ((response, r), advantage) in group.into_iter().zip(advantages) {
-                lengths.push(response.len());
-                rewards_all.push(r);
-                let tokens: Vec<u32> = prompt.iter().chain(&response).copied().collect();
-                let mut loss_mask = vec![false; tokens.len()];
-                loss_mask[prompt.len()..].fill(true);
-                let ref_log_probs = sequence_log_probs(&reference, &tokens)?;
+            kept += 1;
+            for (r, advantage) in group.into_iter().zip(group_advantages(&rewards)) {
                 let index = next_index;
                 next_index += 1;
                 metas.push(SampleMeta {
                     index,
-                    tokens: tokens.len() as u64,
-                    loss_tokens: response.len() as u64,
+                    tokens: r.tokens.len() as u64,
+                    loss_tokens: r.response.len() as u64,
                 });
+                let mut loss_mask = vec![false; r.tokens.len()];
+                loss_mask[r.tokens.len() - r.response.len()..].fill(true);
                 store.insert(
                     index,
                     (
-                        Sample { tokens, loss_mask },
+                        Sample {
+                            tokens: r.tokens,
+                            loss_mask,
+                        },
                         RlSample {
                             advantage: advantage as f32,
-                            ref_log_probs,
+                            ref_log_probs: r.ref_log_probs,
                         },
                     ),
                 );
             }
         }
-        if metas.is_empty() {
-            bail!(
-                "step {step}: no prompt fit the model's {} positions",
-                model.max_seq_len
-            );
-        }
         let sample_secs = t.elapsed().as_secs_f64();
-        *responses
-            .map
-            .write()
-            .map_err(|_| anyhow::anyhow!("response store poisoned"))? = store;
-        let s = job
-            .step_with(metas)
-            .await
-            .with_context(|| format!("RL step {step}"))?;
         reward_now = rewards_all.iter().sum::<f64>() / rewards_all.len() as f64;
         accuracy_now = correct as f64 / rewards_all.len() as f64;
         step_rewards.push(reward_now);
         let mean_len = lengths.iter().sum::<usize>() as f64 / lengths.len() as f64;
         let max_len = lengths.iter().copied().max().unwrap_or(0);
+        let update = if metas.is_empty() {
+            "no update (every group scored alike)".to_string()
+        } else {
+            *responses
+                .map
+                .write()
+                .map_err(|_| anyhow::anyhow!("response store poisoned"))? = store;
+            let s = job
+                .step_with(metas)
+                .await
+                .with_context(|| format!("RL step {}", step + 1))?;
+            format!(
+                "loss {:+.4}  update {:.1} s ({} micro-batches)",
+                s.loss,
+                s.wall.as_secs_f64(),
+                s.micro_batches
+            )
+        };
         println!(
-            "step {:3}/{}  reward {reward_now:.3}  accuracy {accuracy_now:.3}  response mean {mean_len:.0} max {max_len} tokens  loss {:+.4}  sampling {sample_secs:.1} s  update {:.1} s ({} micro-batches)",
+            "step {:3}/{}  reward {reward_now:.3}  accuracy {accuracy_now:.3}  response mean {mean_len:.0} max {max_len} tokens  groups trained {kept}/{}  sampling {sample_secs:.1} s  {update}",
             step + 1,
             args.steps,
-            s.loss,
-            s.wall.as_secs_f64(),
-            s.micro_batches
+            prompts.len(),
         );
     }
     let eval_after = evaluate_now(&job.parameters().await?)?;

@@ -33,14 +33,53 @@ impl Evaluation {
 }
 
 /// Greedy answers of `weights` to `problems`, each at most `max_new_tokens` long (and within the
-/// model's `max_seq_len`); prompts that leave no room count as wrong. A tokenizer's error is
+/// model's `max_seq_len`); prompts that leave no room count as wrong. `workers` threads (at least
+/// one) answer contiguous shares of the problems at once — greedy decoding is deterministic, so
+/// the result does not depend on their number. A tokenizer's error is
 /// [`Error::Text`](super::Error::Text).
 pub fn evaluate(
     weights: &Weights,
     tokenizer: &dyn Tokenizer,
     problems: &[Problem],
     max_new_tokens: usize,
+    workers: usize,
 ) -> Result<Evaluation> {
+    let share = problems.len().div_ceil(workers.max(1)).max(1);
+    let answers: Vec<Vec<(String, usize)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = problems
+            .chunks(share)
+            .map(|chunk| scope.spawn(move || answer_all(weights, tokenizer, chunk, max_new_tokens)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect::<Result<_>>()
+    })?;
+    let answers: Vec<(String, usize)> = answers.into_iter().flatten().collect();
+    let correct = answers
+        .iter()
+        .zip(problems)
+        .filter(|((text, _), problem)| exact_match(text, &problem.answer))
+        .count();
+    let tokens: usize = answers.iter().map(|(_, n)| n).sum();
+    Ok(Evaluation {
+        correct,
+        problems: problems.len(),
+        mean_answer_tokens: tokens as f64 / problems.len().max(1) as f64,
+        example: answers.into_iter().next().map(|(text, _)| text),
+    })
+}
+
+/// Each problem's greedy answer, decoded, and its length in tokens.
+fn answer_all(
+    weights: &Weights,
+    tokenizer: &dyn Tokenizer,
+    problems: &[Problem],
+    max_new_tokens: usize,
+) -> Result<Vec<(String, usize)>> {
     let sampling = Sampling {
         temperature: 0.0,
         max_new_tokens,
@@ -48,21 +87,44 @@ pub fn evaluate(
     };
     // Greedy decoding draws nothing; the generator still takes an RNG.
     let mut rng = StdRng::seed_from_u64(0);
-    let (mut correct, mut tokens, mut example) = (0, 0, None);
-    for problem in problems {
-        let prompt = prompt_tokens(tokenizer, &problem.question)?;
-        let answer = generate(weights, &prompt, sampling, &mut rng)?;
-        tokens += answer.len();
-        let text = tokenizer.decode(&answer)?;
-        if exact_match(&text, &problem.answer) {
-            correct += 1;
+    problems
+        .iter()
+        .map(|problem| {
+            let prompt = prompt_tokens(tokenizer, &problem.question)?;
+            let answer = generate(weights, &prompt, sampling, &mut rng)?;
+            Ok((tokenizer.decode(&answer)?, answer.len()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{unit_count, unit_init_values, ModelConfig};
+    use crate::text::{ArithTask, ByteTokenizer};
+
+    #[test]
+    fn workers_share_the_problems_without_changing_the_result() {
+        let config = ModelConfig {
+            max_seq_len: 320,
+            ..ModelConfig::tiny()
+        };
+        let params: Vec<Vec<f32>> = (0..unit_count(&config))
+            .map(|u| unit_init_values(&config, u).unwrap())
+            .collect();
+        let weights = Weights::from_units(&config, &params, &candle_core::Device::Cpu).unwrap();
+        let problems: Vec<Problem> = ArithTask::eval(1).problems(0..5).collect();
+        let one = evaluate(&weights, &ByteTokenizer, &problems, 12, 1).unwrap();
+        for workers in [2, 3, 8] {
+            assert_eq!(
+                evaluate(&weights, &ByteTokenizer, &problems, 12, workers).unwrap(),
+                one
+            );
         }
-        example.get_or_insert(text);
+        assert_eq!(one.problems, 5);
+        assert!(one.mean_answer_tokens > 0.0 && one.mean_answer_tokens <= 12.0);
+        assert!(one.example.is_some());
+        let none = evaluate(&weights, &ByteTokenizer, &[], 12, 2).unwrap();
+        assert_eq!((none.problems, none.accuracy()), (0, 0.0));
     }
-    Ok(Evaluation {
-        correct,
-        problems: problems.len(),
-        mean_answer_tokens: tokens as f64 / problems.len().max(1) as f64,
-        example,
-    })
 }

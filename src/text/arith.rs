@@ -1,5 +1,6 @@
 //! A built-in generator of grade-school arithmetic word problems with worked answers in GSM8K
-//! style: one line per step (`Maya buys 3 * 4 = 12 apples.`), then `#### <result>`.
+//! style: one line per step (`Maya buys 3 bags of apples with 4 apples in each bag, so she buys
+//! 3 * 4 = 12 apples.`), then `#### <result>`.
 //!
 //! Guarantees (the tests are named after them):
 //!
@@ -13,7 +14,10 @@
 //! 3. **Long-tailed**: a problem has 1 to [`MAX_STEPS`] steps with `P(n) ∝ n^-1.5` (about half have
 //!    one step, three quarters at most three, one in ten seven or more), so token lengths vary
 //!    several-fold — the imbalance odc's balancer exists for.
-//! 4. **Held out**: a question belongs to the split its text hashes to (one in eight to eval),
+//! 4. **Restated**: each step line restates its sentence of the question, then computes
+//!    (`Liam puts 5 more buttons in the jar, so the jar now holds 44 + 5 = 49 buttons.`), so every
+//!    number an equation needs is in its own line or the line above.
+//! 5. **Held out**: a question belongs to the split its text hashes to (one in eight to eval),
 //!    so the train and eval splits never share a question.
 //!
 //! Phrasing is regular and numbers are small so that a tiny model can learn the task.
@@ -364,15 +368,16 @@ fn generate(rng: &mut Rng, max_value: u64) -> Problem {
             let (x, y) = (rng.range(2, factor), rng.range(2, factor));
             let a = x * y;
             if theme == Theme::Shopping {
-                question.push(format!(
-                    "{name} buys {x} bags of {item} with {y} {item} in each bag."
+                let ask = format!("{name} buys {x} bags of {item} with {y} {item} in each bag.");
+                lines.push(restated(
+                    &ask,
+                    &format!("{she} buys {x} * {y} = {a} {item}."),
                 ));
-                lines.push(format!("{name} buys {x} * {y} = {a} {item}."));
+                question.push(ask);
             } else {
-                question.push(format!(
-                    "A machine makes {x} {item} every hour and runs for {y} hours."
-                ));
-                lines.push(format!("It makes {x} * {y} = {a} {item}."));
+                let ask = format!("A machine makes {x} {item} every hour and runs for {y} hours.");
+                lines.push(restated(&ask, &format!("it makes {x} * {y} = {a} {item}.")));
+                question.push(ask);
             }
             (a, steps - 1)
         }
@@ -404,11 +409,11 @@ fn generate(rng: &mut Rng, max_value: u64) -> Problem {
             Theme::Shopping => match op {
                 Op::Add => (
                     format!("{he} then buys {b} more {item}."),
-                    format!("{he} buys {b} more, so {she} has {a} {s} {b} = {c} {item}."),
+                    format!("{he} has {a} {s} {b} = {c} {item}."),
                 ),
                 Op::Sub => (
                     format!("{he} gives {b} {item} to a friend."),
-                    format!("{he} gives away {b}, so {she} has {a} {s} {b} = {c} {item}."),
+                    format!("{he} has {a} {s} {b} = {c} {item}."),
                 ),
                 Op::Mul => (
                     format!("Next, {she} buys enough to have {b} times as many {item}."),
@@ -440,11 +445,11 @@ fn generate(rng: &mut Rng, max_value: u64) -> Problem {
             Theme::Savings => match op {
                 Op::Add => (
                     format!("{he} earns {b} dollars doing chores."),
-                    format!("{he} earns {b}, so {she} has {a} {s} {b} = {c} dollars."),
+                    format!("{he} has {a} {s} {b} = {c} dollars."),
                 ),
                 Op::Sub => (
                     format!("{he} spends {b} dollars on a book."),
-                    format!("{he} spends {b}, so {she} has {a} {s} {b} = {c} dollars."),
+                    format!("{he} has {a} {s} {b} = {c} dollars."),
                 ),
                 Op::Mul => (
                     format!("A gift makes {his} money {b} times as much."),
@@ -498,8 +503,8 @@ fn generate(rng: &mut Rng, max_value: u64) -> Problem {
                 )
             }
         };
+        lines.push(restated(&ask, &line));
         question.push(ask);
-        lines.push(line);
         value = c;
     }
 
@@ -515,6 +520,27 @@ fn generate(rng: &mut Rng, max_value: u64) -> Problem {
     Problem {
         question: question.join(" "),
         answer: lines.join("\n"),
+    }
+}
+
+/// A step's answer line: its sentence of the question restated, then ", so " and the
+/// computation (`Liam puts 5 more buttons in the jar, so the jar now holds 44 + 5 = 49 buttons.`).
+/// Every number the equation needs is then in its own line or the line above, which a small
+/// model copies far sooner than it finds the k-th sentence of a question by content.
+fn restated(ask: &str, computation: &str) -> String {
+    format!(
+        "{}, so {}",
+        ask.trim_end_matches('.'),
+        decapitalised(computation)
+    )
+}
+
+/// `text` with its first letter in lower case.
+fn decapitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
     }
 }
 
@@ -582,12 +608,15 @@ mod tests {
                 question: "A jar holds 44 buttons. Liam puts 5 more buttons in the jar. \
                            How many buttons are in the jar at the end?"
                     .into(),
-                answer: "The jar now holds 44 + 5 = 49 buttons.\n#### 49".into(),
+                answer: "Liam puts 5 more buttons in the jar, so the jar now holds 44 + 5 = 49 \
+                         buttons.\n#### 49"
+                    .into(),
             }
         );
         assert_eq!(
             ArithTask::train(0).problem(1).answer,
-            "Liam buys 4 * 2 = 8 stickers.\n#### 8"
+            "Liam buys 4 bags of stickers with 2 stickers in each bag, so he buys 4 * 2 = 8 \
+             stickers.\n#### 8"
         );
     }
 
@@ -700,6 +729,26 @@ mod tests {
         assert!(eval.iter().all(|p| !train.contains(&p.question)));
         assert!(eval.iter().all(|p| split_of(&p.question) == Split::Eval));
         assert_eq!(ArithTask::eval(9).split(), Split::Eval);
+    }
+
+    #[test]
+    fn restated_each_step_line_starts_with_its_question_sentence_in_order() {
+        for task in [ArithTask::train(5), ArithTask::eval(5).with_max_value(20)] {
+            for p in task.problems(0..1_000) {
+                let lines: Vec<&str> = p.answer.lines().collect();
+                let mut after = 0;
+                for line in &lines[..lines.len() - 1] {
+                    let (sentence, computation) = line
+                        .split_once(", so ")
+                        .unwrap_or_else(|| panic!("no restatement in {line:?}"));
+                    let found = p.question[after..]
+                        .find(&format!("{sentence}."))
+                        .unwrap_or_else(|| panic!("{sentence:?} is not next in {:?}", p.question));
+                    after += found + sentence.len();
+                    assert!(computation.contains(" = "), "{line:?}");
+                }
+            }
+        }
     }
 
     #[test]

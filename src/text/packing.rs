@@ -107,6 +107,37 @@ pub fn prompt_tokens(tokenizer: &dyn Tokenizer, question: &str) -> Result<Vec<u3
     Ok(tokens)
 }
 
+/// The first `n` of `problems` whose training sample ([`Sample::from_problem`]) is at most
+/// `max_len` tokens: those a model with that context trains on and can answer whole (training
+/// skips the others, so evaluating on them would count questions it never saw the like of).
+///
+/// ```
+/// use odc::text::{fitting, ArithTask, ByteTokenizer, Sample};
+/// let short = fitting(&ByteTokenizer, ArithTask::eval(0).problems(0..1_000), 300, 20)?;
+/// assert_eq!(short.len(), 20);
+/// for p in &short {
+///     assert!(Sample::from_problem(&ByteTokenizer, p)?.len() <= 300);
+/// }
+/// # Ok::<(), odc::text::TextError>(())
+/// ```
+pub fn fitting(
+    tokenizer: &dyn Tokenizer,
+    problems: impl IntoIterator<Item = Problem>,
+    max_len: usize,
+    n: usize,
+) -> Result<Vec<Problem>, TextError> {
+    let mut out = Vec::with_capacity(n);
+    for problem in problems {
+        if out.len() == n {
+            break;
+        }
+        if Sample::from_problem(tokenizer, &problem)?.len() <= max_len {
+            out.push(problem);
+        }
+    }
+    Ok(out)
+}
+
 /// Each sample's [`SampleMeta`], indexed by its position in `samples`.
 pub fn sample_metas(samples: &[Sample]) -> Vec<SampleMeta> {
     samples
