@@ -58,8 +58,8 @@ struct Args {
     /// Problems per step.
     #[arg(long, default_value_t = 8)]
     prompts: usize,
-    /// Responses per problem (G).
-    #[arg(long, default_value_t = 4)]
+    /// Responses per problem (G): with fewer, more groups score alike and teach nothing.
+    #[arg(long, default_value_t = 8)]
     group_size: usize,
     #[arg(long, default_value_t = 1.0)]
     temperature: f64,
