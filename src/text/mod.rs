@@ -36,7 +36,7 @@ pub use arith::{ArithTask, Split};
 pub use hf_tokenizer::HfTokenizer;
 pub use packing::{fitting, pack, prompt_tokens, sample_metas, Packed, Sample};
 pub use problem::Problem;
-pub use reward::{exact_match, extract_answer, format_reward, reward};
+pub use reward::{exact_match, extract_answer, format_reward, reward, weighted_reward};
 pub use tokenizer::{ByteTokenizer, Tokenizer};
 
 use std::path::PathBuf;

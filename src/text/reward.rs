@@ -127,12 +127,26 @@ pub fn format_reward(generated: &str) -> f64 {
 /// assert_eq!(reward("it is 7", "#### 7"), 0.0);
 /// ```
 pub fn reward(generated: &str, reference: &str) -> f64 {
+    weighted_reward(generated, reference, FORMAT_WEIGHT)
+}
+
+/// [`reward`] with another weight for the format (0: correctness only). In a group where no
+/// response is right, group normalisation scales a format difference alone to the size of a right
+/// answer's advantage.
+///
+/// ```
+/// use odc::text::weighted_reward;
+/// assert_eq!(weighted_reward("#### 8", "#### 7", 0.0), 0.0);
+/// assert_eq!(weighted_reward("#### 7", "#### 7", 0.0), 1.0);
+/// assert_eq!(weighted_reward("#### 8", "#### 7", 0.5), 0.5);
+/// ```
+pub fn weighted_reward(generated: &str, reference: &str, format_weight: f64) -> f64 {
     let exact = if exact_match(generated, reference) {
         1.0
     } else {
         0.0
     };
-    EXACT_MATCH_WEIGHT * exact + FORMAT_WEIGHT * format_reward(generated)
+    EXACT_MATCH_WEIGHT * exact + format_weight * format_reward(generated)
 }
 
 #[cfg(test)]
