@@ -32,8 +32,9 @@ use candle_core::Device;
 use clap::Parser;
 use odc::checkpoint;
 use odc::model::{
-    evaluate, generate, group_advantages, sequence_log_probs, tensor_map, transformer_job,
-    GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights,
+    evaluate, generate, group_advantages, map_in_shares, sequence_log_probs, tensor_map,
+    transformer_job, GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling,
+    Weights,
 };
 use odc::text::{
     exact_match, fitting, prompt_tokens, weighted_reward, ArithTask, ByteTokenizer, HfTokenizer,
@@ -230,33 +231,9 @@ fn sample_groups(
     prompts: &[(u64, Problem)],
     workers: usize,
 ) -> anyhow::Result<Vec<Vec<Response>>> {
-    let share = prompts.len().div_ceil(workers.max(1)).max(1);
-    let shares: Vec<anyhow::Result<Vec<Vec<Response>>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = prompts
-            .chunks(share)
-            .map(|chunk| {
-                scope.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|(index, problem)| sample_group(sampler, *index, problem))
-                        .collect()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    });
-    Ok(shares
-        .into_iter()
-        .collect::<anyhow::Result<Vec<_>>>()?
-        .into_iter()
-        .flatten()
-        .collect())
+    map_in_shares(prompts, workers, |(index, problem)| {
+        sample_group(sampler, *index, problem)
+    })
 }
 
 /// `group_size` responses to one problem, and the reference's log-probs when their rewards

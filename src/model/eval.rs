@@ -7,6 +7,7 @@ use rand::SeedableRng;
 
 use super::error::Result;
 use super::generate::{generate, Sampling, Weights};
+use super::shares::map_in_shares;
 use crate::text::{exact_match, prompt_tokens, Problem, Tokenizer};
 
 /// What an evaluation measured.
@@ -44,21 +45,18 @@ pub fn evaluate(
     max_new_tokens: usize,
     workers: usize,
 ) -> Result<Evaluation> {
-    let share = problems.len().div_ceil(workers.max(1)).max(1);
-    let answers: Vec<Vec<(String, usize)>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = problems
-            .chunks(share)
-            .map(|chunk| scope.spawn(move || answer_all(weights, tokenizer, chunk, max_new_tokens)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect::<Result<_>>()
+    let sampling = Sampling {
+        temperature: 0.0,
+        max_new_tokens,
+        stop: tokenizer.eos(),
+    };
+    let answers = map_in_shares(problems, workers, |problem| -> Result<(String, usize)> {
+        // Greedy decoding draws nothing; the generator still takes an RNG.
+        let mut rng = StdRng::seed_from_u64(0);
+        let prompt = prompt_tokens(tokenizer, &problem.question)?;
+        let answer = generate(weights, &prompt, sampling, &mut rng)?;
+        Ok((tokenizer.decode(&answer)?, answer.len()))
     })?;
-    let answers: Vec<(String, usize)> = answers.into_iter().flatten().collect();
     let correct = answers
         .iter()
         .zip(problems)
@@ -71,30 +69,6 @@ pub fn evaluate(
         mean_answer_tokens: tokens as f64 / problems.len().max(1) as f64,
         example: answers.into_iter().next().map(|(text, _)| text),
     })
-}
-
-/// Each problem's greedy answer, decoded, and its length in tokens.
-fn answer_all(
-    weights: &Weights,
-    tokenizer: &dyn Tokenizer,
-    problems: &[Problem],
-    max_new_tokens: usize,
-) -> Result<Vec<(String, usize)>> {
-    let sampling = Sampling {
-        temperature: 0.0,
-        max_new_tokens,
-        stop: tokenizer.eos(),
-    };
-    // Greedy decoding draws nothing; the generator still takes an RNG.
-    let mut rng = StdRng::seed_from_u64(0);
-    problems
-        .iter()
-        .map(|problem| {
-            let prompt = prompt_tokens(tokenizer, &problem.question)?;
-            let answer = generate(weights, &prompt, sampling, &mut rng)?;
-            Ok((tokenizer.decode(&answer)?, answer.len()))
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ pub mod generate;
 pub mod grpo;
 pub mod ops;
 pub mod params;
+pub mod shares;
 pub mod threads;
 pub mod transformer;
 
@@ -47,6 +48,7 @@ pub use eval::{evaluate, Evaluation};
 pub use generate::{forward_cached, generate, sequence_log_probs, KvCache, Sampling, Weights};
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
+pub use shares::map_in_shares;
 pub use threads::{share_cpu_threads, CpuThreads};
 pub use transformer::{
     head_log_probs, model_forward, param_count, unit_count, unit_forward, unit_init_values,

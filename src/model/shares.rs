@@ -1,0 +1,61 @@
+//! Work on one model split over a few threads while the trainers wait (evaluation, GRPO's
+//! sampling): each thread takes a contiguous share of the items, and the results come back in
+//! the items' order, so they do not depend on the number of threads.
+
+/// `f` of every item, on `workers` threads (at least one), in the items' order; the first error
+/// in that order. A panic in `f` resumes on the caller.
+pub fn map_in_shares<T, R, E>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> Result<R, E> + Sync,
+) -> Result<Vec<R>, E>
+where
+    T: Sync,
+    R: Send,
+    E: Send,
+{
+    let share = items.len().div_ceil(workers.max(1)).max(1);
+    let f = &f;
+    let shares: Vec<Result<Vec<R>, E>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .chunks(share)
+            .map(|chunk| scope.spawn(move || chunk.iter().map(f).collect()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(items.len());
+    for share in shares {
+        out.extend(share?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_keep_the_items_order_for_any_worker_count() {
+        let items: Vec<u32> = (0..10).collect();
+        for workers in [0, 1, 3, 10, 32] {
+            let out = map_in_shares(&items, workers, |&x| Ok::<_, ()>(x * 2)).unwrap();
+            assert_eq!(out, (0..10).map(|x| x * 2).collect::<Vec<_>>());
+        }
+        assert!(map_in_shares(&[] as &[u32], 2, |&x| Ok::<_, ()>(x))
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn the_first_error_in_item_order_is_returned() {
+        let items: Vec<u32> = (0..10).collect();
+        let out = map_in_shares(&items, 3, |&x| if x >= 4 { Err(x) } else { Ok(x) });
+        assert_eq!(out, Err(4));
+    }
+}
