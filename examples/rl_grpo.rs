@@ -12,9 +12,9 @@
 //! ```
 //!
 //! Per step: `--prompts` problems (those whose sample fits the model) × `--group-size` responses
-//! sampled from the current policy at `--temperature` (KV cache; at most `--max-new-tokens`) by
-//! one thread per trainer while the trainers wait, each problem from its own seeded RNG (so the
-//! responses do not depend on the thread count); rewards and group-normalised advantages. A group
+//! sampled from the current policy at `--temperature` (KV cache, each group decoded as one batch;
+//! at most `--max-new-tokens`) by one thread per trainer while the trainers wait, each response
+//! from its own seeded RNG (so the responses do not depend on the thread count); rewards and group-normalised advantages. A group
 //! whose responses all scored alike has zero advantages and is not trained on (DAPO's dynamic
 //! sampling, without refilling); the others get the reference's log-probs and go into one odc
 //! step. Printed per step: reward, accuracy (exact match), response length (mean, max), groups
@@ -32,7 +32,7 @@ use candle_core::Device;
 use clap::Parser;
 use odc::checkpoint;
 use odc::model::{
-    evaluate, generate, group_advantages, map_in_shares, sequence_log_probs, tensor_map,
+    evaluate, generate_group, group_advantages, map_in_shares, sequence_log_probs, tensor_map,
     transformer_job, GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling,
     Weights,
 };
@@ -42,7 +42,7 @@ use odc::text::{
 };
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta};
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 #[derive(Debug, Parser)]
 #[command(about = "GRPO on odc (see the example's docs)")]
@@ -224,8 +224,8 @@ struct Response {
 }
 
 /// Each prompt's group of responses, sampled by `workers` threads at once (contiguous shares of
-/// the prompts). Each prompt draws from its own RNG, seeded by `seed` and the problem's index, so
-/// the responses do not depend on the number of workers.
+/// the prompts), a group decoded as one batch. Each response draws from its own RNG, seeded from
+/// `seed` and the problem's index, so the responses do not depend on the number of workers.
 fn sample_groups(
     sampler: &Sampler<'_>,
     prompts: &[(u64, Problem)],
@@ -240,10 +240,12 @@ fn sample_groups(
 /// differ (only such a group is trained on).
 fn sample_group(s: &Sampler<'_>, index: u64, problem: &Problem) -> anyhow::Result<Vec<Response>> {
     let mut rng = StdRng::seed_from_u64(s.seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rngs: Vec<StdRng> = (0..s.group_size)
+        .map(|_| StdRng::seed_from_u64(rng.random()))
+        .collect();
     let prompt = prompt_tokens(s.tokenizer, &problem.question)?;
     let mut group = Vec::with_capacity(s.group_size);
-    for _ in 0..s.group_size {
-        let response = generate(s.policy, &prompt, s.sampling, &mut rng)?;
+    for response in generate_group(s.policy, &prompt, s.sampling, &mut rngs)? {
         let text = s.tokenizer.decode(&response)?;
         group.push(Response {
             tokens: prompt.iter().chain(&response).copied().collect(),

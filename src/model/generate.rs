@@ -7,9 +7,12 @@
 //! 2. greedy decoding (`temperature == 0`) is deterministic; sampling at `temperature > 0` draws
 //!    from `softmax(logits / temperature)` with the caller's seeded RNG, so a run is reproducible;
 //! 3. a response stops at the stop token (kept as its last token) or at `max_new_tokens`, and never
-//!    runs past `max_seq_len` positions.
+//!    runs past `max_seq_len` positions;
+//! 4. **group equivalence**: [`generate_group`] decodes a group of responses to one prompt as one
+//!    batch (the prompt fed once, finished responses leaving the batch), and each response is the
+//!    one [`generate`] draws with the same RNG; the batched logits equal each row's own.
 
-use candle_core::{Device, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 use rand::Rng;
 
 use super::batch::MASKED;
@@ -54,15 +57,20 @@ impl Weights {
     }
 }
 
-/// Keys and values of every block for the tokens fed so far, `[heads, t, head_dim]` each.
-#[derive(Debug, Clone, Default)]
+/// Keys and values of every block for the tokens fed so far: `rows` sequences at the same
+/// positions (one, or a group of responses to one prompt). Each block's keys and values live in
+/// buffers of `[rows, heads, max_seq_len, head_dim]` allocated at the first feed; a feed writes its
+/// positions in place and attention reads the filled prefix as a view, so a token costs no copy of
+/// the cache (not `Clone`: a copy would share the buffers).
+#[derive(Debug, Default)]
 pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    layers: Vec<(Tensor, Tensor)>,
     len: usize,
+    rows: usize,
 }
 
 impl KvCache {
-    /// Tokens fed so far.
+    /// Tokens fed so far (per row).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -70,15 +78,87 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Sequences in the cache (0 before the first feed).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Copies a one-row cache into `rows` identical rows: a prompt fed once, then continued by
+    /// a group of responses.
+    pub fn repeat_rows(&mut self, rows: usize) -> Result<()> {
+        if self.rows != 1 || rows == 0 {
+            return Err(Error::Batch(format!(
+                "only a one-row cache can be repeated (into at least one row); it has {} rows",
+                self.rows
+            )));
+        }
+        for (k, v) in self.layers.iter_mut() {
+            let repeat = |t: &Tensor| -> Result<Tensor> {
+                let mut dims = t.dims().to_vec();
+                dims[0] = rows;
+                Ok(t.broadcast_as(dims)?.contiguous()?)
+            };
+            (*k, *v) = (repeat(k)?, repeat(v)?);
+        }
+        self.rows = rows;
+        Ok(())
+    }
+
+    /// Keeps only the rows `keep` (ascending indices of the current rows), in that order: the
+    /// responses still being generated.
+    pub fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
+        if keep.is_empty() || keep.iter().any(|&r| r >= self.rows) {
+            return Err(Error::Batch(format!(
+                "rows {keep:?} to keep are not a non-empty subset of the cache's {}",
+                self.rows
+            )));
+        }
+        if keep.len() == self.rows {
+            return Ok(());
+        }
+        let device = match self.layers.first() {
+            Some((k, _)) => k.device().clone(),
+            None => return Err(Error::Batch("an empty cache has no rows to keep".into())),
+        };
+        let index: Vec<u32> = keep.iter().map(|&r| r as u32).collect();
+        let index = Tensor::from_vec(index, keep.len(), &device)?;
+        for (k, v) in self.layers.iter_mut() {
+            (*k, *v) = (k.index_select(&index, 0)?, v.index_select(&index, 0)?);
+        }
+        self.rows = keep.len();
+        Ok(())
+    }
 }
 
 /// Feeds `tokens` after those in `cache` and returns their logits, `[tokens.len(), vocab]`.
 pub fn forward_cached(w: &Weights, cache: &mut KvCache, tokens: &[u32]) -> Result<Tensor> {
+    forward_cached_rows(w, cache, 1, tokens)
+}
+
+/// Feeds `rows` sequences of `tokens.len() / rows` tokens each (row-major) after those in `cache`,
+/// all at the same positions, and returns their logits, `[tokens.len(), vocab]` (row-major). A
+/// cache that already holds tokens must hold `rows` rows.
+pub fn forward_cached_rows(
+    w: &Weights,
+    cache: &mut KvCache,
+    rows: usize,
+    tokens: &[u32],
+) -> Result<Tensor> {
     let c = &w.config;
-    let n = tokens.len();
-    if n == 0 {
-        return Err(Error::Batch("no tokens to feed".into()));
+    if tokens.is_empty() || rows == 0 || tokens.len() % rows != 0 {
+        return Err(Error::Batch(format!(
+            "{} tokens do not make {rows} non-empty rows",
+            tokens.len()
+        )));
     }
+    if !cache.is_empty() && cache.rows != rows {
+        return Err(Error::Batch(format!(
+            "{rows} rows fed to a cache of {}",
+            cache.rows
+        )));
+    }
+    let n = tokens.len() / rows;
     let start = cache.len;
     if start + n > c.max_seq_len {
         return Err(Error::Batch(format!(
@@ -94,54 +174,61 @@ pub fn forward_cached(w: &Weights, cache: &mut KvCache, tokens: &[u32]) -> Resul
         )));
     }
     let device = w.units[0][0].device();
-    cache.layers.resize(c.n_layers, None);
-    let ids = Tensor::from_slice(tokens, n, device)?;
+    let (h, hd) = (c.n_heads, c.head_dim());
+    if cache.layers.is_empty() {
+        let buffer = || Tensor::zeros((rows, h, c.max_seq_len, hd), DType::F32, device);
+        cache.layers = (0..c.n_layers)
+            .map(|_| Ok((buffer()?, buffer()?)))
+            .collect::<Result<_>>()?;
+    }
+    // candle's CPU matmul reads strided views; other backends want them contiguous.
+    let view =
+        |t: Tensor| -> Result<Tensor> { Ok(if device.is_cpu() { t } else { t.contiguous()? }) };
+    let ids = Tensor::from_slice(tokens, tokens.len(), device)?;
     let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
     let positions = Tensor::from_vec(positions, n, device)?;
     let (cos, sin) = rope_cos_sin(&positions, c.head_dim(), c.rope_theta)?;
-    // New token i (position start + i) sees keys 0..=start + i.
+    // New token i (position start + i) sees keys 0..=start + i of its own row.
     let total = start + n;
     let mask: Vec<f32> = (0..n)
         .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { MASKED }))
         .collect();
     let mask = Tensor::from_vec(mask, (n, total), device)?;
 
+    // Hidden states stay `[rows * n, d_model]`; only attention sees `[rows, heads, n, head_dim]`.
     let mut x = w.units[0][0].index_select(&ids, 0)?;
     for layer in 0..c.n_layers {
         let p = &w.units[layer + 1];
         let n_in = rms_norm(&x, &p[0], c.rms_eps)?;
-        let (h, hd) = (c.n_heads, c.head_dim());
         let heads = |m: &Tensor| -> Result<Tensor> {
             Ok(n_in
                 .matmul(&m.t()?)?
-                .reshape((n, h, hd))?
-                .transpose(0, 1)?
+                .reshape((rows, n, h, hd))?
+                .transpose(1, 2)?
                 .contiguous()?)
         };
         let q = rope(&heads(&p[1])?, &cos, &sin)?;
         let k_new = rope(&heads(&p[2])?, &cos, &sin)?;
         let v_new = heads(&p[3])?;
-        let (k, v) = match cache.layers[layer].take() {
-            None => (k_new, v_new),
-            Some((k, v)) => (
-                Tensor::cat(&[&k, &k_new], 1)?,
-                Tensor::cat(&[&v, &v_new], 1)?,
-            ),
-        };
+        let (k_buf, v_buf) = &cache.layers[layer];
+        k_buf.slice_set(&k_new, 2, start)?;
+        v_buf.slice_set(&v_new, 2, start)?;
+        let k = view(k_buf.narrow(2, 0, total)?.t()?)?;
+        let v = view(v_buf.narrow(2, 0, total)?)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&mask)?;
+        let scores = (q.matmul(&k)? * scale)?.broadcast_add(&mask)?;
         let attn = softmax_last_dim(&scores)?
             .matmul(&v)?
-            .transpose(0, 1)?
+            .transpose(1, 2)?
             .contiguous()?
-            .reshape((n, c.d_model))?
+            .reshape((rows * n, c.d_model))?
             .matmul(&p[4].t()?)?;
-        cache.layers[layer] = Some((k, v));
         let hidden = (&x + attn)?;
         x = mlp_residual(c, &hidden, [&p[5], &p[6], &p[7], &p[8]])?;
     }
     let head = &w.units[c.n_layers + 1];
     cache.len = total;
+    cache.rows = rows;
     Ok(rms_norm(&x, &head[0], c.rms_eps)?.matmul(&head[1].t()?)?)
 }
 
@@ -177,46 +264,89 @@ pub fn generate(
     sampling: Sampling,
     rng: &mut impl Rng,
 ) -> Result<Vec<u32>> {
+    let mut responses = generate_group(w, prompt, sampling, std::slice::from_mut(rng))?;
+    Ok(responses.pop().unwrap_or_default())
+}
+
+/// One response to `prompt` per RNG of `rngs` (a GRPO group), decoded together: the prompt is fed
+/// once, then every unfinished response advances one token per batched forward, and a response
+/// leaves the batch when it ends. Response `i` draws only from `rngs[i]`, so it is the response
+/// [`generate`] gives with that RNG (up to the float rounding of a batched product).
+pub fn generate_group<R: Rng>(
+    w: &Weights,
+    prompt: &[u32],
+    sampling: Sampling,
+    rngs: &mut [R],
+) -> Result<Vec<Vec<u32>>> {
     if !(sampling.temperature.is_finite() && sampling.temperature >= 0.0) {
         return Err(Error::Batch(format!(
             "temperature must be finite and >= 0, got {}",
             sampling.temperature
         )));
     }
-    let mut cache = KvCache::default();
+    let group = rngs.len();
     let room = w.config.max_seq_len.saturating_sub(prompt.len());
     let budget = sampling.max_new_tokens.min(room);
-    let mut out = Vec::with_capacity(budget);
-    if budget == 0 {
+    let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(budget); group];
+    if budget == 0 || group == 0 {
         return Ok(out);
     }
-    let mut logits = forward_cached(w, &mut cache, prompt)?;
+    let mut cache = KvCache::default();
+    let logits = forward_cached(w, &mut cache, prompt)?;
+    // Every response starts from the prompt's last logits.
+    let last = logits.narrow(0, logits.dim(0)? - 1, 1)?;
+    let mut logits = last.broadcast_as((group, last.dim(1)?))?.contiguous()?;
+    cache.repeat_rows(group)?;
+    let mut active: Vec<usize> = (0..group).collect();
     loop {
-        let last = logits.get(logits.dim(0)? - 1)?;
-        let next = pick(&last, sampling.temperature, rng)?;
-        out.push(next);
-        if next == sampling.stop || out.len() >= budget {
+        let next = pick_rows(&logits, sampling.temperature, &active, rngs)?;
+        let mut keep = Vec::with_capacity(active.len());
+        for (slot, (&row, &token)) in active.iter().zip(&next).enumerate() {
+            out[row].push(token);
+            if token != sampling.stop && out[row].len() < budget {
+                keep.push(slot);
+            }
+        }
+        if keep.is_empty() {
             return Ok(out);
         }
-        logits = forward_cached(w, &mut cache, &[next])?;
+        cache.keep_rows(&keep)?;
+        let fed: Vec<u32> = keep.iter().map(|&slot| next[slot]).collect();
+        active = keep.iter().map(|&slot| active[slot]).collect();
+        logits = forward_cached_rows(w, &mut cache, active.len(), &fed)?;
     }
 }
 
-/// A token from `logits: [vocab]`: argmax at temperature 0, else a draw.
-fn pick(logits: &Tensor, temperature: f64, rng: &mut impl Rng) -> Result<u32> {
+/// A token per row of `logits: [rows, vocab]` (row `slot` belongs to response `active[slot]`,
+/// which draws from `rngs[active[slot]]`): argmax at temperature 0, else a draw.
+fn pick_rows<R: Rng>(
+    logits: &Tensor,
+    temperature: f64,
+    active: &[usize],
+    rngs: &mut [R],
+) -> Result<Vec<u32>> {
     if temperature == 0.0 {
-        return Ok(logits.argmax(D::Minus1)?.to_scalar::<u32>()?);
+        return Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?);
     }
-    let probs: Vec<f32> = softmax_last_dim(&(logits / temperature)?)?.to_vec1()?;
+    let probs: Vec<Vec<f32>> = softmax_last_dim(&(logits / temperature)?)?.to_vec2()?;
+    Ok(probs
+        .iter()
+        .zip(active)
+        .map(|(p, &row)| draw(p, &mut rngs[row]))
+        .collect())
+}
+
+/// A token index drawn from the distribution `probs`.
+fn draw(probs: &[f32], rng: &mut impl Rng) -> u32 {
     let mut u: f32 = rng.random();
     for (i, p) in probs.iter().enumerate() {
         if u < *p {
-            return Ok(i as u32);
+            return i as u32;
         }
         u -= p;
     }
     // Rounding left u just above the total: the last token with any mass.
-    Ok(probs.iter().rposition(|p| *p > 0.0).unwrap_or(0) as u32)
+    probs.iter().rposition(|p| *p > 0.0).unwrap_or(0) as u32
 }
 
 #[cfg(test)]
@@ -344,6 +474,88 @@ mod tests {
                 per[t - 1]
             );
         }
+    }
+
+    #[test]
+    fn batched_rows_give_each_rows_own_logits_and_keep_rows_continues_them() {
+        let c = config();
+        let w = weights(&c);
+        let rows: [&[u32]; 3] = [&[1, 5, 9], &[2, 14, 3], &[7, 7, 0]];
+        let mut single: Vec<(KvCache, Tensor)> = rows
+            .iter()
+            .map(|r| {
+                let mut cache = KvCache::default();
+                let logits = forward_cached(&w, &mut cache, r).unwrap();
+                (cache, logits)
+            })
+            .collect();
+        let mut cache = KvCache::default();
+        let flat: Vec<u32> = rows.concat();
+        let batched = forward_cached_rows(&w, &mut cache, 3, &flat).unwrap();
+        assert_eq!((cache.rows(), cache.len()), (3, 3));
+        for (i, (_, logits)) in single.iter().enumerate() {
+            let row = batched.narrow(0, 3 * i, 3).unwrap();
+            assert!(max_abs_diff(&row, logits) < 1e-4, "row {i}");
+        }
+        // Rows 0 and 2 go on; row 1 has left the batch.
+        cache.keep_rows(&[0, 2]).unwrap();
+        let next = forward_cached_rows(&w, &mut cache, 2, &[4, 11]).unwrap();
+        for (slot, (row, token)) in [(0usize, 4u32), (2, 11)].into_iter().enumerate() {
+            let own = forward_cached(&w, &mut single[row].0, &[token]).unwrap();
+            let got = next.narrow(0, slot, 1).unwrap();
+            assert!(max_abs_diff(&got, &own) < 1e-4, "row {row} after keep_rows");
+        }
+    }
+
+    #[test]
+    fn a_group_decodes_each_response_as_generate_does_with_its_rng() {
+        let c = config();
+        let w = weights(&c);
+        let s = Sampling {
+            temperature: 1.5,
+            max_new_tokens: 15,
+            stop: 7,
+        };
+        let prompt = [1u32, 2, 3];
+        let mut rngs: Vec<StdRng> = (0..6).map(StdRng::seed_from_u64).collect();
+        let group = generate_group(&w, &prompt, s, &mut rngs).unwrap();
+        assert_eq!(group.len(), 6);
+        for (seed, response) in group.iter().enumerate() {
+            let alone = generate(&w, &prompt, s, &mut StdRng::seed_from_u64(seed as u64)).unwrap();
+            assert_eq!(response, &alone, "response {seed}");
+        }
+        // Responses left the batch at different lengths (some at the stop token).
+        let lengths: std::collections::HashSet<usize> = group.iter().map(Vec::len).collect();
+        assert!(lengths.len() > 1, "every response had the same length");
+        assert!(group.iter().any(|r| r.last() == Some(&7) && r.len() < 15));
+        // Greedy: every row is the greedy response.
+        let greedy = Sampling {
+            temperature: 0.0,
+            ..s
+        };
+        let mut rngs: Vec<StdRng> = (0..3).map(StdRng::seed_from_u64).collect();
+        let rows = generate_group(&w, &prompt, greedy, &mut rngs).unwrap();
+        let alone = generate(&w, &prompt, greedy, &mut StdRng::seed_from_u64(9)).unwrap();
+        assert!(rows.iter().all(|r| r == &alone));
+        let none: Vec<StdRng> = Vec::new();
+        assert!(generate_group(&w, &prompt, s, &mut none.clone())
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn bad_row_shapes_are_errors() {
+        let c = config();
+        let w = weights(&c);
+        let mut cache = KvCache::default();
+        assert!(forward_cached_rows(&w, &mut cache, 2, &[1, 2, 3]).is_err());
+        assert!(forward_cached_rows(&w, &mut cache, 0, &[1]).is_err());
+        forward_cached_rows(&w, &mut cache, 2, &[1, 2]).unwrap();
+        assert!(forward_cached_rows(&w, &mut cache, 3, &[1, 2, 3]).is_err());
+        assert!(cache.repeat_rows(4).is_err());
+        assert!(cache.keep_rows(&[]).is_err());
+        assert!(cache.keep_rows(&[2]).is_err());
+        assert!(KvCache::default().keep_rows(&[0]).is_err());
     }
 
     #[test]

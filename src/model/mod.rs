@@ -45,7 +45,10 @@ pub use compute::{
 pub use config::ModelConfig;
 pub use error::{Error, Result};
 pub use eval::{evaluate, Evaluation};
-pub use generate::{forward_cached, generate, sequence_log_probs, KvCache, Sampling, Weights};
+pub use generate::{
+    forward_cached, forward_cached_rows, generate, generate_group, sequence_log_probs, KvCache,
+    Sampling, Weights,
+};
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
 pub use shares::map_in_shares;
