@@ -39,7 +39,16 @@ fn a_short_grpo_run_reports_rewards_groups_and_its_final_line() {
         stdout.contains("no --init: a 2-step SFT warm start first"),
         "{stdout}"
     );
-    assert!(stdout.contains("before RL"), "{stdout}");
+    for held_out in [
+        "held-out before RL (2 problems): greedy accuracy",
+        "held-out after RL (2 problems): greedy accuracy",
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(held_out))
+            .unwrap_or_else(|| panic!("no {held_out:?} line in {stdout}"));
+        assert!(line.contains("2 samples each: reward"), "{line}");
+    }
     for step in ["step   1/2", "step   2/2"] {
         let line = stdout
             .lines()
