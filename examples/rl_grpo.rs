@@ -14,11 +14,13 @@
 //! Per step: `--prompts` problems (those whose sample fits the model) × `--group-size` responses
 //! sampled from the current policy at `--temperature` (KV cache, each group decoded as one batch;
 //! at most `--max-new-tokens`) by one thread per trainer while the trainers wait, each response
-//! from its own seeded RNG (so the responses do not depend on the thread count); rewards and group-normalised advantages. A group
-//! whose responses all scored alike has zero advantages and is not trained on (DAPO's dynamic
-//! sampling, without refilling); the others get the reference's log-probs and go into one odc
-//! step. Printed per step: reward, accuracy (exact match), response length (mean, max), groups
-//! trained, loss. One process (trainers and servers in it); the last line is
+//! from its own seeded RNG (so the responses do not depend on the thread count); rewards and
+//! group-normalised advantages. A group whose responses all scored alike has zero advantages and
+//! is not trained on (DAPO's dynamic sampling, without refilling); the others get the reference's
+//! log-probs and go into one odc step. Printed per step: reward, accuracy (exact match), response
+//! length (mean, max), groups trained, loss. Before and after RL, `--eval-problems` held-out
+//! problems are answered greedily and sampled `--group-size` times each with fixed seeds (a paired
+//! comparison). One process (trainers and servers in it); the last line is
 //! `final step=<n> reward=<f> accuracy=<f>`. `--max-value` defaults to the `--init`
 //! checkpoint's (the SFT run's setting).
 

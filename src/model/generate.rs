@@ -105,7 +105,7 @@ impl KvCache {
         Ok(())
     }
 
-    /// Keeps only the rows `keep` (ascending indices of the current rows), in that order: the
+    /// Keeps only the rows `keep` (indices of the current rows), in that order: the
     /// responses still being generated.
     pub fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
         if keep.is_empty() || keep.iter().any(|&r| r >= self.rows) {
