@@ -384,8 +384,8 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
         max_new_tokens: args.max_new_tokens,
         stop: tokenizer.eos(),
     };
-    // Greedy exact match on held-out problems that fit the model, before and after: the sampled
-    // rewards of a step (a few dozen responses at temperature) are too noisy to compare two steps.
+    // Held-out problems that fit the model, scored before and after (greedy, and sampled with the
+    // same seeds): a step's sampled rewards are too noisy to compare two steps.
     let eval_set = fitting(
         &*tokenizer,
         ArithTask::eval(args.seed)
@@ -395,12 +395,7 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
         args.eval_problems,
     )?;
     // The held-out problems with their index, for the sampled score's per-problem RNGs.
-    let eval_prompts: Vec<(u64, Problem)> = eval_set
-        .iter()
-        .cloned()
-        .zip(0u64..)
-        .map(|(p, i)| (i, p))
-        .collect();
+    let eval_prompts: Vec<(u64, Problem)> = (0u64..).zip(eval_set.iter().cloned()).collect();
     let evaluate_now = |params: &[Vec<f32>]| -> anyhow::Result<HeldOut> {
         let weights = Weights::from_units(&model, params, &Device::Cpu)?;
         let greedy = evaluate(

@@ -3,7 +3,7 @@
 //! across processes with `odc launch`.
 //!
 //! ```text
-//! cargo run --release --example sft                                 # generated data, ~7 min on 2 cores
+//! cargo run --release --example sft                                 # generated data, ~6 min on 2 cores
 //! cargo run --release --example sft -- --steps 40 --eval-every 20   # shorter
 //! cargo run --release --example sft -- --data ../shared/data/gsm8k/train.jsonl
 //! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt
@@ -18,8 +18,8 @@
 //! Training and evaluation take the problems whose sample fits the model's `max_seq_len` (the
 //! longest quarter of the generated ones do not). Every `--eval-every` steps: exact-match accuracy
 //! of greedy answers on held-out problems (the evaluation split never shares a question with
-//! training), answered by one thread per trainer while the trainers wait. A progress bar shows loss, tokens/s
-//! and the ETA on a terminal; otherwise plain lines. Prometheus metrics at `--metrics-addr`
+//! training), answered by one thread per trainer while the trainers wait. A progress bar shows
+//! loss, tokens/s and the ETA on a terminal; otherwise plain lines. Prometheus metrics at `--metrics-addr`
 //! (`odc_*` of the runtime plus `odc_sft_loss`, `odc_sft_tokens_per_second`,
 //! `odc_sft_eval_accuracy`); `--trace PATH` writes every step's trainer timelines as a Chrome
 //! trace. The last line is `final step=<n> loss=<f> eval_accuracy=<f>`.

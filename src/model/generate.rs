@@ -536,9 +536,9 @@ mod tests {
         let mut rngs: Vec<StdRng> = (0..3).map(StdRng::seed_from_u64).collect();
         let rows = generate_group(&w, &prompt, greedy, &mut rngs).unwrap();
         let alone = generate(&w, &prompt, greedy, &mut StdRng::seed_from_u64(9)).unwrap();
-        assert!(rows.iter().all(|r| r == &alone));
-        let none: Vec<StdRng> = Vec::new();
-        assert!(generate_group(&w, &prompt, s, &mut none.clone())
+        assert_eq!(rows, vec![alone; 3]);
+        let mut none: Vec<StdRng> = Vec::new();
+        assert!(generate_group(&w, &prompt, s, &mut none)
             .unwrap()
             .is_empty());
     }
