@@ -69,6 +69,12 @@ struct Args {
     /// Multi-process: longest wait for every rank to join (and for the others at the end).
     #[arg(long, default_value_t = 120)]
     join_timeout_secs: u64,
+    /// Multi-process: the control plane's heartbeat interval (ms).
+    #[arg(long, default_value_t = 1000)]
+    heartbeat_interval_ms: u64,
+    /// Multi-process: a rank silent this long (ms) is treated as lost.
+    #[arg(long, default_value_t = 10_000)]
+    heartbeat_timeout_ms: u64,
     /// Write the final fp32 parameters (every unit in order, little-endian) to this file
     /// (rank 0 only in a multi-process job).
     #[arg(long)]
@@ -280,7 +286,11 @@ async fn main() -> anyhow::Result<()> {
         let world_size = world.world_size;
         builder = builder
             .world(world)
-            .join_timeout(Duration::from_secs(args.join_timeout_secs));
+            .join_timeout(Duration::from_secs(args.join_timeout_secs))
+            .heartbeat(
+                Duration::from_millis(args.heartbeat_interval_ms),
+                Duration::from_millis(args.heartbeat_timeout_ms),
+            );
         if args.servers_on.is_some() || args.trainers_on.is_some() {
             let ranks = |flag: &str, text: &Option<String>| match text {
                 Some(text) => parse_ranks(text).map_err(|e| anyhow::anyhow!("--{flag}: {e}")),

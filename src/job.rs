@@ -12,6 +12,7 @@ use odc_actors::messages::{ShardSnapshot, SnapshotCmd, SupervisorSpec};
 use odc_actors::node::Node;
 use odc_actors::policy::balancer::CostModel;
 use odc_actors::policy::dispatch::{Communication, DispatchMode};
+use odc_actors::policy::membership::HeartbeatConfig;
 use odc_actors::policy::recovery::FailurePolicy;
 use odc_actors::policy::schedule::LrSchedule;
 use odc_actors::policy::stats::StepStats;
@@ -80,6 +81,7 @@ pub struct JobBuilder {
     world: Option<World>,
     roles: Option<Roles>,
     join_timeout: Duration,
+    heartbeat: HeartbeatConfig,
     resume: Option<TrainState>,
 }
 
@@ -101,6 +103,7 @@ impl Default for JobBuilder {
             world: None,
             roles: None,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
+            heartbeat: HeartbeatConfig::default(),
             resume: None,
         }
     }
@@ -150,6 +153,17 @@ impl JobBuilder {
     /// started) and for the other ranks at shutdown. Default 120 s.
     pub fn join_timeout(mut self, timeout: Duration) -> Self {
         self.join_timeout = timeout;
+        self
+    }
+
+    /// The control plane's heartbeat in a multi-process job: the coordinator asks every rank
+    /// every `interval`, and a rank silent for `timeout` is treated as lost, exactly as a killed
+    /// one (its trainers' work is replayed; a lost shard server ends the job, for `odc launch
+    /// --max-restarts` to restart from the newest checkpoint); other ranks end with an error when
+    /// the coordinator is silent as long. Default 1 s / 10 s; the timeout must exceed the
+    /// interval. Every rank must use the same values.
+    pub fn heartbeat(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.heartbeat = HeartbeatConfig { interval, timeout };
         self
     }
 
@@ -368,6 +382,7 @@ impl JobBuilder {
                 )));
             }
         }
+        self.heartbeat.validate().map_err(Error::Config)?;
         if self.policy.token_budget == 0 {
             return Err(Error::Config("token budget must be positive".into()));
         }
@@ -429,6 +444,7 @@ impl JobBuilder {
                     world,
                     roles,
                     join_timeout: self.join_timeout,
+                    heartbeat: self.heartbeat,
                 }),
             }),
             node: None,
@@ -486,6 +502,7 @@ struct Multi {
     world: World,
     roles: Roles,
     join_timeout: Duration,
+    heartbeat: HeartbeatConfig,
 }
 
 /// A training job: actors are spawned on first use and live until [`Job::shutdown`].
@@ -556,6 +573,7 @@ impl Job {
             world,
             roles,
             join_timeout,
+            heartbeat,
         }) = multi
         {
             let config = ClusterConfig {
@@ -563,8 +581,10 @@ impl Job {
                 rank: world.rank,
                 world_size: world.world_size,
                 coordinator: world.coordinator.clone().unwrap_or_default(),
-                cookie: crate::launch::secret(&world)?.expose(),
+                secret: crate::launch::secret(&world)?,
+                bind: crate::launch::bind_ip(&world)?,
                 join_timeout,
+                heartbeat,
             };
             let membership = Membership::join(config, node.clone()).await?;
             if membership.rank == 0 {

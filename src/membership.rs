@@ -67,6 +67,7 @@ impl Membership {
             rank,
             node,
             events: tx,
+            liveness: (rank != 0).then(|| cluster.liveness()),
         };
         let (host, _) = Actor::spawn(None, Host, args)
             .await
@@ -165,13 +166,13 @@ impl Membership {
                 )));
             }
             Next::Host(None) => return Err(plane(format!("rank {rank}'s host stopped"))),
-            Next::Session(Some(SessionEvent::Lost { rank: Some(0), .. })) if rank != 0 => {
+            Next::Session(Some(SessionEvent::Lost { rank: 0, reason })) if rank != 0 => {
                 return Err(plane(format!(
-                    "the coordinator (rank 0) is gone (its process exited or the connection \
-                     closed) while rank {rank} waited for {waiting_for}"
+                    "the coordinator (rank 0) is gone ({reason}: its process exited, hung, or \
+                     the connection closed) while rank {rank} waited for {waiting_for}"
                 )))
             }
-            Next::Session(Some(SessionEvent::Lost { rank: Some(r), .. })) => {
+            Next::Session(Some(SessionEvent::Lost { rank: r, .. })) => {
                 self.done.insert(r);
             }
             Next::Session(Some(_)) => {}

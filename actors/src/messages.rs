@@ -270,6 +270,8 @@ pub enum HostMsg {
     Leaving(u32),
     /// The job is over: stop this node's actors (`Some(reason)` when it failed).
     Shutdown(Option<String>),
+    /// The coordinator's heartbeat (answered at once; a rank that stops answering is lost).
+    Heartbeat(RpcReplyPort<()>),
 }
 
 #[cfg(test)]

@@ -50,6 +50,11 @@ pub const REPLAYS: &str = "odc_replays_total";
 pub const TRAINER_FAILURES: &str = "odc_trainer_failures_total";
 /// Work moved between trainers at run time (micro-batches stolen by an idle trainer).
 pub const REBALANCES: &str = "odc_rebalances_total";
+/// Connections closed at once because a listener already held its maximum of connections still
+/// in the handshake, label `listener` (`control`, or the data plane's backend).
+pub const UNAUTHENTICATED_REFUSED: &str = "odc_unauthenticated_connections_refused_total";
+/// Ranks treated as lost because they answered no heartbeat within the timeout (coordinator).
+pub const SILENT_RANKS: &str = "odc_silent_ranks_total";
 
 /// Register descriptions and units with the installed recorder.
 pub fn describe() {
@@ -97,6 +102,14 @@ pub fn describe() {
     describe_counter!(
         REBALANCES,
         "Micro-batches moved between trainers at run time"
+    );
+    describe_counter!(
+        UNAUTHENTICATED_REFUSED,
+        "Connections closed at once: too many already in the handshake"
+    );
+    describe_counter!(
+        SILENT_RANKS,
+        "Ranks lost because they answered no heartbeat in time"
     );
 }
 

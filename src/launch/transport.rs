@@ -62,6 +62,21 @@ pub async fn transport(world: &World) -> Result<Arc<dyn Transport>> {
     }
 }
 
+/// Where this process's control-plane listener binds (rank 0; its port is the coordinator's):
+/// `ODC_BIND` when set, else the interface that routes to the coordinator (loopback when the
+/// coordinator is loopback).
+pub fn bind_ip(world: &World) -> Result<std::net::IpAddr> {
+    if let Ok(bind) = std::env::var("ODC_BIND") {
+        return bind
+            .trim()
+            .parse()
+            .map_err(|e| Error::Config(format!("ODC_BIND={bind:?} is not an IP address: {e}")));
+    }
+    local_host(world)
+        .parse()
+        .map_err(|e| Error::Config(format!("no address to bind: {e}")))
+}
+
 /// The address of the interface this host reaches the coordinator through (no packet is sent:
 /// connecting a UDP socket only picks the route); loopback without a coordinator.
 fn local_host(world: &World) -> String {

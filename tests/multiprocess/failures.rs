@@ -1,111 +1,13 @@
-//! (c) a trainer rank killed mid-minibatch, (d) a server rank killed, (e) a rank with the wrong
-//! secret — in real processes started rank by rank, so one can be killed.
+//! (c) a trainer rank killed mid-minibatch, (c') one stopped (SIGSTOP) and found by the heartbeat,
+//! (d) a server rank killed, (e) a rank with the wrong secret — in real processes started rank by
+//! rank, so one can be killed or stopped.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::harness::*;
 
 /// The supervisor must notice a killed rank within this (it is a closed session: ~ms).
 const NOTICE_DEADLINE: Duration = Duration::from_secs(2);
-
-struct Ranks {
-    children: Vec<Option<Child>>,
-}
-
-impl Ranks {
-    /// Start `world` ranks of `embed` with `args`; rank `r` gets `secrets[r]`.
-    fn start(world: u32, transport: &str, secrets: &[&str], args: &[String]) -> Self {
-        let coordinator = format!("127.0.0.1:{}", free_port());
-        let job = format!("t{}x{}", std::process::id(), free_port());
-        let children = (0..world)
-            .map(|rank| {
-                let mut cmd = Command::new(embed());
-                rank_env(
-                    &mut cmd,
-                    rank,
-                    world,
-                    &coordinator,
-                    secrets[rank as usize],
-                    &job,
-                    transport,
-                );
-                cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
-                Some(cmd.spawn().expect("a rank starts"))
-            })
-            .collect();
-        Ranks { children }
-    }
-
-    /// Rank 0's stdout, line by line, as it comes (the rest is collected at the end).
-    fn take_stdout(&mut self, rank: usize) -> std::process::ChildStdout {
-        self.children[rank]
-            .as_mut()
-            .and_then(|c| c.stdout.take())
-            .expect("piped stdout")
-    }
-
-    fn kill(&mut self, rank: usize) -> SystemTime {
-        let child = self.children[rank].as_mut().expect("running");
-        // SAFETY: plain FFI call on a pid we own.
-        let rc = unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-        assert_eq!(rc, 0, "SIGKILL rank {rank}");
-        SystemTime::now()
-    }
-
-    /// Wait for every rank; (status, stdout, stderr) per rank.
-    fn wait(mut self, limit: Duration) -> Vec<(Option<i32>, String, String)> {
-        self.children
-            .iter_mut()
-            .map(|c| {
-                let out = wait(c.take().expect("a child"), limit);
-                (
-                    out.status.code(),
-                    String::from_utf8_lossy(&out.stdout).into_owned(),
-                    String::from_utf8_lossy(&out.stderr).into_owned(),
-                )
-            })
-            .collect()
-    }
-}
-
-impl Drop for Ranks {
-    fn drop(&mut self) {
-        for child in self.children.iter_mut().flatten() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Read `stdout` until a line starting with `prefix`; every line read.
-fn read_until(
-    stdout: std::process::ChildStdout,
-    prefix: &str,
-) -> (Vec<String>, BufReader<std::process::ChildStdout>) {
-    let mut reader = BufReader::new(stdout);
-    let mut lines = Vec::new();
-    loop {
-        let mut line = String::new();
-        let n = reader
-            .read_line(&mut line)
-            .expect("reading rank 0's stdout");
-        assert!(n > 0, "rank 0 ended before printing {prefix:?}: {lines:?}");
-        let done = line.starts_with(prefix);
-        lines.push(line);
-        if done {
-            return (lines, reader);
-        }
-    }
-}
-
-fn rest(mut reader: BufReader<std::process::ChildStdout>, mut lines: Vec<String>) -> String {
-    let mut tail = String::new();
-    std::io::Read::read_to_string(&mut reader, &mut tail).expect("rank 0's stdout");
-    lines.push(tail);
-    lines.concat()
-}
 
 /// Seconds into the UTC day of a tracing line's timestamp (`2026-11-23T03:40:34.365105Z ...`).
 fn log_seconds_of_day(line: &str) -> Option<f64> {
@@ -148,7 +50,7 @@ fn a_trainer_rank_killed_mid_minibatch_is_replayed_without_it() {
         "--save-params".into(),
     ]);
     args.push(path.display().to_string());
-    let secret = "s3cret-trainer-kill";
+    let secret = "s3cret-trainer-kill-0123456789";
     let mut ranks = Ranks::start(4, "tcp", &[secret; 4], &args);
     let stdout = ranks.take_stdout(0);
     let (lines, reader) = read_until(stdout, "step   1 ");
@@ -199,10 +101,103 @@ fn a_trainer_rank_killed_mid_minibatch_is_replayed_without_it() {
     );
 }
 
+/// The heartbeat of the stopped-rank test: short, so the test is quick.
+const HEARTBEAT_INTERVAL_MS: u64 = 200;
+const HEARTBEAT_TIMEOUT_MS: u64 = 2_000;
+
+#[test]
+fn a_stopped_trainer_rank_is_lost_by_its_heartbeat_and_replayed_without_it() {
+    // Rank 3 hosts only trainer 3; SIGSTOP keeps its sockets open, so only the heartbeat can
+    // tell it from a slow rank.
+    let roles = [
+        "--servers-on",
+        "0,1,2",
+        "--trainers-on",
+        "0,1,2,3",
+        "--on-trainer-failure",
+        "drop",
+    ];
+    let (want, want_loss) = single(4, 3, &["--on-trainer-failure", "drop"]);
+    let path = temp("stopped-trainer.params");
+    let mut args = flags(&roles);
+    for (flag, value) in [
+        ("--compute-delay-ms", "40".to_string()),
+        ("--heartbeat-interval-ms", HEARTBEAT_INTERVAL_MS.to_string()),
+        ("--heartbeat-timeout-ms", HEARTBEAT_TIMEOUT_MS.to_string()),
+        ("--save-params", path.display().to_string()),
+    ] {
+        args.extend([flag.to_string(), value]);
+    }
+    let secret = "s3cret-trainer-stop-0123456789";
+    let mut ranks = Ranks::start(4, "tcp", &[secret; 4], &args);
+    let stdout = ranks.take_stdout(0);
+    let (mut lines, mut reader) = read_until(stdout, "step   1 ");
+    // Step 2 is computing now: stop rank 3 inside it.
+    std::thread::sleep(Duration::from_millis(80));
+    let stopped_at = ranks.signal(3, libc::SIGSTOP);
+    // Step 2 completes without it (after the timeout and a replay); then rank 3 wakes up, with
+    // its old micro-batch and its old session, while the job goes on.
+    read_more(&mut reader, &mut lines, "step   2 ");
+    ranks.signal(3, libc::SIGCONT);
+    let results = ranks.wait(Duration::from_secs(120));
+    let stdout0 = rest(reader, lines);
+    let (status0, _, stderr0) = &results[0];
+    assert_eq!(*status0, Some(0), "rank 0: {stdout0}\n{stderr0}");
+    for (rank, (status, _, stderr)) in results.iter().enumerate().take(3).skip(1) {
+        assert_eq!(*status, Some(0), "rank {rank}: {stderr}");
+    }
+    let (status3, _, stderr3) = &results[3];
+    assert_ne!(
+        *status3,
+        Some(0),
+        "rank 3, woken up after it was lost, ends with an error: {stderr3}"
+    );
+    let notice = stderr0
+        .lines()
+        .find(|l| l.contains("rank 3 is lost") && l.contains("heartbeat"))
+        .unwrap_or_else(|| panic!("rank 0 logs the silent rank: {stderr0}"));
+    let latency = log_seconds_of_day(notice).expect("a timestamp") - seconds_of_day(stopped_at);
+    // Silence is counted from the last answer, which came up to an interval before the stop;
+    // the tick that sees it comes up to an interval after the timeout.
+    let timeout = HEARTBEAT_TIMEOUT_MS as f64 / 1e3;
+    let interval = HEARTBEAT_INTERVAL_MS as f64 / 1e3;
+    assert!(
+        latency >= timeout - interval - 0.2 && latency < timeout + interval + 1.5,
+        "lost {latency:.3} s after SIGSTOP (timeout {timeout} s, interval {interval} s): {notice}"
+    );
+    assert!(
+        stderr0.contains("trainer 3 failed"),
+        "the supervisor handles it as a lost trainer: {stderr0}"
+    );
+    let replays: u32 = stdout0
+        .lines()
+        .filter_map(|l| {
+            l.split("replays ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u32>()
+                .ok()
+        })
+        .sum();
+    assert!(replays >= 1, "a step was replayed: {stdout0}");
+    // I2 across the stop and the late wake-up: the failure-free run's parameters.
+    let finals = finals(&stdout0);
+    assert_eq!(finals.len(), 1, "{stdout0}");
+    assert!(
+        ((finals[0].0 - want_loss) / want_loss).abs() <= 1e-6,
+        "{finals:?} vs {want_loss}"
+    );
+    assert_same_params(&params(&path), &want, "after a stopped trainer rank");
+    eprintln!(
+        "trainer rank stopped: lost after {latency:.3} s (timeout {timeout} s), {replays} replay(s)"
+    );
+}
+
 #[test]
 fn a_server_rank_killed_stops_the_job_naming_the_rank_and_the_shard() {
     let args = flags(&["--compute-delay-ms", "40"]);
-    let secret = "s3cret-server-kill";
+    let secret = "s3cret-server-kill-0123456789";
     let mut ranks = Ranks::start(4, "tcp", &[secret; 4], &args);
     let stdout = ranks.take_stdout(0);
     let (lines, reader) = read_until(stdout, "step   1 ");
@@ -235,7 +230,12 @@ fn a_server_rank_killed_stops_the_job_naming_the_rank_and_the_shard() {
 #[test]
 fn a_rank_with_the_wrong_secret_is_refused_before_anything_starts() {
     let args = flags(&["--join-timeout-secs", "5"]);
-    let ranks = Ranks::start(2, "tcp", &["the-job-secret", "not-the-job-secret"], &args);
+    let ranks = Ranks::start(
+        2,
+        "tcp",
+        &["the-job-secret-0123456789", "not-the-job-secret-0123456789"],
+        &args,
+    );
     let results = ranks.wait(Duration::from_secs(60));
     let (status1, _, stderr1) = &results[1];
     assert_ne!(*status1, Some(0), "rank 1 is refused");

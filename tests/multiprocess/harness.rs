@@ -1,8 +1,9 @@
 //! Starting `examples/embed` as a single process, under `odc launch`, or rank by rank.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The `embed` example (cargo builds examples before it runs integration tests).
 pub fn embed() -> PathBuf {
@@ -179,4 +180,124 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
+}
+
+/// Ranks started by hand, so one can be killed or stopped.
+pub struct Ranks {
+    children: Vec<Option<Child>>,
+    /// The job's name (`ODC_JOB`).
+    pub job: String,
+}
+
+impl Ranks {
+    /// Start `world` ranks of `embed` with `args`; rank `r` gets `secrets[r]`.
+    pub fn start(world: u32, transport: &str, secrets: &[&str], args: &[String]) -> Self {
+        let coordinator = format!("127.0.0.1:{}", free_port());
+        let job = format!("t{}x{}", std::process::id(), free_port());
+        let children = (0..world)
+            .map(|rank| {
+                let mut cmd = Command::new(embed());
+                rank_env(
+                    &mut cmd,
+                    rank,
+                    world,
+                    &coordinator,
+                    secrets[rank as usize],
+                    &job,
+                    transport,
+                );
+                cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+                Some(cmd.spawn().expect("a rank starts"))
+            })
+            .collect();
+        Ranks { children, job }
+    }
+
+    /// Rank 0's stdout, line by line, as it comes (the rest is collected at the end).
+    pub fn take_stdout(&mut self, rank: usize) -> std::process::ChildStdout {
+        self.children[rank]
+            .as_mut()
+            .and_then(|c| c.stdout.take())
+            .expect("piped stdout")
+    }
+
+    pub fn kill(&mut self, rank: usize) -> SystemTime {
+        self.signal(rank, libc::SIGKILL)
+    }
+
+    /// Send `signal` to rank `rank`; when it was sent.
+    pub fn signal(&mut self, rank: usize, signal: i32) -> SystemTime {
+        let pid = self.pid(rank);
+        // SAFETY: plain FFI call on a pid we own.
+        let rc = unsafe { libc::kill(pid as i32, signal) };
+        assert_eq!(rc, 0, "signal {signal} to rank {rank}");
+        SystemTime::now()
+    }
+
+    /// Rank `rank`'s process id.
+    pub fn pid(&self, rank: usize) -> u32 {
+        self.children[rank].as_ref().expect("running").id()
+    }
+
+    /// Wait for every rank; (status, stdout, stderr) per rank.
+    pub fn wait(mut self, limit: Duration) -> Vec<(Option<i32>, String, String)> {
+        self.children
+            .iter_mut()
+            .map(|c| {
+                let out = wait(c.take().expect("a child"), limit);
+                (
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stdout).into_owned(),
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in self.children.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Read `stdout` until a line starting with `prefix`; every line read.
+pub fn read_until(
+    stdout: std::process::ChildStdout,
+    prefix: &str,
+) -> (Vec<String>, BufReader<std::process::ChildStdout>) {
+    let mut reader = BufReader::new(stdout);
+    let mut lines = Vec::new();
+    read_more(&mut reader, &mut lines, prefix);
+    (lines, reader)
+}
+
+/// Go on reading until a line starting with `prefix`, adding every line to `lines`.
+pub fn read_more(
+    reader: &mut BufReader<std::process::ChildStdout>,
+    lines: &mut Vec<String>,
+    prefix: &str,
+) {
+    loop {
+        let mut line = String::new();
+        let n = reader
+            .read_line(&mut line)
+            .expect("reading rank 0's stdout");
+        assert!(n > 0, "rank 0 ended before printing {prefix:?}: {lines:?}");
+        let done = line.starts_with(prefix);
+        lines.push(line);
+        if done {
+            return;
+        }
+    }
+}
+
+pub fn rest(mut reader: BufReader<std::process::ChildStdout>, mut lines: Vec<String>) -> String {
+    let mut tail = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut tail).expect("rank 0's stdout");
+    lines.push(tail);
+    lines.concat()
 }

@@ -10,5 +10,6 @@
 
 mod failures;
 mod harness;
+mod hostile;
 mod netns;
 mod parity;

@@ -15,6 +15,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::session::Liveness;
 use crate::error::{Error, Result};
 use crate::messages::{HostMsg, ServerSpawn, StepOutcome, TrainerSpawn, TrainerStarted};
 use crate::node::Node;
@@ -53,6 +54,8 @@ pub struct HostArgs {
     pub rank: u32,
     pub node: Arc<Node>,
     pub events: UnboundedSender<HostEvent>,
+    /// Told when the coordinator's heartbeat arrives (`None` on the coordinator itself).
+    pub liveness: Option<Liveness>,
 }
 
 /// State of a host.
@@ -62,6 +65,7 @@ pub struct HostState {
     node: Arc<Node>,
     digest: u64,
     events: UnboundedSender<HostEvent>,
+    liveness: Option<Liveness>,
     /// The actors this host started, by their group.
     children: HashMap<String, ActorCell>,
 }
@@ -86,6 +90,7 @@ impl Actor for Host {
             digest: args.node.layout.digest(),
             node: args.node,
             events: args.events,
+            liveness: args.liveness,
             children: HashMap::new(),
         })
     }
@@ -145,6 +150,12 @@ impl Actor for Host {
             HostMsg::Shutdown(reason) => {
                 stop_children(state);
                 let _ = state.events.send(HostEvent::Shutdown(reason));
+            }
+            HostMsg::Heartbeat(reply) => {
+                if let Some(liveness) = &state.liveness {
+                    liveness.coordinator_heard();
+                }
+                let _ = reply.send(());
             }
         }
         Ok(())

@@ -1,16 +1,20 @@
 //! The control plane across processes and hosts (DESIGN "Processes and hosts"), over
 //! ractor_cluster: [`session`] (this process's node server, the session to the coordinator, lost
 //! peers), [`host`] (the per-process actor that starts servers and trainers for the supervisor),
-//! [`wire`] (every actor message encodable) and [`codec`] (how payloads and replies are encoded).
+//! [`wire`] (every actor message encodable), [`codec`] (how payloads and replies are encoded) and
+//! `door` (odc's handshake in front of ractor_cluster).
 //!
-//! No tensor bytes go over it: parameters and gradients move over the transport. A peer without
-//! the cluster secret is disconnected before it is authenticated, so it never sees an actor, a
-//! route or a region handle (and the transport refuses it separately).
+//! No tensor bytes go over it: parameters and gradients move over the transport. A peer must
+//! prove the cluster secret through odc's handshake before ractor_cluster reads a frame of it; one
+//! that does not never sees an actor, a route or a region handle, and changes no membership (the
+//! transport refuses it separately).
 
 pub mod codec;
+mod door;
 pub mod host;
 pub mod session;
 mod wire;
 
+pub use door::{HANDSHAKE_TIMEOUT, MAX_UNAUTHENTICATED};
 pub use host::{host_group, supervisor_group, Host, HostArgs, HostEvent};
-pub use session::{ClusterConfig, ClusterNode, SessionEvent};
+pub use session::{ClusterConfig, ClusterNode, Liveness, SessionEvent, CONTROL_FRAME_CAP};

@@ -1,31 +1,56 @@
-//! This process's place on the control plane: a ractor_cluster `NodeServer` (cookie = the
-//! cluster secret, so a peer without it is disconnected before it is authenticated and sees no
-//! actor), the session to the coordinator, and what happens to sessions (a lost peer).
+//! This process's place on the control plane: a ractor_cluster `NodeServer`, odc's door to it
+//! ([`door`](super::door): the handshake before any ractor_cluster frame), the session to the
+//! coordinator, which rank each session is ([`Roster`]) and the heartbeat that tells a hung rank
+//! from a live one.
 //!
-//! Topology: a star. Rank 0 (the coordinator) listens on the job's coordinator address; every
-//! other rank connects to it (`NodeConnectionMode::Isolated`: ranks do not connect to each
-//! other, as no control message goes between two non-coordinator ranks; tensors go over the
-//! transport). No tensor bytes cross the control plane, so its frame cap stays small.
+//! Topology: a star. Rank 0 (the coordinator) listens on the job's coordinator port, on the
+//! address given in [`ClusterConfig::bind`] (the interface that routes to the coordinator:
+//! loopback when it is loopback); every other rank dials it and listens nowhere (ranks do not
+//! connect to each other, as no control message goes between two non-coordinator ranks; tensors
+//! go over the transport). ractor_cluster's own listener cannot be turned off: it binds an
+//! ephemeral loopback port, and every session it accepts is closed the moment it opens.
+//!
+//! What the job hears ([`SessionEvent`]) comes from the [`Roster`] only, so from authenticated
+//! sessions only (M1–M4 of `policy/membership.rs`): an unauthenticated peer costs one log line,
+//! whatever name it gives.
+//!
+//! **Heartbeat**: every [`HeartbeatConfig::interval`] the coordinator asks each bound rank's
+//! host for a heartbeat; a rank that answers none for [`HeartbeatConfig::timeout`] has its
+//! session closed, which ends its actors' remote references and their `pg` memberships exactly as
+//! when its process dies: the supervisor then handles it as a killed rank (a trainer's work is
+//! replayed; a lost server ends the job, to be restarted from its checkpoint). Other ranks close
+//! the coordinator's session when its heartbeats stop for as long, and their job ends with an
+//! error naming it.
 //!
 //! Every wait is bounded (I6): connecting retries until the join deadline; the coordinator waits
 //! for every rank's host until the same deadline and then names the ranks that did not come.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use odc_transport::wire::HandshakeError;
+use odc_transport::ClusterSecret;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::node::NodeServerSessionInformation;
-use ractor_cluster::{NodeEventSubscription, NodeServer, NodeServerMessage};
+use ractor_cluster::{NodeEventSubscription, NodeServer, NodeServerMessage, NodeSessionMessage};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use super::door::{self, DialError, VERIFIED};
 use super::host::{host_group, wait_member};
 use crate::error::{Error, Result};
 use crate::messages::HostMsg;
+use crate::policy::clock::{Clock, SystemClock};
+use crate::policy::membership::{
+    node_name, Action, HeartbeatConfig, LostReason, Origin, Roster, SessionId,
+};
 
-/// Largest control-plane frame accepted from a peer: control messages carry specs, routes and
-/// step statistics, never tensor bytes. The largest is a trainer's spec, whose directory holds
-/// one route per unit and server (~170 bytes each: 100 units × 256 servers ≈ 4.3 MB), hence the
-/// headroom.
+/// Largest control-plane frame accepted from an authenticated peer: control messages carry
+/// specs, routes and step statistics, never tensor bytes. The largest is a trainer's spec, whose
+/// directory holds one route per unit and server (~170 bytes each: 100 units × 256 servers ≈ 4.3
+/// MB), hence the headroom. (Before authentication frames are capped at 256 bytes by the door.)
 pub const CONTROL_FRAME_CAP: u64 = 32 << 20;
 
 /// Where this process is on the control plane.
@@ -35,27 +60,122 @@ pub struct ClusterConfig {
     pub job: String,
     pub rank: u32,
     pub world_size: u32,
-    /// `host:port` of rank 0's node server.
+    /// `host:port` of rank 0's control plane.
     pub coordinator: String,
-    /// The cluster secret (ractor_cluster's cookie).
-    pub cookie: String,
+    /// The cluster secret: odc's handshake and ractor_cluster's cookie.
+    pub secret: ClusterSecret,
+    /// The address rank 0 listens on (its port is the coordinator's).
+    pub bind: IpAddr,
     /// Longest wait for the job to assemble (connecting, every rank's host appearing).
     pub join_timeout: Duration,
+    pub heartbeat: HeartbeatConfig,
 }
 
-/// A session event, reduced to what the job needs.
+/// What the job hears about a rank (from authenticated sessions only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEvent {
-    Ready {
-        rank: Option<u32>,
-    },
-    /// The session closed; `authenticated: false` means the peer was refused (wrong secret) or
-    /// refused us.
-    Lost {
-        rank: Option<u32>,
-        authenticated: bool,
-        addr: String,
-    },
+    Ready { rank: u32 },
+    Lost { rank: u32, reason: LostReason },
+}
+
+/// The roster, the sessions it names and where its events go: shared by the node server's event
+/// subscription, the heartbeat task and the host (which hears the coordinator's heartbeats).
+struct Keeper {
+    roster: Mutex<Roster>,
+    sessions: Mutex<HashMap<SessionId, ActorRef<NodeSessionMessage>>>,
+    events: UnboundedSender<SessionEvent>,
+}
+
+impl Keeper {
+    fn with_roster<T>(&self, f: impl FnOnce(&mut Roster) -> T) -> Option<T> {
+        self.roster.lock().ok().map(|mut r| f(&mut r))
+    }
+
+    /// Execute what the roster decided.
+    fn apply(&self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Close { session, reason } => {
+                    tracing::warn!("{reason}");
+                    let actor = self
+                        .sessions
+                        .lock()
+                        .ok()
+                        .and_then(|s| s.get(&session).cloned());
+                    if let Some(actor) = actor {
+                        actor.stop(Some(reason));
+                    }
+                }
+                Action::Ready { rank } => {
+                    let _ = self.events.send(SessionEvent::Ready { rank });
+                }
+                Action::Lost { rank, reason } => {
+                    if matches!(reason, LostReason::Silent(_)) {
+                        metrics::counter!(crate::metrics::SILENT_RANKS).increment(1);
+                    }
+                    tracing::warn!("control plane: rank {rank} is gone: {reason}");
+                    let _ = self.events.send(SessionEvent::Lost { rank, reason });
+                }
+                Action::Note(line) => tracing::info!("{line}"),
+            }
+        }
+    }
+}
+
+/// Hands what ractor_cluster reports about sessions to the roster.
+struct Forward(Arc<Keeper>);
+
+impl NodeEventSubscription for Forward {
+    fn node_session_opened(&self, ses: NodeServerSessionInformation) {
+        let origin = if ses.peer_addr.starts_with(VERIFIED) {
+            Origin::Handshake
+        } else {
+            Origin::Unverified
+        };
+        if let Ok(mut sessions) = self.0.sessions.lock() {
+            sessions.insert(ses.node_id, ses.actor.clone());
+        }
+        let actions = self
+            .0
+            .with_roster(|r| r.opened(ses.node_id, origin, &ses.peer_addr));
+        self.0.apply(actions.unwrap_or_default());
+    }
+
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        let name = ses.peer_name.as_ref().map(|n| n.name.as_str());
+        let now = SystemClock.now();
+        let actions = self
+            .0
+            .with_roster(|r| r.authenticated(ses.node_id, name, now));
+        self.0.apply(actions.unwrap_or_default());
+    }
+
+    fn node_session_ready(&self, ses: NodeServerSessionInformation) {
+        let actions = self.0.with_roster(|r| r.ready(ses.node_id));
+        self.0.apply(actions.unwrap_or_default());
+    }
+
+    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        if let Ok(mut sessions) = self.0.sessions.lock() {
+            sessions.remove(&ses.node_id);
+        }
+        let actions = self
+            .0
+            .with_roster(|r| r.disconnected(ses.node_id, &ses.peer_addr));
+        self.0.apply(actions.unwrap_or_default());
+    }
+}
+
+/// What the host calls when the coordinator's heartbeat arrives (other ranks).
+#[derive(Clone)]
+pub struct Liveness(Arc<Keeper>);
+
+impl Liveness {
+    /// The coordinator was heard from just now.
+    pub fn coordinator_heard(&self) {
+        let now = SystemClock.now();
+        self.0.with_roster(|r| r.heard_from(0, now));
+    }
 }
 
 /// This process's node on the control plane.
@@ -63,67 +183,9 @@ pub struct ClusterNode {
     config: ClusterConfig,
     server: ActorRef<NodeServerMessage>,
     events: UnboundedReceiver<SessionEvent>,
-}
-
-/// The node name of `rank` (unique in the job; the rank is read back from it).
-fn node_name(job: &str, rank: u32) -> String {
-    format!("odc-{job}-rank-{rank}")
-}
-
-/// The rank in a peer's node name (`odc-<job>-rank-<r>@<host>`).
-fn rank_of(job: &str, name: &str) -> Option<u32> {
-    let name = name.split('@').next()?;
-    name.strip_prefix(&format!("odc-{job}-rank-"))?.parse().ok()
-}
-
-struct Forward {
-    job: String,
-    tx: UnboundedSender<SessionEvent>,
-    authenticated: std::sync::Mutex<std::collections::HashSet<u64>>,
-}
-
-impl Forward {
-    fn rank(&self, ses: &NodeServerSessionInformation) -> Option<u32> {
-        ses.peer_name
-            .as_ref()
-            .and_then(|p| rank_of(&self.job, &p.name))
-    }
-}
-
-impl NodeEventSubscription for Forward {
-    fn node_session_opened(&self, _ses: NodeServerSessionInformation) {}
-
-    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
-        if let Ok(mut seen) = self.authenticated.lock() {
-            seen.insert(ses.node_id);
-        }
-    }
-
-    fn node_session_ready(&self, ses: NodeServerSessionInformation) {
-        let _ = self.tx.send(SessionEvent::Ready {
-            rank: self.rank(&ses),
-        });
-    }
-
-    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
-        let authenticated = self
-            .authenticated
-            .lock()
-            .map(|mut seen| seen.remove(&ses.node_id))
-            .unwrap_or(false);
-        if !authenticated {
-            tracing::warn!(
-                "control plane: a peer at {} was disconnected before authenticating (wrong \
-                 secret, or not an odc node)",
-                ses.peer_addr
-            );
-        }
-        let _ = self.tx.send(SessionEvent::Lost {
-            rank: self.rank(&ses),
-            authenticated,
-            addr: ses.peer_addr,
-        });
-    }
+    keeper: Arc<Keeper>,
+    /// The door (rank 0) and the heartbeat, aborted with the node.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 fn plane_error(reason: String) -> Error {
@@ -133,95 +195,149 @@ fn plane_error(reason: String) -> Error {
     }
 }
 
+/// A number no other process will pick for its node name (the standard library's per-process
+/// random hash keys).
+fn nonce() -> u64 {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
 impl ClusterNode {
-    /// Start this process's node server: rank 0 on the coordinator's port (every interface),
-    /// other ranks on a free port.
+    /// Start this process's node server, its heartbeat, and (rank 0) the door on the
+    /// coordinator's port.
     pub async fn start(config: ClusterConfig) -> Result<Self> {
-        let port = if config.rank == 0 {
-            coordinator_port(&config.coordinator)?
+        config.heartbeat.validate().map_err(Error::Config)?;
+        let door = if config.rank == 0 {
+            let port = coordinator_port(&config.coordinator)?;
+            let at = SocketAddr::new(config.bind, port);
+            Some(tokio::net::TcpListener::bind(at).await.map_err(|e| {
+                plane_error(format!(
+                    "rank 0 cannot listen on {at} (the coordinator): {e}"
+                ))
+            })?)
         } else {
-            free_port()?
+            None
         };
+        // ractor_cluster always runs a listener of its own: on loopback, on a port nobody is told,
+        // and whatever it accepts is closed at once (it did not come through the door).
         let node = NodeServer::new(
-            port,
-            config.cookie.clone(),
-            node_name(&config.job, config.rank),
+            0,
+            config.secret.expose(),
+            node_name(&config.job, config.rank, nonce()),
             hostname(),
             None,
             None,
         )
-        .with_listen_addr(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+        .with_listen_addr(IpAddr::V4(Ipv4Addr::LOCALHOST))
         .with_max_inbound_frame_size(CONTROL_FRAME_CAP);
         let (server, _) = Actor::spawn(None, node, ()).await.map_err(|e| {
             plane_error(format!(
-                "rank {} cannot listen on port {port}: {e}",
+                "rank {}: the node server did not start: {e}",
                 config.rank
             ))
         })?;
         let (tx, events) = unbounded_channel();
+        let keeper = Arc::new(Keeper {
+            roster: Mutex::new(Roster::new(
+                &config.job,
+                config.rank,
+                config.world_size,
+                config.heartbeat,
+            )),
+            sessions: Mutex::new(HashMap::new()),
+            events: tx,
+        });
         server
             .cast(NodeServerMessage::SubscribeToEvents {
                 id: "odc.sessions".into(),
-                subscription: Box::new(Forward {
-                    job: config.job.clone(),
-                    tx,
-                    authenticated: Default::default(),
-                }),
+                subscription: Box::new(Forward(keeper.clone())),
             })
             .map_err(|e| plane_error(format!("node server: {e}")))?;
+        let mut tasks = vec![tokio::spawn(heartbeat(
+            keeper.clone(),
+            config.job.clone(),
+            config.rank,
+        ))];
+        if let Some(listener) = door {
+            tasks.push(tokio::spawn(door::serve(
+                listener,
+                server.clone(),
+                config.secret.clone(),
+            )));
+        }
         Ok(ClusterNode {
             config,
             server,
             events,
+            keeper,
+            tasks,
         })
     }
 
+    /// What the host calls when the coordinator's heartbeat arrives.
+    pub fn liveness(&self) -> Liveness {
+        Liveness(self.keeper.clone())
+    }
+
     /// Connect to the coordinator (retrying while it starts) and wait until the session is
-    /// authenticated and ready, within the join timeout.
+    /// authenticated and ready, within the join timeout. Only the coordinator refusing this
+    /// process's proof means the secret differs.
     pub async fn connect(&mut self) -> Result<()> {
         let addr = self.config.coordinator.clone();
+        let rank = self.config.rank;
         let within = self.config.join_timeout;
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            match ractor_cluster::client_connect(&self.server, addr.as_str()).await {
+            let attempt = (tokio::time::Instant::now() + door::HANDSHAKE_TIMEOUT).min(deadline);
+            match door::dial(&self.server, &addr, &self.config.secret, attempt.into_std()).await {
                 Ok(()) => break,
+                Err(DialError::Handshake(HandshakeError::Refused(reason))) => {
+                    return Err(plane_error(format!(
+                        "the coordinator at {addr} refused rank {rank}: {reason} (is ODC_SECRET \
+                         the same on every rank?)"
+                    )))
+                }
+                Err(DialError::Handshake(HandshakeError::WrongSecret(why))) => {
+                    return Err(plane_error(format!(
+                        "the peer at {addr} could not prove the cluster secret ({why}): it is \
+                         not this job's coordinator, or ODC_SECRET differs"
+                    )))
+                }
+                Err(e @ DialError::Server(_)) => {
+                    return Err(plane_error(format!("rank {rank}: {e}")))
+                }
                 Err(e) if tokio::time::Instant::now() < deadline => {
                     tracing::debug!("control plane: connecting to {addr}: {e}; retrying");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(e) => {
                     return Err(plane_error(format!(
-                        "rank {} could not reach the coordinator at {addr} within {within:?}: {e}",
-                        self.config.rank
+                        "rank {rank} could not reach the coordinator at {addr} within \
+                         {within:?}: {e}"
                     )))
                 }
             }
         }
         loop {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
-                Ok(Some(SessionEvent::Ready { .. })) => return Ok(()),
-                Ok(Some(SessionEvent::Lost {
-                    authenticated: false,
-                    ..
-                })) => {
+                Ok(Some(SessionEvent::Ready { rank: 0 })) => return Ok(()),
+                Ok(Some(SessionEvent::Lost { rank: 0, reason })) => {
                     return Err(plane_error(format!(
-                        "the coordinator at {addr} refused rank {}: the cluster secret \
-                         (ODC_SECRET) differs",
-                        self.config.rank
+                        "the session to the coordinator at {addr} closed while joining: {reason}"
                     )))
                 }
-                // A session to someone else (a stray connection) closing is not ours.
-                Ok(Some(SessionEvent::Lost { rank, .. })) if rank != Some(0) => continue,
-                Ok(Some(SessionEvent::Lost { .. })) | Ok(None) => {
+                // The roster binds nothing else on a non-coordinator rank; nothing else is ours.
+                Ok(Some(_)) => continue,
+                Ok(None) => {
                     return Err(plane_error(format!(
-                        "the session to the coordinator at {addr} closed while joining"
+                        "rank {rank}'s control plane stopped while joining"
                     )))
                 }
                 Err(_) => {
                     return Err(plane_error(format!(
-                        "rank {}: the session to the coordinator at {addr} was not ready within \
-                         {within:?}",
-                        self.config.rank
+                        "rank {rank}: the session to the coordinator at {addr} was not ready \
+                         within {within:?}"
                     )))
                 }
             }
@@ -267,13 +383,54 @@ impl ClusterNode {
 
     /// Close every session and stop listening.
     pub fn stop(&self) {
+        for task in &self.tasks {
+            task.abort();
+        }
         self.server.stop(None);
     }
 }
 
 impl Drop for ClusterNode {
     fn drop(&mut self) {
-        self.server.stop(None);
+        self.stop();
+    }
+}
+
+/// The heartbeat (see the module docs): the coordinator asks every bound rank's host each
+/// interval; every rank closes the sessions of ranks silent past the timeout.
+async fn heartbeat(keeper: Arc<Keeper>, job: String, rank: u32) {
+    let Some(config) = keeper.with_roster(|r| r.heartbeat()) else {
+        return;
+    };
+    let mut ticks = tokio::time::interval(config.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if rank == 0 {
+            for peer in keeper.with_roster(|r| r.bound()).unwrap_or_default() {
+                let Some(host) = ractor::pg::get_members(&host_group(&job, peer))
+                    .into_iter()
+                    .next()
+                else {
+                    continue;
+                };
+                let host = ActorRef::<HostMsg>::from(host);
+                let keeper = keeper.clone();
+                tokio::spawn(async move {
+                    let answered = host
+                        .call(HostMsg::Heartbeat, Some(config.interval))
+                        .await
+                        .is_ok_and(|r| r.is_success());
+                    if answered {
+                        let now = SystemClock.now();
+                        keeper.with_roster(|r| r.heard_from(peer, now));
+                    }
+                });
+            }
+        }
+        let now = SystemClock.now();
+        let actions = keeper.with_roster(|r| r.tick(now)).unwrap_or_default();
+        keeper.apply(actions);
     }
 }
 
@@ -288,28 +445,97 @@ fn coordinator_port(coordinator: &str) -> Result<u16> {
         })
 }
 
-/// A port free right now (the node server binds it a moment later).
-fn free_port() -> Result<u16> {
-    std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| plane_error(format!("no free port for the node server: {e}")))
-}
-
 fn hostname() -> String {
     std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Instant;
 
-    #[test]
-    fn a_peer_s_rank_is_read_back_from_its_node_name() {
-        let name = format!("{}@somehost", node_name("j1", 3));
-        assert_eq!(rank_of("j1", &name), Some(3));
-        assert_eq!(rank_of("j1", &node_name("j1", 12)), Some(12));
-        assert_eq!(rank_of("j2", &name), None, "another job's node");
-        assert_eq!(rank_of("j1", "odc-j1-rank-x@h"), None);
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+    use crate::cluster::door::{HANDSHAKE_TIMEOUT, MAX_UNAUTHENTICATED};
+
+    /// A coordinator's node on a free loopback port.
+    async fn coordinator() -> (ClusterNode, SocketAddr) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let config = ClusterConfig {
+            job: "door-test".into(),
+            rank: 0,
+            world_size: 2,
+            coordinator: format!("127.0.0.1:{port}"),
+            secret: ClusterSecret::new("door-test-secret-0123456789").expect("secret"),
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            join_timeout: Duration::from_secs(5),
+            heartbeat: HeartbeatConfig::default(),
+        };
+        let node = ClusterNode::start(config).await.expect("the node starts");
+        (node, SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    /// Seconds until the peer closes `stream` (reads return 0), at most `limit`.
+    async fn closed_after(stream: &mut tokio::net::TcpStream, limit: Duration) -> Option<f64> {
+        let started = Instant::now();
+        let mut buf = [0u8; 64];
+        loop {
+            match tokio::time::timeout(limit, stream.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return Some(started.elapsed().as_secs_f64()),
+                Ok(Ok(_)) => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_never_completes_the_handshake_is_closed_at_the_deadline() {
+        let (_node, door) = coordinator().await;
+        let mut silent = tokio::net::TcpStream::connect(door)
+            .await
+            .expect("connects");
+        let limit = HANDSHAKE_TIMEOUT + Duration::from_secs(5);
+        let after = closed_after(&mut silent, limit)
+            .await
+            .unwrap_or_else(|| panic!("still open after {limit:?}"));
+        let deadline = HANDSHAKE_TIMEOUT.as_secs_f64();
+        assert!(
+            after >= deadline - 0.5 && after <= deadline + 3.0,
+            "closed after {after:.2} s, the deadline is {deadline} s"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_past_the_unauthenticated_cap_are_closed_at_once() {
+        let (_node, door) = coordinator().await;
+        let mut held = Vec::new();
+        for _ in 0..MAX_UNAUTHENTICATED {
+            held.push(
+                tokio::net::TcpStream::connect(door)
+                    .await
+                    .expect("connects"),
+            );
+        }
+        // Let the door take all of them into the handshake.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut extra = tokio::net::TcpStream::connect(door)
+            .await
+            .expect("connects");
+        let after = closed_after(&mut extra, Duration::from_secs(3)).await;
+        assert!(
+            after.is_some_and(|s| s < 2.0),
+            "connection {} is closed at once: {after:?}",
+            MAX_UNAUTHENTICATED + 1
+        );
+        // The held ones are still in their handshake (open).
+        let mut first = held.swap_remove(0);
+        assert_eq!(
+            closed_after(&mut first, Duration::from_millis(200)).await,
+            None,
+            "a connection within the cap waits for its handshake"
+        );
     }
 }

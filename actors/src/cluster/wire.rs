@@ -118,6 +118,7 @@ impl Message for HostMsg {
             HostMsg::StepFailed(outcome, reply) => call("StepFailed", &outcome, reply),
             HostMsg::Leaving(rank) => cast("Leaving", &rank),
             HostMsg::Shutdown(reason) => cast("Shutdown", &reason),
+            HostMsg::Heartbeat(reply) => call("Heartbeat", &(), reply),
         }
     }
 
@@ -139,6 +140,10 @@ impl Message for HostMsg {
                 decode("StepFailed", &args)?,
                 reply_port("StepFailed", reply),
             ),
+            ("Heartbeat", Some(reply)) => {
+                decode::<()>("Heartbeat", &args)?;
+                HostMsg::Heartbeat(reply_port("Heartbeat", reply))
+            }
             ("Kill", None) => HostMsg::Kill(decode("Kill", &args)?),
             ("Abort", None) => HostMsg::Abort(decode("Abort", &args)?),
             ("Step", None) => HostMsg::Step(decode("Step", &args)?),

@@ -4,6 +4,8 @@
 //! - [`balancer`]: cost model, packing, partitioning, minibatch plans (LB-Mini, LB-Micro, dynamic);
 //! - [`dispatch`]: the work queue of one minibatch attempt (own lists, earliest-finish stealing);
 //! - [`ledger`]: exactly-once accounting of micro-batches (I2);
+//! - [`membership`]: which authenticated session is which rank, and which rank is lost
+//!   (closed, or silent past the heartbeat timeout);
 //! - [`straggler`]: per-trainer speed estimates;
 //! - [`schedule`]: the learning rate's factor per global step (warm-up, cosine decay);
 //! - [`recovery`]: what a trainer failure means (respawn or drop, replay or not, how often);
@@ -25,6 +27,7 @@ pub mod balancer;
 pub mod clock;
 pub mod dispatch;
 pub mod ledger;
+pub mod membership;
 pub mod recovery;
 pub mod schedule;
 pub mod stats;

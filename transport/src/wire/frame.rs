@@ -71,6 +71,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.cap
     }
 
+    /// The stream back, with the bytes already read from it but not handed out (a protocol that
+    /// switches framing after the handshake keeps them: they come first).
+    pub fn into_parts(self) -> (R, BytesMut) {
+        (self.inner, self.buf)
+    }
+
     /// The next frame's body (the rest of a frame begun with [`FrameReader::next_head`] is
     /// discarded first). Cancel safe: bytes already read stay buffered.
     pub async fn next(&mut self) -> Result<Bytes, FrameError> {

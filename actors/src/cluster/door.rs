@@ -1,0 +1,174 @@
+//! odc's own door to the control plane: every control-plane connection passes the data plane's
+//! mutual handshake ([`odc_transport::wire::handshake`]: 32-byte nonces, both bound, a label per
+//! direction, the dialer proving first, constant-time compares) before ractor_cluster sees a byte
+//! of it; only then is the stream handed to the node server
+//! (`NodeServerMessage::ConnectionOpenedExternal`), whose own cookie exchange is a second factor.
+//!
+//! Guarantees (DESIGN "Processes and hosts", trust):
+//! - before the handshake completes a peer can send at most
+//!   [`HANDSHAKE_FRAME_CAP`](odc_transport::wire::handshake::HANDSHAKE_FRAME_CAP) bytes per frame,
+//!   has [`HANDSHAKE_TIMEOUT`] to finish, and at most [`MAX_UNAUTHENTICATED`] such connections are
+//!   open per listener — one more is closed at once and counted in
+//!   [`UNAUTHENTICATED_REFUSED`](crate::metrics::UNAUTHENTICATED_REFUSED);
+//! - a peer that fails costs one log line and changes nothing (it never reaches the node server);
+//! - streams that passed are labelled [`VERIFIED`], so the session keeper can tell them from
+//!   anything ractor_cluster's own listener accepts (which it closes at once).
+
+use std::io::Cursor;
+use std::sync::Arc;
+use std::time::Duration;
+
+use odc_transport::wire::handshake::{self, HandshakeError, HANDSHAKE_FRAME_CAP};
+use odc_transport::wire::FrameReader;
+use odc_transport::{ClusterSecret, Deadline};
+use ractor::ActorRef;
+use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServerMessage};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+/// How long a peer has to complete the handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections still in the handshake one listener holds at most.
+pub const MAX_UNAUTHENTICATED: usize = 64;
+/// Start of the label of every session that came through the handshake.
+pub(crate) const VERIFIED: &str = "odc-verified ";
+
+/// A stream whose peer proved the cluster secret, with whatever it sent after the handshake.
+struct Verified {
+    reader: BoxRead,
+    writer: BoxWrite,
+    peer: String,
+}
+
+impl ClusterBidiStream for Verified {
+    fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
+        (self.reader, self.writer)
+    }
+
+    fn peer_label(&self) -> Option<String> {
+        Some(format!("{VERIFIED}{}", self.peer))
+    }
+}
+
+/// Run the handshake on `stream` (as the dialer or the listener) within `deadline`.
+async fn authenticate(
+    stream: TcpStream,
+    peer: String,
+    secret: &ClusterSecret,
+    deadline: Deadline,
+    dialer: bool,
+) -> Result<Verified, HandshakeError> {
+    let (read, mut write) = stream.into_split();
+    let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
+    if dialer {
+        handshake::dial(&mut reader, &mut write, secret, deadline).await?;
+    } else {
+        handshake::accept(&mut reader, &mut write, secret, deadline).await?;
+    }
+    let (read, early) = reader.into_parts();
+    Ok(Verified {
+        reader: Box::new(Cursor::new(early).chain(read)),
+        writer: Box::new(write),
+        peer,
+    })
+}
+
+/// Why dialing the coordinator failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DialError {
+    /// No connection (not listening yet, unreachable).
+    #[error("cannot connect: {0}")]
+    Connect(std::io::Error),
+    /// The handshake failed.
+    #[error("{0}")]
+    Handshake(HandshakeError),
+    /// The node server is gone.
+    #[error("the node server is gone: {0}")]
+    Server(String),
+}
+
+/// Connect to the control plane at `addr`, authenticate (this side proves first) and hand the
+/// stream to `server` as an outgoing session.
+pub(crate) async fn dial(
+    server: &ActorRef<NodeServerMessage>,
+    addr: &str,
+    secret: &ClusterSecret,
+    deadline: Deadline,
+) -> Result<(), DialError> {
+    let stream = tokio::time::timeout_at(deadline.into(), TcpStream::connect(addr))
+        .await
+        .map_err(|_| {
+            DialError::Connect(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connecting timed out",
+            ))
+        })?
+        .map_err(DialError::Connect)?;
+    let _ = stream.set_nodelay(true);
+    let verified = authenticate(stream, addr.to_string(), secret, deadline, true)
+        .await
+        .map_err(DialError::Handshake)?;
+    ractor_cluster::client_connect_external(server, Box::new(verified))
+        .await
+        .map_err(|e| DialError::Server(e.to_string()))
+}
+
+/// Accept control-plane connections on `listener` until the task is aborted: each gets the
+/// handshake (at most [`MAX_UNAUTHENTICATED`] at a time), and those that pass go to `server` as
+/// incoming sessions.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    server: ActorRef<NodeServerMessage>,
+    secret: ClusterSecret,
+) {
+    let slots = Arc::new(Semaphore::new(MAX_UNAUTHENTICATED));
+    let refused = metrics::counter!(
+        crate::metrics::UNAUTHENTICATED_REFUSED,
+        "listener" => "control"
+    );
+    let mut handshakes = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors or a reset: say so and go on (a moment later).
+                tracing::warn!("control plane: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refused.increment(1);
+            tracing::debug!(
+                "control plane: closed a connection from {peer} at once: \
+                 {MAX_UNAUTHENTICATED} connections are already in the handshake"
+            );
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (server, secret) = (server.clone(), secret.clone());
+        handshakes.spawn(async move {
+            let deadline = odc_transport::deadline_in(HANDSHAKE_TIMEOUT);
+            let verified = authenticate(stream, peer.to_string(), &secret, deadline, false).await;
+            drop(slot);
+            match verified {
+                Ok(verified) => {
+                    let opened = NodeServerMessage::ConnectionOpenedExternal {
+                        stream: Box::new(verified),
+                        is_server: true,
+                    };
+                    if let Err(e) = server.cast(opened) {
+                        tracing::warn!("control plane: the node server is gone: {e}");
+                    }
+                }
+                Err(e) => tracing::warn!("control plane: {peer} was not let in: {e}"),
+            }
+        });
+    }
+}
