@@ -235,7 +235,12 @@ fn a_server_rank_killed_stops_the_job_naming_the_rank_and_the_shard() {
 #[test]
 fn a_rank_with_the_wrong_secret_is_refused_before_anything_starts() {
     let args = flags(&["--join-timeout-secs", "5"]);
-    let ranks = Ranks::start(2, "tcp", &["the-job-secret", "not-the-job-secret"], &args);
+    let ranks = Ranks::start(
+        2,
+        "tcp",
+        &["the-secret-of-this-job", "not-the-secret-of-this-job"],
+        &args,
+    );
     let results = ranks.wait(Duration::from_secs(60));
     let (status1, _, stderr1) = &results[1];
     assert_ne!(*status1, Some(0), "rank 1 is refused");
