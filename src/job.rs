@@ -582,10 +582,18 @@ impl Job {
                 world_size: world.world_size,
                 coordinator: world.coordinator.clone().unwrap_or_default(),
                 secret: crate::launch::secret(&world)?,
-                bind: crate::launch::bind_ip(&world)?,
+                bind: world.bind_ip().map_err(|e| Error::Config(e.to_string()))?,
                 join_timeout,
                 heartbeat,
             };
+            // Every peer costs a descriptor: raise the soft limit to the hard one first.
+            match crate::launch::raise_fd_limit() {
+                Ok(limit) => tracing::debug!("rank {}: up to {limit} descriptors", world.rank),
+                Err(e) => tracing::warn!(
+                    "rank {}: could not raise the descriptor limit: {e}",
+                    world.rank
+                ),
+            }
             let membership = Membership::join(config, node.clone()).await?;
             if membership.rank == 0 {
                 placement = Some(Placement {

@@ -52,7 +52,7 @@ pub const TRAINER_FAILURES: &str = "odc_trainer_failures_total";
 pub const REBALANCES: &str = "odc_rebalances_total";
 /// Connections closed at once because a listener already held its maximum of connections still
 /// in the handshake, label `listener` (`control`, or the data plane's backend).
-pub const UNAUTHENTICATED_REFUSED: &str = "odc_unauthenticated_connections_refused_total";
+pub const UNAUTHENTICATED_REFUSED: &str = odc_transport::wire::gate::REFUSED_METRIC;
 /// Ranks treated as lost because they answered no heartbeat within the timeout (coordinator).
 pub const SILENT_RANKS: &str = "odc_silent_ranks_total";
 

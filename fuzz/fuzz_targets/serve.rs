@@ -61,7 +61,7 @@ fn owner() -> &'static Owner {
             .enable_all()
             .build()
             .expect("a current-thread runtime");
-        let secret = ClusterSecret::new("fuzz-serve").expect("a secret");
+        let secret = ClusterSecret::new("fuzz-serve-secret").expect("a secret");
         let config = TcpConfig {
             remote: RemoteConfig {
                 frame_cap: FRAME_CAP,

@@ -1,9 +1,11 @@
 //! The data-plane transport of a process in a multi-process job, from its [`World`]:
 //! `ODC_TRANSPORT=shm` (processes of one host: regions in `/dev/shm`, named by `ODC_JOB`) or `tcp`
-//! (the default across hosts: listens on every interface, advertises the address this host uses
-//! to reach the coordinator). Both authenticate peers with the cluster secret (`ODC_SECRET`).
+//! (the default across hosts: listens on [`World::bind_ip`], the interface that routes to the
+//! coordinator, loopback when it is loopback, or `ODC_BIND`; advertises
+//! [`World::advertise_ip`]). Both authenticate peers with the cluster secret (`ODC_SECRET`, at
+//! least 16 bytes).
 
-use std::net::UdpSocket;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use odc_actors::{Error, Result};
@@ -47,45 +49,75 @@ pub async fn transport(world: &World) -> Result<Arc<dyn Transport>> {
             let config = ShmConfig::new(job_name(world), secret(world)?);
             Ok(Arc::new(ShmTransport::new(config).await?))
         }
-        "tcp" => {
-            let config = TcpConfig {
-                bind: "0.0.0.0:0".into(),
-                advertise_host: Some(local_host(world)),
-                secret: secret(world)?,
-                remote: RemoteConfig::default(),
-            };
-            Ok(Arc::new(TcpTransport::bind(config).await?))
-        }
+        "tcp" => Ok(Arc::new(TcpTransport::bind(tcp_config(world)?).await?)),
         other => Err(Error::Config(format!(
             "ODC_TRANSPORT={other:?}: expected shm or tcp (local for one process)"
         ))),
     }
 }
 
-/// Where this process's control-plane listener binds (rank 0; its port is the coordinator's):
-/// `ODC_BIND` when set, else the interface that routes to the coordinator (loopback when the
-/// coordinator is loopback).
-pub fn bind_ip(world: &World) -> Result<std::net::IpAddr> {
-    if let Ok(bind) = std::env::var("ODC_BIND") {
-        return bind
-            .trim()
-            .parse()
-            .map_err(|e| Error::Config(format!("ODC_BIND={bind:?} is not an IP address: {e}")));
-    }
-    local_host(world)
-        .parse()
-        .map_err(|e| Error::Config(format!("no address to bind: {e}")))
+/// The `tcp` transport's configuration: bind [`World::bind_ip`] at a free port, advertise
+/// [`World::advertise_ip`].
+fn tcp_config(world: &World) -> Result<TcpConfig> {
+    let bind = world.bind_ip().map_err(|e| Error::Config(e.to_string()))?;
+    let advertise = world
+        .advertise_ip()
+        .map_err(|e| Error::Config(e.to_string()))?;
+    Ok(TcpConfig {
+        bind: SocketAddr::new(bind, 0).to_string(),
+        advertise_host: Some(advertise.to_string()),
+        secret: secret(world)?,
+        remote: RemoteConfig::default(),
+    })
 }
 
-/// The address of the interface this host reaches the coordinator through (no packet is sent:
-/// connecting a UDP socket only picks the route); loopback without a coordinator.
-fn local_host(world: &World) -> String {
-    let Some(coordinator) = world.coordinator.as_deref() else {
-        return "127.0.0.1".into();
-    };
-    UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| s.connect(coordinator).map(|()| s))
-        .and_then(|s| s.local_addr())
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|_| "127.0.0.1".into())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn world(vars: &[(&str, &str)]) -> World {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        World::from_vars(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+            .expect("world")
+    }
+
+    const RANK_1_OF_2: [(&str, &str); 4] = [
+        ("ODC_RANK", "1"),
+        ("ODC_WORLD_SIZE", "2"),
+        ("ODC_COORDINATOR", "127.0.0.1:29500"),
+        ("ODC_SECRET", "0123456789abcdef0123456789abcdef"),
+    ];
+
+    #[test]
+    fn tcp_listens_on_loopback_when_the_coordinator_is_loopback() {
+        let config = tcp_config(&world(&RANK_1_OF_2)).expect("config");
+        assert_eq!(config.bind, "127.0.0.1:0");
+        assert_eq!(config.advertise_host.as_deref(), Some("127.0.0.1"));
+        let mut vars = RANK_1_OF_2.to_vec();
+        vars.push(("ODC_BIND", "::1"));
+        let config = tcp_config(&world(&vars)).expect("config");
+        assert_eq!(
+            (config.bind.as_str(), config.advertise_host.as_deref()),
+            ("[::1]:0", Some("::1"))
+        );
+    }
+
+    #[test]
+    fn a_short_secret_is_refused_with_how_to_make_one() {
+        let mut vars = RANK_1_OF_2.to_vec();
+        vars[3] = ("ODC_SECRET", "hunter2");
+        let e = secret(&world(&vars)).expect_err("7 bytes");
+        let text = e.to_string();
+        assert!(
+            text.contains("ODC_SECRET") && text.contains("openssl rand -hex 32"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("hunter2"),
+            "the error does not show the secret: {text}"
+        );
+    }
 }

@@ -12,13 +12,19 @@
 //! 4. Nothing set: one process, rank 0 of 1.
 //!
 //! Also read when present: `ODC_SECRET` (the cluster secret), `ODC_JOB` (the job id, used to
-//! name shared-memory files) and `ODC_TRANSPORT` (`local`, `shm`, `tcp`).
+//! name shared-memory files), `ODC_TRANSPORT` (`local`, `shm`, `tcp`) and `ODC_BIND` (the IP
+//! address this process's listeners bind, see [`World::bind_ip`]).
 //!
 //! Every value is checked: a rank that is not a number, a rank not below the world size, a world
 //! of 0 or of more than [`MAX_WORLD`] processes, a coordinator without a port are errors naming
 //! the variable and its value.
+//!
+//! Listeners bind one address ([`World::bind_ip`]): `ODC_BIND` if set, else the address of the
+//! interface that routes to the coordinator: loopback when the coordinator is loopback, so a
+//! job on one host is not reachable from the network at all.
 
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 
 /// The port of a Slurm job's coordinator when neither `ODC_PORT` nor `MASTER_PORT` says.
 pub const DEFAULT_PORT: u16 = 29_500;
@@ -60,6 +66,8 @@ pub struct World {
     pub job: Option<String>,
     /// `ODC_TRANSPORT`, if set.
     pub transport: Option<String>,
+    /// `ODC_BIND`, if set: the address listeners bind ([`World::bind_ip`]).
+    pub bind: Option<IpAddr>,
 }
 
 /// A launcher variable with a value odc cannot use.
@@ -130,11 +138,7 @@ impl World {
         };
         if world_size > 1 && coordinator.is_none() {
             return Err(bad(
-                match source {
-                    WorldSource::Odc => "ODC_COORDINATOR",
-                    WorldSource::Torchrun => "MASTER_ADDR",
-                    _ => "SLURM_NODELIST",
-                },
+                coordinator_variable(source),
                 "",
                 format!(
                     "a world of {world_size} processes needs rank 0's address ({source} gave none)"
@@ -149,12 +153,85 @@ impl World {
             secret: get("ODC_SECRET"),
             job: get("ODC_JOB"),
             transport: get("ODC_TRANSPORT"),
+            bind: match get("ODC_BIND") {
+                Some(text) => Some(text.trim().parse::<IpAddr>().map_err(|e| {
+                    bad(
+                        "ODC_BIND",
+                        &text,
+                        format!(
+                            "not an IP address ({e}): set it to the address of this host's \
+                             interface that the other ranks reach, e.g. 10.0.0.5"
+                        ),
+                    )
+                })?),
+                None => None,
+            },
         })
     }
 
     /// Whether this process is rank 0 (hosts the supervisor).
     pub fn is_coordinator(&self) -> bool {
         self.rank == 0
+    }
+
+    /// The IP address this process's listeners bind (port 0: any free port): `ODC_BIND` if set,
+    /// else the address of the interface this host reaches the coordinator through (found by
+    /// connecting a UDP socket, which sends nothing). Loopback when the coordinator is loopback
+    /// or there is none (a world of one), so a job on one host listens on no network interface.
+    /// An error names the coordinator's variable when its host does not resolve or no route
+    /// leads there.
+    pub fn bind_ip(&self) -> Result<IpAddr, WorldError> {
+        match self.bind {
+            Some(ip) => Ok(ip),
+            None => self.route_ip(),
+        }
+    }
+
+    /// The IP address peers dial to reach this process's listeners: [`World::bind_ip`], unless
+    /// that is `ODC_BIND=0.0.0.0` (or `::`, every interface), then the interface that routes to
+    /// the coordinator.
+    pub fn advertise_ip(&self) -> Result<IpAddr, WorldError> {
+        match self.bind_ip()? {
+            ip if ip.is_unspecified() => self.route_ip(),
+            ip => Ok(ip),
+        }
+    }
+
+    /// The local address of the route to the coordinator (loopback without one).
+    fn route_ip(&self) -> Result<IpAddr, WorldError> {
+        let Some(coordinator) = self.coordinator.as_deref() else {
+            return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        };
+        let fail = |reason: String| {
+            bad(
+                coordinator_variable(self.source),
+                coordinator,
+                format!("{reason}; set ODC_BIND to this host's address"),
+            )
+        };
+        let target = coordinator
+            .to_socket_addrs()
+            .map_err(|e| fail(format!("cannot resolve the coordinator: {e}")))?
+            .next()
+            .ok_or_else(|| fail("the coordinator resolves to no address".into()))?;
+        let any = match target {
+            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        UdpSocket::bind(SocketAddr::new(any, 0))
+            .and_then(|socket| socket.connect(target).map(|()| socket))
+            .and_then(|socket| socket.local_addr())
+            .map(|local| local.ip())
+            .map_err(|e| fail(format!("no route to the coordinator at {target}: {e}")))
+    }
+}
+
+/// The variable that names the coordinator for a launcher.
+fn coordinator_variable(source: WorldSource) -> &'static str {
+    match source {
+        WorldSource::Odc | WorldSource::Single => "ODC_COORDINATOR",
+        WorldSource::Torchrun => "MASTER_ADDR",
+        WorldSource::Slurm => "SLURM_NODELIST",
     }
 }
 
@@ -435,6 +512,64 @@ mod tests {
                 Ok(w) => panic!("{vars:?} accepted as {w:?}"),
             }
         }
+    }
+
+    #[test]
+    fn listeners_bind_loopback_when_the_coordinator_is_loopback() {
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let w = world(&[
+            ("ODC_RANK", "1"),
+            ("ODC_WORLD_SIZE", "2"),
+            ("ODC_COORDINATOR", "127.0.0.1:7000"),
+        ])
+        .expect("world");
+        assert_eq!(w.bind_ip().expect("bind"), loopback);
+        assert_eq!(w.advertise_ip().expect("advertise"), loopback);
+        let w = World {
+            coordinator: Some("localhost:7000".into()),
+            ..world(&[]).expect("world")
+        };
+        assert!(w.bind_ip().expect("bind").is_loopback());
+        assert_eq!(
+            world(&[]).expect("world").bind_ip().expect("bind"),
+            loopback
+        );
+    }
+
+    #[test]
+    fn odc_bind_overrides_the_route_and_is_checked() {
+        let w = world(&[
+            ("ODC_RANK", "0"),
+            ("ODC_WORLD_SIZE", "2"),
+            ("ODC_COORDINATOR", "127.0.0.1:7000"),
+            ("ODC_BIND", " 10.1.2.3 "),
+        ])
+        .expect("world");
+        let ip: IpAddr = "10.1.2.3".parse().expect("ip");
+        assert_eq!((w.bind_ip(), w.advertise_ip()), (Ok(ip), Ok(ip)));
+        // Every interface: peers are told the one that routes to the coordinator.
+        let w = world(&[("ODC_BIND", "0.0.0.0")]).expect("world");
+        assert!(w.bind_ip().expect("bind").is_unspecified());
+        assert_eq!(w.advertise_ip(), Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        let w = world(&[("ODC_BIND", "::1")]).expect("world");
+        assert_eq!(w.bind_ip(), Ok(IpAddr::V6(Ipv6Addr::LOCALHOST)));
+        for bad in ["gpu03", "10.0.0.1:7000", "10.0.0.256"] {
+            let e = world(&[("ODC_BIND", bad)]).expect_err("not an IP address");
+            assert_eq!((e.variable.as_str(), e.value.as_str()), ("ODC_BIND", bad));
+            assert!(e.to_string().contains("not an IP address"), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_unresolvable_coordinator_names_its_variable_and_odc_bind() {
+        // (No port: refused before any name lookup, so the test needs no resolver.)
+        let w = World {
+            coordinator: Some("gpu03".into()),
+            ..world(&[]).expect("world")
+        };
+        let e = w.bind_ip().expect_err("does not resolve");
+        assert_eq!(e.variable, "ODC_COORDINATOR");
+        assert!(e.to_string().contains("set ODC_BIND"), "{e}");
     }
 
     #[test]

@@ -233,7 +233,7 @@ fn a_rank_with_the_wrong_secret_is_refused_before_anything_starts() {
     let ranks = Ranks::start(
         2,
         "tcp",
-        &["the-job-secret-0123456789", "not-the-job-secret-0123456789"],
+        &["the-secret-of-this-job", "not-the-secret-of-this-job"],
         &args,
     );
     let results = ranks.wait(Duration::from_secs(60));

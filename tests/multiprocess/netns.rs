@@ -105,7 +105,7 @@ fn four_processes_in_their_own_network_namespaces_train_to_the_single_process_pa
                 rank,
                 world,
                 &coordinator,
-                "netns-secret",
+                "netns-secret-of-this-job",
                 &job,
                 "tcp",
             );

@@ -31,7 +31,7 @@ use tokio::net::TcpListener;
 
 /// Every test as a whole.
 const TEST_BOUND: Duration = Duration::from_secs(20);
-const SECRET: &str = "hostile-owners";
+const SECRET: &str = "hostile-owners-secret";
 const OWNER: u32 = 3;
 const REGION: u64 = 7;
 /// The reader's frame cap.

@@ -1,7 +1,8 @@
 //! Hostile peers against a real `TcpTransport` owner over loopback sockets: the issue's "Hostile
-//! input" clause end to end. Garbage before the handshake, slow-loris peers, peers with the wrong
-//! secret or a forged proof, and authenticated peers that send oversized, unknown or truncated
-//! frames: each costs the owner a bounded buffer and at most the handshake deadline, its
+//! input" clause end to end. Garbage before the handshake, slow-loris peers, more idle peers than
+//! a listener lets into the handshake (64: the rest are closed at once and counted), peers with the
+//! wrong secret or a forged proof, and authenticated peers that send oversized, unknown or
+//! truncated frames: each costs the owner a bounded buffer and at most the handshake deadline, its
 //! connection is dropped with the reason logged, and the job is unaffected (a well-behaved reader
 //! is served meanwhile and afterwards, and no region is touched).
 //!
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use odc_transport::tcp::{TcpConfig, TcpTransport};
 use odc_transport::wire::frame::{write_frame, FrameError, FrameReader};
+use odc_transport::wire::gate::{MAX_UNAUTHENTICATED, REFUSED_METRIC};
 use odc_transport::wire::handshake::{self, HandshakeFrame, HANDSHAKE_FRAME_CAP, MAGIC, PROTOCOL};
 use odc_transport::wire::{read_frame, ClusterSecret};
 use odc_transport::{
@@ -35,7 +37,7 @@ const DROP_BOUND: Duration = Duration::from_secs(3);
 /// The owners' handshake deadline (short, so slow lorises are dropped quickly).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(300);
 const OWNER: u32 = 1;
-const SECRET: &str = "hostile-peers";
+const SECRET: &str = "hostile-peers-secret";
 
 use common::alloc::{largest as largest_allocation, start as track_allocations};
 
@@ -126,9 +128,11 @@ fn contents() -> Vec<u8> {
 }
 
 async fn owner(frame_cap: usize) -> Owner {
-    let transport = TcpTransport::bind(config(SECRET, frame_cap))
-        .await
-        .expect("owner binds");
+    owner_with(config(SECRET, frame_cap)).await
+}
+
+async fn owner_with(config: TcpConfig) -> Owner {
+    let transport = TcpTransport::bind(config).await.expect("owner binds");
     let published = transport
         .register_published(OWNER, Dtype::F32, Bytes::from(contents()), 1)
         .expect("published region");
@@ -266,7 +270,10 @@ async fn garbage_hello_frames_are_dropped_and_the_job_unaffected() {
             (Bytes::from_static(&[0x10, b'O', b'D']), "frame truncated"),
             (hello(*b"HTTP", PROTOCOL).encode(), "bad magic"),
             (hello(MAGIC, PROTOCOL + 1).encode(), "protocol"),
-            (HandshakeFrame::Welcome.encode(), "expected Hello, got a Welcome"),
+            (
+                HandshakeFrame::Welcome { mac: [0; 32] }.encode(),
+                "expected Hello, got a Welcome",
+            ),
         ];
         for (frame, reason) in cases {
             let stream = TcpStream::connect(owner.transport.addr())
@@ -412,7 +419,7 @@ async fn a_reader_with_the_wrong_secret_reads_nothing() {
     let (log, _guard) = Log::capture();
     within(async {
         let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
-        let stranger = tcp_reader("not-the-secret").await;
+        let stranger = tcp_reader("not-the-secret-either").await;
         let mut into = vec![0xAAu8; contents().len()];
         let result = stranger
             .read(
@@ -436,7 +443,7 @@ async fn a_peer_with_the_wrong_secret_cannot_accumulate() {
     let (log, _guard) = Log::capture();
     within(async {
         let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
-        let stranger = tcp_reader("not-the-secret").await;
+        let stranger = tcp_reader("not-the-secret-either").await;
         let ones: Vec<u8> = [1.0f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
         let result = stranger
             .accumulate(
@@ -463,7 +470,7 @@ async fn a_peer_with_the_wrong_secret_cannot_send() {
     let (log, _guard) = Log::capture();
     within(async {
         let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
-        let stranger = tcp_reader("not-the-secret").await;
+        let stranger = tcp_reader("not-the-secret-either").await;
         let tag = WriteTag {
             epoch: 0,
             write_id: 1,
@@ -687,6 +694,98 @@ async fn a_60_mib_prefix_over_a_smaller_cap_allocates_nothing_and_is_dropped_at_
         log.expect_line(&["dropped a connection", "exceeds the cap of 1048576 bytes"])
             .await;
         assert_served(&well_behaved, &owner.published.handle()).await;
+    })
+    .await
+    .expect("test bound");
+}
+
+// ---------------------------------------------------------------------------------------------
+// (f) Many idle connections at once.
+
+/// The gate test's handshake deadline: long enough that its 64 idle connections are all still in
+/// the handshake while the extra ones arrive, even on a loaded machine.
+const GATE_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Whether the owner has closed `stream` (EOF or a reset) without waiting for it.
+fn closed_now(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match stream.try_read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
+
+#[tokio::test]
+async fn at_most_64_connections_per_listener_are_in_the_handshake_and_extra_ones_are_closed_at_once(
+) {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    let _recording = metrics::set_default_local_recorder(&recorder);
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = owner_with(TcpConfig {
+            remote: RemoteConfig {
+                handshake_timeout: GATE_HANDSHAKE_TIMEOUT,
+                ..RemoteConfig::default()
+            },
+            ..TcpConfig::loopback(ClusterSecret::new(SECRET).expect("secret"))
+        })
+        .await;
+        let addr = owner.transport.addr().to_owned();
+        // 64 peers connect and say nothing: every place in the handshake is taken. (The owner
+        // accepts in the order the connections were made.)
+        let mut idle = Vec::new();
+        for _ in 0..MAX_UNAUTHENTICATED {
+            idle.push(TcpStream::connect(&addr).await.expect("connect"));
+        }
+        // 8 more are closed at once: EOF before the deadline frees any of the 64.
+        const EXTRA: usize = 8;
+        for _ in 0..EXTRA {
+            let mut extra = TcpStream::connect(&addr).await.expect("connect");
+            let received = dropped(&mut extra).await;
+            assert!(received.is_empty(), "nothing is sent to it: {received:?}");
+        }
+        assert!(
+            !idle.iter().any(closed_now),
+            "the extra connections were closed while all 64 idle ones were still held"
+        );
+        log.expect_line(&[
+            "closed a connection at once",
+            "64 are in the handshake already",
+        ])
+        .await;
+        // While the 64 are held, a peer with the secret is refused too (the documented price).
+        let reader = tcp_reader(SECRET).await;
+        let mut into = vec![0u8; contents().len()];
+        let refused = reader
+            .read(
+                &owner.published.handle(),
+                0..256,
+                Dest::Bytes(&mut into),
+                deadline_in(Duration::from_secs(5)),
+            )
+            .await;
+        assert!(
+            matches!(refused, Err(TransportError::Unreachable { .. })),
+            "{refused:?}"
+        );
+        // The deadline drops the 64 idle ones, which frees their places: the reader is served.
+        let freed = async {
+            for stream in &mut idle {
+                dropped(stream).await;
+            }
+        };
+        tokio::time::timeout(GATE_HANDSHAKE_TIMEOUT + DROP_BOUND, freed)
+            .await
+            .expect("the handshake deadline drops the idle connections");
+        assert_served(&reader, &owner.published.handle()).await;
+        let text = metrics.render();
+        let line = format!("{REFUSED_METRIC}{{listener=\"tcp\"}} {}", EXTRA + 1);
+        assert!(
+            text.lines().any(|l| l == line),
+            "expected the line {line:?} in\n{text}"
+        );
     })
     .await
     .expect("test bound");

@@ -15,7 +15,7 @@ fn host_has_rdma_device() -> bool {
 
 #[tokio::test]
 async fn new_without_a_device_is_a_clear_unsupported_error() {
-    let secret = ClusterSecret::new("rdma-no-device").expect("secret");
+    let secret = ClusterSecret::new("rdma-no-device-secret").expect("secret");
     let result = RdmaTransport::new(RdmaConfig::loopback(secret)).await;
     if host_has_rdma_device() {
         eprintln!(
@@ -53,7 +53,7 @@ async fn a_named_device_that_is_absent_is_the_same_error() {
     }
     let config = RdmaConfig {
         device: Some("mlx5_9".into()),
-        ..RdmaConfig::loopback(ClusterSecret::new("rdma-no-device").expect("secret"))
+        ..RdmaConfig::loopback(ClusterSecret::new("rdma-no-device-secret").expect("secret"))
     };
     match RdmaTransport::new(config).await {
         Err(TransportError::Unsupported { what }) => {

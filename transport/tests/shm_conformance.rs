@@ -27,7 +27,10 @@ async fn make_pair() -> Pair {
             inbox_capacity: 64,
             ..RemoteConfig::default()
         },
-        ..ShmConfig::new(job, ClusterSecret::new("shm-conformance").expect("secret"))
+        ..ShmConfig::new(
+            job,
+            ClusterSecret::new("shm-conformance-secret").expect("secret"),
+        )
     };
     let owner = ShmTransport::new(config.clone()).await.expect("owner");
     let reader = ShmTransport::new(config).await.expect("reader");

@@ -10,7 +10,7 @@ use odc_transport::tcp::{TcpConfig, TcpTransport};
 use odc_transport::{ClusterSecret, RemoteConfig};
 
 async fn make_pair() -> Pair {
-    let secret = ClusterSecret::new("tcp-conformance").expect("secret");
+    let secret = ClusterSecret::new("tcp-conformance-secret").expect("secret");
     let config = TcpConfig {
         remote: RemoteConfig {
             inbox_capacity: 64,

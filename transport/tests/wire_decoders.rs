@@ -259,10 +259,9 @@ fn handshake_frame() -> impl Strategy<Value = HandshakeFrame> {
                 nonce,
             }
         }),
-        (any::<[u8; 32]>(), any::<[u8; 32]>())
-            .prop_map(|(nonce, mac)| HandshakeFrame::Challenge { nonce, mac }),
+        any::<[u8; 32]>().prop_map(|nonce| HandshakeFrame::Challenge { nonce }),
         any::<[u8; 32]>().prop_map(|mac| HandshakeFrame::Proof { mac }),
-        Just(HandshakeFrame::Welcome),
+        any::<[u8; 32]>().prop_map(|mac| HandshakeFrame::Welcome { mac }),
         // Up to 4 bytes a character: some reasons are cut to the cap by the encoder.
         text(80).prop_map(|reason| HandshakeFrame::Refused { reason }),
     ]

@@ -7,71 +7,44 @@
 //! Guarantees (DESIGN "Processes and hosts", trust):
 //! - before the handshake completes a peer can send at most
 //!   [`HANDSHAKE_FRAME_CAP`](odc_transport::wire::handshake::HANDSHAKE_FRAME_CAP) bytes per frame,
-//!   has [`HANDSHAKE_TIMEOUT`] to finish, and at most [`MAX_UNAUTHENTICATED`] such connections are
+//!   has [`HANDSHAKE_TIMEOUT`] to finish, and at most
+//!   [`MAX_UNAUTHENTICATED`](odc_transport::wire::gate::MAX_UNAUTHENTICATED) such connections are
 //!   open per listener — one more is closed at once and counted in
-//!   [`UNAUTHENTICATED_REFUSED`](crate::metrics::UNAUTHENTICATED_REFUSED);
+//!   [`REFUSED_METRIC`](odc_transport::wire::gate::REFUSED_METRIC) (`listener="control"`), the
+//!   data plane's [`UnauthenticatedGate`] on this listener too;
 //! - a peer that fails costs one log line and changes nothing (it never reaches the node server);
 //! - streams that passed are labelled [`VERIFIED`], so the session keeper can tell them from
 //!   anything ractor_cluster's own listener accepts (which it closes at once).
 
-use std::io::Cursor;
-use std::sync::Arc;
 use std::time::Duration;
 
-use odc_transport::wire::handshake::{self, HandshakeError, HANDSHAKE_FRAME_CAP};
-use odc_transport::wire::FrameReader;
+use odc_transport::wire::gate::UnauthenticatedGate;
+use odc_transport::wire::handshake::{self, HandshakeError};
 use odc_transport::{ClusterSecret, Deadline};
 use ractor::ActorRef;
 use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServerMessage};
-use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
-/// How long a peer has to complete the handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections still in the handshake one listener holds at most.
-pub const MAX_UNAUTHENTICATED: usize = 64;
+/// How long a peer has to complete the handshake (the data plane's longest).
+pub const HANDSHAKE_TIMEOUT: Duration = odc_transport::RemoteConfig::MAX_HANDSHAKE_TIMEOUT;
 /// Start of the label of every session that came through the handshake.
 pub(crate) const VERIFIED: &str = "odc-verified ";
 
-/// A stream whose peer proved the cluster secret, with whatever it sent after the handshake.
+/// A stream whose peer proved the cluster secret; nothing past the handshake was read from it.
 struct Verified {
-    reader: BoxRead,
-    writer: BoxWrite,
+    stream: TcpStream,
     peer: String,
 }
 
 impl ClusterBidiStream for Verified {
     fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
-        (self.reader, self.writer)
+        let (read, write) = self.stream.into_split();
+        (Box::new(read), Box::new(write))
     }
 
     fn peer_label(&self) -> Option<String> {
         Some(format!("{VERIFIED}{}", self.peer))
     }
-}
-
-/// Run the handshake on `stream` (as the dialer or the listener) within `deadline`.
-async fn authenticate(
-    stream: TcpStream,
-    peer: String,
-    secret: &ClusterSecret,
-    deadline: Deadline,
-    dialer: bool,
-) -> Result<Verified, HandshakeError> {
-    let (read, mut write) = stream.into_split();
-    let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
-    if dialer {
-        handshake::dial(&mut reader, &mut write, secret, deadline).await?;
-    } else {
-        handshake::accept(&mut reader, &mut write, secret, deadline).await?;
-    }
-    let (read, early) = reader.into_parts();
-    Ok(Verified {
-        reader: Box::new(Cursor::new(early).chain(read)),
-        writer: Box::new(write),
-        peer,
-    })
 }
 
 /// Why dialing the coordinator failed.
@@ -106,27 +79,27 @@ pub(crate) async fn dial(
         })?
         .map_err(DialError::Connect)?;
     let _ = stream.set_nodelay(true);
-    let verified = authenticate(stream, addr.to_string(), secret, deadline, true)
+    let stream = handshake::authenticate_dialer(stream, secret, deadline)
         .await
         .map_err(DialError::Handshake)?;
+    let verified = Verified {
+        stream,
+        peer: addr.to_string(),
+    };
     ractor_cluster::client_connect_external(server, Box::new(verified))
         .await
         .map_err(|e| DialError::Server(e.to_string()))
 }
 
 /// Accept control-plane connections on `listener` until the task is aborted: each gets the
-/// handshake (at most [`MAX_UNAUTHENTICATED`] at a time), and those that pass go to `server` as
-/// incoming sessions.
+/// handshake (at most [`MAX_UNAUTHENTICATED`](odc_transport::wire::gate::MAX_UNAUTHENTICATED) at
+/// a time), and those that pass go to `server` as incoming sessions.
 pub(crate) async fn serve(
     listener: TcpListener,
     server: ActorRef<NodeServerMessage>,
     secret: ClusterSecret,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_UNAUTHENTICATED));
-    let refused = metrics::counter!(
-        crate::metrics::UNAUTHENTICATED_REFUSED,
-        "listener" => "control"
-    );
+    let gate = UnauthenticatedGate::new("control");
     let mut handshakes = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -142,12 +115,8 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            refused.increment(1);
-            tracing::debug!(
-                "control plane: closed a connection from {peer} at once: \
-                 {MAX_UNAUTHENTICATED} connections are already in the handshake"
-            );
+        let Some(permit) = gate.try_enter() else {
+            // Closed at once, counted (and logged now and then) by the gate.
             drop(stream);
             continue;
         };
@@ -155,10 +124,14 @@ pub(crate) async fn serve(
         let (server, secret) = (server.clone(), secret.clone());
         handshakes.spawn(async move {
             let deadline = odc_transport::deadline_in(HANDSHAKE_TIMEOUT);
-            let verified = authenticate(stream, peer.to_string(), &secret, deadline, false).await;
-            drop(slot);
+            let verified = handshake::authenticate_listener(stream, &secret, deadline).await;
+            drop(permit);
             match verified {
-                Ok(verified) => {
+                Ok(stream) => {
+                    let verified = Verified {
+                        stream,
+                        peer: peer.to_string(),
+                    };
                     let opened = NodeServerMessage::ConnectionOpenedExternal {
                         stream: Box::new(verified),
                         is_server: true,

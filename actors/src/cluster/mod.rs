@@ -15,6 +15,6 @@ pub mod host;
 pub mod session;
 mod wire;
 
-pub use door::{HANDSHAKE_TIMEOUT, MAX_UNAUTHENTICATED};
+pub use door::HANDSHAKE_TIMEOUT;
 pub use host::{host_group, supervisor_group, Host, HostArgs, HostEvent};
 pub use session::{ClusterConfig, ClusterNode, Liveness, SessionEvent, CONTROL_FRAME_CAP};

@@ -456,7 +456,8 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     use super::*;
-    use crate::cluster::door::{HANDSHAKE_TIMEOUT, MAX_UNAUTHENTICATED};
+    use crate::cluster::door::HANDSHAKE_TIMEOUT;
+    use odc_transport::wire::gate::MAX_UNAUTHENTICATED;
 
     /// A coordinator's node on a free loopback port.
     async fn coordinator() -> (ClusterNode, SocketAddr) {

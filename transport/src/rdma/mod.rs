@@ -104,6 +104,7 @@ use crate::remote::{
 };
 use crate::transport::check_deadline;
 use crate::wire::frame::FrameReader;
+use crate::wire::gate::Permit;
 use crate::wire::handshake::{self, HANDSHAKE_FRAME_CAP};
 use crate::wire::{write_frame, ClusterSecret, Target};
 use crate::{
@@ -241,9 +242,19 @@ impl RdmaTransport {
         let served = Served::new(config.remote, config.secret);
         let peers = Peers::new(Box::new(ControlDial), Arc::clone(&served));
         let (serving, nics) = (Arc::clone(&served), Arc::clone(&nic));
-        let listener = tokio::spawn(accept_loop(listener, move |stream, peer| {
-            route(stream, Arc::clone(&serving), Arc::clone(&nics), peer)
-        }));
+        let listener = tokio::spawn(accept_loop(
+            listener,
+            "rdma",
+            move |stream, peer, permit| {
+                route(
+                    stream,
+                    Arc::clone(&serving),
+                    Arc::clone(&nics),
+                    peer,
+                    permit,
+                )
+            },
+        ));
         Ok(Self {
             served,
             addr,
@@ -741,14 +752,16 @@ async fn exchange(
     })
 }
 
-/// The owner's side of a queue-pair exchange (the preamble was peeked, not read).
+/// The owner's side of a queue-pair exchange (the preamble was peeked, not read): the handshake
+/// by `deadline`, holding `permit` until it ends.
 async fn serve_exchange(
     mut stream: TcpStream,
     served: Arc<Served>,
     nic: Arc<dyn Nic>,
     peer: String,
+    permit: Permit,
+    deadline: Deadline,
 ) {
-    let deadline = crate::deadline_in(served.config.handshake_timeout);
     let mut preamble = [0u8; PREAMBLE.len()];
     let read = tokio::time::timeout_at(deadline.into(), stream.read_exact(&mut preamble)).await;
     if !matches!(read, Ok(Ok(_))) || preamble != PREAMBLE {
@@ -757,7 +770,9 @@ async fn serve_exchange(
     }
     let (read, mut write) = stream.into_split();
     let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
-    if let Err(e) = handshake::accept(&mut reader, &mut write, &served.secret, deadline).await {
+    let accepted = handshake::accept(&mut reader, &mut write, &served.secret, deadline).await;
+    drop(permit);
+    if let Err(e) = accepted {
         tracing::warn!(%peer, "odc rdma: refused a connection: {e}");
         return;
     }
@@ -791,18 +806,25 @@ async fn serve_exchange(
 }
 
 /// Serve one accepted connection: a queue-pair exchange (it starts with the preamble) or the peer
-/// protocol (accumulates, sends, reads of non-published handles).
-async fn route(stream: TcpStream, served: Arc<Served>, nic: Arc<dyn Nic>, peer: String) {
+/// protocol (accumulates, sends, reads of non-published handles). One handshake deadline covers
+/// the wait for the first byte and the handshake; `permit` is held until the handshake ends.
+async fn route(
+    stream: TcpStream,
+    served: Arc<Served>,
+    nic: Arc<dyn Nic>,
+    peer: String,
+    permit: Permit,
+) {
+    let deadline = served.handshake_deadline();
     let mut first = [0u8; 1];
-    let peeked =
-        tokio::time::timeout(served.config.handshake_timeout, stream.peek(&mut first)).await;
+    let peeked = tokio::time::timeout_at(deadline.into(), stream.peek(&mut first)).await;
     match peeked {
         Ok(Ok(n)) if n > 0 && first[0] == PREAMBLE[0] => {
-            serve_exchange(stream, served, nic, peer).await
+            serve_exchange(stream, served, nic, peer, permit, deadline).await
         }
         Ok(Ok(n)) if n > 0 => {
             let (read, write) = stream.into_split();
-            serve_connection(read, write, served, peer).await;
+            serve_connection(read, write, served, peer, permit, deadline).await;
         }
         // Closed, failed, or silent past the handshake timeout.
         _ => {}

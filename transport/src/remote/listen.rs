@@ -1,11 +1,13 @@
 //! The owner's side of accepting: bind a TCP listener and tell peers its address, and accept
-//! connections forever, each served in its own task (all aborted with the loop).
+//! connections forever, each served in its own task (all aborted with the loop), at most
+//! [`MAX_UNAUTHENTICATED`] of them in the handshake at once (`wire::gate`).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
+use crate::wire::gate::{Permit, UnauthenticatedGate, MAX_UNAUTHENTICATED, REFUSED_METRIC};
 use crate::TransportError;
 
 /// Listen on `bind` (`host:port`); also the address peers dial: `advertise_host` (or the bound
@@ -67,23 +69,42 @@ impl Listen for UnixListener {
 }
 
 /// Accept connections on `listener` until aborted, serving each with `serve` in its own task;
-/// dropping (aborting) the loop aborts every connection task. A failed accept (out of
-/// descriptors, a reset) is logged and the loop goes on.
-pub(crate) async fn accept_loop<L, F, Fut>(listener: L, serve: F)
+/// dropping (aborting) the loop aborts every connection task. A connection is served only with a
+/// place in the handshake (`wire::gate`: at most 64 at once per listener, `serve` drops the
+/// permit once the peer is authenticated or refused); one accepted while they are all taken is
+/// closed at once and counted under `backend`. A failed accept (out of descriptors, a reset) is
+/// logged and the loop goes on.
+pub(crate) async fn accept_loop<L, F, Fut>(listener: L, backend: &'static str, serve: F)
 where
     L: Listen,
-    F: Fn(L::Stream, String) -> Fut,
+    F: Fn(L::Stream, String, Permit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let gate = UnauthenticatedGate::new(backend);
     let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    connections.spawn(serve(stream, peer));
-                }
+                Ok((stream, peer)) => match gate.try_enter() {
+                    Some(permit) => {
+                        connections.spawn(serve(stream, peer, permit));
+                    }
+                    None => {
+                        drop(stream);
+                        // One line per doubling: a storm of connections is not a storm of lines.
+                        let refused = gate.refused();
+                        if refused.is_power_of_two() {
+                            tracing::warn!(
+                                %peer,
+                                "odc {backend}: closed a connection at once: \
+                                 {MAX_UNAUTHENTICATED} are in the handshake already ({refused} \
+                                 closed so far, metric {REFUSED_METRIC})"
+                            );
+                        }
+                    }
+                },
                 Err(e) => {
-                    tracing::warn!("odc transport: accept failed: {e}");
+                    tracing::warn!("odc {backend}: accept failed: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 }
             },

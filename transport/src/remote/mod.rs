@@ -6,7 +6,8 @@
 //!
 //! Guarantees (contract C2, C3, C6, C7 and I6 across processes):
 //! - A peer is served only after the handshake ([`crate::wire::handshake`]); a peer without the
-//!   secret never reaches a region.
+//!   secret never reaches a region. At most 64 connections per listener are in the handshake at
+//!   once ([`crate::wire::gate`]), each for at most `handshake_timeout` (≤ 10 s).
 //! - An owner serves each connection in its own task, in request order, straight from its fabric
 //!   ([`crate::local::LocalTransport`]): a read answers with a slice of the publication (no copy
 //!   on the owner), an accumulate is acknowledged only once applied, a send once held.
@@ -45,7 +46,9 @@ pub struct RemoteConfig {
     pub frame_cap: usize,
     /// Bytes per part of a large read; parts are in flight at once (pipelined).
     pub read_part_bytes: usize,
-    /// How long a peer has to complete the handshake (a slow or silent peer is dropped).
+    /// How long a peer has to complete the handshake (a slow or silent peer is dropped); at most
+    /// [`RemoteConfig::MAX_HANDSHAKE_TIMEOUT`] (a longer one is cut to it), so a connection that
+    /// never authenticates holds one of its listener's 64 places (`wire::gate`) no longer.
     pub handshake_timeout: Duration,
     /// Messages an inbox holds at most.
     pub inbox_capacity: usize,
@@ -54,6 +57,8 @@ pub struct RemoteConfig {
 impl RemoteConfig {
     /// 64 MiB + 4 KiB of head room.
     pub const DEFAULT_FRAME_CAP: usize = (64 << 20) + 4096;
+    /// The longest handshake timeout (also the default).
+    pub const MAX_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 }
 
 impl Default for RemoteConfig {
@@ -61,7 +66,7 @@ impl Default for RemoteConfig {
         Self {
             frame_cap: Self::DEFAULT_FRAME_CAP,
             read_part_bytes: 4 << 20,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Self::MAX_HANDSHAKE_TIMEOUT,
             inbox_capacity: crate::local::LocalTransport::DEFAULT_INBOX_CAPACITY,
         }
     }

@@ -7,10 +7,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::{RemoteConfig, Renamed};
 use crate::local::LocalTransport;
 use crate::wire::frame::{write_frame, FrameError, FrameReader};
+use crate::wire::gate::Permit;
 use crate::wire::handshake::{self, ClusterSecret};
 use crate::wire::{Request, Response, Target};
 use crate::{
-    deadline_in, AccumulatorRegion, Descriptor, EndpointId, InboxRegion, Transport, TransportError,
+    deadline_in, AccumulatorRegion, Deadline, Descriptor, EndpointId, InboxRegion, Transport,
+    TransportError,
 };
 
 /// The regions one transport instance serves to peers: its fabric, and the instance number that
@@ -26,13 +28,22 @@ pub(crate) struct Served {
 impl Served {
     /// A fresh fabric under a random instance number (never reused, so a handle to an earlier
     /// instance at the same address names an unknown region).
-    pub(crate) fn new(config: RemoteConfig, secret: ClusterSecret) -> Arc<Self> {
+    /// A handshake timeout over [`RemoteConfig::MAX_HANDSHAKE_TIMEOUT`] is cut to it.
+    pub(crate) fn new(mut config: RemoteConfig, secret: ClusterSecret) -> Arc<Self> {
+        config.handshake_timeout = config
+            .handshake_timeout
+            .min(RemoteConfig::MAX_HANDSHAKE_TIMEOUT);
         Arc::new(Served {
             instance: rand::RngCore::next_u64(&mut rand::rng()),
             fabric: LocalTransport::with_inbox_capacity(config.inbox_capacity),
             config,
             secret,
         })
+    }
+
+    /// When a connection accepted now must have completed its handshake.
+    pub(crate) fn handshake_deadline(&self) -> Deadline {
+        deadline_in(self.config.handshake_timeout)
     }
 
     /// Whether `target` is one of these regions (instance numbers are random 64-bit values, so
@@ -132,19 +143,23 @@ impl Served {
 }
 
 /// Serve one accepted connection until the peer closes it or breaks the protocol. `peer` names it
-/// in the log.
+/// in the log. The handshake must end by `deadline`; `permit` (the connection's place among the
+/// listener's unauthenticated ones) is given back as soon as it does.
 pub(crate) async fn serve_connection<R, W>(
     reader: R,
     mut writer: W,
     served: Arc<Served>,
     peer: String,
+    permit: Permit,
+    deadline: Deadline,
 ) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut reader = FrameReader::new(reader, handshake::HANDSHAKE_FRAME_CAP);
-    let deadline = deadline_in(served.config.handshake_timeout);
-    if let Err(e) = handshake::accept(&mut reader, &mut writer, &served.secret, deadline).await {
+    let accepted = handshake::accept(&mut reader, &mut writer, &served.secret, deadline).await;
+    drop(permit);
+    if let Err(e) = accepted {
         tracing::warn!(%peer, "odc transport: refused a connection: {e}");
         return;
     }

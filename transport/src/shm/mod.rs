@@ -162,10 +162,15 @@ impl ShmTransport {
         let served = Served::new(config.remote, config.secret);
         let peers = Peers::new(Box::new(UnixDial), Arc::clone(&served));
         let serving = Arc::clone(&served);
-        let listener = tokio::spawn(accept_loop(listener, move |stream: UnixStream, peer| {
-            let (read, write) = stream.into_split();
-            serve_connection(read, write, Arc::clone(&serving), peer)
-        }));
+        let listener = tokio::spawn(accept_loop(
+            listener,
+            "shm",
+            move |stream: UnixStream, peer, permit| {
+                let (read, write) = stream.into_split();
+                let deadline = serving.handshake_deadline();
+                serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
+            },
+        ));
         Ok(Self {
             served,
             host: host_id(),

@@ -111,10 +111,15 @@ impl TcpTransport {
         let served = Served::new(config.remote, config.secret);
         let peers = Peers::new(Box::new(TcpDial), Arc::clone(&served));
         let serving = Arc::clone(&served);
-        let listener = tokio::spawn(accept_loop(listener, move |stream: TcpStream, peer| {
-            let (read, write) = stream.into_split();
-            serve_connection(read, write, Arc::clone(&serving), peer)
-        }));
+        let listener = tokio::spawn(accept_loop(
+            listener,
+            "tcp",
+            move |stream: TcpStream, peer, permit| {
+                let (read, write) = stream.into_split();
+                let deadline = serving.handshake_deadline();
+                serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
+            },
+        ));
         Ok(Self {
             served,
             addr,

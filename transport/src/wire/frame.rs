@@ -71,12 +71,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.cap
     }
 
-    /// The stream back, with the bytes already read from it but not handed out (a protocol that
-    /// switches framing after the handshake keeps them: they come first).
-    pub fn into_parts(self) -> (R, BytesMut) {
-        (self.inner, self.buf)
-    }
-
     /// The next frame's body (the rest of a frame begun with [`FrameReader::next_head`] is
     /// discarded first). Cancel safe: bytes already read stay buffered.
     pub async fn next(&mut self) -> Result<Bytes, FrameError> {
@@ -87,6 +81,26 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             self.fill(usize::MAX).await?;
         }
+    }
+
+    /// The next frame's body, reading no byte past it from the stream (at most two reads a
+    /// frame: the prefix, then the body), so the stream can change hands after it with nothing
+    /// lost: the handshake reads its frames this way. Cancel safe.
+    pub async fn next_exact(&mut self) -> Result<Bytes, FrameError> {
+        self.discard_body().await?;
+        loop {
+            let want = match self.split()? {
+                Some(body) => return Ok(body),
+                None => self.prefix()?.map_or(PREFIX, |len| PREFIX + len),
+            };
+            self.fill(want - self.buf.len()).await?;
+        }
+    }
+
+    /// Bytes read from the stream and not handed out yet (0 after [`FrameReader::next_exact`] on
+    /// a fresh reader).
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
     }
 
     /// The next frame's body length and its first `min(want, length)` bytes; the rest of the body
@@ -313,6 +327,22 @@ mod tests {
                 other => panic!("expected Oversized, got {other:?}"),
             }
             assert!(reader.buf.capacity() < 64 * 1024, "nothing reserved");
+        });
+    }
+
+    #[test]
+    fn exact_reads_take_nothing_past_the_frame() {
+        block_on(async {
+            let (mut a, b) = tokio::io::duplex(1024);
+            let mut bytes = 5u32.to_be_bytes().to_vec();
+            bytes.extend_from_slice(b"hello and what follows");
+            a.write_all(&bytes).await.expect("write");
+            let mut reader = FrameReader::new(b, 256);
+            assert_eq!(&reader.next_exact().await.expect("frame")[..], b"hello");
+            assert_eq!(reader.buffered(), 0);
+            let mut rest = [0u8; 17];
+            reader.inner.read_exact(&mut rest).await.expect("the rest");
+            assert_eq!(&rest, b" and what follows");
         });
     }
 

@@ -7,7 +7,10 @@
 //!   cap checked before anything is allocated. Before authentication the cap is
 //!   [`handshake::HANDSHAKE_FRAME_CAP`]; after, the connection's configured cap.
 //! - [`handshake`]: a mutual challenge–response on the cluster secret (HMAC-SHA256 over both
-//!   nonces, a different label per direction), under a deadline, before any other frame.
+//!   nonces, a different label per direction), under a deadline, before any other frame. The
+//!   dialer proves first; the listener proves only to a dialer that did.
+//! - [`gate`]: at most [`gate::MAX_UNAUTHENTICATED`] connections per listener in the handshake at
+//!   once; more are closed at once and counted.
 //! - [`message`]: the requests and responses, a hand-written little-endian layout whose decoder
 //!   checks every length against the bytes present. Payloads (read results, gradients, inbox
 //!   messages) are slices of the received frame (`Bytes`), never copied by the decoder.
@@ -18,11 +21,12 @@
 //! `tests/wire_decoders.rs` hold the decoders to this.
 
 pub mod frame;
+pub mod gate;
 pub mod handshake;
 pub mod message;
 
 pub use frame::{read_frame, write_frame, FrameReader};
-pub use handshake::{ClusterSecret, HandshakeError};
+pub use handshake::{ClusterSecret, HandshakeError, SecretError};
 pub use message::{ReadOkHead, Request, Response, Target, READ_OK_HEAD};
 
 /// A frame from a peer that does not decode. Every variant says what was wrong; none carries the
