@@ -111,7 +111,8 @@ pub struct NonFiniteElement {
 
 /// Encode `values` as little-endian `f32` (the bytes of [`encode_f32`]) in the same pass that
 /// checks every element is finite; the first NaN or ±inf is an error and nothing is returned.
-/// One pass over the values when they are finite, so a sender checks what it sends for free.
+/// One pass over the values when they are finite: about 1.3× the time of [`encode_f32`]
+/// (measured on 16 MiB in 1 MiB chunks; `encode_f32` compiles to a plain copy).
 ///
 /// ```
 /// use odc_transport::codec;
@@ -119,14 +120,20 @@ pub struct NonFiniteElement {
 /// let bad = codec::encode_f32_finite(&[1.0, f32::INFINITY, f32::NAN]).unwrap_err();
 /// assert_eq!((bad.index, bad.value), (1, f32::INFINITY));
 /// ```
+// Inlined: compiled out of line in this crate, the same loop measured 1.7–2× `encode_f32`.
+#[inline]
 pub fn encode_f32_finite(values: &[f32]) -> Result<Bytes, NonFiniteElement> {
+    // The exponent field: all ones exactly for NaN and ±inf.
+    const EXPONENT: u32 = 0x7f80_0000;
     let mut buf = vec![0u8; values.len() * 4];
-    let mut finite = true;
+    // The largest exponent field seen: a maximum over integers, which vectorises with the copy.
+    let mut largest = 0u32;
     for (dst, v) in buf.chunks_exact_mut(4).zip(values) {
-        dst.copy_from_slice(&v.to_le_bytes());
-        finite &= v.is_finite();
+        let bits = v.to_bits();
+        dst.copy_from_slice(&bits.to_le_bytes());
+        largest = largest.max(bits & EXPONENT);
     }
-    if finite {
+    if largest != EXPONENT {
         return Ok(Bytes::from(buf));
     }
     // Only on failure: find which one.
