@@ -36,7 +36,8 @@
 //!   `max_replays` replays, `TooManyReplays`. The trainer is respawned (`FailurePolicy::Respawn`,
 //!   at most `max_respawns` per slot) or dropped. Lost while *Reducing* / *Applying*: only
 //!   respawned, every gradient of the step already landed.
-//! - A micro-batch returning an error: `Discard`, then `Finish(Err(Error::MicroBatch))`.
+//! - A micro-batch returning an error: `Discard`, then `Finish(Err(Error::MicroBatch))` (an
+//!   [`Error::NonFinite`]: see above).
 //! - A micro-batch running past `micro_batch_timeout` (seen on a tick): `Discard`, the hung
 //!   trainer `Kill`ed (and respawned per policy), then `Finish(Err(Error::Deadline))`.
 //! - A shard server lost: `Finish(Err)` naming it and `Stop`.
