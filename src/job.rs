@@ -16,7 +16,7 @@ use odc_actors::policy::membership::HeartbeatConfig;
 use odc_actors::policy::recovery::FailurePolicy;
 use odc_actors::policy::schedule::LrSchedule;
 use odc_actors::policy::stats::StepStats;
-use odc_actors::policy::step::StepConfig;
+use odc_actors::policy::step::{NonFinite, StepConfig};
 use odc_actors::server::optimizer::OptimizerConfig;
 use odc_actors::supervisor::{Placement, Supervisor, SupervisorArgs, SupervisorMsg};
 use odc_actors::trainer::{ComputeFactory, ContextConfig, SharedComputeFactory};
@@ -219,6 +219,25 @@ impl JobBuilder {
     /// Clip the global gradient norm (computed with one exchange at the barrier).
     pub fn clip_grad_norm(mut self, max_norm: f64) -> Self {
         self.policy.clip_norm = Some(max_norm);
+        self
+    }
+
+    /// What a step does when a gradient, a loss or the global gradient norm is not finite (NaN
+    /// or ±inf). Either way nothing non-finite reaches a parameter: the step's gradients are
+    /// discarded at every shard server, and parameters, optimizer moments and the optimizer's
+    /// step count stay as they were.
+    /// - [`NonFinite::Error`] (default): the step fails with [`Error::NonFinite`] naming where it
+    ///   was found (trainer, micro-batch, sample indices and unit, or the barrier's global norm);
+    ///   the job's step counter does not move, so [`Job::step`] next trains the same minibatch
+    ///   again ([`Job::step_with`] takes others).
+    /// - [`NonFinite::SkipStep`]: like PyTorch's GradScaler skipping `optimizer.step()`, the step
+    ///   returns [`StepStats`] with `skipped` set, `odc_skipped_steps_total` counts it, and the
+    ///   job goes on. A skipped step counts as a step of the job: the step counter, the data
+    ///   source's position and the learning-rate schedule's position move on (as when
+    ///   `scheduler.step()` runs every iteration); the optimizer's step count (AdamW's bias
+    ///   correction) does not.
+    pub fn on_non_finite(mut self, policy: NonFinite) -> Self {
+        self.policy.non_finite = policy;
         self
     }
 

@@ -60,11 +60,12 @@ pub use odc_actors::policy::schedule::LrSchedule;
 pub use odc_actors::policy::stats::{
     MicroBatchRecord, Span, SpanKind, StepStats, TrainerStepStats,
 };
+pub use odc_actors::policy::step::NonFinite;
 pub use odc_actors::server::optimizer::{OptimizerConfig, OptimizerState};
 pub use odc_actors::trainer::{
     Compute, ComputeFactory, ContextConfig, Direction, MicroBatchStats, PushTicket, TrainerContext,
 };
-pub use odc_actors::{Error, Result};
+pub use odc_actors::{Error, NonFiniteAt, Result};
 pub use odc_transport as transport;
 
 /// Test-only helpers shared by the crate's unit tests.

@@ -3,13 +3,19 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use odc::{
-    async_trait, Compute, ComputeOutput, Job, MicroBatch, SampleMeta, TrainerContext, UnitSpec,
+    async_trait, Compute, ComputeOutput, Job, MicroBatch, NonFinite, SampleMeta, TrainerContext,
+    UnitSpec,
 };
 
-struct Ones;
+/// Pushes ones; the first micro-batch at parameter version 1 returns a NaN loss (once).
+struct Ones {
+    nan_once: Arc<AtomicBool>,
+}
 
 #[async_trait]
 impl Compute for Ones {
@@ -20,8 +26,9 @@ impl Compute for Ones {
     ) -> odc::Result<ComputeOutput> {
         let w = ctx.gather(0).await?;
         ctx.push_grad(0, &vec![1.0; w.len()])?;
+        let nan = mb.step == 1 && self.nan_once.swap(false, Ordering::SeqCst);
         Ok(ComputeOutput {
-            loss_sum: mb.tokens as f64,
+            loss_sum: if nan { f64::NAN } else { mb.tokens as f64 },
         })
     }
 }
@@ -53,18 +60,26 @@ async fn metrics_endpoint_serves_odc_metrics() {
         // A second recorder in the same process is refused with a message naming the address.
         let again = odc::metrics::serve(free_port()).unwrap_err();
         assert!(again.to_string().contains("metrics endpoint"), "{again}");
+        let nan_once = Arc::new(AtomicBool::new(true));
         let mut job = Job::builder()
             .unit(UnitSpec::constant("w", 64, 0.0))
             .trainers(2)
             .servers(2)
-            .compute(|_| Box::new(Ones) as Box<dyn Compute>)
+            .on_non_finite(NonFinite::SkipStep)
+            .compute(move |_| {
+                Box::new(Ones {
+                    nan_once: nan_once.clone(),
+                }) as Box<dyn Compute>
+            })
             .data(|_| Ok((0..4).map(|i| SampleMeta::new(i, 10)).collect()))
             .build()
             .unwrap();
-        tokio::time::timeout(Duration::from_secs(30), job.run(3))
+        let stats = tokio::time::timeout(Duration::from_secs(30), job.run(3))
             .await
             .expect("timeout")
             .unwrap();
+        let skipped: Vec<bool> = stats.iter().map(|s| s.skipped.is_some()).collect();
+        assert_eq!(skipped, [false, true, false], "step 1 had a NaN loss");
         job.shutdown().await;
         let body = tokio::task::spawn_blocking(move || scrape(addr))
             .await
@@ -76,6 +91,7 @@ async fn metrics_endpoint_serves_odc_metrics() {
             ("odc_pulled_bytes_total", "counter"),
             ("odc_pushed_bytes_total", "counter"),
             ("odc_tokens_total", "counter"),
+            ("odc_skipped_steps_total", "counter"),
             ("odc_micro_batches_total", "counter"),
             ("odc_pull_seconds", "summary"),
             ("odc_trainer_busy_seconds", "summary"),
@@ -92,7 +108,9 @@ async fn metrics_endpoint_serves_odc_metrics() {
             let declared = format!("# TYPE {name} {kind}");
             assert!(body.contains(&declared), "missing `{declared}` in\n{body}");
         }
-        assert!(body.contains("odc_tokens_total 120"), "{body}");
+        // The skipped step's 40 tokens were not trained on.
+        assert!(body.contains("odc_tokens_total 80"), "{body}");
+        assert!(body.contains("odc_skipped_steps_total 1"), "{body}");
         assert!(body.contains("odc_step 3"), "{body}");
         // Every trainer reports its own tokens per second, and the two add up to the job's.
         let value = |line_start: &str| -> f64 {

@@ -99,6 +99,11 @@ pub enum Error {
     /// step fails rather than drop or double-count a micro-batch (I2).
     #[error("step {step}: the ledger refused: {source}")]
     Ledger { step: u64, source: LedgerError },
+    /// A gradient, a loss or the global gradient norm was not finite (NaN or ±inf). It never
+    /// reached a parameter: the step's gradients were discarded at every owner. Boxed: the
+    /// error type stays small.
+    #[error("{0}")]
+    NonFinite(Box<NonFiniteAt>),
     #[error("actor {actor}: {reason}")]
     Actor { actor: String, reason: String },
     #[error("internal error: {0}")]
@@ -112,6 +117,52 @@ fn place(trainer: Option<u32>, micro_batch: Option<u32>) -> String {
         (Some(t), None) => format!(" on trainer {t}"),
         (None, Some(m)) => format!(" (micro-batch {m})"),
         (None, None) => String::new(),
+    }
+}
+
+/// Where a non-finite (NaN or ±inf) gradient, loss or global gradient norm was found
+/// ([`Error::NonFinite`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
+#[error(
+    "step {step}: non-finite {what} ({value}){}{}{}",
+    place(*.trainer, *.micro_batch),
+    samples_of(.samples),
+    unit_element(*.unit, *.element)
+)]
+pub struct NonFiniteAt {
+    /// What was not finite: `"gradient"`, `"loss"` or `"global gradient norm"`.
+    pub what: String,
+    /// The global step (set by the supervisor; a trainer fills in its parameter version).
+    pub step: u64,
+    /// The trainer that found it (`None`: the barrier, where every trainer's sum meets).
+    pub trainer: Option<u32>,
+    pub micro_batch: Option<u32>,
+    /// Dataset indices ([`SampleMeta::index`](crate::batch::SampleMeta::index)) of the
+    /// micro-batch's samples.
+    pub samples: Vec<u64>,
+    /// The unit of a non-finite gradient.
+    pub unit: Option<UnitId>,
+    /// Index within the unit of the gradient's first non-finite element.
+    pub element: Option<u64>,
+    /// The value found, as printed (`NaN`, `inf`, `-inf`).
+    pub value: String,
+}
+
+/// `" of samples [..]"` when there are any.
+fn samples_of(samples: &[u64]) -> String {
+    if samples.is_empty() {
+        String::new()
+    } else {
+        format!(" of samples {samples:?}")
+    }
+}
+
+/// `", unit U element E"`, the parts that are known.
+fn unit_element(unit: Option<UnitId>, element: Option<u64>) -> String {
+    match (unit, element) {
+        (Some(u), Some(e)) => format!(", unit {u} element {e}"),
+        (Some(u), None) => format!(", unit {u}"),
+        _ => String::new(),
     }
 }
 

@@ -33,4 +33,4 @@ pub mod server;
 pub mod supervisor;
 pub mod trainer;
 
-pub use error::{Error, Result};
+pub use error::{Error, NonFiniteAt, Result};

@@ -397,6 +397,16 @@ mod tests {
                 }),
             }),
             Err(Error::user(std::io::Error::other("disk on fire"))),
+            Err(Error::NonFinite(Box::new(crate::NonFiniteAt {
+                what: "gradient".into(),
+                step: 4,
+                trainer: Some(1),
+                micro_batch: Some(3),
+                samples: vec![11, 12],
+                unit: Some(2),
+                element: Some(17),
+                value: f32::NEG_INFINITY.to_string(),
+            }))),
         ] {
             round_trip(TrainerReport {
                 trainer: 1,
@@ -413,7 +423,10 @@ mod tests {
             optimizer: OptimizerConfig::sgd(0.1),
             pull_dtype: Dtype::F32,
             context: ContextConfig::default(),
-            step: StepConfig::default(),
+            step: StepConfig {
+                non_finite: crate::policy::step::NonFinite::SkipStep,
+                ..StepConfig::default()
+            },
         });
         round_trip(vec![SampleMeta::new(1, 2)]);
         round_trip(ServerOutcome::Reduced(Err(Error::Deadline {

@@ -46,6 +46,8 @@ pub const STEP_SECONDS: &str = "odc_step_seconds";
 pub const LOSS: &str = "odc_loss";
 /// Minibatch replays after a trainer failure.
 pub const REPLAYS: &str = "odc_replays_total";
+/// Steps skipped for a non-finite gradient, loss or global norm (`NonFinite::SkipStep`).
+pub const SKIPPED_STEPS: &str = "odc_skipped_steps_total";
 /// Trainer failures seen by the supervisor.
 pub const TRAINER_FAILURES: &str = "odc_trainer_failures_total";
 /// Work moved between trainers at run time (micro-batches stolen by an idle trainer).
@@ -98,6 +100,10 @@ pub fn describe() {
     describe_histogram!(STEP_SECONDS, Unit::Seconds, "Wall time per step");
     describe_gauge!(LOSS, "Mean loss of the last step");
     describe_counter!(REPLAYS, "Minibatch replays after failures");
+    describe_counter!(
+        SKIPPED_STEPS,
+        "Steps skipped for non-finite gradients or losses (gradients discarded)"
+    );
     describe_counter!(TRAINER_FAILURES, "Trainer failures");
     describe_counter!(
         REBALANCES,

@@ -7,7 +7,8 @@ use odc_actors::layout::UnitOptimizerInit;
 /// starts from it, [`save`](super::save) and [`load`](super::load) put it on disk).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainState {
-    /// Global optimizer steps taken: the next step is `step`.
+    /// Global steps taken (applied, or skipped for non-finite gradients): the next step is
+    /// `step`.
     pub step: u64,
     /// Per unit, its flat master values.
     pub params: Vec<Vec<f32>>,

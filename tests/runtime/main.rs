@@ -1,4 +1,5 @@
-//! Runtime integration tests, one module per invariant of DESIGN.md plus bad input.
+//! Runtime integration tests, one module per invariant of DESIGN.md plus bad input and non-finite
+//! gradients.
 //! Every async test runs under a timeout.
 
 mod bad_input;
@@ -9,6 +10,7 @@ mod exactly_once;
 mod liveness;
 mod model;
 mod no_inner_barrier;
+mod non_finite;
 mod straggler;
 
 use std::future::Future;

@@ -236,6 +236,18 @@ pub fn reference_train(
     params
 }
 
+/// What [`Hooks::poison`] makes non-finite in a micro-batch holding a poisoned sample.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Poison {
+    /// Element `element` of unit `unit`'s gradient is NaN (the first such micro-batch only).
+    GradNan { unit: u32, element: usize },
+    /// The loss is NaN (the first such micro-batch only).
+    LossNan,
+    /// Element 0 of the head's gradient is `f32::MAX` in every such micro-batch: finite, so no
+    /// trainer refuses it, but two of them overflow the fp32 sum to inf.
+    GradMax,
+}
+
 /// Knobs the tests turn on one trainer's compute.
 #[derive(Default)]
 pub struct Hooks {
@@ -248,6 +260,37 @@ pub struct Hooks {
     pub seen: Mutex<Vec<(u64, Vec<f32>)>>,
     /// Micro-batches run (all attempts).
     pub runs: AtomicUsize,
+    /// Poison micro-batches holding a sample whose dataset index is in the range.
+    pub poison: Option<(Poison, std::ops::Range<u64>)>,
+    /// (trainer, micro-batch, sample indices) of every micro-batch poisoned.
+    pub poisoned: Mutex<Vec<(u32, u32, Vec<u64>)>>,
+}
+
+impl Hooks {
+    /// The poison micro-batch `mb` on `trainer` gets, recorded in `poisoned`.
+    fn poison_for(&self, trainer: u32, mb: &MicroBatch) -> Option<Poison> {
+        let (poison, range) = self.poison.clone()?;
+        if !mb.samples.iter().any(|s| range.contains(&s.index)) {
+            return None;
+        }
+        let mut poisoned = self.poisoned.lock().unwrap();
+        if poison != Poison::GradMax && !poisoned.is_empty() {
+            return None;
+        }
+        let samples = mb.samples.iter().map(|s| s.index).collect();
+        poisoned.push((trainer, mb.id, samples));
+        Some(poison)
+    }
+}
+
+/// `grad` of `unit` as `poison` leaves it.
+fn poisoned(poison: Option<Poison>, unit: u32, mut grad: Vec<f32>) -> Vec<f32> {
+    match poison {
+        Some(Poison::GradNan { unit: u, element }) if u == unit => grad[element] = f32::NAN,
+        Some(Poison::GradMax) if unit == 2 => grad[0] = f32::MAX,
+        _ => {}
+    }
+    grad
 }
 
 /// The model as user compute: gathers layer by layer, releases what it no longer needs and pushes
@@ -265,6 +308,7 @@ impl Compute for MlpCompute {
         mb: &MicroBatch,
     ) -> odc::Result<ComputeOutput> {
         self.hooks.runs.fetch_add(1, Ordering::SeqCst);
+        let poison = self.hooks.poison_for(self.trainer, mb);
         if let Some((t, d)) = self.hooks.delay {
             if t == self.trainer {
                 tokio::time::sleep(d).await;
@@ -284,7 +328,7 @@ impl Compute for MlpCompute {
         let p2 = ctx.gather(2).await?;
         ctx.backward();
         let (loss, g2, da1s) = head(&p2, &mut tapes);
-        ctx.push_grad(2, &g2)?;
+        ctx.push_grad(2, &poisoned(poison, 2, g2))?;
         ctx.release(2)?;
         if let Some((t, step)) = self.hooks.panic_at {
             if t == self.trainer
@@ -297,10 +341,14 @@ impl Compute for MlpCompute {
         }
         let p1 = ctx.gather(1).await?;
         let (g1, da0s) = layer1_backward(&p1, &tapes, &da1s);
-        ctx.push_grad(1, &g1)?;
+        ctx.push_grad(1, &poisoned(poison, 1, g1))?;
         ctx.release(1)?;
-        ctx.push_grad(0, &layer0_backward(&tapes, &da0s))?;
-        Ok(ComputeOutput { loss_sum: loss })
+        ctx.push_grad(0, &poisoned(poison, 0, layer0_backward(&tapes, &da0s)))?;
+        let loss_sum = match poison {
+            Some(Poison::LossNan) => f64::NAN,
+            _ => loss,
+        };
+        Ok(ComputeOutput { loss_sum })
     }
 }
 

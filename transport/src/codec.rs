@@ -101,6 +101,49 @@ pub fn encode_f32(values: &[f32]) -> Bytes {
     encode(Dtype::F32, values)
 }
 
+/// The first element of a slice that is not finite (NaN or ±inf): its index and value.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("element {index} is {value}")]
+pub struct NonFiniteElement {
+    pub index: usize,
+    pub value: f32,
+}
+
+/// Encode `values` as little-endian `f32` (the bytes of [`encode_f32`]) in the same pass that
+/// checks every element is finite; the first NaN or ±inf is an error and nothing is returned.
+/// One pass over the values when they are finite: about 1.3× the time of [`encode_f32`]
+/// (measured on 16 MiB in 1 MiB chunks; `encode_f32` compiles to a plain copy).
+///
+/// ```
+/// use odc_transport::codec;
+/// assert_eq!(codec::encode_f32_finite(&[0.5, -3.0]).unwrap(), codec::encode_f32(&[0.5, -3.0]));
+/// let bad = codec::encode_f32_finite(&[1.0, f32::INFINITY, f32::NAN]).unwrap_err();
+/// assert_eq!((bad.index, bad.value), (1, f32::INFINITY));
+/// ```
+// Inlined: compiled out of line in this crate, the same loop measured 1.7–2× `encode_f32`.
+#[inline]
+pub fn encode_f32_finite(values: &[f32]) -> Result<Bytes, NonFiniteElement> {
+    // The exponent field: all ones exactly for NaN and ±inf.
+    const EXPONENT: u32 = 0x7f80_0000;
+    let mut buf = vec![0u8; values.len() * 4];
+    // The largest exponent field seen: a maximum over integers, which vectorises with the copy.
+    let mut largest = 0u32;
+    for (dst, v) in buf.chunks_exact_mut(4).zip(values) {
+        let bits = v.to_bits();
+        dst.copy_from_slice(&bits.to_le_bytes());
+        largest = largest.max(bits & EXPONENT);
+    }
+    if largest != EXPONENT {
+        return Ok(Bytes::from(buf));
+    }
+    // Only on failure: find which one.
+    let index = values.iter().position(|v| !v.is_finite()).unwrap_or(0);
+    Err(NonFiniteElement {
+        index,
+        value: values.get(index).copied().unwrap_or(f32::NAN),
+    })
+}
+
 /// Decode little-endian `dtype` elements into `out`, which must hold exactly as many elements as
 /// `bytes` (`out.len() * dtype.size() == bytes.len()`); on error `out` is untouched.
 ///
@@ -322,6 +365,22 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn encode_f32_finite_is_encode_f32_or_names_the_first_non_finite(
+            bits in proptest::collection::vec(any::<u32>(), 0..64),
+        ) {
+            let values: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
+            let first = values.iter().position(|v| !v.is_finite());
+            match (encode_f32_finite(&values), first) {
+                (Ok(bytes), None) => prop_assert_eq!(bytes, encode_f32(&values)),
+                (Err(e), Some(i)) => {
+                    prop_assert_eq!(e.index, i);
+                    prop_assert_eq!(e.value.to_bits(), values[i].to_bits());
+                }
+                (got, want) => prop_assert!(false, "{got:?} for first non-finite {want:?}"),
+            }
+        }
+
         #[test]
         fn f32_round_trip_is_bit_exact(bits in proptest::collection::vec(any::<u32>(), 0..64)) {
             let values: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();

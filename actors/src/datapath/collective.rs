@@ -26,6 +26,7 @@
 //!   only starts after the discard — and every wait also ends at the operation's deadline, with an
 //!   error naming the peer it waited for.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
@@ -38,7 +39,7 @@ use tokio::sync::watch;
 
 use super::on_demand::unique;
 use super::transfer::{self, Out};
-use super::{DataPath, Gathered, Op, OpKey, Transfer};
+use super::{DataPath, Gathered, NonFiniteElement, Op, OpKey, Transfer};
 use crate::directory::Directory;
 use crate::error::{Error, Result};
 use crate::layout::{shard_range, UnitId};
@@ -333,12 +334,14 @@ impl Inner {
             epoch: op.key.epoch,
             write_id: transfer::write_id(op.micro_batch, unit, shard, chunk),
         };
-        let writes = transfer::encode_writes(
+        // A sum of finite gradients may still overflow: the barrier finds that.
+        let Ok(writes) = transfer::encode_writes(
             routes,
             owned.clone(),
             &partial[owned],
             tag,
             self.chunk_elems,
+            |piece| Ok::<_, Infallible>(codec::encode_f32(piece)),
         );
         bytes += transfer::send_writes(self.transport.as_ref(), unit, writes, op.deadline).await?;
         Ok(bytes)
@@ -360,15 +363,36 @@ impl DataPath for Collective {
         })
     }
 
-    fn push(&self, op: Op, grad: &[f32]) -> Transfer<u64> {
-        // A reduce-scatter adds partial sums into its own copy of the gradient.
-        let (inner, partial) = (self.inner.clone(), grad.to_vec());
-        Box::pin(async move {
+    fn push(&self, op: Op, grad: &[f32]) -> std::result::Result<Transfer<u64>, NonFiniteElement> {
+        // A reduce-scatter adds partial sums into its own copy of the gradient, checked for
+        // non-finite elements as it is made.
+        let (inner, partial) = (self.inner.clone(), copy_finite(grad)?);
+        Ok(Box::pin(async move {
             let bytes = inner.reduce_scatter(op, partial).await?;
             inner.metrics.pushed(bytes);
             Ok(bytes)
-        })
+        }))
     }
+}
+
+/// A copy of `values`, made in the pass that checks every element is finite.
+fn copy_finite(values: &[f32]) -> std::result::Result<Vec<f32>, NonFiniteElement> {
+    let mut finite = true;
+    let copy: Vec<f32> = values
+        .iter()
+        .map(|&v| {
+            finite &= v.is_finite();
+            v
+        })
+        .collect();
+    if finite {
+        return Ok(copy);
+    }
+    let index = values.iter().position(|v| !v.is_finite()).unwrap_or(0);
+    Err(NonFiniteElement {
+        index,
+        value: values.get(index).copied().unwrap_or(f32::NAN),
+    })
 }
 
 fn ring_error(unit: UnitId, peer: u32, source: TransportError) -> Error {
@@ -506,7 +530,8 @@ mod tests {
                 .map(|(rank, path)| {
                     // Trainer `rank` contributes (rank + 1) · (i + 1) at element i.
                     let grad: Vec<f32> = (0..len).map(|i| ((rank + 1) * (i + 1)) as f32).collect();
-                    tokio::spawn(path.push(op(OpKind::Push, 9, rank as u32), &grad))
+                    let push = path.push(op(OpKind::Push, 9, rank as u32), &grad);
+                    tokio::spawn(push.expect("a finite gradient"))
                 })
                 .collect();
             for task in tasks {
@@ -522,6 +547,32 @@ mod tests {
             assert_eq!(got.len(), want.len());
             assert_eq!(got, want, "len {len}, {n} trainers, {s} servers");
         }
+    }
+
+    /// Both data paths refuse a gradient with a NaN or ±inf before anything is sent, naming the
+    /// first one (index in the unit, across shards and chunks).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_non_finite_gradient_is_refused_before_anything_is_sent() {
+        let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+        let (directory, (accs, _pubs)) = servers(&transport, 8, 2, Dtype::F32);
+        let (_group, collective) = ranks(1, &directory);
+        let on_demand = crate::datapath::OnDemand::new(transport.clone(), directory.clone(), 3);
+        let paths: [&dyn DataPath; 2] = [collective[0].as_ref(), &on_demand];
+        for path in paths {
+            for (bad, at) in [(f32::NAN, 3), (f32::INFINITY, 0), (f32::NEG_INFINITY, 7)] {
+                let mut grad = vec![1.0f32; 8];
+                grad[at] = bad;
+                grad[(at + 2) % 8] = f32::NAN;
+                let Err(e) = path.push(op(OpKind::Push, 9, 0), &grad) else {
+                    panic!("a gradient with {bad} at {at} was accepted");
+                };
+                let first = at.min((at + 2) % 8);
+                assert_eq!(e.index, first, "the first non-finite element");
+                assert_eq!(e.value.to_bits(), grad[first].to_bits());
+            }
+        }
+        let landed: Vec<f32> = accs.iter().flat_map(|a| a.take(10)).collect();
+        assert_eq!(landed, vec![0.0; 8], "nothing was sent");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -561,7 +612,9 @@ mod tests {
         let grad = [1.0f32; 8];
         let late_push = tokio::time::timeout(
             Duration::from_secs(5),
-            paths[2].push(op(OpKind::Push, 9, 0), &grad),
+            paths[2]
+                .push(op(OpKind::Push, 9, 0), &grad)
+                .expect("a finite gradient"),
         )
         .await
         .expect("an old-epoch reduce-scatter fails at once");

@@ -18,7 +18,7 @@
 //! | bytes in per gather | one unit (pull dtype) | one unit (pull dtype: bf16 all-gathers when pulls are bf16) |
 //! | passes over a gathered element | 1 decode into the unit buffer | 1 decode (its own piece: 1 copy + 1 decode) |
 //! | bytes out per push | one unit of fp32 | one unit of fp32 |
-//! | passes over a gradient element | 1 encode + 1 add at the owner | 1 encode + 1 add (at the neighbour or the owner) |
+//! | passes over a gradient element | 1 encode (with the finiteness check) + 1 add at the owner | 1 copy (with the finiteness check) + 1 encode + 1 add (at the neighbour or the owner) |
 //! | registration per operation | none | none (inboxes are registered once per trainer) |
 //! | waits on other trainers | never | its left neighbour, once per ring step |
 //!
@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::BoxFuture;
+pub use odc_transport::codec::NonFiniteElement;
 use serde::{Deserialize, Serialize};
 
 pub use collective::{Collective, CollectiveGroup};
@@ -118,5 +119,7 @@ pub trait DataPath: Send + Sync + 'static {
 
     /// Send `grad` (the gradient of the micro-batch's summed loss w.r.t. the whole unit) to the
     /// unit's owners; resolves to the bytes this trainer sent once every write was acknowledged.
-    fn push(&self, op: Op, grad: &[f32]) -> Transfer<u64>;
+    /// Refuses, before anything is sent, a gradient with an element that is not finite (the
+    /// first one found, index in the unit), checked in the same pass that encodes or copies it.
+    fn push(&self, op: Op, grad: &[f32]) -> Result<Transfer<u64>, NonFiniteElement>;
 }

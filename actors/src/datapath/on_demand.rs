@@ -6,15 +6,17 @@
 //! - A push encodes the gradient once, straight from the caller's slice, into fp32 chunks tagged with
 //!   the attempt's epoch and a write id unique per (micro-batch, unit, shard, chunk), so owners refuse
 //!   late and duplicate writes (**I2**, transport C3), and resolves when every owner acknowledged.
+//!   The same pass checks every element is finite: a gradient with a NaN or ±inf is refused and
+//!   nothing of it is sent.
 //! - Nothing here waits on another trainer (**I4**).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use odc_transport::{Transport, WriteTag};
+use odc_transport::{codec, Transport, WriteTag};
 
 use super::transfer::{self, Out};
-use super::{DataPath, Gathered, Op, Transfer};
+use super::{DataPath, Gathered, NonFiniteElement, Op, Transfer};
 use crate::directory::Directory;
 use crate::error::{Error, Result};
 use crate::metrics::TransferMetrics;
@@ -76,25 +78,37 @@ impl DataPath for OnDemand {
         })
     }
 
-    fn push(&self, op: Op, grad: &[f32]) -> Transfer<u64> {
+    fn push(&self, op: Op, grad: &[f32]) -> std::result::Result<Transfer<u64>, NonFiniteElement> {
         let unit = op.key.unit;
         let routes = match self.directory.routes(unit) {
             Ok(routes) => routes,
-            Err(e) => return Box::pin(std::future::ready(Err(e))),
+            Err(e) => return Ok(Box::pin(std::future::ready(Err(e)))),
         };
         let tag = |shard, chunk| WriteTag {
             epoch: op.key.epoch,
             write_id: transfer::write_id(op.micro_batch, unit, shard, chunk),
         };
-        // Encoded here, straight from the caller's gradient: the only copy of its bytes.
-        let writes = transfer::encode_writes(routes, 0..grad.len(), grad, tag, self.chunk_elems);
+        // Encoded here, straight from the caller's gradient: the only copy of its bytes, and
+        // the pass that checks it is finite.
+        let writes = transfer::encode_writes(
+            routes,
+            0..grad.len(),
+            grad,
+            tag,
+            self.chunk_elems,
+            codec::encode_f32_finite,
+        )
+        .map_err(|(start, e)| NonFiniteElement {
+            index: start + e.index,
+            value: e.value,
+        })?;
         let (transport, metrics) = (self.transport.clone(), self.metrics.clone());
-        Box::pin(async move {
+        Ok(Box::pin(async move {
             let bytes =
                 transfer::send_writes(transport.as_ref(), unit, writes, op.deadline).await?;
             metrics.pushed(bytes);
             Ok(bytes)
-        })
+        }))
     }
 }
 

@@ -5,8 +5,9 @@
 use std::ops::Range;
 use std::time::Instant;
 
+use bytes::Bytes;
 use odc_transport::{
-    chunk_ranges, codec, AccumulateOp, Dest, Dtype, EndpointId, ReadOp, Transport, WriteTag,
+    chunk_ranges, AccumulateOp, Dest, Dtype, EndpointId, ReadOp, Transport, WriteTag,
 };
 
 use crate::directory::ShardRoute;
@@ -143,31 +144,36 @@ pub(crate) struct Write {
     pub op: AccumulateOp,
 }
 
-/// Encode `values` (elements `range` of a unit's gradient) as fp32 chunks for the shards
-/// overlapping it, tagged by `tag(shard index, chunk index)`: the one copy of the gradient's bytes.
-pub(crate) fn encode_writes(
+/// Encode `values` (elements `range` of a unit's gradient) with `encode` (fp32 bytes) as chunks for
+/// the shards overlapping it, tagged by `tag(shard index, chunk index)`: the one copy of the
+/// gradient's bytes. An encoder that checks what it encodes stops the whole push at its first
+/// error, returned with the unit index its chunk starts at.
+pub(crate) fn encode_writes<E>(
     routes: &[ShardRoute],
     range: Range<usize>,
     values: &[f32],
     tag: impl Fn(u32, u32) -> WriteTag,
     chunk_elems: usize,
-) -> Vec<Write> {
+    encode: impl Fn(&[f32]) -> std::result::Result<Bytes, E>,
+) -> std::result::Result<Vec<Write>, (usize, E)> {
     let mut writes = Vec::new();
     for (shard, route) in routes.iter().enumerate() {
         let shard_range = route.range();
         for (chunk, r) in chunk_ranges(overlap(&shard_range, &range), chunk_elems).enumerate() {
+            let data = encode(&values[r.start - range.start..r.end - range.start])
+                .map_err(|e| (r.start, e))?;
             writes.push(Write {
                 owner: route.owner,
                 op: AccumulateOp {
                     handle: route.accumulator.clone(),
                     offset: r.start - shard_range.start,
-                    data: codec::encode_f32(&values[r.start - range.start..r.end - range.start]),
+                    data,
                     tag: tag(shard as u32, chunk as u32),
                 },
             });
         }
     }
-    writes
+    Ok(writes)
 }
 
 /// Accumulate every write in one batch; resolves when all are acknowledged. Returns the bytes sent.

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::clock::Timestamp;
+use crate::error::Error;
 
 /// What a span of a trainer's timeline was spent on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -83,7 +84,8 @@ pub struct StepStats {
     pub tokens: u64,
     pub samples: u64,
     pub micro_batches: u32,
-    /// Global gradient norm before clipping.
+    /// Global gradient norm before clipping (NaN or inf for a step skipped for non-finite
+    /// gradients; NaN when a trainer found them before the barrier).
     pub grad_norm: f64,
     /// Times the minibatch was replayed after a trainer failure.
     pub replays: u32,
@@ -92,6 +94,10 @@ pub struct StepStats {
     pub wall: Duration,
     /// Indexed by trainer slot.
     pub trainers: Vec<TrainerStepStats>,
-    /// Micro-batches of the successful attempt.
+    /// Micro-batches of the successful attempt (of a skipped step: those that completed).
     pub micro_batch_log: Vec<MicroBatchRecord>,
+    /// `Some(why)`: the step was skipped (`NonFinite::SkipStep`): its gradients were discarded at
+    /// every owner and no parameter, optimizer moment or optimizer step count changed; `why` is
+    /// the [`Error::NonFinite`] the step would otherwise have failed with.
+    pub skipped: Option<Error>,
 }

@@ -14,13 +14,30 @@
 //!   squares of the scaled gradient; the norm gives the clip factor.
 //! - *Applying*: `Apply { clip, version }`; when every server applied, `Finish(Ok(stats))`.
 //!
+//! ## Non-finite gradients and losses
+//! A non-finite gradient never reaches a parameter. Two places find one: a trainer (every
+//! gradient is checked while it is encoded for its push, every loss when the compute returns;
+//! the report is [`Error::NonFinite`] naming trainer, micro-batch, samples and unit), and the
+//! barrier (the servers' sum of squares is NaN or inf, e.g. finite gradients whose sum overflowed
+//! in an fp32 accumulator). Either way the attempt is `Discard`ed at every owner (no `Apply`:
+//! parameters, optimizer moments and the optimizer's step count stay as they were), then per
+//! [`StepConfig::non_finite`]:
+//! - [`NonFinite::Error`]: `Finish(Err(Error::NonFinite))`; the job's step counter does not move,
+//!   the next step trains at the same global step.
+//! - [`NonFinite::SkipStep`] (PyTorch's GradScaler skipping `optimizer.step()`):
+//!   `Finish(Ok(stats))` with [`StepStats::skipped`] set. A skipped step counts as a step of the
+//!   job: the global step ([`StepMachine::global_step`]), hence the learning-rate schedule's
+//!   position and the job's data position, move on, as with `scheduler.step()` called every
+//!   iteration; the parameter version and the optimizer's step count do not.
+//!
 //! ## Failures (the recovery rules are [`crate::policy::recovery`]'s)
 //! - A trainer lost while *Computing*: `Discard` (every owner drops the attempt and moves to a new
 //!   epoch), then re-plan for the live trainers and replay the whole minibatch; after
 //!   `max_replays` replays, `TooManyReplays`. The trainer is respawned (`FailurePolicy::Respawn`,
 //!   at most `max_respawns` per slot) or dropped. Lost while *Reducing* / *Applying*: only
 //!   respawned, every gradient of the step already landed.
-//! - A micro-batch returning an error: `Discard`, then `Finish(Err(Error::MicroBatch))`.
+//! - A micro-batch returning an error: `Discard`, then `Finish(Err(Error::MicroBatch))` (an
+//!   [`Error::NonFinite`]: see above).
 //! - A micro-batch running past `micro_batch_timeout` (seen on a tick): `Discard`, the hung
 //!   trainer `Kill`ed (and respawned per policy), then `Finish(Err(Error::Deadline))`.
 //! - A shard server lost: `Finish(Err)` naming it and `Stop`.
@@ -62,7 +79,7 @@
 use std::time::Duration;
 
 use crate::batch::{LossWeighting, MicroBatch, SampleMeta};
-use crate::error::Error;
+use crate::error::{Error, NonFiniteAt};
 use crate::messages::{Assignment, TrainerReport};
 use crate::policy::balancer::{
     plan_dynamic_filled, plan_dynamic_weighted_filled, plan_equal_count, plan_static,
@@ -81,6 +98,28 @@ pub const DEFAULT_MICRO_BATCH_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Longest period between two ticks ([`StepMachine::tick_period`]).
 const MAX_TICK: Duration = Duration::from_millis(100);
+
+/// What a step does when a gradient, a loss or the global gradient norm is not finite (NaN or
+/// ±inf). Either way the step's gradients are discarded at every owner: parameters, optimizer
+/// moments and the optimizer's step count are unchanged (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum NonFinite {
+    /// The step fails with [`Error::NonFinite`]; the job can go on with the next step.
+    #[default]
+    Error,
+    /// The step is skipped (GradScaler's behaviour): it returns stats with
+    /// [`StepStats::skipped`] set, and the job goes on.
+    SkipStep,
+}
+
+impl std::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NonFinite::Error => write!(f, "the step fails"),
+            NonFinite::SkipStep => write!(f, "the step is skipped"),
+        }
+    }
+}
 
 /// How each minibatch is planned, dispatched, weighted, clipped, recovered and timed out.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -113,6 +152,8 @@ pub struct StepConfig {
     /// Global step of this job's first step (a job resumed from a checkpoint of step `n`
     /// starts at `n`): the schedule's position.
     pub first_step: u64,
+    /// A non-finite gradient, loss or global norm fails the step or skips it.
+    pub non_finite: NonFinite,
 }
 
 impl Default for StepConfig {
@@ -131,6 +172,7 @@ impl Default for StepConfig {
             micro_batch_timeout: DEFAULT_MICRO_BATCH_TIMEOUT,
             schedule: LrSchedule::Constant,
             first_step: 0,
+            non_finite: NonFinite::Error,
         }
     }
 }
@@ -217,6 +259,15 @@ pub enum Reason {
     TooManyReplays { replays: u32 },
     /// A micro-batch returned an error.
     MicroBatchFailed { slot: u32, micro_batch: u32 },
+    /// A trainer found a non-finite gradient or loss in a micro-batch; `policy` decides.
+    NonFiniteMicroBatch {
+        slot: u32,
+        micro_batch: u32,
+        policy: NonFinite,
+    },
+    /// The servers' sum of squares of the scaled gradient is not finite (`value`, as printed);
+    /// `policy` decides.
+    NonFiniteGradNorm { value: String, policy: NonFinite },
     /// A micro-batch ran past the deadline.
     MicroBatchDeadline {
         slot: u32,
@@ -269,6 +320,19 @@ impl std::fmt::Display for Reason {
             Reason::MicroBatchFailed { slot, micro_batch } => {
                 write!(f, "micro-batch {micro_batch} failed on trainer {slot}")
             }
+            Reason::NonFiniteMicroBatch {
+                slot,
+                micro_batch,
+                policy,
+            } => write!(
+                f,
+                "non-finite gradient or loss in micro-batch {micro_batch} on trainer {slot}: \
+                 {policy}"
+            ),
+            Reason::NonFiniteGradNorm { value, policy } => write!(
+                f,
+                "the gradient's global sum of squares is {value}: {policy}"
+            ),
             Reason::MicroBatchDeadline {
                 slot,
                 micro_batch,
@@ -321,6 +385,12 @@ enum AfterDiscard {
     Replay,
     /// Fail the step.
     Fail { error: Error, reason: Reason },
+    /// Skip the step (non-finite gradients, [`NonFinite::SkipStep`]): `why` goes into the stats.
+    Skip {
+        why: Error,
+        reason: Reason,
+        grad_norm: f64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -395,6 +465,7 @@ impl Run {
             wall,
             trainers,
             micro_batch_log: attempt.log,
+            skipped: None,
         }
     }
 }
@@ -406,6 +477,8 @@ pub struct StepMachine {
     slots: Vec<Slot>,
     speeds: SpeedEstimator,
     version: u64,
+    /// Steps skipped for non-finite gradients ([`NonFinite::SkipStep`]).
+    skipped: u64,
     epoch: u64,
     run: Option<Run>,
     stopped: Option<Error>,
@@ -435,6 +508,7 @@ impl StepMachine {
             speeds: SpeedEstimator::new(slots.len(), 0.5),
             slots,
             version: 0,
+            skipped: 0,
             epoch: 0,
             run: None,
             stopped: None,
@@ -451,9 +525,9 @@ impl StepMachine {
     }
 
     /// The global step being trained: [`StepConfig::first_step`] plus the steps this machine
-    /// finished (what stats and errors name).
+    /// finished, applied or skipped (what stats and errors name; the schedule's position).
     pub fn global_step(&self) -> u64 {
-        self.config.first_step + self.version
+        self.config.first_step + self.version + self.skipped
     }
 
     /// Accumulator epoch of the current attempt.
@@ -532,6 +606,23 @@ impl StepMachine {
         let mb = report.micro_batch as usize;
         let (output, io) = match report.result {
             Ok(done) => (done.output, done.stats),
+            Err(Error::NonFinite(mut at)) => {
+                // Named by the report (the trainer and micro-batch the ledger knows) and the
+                // global step.
+                at.step = step;
+                at.trainer = Some(report.trainer);
+                at.micro_batch = Some(report.micro_batch);
+                let error = Error::NonFinite(at);
+                let reason = Reason::NonFiniteMicroBatch {
+                    slot: slot as u32,
+                    micro_batch: report.micro_batch,
+                    policy: self.config.non_finite,
+                };
+                return self
+                    .non_finite(error, reason, f64::NAN)
+                    .into_iter()
+                    .collect();
+            }
             Err(source) => {
                 let reason = Reason::MicroBatchFailed {
                     slot: slot as u32,
@@ -629,6 +720,30 @@ impl StepMachine {
             Ok(v) => v,
             Err(e) => return vec![self.finish(Err(e), Reason::ServerCallFailed { call: "reduce" })],
         };
+        if !sum_sq.is_finite() {
+            // Checked before anything compares it: `max(0.0)` would turn NaN into 0 (clip
+            // factor 1), and an infinite norm gives a clip factor of 0 and NaN through inf × 0.
+            let value = sum_sq.to_string();
+            let error = Error::NonFinite(Box::new(NonFiniteAt {
+                what: "global gradient norm".into(),
+                step: self.global_step(),
+                trainer: None,
+                micro_batch: None,
+                samples: Vec::new(),
+                unit: None,
+                element: None,
+                value: value.clone(),
+            }));
+            let reason = Reason::NonFiniteGradNorm {
+                value,
+                policy: self.config.non_finite,
+            };
+            return self
+                .non_finite(error, reason, sum_sq.sqrt())
+                .into_iter()
+                .collect();
+        }
+        // Finite, and a sum of squares: never negative but for a misbehaving server.
         let grad_norm = sum_sq.max(0.0).sqrt();
         let clip = match self.config.clip_norm {
             Some(max) if grad_norm > max => max / (grad_norm + 1e-6),
@@ -657,11 +772,12 @@ impl StepMachine {
         if let Err(e) = result {
             return vec![self.finish(Err(e), Reason::ServerCallFailed { call: "apply" })];
         }
+        let step = self.global_step();
         self.version = version;
         let Some(run) = self.run.take() else {
             return Vec::new();
         };
-        let stats = run.stats(self.config.first_step + version - 1, grad_norm, now);
+        let stats = run.stats(step, grad_norm, now);
         vec![decision(
             Command::Finish(Ok(stats)),
             Reason::Applied { version },
@@ -680,6 +796,25 @@ impl StepMachine {
             (Err(e), _) => vec![self.finish(Err(e), Reason::ServerCallFailed { call: "discard" })],
             (Ok(()), AfterDiscard::Fail { error, reason }) => vec![self.finish(Err(error), reason)],
             (Ok(()), AfterDiscard::Replay) => self.replay(now),
+            (
+                Ok(()),
+                AfterDiscard::Skip {
+                    why,
+                    reason,
+                    grad_norm,
+                },
+            ) => {
+                let step = self.global_step();
+                self.skipped += 1;
+                let Some(run) = self.run.take() else {
+                    return Vec::new();
+                };
+                let stats = StepStats {
+                    skipped: Some(why),
+                    ..run.stats(step, grad_norm, now)
+                };
+                vec![decision(Command::Finish(Ok(stats)), reason)]
+            }
         }
     }
 
@@ -797,6 +932,23 @@ impl StepMachine {
         let then = AfterDiscard::Fail {
             error,
             reason: reason.clone(),
+        };
+        self.discard(then, reason)
+    }
+
+    /// Non-finite gradients (`error` says where, `grad_norm` is the barrier's or NaN): discard
+    /// the attempt, then fail or skip the step per [`StepConfig::non_finite`].
+    fn non_finite(&mut self, error: Error, reason: Reason, grad_norm: f64) -> Option<Decision> {
+        let then = match self.config.non_finite {
+            NonFinite::Error => AfterDiscard::Fail {
+                error,
+                reason: reason.clone(),
+            },
+            NonFinite::SkipStep => AfterDiscard::Skip {
+                why: error,
+                reason: reason.clone(),
+                grad_norm,
+            },
         };
         self.discard(then, reason)
     }
@@ -1575,6 +1727,165 @@ mod tests {
             ..World::new(config(), &[1.0])
         };
         assert!(w.step(samples(2, 100)).expect("finishes").is_ok());
+    }
+
+    /// Start a step of `w` on `samples`, run it to its barrier and answer the reduce with
+    /// `sum_sq`: the decisions that answer gave.
+    fn reduce_with(w: &mut World, samples: Vec<SampleMeta>, sum_sq: f64) -> Vec<Decision> {
+        w.log.clear();
+        let ds = w.m.start(samples, w.now);
+        w.apply(ds);
+        while !w.log.iter().any(|d| d.command.name() == "reduce") {
+            assert!(w.event(), "the step reaches its barrier");
+        }
+        assert!(matches!(w.pending.pop_front(), Some(Pending::Reduced)));
+        let ds = w.m.on_reduced(Ok(sum_sq), w.now);
+        w.apply(ds.clone());
+        ds
+    }
+
+    /// After a failed or skipped step at global step `global` (version 0): the next step reads
+    /// version 0, applies the schedule's factor of `global` and is named `global`.
+    fn next_step_trains_at(w: &mut World, global: u64) {
+        let stats = w.step(samples(4, 100)).expect("finishes").expect("ok");
+        assert_eq!(stats.step, global);
+        assert_eq!(stats.skipped, None);
+        let scale = w.log.iter().find_map(|d| match d.command {
+            Command::Apply { lr_scale, .. } => Some(lr_scale),
+            _ => None,
+        });
+        assert_eq!(scale, Some(w.m.config().schedule.factor(global)));
+        assert!(assigned(&w.log)
+            .iter()
+            .all(|(_, a)| a.micro_batch.step == 0));
+        assert_eq!(w.m.version(), 1);
+    }
+
+    fn warmup() -> LrSchedule {
+        LrSchedule::WarmupCosine {
+            warmup_steps: 4,
+            total_steps: 8,
+            min_ratio: 0.0,
+        }
+    }
+
+    /// A NaN or infinite sum of squares at the barrier (NaN used to become clip factor 1 through
+    /// `max(0.0)`, inf a clip factor of 0 and NaN through inf × 0): never an `Apply`; the attempt
+    /// is discarded at every owner, then the step fails (`Error`) or is skipped (`SkipStep`,
+    /// counting as a step of the job but not as an optimizer step).
+    #[test]
+    fn a_non_finite_global_norm_discards_the_step_then_fails_or_skips_it() {
+        for policy in [NonFinite::Error, NonFinite::SkipStep] {
+            for (sum_sq, shown) in [(f64::NAN, "NaN"), (f64::INFINITY, "inf")] {
+                let cfg = StepConfig {
+                    non_finite: policy,
+                    schedule: warmup(),
+                    ..config()
+                };
+                let mut w = World::new(cfg, &[1.0, 1.0]);
+                let ds = reduce_with(&mut w, samples(4, 100), sum_sq);
+                let reason = Reason::NonFiniteGradNorm {
+                    value: shown.into(),
+                    policy,
+                };
+                assert_eq!(names(&ds), ["discard"], "{policy:?} {shown}");
+                assert_eq!(ds[0].reason, reason);
+                assert!(matches!(ds[0].command, Command::Discard { next_epoch: 2 }));
+                let result = w.finish().expect("finishes");
+                assert!(!w.log.iter().any(|d| d.command.name() == "apply"));
+                assert_eq!(w.log.last().map(|d| &d.reason), Some(&reason));
+                assert_eq!(w.m.version(), 0, "nothing published");
+                let named = |e: &Error| {
+                    matches!(e, Error::NonFinite(at) if at.what == "global gradient norm"
+                        && at.value == shown
+                        && (at.step, at.trainer, at.micro_batch, at.unit) == (0, None, None, None))
+                };
+                match (policy, result) {
+                    (NonFinite::Error, Err(e)) => {
+                        assert!(named(&e), "{e:?}");
+                        assert_eq!(w.m.global_step(), 0, "a failed step is not a step");
+                        next_step_trains_at(&mut w, 0);
+                    }
+                    (NonFinite::SkipStep, Ok(stats)) => {
+                        assert!(stats.skipped.as_ref().is_some_and(named), "{stats:?}");
+                        assert_eq!((stats.step, stats.micro_batches), (0, 4));
+                        assert!(sum_sq.is_nan() == stats.grad_norm.is_nan());
+                        assert!(sum_sq.is_infinite() == stats.grad_norm.is_infinite());
+                        assert_eq!(w.m.global_step(), 1, "a skipped step is a step of the job");
+                        next_step_trains_at(&mut w, 1);
+                    }
+                    (p, r) => panic!("{p:?}: {r:?}"),
+                }
+            }
+        }
+    }
+
+    /// A trainer's report of a non-finite gradient (or loss): the attempt is discarded at every
+    /// owner (what other trainers pushed of it too), then the step fails or is skipped with the
+    /// error named by the report's trainer and micro-batch and the global step.
+    #[test]
+    fn a_non_finite_micro_batch_discards_the_step_then_fails_or_skips_it() {
+        for policy in [NonFinite::Error, NonFinite::SkipStep] {
+            let cfg = StepConfig {
+                non_finite: policy,
+                schedule: warmup(),
+                ..config()
+            };
+            let mut w = World::new(cfg, &[1.0, 1.0]);
+            let ds = w.m.start(samples(4, 100), w.now);
+            w.apply(ds);
+            let Some((a, since, end)) = w.running[1].take() else {
+                panic!("trainer 1 runs a micro-batch");
+            };
+            let indices: Vec<u64> = a.micro_batch.samples.iter().map(|s| s.index).collect();
+            let mut report = ok_report(1, &a, since, end);
+            report.result = Err(Error::NonFinite(Box::new(NonFiniteAt {
+                what: "gradient".into(),
+                step: 0,
+                // The report's own trainer and micro-batch are what count.
+                trainer: Some(7),
+                micro_batch: None,
+                samples: indices.clone(),
+                unit: Some(2),
+                element: Some(5),
+                value: "NaN".into(),
+            })));
+            w.now = end;
+            let ds = w.m.on_report(report, end);
+            let reason = Reason::NonFiniteMicroBatch {
+                slot: 1,
+                micro_batch: a.micro_batch.id,
+                policy,
+            };
+            assert_eq!(names(&ds), ["discard"], "{policy:?}");
+            assert_eq!(ds[0].reason, reason);
+            w.apply(ds);
+            let result = w.finish().expect("finishes");
+            assert!(!w.log.iter().any(|d| d.command.name() == "apply"));
+            assert_eq!(w.log.last().map(|d| &d.reason), Some(&reason));
+            let want = Error::NonFinite(Box::new(NonFiniteAt {
+                what: "gradient".into(),
+                step: 0,
+                trainer: Some(1),
+                micro_batch: Some(a.micro_batch.id),
+                samples: indices,
+                unit: Some(2),
+                element: Some(5),
+                value: "NaN".into(),
+            }));
+            match (policy, result) {
+                (NonFinite::Error, Err(e)) => {
+                    assert_eq!(e, want);
+                    next_step_trains_at(&mut w, 0);
+                }
+                (NonFinite::SkipStep, Ok(stats)) => {
+                    assert_eq!(stats.skipped, Some(want));
+                    assert!(stats.grad_norm.is_nan(), "no norm: no barrier");
+                    next_step_trains_at(&mut w, 1);
+                }
+                (p, r) => panic!("{p:?}: {r:?}"),
+            }
+        }
     }
 
     #[test]

@@ -13,7 +13,9 @@
 //!
 //! Per-step scalars are computed in `f64` and rounded to `f32` (torch computes them as Python
 //! floats); elementwise arithmetic is `f32`, like torch on `float32` tensors. Non-finite gradients
-//! are not rejected (torch does not either): they propagate into the parameters.
+//! are not rejected here (torch does not either): the runtime never hands one to a step (trainers
+//! refuse them and the barrier discards a step whose global norm is not finite, see
+//! [`crate::policy::step`]).
 
 /// Why an optimizer step or config was rejected. Variants name the field or the lengths involved.
 #[derive(Debug, Clone, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]

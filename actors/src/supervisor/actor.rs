@@ -443,6 +443,9 @@ async fn execute(
             }
             Command::Finish(result) => {
                 if let Ok(stats) = &result {
+                    if let Some(why) = &stats.skipped {
+                        tracing::warn!("step {} skipped: {why}", stats.step);
+                    }
                     record_step(&state.metrics, stats);
                 }
                 if let Some(reply) = state.pending.take().or_else(|| request.take()) {
@@ -521,7 +524,12 @@ fn record_step(metrics: &[TrainerMetrics], stats: &StepStats) {
             handles.utilization.set(t.busy.as_secs_f64() / wall);
         }
     }
-    metrics::counter!(m::TOKENS).increment(stats.tokens);
+    if stats.skipped.is_some() {
+        // Its tokens were not trained on.
+        metrics::counter!(m::SKIPPED_STEPS).increment(1);
+    } else {
+        metrics::counter!(m::TOKENS).increment(stats.tokens);
+    }
     if wall > 0.0 {
         metrics::gauge!(m::TOKENS_PER_SECOND).set(stats.tokens as f64 / wall);
     }

@@ -8,7 +8,7 @@ use super::compute::Compute;
 use super::context::TrainerContext;
 use super::{MicroBatchDone, TrainerMsg, TrainerReport, TrainerSpec};
 use crate::datapath::{Collective, DataPath, OnDemand};
-use crate::error::Error;
+use crate::error::{Error, NonFiniteAt};
 use crate::node::Node;
 use crate::policy::clock::{Clock, SystemClock};
 use crate::policy::dispatch::Communication;
@@ -89,6 +89,20 @@ impl Actor for Trainer {
         let output = state.compute.run(&mut state.context, mb).await;
         let finished_io = state.context.finish().await;
         let result = match (output, finished_io) {
+            // A refused non-finite gradient decides, whatever the compute made of it.
+            (_, Err(e @ Error::NonFinite(_))) => Err(e),
+            (Ok(output), Ok(_)) if !output.loss_sum.is_finite() => {
+                Err(Error::NonFinite(Box::new(NonFiniteAt {
+                    what: "loss".into(),
+                    step: mb.step,
+                    trainer: Some(state.rank),
+                    micro_batch: Some(mb.id),
+                    samples: mb.samples.iter().map(|s| s.index).collect(),
+                    unit: None,
+                    element: None,
+                    value: output.loss_sum.to_string(),
+                })))
+            }
             (Ok(output), Ok(stats)) => Ok(MicroBatchDone { output, stats }),
             (Err(e), _) | (_, Err(e)) => Err(e),
         };

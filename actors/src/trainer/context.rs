@@ -8,6 +8,10 @@
 //! - `push_grad(unit, grad)` hands the unit's gradient to the data path, which sends it
 //!   asynchronously; the returned [`PushTicket`] resolves when every owner acknowledged. The trainer
 //!   waits for all pushes before it reports the micro-batch done (ledger rule, DESIGN step 4).
+//! - A gradient with a NaN or ±inf element is never sent (the data path checks it in the pass that
+//!   encodes or copies it): `push_grad` returns [`Error::NonFinite`] naming the trainer, the
+//!   micro-batch, its samples, the unit and the first bad element, and the micro-batch fails with
+//!   that error even if the compute ignores it.
 //! - A unit released and gathered again right away (the last unit of a forward pass, needed first
 //!   by the backward pass) is served from memory, without a transfer.
 //! - Across micro-batches of one step, the unit gathered last (the first one of the forward pass,
@@ -35,7 +39,7 @@ use tokio::task::JoinHandle;
 use super::buffers::UnitBuffers;
 use crate::batch::MicroBatch;
 use crate::datapath::{DataPath, Gathered, Op, OpKey, OpKind};
-use crate::error::{Error, Result};
+use crate::error::{Error, NonFiniteAt, Result};
 use crate::layout::{ModelLayout, UnitId};
 use crate::metrics as m;
 use crate::policy::clock::{Clock, SystemClock, Timestamp};
@@ -129,6 +133,10 @@ pub struct TrainerContext {
     version: u64,
     epoch: u64,
     micro_batch: u32,
+    /// Dataset indices of the micro-batch's samples (named by a non-finite gradient's error).
+    samples: Vec<u64>,
+    /// The first non-finite gradient refused in this micro-batch: its outcome.
+    non_finite: Option<Error>,
     direction: Direction,
     first_gather: bool,
     last_gathered: Option<(UnitId, Arc<[f32]>)>,
@@ -161,6 +169,8 @@ impl TrainerContext {
             version: 0,
             epoch: 0,
             micro_batch: 0,
+            samples: Vec::new(),
+            non_finite: None,
             direction: Direction::Forward,
             first_gather: true,
             last_gathered: None,
@@ -221,6 +231,10 @@ impl TrainerContext {
         self.version = micro_batch.step;
         self.epoch = epoch;
         self.micro_batch = micro_batch.id;
+        self.samples.clear();
+        self.samples
+            .extend(micro_batch.samples.iter().map(|s| s.index));
+        self.non_finite = None;
         self.direction = Direction::Forward;
         self.first_gather = true;
         self.last_gathered = None;
@@ -229,7 +243,7 @@ impl TrainerContext {
 
     /// End of a micro-batch: drop gathered units and prefetches (keeping the unit gathered last for
     /// the next micro-batch), wait for every push's acknowledgement. Returns the micro-batch's
-    /// stats, or the first push failure.
+    /// stats, or the refused non-finite gradient's error, or the first push failure.
     pub(crate) async fn finish(&mut self) -> Result<MicroBatchStats> {
         self.cancel_prefetches();
         self.resident.clear();
@@ -255,7 +269,7 @@ impl TrainerContext {
         self.stats.push_wait += started.elapsed();
         self.record_span(SpanKind::PushWait, start, SystemClock.now());
         self.note_held();
-        match first_err {
+        match self.non_finite.take().or(first_err) {
             Some(e) => Err(e),
             None => Ok(std::mem::take(&mut self.stats)),
         }
@@ -334,7 +348,8 @@ impl TrainerContext {
     }
 
     /// Send `grad` (the gradient of the micro-batch's summed loss w.r.t. the whole unit) to the
-    /// unit's owners through the data path, asynchronously.
+    /// unit's owners through the data path, asynchronously. A gradient with a NaN or ±inf is not
+    /// sent: [`Error::NonFinite`] (see the module docs).
     pub fn push_grad(&mut self, unit: UnitId, grad: &[f32]) -> Result<PushTicket> {
         let spec = self.layout.unit(unit)?;
         if grad.len() != spec.len {
@@ -352,7 +367,23 @@ impl TrainerContext {
             });
         }
         let op = self.op(unit, OpKind::Push);
-        let transfer = self.path.push(op, grad);
+        let transfer = match self.path.push(op, grad) {
+            Ok(transfer) => transfer,
+            Err(bad) => {
+                let error = Error::NonFinite(Box::new(NonFiniteAt {
+                    what: "gradient".into(),
+                    step: self.version,
+                    trainer: Some(self.trainer),
+                    micro_batch: Some(self.micro_batch),
+                    samples: self.samples.clone(),
+                    unit: Some(unit),
+                    element: Some(bad.index as u64),
+                    value: bad.value.to_string(),
+                }));
+                self.non_finite.get_or_insert_with(|| error.clone());
+                return Err(error);
+            }
+        };
         let (tx, rx) = oneshot::channel();
         let handle = tokio::spawn(async move {
             let result = transfer.await;

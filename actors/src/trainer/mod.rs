@@ -2,6 +2,10 @@
 //!
 //! - A micro-batch is reported done only after every gradient push was acknowledged by its
 //!   receivers (DESIGN step 4).
+//! - Nothing non-finite leaves a trainer: a gradient with a NaN or ±inf is refused by `push_grad`
+//!   (checked in the pass that encodes it) and a compute returning a non-finite loss fails its
+//!   micro-batch; both report [`Error::NonFinite`](crate::Error::NonFinite) naming the trainer,
+//!   micro-batch and samples (and the unit), and the supervisor fails or skips the step.
 //! - A panic in user compute fails the actor; spawned linked, the failure reaches the supervisor as
 //!   a supervision event (I2 replay).
 //! - In on-demand mode trainers never talk to each other (**I4**): the only thing a trainer waits
