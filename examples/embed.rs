@@ -13,8 +13,8 @@
 //! metrics port + its rank.
 //!
 //! ```text
-//! cargo build --release --example embed
-//! odc launch --nprocs 4 --transport shm -- target/release/examples/embed --steps 30
+//! cargo build --release --features cli --example embed --bin odc
+//! target/release/odc launch --nprocs 4 --transport shm -- target/release/examples/embed --steps 30
 //! ```
 //!
 //! Every rank prints, as its last line, `final loss=<f64> params_l2=<f64>`.

@@ -18,13 +18,21 @@
 //! group-normalised advantages. A group whose responses all scored alike has zero advantages and
 //! is not trained on (DAPO's dynamic sampling, without refilling); the others get the reference's
 //! log-probs and go into one odc step. Printed per step: reward, accuracy (exact match), response
-//! length (mean, max), groups trained, loss. Before and after RL, `--eval-problems` held-out
+//! length (mean, max), the KL to the reference (k3 per response token, over the trained groups:
+//! the term the loss weighs by `--kl-coef`), groups trained, loss. Before and after RL, `--eval-problems` held-out
 //! problems are answered greedily and sampled `--group-size` times each with fixed seeds (a paired
 //! comparison). One process (trainers and servers in it); the last line is
 //! `final step=<n> reward=<f> accuracy=<f>`. `--max-value` defaults to the `--init`
 //! checkpoint's (the SFT run's setting).
+//!
+//! Prometheus metrics at `--metrics-addr` (off with `--no-metrics`): the runtime's `odc_*` and, per
+//! RL step, `odc_grpo_reward`, `odc_grpo_accuracy_ratio`, `odc_grpo_response_tokens` (mean) and
+//! `odc_grpo_response_tokens_max`, `odc_grpo_kl`, `odc_grpo_sampling_tokens_per_second`
+//! (response tokens over the sampling phase's wall time), and the counters
+//! `odc_grpo_groups_total` and `odc_grpo_groups_trained_total`.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -34,9 +42,9 @@ use candle_core::Device;
 use clap::Parser;
 use odc::checkpoint;
 use odc::model::{
-    evaluate, generate_group, group_advantages, map_in_shares, sequence_log_probs, tensor_map,
-    transformer_job, GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling,
-    Weights,
+    evaluate, generate_group_with_log_probs, group_advantages, map_in_shares, sequence_log_probs,
+    tensor_map, transformer_job, GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore,
+    Sampling, Weights,
 };
 use odc::text::{
     exact_match, fitting, prompt_tokens, weighted_reward, ArithTask, ByteTokenizer, HfTokenizer,
@@ -106,6 +114,58 @@ struct Args {
     /// checkpoint was trained with); the model's `vocab_size` becomes its vocabulary size.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// Prometheus endpoint (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    metrics_addr: SocketAddr,
+    /// Serve no metrics.
+    #[arg(long)]
+    no_metrics: bool,
+}
+
+/// The example's metrics (besides the runtime's `odc_*`), set after every RL step.
+mod names {
+    /// Mean reward of the step's responses.
+    pub const REWARD: &str = "odc_grpo_reward";
+    /// Fraction of the step's responses whose final number is right.
+    pub const ACCURACY: &str = "odc_grpo_accuracy_ratio";
+    /// Mean and longest response length of the step, in tokens.
+    pub const RESPONSE_TOKENS: &str = "odc_grpo_response_tokens";
+    pub const RESPONSE_TOKENS_MAX: &str = "odc_grpo_response_tokens_max";
+    /// KL to the reference per response token (k3) over the step's trained groups (NaN when
+    /// none was trained on).
+    pub const KL: &str = "odc_grpo_kl";
+    /// Response tokens sampled per second of the sampling phase.
+    pub const SAMPLING_TOKENS_PER_SECOND: &str = "odc_grpo_sampling_tokens_per_second";
+    /// Groups sampled, and those trained on (responses not all scored alike).
+    pub const GROUPS: &str = "odc_grpo_groups_total";
+    pub const GROUPS_TRAINED: &str = "odc_grpo_groups_trained_total";
+
+    pub fn describe() {
+        use metrics::{describe_counter, describe_gauge};
+        describe_gauge!(REWARD, "Mean reward of the last RL step's responses");
+        describe_gauge!(
+            ACCURACY,
+            "Fraction of the last RL step's responses that are right"
+        );
+        describe_gauge!(
+            RESPONSE_TOKENS,
+            "Mean response length of the last RL step, in tokens"
+        );
+        describe_gauge!(
+            RESPONSE_TOKENS_MAX,
+            "Longest response of the last RL step, in tokens"
+        );
+        describe_gauge!(
+            KL,
+            "KL to the reference per response token (k3), trained groups"
+        );
+        describe_gauge!(
+            SAMPLING_TOKENS_PER_SECOND,
+            "Response tokens sampled per second in the last RL step"
+        );
+        describe_counter!(GROUPS, "Groups of responses sampled");
+        describe_counter!(GROUPS_TRAINED, "Groups trained on (their rewards differ)");
+    }
 }
 
 /// The bound of the generated problems when neither `--max-value` nor the checkpoint gives one:
@@ -239,6 +299,9 @@ struct Response {
     correct: bool,
     /// The reference's log-probs of `tokens` (empty when the group is not trained on).
     ref_log_probs: Vec<f32>,
+    /// The sum over the response's tokens of the k3 KL to the reference (0 when the group is not
+    /// trained on).
+    kl_sum: f64,
 }
 
 /// Each prompt's group of responses, sampled by `workers` threads at once (contiguous shares of
@@ -254,8 +317,8 @@ fn sample_groups(
     })
 }
 
-/// `group_size` responses to one problem, and the reference's log-probs when their rewards
-/// differ (only such a group is trained on).
+/// `group_size` responses to one problem, and the reference's log-probs and the KL to it when
+/// their rewards differ (only such a group is trained on).
 fn sample_group(s: &Sampler<'_>, index: u64, problem: &Problem) -> anyhow::Result<Vec<Response>> {
     let mut rng = StdRng::seed_from_u64(s.seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut rngs: Vec<StdRng> = (0..s.group_size)
@@ -263,7 +326,9 @@ fn sample_group(s: &Sampler<'_>, index: u64, problem: &Problem) -> anyhow::Resul
         .collect();
     let prompt = prompt_tokens(s.tokenizer, &problem.question)?;
     let mut group = Vec::with_capacity(s.group_size);
-    for response in generate_group(s.policy, &prompt, s.sampling, &mut rngs)? {
+    let mut policy_log_probs = Vec::with_capacity(s.group_size);
+    for generated in generate_group_with_log_probs(s.policy, &prompt, s.sampling, &mut rngs)? {
+        let response = generated.tokens;
         let text = s.tokenizer.decode(&response)?;
         group.push(Response {
             tokens: prompt.iter().chain(&response).copied().collect(),
@@ -271,12 +336,25 @@ fn sample_group(s: &Sampler<'_>, index: u64, problem: &Problem) -> anyhow::Resul
             correct: exact_match(&text, &problem.answer),
             response,
             ref_log_probs: Vec::new(),
+            kl_sum: 0.0,
         });
+        policy_log_probs.push(generated.log_probs);
     }
     if let Some(reference) = s.reference {
         if group.iter().any(|r| r.reward != group[0].reward) {
-            for r in &mut group {
+            for (r, policy) in group.iter_mut().zip(&policy_log_probs) {
                 r.ref_log_probs = sequence_log_probs(reference, &r.tokens)?;
+                // The KL term the loss weighs, at the sampled tokens (the policy's log-probs
+                // come from the decoder: no extra forward).
+                let first = r.tokens.len() - r.response.len();
+                r.kl_sum = r.ref_log_probs[first..]
+                    .iter()
+                    .zip(policy)
+                    .map(|(&reference, &policy)| {
+                        let d = f64::from(reference) - f64::from(policy);
+                        d.exp() - d - 1.0
+                    })
+                    .sum();
             }
         }
     }
@@ -302,6 +380,12 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> {
     println!("rl_grpo: {threads}");
+    // Before any job starts: the runtime's metric handles are taken when it does.
+    if !args.no_metrics {
+        odc::metrics::serve(args.metrics_addr)?;
+        names::describe();
+        println!("metrics: http://{}/metrics", args.metrics_addr);
+    }
     if args.prompts == 0 || args.group_size < 2 {
         bail!("GRPO needs at least one prompt and a group of at least 2 responses");
     }
@@ -472,6 +556,9 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
         let mut metas: Vec<SampleMeta> = Vec::new();
         let (mut rewards_all, mut correct, mut lengths, mut kept) =
             (Vec::new(), 0usize, Vec::new(), 0usize);
+        // KL summed over the trained groups' response tokens, and those tokens.
+        let (mut kl_sum, mut kl_tokens) = (0.0, 0usize);
+        let sampled = groups.len();
         for group in groups {
             rewards_all.extend(group.iter().map(|r| r.reward));
             correct += group.iter().filter(|r| r.correct).count();
@@ -483,6 +570,8 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
                 continue;
             }
             kept += 1;
+            kl_sum += group.iter().map(|r| r.kl_sum).sum::<f64>();
+            kl_tokens += group.iter().map(|r| r.response.len()).sum::<usize>();
             for (r, advantage) in group.into_iter().zip(group_advantages(&rewards)) {
                 let index = next_index;
                 next_index += 1;
@@ -512,8 +601,20 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
         reward_now = rewards_all.iter().sum::<f64>() / rewards_all.len() as f64;
         accuracy_now = correct as f64 / rewards_all.len() as f64;
         step_rewards.push(reward_now);
-        let mean_len = lengths.iter().sum::<usize>() as f64 / lengths.len() as f64;
+        let response_tokens = lengths.iter().sum::<usize>();
+        let mean_len = response_tokens as f64 / lengths.len() as f64;
         let max_len = lengths.iter().copied().max().unwrap_or(0);
+        // NaN when no group was trained on (nothing to measure it on).
+        let kl = kl_sum / kl_tokens as f64;
+        metrics::gauge!(names::REWARD).set(reward_now);
+        metrics::gauge!(names::ACCURACY).set(accuracy_now);
+        metrics::gauge!(names::RESPONSE_TOKENS).set(mean_len);
+        metrics::gauge!(names::RESPONSE_TOKENS_MAX).set(max_len as f64);
+        metrics::gauge!(names::KL).set(kl);
+        metrics::gauge!(names::SAMPLING_TOKENS_PER_SECOND)
+            .set(response_tokens as f64 / sample_secs);
+        metrics::counter!(names::GROUPS).increment(sampled as u64);
+        metrics::counter!(names::GROUPS_TRAINED).increment(kept as u64);
         let update = if metas.is_empty() {
             "no update (every group scored alike)".to_string()
         } else {
@@ -533,7 +634,7 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
             )
         };
         println!(
-            "step {:3}/{}  reward {reward_now:.3}  accuracy {accuracy_now:.3}  response mean {mean_len:.0} max {max_len} tokens  groups trained {kept}/{}  sampling {sample_secs:.1} s  {update}",
+            "step {:3}/{}  reward {reward_now:.3}  accuracy {accuracy_now:.3}  response mean {mean_len:.0} max {max_len} tokens  kl {kl:.5}  groups trained {kept}/{}  sampling {sample_secs:.1} s  {update}",
             step + 1,
             args.steps,
             prompts.len(),

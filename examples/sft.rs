@@ -8,9 +8,13 @@
 //! cargo run --release --example sft -- --data ../shared/data/gsm8k/train.jsonl
 //! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt
 //! cargo run --release --example sft -- --resume ckpt/step-50
+//! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt --resume auto
 //! cargo run --release --example sft -- --tokenizer tokenizer.json  # a Hugging Face tokenizer
 //! cargo run --release --example sft -- --config sft.toml --lr 1e-3  # flags override the file
-//! cargo run --release --bin odc -- launch --nprocs 2 -- target/release/examples/sft --steps 20
+//! cargo build --release --features cli --example sft --bin odc
+//! target/release/odc launch --nprocs 2 -- target/release/examples/sft --steps 20
+//! target/release/odc launch --nprocs 2 --max-restarts 1 -- target/release/examples/sft \
+//!     --checkpoint-every 50 --checkpoint-dir ckpt --resume auto
 //! ```
 //!
 //! Per step: AdamW at the shard servers with linear warm-up and cosine decay, the global gradient
@@ -27,6 +31,12 @@
 //! CPU threads: before anything else, `odc::model::share_cpu_threads` gives each trainer of the
 //! process an equal share of the host's cores for candle's pools (unless `RAYON_NUM_THREADS` or
 //! `CANDLE_NUM_THREADS` is set); the first line says what it chose.
+//!
+//! `--resume auto` continues from the newest complete checkpoint in `--checkpoint-dir`
+//! (`odc::checkpoint::newest`), or starts from scratch when there is none (said on stderr): the
+//! same command line both starts a run and continues it after a crash, as
+//! `odc launch --max-restarts N` needs. In a multi-process run every rank looks before the job
+//! starts and finds the same checkpoint (rank 0 writes them; the ranks share the directory).
 //!
 //! Config file (`--config PATH`, TOML): the same keys as the flags with `_` for `-`, plus a
 //! `[model]` table of `ModelConfig` fields; a flag given on the command line wins.
@@ -113,7 +123,8 @@ struct Opts {
     /// ... into DIR/step-<N>.
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
-    /// Continue from DIR/step-<N>.
+    /// Continue from DIR/step-<N>; `auto`: from the newest complete checkpoint in
+    /// --checkpoint-dir, or from scratch when it holds none (`./auto` is a directory named auto).
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Prometheus endpoint (each rank serves on this port + its rank; port 0 picks a free one).
@@ -356,6 +367,19 @@ fn main() -> anyhow::Result<()> {
         .init();
     let (opts, resume) = Opts::parse().merged()?;
     let model_given = opts.model.is_some();
+    let resume = match resume {
+        Some(path) if path.as_os_str() == "auto" => {
+            if opts.checkpoint_dir.is_none() {
+                bail!(
+                    "--resume auto continues from the newest checkpoint in --checkpoint-dir, \
+                     and none was given (flag or config file)"
+                );
+            }
+            Some(Resume::Newest)
+        }
+        Some(path) => Some(Resume::From(path)),
+        None => None,
+    };
     let settings = opts.settings();
     let world = World::from_env().context("reading the launcher's environment")?;
     // Before any thread exists: each trainer of this process gets its share of the cores (one
@@ -373,10 +397,16 @@ fn main() -> anyhow::Result<()> {
         .block_on(run(settings, model_given, resume, world, threads))
 }
 
+/// `--resume`: a checkpoint, or the newest in `--checkpoint-dir` (`auto`).
+enum Resume {
+    From(PathBuf),
+    Newest,
+}
+
 async fn run(
     mut settings: Settings,
     model_given: bool,
-    resume: Option<PathBuf>,
+    resume: Option<Resume>,
     world: World,
     threads: odc::model::CpuThreads,
 ) -> anyhow::Result<()> {
@@ -391,6 +421,21 @@ async fn run(
     };
 
     // Resume: the checkpoint's state and data position; its model must be this run's.
+    let resume = match resume {
+        Some(Resume::From(dir)) => Some(dir),
+        Some(Resume::Newest) => {
+            let newest = checkpoint::newest(&settings.checkpoint_dir)
+                .context("--resume auto: looking for the newest checkpoint")?;
+            if newest.is_none() && lead {
+                eprintln!(
+                    "--resume auto: no checkpoint in {}: starting from scratch",
+                    settings.checkpoint_dir.display()
+                );
+            }
+            newest
+        }
+        None => None,
+    };
     let tensors: TensorMap = tensor_map(&settings.model)?;
     let mut position = DataPosition { next: 0 };
     let mut resumed = None;

@@ -1,6 +1,8 @@
 //! The `odc` command: `odc launch --nprocs N --transport shm|tcp -- PROGRAM ARGS…` starts a local
 //! multi-process job (like `torchrun --standalone`) and exits with the worst exit status of its
-//! ranks. (Benchmarks are `odc-bench`.)
+//! ranks; `--max-restarts N` starts the whole job again after a failure, up to N times (like
+//! torchrun's). (Benchmarks are `odc-bench`.) Built with the `cli` feature
+//! (`cargo build --release --features cli --bin odc`), so library users do not depend on clap.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -24,8 +26,8 @@ enum TransportArg {
 #[derive(Subcommand)]
 enum Command {
     /// Start PROGRAM as N ranks of one job on this host (ODC_RANK, ODC_WORLD_SIZE,
-    /// ODC_COORDINATOR, ODC_SECRET, ODC_JOB, ODC_TRANSPORT set for each); exit with the worst
-    /// exit status.
+    /// ODC_COORDINATOR, ODC_SECRET, ODC_JOB, ODC_TRANSPORT, ODC_RESTART_COUNT set for each); exit
+    /// with the worst exit status (of the last attempt, with --max-restarts).
     Launch {
         /// Processes to start.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -36,9 +38,15 @@ enum Command {
         /// Seconds the other ranks may run on after one failed (and after SIGTERM).
         #[arg(long, default_value_t = 10.0)]
         grace_secs: f64,
-        /// Stop every rank after this many seconds (exit status 124).
+        /// Stop every rank after this many seconds (exit status 124); bounds the whole launch,
+        /// restarts included.
         #[arg(long)]
         timeout_secs: Option<f64>,
+        /// After a rank fails (non-zero exit or a signal), stop the others and start every rank
+        /// again, at most this many times (ODC_RESTART_COUNT: 0, 1, ...); the program resumes
+        /// from its own checkpoints.
+        #[arg(long, default_value_t = 0)]
+        max_restarts: u32,
         /// The program and its arguments (after `--`).
         #[arg(required = true, last = true)]
         command: Vec<String>,
@@ -62,6 +70,7 @@ fn main() -> ExitCode {
         transport,
         grace_secs,
         timeout_secs,
+        max_restarts,
         command,
     } = cli.command;
     let config = match (|| -> Result<LaunchConfig, String> {
@@ -79,6 +88,7 @@ fn main() -> ExitCode {
             timeout: timeout_secs
                 .map(|t| seconds("timeout-secs", t))
                 .transpose()?,
+            max_restarts,
         })
     })() {
         Ok(config) => config,

@@ -1,5 +1,6 @@
 //! `odc launch` as a user runs it: real child processes, their environment, the worst exit
-//! status, the grace period after a failure, the timeout, and bad input.
+//! status, the grace period after a failure, the timeout, restarts (`--max-restarts`,
+//! `ODC_RESTART_COUNT`), and bad input.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -122,4 +123,102 @@ fn bad_input_is_one_clear_error() {
         .output()
         .expect("odc launch runs");
     assert_eq!(no_program.status.code(), Some(2));
+}
+
+/// `field=value` of a `key=value ...` line.
+fn value<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split(' ')
+        .find_map(|f| f.strip_prefix(key).and_then(|f| f.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+}
+
+/// Runs `script` under `odc launch --nprocs 3 --max-restarts <restarts>`; the status, the
+/// stdout lines sorted, and stderr.
+fn launch_restarting(restarts: u32, script: &str) -> (Option<i32>, Vec<String>, String) {
+    let out = odc()
+        .args(["launch", "--nprocs", "3", "--transport", "tcp"])
+        .args(["--grace-secs", "0.3", "--max-restarts"])
+        .arg(restarts.to_string())
+        .args(["--", "sh", "-c", script])
+        .output()
+        .expect("odc launch runs");
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines.sort_unstable();
+    (
+        out.status.code(),
+        lines,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Rank 1 fails on the first attempt only; the others wait to be stopped on it.
+const FAILS_ONCE: &str = "echo attempt=$ODC_RESTART_COUNT rank=$ODC_RANK coord=$ODC_COORDINATOR job=$ODC_JOB secret=$ODC_SECRET; \
+     if [ $ODC_RESTART_COUNT = 0 ]; then if [ $ODC_RANK = 1 ]; then exit 3; else sleep 30; fi; fi";
+
+#[test]
+fn max_restarts_starts_every_rank_again_after_a_failure() {
+    let (status, lines, stderr) = launch_restarting(1, FAILS_ONCE);
+    assert_eq!(status, Some(0), "the second attempt succeeded: {stderr}");
+    assert_eq!(lines.len(), 6, "two attempts of 3 ranks: {lines:?}");
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(value(line, "attempt"), (i / 3).to_string(), "{line}");
+        assert_eq!(value(line, "rank"), (i % 3).to_string(), "{line}");
+    }
+    // A fresh coordinator per attempt; one job id and secret for the whole launch.
+    assert_ne!(value(&lines[0], "coord"), value(&lines[3], "coord"));
+    for (i, line) in lines.iter().enumerate() {
+        let first_of_attempt = &lines[i / 3 * 3];
+        assert_eq!(value(line, "coord"), value(first_of_attempt, "coord"));
+        assert_eq!(value(line, "job"), value(&lines[0], "job"));
+        assert_eq!(value(line, "secret"), value(&lines[0], "secret"));
+    }
+    assert!(
+        stderr.contains("rank 1 failed with status 3; restarting every rank (restart 1 of 1)"),
+        "the restart is logged with the failed rank and its status: {stderr}"
+    );
+
+    // Without restarts: the failure is the result.
+    let (status, lines, stderr) = launch_restarting(0, FAILS_ONCE);
+    assert_eq!(status, Some(3), "{stderr}");
+    assert_eq!(lines.len(), 3, "one attempt: {lines:?}");
+    assert!(
+        lines.iter().all(|l| l.starts_with("attempt=0 ")),
+        "{lines:?}"
+    );
+    assert!(!stderr.contains("restarting"), "{stderr}");
+}
+
+#[test]
+fn the_last_attempts_status_is_the_result_and_the_timeout_bounds_every_restart() {
+    // Rank 0 fails every time, with 10 + the attempt number.
+    let (status, lines, stderr) = launch_restarting(
+        2,
+        "echo attempt=$ODC_RESTART_COUNT; if [ $ODC_RANK = 0 ]; then exit $((10 + ODC_RESTART_COUNT)); fi",
+    );
+    assert_eq!(status, Some(12), "the third attempt's status: {stderr}");
+    assert_eq!(lines.len(), 9, "three attempts of 3 ranks: {lines:?}");
+    assert!(stderr.contains("(restart 2 of 2)"), "{stderr}");
+    assert!(!stderr.contains("(restart 3 of"), "{stderr}");
+
+    // Failing forever with restarts to spare: the timeout ends the whole launch.
+    let started = Instant::now();
+    let out = odc()
+        .args(["launch", "--nprocs", "2", "--grace-secs", "0.3"])
+        .args(["--timeout-secs", "1.5", "--max-restarts", "1000"])
+        .args(["--", "sh", "-c", "sleep 0.2; exit 1"])
+        .output()
+        .expect("odc launch runs");
+    assert_eq!(
+        out.status.code(),
+        Some(124),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the timeout bounds the restarts"
+    );
 }

@@ -1,8 +1,12 @@
 //! `examples/rl_grpo` as a user runs it, shortened: a warm-start SFT, sampled groups on two
-//! worker threads, odc updates, and the report lines; a bad flag refused with its name.
+//! worker threads, odc updates, the report lines and one scrape of its `/metrics`; a bad flag
+//! refused with its name.
 #![cfg(feature = "candle")]
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::Duration;
 
 /// The multi-process tests' helpers: finding an example, running it under a deadline.
@@ -10,9 +14,28 @@ use std::time::Duration;
 #[path = "multiprocess/harness.rs"]
 mod harness;
 
+/// `GET /metrics` from `port` on loopback: the response, headers included.
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("read /metrics");
+    body
+}
+
 #[test]
 fn a_short_grpo_run_reports_rewards_groups_and_its_final_line() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
     let mut command = Command::new(harness::example("rl_grpo"));
+    command.args(["--metrics-addr", &format!("127.0.0.1:{port}")]);
     command.args([
         "--sft-steps",
         "2",
@@ -27,9 +50,56 @@ fn a_short_grpo_run_reports_rewards_groups_and_its_final_line() {
         "--eval-problems",
         "2",
     ]);
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rl_grpo starts");
+    let (tx, lines) = mpsc::channel();
+    let reader = BufReader::new(child.stdout.take().expect("piped stdout"));
+    std::thread::spawn(move || {
+        for line in reader.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // Once the first RL step is reported, its metrics are set: one scrape while the run goes on.
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.starts_with("step   1/2")) {
+        match lines.recv_timeout(Duration::from_secs(300)) {
+            Ok(line) => seen.push(line),
+            Err(e) => panic!("no first step within 5 minutes ({e}): {seen:?}"),
+        }
+    }
+    let metrics = scrape(port);
     // Killed (failing the test) past 5 minutes (I6).
-    let out = harness::run(command, Duration::from_secs(300));
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let out = harness::wait(child, Duration::from_secs(300));
+    seen.extend(lines.iter());
+    let stdout = seen.join("\n");
+    for (name, kind) in [
+        ("odc_grpo_reward", "gauge"),
+        ("odc_grpo_accuracy_ratio", "gauge"),
+        ("odc_grpo_response_tokens", "gauge"),
+        ("odc_grpo_response_tokens_max", "gauge"),
+        ("odc_grpo_kl", "gauge"),
+        ("odc_grpo_sampling_tokens_per_second", "gauge"),
+        ("odc_grpo_groups_total", "counter"),
+        ("odc_grpo_groups_trained_total", "counter"),
+    ] {
+        assert!(
+            metrics.contains(&format!("# TYPE {name} {kind}\n")),
+            "{name} ({kind}) in {metrics}"
+        );
+    }
+    // 3 prompts a step: 3 groups after step 1 (6 if step 2 was quicker than the scrape).
+    assert!(
+        metrics.contains("\nodc_grpo_groups_total 3\n")
+            || metrics.contains("\nodc_grpo_groups_total 6\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("# TYPE odc_tokens_total counter"),
+        "{metrics}"
+    );
     assert!(
         out.status.success(),
         "{stdout}\n{}",
@@ -76,7 +146,7 @@ fn a_short_grpo_run_reports_rewards_groups_and_its_final_line() {
 #[test]
 fn a_zero_temperature_is_refused_with_its_name() {
     let mut command = Command::new(harness::example("rl_grpo"));
-    command.args(["--temperature", "0", "--sft-steps", "0"]);
+    command.args(["--temperature", "0", "--sft-steps", "0", "--no-metrics"]);
     let out = harness::run(command, Duration::from_secs(60));
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -1,7 +1,8 @@
 //! `examples/sft` as a user runs it: a TOML config with flags overriding it, checkpoints on disk,
-//! resuming one, and a truncated checkpoint refused with the file named; `--tokenizer` with a
-//! Hugging Face `tokenizer.json`, a `[model]` vocabulary too small for it, and a checkpoint resumed
-//! with another tokenizer, each refused with both sides named.
+//! resuming one (by path, and the newest with `--resume auto`), and a truncated checkpoint refused
+//! with the file named; `--tokenizer` with a Hugging Face `tokenizer.json`, a `[model]` vocabulary
+//! too small for it, and a checkpoint resumed with another tokenizer, each refused with both sides
+//! named.
 #![cfg(feature = "candle")]
 
 use std::path::{Path, PathBuf};
@@ -121,6 +122,39 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert_eq!(final_line(&stdout).0, 2);
+
+    // `--resume auto`: the newest checkpoint of --checkpoint-dir (one more step after step 6);
+    // without --checkpoint-dir, a clear error before anything runs.
+    let out = run(
+        &dir,
+        &[
+            "--resume",
+            "auto",
+            "--checkpoint-dir",
+            ckpt_arg,
+            "--steps",
+            "7",
+            "--eval-every",
+            "0",
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "resuming from {} at step 6",
+            ckpt.join("step-6").display()
+        )),
+        "{stdout}"
+    );
+    assert_eq!(final_line(&stdout).0, 7);
+    let out = run(&dir, &["--resume", "auto"]);
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--resume auto") && stderr.contains("--checkpoint-dir"),
+        "{stderr}"
+    );
 
     // A truncated checkpoint: a clear error naming the file, no panic.
     let model = resume.join("model.safetensors");

@@ -60,7 +60,7 @@ pub fn sibling(name: &str, example: bool) -> anyhow::Result<PathBuf> {
     };
     if !path.exists() {
         bail!(
-            "{} is missing: build it first (cargo build --release --example embed --bin odc)",
+            "{} is missing: build it first (cargo build --release --features cli --example embed --bin odc)",
             path.display()
         );
     }

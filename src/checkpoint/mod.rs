@@ -13,12 +13,17 @@
 //!   caller's JSON; a job resumed from it continues exactly (DESIGN I3, `tests/checkpoint.rs`);
 //! - **atomic**: a step directory appears complete or not at all (written beside it, then renamed);
 //! - **bad files are errors naming the file**: missing, truncated, corrupted, a tensor missing,
-//!   of another shape or dtype — never a panic, never a partly loaded state.
+//!   of another shape or dtype — never a panic, never a partly loaded state;
+//! - **newest**: [`newest`] finds the `step-<N>` with the largest `N` holding all three files,
+//!   passing over staging directories and partial ones (`newest.rs`): what a restarted run
+//!   resumes from.
 
 mod files;
+mod newest;
 mod tensors;
 mod train_state;
 
 pub use files::{load, save, step_dir, CheckpointError, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+pub use newest::newest;
 pub use tensors::{NamedTensor, TensorMap};
 pub use train_state::TrainState;

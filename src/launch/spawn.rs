@@ -14,6 +14,16 @@
 //! - on SIGINT or SIGTERM to the launcher the children are stopped the same way and the result
 //!   is 130 (SIGINT) or 143 (SIGTERM).
 //!
+//! **Elastic restart** (`max_restarts`, torchrun's `--max-restarts`): when a child fails (a
+//! non-zero exit or a signal), once every child of that attempt has ended (stopped as above) the
+//! launcher starts the whole group again, up to `max_restarts` times, and logs which rank failed
+//! with which status. Each attempt gets a fresh coordinator port and `ODC_RESTART_COUNT` = its
+//! number (0 for the first); `ODC_JOB` and `ODC_SECRET` stay the same for the whole launch (so
+//! the shared-memory files a killed rank left are swept by the next attempt's ranks). The result
+//! is the last attempt's. A timeout or a signal to the launcher is not restarted, and `timeout`
+//! bounds the whole launch, restarts included. The program resumes from its own checkpoints
+//! (`examples/sft --resume auto`); the launcher restores nothing.
+//!
 //! Each rank runs in its own process group: stopping a rank signals the group, so what the rank
 //! started (a shell's children) stops with it.
 //!
@@ -34,8 +44,10 @@ pub struct LaunchConfig {
     pub args: Vec<String>,
     /// How long the others may run on after one child failed, and after SIGTERM.
     pub grace: Duration,
-    /// Stop everything after this long.
+    /// Stop everything after this long (the whole launch, restarts included).
     pub timeout: Option<Duration>,
+    /// Start the whole group again after a failed attempt, at most this many times.
+    pub max_restarts: u32,
 }
 
 /// The launch could not start.
@@ -84,7 +96,8 @@ fn free_port() -> std::io::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// Start the children, wait for them as described in the module doc, return the exit status.
+/// Start the children, wait for them as described in the module doc (restarting the group after
+/// a failure, up to `max_restarts` times), return the exit status.
 pub async fn launch(config: &LaunchConfig) -> Result<i32, LaunchError> {
     const MAX: u32 = 4096;
     if config.nprocs == 0 || config.nprocs > MAX {
@@ -93,10 +106,51 @@ pub async fn launch(config: &LaunchConfig) -> Result<i32, LaunchError> {
             max: MAX,
         });
     }
-    let port = free_port().map_err(LaunchError::Port)?;
     let secret = odc_transport::ClusterSecret::random().expose();
     let job = format!("odc{}x{:08x}", std::process::id(), rand::random::<u32>());
-    let (tx, mut exits) = mpsc::unbounded_channel::<(u32, i32)>();
+    let deadline = config.timeout.map(|t| tokio::time::Instant::now() + t);
+    // Installed once: a signal between two attempts is seen by the next one.
+    let mut signals = Signals {
+        interrupt: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok(),
+        terminate: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
+    };
+    let mut restart = 0;
+    loop {
+        let mut attempt = start(config, &secret, &job, restart)?;
+        let end = supervise(config, &mut attempt, deadline, &mut signals).await;
+        match end.failed {
+            Some((rank, status))
+                if end.stop == Some(Stop::Failed) && restart < config.max_restarts =>
+            {
+                restart += 1;
+                eprintln!(
+                    "odc launch: rank {rank} failed with status {status}; restarting every rank \
+                     (restart {restart} of {})",
+                    config.max_restarts
+                );
+            }
+            _ => return Ok(end.status),
+        }
+    }
+}
+
+/// The ranks of one attempt.
+struct Attempt {
+    /// By rank.
+    pids: Vec<u32>,
+    /// (rank, exit status) as each rank ends.
+    exits: mpsc::UnboundedReceiver<(u32, i32)>,
+}
+
+/// Start attempt `restart` of the group.
+fn start(
+    config: &LaunchConfig,
+    secret: &str,
+    job: &str,
+    restart: u32,
+) -> Result<Attempt, LaunchError> {
+    let port = free_port().map_err(LaunchError::Port)?;
+    let (tx, exits) = mpsc::unbounded_channel::<(u32, i32)>();
     let mut pids = Vec::new();
     for rank in 0..config.nprocs {
         let mut child = Command::new(&config.program)
@@ -106,9 +160,10 @@ pub async fn launch(config: &LaunchConfig) -> Result<i32, LaunchError> {
             .env("ODC_LOCAL_RANK", rank.to_string())
             .env("ODC_LOCAL_WORLD_SIZE", config.nprocs.to_string())
             .env("ODC_COORDINATOR", format!("127.0.0.1:{port}"))
-            .env("ODC_SECRET", &secret)
-            .env("ODC_JOB", &job)
+            .env("ODC_SECRET", secret)
+            .env("ODC_JOB", job)
             .env("ODC_TRANSPORT", &config.transport)
+            .env("ODC_RESTART_COUNT", restart.to_string())
             .kill_on_drop(true)
             // Its own process group, so stopping a rank stops what it started too.
             .process_group(0)
@@ -134,36 +189,52 @@ pub async fn launch(config: &LaunchConfig) -> Result<i32, LaunchError> {
             let _ = tx.send((rank, status));
         });
     }
-    drop(tx);
-    Ok(supervise(config, &pids, &mut exits).await)
+    Ok(Attempt { pids, exits })
+}
+
+/// The launcher's own SIGINT and SIGTERM (None where they could not be installed).
+struct Signals {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
 }
 
 /// Why the launcher is stopping the children.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Stop {
     Failed,
     TimedOut,
     Signalled(i32),
 }
 
+/// How one attempt ended.
+struct End {
+    /// The attempt's exit status (module doc).
+    status: i32,
+    stop: Option<Stop>,
+    /// The first child that failed, and its status.
+    failed: Option<(u32, i32)>,
+}
+
 async fn supervise(
     config: &LaunchConfig,
-    pids: &[u32],
-    exits: &mut mpsc::UnboundedReceiver<(u32, i32)>,
-) -> i32 {
+    attempt: &mut Attempt,
+    deadline: Option<tokio::time::Instant>,
+    signals: &mut Signals,
+) -> End {
+    let Attempt { pids, exits } = attempt;
     let n = pids.len();
     let mut done = vec![false; n];
     let mut worst = 0;
     let mut stop: Option<Stop> = None;
+    let mut failed = None;
     // When the next escalation happens: SIGTERM once the grace after a failure ends, then SIGKILL.
     let mut escalate_at: Option<tokio::time::Instant> = None;
     let mut terminated = false;
-    let deadline = config.timeout.map(|t| tokio::time::Instant::now() + t);
     let far = tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
-    let mut interrupt =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
-    let mut terminate =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let Signals {
+        interrupt,
+        terminate,
+    } = signals;
     while done.iter().any(|d| !d) {
         tokio::select! {
             exit = exits.recv() => {
@@ -180,6 +251,7 @@ async fn supervise(
                 }
                 if status != 0 && stop.is_none() {
                     stop = Some(Stop::Failed);
+                    failed = Some((rank, status));
                     escalate_at = Some(tokio::time::Instant::now() + config.grace);
                 }
             }
@@ -208,9 +280,14 @@ async fn supervise(
             }
         }
     }
-    match stop {
+    let status = match stop {
         Some(Stop::TimedOut) => TIMED_OUT,
         Some(Stop::Signalled(code)) => code,
         Some(Stop::Failed) | None => worst,
+    };
+    End {
+        status,
+        stop,
+        failed,
     }
 }

@@ -10,7 +10,10 @@
 //!    runs past `max_seq_len` positions;
 //! 4. **group equivalence**: [`generate_group`] decodes a group of responses to one prompt as one
 //!    batch (the prompt fed once, finished responses leaving the batch), and each response is the
-//!    one [`generate`] draws with the same RNG; the batched logits equal each row's own.
+//!    one [`generate`] draws with the same RNG; the batched logits equal each row's own;
+//! 5. [`generate_group_with_log_probs`] also gives each sampled token's log-probability under the
+//!    model (temperature 1), read off the logits the decoder computes anyway: they equal
+//!    [`sequence_log_probs`] of prompt and response (within 1e-4).
 
 use candle_core::{DType, Device, Tensor, D};
 use rand::Rng;
@@ -19,7 +22,7 @@ use super::batch::MASKED;
 use super::block::mlp_residual;
 use super::config::ModelConfig;
 use super::error::{Error, Result};
-use super::ops::{rms_norm, rope, rope_cos_sin, softmax_last_dim};
+use super::ops::{log_softmax_last_dim, rms_norm, rope, rope_cos_sin, softmax_last_dim};
 use super::params::unit_tensors;
 use super::transformer::{unit_count, unit_params};
 
@@ -237,7 +240,7 @@ pub fn forward_cached_rows(
 pub fn sequence_log_probs(w: &Weights, tokens: &[u32]) -> Result<Vec<f32>> {
     let mut cache = KvCache::default();
     let logits = forward_cached(w, &mut cache, tokens)?;
-    let log_probs: Vec<Vec<f32>> = super::ops::log_softmax_last_dim(&logits)?.to_vec2()?;
+    let log_probs: Vec<Vec<f32>> = log_softmax_last_dim(&logits)?.to_vec2()?;
     let mut out = Vec::with_capacity(tokens.len());
     out.push(0.0);
     for t in 1..tokens.len() {
@@ -278,6 +281,40 @@ pub fn generate_group<R: Rng>(
     sampling: Sampling,
     rngs: &mut [R],
 ) -> Result<Vec<Vec<u32>>> {
+    Ok(decode_group(w, prompt, sampling, rngs, false)?
+        .into_iter()
+        .map(|g| g.tokens)
+        .collect())
+}
+
+/// A sampled response and the log-probability of each of its tokens under the model that drew
+/// it (at temperature 1: `log p(token | prompt, earlier tokens)`, what GRPO's ratio and KL use).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generated {
+    pub tokens: Vec<u32>,
+    pub log_probs: Vec<f32>,
+}
+
+/// [`generate_group`], with each token's log-probability ([`Generated`]), read off the logits
+/// the decoder computes anyway: no extra forward (equal to [`sequence_log_probs`] of prompt and
+/// response within float rounding).
+pub fn generate_group_with_log_probs<R: Rng>(
+    w: &Weights,
+    prompt: &[u32],
+    sampling: Sampling,
+    rngs: &mut [R],
+) -> Result<Vec<Generated>> {
+    decode_group(w, prompt, sampling, rngs, true)
+}
+
+/// The group decoder; the log-probs only when `scored` (else left empty).
+fn decode_group<R: Rng>(
+    w: &Weights,
+    prompt: &[u32],
+    sampling: Sampling,
+    rngs: &mut [R],
+    scored: bool,
+) -> Result<Vec<Generated>> {
     if !(sampling.temperature.is_finite() && sampling.temperature >= 0.0) {
         return Err(Error::Batch(format!(
             "temperature must be finite and >= 0, got {}",
@@ -287,7 +324,13 @@ pub fn generate_group<R: Rng>(
     let group = rngs.len();
     let room = w.config.max_seq_len.saturating_sub(prompt.len());
     let budget = sampling.max_new_tokens.min(room);
-    let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(budget); group];
+    let mut out: Vec<Generated> = vec![
+        Generated {
+            tokens: Vec::with_capacity(budget),
+            log_probs: Vec::with_capacity(if scored { budget } else { 0 }),
+        };
+        group
+    ];
     if budget == 0 || group == 0 {
         return Ok(out);
     }
@@ -300,10 +343,16 @@ pub fn generate_group<R: Rng>(
     let mut active: Vec<usize> = (0..group).collect();
     loop {
         let next = pick_rows(&logits, sampling.temperature, &active, rngs)?;
+        if scored {
+            let rows: Vec<Vec<f32>> = log_softmax_last_dim(&logits)?.to_vec2()?;
+            for ((&row, &token), lp) in active.iter().zip(&next).zip(&rows) {
+                out[row].log_probs.push(lp[token as usize]);
+            }
+        }
         let mut keep = Vec::with_capacity(active.len());
         for (slot, (&row, &token)) in active.iter().zip(&next).enumerate() {
-            out[row].push(token);
-            if token != sampling.stop && out[row].len() < budget {
+            out[row].tokens.push(token);
+            if token != sampling.stop && out[row].tokens.len() < budget {
                 keep.push(slot);
             }
         }
@@ -541,6 +590,35 @@ mod tests {
         assert!(generate_group(&w, &prompt, s, &mut none)
             .unwrap()
             .is_empty());
+    }
+
+    /// Guarantee 5: the decoder's log-probs are the sampled tokens' under a full forward.
+    #[test]
+    fn a_groups_log_probs_are_the_sequences_own() {
+        let c = config();
+        let w = weights(&c);
+        // Drawn at 1.5; the log-probs are the model's own (temperature 1).
+        let s = Sampling {
+            temperature: 1.5,
+            max_new_tokens: 12,
+            stop: 7,
+        };
+        let prompt = [4u32, 2, 9];
+        let mut rngs: Vec<StdRng> = (0..4).map(StdRng::seed_from_u64).collect();
+        let scored = generate_group_with_log_probs(&w, &prompt, s, &mut rngs).unwrap();
+        let mut rngs: Vec<StdRng> = (0..4).map(StdRng::seed_from_u64).collect();
+        let plain = generate_group(&w, &prompt, s, &mut rngs).unwrap();
+        assert_eq!(scored.len(), 4);
+        for (g, tokens) in scored.iter().zip(&plain) {
+            assert_eq!(&g.tokens, tokens, "the same draws");
+            assert_eq!(g.log_probs.len(), g.tokens.len());
+            let sequence: Vec<u32> = prompt.iter().chain(&g.tokens).copied().collect();
+            let want = sequence_log_probs(&w, &sequence).unwrap();
+            for (t, (got, want)) in g.log_probs.iter().zip(&want[prompt.len()..]).enumerate() {
+                assert!(got.is_finite() && *got <= 0.0, "token {t}: {got}");
+                assert!((got - want).abs() < 1e-4, "token {t}: {got} vs {want}");
+            }
+        }
     }
 
     #[test]

@@ -46,8 +46,8 @@ pub use config::ModelConfig;
 pub use error::{Error, Result};
 pub use eval::{evaluate, Evaluation};
 pub use generate::{
-    forward_cached, forward_cached_rows, generate, generate_group, sequence_log_probs, KvCache,
-    Sampling, Weights,
+    forward_cached, forward_cached_rows, generate, generate_group, generate_group_with_log_probs,
+    sequence_log_probs, Generated, KvCache, Sampling, Weights,
 };
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};

@@ -1,6 +1,7 @@
 //! Multi-process jobs as users run them: `examples/embed` in real processes (started by
 //! `odc launch`, or by hand here to kill one of them), over real transports (`tcp`, `shm`), each
-//! rank in its own network namespace where the machine allows it.
+//! rank in its own network namespace where the machine allows it; `examples/sft` restarted by
+//! `odc launch --max-restarts` after a rank is killed (`restart.rs`, its own tolerance).
 //!
 //! Tolerance (I3): a multi-process job sums the same per-micro-batch gradients as one process,
 //! in whatever order they arrive, in fp32; every final parameter must equal the single-process
@@ -13,3 +14,5 @@ mod harness;
 mod hostile;
 mod netns;
 mod parity;
+#[cfg(feature = "candle")]
+mod restart;
