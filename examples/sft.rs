@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release --example sft                                 # generated data, ~6 min on 2 cores
 //! cargo run --release --example sft -- --steps 40 --eval-every 20   # shorter
-//! cargo run --release --example sft -- --data ../shared/data/gsm8k/train.jsonl
+//! cargo run --release --example sft -- --data gsm8k/train.jsonl   # GSM8K: see the README
 //! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt
 //! cargo run --release --example sft -- --resume ckpt/step-50
 //! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt --resume auto
