@@ -1,8 +1,9 @@
 //! Starting `examples/embed` as a single process, under `odc launch`, or rank by rank.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The `embed` example (cargo builds examples before it runs integration tests).
@@ -65,17 +66,40 @@ pub fn run(mut command: Command, limit: Duration) -> Output {
 }
 
 pub fn wait(mut child: Child, limit: Duration) -> Output {
+    // Drain both pipes while the child runs: a rank under attack logs a line per refused
+    // connection, far more than a pipe holds, and would block on a full one.
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<JoinHandle<Vec<u8>>> {
+        pipe.map(|mut pipe| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                bytes
+            })
+        })
+    }
+    fn collect(reader: Option<JoinHandle<Vec<u8>>>) -> Vec<u8> {
+        reader
+            .map(|r| r.join().unwrap_or_default())
+            .unwrap_or_default()
+    }
+    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let started = Instant::now();
     loop {
         match child.try_wait().expect("waiting on a child") {
-            Some(_) => return child.wait_with_output().expect("collecting its output"),
+            Some(status) => {
+                return Output {
+                    status,
+                    stdout: collect(stdout),
+                    stderr: collect(stderr),
+                }
+            }
             None if started.elapsed() > limit => {
                 let _ = child.kill();
-                let out = child.wait_with_output().expect("collecting its output");
+                let _ = child.wait();
                 panic!(
                     "still running after {limit:?} (I6: no hang)\nstdout:\n{}\nstderr:\n{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
+                    String::from_utf8_lossy(&collect(stdout)),
+                    String::from_utf8_lossy(&collect(stderr))
                 );
             }
             None => std::thread::sleep(Duration::from_millis(20)),

@@ -294,9 +294,11 @@ fn a_thousand_idle_connections_to_every_listener_change_nothing() {
     let mut idle = Vec::new();
     let listeners = every_listener(&pids);
     for addr in &listeners {
+        // Up to 1,000 each; a listener whose backlog is full (connects time out) is left there.
         for _ in 0..1000 {
-            if let Ok(stream) = TcpStream::connect_timeout(addr, Duration::from_secs(2)) {
-                idle.push(stream);
+            match TcpStream::connect_timeout(addr, Duration::from_millis(500)) {
+                Ok(stream) => idle.push(stream),
+                Err(_) => break,
             }
         }
     }
@@ -310,11 +312,9 @@ fn a_thousand_idle_connections_to_every_listener_change_nothing() {
         listeners.len() >= 4,
         "every rank listens somewhere: {listeners:?}"
     );
-    let results = ranks.wait(Duration::from_secs(180));
+    let mut results = ranks.wait(Duration::from_secs(180));
     drop(idle);
-    let stdout0 = rest(reader, lines);
-    let mut results = results;
-    results[0].1 = stdout0;
+    results[0].1 = rest(reader, lines);
     check(
         &results,
         &path,
