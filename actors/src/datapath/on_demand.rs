@@ -5,7 +5,9 @@
 //!   unit buffer; every chunk must carry the step's version (**I1**, [`Error::VersionMismatch`]).
 //! - A push encodes the gradient once, straight from the caller's slice, into fp32 chunks tagged with
 //!   the attempt's epoch and a write id unique per (micro-batch, unit, shard, chunk), so owners refuse
-//!   late and duplicate writes (**I2**, transport C3), and resolves when every owner acknowledged.
+//!   late and duplicate writes (**I2**, transport C3), and with the micro-batch's assignment token,
+//!   without which owners refuse the write (transport C8); it resolves when every owner
+//!   acknowledged.
 //! - Nothing here waits on another trainer (**I4**).
 
 use std::sync::Arc;
@@ -85,6 +87,7 @@ impl DataPath for OnDemand {
         let tag = |shard, chunk| WriteTag {
             epoch: op.key.epoch,
             write_id: transfer::write_id(op.micro_batch, unit, shard, chunk),
+            token: op.token,
         };
         // Encoded here, straight from the caller's gradient: the only copy of its bytes.
         let writes = transfer::encode_writes(routes, 0..grad.len(), grad, tag, self.chunk_elems);

@@ -129,6 +129,8 @@ pub struct TrainerContext {
     version: u64,
     epoch: u64,
     micro_batch: u32,
+    /// The assignment's token, carried by every gradient write of the micro-batch.
+    token: u128,
     direction: Direction,
     first_gather: bool,
     last_gathered: Option<(UnitId, Arc<[f32]>)>,
@@ -161,6 +163,7 @@ impl TrainerContext {
             version: 0,
             epoch: 0,
             micro_batch: 0,
+            token: 0,
             direction: Direction::Forward,
             first_gather: true,
             last_gathered: None,
@@ -204,8 +207,9 @@ impl TrainerContext {
         self.buffers.live()
     }
 
-    /// Start of a micro-batch (called by the trainer actor).
-    pub(crate) fn begin(&mut self, micro_batch: &MicroBatch, epoch: u64) {
+    /// Start of a micro-batch of attempt `epoch` whose assignment carries `token` (called by the
+    /// trainer actor).
+    pub(crate) fn begin(&mut self, micro_batch: &MicroBatch, epoch: u64, token: u128) {
         self.cancel_prefetches();
         self.resident.clear();
         self.pushed.clear();
@@ -221,6 +225,7 @@ impl TrainerContext {
         self.version = micro_batch.step;
         self.epoch = epoch;
         self.micro_batch = micro_batch.id;
+        self.token = token;
         self.direction = Direction::Forward;
         self.first_gather = true;
         self.last_gathered = None;
@@ -378,6 +383,7 @@ impl TrainerContext {
             key,
             version: self.version,
             micro_batch: self.micro_batch,
+            token: self.token,
             deadline: Instant::now() + self.config.transfer_timeout,
         }
     }
