@@ -267,7 +267,7 @@ pub enum Reason {
 
 /// Why a report was dropped (module docs, "Reports are bound to assignments"). Each comes from a
 /// forged, replayed or misdirected report, or a late one of a trainer that was lost meanwhile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReportRefusal {
     /// No trainer slot has that number.
     UnknownTrainer,
