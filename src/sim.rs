@@ -250,6 +250,7 @@ pub async fn ring_step_latency(ranks: u32, rounds: u32) -> crate::Result<Duratio
                     },
                     version: 0,
                     micro_batch: 0,
+                    token: 0,
                     deadline: odc_transport::deadline_in(Duration::from_secs(60)),
                 };
                 path.gather(op, buffer, lease).await?;

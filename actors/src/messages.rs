@@ -26,6 +26,7 @@ use crate::policy::clock::Timestamp;
 use crate::policy::dispatch::Communication;
 use crate::policy::stats::StepStats;
 use crate::policy::step::StepConfig;
+use crate::policy::token::JobKey;
 use crate::server::optimizer::OptimizerConfig;
 use crate::trainer::{ContextConfig, MicroBatchStats};
 
@@ -44,6 +45,10 @@ pub struct ServerSpec {
     pub pull_dtype: Dtype,
     /// Epoch the accumulators start at.
     pub epoch: u64,
+    /// The job's token key: the server admits a gradient write only with the token of the
+    /// (epoch, micro-batch) it names ([`crate::policy::token`]). Sent to servers only, never to
+    /// trainers.
+    pub key: JobKey,
 }
 
 /// Barrier phase 1: take every accumulator (moving to `next_epoch`), scale it by `scale` and keep it
@@ -143,6 +148,9 @@ pub struct TrainerSpec {
 pub struct Assignment {
     pub micro_batch: MicroBatch,
     pub epoch: u64,
+    /// The assignment's token ([`crate::policy::token`]): the trainer echoes it in its report
+    /// and in every gradient write of the micro-batch; nothing without it counts.
+    pub token: u128,
 }
 
 /// Messages of a trainer.
@@ -163,6 +171,8 @@ pub struct TrainerReport {
     pub trainer: u32,
     pub epoch: u64,
     pub micro_batch: u32,
+    /// The token of the assignment this report answers ([`Assignment::token`]).
+    pub token: u128,
     pub started: Timestamp,
     pub finished: Timestamp,
     pub result: Result<MicroBatchDone>,
@@ -327,6 +337,7 @@ mod tests {
             optimizer: OptimizerConfig::adamw(1e-3),
             pull_dtype: Dtype::Bf16,
             epoch: 9,
+            key: JobKey::from_bytes([5; 32]),
         };
         round_trip(spec);
         round_trip(vec![route.clone()]);
@@ -363,6 +374,7 @@ mod tests {
         round_trip(Assignment {
             micro_batch: micro_batch(),
             epoch: 5,
+            token: u128::MAX - 3,
         });
         let stats = MicroBatchStats {
             pull_wait: Duration::from_micros(15),
@@ -412,6 +424,7 @@ mod tests {
                 trainer: 1,
                 epoch: 2,
                 micro_batch: 3,
+                token: 1 << 100,
                 started: Timestamp::from_nanos(5),
                 finished: Timestamp::from_nanos(9),
                 result,

@@ -57,6 +57,12 @@ pub const REBALANCES: &str = "odc_rebalances_total";
 pub const UNAUTHENTICATED_REFUSED: &str = odc_transport::wire::gate::REFUSED_METRIC;
 /// Ranks treated as lost because they answered no heartbeat within the timeout (coordinator).
 pub const SILENT_RANKS: &str = "odc_silent_ranks_total";
+/// Trainer reports the supervisor dropped (a wrong token, a trainer not running that
+/// micro-batch, a duplicate), label `reason` ([`ReportRefusal::label`](crate::policy::step::ReportRefusal::label)).
+pub const REFUSED_REPORTS: &str = "odc_refused_reports_total";
+/// Gradient writes a shard server refused because their token is not the one of the
+/// (epoch, micro-batch) they name (counted by the transport at the owner, C8).
+pub const REFUSED_WRITES: &str = odc_transport::REFUSED_WRITES_METRIC;
 
 /// Register descriptions and units with the installed recorder.
 pub fn describe() {
@@ -116,6 +122,14 @@ pub fn describe() {
     describe_counter!(
         SILENT_RANKS,
         "Ranks lost because they answered no heartbeat in time"
+    );
+    describe_counter!(
+        REFUSED_REPORTS,
+        "Trainer reports dropped: not the assignment's token or trainer, or a duplicate"
+    );
+    describe_counter!(
+        REFUSED_WRITES,
+        "Gradient writes refused by their owner: not the assignment's token"
     );
 }
 

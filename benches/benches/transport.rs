@@ -101,6 +101,7 @@ fn push(c: &mut Criterion) {
     let write_tag = || WriteTag {
         epoch: 0,
         write_id: u128::from(next_write.fetch_add(1, Ordering::Relaxed)),
+        token: 0,
     };
 
     let mut group = c.benchmark_group("local_push_1MiB_f32");

@@ -9,8 +9,8 @@
 //! - odd, bit 1 clear: the handshake done properly (`wire::handshake::dial`), then records
 //!   `len u8, body[len]`, each sent as one frame; a body that decodes as a request is first
 //!   re-addressed to one of the owner's regions (by `region % 4`: a published region, an
-//!   accumulator, an inbox, or left as it is), so reads, accumulates and sends reach the
-//!   fabric's checks; with bit 2 set, a body too short for its request's fields is first padded
+//!   accumulator guarded by an admission check that takes odd tokens only, an inbox, or left as
+//!   it is), so reads, accumulates and sends reach the fabric's checks; with bit 2 set, a body too short for its request's fields is first padded
 //!   with zeros until it has them;
 //! - odd, bit 1 set: the handshake, then the rest as a raw stream (length prefixes of any size).
 //!
@@ -169,6 +169,13 @@ async fn session(owner: &Owner, mode: u8, input: &[u8]) {
     let accumulator = transport
         .register_accumulator(OWNER, 16, 0)
         .expect("an accumulator");
+    // An owner's admission guard (C8): odd tokens are admitted, even ones refused, so both
+    // paths are reached.
+    accumulator
+        .admit_only(std::sync::Arc::new(|tag: &odc_transport::WriteTag| {
+            tag.token & 1 == 1
+        }))
+        .expect("a guard");
     let inbox = transport.register_inbox(OWNER, 0).expect("an inbox");
     let target = |handle: RegionHandle| {
         Some(Target {

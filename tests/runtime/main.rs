@@ -7,6 +7,7 @@ mod bounded_memory;
 mod consistency;
 mod equivalence;
 mod exactly_once;
+mod forged;
 mod liveness;
 mod model;
 mod no_inner_barrier;

@@ -88,6 +88,17 @@ pub enum TransportError {
         epoch: u64,
         write_id: u128,
     },
+    /// The owner's [`WriteGuard`](crate::WriteGuard) did not admit the write (C8): its token is
+    /// not the one the owner expects for it. Nothing was applied; the write id stays free.
+    #[error(
+        "endpoint {owner} refused write {write_id:#x} of epoch {epoch} to region {region}: its token is not admitted"
+    )]
+    RefusedWrite {
+        owner: EndpointId,
+        region: RegionId,
+        epoch: u64,
+        write_id: u128,
+    },
     /// The operation started after its deadline, or waited past it.
     #[error("{op:?} on region {region} at endpoint {owner} missed its deadline")]
     DeadlineExceeded {

@@ -37,7 +37,8 @@
 //!   and the destination unchanged. A destination the backend cannot write (device memory for a
 //!   host backend) is [`TransportError::Unsupported`]. A request is checked in this order and the
 //!   first failure is reported: deadline, handle (foreign, unknown), kind, shape (range, payload),
-//!   destination, then fencing (epoch, write id, capacity). `conformance/c4_bounds.rs`.
+//!   destination, then admission (C8), then fencing (epoch, write id, capacity).
+//!   `conformance/c4_bounds.rs`.
 //! - **C5 chunking**: large transfers are split into chunks of a configurable size
 //!   ([`chunk_ranges`]) which callers issue concurrently to every owner at once; any split reads and
 //!   adds exactly what the whole transfer does. `conformance/c5_chunking.rs`.
@@ -58,6 +59,13 @@
 //!   [`TransportError::Aborted`] at once, of a newer one `StaleEpoch`, of a message already received
 //!   `DuplicateWrite`. [`InboxRegion::advance`] moves the epoch forward, drops held messages and
 //!   aborts waiting receives of older epochs. `conformance/c7_inbox.rs`.
+//! - **C8 admission**: the owner of an accumulator may install a [`WriteGuard`]
+//!   ([`AccumulatorRegion::admit_only`]); from then on an accumulate whose [`WriteTag`] the guard
+//!   does not admit is [`TransportError::RefusedWrite`] (naming owner, region, epoch and write id)
+//!   and changes nothing: not the values, not the set of applied write ids, so the genuine write
+//!   with the same id is still applied. The owner logs each refusal and counts it in
+//!   [`REFUSED_WRITES_METRIC`]. Without a guard every tag is admitted. Inboxes have no guard.
+//!   `conformance/c8_admission.rs`.
 //!
 //! Backends: [`local`] (one process; any local transport of the process can use any local handle).
 //! Process-crossing: [`tcp`], `shm` (Linux, one host) and `rdma` (feature `rdma`: one-sided RDMA
@@ -93,8 +101,11 @@ pub use dest::{Dest, DestSpec, DeviceDest};
 pub use error::{Op, TransportError};
 pub use region::{
     AccumulatorRegion, Descriptor, Dtype, EndpointId, InboxRegion, PublishedRegion, RdmaMemory,
-    RegionHandle, RegionId, RegionKind, WriteTag,
+    RegionHandle, RegionId, RegionKind, WriteGuard, WriteTag,
 };
 pub use remote::RemoteConfig;
+
+/// Accumulates refused by their owner's [`WriteGuard`] (C8), counted at the owner.
+pub const REFUSED_WRITES_METRIC: &str = "odc_refused_writes_total";
 pub use transport::{deadline_in, now, AccumulateOp, Deadline, ReadOp, Transport};
 pub use wire::ClusterSecret;

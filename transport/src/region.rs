@@ -1,5 +1,7 @@
 //! Regions and their handles: what a peer needs to address a region, and the owner's guards.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -125,14 +127,26 @@ impl RegionHandle {
     }
 }
 
-/// Identifies one write (accumulate or send) for fencing (contract C3, C7).
+/// Identifies one write (accumulate or send) for fencing (contract C3, C7), and carries the
+/// writer's proof that it may write (C8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WriteTag {
     /// Must equal the region's current epoch.
     pub epoch: u64,
     /// Unique per write within an epoch; a repeat is refused.
     pub write_id: u128,
+    /// Opaque to the transport: an accumulator whose owner installed a [`WriteGuard`]
+    /// ([`AccumulatorRegion::admit_only`]) applies a write only if the guard admits its tag (the
+    /// runtime puts its assignment token here). Inboxes ignore it: a message is received by its
+    /// epoch and write id alone.
+    pub token: u128,
 }
+
+/// The owner's admission rule for writes into an accumulator (C8): called with the tag of every
+/// accumulate that passed the shape checks, before the region is touched; `false` refuses the
+/// write with [`TransportError::RefusedWrite`]. It must be cheap and must not block (it runs on
+/// the owner's serving path); it sees the tag only, never the payload.
+pub type WriteGuard = Arc<dyn Fn(&WriteTag) -> bool + Send + Sync>;
 
 /// Owner side of a published region. Dropping it deregisters the region.
 pub trait PublishedRegion: Send + Sync {
@@ -152,6 +166,11 @@ pub trait AccumulatorRegion: Send + Sync {
     fn take(&self, next_epoch: u64) -> Vec<f32>;
     /// The current epoch.
     fn epoch(&self) -> u64;
+    /// From now on apply only writes whose tag `guard` admits (C8); any other accumulate is
+    /// refused with [`TransportError::RefusedWrite`] and changes nothing (its write id stays
+    /// free). Replaces an earlier guard. A backend whose owner lives where a closure cannot go
+    /// answers [`TransportError::Unsupported`].
+    fn admit_only(&self, guard: WriteGuard) -> Result<(), TransportError>;
 }
 
 /// Owner side of an inbox region: peers [`send`](crate::Transport::send) tagged messages, the owner

@@ -326,6 +326,7 @@ mod tests {
             let tag = WriteTag {
                 epoch: 0,
                 write_id: 1,
+                token: 0,
             };
 
             let acc = t.register_accumulator(5, 1000, 0).expect("register");

@@ -430,6 +430,7 @@ fn read_data_for_an_accumulate_is_a_protocol_error() {
                 WriteTag {
                     epoch: 0,
                     write_id: 1,
+                    token: 0,
                 },
                 deadline_in(TEST_BOUND),
             )

@@ -453,6 +453,7 @@ async fn a_peer_with_the_wrong_secret_cannot_accumulate() {
                 WriteTag {
                     epoch: 0,
                     write_id: 1,
+                    token: 0,
                 },
                 deadline_in(Duration::from_secs(5)),
             )
@@ -474,6 +475,7 @@ async fn a_peer_with_the_wrong_secret_cannot_send() {
         let tag = WriteTag {
             epoch: 0,
             write_id: 1,
+            token: 0,
         };
         let result = stranger
             .send(
@@ -602,6 +604,7 @@ async fn an_authenticated_peer_is_answered_until_its_first_bad_frame() {
             tag: WriteTag {
                 epoch: 0,
                 write_id: 1,
+                token: 0,
             },
             data: Bytes::from_static(b"hi"),
         }

@@ -161,7 +161,11 @@ fn target() -> impl Strategy<Value = Target> {
 }
 
 fn tag() -> impl Strategy<Value = WriteTag> {
-    (any::<u64>(), any::<u128>()).prop_map(|(epoch, write_id)| WriteTag { epoch, write_id })
+    (any::<u64>(), any::<u128>(), any::<u128>()).prop_map(|(epoch, write_id, token)| WriteTag {
+        epoch,
+        write_id,
+        token,
+    })
 }
 
 fn payload() -> impl Strategy<Value = Bytes> {

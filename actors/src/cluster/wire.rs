@@ -273,6 +273,7 @@ mod tests {
             trainer: 1,
             epoch: 2,
             micro_batch: 3,
+            token: u128::MAX - 1,
             started: Timestamp::from_nanos(4),
             finished: Timestamp::from_nanos(5),
             result: Err(Error::user(std::io::Error::other("boom"))),
@@ -291,6 +292,7 @@ mod tests {
                 weighting: LossWeighting::Tokens,
             },
             epoch: 6,
+            token: 1 << 90,
         };
         match cross(TrainerMsg::Run(assignment.clone())) {
             TrainerMsg::Run(a) => assert_eq!(a, assignment, "f64 bits survive"),
@@ -318,6 +320,7 @@ mod tests {
             trainer: 0,
             epoch: 0,
             micro_batch: 0,
+            token: 0,
             started: Timestamp::from_nanos(0),
             finished: Timestamp::from_nanos(0),
             result: Err(Error::Busy),

@@ -12,7 +12,10 @@
 //! - **Reduce-scatter**: in step `k` trainer `r` sends its partial sum of piece `r − k − 1` to its
 //!   right neighbour and adds the partial of piece `r − k − 2` its left neighbour sent into its own;
 //!   after `n − 1` steps it holds the full sum of piece `r` and writes it into the owners'
-//!   accumulators (its own device's server when servers = trainers), acknowledged.
+//!   accumulators (its own device's server when servers = trainers), acknowledged, under its own
+//!   micro-batch's write ids and assignment token (the servers admit nothing else, transport C8).
+//!   The ring's own messages carry the token too, but inboxes do not check it: a peer that can
+//!   write into a trainer's inbox can corrupt that trainer's collective.
 //!
 //! Signalling is neighbour-only: a step's message is its own signal (transport C7, NCCL's send/recv),
 //! so no global barrier exists anywhere in a collective. Inboxes are registered once per trainer
@@ -201,6 +204,7 @@ impl Inner {
         let tag = WriteTag {
             epoch: op.key.epoch,
             write_id: op.key.message_id(round),
+            token: op.token,
         };
         let (unit, deadline) = (op.key.unit, op.deadline);
         Box::pin(async move {
@@ -220,9 +224,11 @@ impl Inner {
         sends: &mut FuturesUnordered<SendFut>,
     ) -> Result<Bytes> {
         let (left, _) = self.neighbours();
+        // Inboxes match epoch and write id only; the token is the sender's, not this trainer's.
         let tag = WriteTag {
             epoch: op.key.epoch,
             write_id: op.key.message_id(round),
+            token: op.token,
         };
         let recv = self.inbox.recv(tag, op.deadline);
         let aborted = self.group.aborted(op.key.epoch);
@@ -333,6 +339,7 @@ impl Inner {
         let tag = |shard, chunk| WriteTag {
             epoch: op.key.epoch,
             write_id: transfer::write_id(op.micro_batch, unit, shard, chunk),
+            token: op.token,
         };
         // A sum of finite gradients may still overflow: the barrier finds that.
         let Ok(writes) = transfer::encode_writes(
@@ -462,6 +469,7 @@ mod tests {
             },
             version: 3,
             micro_batch,
+            token: u128::from(micro_batch) + 1,
             deadline: Instant::now() + Duration::from_secs(20),
         }
     }
@@ -523,6 +531,13 @@ mod tests {
         for (len, n, s) in [(10, 3, 4), (7, 4, 3), (5, 8, 2), (33, 5, 3), (6, 1, 2)] {
             let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
             let (directory, (accs, _pubs)) = servers(&transport, len, s, Dtype::F32);
+            // Each trainer writes its piece under its own micro-batch and token (see `op`).
+            for acc in &accs {
+                acc.admit_only(Arc::new(|tag: &WriteTag| {
+                    tag.token == u128::from(crate::datapath::micro_batch_of(tag.write_id)) + 1
+                }))
+                .unwrap();
+            }
             let (_group, paths) = ranks(n, &directory);
             let tasks: Vec<_> = paths
                 .iter()

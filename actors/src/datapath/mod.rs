@@ -25,6 +25,13 @@
 //! Operations are identified across trainers by an [`OpKey`] (epoch, micro-batch sequence number in
 //! the epoch, unit, kind, occurrence), which the context assigns in call order, so prefetches and
 //! re-gathers pair up whatever order tasks run in.
+//!
+//! Every gradient write into a server's accumulator is tagged with the attempt's epoch, a
+//! [`write_id`] naming its micro-batch, unit, shard and chunk, and the token of the micro-batch's
+//! assignment ([`Op::token`], [`crate::policy::token`]); the server applies it only if the token is
+//! the one of (epoch, [`micro_batch_of`] the write id). In collective mode each trainer writes its
+//! reduced piece under its own micro-batch and token. Messages between trainers (the ring's inbox
+//! sends) are not covered: inboxes check epoch and write id only.
 
 pub mod collective;
 pub mod on_demand;
@@ -39,6 +46,7 @@ use serde::{Deserialize, Serialize};
 
 pub use collective::{Collective, CollectiveGroup};
 pub use on_demand::OnDemand;
+pub use transfer::{micro_batch_of, write_id};
 
 use crate::error::Result;
 use crate::layout::UnitId;
@@ -93,6 +101,8 @@ pub struct Op {
     pub version: u64,
     /// Index of the micro-batch in its plan (part of every gradient write id).
     pub micro_batch: u32,
+    /// The micro-batch's assignment token, carried by every gradient write into a server.
+    pub token: u128,
     /// Every wait of the operation ends by then (I6).
     pub deadline: Instant,
 }

@@ -5,9 +5,10 @@
 //!   unit buffer; every chunk must carry the step's version (**I1**, [`Error::VersionMismatch`]).
 //! - A push encodes the gradient once, straight from the caller's slice, into fp32 chunks tagged with
 //!   the attempt's epoch and a write id unique per (micro-batch, unit, shard, chunk), so owners refuse
-//!   late and duplicate writes (**I2**, transport C3), and resolves when every owner acknowledged.
-//!   The same pass checks every element is finite: a gradient with a NaN or ±inf is refused and
-//!   nothing of it is sent.
+//!   late and duplicate writes (**I2**, transport C3), and with the micro-batch's assignment token,
+//!   without which owners refuse the write (transport C8); it resolves when every owner
+//!   acknowledged. The same pass checks every element is finite: a gradient with a NaN or ±inf
+//!   is refused and nothing of it is sent.
 //! - Nothing here waits on another trainer (**I4**).
 
 use std::sync::Arc;
@@ -87,6 +88,7 @@ impl DataPath for OnDemand {
         let tag = |shard, chunk| WriteTag {
             epoch: op.key.epoch,
             write_id: transfer::write_id(op.micro_batch, unit, shard, chunk),
+            token: op.token,
         };
         // Encoded here, straight from the caller's gradient: the only copy of its bytes, and
         // the pass that checks it is finite.

@@ -198,12 +198,23 @@ pub(crate) async fn send_writes(
     Ok(bytes)
 }
 
-/// Write id unique per (micro-batch, unit, shard, chunk) within one epoch.
-pub(crate) fn write_id(micro_batch: u32, unit: UnitId, shard: u32, chunk: u32) -> u128 {
+/// Write id unique per (micro-batch, unit, shard, chunk) within one epoch: each field in its own
+/// 32 bits, the micro-batch in the top ones.
+///
+/// ```
+/// use odc_actors::datapath::{micro_batch_of, write_id};
+/// assert_eq!(micro_batch_of(write_id(7, 1, 2, 3)), 7);
+/// ```
+pub fn write_id(micro_batch: u32, unit: UnitId, shard: u32, chunk: u32) -> u128 {
     (u128::from(micro_batch) << 96)
         | (u128::from(unit) << 64)
         | (u128::from(shard) << 32)
         | u128::from(chunk)
+}
+
+/// The micro-batch a [`write_id`] names (its top 32 bits): whose token the write must carry.
+pub fn micro_batch_of(write_id: u128) -> u32 {
+    (write_id >> 96) as u32
 }
 
 #[cfg(test)]
@@ -226,6 +237,15 @@ mod tests {
             u128::MAX,
             "every field has its own 32 bits"
         );
+    }
+
+    #[test]
+    fn the_micro_batch_is_read_back_from_any_write_id() {
+        for mb in [0, 1, 77, u32::MAX] {
+            for (unit, shard, chunk) in [(0, 0, 0), (u32::MAX, u32::MAX, u32::MAX), (3, 1, 9)] {
+                assert_eq!(micro_batch_of(write_id(mb, unit, shard, chunk)), mb);
+            }
+        }
     }
 
     #[test]

@@ -4,6 +4,9 @@
 //! - **I2 exactly once**: a micro-batch is counted once. A completion from a trainer the micro-batch
 //!   is not assigned to, or a second completion, is refused ([`LedgerError`]). A ledger belongs to
 //!   one attempt: after a failure the minibatch is replayed with a fresh one.
+//! - Only reports the step machine admitted reach the ledger (the assignment's token, the trainer
+//!   running it, not a duplicate: [`crate::policy::step`]), so a refusal here means the machine's
+//!   own state is inconsistent, never that a peer lied.
 //! - The barrier may run only when [`Ledger::is_complete`]: every micro-batch reported done by its
 //!   trainer, which reports only after every owner acknowledged its gradient pushes (DESIGN step 4).
 
@@ -106,6 +109,14 @@ impl Ledger {
         }
     }
 
+    /// The trainer that completed `micro_batch`, if it is done.
+    pub fn done_by(&self, micro_batch: usize) -> Option<usize> {
+        match self.entries.get(micro_batch) {
+            Some(Entry::Done(trainer)) => Some(*trainer),
+            _ => None,
+        }
+    }
+
     /// True when every micro-batch is done: the barrier may run.
     pub fn is_complete(&self) -> bool {
         self.done == self.entries.len()
@@ -142,9 +153,14 @@ mod tests {
         );
         assert!(!l.is_complete());
         l.assign(1, 0).unwrap();
+        assert_eq!(l.done_by(1), None, "assigned, not done");
         l.complete(1, 0).unwrap();
         assert!(l.is_complete());
         assert_eq!(l.done(), 2);
+        assert_eq!(
+            (l.done_by(0), l.done_by(1), l.done_by(2)),
+            (Some(1), Some(0), None)
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! - [`recovery`]: what a trainer failure means (respawn or drop, replay or not, how often);
 //! - [`step`]: the supervisor's decisions as a state machine (plan, dispatch, ledger, barrier,
 //!   replay, deadlines): events in, commands with reasons out;
+//! - [`token`]: the assignment tokens that bind reports and gradient writes to assignments;
 //! - [`stats`]: what a step reports; [`clock`]: [`Timestamp`](clock::Timestamp) and the
 //!   [`Clock`](clock::Clock) the actors inject.
 //!
@@ -33,6 +34,7 @@ pub mod schedule;
 pub mod stats;
 pub mod step;
 pub mod straggler;
+pub mod token;
 
 #[cfg(test)]
 mod tests {

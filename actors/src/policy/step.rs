@@ -7,8 +7,8 @@
 //! ## One step
 //! `start` plans the minibatch for the live trainers and assigns every idle trainer its first
 //! micro-batch. Phases: **Computing** → (ledger complete) **Reducing** → **Applying** → `Finish`.
-//! - *Computing*: each report goes into the ledger and the reporting trainer gets its next
-//!   micro-batch: the front of its own list, or (dynamic dispatch) a steal
+//! - *Computing*: each admitted report (see below) goes into the ledger and the reporting trainer
+//!   gets its next micro-batch: the front of its own list, or (dynamic dispatch) a steal
 //!   ([`WorkQueue::steal`]).
 //! - *Reducing*: `Reduce { scale = 1 / total weight, next_epoch }`; the servers reply the sum of
 //!   squares of the scaled gradient; the norm gives the clip factor.
@@ -43,14 +43,29 @@
 //! - A shard server lost: `Finish(Err)` naming it and `Stop`.
 //! - A server call failing: `Finish(Err)` with its error.
 //! - The ledger refusing a hand-out or a completion: the micro-batch is put back (never dropped),
-//!   `Discard`, then `Finish(Err(Error::Ledger))`.
+//!   `Discard`, then `Finish(Err(Error::Ledger))`. Only the machine's own inconsistency can cause
+//!   this (a micro-batch queued twice, a ledger out of step with the slots): a peer's report never
+//!   reaches the ledger unless it was admitted.
+//!
+//! ## Reports are bound to assignments
+//! Every [`Assignment`] carries the token of its (epoch, micro-batch) under the job key
+//! ([`crate::policy::token`]). A report is **admitted** only if its token is that one and its
+//! trainer is the slot running exactly that micro-batch of that epoch. Anything else is dropped
+//! with `Ignore` and a [`Reason::ReportRefused`] naming why ([`ReportRefusal`]): an unknown
+//! trainer, a wrong token (a forgery, an unknown micro-batch, another epoch), a right token in
+//! another trainer's name or from a slot no longer running it, or a duplicate of a report already
+//! counted. A dropped report changes nothing: no slot becomes idle, nothing reaches the ledger,
+//! no step fails, nothing is dispatched. These are the only refusals a peer can cause; they never
+//! fail a step.
 //!
 //! ## Invariants (tested below and in `tests/runtime`)
 //! - **I1 consistency**: `Apply` (publishing version v+1) is issued only after the ledger holds
 //!   every micro-batch of step v and the reduce finished; no trainer has step-v work then.
-//! - **I2 exactly once**: a micro-batch is handed out once per attempt; every report is checked
-//!   against the ledger; reports of a discarded epoch are ignored (the trainer becomes idle); a
-//!   replay hands every micro-batch out again in a fresh epoch.
+//! - **I2 exactly once**: a micro-batch is handed out once per attempt; only admitted reports
+//!   reach the ledger, which counts each micro-batch once; forged, duplicated and reordered reports
+//!   change nothing (`reports_bound_to_assignments` property test); admitted reports of a
+//!   discarded epoch are ignored (the trainer becomes idle); a replay hands every micro-batch out
+//!   again in a fresh epoch, under new tokens.
 //! - **I4 no inner barrier**: a trainer gets its next micro-batch in the decisions answering its
 //!   own report; nothing waits for another trainer before the barrier.
 //! - **I6 liveness**: every step ends (`Finish`) — through the barrier, a typed error, or a
@@ -61,7 +76,10 @@
 //! use odc_actors::batch::SampleMeta;
 //! use odc_actors::policy::clock::Timestamp;
 //! use odc_actors::policy::step::{Command, StepConfig, StepMachine};
-//! let mut m = StepMachine::new(StepConfig::default(), 2);
+//! use odc_actors::policy::token::JobKey;
+//! // The supervisor draws the key at random; the machine draws nothing.
+//! let key = JobKey::from_bytes([9; 32]);
+//! let mut m = StepMachine::new(StepConfig::default(), 2, key);
 //! let now = Timestamp::from_nanos(0);
 //! let samples = vec![SampleMeta::new(0, 100), SampleMeta::new(1, 300)];
 //! let decisions = m.start(samples, now);
@@ -92,6 +110,7 @@ use crate::policy::recovery::{may_replay, must_replay, slot_fate, FailurePolicy,
 use crate::policy::schedule::LrSchedule;
 use crate::policy::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
 use crate::policy::straggler::SpeedEstimator;
+use crate::policy::token::JobKey;
 
 /// Default [`StepConfig::micro_batch_timeout`].
 pub const DEFAULT_MICRO_BATCH_TIMEOUT: Duration = Duration::from_secs(600);
@@ -216,6 +235,9 @@ pub enum Command {
     Reject(Error),
     /// Stop the supervisor (after answering the running step, if any).
     Stop(Error),
+    /// Nothing to execute: the event was dropped (a refused report); the actor logs the reason
+    /// once and counts it.
+    Ignore,
 }
 
 impl Command {
@@ -231,6 +253,7 @@ impl Command {
             Command::Finish(_) => "finish",
             Command::Reject(_) => "reject",
             Command::Stop(_) => "stop",
+            Command::Ignore => "ignore",
         }
     }
 }
@@ -284,6 +307,52 @@ pub enum Reason {
     Unplannable,
     /// A step is already running (or the supervisor stopped).
     NotAccepted,
+    /// A report naming `trainer`, `micro_batch` and `epoch` was dropped before the ledger.
+    ReportRefused {
+        trainer: u32,
+        micro_batch: u32,
+        epoch: u64,
+        why: ReportRefusal,
+    },
+}
+
+/// Why a report was dropped (module docs, "Reports are bound to assignments"). Each comes from a
+/// forged, replayed or misdirected report, or a late one of a trainer that was lost meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportRefusal {
+    /// No trainer slot has that number.
+    UnknownTrainer,
+    /// The token is not the assignment's for (epoch, micro-batch): a forgery, a micro-batch that
+    /// was never handed out, or a token of another epoch.
+    WrongToken,
+    /// The right token, but the named trainer is not running that micro-batch of that epoch:
+    /// sent in another trainer's name, or its slot was lost (killed, respawned) meanwhile.
+    NotRunning,
+    /// The right token and trainer again, for a micro-batch the ledger already counted.
+    Duplicate,
+}
+
+impl ReportRefusal {
+    /// The metric label (`odc_refused_reports_total{reason=...}`).
+    pub fn label(self) -> &'static str {
+        match self {
+            ReportRefusal::UnknownTrainer => "unknown_trainer",
+            ReportRefusal::WrongToken => "wrong_token",
+            ReportRefusal::NotRunning => "not_running",
+            ReportRefusal::Duplicate => "duplicate",
+        }
+    }
+}
+
+impl std::fmt::Display for ReportRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ReportRefusal::UnknownTrainer => "no such trainer",
+            ReportRefusal::WrongToken => "its token is not the assignment's",
+            ReportRefusal::NotRunning => "that trainer is not running that micro-batch",
+            ReportRefusal::Duplicate => "the micro-batch was already counted",
+        })
+    }
 }
 
 impl std::fmt::Display for Reason {
@@ -348,6 +417,16 @@ impl std::fmt::Display for Reason {
             Reason::ServerCallFailed { call } => write!(f, "server {call} failed"),
             Reason::Unplannable => write!(f, "the minibatch cannot be planned"),
             Reason::NotAccepted => write!(f, "a step is running or the supervisor stopped"),
+            Reason::ReportRefused {
+                trainer,
+                micro_batch,
+                epoch,
+                why,
+            } => write!(
+                f,
+                "report of micro-batch {micro_batch} (epoch {epoch}) in trainer {trainer}'s name \
+                 dropped: {why}"
+            ),
         }
     }
 }
@@ -404,6 +483,8 @@ enum Phase {
 /// One planned attempt at a minibatch.
 #[derive(Debug, Clone)]
 struct Attempt {
+    /// The accumulator epoch its micro-batches are handed out in.
+    epoch: u64,
     micro_batches: Vec<MicroBatch>,
     queue: WorkQueue,
     ledger: Ledger,
@@ -474,6 +555,8 @@ impl Run {
 #[derive(Debug, Clone)]
 pub struct StepMachine {
     config: StepConfig,
+    /// Signs every assignment's token and checks every report's.
+    key: JobKey,
     slots: Vec<Slot>,
     speeds: SpeedEstimator,
     version: u64,
@@ -493,8 +576,9 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl StepMachine {
-    /// A machine for `trainers` slots, all live (the actor spawned them), at version 0, epoch 0.
-    pub fn new(config: StepConfig, trainers: u32) -> Self {
+    /// A machine for `trainers` slots, all live (the actor spawned them), at version 0, epoch 0,
+    /// whose assignment tokens are made with `key` (drawn at random by the caller).
+    pub fn new(config: StepConfig, trainers: u32, key: JobKey) -> Self {
         let slots = vec![
             Slot {
                 presence: Presence::Live,
@@ -505,6 +589,7 @@ impl StepMachine {
         ];
         StepMachine {
             config,
+            key,
             speeds: SpeedEstimator::new(slots.len(), 0.5),
             slots,
             version: 0,
@@ -580,15 +665,22 @@ impl StepMachine {
         self.dispatch(now)
     }
 
-    /// A trainer's report of a micro-batch, success or error.
+    /// A trainer's report of a micro-batch, success or error. A report that is not admitted
+    /// (module docs, "Reports are bound to assignments") is answered with one `Ignore` and
+    /// changes nothing.
     pub fn on_report(&mut self, report: TrainerReport, now: Timestamp) -> Vec<Decision> {
+        if let Err(why) = self.admit(&report) {
+            let reason = Reason::ReportRefused {
+                trainer: report.trainer,
+                micro_batch: report.micro_batch,
+                epoch: report.epoch,
+                why,
+            };
+            return vec![decision(Command::Ignore, reason)];
+        }
+        // Admitted: the slot was running exactly this micro-batch; it is idle now.
         let slot = report.trainer as usize;
-        let Some(s) = self.slots.get_mut(slot) else {
-            return Vec::new();
-        };
-        if s.busy.is_some_and(|b| {
-            b.epoch == report.epoch && b.micro_batch == report.micro_batch as usize
-        }) {
+        if let Some(s) = self.slots.get_mut(slot) {
             s.busy = None;
         }
         let current = self.stopped.is_none()
@@ -688,6 +780,35 @@ impl StepMachine {
             },
             Reason::LedgerComplete { micro_batches },
         )]
+    }
+
+    /// Whether `report` answers an assignment of this machine: its token is the one of its
+    /// (epoch, micro-batch) and its trainer is running that micro-batch of that epoch.
+    fn admit(&self, report: &TrainerReport) -> Result<(), ReportRefusal> {
+        let Some(s) = self.slots.get(report.trainer as usize) else {
+            return Err(ReportRefusal::UnknownTrainer);
+        };
+        if !self
+            .key
+            .admits(report.epoch, report.micro_batch, report.token)
+        {
+            return Err(ReportRefusal::WrongToken);
+        }
+        let mb = report.micro_batch as usize;
+        if s.busy
+            .is_some_and(|b| b.epoch == report.epoch && b.micro_batch == mb)
+        {
+            return Ok(());
+        }
+        let counted = self.run.as_ref().is_some_and(|r| {
+            r.attempt.epoch == report.epoch
+                && r.attempt.ledger.done_by(mb) == Some(report.trainer as usize)
+        });
+        if counted {
+            Err(ReportRefusal::Duplicate)
+        } else {
+            Err(ReportRefusal::NotRunning)
+        }
     }
 
     /// The trainer in `slot` is gone (failed, stopped, unreachable, or its respawn failed).
@@ -970,7 +1091,8 @@ impl StepMachine {
         ))
     }
 
-    /// The ledger refused: the state is inconsistent. Fail the step (nothing is dropped).
+    /// The ledger refused: the machine's state is inconsistent (reports reach the ledger only once
+    /// admitted, so no peer causes this). Fail the step (nothing is dropped).
     fn refused(&mut self, refusal: LedgerError) -> Vec<Decision> {
         let reason = Reason::LedgerRefused {
             refusal: refusal.clone(),
@@ -1074,6 +1196,7 @@ impl StepMachine {
             })
             .collect();
         Ok(Attempt {
+            epoch: self.epoch,
             queue: WorkQueue::new(&plan, &live, self.slots.len()),
             ledger: Ledger::new(micro_batches.len()),
             micro_batches,
@@ -1186,6 +1309,7 @@ impl StepMachine {
                 Command::Assign {
                     slot: slot as u32,
                     assignment: Assignment {
+                        token: self.key.token(self.epoch, micro_batch.id),
                         micro_batch,
                         epoch: self.epoch,
                     },
@@ -1226,6 +1350,11 @@ mod tests {
     use crate::messages::MicroBatchDone;
     use crate::trainer::MicroBatchStats;
 
+    /// The key of every machine under test.
+    fn key() -> JobKey {
+        JobKey::from_bytes([0x42; JobKey::LEN])
+    }
+
     fn ms(n: u64) -> Timestamp {
         Timestamp::from_nanos(n * 1_000_000)
     }
@@ -1255,6 +1384,7 @@ mod tests {
             trainer: slot,
             epoch: a.epoch,
             micro_batch: a.micro_batch.id,
+            token: a.token,
             started,
             finished,
             result: Ok(MicroBatchDone {
@@ -1304,7 +1434,7 @@ mod tests {
     impl World {
         fn new(config: StepConfig, speeds: &[f64]) -> Self {
             World {
-                m: StepMachine::new(config, speeds.len() as u32),
+                m: StepMachine::new(config, speeds.len() as u32, key()),
                 now: ms(0),
                 speeds: speeds.to_vec(),
                 hung: vec![false; speeds.len()],
@@ -1336,7 +1466,7 @@ mod tests {
                     Command::Respawn { slot } => self.pending.push_back(Pending::Started(*slot)),
                     Command::Kill { slot } => self.running[*slot as usize] = None,
                     Command::Finish(r) => self.finished = Some(r.clone()),
-                    Command::Reject(_) => {}
+                    Command::Reject(_) | Command::Ignore => {}
                     Command::Stop(_) => self.stopped = true,
                 }
                 self.log.push(d);
@@ -1499,7 +1629,7 @@ mod tests {
 
     #[test]
     fn start_rejects_a_second_step_and_refuses_bad_minibatches() {
-        let mut m = StepMachine::new(config(), 2);
+        let mut m = StepMachine::new(config(), 2, key());
         let ds = m.start(Vec::new(), ms(0));
         assert!(matches!(
             &ds[..],
@@ -1603,7 +1733,7 @@ mod tests {
 
     #[test]
     fn reports_of_discarded_epochs_are_ignored() {
-        let mut m = StepMachine::new(config(), 2);
+        let mut m = StepMachine::new(config(), 2, key());
         let first = assigned(&m.start(samples(4, 100), ms(0)));
         let (slot0, a0) = first[0].clone();
         assert_eq!(slot0, 0);
@@ -1697,7 +1827,7 @@ mod tests {
 
     #[test]
     fn micro_batch_error_discards_then_fails_and_the_next_step_works() {
-        let mut m = StepMachine::new(config(), 1);
+        let mut m = StepMachine::new(config(), 1, key());
         let (_, a) = assigned(&m.start(samples(2, 100), ms(0)))[0].clone();
         let mut report = ok_report(0, &a, ms(0), ms(5));
         report.result = Err(Error::user("nan loss"));
@@ -1941,7 +2071,7 @@ mod tests {
             failure: FailurePolicy::Drop,
             ..config()
         };
-        let mut m = StepMachine::new(cfg, 2);
+        let mut m = StepMachine::new(cfg, 2, key());
         m.start(samples(2, 100), ms(0));
         // Trainer 1 fails; trainer 0 never reports its epoch-0 micro-batch.
         assert_eq!(
@@ -1965,7 +2095,7 @@ mod tests {
 
     #[test]
     fn server_lost_stops_naming_the_server() {
-        let mut m = StepMachine::new(config(), 2);
+        let mut m = StepMachine::new(config(), 2, key());
         m.start(samples(2, 100), ms(0));
         let ds = m.on_server_lost(2, "panicked".into(), ms(1));
         assert_eq!(names(&ds), ["finish", "stop"]);
@@ -1989,7 +2119,7 @@ mod tests {
         ));
         assert!(m.on_tick(ms(10_000_000)).is_empty());
         // Without a step: only the stop.
-        let mut idle = StepMachine::new(config(), 1);
+        let mut idle = StepMachine::new(config(), 1, key());
         assert_eq!(names(&idle.on_server_lost(0, "x".into(), ms(0))), ["stop"]);
     }
 
@@ -2135,3 +2265,7 @@ mod tests {
         assert!(stolen);
     }
 }
+
+#[cfg(test)]
+#[path = "step_reports_test.rs"]
+mod reports_test;

@@ -3,7 +3,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use odc_transport::{codec, AccumulatorRegion, Dtype, PublishedRegion};
+use odc_transport::{codec, AccumulatorRegion, Dtype, PublishedRegion, WriteGuard, WriteTag};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::optimizer::{OptimizerConfig, OptimizerState};
@@ -11,10 +11,12 @@ use super::{
     ApplyCmd, DiscardCmd, OptimizerSnapshot, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
     ShardSnapshot, SnapshotCmd,
 };
+use crate::datapath::micro_batch_of;
 use crate::directory::ShardRoute;
 use crate::error::{Error, Result};
 use crate::layout::{shard_range, UnitId};
 use crate::node::Node;
+use crate::policy::token::JobKey;
 
 /// How to start a shard server: its serializable spec and its process's resources.
 pub struct ServerArgs {
@@ -77,6 +79,7 @@ impl Actor for ShardServer {
             let accumulator =
                 node.transport
                     .register_accumulator(spec.endpoint, range.len(), spec.epoch)?;
+            accumulator.admit_only(admission(spec.key))?;
             let optimizer = match node.layout.optimizer_init(unit as UnitId) {
                 None => OptimizerState::new(&spec.optimizer, range.len()),
                 Some(init) => {
@@ -158,6 +161,12 @@ impl Actor for ShardServer {
         }
         Ok(())
     }
+}
+
+/// The accumulators' admission guard (transport C8): a write must carry the token of the
+/// (epoch, micro-batch) its write id names.
+fn admission(key: JobKey) -> WriteGuard {
+    Arc::new(move |tag: &WriteTag| key.admits(tag.epoch, micro_batch_of(tag.write_id), tag.token))
 }
 
 /// Run `work` on the shards on a blocking thread (never on a tokio worker: I6), then put them back.
@@ -341,6 +350,18 @@ mod tests {
             },
             pull_dtype: Dtype::F32,
             epoch: 0,
+            key: KEY,
+        }
+    }
+
+    const KEY: JobKey = JobKey::from_bytes([0x17; JobKey::LEN]);
+
+    /// A genuine write's tag: the token of the micro-batch its write id names.
+    fn tag(epoch: u64, write_id: u128) -> WriteTag {
+        WriteTag {
+            epoch,
+            write_id,
+            token: KEY.token(epoch, micro_batch_of(write_id)),
         }
     }
 
@@ -404,7 +425,6 @@ mod tests {
             let actor = server(transport.clone(), 3, 2).await;
             let route = ask(&actor, ServerMsg::Routes).await.remove(0);
             assert_eq!(route.range(), 6..10, "uneven shard of the last server");
-            let tag = |epoch, write_id| WriteTag { epoch, write_id };
             // A failed attempt's write lands, then the attempt is discarded.
             add(transport.as_ref(), &route, &[1.0; 4], tag(0, 1))
                 .await
@@ -454,6 +474,64 @@ mod tests {
         .expect("test timed out");
     }
 
+    /// Transport C8 at the server: a write without the token of the micro-batch its write id
+    /// names (a forgery, a token of another micro-batch or epoch) is refused and changes nothing,
+    /// so the genuine write with the same id still lands and the step sees exactly it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forged_writes_are_refused_and_the_genuine_one_still_lands() {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+            let actor = server(transport.clone(), 1, 0).await;
+            let route = ask(&actor, ServerMsg::Routes).await.remove(0);
+            let id = crate::datapath::write_id(3, 0, 0, 0);
+            let genuine = tag(0, id);
+            let forgeries = [
+                WriteTag {
+                    token: genuine.token ^ 1,
+                    ..genuine
+                },
+                WriteTag {
+                    token: KEY.token(0, 4),
+                    ..genuine
+                },
+                WriteTag {
+                    token: KEY.token(1, 3),
+                    ..genuine
+                },
+                WriteTag {
+                    token: tag(0, id).token,
+                    write_id: crate::datapath::write_id(4, 0, 0, 0),
+                    ..genuine
+                },
+            ];
+            for forged in forgeries {
+                let refused = add(transport.as_ref(), &route, &[100.0; 10], forged).await;
+                assert!(
+                    matches!(
+                        refused,
+                        Err(Error::Transport(TransportError::RefusedWrite {
+                            owner: 0,
+                            ..
+                        }))
+                    ),
+                    "{forged:?}: {refused:?}"
+                );
+            }
+            add(transport.as_ref(), &route, &[1.0; 10], genuine)
+                .await
+                .unwrap();
+            let reduce = ReduceCmd {
+                scale: 1.0,
+                next_epoch: 1,
+            };
+            let ack = ask(&actor, |r| ServerMsg::Reduce(reduce, r)).await.unwrap();
+            assert_eq!(ack.sum_sq, 10.0, "exactly the genuine gradient of ones");
+            actor.stop(None);
+        })
+        .await
+        .expect("test timed out");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn i1_published_copy_changes_only_at_apply_and_snapshots_read_over_the_data_plane() {
         tokio::time::timeout(Duration::from_secs(30), async {
@@ -461,17 +539,9 @@ mod tests {
             let actor = server(transport.clone(), 1, 0).await;
             let route = ask(&actor, ServerMsg::Routes).await.remove(0);
             let before = read(transport.as_ref(), &route.published, 10).await;
-            add(
-                transport.as_ref(),
-                &route,
-                &[1.0; 10],
-                WriteTag {
-                    epoch: 0,
-                    write_id: 0,
-                },
-            )
-            .await
-            .unwrap();
+            add(transport.as_ref(), &route, &[1.0; 10], tag(0, 0))
+                .await
+                .unwrap();
             let reduce = ReduceCmd {
                 scale: 0.5,
                 next_epoch: 1,

@@ -6,7 +6,11 @@
 //!   supervisor sends after the barrier, and each publication is atomic for readers (transport C1).
 //! - **I2 exactly once**: [`ServerMsg::Reduce`] and [`ServerMsg::Discard`] take the accumulator and
 //!   move it to the next epoch atomically (transport C3): writes of a discarded attempt, late or
-//!   duplicated, are refused and never reach a step.
+//!   duplicated, are refused and never reach a step. Every accumulator admits only writes that
+//!   carry the token of the (epoch, micro-batch) their write id names, under the job key of the
+//!   server's [`ServerSpec`] (transport C8, [`crate::policy::token`]): a write forged by any peer,
+//!   authenticated or not, is refused before it touches the accumulator or consumes a write id,
+//!   so the genuine write still lands.
 //! - **I6 liveness**: the reduce, optimizer and discard loops run on blocking threads, never on a
 //!   tokio worker, so a large shard cannot stall the runtime's other tasks (transfers, timers).
 //!

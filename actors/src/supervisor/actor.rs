@@ -8,8 +8,15 @@
 //! - `Respawn`: spawn a trainer in the slot (awaited), `Kill`: kill and forget it;
 //! - `Finish` / `Reject`: answer the step's caller; `Stop`: stop (children stop with it).
 //!
+//! - `Ignore` (a refused report): log it once, count it in `odc_refused_reports_total`.
+//!
 //! A periodic [`SupervisorMsg::Tick`] (every [`StepMachine::tick_period`]) drives the deadlines.
 //! The machine documents the invariants (I1, I2, I4, I6); this actor adds none of its own.
+//!
+//! When it starts, the supervisor draws the job's token key ([`JobKey`], 32 bytes from the
+//! thread's cryptographic generator, seeded by the OS): the machine signs assignments with it and
+//! every shard server gets it in its [`ServerSpec`] to check gradient writes. Trainers never get
+//! it. A trainer's metrics are recorded from its report only once the machine admitted it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -32,6 +39,7 @@ use crate::policy::clock::{Clock, SystemClock};
 use crate::policy::dispatch::Communication;
 use crate::policy::stats::StepStats;
 use crate::policy::step::{Command, Decision, Reason, StepMachine};
+use crate::policy::token::JobKey;
 use crate::server::{ServerArgs, ShardServer};
 use crate::trainer::{Trainer, TrainerArgs};
 
@@ -113,6 +121,7 @@ impl Actor for Supervisor {
             }
         }
         let mut remote = placement.map(|p| Remote::new(p, &myself.get_cell()));
+        let key = JobKey::from_bytes(rand::random());
         let mut servers = Vec::new();
         for endpoint in 0..spec.servers {
             let server_spec = ServerSpec {
@@ -121,6 +130,7 @@ impl Actor for Supervisor {
                 optimizer: spec.optimizer,
                 pull_dtype: spec.pull_dtype,
                 epoch: 0,
+                key,
             };
             let server = match remote.as_mut() {
                 Some(remote) => remote.spawn_server(&myself.get_cell(), server_spec).await?,
@@ -143,7 +153,7 @@ impl Actor for Supervisor {
         }
         let directory = Directory::from_routes(node.layout.len(), routes)?;
         let mut state = SupervisorState {
-            machine: StepMachine::new(spec.step, spec.trainers),
+            machine: StepMachine::new(spec.step, spec.trainers, key),
             metrics: (0..spec.trainers).map(TrainerMetrics::new).collect(),
             spec,
             node,
@@ -195,19 +205,21 @@ impl Actor for Supervisor {
         let (decisions, request) = match msg {
             SupervisorMsg::Step(samples, reply) => (state.machine.start(samples, now), Some(reply)),
             SupervisorMsg::Done(report) => {
-                if let (Ok(done), Some(metrics)) =
-                    (&report.result, state.metrics.get(report.trainer as usize))
+                let slot = report.trainer as usize;
+                let busy = report.finished.saturating_duration_since(report.started);
+                let pull_wait = report.result.as_ref().ok().map(|d| d.stats.pull_wait);
+                let decisions = state.machine.on_report(report, now);
+                let admitted = !decisions
+                    .iter()
+                    .any(|d| matches!(d.command, Command::Ignore));
+                if let (true, Some(pull_wait), Some(metrics)) =
+                    (admitted, pull_wait, state.metrics.get(slot))
                 {
                     metrics.micro_batches.increment(1);
-                    metrics.busy.record(
-                        report
-                            .finished
-                            .saturating_duration_since(report.started)
-                            .as_secs_f64(),
-                    );
-                    metrics.pull_wait.record(done.stats.pull_wait.as_secs_f64());
+                    metrics.busy.record(busy.as_secs_f64());
+                    metrics.pull_wait.record(pull_wait.as_secs_f64());
                 }
-                (state.machine.on_report(report, now), None)
+                (decisions, None)
             }
             SupervisorMsg::Parameters(cmd, reply) => {
                 snapshots(state, cmd, reply);
@@ -461,6 +473,13 @@ async fn execute(
             }
             Command::Stop(e) => {
                 myself.stop(Some(e.to_string()));
+                Vec::new()
+            }
+            Command::Ignore => {
+                tracing::warn!("supervisor: {reason}");
+                if let Reason::ReportRefused { why, .. } = &reason {
+                    metrics::counter!(m::REFUSED_REPORTS, "reason" => why.label()).increment(1);
+                }
                 Vec::new()
             }
         };

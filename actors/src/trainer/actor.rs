@@ -85,7 +85,7 @@ impl Actor for Trainer {
         let TrainerMsg::Run(assignment) = msg;
         let started = SystemClock.now();
         let mb = &assignment.micro_batch;
-        state.context.begin(mb, assignment.epoch);
+        state.context.begin(mb, assignment.epoch, assignment.token);
         let output = state.compute.run(&mut state.context, mb).await;
         let finished_io = state.context.finish().await;
         let result = match (output, finished_io) {
@@ -110,6 +110,7 @@ impl Actor for Trainer {
             trainer: state.rank,
             epoch: assignment.epoch,
             micro_batch: mb.id,
+            token: assignment.token,
             started,
             finished: SystemClock.now(),
             result,

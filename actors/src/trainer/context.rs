@@ -137,6 +137,8 @@ pub struct TrainerContext {
     samples: Vec<u64>,
     /// The first non-finite gradient refused in this micro-batch: its outcome.
     non_finite: Option<Error>,
+    /// The assignment's token, carried by every gradient write of the micro-batch.
+    token: u128,
     direction: Direction,
     first_gather: bool,
     last_gathered: Option<(UnitId, Arc<[f32]>)>,
@@ -171,6 +173,7 @@ impl TrainerContext {
             micro_batch: 0,
             samples: Vec::new(),
             non_finite: None,
+            token: 0,
             direction: Direction::Forward,
             first_gather: true,
             last_gathered: None,
@@ -214,8 +217,9 @@ impl TrainerContext {
         self.buffers.live()
     }
 
-    /// Start of a micro-batch (called by the trainer actor).
-    pub(crate) fn begin(&mut self, micro_batch: &MicroBatch, epoch: u64) {
+    /// Start of a micro-batch of attempt `epoch` whose assignment carries `token` (called by the
+    /// trainer actor).
+    pub(crate) fn begin(&mut self, micro_batch: &MicroBatch, epoch: u64, token: u128) {
         self.cancel_prefetches();
         self.resident.clear();
         self.pushed.clear();
@@ -235,6 +239,7 @@ impl TrainerContext {
         self.samples
             .extend(micro_batch.samples.iter().map(|s| s.index));
         self.non_finite = None;
+        self.token = token;
         self.direction = Direction::Forward;
         self.first_gather = true;
         self.last_gathered = None;
@@ -409,6 +414,7 @@ impl TrainerContext {
             key,
             version: self.version,
             micro_batch: self.micro_batch,
+            token: self.token,
             deadline: Instant::now() + self.config.transfer_timeout,
         }
     }

@@ -41,6 +41,7 @@ pub async fn handles_round_trip_through_serde_handles(pair: Pair) {
         &WriteTag {
             epoch: u64::MAX,
             write_id: u128::MAX,
+            token: 0,
         },
     );
 

@@ -8,7 +8,8 @@
 //! backend the reader may stand for a transport in another process.
 //!
 //! One file per clause: `c1_read.rs`, `c2_accumulate.rs`, `c3_fencing.rs`, `c4_bounds.rs`,
-//! `c5_chunking.rs`, `c6_deadlines.rs` (batches and deadlines), `c7_inbox.rs` and `handles.rs`. Each
+//! `c5_chunking.rs`, `c6_deadlines.rs` (batches and deadlines), `c7_inbox.rs`, `c8_admission.rs`
+//! and `handles.rs`. Each
 //! check is a public `async fn(Pair)` whose name ends in the clause it checks; it panics (it is a
 //! test) with a message that names the backend. [`run_all`] runs them all in sequence against one
 //! pair; [`conformance_tests!`](crate::conformance_tests) expands to one test per check (and one for
@@ -40,6 +41,10 @@
 //!   with [`crate::TransportError::Unsupported`]. A backend that supports device destinations
 //!   (feature `cuda`) passes by refusing the null device address it is given with any other typed
 //!   error; then the check is skipped (it says so on stderr). Succeeding is a failure either way.
+//! - `refused_write_changes_nothing_c8` installs a write guard through the owner's accumulator
+//!   guard; an owner that cannot take one ([`remote_owner`]: a closure does not cross to the child
+//!   process) answers [`crate::TransportError::Unsupported`] and the check is skipped (on stderr).
+//!   The in-process suites of the same backends run it.
 //! - Each check runs under a 60 s timeout (`run_all` under 600 s).
 //!
 //! The checks are written so that a wrong backend fails them: destinations are pre-filled with a
@@ -56,6 +61,7 @@ mod c4_bounds;
 mod c5_chunking;
 mod c6_deadlines;
 mod c7_inbox;
+mod c8_admission;
 mod handles;
 pub mod remote_owner;
 
@@ -73,6 +79,7 @@ pub use self::c4_bounds::*;
 pub use self::c5_chunking::*;
 pub use self::c6_deadlines::*;
 pub use self::c7_inbox::*;
+pub use self::c8_admission::*;
 pub use self::handles::*;
 use crate::{
     codec, deadline_in, AccumulatorRegion, Deadline, Dest, Dtype, EndpointId, InboxRegion,
@@ -145,6 +152,8 @@ macro_rules! __odc_conformance_checks {
             advance_aborts_waiters_and_drops_messages_c7,
             inbox_capacity_bounds_held_messages_c7,
             concurrent_senders_inbox_c7,
+            refused_write_changes_nothing_c8,
+            inbox_ignores_tokens_c8,
             handles_round_trip_through_serde_handles,
             foreign_handle_is_refused_handles,
             dropped_region_is_unknown_handles,
@@ -244,8 +253,13 @@ fn ramp(dtype: Dtype, len: usize, step: f32) -> Vec<f32> {
         .collect()
 }
 
+/// A tag with no token (an unguarded region admits every token).
 fn tag(epoch: u64, write_id: u128) -> WriteTag {
-    WriteTag { epoch, write_id }
+    WriteTag {
+        epoch,
+        write_id,
+        token: 0,
+    }
 }
 
 fn bits(values: &[f32]) -> Vec<u32> {

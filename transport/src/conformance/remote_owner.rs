@@ -429,6 +429,16 @@ impl AccumulatorRegion for RemoteGuard {
     fn epoch(&self) -> u64 {
         self.number(Cmd::Epoch { guard: self.guard })
     }
+    /// A closure does not cross to the child process: the admission check (C8) is skipped for
+    /// the process-crossing suite and runs in the in-process one of the same backend.
+    fn admit_only(&self, _guard: crate::WriteGuard) -> Result<(), TransportError> {
+        Err(TransportError::Unsupported {
+            what: format!(
+                "a write guard for a region owned by another process ({} owner child)",
+                self.channel.backend
+            ),
+        })
+    }
 }
 
 #[async_trait::async_trait]

@@ -1,17 +1,20 @@
 //! An accumulator region of the local backend: fp32 values, the current epoch and the write ids
-//! applied in it, all behind one lock so that fencing and `take` are atomic (C3).
+//! applied in it, all behind one lock so that fencing and `take` are atomic (C3); and the owner's
+//! admission guard (C8), consulted before that lock is taken. The process-crossing backends
+//! (`tcp`, `shm`, `rdma`) serve accumulates from this same region type, so the guard holds for
+//! every backend.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::registry::Registry;
 use crate::codec;
 use crate::error::wide;
 use crate::{
     AccumulatorRegion, Descriptor, Dtype, EndpointId, RegionHandle, RegionId, RegionKind,
-    TransportError, WriteTag,
+    TransportError, WriteGuard, WriteTag, REFUSED_WRITES_METRIC,
 };
 
 /// Everything an accumulate or a take reads and writes.
@@ -30,6 +33,27 @@ pub(super) struct Accumulator {
     len: usize,
     descriptor: Descriptor,
     state: Mutex<State>,
+    admission: Admission,
+}
+
+/// The owner's guard, if it installed one (C8).
+#[derive(Default)]
+struct Admission(RwLock<Option<WriteGuard>>);
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let guarded = self.0.read().is_some();
+        f.debug_tuple("Admission").field(&guarded).finish()
+    }
+}
+
+impl Admission {
+    /// Whether `tag` may be applied (always, without a guard). The guard runs outside the lock
+    /// (a clone of the `Arc`), so a slow guard delays only its own write.
+    fn admits(&self, tag: &WriteTag) -> bool {
+        let guard = self.0.read().clone();
+        guard.is_none_or(|guard| guard(tag))
+    }
 }
 
 impl Accumulator {
@@ -51,6 +75,7 @@ impl Accumulator {
                 values: vec![0.0; len],
                 applied: HashSet::new(),
             }),
+            admission: Admission::default(),
         }
     }
 
@@ -71,9 +96,10 @@ impl Accumulator {
     }
 
     /// Add the fp32 elements `data` at element `offset`. Checks, in order: whole elements, range in
-    /// bounds, epoch, write id; any failure leaves the accumulator unchanged. The shape checks do not
-    /// depend on mutable state, so they run before the lock is taken; the fencing checks and the
-    /// addition happen under one lock acquisition.
+    /// bounds, admission (C8), epoch, write id; any failure leaves the accumulator unchanged. The
+    /// shape and admission checks do not depend on mutable state, so they run before the lock is
+    /// taken; the fencing checks and the addition happen under one lock acquisition. A refused
+    /// write is logged and counted here, at the owner.
     pub(super) fn accumulate(
         &self,
         offset: usize,
@@ -91,6 +117,22 @@ impl Accumulator {
                 len: wide(self.len),
             });
         };
+        if !self.admission.admits(&tag) {
+            tracing::warn!(
+                owner = self.owner,
+                region = self.id,
+                epoch = tag.epoch,
+                write_id = format_args!("{:#x}", tag.write_id),
+                "odc transport: refused a write its owner's guard does not admit"
+            );
+            metrics::counter!(REFUSED_WRITES_METRIC).increment(1);
+            return Err(TransportError::RefusedWrite {
+                owner: self.owner,
+                region: self.id,
+                epoch: tag.epoch,
+                write_id: tag.write_id,
+            });
+        }
         let mut state = self.state.lock();
         if tag.epoch != state.epoch {
             return Err(TransportError::StaleEpoch {
@@ -132,6 +174,10 @@ impl Accumulator {
     fn epoch(&self) -> u64 {
         self.state.lock().epoch
     }
+
+    fn admit_only(&self, guard: WriteGuard) {
+        *self.admission.0.write() = Some(guard);
+    }
 }
 
 /// The owner's guard of an accumulator region; dropping it deregisters the region.
@@ -152,6 +198,11 @@ impl AccumulatorRegion for AccumulatorGuard {
 
     fn epoch(&self) -> u64 {
         self.region.epoch()
+    }
+
+    fn admit_only(&self, guard: WriteGuard) -> Result<(), TransportError> {
+        self.region.admit_only(guard);
+        Ok(())
     }
 }
 

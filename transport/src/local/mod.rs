@@ -486,6 +486,7 @@ mod tests {
             let tag = WriteTag {
                 epoch: 0,
                 write_id: 1,
+                token: 0,
             };
             let result = transport
                 .accumulate(
@@ -520,6 +521,7 @@ mod tests {
             let tag = WriteTag {
                 epoch: 0,
                 write_id: 9,
+                token: 0,
             };
             sender
                 .send(&inbox.handle(), tag, data, soon())
@@ -536,7 +538,11 @@ mod tests {
             let owner = LocalTransport::with_inbox_capacity(1);
             let inbox = owner.register_inbox(0, 0).expect("register");
             assert_eq!(inbox.capacity(), 1);
-            let tag = |write_id| WriteTag { epoch: 0, write_id };
+            let tag = |write_id| WriteTag {
+                epoch: 0,
+                write_id,
+                token: 0,
+            };
             let handle = inbox.handle();
             assert_eq!(
                 owner.send(&handle, tag(1), Bytes::new(), soon()).await,

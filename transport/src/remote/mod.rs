@@ -119,6 +119,9 @@ impl crate::AccumulatorRegion for Renamed<dyn crate::AccumulatorRegion> {
     fn epoch(&self) -> u64 {
         self.inner.epoch()
     }
+    fn admit_only(&self, guard: crate::WriteGuard) -> Result<(), crate::TransportError> {
+        self.inner.admit_only(guard)
+    }
 }
 
 #[async_trait::async_trait]

@@ -71,8 +71,9 @@ use crate::Deadline;
 pub const HANDSHAKE_FRAME_CAP: usize = 256;
 /// Start of every `Hello`.
 pub const MAGIC: [u8; 4] = *b"ODC\x01";
-/// Version of the peer protocol (handshake and messages). 2: the dialer proves first.
-pub const PROTOCOL: u16 = 2;
+/// Version of the peer protocol (handshake and messages). 2: the dialer proves first. 3: write
+/// tags carry a token (C8), control messages the assignment's token.
+pub const PROTOCOL: u16 = 3;
 /// The shortest cluster secret accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 16;
 

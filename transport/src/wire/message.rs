@@ -5,13 +5,14 @@
 //! | type | message | fields after the type byte |
 //! |------|---------|----------------------------|
 //! | 0x01 | `Read` | req u64, target, start u64, end u64, part_start u64, part_end u64, dest |
-//! | 0x02 | `Accumulate` | req u64, target, offset u64, epoch u64, write_id u128, payload… |
-//! | 0x03 | `Send` | req u64, target, epoch u64, write_id u128, payload… |
+//! | 0x02 | `Accumulate` | req u64, target, offset u64, tag, payload… |
+//! | 0x03 | `Send` | req u64, target, tag, payload… |
 //! | 0x81 | `ReadOk` | req u64, version u64, dtype u8 (0 f32, 1 bf16), payload… |
 //! | 0x82 | `Done` | req u64 |
 //! | 0x83 | `Failed` | req u64, error as JSON… |
 //!
-//! `target` is owner u32, instance u64, region u64; `dest` is a kind byte (0 bytes, 1 f32,
+//! `target` is owner u32, instance u64, region u64; `tag` is epoch u64, write_id u128, token u128
+//! (the token is the owner's admission check, C8, not the decoder's); `dest` is a kind byte (0 bytes, 1 f32,
 //! 2 device) then units u64 (kinds 0, 1) or device u32, ptr u64, bytes u64 (kind 2). A payload is
 //! the rest of the frame. Element ranges and offsets travel as sent: whether they fit the region is
 //! the owner's check (a typed [`TransportError`], not a decode error), so the decoder refuses only
@@ -342,6 +343,7 @@ fn put_target(head: &mut BytesMut, target: &Target) {
 fn put_tag(head: &mut BytesMut, tag: &WriteTag) {
     head.put_u64_le(tag.epoch);
     head.put_u128_le(tag.write_id);
+    head.put_u128_le(tag.token);
 }
 
 /// Reads fields off a frame body, every read checked against what is left.
@@ -427,6 +429,7 @@ impl Cursor {
         Ok(WriteTag {
             epoch: self.u64("epoch")?,
             write_id: self.u128("write id")?,
+            token: self.u128("token")?,
         })
     }
 
@@ -470,6 +473,7 @@ mod tests {
         let tag = WriteTag {
             epoch: 9,
             write_id: u128::MAX - 5,
+            token: 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
         };
         let requests = [
             Request::Read {
@@ -544,6 +548,7 @@ mod tests {
                 tag: WriteTag {
                     epoch: 0,
                     write_id: 1,
+                    token: 2,
                 },
                 data: Bytes::from(vec![9u8; 100]),
             }
