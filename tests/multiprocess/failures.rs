@@ -30,6 +30,37 @@ fn flags(extra: &[&str]) -> Vec<String> {
     args
 }
 
+/// Rank 0's output shows at least one replayed step, and its final loss and parameters (saved at
+/// `path`) equal the failure-free run's (I2); the number of replays.
+fn replayed_to_the_reference(
+    stdout0: &str,
+    path: &std::path::Path,
+    want: &[f32],
+    want_loss: f64,
+    after: &str,
+) -> u32 {
+    let replays: u32 = stdout0
+        .lines()
+        .filter_map(|l| {
+            l.split("replays ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u32>()
+                .ok()
+        })
+        .sum();
+    assert!(replays >= 1, "a step was replayed after {after}: {stdout0}");
+    let finals = finals(stdout0);
+    assert_eq!(finals.len(), 1, "{stdout0}");
+    assert!(
+        ((finals[0].0 - want_loss) / want_loss).abs() <= 1e-6,
+        "after {after}: {finals:?} vs {want_loss}"
+    );
+    assert_same_params(&params(path), want, &format!("after {after}"));
+    replays
+}
+
 #[test]
 fn a_trainer_rank_killed_mid_minibatch_is_replayed_without_it() {
     // Rank 3 hosts only trainer 3: killing it loses a trainer, not a shard.
@@ -75,26 +106,9 @@ fn a_trainer_rank_killed_mid_minibatch_is_replayed_without_it() {
         latency < NOTICE_DEADLINE.as_secs_f64(),
         "noticed {latency:.3} s after the kill (deadline {NOTICE_DEADLINE:?}): {notice}"
     );
-    let replays: u32 = stdout0
-        .lines()
-        .filter_map(|l| {
-            l.split("replays ")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse::<u32>()
-                .ok()
-        })
-        .sum();
-    assert!(replays >= 1, "a step was replayed: {stdout0}");
     // I2: exactly-once accounting; the parameters equal the failure-free run's.
-    let finals = finals(&stdout0);
-    assert_eq!(finals.len(), 1, "{stdout0}");
-    assert!(
-        ((finals[0].0 - want_loss) / want_loss).abs() <= 1e-6,
-        "{finals:?} vs {want_loss}"
-    );
-    assert_same_params(&params(&path), &want, "after a killed trainer rank");
+    let replays =
+        replayed_to_the_reference(&stdout0, &path, &want, want_loss, "a killed trainer rank");
     eprintln!(
         "trainer rank killed: noticed after {:.1} ms, {replays} replay(s)",
         latency * 1e3
@@ -169,26 +183,9 @@ fn a_stopped_trainer_rank_is_lost_by_its_heartbeat_and_replayed_without_it() {
         stderr0.contains("trainer 3 failed"),
         "the supervisor handles it as a lost trainer: {stderr0}"
     );
-    let replays: u32 = stdout0
-        .lines()
-        .filter_map(|l| {
-            l.split("replays ")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse::<u32>()
-                .ok()
-        })
-        .sum();
-    assert!(replays >= 1, "a step was replayed: {stdout0}");
     // I2 across the stop and the late wake-up: the failure-free run's parameters.
-    let finals = finals(&stdout0);
-    assert_eq!(finals.len(), 1, "{stdout0}");
-    assert!(
-        ((finals[0].0 - want_loss) / want_loss).abs() <= 1e-6,
-        "{finals:?} vs {want_loss}"
-    );
-    assert_same_params(&params(&path), &want, "after a stopped trainer rank");
+    let replays =
+        replayed_to_the_reference(&stdout0, &path, &want, want_loss, "a stopped trainer rank");
     eprintln!(
         "trainer rank stopped: lost after {latency:.3} s (timeout {timeout} s), {replays} replay(s)"
     );

@@ -467,35 +467,46 @@ where
 /// dialer, and give it back for another protocol to take over: no byte past the handshake has
 /// been read from it. On an error the stream is dropped (closed).
 pub async fn authenticate_dialer<S>(
-    mut stream: S,
+    stream: S,
     secret: &ClusterSecret,
     deadline: Deadline,
 ) -> Result<S, HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (read, mut write) = tokio::io::split(&mut stream);
-    let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
-    dial(&mut reader, &mut write, secret, deadline).await?;
-    debug_assert_eq!(reader.buffered(), 0, "the handshake reads nothing past it");
-    drop((reader, write));
-    Ok(stream)
+    authenticate(stream, secret, deadline, true).await
 }
 
 /// Authenticate a freshly accepted `stream` as the listener (a dialer without the secret gets no
 /// MAC), and give it back for another protocol to take over: no byte past the handshake has been
 /// read from it. On an error the stream is dropped (closed); the error says why (log it).
 pub async fn authenticate_listener<S>(
-    mut stream: S,
+    stream: S,
     secret: &ClusterSecret,
     deadline: Deadline,
 ) -> Result<S, HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    authenticate(stream, secret, deadline, false).await
+}
+
+async fn authenticate<S>(
+    mut stream: S,
+    secret: &ClusterSecret,
+    deadline: Deadline,
+    dialer: bool,
+) -> Result<S, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let (read, mut write) = tokio::io::split(&mut stream);
     let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
-    accept(&mut reader, &mut write, secret, deadline).await?;
+    if dialer {
+        dial(&mut reader, &mut write, secret, deadline).await?;
+    } else {
+        accept(&mut reader, &mut write, secret, deadline).await?;
+    }
     debug_assert_eq!(reader.buffered(), 0, "the handshake reads nothing past it");
     drop((reader, write));
     Ok(stream)
