@@ -300,7 +300,8 @@ fn left_reason(state: &SupervisorState, child: Option<Child>) -> String {
     };
     match child {
         Some(Child::Trainer(slot)) => format!(
-            "rank {} left the job (its process exited or its connection closed)",
+            "rank {} left the job (its process exited, stopped answering heartbeats or its \
+             connection closed)",
             remote.trainer_rank(slot).unwrap_or(u32::MAX)
         ),
         Some(Child::Server(endpoint)) => {
@@ -311,9 +312,10 @@ fn left_reason(state: &SupervisorState, child: Option<Child>) -> String {
                 .map(|u| crate::layout::shard_range(u.len, servers, endpoint as usize).len())
                 .sum();
             format!(
-                "rank {} left the job (its process exited or its connection closed), and with it \
-                 shard {endpoint} of every unit: {lost} of the model's {} parameters, in {} \
-                 units, are lost (no recovery of shards yet)",
+                "rank {} left the job (its process exited, stopped answering heartbeats or its \
+                 connection closed), and with it shard {endpoint} of every unit: {lost} of the \
+                 model's {} parameters, in {} units, are lost (restart the job from its newest \
+                 checkpoint: odc launch --max-restarts)",
                 remote.server_rank(endpoint).unwrap_or(u32::MAX),
                 state.node.layout.total_elements(),
                 units.len()
