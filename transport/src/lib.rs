@@ -68,6 +68,8 @@ mod chunk;
 pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(all(feature = "cuda-code", target_os = "linux"))]
+pub mod cuda;
 mod dest;
 mod error;
 pub mod local;
@@ -92,8 +94,8 @@ pub use chunk::chunk_ranges;
 pub use dest::{Dest, DestSpec, DeviceDest};
 pub use error::{Op, TransportError};
 pub use region::{
-    AccumulatorRegion, Descriptor, Dtype, EndpointId, InboxRegion, PublishedRegion, RdmaMemory,
-    RegionHandle, RegionId, RegionKind, WriteTag,
+    AccumulatorRegion, CudaMemory, Descriptor, Dtype, EndpointId, InboxRegion, PublishedRegion,
+    RdmaMemory, RegionHandle, RegionId, RegionKind, WriteTag,
 };
 pub use remote::RemoteConfig;
 pub use transport::{deadline_in, now, AccumulateOp, Deadline, ReadOp, Transport};
