@@ -645,29 +645,41 @@ impl Device {
         lane.finish_owner("accumulate kernel (bf16)")
     }
 
-    /// Copy `src` whole to the pinned staging and back into `src` (device → pinned host → device,
-    /// piece by piece): what a host transfer through staging costs. For the benchmark.
-    pub fn stage_round_trip(&self, src: &DeviceBuffer) -> Result<(), TransportError> {
+    /// Copy `src` whole into the pinned staging, piece by piece, waiting for each (the bytes are
+    /// not looked at): the raw device → pinned host rate, for the benchmark.
+    pub fn stage_out(&self, src: &DeviceBuffer) -> Result<(), TransportError> {
+        self.lane()?
+            .download(
+                src.ptr,
+                src.bytes,
+                crate::deadline_in(OWNER_WAIT),
+                &mut |_, _| Ok(()),
+            )
+            .map_err(|w| w.into_error("staging out"))
+    }
+
+    /// Fill `dst` whole from the pinned staging (whatever it holds), piece by piece, waiting for
+    /// each: the raw pinned host → device rate, for the benchmark.
+    pub fn stage_in(&self, dst: &DeviceBuffer) -> Result<(), TransportError> {
         let mut lane = self.lane()?;
         let deadline = crate::deadline_in(OWNER_WAIT);
         let mut at = 0;
-        while at < src.bytes {
-            let n = (src.bytes - at).min(STAGING_BYTES);
-            let ptr = src.ptr + at as u64;
-            // SAFETY: `n` bytes of pinned staging and of `src`'s allocation; both copies are
-            // waited for before the staging is used again.
+        while at < dst.bytes {
+            let n = (dst.bytes - at).min(STAGING_BYTES);
+            // SAFETY: `n` bytes of pinned staging into `n` bytes of `dst`'s allocation; waited
+            // for before the staging is used again.
             unsafe {
-                let stream = lane.stream.cu_stream();
-                let pinned = lane.pinned.ptr.cast::<c_void>();
-                sys::cuMemcpyDtoHAsync_v2(pinned, ptr, n, stream)
-                    .result()
-                    .map_err(|e| failed("cuMemcpyDtoHAsync", e))?;
-                sys::cuMemcpyHtoDAsync_v2(ptr, pinned, n, stream)
-                    .result()
-                    .map_err(|e| failed("cuMemcpyHtoDAsync", e))?;
+                sys::cuMemcpyHtoDAsync_v2(
+                    dst.ptr + at as u64,
+                    lane.pinned.ptr.cast::<c_void>(),
+                    n,
+                    lane.stream.cu_stream(),
+                )
             }
+            .result()
+            .map_err(|e| failed("cuMemcpyHtoDAsync", e))?;
             lane.finish(deadline)
-                .map_err(|w| w.into_error("staging round trip"))?;
+                .map_err(|w| w.into_error("staging in"))?;
             at += n;
         }
         Ok(())

@@ -54,9 +54,10 @@ pub(super) fn export(
 /// and frees the memory once no same-process reader holds it (readers in other processes hold
 /// their IPC mapping).
 pub(super) struct PublishedGuard {
-    pub(super) device: Arc<Device>,
-    pub(super) memory: Arc<DeviceBuffer>,
+    /// Dropped first (fields drop in order): the segment says "closed" before the memory goes.
     pub(super) writer: SegmentWriter,
+    pub(super) memory: Arc<DeviceBuffer>,
+    pub(super) device: Arc<Device>,
     pub(super) handle: RegionHandle,
     pub(super) instance: u64,
 }
