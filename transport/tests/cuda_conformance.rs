@@ -79,7 +79,7 @@ async fn transfers_larger_than_the_staging_c2() {
 #[tokio::test]
 async fn new_without_a_driver_is_a_clear_error() {
     if no_cuda().is_none() {
-        eprintln!("skipped: this machine has a CUDA driver");
+        eprintln!("not applicable: this machine has a CUDA driver");
         return;
     }
     let config = CudaConfig::new(

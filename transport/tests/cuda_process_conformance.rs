@@ -27,7 +27,11 @@ async fn pair_and_reader() -> (Pair, Arc<CudaTransport>) {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     );
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_odc-conformance-owner"));
+    // `ODC_CONFORMANCE_OWNER` names the owner binary where this test runs away from its build
+    // tree (`benches/gpu/run.sh` on a GPU machine); cargo's path otherwise.
+    let owner_exe = std::env::var_os("ODC_CONFORMANCE_OWNER")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_odc-conformance-owner").into());
+    let mut command = std::process::Command::new(owner_exe);
     command
         .arg("cuda")
         .env("ODC_SECRET", SECRET)

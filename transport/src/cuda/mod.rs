@@ -307,7 +307,7 @@ impl CudaTransport {
                 self.mappings.lock().remove(name);
                 return Err(unknown);
             }
-            if !mapping.is_for(memory) {
+            if !mapping.is_for(memory) || !names(&mapping.segment, target) {
                 return Err(unknown);
             }
             return Ok(mapping);
@@ -323,11 +323,7 @@ impl CudaTransport {
             }
             Err(_) => return Err(unknown),
         };
-        if reader.is_closed()
-            || reader.endpoint() != target.owner
-            || reader.instance() != target.instance
-            || reader.handle_id() != target.region
-        {
+        if reader.is_closed() || !names(&reader, target) {
             return Err(unknown);
         }
         let reached = if located.pid == std::process::id() {
@@ -470,6 +466,13 @@ impl CudaTransport {
             Err(e) => e,
         }
     }
+}
+
+/// Whether the control segment `segment` is the region `target` names (owner, instance, id).
+fn names(segment: &SegmentReader, target: &Target) -> bool {
+    segment.endpoint() == target.owner
+        && segment.instance() == target.instance
+        && segment.handle_id() == target.region
 }
 
 #[async_trait::async_trait]
@@ -654,7 +657,7 @@ mod tests {
     #[test]
     fn no_driver_is_a_clear_unsupported_error_everywhere() {
         if check_driver().is_ok() {
-            eprintln!("skipped: this machine has a CUDA driver");
+            eprintln!("not applicable: this machine has a CUDA driver");
             return;
         }
         let says_no_driver = |what: &str, result: Result<(), TransportError>| match result {
