@@ -661,6 +661,10 @@ async fn transport(args: TransportArgs) -> anyhow::Result<()> {
              --release -p odc-bench --features cuda; Linux only)"
         );
     }
+    #[cfg(all(feature = "cuda", target_os = "linux"))]
+    if with_cuda {
+        odc_transport::cuda::check_driver().context("--backends cuda")?;
+    }
     if let Some(n) = repeated(&args.sizes) {
         bail!("--sizes names {} twice", pulls::human_bytes(n));
     }
