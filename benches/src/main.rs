@@ -109,15 +109,23 @@ enum BackendArg {
     Local,
     Shm,
     Tcp,
+    /// The cuda backend's rows on one GPU (built with `--features cuda`).
+    Cuda,
 }
 
-impl From<BackendArg> for Backend {
-    fn from(b: BackendArg) -> Backend {
-        match b {
-            BackendArg::Local => Backend::Local,
-            BackendArg::Shm => Backend::Shm,
-            BackendArg::Tcp => Backend::Tcp,
+impl BackendArg {
+    /// The host backend, `None` for `cuda` (which has rows of its own).
+    fn host(self) -> Option<Backend> {
+        match self {
+            BackendArg::Local => Some(Backend::Local),
+            BackendArg::Shm => Some(Backend::Shm),
+            BackendArg::Tcp => Some(Backend::Tcp),
+            BackendArg::Cuda => None,
         }
+    }
+
+    fn name(self) -> &'static str {
+        self.host().map_or("cuda", Backend::name)
     }
 }
 
@@ -126,10 +134,15 @@ enum OwnerBackendArg {
     Shm,
     Tcp,
     RawTcp,
+    Cuda,
 }
 
 fn pull_size(s: &str) -> Result<usize, String> {
     pulls::parse_bytes(s, 4, pulls::MAX_PULL_BYTES)
+}
+/// A region size of an owner child, or a `--cuda-sizes` entry (the cuda rows go to 4 GiB).
+fn cuda_size(s: &str) -> Result<usize, String> {
+    pulls::parse_bytes(s, 4, 4 << 30)
 }
 fn tcp_part_bytes(s: &str) -> Result<usize, String> {
     let (min, max) = pulls::TCP_PART_BYTES;
@@ -179,6 +192,12 @@ struct TransportArgs {
     /// shm: bytes per seqlock chunk of a segment (default 256 KiB).
     #[arg(long, value_parser = shm_chunk_bytes)]
     shm_chunk_bytes: Option<usize>,
+    /// cuda: sizes of the cuda rows (comma separated; default 1MiB,64MiB,1GiB; at most 4 GiB).
+    #[arg(long, value_delimiter = ',', value_parser = cuda_size)]
+    cuda_sizes: Vec<usize>,
+    /// cuda: the device (ordinal) of the reader and of the owner process.
+    #[arg(long, default_value_t = 0)]
+    cuda_device: u32,
     /// Write the rows as JSON: {"rows":[{"backend","bytes","gbytes_per_s","limit_gbytes_per_s",
     /// "ratio","latency_us"}]}.
     #[arg(long)]
@@ -190,7 +209,7 @@ struct OwnerArgs {
     #[arg(long, value_enum)]
     backend: OwnerBackendArg,
     /// Region sizes (comma separated).
-    #[arg(long, value_delimiter = ',', value_parser = pull_size, required = true)]
+    #[arg(long, value_delimiter = ',', value_parser = cuda_size, required = true)]
     bytes: Vec<usize>,
     /// The shm job id (the parent's).
     #[arg(long, default_value = "odc-bench")]
@@ -199,6 +218,9 @@ struct OwnerArgs {
     tcp_part_bytes: usize,
     #[arg(long, value_parser = shm_chunk_bytes, default_value_t = 256 << 10)]
     shm_chunk_bytes: usize,
+    /// cuda: the device the regions live on.
+    #[arg(long, default_value_t = 0)]
+    cuda_device: u32,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -627,7 +649,21 @@ async fn transport(args: TransportArgs) -> anyhow::Result<()> {
         input::check_output("--json", path)?;
     }
     if let Some(b) = repeated(&args.backends) {
-        bail!("--backends names {} twice", Backend::from(b).name());
+        bail!("--backends names {} twice", b.name());
+    }
+    if let Some(n) = repeated(&args.cuda_sizes) {
+        bail!("--cuda-sizes names {} twice", pulls::human_bytes(n));
+    }
+    let with_cuda = args.backends.contains(&BackendArg::Cuda);
+    if with_cuda && !cfg!(all(feature = "cuda", target_os = "linux")) {
+        bail!(
+            "--backends cuda: this odc-bench was built without the cuda feature (cargo build \
+             --release -p odc-bench --features cuda; Linux only)"
+        );
+    }
+    #[cfg(all(feature = "cuda", target_os = "linux"))]
+    if with_cuda {
+        odc_transport::cuda::check_driver().context("--backends cuda")?;
     }
     if let Some(n) = repeated(&args.sizes) {
         bail!("--sizes names {} twice", pulls::human_bytes(n));
@@ -635,7 +671,7 @@ async fn transport(args: TransportArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe()
         .context("finding the odc-bench executable (it runs the owner processes)")?;
     let mut settings = pulls::Settings::new(exe, args.quick);
-    settings.backends = args.backends.iter().map(|&b| b.into()).collect();
+    settings.backends = args.backends.iter().filter_map(|b| b.host()).collect();
     if !args.sizes.is_empty() {
         settings.sizes = args.sizes.clone();
     }
@@ -653,17 +689,32 @@ async fn transport(args: TransportArgs) -> anyhow::Result<()> {
     }
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     println!(
-        "odc-bench transport: pulls of {} per backend ({}), each next to this machine's limit \
+        "odc-bench transport: {} per backend ({}), each next to this machine's limit \
          measured in the same run; {} round(s) in ABBA order, ~{} ms per measurement; {} core(s); \
          {} build",
-        settings
-            .sizes
-            .iter()
-            .map(|&n| pulls::human_bytes(n))
-            .collect::<Vec<_>>()
-            .join(", "),
-        settings
-            .backends
+        {
+            let list = |sizes: &[usize]| {
+                sizes
+                    .iter()
+                    .map(|&n| pulls::human_bytes(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let mut what = Vec::new();
+            if !settings.backends.is_empty() {
+                what.push(format!("pulls of {}", list(&settings.sizes)));
+            }
+            if with_cuda {
+                let sizes = if args.cuda_sizes.is_empty() {
+                    vec![1 << 20, 64 << 20, 1 << 30]
+                } else {
+                    args.cuda_sizes.clone()
+                };
+                what.push(format!("cuda rows at {}", list(&sizes)));
+            }
+            what.join("; ")
+        },
+        args.backends
             .iter()
             .map(|b| b.name())
             .collect::<Vec<_>>()
@@ -682,18 +733,30 @@ async fn transport(args: TransportArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     print!("{}", pulls::table_header());
-    let rows = pulls::run(&settings, |m| {
+    let show = |m: &pulls::Measured| {
         println!("{}", pulls::table_line(m));
         if let Some(w) = pulls::row_warning(m) {
             println!("    ! {w}");
         }
-    })
-    .await?;
+    };
+    let mut rows = if settings.backends.is_empty() {
+        Vec::new()
+    } else {
+        pulls::run(&settings, show).await?
+    };
+    let mut legend = pulls::legend(&settings, &settings.backends);
+    let mut targets = pulls::target_lines(&rows);
+    if with_cuda {
+        let (cuda_rows, cuda_legend) = cuda_rows(&args, &settings, show).await?;
+        targets.extend(cuda_target_lines(&cuda_rows));
+        legend.extend(cuda_legend);
+        rows.extend(cuda_rows);
+    }
     println!();
-    for line in pulls::legend(&settings, &settings.backends) {
+    for line in legend {
         println!("{line}");
     }
-    for line in pulls::target_lines(&rows) {
+    for line in targets {
         println!("{line}");
     }
     println!("{:.1} s", started.elapsed().as_secs_f64());
@@ -707,17 +770,61 @@ async fn transport(args: TransportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The cuda backend's rows and their legend (`--backends cuda`).
+#[cfg(all(feature = "cuda", target_os = "linux"))]
+async fn cuda_rows(
+    args: &TransportArgs,
+    settings: &pulls::Settings,
+    show: impl FnMut(&pulls::Measured),
+) -> anyhow::Result<(Vec<pulls::Measured>, Vec<String>)> {
+    let cuda = pulls::cuda::Settings {
+        sizes: if args.cuda_sizes.is_empty() {
+            pulls::cuda::DEFAULT_SIZES.to_vec()
+        } else {
+            args.cuda_sizes.clone()
+        },
+        device: args.cuda_device,
+        rounds: settings.rounds,
+        measure: settings.measure,
+        exe: settings.exe.clone(),
+    };
+    let (rows, device) = pulls::cuda::run(&cuda, show).await?;
+    Ok((rows, pulls::cuda::legend(&cuda, &device)))
+}
+
+#[cfg(all(feature = "cuda", target_os = "linux"))]
+fn cuda_target_lines(rows: &[pulls::Measured]) -> Vec<String> {
+    pulls::cuda::target_lines(rows)
+}
+
+/// Without the feature `--backends cuda` was refused before anything ran.
+#[cfg(not(all(feature = "cuda", target_os = "linux")))]
+async fn cuda_rows(
+    _: &TransportArgs,
+    _: &pulls::Settings,
+    _: impl FnMut(&pulls::Measured),
+) -> anyhow::Result<(Vec<pulls::Measured>, Vec<String>)> {
+    bail!("this odc-bench was built without the cuda feature")
+}
+
+#[cfg(not(all(feature = "cuda", target_os = "linux")))]
+fn cuda_target_lines(_: &[pulls::Measured]) -> Vec<String> {
+    Vec::new()
+}
+
 async fn transport_owner(args: OwnerArgs) -> anyhow::Result<()> {
     pulls::serve_owner(pulls::OwnerSettings {
         kind: match args.backend {
             OwnerBackendArg::Shm => OwnerKind::Shm,
             OwnerBackendArg::Tcp => OwnerKind::Tcp,
             OwnerBackendArg::RawTcp => OwnerKind::RawTcp,
+            OwnerBackendArg::Cuda => OwnerKind::Cuda,
         },
         sizes: args.bytes,
         job: args.job,
         tcp_part_bytes: args.tcp_part_bytes,
         shm_chunk_bytes: args.shm_chunk_bytes,
+        cuda_device: args.cuda_device,
     })
     .await
 }

@@ -61,6 +61,9 @@
 //!   rows whose range is wide are flagged as noisy.
 //!
 //! GB/s are 10⁹ bytes per second.
+//!
+//! The `cuda` backend's rows (IPC pulls, accumulate kernels, pinned staging; odc-bench feature
+//! `cuda`) are [`cuda`]'s.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -82,6 +85,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::report::ReportError;
+
+#[cfg(all(feature = "cuda", target_os = "linux"))]
+pub mod cuda;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -163,6 +169,8 @@ pub enum OwnerKind {
     Tcp,
     /// The raw-socket limit: bytes from a buffer on a plain [`TcpStream`].
     RawTcp,
+    /// Regions of a `CudaTransport` (feature `cuda`).
+    Cuda,
 }
 
 impl OwnerKind {
@@ -172,6 +180,7 @@ impl OwnerKind {
             OwnerKind::Shm => "shm",
             OwnerKind::Tcp => "tcp",
             OwnerKind::RawTcp => "raw-tcp",
+            OwnerKind::Cuda => "cuda",
         }
     }
 }
@@ -393,6 +402,8 @@ pub struct OwnerSettings {
     pub job: String,
     pub tcp_part_bytes: usize,
     pub shm_chunk_bytes: usize,
+    /// `cuda`: the device (ordinal) the regions live on.
+    pub cuda_device: u32,
 }
 
 /// The body of `odc-bench transport-owner`: serve, print [`OwnerReady`] on stdout, wait until
@@ -436,6 +447,19 @@ pub async fn serve_owner(settings: OwnerSettings) -> anyhow::Result<()> {
             announce(&guards, None)?;
             wait_until(stdin_closed).await;
             drop(guards);
+        }
+        OwnerKind::Cuda => {
+            #[cfg(all(feature = "cuda", target_os = "linux"))]
+            cuda::serve(
+                &settings.sizes,
+                &settings.job,
+                settings.cuda_device,
+                secret()?,
+                stdin_closed,
+            )
+            .await?;
+            #[cfg(not(all(feature = "cuda", target_os = "linux")))]
+            bail!("odc-bench was built without the cuda feature (cargo build --features cuda)");
         }
         OwnerKind::RawTcp => {
             let largest = settings.sizes.iter().copied().max().unwrap_or(0);
@@ -571,6 +595,7 @@ impl OwnerProcess {
             .args(["--job", &settings.job])
             .args(["--tcp-part-bytes", &settings.tcp_part_bytes.to_string()])
             .args(["--shm-chunk-bytes", &settings.shm_chunk_bytes.to_string()])
+            .args(["--cuda-device", &settings.cuda_device.to_string()])
             .env(SECRET_ENV, secret.expose())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -920,6 +945,7 @@ pub async fn run(
         job: job.clone(),
         tcp_part_bytes: settings.tcp_part_bytes,
         shm_chunk_bytes: settings.shm_chunk_bytes,
+        cuda_device: 0,
     };
     let mut rows = Vec::new();
     for &backend in &settings.backends {
@@ -1068,7 +1094,7 @@ const HEADERS: [&str; 9] = [
     "faults/pull",
 ];
 /// Column widths.
-const WIDTHS: [usize; 9] = [7, 8, 9, 10, 6, 11, 10, 9, 13];
+const WIDTHS: [usize; 9] = [13, 8, 9, 10, 6, 11, 10, 9, 13];
 
 fn join(cells: [String; 9]) -> String {
     let mut out = String::new();

@@ -131,6 +131,9 @@ fn bad_transport_input_is_refused_before_measuring() {
             "--sizes names 4 KiB twice",
         ),
         (vec!["transport", "--backends", "rdma"], "rdma"),
+        // Built without the cuda feature, or without a CUDA driver: said before anything runs.
+        (vec!["transport", "--backends", "cuda"], "cuda"),
+        (vec!["transport", "--cuda-sizes", "5GiB"], "more than"),
         (
             vec!["transport", "--backends", "tcp,tcp"],
             "--backends names tcp twice",

@@ -76,6 +76,8 @@ mod chunk;
 pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(all(feature = "cuda-code", target_os = "linux"))]
+pub mod cuda;
 mod dest;
 mod error;
 pub mod local;
@@ -100,8 +102,8 @@ pub use chunk::chunk_ranges;
 pub use dest::{Dest, DestSpec, DeviceDest};
 pub use error::{Op, TransportError};
 pub use region::{
-    AccumulatorRegion, Descriptor, Dtype, EndpointId, InboxRegion, PublishedRegion, RdmaMemory,
-    RegionHandle, RegionId, RegionKind, WriteGuard, WriteTag,
+    AccumulatorRegion, CudaMemory, Descriptor, Dtype, EndpointId, InboxRegion, PublishedRegion,
+    RdmaMemory, RegionHandle, RegionId, RegionKind, WriteGuard, WriteTag,
 };
 pub use remote::RemoteConfig;
 

@@ -44,8 +44,6 @@ pub enum RegionKind {
 /// Where and how a backend reaches a region. The one part of a [`RegionHandle`] that differs
 /// between backends; a backend refuses a descriptor it cannot use with
 /// [`TransportError::ForeignHandle`].
-///
-/// Still to come: `cuda` (IPC memory handle + byte offset).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Descriptor {
@@ -76,6 +74,34 @@ pub enum Descriptor {
         gid: String,
         memory: Option<RdmaMemory>,
     },
+    /// A region of the `cuda` backend (`odc_transport::cuda`, feature `cuda`; the variant itself
+    /// always exists, so handles deserialize everywhere): owned by the transport instance
+    /// `instance` of the process `pid` on the host `host` (its boot id), job `job`, whose regions
+    /// live on its CUDA device `device` (the owner's ordinal: informational, a reader locates the
+    /// memory itself). Accumulates and sends go to the owner over the Unix socket `socket`. A
+    /// published region also has `memory`: its device allocation, read one-sidedly through CUDA
+    /// IPC.
+    Cuda {
+        host: String,
+        job: String,
+        pid: u32,
+        instance: u64,
+        socket: String,
+        device: u32,
+        memory: Option<CudaMemory>,
+    },
+}
+
+/// Where a published region of the `cuda` backend lies in its owner's device memory: the CUDA IPC
+/// handle of the allocation (`cuIpcGetMemHandle`, 64 bytes), the byte offset of the region's data
+/// within that allocation, the data's length in bytes, and the name of the shared-memory control
+/// segment that carries the region's identity, version and seqlock (`shm::segment`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CudaMemory {
+    pub ipc_handle: Vec<u8>,
+    pub offset: u64,
+    pub len_bytes: u64,
+    pub segment: String,
 }
 
 /// Where a published region of the `rdma` backend lies in its owner's registered memory: the
@@ -97,6 +123,7 @@ impl Descriptor {
             Descriptor::Tcp { .. } => "tcp",
             Descriptor::Shm { .. } => "shm",
             Descriptor::Rdma { .. } => "rdma",
+            Descriptor::Cuda { .. } => "cuda",
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Hosts the owner side of the transport conformance suite in its own process, so the suite runs
 //! with owner and reader in different processes (`odc_transport::conformance::remote_owner`).
 //!
-//! Usage: `odc-conformance-owner tcp|shm` with `ODC_SECRET` (and, for `shm`, `ODC_JOB`) in the
-//! environment; commands arrive on stdin, one JSON object per line.
+//! Usage: `odc-conformance-owner tcp|shm|cuda` with `ODC_SECRET` (and, for `shm` and `cuda`,
+//! `ODC_JOB`; for `cuda`, `ODC_CUDA_DEVICE`, default 0) in the environment; commands arrive on
+//! stdin, one JSON object per line. `cuda` exists with the feature `cuda`.
 
 use std::sync::Arc;
 
@@ -67,8 +68,27 @@ fn main() {
                     }
                 }
             }
+            #[cfg(all(feature = "cuda-code", target_os = "linux"))]
+            "cuda" => {
+                let job = std::env::var("ODC_JOB").unwrap_or_default();
+                let device = std::env::var("ODC_CUDA_DEVICE")
+                    .ok()
+                    .and_then(|d| d.parse().ok())
+                    .unwrap_or(0);
+                let config = odc_transport::cuda::CudaConfig {
+                    remote,
+                    ..odc_transport::cuda::CudaConfig::new(device, job, secret)
+                };
+                match odc_transport::cuda::CudaTransport::new(config).await {
+                    Ok(transport) => Arc::new(transport),
+                    Err(e) => {
+                        eprintln!("odc-conformance-owner: {e}");
+                        std::process::exit(2);
+                    }
+                }
+            }
             other => {
-                eprintln!("odc-conformance-owner: unknown backend {other:?} (tcp, shm)");
+                eprintln!("odc-conformance-owner: unknown backend {other:?} (tcp, shm, cuda)");
                 std::process::exit(2);
             }
         };

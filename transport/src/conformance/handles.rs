@@ -193,6 +193,37 @@ fn foreign_forms(handle: &RegionHandle) -> Vec<(RegionHandle, bool)> {
             };
             vec![(other_instance, false)]
         }
+        Descriptor::Cuda {
+            ref host,
+            ref job,
+            pid,
+            instance,
+            ref socket,
+            device,
+            ref memory,
+        } => {
+            let with = |host: String, job: String, instance: u64| {
+                let mut form = handle.clone();
+                form.descriptor = Descriptor::Cuda {
+                    host,
+                    job,
+                    pid,
+                    instance,
+                    socket: socket.clone(),
+                    device,
+                    memory: memory.clone(),
+                };
+                form
+            };
+            vec![
+                (
+                    with(format!("{host}-elsewhere"), job.clone(), instance),
+                    true,
+                ),
+                (with(host.clone(), format!("{job}-other"), instance), true),
+                (with(host.clone(), job.clone(), instance ^ (1 << 62)), false),
+            ]
+        }
     }
 }
 

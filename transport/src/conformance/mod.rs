@@ -166,6 +166,10 @@ macro_rules! __odc_conformance_checks {
 /// two-worker multi-threaded runtime under a timeout, against the [`Pair`](crate::conformance::Pair)
 /// returned by `$make`, a path to an `async fn() -> Pair` (called once per test). The calling crate
 /// needs `tokio` with the `macros`, `rt-multi-thread` and `time` features.
+///
+/// `conformance_tests!(make_pair, unless = skip)` does the same, except that each test first calls
+/// `skip`, a `fn() -> Option<String>`, and passes after printing the reason on stderr when it says
+/// one (a backend that needs hardware the machine lacks: `cuda` without a driver).
 #[macro_export]
 macro_rules! conformance_tests {
     (@tests $make:path; $($check:ident),* $(,)?) => {
@@ -185,8 +189,47 @@ macro_rules! conformance_tests {
             }
         )*
     };
+    (@tests_unless [$make:path, $skip:path]; $($check:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                if let Some(reason) = $skip() {
+                    eprintln!(concat!("skipped `", stringify!($check), "`: {}"), reason);
+                    return;
+                }
+                let pair: $crate::conformance::Pair = $make().await;
+                let outcome = ::tokio::time::timeout(
+                    ::std::time::Duration::from_secs(60),
+                    $crate::conformance::$check(pair),
+                )
+                .await;
+                assert!(
+                    outcome.is_ok(),
+                    concat!("conformance check `", stringify!($check), "` timed out after 60 s")
+                );
+            }
+        )*
+    };
     (@run $pair:ident; $($check:ident),* $(,)?) => {
         $( $crate::conformance::$check($pair.clone()).await; )*
+    };
+    ($make:path, unless = $skip:path) => {
+        $crate::__odc_conformance_checks!(@tests_unless [$make, $skip]);
+
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn run_all() {
+            if let Some(reason) = $skip() {
+                eprintln!("skipped `run_all`: {}", reason);
+                return;
+            }
+            let pair: $crate::conformance::Pair = $make().await;
+            let outcome = ::tokio::time::timeout(
+                ::std::time::Duration::from_secs(600),
+                $crate::conformance::run_all(pair),
+            )
+            .await;
+            assert!(outcome.is_ok(), "conformance `run_all` timed out after 600 s");
+        }
     };
     ($make:path) => {
         $crate::__odc_conformance_checks!(@tests $make);

@@ -1,8 +1,12 @@
 //! An accumulator region of the local backend: fp32 values, the current epoch and the write ids
 //! applied in it, all behind one lock so that fencing and `take` are atomic (C3); and the owner's
-//! admission guard (C8), consulted before that lock is taken. The process-crossing backends
-//! (`tcp`, `shm`, `rdma`) serve accumulates from this same region type, so the guard holds for
-//! every backend.
+//! admission guard (C8), consulted before that lock is taken.
+//!
+//! This is also the owner core of every backend whose accumulates the owner applies (`tcp`, `shm`,
+//! `rdma` through their fabric, `cuda` with its sums in device memory): the checks, the admission
+//! guard, the fencing and the deduplication live here once, so the guard holds for every backend;
+//! where the values live and how a payload is added into them is a [`Sums`] (host memory by
+//! default).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,11 +21,45 @@ use crate::{
     TransportError, WriteGuard, WriteTag, REFUSED_WRITES_METRIC,
 };
 
+/// Where an accumulator's fp32 values live and how a payload is added into them. The
+/// [`Accumulator`] around it checks shapes and fences before it calls either method, under its
+/// lock, so an implementation sees only whole, in-bounds payloads, one call at a time.
+pub(crate) trait Sums: Send + std::fmt::Debug {
+    /// Add the little-endian fp32 elements `data` (whole elements) into the values starting at
+    /// element `offset` (`offset + data.len() / 4` is within the length). On error nothing was
+    /// added, or (a device failure) the region is beyond use and says so.
+    fn add(&mut self, offset: usize, data: &[u8]) -> Result<(), TransportError>;
+    /// Return the values and zero them.
+    fn take(&mut self) -> Vec<f32>;
+}
+
+/// Host memory: the values themselves.
+impl Sums for Vec<f32> {
+    fn add(&mut self, offset: usize, data: &[u8]) -> Result<(), TransportError> {
+        let end = offset + data.len() / 4;
+        let len = self.len();
+        let target = self
+            .get_mut(offset..end)
+            .ok_or(TransportError::OutOfRange {
+                region: 0,
+                start: wide(offset),
+                end: wide(end),
+                len: wide(len),
+            })?;
+        codec::add_f32_into(data, target).map_err(|e| e.for_region(0))
+    }
+
+    fn take(&mut self) -> Vec<f32> {
+        let zeros = vec![0.0; self.len()];
+        std::mem::replace(self, zeros)
+    }
+}
+
 /// Everything an accumulate or a take reads and writes.
 #[derive(Debug)]
 struct State {
     epoch: u64,
-    values: Vec<f32>,
+    values: Box<dyn Sums>,
     applied: HashSet<u128>,
 }
 
@@ -57,13 +95,15 @@ impl Admission {
 }
 
 impl Accumulator {
-    /// A zeroed accumulator of `len` elements at `epoch`.
+    /// An accumulator of `len` elements at `epoch` whose values are `values` (zeroed, `len`
+    /// long).
     pub(super) fn new(
         owner: EndpointId,
         id: RegionId,
         descriptor: Descriptor,
         len: usize,
         epoch: u64,
+        values: Box<dyn Sums>,
     ) -> Self {
         Self {
             owner,
@@ -72,7 +112,7 @@ impl Accumulator {
             descriptor,
             state: Mutex::new(State {
                 epoch,
-                values: vec![0.0; len],
+                values,
                 applied: HashSet::new(),
             }),
             admission: Admission::default(),
@@ -148,27 +188,20 @@ impl Accumulator {
                 write_id: tag.write_id,
             });
         }
-        let target = state
+        debug_assert!(end <= self.len);
+        state
             .values
-            .get_mut(offset..end)
-            .ok_or(TransportError::OutOfRange {
-                region: self.id,
-                start: wide(offset),
-                end: wide(end),
-                len: wide(self.len),
-            })?;
-        codec::add_f32_into(data, target).map_err(|e| e.for_region(self.id))?;
+            .add(offset, data)
+            .map_err(|e| for_region(e, self.id))?;
         state.applied.insert(tag.write_id);
         Ok(())
     }
 
     fn take(&self, next_epoch: u64) -> Vec<f32> {
-        // Allocate the zeros outside the lock; the swap itself is O(1).
-        let zeros = vec![0.0; self.len];
         let mut state = self.state.lock();
         state.epoch = next_epoch;
         state.applied.clear();
-        std::mem::replace(&mut state.values, zeros)
+        state.values.take()
     }
 
     fn epoch(&self) -> u64 {
@@ -177,6 +210,31 @@ impl Accumulator {
 
     fn admit_only(&self, guard: WriteGuard) {
         *self.admission.0.write() = Some(guard);
+    }
+}
+
+/// `error` from a [`Sums`], which does not know its region's id, with `region` filled in.
+fn for_region(error: TransportError, region: RegionId) -> TransportError {
+    match error {
+        TransportError::OutOfRange {
+            start, end, len, ..
+        } => TransportError::OutOfRange {
+            region,
+            start,
+            end,
+            len,
+        },
+        TransportError::BadPayload { bytes, dtype, .. } => TransportError::BadPayload {
+            region,
+            bytes,
+            dtype,
+        },
+        TransportError::LengthMismatch { elements, len, .. } => TransportError::LengthMismatch {
+            region,
+            elements,
+            len,
+        },
+        other => other,
     }
 }
 

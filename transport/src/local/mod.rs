@@ -41,7 +41,7 @@
 //!   registers with a `tokio::sync::Notify` before it looks for its message and waits with tokio's
 //!   timer until its deadline. Capacity: [`LocalTransport::with_inbox_capacity`].
 
-mod accumulator;
+pub(crate) mod accumulator;
 mod inbox;
 mod published;
 mod registry;
@@ -51,7 +51,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use self::accumulator::{Accumulator, AccumulatorGuard};
+use self::accumulator::{Accumulator, AccumulatorGuard, Sums};
 use self::inbox::{Inbox, InboxGuard};
 use self::published::{Published, PublishedGuard};
 use self::registry::{Region, Registry};
@@ -137,16 +137,17 @@ impl LocalTransport {
                     })?
                     .lookup(handle)
             }
-            Descriptor::Tcp { .. } | Descriptor::Shm { .. } | Descriptor::Rdma { .. } => {
-                Err(TransportError::ForeignHandle {
-                    owner: handle.owner,
-                    region: handle.id,
-                    reason: format!(
-                        "it is a {} handle; the local backend reaches only local regions",
-                        handle.descriptor.backend()
-                    ),
-                })
-            }
+            Descriptor::Tcp { .. }
+            | Descriptor::Shm { .. }
+            | Descriptor::Rdma { .. }
+            | Descriptor::Cuda { .. } => Err(TransportError::ForeignHandle {
+                owner: handle.owner,
+                region: handle.id,
+                reason: format!(
+                    "it is a {} handle; the local backend reaches only local regions",
+                    handle.descriptor.backend()
+                ),
+            }),
         }
     }
 }
@@ -183,6 +184,27 @@ impl LocalTransport {
     #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub(crate) fn next_region_id(&self) -> RegionId {
         self.registry.next_id()
+    }
+
+    /// Register an accumulator of `len` elements at `epoch` whose values live in `values` (zeroed,
+    /// `len` long): the checks, fencing and deduplication are this fabric's, the memory and the
+    /// addition are the caller's (the `cuda` backend's device memory).
+    pub(crate) fn register_accumulator_in(
+        &self,
+        owner: EndpointId,
+        len: usize,
+        epoch: u64,
+        values: Box<dyn Sums>,
+    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
+        let id = self.registry.next_id();
+        let descriptor = self.registry.descriptor();
+        let region = Arc::new(Accumulator::new(owner, id, descriptor, len, epoch, values));
+        self.registry
+            .insert(id, Region::Accumulator(Arc::clone(&region)));
+        Ok(Box::new(AccumulatorGuard {
+            registry: Arc::clone(&self.registry),
+            region,
+        }))
     }
 
     /// The region of `owner` with `id`, of the `expected` kind.
@@ -300,15 +322,7 @@ impl Transport for LocalTransport {
         len: usize,
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        let id = self.registry.next_id();
-        let descriptor = self.registry.descriptor();
-        let region = Arc::new(Accumulator::new(owner, id, descriptor, len, epoch));
-        self.registry
-            .insert(id, Region::Accumulator(Arc::clone(&region)));
-        Ok(Box::new(AccumulatorGuard {
-            registry: Arc::clone(&self.registry),
-            region,
-        }))
+        self.register_accumulator_in(owner, len, epoch, Box::new(vec![0.0f32; len]))
     }
 
     fn register_inbox(

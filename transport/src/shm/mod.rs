@@ -55,7 +55,8 @@ use crate::{
 };
 
 /// Segment numbers of this process (names are per pid, so per process is enough); never reused.
-static NEXT_SEGMENT: AtomicU64 = AtomicU64::new(0);
+/// Shared with the `cuda` backend's control segments, so the two never make the same name.
+pub(crate) static NEXT_SEGMENT: AtomicU64 = AtomicU64::new(0);
 
 /// How an [`ShmTransport`] names and places its files.
 #[derive(Debug, Clone)]
@@ -84,7 +85,8 @@ impl ShmConfig {
     }
 }
 
-struct UnixDial;
+/// Dials an owner's Unix socket (`shm`, and the `cuda` backend's acknowledged path).
+pub(crate) struct UnixDial;
 
 #[async_trait::async_trait]
 impl Dial for UnixDial {
@@ -126,7 +128,7 @@ impl Drop for ShmTransport {
 }
 
 /// This host's identity: its boot id (two hosts, or two boots, never share one).
-fn host_id() -> String {
+pub(crate) fn host_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|id| id.trim().to_owned())
         .unwrap_or_else(|_| "unknown-host".into())
@@ -394,8 +396,8 @@ struct Located<'h> {
 }
 
 /// Remove the job's files in `dir` whose owner process is gone: segments (by the segment layer)
-/// and sockets `odc-{job}-{pid}-{n}.sock`.
-fn sweep(dir: &Path, job: &str) {
+/// and sockets `odc-{job}-{pid}-{n}.sock` (the `cuda` backend names its files the same way).
+pub(crate) fn sweep(dir: &Path, job: &str) {
     match segment::sweep_stale(dir, Some(job)) {
         Ok(removed) if !removed.is_empty() => tracing::warn!(
             job,

@@ -681,6 +681,45 @@ impl SegmentWriter {
         Ok(())
     }
 
+    /// For a segment whose data lives elsewhere (the `cuda` backend keeps it in device memory and
+    /// its segments have no data): run `write`, which replaces that data and returns once it is in
+    /// place, inside chunk 0's seqlock, as [`SegmentWriter::publish`] does with its copy, and record
+    /// `version`. If `write` fails, `seq` stays odd (the data may be torn: readers wait, and miss
+    /// their deadline, rather than see it) until a later publication succeeds.
+    #[cfg(feature = "cuda-code")]
+    pub(crate) fn publish_outside<E>(
+        &self,
+        version: u64,
+        write: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut map = self.map.lock();
+        let control = self.geometry.control(0);
+        // SAFETY: as in `publish`: chunk 0's control pair is inside the mapping and 8-aligned, the
+        // words are only ever accessed atomically, and the references live while the mapping is
+        // alive and locked.
+        let (seq, version_word) = unsafe {
+            let base = map.as_mut_ptr();
+            (
+                AtomicU64::from_ptr(base.add(control).cast::<u64>()),
+                AtomicU64::from_ptr(base.add(control + CONTROL_VERSION).cast::<u64>()),
+            )
+        };
+        // Only this (locked) writer stores to `seq`; it is odd only after a failed write.
+        let current = seq.load(Ordering::Relaxed);
+        let odd = current | 1;
+        seq.store(odd, Ordering::Relaxed);
+        // The odd `seq` is visible to every CPU before `write` starts the data's copy (a device
+        // copy is started by a driver call after this fence, and observed complete by readers
+        // before they re-check `seq`).
+        fence(Ordering::SeqCst);
+        write()?;
+        version_word.store(version, Ordering::Relaxed);
+        seq.store(odd.wrapping_add(1), Ordering::Release);
+        fence(Ordering::SeqCst);
+        self.version.store(version, Ordering::Release);
+        Ok(())
+    }
+
     /// The version of the last publication (or the initial one).
     pub(crate) fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
@@ -1055,6 +1094,42 @@ impl SegmentReader {
             .into_iter()
             .all(|c| self.control(c).0.load(Ordering::Relaxed) == before)
             .then_some(version)
+    }
+}
+
+impl SegmentReader {
+    /// The counterpart of [`SegmentWriter::publish_outside`]: run `read` (which copies the data
+    /// from where it lives) between two checks of chunk 0's seqlock, again until no publication
+    /// ran during it; the version of the publication read. A `read` that fails ends the read with
+    /// its error (`Ok(Err(_))`); no stable publication by `deadline` is
+    /// [`SegmentError::Deadline`].
+    #[cfg(feature = "cuda-code")]
+    pub(crate) fn read_outside<E>(
+        &self,
+        deadline: Instant,
+        read: &mut dyn FnMut() -> Result<(), E>,
+    ) -> Result<Result<u64, E>, SegmentError> {
+        let mut backoff = Backoff::new(deadline, &self.name);
+        let (seq, version) = self.control(0);
+        loop {
+            if Instant::now() >= deadline {
+                return Err(backoff.deadline());
+            }
+            let before = seq.load(Ordering::Acquire);
+            if before & 1 == 0 {
+                let v = version.load(Ordering::Relaxed);
+                if let Err(e) = read() {
+                    return Ok(Err(e));
+                }
+                // The copy was observed complete before this point; a publication that overlapped
+                // it made `seq` odd (`SeqCst`) before its data moved.
+                fence(Ordering::SeqCst);
+                if seq.load(Ordering::Acquire) == before {
+                    return Ok(Ok(v));
+                }
+            }
+            backoff.snooze()?;
+        }
     }
 }
 

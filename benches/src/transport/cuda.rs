@@ -1,0 +1,549 @@
+//! `odc-bench transport --backends cuda`: the `cuda` backend on one GPU, each row next to the
+//! device's own limit measured in the same run (odc-bench feature `cuda`).
+//!
+//! # Rows
+//!
+//! - `cuda-ipc`: a reader pulls one whole published `f32` region whose **owner is a child
+//!   process** (`odc-bench transport-owner --backend cuda`) into device memory of its own
+//!   ([`Transport::read`] into [`Dest::Device`]: CUDA IPC, a device-to-device copy on the reader's
+//!   stream, the control segment's seqlock). Limit: `cuMemcpyDtoDAsync` of the same bytes between
+//!   two buffers of the reader's device, waited for the same way. GB/s count bytes copied.
+//! - `cuda-acc-f32`, `cuda-acc-bf16`: the accumulate kernels adding an fp32 (bf16) chunk of
+//!   `bytes / 4` elements into an fp32 accumulator. GB/s count bytes moved, read and written (12
+//!   bytes an element for f32, 10 for bf16); the limit is the device copy of `bytes` bytes counted
+//!   the same way (read + written: twice the bytes copied).
+//! - `cuda-d2h`: the same pull into host memory ([`Dest::Bytes`]: the device copies into pinned
+//!   staging, the host copies out of it piece by piece). Limit: the raw device-to-pinned copy of
+//!   the same bytes (what staging costs before the host touches the bytes).
+//! - `cuda-h2d`: host bytes into device memory through the pinned staging ([`Device::upload`]:
+//!   what a publication or an accumulate payload costs). Limit: the raw pinned-to-device copy.
+//!
+//! Every side is checked once before it is timed (the bytes that arrived are compared with the
+//! expected ones). Sides alternate in ABBA order; a measurement is a batch timed as a whole with
+//! the host clock (each operation waits for the device, as the transport does); the row reports
+//! the median rate of each side and their ratio, the per-round ratio range, and the median time of
+//! one operation.
+//!
+//! Targets (issue 20): `cuda-ipc` ≥ 0.9x the device copy at 64 MiB and above; the accumulate
+//! kernels ≥ 0.8x the copy bandwidth.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use odc_transport::cuda::{CudaConfig, CudaTransport, Device, DeviceBuffer};
+use odc_transport::{codec, deadline_in, ClusterSecret, Dest, Dtype, RegionHandle, Transport};
+
+use super::{
+    check_handles, human_bytes, median, pattern, Measured, OwnerKind, OwnerProcess, OwnerSettings,
+    TransportRow, MIB, PULL_TIMEOUT,
+};
+
+/// Sizes of a run without `--cuda-sizes`.
+pub const DEFAULT_SIZES: [usize; 3] = [MIB, 64 * MIB, 1 << 30];
+/// Largest size accepted (`--cuda-sizes`): the reader holds a few buffers of it on the device.
+pub const MAX_BYTES: usize = 4 << 30;
+/// Most operations of one measurement.
+const MAX_ITERS: usize = 1_000_000;
+/// Individually timed operations per latency pass, at most.
+const LATENCY_PASS: usize = 200;
+
+/// What a cuda run measures and how.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Sizes in bytes, multiples of 4.
+    pub sizes: Vec<usize>,
+    /// The CUDA device (ordinal) of the reader and of the owner child.
+    pub device: u32,
+    /// Limit/subject pairs per row, in ABBA order.
+    pub rounds: usize,
+    /// Length of one measurement.
+    pub measure: Duration,
+    /// The `odc-bench` executable that hosts the owner child.
+    pub exe: PathBuf,
+}
+
+/// One side of a row: how one operation is done.
+enum Side<'a> {
+    /// `cuMemcpyDtoDAsync` of `src` into `dst`, waited for.
+    Copy {
+        device: &'a Device,
+        dst: &'a DeviceBuffer,
+        src: &'a DeviceBuffer,
+    },
+    /// A whole-region read through the transport into device memory.
+    Pull {
+        reader: &'a CudaTransport,
+        handle: &'a RegionHandle,
+        dst: &'a DeviceBuffer,
+    },
+    /// A whole-region read through the transport into host memory.
+    PullHost {
+        reader: &'a CudaTransport,
+        handle: &'a RegionHandle,
+        dst: &'a mut Vec<u8>,
+    },
+    /// The f32 accumulate kernel.
+    AddF32 {
+        device: &'a Device,
+        acc: &'a DeviceBuffer,
+        src: &'a DeviceBuffer,
+    },
+    /// The bf16 accumulate kernel.
+    AddBf16 {
+        device: &'a Device,
+        acc: &'a DeviceBuffer,
+        src: &'a DeviceBuffer,
+    },
+    /// Device to pinned staging, piece by piece (no host copy).
+    StageOut {
+        device: &'a Device,
+        src: &'a DeviceBuffer,
+    },
+    /// Pinned staging to device, piece by piece (no host copy).
+    StageIn {
+        device: &'a Device,
+        dst: &'a DeviceBuffer,
+    },
+    /// Host bytes to device through the staging.
+    Upload {
+        device: &'a Device,
+        dst: &'a DeviceBuffer,
+        src: &'a [u8],
+    },
+}
+
+impl Side<'_> {
+    async fn run(&mut self) -> anyhow::Result<()> {
+        match self {
+            Side::Copy { device, dst, src } => device.copy(dst, src)?,
+            Side::Pull {
+                reader,
+                handle,
+                dst,
+            } => {
+                reader
+                    .read(
+                        handle,
+                        0..handle.elements(),
+                        Dest::Device(dst.dest()),
+                        deadline_in(PULL_TIMEOUT),
+                    )
+                    .await?;
+            }
+            Side::PullHost {
+                reader,
+                handle,
+                dst,
+            } => {
+                reader
+                    .read(
+                        handle,
+                        0..handle.elements(),
+                        Dest::Bytes(dst),
+                        deadline_in(PULL_TIMEOUT),
+                    )
+                    .await?;
+            }
+            Side::AddF32 { device, acc, src } => device.add_f32(acc, src)?,
+            Side::AddBf16 { device, acc, src } => device.add_bf16(acc, src)?,
+            Side::StageOut { device, src } => device.stage_out(src)?,
+            Side::StageIn { device, dst } => device.stage_in(dst)?,
+            Side::Upload { device, dst, src } => device.upload(dst, 0, src)?,
+        }
+        Ok(())
+    }
+
+    async fn batch(&mut self, iters: usize) -> anyhow::Result<f64> {
+        let started = Instant::now();
+        for _ in 0..iters {
+            self.run().await?;
+        }
+        Ok(started.elapsed().as_secs_f64())
+    }
+
+    /// Operations per measurement of about `measure`, after a warm-up of about `warm`.
+    async fn calibrate(&mut self, warm: Duration, measure: Duration) -> anyhow::Result<usize> {
+        let mut n = 1usize;
+        loop {
+            let seconds = self.batch(n).await?;
+            if seconds >= warm.as_secs_f64() || n >= MAX_ITERS {
+                let per_op = seconds / n as f64;
+                let iters = (measure.as_secs_f64() / per_op.max(1e-12)).ceil();
+                return Ok((iters as usize).clamp(2, MAX_ITERS));
+            }
+            n = n.saturating_mul(2);
+        }
+    }
+
+    /// One measurement: seconds per operation of a batch, and single operations' times appended
+    /// to `times`.
+    async fn measure(&mut self, iters: usize, times: &mut Vec<f64>) -> anyhow::Result<f64> {
+        let seconds = self.batch(iters).await?;
+        for _ in 0..(iters / 4).clamp(1, LATENCY_PASS) {
+            let started = Instant::now();
+            self.run().await?;
+            times.push(started.elapsed().as_secs_f64());
+        }
+        Ok(seconds / iters as f64)
+    }
+}
+
+/// ABBA of `limit` against `subject`; each side's rate is `*_bytes` per operation.
+async fn compare(
+    name: &str,
+    bytes: usize,
+    (limit, limit_bytes): (&mut Side<'_>, f64),
+    (subject, subject_bytes): (&mut Side<'_>, f64),
+    settings: &Settings,
+) -> anyhow::Result<Measured> {
+    let warm = settings.measure / 4;
+    let limit_iters = limit.calibrate(warm, settings.measure).await?;
+    let subject_iters = subject.calibrate(warm, settings.measure).await?;
+    let (mut limit_rates, mut subject_rates, mut ratios) = (vec![], vec![], vec![]);
+    let (mut limit_times, mut subject_times) = (vec![], vec![]);
+    for round in 0..settings.rounds {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        let mut rates = [0.0f64; 2];
+        for side in order {
+            rates[side] = if side == 0 {
+                limit_bytes / limit.measure(limit_iters, &mut limit_times).await?
+            } else {
+                subject_bytes / subject.measure(subject_iters, &mut subject_times).await?
+            };
+        }
+        limit_rates.push(rates[0]);
+        subject_rates.push(rates[1]);
+        ratios.push(rates[1] / rates[0]);
+    }
+    let gbytes_per_s = median(&mut subject_rates) / 1e9;
+    let limit_gbytes_per_s = median(&mut limit_rates) / 1e9;
+    Ok(Measured {
+        row: TransportRow {
+            backend: name.to_string(),
+            bytes: bytes as u64,
+            gbytes_per_s,
+            limit_gbytes_per_s,
+            ratio: crate::report::ratio(gbytes_per_s, limit_gbytes_per_s),
+            latency_us: median(&mut subject_times) * 1e6,
+        },
+        limit_latency_us: median(&mut limit_times) * 1e6,
+        ratio_range: (
+            ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            ratios.iter().copied().fold(0.0, f64::max),
+        ),
+        iters: (limit_iters, subject_iters),
+        faults_per_pull: (f64::NAN, f64::NAN),
+    })
+}
+
+/// `values` as `f32` elements, a pattern of small integers (sums stay exact and finite however
+/// often the kernels add them).
+fn small_values(n: usize) -> Vec<f32> {
+    (0..n).map(|i| (i % 7) as f32 - 3.0).collect()
+}
+
+fn check(what: &str, got: &[u8], expected: &[u8]) -> anyhow::Result<()> {
+    if got.len() != expected.len() {
+        bail!(
+            "{what}: {} bytes arrived, {} expected",
+            got.len(),
+            expected.len()
+        );
+    }
+    if let Some(at) = got.iter().zip(expected).position(|(a, b)| a != b) {
+        bail!("{what} delivered wrong bytes (first difference at byte {at})");
+    }
+    Ok(())
+}
+
+/// Runs the cuda rows; `on_row` sees each as it is measured. Returns them and the device's
+/// name. Without a CUDA driver: the backend's "no CUDA driver" error.
+pub async fn run(
+    settings: &Settings,
+    mut on_row: impl FnMut(&Measured),
+) -> anyhow::Result<(Vec<Measured>, String)> {
+    let device = Device::open(settings.device).context("cuda")?;
+    let secret = ClusterSecret::random();
+    let job = format!("odc-bench-cuda-{}", std::process::id());
+    let (owner, ready) = OwnerProcess::start(
+        &settings.exe,
+        &OwnerSettings {
+            kind: OwnerKind::Cuda,
+            sizes: settings.sizes.clone(),
+            job: job.clone(),
+            tcp_part_bytes: 4 * MIB,
+            shm_chunk_bytes: 256 << 10,
+            cuda_device: settings.device,
+        },
+        &secret,
+    )?;
+    check_handles(&ready, &settings.sizes, "the cuda owner process")?;
+    let reader = CudaTransport::new(CudaConfig::new(settings.device, job, secret))
+        .await
+        .context("starting the cuda reader")?;
+    let mut rows = Vec::new();
+    let mut row = |m: Measured, rows: &mut Vec<Measured>| {
+        on_row(&m);
+        rows.push(m);
+    };
+    for (&n, handle) in settings.sizes.iter().zip(&ready.handles) {
+        let at = |what: &str| format!("cuda, {what}, {}", human_bytes(n));
+        let expected = pattern(n);
+        let src = device.alloc(n).with_context(|| at("allocating"))?;
+        let dst = device.alloc(n).with_context(|| at("allocating"))?;
+        device.upload(&src, 0, &expected)?;
+
+        // IPC pull vs device copy.
+        let mut pull = Side::Pull {
+            reader: &reader,
+            handle,
+            dst: &dst,
+        };
+        pull.run().await.with_context(|| at("IPC pull"))?;
+        check(&at("IPC pull"), &device.download(&dst)?, &expected)?;
+        let mut copy = Side::Copy {
+            device: &device,
+            dst: &dst,
+            src: &src,
+        };
+        copy.run().await?;
+        check(&at("device copy"), &device.download(&dst)?, &expected)?;
+        let m = compare(
+            "cuda-ipc",
+            n,
+            (&mut copy, n as f64),
+            (&mut pull, n as f64),
+            settings,
+        )
+        .await
+        .with_context(|| at("IPC pull"))?;
+        row(m, &mut rows);
+
+        // Accumulate kernels vs device copy (bytes read + written).
+        let elements = n / 4;
+        let grad = small_values(elements);
+        let acc = device.alloc(n)?;
+        let f32_src = device.alloc(n)?;
+        device.upload(&f32_src, 0, &codec::encode_f32(&grad))?;
+        let mut add = Side::AddF32 {
+            device: &device,
+            acc: &acc,
+            src: &f32_src,
+        };
+        add.run().await?;
+        check(
+            &at("f32 accumulate kernel"),
+            &device.download(&acc)?,
+            &codec::encode_f32(&grad),
+        )?;
+        let copied = 2.0 * n as f64;
+        let m = compare(
+            "cuda-acc-f32",
+            n,
+            (&mut copy, copied),
+            (&mut add, 12.0 * elements as f64),
+            settings,
+        )
+        .await
+        .with_context(|| at("f32 accumulate"))?;
+        row(m, &mut rows);
+        drop(f32_src);
+        let bf16_src = device.alloc(elements * 2)?;
+        device.upload(&bf16_src, 0, &codec::encode(Dtype::Bf16, &grad))?;
+        let zeros = device.alloc(n)?;
+        device.copy(&acc, &zeros)?;
+        drop(zeros);
+        let mut add = Side::AddBf16 {
+            device: &device,
+            acc: &acc,
+            src: &bf16_src,
+        };
+        add.run().await?;
+        check(
+            &at("bf16 accumulate kernel"),
+            &device.download(&acc)?,
+            &codec::encode_f32(&grad),
+        )?;
+        let m = compare(
+            "cuda-acc-bf16",
+            n,
+            (&mut copy, copied),
+            (&mut add, 10.0 * elements as f64),
+            settings,
+        )
+        .await
+        .with_context(|| at("bf16 accumulate"))?;
+        row(m, &mut rows);
+        drop(bf16_src);
+        drop(acc);
+
+        // Pinned host staging: pulls into host memory, uploads from it.
+        let mut host = vec![0u8; n];
+        let mut pull_host = Side::PullHost {
+            reader: &reader,
+            handle,
+            dst: &mut host,
+        };
+        pull_host.run().await.with_context(|| at("host pull"))?;
+        check(&at("host pull"), &host, &expected)?;
+        let mut pull_host = Side::PullHost {
+            reader: &reader,
+            handle,
+            dst: &mut host,
+        };
+        let mut stage_out = Side::StageOut {
+            device: &device,
+            src: &src,
+        };
+        let m = compare(
+            "cuda-d2h",
+            n,
+            (&mut stage_out, n as f64),
+            (&mut pull_host, n as f64),
+            settings,
+        )
+        .await
+        .with_context(|| at("host pull"))?;
+        row(m, &mut rows);
+        let mut upload = Side::Upload {
+            device: &device,
+            dst: &dst,
+            src: &expected,
+        };
+        upload.run().await?;
+        check(&at("upload"), &device.download(&dst)?, &expected)?;
+        let mut stage_in = Side::StageIn {
+            device: &device,
+            dst: &dst,
+        };
+        let m = compare(
+            "cuda-h2d",
+            n,
+            (&mut stage_in, n as f64),
+            (&mut upload, n as f64),
+            settings,
+        )
+        .await
+        .with_context(|| at("upload"))?;
+        row(m, &mut rows);
+    }
+    drop(reader);
+    owner.stop()?;
+    Ok((rows, device.name()))
+}
+
+/// The lines under the table for the cuda rows.
+pub fn legend(settings: &Settings, device_name: &str) -> Vec<String> {
+    vec![
+        format!(
+            "cuda rows: device {} ({device_name}); the owner of cuda-ipc and cuda-d2h regions is \
+             a child process on the same device; every operation waits for the device (host \
+             clock, {} rounds of ~{} ms per side, ABBA)",
+            settings.device,
+            settings.rounds,
+            settings.measure.as_millis()
+        ),
+        "cuda-ipc: Transport::read into device memory (CUDA IPC, device-to-device copy on the \
+         reader's stream, seqlock) vs limit cuMemcpyDtoDAsync of the same bytes on the reader's \
+         device; GB/s = bytes copied per second"
+            .into(),
+        "cuda-acc-f32 / cuda-acc-bf16: the accumulate kernel on bytes/4 elements, GB/s = bytes \
+         read + written (12 or 10 per element) vs limit the device copy of `bytes`, counted read + \
+         written (2 x bytes)"
+            .into(),
+        "cuda-d2h: Transport::read into host memory (through the pinned staging) vs limit the raw \
+         device-to-pinned copy; cuda-h2d: host bytes to the device through the pinned staging vs \
+         limit the raw pinned-to-device copy"
+            .into(),
+    ]
+}
+
+/// One line per cuda target whose row was measured: `cuda-ipc` ≥ 0.9x at 64 MiB and above,
+/// `cuda-acc-*` ≥ 0.8x at 64 MiB and above.
+pub fn target_lines(rows: &[Measured]) -> Vec<String> {
+    rows.iter()
+        .filter(|m| m.row.bytes >= 64 * MIB as u64)
+        .filter_map(|m| {
+            let min = match m.row.backend.as_str() {
+                "cuda-ipc" => 0.9,
+                "cuda-acc-f32" | "cuda-acc-bf16" => 0.8,
+                _ => return None,
+            };
+            Some(format!(
+                "target {} {}: {:.2}x device copy (>= {min:.2}x): {}",
+                m.row.backend,
+                human_bytes(usize::try_from(m.row.bytes).unwrap_or(usize::MAX)),
+                m.row.ratio,
+                if m.row.ratio >= min { "met" } else { "MISSED" }
+            ))
+        })
+        .collect()
+}
+
+/// The owner child's side: a [`CudaTransport`] on `device` with one published `f32` region of
+/// [`pattern`] bytes per size.
+pub(super) async fn serve(
+    sizes: &[usize],
+    job: &str,
+    device: u32,
+    secret: ClusterSecret,
+    stdin_closed: tokio::sync::oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    let transport = Arc::new(
+        CudaTransport::new(CudaConfig::new(device, job, secret))
+            .await
+            .context("starting the cuda owner")?,
+    );
+    let guards = super::register(transport.as_ref(), sizes)?;
+    super::announce(&guards, None)?;
+    super::wait_until(stdin_closed).await;
+    drop(guards);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(backend: &str, bytes: u64, ratio: f64) -> Measured {
+        Measured {
+            row: TransportRow {
+                backend: backend.into(),
+                bytes,
+                gbytes_per_s: ratio,
+                limit_gbytes_per_s: 1.0,
+                ratio,
+                latency_us: 1.0,
+            },
+            limit_latency_us: 1.0,
+            ratio_range: (ratio, ratio),
+            iters: (1, 1),
+            faults_per_pull: (f64::NAN, f64::NAN),
+        }
+    }
+
+    #[test]
+    fn cuda_targets_apply_from_64_mib() {
+        let rows = [
+            measured("cuda-ipc", MIB as u64, 0.5),
+            measured("cuda-ipc", 64 * MIB as u64, 0.95),
+            measured("cuda-acc-f32", 64 * MIB as u64, 0.7),
+            measured("cuda-acc-bf16", 1 << 30, 0.85),
+            measured("cuda-d2h", 1 << 30, 0.1),
+        ];
+        let lines = target_lines(&rows);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[0].starts_with("target cuda-ipc 64 MiB") && lines[0].ends_with(": met"));
+        assert!(lines[1].starts_with("target cuda-acc-f32") && lines[1].ends_with("MISSED"));
+        assert!(lines[2].contains("1024 MiB") && lines[2].ends_with(": met"));
+    }
+
+    #[test]
+    fn small_values_stay_exact_under_repeated_adds() {
+        let v = small_values(10);
+        assert_eq!(v.len(), 10);
+        assert!(v.iter().all(|x| x.fract() == 0.0 && x.abs() <= 3.0));
+    }
+}

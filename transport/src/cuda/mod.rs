@@ -1,0 +1,784 @@
+//! The `cuda` backend (feature `cuda`, Linux): processes of one host sharing its CUDA devices.
+//! Published regions live in **device memory** and are read **one-sidedly through CUDA IPC**: the
+//! owner allocates each with `cuMemAlloc` (IPC-exportable, unlike cudarc's stream-ordered pool) and
+//! its handle carries the allocation's IPC handle, the region's byte offset in it and its length
+//! ([`Descriptor::Cuda`]` { memory: Some(`[`CudaMemory`]`) }`); a reader opens the allocation once
+//! per process (`cuIpcOpenMemHandle`, cached and shared by the process's transports) and copies
+//! device to device on its own stream (`cuMemcpyDtoDAsync`) into a [`Dest::Device`], or through
+//! pinned host staging into a host destination. A reader in the owner's own process (which CUDA
+//! IPC cannot serve) reads the memory directly. Accumulates and inbox sends are acknowledged by
+//! the owner over its Unix socket with the peer protocol of [`crate::remote`], as with `shm`.
+//!
+//! # Choices
+//! - **Accumulate path.** The contract's accumulate takes host bytes (`Bytes` of fp32), so they
+//!   travel like `shm`'s: over the owner's Unix socket (handshake first), then the owner copies
+//!   them host → device (pinned staging, then a device scratch buffer) and runs the NVRTC kernel
+//!   `odc_add_f32` (`kernels.cu`) into the fp32 accumulator in device memory. Fencing (epoch) and
+//!   deduplication (write id) are the shared owner core's (`local/accumulator.rs`), whose
+//!   [`Sums`](crate::local) here is device memory; the checks and the kernel run under one lock,
+//!   so C2 and C3 hold exactly as for every backend. (A device-side push — the writer copying into
+//!   an owner-exported staging buffer through IPC and asking the owner to add it — needs a device
+//!   source in the contract; it is not there yet.) `odc_add_bf16` adds bf16 chunks; the contract's
+//!   payloads are fp32, so only the benchmark and the kernel tests use it today.
+//! - **Publication.** `publish` takes bytes already encoded in the region's dtype (the caller
+//!   encodes the bf16 copy, as for every backend) and copies them host → device through pinned
+//!   staging. A kernel that writes the bf16 copy from fp32 master weights in device memory belongs
+//!   to servers that keep their weights on the device; it is not part of this backend.
+//! - **Consistency (C1).** A region's version and seqlock live in host shared memory, in a
+//!   data-less `shm` segment per region (`odc-{job}-{pid}-{n}` in the configured directory, which
+//!   also records the owner's endpoint, instance and region, and whether the region was dropped).
+//!   The owner makes the sequence odd, copies, records the version and makes it even; a reader
+//!   loads the sequence, copies and waits for its copy to complete, and loads it again: equal and
+//!   even means one whole publication, else it copies again. Host atomics cost nothing next to the
+//!   copy, where sequence words in device memory would cost two small device-to-host copies per
+//!   read (the read of 64 MiB takes ~45 µs on an H100).
+//!
+//! # How each clause holds
+//! - **C1**: the seqlock above around every read (device or host destination). A read observes
+//!   one whole publication and returns its version; a read that raced a publication is redone.
+//! - **C2, C3**: the shared owner core (fencing, dedup, then the kernel, under one lock);
+//!   `Ok(())` comes back only after the kernel finished. `take` copies the values back and zeroes
+//!   them under the same lock. A device failure in `take` (which cannot return an error) is logged
+//!   and returns NaNs, which the step's non-finite check refuses.
+//! - **C4**: a reader checks, in order: deadline; descriptor (another host or job is
+//!   [`TransportError::ForeignHandle`]); the control segment (gone, closed, of another owner,
+//!   instance or region: [`TransportError::UnknownRegion`]) and the memory (an IPC handle whose
+//!   offset and length do not fit its allocation names no region); kind (an accumulate or a send
+//!   at a published region is [`TransportError::WrongKind`]); range; destination (a host one of the
+//!   wrong size is [`TransportError::BadDestination`]; a device one of the wrong size too, and one
+//!   that is not device memory of the reader's device inside one allocation is
+//!   [`TransportError::Unsupported`]). Accumulators and inboxes are checked by the owner as over
+//!   `shm`.
+//! - **C5**: any split reads the same bytes (no publication in between).
+//! - **C6, I6**: every wait for the device polls an event until the operation's deadline (owner
+//!   operations, which have none, until 60 s); a read still copying then is
+//!   [`TransportError::DeadlineExceeded`], and the copy is drained before the stream is used
+//!   again. A read that missed its deadline may still land in a device destination until then.
+//! - **C7**: inboxes are host memory in the owner's fabric, over the socket.
+//!
+//! # Without a driver
+//! [`CudaTransport::new`], [`Device::open`] and [`device_count`] check for the driver library
+//! before any cudarc call (cudarc panics without one) and fail with
+//! [`TransportError::Unsupported`] whose text starts `no CUDA driver:`. The kernels also need
+//! NVRTC (`libnvrtc.so`, `/usr/local/cuda/lib64`): without it registering an accumulator says
+//! `no NVRTC:`.
+//!
+//! # What has not been run
+//! This backend was written and built on a machine without a GPU: only the no-driver paths ran
+//! there. The conformance suite (in one process: `tests/cuda_conformance.rs`; owner in a child
+//! process: `tests/cuda_process_conformance.rs`), the kernel tests (`cuda::tests`) and
+//! `odc-bench transport --backends cuda` are built by `benches/gpu/build.sh` and run on a GPU
+//! machine by `benches/gpu/run.sh`. Peer access between two devices (NVLink) is written but was
+//! not exercised on one GPU.
+
+mod driver;
+mod kernels;
+mod mapping;
+mod owned;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::net::{UnixListener, UnixStream};
+
+use self::driver::Waited;
+pub use self::driver::{check_driver, device_count, Device, DeviceBuffer, STAGING_BYTES};
+use self::mapping::{Mapping, Unreached};
+use self::owned::{export, own_memory, DeviceSums, PublishedGuard};
+use crate::error::wide;
+use crate::remote::{accept_loop, ops, serve_connection, Peers, RemoteConfig, Served};
+use crate::shm::segment::{self, SegmentError, SegmentReader, SegmentWriter};
+use crate::shm::{host_id, sweep, UnixDial, NEXT_SEGMENT};
+use crate::transport::check_deadline;
+use crate::wire::{ClusterSecret, Target};
+use crate::{
+    codec, AccumulatorRegion, CudaMemory, Deadline, Descriptor, Dest, Dtype, EndpointId,
+    InboxRegion, Op, PublishedRegion, RegionHandle, RegionKind, Transport, TransportError,
+    WriteTag,
+};
+
+/// How a [`CudaTransport`] names its files and which device it uses.
+#[derive(Debug, Clone)]
+pub struct CudaConfig {
+    /// The CUDA device (this process's ordinal) that holds the regions this transport owns and
+    /// receives the device reads it does.
+    pub device: u32,
+    /// The job's id (`[A-Za-z0-9_.-]{1,64}`): every process of the job uses the same.
+    pub job: String,
+    /// Where control segments and the socket live (`/dev/shm`).
+    pub dir: PathBuf,
+    /// Shared by every process of the job.
+    pub secret: ClusterSecret,
+    pub remote: RemoteConfig,
+}
+
+impl CudaConfig {
+    /// Device `device`, job `job`, files in `/dev/shm`.
+    pub fn new(device: u32, job: impl Into<String>, secret: ClusterSecret) -> Self {
+        Self {
+            device,
+            job: job.into(),
+            dir: PathBuf::from("/dev/shm"),
+            secret,
+            remote: RemoteConfig::default(),
+        }
+    }
+}
+
+/// The CUDA backend. Create it inside a tokio runtime ([`CudaTransport::new`]).
+pub struct CudaTransport {
+    device: Arc<Device>,
+    served: Arc<Served>,
+    host: String,
+    job: String,
+    dir: PathBuf,
+    socket: PathBuf,
+    peers: Peers,
+    /// Published regions this transport has reached, by control segment name.
+    mappings: Mutex<HashMap<String, Arc<Mapping>>>,
+    listener: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for CudaTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaTransport")
+            .field("device", &self.device.ordinal())
+            .field("job", &self.job)
+            .field("socket", &self.socket)
+            .finish()
+    }
+}
+
+impl Drop for CudaTransport {
+    fn drop(&mut self) {
+        self.listener.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Where a handle points.
+struct Located<'h> {
+    socket: &'h str,
+    pid: u32,
+    memory: Option<&'h CudaMemory>,
+    target: Target,
+}
+
+impl CudaTransport {
+    /// Open device `config.device` (without a CUDA driver: `Unsupported`, `no CUDA driver: …`,
+    /// before anything else happens), remove the job's stale files, listen on a fresh socket and
+    /// serve this transport's accumulators and inboxes there.
+    pub async fn new(config: CudaConfig) -> Result<Self, TransportError> {
+        let device = Device::open(config.device)?;
+        if !segment::job_is_valid(&config.job) {
+            return Err(TransportError::Unsupported {
+                what: format!(
+                    "cuda backend: job id {:?} is not [A-Za-z0-9_.-]{{1,64}}",
+                    config.job
+                ),
+            });
+        }
+        sweep(&config.dir, &config.job);
+        let n = NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed);
+        let socket = config.dir.join(format!(
+            "odc-{}-{}-{n}.sock",
+            config.job,
+            std::process::id()
+        ));
+        let listener = UnixListener::bind(&socket).map_err(|e| TransportError::Unsupported {
+            what: format!("cuda backend cannot listen on {}: {e}", socket.display()),
+        })?;
+        let served = Served::new(config.remote, config.secret);
+        let peers = Peers::new(Box::new(UnixDial), Arc::clone(&served));
+        let serving = Arc::clone(&served);
+        let listener = tokio::spawn(accept_loop(
+            listener,
+            "cuda",
+            move |stream: UnixStream, peer, permit| {
+                let (read, write) = stream.into_split();
+                let deadline = serving.handshake_deadline();
+                serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
+            },
+        ));
+        Ok(Self {
+            device,
+            served,
+            host: host_id(),
+            job: config.job,
+            dir: config.dir,
+            socket,
+            peers,
+            mappings: Mutex::new(HashMap::new()),
+            listener,
+        })
+    }
+
+    /// The device this transport owns regions on and reads into.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// The Unix socket this transport serves on.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    fn descriptor(&self, memory: Option<CudaMemory>) -> Descriptor {
+        Descriptor::Cuda {
+            host: self.host.clone(),
+            job: self.job.clone(),
+            pid: std::process::id(),
+            instance: self.served.instance,
+            socket: self.socket.to_string_lossy().into_owned(),
+            device: self.device.ordinal(),
+            memory,
+        }
+    }
+
+    /// Where `handle` lives, or why this transport cannot use it.
+    fn locate<'h>(&self, handle: &'h RegionHandle) -> Result<Located<'h>, TransportError> {
+        let foreign = |reason: String| TransportError::ForeignHandle {
+            owner: handle.owner,
+            region: handle.id,
+            reason,
+        };
+        match &handle.descriptor {
+            Descriptor::Cuda {
+                host,
+                job,
+                pid,
+                instance,
+                socket,
+                memory,
+                ..
+            } => {
+                if *host != self.host {
+                    return Err(foreign(format!(
+                        "it was issued on host {host}, this is host {}; CUDA IPC does not cross \
+                         hosts",
+                        self.host
+                    )));
+                }
+                if *job != self.job {
+                    return Err(foreign(format!(
+                        "it belongs to job {job:?}, this transport to job {:?}",
+                        self.job
+                    )));
+                }
+                Ok(Located {
+                    socket,
+                    pid: *pid,
+                    memory: memory.as_ref(),
+                    target: Target {
+                        owner: handle.owner,
+                        instance: *instance,
+                        region: handle.id,
+                    },
+                })
+            }
+            other => Err(foreign(format!(
+                "it is a {} handle; the cuda backend reaches regions of cuda owners",
+                other.backend()
+            ))),
+        }
+    }
+
+    /// The published region `memory` names, reached from this process (cached), if it is still
+    /// the live region `located` names.
+    fn mapping(
+        &self,
+        located: &Located<'_>,
+        memory: &CudaMemory,
+    ) -> Result<Arc<Mapping>, TransportError> {
+        let target = &located.target;
+        let unknown = TransportError::UnknownRegion {
+            owner: target.owner,
+            region: target.region,
+        };
+        let name = memory.segment.as_str();
+        let cached = self.mappings.lock().get(name).cloned();
+        if let Some(mapping) = cached {
+            if mapping.segment.is_closed() {
+                self.mappings.lock().remove(name);
+                return Err(unknown);
+            }
+            if !mapping.is_for(memory) || !names(&mapping.segment, target) {
+                return Err(unknown);
+            }
+            return Ok(mapping);
+        }
+        let reader = match SegmentReader::open(&self.dir, name, &self.job) {
+            Ok(reader) => reader,
+            Err(SegmentError::WrongJob { found, .. }) => {
+                return Err(TransportError::ForeignHandle {
+                    owner: target.owner,
+                    region: target.region,
+                    reason: format!("its control segment belongs to job {found:?}"),
+                })
+            }
+            Err(_) => return Err(unknown),
+        };
+        if reader.is_closed() || !names(&reader, target) {
+            return Err(unknown);
+        }
+        let reached = if located.pid == std::process::id() {
+            match own_memory(target.instance, target.region) {
+                Some(buffer) => Mapping::own(buffer, reader, memory),
+                None => Err(Unreached::Unknown),
+            }
+        } else {
+            Mapping::ipc(&self.device, reader, memory)
+        };
+        let mapping = match reached {
+            Ok(mapping) => Arc::new(mapping),
+            Err(Unreached::Unknown) => return Err(unknown),
+            Err(Unreached::Driver(e)) => {
+                return Err(TransportError::Unreachable {
+                    owner: target.owner,
+                    reason: format!(
+                        "the device memory of region {} (process {}) cannot be opened: {e}",
+                        target.region, located.pid
+                    ),
+                })
+            }
+        };
+        self.device.reach_peer(mapping.ordinal)?;
+        let mut mappings = self.mappings.lock();
+        // Forget regions that were dropped meanwhile (closing their IPC mappings).
+        mappings.retain(|_, m| !m.segment.is_closed());
+        mappings.insert(name.to_owned(), Arc::clone(&mapping));
+        Ok(mapping)
+    }
+
+    /// A one-sided read of a published region (C1; C4 order after the descriptor).
+    fn read_published(
+        &self,
+        handle: &RegionHandle,
+        located: &Located<'_>,
+        memory: &CudaMemory,
+        range: Range<usize>,
+        into: Dest<'_>,
+        deadline: Deadline,
+    ) -> Result<u64, TransportError> {
+        let mapping = self.mapping(located, memory)?;
+        let (owner, region, dtype) = (handle.owner, handle.id, handle.dtype);
+        let size = dtype.size();
+        let elements = usize::try_from(memory.len_bytes).unwrap_or(usize::MAX) / size;
+        if handle.len != wide(elements) || memory.len_bytes % size as u64 != 0 {
+            return Err(TransportError::UnknownRegion { owner, region });
+        }
+        if range.start > range.end || range.end > elements {
+            return Err(TransportError::OutOfRange {
+                region,
+                start: wide(range.start),
+                end: wide(range.end),
+                len: wide(elements),
+            });
+        }
+        let bytes = range.len() * size;
+        let src = mapping.data + (range.start * size) as u64;
+        let deadline_error = TransportError::DeadlineExceeded {
+            owner,
+            region,
+            op: Op::Read,
+        };
+        let waited = |w: Waited| match w {
+            Waited::Deadline => deadline_error.clone(),
+            Waited::Failed(e) => e,
+        };
+        let mut into = into;
+        match &mut into {
+            Dest::Device(dest) => {
+                if dest.bytes != wide(bytes) {
+                    return Err(TransportError::BadDestination {
+                        region,
+                        expected: wide(bytes),
+                        got: dest.bytes,
+                    });
+                }
+                self.device.check_dest(dest)?;
+            }
+            other => other.spec().check_host(region, dtype, range.len())?,
+        }
+        let device = &self.device;
+        let mut copy = || -> Result<(), TransportError> {
+            if bytes == 0 {
+                return Ok(());
+            }
+            let mut lane = device.lane()?;
+            match &mut into {
+                Dest::Device(dest) => {
+                    lane.copy(dest.ptr, src, bytes)?;
+                    lane.finish(deadline).map_err(waited)
+                }
+                Dest::Bytes(buf) => lane
+                    .download(src, bytes, deadline, &mut |piece, at| {
+                        buf[at..at + piece.len()].copy_from_slice(piece);
+                        Ok(())
+                    })
+                    .map_err(waited),
+                Dest::F32(out) => lane
+                    .download(src, bytes, deadline, &mut |piece, at| {
+                        let first = at / size;
+                        let out =
+                            out.get_mut(first..first + piece.len() / size)
+                                .ok_or_else(|| TransportError::Unsupported {
+                                    what: format!(
+                                        "read of region {region}: a piece that does not fit"
+                                    ),
+                                })?;
+                        codec::decode_into(dtype, piece, out).map_err(|e| e.for_region(region))
+                    })
+                    .map_err(waited),
+            }
+        };
+        match mapping.segment.read_outside(deadline, &mut copy) {
+            Ok(result) => result,
+            Err(_) if !mapping.segment.owner_alive() => Err(TransportError::Unreachable {
+                owner,
+                reason: format!(
+                    "the owner process of region {region} is gone (it died while publishing)"
+                ),
+            }),
+            Err(_) => Err(deadline_error),
+        }
+    }
+
+    /// An accumulate or a send aimed at a published region: `WrongKind` if it exists, after the
+    /// handle checks.
+    fn wrong_kind(
+        &self,
+        located: &Located<'_>,
+        memory: &CudaMemory,
+        expected: RegionKind,
+    ) -> TransportError {
+        match self.mapping(located, memory) {
+            Ok(_) => TransportError::WrongKind {
+                region: located.target.region,
+                expected,
+                actual: RegionKind::Published,
+            },
+            Err(e) => e,
+        }
+    }
+}
+
+/// Whether the control segment `segment` is the region `target` names (owner, instance, id).
+fn names(segment: &SegmentReader, target: &Target) -> bool {
+    segment.endpoint() == target.owner
+        && segment.instance() == target.instance
+        && segment.handle_id() == target.region
+}
+
+#[async_trait::async_trait]
+impl Transport for CudaTransport {
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn register_published(
+        &self,
+        owner: EndpointId,
+        dtype: Dtype,
+        initial: Bytes,
+        version: u64,
+    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
+        let id = self.served.fabric.next_region_id();
+        let len = codec::element_count(dtype, initial.len()).map_err(|e| e.for_region(id))?;
+        let memory = Arc::new(self.device.alloc(initial.len())?);
+        self.device.upload(&memory, 0, &initial)?;
+        let (ipc_handle, offset) = export(&self.device, &memory)?;
+        let writer = SegmentWriter::create_for(
+            &self.dir,
+            &self.job,
+            owner,
+            self.served.instance,
+            id,
+            NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed),
+            dtype.size(),
+            0,
+            8,
+            &[],
+            version,
+        )
+        .map_err(|e| TransportError::Unsupported {
+            what: format!("cuda backend cannot create the control segment of region {id}: {e}"),
+        })?;
+        let handle = RegionHandle {
+            owner,
+            id,
+            kind: RegionKind::Published,
+            dtype,
+            len: wide(len),
+            version,
+            descriptor: self.descriptor(Some(CudaMemory {
+                ipc_handle,
+                offset,
+                len_bytes: wide(initial.len()),
+                segment: writer.name().to_owned(),
+            })),
+        };
+        let guard = PublishedGuard {
+            device: Arc::clone(&self.device),
+            memory,
+            writer,
+            handle,
+            instance: self.served.instance,
+        };
+        guard.announce();
+        Ok(Box::new(guard))
+    }
+
+    fn register_accumulator(
+        &self,
+        owner: EndpointId,
+        len: usize,
+        epoch: u64,
+    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
+        let sums = DeviceSums::new(&self.device, len)?;
+        self.served.register_accumulator_in(
+            self.descriptor(None),
+            owner,
+            len,
+            epoch,
+            Box::new(sums),
+        )
+    }
+
+    fn register_inbox(
+        &self,
+        owner: EndpointId,
+        epoch: u64,
+    ) -> Result<Box<dyn InboxRegion>, TransportError> {
+        self.served
+            .register_inbox(self.descriptor(None), owner, epoch)
+    }
+
+    async fn read(
+        &self,
+        handle: &RegionHandle,
+        range: Range<usize>,
+        into: Dest<'_>,
+        deadline: Deadline,
+    ) -> Result<u64, TransportError> {
+        check_deadline(deadline, handle.owner, handle.id, Op::Read)?;
+        let located = self.locate(handle)?;
+        match located.memory {
+            Some(memory) => self.read_published(handle, &located, memory, range, into, deadline),
+            // Not a published region: the owner says what it is (unknown, wrong kind).
+            None => {
+                ops::read(
+                    &self.peers,
+                    located.socket,
+                    located.target,
+                    handle,
+                    range,
+                    into,
+                    deadline,
+                )
+                .await
+            }
+        }
+    }
+
+    async fn accumulate(
+        &self,
+        handle: &RegionHandle,
+        offset: usize,
+        data: Bytes,
+        tag: WriteTag,
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
+        let located = self.locate(handle)?;
+        if let Some(memory) = located.memory {
+            return Err(self.wrong_kind(&located, memory, RegionKind::Accumulator));
+        }
+        ops::accumulate(
+            &self.peers,
+            located.socket,
+            located.target,
+            offset,
+            data,
+            tag,
+            deadline,
+        )
+        .await
+    }
+
+    async fn send(
+        &self,
+        inbox: &RegionHandle,
+        tag: WriteTag,
+        data: Bytes,
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
+        let located = self.locate(inbox)?;
+        if let Some(memory) = located.memory {
+            return Err(self.wrong_kind(&located, memory, RegionKind::Inbox));
+        }
+        ops::send(
+            &self.peers,
+            located.socket,
+            located.target,
+            tag,
+            data,
+            deadline,
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Why the device tests cannot run here, printed; `None` where a driver is present.
+    fn skip_without_driver(test: &str) -> bool {
+        match check_driver() {
+            Ok(()) => false,
+            Err(e) => {
+                eprintln!("skipped `{test}`: {e}");
+                true
+            }
+        }
+    }
+
+    fn device() -> Arc<Device> {
+        Device::open(0).unwrap_or_else(|e| panic!("device 0: {e}"))
+    }
+
+    #[test]
+    fn no_driver_is_a_clear_unsupported_error_everywhere() {
+        if check_driver().is_ok() {
+            eprintln!("not applicable: this machine has a CUDA driver");
+            return;
+        }
+        let says_no_driver = |what: &str, result: Result<(), TransportError>| match result {
+            Err(TransportError::Unsupported { what: said }) => {
+                assert!(said.starts_with("no CUDA driver: "), "{what}: {said}")
+            }
+            other => panic!("{what}: expected Unsupported(no CUDA driver), got {other:?}"),
+        };
+        says_no_driver("check_driver", check_driver());
+        says_no_driver("device_count", device_count().map(|_| ()));
+        says_no_driver("Device::open", Device::open(0).map(|_| ()));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let secret = ClusterSecret::new("cuda-unit-secret").expect("secret");
+        let transport =
+            runtime.block_on(CudaTransport::new(CudaConfig::new(0, "cudaunit", secret)));
+        says_no_driver("CudaTransport::new", transport.map(|_| ()));
+    }
+
+    /// The kernels' source compiles with NVRTC (no device needed; skipped where NVRTC does not
+    /// load, with the reason).
+    #[test]
+    fn kernel_source_compiles_with_nvrtc() {
+        match kernels::ptx((9, 0)) {
+            Ok(ptx) => {
+                let text = ptx.to_src();
+                for name in ["odc_add_f32", "odc_add_bf16"] {
+                    assert!(text.contains(name), "the PTX has no {name}");
+                }
+            }
+            Err(TransportError::Unsupported { what }) if what.starts_with("no NVRTC") => {
+                eprintln!("skipped: {what}")
+            }
+            Err(e) => panic!("kernels.cu does not compile: {e}"),
+        }
+    }
+
+    /// C2 on the device: the f32 and bf16 accumulate kernels give exactly the host's fp32 sums
+    /// (values below bf16 resolution, negative values, an odd length that is no multiple of the
+    /// block).
+    #[test]
+    fn kernels_add_exactly_c2() {
+        if skip_without_driver("kernels_add_exactly_c2") {
+            return;
+        }
+        let device = device();
+        let n = 3 * 256 * 1024 + 7;
+        let acc: Vec<f32> = (0..n)
+            .map(|i| 1.0 + (i % 977) as f32 * 2f32.powi(-20))
+            .collect();
+        let grad: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * -0.375 + 0.125).collect();
+        let acc_buf = device.alloc(n * 4).expect("alloc");
+        let src_buf = device.alloc(n * 4).expect("alloc");
+        device
+            .upload(&acc_buf, 0, &codec::encode_f32(&acc))
+            .expect("upload");
+        device
+            .upload(&src_buf, 0, &codec::encode_f32(&grad))
+            .expect("upload");
+        device.add_f32(&acc_buf, &src_buf).expect("add_f32");
+        let got = codec::decode_f32(&device.download(&acc_buf).expect("download")).expect("decode");
+        assert_eq!(got.len(), n);
+        for (i, ((g, a), s)) in got.iter().zip(&acc).zip(&grad).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                (a + s).to_bits(),
+                "f32 element {i}: {g} != {a} + {s}"
+            );
+        }
+
+        let bf16 = codec::encode(Dtype::Bf16, &grad);
+        let widened = codec::decode(Dtype::Bf16, &bf16).expect("decode");
+        let half_buf = device.alloc(n * 2).expect("alloc");
+        device.upload(&half_buf, 0, &bf16).expect("upload");
+        device.add_bf16(&acc_buf, &half_buf).expect("add_bf16");
+        let again =
+            codec::decode_f32(&device.download(&acc_buf).expect("download")).expect("decode");
+        assert_eq!(again.len(), n);
+        for (i, ((g, a), w)) in again.iter().zip(&got).zip(&widened).enumerate() {
+            assert!(!g.is_nan(), "bf16 element {i} is NaN");
+            assert_eq!(
+                g.to_bits(),
+                (a + w).to_bits(),
+                "bf16 element {i}: {g} != {a} + {w}"
+            );
+        }
+    }
+
+    /// Copies keep every byte: a device copy, uploads and downloads through the pinned staging
+    /// (larger than it, so in pieces), the raw staging copies; a buffer too small for a copy is
+    /// refused.
+    #[test]
+    fn copies_and_staging_keep_every_byte() {
+        if skip_without_driver("copies_and_staging_keep_every_byte") {
+            return;
+        }
+        let device = device();
+        let n = STAGING_BYTES + 4096 + 12;
+        let data: Vec<u8> = (0..n).map(|i| (i * 31 % 251) as u8).collect();
+        let a = device.alloc(n).expect("alloc");
+        let b = device.alloc(n).expect("alloc");
+        device.upload(&a, 0, &data).expect("upload");
+        device.copy(&b, &a).expect("copy");
+        assert_eq!(device.download(&b).expect("download"), data);
+        device.stage_out(&b).expect("staging out");
+        device.stage_in(&b).expect("staging in");
+        assert_eq!(
+            device.download(&b).expect("download")[n - STAGING_BYTES..],
+            data[n - STAGING_BYTES..],
+            "the last piece staged out is what the staging held when it came back in"
+        );
+        let small = device.alloc(n - 4).expect("alloc");
+        assert!(matches!(
+            device.copy(&small, &a),
+            Err(TransportError::Unsupported { .. })
+        ));
+        assert!(
+            device.upload(&small, 8, &data).is_err(),
+            "an upload past the end"
+        );
+    }
+}

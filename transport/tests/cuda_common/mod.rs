@@ -1,0 +1,174 @@
+//! What the two `cuda` conformance binaries share: the skip reason (no driver) and the checks the
+//! generic suite cannot make because they need device memory of the reader's own (reads into
+//! `Dest::Device`, host transfers larger than the pinned staging).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use odc_transport::conformance::{ship, Pair, OWNER};
+use odc_transport::cuda::{check_driver, Device, STAGING_BYTES};
+use odc_transport::{codec, deadline_in, Dest, DeviceDest, Dtype, TransportError, WriteTag};
+
+/// Why the suite cannot run here (no CUDA driver), or `None`.
+pub fn no_cuda() -> Option<String> {
+    check_driver().err().map(|e| e.to_string())
+}
+
+fn soon() -> odc_transport::Deadline {
+    deadline_in(Duration::from_secs(30))
+}
+
+/// `n` distinct values exactly representable in `dtype`.
+fn ramp(dtype: Dtype, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| codec::round_trip(dtype, (i % 4096) as f32 * 0.25 + 1.0))
+        .collect()
+}
+
+/// C1 into device memory: a whole region and a sub-range land in the reader's device buffers
+/// bit for bit, with the version; after a publication the next read sees it; a device
+/// destination of the wrong size is `BadDestination`, one on another device `Unsupported`, and
+/// neither writes anything.
+pub async fn device_destination_reads_c1(pair: &Pair, device: &Arc<Device>) {
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let n = 1000;
+        let size = dtype.size();
+        let values = ramp(dtype, n);
+        let region = pair
+            .owner
+            .register_published(OWNER, dtype, codec::encode(dtype, &values), 7)
+            .expect("register");
+        let handle = ship(&region.handle());
+        let whole = device.alloc(n * size).expect("alloc");
+        let version = pair
+            .reader
+            .read(&handle, 0..n, Dest::Device(whole.dest()), soon())
+            .await
+            .expect("device read");
+        assert_eq!(version, 7, "{dtype:?}: version of a device read");
+        let got = device.download(&whole).expect("download");
+        assert_eq!(got.len(), n * size);
+        assert_eq!(
+            &got[..],
+            &codec::encode(dtype, &values)[..],
+            "{dtype:?}: whole read"
+        );
+
+        let part = device.alloc(100 * size).expect("alloc");
+        pair.reader
+            .read(&handle, 250..350, Dest::Device(part.dest()), soon())
+            .await
+            .expect("device read of a range");
+        assert_eq!(
+            &device.download(&part).expect("download")[..],
+            &codec::encode(dtype, &values[250..350])[..],
+            "{dtype:?}: range read lands at the start of the destination"
+        );
+
+        let next: Vec<f32> = values.iter().map(|v| -v).collect();
+        region
+            .publish(8, codec::encode(dtype, &next))
+            .expect("publish");
+        let version = pair
+            .reader
+            .read(&handle, 0..n, Dest::Device(whole.dest()), soon())
+            .await
+            .expect("device read after publish");
+        assert_eq!(version, 8);
+        assert_eq!(
+            &device.download(&whole).expect("download")[..],
+            &codec::encode(dtype, &next)[..],
+            "{dtype:?}: the new publication"
+        );
+
+        let sentinel = vec![0xa5u8; 100 * size];
+        device.upload(&part, 0, &sentinel).expect("upload");
+        let short = DeviceDest {
+            bytes: (99 * size) as u64,
+            ..part.dest()
+        };
+        match pair
+            .reader
+            .read(&handle, 250..350, Dest::Device(short), soon())
+            .await
+        {
+            Err(TransportError::BadDestination { expected, got, .. }) => {
+                assert_eq!((expected, got), ((100 * size) as u64, (99 * size) as u64))
+            }
+            other => panic!("{dtype:?}: a short device destination gave {other:?}"),
+        }
+        let elsewhere = DeviceDest {
+            device: device.ordinal() + 1,
+            ..part.dest()
+        };
+        match pair
+            .reader
+            .read(&handle, 250..350, Dest::Device(elsewhere), soon())
+            .await
+        {
+            Err(TransportError::Unsupported { what }) => assert!(what.contains("device"), "{what}"),
+            other => panic!("{dtype:?}: a destination on another device gave {other:?}"),
+        }
+        assert_eq!(
+            device.download(&part).expect("download"),
+            sentinel,
+            "{dtype:?}: refused reads wrote nothing"
+        );
+    }
+}
+
+/// C1, C2 across the pinned staging: a read into host memory and an accumulate larger than the
+/// staging buffer (so both move in several pieces) are exact.
+pub async fn transfers_larger_than_the_staging_c2(pair: &Pair) {
+    let n = STAGING_BYTES / 4 + 1025;
+    let values = ramp(Dtype::F32, n);
+    let region = pair
+        .owner
+        .register_published(OWNER, Dtype::F32, codec::encode_f32(&values), 3)
+        .expect("register");
+    let handle = ship(&region.handle());
+    let mut out = vec![f32::NAN; n];
+    let version = pair
+        .reader
+        .read(&handle, 0..n, Dest::F32(&mut out), soon())
+        .await
+        .expect("large read");
+    assert_eq!(version, 3);
+    assert_eq!(out.len(), values.len());
+    assert!(
+        out.iter()
+            .zip(&values)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "a read over several staging pieces differs"
+    );
+
+    let acc = pair
+        .owner
+        .register_accumulator(OWNER, n, 0)
+        .expect("register accumulator");
+    let acc_handle = ship(&acc.handle());
+    for write_id in [1, 2] {
+        pair.reader
+            .accumulate(
+                &acc_handle,
+                0,
+                codec::encode_f32(&values),
+                WriteTag {
+                    epoch: 0,
+                    write_id,
+                    token: 0,
+                },
+                soon(),
+            )
+            .await
+            .expect("large accumulate");
+    }
+    let sums = acc.take(1);
+    assert_eq!(sums.len(), n);
+    assert!(
+        sums.iter()
+            .zip(&values)
+            .all(|(s, v)| s.to_bits() == (v + v).to_bits()),
+        "an accumulate over several staging pieces differs"
+    );
+}
