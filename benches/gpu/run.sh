@@ -16,6 +16,7 @@ mkdir -p "$LOGS"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export ODC_CONFORMANCE_OWNER="$BIN/odc-conformance-owner"
 export RUST_BACKTRACE=1
+DESIGNED_SKIP='refused_write_changes_nothing_c8 skipped: a write guard for a region owned by another process'
 
 if [ ! -f "$BIN/MANIFEST" ]; then
   echo "run.sh: no $BIN/MANIFEST: run benches/gpu/build.sh first (on the build machine)" >&2
@@ -42,7 +43,9 @@ check() {
   local secs=$((SECONDS - started))
   local counts skipped
   counts=$(grep -E '^test result:' "$log" | tail -1 | sed -E 's/^test result: [A-Za-z]+\. //; s/; finished in.*//')
-  skipped=$(grep -c 'skipped' "$log")
+  # C8's write guard is a closure in the owner's process: with the owner in a child process the
+  # suite skips it by design (as for tcp and shm); any other skip counts.
+  skipped=$(grep 'skipped' "$log" | grep -vc "$DESIGNED_SKIP")
   local figures="${counts:-no test summary}; ${secs} s; log $log"
   if [ "$rc" -eq 0 ] && [ "$skipped" -eq 0 ]; then
     row "$name" PASS "$figures"
@@ -75,7 +78,7 @@ if [ "$bench_rc" -ne 0 ]; then
 else
   while read -r backend size unit gbs limit ratio _; do
     row "bench $backend $size $unit" PASS "$gbs GB/s, limit $limit GB/s, ratio $ratio"
-  done < <(grep -E '^cuda-' "$bench_log")
+  done < <(grep -E '^cuda-[a-z0-9-]+ +[0-9]' "$bench_log")
   while IFS= read -r line; do
     name=${line%%:*}
     verdict=${line##*: }
