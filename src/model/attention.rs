@@ -10,8 +10,12 @@
 //!    depend on what is packed before it.
 //! 3. Every op is differentiable (see [`super::ops`]); the mask is finite, so no row produces NaN
 //!    (each row allows at least its diagonal).
+//! 4. Memory: each sample's scores are materialised (`[heads, len, len]`, in fp32 for the mask and
+//!    the softmax), and a unit's graph keeps them until its backward: about 26 bytes per head per
+//!    (query, key) pair under bf16 mixed precision (24 in fp32). That bounds the longest sample
+//!    a device can train; a blocked, recomputing attention would lift it (see the README).
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use super::batch::PackedBatch;
 use super::error::Result;
@@ -80,8 +84,12 @@ fn probs_and_values(
         .map(|(&(start, len), mask)| -> Result<Tensor> {
             let q = q.narrow(1, start, len)?;
             let k = k.narrow(1, start, len)?;
-            let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(mask)?;
-            Ok(softmax_last_dim(&scores)?)
+            // Scores in the activations' dtype (a bf16 matmul under mixed precision), the mask
+            // and the softmax in fp32, the probabilities back in the values' dtype.
+            let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?
+                .to_dtype(DType::F32)?
+                .broadcast_add(mask)?;
+            Ok(softmax_last_dim(&scores)?.to_dtype(v.dtype())?)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((probs, v))

@@ -14,7 +14,7 @@
 //!   [`MASKED`] elsewhere), so a pack of `T` tokens costs the sum of its samples' squared lengths,
 //!   not `T²`, and no sample can see another.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
 use super::error::{Error, Result};
@@ -203,12 +203,16 @@ impl PackedBatch {
 }
 
 /// The causal mask of one sample of `len` tokens: `[len, len]` f32, 0 where `j <= i`, [`MASKED`]
-/// elsewhere. Every row allows its diagonal.
+/// elsewhere. Every row allows its diagonal. Built on `device` from two index vectors (a 4K-token
+/// sample's mask is 64 MiB, which a GPU should not receive from the host).
 pub fn causal_mask(len: usize, device: &Device) -> Result<Tensor> {
-    let values: Vec<f32> = (0..len)
-        .flat_map(|i| (0..len).map(move |j| if j <= i { 0.0 } else { MASKED }))
-        .collect();
-    Ok(Tensor::from_vec(values, (len, len), device)?)
+    let n = u32::try_from(len).map_err(|_| Error::Batch(format!("a sample of {len} tokens")))?;
+    let query = Tensor::arange(0u32, n, device)?.reshape((len, 1))?;
+    let key = Tensor::arange(0u32, n, device)?.reshape((1, len))?;
+    let allowed = key.broadcast_le(&query)?;
+    let zeros = Tensor::zeros((len, len), DType::F32, device)?;
+    let masked = Tensor::full(MASKED, (len, len), device)?;
+    Ok(allowed.where_cond(&zeros, &masked)?)
 }
 
 #[cfg(test)]

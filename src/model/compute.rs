@@ -19,13 +19,23 @@
 //! Memory: each unit's graph keeps a copy of its weights until its backward ran (as FSDP with
 //! `reshard_after_forward=False`); the gathered transfer buffers themselves are released after
 //! each unit's forward.
+//!
+//! **On a CUDA device** ([`Placement`], [`super::device`]): each trainer opens its own device
+//! (own stream) at its first micro-batch; a gathered unit (host `f32`s) goes up in one
+//! host-to-device copy and becomes the unit's `Var`s on the device, the forward and backward run
+//! there (in fp32 or bf16 mixed precision, [`ComputePrecision`]), and each unit's gradient is
+//! concatenated on the device and comes down in one device-to-host copy (the transport's
+//! accumulate payload is host fp32), pushed once the next unit's backward is enqueued
+//! ([`super::staging`]). The loss is read back after the whole backward was enqueued, so nothing
+//! waits for the device before the first gradient copy.
 
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 
 use super::batch::{PackedBatch, Sample};
 use super::config::ModelConfig;
+use super::device::{open_device, ComputePrecision, DeviceSpec};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::params::{as_tensors, unit_vars, ParamSpec};
 use super::transformer::{
@@ -96,8 +106,24 @@ pub fn transformer_job(
     samples: Arc<dyn SampleStore>,
     objective: Objective,
 ) -> super::Result<crate::JobBuilder> {
+    transformer_job_on(config, init, samples, objective, Placement::default())
+}
+
+/// [`transformer_job`] with each trainer's compute on `placement`'s device and precision. The
+/// device is opened once here, so a bad `--device` or a missing driver fails before the job is
+/// built; each trainer then opens its own (its own stream) at its first micro-batch.
+pub fn transformer_job_on(
+    config: &ModelConfig,
+    init: Option<Vec<Vec<f32>>>,
+    samples: Arc<dyn SampleStore>,
+    objective: Objective,
+    placement: Placement,
+) -> super::Result<crate::JobBuilder> {
+    if placement.device.is_cuda() {
+        open_device(placement.device, placement.local_rank)?;
+    }
     let prototype =
-        TransformerCompute::new(config.clone(), Device::Cpu, samples)?.with_objective(objective);
+        TransformerCompute::on(config.clone(), placement, samples)?.with_objective(objective);
     let units = match init {
         None => layout_units(config)?,
         Some(values) => {
@@ -143,20 +169,72 @@ pub fn tensor_map(config: &ModelConfig) -> super::Result<TensorMap> {
     TensorMap::new(units).map_err(|e| super::Error::Batch(e.to_string()))
 }
 
+/// Where a [`TransformerCompute`] runs: the device, the precision of its matmuls and activations,
+/// and the process's local rank (`ODC_LOCAL_RANK`; `cuda` without an ordinal is device
+/// `local_rank mod device_count`). The default is the CPU in fp32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Placement {
+    pub device: DeviceSpec,
+    pub precision: ComputePrecision,
+    pub local_rank: u32,
+}
+
 /// The [`Compute`] of the model (see the [module docs](self)).
 #[derive(Clone)]
 pub struct TransformerCompute {
     config: ModelConfig,
     specs: Vec<Vec<ParamSpec>>,
-    device: Device,
+    placement: Placement,
+    /// Given ([`TransformerCompute::new`]) or opened at the first micro-batch.
+    device: Option<Device>,
     samples: Arc<dyn SampleStore>,
     objective: Objective,
+    #[cfg(feature = "cuda")]
+    transfers: Transfers,
+}
+
+/// A trainer's pinned staging on a CUDA device, made at its first micro-batch (a clone starts
+/// without: each trainer has its own).
+#[cfg(feature = "cuda")]
+#[derive(Default)]
+struct Transfers {
+    staging: Option<super::staging::Staging>,
+}
+
+#[cfg(feature = "cuda")]
+impl Clone for Transfers {
+    fn clone(&self) -> Self {
+        Transfers::default()
+    }
 }
 
 impl TransformerCompute {
+    /// On `device` (CPU, or a CUDA device opened with [`open_device`]), in fp32.
     pub fn new(
         config: ModelConfig,
         device: Device,
+        samples: Arc<dyn SampleStore>,
+    ) -> super::Result<Self> {
+        let spec = match &device {
+            Device::Cpu => DeviceSpec::Cpu,
+            other => DeviceSpec::Cuda(Some(location_ordinal(other))),
+        };
+        let mut compute = Self::on(
+            config,
+            Placement {
+                device: spec,
+                ..Placement::default()
+            },
+            samples,
+        )?;
+        compute.device = Some(device);
+        Ok(compute)
+    }
+
+    /// On `placement`: the device is opened at the first micro-batch, by each clone for itself.
+    pub fn on(
+        config: ModelConfig,
+        placement: Placement,
         samples: Arc<dyn SampleStore>,
     ) -> super::Result<Self> {
         config.validate()?;
@@ -166,9 +244,12 @@ impl TransformerCompute {
         Ok(TransformerCompute {
             config,
             specs,
-            device,
+            placement,
+            device: matches!(placement.device, DeviceSpec::Cpu).then_some(Device::Cpu),
             samples,
             objective: Objective::CrossEntropy,
+            #[cfg(feature = "cuda")]
+            transfers: Transfers::default(),
         })
     }
 
@@ -176,6 +257,157 @@ impl TransformerCompute {
     pub fn with_objective(mut self, objective: Objective) -> Self {
         self.objective = objective;
         self
+    }
+
+    /// The same compute with its matmuls and activations in `precision`.
+    pub fn with_precision(mut self, precision: ComputePrecision) -> Self {
+        self.placement.precision = precision;
+        self
+    }
+
+    /// The compute's device, opened now if it was not yet.
+    fn device(&mut self) -> super::Result<Device> {
+        if let Some(device) = &self.device {
+            return Ok(device.clone());
+        }
+        let device = open_device(self.placement.device, self.placement.local_rank)?;
+        self.device = Some(device.clone());
+        Ok(device)
+    }
+
+    /// Unit `u`'s gathered values as `Var`s on `device`: on the CPU one tensor per parameter; on
+    /// a CUDA device one upload of the whole unit, split on the device.
+    fn unit_vars(&mut self, u: usize, values: &[f32], device: &Device) -> super::Result<Vec<Var>> {
+        match device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => {
+                let flat = self.staging(device)?.upload(values)?;
+                let mut offset = 0;
+                let mut vars = Vec::with_capacity(self.specs[u].len());
+                for spec in &self.specs[u] {
+                    let n = spec.numel();
+                    let t = flat.narrow(0, offset, n)?.reshape(spec.shape.as_slice())?;
+                    vars.push(Var::from_tensor(&t)?);
+                    offset += n;
+                }
+                if offset != values.len() {
+                    return Err(super::Error::UnitParams {
+                        what: "values",
+                        expected: offset,
+                        got: values.len(),
+                    });
+                }
+                Ok(vars)
+            }
+            _ => unit_vars(values, &self.specs[u], device),
+        }
+    }
+
+    /// This trainer's staging on `device`, made at first use (slots of the largest unit).
+    #[cfg(feature = "cuda")]
+    fn staging(&mut self, device: &Device) -> super::Result<&mut super::staging::Staging> {
+        if self.transfers.staging.is_none() {
+            let largest = self
+                .specs
+                .iter()
+                .map(|s| s.iter().map(ParamSpec::numel).sum::<usize>())
+                .max()
+                .unwrap_or(0);
+            self.transfers.staging = Some(super::staging::Staging::new(device, largest)?);
+        }
+        self.transfers
+            .staging
+            .as_mut()
+            .ok_or_else(|| super::Error::Device("cuda staging is missing".into()))
+    }
+
+    /// Unit `u`'s gradient, one flat fp32 buffer in parameter order (zeros for a parameter the
+    /// loss does not reach): on the CPU the values; on a CUDA device a download in flight.
+    fn unit_grad(
+        &mut self,
+        u: usize,
+        grads: &candle_core::backprop::GradStore,
+        params: &[Var],
+        device: &Device,
+    ) -> super::Result<UnitGrad> {
+        if device.is_cpu() {
+            let mut flat = Vec::with_capacity(self.specs[u].iter().map(ParamSpec::numel).sum());
+            for (var, spec) in params.iter().zip(&self.specs[u]) {
+                match grads.get(var.as_tensor()) {
+                    Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f32>()?),
+                    None => flat.extend(std::iter::repeat_n(0.0, spec.numel())),
+                }
+            }
+            return Ok(UnitGrad::Host(flat));
+        }
+        let parts = params
+            .iter()
+            .zip(&self.specs[u])
+            .map(|(var, spec)| match grads.get(var.as_tensor()) {
+                Some(g) => g.to_dtype(DType::F32)?.flatten_all(),
+                None => Tensor::zeros(spec.numel(), DType::F32, device),
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let flat = Tensor::cat(&parts, 0)?;
+        self.download(flat)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn download(&mut self, flat: Tensor) -> super::Result<UnitGrad> {
+        let device = flat.device().clone();
+        Ok(UnitGrad::Device(self.staging(&device)?.download(flat)?))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn download(&mut self, flat: Tensor) -> super::Result<UnitGrad> {
+        Ok(UnitGrad::Host(flat.to_vec1::<f32>()?))
+    }
+
+    /// Pushes a gradient whose download completed (or waits for it first).
+    fn push(&mut self, ctx: &mut TrainerContext, u: usize, grad: UnitGrad) -> crate::Result<()> {
+        match grad {
+            UnitGrad::Host(flat) => {
+                ctx.push_grad(u as u32, &flat)?;
+            }
+            #[cfg(feature = "cuda")]
+            UnitGrad::Device(download) => {
+                let device = self.device().map_err(user)?;
+                let flat = self
+                    .staging(&device)
+                    .map_err(user)?
+                    .finish(download)
+                    .map_err(user)?;
+                ctx.push_grad(u as u32, flat)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A unit's gradient on its way to the push.
+enum UnitGrad {
+    Host(Vec<f32>),
+    #[cfg(feature = "cuda")]
+    Device(super::staging::Download),
+}
+
+impl UnitGrad {
+    /// Whether the values are still on their way from the device (pushed later).
+    fn in_flight(&self) -> bool {
+        match self {
+            UnitGrad::Host(_) => false,
+            #[cfg(feature = "cuda")]
+            UnitGrad::Device(_) => true,
+        }
+    }
+}
+
+/// The ordinal of a device's location (0 for the CPU).
+fn location_ordinal(device: &Device) -> usize {
+    match device.location() {
+        candle_core::DeviceLocation::Cuda { gpu_id } => gpu_id,
+        candle_core::DeviceLocation::Metal { gpu_id } => gpu_id,
+        candle_core::DeviceLocation::Cpu => 0,
     }
 }
 
@@ -200,6 +432,7 @@ impl Compute for TransformerCompute {
         mb: &MicroBatch,
     ) -> crate::Result<ComputeOutput> {
         let units = self.specs.len();
+        let device = self.device().map_err(user)?;
         if mb.weighting != LossWeighting::Tokens {
             return Err(crate::Error::Config(
                 "the transformer's loss is a token sum: use LossWeighting::Tokens".into(),
@@ -228,7 +461,7 @@ impl Compute for TransformerCompute {
                 Ok(sample)
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        let batch = PackedBatch::pack(&self.config, &samples, &self.device).map_err(user)?;
+        let batch = PackedBatch::pack(&self.config, &samples, &device).map_err(user)?;
         let rl = match self.objective {
             Objective::CrossEntropy => None,
             Objective::Grpo(config) => {
@@ -241,23 +474,26 @@ impl Compute for TransformerCompute {
                         })
                     })
                     .collect::<crate::Result<Vec<_>>>()?;
-                let (adv, reference) = rl_targets(&samples, &rl, &self.device).map_err(user)?;
+                let (adv, reference) = rl_targets(&samples, &rl, &device).map_err(user)?;
                 Some((config, adv, reference))
             }
         };
 
         let mut forwards: Vec<Forward> = Vec::with_capacity(units);
         let mut hidden: Option<Tensor> = None;
-        for (u, specs) in self.specs.iter().enumerate() {
+        for u in 0..units {
             let values = ctx.gather(u as u32).await?;
-            let params = unit_vars(&values, specs, &self.device).map_err(user)?;
+            let params = self.unit_vars(u, &values[..], &device).map_err(user)?;
             drop(values);
             ctx.release(u as u32)?;
             let input = match &hidden {
                 None => None,
                 Some(h) => Some(Var::from_tensor(&h.detach()).map_err(user)?),
             };
-            let tensors = as_tensors(&params);
+            let tensors = match self.placement.precision {
+                ComputePrecision::F32 => as_tensors(&params),
+                precision => precision.unit_inputs(&params).map_err(user)?,
+            };
             let output = match (&rl, &input) {
                 (Some((config, adv, reference)), Some(x)) if u == units - 1 => {
                     let (logits, log_probs) =
@@ -291,8 +527,10 @@ impl Compute for TransformerCompute {
             });
         }
 
-        let mut loss_sum = 0.0;
+        let mut loss: Option<Tensor> = None;
         let mut grad_output: Option<Tensor> = None;
+        // A device gradient is pushed once the next unit's backward is enqueued (overlap).
+        let mut pending: Option<(usize, UnitGrad)> = None;
         for u in (0..units).rev() {
             let Forward {
                 params,
@@ -303,7 +541,7 @@ impl Compute for TransformerCompute {
                 .ok_or_else(|| user("a unit's forward is missing"))?;
             let root = match (&output, &grad_output) {
                 (UnitOutput::Head(head), _) => {
-                    loss_sum = head.loss_sum.to_scalar::<f32>().map_err(user)? as f64;
+                    loss = Some(head.loss_sum.clone());
                     head.loss_sum.clone()
                 }
                 (UnitOutput::Hidden(out), Some(g)) => {
@@ -314,24 +552,28 @@ impl Compute for TransformerCompute {
                 }
             };
             let grads = root.backward().map_err(user)?;
-            let mut flat = Vec::with_capacity(self.specs[u].iter().map(ParamSpec::numel).sum());
-            for (var, spec) in params.iter().zip(&self.specs[u]) {
-                match grads.get(var.as_tensor()) {
-                    Some(g) => flat.extend(
-                        g.flatten_all()
-                            .map_err(user)?
-                            .to_vec1::<f32>()
-                            .map_err(user)?,
-                    ),
-                    None => flat.extend(std::iter::repeat_n(0.0, spec.numel())),
-                }
+            let grad = self.unit_grad(u, &grads, &params, &device).map_err(user)?;
+            if !grad.in_flight() {
+                self.push(ctx, u, grad)?;
+            } else if let Some((unit, earlier)) = pending.replace((u, grad)) {
+                self.push(ctx, unit, earlier)?;
             }
-            ctx.push_grad(u as u32, &flat)?;
             grad_output = match &input {
                 Some(var) => grads.get(var.as_tensor()).cloned(),
                 None => None,
             };
         }
+        if let Some((unit, grad)) = pending.take() {
+            self.push(ctx, unit, grad)?;
+        }
+        let loss_sum = match loss {
+            Some(l) => l
+                .to_dtype(DType::F32)
+                .map_err(user)?
+                .to_scalar::<f32>()
+                .map_err(user)? as f64,
+            None => return Err(user("the model has no head unit")),
+        };
         Ok(ComputeOutput { loss_sum })
     }
 }

@@ -50,6 +50,72 @@ impl ModelConfig {
         }
     }
 
+    /// A model for one GPU to matter: 12 blocks of width 768 (12 heads of 64), SwiGLU MLP 2560,
+    /// samples up to 4,096 tokens, the byte tokenizer's 259 ids; 99,507,456 parameters (8.26 M
+    /// per block). Under bf16 mixed precision the attention scores a unit keeps for its backward
+    /// take ~26 bytes per head per (query, key) pair: a 2,048-token sample ~1.3 GB per block
+    /// (16 GB for the 12), a 4,096-token sample ~5.2 GB per block (63 GB) — so on an 80 GB GPU
+    /// shared by two processes, samples up to 2,048 tokens (see `super::attention`).
+    pub fn gpu_100m() -> Self {
+        ModelConfig {
+            vocab_size: 259,
+            d_model: 768,
+            n_layers: 12,
+            n_heads: 12,
+            d_ff: 2560,
+            max_seq_len: 4096,
+            ..ModelConfig::tiny()
+        }
+    }
+
+    /// One block shaped like Qwen2.5-1.5B's (width 1536, 12 heads of 128, MLP 8960; multi-head
+    /// attention where Qwen has 2 KV heads, so 50.7 M parameters per block against Qwen's 46.8 M):
+    /// for per-unit calibration (`odc-bench calibrate`), not for training.
+    pub fn block_1_5b() -> Self {
+        ModelConfig {
+            vocab_size: 259,
+            d_model: 1536,
+            n_layers: 1,
+            n_heads: 12,
+            d_ff: 8960,
+            max_seq_len: 65_536,
+            ..ModelConfig::tiny()
+        }
+    }
+
+    /// One block shaped like Qwen2.5-7B's (width 3584, 28 heads of 128, MLP 18944; multi-head
+    /// attention where Qwen has 4 KV heads: 255.1 M parameters per block against 233.1 M), for
+    /// calibration.
+    pub fn block_7b() -> Self {
+        ModelConfig {
+            vocab_size: 259,
+            d_model: 3584,
+            n_layers: 1,
+            n_heads: 28,
+            d_ff: 18944,
+            max_seq_len: 65_536,
+            ..ModelConfig::tiny()
+        }
+    }
+
+    /// The named configurations ([`Self::PRESETS`]): `tiny`, `gpu-100m`, `block-1.5b`,
+    /// `block-7b`.
+    pub fn preset(name: &str) -> Result<Self> {
+        match name {
+            "tiny" => Ok(Self::tiny()),
+            "gpu-100m" => Ok(Self::gpu_100m()),
+            "block-1.5b" => Ok(Self::block_1_5b()),
+            "block-7b" => Ok(Self::block_7b()),
+            other => Err(Error::Config {
+                field: "preset",
+                reason: format!("{other:?} is not one of {}", Self::PRESETS.join(", ")),
+            }),
+        }
+    }
+
+    /// The names [`Self::preset`] knows.
+    pub const PRESETS: [&'static str; 4] = ["tiny", "gpu-100m", "block-1.5b", "block-7b"];
+
     /// Per-head width, `d_model / n_heads`.
     pub fn head_dim(&self) -> usize {
         self.d_model / self.n_heads.max(1)
@@ -128,6 +194,23 @@ mod tests {
     fn tiny_is_valid() {
         ModelConfig::tiny().validate().unwrap();
         assert_eq!(ModelConfig::tiny().head_dim(), 32);
+    }
+
+    #[test]
+    fn presets_are_valid_and_sized_as_stated() {
+        for name in ModelConfig::PRESETS {
+            ModelConfig::preset(name).unwrap().validate().unwrap();
+        }
+        assert_eq!(ModelConfig::preset("tiny").unwrap(), ModelConfig::tiny());
+        let gpu = ModelConfig::gpu_100m();
+        assert_eq!(crate::model::param_count(&gpu).unwrap(), 99_507_456);
+        assert_eq!((gpu.head_dim(), gpu.max_seq_len), (64, 4096));
+        let block = |c: &ModelConfig| crate::model::unit_params(c, 1).unwrap();
+        let numel = |c: &ModelConfig| block(c).iter().map(|p| p.numel()).sum::<usize>();
+        assert_eq!(numel(&ModelConfig::block_1_5b()), 50_727_936);
+        assert_eq!(numel(&ModelConfig::block_7b()), 255_073_280);
+        let e = ModelConfig::preset("gpt-5").unwrap_err().to_string();
+        assert!(e.contains("gpu-100m"), "{e}");
     }
 
     #[test]

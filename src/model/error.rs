@@ -1,6 +1,6 @@
 //! The model's one error type: a bad configuration (naming the field), a malformed packed batch, a
-//! parameter buffer of the wrong size, a tokenizer's error (evaluation), or an error from candle
-//! itself.
+//! parameter buffer of the wrong size, a device that cannot be opened or moved to, a tokenizer's
+//! error (evaluation), or an error from candle itself.
 
 /// Errors of [`crate::model`].
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +34,10 @@ pub enum Error {
         /// `n_layers + 2`.
         units: usize,
     },
+    /// A compute device could not be named or opened (a bad `--device`, no CUDA driver, a build
+    /// without the `cuda` feature, a failed transfer to or from the device).
+    #[error("{0}")]
+    Device(String),
     /// A tokenizer could not encode a prompt or decode an answer (it names its file).
     #[error(transparent)]
     Text(#[from] crate::text::TextError),

@@ -1,7 +1,9 @@
 //! A small causal transformer on candle (feature `candle`): the reference model that odc trains.
 //!
 //! Llama-style: token embedding, pre-RMSNorm blocks of rotary multi-head attention and a SwiGLU MLP,
-//! final RMSNorm and an untied LM head; fp32; the device is a parameter (CPU in the tests).
+//! final RMSNorm and an untied LM head; fp32, or bf16 mixed precision ([`device`]); the device is
+//! a parameter: the CPU (the tests), or a CUDA device with the root crate's `cuda` feature
+//! ([`DeviceSpec`], [`Placement`]).
 //!
 //! **Units.** odc shards, gathers and reduces parameters unit by unit, so the model is written as
 //! units ([`transformer`]): unit 0 is the embedding, units `1..=n_layers` the blocks, the last unit
@@ -27,6 +29,7 @@ pub mod batch;
 pub mod block;
 pub mod compute;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod eval;
 pub mod generate;
@@ -34,15 +37,18 @@ pub mod grpo;
 pub mod ops;
 pub mod params;
 pub mod shares;
+#[cfg(feature = "cuda")]
+pub mod staging;
 pub mod threads;
 pub mod transformer;
 
 pub use batch::{PackedBatch, Sample};
 pub use compute::{
-    layout_units, tensor_map, transformer_job, unit_name, Objective, SampleStore,
-    TransformerCompute,
+    layout_units, tensor_map, transformer_job, transformer_job_on, unit_name, Objective, Placement,
+    SampleStore, TransformerCompute,
 };
 pub use config::ModelConfig;
+pub use device::{cuda_ordinal, open_device, ComputePrecision, DeviceSpec};
 pub use error::{Error, Result};
 pub use eval::{evaluate, Evaluation};
 pub use generate::{

@@ -11,33 +11,47 @@
 //! 2. Each op's backward gives finite, non-zero gradients that match central finite differences.
 //! 3. The fused versions indeed drop gradients in this candle version — if that test starts failing,
 //!    candle grew backward passes and the fused kernels may be used again.
+//! 4. **Mixed precision**: softmax, log-softmax and RMSNorm compute in fp32 whatever their input's
+//!    dtype (a bf16 input is cast up first; the cast is differentiable), softmax and log-softmax
+//!    return fp32, RMSNorm and rotary embedding return their input's dtype. On fp32 inputs every
+//!    cast is the identity (candle's `to_dtype` to the same dtype returns the tensor itself), so
+//!    fp32 results are unchanged bit for bit.
 
 use candle_core::{DType, Result, Tensor, D};
 
-/// Softmax over the last dimension: `exp(x - max) / sum(exp(x - max))`.
+/// Softmax over the last dimension: `exp(x - max) / sum(exp(x - max))`, in fp32 (and returned in
+/// fp32) whatever `x`'s dtype.
 ///
 /// The max is detached: the result does not depend on it mathematically, so no gradient is lost,
 /// and none flows through the (tie-breaking) max reduction.
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    let x = x.to_dtype(DType::F32)?;
     let max = x.max_keepdim(D::Minus1)?.detach();
     let num = x.broadcast_sub(&max)?.exp()?;
     let den = num.sum_keepdim(D::Minus1)?;
     num.broadcast_div(&den)
 }
 
-/// Log-softmax over the last dimension: `x - max - log(sum(exp(x - max)))` (max detached).
+/// Log-softmax over the last dimension: `x - max - log(sum(exp(x - max)))` (max detached), in
+/// fp32 (and returned in fp32) whatever `x`'s dtype.
 pub fn log_softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    let x = x.to_dtype(DType::F32)?;
     let max = x.max_keepdim(D::Minus1)?.detach();
     let shifted = x.broadcast_sub(&max)?;
     let log_den = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
     shifted.broadcast_sub(&log_den)
 }
 
-/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * weight`, `weight: [d]`.
+/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * weight`, `weight: [d]`; computed
+/// in fp32, returned in `x`'s dtype.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let x = x.to_dtype(DType::F32)?;
     let mean_sq = x.sqr()?.mean_keepdim(D::Minus1)?;
     let denom = (mean_sq + eps)?.sqrt()?;
-    x.broadcast_div(&denom)?.broadcast_mul(weight)
+    x.broadcast_div(&denom)?
+        .broadcast_mul(&weight.to_dtype(DType::F32)?)?
+        .to_dtype(dtype)
 }
 
 /// SiLU, `x * sigmoid(x)` (candle's unary op, which has a backward).
@@ -47,7 +61,11 @@ pub fn silu(x: &Tensor) -> Result<Tensor> {
 
 /// Rotary embedding, non-interleaved ("rotate half", as Llama): `x: [.., T, head_dim]`,
 /// `cos, sin: [T, head_dim / 2]` (the angles of each token's own position, see [`rope_cos_sin`]).
+/// Computed in fp32, returned in `x`'s dtype.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let x = &x.to_dtype(DType::F32)?;
+    let (cos, sin) = (&cos.to_dtype(DType::F32)?, &sin.to_dtype(DType::F32)?);
     let head_dim = x.dim(D::Minus1)?;
     let half = head_dim / 2;
     let cos = Tensor::cat(&[cos, cos], D::Minus1)?;
@@ -55,7 +73,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let x1 = x.narrow(D::Minus1, 0, half)?;
     let x2 = x.narrow(D::Minus1, half, half)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+    (x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?.to_dtype(dtype)
 }
 
 /// The rotary angles of each token: `cos, sin: [T, head_dim / 2]` with angle
