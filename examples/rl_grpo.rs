@@ -25,6 +25,11 @@
 //! `final step=<n> reward=<f> accuracy=<f>`. `--max-value` defaults to the `--init`
 //! checkpoint's (the SFT run's setting).
 //!
+//! `--device cuda[:N]` (a build with the root crate's `cuda` feature) runs the trainers' forward
+//! and backward (the warm start's and RL's) on a CUDA device, `--precision bf16` in mixed
+//! precision (see the `sft` example); sampling and evaluation stay on the CPU (the tiny model's
+//! decoding is launch-bound on a GPU).
+//!
 //! Prometheus metrics at `--metrics-addr` (off with `--no-metrics`): the runtime's `odc_*` and, per
 //! RL step, `odc_grpo_reward`, `odc_grpo_accuracy_ratio`, `odc_grpo_response_tokens` (mean) and
 //! `odc_grpo_response_tokens_max`, `odc_grpo_kl`, `odc_grpo_sampling_tokens_per_second`
@@ -43,8 +48,8 @@ use clap::Parser;
 use odc::checkpoint;
 use odc::model::{
     evaluate, generate_group_with_log_probs, group_advantages, map_in_shares, sequence_log_probs,
-    tensor_map, transformer_job, GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore,
-    Sampling, Weights,
+    tensor_map, transformer_job_on, GrpoConfig, ModelConfig, Objective, Placement, RlSample,
+    Sample, SampleStore, Sampling, Weights,
 };
 use odc::text::{
     exact_match, fitting, prompt_tokens, weighted_reward, ArithTask, ByteTokenizer, HfTokenizer,
@@ -120,6 +125,23 @@ struct Args {
     /// Serve no metrics.
     #[arg(long)]
     no_metrics: bool,
+    /// Where the trainers compute: cpu, cuda (device ODC_LOCAL_RANK mod count) or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// The trainers' matmul and activation precision: f32 or bf16 (mixed precision).
+    #[arg(long, default_value = "f32")]
+    precision: String,
+}
+
+impl Args {
+    /// Where the trainers compute (`--device`, `--precision`).
+    fn placement(&self) -> anyhow::Result<Placement> {
+        Ok(Placement {
+            device: self.device.parse()?,
+            precision: self.precision.parse()?,
+            local_rank: odc::launch::local_rank(),
+        })
+    }
 }
 
 /// The example's metrics (besides the runtime's `odc_*`), set after every RL step.
@@ -214,11 +236,12 @@ async fn warm_start(
     let task = ArithTask::train(args.seed).with_max_value(max_value);
     let max_len = model.max_seq_len;
     let mut next = 0u64;
-    let mut job = transformer_job(
+    let mut job = transformer_job_on(
         model,
         None,
         Arc::new(Problems(task, tokenizer.clone())),
         Objective::CrossEntropy,
+        args.placement()?,
     )?
     .trainers(args.trainers)
     .servers(args.servers)
@@ -439,7 +462,7 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
     let workers = args.trainers.max(1);
     let reference = Weights::from_units(&model, &init, &Device::Cpu)?;
     let responses = Arc::new(Responses::default());
-    let mut job = transformer_job(
+    let mut job = transformer_job_on(
         &model,
         Some(init),
         responses.clone(),
@@ -447,6 +470,7 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
             clip_eps: args.clip_eps,
             kl_coef: args.kl_coef,
         }),
+        args.placement()?,
     )?
     .trainers(args.trainers)
     .servers(args.servers)

@@ -40,6 +40,17 @@
 //!
 //! Config file (`--config PATH`, TOML): the same keys as the flags with `_` for `-`, plus a
 //! `[model]` table of `ModelConfig` fields; a flag given on the command line wins.
+//!
+//! GPU (a build with the root crate's `cuda` feature, see `benches/gpu/build.sh`):
+//! `--device cuda` trains each trainer on CUDA device `ODC_LOCAL_RANK mod device_count`
+//! (`cuda:N` names one), `--precision bf16` (the default on CUDA) runs matmuls and activations
+//! in bf16 with fp32 norms, softmax, loss and gradients (`odc::model::device`), `--model
+//! gpu-100m` picks the ~100M-parameter preset (samples up to 2,048 tokens on a shared 80 GB GPU;
+//! see `ModelConfig::gpu_100m`); evaluation then runs on the same device in fp32.
+//!
+//! ```text
+//! odc launch --nprocs 2 --transport cuda -- sft --device cuda --model gpu-100m --steps 30
+//! ```
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -54,7 +65,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use odc::checkpoint::{self, TensorMap};
 use odc::launch::World;
 use odc::model::{
-    evaluate, tensor_map, transformer_job, ModelConfig, Objective, Sample, SampleStore, Weights,
+    evaluate, open_device, tensor_map, transformer_job_on, ComputePrecision, DeviceSpec,
+    ModelConfig, Objective, Placement, Sample, SampleStore, Weights,
 };
 use odc::text::{fitting, ArithTask, ByteTokenizer, HfTokenizer, Problem, TextError, Tokenizer};
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
@@ -147,6 +159,16 @@ struct Opts {
     /// The model (TOML `[model]` table only; default: `ModelConfig::tiny()`).
     #[arg(skip)]
     model: Option<ModelConfig>,
+    /// A named model instead of a `[model]` table: tiny, gpu-100m (see `ModelConfig::preset`).
+    #[arg(long = "model")]
+    model_preset: Option<String>,
+    /// Where the trainers compute: cpu, cuda (device ODC_LOCAL_RANK mod count) or cuda:N.
+    #[arg(long)]
+    device: Option<String>,
+    /// The trainers' matmul and activation precision: f32, or bf16 (mixed precision; the default
+    /// on CUDA).
+    #[arg(long)]
+    precision: Option<String>,
 }
 
 /// The settings with defaults filled in.
@@ -180,6 +202,19 @@ struct Settings {
     #[serde(default = "max_value_before_the_setting")]
     max_value: u64,
     model: ModelConfig,
+    /// Where the trainers compute (`cpu` in checkpoints written before this setting existed).
+    #[serde(default = "cpu")]
+    device: String,
+    #[serde(default = "fp32")]
+    precision: String,
+}
+
+fn cpu() -> String {
+    "cpu".into()
+}
+
+fn fp32() -> String {
+    "f32".into()
 }
 
 /// The example's bound: the smallest the generator takes, the fewest arithmetic facts to learn,
@@ -221,8 +256,22 @@ impl Opts {
         Ok((opts, resume.or(self.resume)))
     }
 
-    fn settings(self) -> Settings {
-        Settings {
+    fn settings(self) -> anyhow::Result<Settings> {
+        let model = match (self.model, &self.model_preset) {
+            (Some(_), Some(name)) => {
+                bail!("--model {name} and a [model] table were both given: keep one")
+            }
+            (Some(model), None) => model,
+            (None, Some(name)) => ModelConfig::preset(name)?,
+            (None, None) => ModelConfig::tiny(),
+        };
+        let device = self.device.unwrap_or_else(cpu);
+        let on_cuda = device.parse::<DeviceSpec>()?.is_cuda();
+        let precision = self
+            .precision
+            .unwrap_or_else(|| if on_cuda { "bf16".into() } else { fp32() });
+        precision.parse::<ComputePrecision>()?;
+        Ok(Settings {
             steps: self.steps.unwrap_or(500),
             batch_size: self.batch_size.unwrap_or(8),
             lr: self.lr.unwrap_or(3e-3),
@@ -250,8 +299,10 @@ impl Opts {
             trace: self.trace,
             tokenizer: self.tokenizer,
             max_value: self.max_value.unwrap_or(DEFAULT_MAX_VALUE),
-            model: self.model.unwrap_or_else(ModelConfig::tiny),
-        }
+            model,
+            device,
+            precision,
+        })
     }
 }
 
@@ -366,7 +417,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let (opts, resume) = Opts::parse().merged()?;
-    let model_given = opts.model.is_some();
+    let model_given = opts.model.is_some() || opts.model_preset.is_some();
     let resume = match resume {
         Some(path) if path.as_os_str() == "auto" => {
             if opts.checkpoint_dir.is_none() {
@@ -380,7 +431,7 @@ fn main() -> anyhow::Result<()> {
         Some(path) => Some(Resume::From(path)),
         None => None,
     };
-    let settings = opts.settings();
+    let settings = opts.settings()?;
     let world = World::from_env().context("reading the launcher's environment")?;
     // Before any thread exists: each trainer of this process gets its share of the cores (one
     // trainer per process under `odc launch`).
@@ -526,7 +577,18 @@ async fn run(
         let sample = tokenize(&*store_tokenizer, &store_data, index);
         Ok(Sample::from(&sample.map_err(|e| e.to_string())?))
     });
-    let mut builder = transformer_job(&model, None, store, Objective::CrossEntropy)?
+    let placement = Placement {
+        device: settings.device.parse()?,
+        precision: settings.precision.parse()?,
+        local_rank: odc::launch::local_rank(),
+    };
+    // Evaluation (on the lead) runs on the trainers' device, in fp32, one answer at a time there.
+    let (eval_device, eval_workers) = if placement.device.is_cuda() {
+        (open_device(placement.device, placement.local_rank)?, 1)
+    } else {
+        (Device::Cpu, eval_workers)
+    };
+    let mut builder = transformer_job_on(&model, None, store, Objective::CrossEntropy, placement)?
         .optimizer(OptimizerConfig::AdamW {
             lr: settings.lr,
             beta1: 0.9,
@@ -576,7 +638,7 @@ async fn run(
         );
     }
     say(format!(
-        "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers, {threads}",
+        "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers, device {} ({}), {threads}",
         odc::model::param_count(&settings.model)?,
         settings.steps,
         settings.batch_size,
@@ -585,7 +647,9 @@ async fn run(
             world_size as usize
         } else {
             settings.servers
-        }
+        },
+        settings.device,
+        settings.precision
     ));
     let bar = if lead && std::io::stdout().is_terminal() {
         let bar = ProgressBar::new(settings.steps);
@@ -642,7 +706,7 @@ async fn run(
             && (last || (settings.eval_every > 0 && done % settings.eval_every == 0));
         if lead && evaluate_now {
             let params = job.parameters().await?;
-            let weights = Weights::from_units(&settings.model, &params, &Device::Cpu)?;
+            let weights = Weights::from_units(&settings.model, &params, &eval_device)?;
             let t = Instant::now();
             let e = evaluate(
                 &weights,

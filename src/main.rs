@@ -1,4 +1,4 @@
-//! The `odc` command: `odc launch --nprocs N --transport shm|tcp -- PROGRAM ARGS…` starts a local
+//! The `odc` command: `odc launch --nprocs N --transport shm|tcp|cuda -- PROGRAM ARGS…` starts a local
 //! multi-process job (like `torchrun --standalone`) and exits with the worst exit status of its
 //! ranks; `--max-restarts N` starts the whole job again after a failure, up to N times (like
 //! torchrun's). (Benchmarks are `odc-bench`.) Built with the `cli` feature
@@ -21,6 +21,9 @@ struct Cli {
 enum TransportArg {
     Shm,
     Tcp,
+    /// CUDA IPC between the processes of this host (the ranks' programs need odc's `cuda`
+    /// feature; each uses device `ODC_LOCAL_RANK mod device_count`).
+    Cuda,
 }
 
 #[derive(Subcommand)]
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
             transport: match transport {
                 TransportArg::Shm => "shm",
                 TransportArg::Tcp => "tcp",
+                TransportArg::Cuda => "cuda",
             }
             .into(),
             program: program.clone(),

@@ -12,6 +12,7 @@
 //! [`odc::StepStats`]); it measures whatever the runtime does.
 
 pub mod ab;
+pub mod calibrate;
 pub mod floor;
 pub mod input;
 pub mod processes;

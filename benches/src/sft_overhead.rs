@@ -18,6 +18,24 @@
 //! - Nothing is emulated here (real compute, real transfers in memory), so no emulation floor
 //!   applies; on a machine with fewer cores than trainers, B's trainers share the cores that A's
 //!   matmuls use alone, which the report states.
+//!
+//! # On a GPU (`--device cuda`, feature `gpu`)
+//!
+//! - A runs the model on the CUDA device (fp32 `Var`s, matmuls in `--precision`, candle's AdamW
+//!   on the device); B's trainers (in this process, each with its own stream on the same GPU)
+//!   run `TransformerCompute` there, while the shard servers keep master weights, AdamW state and
+//!   accumulation in host memory (GPU-resident servers are a separate part of issue 20): B pays
+//!   a host-to-device upload per unit per micro-batch, a device-to-host gradient download per
+//!   unit, and the AdamW step on the host.
+//! - The data are synthetic samples of random byte tokens with lengths spread log-uniformly
+//!   between `min_len` and `max_len` (the arithmetic problems are too short to occupy a GPU).
+//! - Each A block ends with a device synchronisation (candle's kernels are asynchronous); B's
+//!   step waits for its gradient downloads and the servers' acknowledgements anyway.
+//! - **MFU** = model FLOPs ÷ time ÷ the device's dense bf16 peak ([`H100_SXM_BF16_DENSE`],
+//!   989 TFLOP/s for an H100 SXM), with model FLOPs per sample of `s` tokens
+//!   `6·P·s + 12·L·d·s²` ([`model_flops`]: `P` the parameters that multiply, i.e. without the
+//!   embedding table, whose lookup does no arithmetic; the second term is attention's scores and
+//!   weighted values, forward and backward, counted in full as PaLM's appendix does).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,11 +44,14 @@ use anyhow::Context as _;
 use candle_core::{Device, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use odc::model::{
-    as_tensors, model_forward, transformer_job, unit_count, unit_init_values, unit_params,
-    unit_vars, ModelConfig, Objective, PackedBatch, Sample, SampleStore,
+    model_forward, open_device, param_count, transformer_job_on, unit_count, unit_init_values,
+    unit_params, unit_vars, ComputePrecision, DeviceSpec, ModelConfig, Objective, PackedBatch,
+    Placement, Sample, SampleStore,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{DispatchMode, Job, OptimizerConfig, Precision, SampleMeta};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use crate::processes::median;
 
@@ -47,6 +68,38 @@ pub struct Settings {
     /// How odc hands micro-batches to trainers.
     pub dispatch: DispatchMode,
     pub model: ModelConfig,
+    /// Where both sides compute.
+    pub device: DeviceSpec,
+    pub precision: ComputePrecision,
+    /// The samples: generated arithmetic problems, or synthetic ones.
+    pub data: Data,
+}
+
+/// What the benchmark trains on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Data {
+    /// Generated arithmetic problems (byte tokens) that fit the model.
+    Arithmetic,
+    /// Random byte tokens, lengths log-uniform in `min_len..=max_len` (seeded).
+    Synthetic { min_len: usize, max_len: usize },
+}
+
+/// The dense bf16 peak of an H100 SXM (NVIDIA's datasheet, without sparsity), FLOP/s: the MFU
+/// denominator.
+pub const H100_SXM_BF16_DENSE: f64 = 989e12;
+
+/// Model FLOPs of one training step (forward and backward) over samples of these lengths:
+/// `Σ 6·P·s + 12·L·d·s²`, `P` the parameters without the embedding table (see the module docs).
+pub fn model_flops(config: &ModelConfig, sample_tokens: &[usize]) -> anyhow::Result<f64> {
+    let p = (param_count(config)? - config.vocab_size * config.d_model) as f64;
+    let (l, d) = (config.n_layers as f64, config.d_model as f64);
+    Ok(sample_tokens
+        .iter()
+        .map(|&s| {
+            let s = s as f64;
+            6.0 * p * s + 12.0 * l * d * s * s
+        })
+        .sum())
 }
 
 /// What the benchmark measured: seconds per step of each block, per side.
@@ -65,6 +118,8 @@ pub struct Outcome {
     /// Micro-batches per step (mean over the measured steps) of each side.
     pub candle_micro_batches: f64,
     pub odc_micro_batches: f64,
+    /// Model FLOPs per step ([`model_flops`], mean over the measured minibatches).
+    pub flops_per_step: f64,
 }
 
 impl Outcome {
@@ -85,6 +140,30 @@ impl Outcome {
             self.tokens_per_step / median(&mut self.odc.clone()),
         )
     }
+
+    /// MFU of candle alone and of odc against `peak` FLOP/s (medians of seconds per step).
+    pub fn mfu(&self, peak: f64) -> (f64, f64) {
+        (
+            self.flops_per_step / median(&mut self.candle.clone()) / peak,
+            self.flops_per_step / median(&mut self.odc.clone()) / peak,
+        )
+    }
+}
+
+/// `n` synthetic samples (see [`Data::Synthetic`]), seeded.
+fn synthetic(config: &ModelConfig, n: usize, min_len: usize, max_len: usize) -> Vec<Sample> {
+    let mut rng = StdRng::seed_from_u64(7);
+    let (lo, hi) = ((min_len.max(2) as f64).ln(), (max_len.max(2) as f64).ln());
+    let vocab = config.vocab_size.min(256) as u32;
+    (0..n)
+        .map(|_| {
+            let len = rng.random_range(lo..=hi).exp().round() as usize;
+            let tokens = (0..len.clamp(2, max_len.max(2)))
+                .map(|_| rng.random_range(0..vocab))
+                .collect();
+            Sample::all_loss(tokens)
+        })
+        .collect()
 }
 
 /// Problems of at most `max_len` tokens: the benchmark's dataset, indexed from 0.
@@ -146,16 +225,23 @@ struct CandleAlone {
     vars: Vec<Vec<Var>>,
     optimizer: AdamW,
     budget: usize,
+    device: Device,
+    precision: ComputePrecision,
 }
 
 impl CandleAlone {
-    fn new(config: &ModelConfig, budget: u64) -> anyhow::Result<Self> {
+    fn new(
+        config: &ModelConfig,
+        budget: u64,
+        device: &Device,
+        precision: ComputePrecision,
+    ) -> anyhow::Result<Self> {
         let vars = (0..unit_count(config))
             .map(|u| {
                 unit_vars(
                     &unit_init_values(config, u)?,
                     &unit_params(config, u)?,
-                    &Device::Cpu,
+                    device,
                 )
             })
             .collect::<odc::model::Result<Vec<_>>>()?;
@@ -165,6 +251,8 @@ impl CandleAlone {
             vars,
             optimizer,
             budget: budget as usize,
+            device: device.clone(),
+            precision,
         })
     }
 
@@ -181,11 +269,15 @@ impl CandleAlone {
             used += s.tokens.len();
             packs.last_mut().expect("one pack").push((*s).clone());
         }
-        let params: Vec<_> = self.vars.iter().map(|v| as_tensors(v)).collect();
+        let params = self
+            .vars
+            .iter()
+            .map(|v| self.precision.unit_inputs(v))
+            .collect::<odc::model::Result<Vec<_>>>()?;
         let mut grads: Option<candle_core::backprop::GradStore> = None;
         let (mut loss_sum, mut tokens) = (0.0, 0usize);
         for pack in &packs {
-            let batch = PackedBatch::pack(&self.config, pack, &Device::Cpu)?;
+            let batch = PackedBatch::pack(&self.config, pack, &self.device)?;
             let out = model_forward(&self.config, &params, &batch)?;
             loss_sum += out.loss_sum.to_scalar::<f32>()? as f64;
             tokens += batch.loss_tokens;
@@ -214,6 +306,8 @@ impl CandleAlone {
             }
         }
         self.optimizer.step(&grads)?;
+        // The step is done when the device is (candle's CUDA kernels are asynchronous).
+        self.device.synchronize()?;
         Ok((loss_sum / tokens.max(1) as f64, packs.len()))
     }
 }
@@ -230,8 +324,13 @@ fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
     });
     let batch = settings.batch_size;
     let steps = u64::from(settings.steps.max(1));
+    let placement = Placement {
+        device: settings.device,
+        precision: settings.precision,
+        local_rank: 0,
+    };
     Ok(
-        transformer_job(&config, None, store, Objective::CrossEntropy)?
+        transformer_job_on(&config, None, store, Objective::CrossEntropy, placement)?
             .trainers(settings.trainers)
             .servers(settings.servers)
             .optimizer(adamw().0)
@@ -246,9 +345,23 @@ fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
 
 /// Runs the benchmark; `progress` gets one line per block.
 pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow::Result<Outcome> {
-    let data = Arc::new(dataset(settings.model.max_seq_len, 512)?);
-    let mut a = CandleAlone::new(&settings.model, settings.token_budget)?;
-    let mut control = CandleAlone::new(&settings.model, settings.token_budget)?;
+    let data = Arc::new(match settings.data {
+        Data::Arithmetic => dataset(settings.model.max_seq_len, 512)?,
+        Data::Synthetic { min_len, max_len } => synthetic(&settings.model, 512, min_len, max_len),
+    });
+    let device = open_device(settings.device, 0)?;
+    let (budget, precision) = (settings.token_budget, settings.precision);
+    let mut a = CandleAlone::new(&settings.model, budget, &device, precision)?;
+    let mut control = CandleAlone::new(&settings.model, budget, &device, precision)?;
+    let steps = u64::from(settings.steps.max(1));
+    let mut flops = 0.0;
+    for step in 0..steps {
+        let lens: Vec<usize> = minibatch(&data, step, settings.batch_size)
+            .iter()
+            .map(|m| m.tokens as usize)
+            .collect();
+        flops += model_flops(&settings.model, &lens)?;
+    }
     let mut job = odc_job(settings, data.clone())?;
     let (mut a_step, mut c_step) = (0u64, 0u64);
     let batch = settings.batch_size;
@@ -262,6 +375,7 @@ pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow:
         odc_loss: f64::NAN,
         candle_micro_batches: 0.0,
         odc_micro_batches: 0.0,
+        flops_per_step: flops / steps as f64,
     };
     let (mut tokens, mut counted) = (0u64, 0u64);
     let (mut odc_mbs, mut candle_mbs, mut candle_steps) = (0u64, 0u64, 0u64);
@@ -339,4 +453,37 @@ pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow:
     out.candle_micro_batches = candle_mbs as f64 / candle_steps.max(1) as f64;
     job.shutdown().await;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_flops_count_matmul_parameters_and_attention() {
+        let c = ModelConfig::tiny();
+        // 919,424 parameters, of which the 259 × 128 embedding table does no arithmetic.
+        let p = 919_424.0 - 259.0 * 128.0;
+        let one = model_flops(&c, &[100]).unwrap();
+        assert_eq!(one, 6.0 * p * 100.0 + 12.0 * 4.0 * 128.0 * 100.0 * 100.0);
+        let two = model_flops(&c, &[100, 300]).unwrap();
+        assert_eq!(two, one + model_flops(&c, &[300]).unwrap());
+        assert_eq!(model_flops(&c, &[]).unwrap(), 0.0);
+    }
+
+    #[test]
+    fn synthetic_samples_are_seeded_and_within_their_lengths() {
+        let c = ModelConfig::gpu_100m();
+        let a = synthetic(&c, 64, 128, 2048);
+        assert_eq!(a, synthetic(&c, 64, 128, 2048));
+        assert_eq!(a.len(), 64);
+        assert!(a
+            .iter()
+            .all(|s| (128..=2048).contains(&s.tokens.len()) && s.tokens.iter().all(|t| *t < 256)));
+        let lens: Vec<usize> = a.iter().map(|s| s.tokens.len()).collect();
+        assert!(
+            lens.iter().max() > lens.iter().min(),
+            "lengths vary: {lens:?}"
+        );
+    }
 }

@@ -86,7 +86,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::report::ReportError;
 
-#[cfg(all(feature = "cuda", target_os = "linux"))]
+#[cfg(all(any(feature = "cuda", feature = "gpu"), target_os = "linux"))]
 pub mod cuda;
 
 const KIB: usize = 1 << 10;
@@ -449,7 +449,7 @@ pub async fn serve_owner(settings: OwnerSettings) -> anyhow::Result<()> {
             drop(guards);
         }
         OwnerKind::Cuda => {
-            #[cfg(all(feature = "cuda", target_os = "linux"))]
+            #[cfg(all(any(feature = "cuda", feature = "gpu"), target_os = "linux"))]
             cuda::serve(
                 &settings.sizes,
                 &settings.job,
@@ -458,7 +458,7 @@ pub async fn serve_owner(settings: OwnerSettings) -> anyhow::Result<()> {
                 stdin_closed,
             )
             .await?;
-            #[cfg(not(all(feature = "cuda", target_os = "linux")))]
+            #[cfg(not(all(any(feature = "cuda", feature = "gpu"), target_os = "linux")))]
             bail!("odc-bench was built without the cuda feature (cargo build --features cuda)");
         }
         OwnerKind::RawTcp => {

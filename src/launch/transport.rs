@@ -2,8 +2,11 @@
 //! `ODC_TRANSPORT=shm` (processes of one host: regions in `/dev/shm`, named by `ODC_JOB`) or `tcp`
 //! (the default across hosts: listens on [`World::bind_ip`], the interface that routes to the
 //! coordinator, loopback when it is loopback, or `ODC_BIND`; advertises
-//! [`World::advertise_ip`]). Both authenticate peers with the cluster secret (`ODC_SECRET`, at
-//! least 16 bytes).
+//! [`World::advertise_ip`]) or `cuda` (processes of one host: regions in device memory read
+//! through CUDA IPC, on device `local rank mod device count`, the local rank from
+//! `ODC_LOCAL_RANK`, else torchrun's `LOCAL_RANK`, else Slurm's `SLURM_LOCALID`, else 0; only in
+//! a build with the root crate's `cuda` feature, otherwise a clear error naming it). All
+//! authenticate peers with the cluster secret (`ODC_SECRET`, at least 16 bytes).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,7 +36,8 @@ pub fn job_name(world: &World) -> String {
     world.job.clone().unwrap_or_else(|| "odc".into())
 }
 
-/// This process's transport: `ODC_TRANSPORT=shm` or `tcp` (the default for several processes), `local` alone.
+/// This process's transport: `ODC_TRANSPORT=shm`, `tcp` (the default for several processes) or
+/// `cuda`; `local` alone.
 pub async fn transport(world: &World) -> Result<Arc<dyn Transport>> {
     let kind = world
         .transport
@@ -50,10 +54,50 @@ pub async fn transport(world: &World) -> Result<Arc<dyn Transport>> {
             Ok(Arc::new(ShmTransport::new(config).await?))
         }
         "tcp" => Ok(Arc::new(TcpTransport::bind(tcp_config(world)?).await?)),
+        "cuda" => cuda_transport(world).await,
         other => Err(Error::Config(format!(
-            "ODC_TRANSPORT={other:?}: expected shm or tcp (local for one process)"
+            "ODC_TRANSPORT={other:?}: expected shm, tcp or cuda (local for one process)"
         ))),
     }
+}
+
+/// This process's rank among the processes of its host: `ODC_LOCAL_RANK`, `LOCAL_RANK`
+/// (torchrun), `SLURM_LOCALID`, else 0.
+pub fn local_rank() -> u32 {
+    local_rank_from(|name| std::env::var(name).ok())
+}
+
+fn local_rank_from(get: impl Fn(&str) -> Option<String>) -> u32 {
+    ["ODC_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"]
+        .iter()
+        .find_map(|name| get(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The `cuda` backend on device `local_rank() mod device_count` (without a driver: the backend's
+/// `no CUDA driver: …` error).
+#[cfg(feature = "cuda")]
+async fn cuda_transport(world: &World) -> Result<Arc<dyn Transport>> {
+    use odc_transport::cuda::{device_count, CudaConfig, CudaTransport};
+    let count = device_count()?;
+    if count == 0 {
+        return Err(Error::Config(
+            "ODC_TRANSPORT=cuda: no CUDA driver: the driver sees no CUDA device".into(),
+        ));
+    }
+    let device = local_rank() % count;
+    let config = CudaConfig::new(device, job_name(world), secret(world)?);
+    Ok(Arc::new(CudaTransport::new(config).await?))
+}
+
+#[cfg(not(feature = "cuda"))]
+async fn cuda_transport(_world: &World) -> Result<Arc<dyn Transport>> {
+    Err(Error::Config(
+        "ODC_TRANSPORT=cuda: this build of odc has no CUDA backend: build the program with the \
+         root crate's `cuda` feature (`cargo build --release --features cuda`, see \
+         benches/gpu/build.sh)"
+            .into(),
+    ))
 }
 
 /// The `tcp` transport's configuration: bind [`World::bind_ip`] at a free port, advertise
@@ -103,6 +147,44 @@ mod tests {
             (config.bind.as_str(), config.advertise_host.as_deref()),
             ("[::1]:0", Some("::1"))
         );
+    }
+
+    #[test]
+    fn the_local_rank_comes_from_odc_then_torchrun_then_slurm() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(local_rank_from(env(&[])), 0);
+        assert_eq!(local_rank_from(env(&[("SLURM_LOCALID", "3")])), 3);
+        assert_eq!(
+            local_rank_from(env(&[("LOCAL_RANK", "2"), ("SLURM_LOCALID", "3")])),
+            2
+        );
+        assert_eq!(
+            local_rank_from(env(&[("ODC_LOCAL_RANK", "1"), ("LOCAL_RANK", "2")])),
+            1
+        );
+        assert_eq!(local_rank_from(env(&[("ODC_LOCAL_RANK", "x")])), 0);
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_names_it() {
+        let mut vars = RANK_1_OF_2.to_vec();
+        vars.push(("ODC_TRANSPORT", "cuda"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let e = rt
+            .block_on(transport(&world(&vars)))
+            .err()
+            .expect("no cuda backend in this build")
+            .to_string();
+        assert!(e.contains("`cuda` feature"), "{e}");
     }
 
     #[test]

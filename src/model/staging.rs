@@ -156,6 +156,9 @@ pub struct Staging {
 // SAFETY: the raw pinned pointers are owned by this value and only touched through `&mut self`
 // after the copy that used them was waited for; CUDA handles may be used from any thread.
 unsafe impl Send for Staging {}
+// SAFETY: every method takes `&mut self`; a shared `&Staging` reaches no pointer (a trainer's
+// compute prototype, which has none yet, is shared by the factory that clones it).
+unsafe impl Sync for Staging {}
 
 /// A download in flight: [`Staging::finish`] waits for it.
 #[derive(Debug)]
