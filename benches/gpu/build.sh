@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# Builds every GPU test and benchmark binary of odc here (no GPU, no CUDA install needed: cudarc
-# loads libcuda and libnvrtc at run time) into ONE folder that `benches/gpu/run.sh` runs on a GPU
-# machine without cargo.
+# Builds every GPU test and benchmark binary of odc here (no GPU needed) into ONE folder that
+# `benches/gpu/run.sh` runs on a GPU machine without cargo. Binaries are stripped and stored
+# xz-compressed (`NAME.xz`; candle's CUDA kernels make each candle binary ~58 MB): run.sh unpacks
+# them.
 #
 #   benches/gpu/build.sh [OUT_DIR]        (default target/gpu-bin; PROFILE=dev for a debug build)
 #
-# What it builds (each step: `add NAME KIND WHAT PATH` into the folder and its MANIFEST):
+# Part 1, no CUDA install needed (cudarc loads libcuda and libnvrtc at run time):
 #   odc_transport_lib          the odc-transport unit tests with --features cuda,conformance
 #                              (run.sh runs `cuda::`: kernels compiled by NVRTC, exact adds, copies)
 #   cuda_conformance           the conformance suite, owner and reader in one process
 #   cuda_process_conformance   the conformance suite, owner in a child process (CUDA IPC)
 #   odc-conformance-owner      that child (run.sh points ODC_CONFORMANCE_OWNER at it)
 #   odc-bench                  `odc-bench transport --backends cuda`
-# Later parts (candle on CUDA) add their binaries with more `add` lines.
+# Part 2, candle on CUDA (the root crate's `cuda` feature; candle's kernels need nvcc at build
+# time, ~11 minutes on 2 cores the first time, and link stubs for the CUDA libraries):
+#   gpu_training               tests/gpu_training.rs: I3 GPU vs CPU (fp32), bf16 vs fp32, SFT on CUDA
+#   sft                        examples/sft (--device cuda, --model gpu-100m)
+#   odc                        `odc launch` (run.sh: --transport cuda, 2 processes on one GPU)
+#   odc-bench-gpu              odc-bench with feature `gpu`: sft-overhead --device cuda, calibrate
+# The toolchain for part 2: CUDA_ROOT (etc.) already exported, or the folder
+# ODC_CUDA_TOOLKIT (default $CARGO_TARGET_DIR/cuda-toolkit) made by
+# ../shared/gpu/make-cuda-toolkit.sh, which this script runs when the folder is missing (it
+# downloads NVIDIA's wheels from PyPI). SKIP_CANDLE=1 builds part 1 only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT_DIR="${1:-target/gpu-bin}"
@@ -37,13 +47,15 @@ manifest="$OUT_DIR/MANIFEST"
   echo "# name	kind	what"
 } >"$manifest"
 
-add() { # NAME KIND WHAT PATH
+command -v xz >/dev/null 2>&1 || { echo "build.sh: xz is needed (apt-get install xz-utils)" >&2; exit 1; }
+add() { # NAME KIND WHAT PATH: stripped, xz-compressed as NAME.xz
   local name="$1" kind="$2" what="$3" path="$4"
   if [ ! -x "$path" ]; then
     echo "build.sh: $name: no executable at $path" >&2
     exit 1
   fi
-  cp "$path" "$OUT_DIR/$name"
+  strip -o "$OUT_DIR/$name" "$path" 2>/dev/null || cp "$path" "$OUT_DIR/$name"
+  xz -T2 -3 -f "$OUT_DIR/$name"
   printf '%s\t%s\t%s\n' "$name" "$kind" "$what" >>"$manifest"
 }
 
@@ -70,6 +82,45 @@ add odc-conformance-owner bin "owner process of cuda_process_conformance (ODC_CO
 cargo build "${profile_flag[@]}" -p odc-bench --features cuda --bin odc-bench
 add odc-bench bin "odc-bench transport --backends cuda" "$target_dir/$profile_dir/odc-bench"
 
+if [ "${SKIP_CANDLE:-0}" = 1 ]; then
+  echo "build.sh: SKIP_CANDLE=1: part 2 (candle on CUDA) not built" >&2
+else
+  # Part 2: the CUDA toolchain candle's `cuda` feature needs at build time.
+  if [ -z "${CUDA_ROOT:-}" ]; then
+    toolkit="${ODC_CUDA_TOOLKIT:-$target_dir/cuda-toolkit}"
+    if [ ! -x "$toolkit/site/nvidia/cu13/bin/nvcc" ] || [ ! -f "$toolkit/stub/libcuda.so" ]; then
+      maker="$(cd .. && pwd)/shared/gpu/make-cuda-toolkit.sh"
+      if [ ! -f "$maker" ]; then
+        echo "build.sh: no CUDA toolchain: export CUDA_ROOT etc., or set ODC_CUDA_TOOLKIT to a \
+folder made by make-cuda-toolkit.sh (not found at $maker); SKIP_CANDLE=1 builds part 1 only" >&2
+        exit 1
+      fi
+      echo "build.sh: making the CUDA toolchain in $toolkit ($maker)"
+      bash "$maker" "$toolkit" >/dev/null
+    fi
+    toolkit="$(cd "$toolkit" && pwd)"
+    export CUDA_ROOT="$toolkit/site/nvidia/cu13" CUDA_PATH="$toolkit/site/nvidia/cu13"
+    export PATH="$toolkit/site/nvidia/cu13/bin:$PATH" LIBRARY_PATH="$toolkit/stub"
+  fi
+  export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+  echo "build.sh: candle on CUDA (odc --features cuda; CUDA_ROOT=$CUDA_ROOT, compute capability $CUDA_COMPUTE_CAP)"
+  gpu_tests=$(cargo test "${profile_flag[@]}" -p odc --features cuda,cli --test gpu_training \
+    --no-run --message-format=json | test_executables)
+  add gpu_training test "I3 GPU vs CPU (fp32), bf16 vs fp32, SFT on CUDA (tests/gpu_training.rs)" \
+    "$(echo "$gpu_tests" | awk '$1 == "gpu_training" { print $2 }' | tail -1)"
+  cargo build "${profile_flag[@]}" -p odc -p odc-bench --features odc/cuda,odc/cli,odc-bench/gpu \
+    --example sft --bin odc --bin odc-bench
+  add sft example "examples/sft with --device cuda" "$target_dir/$profile_dir/examples/sft"
+  add odc bin "odc launch (--transport cuda)" "$target_dir/$profile_dir/odc"
+  add odc-bench-gpu bin "odc-bench with feature gpu: sft-overhead --device cuda, calibrate" \
+    "$target_dir/$profile_dir/odc-bench"
+fi
+
 echo "build.sh: $(($(date +%s) - started)) s; $OUT_DIR:"
 cat "$manifest"
 du -sh "$OUT_DIR"
+size_kib=$(du -sk "$OUT_DIR" | cut -f1)
+if [ "$size_kib" -gt $((60 * 1024)) ]; then
+  echo "build.sh: $OUT_DIR is $((size_kib / 1024)) MiB: over the 60 MiB that may travel to the GPU machine" >&2
+  exit 1
+fi

@@ -176,8 +176,9 @@ pub fn fit(points: &[(usize, f64)]) -> Option<Fit> {
         for row in 0..3 {
             if row != col {
                 let f = m[row][col] / m[col][col];
-                for k in col..4 {
-                    m[row][k] -= f * m[col][k];
+                let pivot_row = m[col];
+                for (x, p) in m[row].iter_mut().zip(pivot_row).skip(col) {
+                    *x -= f * p;
                 }
             }
         }

@@ -173,7 +173,11 @@ pub fn cuda_ordinal(ordinal: Option<usize>, local_rank: u32, count: usize) -> Re
 
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: Option<usize>, local_rank: u32) -> Result<Device> {
-    let count = odc_transport::cuda::device_count().map_err(|e| Error::Device(e.to_string()))?;
+    let count = odc_transport::cuda::device_count().map_err(|e| match e {
+        // The backend's text already says what is missing ("no CUDA driver: …").
+        odc_transport::TransportError::Unsupported { what } => Error::Device(what),
+        other => Error::Device(other.to_string()),
+    })?;
     let ordinal = cuda_ordinal(ordinal, local_rank, count as usize)?;
     Device::new_cuda_with_stream(ordinal)
         .map_err(|e| Error::Device(format!("opening CUDA device {ordinal}: {e}")))
