@@ -12,6 +12,9 @@
 #   cuda_process_conformance   the conformance suite, owner in a child process (CUDA IPC)
 #   odc-conformance-owner      that child (run.sh points ODC_CONFORMANCE_OWNER at it)
 #   odc-bench                  `odc-bench transport --backends cuda`
+#   odc_actors_lib             the odc-actors unit tests with --features cuda (run.sh runs
+#                              `server::device`: the GPU store against the host store)
+#   gpu_servers                a whole job with shard servers on the GPU against the host (I3)
 # Later parts (candle on CUDA) add their binaries with more `add` lines.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -69,6 +72,12 @@ add odc-conformance-owner bin "owner process of cuda_process_conformance (ODC_CO
   "$target_dir/$profile_dir/odc-conformance-owner"
 cargo build "${profile_flag[@]}" -p odc-bench --features cuda --bin odc-bench
 add odc-bench bin "odc-bench transport --backends cuda" "$target_dir/$profile_dir/odc-bench"
+
+echo "build.sh: odc-actors tests with --features cuda ($PROFILE)"
+tests=$(cargo test "${profile_flag[@]}" -p odc-actors --features cuda --lib --test gpu_servers \
+  --no-run --message-format=json | test_executables)
+add odc_actors_lib test "odc-actors unit tests (run with the filter server::device)" "$(lookup odc_actors)"
+add gpu_servers test "a job with shard servers on the GPU equals the host job (I3)" "$(lookup gpu_servers)"
 
 echo "build.sh: $(($(date +%s) - started)) s; $OUT_DIR:"
 cat "$manifest"
