@@ -8,7 +8,7 @@
 //! Guarantees (the same protocol as the host store, [`super::shard`]):
 //! - **The optimizer's math is the host's.** A step is planned by
 //!   [`optimizer::plan_step`](super::optimizer::plan_step) (the same checks, errors and per-step
-//!   scalars as [`OptimizerState::step`]); the kernels write the host loops' fp32 operations in the
+//!   scalars as [`OptimizerState::step`](super::optimizer::OptimizerState::step)); the kernels write the host loops' fp32 operations in the
 //!   same order, compiled without fused multiply-adds, so each element's update is bitwise the
 //!   host's for the same inputs. The sum of squares that `Reduce` returns is the same sum in
 //!   another order (f64 per thread, a tree per block, the blocks in order): it differs from the
@@ -18,9 +18,9 @@
 //!   the supervisor discards the attempt.
 //! - **I1.** The published copy is written only by `Apply`, by a kernel encoding the master weights
 //!   straight into the published region (bf16: the host codec's rounding, bit for bit) under the
-//!   transport's seqlock ([`DevicePublished::publish_from`]).
+//!   transport's seqlock ([`DevicePublished::publish_from`](odc_transport::cuda::DevicePublished::publish_from)).
 //! - **I2.** `Reduce` and `Discard` take the accumulator into the kept-gradient buffer with the
-//!   transport's fenced take ([`DeviceAccumulator::take_into`], C3): the buffers are exchanged under
+//!   transport's fenced take ([`DeviceAccumulator::take_into`](odc_transport::cuda::DeviceAccumulator::take_into), C3): the buffers are exchanged under
 //!   the accumulate lock and the accumulator restarts from zero at the next epoch.
 //! - **Read-out.** `Snapshot` publishes fp32 copies of the master weights and optimizer buffers as
 //!   device regions (device to device) that any reader reaches over the data plane; the step count
