@@ -13,6 +13,9 @@
 #   cuda_process_conformance   the conformance suite, owner in a child process (CUDA IPC)
 #   odc-conformance-owner      that child (run.sh points ODC_CONFORMANCE_OWNER at it)
 #   odc-bench                  `odc-bench transport --backends cuda`
+#   odc_actors_lib             the odc-actors unit tests with --features cuda (run.sh runs
+#                              `server::device`: the GPU store against the host store)
+#   gpu_servers                a whole job with shard servers on the GPU against the host (I3)
 # Part 2, candle on CUDA (the root crate's `cuda` feature; candle's kernels need nvcc at build
 # time, ~11 minutes on 2 cores the first time, and link stubs for the CUDA libraries):
 #   gpu_training               tests/gpu_training.rs: I3 GPU vs CPU (fp32), bf16 vs fp32, SFT on CUDA
@@ -81,6 +84,12 @@ add odc-conformance-owner bin "owner process of cuda_process_conformance (ODC_CO
   "$target_dir/$profile_dir/odc-conformance-owner"
 cargo build "${profile_flag[@]}" -p odc-bench --features cuda --bin odc-bench
 add odc-bench bin "odc-bench transport --backends cuda" "$target_dir/$profile_dir/odc-bench"
+
+echo "build.sh: odc-actors tests with --features cuda ($PROFILE)"
+tests=$(cargo test "${profile_flag[@]}" -p odc-actors --features cuda --lib --test gpu_servers \
+  --no-run --message-format=json | test_executables)
+add odc_actors_lib test "odc-actors unit tests (run with the filter server::device)" "$(lookup odc_actors)"
+add gpu_servers test "a job with shard servers on the GPU equals the host job (I3)" "$(lookup gpu_servers)"
 
 if [ "${SKIP_CANDLE:-0}" = 1 ]; then
   echo "build.sh: SKIP_CANDLE=1: part 2 (candle on CUDA) not built" >&2

@@ -96,6 +96,10 @@ check "conformance, owner and reader in one process" conformance.log -- \
   "$BIN/cuda_conformance" --nocapture --test-threads=4
 check "conformance, owner in another process (IPC)" process-conformance.log -- \
   "$BIN/cuda_process_conformance" --nocapture --test-threads=4
+check "shard servers on the GPU vs the host store" servers.log -- \
+  "$BIN/odc_actors_lib" server::device --nocapture --test-threads=1
+check "I3: a job with GPU servers vs host servers" gpu-servers.log -- \
+  "$BIN/gpu_servers" --nocapture
 
 # The benchmark: one row per measured row (its ratio to the device's own limit), then one per
 # target (met = PASS).

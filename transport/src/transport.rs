@@ -74,6 +74,14 @@ pub trait Transport: Send + Sync + 'static {
     /// Short backend name, used as a metrics label (`local`, `shm`, `tcp`, ...).
     fn backend(&self) -> &'static str;
 
+    /// The backend itself, for owner-side APIs only it has (a downcast): the `cuda` backend's
+    /// regions whose values stay in device memory
+    /// (`cuda::CudaTransport::register_device_accumulator`, `register_device_published`). `None`
+    /// by default: host backends have none, and wrappers hide what they wrap.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
     /// Owner side: register a published region holding `initial` (encoded in `dtype`) at `version`.
     fn register_published(
         &self,

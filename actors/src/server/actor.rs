@@ -3,13 +3,13 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use odc_transport::{codec, AccumulatorRegion, Dtype, PublishedRegion, WriteGuard, WriteTag};
+use odc_transport::{WriteGuard, WriteTag};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::optimizer::{OptimizerConfig, OptimizerState};
+use super::shard::{Context, HostShard, ShardStore};
 use super::{
-    ApplyCmd, DiscardCmd, OptimizerSnapshot, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
-    ShardSnapshot, SnapshotCmd,
+    ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec, ShardSnapshot, SnapshotCmd,
 };
 use crate::datapath::micro_batch_of;
 use crate::directory::ShardRoute;
@@ -27,17 +27,7 @@ pub struct ServerArgs {
 struct Shard {
     unit: UnitId,
     range: Range<usize>,
-    master: Vec<f32>,
-    optimizer: OptimizerState,
-    published: Box<dyn PublishedRegion>,
-    accumulator: Box<dyn AccumulatorRegion>,
-    /// fp32 copy for read-outs, registered on first use (bf16 pulls only; fp32 pulls read the
-    /// published copy, which is the same bytes).
-    snapshot: Option<Box<dyn PublishedRegion>>,
-    /// fp32 copies of the optimizer buffers for checkpoints, registered on first use.
-    optimizer_snapshots: Vec<Option<Box<dyn PublishedRegion>>>,
-    /// The scaled gradient `Reduce` kept for `Apply`.
-    grad: Option<Vec<f32>>,
+    store: Box<dyn ShardStore>,
 }
 
 /// State of a shard server: its non-empty shards.
@@ -70,16 +60,6 @@ impl Actor for ShardServer {
                 continue;
             }
             let master = unit_spec.init.slice(range.clone());
-            let published = node.transport.register_published(
-                spec.endpoint,
-                spec.pull_dtype,
-                codec::encode(spec.pull_dtype, &master),
-                0,
-            )?;
-            let accumulator =
-                node.transport
-                    .register_accumulator(spec.endpoint, range.len(), spec.epoch)?;
-            accumulator.admit_only(admission(spec.key))?;
             let optimizer = match node.layout.optimizer_init(unit as UnitId) {
                 None => OptimizerState::new(&spec.optimizer, range.len()),
                 Some(init) => {
@@ -94,16 +74,11 @@ impl Actor for ShardServer {
                         })?
                 }
             };
+            let store = new_store(&node, &spec, master, optimizer, admission(spec.key))?;
             shards.push(Shard {
                 unit: unit as UnitId,
-                optimizer,
                 range,
-                master,
-                published,
-                accumulator,
-                snapshot: None,
-                optimizer_snapshots: Vec::new(),
-                grad: None,
+                store,
             });
         }
         Ok(ServerState {
@@ -130,8 +105,8 @@ impl Actor for ShardServer {
                         owner: state.spec.endpoint,
                         start: shard.range.start as u64,
                         end: shard.range.end as u64,
-                        published: shard.published.handle(),
-                        accumulator: shard.accumulator.handle(),
+                        published: shard.store.published(),
+                        accumulator: shard.store.accumulator(),
                     })
                     .collect();
                 let _ = reply.send(routes);
@@ -163,6 +138,33 @@ impl Actor for ShardServer {
     }
 }
 
+/// A shard's store: in the memory of the `cuda` transport's device when the node's transport is
+/// one (and this crate has its `cuda` feature), else in host memory.
+fn new_store(
+    node: &Node,
+    spec: &ServerSpec,
+    master: Vec<f32>,
+    optimizer: OptimizerState,
+    admission: WriteGuard,
+) -> Result<Box<dyn ShardStore>> {
+    #[cfg(all(feature = "cuda-code", target_os = "linux"))]
+    if let Some(cuda) = super::device::cuda_transport(node) {
+        let shard = super::device::DeviceShard::new(cuda, spec, &master, &optimizer, admission)?;
+        return Ok(Box::new(shard));
+    }
+    #[cfg(not(all(feature = "cuda-code", target_os = "linux")))]
+    if node.transport.backend() == "cuda" {
+        tracing::info!(
+            server = spec.endpoint,
+            "shard server on a cuda transport keeps its shards in host memory: odc-actors was \
+             built without its `cuda` feature"
+        );
+    }
+    Ok(Box::new(HostShard::new(
+        node, spec, master, optimizer, admission,
+    )?))
+}
+
 /// The accumulators' admission guard (transport C8): a write must carry the token of the
 /// (epoch, micro-batch) its write id names.
 fn admission(key: JobKey) -> WriteGuard {
@@ -191,22 +193,10 @@ async fn off_runtime<T: Send + 'static>(
     Ok(result)
 }
 
-/// What blocking work may read of the server besides its shards.
-struct Context {
-    node: Arc<Node>,
-    spec: ServerSpec,
-    version: u64,
-}
-
 fn reduce(shards: &mut [Shard], cmd: ReduceCmd) -> Result<ReduceAck> {
     let mut sum_sq = 0f64;
     for shard in shards {
-        let mut grad = shard.accumulator.take(cmd.next_epoch);
-        for g in &mut grad {
-            *g = (*g as f64 * cmd.scale) as f32;
-            sum_sq += (*g as f64) * (*g as f64);
-        }
-        shard.grad = Some(grad);
+        shard.store.reduce(cmd.scale, cmd.next_epoch, &mut sum_sq)?;
     }
     Ok(ReduceAck { sum_sq })
 }
@@ -217,27 +207,14 @@ fn apply(shards: &mut [Shard], spec: &ServerSpec, cmd: ApplyCmd) -> Result<()> {
     let lr = (f64::from(spec.optimizer.lr()) * cmd.lr_scale) as f32;
     let optimizer: &OptimizerConfig = &spec.optimizer.with_lr(lr);
     for shard in shards {
-        let mut grad = shard
-            .grad
-            .take()
-            .unwrap_or_else(|| vec![0.0; shard.master.len()]);
-        if cmd.clip != 1.0 {
-            for g in &mut grad {
-                *g = (*g as f64 * cmd.clip) as f32;
-            }
-        }
-        shard.optimizer.step(optimizer, &mut shard.master, &grad)?;
-        shard
-            .published
-            .publish(cmd.version, codec::encode(spec.pull_dtype, &shard.master))?;
+        shard.store.apply(optimizer, cmd.clip, cmd.version)?;
     }
     Ok(())
 }
 
 fn discard(shards: &mut [Shard], cmd: DiscardCmd) -> Result<()> {
     for shard in shards {
-        shard.accumulator.take(cmd.next_epoch);
-        shard.grad = None;
+        shard.store.discard(cmd.next_epoch)?;
     }
     Ok(())
 }
@@ -249,32 +226,7 @@ fn snapshot(
 ) -> Result<Vec<ShardSnapshot>> {
     let mut out = Vec::with_capacity(shards.len());
     for shard in shards {
-        let region = if context.spec.pull_dtype == Dtype::F32 {
-            shard.published.handle()
-        } else {
-            publish_copy(&mut shard.snapshot, &shard.master, context)?
-        };
-        let optimizer = if cmd.optimizer {
-            let names = shard.optimizer.buffer_names();
-            let buffers = shard.optimizer.buffers();
-            shard
-                .optimizer_snapshots
-                .resize_with(buffers.len(), || None);
-            let mut handles = Vec::with_capacity(buffers.len());
-            for ((name, values), slot) in names
-                .iter()
-                .zip(buffers)
-                .zip(shard.optimizer_snapshots.iter_mut())
-            {
-                handles.push((name.to_string(), publish_copy(slot, values, context)?));
-            }
-            Some(OptimizerSnapshot {
-                steps: shard.optimizer.steps(),
-                buffers: handles,
-            })
-        } else {
-            None
-        };
+        let (region, optimizer) = shard.store.snapshot(context, cmd.optimizer)?;
         out.push(ShardSnapshot {
             unit: shard.unit,
             start: shard.range.start as u64,
@@ -287,29 +239,6 @@ fn snapshot(
     Ok(out)
 }
 
-/// Publish `values` as fp32 at the server's version in the region kept in `slot` (registered on
-/// first use) and return its handle.
-fn publish_copy(
-    slot: &mut Option<Box<dyn PublishedRegion>>,
-    values: &[f32],
-    context: &Context,
-) -> Result<odc_transport::RegionHandle> {
-    let bytes = codec::encode(Dtype::F32, values);
-    if let Some(region) = slot {
-        region.publish(context.version, bytes)?;
-        return Ok(region.handle());
-    }
-    let region = context.node.transport.register_published(
-        context.spec.endpoint,
-        Dtype::F32,
-        bytes,
-        context.version,
-    )?;
-    let handle = region.handle();
-    *slot = Some(region);
-    Ok(handle)
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::{Condvar, Mutex};
@@ -318,8 +247,8 @@ mod tests {
     use bytes::Bytes;
     use odc_transport::local::LocalTransport;
     use odc_transport::{
-        deadline_in, Dest, EndpointId, InboxRegion, RegionHandle, Transport, TransportError,
-        WriteTag,
+        codec, deadline_in, AccumulatorRegion, Dest, Dtype, EndpointId, InboxRegion,
+        PublishedRegion, RegionHandle, Transport, TransportError, WriteTag,
     };
     use ractor::RpcReplyPort;
 

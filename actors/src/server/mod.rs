@@ -20,7 +20,10 @@
 //! actor starts from a serializable [`ServerSpec`] plus its process's [`Node`](crate::node::Node).
 
 mod actor;
+#[cfg(all(feature = "cuda-code", target_os = "linux"))]
+mod device;
 pub mod optimizer;
+mod shard;
 
 pub use crate::messages::{
     ApplyCmd, DiscardCmd, OptimizerSnapshot, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,

@@ -12,7 +12,13 @@
 //!   steps()` after the increment, so the first step has `t = 1`, as in torch.
 //!
 //! Per-step scalars are computed in `f64` and rounded to `f32` (torch computes them as Python
-//! floats); elementwise arithmetic is `f32`, like torch on `float32` tensors. Non-finite gradients
+//! floats); elementwise arithmetic is `f32`, like torch on `float32` tensors.
+//!
+//! This module is the optimizer's pure description: [`OptimizerConfig`], the checks and scalars of
+//! one step ([`plan_step`], [`StepScalars`]) and the elementwise math documented on
+//! [`OptimizerConfig`], run here by host loops over `f32` slices ([`OptimizerState::step`]). A shard
+//! server on the GPU (`server/device/`, feature `cuda`) runs the same plan with the same scalars as
+//! NVRTC kernels, written in the same order of operations as the host loops. Non-finite gradients
 //! are not rejected here (torch does not either): the runtime never hands one to a step (trainers
 //! refuse them and the barrier discards a step whose global norm is not finite, see
 //! [`crate::policy::step`]).
@@ -203,6 +209,104 @@ impl OptimizerConfig {
     }
 }
 
+/// The names of AdamW's per-element buffers (torch's), in the order [`OptimizerState::buffers`]
+/// returns them.
+pub const ADAMW_BUFFERS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
+/// The name of SGD's momentum buffer (torch's).
+pub const SGD_MOMENTUM_BUFFER: &str = "momentum_buffer";
+
+/// The scalars of one step: everything the elementwise update needs besides the elements and
+/// their state, computed once per step from the config and the step number alone, so every shard
+/// and every implementation (host loops, device kernels) uses bitwise the same values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StepScalars {
+    /// `torch.optim.SGD` (see [`OptimizerConfig::Sgd`]): the config's values as they are.
+    Sgd {
+        lr: f32,
+        momentum: f32,
+        weight_decay: f32,
+    },
+    AdamW(AdamScalars),
+}
+
+/// AdamW's scalars of step `t`: per element, in this order and in `f32`,
+/// `p *= decay`; `m = beta1·m + one_minus_beta1·g`; `v = beta2·v + one_minus_beta2·g·g`;
+/// `p += -step_size · (m / (√v / bias_correction2_sqrt + eps))`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamScalars {
+    /// `1 − lr·weight_decay`.
+    pub decay: f32,
+    pub beta1: f32,
+    /// `1 − β₁`.
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    /// `1 − β₂`.
+    pub one_minus_beta2: f32,
+    /// `lr / (1 − β₁ᵗ)`.
+    pub step_size: f32,
+    /// `√(1 − β₂ᵗ)`.
+    pub bias_correction2_sqrt: f32,
+    pub eps: f32,
+}
+
+/// Check one step and compute its scalars: `config` valid, `params` and `grads` of one length,
+/// that length the state's (`state_len`), the state of `config`'s kind (`state` is
+/// [`OptimizerState::name`]'s value); the step number is `steps + 1`. Every implementation of a
+/// step starts here, so all refuse the same inputs with the same errors, in the same order.
+pub fn plan_step(
+    config: &OptimizerConfig,
+    state: &str,
+    state_len: usize,
+    steps: u64,
+    params: usize,
+    grads: usize,
+) -> Result<StepScalars, OptimizerError> {
+    config.validate()?;
+    if params != grads {
+        return Err(OptimizerError::LengthMismatch {
+            params: params as u64,
+            grads: grads as u64,
+        });
+    }
+    if params != state_len {
+        return Err(OptimizerError::StateLengthMismatch {
+            state: state_len as u64,
+            params: params as u64,
+        });
+    }
+    if state != config.name() {
+        return Err(OptimizerError::KindMismatch {
+            state: state.to_string(),
+            config: config.name().to_string(),
+        });
+    }
+    Ok(match *config {
+        OptimizerConfig::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        } => StepScalars::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        },
+        OptimizerConfig::AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => StepScalars::AdamW(AdamScalars::new(
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            steps.saturating_add(1),
+        )),
+    })
+}
+
 /// Per-element buffers of one optimizer.
 #[derive(Debug, Clone, PartialEq)]
 enum Buffers {
@@ -265,14 +369,22 @@ impl OptimizerState {
         self.steps
     }
 
+    /// `"SGD"` or `"AdamW"`: the optimizer this state belongs to ([`OptimizerConfig::name`]).
+    pub fn name(&self) -> &'static str {
+        match &self.buffers {
+            Buffers::Sgd { .. } => "SGD",
+            Buffers::AdamW { .. } => "AdamW",
+        }
+    }
+
     /// The names of the per-element buffers this state holds, in the order [`Self::buffers`]
-    /// returns them: torch's names (`exp_avg`, `exp_avg_sq` for AdamW; `momentum_buffer` for SGD
+    /// returns them: torch's names ([`ADAMW_BUFFERS`] for AdamW; [`SGD_MOMENTUM_BUFFER`] for SGD
     /// once a step with momentum created it).
     pub fn buffer_names(&self) -> &'static [&'static str] {
         match &self.buffers {
             Buffers::Sgd { momentum: None } => &[],
-            Buffers::Sgd { momentum: Some(_) } => &["momentum_buffer"],
-            Buffers::AdamW { .. } => &["exp_avg", "exp_avg_sq"],
+            Buffers::Sgd { momentum: Some(_) } => &[SGD_MOMENTUM_BUFFER],
+            Buffers::AdamW { .. } => &ADAMW_BUFFERS,
         }
     }
 
@@ -334,11 +446,11 @@ impl OptimizerState {
         };
         let buffers = match config {
             OptimizerConfig::Sgd { .. } => Buffers::Sgd {
-                momentum: take("momentum_buffer").ok(),
+                momentum: take(SGD_MOMENTUM_BUFFER).ok(),
             },
             OptimizerConfig::AdamW { .. } => Buffers::AdamW {
-                exp_avg: take("exp_avg")?,
-                exp_avg_sq: take("exp_avg_sq")?,
+                exp_avg: take(ADAMW_BUFFERS[0])?,
+                exp_avg_sq: take(ADAMW_BUFFERS[1])?,
             },
         };
         if let Some(name) = named.into_keys().next() {
@@ -363,23 +475,18 @@ impl OptimizerState {
         params: &mut [f32],
         grads: &[f32],
     ) -> Result<(), OptimizerError> {
-        config.validate()?;
-        if params.len() != grads.len() {
-            return Err(OptimizerError::LengthMismatch {
-                params: params.len() as u64,
-                grads: grads.len() as u64,
-            });
-        }
-        if params.len() != self.len {
-            return Err(OptimizerError::StateLengthMismatch {
-                state: self.len as u64,
-                params: params.len() as u64,
-            });
-        }
-        match (&mut self.buffers, *config) {
+        let scalars = plan_step(
+            config,
+            self.name(),
+            self.len,
+            self.steps,
+            params.len(),
+            grads.len(),
+        )?;
+        match (&mut self.buffers, scalars) {
             (
                 Buffers::Sgd { momentum: buffer },
-                OptimizerConfig::Sgd {
+                StepScalars::Sgd {
                     lr,
                     momentum,
                     weight_decay,
@@ -390,27 +497,14 @@ impl OptimizerState {
                     exp_avg,
                     exp_avg_sq,
                 },
-                OptimizerConfig::AdamW {
-                    lr,
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay,
-                },
-            ) => {
-                let t = self.steps.saturating_add(1);
-                let scalars = AdamScalars::new(lr, beta1, beta2, eps, weight_decay, t);
-                adamw_step(&scalars, exp_avg, exp_avg_sq, params, grads);
-            }
-            (buffers, config) => {
-                let state = match buffers {
-                    Buffers::Sgd { .. } => "SGD",
-                    Buffers::AdamW { .. } => "AdamW",
-                };
+                StepScalars::AdamW(scalars),
+            ) => adamw_step(&scalars, exp_avg, exp_avg_sq, params, grads),
+            // `plan_step` checked the kinds agree.
+            (_, _) => {
                 return Err(OptimizerError::KindMismatch {
-                    state: state.to_string(),
+                    state: self.name().to_string(),
                     config: config.name().to_string(),
-                });
+                })
             }
         }
         self.steps = self.steps.saturating_add(1);
@@ -458,19 +552,8 @@ fn sgd_step(
     }
 }
 
-/// The scalars of one AdamW step, computed once so every shard uses bitwise the same values.
-struct AdamScalars {
-    decay: f32,
-    beta1: f32,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    step_size: f32,
-    bias_correction2_sqrt: f32,
-    eps: f32,
-}
-
 impl AdamScalars {
+    /// The scalars of step `t` (1-based) of AdamW with these hyper-parameters.
     fn new(lr: f32, beta1: f32, beta2: f32, eps: f32, weight_decay: f32, t: u64) -> Self {
         let (lr64, b1, b2) = (f64::from(lr), f64::from(beta1), f64::from(beta2));
         // Exponents beyond i32 change nothing: β^t has long underflowed to 0 by then.

@@ -10,6 +10,9 @@
 //!   so its pinned staging is never written by the device while the host reuses it.
 //! - Device memory that a caller names by address ([`DeviceDest`]) is checked to be device memory
 //!   of this device, inside one allocation, before anything is copied into it.
+//! - Work is serialised on the device's one stream (its lane, behind a lock): a kernel an owner
+//!   launches ([`Device::launch`]) runs after everything enqueued before it (accumulates, copies)
+//!   and before anything enqueued after, and each owner-side call waits for its own work.
 
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
@@ -18,7 +21,7 @@ use std::time::Duration;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use parking_lot::Mutex;
 
-use super::kernels::Kernels;
+use super::kernels::{KernelArg, Kernels, Module};
 use crate::{Deadline, DeviceDest, TransportError};
 
 /// Bytes of a lane's pinned staging buffer (and device scratch buffer): host transfers move in
@@ -360,6 +363,8 @@ pub struct Device {
     ordinal: u32,
     lane: Mutex<Lane>,
     kernels: OnceLock<Result<Kernels, TransportError>>,
+    /// Owners' kernel modules, by name, compiled on first use.
+    modules: Mutex<Vec<(String, Arc<Module>)>>,
     /// Primary contexts of other devices this one reads from (peer access enabled).
     peers: Mutex<Vec<Arc<CudaContext>>>,
 }
@@ -409,6 +414,7 @@ impl Device {
                 pending: false,
             }),
             kernels: OnceLock::new(),
+            modules: Mutex::new(Vec::new()),
             peers: Mutex::new(Vec::new()),
         }))
     }
@@ -469,6 +475,73 @@ impl Device {
             })
             .as_ref()
             .map_err(Clone::clone)
+    }
+
+    /// The kernels of `source` (named `name`; its `functions`), compiled with NVRTC for this
+    /// device on the first call with that name and cached (later calls with the same name return
+    /// the same module, whatever their source). Without NVRTC: `Unsupported`, `no NVRTC: …`; a
+    /// source that does not compile: `Unsupported` with NVRTC's log.
+    pub fn module(
+        &self,
+        name: &str,
+        source: &str,
+        functions: &[&str],
+    ) -> Result<Arc<Module>, TransportError> {
+        let mut modules = self.modules.lock();
+        if let Some((_, module)) = modules.iter().find(|(n, _)| n == name) {
+            return Ok(Arc::clone(module));
+        }
+        self.bind()?;
+        let module = Arc::new(Module::compile(&self.ctx, name, source, functions)?);
+        modules.push((name.to_owned(), Arc::clone(&module)));
+        Ok(module)
+    }
+
+    /// Run kernel `function` of `module` over `n` elements with `args` on this device's stream
+    /// (after everything enqueued before it) and wait for it (at most 60 s: longer is an error).
+    /// A buffer argument of another device is refused before anything runs.
+    ///
+    /// # Safety
+    /// `function`'s parameters are exactly `args`, in order and of their types, and the kernel
+    /// touches only memory of the buffers given, within their lengths (for the `n` the caller
+    /// passes); `module` came from [`Device::module`] of this device.
+    pub unsafe fn launch(
+        &self,
+        module: &Module,
+        function: &str,
+        n: usize,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), TransportError> {
+        for arg in args {
+            if let Some(buffer) = arg.as_buffer() {
+                if !buffer.is_on(self) {
+                    return Err(TransportError::Unsupported {
+                        what: format!(
+                            "cuda: kernel {function}: {buffer:?} is not memory of this device \
+                             (device {})",
+                            self.ordinal
+                        ),
+                    });
+                }
+            }
+        }
+        let mut lane = self.lane()?;
+        // SAFETY: the caller's guarantee; the lane's stream belongs to this device's context,
+        // which `lane()` bound.
+        unsafe { module.enqueue(&lane.stream, function, n, args)? };
+        lane.finish_owner(&format!("kernel {function}"))
+    }
+
+    /// Set every byte of `buffer` to zero and wait.
+    pub fn zero(&self, buffer: &DeviceBuffer) -> Result<(), TransportError> {
+        if !buffer.is_on(self) {
+            return Err(TransportError::Unsupported {
+                what: format!("cuda: {buffer:?} is not memory of device {}", self.ordinal),
+            });
+        }
+        let mut lane = self.lane()?;
+        lane.zero(buffer.ptr, buffer.bytes)?;
+        lane.finish_owner("zeroing device memory")
     }
 
     /// Make memory on device `peer` (this process's ordinal) readable from this device's
@@ -743,6 +816,12 @@ impl DeviceBuffer {
     /// The device address.
     pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
         self.ptr
+    }
+
+    /// Whether this buffer was allocated by `device` (the same [`Device`], so work on it is
+    /// ordered on that device's stream).
+    pub(crate) fn is_on(&self, device: &Device) -> bool {
+        std::ptr::eq(Arc::as_ptr(&self.device), device)
     }
 
     /// The whole buffer as a read destination ([`crate::Dest::Device`]).

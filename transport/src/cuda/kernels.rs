@@ -1,41 +1,46 @@
-//! The backend's device kernels: `kernels.cu` (next to this file), compiled at run time with
-//! NVRTC for the device's compute capability and loaded into its context.
+//! Device kernels: the backend's own (`kernels.cu`, next to this file) and, through the same
+//! machinery, an owner's ([`Module`], e.g. a shard server's optimizer kernels kept next to the
+//! server's code), compiled at run time with NVRTC for the device's compute capability, loaded into
+//! its context and launched on its stream.
 //!
+//! The backend's kernels:
 //! - `odc_add_f32(acc, src, n)`: `acc[i] += src[i]`, fp32 into fp32 — the accumulate of the
 //!   transport contract (C2), bit for bit what the host accumulate computes.
 //! - `odc_add_bf16(acc, src, n)`: `acc[i] += widen(src[i])`, bf16 into fp32 (widening is exact) —
 //!   for gradients pushed in bf16 (the benchmark's `acc-bf16` row; the contract's payloads are
 //!   fp32 today).
+//! - `odc_encode_bf16(dst, src, n)`: fp32 → bf16, bit for bit the host codec's rounding — a
+//!   published bf16 copy written from fp32 values in device memory
+//!   ([`DevicePublished::publish_from`](super::DevicePublished::publish_from)).
 //!
-//! Both are grid-stride loops (256 threads a block, at most 16 blocks per multiprocessor), so one
-//! launch covers any `n`.
+//! Every source is compiled with `--fmad=false` (and NVRTC's IEEE defaults: `--prec-div=true`,
+//! `--prec-sqrt=true`, `--ftz=false`), so a kernel that writes the host's arithmetic in the host's
+//! order computes bitwise the host's fp32 results. Kernels are grid-stride loops: [`BLOCK`]
+//! threads a block, at most 16 blocks per multiprocessor ([`Module::blocks`]), so one launch covers
+//! any `n`.
 
 use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 
-use super::driver::{check_nvrtc, failed};
+use super::driver::{check_nvrtc, failed, DeviceBuffer};
 use crate::TransportError;
 
-/// The kernels' source.
+/// The backend kernels' source.
 pub(crate) const SOURCE: &str = include_str!("kernels.cu");
 
-/// Threads per block.
-const BLOCK: u32 = 256;
+/// The backend kernels' functions.
+const FUNCTIONS: [&str; 3] = ["odc_add_f32", "odc_add_bf16", "odc_encode_bf16"];
+
+/// Threads per block of every launch (a kernel that reduces within a block may size its shared
+/// memory by it).
+pub const BLOCK: u32 = 256;
 /// Blocks per multiprocessor at most (a grid-stride loop needs no more to fill the device).
 const BLOCKS_PER_SM: u32 = 16;
 
-/// The compiled kernels of one context.
-pub(crate) struct Kernels {
-    add_f32: CudaFunction,
-    add_bf16: CudaFunction,
-    /// Most blocks a launch uses.
-    max_blocks: u32,
-}
-
-/// NVRTC's complaint, with its log.
-fn compile_failed(error: CompileError) -> TransportError {
+/// NVRTC's complaint about `name`, with its log.
+fn compile_failed(name: &str, error: CompileError) -> TransportError {
     let detail = match &error {
         CompileError::CompileError { nvrtc, log, .. } => {
             format!("{nvrtc:?}: {}", log.to_string_lossy())
@@ -43,53 +48,234 @@ fn compile_failed(error: CompileError) -> TransportError {
         other => format!("{other:?}"),
     };
     TransportError::Unsupported {
-        what: format!("cuda: NVRTC could not compile kernels.cu: {detail}"),
+        what: format!("cuda: NVRTC could not compile {name}: {detail}"),
     }
 }
 
-/// [`SOURCE`] compiled with NVRTC to PTX for compute capability `(major, minor)`. Needs NVRTC
-/// only (no driver, no device).
-pub(crate) fn ptx((major, minor): (i32, i32)) -> Result<Ptx, TransportError> {
+/// `source` (named `name` in messages) compiled with NVRTC to PTX for compute capability
+/// `(major, minor)`, with the options of every kernel here (`--fmad=false`). Needs NVRTC only
+/// (no driver, no device).
+fn compile(name: &str, source: &str, (major, minor): (i32, i32)) -> Result<Ptx, TransportError> {
     check_nvrtc()?;
     let options = CompileOptions {
-        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-        name: Some("kernels.cu".into()),
+        options: vec![
+            format!("--gpu-architecture=compute_{major}{minor}"),
+            "--fmad=false".into(),
+        ],
+        name: Some(name.into()),
         ..CompileOptions::default()
     };
-    compile_ptx_with_opts(SOURCE, options).map_err(compile_failed)
+    compile_ptx_with_opts(source, options).map_err(|e| compile_failed(name, e))
+}
+
+/// The backend kernels' PTX for compute capability `capability` (NVRTC only).
+#[cfg(test)]
+pub(crate) fn ptx(capability: (i32, i32)) -> Result<Ptx, TransportError> {
+    compile("kernels.cu", SOURCE, capability)
+}
+
+/// The PTX text of `source` (named `name` in messages) for compute capability `capability`,
+/// compiled as [`Module`]s are: a check that an owner's kernel source compiles, which needs NVRTC
+/// (`libnvrtc.so`) but no driver and no device. Without NVRTC: [`TransportError::Unsupported`]
+/// starting `no NVRTC:`.
+pub fn ptx_of(name: &str, source: &str, capability: (i32, i32)) -> Result<String, TransportError> {
+    compile(name, source, capability).map(|ptx| ptx.to_src())
+}
+
+/// One argument of a kernel launch ([`Device::launch`](super::Device::launch)): a device buffer
+/// (its address) or a scalar, passed by value as the kernel's parameter of that type
+/// (`float*`/`const T*`, `unsigned long long`, `int`, `float`, `double`).
+#[derive(Debug, Clone, Copy)]
+pub struct KernelArg<'a>(Arg<'a>);
+
+#[derive(Debug, Clone, Copy)]
+enum Arg<'a> {
+    Buffer(&'a DeviceBuffer),
+    Address(sys::CUdeviceptr),
+    U64(u64),
+    I32(i32),
+    F32(f32),
+    F64(f64),
+}
+
+impl<'a> KernelArg<'a> {
+    /// A pointer parameter: `buffer`'s device address.
+    pub fn buffer(buffer: &'a DeviceBuffer) -> Self {
+        Self(Arg::Buffer(buffer))
+    }
+
+    /// A raw device address (the backend's own launches, into parts of a buffer).
+    pub(crate) fn address(ptr: sys::CUdeviceptr) -> Self {
+        Self(Arg::Address(ptr))
+    }
+
+    /// An `unsigned long long` parameter.
+    pub fn u64(value: u64) -> Self {
+        Self(Arg::U64(value))
+    }
+
+    /// An `int` parameter.
+    pub fn i32(value: i32) -> Self {
+        Self(Arg::I32(value))
+    }
+
+    /// A `float` parameter.
+    pub fn f32(value: f32) -> Self {
+        Self(Arg::F32(value))
+    }
+
+    /// A `double` parameter.
+    pub fn f64(value: f64) -> Self {
+        Self(Arg::F64(value))
+    }
+
+    /// The buffer this argument names, if any.
+    pub(crate) fn as_buffer(&self) -> Option<&'a DeviceBuffer> {
+        match self.0 {
+            Arg::Buffer(buffer) => Some(buffer),
+            _ => None,
+        }
+    }
+}
+
+/// A value as the launch passes it.
+enum Value {
+    U64(u64),
+    I32(i32),
+    F32(f32),
+    F64(f64),
+}
+
+/// Compiled kernels of one source, loaded into one device's context: get one with
+/// [`Device::module`](super::Device::module), launch with
+/// [`Device::launch`](super::Device::launch).
+pub struct Module {
+    name: String,
+    functions: Vec<(String, CudaFunction)>,
+    /// Most blocks a launch uses.
+    max_blocks: u32,
+}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("name", &self.name)
+            .field("max_blocks", &self.max_blocks)
+            .finish()
+    }
+}
+
+impl Module {
+    /// Compile `source` for `ctx`'s device (which must be bound), load it and find `functions`.
+    pub(crate) fn compile(
+        ctx: &Arc<CudaContext>,
+        name: &str,
+        source: &str,
+        functions: &[&str],
+    ) -> Result<Self, TransportError> {
+        let capability = ctx
+            .compute_capability()
+            .map_err(|e| failed("reading the compute capability", e))?;
+        let module = ctx
+            .load_module(compile(name, source, capability)?)
+            .map_err(|e| failed(&format!("loading {name} (cuModuleLoadData)"), e))?;
+        let functions = functions
+            .iter()
+            .map(|function| {
+                module
+                    .load_function(function)
+                    .map(|f| (function.to_string(), f))
+                    .map_err(|e| failed(&format!("finding kernel {function} of {name}"), e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| failed("reading the multiprocessor count", e))?;
+        Ok(Self {
+            name: name.to_owned(),
+            functions,
+            max_blocks: u32::try_from(sms).unwrap_or(1).max(1) * BLOCKS_PER_SM,
+        })
+    }
+
+    /// The number of blocks a launch over `n` elements uses (at least 1): a kernel that writes one
+    /// partial result per block needs room for this many.
+    pub fn blocks(&self, n: usize) -> u32 {
+        let blocks = n.div_ceil(BLOCK as usize).min(self.max_blocks as usize);
+        u32::try_from(blocks).unwrap_or(1).max(1)
+    }
+
+    /// The most blocks any launch uses.
+    pub fn max_blocks(&self) -> u32 {
+        self.max_blocks
+    }
+
+    /// Enqueue `function` over `n` elements ([`Module::blocks`] × [`BLOCK`] threads) with `args`
+    /// on `stream` (not waited for). `n == 0` launches nothing.
+    ///
+    /// # Safety
+    /// `function`'s parameters are exactly `args`, in order and of their types; every address it
+    /// is given is device memory of the stream's context, and the kernel touches only what the
+    /// arguments allow it to (no index at or past the lengths the caller passes).
+    pub(crate) unsafe fn enqueue(
+        &self,
+        stream: &CudaStream,
+        function: &str,
+        n: usize,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), TransportError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (_, kernel) = self
+            .functions
+            .iter()
+            .find(|(name, _)| name == function)
+            .ok_or_else(|| TransportError::Unsupported {
+                what: format!("cuda: {} has no kernel {function}", self.name),
+            })?;
+        let values: Vec<Value> = args
+            .iter()
+            .map(|arg| match arg.0 {
+                Arg::Buffer(buffer) => Value::U64(buffer.ptr()),
+                Arg::Address(ptr) => Value::U64(ptr),
+                Arg::U64(v) => Value::U64(v),
+                Arg::I32(v) => Value::I32(v),
+                Arg::F32(v) => Value::F32(v),
+                Arg::F64(v) => Value::F64(v),
+            })
+            .collect();
+        let mut launch = stream.launch_builder(kernel);
+        for value in &values {
+            match value {
+                Value::U64(v) => launch.arg(v),
+                Value::I32(v) => launch.arg(v),
+                Value::F32(v) => launch.arg(v),
+                Value::F64(v) => launch.arg(v),
+            };
+        }
+        let config = LaunchConfig {
+            grid_dim: (self.blocks(n), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the caller guarantees the parameters match `args` and the memory they address;
+        // every value pushed above lives until the launch returns.
+        unsafe { launch.launch(config) }
+            .map(|_| ())
+            .map_err(|e| failed(&format!("launching {function} of {}", self.name), e))
+    }
+}
+
+/// The backend's kernels, compiled for one context.
+pub(crate) struct Kernels {
+    module: Module,
 }
 
 impl Kernels {
     /// Compile [`SOURCE`] for `ctx`'s device (which must be bound) and load it.
     pub(crate) fn compile(ctx: &Arc<CudaContext>) -> Result<Self, TransportError> {
-        let capability = ctx
-            .compute_capability()
-            .map_err(|e| failed("reading the compute capability", e))?;
-        let module = ctx
-            .load_module(ptx(capability)?)
-            .map_err(|e| failed("loading the kernels (cuModuleLoadData)", e))?;
-        let function = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| failed(&format!("finding kernel {name}"), e))
-        };
-        let sms = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| failed("reading the multiprocessor count", e))?;
-        Ok(Self {
-            add_f32: function("odc_add_f32")?,
-            add_bf16: function("odc_add_bf16")?,
-            max_blocks: u32::try_from(sms).unwrap_or(1).max(1) * BLOCKS_PER_SM,
-        })
-    }
-
-    fn config(&self, n: usize) -> LaunchConfig {
-        let blocks = n.div_ceil(BLOCK as usize).min(self.max_blocks as usize);
-        LaunchConfig {
-            grid_dim: (u32::try_from(blocks).unwrap_or(1).max(1), 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        Module::compile(ctx, "kernels.cu", SOURCE, &FUNCTIONS).map(|module| Self { module })
     }
 
     /// Enqueue `acc[i] += src[i]` for `n` fp32 elements on `stream` (not waited for). The caller
@@ -102,7 +288,9 @@ impl Kernels {
         src: sys::CUdeviceptr,
         n: usize,
     ) -> Result<(), TransportError> {
-        self.launch(&self.add_f32, stream, acc, src, n, "odc_add_f32")
+        // SAFETY: (float*, const float*, unsigned long long); the caller guarantees `n` elements
+        // at both addresses.
+        unsafe { self.elementwise(stream, "odc_add_f32", acc, src, n) }
     }
 
     /// Enqueue `acc[i] += widen(src[i])` for `n` elements (fp32 `acc`, bf16 `src`) on `stream`
@@ -114,29 +302,39 @@ impl Kernels {
         src: sys::CUdeviceptr,
         n: usize,
     ) -> Result<(), TransportError> {
-        self.launch(&self.add_bf16, stream, acc, src, n, "odc_add_bf16")
+        // SAFETY: (float*, const unsigned short*, unsigned long long); sizes as above.
+        unsafe { self.elementwise(stream, "odc_add_bf16", acc, src, n) }
     }
 
-    fn launch(
+    /// Enqueue `dst[i] = bf16(src[i])` for `n` elements (bf16 `dst`, fp32 `src`) on `stream` (not
+    /// waited for); the caller guarantees `n` elements at both addresses.
+    pub(crate) fn encode_bf16(
         &self,
-        function: &CudaFunction,
         stream: &CudaStream,
-        acc: sys::CUdeviceptr,
+        dst: sys::CUdeviceptr,
         src: sys::CUdeviceptr,
         n: usize,
-        name: &str,
     ) -> Result<(), TransportError> {
-        if n == 0 {
-            return Ok(());
-        }
-        let count = n as u64;
-        let mut launch = stream.launch_builder(function);
-        launch.arg(&acc).arg(&src).arg(&count);
-        // SAFETY: the kernel takes (float*, const T*, unsigned long long), which the three 8-byte
-        // arguments are; the caller guarantees both pointers address `n` elements of device
-        // memory of this context, and the kernel touches no index at or past `n`.
-        unsafe { launch.launch(self.config(n)) }
-            .map(|_| ())
-            .map_err(|e| failed(&format!("launching {name}"), e))
+        // SAFETY: (unsigned short*, const float*, unsigned long long); sizes as above.
+        unsafe { self.elementwise(stream, "odc_encode_bf16", dst, src, n) }
+    }
+
+    /// # Safety
+    /// `function` takes (T*, const U*, unsigned long long) and `dst`, `src` hold `n` elements.
+    unsafe fn elementwise(
+        &self,
+        stream: &CudaStream,
+        function: &str,
+        dst: sys::CUdeviceptr,
+        src: sys::CUdeviceptr,
+        n: usize,
+    ) -> Result<(), TransportError> {
+        let args = [
+            KernelArg::address(dst),
+            KernelArg::address(src),
+            KernelArg::u64(n as u64),
+        ];
+        // SAFETY: the caller's guarantee.
+        unsafe { self.module.enqueue(stream, function, n, &args) }
     }
 }

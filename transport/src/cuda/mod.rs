@@ -88,8 +88,10 @@ use tokio::net::{UnixListener, UnixStream};
 
 use self::driver::Waited;
 pub use self::driver::{check_driver, device_count, Device, DeviceBuffer, STAGING_BYTES};
+pub use self::kernels::{ptx_of, KernelArg, Module, BLOCK};
 use self::mapping::{Mapping, Unreached};
 use self::owned::{export, own_memory, DeviceSums, PublishedGuard};
+pub use self::owned::{DeviceAccumulator, DevicePublished};
 use crate::error::wide;
 use crate::remote::{accept_loop, ops, serve_connection, Peers, RemoteConfig, Served};
 use crate::shm::segment::{self, SegmentError, SegmentReader, SegmentWriter};
@@ -475,23 +477,70 @@ fn names(segment: &SegmentReader, target: &Target) -> bool {
         && segment.handle_id() == target.region
 }
 
-#[async_trait::async_trait]
-impl Transport for CudaTransport {
-    fn backend(&self) -> &'static str {
-        "cuda"
-    }
-
-    fn register_published(
+/// Owner-side APIs for values kept in device memory (a shard server on the GPU): regions whose
+/// publications and takes stay on the device. Reach them from an `Arc<dyn Transport>` through
+/// [`Transport::as_any`] and a downcast to [`CudaTransport`].
+impl CudaTransport {
+    /// Register a published region of `values.len() / 4` elements of `dtype` whose first
+    /// publication (`version`) is `values` (fp32 in memory of this transport's device), encoded
+    /// on the device; later ones come from [`DevicePublished::publish_from`]. Readers reach it as
+    /// any published region of this backend (CUDA IPC, or directly in this process).
+    pub fn register_device_published(
         &self,
         owner: EndpointId,
         dtype: Dtype,
-        initial: Bytes,
+        values: &DeviceBuffer,
         version: u64,
-    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
+    ) -> Result<DevicePublished, TransportError> {
         let id = self.served.fabric.next_region_id();
-        let len = codec::element_count(dtype, initial.len()).map_err(|e| e.for_region(id))?;
-        let memory = Arc::new(self.device.alloc(initial.len())?);
-        self.device.upload(&memory, 0, &initial)?;
+        let len = codec::element_count(Dtype::F32, values.len()).map_err(|e| e.for_region(id))?;
+        // The first publication is at `version` too: the seqlock's writer starts there and the
+        // encode below rewrites the memory under it.
+        let guard = self.publish_region(id, owner, dtype, len, version, |_| Ok(()))?;
+        guard.publish_device(version, values)?;
+        Ok(DevicePublished { guard })
+    }
+
+    /// Register an accumulator of `len` fp32 elements at `epoch`, in memory of this transport's
+    /// device, whose sums the owner can take into device memory
+    /// ([`DeviceAccumulator::take_into`]). Writers reach it as any accumulator of this backend.
+    pub fn register_device_accumulator(
+        &self,
+        owner: EndpointId,
+        len: usize,
+        epoch: u64,
+    ) -> Result<DeviceAccumulator, TransportError> {
+        let sums = DeviceSums::new(&self.device, len)?;
+        let guard = self
+            .served
+            .register_accumulator_in(owner, len, epoch, Box::new(sums))?;
+        Ok(DeviceAccumulator {
+            descriptor: self.descriptor(None),
+            guard,
+            device: Arc::clone(&self.device),
+            len,
+        })
+    }
+
+    /// A published region `id` of `len` elements of `dtype` in fresh device memory that `fill`
+    /// writes first, exported for IPC, with its control segment at `version`, announced to
+    /// same-process readers.
+    fn publish_region(
+        &self,
+        id: crate::RegionId,
+        owner: EndpointId,
+        dtype: Dtype,
+        len: usize,
+        version: u64,
+        fill: impl FnOnce(&DeviceBuffer) -> Result<(), TransportError>,
+    ) -> Result<PublishedGuard, TransportError> {
+        let bytes = len
+            .checked_mul(dtype.size())
+            .ok_or_else(|| TransportError::Unsupported {
+                what: format!("cuda: a region of {len} elements does not fit in memory"),
+            })?;
+        let memory = Arc::new(self.device.alloc(bytes)?);
+        fill(&memory)?;
         let (ipc_handle, offset) = export(&self.device, &memory)?;
         let writer = SegmentWriter::create_for(
             &self.dir,
@@ -519,7 +568,7 @@ impl Transport for CudaTransport {
             descriptor: self.descriptor(Some(CudaMemory {
                 ipc_handle,
                 offset,
-                len_bytes: wide(initial.len()),
+                len_bytes: wide(bytes),
                 segment: writer.name().to_owned(),
             })),
         };
@@ -531,6 +580,32 @@ impl Transport for CudaTransport {
             instance: self.served.instance,
         };
         guard.announce();
+        Ok(guard)
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for CudaTransport {
+    fn backend(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn register_published(
+        &self,
+        owner: EndpointId,
+        dtype: Dtype,
+        initial: Bytes,
+        version: u64,
+    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
+        let id = self.served.fabric.next_region_id();
+        let len = codec::element_count(dtype, initial.len()).map_err(|e| e.for_region(id))?;
+        let guard = self.publish_region(id, owner, dtype, len, version, |memory| {
+            self.device.upload(memory, 0, &initial)
+        })?;
         Ok(Box::new(guard))
     }
 
@@ -540,14 +615,9 @@ impl Transport for CudaTransport {
         len: usize,
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        let sums = DeviceSums::new(&self.device, len)?;
-        self.served.register_accumulator_in(
-            self.descriptor(None),
-            owner,
-            len,
-            epoch,
-            Box::new(sums),
-        )
+        Ok(Box::new(
+            self.register_device_accumulator(owner, len, epoch)?,
+        ))
     }
 
     fn register_inbox(
@@ -686,7 +756,7 @@ mod tests {
         match kernels::ptx((9, 0)) {
             Ok(ptx) => {
                 let text = ptx.to_src();
-                for name in ["odc_add_f32", "odc_add_bf16"] {
+                for name in ["odc_add_f32", "odc_add_bf16", "odc_encode_bf16"] {
                     assert!(text.contains(name), "the PTX has no {name}");
                 }
             }
@@ -780,5 +850,242 @@ mod tests {
             device.upload(&small, 8, &data).is_err(),
             "an upload past the end"
         );
+    }
+
+    /// A transport on device 0 in a runtime of its own (job names unique per test).
+    fn transport(runtime: &tokio::runtime::Runtime, test: &str) -> CudaTransport {
+        let secret = ClusterSecret::new("cuda-unit-secret").expect("secret");
+        let job = format!("cudaunit{}-{test}", std::process::id());
+        runtime
+            .block_on(CudaTransport::new(CudaConfig::new(0, job, secret)))
+            .unwrap_or_else(|e| panic!("transport: {e}"))
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    fn deadline() -> Deadline {
+        crate::deadline_in(std::time::Duration::from_secs(20))
+    }
+
+    /// The published bf16 copy written by the kernel from fp32 values in device memory is bit for
+    /// bit the host codec's encoding: ties to even, NaN payloads (quiet bit set), infinities,
+    /// subnormals, values that round up to infinity, and a million scattered bit patterns.
+    #[test]
+    fn encode_kernel_is_the_host_codec_bit_for_bit() {
+        if skip_without_driver("encode_kernel_is_the_host_codec_bit_for_bit") {
+            return;
+        }
+        let runtime = runtime();
+        let t = transport(&runtime, "encode");
+        let mut bits: Vec<u32> = vec![
+            0x3f80_0000,
+            0x3f80_8000,
+            0x3f81_8000,
+            0x3f80_8001,
+            0xbf80_8000,
+            0x7f7f_ffff,
+            0xff7f_ffff,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7fc0_0000,
+            0x7f80_0001,
+            0xffa0_1234,
+            0x0000_0001,
+            0x8000_8000,
+            0x0000_0000,
+            0x8000_0000,
+            0x007f_ffff,
+            0x0001_8000,
+        ];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..(1 << 20) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            bits.push(x as u32);
+        }
+        let values: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        let raw: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let device = Arc::clone(t.device());
+        let buffer = device.alloc(raw.len()).expect("alloc");
+        device.upload(&buffer, 0, &raw).expect("upload");
+        let region = t
+            .register_device_published(0, Dtype::Bf16, &buffer, 3)
+            .expect("register");
+        let handle = region.handle();
+        assert_eq!((handle.len, handle.version), (values.len() as u64, 3));
+        let mut got = vec![0u8; values.len() * 2];
+        let version = runtime
+            .block_on(t.read(&handle, 0..values.len(), Dest::Bytes(&mut got), deadline()))
+            .expect("read");
+        assert_eq!(version, 3);
+        let want = codec::encode(Dtype::Bf16, &values);
+        assert_eq!(got.len(), want.len());
+        let wrong: Vec<usize> = (0..values.len())
+            .filter(|&i| got[2 * i..2 * i + 2] != want[2 * i..2 * i + 2])
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{} of {} elements differ from the host codec; first: f32 bits {:#010x}",
+            wrong.len(),
+            values.len(),
+            bits[wrong[0]]
+        );
+    }
+
+    /// C1 for publications from device memory: each one is read whole with its version; values
+    /// of the wrong length or of another transport's device are refused and change nothing.
+    #[test]
+    fn device_publications_are_read_whole_c1() {
+        if skip_without_driver("device_publications_are_read_whole_c1") {
+            return;
+        }
+        let runtime = runtime();
+        let t = transport(&runtime, "publish");
+        let other = transport(&runtime, "publish-other");
+        let device = Arc::clone(t.device());
+        let n = 3 * 256 * 1024 + 5;
+        let first: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
+        let second: Vec<f32> = (0..n).map(|i| -(i as f32) - 0.5).collect();
+        let a = device.alloc(n * 4).expect("alloc");
+        let b = device.alloc(n * 4).expect("alloc");
+        device
+            .upload(&a, 0, &codec::encode_f32(&first))
+            .expect("upload");
+        device
+            .upload(&b, 0, &codec::encode_f32(&second))
+            .expect("upload");
+        let region = t
+            .register_device_published(7, Dtype::F32, &a, 0)
+            .expect("register");
+        let read = |handle: &RegionHandle| {
+            let mut out = vec![f32::NAN; n];
+            let version = runtime
+                .block_on(t.read(handle, 0..n, Dest::F32(&mut out), deadline()))
+                .expect("read");
+            (version, out)
+        };
+        assert_eq!(read(&region.handle()), (0, first.clone()));
+        region.publish_from(1, &b).expect("publish");
+        assert_eq!(read(&region.handle()), (1, second.clone()));
+        let short = device.alloc((n - 1) * 4).expect("alloc");
+        assert!(matches!(
+            region.publish_from(2, &short),
+            Err(TransportError::Unsupported { .. })
+        ));
+        let foreign = other.device().alloc(n * 4).expect("alloc");
+        assert!(matches!(
+            region.publish_from(2, &foreign),
+            Err(TransportError::Unsupported { .. })
+        ));
+        assert_eq!(region.version(), 1);
+        assert_eq!(read(&region.handle()), (1, second));
+    }
+
+    /// C2 and C3 for a take into device memory: the sums of the epoch's writes arrive in the
+    /// owner's buffer, the accumulator starts the next epoch from zero, a late write of the old
+    /// epoch is refused and a write of the new one lands alone; a buffer of the wrong size is
+    /// refused before the epoch moves.
+    #[test]
+    fn take_into_device_memory_is_atomic_c3() {
+        if skip_without_driver("take_into_device_memory_is_atomic_c3") {
+            return;
+        }
+        let runtime = runtime();
+        let t = transport(&runtime, "take");
+        let device = Arc::clone(t.device());
+        let n = 1000;
+        let acc = t.register_device_accumulator(2, n, 0).expect("register");
+        let handle = acc.handle();
+        let tag = |epoch, write_id| WriteTag {
+            epoch,
+            write_id,
+            token: 0,
+        };
+        let add = |values: &[f32], tag: WriteTag| {
+            runtime.block_on(t.accumulate(&handle, 0, codec::encode_f32(values), tag, deadline()))
+        };
+        let ones = vec![1.0f32; n];
+        let ramp: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        add(&ones, tag(0, 1)).expect("first write");
+        add(&ramp, tag(0, 2)).expect("second write");
+        let mut wrong = device.alloc(n * 4 - 4).expect("alloc");
+        assert!(acc.take_into(1, &mut wrong).is_err());
+        assert_eq!(acc.epoch(), 0, "a refused take moves nothing");
+        let mut into = device.alloc(n * 4).expect("alloc");
+        acc.take_into(1, &mut into).expect("take");
+        assert_eq!(acc.epoch(), 1);
+        let sums = codec::decode_f32(&device.download(&into).expect("download")).expect("decode");
+        let want: Vec<f32> = ramp.iter().map(|r| 1.0 + r).collect();
+        assert_eq!(sums, want);
+        assert!(matches!(
+            add(&ones, tag(0, 3)),
+            Err(TransportError::StaleEpoch {
+                got: 0,
+                current: 1,
+                ..
+            })
+        ));
+        add(&ramp, tag(1, 1)).expect("a write of the new epoch");
+        assert_eq!(acc.take(2), ramp, "the new epoch started from zero");
+    }
+
+    /// An owner's kernels: compiled once per name, launched in stream order with buffer and
+    /// scalar arguments of every kind; an unknown kernel is an error.
+    #[test]
+    fn owner_modules_launch_with_every_argument_kind() {
+        if skip_without_driver("owner_modules_launch_with_every_argument_kind") {
+            return;
+        }
+        const SOURCE: &str = r#"
+extern "C" __global__ void affine(float* x, unsigned long long n, float a, double b, int c) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
+        x[i] = (float)((double)(x[i] * a) + b) + (float)c;
+    }
+}
+"#;
+        let device = device();
+        let module = device
+            .module("affine.cu", SOURCE, &["affine"])
+            .expect("module");
+        let again = device.module("affine.cu", "", &[]).expect("cached");
+        assert!(Arc::ptr_eq(&module, &again), "compiled once per name");
+        let n = 5 * 256 * 1024 + 3;
+        let x: Vec<f32> = (0..n).map(|i| (i % 101) as f32).collect();
+        let buffer = device.alloc(n * 4).expect("alloc");
+        device
+            .upload(&buffer, 0, &codec::encode_f32(&x))
+            .expect("upload");
+        let args = [
+            KernelArg::buffer(&buffer),
+            KernelArg::u64(n as u64),
+            KernelArg::f32(2.0),
+            KernelArg::f64(0.5),
+            KernelArg::i32(-3),
+        ];
+        // SAFETY: `affine` takes (float*, unsigned long long, float, double, int) and touches
+        // the `n` elements of `buffer`.
+        unsafe { device.launch(&module, "affine", n, &args) }.expect("launch");
+        // SAFETY: as above, twice in a row: the second sees the first's result.
+        unsafe { device.launch(&module, "affine", n, &args) }.expect("launch");
+        let got = codec::decode_f32(&device.download(&buffer).expect("download")).expect("decode");
+        assert_eq!(got.len(), n);
+        for (i, (g, x)) in got.iter().zip(&x).enumerate() {
+            let once = (x * 2.0 + 0.5) - 3.0;
+            let want = (once * 2.0 + 0.5) - 3.0;
+            assert_eq!(*g, want, "element {i}");
+        }
+        // SAFETY: the kernel does not exist: nothing is launched.
+        let missing = unsafe { device.launch(&module, "nope", n, &args) };
+        assert!(matches!(missing, Err(TransportError::Unsupported { .. })));
+        assert!(module.blocks(1) == 1 && module.blocks(n) <= module.max_blocks());
     }
 }

@@ -1,5 +1,7 @@
 //! The owner's side: published regions in device memory (with their control segment and IPC
-//! export) and accumulator values in device memory (a [`Sums`] under the shared owner core).
+//! export) and accumulator values in device memory (a [`Sums`] under the shared owner core), and
+//! the device-side owner APIs of both ([`DevicePublished`], [`DeviceAccumulator`]) for an owner
+//! whose values are in device memory too (a shard server on the GPU).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -11,9 +13,12 @@ use parking_lot::Mutex;
 use super::driver::{allocation_of, failed, Device, DeviceBuffer, OWNER_WAIT, STAGING_BYTES};
 use crate::codec;
 use crate::error::wide;
-use crate::local::accumulator::Sums;
+use crate::local::accumulator::{AccumulatorGuard, Sums};
 use crate::shm::segment::SegmentWriter;
-use crate::{Dtype, PublishedRegion, RegionHandle, RegionId, TransportError};
+use crate::{
+    AccumulatorRegion, Descriptor, Dtype, PublishedRegion, RegionHandle, RegionId, TransportError,
+    WriteGuard,
+};
 
 /// The published regions of every `cuda` transport of this process, by (instance, region id): a
 /// reader in the same process reads their memory directly (CUDA IPC cannot open a handle in the
@@ -81,6 +86,44 @@ impl Drop for PublishedGuard {
     }
 }
 
+impl PublishedGuard {
+    /// Publish `values` (fp32 in device memory, one per element of the region) as `version`:
+    /// encoded on the device into the region's memory (fp32: a device copy; bf16: the
+    /// `odc_encode_bf16` kernel, the host codec's rounding bit for bit), inside the control
+    /// segment's seqlock (C1). Nothing crosses to the host.
+    pub(super) fn publish_device(
+        &self,
+        version: u64,
+        values: &DeviceBuffer,
+    ) -> Result<(), TransportError> {
+        let region = self.handle.id;
+        let len = usize::try_from(self.handle.len).unwrap_or(usize::MAX);
+        if !values.is_on(&self.device) || values.len() != len.saturating_mul(4) {
+            return Err(TransportError::Unsupported {
+                what: format!(
+                    "cuda: publish of region {region} ({len} elements) from {values:?}: the \
+                     values must be {len} fp32 elements in memory of device {}",
+                    self.device.ordinal()
+                ),
+            });
+        }
+        let kernels = match self.handle.dtype {
+            Dtype::F32 => None,
+            Dtype::Bf16 => Some(self.device.kernels()?),
+        };
+        self.writer.publish_outside(version, || {
+            let mut lane = self.device.lane()?;
+            match kernels {
+                None => lane.copy(self.memory.ptr(), values.ptr(), values.len())?,
+                Some(kernels) => {
+                    kernels.encode_bf16(&lane.stream, self.memory.ptr(), values.ptr(), len)?
+                }
+            }
+            lane.finish_owner(&format!("publish of region {region} from device memory"))
+        })
+    }
+}
+
 impl PublishedRegion for PublishedGuard {
     fn handle(&self) -> RegionHandle {
         RegionHandle {
@@ -124,6 +167,9 @@ pub(super) struct DeviceSums {
     device: Arc<Device>,
     values: DeviceBuffer,
     len: usize,
+    /// A device failure left the values unknown: every later add is refused and every take is
+    /// NaN (an error for [`DeviceSums::exchange`]), so no step uses them.
+    broken: Option<String>,
 }
 
 impl DeviceSums {
@@ -140,10 +186,47 @@ impl DeviceSums {
             device: Arc::clone(device),
             values: device.alloc(bytes)?,
             len,
+            broken: None,
         })
     }
 
+    fn check_intact(&self) -> Result<(), TransportError> {
+        match &self.broken {
+            None => Ok(()),
+            Some(why) => Err(TransportError::Unsupported {
+                what: format!(
+                    "cuda: the accumulator's values were lost to a device failure: {why}"
+                ),
+            }),
+        }
+    }
+
+    /// Exchange the values with `into` (as many fp32 elements, memory of the same device) and
+    /// zero the buffer that now holds the values: afterwards `into` holds the sums and the
+    /// accumulator starts from zero, with no copy of the sums. A device failure while zeroing
+    /// leaves the region broken (said once here, then by every add and take).
+    pub(super) fn exchange(&mut self, into: &mut DeviceBuffer) -> Result<(), TransportError> {
+        self.check_intact()?;
+        if !into.is_on(&self.device) || into.len() != self.values.len() {
+            return Err(TransportError::Unsupported {
+                what: format!(
+                    "cuda: take of an accumulator of {} elements into {into:?}: it must be as \
+                     many fp32 elements in memory of device {}",
+                    self.len,
+                    self.device.ordinal()
+                ),
+            });
+        }
+        std::mem::swap(&mut self.values, into);
+        let zeroed = self.device.zero(&self.values);
+        if let Err(e) = &zeroed {
+            self.broken = Some(e.to_string());
+        }
+        zeroed
+    }
+
     fn try_take(&mut self) -> Result<Vec<f32>, TransportError> {
+        self.check_intact()?;
         let mut values = vec![0.0f32; self.len];
         let mut lane = self.device.lane()?;
         lane.download(
@@ -169,6 +252,7 @@ impl DeviceSums {
 
 impl Sums for DeviceSums {
     fn add(&mut self, offset: usize, data: &[u8]) -> Result<(), TransportError> {
+        self.check_intact()?;
         let kernels = self.device.kernels()?;
         let mut lane = self.device.lane()?;
         let scratch = lane.scratch()?;
@@ -193,5 +277,127 @@ impl Sums for DeviceSums {
             );
             vec![f32::NAN; self.len]
         })
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// A published region in device memory whose owner keeps the values in device memory too:
+/// besides the host-side [`PublishedRegion::publish`], [`DevicePublished::publish_from`] encodes
+/// fp32 values of the owner's device straight into the region (fp32 copied, bf16 by a kernel),
+/// under the same seqlock and version protocol. Get one from
+/// [`CudaTransport::register_device_published`](super::CudaTransport::register_device_published).
+pub struct DevicePublished {
+    pub(super) guard: PublishedGuard,
+}
+
+impl std::fmt::Debug for DevicePublished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevicePublished")
+            .field("region", &self.guard.handle.id)
+            .field("dtype", &self.guard.handle.dtype)
+            .field("len", &self.guard.handle.len)
+            .finish()
+    }
+}
+
+impl DevicePublished {
+    /// Publish `values` (fp32, one per element, memory of this transport's device) as `version`:
+    /// encoded on the device in the region's dtype (bf16: round to nearest even, bit for bit
+    /// [`codec::encode`]); readers see the old or the new publication whole (C1). Values of the
+    /// wrong length or of another device are refused before anything changes.
+    pub fn publish_from(&self, version: u64, values: &DeviceBuffer) -> Result<(), TransportError> {
+        self.guard.publish_device(version, values)
+    }
+}
+
+impl PublishedRegion for DevicePublished {
+    fn handle(&self) -> RegionHandle {
+        self.guard.handle()
+    }
+
+    fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
+        self.guard.publish(version, data)
+    }
+
+    fn version(&self) -> u64 {
+        self.guard.version()
+    }
+}
+
+/// An accumulator whose values are in device memory, for an owner that keeps its gradient in
+/// device memory too: besides [`AccumulatorRegion::take`] (the sums copied to the host),
+/// [`DeviceAccumulator::take_into`] hands the sums over in device memory. Fencing, deduplication
+/// and admission are the shared owner core's, as for every accumulator of the backend. Get one
+/// from [`CudaTransport::register_device_accumulator`](super::CudaTransport::register_device_accumulator).
+pub struct DeviceAccumulator {
+    pub(super) descriptor: Descriptor,
+    pub(super) guard: AccumulatorGuard,
+    pub(super) device: Arc<Device>,
+    pub(super) len: usize,
+}
+
+impl std::fmt::Debug for DeviceAccumulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceAccumulator")
+            .field("handle", &self.handle())
+            .finish()
+    }
+}
+
+impl DeviceAccumulator {
+    /// Take the sums into `into` (fp32, as many elements as the region, memory of this
+    /// transport's device) and move to `next_epoch` — atomically with respect to accumulates, as
+    /// [`AccumulatorRegion::take`] (C3): the sums and `into`'s buffer are exchanged under the
+    /// accumulate lock and the accumulator's new buffer is zeroed there, so nothing is copied.
+    /// A buffer of the wrong size or device is refused before anything changes; a device failure
+    /// is an error and leaves the region refusing every later accumulate.
+    pub fn take_into(
+        &self,
+        next_epoch: u64,
+        into: &mut DeviceBuffer,
+    ) -> Result<(), TransportError> {
+        if !into.is_on(&self.device) || into.len() != self.len.saturating_mul(4) {
+            return Err(TransportError::Unsupported {
+                what: format!(
+                    "cuda: take of accumulator {} ({} elements) into {into:?}: it must be as \
+                     many fp32 elements in memory of device {}",
+                    self.guard.handle().id,
+                    self.len,
+                    self.device.ordinal()
+                ),
+            });
+        }
+        self.guard.take_with(next_epoch, |sums| {
+            match sums.as_any_mut().downcast_mut::<DeviceSums>() {
+                Some(device) => device.exchange(into),
+                None => Err(TransportError::Unsupported {
+                    what: "cuda: an accumulator whose values are not in device memory".into(),
+                }),
+            }
+        })
+    }
+}
+
+impl AccumulatorRegion for DeviceAccumulator {
+    fn handle(&self) -> RegionHandle {
+        RegionHandle {
+            descriptor: self.descriptor.clone(),
+            ..self.guard.handle()
+        }
+    }
+
+    fn take(&self, next_epoch: u64) -> Vec<f32> {
+        self.guard.take(next_epoch)
+    }
+
+    fn epoch(&self) -> u64 {
+        self.guard.epoch()
+    }
+
+    fn admit_only(&self, guard: WriteGuard) -> Result<(), TransportError> {
+        self.guard.admit_only(guard)
     }
 }

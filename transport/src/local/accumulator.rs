@@ -31,6 +31,10 @@ pub(crate) trait Sums: Send + std::fmt::Debug {
     fn add(&mut self, offset: usize, data: &[u8]) -> Result<(), TransportError>;
     /// Return the values and zero them.
     fn take(&mut self) -> Vec<f32>;
+    /// The implementation itself, for an owner-side take that only it offers (the `cuda`
+    /// backend's exchange of device buffers, [`Accumulator::take_with`]).
+    #[cfg_attr(not(feature = "cuda-code"), allow(dead_code))]
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 
 /// Host memory: the values themselves.
@@ -52,6 +56,10 @@ impl Sums for Vec<f32> {
     fn take(&mut self) -> Vec<f32> {
         let zeros = vec![0.0; self.len()];
         std::mem::replace(self, zeros)
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }
 
@@ -198,10 +206,16 @@ impl Accumulator {
     }
 
     fn take(&self, next_epoch: u64) -> Vec<f32> {
+        self.take_with(next_epoch, |values| values.take())
+    }
+
+    /// A take whose values `take` removes (it must leave them zeroed): under the same lock as
+    /// every accumulate, moved to `next_epoch` with its write ids forgotten first (C3).
+    fn take_with<R>(&self, next_epoch: u64, take: impl FnOnce(&mut dyn Sums) -> R) -> R {
         let mut state = self.state.lock();
         state.epoch = next_epoch;
         state.applied.clear();
-        state.values.take()
+        take(state.values.as_mut())
     }
 
     fn epoch(&self) -> u64 {
@@ -240,9 +254,19 @@ fn for_region(error: TransportError, region: RegionId) -> TransportError {
 
 /// The owner's guard of an accumulator region; dropping it deregisters the region.
 #[derive(Debug)]
-pub(super) struct AccumulatorGuard {
+pub(crate) struct AccumulatorGuard {
     pub(super) registry: Arc<Registry>,
     pub(super) region: Arc<Accumulator>,
+}
+
+impl AccumulatorGuard {
+    /// [`AccumulatorRegion::take`] with the caller removing the values: `take` gets the
+    /// region's [`Sums`] under the accumulate lock, after the move to `next_epoch`, and must leave
+    /// them zeroed (the `cuda` backend's take into a device buffer).
+    #[cfg_attr(not(feature = "cuda-code"), allow(dead_code))]
+    pub(crate) fn take_with<R>(&self, next_epoch: u64, take: impl FnOnce(&mut dyn Sums) -> R) -> R {
+        self.region.take_with(next_epoch, take)
+    }
 }
 
 impl AccumulatorRegion for AccumulatorGuard {

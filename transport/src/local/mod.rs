@@ -195,16 +195,16 @@ impl LocalTransport {
         len: usize,
         epoch: u64,
         values: Box<dyn Sums>,
-    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
+    ) -> Result<AccumulatorGuard, TransportError> {
         let id = self.registry.next_id();
         let descriptor = self.registry.descriptor();
         let region = Arc::new(Accumulator::new(owner, id, descriptor, len, epoch, values));
         self.registry
             .insert(id, Region::Accumulator(Arc::clone(&region)));
-        Ok(Box::new(AccumulatorGuard {
+        Ok(AccumulatorGuard {
             registry: Arc::clone(&self.registry),
             region,
-        }))
+        })
     }
 
     /// The region of `owner` with `id`, of the `expected` kind.
@@ -323,6 +323,7 @@ impl Transport for LocalTransport {
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
         self.register_accumulator_in(owner, len, epoch, Box::new(vec![0.0f32; len]))
+            .map(|guard| Box::new(guard) as Box<dyn AccumulatorRegion>)
     }
 
     fn register_inbox(

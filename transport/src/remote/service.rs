@@ -64,21 +64,18 @@ impl Served {
         Ok(Box::new(Renamed { descriptor, inner }))
     }
 
-    /// Register an accumulator in the fabric whose values live in `values`; its handles carry
-    /// `descriptor`.
+    /// Register an accumulator in the fabric whose values live in `values`; the caller's wrapper
+    /// gives its handles the caller's descriptor (the `cuda` backend's `DeviceAccumulator`).
     #[cfg_attr(not(feature = "cuda-code"), allow(dead_code))]
     pub(crate) fn register_accumulator_in(
         &self,
-        descriptor: Descriptor,
         owner: EndpointId,
         len: usize,
         epoch: u64,
         values: Box<dyn crate::local::accumulator::Sums>,
-    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        let inner = self
-            .fabric
-            .register_accumulator_in(owner, len, epoch, values)?;
-        Ok(Box::new(Renamed { descriptor, inner }))
+    ) -> Result<crate::local::accumulator::AccumulatorGuard, TransportError> {
+        self.fabric
+            .register_accumulator_in(owner, len, epoch, values)
     }
 
     /// Register an inbox in the fabric; its handles carry `descriptor`.
