@@ -31,7 +31,10 @@
 //!   the owners `o ≡ j mod gpus_per_node`): the first gather of the unit in a node brings every
 //!   remote shard across the NIC once, to its holder; every gather in the node then pulls the unit
 //!   from the node's holders over NVLink. A node already holding the unit (a later micro-batch of
-//!   the same step) crosses no NIC at all.
+//!   the same step) crosses no NIC at all. Size of the simulation: without HPZ a round of `D`
+//!   requesters is `D·(D − 1)` transfers (a million at 1,024 devices); with HPZ about
+//!   `nodes·D + D·G` (140K at 1,024 devices in nodes of 8; the unit test runs one in well under a
+//!   second in a debug build).
 //! - **Collective ring** ([`Topology::ring_all_gather_s`], NCCL-like, no global barrier per
 //!   round): `D − 1` steps of `bytes / D` over the slowest hop (the NIC when the ring spans nodes,
 //!   NCCL running one ring per rail), plus the latency of the longest path a piece travels: `D − 1`
