@@ -18,6 +18,7 @@ pub mod input;
 pub mod processes;
 pub mod report;
 pub mod sft_overhead;
+pub mod sim;
 pub mod transport;
 pub mod workload;
 

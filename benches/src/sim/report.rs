@@ -1,0 +1,210 @@
+//! The long-sequence table: for a workload and device counts, the step time with and without
+//! splitting ([`super::split`]) against perfect balance.
+//!
+//! Each row draws `samples_per_device · D` lengths with [`Workload::sample`] (one seed for every
+//! row, so a larger row's minibatch extends a smaller one's), on H100 nodes of eight
+//! ([`Topology::h100_devices`]), priced by one [`DeviceProfile`]. Figures are modelled, not
+//! measured: compute from the profile, ring attention from the topology's links.
+
+use super::profile::DeviceProfile;
+use super::split::{plan, SplitError, SplitOptions};
+use super::topology::Topology;
+use crate::workload::Workload;
+
+/// One row of the table.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SplitRow {
+    pub workload: String,
+    pub devices: u32,
+    pub samples: usize,
+    /// Perfect balance: total cost / D, seconds.
+    pub perfect_s: f64,
+    /// `max(perfect, costliest whole sample)`, seconds.
+    pub achievable_unsplit_s: f64,
+    /// Planned step without splitting, seconds.
+    pub unsplit_s: f64,
+    /// Planned step with splitting, seconds.
+    pub split_s: f64,
+    /// Samples split.
+    pub splits: usize,
+    /// Shortest split sample, tokens.
+    pub shortest_split_tokens: Option<u64>,
+    /// Widest split (devices of one sample).
+    pub widest_split: Option<u32>,
+}
+
+impl SplitRow {
+    /// Perfect balance over the unsplit step (1.0 = perfectly balanced).
+    pub fn unsplit_efficiency(&self) -> f64 {
+        ratio(self.perfect_s, self.unsplit_s)
+    }
+
+    /// Perfect balance over the split step.
+    pub fn split_efficiency(&self) -> f64 {
+        ratio(self.perfect_s, self.split_s)
+    }
+
+    /// Unsplit step over split step.
+    pub fn speedup(&self) -> f64 {
+        ratio(self.unsplit_s, self.split_s)
+    }
+}
+
+/// `x / y`, 1.0 when both are zero.
+fn ratio(x: f64, y: f64) -> f64 {
+    if y > 0.0 {
+        x / y
+    } else {
+        1.0
+    }
+}
+
+/// The rows for `workload` at each device count (see the module docs).
+pub fn split_rows(
+    workload: &Workload,
+    devices: &[u32],
+    samples_per_device: usize,
+    seed: u64,
+    profile: &DeviceProfile,
+    token_budget: u64,
+) -> Result<Vec<SplitRow>, SplitError> {
+    devices
+        .iter()
+        .map(|&d| {
+            let topology = Topology::h100_devices(d)?;
+            let lengths = workload.sample(samples_per_device * d as usize, seed);
+            let options = |split| SplitOptions {
+                token_budget,
+                split,
+            };
+            let without = plan(&lengths, profile, &topology, options(false))?;
+            let with = plan(&lengths, profile, &topology, options(true))?;
+            Ok(SplitRow {
+                workload: workload.name(),
+                devices: d,
+                samples: lengths.len(),
+                perfect_s: with.perfect_s,
+                achievable_unsplit_s: with.achievable_unsplit_s,
+                unsplit_s: without.step_s,
+                split_s: with.step_s,
+                splits: with.groups.len(),
+                shortest_split_tokens: with.groups.iter().map(|g| g.tokens).min(),
+                widest_split: with.groups.iter().map(|g| g.cost.k).max(),
+            })
+        })
+        .collect()
+}
+
+/// The rows as a Markdown table.
+pub fn split_table(rows: &[SplitRow]) -> String {
+    let mut out = String::from(
+        "| workload | devices | samples | perfect (s) | unsplit (s) | perfect/unsplit | split (s) | perfect/split | speedup | splits | shortest split (tokens) | widest |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let opt = |x: Option<String>| x.unwrap_or_else(|| "–".into());
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {} | {} | {} |\n",
+            r.workload,
+            r.devices,
+            r.samples,
+            r.perfect_s,
+            r.unsplit_s,
+            r.unsplit_efficiency(),
+            r.split_s,
+            r.split_efficiency(),
+            r.speedup(),
+            r.splits,
+            opt(r.shortest_split_tokens.map(|t| t.to_string())),
+            opt(r.widest_split.map(|k| k.to_string())),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::profile::ModelShape;
+    use crate::sim::split::DEFAULT_TOKEN_BUDGET;
+
+    fn seven_b() -> DeviceProfile {
+        DeviceProfile::builtin(ModelShape::B7, 28).unwrap()
+    }
+
+    #[test]
+    fn rows_compare_both_plans_with_perfect_balance() {
+        let profile = seven_b();
+        let mut rows = Vec::new();
+        for (w, spd) in [(Workload::SweSmith, 4), (Workload::LongAlign, 1)] {
+            rows.extend(split_rows(&w, &[8, 64], spd, 0, &profile, DEFAULT_TOKEN_BUDGET).unwrap());
+        }
+        assert_eq!(rows.len(), 4);
+        // One long sample per device: splitting must not lose (it did before the planner tried
+        // splitting fewer samples), and at 64 devices it wins.
+        assert!(rows[3].speedup() > 1.5, "{:?}", rows[3]);
+        for r in &rows {
+            assert_eq!(r.samples % r.devices as usize, 0);
+            for x in [r.perfect_s, r.unsplit_s, r.split_s] {
+                assert!(x.is_finite() && x > 0.0, "{r:?}");
+            }
+            assert!(r.unsplit_s >= r.achievable_unsplit_s - 1e-9, "{r:?}");
+            assert!(r.split_s <= r.unsplit_s + 1e-9, "{r:?}");
+            assert!(r.split_efficiency() <= 1.0 + 1e-9);
+        }
+        // Balanced control: 1.00 with and without splitting.
+        let balanced = split_rows(
+            &Workload::Balanced { tokens: 16_384 },
+            &[8, 64],
+            4,
+            0,
+            &profile,
+            DEFAULT_TOKEN_BUDGET,
+        )
+        .unwrap();
+        for r in &balanced {
+            assert_eq!(r.splits, 0);
+            assert!((r.unsplit_efficiency() - 1.0).abs() < 1e-9, "{r:?}");
+            assert!((r.speedup() - 1.0).abs() < 1e-12, "{r:?}");
+        }
+        let table = split_table(&rows);
+        assert_eq!(table.lines().count(), 2 + rows.len());
+        assert!(table.contains("| swesmith | 64 | 256 |"), "{table}");
+    }
+
+    /// Prints the table for the heavy-tailed workloads:
+    /// `cargo test -p odc-bench --lib sim::report -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn print_split_table() {
+        for (name, profile) in [
+            ("7b", seven_b()),
+            (
+                "1.5b",
+                DeviceProfile::builtin(ModelShape::B1_5, 28).unwrap(),
+            ),
+        ] {
+            let mut rows = Vec::new();
+            for w in [Workload::SweSmith, Workload::LongAlign] {
+                for spd in [1, 4] {
+                    rows.extend(
+                        split_rows(
+                            &w,
+                            &[8, 64, 256, 1024],
+                            spd,
+                            0,
+                            &profile,
+                            DEFAULT_TOKEN_BUDGET,
+                        )
+                        .unwrap(),
+                    );
+                }
+            }
+            println!(
+                "\n{name}, 28 layers ({}):\n{}",
+                profile.source,
+                split_table(&rows)
+            );
+        }
+    }
+}
