@@ -67,6 +67,14 @@ impl Side {
         }
     }
 
+    /// `collective` or `on-demand`.
+    pub fn communication_name(&self) -> &'static str {
+        match self.communication {
+            Communication::Collective => "collective",
+            Communication::OnDemand => "on-demand",
+        }
+    }
+
     /// Name in the report's `dispatch` column.
     pub fn dispatch_name(&self) -> String {
         let base = match self.dispatch {
@@ -359,7 +367,22 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
     for step in 0..settings.steps {
         let samples = minibatch(case, settings.seed, step);
         let tokens: Vec<u64> = samples.iter().map(|s| s.tokens).collect();
+        let step_began = std::time::Instant::now();
         let stats = job.step_with(samples).await?;
+        // The wall cost of a step (the first one starts the actors): how far a clock scales.
+        tracing::info!(
+            "{} {} devices, {}, {} clock, step {step}: {:.3} s wall{}",
+            case.name,
+            case.devices,
+            side.communication_name(),
+            mode.name(),
+            step_began.elapsed().as_secs_f64(),
+            if step == 0 {
+                " (with the actors' start)"
+            } else {
+                ""
+            }
+        );
         m.tokens += stats.tokens;
         m.bytes += stats
             .trainers
@@ -401,7 +424,15 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
             );
         }
     }
+    let stopping = std::time::Instant::now();
     job.shutdown().await;
+    tracing::info!(
+        "{} {} devices, {}: shutdown {:.3} s wall",
+        case.name,
+        case.devices,
+        side.communication_name(),
+        stopping.elapsed().as_secs_f64()
+    );
     Ok(m)
 }
 
