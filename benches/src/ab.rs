@@ -146,6 +146,11 @@ pub struct Settings {
     pub unit_transfer_seconds: f64,
     /// Wall or virtual time.
     pub clock: ClockMode,
+    /// Devices per shard server (1: a server on every device). More cut the simulation's cost
+    /// (every gather and push of a trainer touches every server) without changing what is
+    /// modelled when there is no link model; with one, each server's link then carries the
+    /// shards of this many devices.
+    pub devices_per_server: usize,
 }
 
 impl Settings {
@@ -185,6 +190,7 @@ impl Default for Settings {
             chunk_elems: 1 << 14,
             unit_transfer_seconds: 0.0,
             clock: ClockMode::Wall,
+            devices_per_server: 1,
         }
     }
 }
@@ -344,7 +350,7 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
     let mut job = Job::builder()
         .units(device.layout())
         .trainers(case.devices)
-        .servers(case.devices)
+        .servers(case.devices.div_ceil(settings.devices_per_server.max(1)))
         .communication(side.communication)
         .dispatch(side.dispatch)
         .rebalance(side.rebalance)
