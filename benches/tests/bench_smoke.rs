@@ -198,7 +198,10 @@ fn virtual_clock_ab_bench_repeats_byte_for_byte() {
     let (second, _) = run("virtual-b.json");
     assert!(!first.is_empty());
     assert_eq!(first, second, "same seed, same bytes");
-    assert!(stdout.contains("does not apply in virtual time"), "{stdout}");
+    assert!(
+        stdout.contains("does not apply in virtual time"),
+        "{stdout}"
+    );
     assert!(!stdout.contains("! emulation"), "{stdout}");
     let report: Value = serde_json::from_slice(&first).expect("JSON parses");
     let rows = report["rows"].as_array().expect("rows");
