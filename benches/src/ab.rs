@@ -807,4 +807,42 @@ mod tests {
         };
         assert_eq!(key(&a), key(&b), "two runs, identical figures");
     }
+
+    /// Fewer shard servers change nothing modelled without a link model (communication is free
+    /// in virtual time), so `devices_per_server` only cuts a large simulation's cost.
+    #[tokio::test]
+    async fn fewer_servers_give_the_same_virtual_figures_without_a_link_model() {
+        let base = Settings {
+            steps: 2,
+            clock: ClockMode::Virtual,
+            ..Settings::default()
+        };
+        let c = Case {
+            name: "rl".into(),
+            workload: Workload::Rl,
+            devices: 4,
+            minibatch_per_device: 2,
+            speeds: SpeedSchedule::uniform(),
+        };
+        let side = Side::on_demand(DispatchMode::Dynamic, false);
+        let shared = Settings {
+            devices_per_server: 3,
+            ..base.clone()
+        };
+        let both = async {
+            let one = run(&c, side, &base, false).await.expect("runs");
+            let fewer = run(&c, side, &shared, false).await.expect("runs");
+            (one, fewer)
+        };
+        let (one, fewer) = tokio::time::timeout(Duration::from_secs(120), both)
+            .await
+            .expect("virtual runs finish in seconds");
+        assert!(one.wall > 0.0 && one.wall.is_finite());
+        assert_eq!(one.wall.to_bits(), fewer.wall.to_bits());
+        assert_eq!(one.busy.to_bits(), fewer.busy.to_bits());
+        assert_eq!(
+            (one.tokens, one.micro_batches),
+            (fewer.tokens, fewer.micro_batches)
+        );
+    }
 }
