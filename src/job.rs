@@ -11,6 +11,7 @@ use odc_actors::layout::{ModelLayout, UnitId, UnitInit, UnitOptimizerInit, UnitS
 use odc_actors::messages::{ShardSnapshot, SnapshotCmd, SupervisorSpec};
 use odc_actors::node::Node;
 use odc_actors::policy::balancer::CostModel;
+use odc_actors::policy::clock::{Clock, SystemClock};
 use odc_actors::policy::dispatch::{Communication, DispatchMode};
 use odc_actors::policy::membership::HeartbeatConfig;
 use odc_actors::policy::recovery::FailurePolicy;
@@ -83,6 +84,7 @@ pub struct JobBuilder {
     join_timeout: Duration,
     heartbeat: HeartbeatConfig,
     resume: Option<TrainState>,
+    clock: Arc<dyn Clock>,
 }
 
 impl Default for JobBuilder {
@@ -105,6 +107,7 @@ impl Default for JobBuilder {
             join_timeout: DEFAULT_JOIN_TIMEOUT,
             heartbeat: HeartbeatConfig::default(),
             resume: None,
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -331,6 +334,15 @@ impl JobBuilder {
         self
     }
 
+    /// The clock the job's stats and timelines are read from (default [`SystemClock`]). A
+    /// simulation on tokio's paused runtime passes [`crate::sim::clock::VirtualClock`], so step
+    /// times, spans and the supervisor's deadlines follow virtual time; the transport's
+    /// deadlines follow tokio's clock either way. A runtime choice: the job's code is the same.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// Validate the configuration.
     pub fn build(mut self) -> Result<Job> {
         let world = self.world.clone().filter(|w| w.world_size > 1);
@@ -459,6 +471,7 @@ impl JobBuilder {
                 layout: Arc::new(layout),
                 compute,
                 transport: self.transport,
+                clock: self.clock,
                 multi: world.zip(roles).map(|(world, roles)| Multi {
                     world,
                     roles,
@@ -513,6 +526,7 @@ struct Setup {
     layout: Arc<ModelLayout>,
     compute: SharedComputeFactory,
     transport: Option<Arc<dyn Transport>>,
+    clock: Arc<dyn Clock>,
     multi: Option<Multi>,
 }
 
@@ -572,6 +586,7 @@ impl Job {
             layout,
             compute,
             transport,
+            clock,
             multi,
         } = setup;
         let transport = match (transport, &multi) {
@@ -585,6 +600,7 @@ impl Job {
             layout: layout.clone(),
             compute,
             collective: collective.then(|| Arc::new(CollectiveGroup::new(spec.trainers))),
+            clock,
         });
         self.node = Some(node.clone());
         let mut placement = None;

@@ -5,22 +5,26 @@
 //!
 //! - Time of a micro-batch: `Σ cost(sample) · seconds_per_cost / speed`, one third forward and two
 //!   thirds backward, split evenly over the units.
-//! - Waiting uses `std::thread::sleep` on a blocking thread (tens of microseconds of error), not
-//!   tokio's millisecond timer wheel, and what one wait overshoots is taken off the next one of the
-//!   micro-batch, so short spans do not inflate the modelled time.
-//! - Every compute span is recorded in the micro-batch's timeline ([`SpanKind::Compute`]); busy time
-//!   and utilization are measured from those spans.
+//! - Waiting is at the device's [`Pace`]: in wall time `std::thread::sleep` on a blocking thread
+//!   (tens of microseconds of error), not tokio's millisecond timer wheel; in virtual time tokio's
+//!   timer on a paused runtime ([`clock`]: the virtual-time runner). What one wait overshoots is
+//!   taken off the next one of the micro-batch, so short spans do not inflate the modelled time.
+//! - Every compute span is recorded in the micro-batch's timeline ([`SpanKind::Compute`]), read
+//!   from the job's clock ([`TrainerContext::now`]); busy time and utilization are measured from
+//!   those spans.
 //! - [`SpeedSchedule`]: per-device speed factors, including a device that slows down from a step on.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use odc_actors::policy::balancer::CostModel;
+pub use odc_transport::throttle::Pace;
 
 use crate::{
-    async_trait, Compute, ComputeOutput, MicroBatch, SpanKind, SystemClock, TrainerContext, UnitId,
-    UnitSpec,
+    async_trait, Compute, ComputeOutput, MicroBatch, SpanKind, TrainerContext, UnitId, UnitSpec,
 };
+
+pub mod clock;
 
 /// A change of one device's speed from a step on.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -78,6 +82,8 @@ pub struct SimDevice {
     /// Wall seconds one cost unit takes at speed 1.0 (the time scale).
     pub seconds_per_cost: f64,
     pub speeds: SpeedSchedule,
+    /// How compute waits spend time (wall or virtual).
+    pub pace: Pace,
 }
 
 impl Default for SimDevice {
@@ -88,6 +94,7 @@ impl Default for SimDevice {
             cost: CostModel::odc_7b(),
             seconds_per_cost: 0.004,
             speeds: SpeedSchedule::uniform(),
+            pace: Pace::Wall,
         }
     }
 }
@@ -126,28 +133,19 @@ pub struct SimCompute {
     grad: Arc<[f32]>,
 }
 
-/// Wait `seconds` of modelled compute and record the span. `debt` carries what earlier waits of
-/// the micro-batch overshot (sleeps wake late), so the micro-batch's compute adds up to the model.
-async fn work(ctx: &mut TrainerContext, seconds: f64, debt: &mut f64) {
+/// Wait `seconds` of modelled compute at `pace` and record the span. `debt` carries what earlier
+/// waits of the micro-batch overshot (sleeps wake late), so the micro-batch's compute adds up to
+/// the model.
+async fn work(ctx: &mut TrainerContext, pace: Pace, seconds: f64, debt: &mut f64) {
     if seconds <= 0.0 {
         return;
     }
-    let start = Instant::now();
+    let start = ctx.now();
     let d = Duration::from_secs_f64((seconds - *debt).max(0.0));
-    // A blocking thread sleeps precisely; if the pool is gone, fall back to the timer.
-    if tokio::task::spawn_blocking(move || std::thread::sleep(d))
-        .await
-        .is_err()
-    {
-        tokio::time::sleep_until((start + d).into()).await;
-    }
-    let end = Instant::now();
-    *debt += end.duration_since(start).as_secs_f64() - seconds;
-    ctx.record_span(
-        SpanKind::Compute,
-        SystemClock::at(start),
-        SystemClock::at(end),
-    );
+    pace.wait_until(odc_transport::now() + d).await;
+    let end = ctx.now();
+    *debt += end.saturating_duration_since(start).as_secs_f64() - seconds;
+    ctx.record_span(SpanKind::Compute, start, end);
 }
 
 #[async_trait]
@@ -167,7 +165,7 @@ impl Compute for SimCompute {
         // it (as autograd keeps it), then walks back down, pushing each unit's gradient.
         for u in 0..units {
             ctx.gather(u).await?;
-            work(ctx, forward, &mut debt).await;
+            work(ctx, dev.pace, forward, &mut debt).await;
             if u + 1 < units {
                 ctx.release(u)?;
             }
@@ -175,7 +173,7 @@ impl Compute for SimCompute {
         ctx.backward();
         for u in (0..units).rev() {
             ctx.gather(u).await?;
-            work(ctx, 2.0 * forward, &mut debt).await;
+            work(ctx, dev.pace, 2.0 * forward, &mut debt).await;
             ctx.push_grad(u, &self.grad)?;
             ctx.release(u)?;
         }

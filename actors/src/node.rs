@@ -9,6 +9,7 @@ use odc_transport::Transport;
 
 use crate::datapath::CollectiveGroup;
 use crate::layout::ModelLayout;
+use crate::policy::clock::Clock;
 use crate::trainer::SharedComputeFactory;
 
 /// See the [module docs](self).
@@ -22,4 +23,11 @@ pub struct Node {
     /// The collective group (collective mode only): where each trainer's inbox is and the epoch
     /// floor of aborted collectives.
     pub collective: Option<Arc<CollectiveGroup>>,
+    /// The clock every time this node's actors report is read from: step and micro-batch times,
+    /// timeline spans, the supervisor's `now` for its deadlines. [`SystemClock`] in a real job; a
+    /// clock over tokio's (virtual) time in a simulation on a paused runtime, whose deadlines
+    /// (`odc_transport::now`) already follow tokio's clock.
+    ///
+    /// [`SystemClock`]: crate::policy::clock::SystemClock
+    pub clock: Arc<dyn Clock>,
 }

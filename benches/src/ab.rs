@@ -18,19 +18,25 @@
 //!   speedup is 1.00 when the comparison is fair, and every row carries it as `control_speedup`.
 //! - **Emulation floor**: each row records its shortest modelled forward span (from the micro-batch
 //!   costs the runtime reports), which the binary compares with the measured floor
-//!   ([`crate::floor`]).
+//!   ([`crate::floor`]). It applies to wall time only.
+//! - **Clock** ([`Settings::clock`]): wall time (the emulation on this machine), or virtual time
+//!   ([`odc::sim::clock`]): every run on a fresh paused runtime of its own, the model stretched by
+//!   the clock's dilation (compute, link, timeouts) and every measured duration shrunk back, so
+//!   figures read in modelled seconds under both clocks. Same seed → same figures, bit for bit.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
+use odc::sim::clock::{self, ClockMode};
 use odc::sim::{SimDevice, SpeedSchedule};
 use odc::trace::TraceSpan;
 use odc::transport::local::LocalTransport;
 use odc::transport::throttle::Throttled;
 use odc::transport::Transport;
 use odc::{
-    Clock, Communication, DispatchMode, Error, Job, OptimizerConfig, Precision, Result, SampleMeta,
-    SpanKind, SystemClock, TRAINER_ENDPOINT_BASE,
+    Communication, DispatchMode, Error, Job, OptimizerConfig, Precision, Result, SampleMeta,
+    SpanKind, TRAINER_ENDPOINT_BASE,
 };
 
 use crate::floor::EmulationFloor;
@@ -58,6 +64,14 @@ impl Side {
             communication: Communication::OnDemand,
             dispatch,
             rebalance,
+        }
+    }
+
+    /// `collective` or `on-demand`.
+    pub fn communication_name(&self) -> &'static str {
+        match self.communication {
+            Communication::Collective => "collective",
+            Communication::OnDemand => "on-demand",
         }
     }
 
@@ -130,6 +144,13 @@ pub struct Settings {
     /// Modelled seconds to move one unit over one device's link (0: no link model). Each device's
     /// shard server and trainer share its link; transfers on one link queue.
     pub unit_transfer_seconds: f64,
+    /// Wall or virtual time.
+    pub clock: ClockMode,
+    /// Devices per shard server (1: a server on every device). More cut the simulation's cost
+    /// (every gather and push of a trainer touches every server) without changing what is
+    /// modelled when there is no link model; with one, each server's link then carries the
+    /// shards of this many devices.
+    pub devices_per_server: usize,
 }
 
 impl Settings {
@@ -139,16 +160,20 @@ impl Settings {
             .then(|| (self.device.unit_elems * 4) as f64 / self.unit_transfer_seconds)
     }
 
-    /// The transport of a run: local, behind the link model when there is one.
+    /// The transport of a run: local, behind the link model when there is one (its bandwidth
+    /// divided by the clock's dilation).
     fn transport(&self) -> Arc<dyn Transport> {
         let local: Arc<dyn Transport> = Arc::new(LocalTransport::new());
         match self.link_bytes_per_sec() {
             // A device's link carries its shard server's regions and its trainer's staging.
-            Some(bw) => Arc::new(Throttled::new(
-                local,
-                bw,
-                Arc::new(|e| e % TRAINER_ENDPOINT_BASE),
-            )),
+            Some(bw) => Arc::new(
+                Throttled::new(
+                    local,
+                    bw / f64::from(self.clock.dilation()),
+                    Arc::new(|e| e % TRAINER_ENDPOINT_BASE),
+                )
+                .with_pace(self.clock.pace()),
+            ),
             None => local,
         }
     }
@@ -164,6 +189,8 @@ impl Default for Settings {
             prefetch: 1,
             chunk_elems: 1 << 14,
             unit_transfer_seconds: 0.0,
+            clock: ClockMode::Wall,
+            devices_per_server: 1,
         }
     }
 }
@@ -284,16 +311,46 @@ pub fn default_token_budget(workload: &Workload) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// Run `settings.steps` minibatches of `case` on one side.
+/// The job's timeouts in modelled time (the runtime's defaults), stretched by the clock's dilation.
+const MICRO_BATCH_TIMEOUT: Duration = Duration::from_secs(600);
+const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Run `settings.steps` minibatches of `case` on one side, on `settings.clock`: in virtual time on
+/// a fresh paused runtime of its own ([`clock::on_virtual_runtime`]). Figures are modelled
+/// seconds under both clocks.
 pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> Result<Measure> {
+    match settings.clock {
+        ClockMode::Wall => run_here(case, side, settings, trace).await,
+        ClockMode::Virtual => {
+            let (case, settings) = (case.clone(), settings.clone());
+            clock::on_virtual_runtime(move || async move {
+                run_here(&case, side, &settings, trace).await
+            })
+            .await?
+        }
+    }
+}
+
+/// [`run`] on the caller's runtime, which must be a paused one for [`ClockMode::Virtual`].
+async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> Result<Measure> {
+    let mode = settings.clock;
+    let k = f64::from(mode.dilation());
     let device = Arc::new(SimDevice {
         speeds: case.speeds.clone(),
         ..settings.device.clone()
     });
+    // What runs: the device stretched by the dilation, at the clock's pace.
+    let running = Arc::new(SimDevice {
+        seconds_per_cost: device.seconds_per_cost * k,
+        pace: mode.pace(),
+        ..(*device).clone()
+    });
+    let job_clock = mode.clock();
     let mut job = Job::builder()
         .units(device.layout())
         .trainers(case.devices)
-        .servers(case.devices)
+        .servers(case.devices.div_ceil(settings.devices_per_server.max(1)))
         .communication(side.communication)
         .dispatch(side.dispatch)
         .rebalance(side.rebalance)
@@ -304,21 +361,41 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
         .chunk_elems(settings.chunk_elems as u64)
         .transport(settings.transport())
         .optimizer(OptimizerConfig::sgd(0.0))
-        .compute(device.factory())
+        .compute(running.factory())
+        .clock(job_clock.clone())
+        .micro_batch_timeout(mode.stretch(MICRO_BATCH_TIMEOUT))
+        .step_timeout(mode.stretch(STEP_TIMEOUT))
+        .transfer_timeout(mode.stretch(TRANSFER_TIMEOUT))
         .build()?;
-    let origin = SystemClock.now();
+    let origin = job_clock.now();
+    let seconds = |d: Duration| mode.shrink(d).as_secs_f64();
     let mut m = Measure::default();
     for step in 0..settings.steps {
         let samples = minibatch(case, settings.seed, step);
         let tokens: Vec<u64> = samples.iter().map(|s| s.tokens).collect();
+        let step_began = std::time::Instant::now();
         let stats = job.step_with(samples).await?;
+        // The wall cost of a step (the first one starts the actors): how far a clock scales.
+        tracing::info!(
+            "{} {} devices, {}, {} clock, step {step}: {:.3} s wall{}",
+            case.name,
+            case.devices,
+            side.communication_name(),
+            mode.name(),
+            step_began.elapsed().as_secs_f64(),
+            if step == 0 {
+                " (with the actors' start)"
+            } else {
+                ""
+            }
+        );
         m.tokens += stats.tokens;
         m.bytes += stats
             .trainers
             .iter()
             .map(|t| t.bytes_pulled + t.bytes_pushed)
             .sum::<u64>();
-        m.wall += stats.wall.as_secs_f64();
+        m.wall += seconds(stats.wall);
         m.micro_batches += u64::from(stats.micro_batches);
         let (even, achievable) = step_bounds(&device, &tokens, case.devices, step);
         m.bound += even;
@@ -333,7 +410,7 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
         }
         for r in &stats.micro_batch_log {
             for s in &r.spans {
-                let d = s.end.saturating_duration_since(s.start).as_secs_f64();
+                let d = seconds(s.end.saturating_duration_since(s.start));
                 match s.kind {
                     SpanKind::Compute => m.busy += d,
                     SpanKind::PullWait | SpanKind::PushWait => m.comm_wait += d,
@@ -342,11 +419,26 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
             }
         }
         if trace {
-            m.spans
-                .extend(odc::trace::step_spans(&stats, origin, case.devices));
+            m.spans.extend(
+                odc::trace::step_spans(&stats, origin, case.devices)
+                    .into_iter()
+                    .map(|s| TraceSpan {
+                        start: mode.shrink(s.start),
+                        duration: mode.shrink(s.duration),
+                        ..s
+                    }),
+            );
         }
     }
+    let stopping = std::time::Instant::now();
     job.shutdown().await;
+    tracing::info!(
+        "{} {} devices, {}: shutdown {:.3} s wall",
+        case.name,
+        case.devices,
+        side.communication_name(),
+        stopping.elapsed().as_secs_f64()
+    );
     Ok(m)
 }
 
@@ -672,5 +764,85 @@ mod tests {
             lengths: vec![u64::MAX],
         };
         assert_eq!(default_token_budget(&huge), u64::MAX);
+    }
+
+    /// Virtual time gives the modelled expectation and is deterministic: a balanced case (every
+    /// sample alike, one per micro-batch, no link model, so communication is free in virtual
+    /// time) takes per step exactly one device's modelled compute, every device busy all along;
+    /// two runs give identical figures.
+    #[tokio::test]
+    async fn virtual_time_matches_the_model_and_repeats_exactly() {
+        let settings = Settings {
+            steps: 2,
+            clock: ClockMode::Virtual,
+            ..Settings::default()
+        };
+        let c = Case::control(3, 2, 16_384);
+        let side = Side::on_demand(DispatchMode::Static, false);
+        let run_twice = async {
+            let a = run(&c, side, &settings, false).await.expect("runs");
+            let b = run(&c, side, &settings, false).await.expect("runs");
+            (a, b)
+        };
+        let (a, b) = tokio::time::timeout(Duration::from_secs(120), run_twice)
+            .await
+            .expect("virtual runs finish in seconds");
+        let per_device_step = settings.device.seconds(&[16_384, 16_384]);
+        let expected = per_device_step * settings.steps as f64;
+        assert!(expected > 0.0 && a.wall.is_finite() && a.busy.is_finite());
+        let off = (a.wall / expected - 1.0).abs();
+        assert!(off < 1e-3, "step time {} vs modelled {expected}", a.wall);
+        let busy = a.busy / (3.0 * expected);
+        assert!((busy - 1.0).abs() < 1e-3, "utilization {busy}");
+        assert_eq!(a.tokens, 3 * 2 * 16_384 * settings.steps);
+        let key = |m: &Measure| {
+            (
+                m.tokens,
+                m.wall.to_bits(),
+                m.busy.to_bits(),
+                m.comm_wait.to_bits(),
+                m.bytes,
+                m.micro_batches,
+            )
+        };
+        assert_eq!(key(&a), key(&b), "two runs, identical figures");
+    }
+
+    /// Fewer shard servers change nothing modelled without a link model (communication is free
+    /// in virtual time), so `devices_per_server` only cuts a large simulation's cost.
+    #[tokio::test]
+    async fn fewer_servers_give_the_same_virtual_figures_without_a_link_model() {
+        let base = Settings {
+            steps: 2,
+            clock: ClockMode::Virtual,
+            ..Settings::default()
+        };
+        let c = Case {
+            name: "rl".into(),
+            workload: Workload::Rl,
+            devices: 4,
+            minibatch_per_device: 2,
+            speeds: SpeedSchedule::uniform(),
+        };
+        let side = Side::on_demand(DispatchMode::Dynamic, false);
+        let shared = Settings {
+            devices_per_server: 3,
+            ..base.clone()
+        };
+        let both = async {
+            let one = run(&c, side, &base, false).await.expect("runs");
+            let fewer = run(&c, side, &shared, false).await.expect("runs");
+            (one, fewer)
+        };
+        let (one, fewer) = tokio::time::timeout(Duration::from_secs(120), both)
+            .await
+            .expect("virtual runs finish in seconds");
+        assert!(one.wall > 0.0 && one.wall.is_finite());
+        assert_eq!(one.wall.to_bits(), fewer.wall.to_bits());
+        assert_eq!(one.busy.to_bits(), fewer.busy.to_bits());
+        assert_eq!(
+            (one.tokens, one.micro_batches),
+            (fewer.tokens, fewer.micro_batches)
+        );
     }
 }

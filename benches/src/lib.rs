@@ -4,7 +4,8 @@
 //! harness ([`ab`]), the sequence-length workloads ([`workload`]), the measured cost of the
 //! emulation itself ([`floor`]), the limits on user input ([`input`]) and the reports (table, JSON,
 //! SVG; [`report`]), the transport pull benchmark with its owner processes ([`transport`]) and the cost of
-//! running a job as several processes ([`processes`]). The
+//! running a job as several processes ([`processes`]), and virtual time checked against wall time
+//! ([`validate`]). The
 //! `odc-bench` binary (`odc-bench ab …`, `odc-bench transport …`) drives them; the criterion
 //! micro-benchmarks live in `benches/benches/`.
 //!
@@ -20,6 +21,7 @@ pub mod report;
 pub mod sft_overhead;
 pub mod sim;
 pub mod transport;
+pub mod validate;
 pub mod workload;
 
 /// `err` and its chain of sources as one line, `outer: inner: …`, each message said once: a

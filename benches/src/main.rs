@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use odc::sim::clock::ClockMode;
 use odc::sim::SpeedSchedule;
 use odc::DispatchMode;
 use odc_bench::ab::{self, Case, Controls, Settings, Side};
@@ -21,6 +22,7 @@ use odc_bench::floor;
 use odc_bench::input::{self, MAX_DEVICES, MAX_MINIBATCH_PER_DEVICE, MAX_SEQUENCE_TOKENS};
 use odc_bench::report::{self, BenchReport, BenchRow, TableLayout};
 use odc_bench::transport::{self as pulls, Backend, OwnerKind, TransportReport};
+use odc_bench::validate::{self, ClockRatio};
 use odc_bench::workload::Workload;
 
 #[derive(Parser)]
@@ -322,6 +324,14 @@ fn transfer(s: &str) -> Result<f64, String> {
     input::milliseconds(s, true)
 }
 
+/// `odc-bench ab --clock`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ClockArg {
+    Wall,
+    Virtual,
+    Both,
+}
+
 #[derive(Args)]
 #[command(
     after_help = "Limits, checked before anything runs: sequence lengths and --token-budget \
@@ -404,6 +414,20 @@ struct AbArgs {
     /// `PATH.collective.json` of its collective run).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// `wall`: emulate in real time on this machine (the emulation floor applies). `virtual`: the
+    /// same job on tokio's paused clock (compute and modelled transfers cost virtual time only;
+    /// deterministic: the same seed gives the same JSON byte for byte; no emulation floor).
+    /// `both`: every row under both clocks, with virtual/wall of tokens/s and speedup (validation:
+    /// use a large --time-scale-ms and at most 16 devices, so no wall row is warned); --json then
+    /// writes the virtual rows, PATH.wall.json the wall rows and PATH.clocks.json the ratios.
+    #[arg(long, value_enum, default_value = "wall")]
+    clock: ClockArg,
+    /// Devices per shard server (default 1: a server on every device, as odc runs). Larger values
+    /// cut the simulation's cost at scale (each trainer's gathers and pushes touch every server);
+    /// without a link model nothing modelled changes, with one each server's link carries the
+    /// shards of that many devices. At least one server per row.
+    #[arg(long, default_value_t = 1, value_parser = devices)]
+    devices_per_server: usize,
 }
 
 fn workloads(args: &AbArgs) -> anyhow::Result<Vec<Workload>> {
@@ -474,6 +498,22 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         input::check_output("--trace", od)?;
         input::check_output("--trace", coll)?;
     }
+    let validation_paths = match (&args.json, args.clock) {
+        (Some(p), ClockArg::Both) => {
+            Some((with_suffix(p, ".wall.json"), with_suffix(p, ".clocks.json")))
+        }
+        _ => None,
+    };
+    if let Some((wall, clocks)) = &validation_paths {
+        input::check_output("--json", wall)?;
+        input::check_output("--json", clocks)?;
+    }
+    // The rows' own clock: virtual unless only wall time is asked for.
+    let clock = match args.clock {
+        ClockArg::Wall => ClockMode::Wall,
+        ClockArg::Virtual | ClockArg::Both => ClockMode::Virtual,
+    };
+    let wall_too = args.clock == ClockArg::Both;
 
     let workloads = workloads(&args)?;
     let mut settings = Settings {
@@ -481,6 +521,8 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         seed: args.seed,
         token_budget: args.token_budget,
         unit_transfer_seconds: args.unit_transfer_ms / 1e3,
+        clock,
+        devices_per_server: args.devices_per_server,
         ..Settings::default()
     };
     settings.device.seconds_per_cost = args.time_scale_ms / 1e3;
@@ -567,7 +609,7 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
 
     let d = &settings.device;
     println!(
-        "odc-bench ab: simulated {}-unit model, {} elements ({} KiB fp32) per unit; time scale: 1 cost unit = {} ms (a 32K-token sample of the 7B cost model = {:.0} ms); {} steps per run, {} rep(s) in ABBA order, seed {}",
+        "odc-bench ab: simulated {}-unit model, {} elements ({} KiB fp32) per unit; time scale: 1 cost unit = {} ms (a 32K-token sample of the 7B cost model = {:.0} ms); {} steps per run, {} rep(s) in ABBA order, seed {}{}; clock: {}",
         d.units,
         d.unit_elems,
         d.unit_elems * 4 / 1024,
@@ -575,14 +617,41 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         d.cost.cost(32_000) * args.time_scale_ms,
         settings.steps,
         args.reps,
-        args.seed
+        args.seed,
+        if args.devices_per_server > 1 {
+            format!("; {} devices per shard server", args.devices_per_server)
+        } else {
+            String::new()
+        },
+        match args.clock {
+            ClockArg::Wall => "wall (emulated in real time on this machine)".to_string(),
+            ClockArg::Virtual => format!(
+                "virtual (tokio's paused clock, the model stretched {}x so its 1 ms tick is 1 µs modelled; figures in modelled seconds, identical for the same seed)",
+                odc::sim::clock::DILATION
+            ),
+            ClockArg::Both => "both (each row in wall time, then in virtual time, with virtual/wall ratios)".to_string(),
+        }
     );
-    let most_devices = devices.iter().copied().max().unwrap_or(1);
-    let mut emulation_floor = floor::measure(most_devices, floor::REQUEST).await;
-    emulation_floor.ring_step = odc::sim::ring_step_latency(most_devices as u32, 50)
-        .await
-        .context("measuring the emulation's ring latency")?;
-    println!("{}", emulation_floor.describe());
+    let emulation_floor = if clock == ClockMode::Wall || wall_too {
+        let most_devices = devices.iter().copied().max().unwrap_or(1);
+        let mut f = floor::measure(most_devices, floor::REQUEST).await;
+        f.ring_step = odc::sim::ring_step_latency(most_devices as u32, 50)
+            .await
+            .context("measuring the emulation's ring latency")?;
+        println!("{}", f.describe());
+        Some(f)
+    } else {
+        println!(
+            "emulation floor: does not apply in virtual time (waits cost no wall time and are exact to the modelled microsecond), so no row carries an emulation warning"
+        );
+        None
+    };
+    let wall_settings = Settings {
+        clock: ClockMode::Wall,
+        ..settings.clone()
+    };
+    let mut wall_rows = Vec::new();
+    let mut ratios: Vec<ClockRatio> = Vec::new();
     if args.no_control {
         println!("control: none (--no-control)");
     } else {
@@ -603,16 +672,9 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         .collect();
     let layout = TableLayout::fit(names.iter().map(|(w, d)| (w.as_str(), d.as_str())));
     print!("{}", layout.header());
+    let mut wall_controls = Controls::default();
     for e in &entries {
-        let (mut row, _, b) = ab::compare(
-            &e.case,
-            e.side,
-            &settings,
-            args.reps,
-            Some(&emulation_floor),
-        )
-        .await
-        .with_context(|| {
+        let name = || {
             format!(
                 "row {}/{}/{}/{}",
                 e.case.name,
@@ -620,15 +682,65 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
                 e.case.minibatch_per_device,
                 e.side.dispatch_name()
             )
-        })?;
+        };
+        let wall_row = if wall_too {
+            let (mut row, _, _) = ab::compare(
+                &e.case,
+                e.side,
+                &wall_settings,
+                args.reps,
+                emulation_floor.as_ref(),
+            )
+            .await
+            .with_context(|| format!("{} (wall time)", name()))?;
+            wall_controls.attach(e, &mut row);
+            print!("wall    ");
+            print_row(&layout, &row);
+            Some(row)
+        } else {
+            None
+        };
+        let floor = (clock == ClockMode::Wall)
+            .then_some(emulation_floor.as_ref())
+            .flatten();
+        let (mut row, _, b) = ab::compare(&e.case, e.side, &settings, args.reps, floor)
+            .await
+            .with_context(name)?;
         controls.attach(e, &mut row);
+        if wall_too {
+            print!("virtual ");
+        }
         comm += b.comm_wait;
         busy += b.busy;
         bytes += b.bytes;
         print_row(&layout, &row);
+        if let Some(wall) = wall_row {
+            let ratio = ClockRatio::of(&wall, &row);
+            println!("    {}", ratio.line());
+            ratios.push(ratio);
+            wall_rows.push(wall);
+        }
         rows.push(row);
     }
     println!();
+    if !ratios.is_empty() {
+        let faithful: Vec<&ClockRatio> = ratios.iter().filter(|r| !r.wall_warned).collect();
+        let worst = faithful.iter().map(|r| r.worst()).fold(0.0, f64::max);
+        println!(
+            "virtual vs wall: {} of {} rows have an unwarned wall row; among them the largest |virtual/wall - 1| of tokens/s and speedup is {:.1}% (target {:.0}%: {})",
+            faithful.len(),
+            ratios.len(),
+            worst * 100.0,
+            validate::TARGET * 100.0,
+            if faithful.is_empty() {
+                "no faithful row"
+            } else if worst <= validate::TARGET {
+                "met"
+            } else {
+                "MISSED"
+            }
+        );
+    }
     if let Some((lo, hi)) = controls.range() {
         println!("balanced control speedup: {lo:.2}x to {hi:.2}x (1.00x = fair)");
         for r in rows.iter().filter(|r| {
@@ -661,6 +773,11 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
             exposed,
             started.elapsed().as_secs_f64()
         ),
+        None if clock == ClockMode::Virtual => println!(
+            "on-demand communication/compute: no link model (--unit-transfer-ms), so communication costs no virtual time: exposed {:.3} (pull + push wait / compute); {:.1} s",
+            exposed,
+            started.elapsed().as_secs_f64()
+        ),
         None => println!(
             "on-demand communication/compute: no link model (--unit-transfer-ms), so communication is the local transport's real cost: exposed {:.3} (pull + push wait / compute); {:.1} s",
             exposed,
@@ -683,6 +800,18 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         report.write_json(path)?;
         println!("json: {}", path.display());
+    }
+    if let Some((wall_path, clocks_path)) = &validation_paths {
+        BenchReport { rows: wall_rows }.write_json(wall_path)?;
+        let mut json = serde_json::to_string_pretty(&ratios).context("serialising the ratios")?;
+        json.push('\n');
+        std::fs::write(clocks_path, json)
+            .with_context(|| format!("writing {}", clocks_path.display()))?;
+        println!(
+            "json: {} (wall rows), {} (virtual/wall ratios)",
+            wall_path.display(),
+            clocks_path.display()
+        );
     }
     if let Some(path) = &args.plot {
         report::write_svg(path, &report.rows)?;

@@ -163,3 +163,48 @@ fn quick_ab_bench_writes_sensible_json_plot_and_trace() {
         let _ = std::fs::remove_file(p);
     }
 }
+
+/// `--clock virtual` is deterministic: the same seed gives byte-identical JSON, the emulation
+/// floor is not measured (it does not apply), and no row carries a warning.
+#[test]
+fn virtual_clock_ab_bench_repeats_byte_for_byte() {
+    let run = |name: &str| {
+        let json = temp(name);
+        let out = odc_bench(&[
+            "ab",
+            "--quick",
+            "--devices",
+            "4",
+            "--steps",
+            "2",
+            "--reps",
+            "1",
+            "--unit-transfer-ms",
+            "0.5",
+            "--clock",
+            "virtual",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (std::fs::read(&json).expect("JSON written"), stdout)
+    };
+    let (first, stdout) = run("virtual-a.json");
+    let (second, _) = run("virtual-b.json");
+    assert!(!first.is_empty());
+    assert_eq!(first, second, "same seed, same bytes");
+    assert!(
+        stdout.contains("does not apply in virtual time"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("! emulation"), "{stdout}");
+    let report: Value = serde_json::from_slice(&first).expect("JSON parses");
+    let rows = report["rows"].as_array().expect("rows");
+    assert!(!rows.is_empty());
+    assert!(rows.iter().all(|r| r["emulation_warning"].is_null()));
+}

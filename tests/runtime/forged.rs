@@ -280,6 +280,7 @@ async fn train(forgery: Arc<Forgery>) -> (Vec<f32>, u64) {
         layout: Arc::new(layout),
         compute,
         collective: None,
+        clock: Arc::new(odc::SystemClock),
     });
     let spec = SupervisorSpec {
         trainers: TRAINERS,

@@ -6,8 +6,11 @@
 //!
 //! The link bookkeeping is [`LinkSchedule`], a pure function of the arrivals (no clock inside),
 //! tested deterministically. [`Throttled`] asks it when a transfer is done and waits until then
-//! with `std::thread::sleep` on a blocking thread, not tokio's millisecond timer wheel, so
-//! sub-millisecond transfers are not inflated.
+//! at its [`Pace`]: in wall time ([`Pace::Wall`], the default) with `std::thread::sleep` on a
+//! blocking thread, not tokio's millisecond timer wheel, so sub-millisecond transfers are not
+//! inflated; in virtual time ([`Pace::Virtual`]) on tokio's timer, which under a paused,
+//! auto-advancing runtime costs no wall time (the clock jumps to the transfer's end once every task
+//! is idle). Arrivals and deadlines are read from tokio's clock ([`crate::now`]) in both.
 //!
 //! Deadlines (C6): an operation whose deadline has passed is refused before it reserves the link.
 //! A transfer whose modelled end lies past its deadline waits until the deadline and fails with
@@ -74,12 +77,46 @@ impl LinkSchedule {
     }
 }
 
+/// How a modelled wait (a transfer here, a simulated device's compute elsewhere) spends time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pace {
+    /// Wall time: `std::thread::sleep` on a blocking thread (tens of microseconds of error, where
+    /// tokio's timer would round up to the next millisecond).
+    #[default]
+    Wall,
+    /// tokio's timer. On a runtime started paused (`start_paused(true)`, current-thread) the wait
+    /// costs virtual time only; tokio's timer resolution is 1 ms of that time, so a simulation
+    /// stretches its model to make a millisecond small (see `odc::sim::clock`).
+    Virtual,
+}
+
+impl Pace {
+    /// Wait until `until`, an instant of tokio's clock ([`crate::now`]).
+    pub async fn wait_until(self, until: Instant) {
+        match self {
+            Pace::Wall => {
+                let wait = until.saturating_duration_since(now());
+                // A blocking thread sleeps precisely; if the pool is gone, fall back to the timer.
+                if !wait.is_zero()
+                    && tokio::task::spawn_blocking(move || std::thread::sleep(wait))
+                        .await
+                        .is_err()
+                {
+                    tokio::time::sleep_until(until.into()).await;
+                }
+            }
+            Pace::Virtual => tokio::time::sleep_until(until.into()).await,
+        }
+    }
+}
+
 /// See the [module docs](self).
 pub struct Throttled {
     inner: Arc<dyn Transport>,
     bytes_per_sec: f64,
     link_of: LinkOf,
     links: Mutex<LinkSchedule>,
+    pace: Pace,
 }
 
 impl std::fmt::Debug for Throttled {
@@ -87,6 +124,7 @@ impl std::fmt::Debug for Throttled {
         f.debug_struct("Throttled")
             .field("inner", &self.inner.backend())
             .field("bytes_per_sec", &self.bytes_per_sec)
+            .field("pace", &self.pace)
             .finish()
     }
 }
@@ -100,7 +138,14 @@ impl Throttled {
             bytes_per_sec,
             link_of,
             links: Mutex::new(LinkSchedule::default()),
+            pace: Pace::Wall,
         }
+    }
+
+    /// Wait for transfers at `pace` (default [`Pace::Wall`]).
+    pub fn with_pace(mut self, pace: Pace) -> Self {
+        self.pace = pace;
+        self
     }
 
     /// One link per owner endpoint.
@@ -135,15 +180,7 @@ impl Throttled {
             .links
             .lock()
             .reserve((self.link_of)(owner), now(), seconds);
-        let until = done.min(deadline);
-        let wait = until.saturating_duration_since(now());
-        if !wait.is_zero()
-            && tokio::task::spawn_blocking(move || std::thread::sleep(wait))
-                .await
-                .is_err()
-        {
-            tokio::time::sleep_until(until.into()).await;
-        }
+        self.pace.wait_until(done.min(deadline)).await;
         if done > deadline {
             Err(TransportError::DeadlineExceeded { owner, region, op })
         } else {
@@ -398,5 +435,48 @@ mod tests {
         })
         .await
         .expect("test timed out");
+    }
+
+    /// Virtual pace (C6 under a paused clock): transfers cost tokio's virtual time only, exactly
+    /// as modelled; two on one link queue; one whose modelled end lies past its deadline fails at
+    /// the deadline and is not applied.
+    #[test]
+    fn virtual_pace_costs_modelled_virtual_time() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let inner: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+            // 1000 bytes per second: 250 f32 elements take one second.
+            let t = Throttled::per_endpoint(inner, 1000.0).with_pace(Pace::Virtual);
+            let acc = t.register_accumulator(3, 250, 0).expect("register");
+            let handle = acc.handle();
+            let tag = |write_id| WriteTag {
+                epoch: 0,
+                write_id,
+                token: 0,
+            };
+            let far = || crate::deadline_in(Duration::from_secs(3600));
+            let t0 = tokio::time::Instant::now();
+            let data = codec::encode_f32(&[1.0; 250]);
+            let (a, b) = tokio::join!(
+                t.accumulate(&handle, 0, data.clone(), tag(1), far()),
+                t.accumulate(&handle, 0, data.clone(), tag(2), far()),
+            );
+            assert_eq!((a, b), (Ok(()), Ok(())));
+            assert_eq!(t0.elapsed(), secs(2.0), "two transfers queue on one link");
+
+            let t1 = tokio::time::Instant::now();
+            let short = crate::deadline_in(Duration::from_millis(500));
+            let late = t.accumulate(&handle, 0, data, tag(3), short).await;
+            assert!(
+                matches!(late, Err(TransportError::DeadlineExceeded { owner: 3, .. })),
+                "{late:?}"
+            );
+            assert_eq!(t1.elapsed(), secs(0.5), "fails at its deadline");
+            assert_eq!(acc.take(1), vec![2.0; 250], "the late one is not applied");
+        });
     }
 }

@@ -363,7 +363,7 @@ impl DataPath for Collective {
     fn gather(&self, op: Op, buffer: Arc<[f32]>, lease: Lease) -> Transfer<Gathered> {
         let inner = self.inner.clone();
         Box::pin(async move {
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             let gathered = inner.all_gather(op, buffer, lease).await?;
             inner.metrics.pulled(gathered.bytes, started.elapsed());
             Ok(gathered)

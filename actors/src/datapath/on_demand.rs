@@ -12,7 +12,6 @@
 //! - Nothing here waits on another trainer (**I4**).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use odc_transport::{codec, Transport, WriteTag};
 
@@ -56,7 +55,8 @@ impl DataPath for OnDemand {
         Box::pin(async move {
             let unit = op.key.unit;
             let routes = directory.routes(unit)?;
-            let started = Instant::now();
+            // tokio's clock: virtual under a paused runtime, like the deadlines.
+            let started = tokio::time::Instant::now();
             let out = unique(&mut buffer, unit)?;
             let len = out.len();
             let bytes = transfer::pull(

@@ -265,6 +265,7 @@ mod tests {
             layout: Arc::new(layout),
             compute,
             collective: None,
+            clock: Arc::new(crate::policy::clock::SystemClock),
         })
     }
 

@@ -35,7 +35,7 @@ use crate::messages::{
 };
 use crate::metrics::{self as m, TrainerMetrics};
 use crate::node::Node;
-use crate::policy::clock::{Clock, SystemClock};
+use crate::policy::clock::Clock;
 use crate::policy::dispatch::Communication;
 use crate::policy::stats::StepStats;
 use crate::policy::step::{Command, Decision, Reason, StepMachine};
@@ -68,7 +68,7 @@ pub struct SupervisorState {
     /// Cached metric handles of every slot.
     metrics: Vec<TrainerMetrics>,
     machine: StepMachine,
-    clock: SystemClock,
+    clock: Arc<dyn Clock>,
     /// The caller of the running step.
     pending: Option<RpcReplyPort<Result<StepStats>>>,
     ticker: Option<JoinHandle<()>>,
@@ -152,6 +152,7 @@ impl Actor for Supervisor {
             routes.extend(call(server, ServerMsg::Routes, &what).await?);
         }
         let directory = Directory::from_routes(node.layout.len(), routes)?;
+        let clock = node.clock.clone();
         let mut state = SupervisorState {
             machine: StepMachine::new(spec.step, spec.trainers, key),
             metrics: (0..spec.trainers).map(TrainerMetrics::new).collect(),
@@ -160,7 +161,7 @@ impl Actor for Supervisor {
             directory,
             servers,
             trainers: Vec::new(),
-            clock: SystemClock,
+            clock,
             pending: None,
             ticker: None,
             remote,

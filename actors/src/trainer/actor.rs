@@ -10,7 +10,6 @@ use super::{MicroBatchDone, TrainerMsg, TrainerReport, TrainerSpec};
 use crate::datapath::{Collective, DataPath, OnDemand};
 use crate::error::{Error, NonFiniteAt};
 use crate::node::Node;
-use crate::policy::clock::{Clock, SystemClock};
 use crate::policy::dispatch::Communication;
 use crate::supervisor::SupervisorMsg;
 
@@ -71,7 +70,8 @@ impl Actor for Trainer {
         Ok(TrainerState {
             rank: spec.rank,
             compute: node.compute.create(spec.rank),
-            context: TrainerContext::new(spec.rank, node.layout.clone(), path, spec.context),
+            context: TrainerContext::new(spec.rank, node.layout.clone(), path, spec.context)
+                .with_clock(node.clock.clone()),
             supervisor,
         })
     }
@@ -83,7 +83,7 @@ impl Actor for Trainer {
         state: &mut TrainerState,
     ) -> std::result::Result<(), ActorProcessingErr> {
         let TrainerMsg::Run(assignment) = msg;
-        let started = SystemClock.now();
+        let started = state.context.now();
         let mb = &assignment.micro_batch;
         state.context.begin(mb, assignment.epoch, assignment.token);
         let output = state.compute.run(&mut state.context, mb).await;
@@ -112,7 +112,7 @@ impl Actor for Trainer {
             micro_batch: mb.id,
             token: assignment.token,
             started,
-            finished: SystemClock.now(),
+            finished: state.context.now(),
             result,
         };
         state.supervisor.cast(SupervisorMsg::Done(report))?;

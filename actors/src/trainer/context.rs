@@ -30,7 +30,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -148,6 +148,8 @@ pub struct TrainerContext {
     pushes: Vec<(UnitId, JoinHandle<Result<u64>>)>,
     pushed: HashSet<UnitId>,
     stats: MicroBatchStats,
+    /// Where span and wait times are read (the node's clock).
+    clock: Arc<dyn Clock>,
 }
 
 impl TrainerContext {
@@ -183,7 +185,20 @@ impl TrainerContext {
             pushes: Vec::new(),
             pushed: HashSet::new(),
             stats: MicroBatchStats::default(),
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Read times from `clock` instead of the [`SystemClock`] (a virtual clock in a simulation).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Now on the job's clock: what a compute's own spans ([`TrainerContext::record_span`]) are
+    /// measured with.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
     }
 
     /// This trainer's index.
@@ -257,8 +272,7 @@ impl TrainerContext {
             version: self.version,
             values,
         });
-        let started = Instant::now();
-        let start = SystemClock.now();
+        let start = self.clock.now();
         let mut first_err = None;
         for (unit, handle) in self.pushes.drain(..) {
             let outcome = match handle.await {
@@ -271,8 +285,9 @@ impl TrainerContext {
             };
             first_err.get_or_insert(outcome);
         }
-        self.stats.push_wait += started.elapsed();
-        self.record_span(SpanKind::PushWait, start, SystemClock.now());
+        let end = self.clock.now();
+        self.stats.push_wait += end.saturating_duration_since(start);
+        self.record_span(SpanKind::PushWait, start, end);
         self.note_held();
         match self.non_finite.take().or(first_err) {
             Some(e) => Err(e),
@@ -317,16 +332,16 @@ impl TrainerContext {
         }
         // The unit released last is not needed any more: free it before another transfer (I5).
         self.last_gathered = None;
-        let started = Instant::now();
-        let start = SystemClock.now();
+        let start = self.clock.now();
         let gathered = match self.inflight.remove(&unit) {
             Some(handle) => handle
                 .await
                 .map_err(|e| Error::Internal(format!("prefetch of unit {unit} failed: {e}")))??,
             None => self.start_gather(unit)?.await?,
         };
-        self.stats.pull_wait += started.elapsed();
-        self.record_span(SpanKind::PullWait, start, SystemClock.now());
+        let end = self.clock.now();
+        self.stats.pull_wait += end.saturating_duration_since(start);
+        self.record_span(SpanKind::PullWait, start, end);
         let values = self.take_over(gathered);
         self.resident.insert(unit, values.clone());
         self.last_gathered = Some((unit, values.clone()));
@@ -415,7 +430,7 @@ impl TrainerContext {
             version: self.version,
             micro_batch: self.micro_batch,
             token: self.token,
-            deadline: Instant::now() + self.config.transfer_timeout,
+            deadline: odc_transport::deadline_in(self.config.transfer_timeout),
         }
     }
 
