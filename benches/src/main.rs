@@ -62,6 +62,11 @@ enum Command {
     /// as a·ŝ² + b·ŝ + c (ŝ = tokens / 32000), written as a profile for the simulator (`--json`;
     /// schema in odc_bench::calibrate).
     Calibrate(CalibrateArgs),
+    /// Scale projection in virtual time: on-demand vs collective at 8–1,024 devices with the
+    /// balanced control (the `ab` rows on tokio's paused clock, compute priced by an H100 device
+    /// profile), and the long-sequence table: step time against perfect balance with and without
+    /// context-parallel splitting (odc_bench::sim).
+    Sim(SimArgs),
 }
 
 #[derive(Args)]
@@ -428,6 +433,10 @@ struct AbArgs {
     /// shards of that many devices. At least one server per row.
     #[arg(long, default_value_t = 1, value_parser = devices)]
     devices_per_server: usize,
+    /// The simulated device's cost model and its time scale in ms per cost unit (`odc-bench sim`:
+    /// a device profile's fit); `None`: ODC's 7B fit at `--time-scale-ms`.
+    #[arg(skip)]
+    cost: Option<(odc::CostModel, String)>,
 }
 
 fn workloads(args: &AbArgs) -> anyhow::Result<Vec<Workload>> {
@@ -528,6 +537,9 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
     settings.device.seconds_per_cost = args.time_scale_ms / 1e3;
     settings.device.unit_elems = args.unit_elems;
     settings.device.units = args.units;
+    if let Some((cost, _)) = &args.cost {
+        settings.device.cost = *cost;
+    }
     let sides: Vec<Side> = args
         .dispatch
         .iter()
@@ -609,11 +621,14 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
 
     let d = &settings.device;
     println!(
-        "odc-bench ab: simulated {}-unit model, {} elements ({} KiB fp32) per unit; time scale: 1 cost unit = {} ms (a 32K-token sample of the 7B cost model = {:.0} ms); {} steps per run, {} rep(s) in ABBA order, seed {}{}; clock: {}",
+        "odc-bench ab: simulated {}-unit model, {} elements ({} KiB fp32) per unit; time scale: 1 cost unit = {} ms (a 32K-token sample of the {} = {:.0} ms); {} steps per run, {} rep(s) in ABBA order, seed {}{}; clock: {}",
         d.units,
         d.unit_elems,
         d.unit_elems * 4 / 1024,
         args.time_scale_ms,
+        args.cost
+            .as_ref()
+            .map_or("7B cost model", |(_, name)| name.as_str()),
         d.cost.cost(32_000) * args.time_scale_ms,
         settings.steps,
         args.reps,
@@ -1288,6 +1303,7 @@ fn main() -> ExitCode {
             Command::Processes(args) => processes(args),
             Command::SftOverhead(args) => runtime.block_on(sft_overhead(args)),
             Command::Calibrate(args) => calibrate(args),
+            Command::Sim(args) => runtime.block_on(sim(args)),
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -1317,5 +1333,149 @@ mod tests {
         assert!(help.contains(&MAX_SEQUENCE_TOKENS.to_string()), "{help}");
         assert!(help.contains("MAX_SEQUENCE_TOKENS"), "{help}");
         assert_eq!(odc_bench::workload::MAX_SEQUENCE_TOKENS, 1 << 20);
+    }
+}
+
+#[derive(Args)]
+struct SimArgs {
+    /// Device counts (nodes of 8 GPUs in the long-sequence table).
+    #[arg(long, value_delimiter = ',', value_parser = devices, default_value = "8,64,256,1024")]
+    devices: Vec<usize>,
+    /// Workloads: longalign, swesmith, rl, balanced (the balanced control runs at every device
+    /// count anyway).
+    #[arg(long, value_delimiter = ',', default_value = "longalign,swesmith,rl")]
+    workloads: Vec<String>,
+    /// A file of sequence lengths (one positive integer per line), as another workload.
+    #[arg(long)]
+    lengths: Option<PathBuf>,
+    /// Samples per device in a minibatch.
+    #[arg(long, default_value_t = 4, value_parser = per_device)]
+    minibatch_per_device: usize,
+    /// Minibatches per run.
+    #[arg(long, default_value_t = 2, value_parser = steps)]
+    steps: u64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// The built-in H100 profile's layer shape (PAPERS.md's table): 7b or 1.5b.
+    #[arg(long, default_value = "7b")]
+    model: String,
+    /// Transformer blocks of the modelled model.
+    #[arg(long, default_value_t = 28)]
+    layers: u32,
+    /// A profile of measured points (`odc-bench calibrate --json`) to use instead of the
+    /// built-in table; `--model` then names its model (or `block-<model>`).
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// On-demand dispatch.
+    #[arg(long, value_enum, default_value = "dynamic")]
+    dispatch: Dispatch,
+    /// Devices per shard server in the runtime rows (no link model: the figures do not depend on
+    /// it; it cuts the simulation's cost at 1,024 devices).
+    #[arg(long, default_value_t = 8, value_parser = devices)]
+    devices_per_server: usize,
+    /// Skip the runtime rows (only the long-sequence table, from the models).
+    #[arg(long)]
+    no_runtime: bool,
+    /// Write the runtime rows as JSON (and PATH.split.json: the long-sequence table).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write an SVG of the runtime rows.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// `odc-bench sim`: the `ab` matrix on the virtual clock with an H100 profile's cost, then the
+/// long-sequence table of `odc_bench::sim::report`.
+async fn sim(args: SimArgs) -> anyhow::Result<()> {
+    use odc_bench::sim::profile::{DeviceProfile, ModelShape};
+    use odc_bench::sim::report::{split_rows, split_table};
+
+    let profile = match &args.profile {
+        Some(path) => DeviceProfile::from_file(path, &args.model, args.layers)?,
+        None => DeviceProfile::builtin(args.model.parse::<ModelShape>()?, args.layers)?,
+    };
+    let split_path = args.json.as_ref().map(|p| with_suffix(p, ".split.json"));
+    if let Some(path) = &split_path {
+        input::check_output("--json", path)?;
+    }
+    let workloads = {
+        let probe = AbArgs {
+            workloads: args.workloads.clone(),
+            lengths: args.lengths.clone(),
+            ..sim_ab_args(&args, None)
+        };
+        workloads(&probe)?
+    };
+    // The runtime's cost model is the profile's block fit `a·ŝ² + b·ŝ` (seconds per block),
+    // times the blocks: 1 cost unit = layers × 1 ms.
+    let block = profile.block();
+    let cost = odc::CostModel::quadratic(block.a_s * 1e3, block.b_s * 1e3);
+    println!(
+        "odc-bench sim: profile {} ({} blocks of {} M parameters); runtime rows priced by its fit a = {:.2} ms, b = {:.2} ms per block (ŝ = tokens / 32,000), no link model",
+        profile.source,
+        profile.layers,
+        profile.layer_params / 1_000_000,
+        block.a_s * 1e3,
+        block.b_s * 1e3,
+    );
+    if !args.no_runtime {
+        let name = format!("{} fit × {} blocks", profile.source, profile.layers);
+        ab(sim_ab_args(&args, Some((cost, name)))).await?;
+    }
+
+    println!();
+    println!(
+        "Long sequences: step time against perfect balance without and with context-parallel splitting ({} samples per device, nodes of 8 H100s; modelled from the profile and the topology, not measured)",
+        args.minibatch_per_device
+    );
+    let devices: Vec<u32> = args.devices.iter().map(|&d| d as u32).collect();
+    let mut rows = Vec::new();
+    for w in workloads.iter().filter(|w| w.name() != "balanced") {
+        let budget = ab::default_token_budget(w);
+        rows.extend(split_rows(
+            w,
+            &devices,
+            args.minibatch_per_device,
+            args.seed,
+            &profile,
+            budget,
+        )?);
+    }
+    print!("{}", split_table(&rows));
+    if let Some(path) = &split_path {
+        let json = serde_json::json!({ "profile": profile.source, "rows": rows });
+        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The `ab` arguments of `odc-bench sim`'s runtime rows: virtual clock, one repetition, no
+/// straggler, the balanced control on.
+fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>) -> AbArgs {
+    AbArgs {
+        quick: false,
+        workloads: args.workloads.clone(),
+        lengths: args.lengths.clone(),
+        devices: args.devices.clone(),
+        minibatch_per_device: vec![args.minibatch_per_device],
+        dispatch: vec![args.dispatch],
+        token_budget: None,
+        steps: args.steps,
+        reps: 1,
+        seed: args.seed,
+        // 1 cost unit = 1 ms per block.
+        time_scale_ms: f64::from(args.layers.max(1)),
+        unit_elems: 16 * 1024,
+        unit_transfer_ms: 0.0,
+        units: 4,
+        no_straggler: true,
+        no_control: false,
+        json: args.json.clone(),
+        plot: args.plot.clone(),
+        trace: None,
+        clock: ClockArg::Virtual,
+        devices_per_server: args.devices_per_server,
+        cost,
     }
 }

@@ -208,3 +208,56 @@ fn virtual_clock_ab_bench_repeats_byte_for_byte() {
     assert!(!rows.is_empty());
     assert!(rows.iter().all(|r| r["emulation_warning"].is_null()));
 }
+
+/// `odc-bench sim`: the runtime rows on the virtual clock with their balanced control at 1.00,
+/// and the long-sequence table in PATH.split.json, one row per workload and device count, every
+/// figure finite and no split plan slower than the unsplit one.
+#[test]
+fn sim_projects_runtime_rows_and_the_split_table() {
+    let json = temp("sim.json");
+    let out = odc_bench(&[
+        "sim",
+        "--devices",
+        "4,8",
+        "--workloads",
+        "longalign,rl",
+        "--steps",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
+    let rows = report["rows"].as_array().expect("rows");
+    // longalign, rl and the balanced control at 4 and 8 devices.
+    assert_eq!(rows.len(), 6, "{stdout}");
+    for row in rows {
+        let control = f64_of(row, "control_speedup");
+        assert!((control - 1.0).abs() <= 0.01, "control {control}: {row}");
+        assert!(f64_of(row, "speedup") >= 0.99, "{row}");
+    }
+    let split: Value = serde_json::from_slice(
+        &std::fs::read(format!("{}.split.json", json.display())).expect("split JSON written"),
+    )
+    .expect("split JSON parses");
+    let split_rows = split["rows"].as_array().expect("split rows");
+    assert_eq!(split_rows.len(), 4, "{stdout}");
+    for row in split_rows {
+        let (perfect, unsplit, with) = (
+            f64_of(row, "perfect_s"),
+            f64_of(row, "unsplit_s"),
+            f64_of(row, "split_s"),
+        );
+        assert!(
+            perfect > 0.0 && perfect <= with + 1e-9 && with <= unsplit + 1e-9,
+            "{row}"
+        );
+    }
+    assert!(stdout.contains("Long sequences"), "{stdout}");
+}
