@@ -138,6 +138,7 @@ async fn run(transport: Arc<dyn Transport>, pull_dtype: Dtype) -> Result<Outcome
         layout: Arc::new(layout),
         compute,
         collective: None,
+        clock: Arc::new(odc_actors::policy::clock::SystemClock),
     });
     let spec = SupervisorSpec {
         trainers: 2,

@@ -160,6 +160,7 @@ impl Server {
             layout: Arc::new(layout),
             compute,
             collective: None,
+            clock: Arc::new(crate::policy::clock::SystemClock),
         });
         let (actor, _) = Actor::spawn(None, ShardServer, ServerArgs { spec, node })
             .await
