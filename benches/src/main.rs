@@ -1398,14 +1398,7 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
     if let Some(path) = &split_path {
         input::check_output("--json", path)?;
     }
-    let workloads = {
-        let probe = AbArgs {
-            workloads: args.workloads.clone(),
-            lengths: args.lengths.clone(),
-            ..sim_ab_args(&args, None)
-        };
-        workloads(&probe)?
-    };
+    let workloads = workloads(&sim_ab_args(&args, None))?;
     // The runtime's cost model is the profile's block fit `a·ŝ² + b·ŝ` (seconds per block),
     // times the blocks: 1 cost unit = layers × 1 ms.
     let block = profile.block();

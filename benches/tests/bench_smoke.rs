@@ -8,6 +8,19 @@ mod common;
 use common::{odc_bench, temp};
 use serde_json::Value;
 
+/// Runs `odc-bench` with `args`, asserts it succeeded (printing both streams if not), and returns
+/// its stdout.
+fn odc_bench_ok(args: &[&str]) -> String {
+    let out = odc_bench(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 fn f64_of(row: &Value, key: &str) -> f64 {
     row[key]
         .as_f64()
@@ -17,7 +30,7 @@ fn f64_of(row: &Value, key: &str) -> f64 {
 #[test]
 fn quick_ab_bench_writes_sensible_json_plot_and_trace() {
     let (json, plot, trace) = (temp("ab.json"), temp("ab.svg"), temp("trace.json"));
-    let out = odc_bench(&[
+    let stdout = odc_bench_ok(&[
         "ab",
         "--quick",
         "--devices",
@@ -35,12 +48,6 @@ fn quick_ab_bench_writes_sensible_json_plot_and_trace() {
         "--trace",
         trace.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     for said in [
         "time scale",
         "emulation floor",
@@ -170,7 +177,7 @@ fn quick_ab_bench_writes_sensible_json_plot_and_trace() {
 fn virtual_clock_ab_bench_repeats_byte_for_byte() {
     let run = |name: &str| {
         let json = temp(name);
-        let out = odc_bench(&[
+        let stdout = odc_bench_ok(&[
             "ab",
             "--quick",
             "--devices",
@@ -186,12 +193,6 @@ fn virtual_clock_ab_bench_repeats_byte_for_byte() {
             "--json",
             json.to_str().unwrap(),
         ]);
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         (std::fs::read(&json).expect("JSON written"), stdout)
     };
     let (first, stdout) = run("virtual-a.json");
@@ -215,7 +216,7 @@ fn virtual_clock_ab_bench_repeats_byte_for_byte() {
 #[test]
 fn sim_projects_runtime_rows_and_the_split_table() {
     let json = temp("sim.json");
-    let out = odc_bench(&[
+    let stdout = odc_bench_ok(&[
         "sim",
         "--devices",
         "4,8",
@@ -226,12 +227,6 @@ fn sim_projects_runtime_rows_and_the_split_table() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let report: Value =
         serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
     let rows = report["rows"].as_array().expect("rows");
