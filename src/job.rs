@@ -9,7 +9,7 @@ use odc_actors::cluster::ClusterConfig;
 use odc_actors::datapath::CollectiveGroup;
 use odc_actors::layout::{ModelLayout, UnitId, UnitInit, UnitOptimizerInit, UnitSpec};
 use odc_actors::messages::{ShardSnapshot, SnapshotCmd, SupervisorSpec};
-use odc_actors::node::Node;
+use odc_actors::node::{Node, TrainerTransport};
 use odc_actors::policy::balancer::CostModel;
 use odc_actors::policy::clock::{Clock, SystemClock};
 use odc_actors::policy::dispatch::{Communication, DispatchMode};
@@ -79,6 +79,7 @@ pub struct JobBuilder {
     compute: Option<Arc<dyn ComputeFactory>>,
     data: Option<Box<dyn DataSource>>,
     transport: Option<Arc<dyn Transport>>,
+    trainer_transport: Option<TrainerTransport>,
     world: Option<World>,
     roles: Option<Roles>,
     join_timeout: Duration,
@@ -102,6 +103,7 @@ impl Default for JobBuilder {
             compute: None,
             data: None,
             transport: None,
+            trainer_transport: None,
             world: None,
             roles: None,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
@@ -318,6 +320,17 @@ impl JobBuilder {
         self
     }
 
+    /// Give trainer `rank` the transport `make(rank)` instead of the job's (a single-process
+    /// job only). A simulation's link model uses it to know which device a read, a push or a
+    /// ring message leaves from; each view must move its bytes through the job's transport.
+    pub fn trainer_transport(
+        mut self,
+        make: impl Fn(u32) -> Arc<dyn Transport> + Send + Sync + 'static,
+    ) -> Self {
+        self.trainer_transport = Some(Arc::new(make));
+        self
+    }
+
     /// The learning rate's schedule: the optimizer's rate times `schedule`'s factor of each global
     /// step (default: constant).
     pub fn lr_schedule(mut self, schedule: LrSchedule) -> Self {
@@ -449,10 +462,13 @@ impl JobBuilder {
         let compute = self
             .compute
             .ok_or_else(|| Error::Config("no compute given (JobBuilder::compute)".into()))?;
-        if let (Some(w), Some(_)) = (&world, &self.transport) {
+        if let (Some(w), true) = (
+            &world,
+            self.transport.is_some() || self.trainer_transport.is_some(),
+        ) {
             return Err(Error::Config(format!(
                 "rank {}: a multi-process job makes its transport from the world \
-                 (ODC_TRANSPORT), not JobBuilder::transport",
+                 (ODC_TRANSPORT), not JobBuilder::transport or trainer_transport",
                 w.rank
             )));
         }
@@ -471,6 +487,7 @@ impl JobBuilder {
                 layout: Arc::new(layout),
                 compute,
                 transport: self.transport,
+                trainer_transport: self.trainer_transport,
                 clock: self.clock,
                 multi: world.zip(roles).map(|(world, roles)| Multi {
                     world,
@@ -526,6 +543,7 @@ struct Setup {
     layout: Arc<ModelLayout>,
     compute: SharedComputeFactory,
     transport: Option<Arc<dyn Transport>>,
+    trainer_transport: Option<TrainerTransport>,
     clock: Arc<dyn Clock>,
     multi: Option<Multi>,
 }
@@ -586,6 +604,7 @@ impl Job {
             layout,
             compute,
             transport,
+            trainer_transport,
             clock,
             multi,
         } = setup;
@@ -601,6 +620,7 @@ impl Job {
             compute,
             collective: collective.then(|| Arc::new(CollectiveGroup::new(spec.trainers))),
             clock,
+            trainer_transport,
         });
         self.node = Some(node.clone());
         let mut placement = None;

@@ -30,4 +30,21 @@ pub struct Node {
     ///
     /// [`SystemClock`]: crate::policy::clock::SystemClock
     pub clock: Arc<dyn Clock>,
+    /// The transport trainer `rank` uses, where it differs from [`Node::transport`]: a
+    /// simulation's link model gives each trainer a view that knows which device it runs on.
+    /// `None` (every real job): every trainer uses [`Node::transport`].
+    pub trainer_transport: Option<TrainerTransport>,
+}
+
+/// Makes the transport of trainer `rank` (see [`Node::trainer_transport`]).
+pub type TrainerTransport = Arc<dyn Fn(u32) -> Arc<dyn Transport> + Send + Sync>;
+
+impl Node {
+    /// The transport trainer `rank` reads, writes and sends through.
+    pub fn transport_of_trainer(&self, rank: u32) -> Arc<dyn Transport> {
+        match &self.trainer_transport {
+            Some(make) => make(rank),
+            None => self.transport.clone(),
+        }
+    }
 }

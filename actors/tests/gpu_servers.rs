@@ -139,6 +139,7 @@ async fn run(transport: Arc<dyn Transport>, pull_dtype: Dtype) -> Result<Outcome
         compute,
         collective: None,
         clock: Arc::new(odc_actors::policy::clock::SystemClock),
+        trainer_transport: None,
     });
     let spec = SupervisorSpec {
         trainers: 2,

@@ -39,6 +39,7 @@ use odc::{
     SpanKind, TRAINER_ENDPOINT_BASE,
 };
 
+use crate::fabric::{Fabric, FabricConfig};
 use crate::floor::EmulationFloor;
 use crate::report::{self, BenchRow};
 use crate::workload::Workload;
@@ -151,6 +152,11 @@ pub struct Settings {
     /// modelled when there is no link model; with one, each server's link then carries the
     /// shards of this many devices.
     pub devices_per_server: usize,
+    /// A modelled cluster of nodes, NVLink and NICs under the job ([`crate::fabric`]) instead of
+    /// `unit_transfer_seconds`' one link per device.
+    pub fabric: Option<FabricConfig>,
+    /// What trainers pull (and the collective all-gathers) parameters as.
+    pub pull_precision: Precision,
 }
 
 impl Settings {
@@ -191,6 +197,8 @@ impl Default for Settings {
             unit_transfer_seconds: 0.0,
             clock: ClockMode::Wall,
             devices_per_server: 1,
+            fabric: None,
+            pull_precision: Precision::F32,
         }
     }
 }
@@ -347,19 +355,44 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
         ..(*device).clone()
     });
     let job_clock = mode.clock();
-    let mut job = Job::builder()
+    let servers = case.devices.div_ceil(settings.devices_per_server.max(1));
+    let builder = match &settings.fabric {
+        None => Job::builder().transport(settings.transport()),
+        Some(config) => {
+            if settings.unit_transfer_seconds > 0.0 {
+                return Err(Error::Config(
+                    "a modelled cluster (fabric) and a per-device link (unit transfer time) \
+                     exclude each other"
+                        .into(),
+                ));
+            }
+            // Both counts are at most odc's limit on trainers, far below u32::MAX.
+            let fabric = Fabric::new(
+                Arc::new(LocalTransport::new()),
+                config,
+                case.devices as u32,
+                settings.devices_per_server.max(1) as u32,
+                mode,
+            )
+            .map_err(|e| Error::Config(format!("fabric: {e}")))?;
+            let trainers = fabric.clone();
+            Job::builder()
+                .transport(fabric.view(None))
+                .trainer_transport(move |rank| trainers.view(Some(rank)))
+        }
+    };
+    let mut job = builder
         .units(device.layout())
         .trainers(case.devices)
-        .servers(case.devices.div_ceil(settings.devices_per_server.max(1)))
+        .servers(servers)
         .communication(side.communication)
         .dispatch(side.dispatch)
         .rebalance(side.rebalance)
         .cost_model(device.cost)
         .token_budget(token_budget(case, settings))
-        .pull_precision(Precision::F32)
+        .pull_precision(settings.pull_precision)
         .prefetch(settings.prefetch as u32)
         .chunk_elems(settings.chunk_elems as u64)
-        .transport(settings.transport())
         .optimizer(OptimizerConfig::sgd(0.0))
         .compute(running.factory())
         .clock(job_clock.clone())
@@ -475,12 +508,29 @@ pub async fn compare(
         ));
     }
     let (mut a, mut b) = (Measure::default(), Measure::default());
-    for rep in 0..reps {
-        for collective in run_order(rep) {
-            if collective {
-                a.add(&run(case, Side::COLLECTIVE, settings, false).await?);
+    let order: Vec<bool> = (0..reps).flat_map(run_order).collect();
+    let one = |collective: bool| {
+        let side = if collective { Side::COLLECTIVE } else { side };
+        run(case, side, settings, false)
+    };
+    if settings.clock == ClockMode::Virtual {
+        // Each virtual run has a runtime and a thread of its own and its figures do not depend
+        // on what else runs, so the runs go side by side (on as many cores as there are).
+        let measures = futures::future::try_join_all(order.iter().map(|&c| one(c))).await?;
+        for (collective, m) in order.iter().zip(&measures) {
+            if *collective {
+                a.add(m)
             } else {
-                b.add(&run(case, side, settings, false).await?);
+                b.add(m)
+            }
+        }
+    } else {
+        for &collective in &order {
+            let m = one(collective).await?;
+            if collective {
+                a.add(&m)
+            } else {
+                b.add(&m)
             }
         }
     }

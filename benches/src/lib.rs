@@ -14,6 +14,7 @@
 
 pub mod ab;
 pub mod calibrate;
+pub mod fabric;
 pub mod floor;
 pub mod input;
 pub mod processes;

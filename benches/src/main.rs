@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use futures::StreamExt as _;
 use odc::sim::clock::ClockMode;
 use odc::sim::SpeedSchedule;
 use odc::DispatchMode;
@@ -437,6 +438,13 @@ struct AbArgs {
     /// a device profile's fit); `None`: ODC's 7B fit at `--time-scale-ms`.
     #[arg(skip)]
     cost: Option<(odc::CostModel, String)>,
+    /// A modelled cluster under the job (`odc-bench sim --links h100`); `None`: the per-device
+    /// link of `--unit-transfer-ms`, if any.
+    #[arg(skip)]
+    fabric: Option<odc_bench::fabric::FabricConfig>,
+    /// What parameters are pulled as (`odc-bench sim --pull-precision`); `None`: fp32.
+    #[arg(skip)]
+    pull_precision: Option<odc::Precision>,
 }
 
 fn workloads(args: &AbArgs) -> anyhow::Result<Vec<Workload>> {
@@ -532,6 +540,8 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         unit_transfer_seconds: args.unit_transfer_ms / 1e3,
         clock,
         devices_per_server: args.devices_per_server,
+        fabric: args.fabric.clone(),
+        pull_precision: args.pull_precision.unwrap_or(odc::Precision::F32),
         ..Settings::default()
     };
     settings.device.seconds_per_cost = args.time_scale_ms / 1e3;
@@ -647,6 +657,19 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
             ClockArg::Both => "both (each row in wall time, then in virtual time, with virtual/wall ratios)".to_string(),
         }
     );
+    if let Some(f) = &settings.fabric {
+        println!(
+            "links: nodes of {} H100s, NVLink 450 GB/s and 3 µs per GPU and direction inside a node, a 400 Gb/s NIC (10 µs) per GPU across nodes, FIFO ports; {} routing{}; pulls in {:?}, gradients in fp32; 1 emulated byte = {:.0} modelled bytes",
+            f.gpus_per_node,
+            match f.routing {
+                odc_bench::sim::topology::Routing::Direct => "direct",
+                odc_bench::sim::topology::Routing::Striped => "striped (Zeppelin)",
+            },
+            if f.hpz { ", HPZ (a copy per node)" } else { "" },
+            settings.pull_precision,
+            f.bytes_scale,
+        );
+    }
     let emulation_floor = if clock == ClockMode::Wall || wall_too {
         let most_devices = devices.iter().copied().max().unwrap_or(1);
         let mut f = floor::measure(most_devices, floor::REQUEST).await;
@@ -688,6 +711,22 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
     let layout = TableLayout::fit(names.iter().map(|(w, d)| (w.as_str(), d.as_str())));
     print!("{}", layout.header());
     let mut wall_controls = Controls::default();
+    let floor = (clock == ClockMode::Wall)
+        .then_some(emulation_floor.as_ref())
+        .flatten();
+    // Virtual-time rows do not depend on what else runs: rows go side by side, one per core (and
+    // each row's runs side by side), printed in order. Wall rows run one at a time.
+    let jobs = if clock == ClockMode::Virtual && !wall_too {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        1
+    };
+    let mut measured = futures::stream::iter(
+        entries
+            .iter()
+            .map(|e| ab::compare(&e.case, e.side, &settings, args.reps, floor)),
+    )
+    .buffered(jobs);
     for e in &entries {
         let name = || {
             format!(
@@ -715,11 +754,10 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         } else {
             None
         };
-        let floor = (clock == ClockMode::Wall)
-            .then_some(emulation_floor.as_ref())
-            .flatten();
-        let (mut row, _, b) = ab::compare(&e.case, e.side, &settings, args.reps, floor)
+        let (mut row, _, b) = measured
+            .next()
             .await
+            .context("a row was not measured")?
             .with_context(name)?;
         controls.attach(e, &mut row);
         if wall_too {
@@ -1369,10 +1407,29 @@ struct SimArgs {
     /// On-demand dispatch.
     #[arg(long, value_enum, default_value = "dynamic")]
     dispatch: Dispatch,
-    /// Devices per shard server in the runtime rows (no link model: the figures do not depend on
-    /// it; it cuts the simulation's cost at 1,024 devices).
+    /// Devices per shard server in the runtime rows: the modelled placement stays one shard per
+    /// device (a server's regions are striped over its devices' links), so this only cuts the
+    /// simulation's cost at 1,024 devices.
     #[arg(long, default_value_t = 8, value_parser = devices)]
     devices_per_server: usize,
+    /// The runtime rows' links: `h100` = nodes of `--gpus-per-node` H100s, NVLink 450 GB/s inside
+    /// a node, a 400 Gb/s NIC per GPU across nodes, as FIFO queues per device and direction;
+    /// `none` = communication is free (compute and balance only).
+    #[arg(long, value_enum, default_value = "h100")]
+    links: LinksArg,
+    #[arg(long, default_value_t = 8, value_parser = gpus_per_node)]
+    gpus_per_node: u32,
+    /// ODC's hierarchical partitioning: the first pull of a unit in a node leaves a copy there;
+    /// the node's later pulls of it stay on NVLink.
+    #[arg(long)]
+    hpz: bool,
+    /// Cross-node transfers: `direct` (source and destination NICs) or `striped` (over every NIC
+    /// of the node through NVLink proxies, Zeppelin's routing layer).
+    #[arg(long, value_enum, default_value = "direct")]
+    routing: RoutingArg,
+    /// What parameters are pulled (on-demand) and all-gathered (collective) as.
+    #[arg(long, value_enum, default_value = "bf16")]
+    pull_precision: PrecisionArg,
     /// Skip the runtime rows (only the long-sequence table, from the models).
     #[arg(long)]
     no_runtime: bool,
@@ -1384,11 +1441,43 @@ struct SimArgs {
     plot: Option<PathBuf>,
 }
 
+/// `odc-bench sim --links`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LinksArg {
+    H100,
+    None,
+}
+
+/// `odc-bench sim --routing`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RoutingArg {
+    Direct,
+    Striped,
+}
+
+/// `odc-bench sim --pull-precision`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PrecisionArg {
+    Bf16,
+    F32,
+}
+
+fn gpus_per_node(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(g @ 1..=64) => Ok(g),
+        _ => Err(format!(
+            "{s:?}: GPUs per node must be an integer from 1 to 64"
+        )),
+    }
+}
+
 /// `odc-bench sim`: the `ab` matrix on the virtual clock with an H100 profile's cost, then the
 /// long-sequence table of `odc_bench::sim::report`.
 async fn sim(args: SimArgs) -> anyhow::Result<()> {
+    use odc_bench::fabric::FabricConfig;
     use odc_bench::sim::profile::{DeviceProfile, ModelShape};
     use odc_bench::sim::report::{split_rows, split_table};
+    use odc_bench::sim::topology::Routing;
 
     let profile = match &args.profile {
         Some(path) => DeviceProfile::from_file(path, &args.model, args.layers)?,
@@ -1404,16 +1493,36 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
     let block = profile.block();
     let cost = odc::CostModel::quadratic(block.a_s * 1e3, block.b_s * 1e3);
     println!(
-        "odc-bench sim: profile {} ({} blocks of {} M parameters); runtime rows priced by its fit a = {:.2} ms, b = {:.2} ms per block (ŝ = tokens / 32,000), no link model",
+        "odc-bench sim: profile {} ({} blocks of {} M parameters); runtime rows priced by its fit a = {:.2} ms, b = {:.2} ms per block (ŝ = tokens / 32,000), {}",
         profile.source,
         profile.layers,
         profile.layer_params / 1_000_000,
         block.a_s * 1e3,
         block.b_s * 1e3,
+        match args.links {
+            LinksArg::H100 => "links of H100 nodes",
+            LinksArg::None => "no link model (communication free)",
+        }
     );
     if !args.no_runtime {
         let name = format!("{} fit × {} blocks", profile.source, profile.layers);
-        ab(sim_ab_args(&args, Some((cost, name)))).await?;
+        let mut ab_args = sim_ab_args(&args, Some((cost, name)));
+        ab_args.pull_precision = Some(match args.pull_precision {
+            PrecisionArg::Bf16 => odc::Precision::Bf16,
+            PrecisionArg::F32 => odc::Precision::F32,
+        });
+        // One emulated element stands for `layers / units` blocks' parameters.
+        let modelled_unit = profile.layer_params as f64 * f64::from(profile.layers);
+        ab_args.fabric = (args.links == LinksArg::H100).then(|| FabricConfig {
+            gpus_per_node: args.gpus_per_node,
+            routing: match args.routing {
+                RoutingArg::Direct => Routing::Direct,
+                RoutingArg::Striped => Routing::Striped,
+            },
+            hpz: args.hpz,
+            bytes_scale: modelled_unit / (ab_args.units * ab_args.unit_elems) as f64,
+        });
+        ab(ab_args).await?;
     }
 
     println!();
@@ -1470,5 +1579,7 @@ fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>) -> AbArgs
         clock: ClockArg::Virtual,
         devices_per_server: args.devices_per_server,
         cost,
+        fabric: None,
+        pull_precision: None,
     }
 }

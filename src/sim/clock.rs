@@ -35,6 +35,7 @@
 //!   byte-identical across runs of the same seed (its figures are durations, never absolute
 //!   times; [`VirtualClock`] starts at [`Timestamp::EPOCH`] in every run).
 
+#[cfg(feature = "virtual-time")]
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

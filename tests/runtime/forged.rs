@@ -281,6 +281,7 @@ async fn train(forgery: Arc<Forgery>) -> (Vec<f32>, u64) {
         compute,
         collective: None,
         clock: Arc::new(odc::SystemClock),
+        trainer_transport: None,
     });
     let spec = SupervisorSpec {
         trainers: TRAINERS,

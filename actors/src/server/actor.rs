@@ -266,6 +266,7 @@ mod tests {
             compute,
             collective: None,
             clock: Arc::new(crate::policy::clock::SystemClock),
+            trainer_transport: None,
         })
     }
 

@@ -48,19 +48,16 @@ impl Actor for Trainer {
         } = args;
         let directory = Arc::new(spec.directory);
         let chunk_elems = usize::try_from(spec.context.chunk_elems).unwrap_or(usize::MAX);
+        let transport = node.transport_of_trainer(spec.rank);
         let path: Arc<dyn DataPath> = match spec.communication {
-            Communication::OnDemand => Arc::new(OnDemand::new(
-                node.transport.clone(),
-                directory,
-                chunk_elems,
-            )),
+            Communication::OnDemand => Arc::new(OnDemand::new(transport, directory, chunk_elems)),
             Communication::Collective => {
                 let group = node.collective.clone().ok_or_else(|| {
                     Error::Config("collective mode without a collective group".into())
                 })?;
                 Arc::new(Collective::new(
                     spec.rank,
-                    node.transport.clone(),
+                    transport,
                     group,
                     directory,
                     chunk_elems,

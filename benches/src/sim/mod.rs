@@ -7,6 +7,8 @@
 //! - [`topology`]: nodes × GPUs, NVLink and NIC links as bandwidth + latency FIFO queues, the time of
 //!   a set of point-to-point transfers, the NCCL-like ring collective, control latency, HPZ and
 //!   Zeppelin-style routing;
+//! - [`ports`]: the same links as an online schedule, for the runtime's transfers in arrival order
+//!   (what [`crate::fabric`] puts under a virtual-time job);
 //! - [`split`]: the long-sequence planning policy (context-parallel splitting of the sequences one
 //!   device cannot finish in the balanced step) and its bounds;
 //! - [`report`]: step time with and without splitting against perfect balance, per workload and
@@ -16,6 +18,7 @@
 //! no hash-map iteration order in any output); bad input from a file or a user is a typed error
 //! naming what was wrong, never a panic.
 
+pub mod ports;
 pub mod profile;
 pub mod report;
 pub mod split;

@@ -378,21 +378,7 @@ impl Topology {
         let mut finish = vec![0.0f64; transfers.len()];
         while let Some(Reverse((Time(at), i))) = heap.pop() {
             let t = &transfers[i];
-            let done = if t.src == t.dst {
-                at
-            } else {
-                let (s, d) = (t.src as usize, t.dst as usize);
-                let (out, inp, link) = if self.node_of(t.src) == self.node_of(t.dst) {
-                    (0, 1, self.nvlink)
-                } else {
-                    (2, 3, self.nic)
-                };
-                let start = at.max(free[s][out]).max(free[d][inp]);
-                let end = start + link.serialize_s(t.bytes);
-                free[s][out] = end;
-                free[d][inp] = end;
-                end + link.latency_s
-            };
+            let done = self.hop(&mut free, t.src, t.dst, t.bytes, at);
             finish[i] = done;
             for &j in &dependents[starts[i]..starts[i + 1]] {
                 ready[j] = ready[j].max(done);
@@ -403,6 +389,34 @@ impl Topology {
             }
         }
         finish
+    }
+
+    /// One direct hop of `bytes` from `src` to `dst` ready at `at`, on the port free times `free`
+    /// (per device: NVLink egress, NVLink ingress, NIC egress, NIC ingress; devices checked by
+    /// the caller): it starts when both ports are free, holds them for the serialisation and
+    /// finishes a latency later; returns the finish. A hop from a device to itself is free.
+    pub(crate) fn hop(
+        &self,
+        free: &mut [[f64; 4]],
+        src: u32,
+        dst: u32,
+        bytes: u64,
+        at: f64,
+    ) -> f64 {
+        if src == dst {
+            return at;
+        }
+        let (s, d) = (src as usize, dst as usize);
+        let (out, inp, link) = if self.node_of(src) == self.node_of(dst) {
+            (0, 1, self.nvlink)
+        } else {
+            (2, 3, self.nic)
+        };
+        let start = at.max(free[s][out]).max(free[d][inp]);
+        let end = start + link.serialize_s(bytes);
+        free[s][out] = end;
+        free[d][inp] = end;
+        end + link.latency_s
     }
 
     /// Finish time of each on-demand gather of one unit of `unit_bytes`, sharded evenly over all

@@ -161,6 +161,7 @@ impl Server {
             compute,
             collective: None,
             clock: Arc::new(crate::policy::clock::SystemClock),
+            trainer_transport: None,
         });
         let (actor, _) = Actor::spawn(None, ShardServer, ServerArgs { spec, node })
             .await

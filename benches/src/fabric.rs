@@ -1,0 +1,375 @@
+//! A transport wrapper that puts a job's transfers on a modelled cluster: nodes × GPUs with NVLink
+//! inside a node and a NIC per GPU across nodes ([`sim::topology`](crate::sim::topology)), each
+//! transfer queued on the ports of the devices it leaves and enters
+//! ([`sim::ports`](crate::sim::ports)). Real bytes still move through the wrapped transport, so
+//! contents and the transport contract (C1–C8) are the inner backend's; only time is modelled.
+//!
+//! # Where bytes are
+//!
+//! - Trainer `t` runs on device `t` (its view comes from [`Fabric::view`], given to the job with
+//!   `JobBuilder::trainer_transport`); servers and the supervisor use an unpriced view.
+//! - Shard server `s` of `K` devices per server holds the shards of devices `sK .. sK + K`: its
+//!   region of `L` elements is striped, stripe `j` (`shard_range(L, K, j)`) on device `sK + j`.
+//!   With `K` = 1 every device hosts its own server, as in FSDP and ODC; a larger `K` keeps the
+//!   same modelled placement and only cuts the simulation's cost (fewer regions, fewer reads).
+//!   When the device count divides the unit's elements (powers of two up to 16,384 with the
+//!   benchmark's units), a collective trainer's own piece is exactly its own device's stripe, so
+//!   the collective pays nothing to read its piece or to write back its reduced piece, as FSDP
+//!   does not.
+//! - A trainer's inbox (ring messages) is on its own device.
+//!
+//! # What a transfer costs
+//!
+//! A read costs its pieces from the owning devices to the reader; an accumulate, the reader's
+//! pieces to the owning devices; a send (a collective's ring message), one piece from the sender
+//! to the inbox's device, striped over every NIC of the node when it crosses nodes: NCCL runs one
+//! ring channel per NIC, each crossing between nodes on its own rail, so a ring's inter-node
+//! bandwidth is the node's, not one GPU's (the baseline at its best). Bytes
+//! are the real bytes times [`FabricConfig::bytes_scale`] (modelled parameters per emulated
+//! element: the emulated units hold thousands of elements where the modelled layers hold
+//! hundreds of millions), so pull precision (the published dtype) and fp32 gradients price as
+//! they would. A transfer waits at the clock's [`Pace`] until its modelled finish, stretched by
+//! the clock's dilation.
+//!
+//! Deadlines (C6), as [`Throttled`](odc::transport::throttle::Throttled): an operation past its
+//! deadline is refused before it reserves a port; one whose modelled finish lies past its deadline
+//! waits until the deadline and fails with [`TransportError::DeadlineExceeded`] (an accumulate or
+//! a send is then not applied).
+//!
+//! Not modelled here: control messages (dispatch, reports, the barrier) cross the actors'
+//! mailboxes at no modelled cost; [`crate::sim::topology::Topology::barrier_s`] prices them (tens
+//! of microseconds against steps of seconds).
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use odc::layout::shard_range;
+use odc::sim::clock::ClockMode;
+use odc::transport::throttle::Pace;
+use odc::transport::{
+    now, AccumulatorRegion, Deadline, Dest, Dtype, EndpointId, InboxRegion, Op, PublishedRegion,
+    RegionHandle, RegionId, Transport, TransportError, WriteTag,
+};
+use odc::TRAINER_ENDPOINT_BASE;
+use parking_lot::Mutex;
+
+use crate::sim::ports::{CopyKey, Piece, Ports};
+use crate::sim::topology::{Routing, Topology, TopologyError};
+
+/// The modelled cluster of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FabricConfig {
+    /// GPUs per node (fewer when the run has fewer devices).
+    pub gpus_per_node: u32,
+    pub routing: Routing,
+    /// ODC's hierarchical partitioning: a per-node copy of what was pulled.
+    pub hpz: bool,
+    /// Modelled bytes per real byte moved.
+    pub bytes_scale: f64,
+}
+
+/// The shared state of every view: the ports and the mapping of endpoints to devices.
+pub struct Fabric {
+    inner: Arc<dyn Transport>,
+    ports: Mutex<Ports>,
+    hpz: bool,
+    gpus_per_node: u32,
+    bytes_scale: f64,
+    devices: u32,
+    devices_per_server: u32,
+    /// tokio's clock when the fabric was made: modelled time 0.
+    origin: Instant,
+    dilation: f64,
+    pace: Pace,
+}
+
+impl std::fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fabric")
+            .field("inner", &self.inner.backend())
+            .field("devices", &self.devices)
+            .field("devices_per_server", &self.devices_per_server)
+            .field("hpz", &self.hpz)
+            .field("bytes_scale", &self.bytes_scale)
+            .finish()
+    }
+}
+
+impl Fabric {
+    /// `devices` H100s in nodes of `config.gpus_per_node` (see [`Topology::h100`]) over `inner`,
+    /// timed on `clock` (make it on the runtime whose clock it reads).
+    pub fn new(
+        inner: Arc<dyn Transport>,
+        config: &FabricConfig,
+        devices: u32,
+        devices_per_server: u32,
+        clock: ClockMode,
+    ) -> Result<Arc<Self>, TopologyError> {
+        let g = config.gpus_per_node.clamp(1, devices.max(1));
+        let topology = Topology::h100(devices.max(1).div_ceil(g), g)?;
+        Ok(Arc::new(Fabric {
+            inner,
+            ports: Mutex::new(Ports::new(topology, config.routing)?),
+            hpz: config.hpz,
+            gpus_per_node: g,
+            bytes_scale: if config.bytes_scale.is_finite() && config.bytes_scale > 0.0 {
+                config.bytes_scale
+            } else {
+                1.0
+            },
+            devices: devices.max(1),
+            devices_per_server: devices_per_server.max(1),
+            origin: now(),
+            dilation: f64::from(clock.dilation()),
+            pace: clock.pace(),
+        }))
+    }
+
+    /// The transport of a trainer on `device`, or (`None`) an unpriced one for servers, the
+    /// supervisor and the job's own reads.
+    pub fn view(self: &Arc<Self>, device: Option<u32>) -> Arc<dyn Transport> {
+        Arc::new(View {
+            fabric: self.clone(),
+            device,
+        })
+    }
+
+    /// Modelled seconds since the origin.
+    fn now_s(&self) -> f64 {
+        now().saturating_duration_since(self.origin).as_secs_f64() / self.dilation
+    }
+
+    /// tokio's instant of modelled time `s`.
+    fn instant(&self, s: f64) -> Instant {
+        let d = Duration::try_from_secs_f64(s * self.dilation).unwrap_or(Duration::MAX);
+        self.origin.checked_add(d).unwrap_or(self.origin)
+    }
+
+    /// Modelled bytes of `elems` elements of `size` bytes.
+    fn bytes(&self, elems: u64, size: usize) -> u64 {
+        (elems as f64 * size as f64 * self.bytes_scale).round() as u64
+    }
+
+    /// The devices holding `range` of a region of `len` elements owned by `owner`, with how many
+    /// of its elements each holds (see the module docs).
+    fn holders(&self, owner: EndpointId, len: u64, range: Range<u64>) -> Vec<(u32, u64)> {
+        if owner >= TRAINER_ENDPOINT_BASE {
+            let device = (owner - TRAINER_ENDPOINT_BASE).min(self.devices - 1);
+            return vec![(device, range.end.saturating_sub(range.start))];
+        }
+        let first = owner.saturating_mul(self.devices_per_server);
+        let k = self
+            .devices
+            .saturating_sub(first)
+            .clamp(1, self.devices_per_server);
+        (0..k)
+            .filter_map(|j| {
+                let stripe = shard_range(len as usize, k as usize, j as usize);
+                let lo = range.start.max(stripe.start as u64);
+                let hi = range.end.min(stripe.end as u64);
+                (hi > lo).then(|| ((first + j).min(self.devices - 1), hi - lo))
+            })
+            .collect()
+    }
+
+    /// Wait until modelled time `done_s`, or fail at `deadline` if that comes first.
+    async fn wait(
+        &self,
+        done_s: f64,
+        deadline: Deadline,
+        owner: EndpointId,
+        region: RegionId,
+        op: Op,
+    ) -> Result<(), TransportError> {
+        let done = self.instant(done_s);
+        self.pace.wait_until(done.min(deadline)).await;
+        if done > deadline {
+            Err(TransportError::DeadlineExceeded { owner, region, op })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Schedule pieces now: a read (HPZ-aware), a write, or a ring message (striped over the
+    /// node's NICs, as NCCL's one channel per NIC spreads a ring's node crossings over every rail).
+    /// A topology error (a device outside it) is a bug of the mapping above and costs nothing
+    /// rather than failing the job's transfer.
+    fn schedule(&self, kind: Kind, pieces: &[Piece]) -> f64 {
+        let at = self.now_s();
+        let mut ports = self.ports.lock();
+        let done = match kind {
+            Kind::Read { reader, hpz } => ports.read(reader, pieces, hpz, at),
+            Kind::Write => ports.transfer(pieces, at),
+            Kind::Ring => ports.transfer_routed(pieces, at, Routing::Striped),
+        };
+        done.unwrap_or_else(|e| {
+            tracing::warn!("fabric: {e}; transfer not priced");
+            at
+        })
+    }
+}
+
+/// What a scheduled transfer is.
+enum Kind {
+    Read { reader: u32, hpz: Option<CopyKey> },
+    Write,
+    Ring,
+}
+
+/// One device's view of the [`Fabric`].
+struct View {
+    fabric: Arc<Fabric>,
+    device: Option<u32>,
+}
+
+fn refuse_late(
+    deadline: Deadline,
+    owner: EndpointId,
+    region: RegionId,
+    op: Op,
+) -> Result<(), TransportError> {
+    if now() >= deadline {
+        Err(TransportError::DeadlineExceeded { owner, region, op })
+    } else {
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for View {
+    fn backend(&self) -> &'static str {
+        self.fabric.inner.backend()
+    }
+
+    fn register_published(
+        &self,
+        owner: EndpointId,
+        dtype: Dtype,
+        initial: Bytes,
+        version: u64,
+    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
+        self.fabric
+            .inner
+            .register_published(owner, dtype, initial, version)
+    }
+
+    fn register_accumulator(
+        &self,
+        owner: EndpointId,
+        len: usize,
+        epoch: u64,
+    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
+        self.fabric.inner.register_accumulator(owner, len, epoch)
+    }
+
+    fn register_inbox(
+        &self,
+        owner: EndpointId,
+        epoch: u64,
+    ) -> Result<Box<dyn InboxRegion>, TransportError> {
+        self.fabric.inner.register_inbox(owner, epoch)
+    }
+
+    async fn read(
+        &self,
+        handle: &RegionHandle,
+        range: Range<usize>,
+        into: Dest<'_>,
+        deadline: Deadline,
+    ) -> Result<u64, TransportError> {
+        let (start, end) = (range.start as u64, range.end as u64);
+        // Check first: a refused request moves no bytes and occupies no port.
+        let version = self
+            .fabric
+            .inner
+            .read(handle, range, into, deadline)
+            .await?;
+        let Some(reader) = self.device else {
+            return Ok(version);
+        };
+        let f = &self.fabric;
+        let size = handle.dtype.size();
+        let pieces: Vec<Piece> = f
+            .holders(handle.owner, handle.len, start..end)
+            .into_iter()
+            .map(|(src, elems)| Piece {
+                src,
+                dst: reader,
+                bytes: f.bytes(elems, size),
+            })
+            .collect();
+        let hpz = f.hpz.then_some(CopyKey {
+            node: reader / f.gpus_per_node,
+            owner: handle.owner,
+            region: handle.id,
+            start,
+            end,
+            version,
+        });
+        let done = f.schedule(Kind::Read { reader, hpz }, &pieces);
+        f.wait(done, deadline, handle.owner, handle.id, Op::Read)
+            .await?;
+        Ok(version)
+    }
+
+    async fn accumulate(
+        &self,
+        handle: &RegionHandle,
+        offset: usize,
+        data: Bytes,
+        tag: WriteTag,
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        let f = &self.fabric;
+        if let Some(writer) = self.device {
+            // The bytes cross the ports before the owner applies them.
+            refuse_late(deadline, handle.owner, handle.id, Op::Accumulate)?;
+            let elems = (data.len() / 4) as u64;
+            let start = offset as u64;
+            let pieces: Vec<Piece> = f
+                .holders(handle.owner, handle.len, start..start.saturating_add(elems))
+                .into_iter()
+                .map(|(dst, elems)| Piece {
+                    src: writer,
+                    dst,
+                    bytes: f.bytes(elems, 4),
+                })
+                .collect();
+            let done = f.schedule(Kind::Write, &pieces);
+            f.wait(done, deadline, handle.owner, handle.id, Op::Accumulate)
+                .await?;
+        }
+        f.inner
+            .accumulate(handle, offset, data, tag, deadline)
+            .await
+    }
+
+    async fn send(
+        &self,
+        inbox: &RegionHandle,
+        tag: WriteTag,
+        data: Bytes,
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        let f = &self.fabric;
+        if let Some(sender) = self.device {
+            refuse_late(deadline, inbox.owner, inbox.id, Op::Send)?;
+            let (dst, _) = f
+                .holders(inbox.owner, 0, 0..0)
+                .first()
+                .copied()
+                .unwrap_or((sender, 0));
+            let piece = Piece {
+                src: sender,
+                dst,
+                bytes: f.bytes(data.len() as u64, 1),
+            };
+            let done = f.schedule(Kind::Ring, &[piece]);
+            f.wait(done, deadline, inbox.owner, inbox.id, Op::Send)
+                .await?;
+        }
+        f.inner.send(inbox, tag, data, deadline).await
+    }
+}
