@@ -489,7 +489,8 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
-async fn ab(args: AbArgs) -> anyhow::Result<()> {
+/// Runs the matrix, prints and writes what `args` asks for, and returns the rows.
+async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
     // Sizes and outputs first: nothing is allocated, read or run before they pass.
     let devices = or_default(&args.devices, &[8], &[4, 8, 16], args.quick);
     let per_device = or_default(&args.minibatch_per_device, &[4], &[1, 2, 4, 8], args.quick);
@@ -832,7 +833,7 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         report::write_svg(path, &report.rows)?;
         println!("plot: {}", path.display());
     }
-    Ok(())
+    Ok(report)
 }
 
 /// The first value of `values` that appears twice.
@@ -1297,7 +1298,7 @@ fn main() -> ExitCode {
         .build()
         .context("starting the tokio runtime")
         .and_then(|runtime| match cli.command {
-            Command::Ab(args) => runtime.block_on(ab(args)),
+            Command::Ab(args) => runtime.block_on(ab(args)).map(drop),
             Command::Transport(args) => runtime.block_on(transport(args)),
             Command::TransportOwner(args) => runtime.block_on(transport_owner(args)),
             Command::Processes(args) => processes(args),
@@ -1379,7 +1380,9 @@ struct SimArgs {
     /// Write the runtime rows as JSON (and PATH.split.json: the long-sequence table).
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Write an SVG of the runtime rows.
+    /// Write an SVG of speedup against devices, as ODC's figure: on-demand/collective per workload
+    /// (runtime rows), and on-demand/achievable with the long-sequence table's step time against
+    /// perfect balance without and with splitting.
     #[arg(long)]
     plot: Option<PathBuf>,
 }
@@ -1388,7 +1391,7 @@ struct SimArgs {
 /// long-sequence table of `odc_bench::sim::report`.
 async fn sim(args: SimArgs) -> anyhow::Result<()> {
     use odc_bench::sim::profile::{DeviceProfile, ModelShape};
-    use odc_bench::sim::report::{split_rows, split_table};
+    use odc_bench::sim::report::{join, joined_table, split_rows, split_table};
 
     let profile = match &args.profile {
         Some(path) => DeviceProfile::from_file(path, &args.model, args.layers)?,
@@ -1397,6 +1400,9 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
     let split_path = args.json.as_ref().map(|p| with_suffix(p, ".split.json"));
     if let Some(path) = &split_path {
         input::check_output("--json", path)?;
+    }
+    if let Some(path) = &args.plot {
+        input::check_output("--plot", path)?;
     }
     let workloads = workloads(&sim_ab_args(&args, None))?;
     // The runtime's cost model is the profile's block fit `a·ŝ² + b·ŝ` (seconds per block),
@@ -1411,10 +1417,12 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
         block.a_s * 1e3,
         block.b_s * 1e3,
     );
-    if !args.no_runtime {
+    let runtime = if args.no_runtime {
+        Vec::new()
+    } else {
         let name = format!("{} fit × {} blocks", profile.source, profile.layers);
-        ab(sim_ab_args(&args, Some((cost, name)))).await?;
-    }
+        ab(sim_ab_args(&args, Some((cost, name)))).await?.rows
+    };
 
     println!();
     println!(
@@ -1435,10 +1443,21 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
         )?);
     }
     print!("{}", split_table(&rows));
+    if !runtime.is_empty() {
+        println!();
+        println!(
+            "Runtime rows (virtual time) beside the model's splitting columns, per workload and device count:"
+        );
+        print!("{}", joined_table(&join(&runtime, &rows)));
+    }
     if let Some(path) = &split_path {
         let json = serde_json::json!({ "profile": profile.source, "rows": rows });
         std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        odc_bench::sim::plot::write(path, &profile.source, profile.layers, &runtime, &rows)?;
+        println!("plot: {}", path.display());
     }
     Ok(())
 }
@@ -1465,7 +1484,8 @@ fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>) -> AbArgs
         no_straggler: true,
         no_control: false,
         json: args.json.clone(),
-        plot: args.plot.clone(),
+        // `sim` draws its own plot from the rows.
+        plot: None,
         trace: None,
         clock: ClockArg::Virtual,
         devices_per_server: args.devices_per_server,
