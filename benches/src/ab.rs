@@ -895,4 +895,72 @@ mod tests {
             (fewer.tokens, fewer.micro_batches)
         );
     }
+
+    /// On a modelled cluster (two nodes of eight) communication costs virtual time, both sides
+    /// pay it, and the placement is one shard per device whatever the number of servers: one
+    /// server for all sixteen devices gives the figures of a server per device.
+    #[tokio::test]
+    async fn a_modelled_cluster_prices_communication_and_keeps_one_shard_per_device() {
+        let free = Settings {
+            steps: 1,
+            clock: ClockMode::Virtual,
+            pull_precision: Precision::Bf16,
+            ..Settings::default()
+        };
+        let linked = Settings {
+            fabric: Some(FabricConfig {
+                gpus_per_node: 8,
+                routing: crate::sim::topology::Routing::Striped,
+                hpz: true,
+                // 64 KiB units stand for ~3 GB of parameters.
+                bytes_scale: 50_000.0,
+            }),
+            ..free.clone()
+        };
+        let one_server = Settings {
+            devices_per_server: 16,
+            ..linked.clone()
+        };
+        let c = Case::control(16, 1, 16_384);
+        let od = Side::on_demand(DispatchMode::Static, false);
+        let runs = async {
+            let mut out = Vec::new();
+            for (settings, side) in [
+                (&free, od),
+                (&linked, od),
+                (&one_server, od),
+                (&free, Side::COLLECTIVE),
+                (&linked, Side::COLLECTIVE),
+            ] {
+                out.push(run(&c, side, settings, false).await.expect("runs"));
+            }
+            out
+        };
+        let m = tokio::time::timeout(Duration::from_secs(120), runs)
+            .await
+            .expect("virtual runs finish in seconds");
+        assert_eq!(m.len(), 5);
+        for x in &m {
+            assert!(x.wall > 0.0 && x.wall.is_finite(), "{x:?}");
+        }
+        let (od_free, od_linked, od_one, coll_free, coll_linked) =
+            (&m[0], &m[1], &m[2], &m[3], &m[4]);
+        assert!(
+            od_linked.wall > od_free.wall,
+            "on-demand pays its pulls and pushes"
+        );
+        assert!(
+            coll_linked.wall > coll_free.wall,
+            "the collective pays its ring"
+        );
+        assert!(od_linked.comm_wait > 0.0);
+        let off = (od_one.wall / od_linked.wall - 1.0).abs();
+        assert!(
+            off < 0.01,
+            "one server {} vs one per device {}",
+            od_one.wall,
+            od_linked.wall
+        );
+        assert_eq!(od_one.tokens, od_linked.tokens);
+    }
 }

@@ -373,3 +373,54 @@ impl Transport for View {
         f.inner.send(inbox, tag, data, deadline).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use odc::transport::local::LocalTransport;
+
+    fn fabric(devices: u32, per_server: u32) -> Arc<Fabric> {
+        let config = FabricConfig {
+            gpus_per_node: 8,
+            routing: Routing::Direct,
+            hpz: false,
+            bytes_scale: 2.0,
+        };
+        let local: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+        Fabric::new(local, &config, devices, per_server, ClockMode::Virtual).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_servers_region_is_striped_over_its_devices_and_a_trainer_is_its_own() {
+        let f = fabric(16, 4);
+        // Server 1 holds devices 4..8; 100 elements in stripes of 25.
+        assert_eq!(
+            f.holders(1, 100, 0..100),
+            vec![(4, 25), (5, 25), (6, 25), (7, 25)]
+        );
+        assert_eq!(f.holders(1, 100, 20..30), vec![(4, 5), (5, 5)]);
+        assert_eq!(f.holders(1, 100, 30..30), vec![]);
+        assert_eq!(f.holders(TRAINER_ENDPOINT_BASE + 9, 0, 0..7), vec![(9, 7)]);
+        // A server past the devices maps onto the last one instead of panicking.
+        assert_eq!(f.holders(99, 10, 0..10), vec![(15, 10)]);
+        assert_eq!(
+            f.bytes(10, 2),
+            40,
+            "10 bf16 elements at 2 modelled bytes per byte"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_partial_node_and_a_bad_scale_are_accepted() {
+        let config = FabricConfig {
+            gpus_per_node: 8,
+            routing: Routing::Striped,
+            hpz: true,
+            bytes_scale: f64::NAN,
+        };
+        let local: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+        let f = Fabric::new(local, &config, 12, 1, ClockMode::Virtual).unwrap();
+        assert_eq!(f.bytes(3, 4), 12, "a non-finite scale counts real bytes");
+        assert_eq!(f.holders(11, 8, 0..8), vec![(11, 8)]);
+    }
+}

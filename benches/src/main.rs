@@ -497,7 +497,8 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
-async fn ab(args: AbArgs) -> anyhow::Result<()> {
+/// Runs the matrix, prints and writes what `args` asks for, and returns the rows.
+async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
     // Sizes and outputs first: nothing is allocated, read or run before they pass.
     let devices = or_default(&args.devices, &[8], &[4, 8, 16], args.quick);
     let per_device = or_default(&args.minibatch_per_device, &[4], &[1, 2, 4, 8], args.quick);
@@ -714,10 +715,12 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
     let floor = (clock == ClockMode::Wall)
         .then_some(emulation_floor.as_ref())
         .flatten();
-    // Virtual-time rows do not depend on what else runs: rows go side by side, one per core (and
-    // each row's runs side by side), printed in order. Wall rows run one at a time.
+    // Virtual-time rows do not depend on what else runs: rows go side by side (each row's runs
+    // too, on threads of their own), printed in order. A window of 4 rows per core keeps every
+    // core busy while a slow row (a 1,024-device collective) holds the head of the window. Wall
+    // rows run one at a time.
     let jobs = if clock == ClockMode::Virtual && !wall_too {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        4 * std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
         1
     };
@@ -819,6 +822,11 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
     }
     let exposed = if busy > 0.0 { comm / busy } else { 0.0 };
     match settings.link_bytes_per_sec() {
+        _ if settings.fabric.is_some() => println!(
+            "on-demand communication/compute: the modelled cluster's links: exposed {:.3} (pull + push wait / compute); {:.1} s",
+            exposed,
+            started.elapsed().as_secs_f64()
+        ),
         Some(bw) => println!(
             "on-demand communication/compute: modelled {:.3} (link time of the bytes moved at {} ms per unit / compute), exposed {:.3} (pull + push wait / compute); {:.1} s",
             if busy > 0.0 { bytes as f64 / bw / busy } else { 0.0 },
@@ -870,7 +878,7 @@ async fn ab(args: AbArgs) -> anyhow::Result<()> {
         report::write_svg(path, &report.rows)?;
         println!("plot: {}", path.display());
     }
-    Ok(())
+    Ok(report)
 }
 
 /// The first value of `values` that appears twice.
@@ -1335,7 +1343,7 @@ fn main() -> ExitCode {
         .build()
         .context("starting the tokio runtime")
         .and_then(|runtime| match cli.command {
-            Command::Ab(args) => runtime.block_on(ab(args)),
+            Command::Ab(args) => runtime.block_on(ab(args)).map(drop),
             Command::Transport(args) => runtime.block_on(transport(args)),
             Command::TransportOwner(args) => runtime.block_on(transport_owner(args)),
             Command::Processes(args) => processes(args),
@@ -1404,14 +1412,18 @@ struct SimArgs {
     /// built-in table; `--model` then names its model (or `block-<model>`).
     #[arg(long)]
     profile: Option<PathBuf>,
-    /// On-demand dispatch.
-    #[arg(long, value_enum, default_value = "dynamic")]
+    /// On-demand dispatch. `static` (default, ODC's LB-Mini): each device's samples packed into
+    /// as few micro-batches as the token budget allows. `dynamic` makes more, smaller
+    /// micro-batches; with links modelled each pays a full parameter gather and gradient push,
+    /// which from 64 devices costs more than it balances.
+    #[arg(long, value_enum, default_value = "static")]
     dispatch: Dispatch,
-    /// Devices per shard server in the runtime rows: the modelled placement stays one shard per
-    /// device (a server's regions are striped over its devices' links), so this only cuts the
-    /// simulation's cost at 1,024 devices.
-    #[arg(long, default_value_t = 8, value_parser = devices)]
-    devices_per_server: usize,
+    /// Devices per shard server in the runtime rows (default: one server for all devices). The
+    /// modelled placement stays one shard per device (a server's regions are striped over its
+    /// devices' links), so this only changes the simulation's cost: one server is the cheapest
+    /// (one read per gather).
+    #[arg(long, value_parser = devices)]
+    devices_per_server: Option<usize>,
     /// The runtime rows' links: `h100` = nodes of `--gpus-per-node` H100s, NVLink 450 GB/s inside
     /// a node, a 400 Gb/s NIC per GPU across nodes, as FIFO queues per device and direction;
     /// `none` = communication is free (compute and balance only).
@@ -1419,13 +1431,15 @@ struct SimArgs {
     links: LinksArg,
     #[arg(long, default_value_t = 8, value_parser = gpus_per_node)]
     gpus_per_node: u32,
-    /// ODC's hierarchical partitioning: the first pull of a unit in a node leaves a copy there;
-    /// the node's later pulls of it stay on NVLink.
+    /// Turn off ODC's hierarchical partitioning (HPZ, on by default): the first pull of a unit in a
+    /// node leaves a copy there, spread over its GPUs; the node's later pulls of it stay on
+    /// NVLink.
     #[arg(long)]
-    hpz: bool,
-    /// Cross-node transfers: `direct` (source and destination NICs) or `striped` (over every NIC
-    /// of the node through NVLink proxies, Zeppelin's routing layer).
-    #[arg(long, value_enum, default_value = "direct")]
+    no_hpz: bool,
+    /// On-demand cross-node transfers: `striped` (default: over every NIC of the node through
+    /// NVLink proxies, Zeppelin's routing layer) or `direct` (source and destination NICs only).
+    /// The collective's ring always crosses nodes on every NIC (NCCL's channels).
+    #[arg(long, value_enum, default_value = "striped")]
     routing: RoutingArg,
     /// What parameters are pulled (on-demand) and all-gathered (collective) as.
     #[arg(long, value_enum, default_value = "bf16")]
@@ -1436,7 +1450,9 @@ struct SimArgs {
     /// Write the runtime rows as JSON (and PATH.split.json: the long-sequence table).
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Write an SVG of the runtime rows.
+    /// Write an SVG of speedup against devices, as ODC's figure: on-demand/collective per workload
+    /// (runtime rows), and on-demand/achievable with the long-sequence table's step time against
+    /// perfect balance without and with splitting.
     #[arg(long)]
     plot: Option<PathBuf>,
 }
@@ -1476,7 +1492,7 @@ fn gpus_per_node(s: &str) -> Result<u32, String> {
 async fn sim(args: SimArgs) -> anyhow::Result<()> {
     use odc_bench::fabric::FabricConfig;
     use odc_bench::sim::profile::{DeviceProfile, ModelShape};
-    use odc_bench::sim::report::{split_rows, split_table};
+    use odc_bench::sim::report::{join, joined_table, split_rows, split_table};
     use odc_bench::sim::topology::Routing;
 
     let profile = match &args.profile {
@@ -1486,6 +1502,9 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
     let split_path = args.json.as_ref().map(|p| with_suffix(p, ".split.json"));
     if let Some(path) = &split_path {
         input::check_output("--json", path)?;
+    }
+    if let Some(path) = &args.plot {
+        input::check_output("--plot", path)?;
     }
     let workloads = workloads(&sim_ab_args(&args, None))?;
     // The runtime's cost model is the profile's block fit `a·ŝ² + b·ŝ` (seconds per block),
@@ -1504,7 +1523,9 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
             LinksArg::None => "no link model (communication free)",
         }
     );
-    if !args.no_runtime {
+    let runtime = if args.no_runtime {
+        Vec::new()
+    } else {
         let name = format!("{} fit × {} blocks", profile.source, profile.layers);
         let mut ab_args = sim_ab_args(&args, Some((cost, name)));
         ab_args.pull_precision = Some(match args.pull_precision {
@@ -1519,11 +1540,11 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
                 RoutingArg::Direct => Routing::Direct,
                 RoutingArg::Striped => Routing::Striped,
             },
-            hpz: args.hpz,
+            hpz: !args.no_hpz,
             bytes_scale: modelled_unit / (ab_args.units * ab_args.unit_elems) as f64,
         });
-        ab(ab_args).await?;
-    }
+        ab(ab_args).await?.rows
+    };
 
     println!();
     println!(
@@ -1544,10 +1565,21 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
         )?);
     }
     print!("{}", split_table(&rows));
+    if !runtime.is_empty() {
+        println!();
+        println!(
+            "Runtime rows (virtual time) beside the model's splitting columns, per workload and device count:"
+        );
+        print!("{}", joined_table(&join(&runtime, &rows)));
+    }
     if let Some(path) = &split_path {
         let json = serde_json::json!({ "profile": profile.source, "rows": rows });
         std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        odc_bench::sim::plot::write(path, &profile.source, profile.layers, &runtime, &rows)?;
+        println!("plot: {}", path.display());
     }
     Ok(())
 }
@@ -1574,10 +1606,14 @@ fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>) -> AbArgs
         no_straggler: true,
         no_control: false,
         json: args.json.clone(),
-        plot: args.plot.clone(),
+        // `sim` draws its own plot from the rows.
+        plot: None,
         trace: None,
         clock: ClockArg::Virtual,
-        devices_per_server: args.devices_per_server,
+        // One server for every row by default: the largest row's device count.
+        devices_per_server: args
+            .devices_per_server
+            .unwrap_or_else(|| args.devices.iter().copied().max().unwrap_or(1)),
         cost,
         fabric: None,
         pull_precision: None,

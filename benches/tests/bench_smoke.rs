@@ -215,7 +215,7 @@ fn virtual_clock_ab_bench_repeats_byte_for_byte() {
 /// figure finite and no split plan slower than the unsplit one.
 #[test]
 fn sim_projects_runtime_rows_and_the_split_table() {
-    let json = temp("sim.json");
+    let (json, plot) = (temp("sim.json"), temp("sim.svg"));
     let stdout = odc_bench_ok(&[
         "sim",
         "--devices",
@@ -226,6 +226,8 @@ fn sim_projects_runtime_rows_and_the_split_table() {
         "1",
         "--json",
         json.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
     ]);
     let report: Value =
         serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
@@ -255,4 +257,37 @@ fn sim_projects_runtime_rows_and_the_split_table() {
         );
     }
     assert!(stdout.contains("Long sequences"), "{stdout}");
+    // The joined table: one line per runtime row, the control without model columns.
+    let joined: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("| workload | devices | on-demand/collective"))
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    assert_eq!(joined.len(), 2 + rows.len(), "{stdout}");
+    assert!(
+        joined
+            .iter()
+            .any(|l| l.starts_with("| balanced | 8 |") && l.ends_with("| – | – | – |")),
+        "{stdout}"
+    );
+    // sim's own plot: speedup against devices, every workload named.
+    let svg = std::fs::read_to_string(&plot).expect("SVG written");
+    assert!(svg.starts_with("<svg"), "{svg}");
+    for name in [
+        "longalign",
+        "rl",
+        "balanced (control)",
+        "devices",
+        "speedup (×)",
+    ] {
+        assert!(svg.contains(name), "{name} not in the plot");
+    }
+    assert!(
+        !svg.contains("workload/devices"),
+        "ab's per-row chart instead of sim's"
+    );
+    let split = std::path::PathBuf::from(format!("{}.split.json", json.display()));
+    for p in [json, split, plot] {
+        let _ = std::fs::remove_file(p);
+    }
 }

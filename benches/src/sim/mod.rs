@@ -12,12 +12,14 @@
 //! - [`split`]: the long-sequence planning policy (context-parallel splitting of the sequences one
 //!   device cannot finish in the balanced step) and its bounds;
 //! - [`report`]: step time with and without splitting against perfect balance, per workload and
-//!   device count.
+//!   device count, and that table joined to the runtime's rows;
+//! - [`plot`]: `odc-bench sim --plot`, speedup against devices (runtime rows and the split table).
 //!
-//! Guarantees: every function here is a pure function of its arguments (no clocks, no global state,
-//! no hash-map iteration order in any output); bad input from a file or a user is a typed error
-//! naming what was wrong, never a panic.
+//! Guarantees: every function here but [`plot::write`] (which writes its SVG) is a pure function of
+//! its arguments (no clocks, no global state, no hash-map iteration order in any output); bad input
+//! from a file or a user is a typed error naming what was wrong, never a panic.
 
+pub mod plot;
 pub mod ports;
 pub mod profile;
 pub mod report;

@@ -98,7 +98,7 @@ impl Ports {
         for &p in pieces {
             let finish = match routing {
                 Some(routing) => self.routed(p, arrival, ready, routing),
-                None => self.to_holder(p, arrival, ready),
+                None => self.via_holder(p, arrival, ready),
             };
             done = done.max(finish);
         }
@@ -156,7 +156,7 @@ impl Ports {
     /// HPZ's first fetch of a piece: across nodes it lands on the destination node's GPU of the
     /// source's rail (the holder of that owner's shards), then crosses NVLink to the reader; the
     /// node's copy is thereby spread over its GPUs and its NICs.
-    fn to_holder(&mut self, p: Piece, arrival: f64, ready: f64) -> f64 {
+    fn via_holder(&mut self, p: Piece, arrival: f64, ready: f64) -> f64 {
         let t = &self.topology;
         let g = t.gpus_per_node;
         if t.node_of(p.src) == t.node_of(p.dst) {

@@ -1,14 +1,22 @@
 //! The long-sequence table: for a workload and device counts, the step time with and without
-//! splitting ([`super::split`]) against perfect balance.
+//! splitting ([`super::split`]) against perfect balance; and [`join`], that table beside the
+//! runtime's rows (`odc-bench sim`'s virtual-time A/B rows, [`BenchRow`]).
 //!
 //! Each row draws `samples_per_device · D` lengths with [`Workload::sample`] (one seed for every
 //! row, so a larger row's minibatch extends a smaller one's), on H100 nodes of eight
 //! ([`Topology::h100_devices`]), priced by one [`DeviceProfile`]. Figures are modelled, not
-//! measured: compute from the profile, ring attention from the topology's links.
+//! measured: compute from the profile, ring attention and parameter pulls from the topology's links.
+//!
+//! The joined table puts two sources side by side and says which is which: the runtime columns
+//! (on-demand over collective, over the achievable and over the perfect-balance bound) come from
+//! the real job on the virtual clock, the split columns from this module's model of its own
+//! minibatch of the same workload, device count and seed. Rendering never panics: a value that is
+//! not finite shows as `n/a`, a row the other side lacks as `–`.
 
 use super::profile::DeviceProfile;
 use super::split::{plan, SplitError, SplitOptions};
 use super::topology::Topology;
+use crate::report::BenchRow;
 use crate::workload::Workload;
 
 /// One row of the table.
@@ -122,6 +130,74 @@ pub fn split_table(rows: &[SplitRow]) -> String {
     out
 }
 
+/// A runtime row beside the split table's row of the same workload and device count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JoinedRow {
+    pub workload: String,
+    pub devices: usize,
+    /// On-demand over collective tokens/s (runtime).
+    pub speedup: f64,
+    /// On-demand over the achievable bound (runtime).
+    pub ondemand_of_achievable: Option<f64>,
+    /// On-demand over the perfect-balance bound (runtime).
+    pub ondemand_of_perfect: Option<f64>,
+    /// The model's row; `None` where the split table lacks the workload (the balanced control).
+    pub split: Option<SplitRow>,
+}
+
+/// Every runtime row, in order, with the first split row of its workload and device count.
+pub fn join(runtime: &[BenchRow], split: &[SplitRow]) -> Vec<JoinedRow> {
+    runtime
+        .iter()
+        .map(|r| JoinedRow {
+            workload: r.workload.clone(),
+            devices: r.devices,
+            speedup: r.speedup,
+            ondemand_of_achievable: r.ondemand_of_achievable(),
+            ondemand_of_perfect: r.ondemand_of_bound(),
+            split: split
+                .iter()
+                .find(|s| s.workload == r.workload && s.devices as usize == r.devices)
+                .cloned(),
+        })
+        .collect()
+}
+
+/// The joined rows as a Markdown table (see the module docs).
+pub fn joined_table(rows: &[JoinedRow]) -> String {
+    let mut out = String::from(
+        "| workload | devices | on-demand/collective | on-demand/achievable | on-demand/perfect | unsplit/perfect (model) | split/perfect (model) | split speedup (model) |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    let num = |v: f64, suffix: &str| {
+        if v.is_finite() {
+            format!("{v:.2}{suffix}")
+        } else {
+            "n/a".into()
+        }
+    };
+    let opt = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| num(v, ""));
+    for r in rows {
+        let model = |f: fn(&SplitRow) -> f64, suffix: &str| {
+            r.split
+                .as_ref()
+                .map_or_else(|| "–".into(), |s| num(f(s), suffix))
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.workload,
+            r.devices,
+            num(r.speedup, "x"),
+            opt(r.ondemand_of_achievable),
+            opt(r.ondemand_of_perfect),
+            model(SplitRow::unsplit_efficiency, ""),
+            model(SplitRow::split_efficiency, ""),
+            model(SplitRow::speedup, "x"),
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +246,76 @@ mod tests {
         let table = split_table(&rows);
         assert_eq!(table.lines().count(), 2 + rows.len());
         assert!(table.contains("| swesmith | 64 | 256 |"), "{table}");
+    }
+
+    fn runtime_row(workload: &str, devices: usize, speedup: f64) -> BenchRow {
+        BenchRow {
+            workload: workload.into(),
+            devices,
+            minibatch_per_device: 4,
+            dispatch: "dynamic".into(),
+            collective_tokens_per_s: 100.0,
+            ondemand_tokens_per_s: 100.0 * speedup,
+            speedup,
+            collective_utilization: 0.5,
+            ondemand_utilization: 0.9,
+            bound_tokens_per_s: 200.0,
+            achievable_bound_tokens_per_s: 180.0,
+            ondemand_over_achievable: 100.0 * speedup / 180.0,
+            control_speedup: Some(1.0),
+            emulation_warning: None,
+        }
+    }
+
+    #[test]
+    fn the_joined_table_pairs_runtime_and_model_rows_by_workload_and_devices() {
+        let split = split_rows(
+            &Workload::LongAlign,
+            &[8, 64],
+            1,
+            0,
+            &seven_b(),
+            DEFAULT_TOKEN_BUDGET,
+        )
+        .unwrap();
+        let runtime = [
+            runtime_row("longalign", 64, 1.44),
+            runtime_row("balanced", 64, 1.0),
+            runtime_row("longalign", 8, f64::NAN),
+            runtime_row("longalign", 16, 1.2),
+        ];
+        let joined = join(&runtime, &split);
+        assert_eq!(joined.len(), runtime.len());
+        assert_eq!(joined[0].split.as_ref(), Some(&split[1]));
+        assert_eq!(joined[2].split.as_ref(), Some(&split[0]));
+        // The control and a device count the model lacks have no model columns.
+        assert!(joined[1].split.is_none() && joined[3].split.is_none());
+        assert_eq!(joined[0].ondemand_of_achievable, Some(144.0 / 180.0));
+        assert_eq!(joined[0].ondemand_of_perfect, Some(144.0 / 200.0));
+
+        let table = joined_table(&joined);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 2 + runtime.len(), "{table}");
+        let s = &split[1];
+        assert_eq!(
+            lines[2],
+            format!(
+                "| longalign | 64 | 1.44x | 0.80 | 0.72 | {:.2} | {:.2} | {:.2}x |",
+                s.unsplit_efficiency(),
+                s.split_efficiency(),
+                s.speedup()
+            )
+        );
+        assert_eq!(
+            lines[3],
+            "| balanced | 64 | 1.00x | 0.56 | 0.50 | – | – | – |"
+        );
+        // NaN tokens/s: n/a, never a panic.
+        assert!(
+            lines[4].starts_with("| longalign | 8 | n/a | n/a | n/a |"),
+            "{table}"
+        );
+        assert_eq!(joined_table(&[]).lines().count(), 2);
     }
 
     /// Prints the table for the heavy-tailed workloads:

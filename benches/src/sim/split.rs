@@ -11,13 +11,15 @@
 //! 2. **Split.** A sample with `w(s) > target` is considered for `k` devices, `k ∈ {2, …, G}` (one
 //!    node, `G` GPUs per node) then `{2G, 3G, …}` (whole nodes), up to `D`. The smallest `k` whose
 //!    per-rank time fits the target is taken; if none fits, the `k` with the smallest per-rank time.
-//!    If that time is not below `w(s)` (communication eats the gain), the sample stays whole.
+//!    If that time is not below `max(w(s), pull)` (the whole sample's micro-batch, see *Parameter
+//!    pulls*: communication or pulls eat the gain), the sample stays whole.
 //! 3. **Balance.** Split groups first, costliest first: a group takes `k` devices at once (its ranks
 //!    run the sequence's layers together) — inside one node the `k` least-loaded devices of the node
 //!    where they are free earliest, across nodes the `k / G` whole nodes free earliest — and starts
 //!    when the last of them is free. Then whole samples, costliest first, each onto the least-loaded
 //!    device (LPT, ties by device index); a device packs its samples next-fit into micro-batches of
-//!    at most `budget` tokens, each micro-batch paying the fixed cost once.
+//!    at most `budget` tokens, each micro-batch paying the fixed cost once and lasting
+//!    `max(compute, pull)`.
 //! 4. **Step** = the latest device's finish. Splitting the costliest `j` of the samples worth
 //!    splitting is tried for `j ∈ {0, 1, 2, 4, …, all}` and the shortest step is kept (ties: fewer
 //!    splits): when most samples exceed the target (about one sample per device), gangs crowd each
@@ -43,9 +45,35 @@
 //! - Links: NVLink and the intra-node ring step latency when `k ≤ G`, else the NIC and the
 //!   inter-node latency (a ring over nodes is bound by its cross-node hop).
 //! - Not modelled: the linear layers' remapping (Zeppelin's remapping layer: the token-balanced
-//!   layout is what the `2k`-chunk cut already gives), parameter pulls and gradient pushes (the same
-//!   per micro-batch whether a micro-batch is a piece or a whole sample; the projection prices
-//!   them), and the load imbalance of an uneven zig-zag when `s` is not a multiple of `2k`.
+//!   layout is what the `2k`-chunk cut already gives), gradient pushes (the egress direction of the
+//!   same ports; at bf16 gradients half the pull bytes), the pulls' and the ring's share of one
+//!   NIC ingress when both cross nodes, and the load imbalance of an uneven zig-zag when `s` is not a
+//!   multiple of `2k`.
+//!
+//! # Parameter pulls (ODC on demand)
+//!
+//! Every micro-batch pulls the parameters of every block it computes: a whole sample's micro-batch
+//! once, a sample split `k` ways on each of its `k` devices (each rank computes every layer on its
+//! chunk), so splitting multiplies the pulls by `k`.
+//!
+//! - **Bytes.** A micro-batch gathers each block twice (forward, and again in backward order; the
+//!   last block of the forward pass is served from memory, as the trainer does): `(2L − 1)` gathers
+//!   of [`DeviceProfile::layer_bytes`] at [`PULL_PRECISION`] (bf16, 2 bytes per parameter). Only the
+//!   blocks: a profile's embedding and head have no parameter count.
+//! - **Links.** No HPZ: a device pulls each owner's `1/D` shard point to point; its own shard is
+//!   free, the `G − 1` other shards of its node arrive over its NVLink ingress and the `D − G` of
+//!   other nodes over its NIC ingress (400 Gb/s = 50 GB/s), in parallel:
+//!   `pull = (2L − 1) · max((D − G)/D · bytes / NIC, (G − 1)/D · bytes / NVLink)` (bandwidth only:
+//!   prefetching the next block hides the per-message latency). About 0.45 s for the 7B profile's
+//!   28 blocks at 64 devices, 0.05 s inside one node.
+//! - **Rule.** Pulls overlap compute (the trainer prefetches the next block while computing this
+//!   one) and every block costs the same, so a micro-batch — a piece or a packed micro-batch of whole
+//!   samples — occupies its device for `max(compute, pull)`; a piece then adds its exposed ring
+//!   communication. The balanced step (perfect balance) stays compute only; the unsplit achievable
+//!   bound is `max(perfect, max_i max(w(s_i), pull))`.
+//! - **Consequence.** A piece costs at least `pull`, so a sample whose whole micro-batch is
+//!   pull-bound (`w(s) ≤ pull`: under about 6K tokens for the 7B profile across nodes) is never
+//!   split: its pieces would each wait for the same pull as the whole sample.
 //!
 //! # Guarantees
 //!
@@ -56,11 +84,16 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use odc::Precision;
+
 use super::profile::DeviceProfile;
 use super::topology::{Topology, TopologyError};
 
 /// ODC's default micro-batch token budget.
 pub const DEFAULT_TOKEN_BUDGET: u64 = 65_536;
+
+/// Precision of the parameters a micro-batch pulls (ODC's published bf16 copy).
+pub const PULL_PRECISION: Precision = Precision::Bf16;
 
 /// What was wrong with a planning request.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -98,15 +131,39 @@ pub struct CpCost {
     pub inter_node: bool,
     /// Per-rank compute, seconds (fixed cost included).
     pub compute_s: f64,
+    /// Per-rank parameter pulls ([`pull_s`]), seconds.
+    pub pull_s: f64,
     /// Ring-attention communication not hidden behind attention, seconds.
     pub comm_exposed_s: f64,
 }
 
 impl CpCost {
-    /// Seconds each rank is busy.
+    /// Seconds each rank is busy: `max(compute, pull) + exposed ring communication`.
     pub fn piece_s(&self) -> f64 {
-        self.compute_s + self.comm_exposed_s
+        self.compute_s.max(self.pull_s) + self.comm_exposed_s
     }
+}
+
+/// Seconds one device's ingress ports spend on one micro-batch's parameter pulls (see the module
+/// docs): `(2L − 1)` block gathers from every other owner, NIC and NVLink in parallel.
+///
+/// ```
+/// use odc_bench::sim::profile::{DeviceProfile, ModelShape};
+/// use odc_bench::sim::split::pull_s;
+/// use odc_bench::sim::topology::Topology;
+/// let p = DeviceProfile::builtin(ModelShape::B7, 28).unwrap();
+/// // 55 gathers of 466.2 MB, 56/64 of it over a 50 GB/s NIC.
+/// let t = pull_s(&p, &Topology::h100_devices(64).unwrap());
+/// assert!((t - 55.0 * 466.2e6 * 56.0 / 64.0 / 50e9).abs() < 1e-9);
+/// ```
+pub fn pull_s(profile: &DeviceProfile, topology: &Topology) -> f64 {
+    let d = f64::from(topology.devices().max(1));
+    let g = f64::from(topology.gpus_per_node.clamp(1, topology.devices().max(1)));
+    let gathers = f64::from((2 * profile.layers).saturating_sub(1));
+    let bytes = profile.layer_bytes(PULL_PRECISION) as f64;
+    let over_nic = (d - g) / d * bytes / topology.nic.bytes_per_s;
+    let over_nvlink = (g - 1.0) / d * bytes / topology.nvlink.bytes_per_s;
+    gathers * over_nic.max(over_nvlink)
 }
 
 /// The context-parallel cost of `tokens` over `k ≥ 2` ranks (see the module docs).
@@ -134,6 +191,7 @@ pub fn context_parallel_cost(
         k,
         inter_node,
         compute_s,
+        pull_s: pull_s(profile, topology),
         comm_exposed_s: f64::from(block.count) * per_layer,
     }
 }
@@ -169,7 +227,8 @@ pub struct SplitPlan {
     pub step_s: f64,
     /// Perfect balance: total cost / D (the target).
     pub perfect_s: f64,
-    /// Best possible without splitting: `max(perfect, costliest whole sample)`.
+    /// Best possible without splitting: `max(perfect, costliest whole sample's micro-batch)`, a
+    /// micro-batch taking `max(compute, pull)`.
     pub achievable_unsplit_s: f64,
 }
 
@@ -218,8 +277,11 @@ pub fn plan(
     let tokens: u64 = lengths.iter().sum();
     let fewest = tokens.div_ceil(options.token_budget);
     let perfect_s = (marginal.iter().sum::<f64>() + fixed * fewest as f64) / f64::from(d);
+    let pull = pull_s(profile, topology);
     let whole = |i: usize| fixed + marginal[i];
-    let achievable_unsplit_s = (0..lengths.len()).map(whole).fold(perfect_s, f64::max);
+    // A sample's micro-batch of its own: compute or its pulls, whichever is longer.
+    let whole_mb = |i: usize| whole(i).max(pull);
+    let achievable_unsplit_s = (0..lengths.len()).map(whole_mb).fold(perfect_s, f64::max);
 
     // Costliest first, ties by index.
     let mut order: Vec<usize> = (0..lengths.len()).collect();
@@ -230,7 +292,7 @@ pub fn plan(
         .iter()
         .filter(|&&i| options.split && whole(i) > perfect_s)
         .filter_map(|&i| {
-            choose(profile, topology, d, lengths[i], whole(i), perfect_s).map(|c| (i, c))
+            choose(profile, topology, d, lengths[i], whole_mb(i), perfect_s).map(|c| (i, c))
         })
         .collect();
     // Split the costliest j of them, j ∈ {0, 1, 2, 4, …, all}; keep the shortest step (ties: fewer
@@ -243,7 +305,7 @@ pub fn plan(
             &order,
             &candidates[..j],
             &marginal,
-            fixed,
+            MicroBatchCost { fixed, pull },
             topology,
             options,
         );
@@ -266,13 +328,22 @@ pub fn plan(
     })
 }
 
+/// What every micro-batch of whole samples costs besides its samples' marginal compute.
+#[derive(Debug, Clone, Copy)]
+struct MicroBatchCost {
+    /// Fixed compute, seconds.
+    fixed: f64,
+    /// Parameter pulls, overlapped with the compute ([`pull_s`]), seconds.
+    pull: f64,
+}
+
 /// Places `splits` as gangs, then every other sample of `order` whole (see the module docs).
 fn place(
     lengths: &[u64],
     order: &[usize],
     splits: &[(usize, CpCost)],
     marginal: &[f64],
-    fixed: f64,
+    micro_batch: MicroBatchCost,
     topology: &Topology,
     options: SplitOptions,
 ) -> (Vec<DeviceAssignment>, Vec<SplitGroup>) {
@@ -353,8 +424,11 @@ fn place(
         group.start_s = start;
     }
 
-    // Whole samples: LPT, next-fit packing per device.
+    // Whole samples: LPT, next-fit packing per device; the open micro-batch of a device started at
+    // `open_start` and has `open_compute` seconds of compute, and ends `max(compute, pull)` later.
     let mut open_tokens = vec![0u64; d as usize];
+    let mut open_start = vec![0.0f64; d as usize];
+    let mut open_compute = vec![0.0f64; d as usize];
     let mut heap: BinaryHeap<Reverse<(Seconds, u32)>> = devices
         .iter()
         .enumerate()
@@ -364,20 +438,23 @@ fn place(
         let Some(Reverse((_, x))) = heap.pop() else {
             break;
         };
-        let dev = &mut devices[x as usize];
+        let xi = x as usize;
+        let dev = &mut devices[xi];
         let fits = dev.micro_batches.last().is_some()
-            && open_tokens[x as usize] + lengths[i] <= options.token_budget;
+            && open_tokens[xi] + lengths[i] <= options.token_budget;
         if fits {
             if let Some(mb) = dev.micro_batches.last_mut() {
                 mb.push(i);
             }
-            open_tokens[x as usize] += lengths[i];
+            open_tokens[xi] += lengths[i];
+            open_compute[xi] += marginal[i];
         } else {
             dev.micro_batches.push(vec![i]);
-            open_tokens[x as usize] = lengths[i];
-            dev.finish_s += fixed;
+            open_tokens[xi] = lengths[i];
+            open_start[xi] = dev.finish_s;
+            open_compute[xi] = micro_batch.fixed + marginal[i];
         }
-        dev.finish_s += marginal[i];
+        dev.finish_s = open_start[xi] + open_compute[xi].max(micro_batch.pull);
         heap.push(Reverse((Seconds(dev.finish_s), x)));
     }
     (devices, groups)
@@ -409,6 +486,14 @@ mod tests {
 
     fn seven_b() -> DeviceProfile {
         DeviceProfile::builtin(ModelShape::B7, 28).unwrap()
+    }
+
+    /// The 7B profile with parameter pulls ignored (no parameters to pull).
+    fn seven_b_without_pulls() -> DeviceProfile {
+        DeviceProfile {
+            layer_params: 0,
+            ..seven_b()
+        }
     }
 
     /// Every sample placed exactly once: whole on one device or as k pieces on k devices.
@@ -489,7 +574,8 @@ mod tests {
 
     #[test]
     fn a_slow_link_makes_splitting_lose_for_mid_length_sequences() {
-        let profile = seven_b();
+        // Ring attention alone: pulls over the slow link would decide it on their own.
+        let profile = seven_b_without_pulls();
         let fast = Topology::h100_devices(8).unwrap();
         let mut slow = fast.clone();
         slow.nvlink.bytes_per_s = 1e9;
@@ -525,6 +611,81 @@ mod tests {
         assert!(across.comm_exposed_s > 0.0, "{across:?}");
         // Never cheaper per rank than a sample of the chunk's length.
         assert!(across.compute_s >= profile.micro_batch_s(&[256]) - 1e-12);
+    }
+
+    #[test]
+    fn every_micro_batch_waits_for_its_parameter_pulls() {
+        let profile = seven_b();
+        let inside = pull_s(&profile, &Topology::h100_devices(8).unwrap());
+        let across = pull_s(&profile, &Topology::h100_devices(64).unwrap());
+        // 55 block gathers of 466.2 MB: 7/8 of them over NVLink in one node, 56/64 over the NIC.
+        assert!(
+            (inside - 55.0 * 466.2e6 * 7.0 / 8.0 / 450e9).abs() < 1e-9,
+            "{inside}"
+        );
+        assert!(
+            (across - 55.0 * 466.2e6 * 56.0 / 64.0 / 50e9).abs() < 1e-9,
+            "{across}"
+        );
+        assert_eq!(
+            pull_s(
+                &seven_b_without_pulls(),
+                &Topology::h100_devices(64).unwrap()
+            ),
+            0.0
+        );
+        // A piece is busy for at least the pulls, whatever its compute.
+        let topo = Topology::h100_devices(64).unwrap();
+        for k in widths(64, 8) {
+            let c = context_parallel_cost(&profile, &topo, 2048, k);
+            assert_eq!(c.pull_s, across);
+            assert!(
+                c.piece_s() >= across && c.compute_s < across,
+                "k={k}: {c:?}"
+            );
+        }
+        // A device of short whole samples: one micro-batch, as long as its pulls.
+        let lengths = vec![1024; 64];
+        let p = plan(&lengths, &profile, &topo, SplitOptions::default()).unwrap();
+        assert!((p.step_s - across).abs() < 1e-12, "{p:?}");
+        assert!((p.achievable_unsplit_s - across).abs() < 1e-12, "{p:?}");
+        assert!(p.perfect_s < across, "perfect balance stays compute only");
+    }
+
+    #[test]
+    fn a_short_sequence_is_never_split_because_each_piece_pulls_the_parameters() {
+        // At 64 devices (NIC pulls, 0.45 s per micro-batch) a 4K sample computes in 0.37 s, over the
+        // balanced step of 1K samples: worth splitting on compute alone, not with the pulls.
+        let topo = Topology::h100_devices(64).unwrap();
+        let mut lengths = vec![4096];
+        lengths.extend(std::iter::repeat_n(1024, 63));
+        let ignored = plan(
+            &lengths,
+            &seven_b_without_pulls(),
+            &topo,
+            SplitOptions::default(),
+        )
+        .unwrap();
+        assert!(
+            ignored.groups.iter().any(|g| g.sample == 0),
+            "without pulls the 4K sample is split: {:?}",
+            ignored.groups
+        );
+        let profile = seven_b();
+        let pull = pull_s(&profile, &topo);
+        let whole = profile.micro_batch_s(&[4096]);
+        assert!(
+            whole > ignored.perfect_s && whole < pull,
+            "{whole} vs {pull}"
+        );
+        for k in widths(64, 8) {
+            let c = context_parallel_cost(&profile, &topo, 4096, k);
+            assert!(c.piece_s() >= whole.max(pull), "k={k}: {c:?}");
+        }
+        let with = plan(&lengths, &profile, &topo, SplitOptions::default()).unwrap();
+        assert!(with.groups.is_empty(), "{:?}", with.groups);
+        assert_exactly_once(&with, lengths.len());
+        assert!((with.step_s - pull).abs() < 1e-12, "{with:?}");
     }
 
     #[test]
