@@ -1,20 +1,31 @@
 //! The links of a [`Topology`] as an online schedule: the runtime's transfers are priced one by
-//! one, in the order they arrive, on the same four FIFO ports per device as
-//! [`Topology::simulate`] (NVLink egress and ingress, NIC egress and ingress), with the same hop
-//! rule (a hop holds both its ports for `bytes / bandwidth` and finishes a latency later).
+//! one, in the order they arrive, on the four ports per device of [`Topology::simulate`] (NVLink
+//! egress and ingress, NIC egress and ingress), at its bandwidths and latencies.
 //!
-//! - **Order.** A transfer is scheduled when it arrives, behind everything that arrived before it
-//!   on its ports: FIFO by arrival, as [`throttle::LinkSchedule`](odc::transport::throttle) does
-//!   for one link per owner. A port never serves two transfers at once.
+//! - **Each port is its own FIFO queue, in arrival order.** A hop takes `bytes / bandwidth` of
+//!   its source's egress and of its destination's ingress, each queued behind what arrived
+//!   earlier on that port, and it finishes a latency after the later of the two. A port never
+//!   serves two transfers at once and never idles while a transfer waits for it.
+//!   [`Topology::simulate`] instead holds both ports at once. It can reorder by readiness; an
+//!   online schedule cannot, and holding both ports in arrival order leaves holes that no real
+//!   NIC leaves. Under many-to-many load (every trainer pulling from every owner) that rule cut
+//!   on-demand's utilisation to a third in a first try. Decoupled ports charge every port its
+//!   full load and no more: a fluid approximation, optimistic for a transfer whose two ports are
+//!   busy at different times.
+//! - **Readiness.** A later hop of a routed transfer, or a read of an HPZ copy still in flight,
+//!   is queued when the transfer arrives, but cannot finish before its bytes are there plus its
+//!   own serialisation.
 //! - **Pieces.** A transfer from a shard server striped over several devices is one piece per
-//!   owning device; it finishes when its last piece does. A piece from a device to itself is free.
+//!   owning device, and it finishes when its last piece does. A piece from a device to itself is
+//!   free.
 //! - **Routing.** [`Routing::Striped`] sends a cross-node piece as one stripe per GPU of the node,
-//!   through proxies (source → proxy `j` over NVLink, proxy → GPU `j` of the other node over its
-//!   NIC, → destination over NVLink), each hop store-and-forward, as [`Topology::simulate`] does.
+//!   through proxies: source → proxy `j` over NVLink, proxy → GPU `j` of the other node over its
+//!   NIC, then → destination over NVLink.
 //! - **HPZ** ([`Ports::read`] with a [`CopyKey`]): the first read of a published range (at one
-//!   version) by a device of a node crosses as without HPZ and leaves a copy in that node, ready
-//!   when that read finishes; every later read of it in the node waits for the copy and takes
-//!   `1/G` of it from each GPU of the node over NVLink. The copy's memory is not modelled.
+//!   version) by a device of a node leaves a copy in that node, spread over its GPUs. Each remote
+//!   piece lands on the node's GPU of the source's rail (over the NIC), then crosses NVLink to the
+//!   reader. Every later read of it in the node waits for the copy and takes `1/G` of it from
+//!   each GPU of the node over NVLink. The copy's memory is not modelled.
 //!
 //! Guarantees: pure (no clock: the caller passes arrival times in modelled seconds);
 //! deterministic for the same arrivals; a finish time is never before its arrival; a device
