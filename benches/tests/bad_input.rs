@@ -167,3 +167,28 @@ fn unwritable_outputs_fail_before_the_run() {
     let d = dir.to_str().unwrap();
     refused(&["ab", "--plot", d], &["--plot", "directory"]);
 }
+
+#[test]
+fn bad_cluster_shapes_of_sim_are_refused_before_it_runs() {
+    for bad in ["0", "65", "eight"] {
+        refused(
+            &["sim", "--gpus-per-node", bad],
+            &[
+                "GPUs per node must be an integer from 1 to 64",
+                "--gpus-per-node",
+            ],
+        );
+    }
+    refused(
+        &["sim", "--links", "nvl72"],
+        &["invalid value 'nvl72'", "--links"],
+    );
+    refused(
+        &["sim", "--routing", "ring"],
+        &["invalid value 'ring'", "--routing"],
+    );
+    refused(
+        &["sim", "--pull-precision", "fp8"],
+        &["invalid value 'fp8'", "--pull-precision"],
+    );
+}
