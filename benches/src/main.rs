@@ -438,11 +438,17 @@ struct AbArgs {
     /// a device profile's fit); `None`: ODC's 7B fit at `--time-scale-ms`.
     #[arg(skip)]
     cost: Option<(odc::CostModel, String)>,
-    /// A modelled cluster under the job (`odc-bench sim --links h100`); `None`: the per-device
-    /// link of `--unit-transfer-ms`, if any.
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// With `--links h100`: modelled bytes per emulated byte (a unit of `--unit-elems` stands for
+    /// that many times its bytes of parameters).
+    #[arg(long, default_value_t = 1.0, value_parser = bytes_scale)]
+    bytes_scale: f64,
+    /// The modelled cluster `odc-bench sim` sets (it prices bytes from its profile); `None`: from
+    /// `--links`.
     #[arg(skip)]
     fabric: Option<odc_bench::fabric::FabricConfig>,
-    /// What parameters are pulled as (`odc-bench sim --pull-precision`); `None`: fp32.
+    /// The pull precision `odc-bench sim` sets; `None`: from `--pull-precision` (default fp32).
     #[arg(skip)]
     pull_precision: Option<odc::Precision>,
 }
@@ -541,8 +547,13 @@ async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
         unit_transfer_seconds: args.unit_transfer_ms / 1e3,
         clock,
         devices_per_server: args.devices_per_server,
-        fabric: args.fabric.clone(),
-        pull_precision: args.pull_precision.unwrap_or(odc::Precision::F32),
+        fabric: args
+            .fabric
+            .clone()
+            .or_else(|| args.cluster.fabric(false, args.bytes_scale)),
+        pull_precision: args
+            .pull_precision
+            .unwrap_or_else(|| args.cluster.precision(odc::Precision::F32)),
         ..Settings::default()
     };
     settings.device.seconds_per_cost = args.time_scale_ms / 1e3;
@@ -1424,26 +1435,8 @@ struct SimArgs {
     /// (one read per gather).
     #[arg(long, value_parser = devices)]
     devices_per_server: Option<usize>,
-    /// The runtime rows' links: `h100` = nodes of `--gpus-per-node` H100s, NVLink 450 GB/s inside
-    /// a node, a 400 Gb/s NIC per GPU across nodes, as FIFO queues per device and direction;
-    /// `none` = communication is free (compute and balance only).
-    #[arg(long, value_enum, default_value = "h100")]
-    links: LinksArg,
-    #[arg(long, default_value_t = 8, value_parser = gpus_per_node)]
-    gpus_per_node: u32,
-    /// Turn off ODC's hierarchical partitioning (HPZ, on by default): the first pull of a unit in a
-    /// node leaves a copy there, spread over its GPUs; the node's later pulls of it stay on
-    /// NVLink.
-    #[arg(long)]
-    no_hpz: bool,
-    /// On-demand cross-node transfers: `striped` (default: over every NIC of the node through
-    /// NVLink proxies, Zeppelin's routing layer) or `direct` (source and destination NICs only).
-    /// The collective's ring always crosses nodes on every NIC (NCCL's channels).
-    #[arg(long, value_enum, default_value = "striped")]
-    routing: RoutingArg,
-    /// What parameters are pulled (on-demand) and all-gathered (collective) as.
-    #[arg(long, value_enum, default_value = "bf16")]
-    pull_precision: PrecisionArg,
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Skip the runtime rows (only the long-sequence table, from the models).
     #[arg(long)]
     no_runtime: bool,
@@ -1457,25 +1450,87 @@ struct SimArgs {
     plot: Option<PathBuf>,
 }
 
-/// `odc-bench sim --links`.
+/// The modelled cluster of `odc-bench sim` and `odc-bench ab`.
+#[derive(Args, Clone)]
+struct ClusterArgs {
+    /// Links: `h100` = nodes of `--gpus-per-node` H100s, NVLink 450 GB/s inside a node, a
+    /// 400 Gb/s NIC per GPU across nodes, as FIFO queues per device and direction; `none` =
+    /// communication is free in virtual time (`ab`: or `--unit-transfer-ms`'s one link per
+    /// device). Default: `h100` for `sim`, `none` for `ab`.
+    #[arg(long, value_enum)]
+    links: Option<LinksArg>,
+    #[arg(long, default_value_t = 8, value_parser = gpus_per_node)]
+    gpus_per_node: u32,
+    /// Turn off ODC's hierarchical partitioning (HPZ, on by default): the first pull of a unit in a
+    /// node leaves a copy there, spread over its GPUs; the node's later pulls of it stay on
+    /// NVLink.
+    #[arg(long)]
+    no_hpz: bool,
+    /// On-demand cross-node transfers: `striped` (default: over every NIC of the node through
+    /// NVLink proxies, Zeppelin's routing layer) or `direct` (source and destination NICs only).
+    /// The collective's ring always crosses nodes on every NIC (NCCL's channels).
+    #[arg(long, value_enum, default_value = "striped")]
+    routing: RoutingArg,
+    /// What parameters are pulled (on-demand) and all-gathered (collective) as. Default: bf16 for
+    /// `sim`, f32 for `ab`.
+    #[arg(long, value_enum)]
+    pull_precision: Option<PrecisionArg>,
+}
+
+impl ClusterArgs {
+    /// The modelled cluster, if links are on (`default`: whether they are without `--links`),
+    /// at `bytes_scale` modelled bytes per emulated byte.
+    fn fabric(&self, default: bool, bytes_scale: f64) -> Option<odc_bench::fabric::FabricConfig> {
+        let on = self.links.map_or(default, |l| l == LinksArg::H100);
+        on.then_some(odc_bench::fabric::FabricConfig {
+            gpus_per_node: self.gpus_per_node,
+            routing: match self.routing {
+                RoutingArg::Direct => odc_bench::sim::topology::Routing::Direct,
+                RoutingArg::Striped => odc_bench::sim::topology::Routing::Striped,
+            },
+            hpz: !self.no_hpz,
+            bytes_scale,
+        })
+    }
+
+    /// The pull precision (`default` without `--pull-precision`).
+    fn precision(&self, default: odc::Precision) -> odc::Precision {
+        match self.pull_precision {
+            None => default,
+            Some(PrecisionArg::Bf16) => odc::Precision::Bf16,
+            Some(PrecisionArg::F32) => odc::Precision::F32,
+        }
+    }
+}
+
+/// `--links`.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum LinksArg {
     H100,
     None,
 }
 
-/// `odc-bench sim --routing`.
+/// `--routing`.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum RoutingArg {
     Direct,
     Striped,
 }
 
-/// `odc-bench sim --pull-precision`.
+/// `--pull-precision`.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum PrecisionArg {
     Bf16,
     F32,
+}
+
+fn bytes_scale(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && (1.0..=1e9).contains(&x) => Ok(x),
+        _ => Err(format!(
+            "{s:?}: the bytes scale must be a number from 1 to 1e9"
+        )),
+    }
 }
 
 fn gpus_per_node(s: &str) -> Result<u32, String> {
@@ -1490,10 +1545,8 @@ fn gpus_per_node(s: &str) -> Result<u32, String> {
 /// `odc-bench sim`: the `ab` matrix on the virtual clock with an H100 profile's cost, then the
 /// long-sequence table of `odc_bench::sim::report`.
 async fn sim(args: SimArgs) -> anyhow::Result<()> {
-    use odc_bench::fabric::FabricConfig;
     use odc_bench::sim::profile::{DeviceProfile, ModelShape};
     use odc_bench::sim::report::{join, joined_table, split_rows, split_table};
-    use odc_bench::sim::topology::Routing;
 
     let profile = match &args.profile {
         Some(path) => DeviceProfile::from_file(path, &args.model, args.layers)?,
@@ -1518,9 +1571,10 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
         profile.layer_params / 1_000_000,
         block.a_s * 1e3,
         block.b_s * 1e3,
-        match args.links {
-            LinksArg::H100 => "links of H100 nodes",
-            LinksArg::None => "no link model (communication free)",
+        if args.cluster.links == Some(LinksArg::None) {
+            "no link model (communication free)"
+        } else {
+            "links of H100 nodes"
         }
     );
     let runtime = if args.no_runtime {
@@ -1528,21 +1582,11 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
     } else {
         let name = format!("{} fit × {} blocks", profile.source, profile.layers);
         let mut ab_args = sim_ab_args(&args, Some((cost, name)));
-        ab_args.pull_precision = Some(match args.pull_precision {
-            PrecisionArg::Bf16 => odc::Precision::Bf16,
-            PrecisionArg::F32 => odc::Precision::F32,
-        });
+        ab_args.pull_precision = Some(args.cluster.precision(odc::Precision::Bf16));
         // One emulated element stands for `layers / units` blocks' parameters.
         let modelled_unit = profile.layer_params as f64 * f64::from(profile.layers);
-        ab_args.fabric = (args.links == LinksArg::H100).then(|| FabricConfig {
-            gpus_per_node: args.gpus_per_node,
-            routing: match args.routing {
-                RoutingArg::Direct => Routing::Direct,
-                RoutingArg::Striped => Routing::Striped,
-            },
-            hpz: !args.no_hpz,
-            bytes_scale: modelled_unit / (ab_args.units * ab_args.unit_elems) as f64,
-        });
+        let scale = modelled_unit / (ab_args.units * ab_args.unit_elems) as f64;
+        ab_args.fabric = args.cluster.fabric(true, scale);
         ab(ab_args).await?.rows
     };
 
@@ -1615,6 +1659,8 @@ fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>) -> AbArgs
             .devices_per_server
             .unwrap_or_else(|| args.devices.iter().copied().max().unwrap_or(1)),
         cost,
+        cluster: args.cluster.clone(),
+        bytes_scale: 1.0,
         fabric: None,
         pull_precision: None,
     }

@@ -191,4 +191,21 @@ fn bad_cluster_shapes_of_sim_are_refused_before_it_runs() {
         &["sim", "--pull-precision", "fp8"],
         &["invalid value 'fp8'", "--pull-precision"],
     );
+    // `ab` takes the same cluster, and a bytes scale of its own.
+    refused(
+        &["ab", "--gpus-per-node", "0"],
+        &[
+            "GPUs per node must be an integer from 1 to 64",
+            "--gpus-per-node",
+        ],
+    );
+    for bad in ["0", "NaN", "1e10"] {
+        refused(
+            &["ab", "--links", "h100", "--bytes-scale", bad],
+            &[
+                "the bytes scale must be a number from 1 to 1e9",
+                "--bytes-scale",
+            ],
+        );
+    }
 }
