@@ -80,6 +80,7 @@ pub struct JobBuilder {
     data: Option<Box<dyn DataSource>>,
     transport: Option<Arc<dyn Transport>>,
     trainer_transport: Option<TrainerTransport>,
+    collective_node_size: u32,
     world: Option<World>,
     roles: Option<Roles>,
     join_timeout: Duration,
@@ -104,6 +105,7 @@ impl Default for JobBuilder {
             data: None,
             transport: None,
             trainer_transport: None,
+            collective_node_size: 1,
             world: None,
             roles: None,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
@@ -180,6 +182,16 @@ impl JobBuilder {
     /// On-demand (default) or the collective (FSDP-style) baseline.
     pub fn communication(mut self, communication: Communication) -> Self {
         self.policy.communication = communication;
+        self
+    }
+
+    /// The collective's trainers per node (default 1: one flat ring over all trainers). With `g`
+    /// dividing the trainer count, every collective runs as a ring over the nodes on each rail,
+    /// then a ring inside each node, as NCCL does across nodes: `nodes + g − 2` messages per
+    /// trainer and collective instead of `trainers − 1`. A `g` that does not divide the trainer
+    /// count keeps the flat ring.
+    pub fn collective_node_size(mut self, g: u32) -> Self {
+        self.collective_node_size = g;
         self
     }
 
@@ -488,6 +500,7 @@ impl JobBuilder {
                 compute,
                 transport: self.transport,
                 trainer_transport: self.trainer_transport,
+                collective_node_size: self.collective_node_size,
                 clock: self.clock,
                 multi: world.zip(roles).map(|(world, roles)| Multi {
                     world,
@@ -544,6 +557,7 @@ struct Setup {
     compute: SharedComputeFactory,
     transport: Option<Arc<dyn Transport>>,
     trainer_transport: Option<TrainerTransport>,
+    collective_node_size: u32,
     clock: Arc<dyn Clock>,
     multi: Option<Multi>,
 }
@@ -605,6 +619,7 @@ impl Job {
             compute,
             transport,
             trainer_transport,
+            collective_node_size,
             clock,
             multi,
         } = setup;
@@ -618,7 +633,9 @@ impl Job {
             transport,
             layout: layout.clone(),
             compute,
-            collective: collective.then(|| Arc::new(CollectiveGroup::new(spec.trainers))),
+            collective: collective.then(|| {
+                Arc::new(CollectiveGroup::new(spec.trainers).with_node_size(collective_node_size))
+            }),
             clock,
             trainer_transport,
         });

@@ -381,7 +381,11 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
                 .trainer_transport(move |rank| trainers.view(Some(rank)))
         }
     };
+    // On a modelled cluster the collective runs as NCCL does across nodes: a ring over the nodes
+    // on each rail, then one inside each node.
+    let node_size = settings.fabric.as_ref().map_or(1, |f| f.gpus_per_node);
     let mut job = builder
+        .collective_node_size(node_size)
         .units(device.layout())
         .trainers(case.devices)
         .servers(servers)

@@ -16,6 +16,13 @@
 //!   micro-batch's write ids and assignment token (the servers admit nothing else, transport C8).
 //!   The ring's own messages carry the token too, but inboxes do not check it: a peer that can
 //!   write into a trainer's inbox can corrupt that trainer's collective.
+//! - **Across nodes** ([`CollectiveGroup::with_node_size`] `g`, ranks of a node contiguous): both
+//!   collectives run in two levels, as NCCL does across nodes. The all-gather first runs the ring
+//!   above over the `nodes` ranks of each rail (lane `j` of every node), then a ring inside the
+//!   node whose messages carry a whole rail: its `nodes` pieces, in node order, in one message.
+//!   The reduce-scatter does the reverse: a ring inside the node over rails, then a ring over the
+//!   nodes of each rail. Each trainer sends `nodes + g − 2` messages per collective instead of
+//!   `n − 1`, and every NIC of a node carries its own rail. `g` = 1 is the flat ring.
 //!
 //! Signalling is neighbour-only: a step's message is its own signal (transport C7, NCCL's send/recv),
 //! so no global barrier exists anywhere in a collective. Inboxes are registered once per trainer
@@ -58,22 +65,42 @@ pub const TRAINER_ENDPOINT_BASE: EndpointId = 1 << 24;
 #[derive(Debug)]
 pub struct CollectiveGroup {
     size: u32,
+    /// Trainers per node (`size` is a multiple of it; 1: one flat ring).
+    node_size: u32,
     inboxes: Mutex<Vec<Option<RegionHandle>>>,
     floor: watch::Sender<u64>,
 }
 
 impl CollectiveGroup {
-    /// A group of `size` trainers (ranks `0..size`), floor 0.
+    /// A group of `size` trainers (ranks `0..size`), floor 0, one flat ring.
     pub fn new(size: u32) -> Self {
         CollectiveGroup {
             size: size.max(1),
+            node_size: 1,
             inboxes: Mutex::new(vec![None; size.max(1) as usize]),
             floor: watch::Sender::new(0),
         }
     }
 
+    /// Trainers `node_size` to a node (ranks of a node contiguous): collectives run as a ring over
+    /// the nodes on each rail, then a ring inside each node (see the module docs). A size that
+    /// does not divide the group (or 0) keeps the flat ring.
+    pub fn with_node_size(mut self, node_size: u32) -> Self {
+        self.node_size = if node_size > 0 && self.size % node_size == 0 {
+            node_size
+        } else {
+            1
+        };
+        self
+    }
+
     pub fn size(&self) -> u32 {
         self.size
+    }
+
+    /// Trainers per node (1: a flat ring).
+    pub fn node_size(&self) -> u32 {
+        self.node_size
     }
 
     fn inboxes(&self) -> std::sync::MutexGuard<'_, Vec<Option<RegionHandle>>> {
@@ -186,17 +213,63 @@ impl Collective {
 
 type SendFut = futures::future::BoxFuture<'static, Result<()>>;
 
-impl Inner {
-    fn neighbours(&self) -> (u32, u32) {
-        let n = self.group.size;
-        ((self.rank + n - 1) % n, (self.rank + 1) % n)
+/// Where a trainer sits: `nodes` × `per_node` ranks, rank = node · per_node + lane.
+#[derive(Debug, Clone, Copy)]
+struct Grid {
+    n: u32,
+    per_node: u32,
+    nodes: u32,
+    node: u32,
+    lane: u32,
+}
+
+impl Grid {
+    /// Its neighbours (left, right) on its rail's ring over the nodes.
+    fn rail(&self) -> (u32, u32) {
+        let at = |node: u32| node * self.per_node + self.lane;
+        (
+            at((self.node + self.nodes - 1) % self.nodes),
+            at((self.node + 1) % self.nodes),
+        )
     }
 
-    /// Piece `rank − offset` (mod n) of a unit of `len` elements.
-    fn piece(&self, len: usize, offset: u32) -> std::ops::Range<usize> {
-        let n = self.group.size;
-        let index = (u64::from(self.rank) + 2 * u64::from(n) - u64::from(offset)) % u64::from(n);
-        shard_range(len, n as usize, index as usize)
+    /// Its neighbours (left, right) on its node's ring.
+    fn ring_in_node(&self) -> (u32, u32) {
+        let at = |lane: u32| self.node * self.per_node + lane;
+        (
+            at((self.lane + self.per_node - 1) % self.per_node),
+            at((self.lane + 1) % self.per_node),
+        )
+    }
+
+    /// `x − back` modulo `m`.
+    fn behind(x: u32, back: u32, m: u32) -> u32 {
+        ((u64::from(x) + 2 * u64::from(m) - u64::from(back) % u64::from(m)) % u64::from(m)) as u32
+    }
+
+    /// The pieces of `lane`'s rail (one per node, in node order) of a unit of `len` elements.
+    fn bundle(&self, len: usize, lane: u32) -> Vec<std::ops::Range<usize>> {
+        (0..self.nodes)
+            .map(|m| shard_range(len, self.n as usize, (m * self.per_node + lane) as usize))
+            .collect()
+    }
+
+    /// Piece of rank (node, lane) of a unit of `len` elements.
+    fn piece(&self, len: usize, node: u32, lane: u32) -> std::ops::Range<usize> {
+        shard_range(len, self.n as usize, (node * self.per_node + lane) as usize)
+    }
+}
+
+impl Inner {
+    fn grid(&self) -> Grid {
+        let (n, per_node) = (self.group.size, self.group.node_size);
+        Grid {
+            n,
+            per_node,
+            nodes: n / per_node,
+            node: self.rank / per_node,
+            lane: self.rank % per_node,
+        }
     }
 
     fn send(&self, to: &RegionHandle, peer: u32, op: &Op, round: u32, data: Bytes) -> SendFut {
@@ -215,15 +288,15 @@ impl Inner {
         })
     }
 
-    /// Wait for step `round`'s message from the left neighbour, driving this trainer's own sends
-    /// meanwhile; fails at once when the epoch is aborted.
+    /// Wait for step `round`'s message from the left neighbour `left`, driving this trainer's own
+    /// sends meanwhile; fails at once when the epoch is aborted.
     async fn recv(
         &self,
         op: &Op,
         round: u32,
+        left: u32,
         sends: &mut FuturesUnordered<SendFut>,
     ) -> Result<Bytes> {
-        let (left, _) = self.neighbours();
         // Inboxes match epoch and write id only; the token is the sender's, not this trainer's.
         let tag = WriteTag {
             epoch: op.key.epoch,
@@ -267,11 +340,10 @@ impl Inner {
         let unit = op.key.unit;
         let routes = self.directory.routes(unit)?;
         let dtype = transfer::published_dtype(routes, unit)?;
-        let n = self.group.size;
-        let (left, right) = self.neighbours();
+        let g = self.grid();
         let out = unique(&mut buffer, unit)?;
         let len = out.len();
-        let mine = self.piece(len, 0);
+        let mine = g.piece(len, g.node, g.lane);
         let mut raw = vec![0u8; mine.len() * dtype.size()];
         let mut bytes = transfer::pull(
             self.transport.as_ref(),
@@ -286,22 +358,58 @@ impl Inner {
         .await?;
         let raw = Bytes::from(raw);
         self.decode(dtype, &raw, &mut out[mine], unit, self.rank)?;
-        if n > 1 {
+        let mut sends: FuturesUnordered<SendFut> = FuturesUnordered::new();
+        // Across nodes, on this trainer's rail: the rail's piece of every node.
+        let mut rail = vec![Bytes::new(); g.nodes as usize];
+        rail[g.node as usize] = raw.clone();
+        if g.nodes > 1 {
+            let (left, right) = g.rail();
             let to = self.group.inbox(right)?;
-            let mut sends: FuturesUnordered<SendFut> = FuturesUnordered::new();
             sends.push(self.send(&to, right, &op, 0, raw));
-            for round in 0..n - 1 {
-                let piece = self.piece(len, round + 1);
-                let got = self.recv(&op, round, &mut sends).await?;
-                self.decode(dtype, &got, &mut out[piece], unit, left)?;
+            for round in 0..g.nodes - 1 {
+                let node = Grid::behind(g.node, round + 1, g.nodes);
+                let got = self.recv(&op, round, left, &mut sends).await?;
+                self.decode(
+                    dtype,
+                    &got,
+                    &mut out[g.piece(len, node, g.lane)],
+                    unit,
+                    left,
+                )?;
                 bytes += got.len() as u64;
-                if round + 2 < n {
+                rail[node as usize] = got.clone();
+                if round + 2 < g.nodes {
                     sends.push(self.send(&to, right, &op, round + 1, got));
                 }
             }
-            while let Some(sent) = sends.next().await {
-                sent?;
+        }
+        // Inside the node: every lane's rail, as one message of its pieces in node order.
+        if g.per_node > 1 {
+            let first = g.nodes - 1;
+            let (left, right) = g.ring_in_node();
+            let to = self.group.inbox(right)?;
+            let own: Vec<u8> = rail.iter().flat_map(|b| b.iter().copied()).collect();
+            sends.push(self.send(&to, right, &op, first, Bytes::from(own)));
+            for round in 0..g.per_node - 1 {
+                let lane = Grid::behind(g.lane, round + 1, g.per_node);
+                let got = self.recv(&op, first + round, left, &mut sends).await?;
+                let pieces = g.bundle(len, lane);
+                let mut values = vec![0f32; pieces.iter().map(|p| p.len()).sum()];
+                self.decode(dtype, &got, &mut values, unit, left)?;
+                let mut at = 0usize;
+                for piece in pieces {
+                    let k = piece.len();
+                    out[piece].copy_from_slice(&values[at..at + k]);
+                    at += k;
+                }
+                bytes += got.len() as u64;
+                if round + 2 < g.per_node {
+                    sends.push(self.send(&to, right, &op, first + round + 1, got));
+                }
             }
+        }
+        while let Some(sent) = sends.next().await {
+            sent?;
         }
         Ok(Gathered {
             values: buffer,
@@ -314,28 +422,57 @@ impl Inner {
         self.group.check(&op.key)?;
         let unit = op.key.unit;
         let routes = self.directory.routes(unit)?;
-        let n = self.group.size;
-        let (left, right) = self.neighbours();
+        let g = self.grid();
         let len = partial.len();
         let mut bytes = 0u64;
-        if n > 1 {
+        let mut sends: FuturesUnordered<SendFut> = FuturesUnordered::new();
+        // Inside the node: after it, this lane's rail holds the node's sum.
+        if g.per_node > 1 {
+            let (left, right) = g.ring_in_node();
             let to = self.group.inbox(right)?;
-            let mut sends: FuturesUnordered<SendFut> = FuturesUnordered::new();
-            for round in 0..n - 1 {
-                let data = codec::encode_f32(&partial[self.piece(len, round + 1)]);
+            for round in 0..g.per_node - 1 {
+                let lane = Grid::behind(g.lane, round + 1, g.per_node);
+                let mut data = Vec::new();
+                for piece in g.bundle(len, lane) {
+                    data.extend_from_slice(&codec::encode_f32(&partial[piece]));
+                }
                 bytes += data.len() as u64;
-                sends.push(self.send(&to, right, &op, round, data));
-                let got = self.recv(&op, round, &mut sends).await?;
-                let piece = self.piece(len, round + 2);
-                codec::add_f32_into(&got, &mut partial[piece])
-                    .map_err(|e| ring_error(unit, left, e.for_region(self.inbox_id)))?;
-            }
-            while let Some(sent) = sends.next().await {
-                sent?;
+                sends.push(self.send(&to, right, &op, round, Bytes::from(data)));
+                let got = self.recv(&op, round, left, &mut sends).await?;
+                let pieces = g.bundle(len, Grid::behind(g.lane, round + 2, g.per_node));
+                let mut values = vec![0f32; pieces.iter().map(|p| p.len()).sum()];
+                self.decode(odc_transport::Dtype::F32, &got, &mut values, unit, left)?;
+                let mut at = 0usize;
+                for piece in pieces {
+                    let k = piece.len();
+                    for (p, v) in partial[piece].iter_mut().zip(&values[at..at + k]) {
+                        *p += v;
+                    }
+                    at += k;
+                }
             }
         }
+        // Across nodes, on this trainer's rail: after it, its own piece holds every sum.
+        if g.nodes > 1 {
+            let first = g.per_node - 1;
+            let (left, right) = g.rail();
+            let to = self.group.inbox(right)?;
+            for round in 0..g.nodes - 1 {
+                let node = Grid::behind(g.node, round + 1, g.nodes);
+                let data = codec::encode_f32(&partial[g.piece(len, node, g.lane)]);
+                bytes += data.len() as u64;
+                sends.push(self.send(&to, right, &op, first + round, data));
+                let got = self.recv(&op, first + round, left, &mut sends).await?;
+                let node = Grid::behind(g.node, round + 2, g.nodes);
+                codec::add_f32_into(&got, &mut partial[g.piece(len, node, g.lane)])
+                    .map_err(|e| ring_error(unit, left, e.for_region(self.inbox_id)))?;
+            }
+        }
+        while let Some(sent) = sends.next().await {
+            sent?;
+        }
         // Piece `rank` now holds every trainer's contribution: write it into its owners.
-        let owned = self.piece(len, 0);
+        let owned = g.piece(len, g.node, g.lane);
         let tag = |shard, chunk| WriteTag {
             epoch: op.key.epoch,
             write_id: transfer::write_id(op.micro_batch, unit, shard, chunk),
@@ -476,7 +613,16 @@ mod tests {
 
     /// One collective path per rank, each on its own transport instance (joined by handles only).
     fn ranks(n: u32, directory: &Arc<Directory>) -> (Arc<CollectiveGroup>, Vec<Arc<Collective>>) {
-        let group = Arc::new(CollectiveGroup::new(n));
+        ranks_in_nodes(n, 1, directory)
+    }
+
+    /// [`ranks`] with `node_size` trainers to a node (two-level rings).
+    fn ranks_in_nodes(
+        n: u32,
+        node_size: u32,
+        directory: &Arc<Directory>,
+    ) -> (Arc<CollectiveGroup>, Vec<Arc<Collective>>) {
+        let group = Arc::new(CollectiveGroup::new(n).with_node_size(node_size));
         let paths = (0..n)
             .map(|rank| {
                 let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
@@ -492,10 +638,22 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ring_all_gather_is_exact_for_uneven_pieces_in_both_dtypes() {
         for dtype in [Dtype::F32, Dtype::Bf16] {
-            for (len, n, s) in [(10, 3, 4), (7, 4, 3), (5, 8, 2), (1, 2, 1), (33, 5, 3)] {
+            for (len, n, s, g) in [
+                (10, 3, 4, 1),
+                (7, 4, 3, 1),
+                (5, 8, 2, 1),
+                (1, 2, 1, 1),
+                (33, 5, 3, 1),
+                (7, 4, 3, 2),
+                (5, 8, 2, 4),
+                (33, 6, 3, 3),
+                (33, 6, 3, 2),
+                (13, 6, 2, 6),
+            ] {
                 let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
                 let (directory, _regions) = servers(&transport, len, s, dtype);
-                let (_group, paths) = ranks(n, &directory);
+                let (group, paths) = ranks_in_nodes(n, g, &directory);
+                assert_eq!(group.node_size(), g);
                 let buffers = UnitBuffers::default();
                 let tasks: Vec<_> = paths
                     .iter()
@@ -517,7 +675,7 @@ mod tests {
                     assert_eq!(
                         &got.values[..],
                         &want[..],
-                        "{dtype:?}, len {len}, {n} trainers, {s} servers, rank {rank}"
+                        "{dtype:?}, len {len}, {n} trainers in nodes of {g}, {s} servers, rank {rank}"
                     );
                     // Bytes in: one unit in the pull dtype, whatever the ring did.
                     assert_eq!(got.bytes, (len * dtype.size()) as u64);
@@ -528,7 +686,19 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ring_reduce_scatter_sums_exactly_into_the_owners() {
-        for (len, n, s) in [(10, 3, 4), (7, 4, 3), (5, 8, 2), (33, 5, 3), (6, 1, 2)] {
+        for (len, n, s, g) in [
+            (10, 3, 4, 1),
+            (7, 4, 3, 1),
+            (5, 8, 2, 1),
+            (33, 5, 3, 1),
+            (6, 1, 2, 1),
+            (7, 4, 3, 2),
+            (5, 8, 2, 4),
+            (33, 6, 3, 3),
+            (33, 6, 3, 2),
+            (13, 6, 2, 6),
+            (10, 4, 2, 3),
+        ] {
             let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
             let (directory, (accs, _pubs)) = servers(&transport, len, s, Dtype::F32);
             // Each trainer writes its piece under its own micro-batch and token (see `op`).
@@ -538,7 +708,7 @@ mod tests {
                 }))
                 .unwrap();
             }
-            let (_group, paths) = ranks(n, &directory);
+            let (_group, paths) = ranks_in_nodes(n, g, &directory);
             let tasks: Vec<_> = paths
                 .iter()
                 .enumerate()
@@ -560,7 +730,10 @@ mod tests {
             let got: Vec<f32> = accs.iter().flat_map(|a| a.take(10)).collect();
             let want: Vec<f32> = (0..len).map(|i| (ranks * (i + 1)) as f32).collect();
             assert_eq!(got.len(), want.len());
-            assert_eq!(got, want, "len {len}, {n} trainers, {s} servers");
+            assert_eq!(
+                got, want,
+                "len {len}, {n} trainers in nodes of {g}, {s} servers"
+            );
         }
     }
 
