@@ -49,8 +49,8 @@ use odc::layout::shard_range;
 use odc::sim::clock::ClockMode;
 use odc::transport::throttle::Pace;
 use odc::transport::{
-    now, AccumulatorRegion, Deadline, Dest, Dtype, EndpointId, InboxRegion, Op, PublishedRegion,
-    RegionHandle, RegionId, Transport, TransportError, WriteTag,
+    check_deadline, now, AccumulatorRegion, Deadline, Dest, Dtype, EndpointId, InboxRegion, Op,
+    PublishedRegion, RegionHandle, RegionId, Transport, TransportError, WriteTag,
 };
 use odc::TRAINER_ENDPOINT_BASE;
 use parking_lot::Mutex;
@@ -224,19 +224,6 @@ struct View {
     device: Option<u32>,
 }
 
-fn refuse_late(
-    deadline: Deadline,
-    owner: EndpointId,
-    region: RegionId,
-    op: Op,
-) -> Result<(), TransportError> {
-    if now() >= deadline {
-        Err(TransportError::DeadlineExceeded { owner, region, op })
-    } else {
-        Ok(())
-    }
-}
-
 #[async_trait::async_trait]
 impl Transport for View {
     fn backend(&self) -> &'static str {
@@ -325,7 +312,7 @@ impl Transport for View {
         let f = &self.fabric;
         if let Some(writer) = self.device {
             // The bytes cross the ports before the owner applies them.
-            refuse_late(deadline, handle.owner, handle.id, Op::Accumulate)?;
+            check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
             let elems = (data.len() / 4) as u64;
             let start = offset as u64;
             let pieces: Vec<Piece> = f
@@ -355,7 +342,7 @@ impl Transport for View {
     ) -> Result<(), TransportError> {
         let f = &self.fabric;
         if let Some(sender) = self.device {
-            refuse_late(deadline, inbox.owner, inbox.id, Op::Send)?;
+            check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
             let (dst, _) = f
                 .holders(inbox.owner, 0, 0..0)
                 .first()

@@ -54,6 +54,29 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 pub(crate) mod test_util {
     use std::path::PathBuf;
 
+    use crate::report::BenchRow;
+
+    /// A runtime row of `workload` at `devices` whose on-demand side is `speedup` × the
+    /// collective's 100 tokens/s (achievable bound 180 tokens/s, control 1.00).
+    pub(crate) fn runtime_row(workload: &str, devices: usize, speedup: f64) -> BenchRow {
+        BenchRow {
+            workload: workload.into(),
+            devices,
+            minibatch_per_device: 4,
+            dispatch: "dynamic".into(),
+            collective_tokens_per_s: 100.0,
+            ondemand_tokens_per_s: 100.0 * speedup,
+            speedup,
+            collective_utilization: 0.5,
+            ondemand_utilization: 0.9,
+            bound_tokens_per_s: 200.0,
+            achievable_bound_tokens_per_s: 180.0,
+            ondemand_over_achievable: 100.0 * speedup / 180.0,
+            control_speedup: Some(1.0),
+            emulation_warning: None,
+        }
+    }
+
     /// A path in the temporary directory unique to this process, call and `name`.
     pub(crate) fn temp_path(prefix: &str, name: &str) -> PathBuf {
         let nanos = std::time::SystemTime::now()

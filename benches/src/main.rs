@@ -444,13 +444,6 @@ struct AbArgs {
     /// that many times its bytes of parameters).
     #[arg(long, default_value_t = 1.0, value_parser = bytes_scale)]
     bytes_scale: f64,
-    /// The modelled cluster `odc-bench sim` sets (it prices bytes from its profile); `None`: from
-    /// `--links`.
-    #[arg(skip)]
-    fabric: Option<odc_bench::fabric::FabricConfig>,
-    /// The pull precision `odc-bench sim` sets; `None`: from `--pull-precision` (default fp32).
-    #[arg(skip)]
-    pull_precision: Option<odc::Precision>,
 }
 
 fn workloads(args: &AbArgs) -> anyhow::Result<Vec<Workload>> {
@@ -547,13 +540,8 @@ async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
         unit_transfer_seconds: args.unit_transfer_ms / 1e3,
         clock,
         devices_per_server: args.devices_per_server,
-        fabric: args
-            .fabric
-            .clone()
-            .or_else(|| args.cluster.fabric(false, args.bytes_scale)),
-        pull_precision: args
-            .pull_precision
-            .unwrap_or_else(|| args.cluster.precision(odc::Precision::F32)),
+        fabric: args.cluster.fabric(args.bytes_scale),
+        pull_precision: args.cluster.precision(),
         ..Settings::default()
     };
     settings.device.seconds_per_cost = args.time_scale_ms / 1e3;
@@ -1478,11 +1466,10 @@ struct ClusterArgs {
 }
 
 impl ClusterArgs {
-    /// The modelled cluster, if links are on (`default`: whether they are without `--links`),
-    /// at `bytes_scale` modelled bytes per emulated byte.
-    fn fabric(&self, default: bool, bytes_scale: f64) -> Option<odc_bench::fabric::FabricConfig> {
-        let on = self.links.map_or(default, |l| l == LinksArg::H100);
-        on.then_some(odc_bench::fabric::FabricConfig {
+    /// The modelled cluster, if `--links h100` (`sim` sets it by default), at `bytes_scale`
+    /// modelled bytes per emulated byte.
+    fn fabric(&self, bytes_scale: f64) -> Option<odc_bench::fabric::FabricConfig> {
+        (self.links == Some(LinksArg::H100)).then_some(odc_bench::fabric::FabricConfig {
             gpus_per_node: self.gpus_per_node,
             routing: match self.routing {
                 RoutingArg::Direct => odc_bench::sim::topology::Routing::Direct,
@@ -1493,12 +1480,11 @@ impl ClusterArgs {
         })
     }
 
-    /// The pull precision (`default` without `--pull-precision`).
-    fn precision(&self, default: odc::Precision) -> odc::Precision {
+    /// The pull precision (fp32 without `--pull-precision`; `sim` sets bf16 by default).
+    fn precision(&self) -> odc::Precision {
         match self.pull_precision {
-            None => default,
             Some(PrecisionArg::Bf16) => odc::Precision::Bf16,
-            Some(PrecisionArg::F32) => odc::Precision::F32,
+            None | Some(PrecisionArg::F32) => odc::Precision::F32,
         }
     }
 }
@@ -1582,11 +1568,15 @@ async fn sim(args: SimArgs) -> anyhow::Result<()> {
     } else {
         let name = format!("{} fit × {} blocks", profile.source, profile.layers);
         let mut ab_args = sim_ab_args(&args, Some((cost, name)));
-        ab_args.pull_precision = Some(args.cluster.precision(odc::Precision::Bf16));
-        // One emulated element stands for `layers / units` blocks' parameters.
+        // `sim`'s defaults: links of H100 nodes, bf16 pulls; one emulated element stands for
+        // `layers / units` blocks' parameters.
+        ab_args.cluster.links.get_or_insert(LinksArg::H100);
+        ab_args
+            .cluster
+            .pull_precision
+            .get_or_insert(PrecisionArg::Bf16);
         let modelled_unit = profile.layer_params as f64 * f64::from(profile.layers);
-        let scale = modelled_unit / (ab_args.units * ab_args.unit_elems) as f64;
-        ab_args.fabric = args.cluster.fabric(true, scale);
+        ab_args.bytes_scale = modelled_unit / (ab_args.units * ab_args.unit_elems) as f64;
         ab(ab_args).await?.rows
     };
 
@@ -1661,7 +1651,5 @@ fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>) -> AbArgs
         cost,
         cluster: args.cluster.clone(),
         bytes_scale: 1.0,
-        fabric: None,
-        pull_precision: None,
     }
 }

@@ -418,7 +418,16 @@ const CONTROL: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
 /// emitted as SVG `<text>` (no fonts are embedded).
 pub fn write_svg(path: &Path, rows: &[BenchRow]) -> Result<(), ReportError> {
     let mut svg = String::new();
-    render_svg(&mut svg, rows).map_err(|message| ReportError::Plot {
+    let rendered = render_svg(&mut svg, rows).map(|()| svg);
+    write_rendered(path, rendered)
+}
+
+/// Writes a rendered SVG to `path`, or names `path` with why it could not be rendered or written.
+pub(crate) fn write_rendered(
+    path: &Path,
+    rendered: Result<String, String>,
+) -> Result<(), ReportError> {
+    let svg = rendered.map_err(|message| ReportError::Plot {
         path: path.to_path_buf(),
         message,
     })?;

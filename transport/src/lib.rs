@@ -109,5 +109,5 @@ pub use remote::RemoteConfig;
 
 /// Accumulates refused by their owner's [`WriteGuard`] (C8), counted at the owner.
 pub const REFUSED_WRITES_METRIC: &str = "odc_refused_writes_total";
-pub use transport::{deadline_in, now, AccumulateOp, Deadline, ReadOp, Transport};
+pub use transport::{check_deadline, deadline_in, now, AccumulateOp, Deadline, ReadOp, Transport};
 pub use wire::ClusterSecret;

@@ -32,8 +32,8 @@ pub fn deadline_in(timeout: Duration) -> Deadline {
         .unwrap_or(now)
 }
 
-/// Refuse an operation that starts at or after its deadline.
-pub(crate) fn check_deadline(
+/// Refuse an operation that starts at or after its deadline (C6).
+pub fn check_deadline(
     deadline: Deadline,
     owner: EndpointId,
     region: RegionId,

@@ -55,14 +55,7 @@ pub fn write(
     runtime: &[BenchRow],
     split: &[SplitRow],
 ) -> Result<(), ReportError> {
-    let svg = render(profile, blocks, runtime, split).map_err(|message| ReportError::Plot {
-        path: path.to_path_buf(),
-        message,
-    })?;
-    std::fs::write(path, svg).map_err(|source| ReportError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    crate::report::write_rendered(path, render(profile, blocks, runtime, split))
 }
 
 /// One line: `(devices, value)` points with finite values and positive device counts, ascending
@@ -345,25 +338,7 @@ fn draw(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn runtime_row(workload: &str, devices: usize, speedup: f64) -> BenchRow {
-        BenchRow {
-            workload: workload.into(),
-            devices,
-            minibatch_per_device: 4,
-            dispatch: "dynamic".into(),
-            collective_tokens_per_s: 100.0,
-            ondemand_tokens_per_s: 100.0 * speedup,
-            speedup,
-            collective_utilization: 0.5,
-            ondemand_utilization: 0.9,
-            bound_tokens_per_s: 200.0,
-            achievable_bound_tokens_per_s: 150.0,
-            ondemand_over_achievable: 100.0 * speedup / 150.0,
-            control_speedup: Some(1.0),
-            emulation_warning: None,
-        }
-    }
+    use crate::test_util::runtime_row;
 
     fn split_row(workload: &str, devices: u32, unsplit_s: f64, split_s: f64) -> SplitRow {
         SplitRow {

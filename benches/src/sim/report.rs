@@ -203,6 +203,7 @@ mod tests {
     use super::*;
     use crate::sim::profile::ModelShape;
     use crate::sim::split::DEFAULT_TOKEN_BUDGET;
+    use crate::test_util::runtime_row;
 
     fn seven_b() -> DeviceProfile {
         DeviceProfile::builtin(ModelShape::B7, 28).unwrap()
@@ -246,25 +247,6 @@ mod tests {
         let table = split_table(&rows);
         assert_eq!(table.lines().count(), 2 + rows.len());
         assert!(table.contains("| swesmith | 64 | 256 |"), "{table}");
-    }
-
-    fn runtime_row(workload: &str, devices: usize, speedup: f64) -> BenchRow {
-        BenchRow {
-            workload: workload.into(),
-            devices,
-            minibatch_per_device: 4,
-            dispatch: "dynamic".into(),
-            collective_tokens_per_s: 100.0,
-            ondemand_tokens_per_s: 100.0 * speedup,
-            speedup,
-            collective_utilization: 0.5,
-            ondemand_utilization: 0.9,
-            bound_tokens_per_s: 200.0,
-            achievable_bound_tokens_per_s: 180.0,
-            ondemand_over_achievable: 100.0 * speedup / 180.0,
-            control_speedup: Some(1.0),
-            emulation_warning: None,
-        }
     }
 
     #[test]
