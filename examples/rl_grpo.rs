@@ -295,7 +295,7 @@ struct Sampler<'a> {
     /// The reference whose log-probs a trained group needs (none when only scoring).
     reference: Option<&'a Weights>,
     tokenizer: &'a dyn Tokenizer,
-    sampling: Sampling,
+    sampling: &'a Sampling,
     group_size: usize,
     seed: u64,
     format_weight: f64,
@@ -490,7 +490,7 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
     let sampling = Sampling {
         temperature: args.temperature,
         max_new_tokens: args.max_new_tokens,
-        stop: tokenizer.eos(),
+        stop: tokenizer.stop_ids(),
     };
     // Held-out problems that fit the model, scored before and after (greedy, and sampled with the
     // same seeds): a step's sampled rewards are too noisy to compare two steps.
@@ -519,7 +519,7 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
                 policy: &weights,
                 reference: None,
                 tokenizer: &*tokenizer,
-                sampling,
+                sampling: &sampling,
                 group_size: args.group_size,
                 seed: args.seed ^ HELD_OUT_SEED,
                 format_weight: args.format_reward,
@@ -568,7 +568,7 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
                 policy: &policy,
                 reference: Some(&reference),
                 tokenizer: &*tokenizer,
-                sampling,
+                sampling: &sampling,
                 group_size: args.group_size,
                 seed: args.seed,
                 format_weight: args.format_reward,

@@ -11,6 +11,8 @@
 //! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt --resume auto
 //! cargo run --release --example sft -- --tokenizer tokenizer.json  # a Hugging Face tokenizer
 //! cargo run --release --example sft -- --config sft.toml --lr 1e-3  # flags override the file
+//! cargo run --release --example sft -- --model-dir Qwen2.5-0.5B-Instruct --data chat.jsonl \
+//!     --export-hf out                                   # your model, your chat data, HF out
 //! cargo build --release --features cli --example sft --bin odc
 //! target/release/odc launch --nprocs 2 -- target/release/examples/sft --steps 20
 //! target/release/odc launch --nprocs 2 --max-restarts 1 -- target/release/examples/sft \
@@ -38,6 +40,19 @@
 //! `odc launch --max-restarts N` needs. In a multi-process run every rank looks before the job
 //! starts and finds the same checkpoint (rank 0 writes them; the ranks share the directory).
 //!
+//! **A Hugging Face model** (`--model-dir DIR`: `config.json`, `model.safetensors` or shards with
+//! an index, `tokenizer.json`, `tokenizer_config.json` with a `chat_template`): the model
+//! (Llama 3, Qwen2/2.5, Qwen3, SmolLM2 layouts) starts from the directory's weights, each shard
+//! server converting its own slice from the memory-mapped files; samples are the model's chat
+//! template around each conversation, with the loss on the assistant's turns (end-of-turn token
+//! included); `--data` is chat JSONL (`{"messages": [{"role", "content"}, …]}`) or GSM8K JSONL
+//! (question as the user's turn, answer as the assistant's), and without `--data` the generated
+//! problems as chat; evaluation prompts with the template and stops at the model's stop ids.
+//! Samples longer than the token budget (or the model's positions) are skipped.
+//! `--export-hf OUT` writes the trained model in Hugging Face layout at the end (bf16, or
+//! `--export-dtype f32`; the model directory's config and tokenizer files carried over), which
+//! `transformers`' `from_pretrained` and vLLM load.
+//!
 //! Config file (`--config PATH`, TOML): the same keys as the flags with `_` for `-`, plus a
 //! `[model]` table of `ModelConfig` fields; a flag given on the command line wins.
 //!
@@ -54,7 +69,7 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -64,11 +79,14 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use odc::checkpoint::{self, TensorMap};
 use odc::launch::World;
+use odc::model::hf::{export_hf, ExportDtype, ExportOptions, HfCheckpoint};
 use odc::model::{
-    evaluate, open_device, tensor_map, transformer_job_on, ComputePrecision, DeviceSpec,
-    ModelConfig, Objective, Placement, Sample, SampleStore, Weights,
+    evaluate_prompted, layout_units, open_device, tensor_map, transformer_job_of, ComputePrecision,
+    DeviceSpec, ModelConfig, Objective, Placement, Sample, SampleStore, Weights,
 };
-use odc::text::{fitting, ArithTask, ByteTokenizer, HfTokenizer, Problem, TextError, Tokenizer};
+use odc::text::{
+    prompt_from_chat, ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextError, Tokenizer,
+};
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -156,6 +174,15 @@ struct Opts {
     /// to learn at smaller bounds.
     #[arg(long, value_parser = max_value_range())]
     max_value: Option<u64>,
+    /// A Hugging Face model directory to fine-tune (its weights, tokenizer and chat template).
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
+    /// Write the trained model in Hugging Face layout to this directory at the end.
+    #[arg(long)]
+    export_hf: Option<PathBuf>,
+    /// The export's tensors: bf16 (default) or f32.
+    #[arg(long)]
+    export_dtype: Option<String>,
     /// The model (TOML `[model]` table only; default: `ModelConfig::tiny()`).
     #[arg(skip)]
     model: Option<ModelConfig>,
@@ -207,6 +234,18 @@ struct Settings {
     device: String,
     #[serde(default = "fp32")]
     precision: String,
+    /// A Hugging Face model directory (`None`: odc's own model, in checkpoints written before
+    /// this setting existed too).
+    #[serde(default)]
+    model_dir: Option<PathBuf>,
+    #[serde(default)]
+    export_hf: Option<PathBuf>,
+    #[serde(default = "bf16")]
+    export_dtype: String,
+}
+
+fn bf16() -> String {
+    "bf16".into()
 }
 
 fn cpu() -> String {
@@ -257,14 +296,27 @@ impl Opts {
     }
 
     fn settings(self) -> anyhow::Result<Settings> {
-        let model = match (self.model, &self.model_preset) {
-            (Some(_), Some(name)) => {
+        let model = match (self.model, &self.model_preset, &self.model_dir) {
+            (Some(_), Some(name), _) => {
                 bail!("--model {name} and a [model] table were both given: keep one")
             }
-            (Some(model), None) => model,
-            (None, Some(name)) => ModelConfig::preset(name)?,
-            (None, None) => ModelConfig::tiny(),
+            (Some(_), None, Some(dir)) | (None, Some(_), Some(dir)) => bail!(
+                "--model-dir {} brings its own model: drop --model and the [model] table",
+                dir.display()
+            ),
+            (_, _, Some(dir)) => HfCheckpoint::open(dir)
+                .with_context(|| format!("--model-dir {}", dir.display()))?
+                .config()
+                .clone(),
+            (Some(model), None, None) => model,
+            (None, Some(name), None) => ModelConfig::preset(name)?,
+            (None, None, None) => ModelConfig::tiny(),
         };
+        if self.tokenizer.is_some() && self.model_dir.is_some() {
+            bail!("--model-dir brings its own tokenizer: drop --tokenizer");
+        }
+        let export_dtype = self.export_dtype.unwrap_or_else(bf16);
+        export_dtype_of(&export_dtype)?;
         let device = self.device.unwrap_or_else(cpu);
         let on_cuda = device.parse::<DeviceSpec>()?.is_cuda();
         let precision = self
@@ -302,23 +354,125 @@ impl Opts {
             model,
             device,
             precision,
+            model_dir: self.model_dir,
+            export_hf: self.export_hf,
+            export_dtype,
         })
     }
 }
 
-/// The training problems: generated on the fly, or a file's records in order (cycled).
+/// `--export-dtype`.
+fn export_dtype_of(name: &str) -> anyhow::Result<ExportDtype> {
+    match name {
+        "bf16" => Ok(ExportDtype::Bf16),
+        "f32" => Ok(ExportDtype::F32),
+        other => bail!("--export-dtype {other:?}: expected bf16 or f32"),
+    }
+}
+
+/// The training data: generated problems, a file's problems or conversations in order (cycled).
 #[derive(Clone)]
 enum Dataset {
     Generated(ArithTask),
     File(Arc<Vec<Problem>>),
+    Chat(Arc<Vec<Vec<Message>>>),
 }
 
 impl Dataset {
-    fn problem(&self, index: u64) -> Problem {
-        match self {
-            Dataset::Generated(task) => task.problem(index),
-            Dataset::File(records) => records[(index % records.len() as u64) as usize].clone(),
+    /// `--data PATH`: chat JSONL when its first record has `messages`, else GSM8K JSONL.
+    fn load(path: &Path) -> anyhow::Result<Dataset> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the training data {}", path.display()))?;
+        let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        let chat = serde_json::from_str::<serde_json::Value>(first)
+            .map(|v| v.get("messages").is_some())
+            .unwrap_or(false);
+        let dataset = if chat {
+            Dataset::Chat(Arc::new(odc::text::conversation::load(path)?))
+        } else {
+            Dataset::File(Arc::new(
+                odc::text::gsm8k::load(path).context("loading the training data")?,
+            ))
+        };
+        let empty = match &dataset {
+            Dataset::File(records) => records.is_empty(),
+            Dataset::Chat(records) => records.is_empty(),
+            Dataset::Generated(_) => false,
+        };
+        if empty {
+            bail!("{}: no training records", path.display());
         }
+        Ok(dataset)
+    }
+
+    /// Record `index` as a conversation (a problem as the user's question and the assistant's
+    /// answer).
+    fn messages(&self, index: u64) -> Vec<Message> {
+        match self {
+            Dataset::Chat(records) => records[(index % records.len() as u64) as usize].clone(),
+            other => other
+                .problem(index)
+                .map(|p| p.messages())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Record `index` as a problem (`None` for a conversation).
+    fn problem(&self, index: u64) -> Option<Problem> {
+        match self {
+            Dataset::Generated(task) => Some(task.problem(index)),
+            Dataset::File(records) => {
+                Some(records[(index % records.len() as u64) as usize].clone())
+            }
+            Dataset::Chat(_) => None,
+        }
+    }
+}
+
+/// How text becomes tokens: odc's plain format (`BOS question \n answer EOS`) with any
+/// tokenizer, or a model directory's chat template.
+#[derive(Clone)]
+enum Format {
+    Plain(Arc<dyn Tokenizer>),
+    Chat(Arc<HfTokenizer>),
+}
+
+impl Format {
+    fn tokenizer(&self) -> Arc<dyn Tokenizer> {
+        match self {
+            Format::Plain(t) => t.clone(),
+            Format::Chat(t) => t.clone(),
+        }
+    }
+
+    /// Record `index` of `dataset` as a training sample (loss on the answer / the assistant).
+    fn sample(&self, dataset: &Dataset, index: u64) -> Result<odc::text::Sample, String> {
+        let sample = match (self, dataset.problem(index)) {
+            (Format::Plain(t), Some(problem)) => odc::text::Sample::from_problem(&**t, &problem),
+            (Format::Plain(_), None) => {
+                return Err("chat data needs a chat template: give --model-dir".into())
+            }
+            (Format::Chat(t), _) => odc::text::Sample::from_chat(t, &dataset.messages(index)),
+        };
+        sample.map_err(|e| format!("record {index}: {e}"))
+    }
+
+    /// The prompt an evaluation continues for `problem`.
+    fn prompt(&self, problem: &Problem) -> Result<Vec<u32>, TextError> {
+        match self {
+            Format::Plain(t) => odc::text::prompt_tokens(&**t, &problem.question),
+            Format::Chat(t) => prompt_from_chat(t, &[Message::user(problem.question.clone())]),
+        }
+    }
+
+    /// Whether `problem`'s training sample fits `max_len` tokens.
+    fn fits(&self, problem: &Problem, max_len: usize) -> Result<bool, TextError> {
+        Ok(match self {
+            Format::Plain(t) => odc::text::Sample::from_problem(&**t, problem)?.len() <= max_len,
+            Format::Chat(t) => {
+                odc::text::Sample::from_chat(t, &problem.messages())?.len() <= max_len
+            }
+        })
     }
 }
 
@@ -335,12 +489,29 @@ struct Saved {
     data: DataPosition,
 }
 
-/// The run's tokenizer (`--tokenizer`, else bytes). The model's `vocab_size` becomes its size
-/// unless the `[model]` table set one, which must then hold every id.
-fn load_tokenizer(
-    settings: &mut Settings,
-    model_given: bool,
-) -> anyhow::Result<Arc<dyn Tokenizer>> {
+/// The run's text format: a model directory's tokenizer and chat template, or plain text with
+/// `--tokenizer` (else bytes). Without a model directory, the model's `vocab_size` becomes the
+/// tokenizer's size unless the `[model]` table set one, which must then hold every id.
+fn load_format(settings: &mut Settings, model_given: bool) -> anyhow::Result<Format> {
+    if let Some(dir) = &settings.model_dir {
+        let tokenizer = HfTokenizer::from_dir(dir)?;
+        if tokenizer.chat_template().is_none() {
+            bail!(
+                "{}: its tokenizer_config.json has no chat_template (a base model): \
+                 fine-tune an instruct model, or add a template",
+                dir.display()
+            );
+        }
+        if settings.model.vocab_size < tokenizer.vocab_size() {
+            bail!(
+                "{}: config.json's vocab_size = {} is smaller than the tokenizer's {} ids",
+                dir.display(),
+                settings.model.vocab_size,
+                tokenizer.vocab_size()
+            );
+        }
+        return Ok(Format::Chat(Arc::new(tokenizer)));
+    }
     let (tokenizer, name): (Arc<dyn Tokenizer>, String) = match &settings.tokenizer {
         Some(path) => (
             Arc::new(HfTokenizer::from_file(path)?),
@@ -358,7 +529,7 @@ fn load_tokenizer(
             settings.model.vocab_size
         );
     }
-    Ok(tokenizer)
+    Ok(Format::Plain(tokenizer))
 }
 
 /// Whether two `tokenizer` settings are the same file (or both the byte tokenizer).
@@ -372,17 +543,29 @@ fn same_tokenizer(a: &Option<PathBuf>, b: &Option<PathBuf>) -> bool {
     }
 }
 
-fn tokenize(
-    tokenizer: &dyn Tokenizer,
-    dataset: &Dataset,
-    index: u64,
-) -> Result<odc::text::Sample, TextError> {
-    odc::text::Sample::from_problem(tokenizer, &dataset.problem(index))
+/// The first `n` of `problems` whose training sample fits `max_len` tokens (evaluation asks what
+/// training could have seen the like of).
+fn fitting(
+    format: &Format,
+    problems: impl IntoIterator<Item = Problem>,
+    max_len: usize,
+    n: usize,
+) -> Result<Vec<Problem>, TextError> {
+    let mut out = Vec::with_capacity(n);
+    for problem in problems {
+        if out.len() == n {
+            break;
+        }
+        if format.fits(&problem, max_len)? {
+            out.push(problem);
+        }
+    }
+    Ok(out)
 }
 
-/// The next `batch` problems from `position` that fit the model; advances `position`.
+/// The next `batch` records from `position` whose sample fits `max_len`; advances `position`.
 fn next_minibatch(
-    tokenizer: &dyn Tokenizer,
+    format: &Format,
     dataset: &Dataset,
     position: &mut DataPosition,
     batch: usize,
@@ -393,12 +576,12 @@ fn next_minibatch(
     while out.len() < batch {
         let index = position.next;
         position.next += 1;
-        let sample = tokenize(tokenizer, dataset, index).map_err(odc::Error::user)?;
+        let sample = format.sample(dataset, index).map_err(odc::Error::user)?;
         if sample.len() > max_len {
             skipped += 1;
             if skipped > 100 * batch {
                 return Err(odc::Error::Config(format!(
-                    "no problem near index {index} fits max_seq_len {max_len}"
+                    "no record near index {index} fits {max_len} tokens"
                 )));
             }
             continue;
@@ -461,7 +644,8 @@ async fn run(
     world: World,
     threads: odc::model::CpuThreads,
 ) -> anyhow::Result<()> {
-    let tokenizer = load_tokenizer(&mut settings, model_given)?;
+    let format = load_format(&mut settings, model_given)?;
+    let tokenizer = format.tokenizer();
     let rank = world.rank;
     let world_size = world.world_size;
     let lead = rank == 0;
@@ -526,32 +710,40 @@ async fn run(
     }
 
     let dataset = match &settings.data {
-        Some(path) => Dataset::File(Arc::new(
-            odc::text::gsm8k::load(path).context("loading the training data")?,
-        )),
+        Some(path) => Dataset::load(path)?,
         None => {
             Dataset::Generated(ArithTask::train(settings.seed).with_max_value(settings.max_value))
         }
     };
-    if let Dataset::File(records) = &dataset {
-        if records.is_empty() {
-            bail!("{}: no problems", settings.data.as_ref().unwrap().display());
-        }
+    if let (Dataset::Chat(_), Format::Plain(_)) = (&dataset, &format) {
+        bail!(
+            "{}: chat data needs the model's chat template: give --model-dir",
+            settings
+                .data
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
     }
+    // Samples longer than a micro-batch or the model's positions are skipped.
+    let max_len = settings
+        .model
+        .max_seq_len
+        .min(usize::try_from(settings.token_budget).unwrap_or(usize::MAX));
     // Evaluation runs on the lead while its trainers wait: one thread per trainer it holds.
     let eval_workers = if world_size > 1 { 1 } else { settings.trainers };
-    // Held-out problems that fit the model, as training skips the others.
-    let (max_len, wanted) = (settings.model.max_seq_len, settings.eval_problems);
+    // Held-out problems that fit, as training skips the others.
+    let wanted = settings.eval_problems;
     let eval_set: Vec<Problem> = match (&settings.eval_data, &settings.data) {
         (Some(path), _) => fitting(
-            &*tokenizer,
+            &format,
             odc::text::gsm8k::load(path).context("loading the evaluation data")?,
             max_len,
             wanted,
         )?,
         (None, Some(_)) => Vec::new(),
         (None, None) => fitting(
-            &*tokenizer,
+            &format,
             ArithTask::eval(settings.seed)
                 .with_max_value(settings.max_value)
                 .problems(0..(wanted as u64).saturating_mul(100)),
@@ -570,13 +762,10 @@ async fn run(
     }
 
     let model = settings.model.clone();
-    let max_len = model.max_seq_len;
     let store_data = dataset.clone();
-    let store_tokenizer = tokenizer.clone();
-    let store: Arc<dyn SampleStore> = Arc::new(move |index: u64| {
-        let sample = tokenize(&*store_tokenizer, &store_data, index);
-        Ok(Sample::from(&sample.map_err(|e| e.to_string())?))
-    });
+    let store_format = format.clone();
+    let store: Arc<dyn SampleStore> =
+        Arc::new(move |index: u64| Ok(Sample::from(&store_format.sample(&store_data, index)?)));
     let placement = Placement {
         device: settings.device.parse()?,
         precision: settings.precision.parse()?,
@@ -588,7 +777,15 @@ async fn run(
     } else {
         (Device::Cpu, eval_workers)
     };
-    let mut builder = transformer_job_on(&model, None, store, Objective::CrossEntropy, placement)?
+    // A model directory's weights: each shard server converts its own slice from the mapped
+    // files (every rank opens the directory: it must be on a filesystem they share).
+    let units = match &settings.model_dir {
+        Some(dir) => HfCheckpoint::open(dir)
+            .with_context(|| format!("--model-dir {}", dir.display()))?
+            .unit_specs(),
+        None => layout_units(&model)?,
+    };
+    let mut builder = transformer_job_of(&model, units, store, Objective::CrossEntropy, placement)?
         .optimizer(OptimizerConfig::AdamW {
             lr: settings.lr,
             beta1: 0.9,
@@ -608,10 +805,10 @@ async fn run(
     let batch = settings.batch_size;
     let feed = Arc::new(Mutex::new(position));
     let fed = feed.clone();
-    let data_tokenizer = tokenizer.clone();
+    let data_format = format.clone();
     builder = builder.data(move |_step: u64| {
         let mut at = fed.lock().unwrap_or_else(|e| e.into_inner());
-        next_minibatch(&*data_tokenizer, &data_source, &mut at, batch, max_len)
+        next_minibatch(&data_format, &data_source, &mut at, batch, max_len)
     });
     let trainers = if world_size > 1 {
         world_size as usize
@@ -708,12 +905,14 @@ async fn run(
             let params = job.parameters().await?;
             let weights = Weights::from_units(&settings.model, &params, &eval_device)?;
             let t = Instant::now();
-            let e = evaluate(
+            let prompt = |p: &Problem| format.prompt(p);
+            let e = evaluate_prompted(
                 &weights,
                 &*tokenizer,
                 &eval_set,
                 settings.max_new_tokens,
                 eval_workers,
+                &prompt,
             )?;
             accuracy = e.accuracy();
             metrics::gauge!("odc_sft_eval_accuracy").set(accuracy);
@@ -744,6 +943,34 @@ async fn run(
         }
     }
     bar.finish_and_clear();
+    if let (Some(out), true) = (&settings.export_hf, lead) {
+        let t = Instant::now();
+        let params = job.parameters().await?;
+        let summary = export_hf(
+            out,
+            &settings.model,
+            &params,
+            &ExportOptions {
+                dtype: export_dtype_of(&settings.export_dtype)?,
+                source: settings.model_dir.as_deref(),
+                ..ExportOptions::default()
+            },
+        )
+        .with_context(|| format!("--export-hf {}", out.display()))?;
+        say(format!(
+            "exported: {} ({} safetensors file(s), {:.1} MB of {} tensors, tokenizer files: {}; {:.1} s)",
+            out.display(),
+            summary.safetensors_files.len(),
+            summary.tensor_bytes as f64 / 1e6,
+            settings.export_dtype,
+            if summary.tokenizer_files.is_empty() {
+                "none".to_string()
+            } else {
+                summary.tokenizer_files.join(", ")
+            },
+            t.elapsed().as_secs_f64()
+        ));
+    }
     if let (Some(path), true) = (&settings.trace, lead) {
         write_chrome_trace(path, &spans, "odc sft")?;
         say(format!("trace: {}", path.display()));

@@ -279,3 +279,208 @@ fn hf_tokenizer_trains_checkpoints_and_mismatches_are_named() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A small model directory as a user has one: a byte-level BPE `tokenizer.json` trained on the
+/// generated problems with ChatML's specials, Qwen2.5's real `tokenizer_config.json` (its chat
+/// template, EOS `<|im_end|>`, no BOS), and random Qwen2-layout weights (q/k/v biases, GQA,
+/// tied embeddings) exported in f32.
+fn write_model_dir(dir: &Path) -> odc::model::ModelConfig {
+    use tokenizers::models::bpe::{BpeTrainer, BPE};
+    use tokenizers::models::TrainerWrapper;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::AddedToken;
+
+    std::fs::create_dir_all(dir).unwrap();
+    let mut tokenizer = tokenizers::Tokenizer::new(BPE::default());
+    tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+    tokenizer.with_decoder(Some(ByteLevel::new(false, true, true)));
+    let mut trainer: TrainerWrapper = BpeTrainer::builder()
+        .show_progress(false)
+        .vocab_size(500)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .special_tokens(
+            ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+                .iter()
+                .map(|t| AddedToken::from(*t, true))
+                .collect(),
+        )
+        .build()
+        .into();
+    let texts = odc::text::ArithTask::train(1)
+        .problems(0..200)
+        .flat_map(|p| [p.question, p.answer]);
+    tokenizer.train(&mut trainer, texts).unwrap();
+    tokenizer.save(dir.join("tokenizer.json"), false).unwrap();
+    let vocab = tokenizer.get_vocab_size(true);
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/qwen2.5");
+    std::fs::copy(
+        fixture.join("tokenizer_config.json"),
+        dir.join("tokenizer_config.json"),
+    )
+    .unwrap();
+
+    let config = odc::model::ModelConfig {
+        vocab_size: vocab,
+        d_model: 32,
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: Some(2),
+        d_ff: 64,
+        max_seq_len: 2048,
+        rope_theta: 1_000_000.0,
+        rms_eps: 1e-6,
+        qkv_bias: true,
+        tie_embeddings: true,
+        init_std: 0.05,
+        seed: 5,
+        ..odc::model::ModelConfig::tiny()
+    };
+    let units: Vec<Vec<f32>> = (0..odc::model::unit_count(&config))
+        .map(|u| odc::model::unit_init_values(&config, u).unwrap())
+        .collect();
+    let options = odc::model::hf::ExportOptions {
+        dtype: odc::model::hf::ExportDtype::F32,
+        ..Default::default()
+    };
+    let weights = dir.join("weights");
+    odc::model::hf::export_hf(&weights, &config, &units, &options).unwrap();
+    for entry in std::fs::read_dir(&weights).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::rename(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::remove_dir(&weights).unwrap();
+    config
+}
+
+/// `sft --model-dir DIR --data chat.jsonl --export-hf OUT`, as the README's "Fine-tune your own
+/// model" runs it: the model starts from the directory's weights, trains on chat JSONL with its
+/// own template, evaluates with it, and comes back out in Hugging Face layout (bf16, the
+/// tokenizer files copied) — a directory odc reads again, whose weights moved. A directory with
+/// a tensor missing is refused naming the file and the tensor, before anything runs.
+#[test]
+fn sft_fine_tunes_a_model_directory_and_exports_it() {
+    let dir = std::env::temp_dir().join(format!("odc-sft-model-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let model = dir.join("model");
+    let config = write_model_dir(&model);
+    let data = dir.join("chat.jsonl");
+    let lines: Vec<String> = odc::text::ArithTask::train(7)
+        .problems(0..40)
+        .map(|p| {
+            serde_json::json!({"messages": [
+                {"role": "system", "content": "Answer with the steps."},
+                {"role": "user", "content": p.question},
+                {"role": "assistant", "content": p.answer},
+            ]})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let out_dir = dir.join("out");
+    let sft = |args: &[&str]| {
+        let mut command = Command::new(harness::example("sft"));
+        command.args([
+            "--steps",
+            "4",
+            "--batch-size",
+            "4",
+            "--token-budget",
+            "1024",
+            "--eval-problems",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--no-metrics",
+            "--lr",
+            "0.01",
+            "--warmup-steps",
+            "1",
+        ]);
+        command.args(args);
+        harness::run(command, Duration::from_secs(300))
+    };
+    let model_arg = model.to_str().unwrap();
+    let (data_arg, out_arg) = (data.to_str().unwrap(), out_dir.to_str().unwrap());
+    let mut args = vec![
+        "--model-dir",
+        model_arg,
+        "--data",
+        data_arg,
+        "--export-hf",
+        out_arg,
+    ];
+    // GSM8K's test split as held-out problems, prompted with the model's template.
+    let gsm8k = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/gsm8k/test.jsonl");
+    let gsm8k_arg = gsm8k.to_string_lossy().into_owned();
+    if gsm8k.is_file() {
+        args.extend(["--eval-data", &gsm8k_arg]);
+    } else {
+        eprintln!("no evaluation in the model-directory run: {gsm8k_arg} is absent");
+    }
+    let out = sft(&args);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (step, loss, accuracy) = final_line(&stdout);
+    assert_eq!(step, 4);
+    assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
+    if gsm8k.is_file() {
+        assert!((0.0..=1.0).contains(&accuracy), "accuracy {accuracy}");
+    }
+    assert!(stdout.contains("exported: "), "{stdout}");
+
+    // The export: HF names in bf16, the tokenizer files beside, the same model, moved weights.
+    let exported = odc::model::hf::HfCheckpoint::open(&out_dir).expect("odc reads its export");
+    assert_eq!(exported.config().vocab_size, config.vocab_size);
+    assert!(exported.config().tie_embeddings && exported.config().qkv_bias);
+    for file in ["tokenizer.json", "tokenizer_config.json", "config.json"] {
+        assert!(
+            out_dir.join(file).is_file(),
+            "{file} missing from the export"
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["torch_dtype"], "bfloat16");
+    assert_eq!(json["model_type"], "qwen2");
+    let start = odc::model::hf::HfCheckpoint::open(&model).unwrap();
+    let moved = (0..odc::model::unit_count(&config)).all(|u| {
+        let (a, b) = (
+            start.unit_values(u).unwrap(),
+            exported.unit_values(u).unwrap(),
+        );
+        a.iter().zip(&b).any(|(x, y)| (x - y).abs() > 1e-3)
+    });
+    assert!(moved, "some unit did not move in 4 steps at lr 0.01");
+
+    // A damaged directory: one tensor missing from the weights is named before anything runs.
+    let broken = dir.join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    for entry in std::fs::read_dir(&model).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, broken.join(path.file_name().unwrap())).unwrap();
+    }
+    let file = broken.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name != "model.layers.1.mlp.up_proj.weight")
+        .collect();
+    let metadata = Some(std::collections::HashMap::from([(
+        "format".to_string(),
+        "pt".to_string(),
+    )]));
+    let rewritten = safetensors::serialize(kept, metadata).unwrap();
+    std::fs::write(&file, rewritten).unwrap();
+    let out = sft(&["--model-dir", broken.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("model.safetensors")
+            && stderr.contains("model.layers.1.mlp.up_proj.weight"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

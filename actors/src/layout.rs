@@ -22,6 +22,10 @@ pub enum UnitInit {
     Values(Arc<[f32]>),
     /// Value of element `i`.
     Fn(Arc<dyn Fn(usize) -> f32 + Send + Sync>),
+    /// Values of a range of elements, read on demand — from a memory-mapped checkpoint, say, so
+    /// that a shard server converts only its own shard. Must return exactly `range.len()` values
+    /// for every range within the unit.
+    Slice(Arc<dyn Fn(Range<usize>) -> Vec<f32> + Send + Sync>),
 }
 
 impl std::fmt::Debug for UnitInit {
@@ -30,6 +34,7 @@ impl std::fmt::Debug for UnitInit {
             UnitInit::Constant(c) => write!(f, "Constant({c})"),
             UnitInit::Values(v) => write!(f, "Values(len {})", v.len()),
             UnitInit::Fn(_) => write!(f, "Fn"),
+            UnitInit::Slice(_) => write!(f, "Slice"),
         }
     }
 }
@@ -41,6 +46,7 @@ impl UnitInit {
             UnitInit::Constant(c) => vec![*c; range.len()],
             UnitInit::Values(v) => v[range].to_vec(),
             UnitInit::Fn(f) => range.map(|i| f(i)).collect(),
+            UnitInit::Slice(f) => f(range),
         }
     }
 }
@@ -198,8 +204,9 @@ impl ModelLayout {
     }
 
     /// A fingerprint of the model (FNV-1a over unit names, lengths and the bits of explicit and
-    /// constant initial values; an initialiser function counts by its place only, as it is not
-    /// materialised here): processes of one job compare it before any of them serves a shard.
+    /// constant initial values; an initialiser function or slice reader counts by its place
+    /// only, as it is not materialised here): processes of one job compare it before any of them
+    /// serves a shard.
     pub fn digest(&self) -> u64 {
         let mut h = Fnv(0xcbf2_9ce4_8422_2325);
         for u in &self.units {
@@ -217,6 +224,7 @@ impl ModelLayout {
                     }
                 }
                 UnitInit::Fn(_) => h.bytes(&[2]),
+                UnitInit::Slice(_) => h.bytes(&[3]),
             }
         }
         for state in self.optimizer.iter().flat_map(|s| s.iter()) {
@@ -337,5 +345,36 @@ mod tests {
         ));
         assert_eq!(l.find("a"), Some(0));
         assert_eq!(l.unit(0).unwrap().init.slice(1..3), vec![1.0, 1.0]);
+    }
+
+    #[test]
+    fn slice_init_reads_only_the_range_asked_for() {
+        let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = asked.clone();
+        let init = UnitInit::Slice(Arc::new(move |r: Range<usize>| {
+            log.lock().unwrap().push(r.clone());
+            r.map(|i| i as f32 * 0.5).collect()
+        }));
+        let unit = UnitSpec {
+            name: "mapped".into(),
+            len: 10,
+            init,
+        };
+        let layout = ModelLayout::new(vec![unit]).unwrap();
+        let spec = layout.unit(0).unwrap();
+        assert_eq!(spec.init.slice(shard_range(10, 3, 1)), vec![1.5, 2.0, 2.5]);
+        assert_eq!(spec.init.slice(6..10), vec![3.0, 3.5, 4.0, 4.5]);
+        assert_eq!(*asked.lock().unwrap(), vec![3..6, 6..10]);
+        assert_eq!(format!("{:?}", spec.init), "Slice");
+        // Counted by its place, as `Fn` is, not by its values.
+        let fn_init = UnitSpec {
+            name: "mapped".into(),
+            len: 10,
+            init: UnitInit::Fn(Arc::new(|i| i as f32)),
+        };
+        assert_ne!(
+            layout.digest(),
+            ModelLayout::new(vec![fn_init]).unwrap().digest()
+        );
     }
 }

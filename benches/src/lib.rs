@@ -4,7 +4,8 @@
 //! harness ([`ab`]), the sequence-length workloads ([`workload`]), the measured cost of the
 //! emulation itself ([`floor`]), the limits on user input ([`input`]) and the reports (table, JSON,
 //! SVG; [`report`]), the transport pull benchmark with its owner processes ([`transport`]) and the cost of
-//! running a job as several processes ([`processes`]), and virtual time checked against wall time
+//! running a job as several processes ([`processes`]), model checkpoints in Hugging Face layout
+//! and what loading one costs ([`hf`]), and virtual time checked against wall time
 //! ([`validate`]). The
 //! `odc-bench` binary (`odc-bench ab …`, `odc-bench transport …`) drives them; the criterion
 //! micro-benchmarks live in `benches/benches/`.
@@ -16,6 +17,7 @@ pub mod ab;
 pub mod calibrate;
 pub mod fabric;
 pub mod floor;
+pub mod hf;
 pub mod input;
 pub mod processes;
 pub mod report;

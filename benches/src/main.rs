@@ -68,6 +68,36 @@ enum Command {
     /// profile), and the long-sequence table: step time against perfect balance with and without
     /// context-parallel splitting (odc_bench::sim).
     Sim(SimArgs),
+    /// A seeded random checkpoint in Hugging Face layout shaped like a public model
+    /// (smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, llama3.2-1b), for `hf-load` and
+    /// `sft-overhead --model-dir`.
+    HfMake(HfMakeArgs),
+    /// Loading a Hugging Face checkpoint: opening (every header checked) and converting every
+    /// unit to f32 as the shard servers do, seconds and peak memory against the file size.
+    HfLoad(HfLoadArgs),
+}
+
+#[derive(Args)]
+struct HfMakeArgs {
+    /// smollm2-135m, qwen2.5-0.5b, qwen3-0.6b or llama3.2-1b.
+    #[arg(long)]
+    shape: String,
+    /// bf16 or f32 on disk.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// The directory to write (must not exist, or be empty).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+struct HfLoadArgs {
+    /// The model directory.
+    #[arg(long)]
+    model_dir: PathBuf,
+    /// Shard servers the conversion is split over.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    servers: u32,
 }
 
 #[derive(Args)]
@@ -139,6 +169,10 @@ struct SftOverheadArgs {
     /// The device's dense bf16 peak in TFLOP/s, MFU's denominator (H100 SXM: 989).
     #[arg(long, default_value_t = 989.0)]
     peak_tflops: f64,
+    /// A Hugging Face model directory (`hf-make` writes one): its config and weights on both
+    /// sides instead of a preset, trained on synthetic samples of --min-len..=--max-len tokens.
+    #[arg(long, conflicts_with = "model")]
+    model_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1164,11 +1198,26 @@ fn device_and_precision(
 async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
     use odc_bench::sft_overhead as so;
     let (device, precision) = device_and_precision(&args.device, args.precision.as_deref())?;
-    let model_name = args
-        .model
-        .clone()
-        .unwrap_or_else(|| if device.is_cuda() { "gpu-100m" } else { "tiny" }.into());
-    let model = odc::model::ModelConfig::preset(&model_name)?;
+    let (model_name, model, init) = match &args.model_dir {
+        Some(dir) => {
+            let checkpoint = odc::model::hf::HfCheckpoint::open(dir)
+                .with_context(|| format!("--model-dir {}", dir.display()))?;
+            let config = checkpoint.config().clone();
+            (
+                dir.display().to_string(),
+                config,
+                Some(checkpoint.all_unit_values()?),
+            )
+        }
+        None => {
+            let name = args
+                .model
+                .clone()
+                .unwrap_or_else(|| if device.is_cuda() { "gpu-100m" } else { "tiny" }.into());
+            let model = odc::model::ModelConfig::preset(&name)?;
+            (name, model, None)
+        }
+    };
     if !(args.peak_tflops.is_finite() && args.peak_tflops > 0.0) {
         bail!("--peak-tflops must be positive, got {}", args.peak_tflops);
     }
@@ -1189,9 +1238,10 @@ async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
         servers: args.servers as usize,
         dispatch: args.dispatch.into(),
         model,
+        init,
         device,
         precision,
-        data: if device.is_cuda() {
+        data: if device.is_cuda() || args.model_dir.is_some() {
             so::Data::Synthetic {
                 min_len: args.min_len as usize,
                 max_len: args.max_len as usize,
@@ -1252,6 +1302,65 @@ async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
         args.peak_tflops,
         outcome.flops_per_step,
         if ratio <= target { "met" } else { "MISSED" }
+    );
+    Ok(())
+}
+
+fn hf_make(args: HfMakeArgs) -> anyhow::Result<()> {
+    use odc::model::hf::ExportDtype;
+    let config = odc_bench::hf::shape(&args.shape)?;
+    let dtype = match args.dtype.as_str() {
+        "bf16" => ExportDtype::Bf16,
+        "f32" => ExportDtype::F32,
+        other => bail!("--dtype {other:?}: expected bf16 or f32"),
+    };
+    let started = std::time::Instant::now();
+    let summary = odc_bench::hf::make(&config, dtype, &args.out)?;
+    println!(
+        "odc-bench hf-make: {} ({} parameters) in {}: {} file(s), {:.1} MB of tensors, {:.1} s",
+        args.shape,
+        odc::model::param_count(&config)?,
+        args.out.display(),
+        summary.safetensors_files.len(),
+        summary.tensor_bytes as f64 / 1e6,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn hf_load(args: HfLoadArgs) -> anyhow::Result<()> {
+    let r = odc_bench::hf::load(&args.model_dir, args.servers as usize)?;
+    let mb = |b: u64| b as f64 / 1e6;
+    println!(
+        "odc-bench hf-load: {} ({} parameters, {:.1} MB on disk), {} server(s)\n\
+         open (config, headers, every tensor checked) {:.3} s; convert to f32 masters {:.3} s \
+         ({:.0} MB/s of file, {:.1} MB of f32, largest slice {:.1} MB)\n\
+         peak resident {:.1} MB (before opening {:.1} MB); at the end resident anonymous {:.1} MB, \
+         file-backed {:.1} MB",
+        args.model_dir.display(),
+        r.parameters,
+        mb(r.file_bytes),
+        args.servers,
+        r.open_s,
+        r.convert_s,
+        mb(r.file_bytes) / r.convert_s.max(1e-9),
+        mb(r.f32_bytes),
+        mb(r.largest_slice_bytes),
+        mb(r.peak_rss),
+        mb(r.peak_rss_before),
+        mb(r.rss_anon),
+        mb(r.rss_file)
+    );
+    println!(
+        "result hf-load parameters={} file_bytes={} open_s={:.4} convert_s={:.4} peak_rss_bytes={} \
+         peak_rss_before_bytes={} largest_slice_bytes={}",
+        r.parameters,
+        r.file_bytes,
+        r.open_s,
+        r.convert_s,
+        r.peak_rss,
+        r.peak_rss_before,
+        r.largest_slice_bytes
     );
     Ok(())
 }
@@ -1349,6 +1458,8 @@ fn main() -> ExitCode {
             Command::SftOverhead(args) => runtime.block_on(sft_overhead(args)),
             Command::Calibrate(args) => calibrate(args),
             Command::Sim(args) => runtime.block_on(sim(args)),
+            Command::HfMake(args) => hf_make(args),
+            Command::HfLoad(args) => hf_load(args),
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -68,6 +68,9 @@ pub struct Settings {
     /// How odc hands micro-batches to trainers.
     pub dispatch: DispatchMode,
     pub model: ModelConfig,
+    /// Both sides' initial units (a Hugging Face checkpoint's); `None`: the seeded
+    /// initialisation.
+    pub init: Option<Vec<Vec<f32>>>,
     /// Where both sides compute.
     pub device: DeviceSpec,
     pub precision: ComputePrecision,
@@ -232,17 +235,18 @@ struct CandleAlone {
 impl CandleAlone {
     fn new(
         config: &ModelConfig,
+        init: Option<&[Vec<f32>]>,
         budget: u64,
         device: &Device,
         precision: ComputePrecision,
     ) -> anyhow::Result<Self> {
         let vars = (0..unit_count(config))
             .map(|u| {
-                unit_vars(
-                    &unit_init_values(config, u)?,
-                    &unit_params(config, u)?,
-                    device,
-                )
+                let values = match init {
+                    Some(units) => units[u].clone(),
+                    None => unit_init_values(config, u)?,
+                };
+                unit_vars(&values, &unit_params(config, u)?, device)
             })
             .collect::<odc::model::Result<Vec<_>>>()?;
         let optimizer = AdamW::new(vars.iter().flatten().cloned().collect(), adamw().1)?;
@@ -329,18 +333,22 @@ fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
         precision: settings.precision,
         local_rank: 0,
     };
-    Ok(
-        transformer_job_on(&config, None, store, Objective::CrossEntropy, placement)?
-            .trainers(settings.trainers)
-            .servers(settings.servers)
-            .optimizer(adamw().0)
-            .pull_precision(Precision::F32)
-            .token_budget(settings.token_budget)
-            .dispatch(settings.dispatch)
-            // Every block trains the same `steps` minibatches, on both sides.
-            .data(move |step: u64| Ok(minibatch(&data, step % steps, batch)))
-            .build()?,
-    )
+    Ok(transformer_job_on(
+        &config,
+        settings.init.clone(),
+        store,
+        Objective::CrossEntropy,
+        placement,
+    )?
+    .trainers(settings.trainers)
+    .servers(settings.servers)
+    .optimizer(adamw().0)
+    .pull_precision(Precision::F32)
+    .token_budget(settings.token_budget)
+    .dispatch(settings.dispatch)
+    // Every block trains the same `steps` minibatches, on both sides.
+    .data(move |step: u64| Ok(minibatch(&data, step % steps, batch)))
+    .build()?)
 }
 
 /// Runs the benchmark; `progress` gets one line per block.
@@ -351,8 +359,9 @@ pub async fn run(settings: &Settings, mut progress: impl FnMut(&str)) -> anyhow:
     });
     let device = open_device(settings.device, 0)?;
     let (budget, precision) = (settings.token_budget, settings.precision);
-    let mut a = CandleAlone::new(&settings.model, budget, &device, precision)?;
-    let mut control = CandleAlone::new(&settings.model, budget, &device, precision)?;
+    let init = settings.init.as_deref();
+    let mut a = CandleAlone::new(&settings.model, init, budget, &device, precision)?;
+    let mut control = CandleAlone::new(&settings.model, init, budget, &device, precision)?;
     let steps = u64::from(settings.steps.max(1));
     let mut flops = 0.0;
     for step in 0..steps {

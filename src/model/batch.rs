@@ -175,7 +175,7 @@ impl PackedBatch {
         }
         let positions = Tensor::from_slice(positions, t, device)?;
         let segments = Tensor::from_slice(segments, t, device)?;
-        let (rope_cos, rope_sin) = rope_cos_sin(&positions, config.head_dim(), config.rope_theta)?;
+        let (rope_cos, rope_sin) = rope_cos_sin(&positions, &config.rope_inv_freq())?;
         Ok(PackedBatch {
             tokens: Tensor::from_slice(tokens, t, device)?,
             spans,

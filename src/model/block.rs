@@ -2,74 +2,172 @@
 //! with a residual:
 //!
 //! ```text
-//! h   = x + attn(rms_norm(x, attn_norm))
-//! out = h + w2(silu(w1 n) * w3 n),  n = rms_norm(h, mlp_norm)
+//! h   = x + attn(rms_norm(x, input_layernorm))
+//! out = h + down(silu(gate n) * up n),  n = rms_norm(h, post_attention_layernorm)
 //! ```
 //!
-//! Its parameters, in this order ([`block_params`]): `layers.{l}.attn_norm.weight [d]`,
-//! `layers.{l}.attn.{wq,wk,wv,wo} [d, d]`, `layers.{l}.mlp_norm.weight [d]`, `layers.{l}.mlp.w1
-//! [d_ff, d]`, `layers.{l}.mlp.w2 [d, d_ff]`, `layers.{l}.mlp.w3 [d_ff, d]` (linear weights
-//! `[out, in]`).
+//! Its parameters carry their Hugging Face names ([`block_params`]), in this order:
+//! `model.layers.{l}.input_layernorm.weight [d]`, `self_attn.q_proj.weight [H·hd, d]`
+//! (`.bias [H·hd]` with `qkv_bias`), `self_attn.k_proj.weight [KV·hd, d]` (+ bias),
+//! `self_attn.v_proj.weight [KV·hd, d]` (+ bias), `self_attn.o_proj.weight [d, H·hd]`,
+//! `self_attn.q_norm.weight [hd]` and `self_attn.k_norm.weight [hd]` (with `qk_norm`),
+//! `post_attention_layernorm.weight [d]`, `mlp.gate_proj.weight [f, d]`, `mlp.up_proj.weight
+//! [f, d]`, `mlp.down_proj.weight [d, f]` (linear weights `[out, in]`).
+//!
+//! **One block for everything**: [`block_forward_with`] is the block; training
+//! ([`block_forward`], a packed micro-batch) and cached decoding (`super::generate`) differ only
+//! in the attention they pass it.
 
 use candle_core::Tensor;
 
-use super::attention::{causal_self_attention, AttentionWeights};
+use super::attention::{packed_attend, project, AttentionWeights};
 use super::batch::PackedBatch;
 use super::config::ModelConfig;
 use super::error::{Error, Result};
 use super::ops::{rms_norm, silu};
 use super::params::{ParamInit, ParamSpec};
 
-/// The parameter list of block `layer`, in the order [`block_forward`] expects.
+/// The parameter list of block `layer`, in the order [`BlockWeights::new`] reads it.
 pub fn block_params(config: &ModelConfig, layer: usize) -> Vec<ParamSpec> {
-    let (d, f) = (config.d_model, config.d_ff);
+    let (d, f, hd) = (config.d_model, config.d_ff, config.head_dim());
+    let (q, kv) = (config.n_heads * hd, config.kv_heads() * hd);
     let p = |name: &str, shape: &[usize], init| {
-        ParamSpec::new(format!("layers.{layer}.{name}"), shape, init)
+        ParamSpec::new(format!("model.layers.{layer}.{name}"), shape, init)
     };
-    vec![
-        p("attn_norm.weight", &[d], ParamInit::Ones),
-        p("attn.wq", &[d, d], ParamInit::Normal),
-        p("attn.wk", &[d, d], ParamInit::Normal),
-        p("attn.wv", &[d, d], ParamInit::Normal),
-        p("attn.wo", &[d, d], ParamInit::Normal),
-        p("mlp_norm.weight", &[d], ParamInit::Ones),
-        p("mlp.w1", &[f, d], ParamInit::Normal),
-        p("mlp.w2", &[d, f], ParamInit::Normal),
-        p("mlp.w3", &[f, d], ParamInit::Normal),
-    ]
+    let mut specs = vec![p("input_layernorm.weight", &[d], ParamInit::Ones)];
+    for (proj, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+        specs.push(p(
+            &format!("self_attn.{proj}.weight"),
+            &[out, d],
+            ParamInit::Normal,
+        ));
+        if config.qkv_bias {
+            specs.push(p(
+                &format!("self_attn.{proj}.bias"),
+                &[out],
+                ParamInit::Zeros,
+            ));
+        }
+    }
+    specs.push(p("self_attn.o_proj.weight", &[d, q], ParamInit::Normal));
+    if config.qk_norm {
+        specs.push(p("self_attn.q_norm.weight", &[hd], ParamInit::Ones));
+        specs.push(p("self_attn.k_norm.weight", &[hd], ParamInit::Ones));
+    }
+    specs.extend([
+        p("post_attention_layernorm.weight", &[d], ParamInit::Ones),
+        p("mlp.gate_proj.weight", &[f, d], ParamInit::Normal),
+        p("mlp.up_proj.weight", &[f, d], ParamInit::Normal),
+        p("mlp.down_proj.weight", &[d, f], ParamInit::Normal),
+    ]);
+    specs
 }
 
-/// `x: [T, d_model]` -> `[T, d_model]` with `params` in [`block_params`] order.
+/// A block's tensors by role, read from its parameters in [`block_params`] order.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockWeights<'a> {
+    pub input_norm: &'a Tensor,
+    pub attention: AttentionWeights<'a>,
+    pub post_norm: &'a Tensor,
+    pub gate: &'a Tensor,
+    pub up: &'a Tensor,
+    pub down: &'a Tensor,
+}
+
+impl<'a> BlockWeights<'a> {
+    /// `params` in [`block_params`] order; [`Error::UnitParams`] when their count is not the
+    /// config's.
+    pub fn new(config: &ModelConfig, params: &'a [Tensor]) -> Result<Self> {
+        let expected = 9 + 3 * usize::from(config.qkv_bias) + 2 * usize::from(config.qk_norm);
+        if params.len() != expected {
+            return Err(Error::UnitParams {
+                what: "tensors",
+                expected,
+                got: params.len(),
+            });
+        }
+        let mut it = params.iter();
+        let mut next = || {
+            it.next().ok_or(Error::UnitParams {
+                what: "tensors",
+                expected,
+                got: params.len(),
+            })
+        };
+        let input_norm = next()?;
+        let (wq, bq) = (next()?, if config.qkv_bias { Some(next()?) } else { None });
+        let (wk, bk) = (next()?, if config.qkv_bias { Some(next()?) } else { None });
+        let (wv, bv) = (next()?, if config.qkv_bias { Some(next()?) } else { None });
+        let wo = next()?;
+        let qk_norm = if config.qk_norm {
+            Some([next()?, next()?])
+        } else {
+            None
+        };
+        let bias = match (bq, bk, bv) {
+            (Some(q), Some(k), Some(v)) => Some([q, k, v]),
+            _ => None,
+        };
+        Ok(BlockWeights {
+            input_norm,
+            attention: AttentionWeights {
+                wq,
+                wk,
+                wv,
+                wo,
+                bias,
+                qk_norm,
+            },
+            post_norm: next()?,
+            gate: next()?,
+            up: next()?,
+            down: next()?,
+        })
+    }
+}
+
+/// What a block's attention does with its queries `[rows, n_heads, n, hd]` and the new keys and
+/// values `[rows, n_kv_heads, n, hd]`: the attended values `[rows, n_heads, n, hd]`.
+pub type Attend<'a> = dyn FnMut(&Tensor, &Tensor, &Tensor) -> Result<Tensor> + 'a;
+
+/// The block on `x: [rows · n, d_model]` with rotary angles `cos, sin: [n, hd / 2]`, its
+/// attention done by `attend`.
+pub fn block_forward_with(
+    config: &ModelConfig,
+    w: &BlockWeights<'_>,
+    x: &Tensor,
+    rows: usize,
+    (cos, sin): (&Tensor, &Tensor),
+    attend: &mut Attend<'_>,
+) -> Result<Tensor> {
+    let n = rms_norm(x, w.input_norm, config.rms_eps)?;
+    let (q, k, v) = project(config, &w.attention, &n, rows, cos, sin)?;
+    let h = (x + w.attention.output(&attend(&q, &k, &v)?)?)?;
+    mlp_residual(config, w, &h)
+}
+
+/// Training: `x: [T, d_model]` -> `[T, d_model]` over a packed micro-batch, with `params` in
+/// [`block_params`] order.
 pub fn block_forward(
     config: &ModelConfig,
     params: &[Tensor],
     x: &Tensor,
     batch: &PackedBatch,
 ) -> Result<Tensor> {
-    let [attn_norm, wq, wk, wv, wo, mlp_norm, w1, w2, w3] = params else {
-        return Err(Error::UnitParams {
-            what: "tensors",
-            expected: 9,
-            got: params.len(),
-        });
-    };
-    let attn = AttentionWeights { wq, wk, wv, wo };
-    let n = rms_norm(x, attn_norm, config.rms_eps)?;
-    let h = (x + causal_self_attention(&n, attn, config.n_heads, batch)?)?;
-    mlp_residual(config, &h, [mlp_norm, w1, w2, w3])
+    let w = BlockWeights::new(config, params)?;
+    let rope = (&batch.rope_cos, &batch.rope_sin);
+    block_forward_with(config, &w, x, 1, rope, &mut |q, k, v| {
+        packed_attend(config, q, k, v, batch)
+    })
 }
 
-/// `h + w2(silu(w1 n) * w3 n)`, `n = rms_norm(h, mlp_norm)`: the block's second half (also used by
-/// the cached decoder of [`super::generate`]).
-pub(crate) fn mlp_residual(
-    config: &ModelConfig,
-    h: &Tensor,
-    [mlp_norm, w1, w2, w3]: [&Tensor; 4],
-) -> Result<Tensor> {
-    let n = rms_norm(h, mlp_norm, config.rms_eps)?;
-    let gate = silu(&n.matmul(&w1.t()?)?)?;
-    let up = n.matmul(&w3.t()?)?;
-    Ok((h + (gate * up)?.matmul(&w2.t()?)?)?)
+/// `h + down(silu(gate n) * up n)`, `n = rms_norm(h, post_attention_layernorm)`: the block's
+/// second half.
+fn mlp_residual(config: &ModelConfig, w: &BlockWeights<'_>, h: &Tensor) -> Result<Tensor> {
+    let n = rms_norm(h, w.post_norm, config.rms_eps)?;
+    let gate = silu(&n.matmul(&w.gate.t()?)?)?;
+    let up = n.matmul(&w.up.t()?)?;
+    Ok((h + (gate * up)?.matmul(&w.down.t()?)?)?)
 }
 
 #[cfg(test)]
@@ -104,13 +202,41 @@ mod tests {
     fn block_param_names_and_shapes() {
         let specs = block_params(&config(), 3);
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names[1], "layers.3.attn.wq");
-        assert_eq!(names[6], "layers.3.mlp.w1");
-        assert_eq!(specs[7].shape, vec![16, 24]);
+        assert_eq!(names[1], "model.layers.3.self_attn.q_proj.weight");
+        assert_eq!(names[7], "model.layers.3.mlp.up_proj.weight");
+        assert_eq!(specs[8].shape, vec![16, 24]);
         assert_eq!(
             specs.iter().map(ParamSpec::numel).sum::<usize>(),
             2 * 16 + 4 * 256 + 3 * 16 * 24
         );
+        // Qwen3-like: GQA, explicit head_dim, q/k norms; Qwen2-like: biases.
+        let qwen3 = ModelConfig {
+            n_kv_heads: Some(1),
+            head_dim: Some(12),
+            qk_norm: true,
+            ..config()
+        };
+        let specs = block_params(&qwen3, 0);
+        let shape = |name: &str| {
+            specs
+                .iter()
+                .find(|s| s.name == format!("model.layers.0.{name}"))
+                .map(|s| s.shape.clone())
+        };
+        assert_eq!(shape("self_attn.q_proj.weight"), Some(vec![24, 16]));
+        assert_eq!(shape("self_attn.k_proj.weight"), Some(vec![12, 16]));
+        assert_eq!(shape("self_attn.o_proj.weight"), Some(vec![16, 24]));
+        assert_eq!(shape("self_attn.k_norm.weight"), Some(vec![12]));
+        assert_eq!(shape("self_attn.q_proj.bias"), None);
+        let qwen2 = ModelConfig {
+            qkv_bias: true,
+            ..qwen3
+        };
+        let specs = block_params(&qwen2, 0);
+        assert_eq!(specs.len(), 14);
+        assert!(specs
+            .iter()
+            .any(|s| s.name == "model.layers.0.self_attn.v_proj.bias"));
     }
 
     #[test]
@@ -123,8 +249,8 @@ mod tests {
             &Device::Cpu,
         )
         .unwrap();
-        params[4] = params[4].zeros_like().unwrap(); // wo
-        params[7] = params[7].zeros_like().unwrap(); // w2
+        params[4] = params[4].zeros_like().unwrap(); // o_proj
+        params[8] = params[8].zeros_like().unwrap(); // down_proj
         let x = random(&[5, 16], 9);
         let out = block_forward(&c, &params, &x, &batch(&c)).unwrap();
         let diff = (out - &x)

@@ -11,6 +11,10 @@
 //!    backward), and of its input, which is the next unit's `grad_output`; the unit's graph (and
 //!    with it its copy of the weights) is dropped right after.
 //!
+//! **Tied embeddings**: the head's forward reads unit 0's matrix as its LM head
+//! ([`head_tensors`]); the head's backward gives that matrix a gradient, which is added to the
+//! embedding lookup's, and unit 0 is pushed once, last.
+//!
 //! Loss convention ([`odc::batch`](crate::MicroBatch)): the compute returns and differentiates the
 //! **sum** of the targets' cross-entropies; the servers divide by the minibatch's loss tokens.
 //! So any split of a minibatch over trainers gives the same update as one candle model on the whole
@@ -39,7 +43,8 @@ use super::device::{open_device, ComputePrecision, DeviceSpec};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::params::{as_tensors, unit_vars, ParamSpec};
 use super::transformer::{
-    head_log_probs, unit_count, unit_forward, unit_init_values, unit_params, HeadOutput, UnitOutput,
+    head_log_probs, head_tensors, unit_count, unit_forward, unit_init_values, unit_params,
+    HeadOutput, UnitOutput,
 };
 use crate::checkpoint::{NamedTensor, TensorMap};
 use crate::{Compute, ComputeOutput, LossWeighting, MicroBatch, TrainerContext, UnitSpec};
@@ -119,11 +124,6 @@ pub fn transformer_job_on(
     objective: Objective,
     placement: Placement,
 ) -> super::Result<crate::JobBuilder> {
-    if placement.device.is_cuda() {
-        open_device(placement.device, placement.local_rank)?;
-    }
-    let prototype =
-        TransformerCompute::on(config.clone(), placement, samples)?.with_objective(objective);
     let units = match init {
         None => layout_units(config)?,
         Some(values) => {
@@ -141,6 +141,41 @@ pub fn transformer_job_on(
                 .collect()
         }
     };
+    transformer_job_of(config, units, samples, objective, placement)
+}
+
+/// [`transformer_job_on`] starting from `units` as they are — e.g. a Hugging Face checkpoint's
+/// [`HfCheckpoint::unit_specs`](super::hf::HfCheckpoint::unit_specs), which each shard server
+/// reads its own slice of. Their count and lengths must be the model's.
+pub fn transformer_job_of(
+    config: &ModelConfig,
+    units: Vec<UnitSpec>,
+    samples: Arc<dyn SampleStore>,
+    objective: Objective,
+    placement: Placement,
+) -> super::Result<crate::JobBuilder> {
+    if placement.device.is_cuda() {
+        open_device(placement.device, placement.local_rank)?;
+    }
+    let prototype =
+        TransformerCompute::on(config.clone(), placement, samples)?.with_objective(objective);
+    if units.len() != unit_count(config) {
+        return Err(super::Error::UnitParams {
+            what: "units",
+            expected: unit_count(config),
+            got: units.len(),
+        });
+    }
+    for (u, unit) in units.iter().enumerate() {
+        let expected: usize = prototype.specs[u].iter().map(ParamSpec::numel).sum();
+        if unit.len != expected {
+            return Err(super::Error::UnitParams {
+                what: "values",
+                expected,
+                got: unit.len,
+            });
+        }
+    }
     Ok(crate::Job::builder()
         .units(units)
         .micro_batch_min_fill(MICRO_BATCH_MIN_FILL)
@@ -323,18 +358,34 @@ impl TransformerCompute {
 
     /// Unit `u`'s gradient, one flat fp32 buffer in parameter order (zeros for a parameter the
     /// loss does not reach): on the CPU the values; on a CUDA device a download in flight.
+    /// `tied` is the head's gradient of the embedding (tied embeddings), added to the first
+    /// parameter's: the embedding unit's gradient sums both uses and is pushed once.
     fn unit_grad(
         &mut self,
         u: usize,
         grads: &candle_core::backprop::GradStore,
         params: &[Var],
+        tied: Option<&Tensor>,
         device: &Device,
     ) -> super::Result<UnitGrad> {
+        let grad = |i: usize, var: &Var| -> candle_core::Result<Option<Tensor>> {
+            Ok(
+                match (grads.get(var.as_tensor()), tied.filter(|_| i == 0)) {
+                    (Some(g), Some(t)) => {
+                        Some((g.to_dtype(DType::F32)? + t.to_dtype(DType::F32)?)?)
+                    }
+                    (Some(g), None) | (None, Some(g)) => Some(g.clone()),
+                    (None, None) => None,
+                },
+            )
+        };
         if device.is_cpu() {
             let mut flat = Vec::with_capacity(self.specs[u].iter().map(ParamSpec::numel).sum());
-            for (var, spec) in params.iter().zip(&self.specs[u]) {
-                match grads.get(var.as_tensor()) {
-                    Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f32>()?),
+            for (i, (var, spec)) in params.iter().zip(&self.specs[u]).enumerate() {
+                match grad(i, var)? {
+                    Some(g) => {
+                        flat.extend(g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+                    }
                     None => flat.extend(std::iter::repeat_n(0.0, spec.numel())),
                 }
             }
@@ -343,7 +394,8 @@ impl TransformerCompute {
         let parts = params
             .iter()
             .zip(&self.specs[u])
-            .map(|(var, spec)| match grads.get(var.as_tensor()) {
+            .enumerate()
+            .map(|(i, (var, spec))| match grad(i, var)? {
                 Some(g) => g.to_dtype(DType::F32)?.flatten_all(),
                 None => Tensor::zeros(spec.numel(), DType::F32, device),
             })
@@ -481,6 +533,8 @@ impl Compute for TransformerCompute {
 
         let mut forwards: Vec<Forward> = Vec::with_capacity(units);
         let mut hidden: Option<Tensor> = None;
+        // Unit 0's matrix as the forward reads it: the LM head too when the embeddings are tied.
+        let mut embedding: Option<Tensor> = None;
         for u in 0..units {
             let values = ctx.gather(u as u32).await?;
             let params = self.unit_vars(u, &values[..], &device).map_err(user)?;
@@ -490,10 +544,18 @@ impl Compute for TransformerCompute {
                 None => None,
                 Some(h) => Some(Var::from_tensor(&h.detach()).map_err(user)?),
             };
-            let tensors = match self.placement.precision {
+            let mut tensors = match self.placement.precision {
                 ComputePrecision::F32 => as_tensors(&params),
                 precision => precision.unit_inputs(&params).map_err(user)?,
             };
+            if u == 0 {
+                embedding = tensors.first().cloned();
+            } else if u == units - 1 {
+                let embedding = embedding
+                    .as_ref()
+                    .ok_or_else(|| user("no embedding unit"))?;
+                tensors = head_tensors(&self.config, &tensors, embedding);
+            }
             let output = match (&rl, &input) {
                 (Some((config, adv, reference)), Some(x)) if u == units - 1 => {
                     let (logits, log_probs) =
@@ -529,6 +591,12 @@ impl Compute for TransformerCompute {
 
         let mut loss: Option<Tensor> = None;
         let mut grad_output: Option<Tensor> = None;
+        // Tied embeddings: the head's gradient of the embedding, added to unit 0's.
+        let embedding_var = match (self.config.tie_embeddings, forwards.first()) {
+            (true, Some(f)) => f.params.first().cloned(),
+            _ => None,
+        };
+        let mut tied: Option<Tensor> = None;
         // A device gradient is pushed once the next unit's backward is enqueued (overlap).
         let mut pending: Option<(usize, UnitGrad)> = None;
         for u in (0..units).rev() {
@@ -552,7 +620,16 @@ impl Compute for TransformerCompute {
                 }
             };
             let grads = root.backward().map_err(user)?;
-            let grad = self.unit_grad(u, &grads, &params, &device).map_err(user)?;
+            if u == units - 1 {
+                tied = match &embedding_var {
+                    Some(var) => grads.get(var.as_tensor()).map(Tensor::detach),
+                    None => None,
+                };
+            }
+            let tied_here = if u == 0 { tied.as_ref() } else { None };
+            let grad = self
+                .unit_grad(u, &grads, &params, tied_here, &device)
+                .map_err(user)?;
             if !grad.in_flight() {
                 self.push(ctx, u, grad)?;
             } else if let Some((unit, earlier)) = pending.replace((u, grad)) {

@@ -1,6 +1,7 @@
 //! The model's one error type: a bad configuration (naming the field), a malformed packed batch, a
 //! parameter buffer of the wrong size, a device that cannot be opened or moved to, a tokenizer's
-//! error (evaluation), or an error from candle itself.
+//! error (evaluation), a bad Hugging Face checkpoint or `config.json` (naming the file and the
+//! tensor or field), or an error from candle itself.
 
 /// Errors of [`crate::model`].
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,36 @@ pub enum Error {
     /// An error from candle.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// A Hugging Face model directory's file (safetensors, index, `config.json`) cannot be read or
+    /// does not hold what its config describes: names the file, the tensor where there is one,
+    /// and what was expected ([`crate::model::hf`]).
+    #[error("{}{}: {reason}", .path.display(), tensor_part(.tensor))]
+    Checkpoint {
+        /// The file (or, when the directory lacks one, the directory).
+        path: std::path::PathBuf,
+        /// The tensor, by its Hugging Face name, where the defect is one tensor's.
+        tensor: Option<String>,
+        /// What is wrong and what was expected.
+        reason: String,
+    },
+    /// A Hugging Face `config.json` field has the wrong type, or a value odc does not implement
+    /// (another activation, sliding window, MoE, another rope type, ...).
+    #[error("{}: `{field}` {reason}", .path.display())]
+    HfConfig {
+        /// The `config.json`.
+        path: std::path::PathBuf,
+        /// The field as spelled in the file (`rope_scaling.rope_type` for a nested one).
+        field: String,
+        /// What it holds and what was expected.
+        reason: String,
+    },
+}
+
+fn tensor_part(tensor: &Option<String>) -> String {
+    tensor
+        .as_deref()
+        .map(|t| format!(": tensor `{t}`"))
+        .unwrap_or_default()
 }
 
 /// `Result` with the model's [`Error`].

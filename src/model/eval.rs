@@ -8,7 +8,7 @@ use rand::SeedableRng;
 use super::error::Result;
 use super::generate::{generate, Sampling, Weights};
 use super::shares::map_in_shares;
-use crate::text::{exact_match, prompt_tokens, Problem, Tokenizer};
+use crate::text::{exact_match, prompt_tokens, Problem, TextError, Tokenizer};
 
 /// What an evaluation measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,16 +45,38 @@ pub fn evaluate(
     max_new_tokens: usize,
     workers: usize,
 ) -> Result<Evaluation> {
+    let prompt = |problem: &Problem| prompt_tokens(tokenizer, &problem.question);
+    evaluate_prompted(
+        weights,
+        tokenizer,
+        problems,
+        max_new_tokens,
+        workers,
+        &prompt,
+    )
+}
+
+/// [`evaluate`] with each problem's prompt made by `prompt` — e.g. the model's chat template
+/// around the question ([`prompt_from_chat`](crate::text::prompt_from_chat)); answers stop at any
+/// of the tokenizer's [`stop_ids`](Tokenizer::stop_ids).
+pub fn evaluate_prompted(
+    weights: &Weights,
+    tokenizer: &dyn Tokenizer,
+    problems: &[Problem],
+    max_new_tokens: usize,
+    workers: usize,
+    prompt: &(dyn Fn(&Problem) -> std::result::Result<Vec<u32>, TextError> + Sync),
+) -> Result<Evaluation> {
     let sampling = Sampling {
         temperature: 0.0,
         max_new_tokens,
-        stop: tokenizer.eos(),
+        stop: tokenizer.stop_ids(),
     };
     let answers = map_in_shares(problems, workers, |problem| -> Result<(String, usize)> {
         // Greedy decoding draws nothing; the generator still takes an RNG.
         let mut rng = StdRng::seed_from_u64(0);
-        let prompt = prompt_tokens(tokenizer, &problem.question)?;
-        let answer = generate(weights, &prompt, sampling, &mut rng)?;
+        let prompt = prompt(problem)?;
+        let answer = generate(weights, &prompt, &sampling, &mut rng)?;
         Ok((tokenizer.decode(&answer)?, answer.len()))
     })?;
     let correct = answers

@@ -18,13 +18,14 @@
 use candle_core::{DType, Device, Tensor, D};
 use rand::Rng;
 
+use super::attention::{attend, repeat_kv};
 use super::batch::MASKED;
-use super::block::mlp_residual;
+use super::block::{block_forward_with, BlockWeights};
 use super::config::ModelConfig;
 use super::error::{Error, Result};
-use super::ops::{log_softmax_last_dim, rms_norm, rope, rope_cos_sin, softmax_last_dim};
+use super::ops::{log_softmax_last_dim, rms_norm, rope_cos_sin, softmax_last_dim};
 use super::params::unit_tensors;
-use super::transformer::{unit_count, unit_params};
+use super::transformer::{head_tensors, unit_count, unit_params};
 
 /// The model's weights as plain tensors (no gradients), for inference.
 #[derive(Debug, Clone)]
@@ -62,7 +63,9 @@ impl Weights {
 
 /// Keys and values of every block for the tokens fed so far: `rows` sequences at the same
 /// positions (one, or a group of responses to one prompt). Each block's keys and values live in
-/// buffers of `[rows, heads, max_seq_len, head_dim]` allocated at the first feed; a feed writes its
+/// buffers of `[rows, kv_heads, capacity, head_dim]` (capacity: the positions fed so far rounded
+/// up to a power of two, at least 64, at most `max_seq_len`; grown by copying when a feed passes
+/// it); a feed writes its
 /// positions in place and attention reads the filled prefix as a view, so a token costs no copy of
 /// the cache (not `Clone`: a copy would share the buffers).
 #[derive(Debug, Default)]
@@ -177,12 +180,30 @@ pub fn forward_cached_rows(
         )));
     }
     let device = w.units[0][0].device();
-    let (h, hd) = (c.n_heads, c.head_dim());
-    if cache.layers.is_empty() {
-        let buffer = || Tensor::zeros((rows, h, c.max_seq_len, hd), DType::F32, device);
-        cache.layers = (0..c.n_layers)
-            .map(|_| Ok((buffer()?, buffer()?)))
-            .collect::<Result<_>>()?;
+    let (kv_heads, hd) = (c.kv_heads(), c.head_dim());
+    // Capacity for the positions used so far, doubled as they grow (at most max_seq_len): a
+    // model whose config allows 128K positions does not allocate them for a 300-token answer.
+    let total = start + n;
+    let capacity = cache
+        .layers
+        .first()
+        .map_or(0, |(k, _)| k.dim(2).unwrap_or(0));
+    if total > capacity {
+        let grown = total
+            .next_power_of_two()
+            .max(64)
+            .min(c.max_seq_len.max(total));
+        let buffer = || Tensor::zeros((rows, kv_heads, grown, hd), DType::F32, device);
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for layer in 0..c.n_layers {
+            let (k, v) = (buffer()?, buffer()?);
+            if let (Some((old_k, old_v)), true) = (cache.layers.get(layer), start > 0) {
+                k.slice_set(&old_k.narrow(2, 0, start)?.contiguous()?, 2, 0)?;
+                v.slice_set(&old_v.narrow(2, 0, start)?.contiguous()?, 2, 0)?;
+            }
+            layers.push((k, v));
+        }
+        cache.layers = layers;
     }
     // candle's CPU matmul reads strided views; other backends want them contiguous.
     let view =
@@ -190,48 +211,33 @@ pub fn forward_cached_rows(
     let ids = Tensor::from_slice(tokens, tokens.len(), device)?;
     let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
     let positions = Tensor::from_vec(positions, n, device)?;
-    let (cos, sin) = rope_cos_sin(&positions, c.head_dim(), c.rope_theta)?;
+    let (cos, sin) = rope_cos_sin(&positions, &c.rope_inv_freq())?;
     // New token i (position start + i) sees keys 0..=start + i of its own row.
-    let total = start + n;
     let mask: Vec<f32> = (0..n)
         .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { MASKED }))
         .collect();
     let mask = Tensor::from_vec(mask, (n, total), device)?;
+    let groups = c.n_heads / kv_heads;
 
     // Hidden states stay `[rows * n, d_model]`; only attention sees `[rows, heads, n, head_dim]`.
     let mut x = w.units[0][0].index_select(&ids, 0)?;
     for layer in 0..c.n_layers {
-        let p = &w.units[layer + 1];
-        let n_in = rms_norm(&x, &p[0], c.rms_eps)?;
-        let heads = |m: &Tensor| -> Result<Tensor> {
-            Ok(n_in
-                .matmul(&m.t()?)?
-                .reshape((rows, n, h, hd))?
-                .transpose(1, 2)?
-                .contiguous()?)
-        };
-        let q = rope(&heads(&p[1])?, &cos, &sin)?;
-        let k_new = rope(&heads(&p[2])?, &cos, &sin)?;
-        let v_new = heads(&p[3])?;
+        let block = BlockWeights::new(c, &w.units[layer + 1])?;
         let (k_buf, v_buf) = &cache.layers[layer];
-        k_buf.slice_set(&k_new, 2, start)?;
-        v_buf.slice_set(&v_new, 2, start)?;
-        let k = view(k_buf.narrow(2, 0, total)?.t()?)?;
-        let v = view(v_buf.narrow(2, 0, total)?)?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let scores = (q.matmul(&k)? * scale)?.broadcast_add(&mask)?;
-        let attn = softmax_last_dim(&scores)?
-            .matmul(&v)?
-            .transpose(1, 2)?
-            .contiguous()?
-            .reshape((rows * n, c.d_model))?
-            .matmul(&p[4].t()?)?;
-        let hidden = (&x + attn)?;
-        x = mlp_residual(c, &hidden, [&p[5], &p[6], &p[7], &p[8]])?;
+        // The block's attention: the new keys and values go into the cache in place, and the
+        // queries read the filled prefix.
+        let mut cached = |q: &Tensor, k_new: &Tensor, v_new: &Tensor| -> Result<Tensor> {
+            k_buf.slice_set(k_new, 2, start)?;
+            v_buf.slice_set(v_new, 2, start)?;
+            let k = view(repeat_kv(&k_buf.narrow(2, 0, total)?, groups)?)?;
+            let v = view(repeat_kv(&v_buf.narrow(2, 0, total)?, groups)?)?;
+            attend(q, &k, &v, &mask)
+        };
+        x = block_forward_with(c, &block, &x, rows, (&cos, &sin), &mut cached)?;
     }
-    let head = &w.units[c.n_layers + 1];
     cache.len = total;
     cache.rows = rows;
+    let head = head_tensors(c, &w.units[c.n_layers + 1], &w.units[0][0]);
     Ok(rms_norm(&x, &head[0], c.rms_eps)?.matmul(&head[1].t()?)?)
 }
 
@@ -250,21 +256,23 @@ pub fn sequence_log_probs(w: &Weights, tokens: &[u32]) -> Result<Vec<f32>> {
 }
 
 /// How to draw a response.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
     /// 0: greedy (the most likely token); otherwise the softmax temperature.
     pub temperature: f64,
     /// Most tokens generated after the prompt.
     pub max_new_tokens: usize,
-    /// The token that ends a response (kept as its last token).
-    pub stop: u32,
+    /// The tokens that end a response (the one drawn is kept as its last token): the
+    /// tokenizer's [`stop_ids`](crate::text::Tokenizer::stop_ids), e.g. Llama 3's `<|eot_id|>`
+    /// and `<|end_of_text|>`.
+    pub stop: Vec<u32>,
 }
 
-/// The response to `prompt`: generated tokens only (ending with `sampling.stop` if it was drawn).
+/// The response to `prompt`: generated tokens only (ending with a stop token if one was drawn).
 pub fn generate(
     w: &Weights,
     prompt: &[u32],
-    sampling: Sampling,
+    sampling: &Sampling,
     rng: &mut impl Rng,
 ) -> Result<Vec<u32>> {
     let mut responses = generate_group(w, prompt, sampling, std::slice::from_mut(rng))?;
@@ -278,7 +286,7 @@ pub fn generate(
 pub fn generate_group<R: Rng>(
     w: &Weights,
     prompt: &[u32],
-    sampling: Sampling,
+    sampling: &Sampling,
     rngs: &mut [R],
 ) -> Result<Vec<Vec<u32>>> {
     Ok(decode_group(w, prompt, sampling, rngs, false)?
@@ -301,7 +309,7 @@ pub struct Generated {
 pub fn generate_group_with_log_probs<R: Rng>(
     w: &Weights,
     prompt: &[u32],
-    sampling: Sampling,
+    sampling: &Sampling,
     rngs: &mut [R],
 ) -> Result<Vec<Generated>> {
     decode_group(w, prompt, sampling, rngs, true)
@@ -311,7 +319,7 @@ pub fn generate_group_with_log_probs<R: Rng>(
 fn decode_group<R: Rng>(
     w: &Weights,
     prompt: &[u32],
-    sampling: Sampling,
+    sampling: &Sampling,
     rngs: &mut [R],
     scored: bool,
 ) -> Result<Vec<Generated>> {
@@ -352,7 +360,7 @@ fn decode_group<R: Rng>(
         let mut keep = Vec::with_capacity(active.len());
         for (slot, (&row, &token)) in active.iter().zip(&next).enumerate() {
             out[row].tokens.push(token);
-            if token != sampling.stop && out[row].tokens.len() < budget {
+            if !sampling.stop.contains(&token) && out[row].tokens.len() < budget {
                 keep.push(slot);
             }
         }
@@ -428,9 +436,27 @@ mod tests {
         Weights::from_units(c, &units, &Device::Cpu).unwrap()
     }
 
+    /// The same shape in a Hugging Face layout: GQA, explicit head_dim, biases, q/k norms, tied.
+    fn real_layout() -> ModelConfig {
+        ModelConfig {
+            n_kv_heads: Some(2),
+            head_dim: Some(6),
+            qkv_bias: true,
+            qk_norm: true,
+            tie_embeddings: true,
+            ..config()
+        }
+    }
+
     #[test]
     fn cached_logits_equal_the_training_forward() {
-        let c = config();
+        for c in [config(), real_layout()] {
+            cached_logits_equal_the_training_forward_on(&c);
+        }
+    }
+
+    fn cached_logits_equal_the_training_forward_on(c: &ModelConfig) {
+        let c = c.clone();
         let w = weights(&c);
         let tokens: Vec<u32> = vec![1, 5, 9, 2, 14, 3, 3, 7];
         let batch =
@@ -455,6 +481,31 @@ mod tests {
         );
     }
 
+    /// The cache holds the positions used, not `max_seq_len`: it grows by doubling, and what it
+    /// held before survives the growth (the logits still equal the training forward's).
+    #[test]
+    fn the_cache_grows_with_the_positions_used() {
+        let c = ModelConfig {
+            max_seq_len: 4096,
+            ..real_layout()
+        };
+        let w = weights(&c);
+        let tokens: Vec<u32> = (0..150).map(|i| (i * 7 % 16) as u32).collect();
+        let batch =
+            PackedBatch::pack(&c, &[Sample::all_loss(tokens.clone())], &Device::Cpu).unwrap();
+        let full = model_forward(&c, &w.units, &batch).unwrap().logits;
+        let mut cache = KvCache::default();
+        let mut rows = vec![forward_cached(&w, &mut cache, &tokens[..10]).unwrap()];
+        let capacity = |cache: &KvCache| cache.layers[0].0.dim(2).unwrap();
+        assert_eq!(capacity(&cache), 64);
+        for chunk in tokens[10..].chunks(7) {
+            rows.push(forward_cached(&w, &mut cache, chunk).unwrap());
+        }
+        assert_eq!(capacity(&cache), 256, "doubled twice, far below 4096");
+        let stepped = Tensor::cat(&rows, 0).unwrap();
+        assert!(max_abs_diff(&stepped, &full) < 1e-4);
+    }
+
     #[test]
     fn greedy_is_deterministic_and_stops_within_bounds() {
         let c = config();
@@ -462,11 +513,11 @@ mod tests {
         let s = Sampling {
             temperature: 0.0,
             max_new_tokens: 50,
-            stop: 15,
+            stop: vec![15],
         };
         let mut rng = StdRng::seed_from_u64(1);
-        let a = generate(&w, &[1, 2, 3], s, &mut rng).unwrap();
-        let b = generate(&w, &[1, 2, 3], s, &mut rng).unwrap();
+        let a = generate(&w, &[1, 2, 3], &s, &mut rng).unwrap();
+        let b = generate(&w, &[1, 2, 3], &s, &mut rng).unwrap();
         assert_eq!(a, b);
         assert!(!a.is_empty() && a.len() <= 24 - 3, "{} tokens", a.len());
         assert!(a
@@ -482,9 +533,9 @@ mod tests {
         let s = Sampling {
             temperature: 1.5,
             max_new_tokens: 12,
-            stop: 99,
+            stop: vec![99],
         };
-        let draw = |seed| generate(&w, &[4], s, &mut StdRng::seed_from_u64(seed)).unwrap();
+        let draw = |seed| generate(&w, &[4], &s, &mut StdRng::seed_from_u64(seed)).unwrap();
         assert_eq!(draw(3), draw(3));
         let distinct: std::collections::HashSet<Vec<u32>> = (0..8).map(draw).collect();
         assert!(distinct.len() > 1, "every seed drew the same response");
@@ -563,14 +614,14 @@ mod tests {
         let s = Sampling {
             temperature: 1.5,
             max_new_tokens: 15,
-            stop: 7,
+            stop: vec![7],
         };
         let prompt = [1u32, 2, 3];
         let mut rngs: Vec<StdRng> = (0..6).map(StdRng::seed_from_u64).collect();
-        let group = generate_group(&w, &prompt, s, &mut rngs).unwrap();
+        let group = generate_group(&w, &prompt, &s, &mut rngs).unwrap();
         assert_eq!(group.len(), 6);
         for (seed, response) in group.iter().enumerate() {
-            let alone = generate(&w, &prompt, s, &mut StdRng::seed_from_u64(seed as u64)).unwrap();
+            let alone = generate(&w, &prompt, &s, &mut StdRng::seed_from_u64(seed as u64)).unwrap();
             assert_eq!(response, &alone, "response {seed}");
         }
         // Responses left the batch at different lengths (some at the stop token).
@@ -580,14 +631,14 @@ mod tests {
         // Greedy: every row is the greedy response.
         let greedy = Sampling {
             temperature: 0.0,
-            ..s
+            ..s.clone()
         };
         let mut rngs: Vec<StdRng> = (0..3).map(StdRng::seed_from_u64).collect();
-        let rows = generate_group(&w, &prompt, greedy, &mut rngs).unwrap();
-        let alone = generate(&w, &prompt, greedy, &mut StdRng::seed_from_u64(9)).unwrap();
+        let rows = generate_group(&w, &prompt, &greedy, &mut rngs).unwrap();
+        let alone = generate(&w, &prompt, &greedy, &mut StdRng::seed_from_u64(9)).unwrap();
         assert_eq!(rows, vec![alone; 3]);
         let mut none: Vec<StdRng> = Vec::new();
-        assert!(generate_group(&w, &prompt, s, &mut none)
+        assert!(generate_group(&w, &prompt, &s, &mut none)
             .unwrap()
             .is_empty());
     }
@@ -601,13 +652,13 @@ mod tests {
         let s = Sampling {
             temperature: 1.5,
             max_new_tokens: 12,
-            stop: 7,
+            stop: vec![7],
         };
         let prompt = [4u32, 2, 9];
         let mut rngs: Vec<StdRng> = (0..4).map(StdRng::seed_from_u64).collect();
-        let scored = generate_group_with_log_probs(&w, &prompt, s, &mut rngs).unwrap();
+        let scored = generate_group_with_log_probs(&w, &prompt, &s, &mut rngs).unwrap();
         let mut rngs: Vec<StdRng> = (0..4).map(StdRng::seed_from_u64).collect();
-        let plain = generate_group(&w, &prompt, s, &mut rngs).unwrap();
+        let plain = generate_group(&w, &prompt, &s, &mut rngs).unwrap();
         assert_eq!(scored.len(), 4);
         for (g, tokens) in scored.iter().zip(&plain) {
             assert_eq!(&g.tokens, tokens, "the same draws");
@@ -647,8 +698,8 @@ mod tests {
         let s = Sampling {
             temperature: f64::NAN,
             max_new_tokens: 1,
-            stop: 0,
+            stop: vec![0],
         };
-        assert!(generate(&w, &[1], s, &mut StdRng::seed_from_u64(0)).is_err());
+        assert!(generate(&w, &[1], &s, &mut StdRng::seed_from_u64(0)).is_err());
     }
 }

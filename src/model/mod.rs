@@ -1,14 +1,18 @@
-//! A small causal transformer on candle (feature `candle`): the reference model that odc trains.
+//! The causal transformers odc trains, on candle (feature `candle`): odc's own small reference
+//! model ([`ModelConfig::tiny`], the zero-download default) and the layouts people fine-tune —
+//! Llama 3, Qwen2/2.5, Qwen3, SmolLM2 — as configurations of one implementation.
 //!
-//! Llama-style: token embedding, pre-RMSNorm blocks of rotary multi-head attention and a SwiGLU MLP,
-//! final RMSNorm and an untied LM head; fp32, or bf16 mixed precision ([`device`]); the device is
-//! a parameter: the CPU (the tests), or a CUDA device with the root crate's `cuda` feature
-//! ([`DeviceSpec`], [`Placement`]).
+//! Llama-style: token embedding, pre-RMSNorm blocks of rotary attention (grouped-query, with an
+//! explicit head width, optional q/k/v biases and q/k norms, Llama 3 rope scaling) and a SwiGLU
+//! MLP, final RMSNorm and an LM head, tied to the embedding or not; fp32, or bf16 mixed precision
+//! ([`device`]); the device is a parameter: the CPU (the tests), or a CUDA device with the root
+//! crate's `cuda` feature ([`DeviceSpec`], [`Placement`]). One block ([`block`]) serves training,
+//! cached decoding ([`generate`]) and evaluation.
 //!
 //! **Units.** odc shards, gathers and reduces parameters unit by unit, so the model is written as
 //! units ([`transformer`]): unit 0 is the embedding, units `1..=n_layers` the blocks, the last unit
-//! the final norm and LM head. Each unit has a fixed parameter list ([`unit_params`], names such as
-//! `layers.3.attn.wq` that become safetensors names), a seeded initialisation of its flat `f32`
+//! the final norm and LM head. Each unit has a fixed parameter list ([`unit_params`], the Hugging
+//! Face names such as `model.layers.3.self_attn.q_proj.weight`, which become safetensors names), a seeded initialisation of its flat `f32`
 //! buffer ([`unit_init_values`]), and a forward over plain tensors ([`unit_forward`]) that can be run
 //! on a detached input so that its backward is a vector–Jacobian product (candle has no per-module
 //! backward hooks). [`model_forward`] chains the units.
@@ -34,6 +38,7 @@ pub mod error;
 pub mod eval;
 pub mod generate;
 pub mod grpo;
+pub mod hf;
 pub mod ops;
 pub mod params;
 pub mod shares;
@@ -44,13 +49,13 @@ pub mod transformer;
 
 pub use batch::{PackedBatch, Sample};
 pub use compute::{
-    layout_units, tensor_map, transformer_job, transformer_job_on, unit_name, Objective, Placement,
-    SampleStore, TransformerCompute,
+    layout_units, tensor_map, transformer_job, transformer_job_of, transformer_job_on, unit_name,
+    Objective, Placement, SampleStore, TransformerCompute,
 };
-pub use config::ModelConfig;
+pub use config::{ModelConfig, RopeScaling};
 pub use device::{cuda_ordinal, open_device, ComputePrecision, DeviceSpec};
 pub use error::{Error, Result};
-pub use eval::{evaluate, Evaluation};
+pub use eval::{evaluate, evaluate_prompted, Evaluation};
 pub use generate::{
     forward_cached, forward_cached_rows, generate, generate_group, generate_group_with_log_probs,
     sequence_log_probs, Generated, KvCache, Sampling, Weights,
@@ -60,6 +65,6 @@ pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
 pub use shares::map_in_shares;
 pub use threads::{share_cpu_threads, CpuThreads};
 pub use transformer::{
-    head_log_probs, model_forward, param_count, unit_count, unit_forward, unit_init_values,
-    unit_params, HeadOutput, Unit, UnitOutput,
+    head_log_probs, head_tensors, model_forward, param_count, unit_count, unit_forward,
+    unit_init_values, unit_params, HeadOutput, Unit, UnitOutput,
 };

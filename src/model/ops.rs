@@ -77,12 +77,12 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 }
 
 /// The rotary angles of each token: `cos, sin: [T, head_dim / 2]` with angle
-/// `positions[t] * theta^(-2i / head_dim)`. `positions: [T]` (u32), on the device of the result.
-pub fn rope_cos_sin(positions: &Tensor, head_dim: usize, theta: f64) -> Result<(Tensor, Tensor)> {
-    let inv_freq: Vec<f32> = (0..head_dim / 2)
-        .map(|i| theta.powf(-((2 * i) as f64) / head_dim as f64) as f32)
-        .collect();
-    let inv_freq = Tensor::from_vec(inv_freq, (1, head_dim / 2), positions.device())?;
+/// `positions[t] * inv_freq[i]` (`inv_freq` from
+/// [`ModelConfig::rope_inv_freq`](super::ModelConfig::rope_inv_freq)). `positions: [T]` (u32), on
+/// the device of the result.
+pub fn rope_cos_sin(positions: &Tensor, inv_freq: &[f32]) -> Result<(Tensor, Tensor)> {
+    let half = inv_freq.len();
+    let inv_freq = Tensor::from_slice(inv_freq, (1, half), positions.device())?;
     let angles = positions
         .to_dtype(DType::F32)?
         .unsqueeze(1)?
@@ -183,7 +183,12 @@ pub(crate) mod tests {
     fn cos_sin(t: usize, head_dim: usize, offset: u32) -> (Tensor, Tensor) {
         let positions: Vec<u32> = (0..t as u32).map(|p| p * 3 + offset).collect();
         let positions = Tensor::from_vec(positions, t, &Device::Cpu).unwrap();
-        rope_cos_sin(&positions, head_dim, 10_000.0).unwrap()
+        let config = crate::model::ModelConfig {
+            d_model: head_dim,
+            n_heads: 1,
+            ..crate::model::ModelConfig::tiny()
+        };
+        rope_cos_sin(&positions, &config.rope_inv_freq()).unwrap()
     }
 
     #[test]

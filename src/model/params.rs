@@ -19,12 +19,14 @@ pub enum ParamInit {
     Normal,
     /// All ones: norm weights.
     Ones,
+    /// All zeros: biases.
+    Zeros,
 }
 
 /// One named parameter of a unit (the name becomes its safetensors name).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamSpec {
-    /// E.g. `layers.3.attn.wq`.
+    /// Its Hugging Face name, e.g. `model.layers.3.self_attn.q_proj.weight`.
     pub name: String,
     /// Row-major shape; linear weights are `[out, in]`.
     pub shape: Vec<usize>,
@@ -64,6 +66,7 @@ pub fn init_values(specs: &[ParamSpec], init_std: f64, seed: u64) -> Result<Vec<
         match spec.init {
             ParamInit::Normal => values.extend((0..spec.numel()).map(|_| normal.sample(&mut rng))),
             ParamInit::Ones => values.extend(std::iter::repeat_n(1.0f32, spec.numel())),
+            ParamInit::Zeros => values.extend(std::iter::repeat_n(0.0f32, spec.numel())),
         }
     }
     Ok(values)

@@ -1,11 +1,17 @@
 //! The causal transformer as a sequence of **units** — the granularity at which odc shards,
 //! gathers and reduces parameters:
 //!
-//! | unit | what | parameters |
+//! | unit | what | parameters (Hugging Face names) |
 //! |---|---|---|
-//! | 0 | token embedding | `embed.weight [vocab, d]` |
+//! | 0 | token embedding | `model.embed_tokens.weight [vocab, d]` |
 //! | `1..=n_layers` | block `l = unit - 1` | see [`block_params`] |
-//! | `n_layers + 1` | final RMSNorm + LM head (untied) | `norm.weight [d]`, `lm_head.weight [vocab, d]` |
+//! | `n_layers + 1` | final RMSNorm + LM head | `model.norm.weight [d]`, `lm_head.weight [vocab, d]` (untied only) |
+//!
+//! **Tied embeddings** (`tie_embeddings`): the head unit holds only the final norm and reads the
+//! embedding unit's matrix as its LM head; the head's forward takes the tensors of
+//! [`head_tensors`] (norm, then the embedding), so a backward through it gives the embedding's
+//! tensor a gradient, which the caller adds to the embedding lookup's before pushing the
+//! embedding unit once.
 //!
 //! Guarantees (each has a test named after it):
 //! 1. Each unit's parameter list is fixed (names, shapes, order), and its flat buffer is those
@@ -61,13 +67,30 @@ pub fn unit_count(config: &ModelConfig) -> usize {
 pub fn unit_params(config: &ModelConfig, index: usize) -> Result<Vec<ParamSpec>> {
     let (v, d) = (config.vocab_size, config.d_model);
     Ok(match Unit::from_index(config, index)? {
-        Unit::Embedding => vec![ParamSpec::new("embed.weight", &[v, d], ParamInit::Normal)],
+        Unit::Embedding => vec![ParamSpec::new(
+            "model.embed_tokens.weight",
+            &[v, d],
+            ParamInit::Normal,
+        )],
         Unit::Block(layer) => block_params(config, layer),
+        Unit::Head if config.tie_embeddings => {
+            vec![ParamSpec::new("model.norm.weight", &[d], ParamInit::Ones)]
+        }
         Unit::Head => vec![
-            ParamSpec::new("norm.weight", &[d], ParamInit::Ones),
+            ParamSpec::new("model.norm.weight", &[d], ParamInit::Ones),
             ParamSpec::new("lm_head.weight", &[v, d], ParamInit::Normal),
         ],
     })
+}
+
+/// What the head's forward takes: its own tensors (`[norm, lm_head]`), or with tied embeddings
+/// `[norm, embedding]` — the head unit's norm and the embedding unit's matrix.
+pub fn head_tensors(config: &ModelConfig, head: &[Tensor], embedding: &Tensor) -> Vec<Tensor> {
+    if config.tie_embeddings {
+        head.iter().chain([embedding]).cloned().collect()
+    } else {
+        head.to_vec()
+    }
 }
 
 /// Total parameters of the model.
@@ -84,7 +107,7 @@ pub fn unit_init_values(config: &ModelConfig, index: usize) -> Result<Vec<f32>> 
     init_values(&unit_params(config, index)?, config.init_std, seed)
 }
 
-/// Unit 0: `embed.weight[tokens]`, `[T, d_model]`.
+/// Unit 0: `model.embed_tokens.weight[tokens]`, `[T, d_model]`.
 pub fn embed_forward(params: &[Tensor], batch: &PackedBatch) -> Result<Tensor> {
     let [embed] = params else {
         return Err(Error::UnitParams {
@@ -128,7 +151,7 @@ pub fn head_forward(
 
 /// Last unit up to the loss: the logits `[T, vocab]` and, per position, the log-probability of
 /// the token it predicts `[T]` (positions that predict nothing read their target 0; the batch's
-/// weights mask them).
+/// weights mask them). `params` are [`head_tensors`].
 pub fn head_log_probs(
     config: &ModelConfig,
     params: &[Tensor],
@@ -159,8 +182,9 @@ pub enum UnitOutput {
     Head(HeadOutput),
 }
 
-/// Runs unit `index` with its parameters (in [`unit_params`] order) on `input` — the previous unit's
-/// output; `None` for the embedding, whose input is the batch's tokens.
+/// Runs unit `index` with its parameters (in [`unit_params`] order; the head's are
+/// [`head_tensors`]) on `input` — the previous unit's output; `None` for the embedding, whose
+/// input is the batch's tokens.
 pub fn unit_forward(
     config: &ModelConfig,
     index: usize,
@@ -194,7 +218,14 @@ pub fn model_forward(
         });
     }
     let mut hidden: Option<Tensor> = None;
+    let embedding = units[0].first().ok_or(Error::UnitParams {
+        what: "tensors",
+        expected: 1,
+        got: 0,
+    })?;
+    let head = head_tensors(config, &units[count - 1], embedding);
     for (index, params) in units.iter().enumerate() {
+        let params = if index == count - 1 { &head } else { params };
         match unit_forward(config, index, params, hidden.as_ref(), batch)? {
             UnitOutput::Hidden(h) => hidden = Some(h),
             UnitOutput::Head(out) => return Ok(out),
@@ -271,17 +302,29 @@ mod tests {
     fn unit_layout_names_shapes_and_order() {
         let c = ModelConfig::tiny();
         assert_eq!(unit_count(&c), 6);
-        assert_eq!(unit_params(&c, 0).unwrap()[0].name, "embed.weight");
+        assert_eq!(
+            unit_params(&c, 0).unwrap()[0].name,
+            "model.embed_tokens.weight"
+        );
         assert_eq!(unit_params(&c, 0).unwrap()[0].shape, vec![259, 128]);
         let block3 = unit_params(&c, 4).unwrap();
-        assert_eq!(block3[1].name, "layers.3.attn.wq");
-        assert_eq!(block3[6].name, "layers.3.mlp.w1");
+        assert_eq!(block3[1].name, "model.layers.3.self_attn.q_proj.weight");
+        assert_eq!(block3[6].name, "model.layers.3.mlp.gate_proj.weight");
         let head: Vec<String> = unit_params(&c, 5)
             .unwrap()
             .into_iter()
             .map(|s| s.name)
             .collect();
-        assert_eq!(head, vec!["norm.weight", "lm_head.weight"]);
+        assert_eq!(head, vec!["model.norm.weight", "lm_head.weight"]);
+        let tied = ModelConfig {
+            tie_embeddings: true,
+            ..c.clone()
+        };
+        assert_eq!(unit_params(&tied, 5).unwrap().len(), 1);
+        assert_eq!(
+            param_count(&c).unwrap() - param_count(&tied).unwrap(),
+            259 * 128
+        );
         assert!(matches!(
             unit_params(&c, 6),
             Err(Error::NoSuchUnit { unit: 6, units: 6 })
@@ -318,7 +361,13 @@ mod tests {
 
     #[test]
     fn every_parameter_receives_nonzero_finite_gradient() {
-        let c = small();
+        for c in [small(), real_layout()] {
+            every_parameter_receives_nonzero_finite_gradient_on(&c);
+        }
+    }
+
+    fn every_parameter_receives_nonzero_finite_gradient_on(c: &ModelConfig) {
+        let c = c.clone();
         let vars = vars(&c);
         let out = model_forward(&c, &tensors(&vars), &batch(&c, &two_samples())).unwrap();
         let grads = out.loss.backward().unwrap();
@@ -386,9 +435,34 @@ mod tests {
         assert!((out.loss_sum.to_scalar::<f32>().unwrap() as f64 - sum).abs() < 1e-4);
     }
 
+    /// A Hugging Face layout on the same small shape: GQA, explicit head_dim, q/k/v biases,
+    /// q/k norms, tied embeddings and Llama 3 rope scaling all at once.
+    fn real_layout() -> ModelConfig {
+        ModelConfig {
+            n_kv_heads: Some(2),
+            head_dim: Some(12),
+            qkv_bias: true,
+            qk_norm: true,
+            tie_embeddings: true,
+            rope_scaling: Some(crate::model::config::RopeScaling {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 16,
+            }),
+            ..small()
+        }
+    }
+
     #[test]
     fn per_unit_vjp_matches_whole_model_backward() {
-        let c = small();
+        for c in [small(), real_layout()] {
+            per_unit_vjp_matches_whole_model_backward_on(&c);
+        }
+    }
+
+    fn per_unit_vjp_matches_whole_model_backward_on(c: &ModelConfig) {
+        let c = c.clone();
         let b = batch(&c, &two_samples());
         let whole_vars = vars(&c);
         let whole = model_forward(&c, &tensors(&whole_vars), &b)
@@ -417,10 +491,14 @@ mod tests {
             outputs.push(hidden.clone());
         }
         let head_input = Var::from_tensor(&hidden.detach()).unwrap();
-        let head = head_forward(&c, &params[last], head_input.as_tensor(), &b).unwrap();
+        let head_params = head_tensors(&c, &params[last], &params[0][0]);
+        let head = head_forward(&c, &head_params, head_input.as_tensor(), &b).unwrap();
 
         // Backward: head from the loss, then each unit's VJP with the gradient of its output.
         let mut per_unit = vec![head.loss.backward().unwrap()];
+        // Tied: the head's gradient of the embedding, added to the lookup's below.
+        let tied = per_unit[0].get(unit_vars[0][0].as_tensor()).cloned();
+        assert_eq!(tied.is_some(), c.tie_embeddings);
         let mut grad_out = per_unit[0].get(head_input.as_tensor()).unwrap().detach();
         for u in (0..last).rev() {
             let vjp = (&outputs[u] * &grad_out).unwrap().sum_all().unwrap();
@@ -435,8 +513,14 @@ mod tests {
         for u in 0..=last {
             for (i, spec) in unit_params(&c, u).unwrap().iter().enumerate() {
                 let g_whole = whole.get(whole_vars[u][i].as_tensor()).unwrap();
-                let g_unit = per_unit[u].get(unit_vars[u][i].as_tensor()).unwrap();
-                let rel = rel_diff(g_unit, g_whole);
+                let mut g_unit = per_unit[u]
+                    .get(unit_vars[u][i].as_tensor())
+                    .unwrap()
+                    .clone();
+                if let (0, Some(t)) = (u, &tied) {
+                    g_unit = (g_unit + t).unwrap();
+                }
+                let rel = rel_diff(&g_unit, g_whole);
                 assert!(
                     rel < 1e-5,
                     "{}: per-unit VJP differs by {rel} (relative)",

@@ -12,54 +12,17 @@
 //! GSM8K's answers keep their `<<48/2=24>>` calculator annotations; [`Problem::final_answer`]
 //! reads the `####` line either way.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader, ErrorKind};
 use std::path::Path;
 
 use serde_json::Value;
 
+use super::jsonl::{kind, read_records};
 use super::problem::Problem;
 use super::TextError;
 
 /// Reads every problem of the GSM8K-format JSONL file at `path`.
 pub fn load(path: impl AsRef<Path>) -> Result<Vec<Problem>, TextError> {
-    let path = path.as_ref();
-    let file = File::open(path).map_err(|source| TextError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let malformed = |line: usize, reason: String| TextError::Malformed {
-        path: path.to_path_buf(),
-        line,
-        reason,
-    };
-    let mut problems = Vec::new();
-    let mut first_blank = None;
-    for (i, text) in BufReader::new(file).lines().enumerate() {
-        let line = i + 1;
-        let text = match text {
-            Ok(text) => text,
-            Err(e) if e.kind() == ErrorKind::InvalidData => {
-                return Err(malformed(line, "not valid UTF-8".into()));
-            }
-            Err(source) => {
-                return Err(TextError::Read {
-                    path: path.to_path_buf(),
-                    line,
-                    source,
-                })
-            }
-        };
-        if text.trim().is_empty() {
-            first_blank.get_or_insert(line);
-            continue;
-        }
-        if let Some(blank) = first_blank {
-            return Err(malformed(blank, "blank line before a record".into()));
-        }
-        problems.push(parse_record(&text).map_err(|reason| malformed(line, reason))?);
-    }
-    Ok(problems)
+    read_records(path.as_ref(), parse_record)
 }
 
 /// One line's problem, or what is wrong with it.
@@ -80,18 +43,6 @@ fn parse_record(text: &str) -> Result<Problem, String> {
         question: field("question")?,
         answer: field("answer")?,
     })
-}
-
-/// A JSON value's kind, with its article.
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

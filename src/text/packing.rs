@@ -2,9 +2,10 @@
 //!
 //! Guarantees (the tests are named after them):
 //!
-//! 1. **Prompt masked**: a [`Sample`] of a problem is `BOS question \n answer EOS`; its loss mask
-//!    is false on every prompt token (`BOS question \n`) and true on every answer token and the
-//!    EOS.
+//! 1. **Prompt masked**: a [`Sample`] of a problem is `BOS question \n answer EOS` (no BOS when
+//!    the tokenizer has none); its loss mask is false on every prompt token (`BOS question \n`)
+//!    and true on every answer token and the EOS. (A conversation in a model's chat format is
+//!    [`Sample::from_chat`], in [`super::chat`].)
 //! 2. **In order, nothing lost**: [`pack`] places the samples in their order, each whole in one
 //!    row, so the rows' tokens, masks and lengths concatenate to the input's.
 //! 3. **Within budget**: no row holds more than the budget; a sample longer than the budget is
@@ -42,8 +43,8 @@ impl Sample {
         Ok(Sample { tokens, loss_mask })
     }
 
-    /// `BOS question \n answer EOS`, with loss on the answer and EOS only; the tokenizer's error
-    /// if it cannot encode the text.
+    /// `BOS question \n answer EOS` (BOS when the tokenizer has one), with loss on the answer and
+    /// EOS only; the tokenizer's error if it cannot encode the text.
     ///
     /// ```
     /// use odc::text::{ByteTokenizer, Problem, Sample};
@@ -98,10 +99,11 @@ impl Sample {
     }
 }
 
-/// The prompt a model continues to answer `question`: `BOS question \n` (what
-/// [`Sample::from_problem`] masks out of the loss); the tokenizer's error if it cannot encode it.
+/// The prompt a model continues to answer `question`: `BOS question \n`, BOS only when the
+/// tokenizer has one (what [`Sample::from_problem`] masks out of the loss); the tokenizer's error
+/// if it cannot encode it.
 pub fn prompt_tokens(tokenizer: &dyn Tokenizer, question: &str) -> Result<Vec<u32>, TextError> {
-    let mut tokens = vec![tokenizer.bos()];
+    let mut tokens: Vec<u32> = tokenizer.bos().into_iter().collect();
     tokens.extend(tokenizer.encode(question)?);
     tokens.extend(tokenizer.encode("\n")?);
     Ok(tokens)
@@ -239,7 +241,7 @@ mod tests {
             let answer = t.encode(&p.answer).expect("bytes never fail");
             assert_eq!(s.len(), prompt.len() + answer.len() + 1);
             assert_eq!(&s.tokens()[..prompt.len()], &prompt[..]);
-            assert_eq!(s.tokens()[0], t.bos());
+            assert_eq!(Some(s.tokens()[0]), t.bos());
             assert_eq!(s.tokens()[prompt.len() - 1], u32::from(b'\n'));
             assert_eq!(&s.tokens()[prompt.len()..s.len() - 1], &answer[..]);
             assert_eq!(s.tokens()[s.len() - 1], t.eos());
@@ -252,6 +254,46 @@ mod tests {
                 (5, s.len() as u64, s.loss_tokens() as u64)
             );
         }
+    }
+
+    /// The byte tokenizer without a BOS, as Qwen's tokenizer is.
+    struct NoBos;
+
+    impl Tokenizer for NoBos {
+        fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
+            ByteTokenizer.encode(text)
+        }
+        fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
+            ByteTokenizer.decode(ids)
+        }
+        fn vocab_size(&self) -> usize {
+            ByteTokenizer.vocab_size()
+        }
+        fn bos(&self) -> Option<u32> {
+            None
+        }
+        fn eos(&self) -> u32 {
+            ByteTokenizer.eos()
+        }
+        fn pad(&self) -> u32 {
+            ByteTokenizer.pad()
+        }
+    }
+
+    #[test]
+    fn prompt_masked_without_a_bos_the_sample_starts_with_the_question() {
+        let p = Problem {
+            question: "1+1?".into(),
+            answer: "#### 2".into(),
+        };
+        assert_eq!(
+            prompt_tokens(&NoBos, &p.question).expect("bytes"),
+            b"1+1?\n".map(u32::from)
+        );
+        let s = Sample::from_problem(&NoBos, &p).expect("bytes never fail");
+        assert_eq!(s.len(), 5 + 6 + 1);
+        assert_eq!(s.tokens()[0], u32::from(b'1'));
+        assert_eq!(s.loss_tokens(), 6 + 1);
     }
 
     #[test]

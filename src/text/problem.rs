@@ -1,5 +1,8 @@
 //! A question with its GSM8K-style worked answer: step lines, then a last line `#### <answer>`.
-//! Both the generator ([`super::arith`]) and the loader ([`super::gsm8k`]) produce it.
+//! Both the generator ([`super::arith`]) and the loader ([`super::gsm8k`]) produce it; as chat
+//! ([`Problem::messages`]) the question is the user's turn and the answer the assistant's.
+
+use super::chat::Message;
 
 /// One problem: a question and its worked answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +25,21 @@ impl Problem {
         let (_, tail) = self.answer.rsplit_once("####")?;
         let tail = tail.trim();
         (!tail.is_empty()).then_some(tail)
+    }
+
+    /// The problem as a conversation: the question as the user's turn, the worked answer as the
+    /// assistant's (what [`Sample::from_chat`](super::Sample::from_chat) trains on).
+    ///
+    /// ```
+    /// use odc::text::{Message, Problem};
+    /// let p = Problem { question: "1 + 2?".into(), answer: "1 + 2 = 3\n#### 3".into() };
+    /// assert_eq!(p.messages(), [Message::user("1 + 2?"), Message::assistant("1 + 2 = 3\n#### 3")]);
+    /// ```
+    pub fn messages(&self) -> Vec<Message> {
+        vec![
+            Message::user(self.question.clone()),
+            Message::assistant(self.answer.clone()),
+        ]
     }
 }
 

@@ -2,8 +2,8 @@
 //!
 //! Guarantee: [`ByteTokenizer`] round-trips any UTF-8 text losslessly
 //! (`decode(encode(s)) == s`), never emits a special id from `encode` and never fails. The other
-//! implementation, [`HfTokenizer`](super::HfTokenizer), reads a Hugging Face `tokenizer.json`; its
-//! encoding and decoding can fail, hence the `Result`s.
+//! implementation, [`HfTokenizer`](super::HfTokenizer), reads a Hugging Face model's tokenizer
+//! files; its encoding and decoding can fail, hence the `Result`s.
 
 use super::TextError;
 
@@ -16,10 +16,16 @@ pub trait Tokenizer: Send + Sync {
     fn decode(&self, ids: &[u32]) -> Result<String, TextError>;
     /// The number of ids, special ones included.
     fn vocab_size(&self) -> usize;
-    /// Beginning of sequence.
-    fn bos(&self) -> u32;
-    /// End of sequence.
+    /// Beginning of sequence: the id a sequence starts with, if the model uses one (Llama 3 does,
+    /// Qwen does not).
+    fn bos(&self) -> Option<u32>;
+    /// End of sequence: what a sample ends with.
     fn eos(&self) -> u32;
+    /// Every id that ends generation: EOS and the model's end-of-turn ids (Llama 3's
+    /// `<|eot_id|>` and `<|end_of_text|>`, Qwen's `<|im_end|>` and `<|endoftext|>`).
+    fn stop_ids(&self) -> Vec<u32> {
+        vec![self.eos()]
+    }
     /// Padding.
     fn pad(&self) -> u32;
 }
@@ -30,7 +36,8 @@ pub trait Tokenizer: Send + Sync {
 /// use odc::text::{ByteTokenizer, Tokenizer};
 /// let t = ByteTokenizer;
 /// assert_eq!(t.encode("hi")?, vec![104, 105]);
-/// assert_eq!(t.decode(&[t.bos(), 104, 105, t.eos()])?, "hi");
+/// assert_eq!(t.decode(&[ByteTokenizer::BOS, 104, 105, t.eos()])?, "hi");
+/// assert_eq!((t.bos(), t.stop_ids()), (Some(256), vec![257]));
 /// # Ok::<(), odc::text::TextError>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,8 +68,8 @@ impl Tokenizer for ByteTokenizer {
         Self::VOCAB_SIZE
     }
 
-    fn bos(&self) -> u32 {
-        Self::BOS
+    fn bos(&self) -> Option<u32> {
+        Some(Self::BOS)
     }
 
     fn eos(&self) -> u32 {
@@ -100,11 +107,13 @@ mod tests {
     #[test]
     fn byte_special_ids_are_distinct_above_the_bytes_and_skipped_by_decode() {
         let t = ByteTokenizer;
-        let specials = [t.bos(), t.eos(), t.pad()];
+        assert_eq!(t.bos(), Some(ByteTokenizer::BOS));
+        assert_eq!(t.stop_ids(), [t.eos()]);
+        let specials = [ByteTokenizer::BOS, t.eos(), t.pad()];
         assert_eq!(specials, [256, 257, 258]);
         assert!(specials.iter().all(|&id| (id as usize) < t.vocab_size()));
         assert_eq!(t.vocab_size(), 259);
-        let mut ids = vec![t.bos()];
+        let mut ids = vec![ByteTokenizer::BOS];
         ids.extend(t.encode("é #### 7").expect("never fails"));
         ids.extend([t.eos(), t.pad(), t.pad(), 1_000_000]);
         assert_eq!(t.decode(&ids).expect("never fails"), "é #### 7");
