@@ -53,6 +53,11 @@
 //! `--export-dtype f32`; the model directory's config and tokenizer files carried over), which
 //! `transformers`' `from_pretrained` and vLLM load.
 //!
+//! **LoRA** (`--lora-rank R`, `--lora-alpha`, `--lora-targets q_proj,v_proj,…`): the base model's
+//! units are frozen at the shard servers (pulled, never pushed or optimised) and each block gets a
+//! small adapter unit; `--export-hf OUT` then writes PEFT's layout (`adapter_config.json`,
+//! `adapter_model.safetensors`), or with `--merge-lora` the merged full model.
+//!
 //! Config file (`--config PATH`, TOML): the same keys as the flags with `_` for `-`, plus a
 //! `[model]` table of `ModelConfig` fields; a flag given on the command line wins.
 //!
@@ -80,9 +85,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use odc::checkpoint::{self, TensorMap};
 use odc::launch::World;
 use odc::model::hf::{export_hf, ExportDtype, ExportOptions, HfCheckpoint};
+use odc::model::lora;
 use odc::model::{
     evaluate_prompted, layout_units, open_device, tensor_map, transformer_job_of, ComputePrecision,
-    DeviceSpec, ModelConfig, Objective, Placement, Sample, SampleStore, Weights,
+    DeviceSpec, LoraConfig, LoraTarget, ModelConfig, Objective, Placement, Sample, SampleStore,
+    Weights,
 };
 use odc::text::{
     prompt_from_chat, ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextError, Tokenizer,
@@ -183,6 +190,19 @@ struct Opts {
     /// The export's tensors: bf16 (default) or f32.
     #[arg(long)]
     export_dtype: Option<String>,
+    /// Fine-tune LoRA adapters of this rank instead of every weight (the base model frozen).
+    #[arg(long)]
+    lora_rank: Option<usize>,
+    /// LoRA's alpha (the update is scaled by alpha / rank; default 2 · rank).
+    #[arg(long)]
+    lora_alpha: Option<f64>,
+    /// The adapted layers, comma-separated (default all: q_proj,k_proj,v_proj,o_proj,gate_proj,
+    /// up_proj,down_proj).
+    #[arg(long)]
+    lora_targets: Option<String>,
+    /// With LoRA, --export-hf writes the merged full model instead of PEFT adapters.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    merge_lora: Option<bool>,
     /// The model (TOML `[model]` table only; default: `ModelConfig::tiny()`).
     #[arg(skip)]
     model: Option<ModelConfig>,
@@ -242,6 +262,8 @@ struct Settings {
     export_hf: Option<PathBuf>,
     #[serde(default = "bf16")]
     export_dtype: String,
+    #[serde(default)]
+    merge_lora: bool,
 }
 
 fn bf16() -> String {
@@ -317,6 +339,27 @@ impl Opts {
         }
         let export_dtype = self.export_dtype.unwrap_or_else(bf16);
         export_dtype_of(&export_dtype)?;
+        let mut model = model;
+        if let Some(rank) = self.lora_rank {
+            let mut lora = LoraConfig::new(rank);
+            if let Some(alpha) = self.lora_alpha {
+                lora.alpha = alpha;
+            }
+            if let Some(targets) = &self.lora_targets {
+                lora.targets = targets
+                    .split(',')
+                    .map(|t| LoraTarget::parse(t.trim()))
+                    .collect::<Result<_, _>>()?;
+            }
+            model.lora = Some(lora);
+            model.validate()?;
+        } else if self.lora_alpha.is_some() || self.lora_targets.is_some() {
+            bail!("--lora-alpha and --lora-targets go with --lora-rank");
+        }
+        let merge_lora = self.merge_lora.unwrap_or(false);
+        if merge_lora && model.lora.is_none() {
+            bail!("--merge-lora goes with --lora-rank");
+        }
         let device = self.device.unwrap_or_else(cpu);
         let on_cuda = device.parse::<DeviceSpec>()?.is_cuda();
         let precision = self
@@ -357,8 +400,55 @@ impl Opts {
             model_dir: self.model_dir,
             export_hf: self.export_hf,
             export_dtype,
+            merge_lora,
         })
     }
+}
+
+/// `--export-hf`: the model in Hugging Face layout, or under LoRA its adapters in PEFT's layout
+/// (the merged model with `--merge-lora`); what was written, in words.
+fn export(settings: &Settings, out: &Path, params: &[Vec<f32>]) -> anyhow::Result<String> {
+    let model = &settings.model;
+    if model.lora.is_some() && !settings.merge_lora {
+        let base = settings
+            .model_dir
+            .as_ref()
+            .map_or_else(|| "odc".to_string(), |d| d.display().to_string());
+        lora::export_peft(out, model, params, &base)
+            .with_context(|| format!("--export-hf {}", out.display()))?;
+        return Ok("PEFT adapters: adapter_config.json, adapter_model.safetensors".into());
+    }
+    let (config, units) = match &model.lora {
+        Some(_) => (lora::base_config(model), lora::merge(model, params)?),
+        None => (model.clone(), params.to_vec()),
+    };
+    let summary = export_hf(
+        out,
+        &config,
+        &units,
+        &ExportOptions {
+            dtype: export_dtype_of(&settings.export_dtype)?,
+            source: settings.model_dir.as_deref(),
+            ..ExportOptions::default()
+        },
+    )
+    .with_context(|| format!("--export-hf {}", out.display()))?;
+    Ok(format!(
+        "{}{} safetensors file(s), {:.1} MB of {} tensors, tokenizer files: {}",
+        if model.lora.is_some() {
+            "adapters merged: "
+        } else {
+            ""
+        },
+        summary.safetensors_files.len(),
+        summary.tensor_bytes as f64 / 1e6,
+        settings.export_dtype,
+        if summary.tokenizer_files.is_empty() {
+            "none".to_string()
+        } else {
+            summary.tokenizer_files.join(", ")
+        }
+    ))
 }
 
 /// `--export-dtype`.
@@ -780,9 +870,12 @@ async fn run(
     // A model directory's weights: each shard server converts its own slice from the mapped
     // files (every rank opens the directory: it must be on a filesystem they share).
     let units = match &settings.model_dir {
-        Some(dir) => HfCheckpoint::open(dir)
-            .with_context(|| format!("--model-dir {}", dir.display()))?
-            .unit_specs(),
+        Some(dir) => lora::adapted_units(
+            &model,
+            HfCheckpoint::open(dir)
+                .with_context(|| format!("--model-dir {}", dir.display()))?
+                .unit_specs(),
+        )?,
         None => layout_units(&model)?,
     };
     let mut builder = transformer_job_of(&model, units, store, Objective::CrossEntropy, placement)?
@@ -946,28 +1039,10 @@ async fn run(
     if let (Some(out), true) = (&settings.export_hf, lead) {
         let t = Instant::now();
         let params = job.parameters().await?;
-        let summary = export_hf(
-            out,
-            &settings.model,
-            &params,
-            &ExportOptions {
-                dtype: export_dtype_of(&settings.export_dtype)?,
-                source: settings.model_dir.as_deref(),
-                ..ExportOptions::default()
-            },
-        )
-        .with_context(|| format!("--export-hf {}", out.display()))?;
+        let what = export(&settings, out, &params)?;
         say(format!(
-            "exported: {} ({} safetensors file(s), {:.1} MB of {} tensors, tokenizer files: {}; {:.1} s)",
+            "exported: {} ({what}; {:.1} s)",
             out.display(),
-            summary.safetensors_files.len(),
-            summary.tensor_bytes as f64 / 1e6,
-            settings.export_dtype,
-            if summary.tokenizer_files.is_empty() {
-                "none".to_string()
-            } else {
-                summary.tokenizer_files.join(", ")
-            },
             t.elapsed().as_secs_f64()
         ));
     }

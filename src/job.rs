@@ -353,7 +353,9 @@ impl JobBuilder {
     /// Continue from `state` (a checkpoint's, or [`Job::train_state`]): every unit starts from its
     /// saved values and optimizer state, steps count on from `state.step` (the data source's
     /// step, the schedule's position). The units added with [`JobBuilder::unit`] give the names
-    /// and lengths, which must match.
+    /// and lengths, which must match, and which units are frozen: a frozen unit drops whatever
+    /// optimizer state `state` holds for it, and a unit frozen in `state` (0 steps, no buffers)
+    /// that trains now starts a fresh optimizer state.
     pub fn resume(mut self, state: TrainState) -> Self {
         self.resume = Some(state);
         self
@@ -786,8 +788,9 @@ impl Job {
     }
 
     /// Everything a checkpoint holds, read like [`Job::parameters`]: the global step, the fp32
-    /// master values and the optimizer state of every unit. A job built with
-    /// [`JobBuilder::resume`] from it continues exactly where this one is.
+    /// master values and the optimizer state of every unit (a frozen unit's: 0 steps, no
+    /// buffers). A job built with [`JobBuilder::resume`] from it continues exactly where this one
+    /// is.
     pub async fn train_state(&mut self) -> Result<TrainState> {
         let (node, snapshots, deadline) = self.snapshots(SnapshotCmd { optimizer: true }).await?;
         let timeout = self.parameters_timeout;

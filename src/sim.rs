@@ -215,7 +215,7 @@ pub async fn ring_step_latency(ranks: u32, rounds: u32) -> crate::Result<Duratio
             start: 0,
             end: len as u64,
             published: published.handle(),
-            accumulator: accumulator.handle(),
+            accumulator: Some(accumulator.handle()),
         }],
     )?);
     let group = Arc::new(CollectiveGroup::new(ranks));

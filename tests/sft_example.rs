@@ -453,6 +453,76 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     });
     assert!(moved, "some unit did not move in 4 steps at lr 0.01");
 
+    // LoRA: only the adapters train; the export is PEFT's layout, or with --merge-lora the
+    // merged model, whose weights moved from the base.
+    let adapters = dir.join("adapters");
+    let out = sft(&[
+        "--model-dir",
+        model_arg,
+        "--data",
+        data_arg,
+        "--lora-rank",
+        "4",
+        "--export-hf",
+        adapters.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("PEFT adapters"), "{stdout}");
+    let adapter_config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(adapters.join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(adapter_config["r"], 4);
+    assert_eq!(adapter_config["peft_type"], "LORA");
+    let bytes = std::fs::read(adapters.join("adapter_model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(file.names().len(), 2 * 7 * config.n_layers);
+    let b = file
+        .tensor("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight")
+        .unwrap();
+    let b: Vec<f32> = b
+        .data()
+        .chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert!(b.iter().any(|v| *v != 0.0), "B starts at zero and trained");
+
+    let merged = dir.join("merged");
+    let out = sft(&[
+        "--model-dir",
+        model_arg,
+        "--data",
+        data_arg,
+        "--lora-rank",
+        "4",
+        "--merge-lora",
+        "--export-dtype",
+        "f32",
+        "--export-hf",
+        merged.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let merged = odc::model::hf::HfCheckpoint::open(&merged).expect("a merged export loads");
+    assert!(merged.config().lora.is_none());
+    let block = odc::model::unit_params(&config, 1).unwrap();
+    let (before, after) = (
+        start.unit_values(1).unwrap(),
+        merged.unit_values(1).unwrap(),
+    );
+    assert_eq!(before.len(), after.len());
+    assert!(
+        before.iter().zip(&after).any(|(x, y)| x != y),
+        "merging changed none of {} block weights",
+        block.len()
+    );
+    // Frozen under LoRA: the embedding and norms are the base's, bit for bit.
+    assert_eq!(
+        start.unit_values(0).unwrap(),
+        merged.unit_values(0).unwrap()
+    );
+
     // A damaged directory: one tensor missing from the weights is named before anything runs.
     let broken = dir.join("broken");
     std::fs::create_dir_all(&broken).unwrap();

@@ -171,6 +171,10 @@ fn candle_alone(
         losses.push(out.loss.to_scalar::<f32>().unwrap() as f64);
         let grads = out.loss.backward().unwrap();
         for (u, unit_vars) in vars.iter().enumerate() {
+            // Frozen units (the base model under LoRA) do not train.
+            if !odc::model::transformer::unit_trainable(&c, u).unwrap() {
+                continue;
+            }
             let grad: Vec<f32> = unit_vars
                 .iter()
                 .flat_map(|v| {
@@ -217,6 +221,19 @@ fn odc_training_equals_candle_alone() {
 fn odc_training_equals_candle_alone_on_a_real_layout() {
     for communication in [Communication::OnDemand, Communication::Collective] {
         odc_training_equals_candle_alone_on(&real_layout(), communication);
+    }
+}
+
+/// The same layout with rank-4 LoRA adapters on every linear layer: only the adapter units train
+/// (the base units are frozen at the servers), and odc equals candle alone training only them.
+#[test]
+fn odc_training_equals_candle_alone_with_lora() {
+    let lora = ModelConfig {
+        lora: Some(odc::model::LoraConfig::new(4)),
+        ..real_layout()
+    };
+    for communication in [Communication::OnDemand, Communication::Collective] {
+        odc_training_equals_candle_alone_on(&lora, communication);
     }
 }
 

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::layout::UnitId;
 
-/// One shard of one unit: its owner, its element range within the unit and its two regions.
+/// One shard of one unit: its owner, its element range within the unit and its regions (a frozen
+/// unit's shard has no accumulator).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShardRoute {
     pub unit: UnitId,
@@ -20,8 +21,9 @@ pub struct ShardRoute {
     pub end: u64,
     /// Published parameter copy (bf16 or fp32) trainers read.
     pub published: RegionHandle,
-    /// fp32 gradient accumulator trainers add into.
-    pub accumulator: RegionHandle,
+    /// fp32 gradient accumulator trainers add into; `None` for a frozen unit
+    /// ([`UnitSpec::frozen`](crate::layout::UnitSpec::frozen)), which takes no gradient.
+    pub accumulator: Option<RegionHandle>,
 }
 
 impl ShardRoute {

@@ -24,6 +24,10 @@ pub enum Error {
         expected: u64,
         got: u64,
     },
+    /// A gradient pushed for a frozen unit ([`UnitSpec::frozen`](crate::layout::UnitSpec::frozen)):
+    /// its servers keep no accumulator and no optimizer state for it. Nothing was sent.
+    #[error("unit {unit} ({name}) is frozen: it takes no gradient (push only trainable units)")]
+    FrozenUnit { unit: UnitId, name: String },
     #[error("unit {unit} was pushed twice in micro-batch {micro_batch}: sum the gradient locally and push once")]
     DuplicatePush { unit: UnitId, micro_batch: u32 },
     #[error("unit {unit} is not gathered, so it cannot be released")]

@@ -4,6 +4,19 @@
 //! Each unit is split over `S` shard servers in contiguous **shards**: shard `i` of a unit of `n`
 //! elements is `i·n/S .. (i+1)·n/S` (integer division), so shards differ in length by at most one
 //! and together cover the unit exactly once ([`shard_range`], property-tested).
+//!
+//! A unit is **trainable** (the default) or **frozen** ([`UnitSpec::frozen`]): a frozen unit is
+//! pulled like any other and never pushed, reduced or optimised. Guarantees (tested in
+//! `server/actor.rs`, `trainer/context.rs` and `tests/runtime/frozen.rs`):
+//! - a shard server keeps for a frozen unit only what is read — its master values and the
+//!   published copy — with no accumulator region (its route has none) and no optimizer state
+//!   (its optimizer snapshot: 0 steps, no buffers);
+//! - its values stay bit-identical to their initial values whatever the optimizer (no weight
+//!   decay), and it adds nothing to the gradient's sum of squares;
+//! - it follows the version protocol (I1): every read during step `v` returns version `v`;
+//! - [`TrainerContext::push_grad`](crate::trainer::TrainerContext::push_grad) on it is
+//!   [`Error::FrozenUnit`], and nothing is sent;
+//! - trainable units train exactly as if the frozen unit were a constant (I3).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -51,31 +64,55 @@ impl UnitInit {
     }
 }
 
-/// One unit: a name, its length in elements and its initial values.
+/// One unit: a name, its length in elements, its initial values and whether it trains.
 #[derive(Debug, Clone)]
 pub struct UnitSpec {
     pub name: String,
     pub len: usize,
     pub init: UnitInit,
+    /// `false`: a frozen unit, pulled and never pushed, reduced or optimised (see the
+    /// [module docs](self)). [`UnitSpec::with_values`] and [`UnitSpec::constant`] make trainable
+    /// units; [`UnitSpec::frozen`] freezes one.
+    pub trainable: bool,
 }
 
 impl UnitSpec {
-    /// A unit with explicit initial values.
+    /// A trainable unit with explicit initial values.
     pub fn with_values(name: impl Into<String>, values: Vec<f32>) -> Self {
         UnitSpec {
             name: name.into(),
             len: values.len(),
             init: UnitInit::Values(values.into()),
+            trainable: true,
         }
     }
 
-    /// A unit of `len` elements all equal to `value`.
+    /// A trainable unit of `len` elements all equal to `value`.
     pub fn constant(name: impl Into<String>, len: usize, value: f32) -> Self {
         UnitSpec {
             name: name.into(),
             len,
             init: UnitInit::Constant(value),
+            trainable: true,
         }
+    }
+
+    /// The same unit, frozen: its shard servers keep no gradient accumulator and no optimizer
+    /// state for it, its values never change, and pushing its gradient is an error.
+    ///
+    /// ```
+    /// use odc_actors::layout::{ModelLayout, UnitSpec};
+    /// let layout = ModelLayout::new(vec![
+    ///     UnitSpec::constant("base", 1000, 0.5).frozen(),
+    ///     UnitSpec::constant("adapter", 10, 0.0),
+    /// ])
+    /// .unwrap();
+    /// assert!(!layout.units()[0].trainable);
+    /// assert_eq!((layout.trainable_elements(), layout.frozen_elements()), (10, 1000));
+    /// ```
+    pub fn frozen(mut self) -> Self {
+        self.trainable = false;
+        self
     }
 }
 
@@ -83,7 +120,8 @@ impl UnitSpec {
 /// count and its named per-element buffers over the whole unit (see
 /// [`OptimizerState::restore`](crate::server::optimizer::OptimizerState::restore)). Each shard
 /// server takes its range.
-#[derive(Debug, Clone, PartialEq)]
+/// The default, 0 steps and no buffers, is a fresh state: what a frozen unit's checkpoint holds.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct UnitOptimizerInit {
     pub steps: u64,
     pub buffers: Vec<(String, Arc<[f32]>)>,
@@ -135,8 +173,10 @@ impl ModelLayout {
     }
 
     /// The same model starting from `states` (one per unit, in order): the optimizer state of a
-    /// resumed run. Fails naming the unit and buffer whose length does not match.
-    pub fn with_optimizer_state(mut self, states: Vec<UnitOptimizerInit>) -> Result<Self> {
+    /// resumed run. Fails naming the unit and buffer whose length does not match. A frozen unit
+    /// has no optimizer state: whatever `states` holds for it is dropped (0 steps, no buffers), as
+    /// when a run resumes with a unit it trained now frozen.
+    pub fn with_optimizer_state(mut self, mut states: Vec<UnitOptimizerInit>) -> Result<Self> {
         if states.len() != self.units.len() {
             return Err(Error::Layout(format!(
                 "optimizer state for {} units, the model has {}",
@@ -144,7 +184,11 @@ impl ModelLayout {
                 self.units.len()
             )));
         }
-        for (id, (unit, state)) in self.units.iter().zip(&states).enumerate() {
+        for (id, (unit, state)) in self.units.iter().zip(&mut states).enumerate() {
+            if !unit.trainable {
+                *state = UnitOptimizerInit::default();
+                continue;
+            }
             for (name, values) in &state.buffers {
                 if values.len() != unit.len {
                     return Err(Error::Layout(format!(
@@ -203,15 +247,30 @@ impl ModelLayout {
         self.units.iter().map(|u| u.len).sum()
     }
 
-    /// A fingerprint of the model (FNV-1a over unit names, lengths and the bits of explicit and
-    /// constant initial values; an initialiser function or slice reader counts by its place
-    /// only, as it is not materialised here): processes of one job compare it before any of them
-    /// serves a shard.
+    /// Parameters of trainable units.
+    pub fn trainable_elements(&self) -> usize {
+        self.units
+            .iter()
+            .filter(|u| u.trainable)
+            .map(|u| u.len)
+            .sum()
+    }
+
+    /// Parameters of frozen units ([`UnitSpec::frozen`]).
+    pub fn frozen_elements(&self) -> usize {
+        self.total_elements() - self.trainable_elements()
+    }
+
+    /// A fingerprint of the model (FNV-1a over unit names, lengths, whether each trains, and the
+    /// bits of explicit and constant initial values; an initialiser function or slice reader
+    /// counts by its place only, as it is not materialised here): processes of one job compare
+    /// it before any of them serves a shard.
     pub fn digest(&self) -> u64 {
         let mut h = Fnv(0xcbf2_9ce4_8422_2325);
         for u in &self.units {
             h.bytes(u.name.as_bytes());
             h.bytes(&(u.len as u64).to_le_bytes());
+            h.bytes(&[u8::from(u.trainable)]);
             match &u.init {
                 UnitInit::Constant(c) => {
                     h.bytes(&[0]);
@@ -301,6 +360,45 @@ mod tests {
         assert_ne!(resumed.digest(), layout().digest());
         assert_ne!(resumed.digest(), other.digest());
     }
+    #[test]
+    fn frozen_units_count_apart_in_the_digest_and_drop_optimizer_state() {
+        let units = |frozen: bool| {
+            let base = UnitSpec::constant("base", 6, 1.0);
+            vec![
+                if frozen { base.frozen() } else { base },
+                UnitSpec::constant("adapter", 2, 0.0),
+            ]
+        };
+        let trainable = ModelLayout::new(units(false)).unwrap();
+        let frozen = ModelLayout::new(units(true)).unwrap();
+        assert!(trainable.units().iter().all(|u| u.trainable));
+        assert!(!frozen.units()[0].trainable && frozen.units()[1].trainable);
+        assert_ne!(trainable.digest(), frozen.digest());
+        assert_eq!(
+            (frozen.trainable_elements(), frozen.frozen_elements()),
+            (2, 6)
+        );
+        assert_eq!(trainable.frozen_elements(), 0);
+        // A frozen unit's optimizer state, even of another length, is dropped: it has none.
+        let resumed = frozen
+            .with_optimizer_state(vec![
+                UnitOptimizerInit {
+                    steps: 4,
+                    buffers: vec![("exp_avg".into(), vec![0.5; 3].into())],
+                },
+                UnitOptimizerInit {
+                    steps: 4,
+                    buffers: vec![("exp_avg".into(), vec![0.5; 2].into())],
+                },
+            ])
+            .unwrap();
+        assert_eq!(
+            resumed.optimizer_init(0),
+            Some(&UnitOptimizerInit::default())
+        );
+        assert_eq!(resumed.optimizer_init(1).unwrap().steps, 4);
+    }
+
     use proptest::prelude::*;
 
     proptest! {
@@ -359,6 +457,7 @@ mod tests {
             name: "mapped".into(),
             len: 10,
             init,
+            trainable: true,
         };
         let layout = ModelLayout::new(vec![unit]).unwrap();
         let spec = layout.unit(0).unwrap();
@@ -371,6 +470,7 @@ mod tests {
             name: "mapped".into(),
             len: 10,
             init: UnitInit::Fn(Arc::new(|i| i as f32)),
+            trainable: true,
         };
         assert_ne!(
             layout.digest(),

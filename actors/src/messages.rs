@@ -93,8 +93,9 @@ pub struct ShardSnapshot {
     pub optimizer: Option<OptimizerSnapshot>,
 }
 
-/// fp32 copies of one shard's optimizer buffers, readable over the data plane.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// fp32 copies of one shard's optimizer buffers, readable over the data plane. The default (0
+/// steps, no buffers) is a frozen unit's: it has no optimizer state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct OptimizerSnapshot {
     /// Optimizer steps taken.
     pub steps: u64,
@@ -329,7 +330,11 @@ mod tests {
             start: 4,
             end: 12,
             published: handle(),
-            accumulator: handle(),
+            accumulator: Some(handle()),
+        };
+        let frozen = ShardRoute {
+            accumulator: None,
+            ..route.clone()
         };
         let spec = ServerSpec {
             endpoint: 1,
@@ -340,7 +345,7 @@ mod tests {
             key: JobKey::from_bytes([5; 32]),
         };
         round_trip(spec);
-        round_trip(vec![route.clone()]);
+        round_trip(vec![route.clone(), frozen]);
         round_trip(ReduceCmd {
             scale: 0.5,
             next_epoch: 3,

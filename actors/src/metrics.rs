@@ -40,6 +40,9 @@ pub const TOKENS: &str = "odc_tokens_total";
 pub const TOKENS_PER_SECOND: &str = "odc_tokens_per_second";
 /// Current parameter version (optimizer steps applied).
 pub const STEP: &str = "odc_step";
+/// The model's parameters, label `kind`: `trainable` or `frozen` (units pulled and never pushed or
+/// optimised, [`UnitSpec::frozen`](crate::layout::UnitSpec::frozen)).
+pub const PARAMETERS: &str = "odc_parameters";
 /// Wall time of a whole step (plan, compute, barrier).
 pub const STEP_SECONDS: &str = "odc_step_seconds";
 /// Mean loss of the last step.
@@ -103,6 +106,10 @@ pub fn describe() {
     describe_counter!(TOKENS, "Tokens trained on");
     describe_gauge!(TOKENS_PER_SECOND, "Tokens per second of the last step");
     describe_gauge!(STEP, "Optimizer steps applied");
+    describe_gauge!(
+        PARAMETERS,
+        "Parameters of the model, trainable or frozen (pulled, never pushed or optimised)"
+    );
     describe_histogram!(STEP_SECONDS, Unit::Seconds, "Wall time per step");
     describe_gauge!(LOSS, "Mean loss of the last step");
     describe_counter!(REPLAYS, "Minibatch replays after failures");

@@ -183,6 +183,103 @@ pub fn load(dir: &Path, servers: usize) -> anyhow::Result<LoadReport> {
     Ok(report)
 }
 
+/// Bytes a step moves, from the trainers' own counts ([`odc::StepStats`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Traffic {
+    /// Parameters that train (all, or the adapters under LoRA) and that are frozen.
+    pub trainable: usize,
+    pub frozen: usize,
+    /// Per step, summed over trainers (mean over the steps run).
+    pub pulled: f64,
+    pub pushed: f64,
+    /// Micro-batches per step (mean).
+    pub micro_batches: f64,
+}
+
+/// Runs `steps` SFT steps of `config` (from `init`, the base model's units, when given; with
+/// LoRA when `config.lora` is set) on `samples` synthetic samples of `len` random tokens per step,
+/// with `trainers` trainers and `servers` servers in this process and bf16 pulls, and reports
+/// what the trainers pulled and pushed.
+pub async fn traffic(
+    config: &ModelConfig,
+    init: Option<&[Vec<f32>]>,
+    steps: u64,
+    samples: usize,
+    len: usize,
+    (trainers, servers): (usize, usize),
+) -> anyhow::Result<Traffic> {
+    use odc::model::{lora, transformer_job_of, Objective, Placement, Sample, SampleStore};
+    use std::sync::Arc;
+    let base = lora::base_config(config);
+    let base_units = match init {
+        Some(units) => units
+            .iter()
+            .enumerate()
+            .map(|(u, v)| odc::UnitSpec::with_values(odc::model::unit_name(&base, u), v.clone()))
+            .collect(),
+        None => odc::model::layout_units(&base)?,
+    };
+    let units = lora::adapted_units(config, base_units)?;
+    let (trainable, frozen) = units.iter().fold((0, 0), |(t, f), u| {
+        if u.trainable {
+            (t + u.len, f)
+        } else {
+            (t, f + u.len)
+        }
+    });
+    let vocab = config.vocab_size.min(256) as u32;
+    let store: Arc<dyn SampleStore> = Arc::new(move |i: u64| {
+        Ok(Sample::all_loss(
+            (0..len as u64)
+                .map(|t| ((i * 7919 + t * 104_729) % u64::from(vocab)) as u32)
+                .collect(),
+        ))
+    });
+    let mut job = transformer_job_of(
+        config,
+        units,
+        store,
+        Objective::CrossEntropy,
+        Placement::default(),
+    )?
+    .trainers(trainers)
+    .servers(servers)
+    .pull_precision(odc::Precision::Bf16)
+    .token_budget((len * samples.div_ceil(trainers)).max(len) as u64)
+    .data(move |step: u64| {
+        Ok((0..samples as u64)
+            .map(|k| odc::SampleMeta {
+                index: step * samples as u64 + k,
+                tokens: len as u64,
+                loss_tokens: len as u64 - 1,
+            })
+            .collect())
+    })
+    .build()?;
+    let stats = job.run(steps).await?;
+    job.shutdown().await;
+    let n = stats.len().max(1) as f64;
+    let sum = |f: &dyn Fn(&odc::TrainerStepStats) -> u64| -> f64 {
+        stats
+            .iter()
+            .flat_map(|s| s.trainers.iter())
+            .map(|t| f(t) as f64)
+            .sum::<f64>()
+            / n
+    };
+    Ok(Traffic {
+        trainable,
+        frozen,
+        pulled: sum(&|t| t.bytes_pulled),
+        pushed: sum(&|t| t.bytes_pushed),
+        micro_batches: stats
+            .iter()
+            .map(|s| f64::from(s.micro_batches))
+            .sum::<f64>()
+            / n,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,5 +324,53 @@ mod tests {
         );
         assert!(report.peak_rss >= report.peak_rss_before);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// LoRA pushes only the adapters: on a small model, its pushed bytes per step are the
+    /// adapters' share of full fine-tuning's, while both pull the whole model.
+    #[test]
+    fn lora_pushes_only_the_adapters() {
+        let config = ModelConfig {
+            vocab_size: 64,
+            d_model: 32,
+            n_layers: 2,
+            n_heads: 4,
+            n_kv_heads: Some(2),
+            d_ff: 64,
+            tie_embeddings: true,
+            ..ModelConfig::tiny()
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let full = rt
+            .block_on(traffic(&config, None, 2, 4, 16, (2, 2)))
+            .unwrap();
+        let adapted = ModelConfig {
+            lora: Some(odc::model::LoraConfig::new(2)),
+            ..config.clone()
+        };
+        let lora = rt
+            .block_on(traffic(&adapted, None, 2, 4, 16, (2, 2)))
+            .unwrap();
+        assert_eq!(full.frozen, 0);
+        assert_eq!(lora.frozen, full.trainable);
+        // Every micro-batch pushes each trainable unit once, in f32.
+        let per_mb = |t: &Traffic| t.pushed / t.micro_batches;
+        assert!(
+            (per_mb(&full) - 4.0 * full.trainable as f64).abs() < 1.0,
+            "{full:?}"
+        );
+        assert!(
+            (per_mb(&lora) - 4.0 * lora.trainable as f64).abs() < 1.0,
+            "{lora:?}"
+        );
+        assert!(lora.pushed < 0.2 * full.pushed, "{lora:?} vs {full:?}");
+        assert!(
+            lora.pulled >= full.pulled * 0.9,
+            "both pull the whole model"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! [`save`] and [`load`]: a [`TrainState`] as `step-<N>/{model,optimizer}.safetensors` and
-//! `state.json` (see the [module docs](super)).
+//! `state.json` (see the [module docs](super)). A frozen unit's optimizer state is 0 steps and no
+//! buffers: `state.json` says so and the optimizer file holds no tensor of it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -407,6 +408,32 @@ mod tests {
         let bytes = std::fs::read(step.join(OPTIMIZER_FILE)).unwrap();
         let opt = SafeTensors::deserialize(&bytes).unwrap();
         assert!(opt.tensor("layers.0.w.exp_avg_sq").is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A frozen unit has no optimizer state (0 steps, no buffers): nothing of it is written to
+    /// the optimizer file, and it reads back as it was.
+    #[test]
+    fn a_frozen_units_empty_optimizer_state_round_trips() {
+        let dir = temp_path("odc-ckpt", "frozen");
+        let mut frozen = state();
+        frozen.optimizer[0] = UnitOptimizerInit::default();
+        let step = save(&dir, &map(), &frozen, &serde_json::Value::Null).unwrap();
+        let (loaded, _) = load(&step, &map()).unwrap();
+        assert_eq!(loaded, frozen);
+        let bytes = std::fs::read(step.join(OPTIMIZER_FILE)).unwrap();
+        let opt = SafeTensors::deserialize(&bytes).unwrap();
+        let mut names = opt.names();
+        names.sort();
+        assert_eq!(
+            names,
+            vec![
+                "layers.0.norm.exp_avg",
+                "layers.0.norm.exp_avg_sq",
+                "layers.0.w.exp_avg",
+                "layers.0.w.exp_avg_sq"
+            ]
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

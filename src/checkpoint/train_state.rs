@@ -12,6 +12,7 @@ pub struct TrainState {
     pub step: u64,
     /// Per unit, its flat master values.
     pub params: Vec<Vec<f32>>,
-    /// Per unit, its optimizer step count and named buffers (each as long as the unit).
+    /// Per unit, its optimizer step count and named buffers (each as long as the unit); a frozen
+    /// unit's is 0 steps and no buffers ([`UnitOptimizerInit::default`]).
     pub optimizer: Vec<UnitOptimizerInit>,
 }

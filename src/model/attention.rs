@@ -28,6 +28,7 @@ use candle_core::{DType, Tensor};
 use super::batch::PackedBatch;
 use super::config::ModelConfig;
 use super::error::Result;
+use super::lora::{AdapterWeights, LoraTarget};
 use super::ops::{rms_norm, rope, softmax_last_dim};
 
 /// One attention layer's parameters (linear weights `[out, in]`).
@@ -45,6 +46,8 @@ pub struct AttentionWeights<'a> {
     pub bias: Option<[&'a Tensor; 3]>,
     /// Per-head RMSNorm weights `[head_dim]` (Qwen3): query, key.
     pub qk_norm: Option<[&'a Tensor; 2]>,
+    /// The block's LoRA adapters (on these projections and the MLP's).
+    pub adapters: Option<AdapterWeights<'a>>,
 }
 
 /// Queries `[rows, n_heads, n, head_dim]` and keys and values `[rows, n_kv_heads, n, head_dim]`
@@ -60,8 +63,12 @@ pub fn project(
     let (tokens, _) = x.dims2()?;
     let n = tokens / rows.max(1);
     let hd = config.head_dim();
-    let heads = |m: &Tensor, bias: Option<&Tensor>, count: usize, norm: Option<&Tensor>| {
-        let mut y = x.matmul(&m.t()?)?;
+    let heads = |m: &Tensor,
+                 target: LoraTarget,
+                 bias: Option<&Tensor>,
+                 count: usize,
+                 norm: Option<&Tensor>| {
+        let mut y = w.adapt(target, x, x.matmul(&m.t()?)?)?;
         if let Some(b) = bias {
             y = y.broadcast_add(&b.to_dtype(y.dtype())?)?;
         }
@@ -79,9 +86,17 @@ pub fn project(
         Some([q, k]) => (Some(q), Some(k)),
         None => (None, None),
     };
-    let q = rope(&heads(w.wq, bq, config.n_heads, nq)?, cos, sin)?;
-    let k = rope(&heads(w.wk, bk, config.kv_heads(), nk)?, cos, sin)?;
-    let v = heads(w.wv, bv, config.kv_heads(), None)?;
+    let q = rope(
+        &heads(w.wq, LoraTarget::Q, bq, config.n_heads, nq)?,
+        cos,
+        sin,
+    )?;
+    let k = rope(
+        &heads(w.wk, LoraTarget::K, bk, config.kv_heads(), nk)?,
+        cos,
+        sin,
+    )?;
+    let v = heads(w.wv, LoraTarget::V, bv, config.kv_heads(), None)?;
     Ok((q, k, v))
 }
 
@@ -90,11 +105,19 @@ impl AttentionWeights<'_> {
     /// projected.
     pub fn output(&self, attended: &Tensor) -> Result<Tensor> {
         let (rows, heads, n, hd) = attended.dims4()?;
-        Ok(attended
+        let x = attended
             .transpose(1, 2)?
             .contiguous()?
-            .reshape((rows * n, heads * hd))?
-            .matmul(&self.wo.t()?)?)
+            .reshape((rows * n, heads * hd))?;
+        self.adapt(LoraTarget::O, &x, x.matmul(&self.wo.t()?)?)
+    }
+
+    /// `y` plus `target`'s LoRA update of `x` (when the block has adapters on it).
+    fn adapt(&self, target: LoraTarget, x: &Tensor, y: Tensor) -> Result<Tensor> {
+        match &self.adapters {
+            Some(adapters) => adapters.add(target, x, y),
+            None => Ok(y),
+        }
     }
 }
 
@@ -204,6 +227,7 @@ mod tests {
             wo: &w[3],
             bias: None,
             qk_norm: None,
+            adapters: None,
         }
     }
 

@@ -24,6 +24,7 @@ use super::attention::{packed_attend, project, AttentionWeights};
 use super::batch::PackedBatch;
 use super::config::ModelConfig;
 use super::error::{Error, Result};
+use super::lora::{AdapterWeights, LoraTarget};
 use super::ops::{rms_norm, silu};
 use super::params::{ParamInit, ParamSpec};
 
@@ -63,7 +64,8 @@ pub fn block_params(config: &ModelConfig, layer: usize) -> Vec<ParamSpec> {
     specs
 }
 
-/// A block's tensors by role, read from its parameters in [`block_params`] order.
+/// A block's tensors by role, read from its parameters in [`block_params`] order (then, under
+/// LoRA, its adapter unit's, in [`super::lora::adapter_params`] order).
 #[derive(Debug, Clone, Copy)]
 pub struct BlockWeights<'a> {
     pub input_norm: &'a Tensor,
@@ -78,7 +80,9 @@ impl<'a> BlockWeights<'a> {
     /// `params` in [`block_params`] order; [`Error::UnitParams`] when their count is not the
     /// config's.
     pub fn new(config: &ModelConfig, params: &'a [Tensor]) -> Result<Self> {
-        let expected = 9 + 3 * usize::from(config.qkv_bias) + 2 * usize::from(config.qk_norm);
+        let base = 9 + 3 * usize::from(config.qkv_bias) + 2 * usize::from(config.qk_norm);
+        let adapters = config.lora.as_ref().map_or(0, |l| 2 * l.targets.len());
+        let expected = base + adapters;
         if params.len() != expected {
             return Err(Error::UnitParams {
                 what: "tensors",
@@ -108,6 +112,11 @@ impl<'a> BlockWeights<'a> {
             (Some(q), Some(k), Some(v)) => Some([q, k, v]),
             _ => None,
         };
+        let (post_norm, gate, up, down) = (next()?, next()?, next()?, next()?);
+        let adapters = match &config.lora {
+            Some(lora) => Some(AdapterWeights::new(lora, &params[base..])?),
+            None => None,
+        };
         Ok(BlockWeights {
             input_norm,
             attention: AttentionWeights {
@@ -117,11 +126,12 @@ impl<'a> BlockWeights<'a> {
                 wo,
                 bias,
                 qk_norm,
+                adapters,
             },
-            post_norm: next()?,
-            gate: next()?,
-            up: next()?,
-            down: next()?,
+            post_norm,
+            gate,
+            up,
+            down,
         })
     }
 }
@@ -165,9 +175,16 @@ pub fn block_forward(
 /// second half.
 fn mlp_residual(config: &ModelConfig, w: &BlockWeights<'_>, h: &Tensor) -> Result<Tensor> {
     let n = rms_norm(h, w.post_norm, config.rms_eps)?;
-    let gate = silu(&n.matmul(&w.gate.t()?)?)?;
-    let up = n.matmul(&w.up.t()?)?;
-    Ok((h + (gate * up)?.matmul(&w.down.t()?)?)?)
+    let linear = |m: &Tensor, target: LoraTarget, x: &Tensor| -> Result<Tensor> {
+        let y = x.matmul(&m.t()?)?;
+        match &w.attention.adapters {
+            Some(adapters) => adapters.add(target, x, y),
+            None => Ok(y),
+        }
+    };
+    let gate = silu(&linear(w.gate, LoraTarget::Gate, &n)?)?;
+    let up = linear(w.up, LoraTarget::Up, &n)?;
+    Ok((h + linear(w.down, LoraTarget::Down, &(gate * up)?)?)?)
 }
 
 #[cfg(test)]

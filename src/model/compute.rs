@@ -43,8 +43,8 @@ use super::device::{open_device, ComputePrecision, DeviceSpec};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::params::{as_tensors, unit_vars, ParamSpec};
 use super::transformer::{
-    head_log_probs, head_tensors, unit_count, unit_forward, unit_init_values, unit_params,
-    HeadOutput, UnitOutput,
+    head_log_probs, head_tensors, stages, unit_count, unit_forward, unit_init_values, unit_params,
+    unit_trainable, HeadOutput, UnitOutput,
 };
 use crate::checkpoint::{NamedTensor, TensorMap};
 use crate::{Compute, ComputeOutput, LossWeighting, MicroBatch, TrainerContext, UnitSpec};
@@ -82,14 +82,17 @@ where
 }
 
 /// The model's units for [`JobBuilder::units`](crate::JobBuilder::units): `embed`,
-/// `layers.<l>`, `head`, each initialised by [`unit_init_values`].
+/// `layers.<l>` (and `adapters.<l>` under LoRA, the base units frozen), `head`, each
+/// initialised by [`unit_init_values`].
 pub fn layout_units(config: &ModelConfig) -> super::Result<Vec<UnitSpec>> {
     (0..unit_count(config))
         .map(|u| {
-            Ok(UnitSpec::with_values(
-                unit_name(config, u),
-                unit_init_values(config, u)?,
-            ))
+            let unit = UnitSpec::with_values(unit_name(config, u), unit_init_values(config, u)?);
+            Ok(if unit_trainable(config, u)? {
+                unit
+            } else {
+                unit.frozen()
+            })
         })
         .collect()
 }
@@ -146,7 +149,9 @@ pub fn transformer_job_on(
 
 /// [`transformer_job_on`] starting from `units` as they are — e.g. a Hugging Face checkpoint's
 /// [`HfCheckpoint::unit_specs`](super::hf::HfCheckpoint::unit_specs), which each shard server
-/// reads its own slice of. Their count and lengths must be the model's.
+/// reads its own slice of (under LoRA through [`super::lora::adapted_units`]). Their count and
+/// lengths must be the model's; which are trainable is the config's (under LoRA, only the
+/// adapters).
 pub fn transformer_job_of(
     config: &ModelConfig,
     units: Vec<UnitSpec>,
@@ -166,6 +171,11 @@ pub fn transformer_job_of(
             got: units.len(),
         });
     }
+    // What trains is the config's to say: under LoRA only the adapters.
+    let mut units = units;
+    for (u, unit) in units.iter_mut().enumerate() {
+        unit.trainable = unit_trainable(config, u)?;
+    }
     for (u, unit) in units.iter().enumerate() {
         let expected: usize = prototype.specs[u].iter().map(ParamSpec::numel).sum();
         if unit.len != expected {
@@ -182,11 +192,12 @@ pub fn transformer_job_of(
         .compute(move |_trainer| Box::new(prototype.clone()) as Box<dyn Compute>))
 }
 
-/// The name of unit `u` in the layout.
+/// The name of unit `u` in the layout: `embed`, `layers.<l>`, `adapters.<l>` (LoRA), `head`.
 pub fn unit_name(config: &ModelConfig, u: usize) -> String {
-    match u {
-        0 => "embed".into(),
-        u if u <= config.n_layers => format!("layers.{}", u - 1),
+    match super::transformer::Unit::from_index(config, u) {
+        Ok(super::transformer::Unit::Embedding) => "embed".into(),
+        Ok(super::transformer::Unit::Block(l)) => format!("layers.{l}"),
+        Ok(super::transformer::Unit::Adapter(l)) => format!("adapters.{l}"),
         _ => "head".into(),
     }
 }
@@ -463,9 +474,10 @@ fn location_ordinal(device: &Device) -> usize {
     }
 }
 
-/// One unit's forward kept for its backward.
+/// One stage's forward kept for its backward: its units (index, parameters, trainable), the
+/// detached input and the output.
 struct Forward {
-    params: Vec<Var>,
+    units: Vec<(usize, Vec<Var>, bool)>,
     input: Option<Var>,
     output: UnitOutput,
 }
@@ -531,33 +543,48 @@ impl Compute for TransformerCompute {
             }
         };
 
-        let mut forwards: Vec<Forward> = Vec::with_capacity(units);
+        let stages = stages(&self.config);
+        let head = units - 1;
+        let mut forwards: Vec<Forward> = Vec::with_capacity(stages.len());
         let mut hidden: Option<Tensor> = None;
         // Unit 0's matrix as the forward reads it: the LM head too when the embeddings are tied.
         let mut embedding: Option<Tensor> = None;
-        for u in 0..units {
-            let values = ctx.gather(u as u32).await?;
-            let params = self.unit_vars(u, &values[..], &device).map_err(user)?;
-            drop(values);
-            ctx.release(u as u32)?;
+        for stage in &stages {
+            let first = stage[0];
+            let mut tensors = Vec::new();
+            let mut gathered = Vec::with_capacity(stage.len());
+            for &u in stage {
+                let values = ctx.gather(u as u32).await?;
+                let params = self.unit_vars(u, &values[..], &device).map_err(user)?;
+                drop(values);
+                ctx.release(u as u32)?;
+                let trainable = unit_trainable(&self.config, u).map_err(user)?;
+                let cast = match self.placement.precision {
+                    ComputePrecision::F32 => as_tensors(&params),
+                    precision => precision.unit_inputs(&params).map_err(user)?,
+                };
+                // A frozen unit's tensors are constants of the graph: no gradient is computed
+                // for them (the backward still flows through them to the input).
+                tensors.extend(
+                    cast.into_iter()
+                        .map(|t| if trainable { t } else { t.detach() }),
+                );
+                gathered.push((u, params, trainable));
+            }
             let input = match &hidden {
                 None => None,
                 Some(h) => Some(Var::from_tensor(&h.detach()).map_err(user)?),
             };
-            let mut tensors = match self.placement.precision {
-                ComputePrecision::F32 => as_tensors(&params),
-                precision => precision.unit_inputs(&params).map_err(user)?,
-            };
-            if u == 0 {
+            if first == 0 {
                 embedding = tensors.first().cloned();
-            } else if u == units - 1 {
+            } else if first == head {
                 let embedding = embedding
                     .as_ref()
                     .ok_or_else(|| user("no embedding unit"))?;
                 tensors = head_tensors(&self.config, &tensors, embedding);
             }
             let output = match (&rl, &input) {
-                (Some((config, adv, reference)), Some(x)) if u == units - 1 => {
+                (Some((config, adv, reference)), Some(x)) if first == head => {
                     let (logits, log_probs) =
                         head_log_probs(&self.config, &tensors, x.as_tensor(), &batch)
                             .map_err(user)?;
@@ -572,7 +599,7 @@ impl Compute for TransformerCompute {
                 }
                 _ => unit_forward(
                     &self.config,
-                    u,
+                    first,
                     &tensors,
                     input.as_ref().map(Var::as_tensor),
                     &batch,
@@ -583,7 +610,7 @@ impl Compute for TransformerCompute {
                 hidden = Some(h.clone());
             }
             forwards.push(Forward {
-                params,
+                units: gathered,
                 input,
                 output,
             });
@@ -593,20 +620,23 @@ impl Compute for TransformerCompute {
         let mut grad_output: Option<Tensor> = None;
         // Tied embeddings: the head's gradient of the embedding, added to unit 0's.
         let embedding_var = match (self.config.tie_embeddings, forwards.first()) {
-            (true, Some(f)) => f.params.first().cloned(),
+            (true, Some(f)) => f
+                .units
+                .first()
+                .filter(|(_, _, trainable)| *trainable)
+                .and_then(|(_, params, _)| params.first().cloned()),
             _ => None,
         };
         let mut tied: Option<Tensor> = None;
         // A device gradient is pushed once the next unit's backward is enqueued (overlap).
         let mut pending: Option<(usize, UnitGrad)> = None;
-        for u in (0..units).rev() {
-            let Forward {
-                params,
-                input,
-                output,
-            } = forwards
-                .pop()
-                .ok_or_else(|| user("a unit's forward is missing"))?;
+        while let Some(Forward {
+            units: gathered,
+            input,
+            output,
+        }) = forwards.pop()
+        {
+            let first = gathered.first().map_or(0, |(u, _, _)| *u);
             let root = match (&output, &grad_output) {
                 (UnitOutput::Head(head), _) => {
                     loss = Some(head.loss_sum.clone());
@@ -616,24 +646,34 @@ impl Compute for TransformerCompute {
                     (out * g).map_err(user)?.sum_all().map_err(user)?
                 }
                 (UnitOutput::Hidden(_), None) => {
-                    return Err(user(format!("unit {u} has no output gradient")))
+                    return Err(user(format!("unit {first} has no output gradient")))
                 }
             };
+            // A stage with nothing to train and no input to pass a gradient to (a frozen
+            // embedding) has no backward.
+            if input.is_none() && !gathered.iter().any(|(_, _, trainable)| *trainable) {
+                continue;
+            }
             let grads = root.backward().map_err(user)?;
-            if u == units - 1 {
+            if first == head {
                 tied = match &embedding_var {
                     Some(var) => grads.get(var.as_tensor()).map(Tensor::detach),
                     None => None,
                 };
             }
-            let tied_here = if u == 0 { tied.as_ref() } else { None };
-            let grad = self
-                .unit_grad(u, &grads, &params, tied_here, &device)
-                .map_err(user)?;
-            if !grad.in_flight() {
-                self.push(ctx, u, grad)?;
-            } else if let Some((unit, earlier)) = pending.replace((u, grad)) {
-                self.push(ctx, unit, earlier)?;
+            for (u, params, trainable) in &gathered {
+                if !*trainable {
+                    continue;
+                }
+                let tied_here = if *u == 0 { tied.as_ref() } else { None };
+                let grad = self
+                    .unit_grad(*u, &grads, params, tied_here, &device)
+                    .map_err(user)?;
+                if !grad.in_flight() {
+                    self.push(ctx, *u, grad)?;
+                } else if let Some((unit, earlier)) = pending.replace((*u, grad)) {
+                    self.push(ctx, unit, earlier)?;
+                }
             }
             grad_output = match &input {
                 Some(var) => grads.get(var.as_tensor()).cloned(),

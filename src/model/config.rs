@@ -64,6 +64,10 @@ pub struct ModelConfig {
     /// unit, whose gradient sums both uses.
     #[serde(default, skip_serializing_if = "is_false")]
     pub tie_embeddings: bool,
+    /// LoRA adapters on the blocks' linear layers (`None`: full fine-tuning): the base units
+    /// are frozen and each block gets an adapter unit ([`crate::model::lora`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<crate::model::lora::LoraConfig>,
     /// Standard deviation of the normal initialisation of every matrix.
     pub init_std: f64,
     /// Seed of the initialisation; each unit draws from its own stream derived from it.
@@ -90,6 +94,7 @@ impl ModelConfig {
             qkv_bias: false,
             qk_norm: false,
             tie_embeddings: false,
+            lora: None,
             init_std: 0.02,
             seed: 0,
         }
@@ -258,6 +263,9 @@ impl ModelConfig {
                 )
             }
             _ => {}
+        }
+        if let Some(lora) = &self.lora {
+            lora.validate()?;
         }
         if let Some(s) = &self.rope_scaling {
             if !(s.factor.is_finite() && s.factor >= 1.0) {

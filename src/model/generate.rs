@@ -25,7 +25,7 @@ use super::config::ModelConfig;
 use super::error::{Error, Result};
 use super::ops::{log_softmax_last_dim, rms_norm, rope_cos_sin, softmax_last_dim};
 use super::params::unit_tensors;
-use super::transformer::{head_tensors, unit_count, unit_params};
+use super::transformer::{head_tensors, unit_count, unit_params, Unit};
 
 /// The model's weights as plain tensors (no gradients), for inference.
 #[derive(Debug, Clone)]
@@ -58,6 +58,19 @@ impl Weights {
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Block `layer`'s tensors as its forward takes them (its adapters' after them, under LoRA).
+    fn block_tensors(&self, layer: usize) -> Vec<Tensor> {
+        let mut tensors = self.units[Unit::Block(layer).index(&self.config)].clone();
+        if self.config.lora.is_some() {
+            tensors.extend(
+                self.units[Unit::Adapter(layer).index(&self.config)]
+                    .iter()
+                    .cloned(),
+            );
+        }
+        tensors
     }
 }
 
@@ -222,7 +235,8 @@ pub fn forward_cached_rows(
     // Hidden states stay `[rows * n, d_model]`; only attention sees `[rows, heads, n, head_dim]`.
     let mut x = w.units[0][0].index_select(&ids, 0)?;
     for layer in 0..c.n_layers {
-        let block = BlockWeights::new(c, &w.units[layer + 1])?;
+        let params = w.block_tensors(layer);
+        let block = BlockWeights::new(c, &params)?;
         let (k_buf, v_buf) = &cache.layers[layer];
         // The block's attention: the new keys and values go into the cache in place, and the
         // queries read the filled prefix.
@@ -237,7 +251,7 @@ pub fn forward_cached_rows(
     }
     cache.len = total;
     cache.rows = rows;
-    let head = head_tensors(c, &w.units[c.n_layers + 1], &w.units[0][0]);
+    let head = head_tensors(c, &w.units[unit_count(c) - 1], &w.units[0][0]);
     Ok(rms_norm(&x, &head[0], c.rms_eps)?.matmul(&head[1].t()?)?)
 }
 

@@ -39,6 +39,7 @@ pub mod eval;
 pub mod generate;
 pub mod grpo;
 pub mod hf;
+pub mod lora;
 pub mod ops;
 pub mod params;
 pub mod shares;
@@ -61,6 +62,7 @@ pub use generate::{
     sequence_log_probs, Generated, KvCache, Sampling, Weights,
 };
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
+pub use lora::{LoraConfig, LoraTarget};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
 pub use shares::map_in_shares;
 pub use threads::{share_cpu_threads, CpuThreads};

@@ -7,7 +7,7 @@
 
 use candle_core::{Device, Tensor, Var};
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 
 use super::error::{Error, Result};
@@ -19,8 +19,11 @@ pub enum ParamInit {
     Normal,
     /// All ones: norm weights.
     Ones,
-    /// All zeros: biases.
+    /// All zeros: biases, LoRA's `B`.
     Zeros,
+    /// Uniform in `±1/√fan_in`: Kaiming-uniform with `a = √5`, `torch.nn.Linear`'s and PEFT's
+    /// initialisation of LoRA's `A`.
+    UniformFanIn(usize),
 }
 
 /// One named parameter of a unit (the name becomes its safetensors name).
@@ -67,6 +70,10 @@ pub fn init_values(specs: &[ParamSpec], init_std: f64, seed: u64) -> Result<Vec<
             ParamInit::Normal => values.extend((0..spec.numel()).map(|_| normal.sample(&mut rng))),
             ParamInit::Ones => values.extend(std::iter::repeat_n(1.0f32, spec.numel())),
             ParamInit::Zeros => values.extend(std::iter::repeat_n(0.0f32, spec.numel())),
+            ParamInit::UniformFanIn(fan_in) => {
+                let bound = 1.0 / (fan_in.max(1) as f32).sqrt();
+                values.extend((0..spec.numel()).map(|_| rng.random_range(-bound..bound)));
+            }
         }
     }
     Ok(values)

@@ -39,9 +39,14 @@ use super::params::{init_values, unit_numel, ParamInit, ParamSpec};
 pub enum Unit {
     /// Unit 0: token ids -> hidden states.
     Embedding,
-    /// Units `1..=n_layers`: transformer block `layer` (0-based), hidden -> hidden.
+    /// Transformer block `layer` (0-based), hidden -> hidden: units `1..=n_layers`, or
+    /// `1 + 2·layer` with LoRA.
     Block(usize),
-    /// Unit `n_layers + 1`: hidden -> logits and loss.
+    /// With LoRA ([`crate::model::lora`]): block `layer`'s adapters, unit `2 + 2·layer`, right
+    /// after the block it adapts (gathered with it; its tensors follow the block's in the
+    /// block's forward).
+    Adapter(usize),
+    /// The last unit: hidden -> logits and loss.
     Head,
 }
 
@@ -49,18 +54,57 @@ impl Unit {
     /// The unit at `index` of a model with `config`.
     pub fn from_index(config: &ModelConfig, index: usize) -> Result<Unit> {
         let units = unit_count(config);
+        let lora = config.lora.is_some();
         match index {
             0 => Ok(Unit::Embedding),
-            i if i <= config.n_layers => Ok(Unit::Block(i - 1)),
             i if i == units - 1 => Ok(Unit::Head),
+            i if i < units - 1 && lora && i % 2 == 0 => Ok(Unit::Adapter(i / 2 - 1)),
+            i if i < units - 1 && lora => Ok(Unit::Block((i - 1) / 2)),
+            i if i < units - 1 => Ok(Unit::Block(i - 1)),
             unit => Err(Error::NoSuchUnit { unit, units }),
+        }
+    }
+
+    /// Its index in a model with `config` (the inverse of [`Unit::from_index`]).
+    pub fn index(self, config: &ModelConfig) -> usize {
+        let lora = config.lora.is_some();
+        match self {
+            Unit::Embedding => 0,
+            Unit::Block(l) if lora => 1 + 2 * l,
+            Unit::Block(l) => 1 + l,
+            Unit::Adapter(l) => 2 + 2 * l,
+            Unit::Head => unit_count(config) - 1,
         }
     }
 }
 
-/// `n_layers + 2`: embedding, blocks, head.
+/// Embedding, blocks, head: `n_layers + 2`; with LoRA an adapter unit per block besides.
 pub fn unit_count(config: &ModelConfig) -> usize {
-    config.n_layers + 2
+    config.n_layers * if config.lora.is_some() { 2 } else { 1 } + 2
+}
+
+/// Whether unit `index` is trained: every unit, or with LoRA only the adapters (the base units
+/// are frozen: pulled, never pushed, reduced or optimised).
+pub fn unit_trainable(config: &ModelConfig, index: usize) -> Result<bool> {
+    Ok(match Unit::from_index(config, index)? {
+        Unit::Adapter(_) => true,
+        _ => config.lora.is_none(),
+    })
+}
+
+/// The units each stage of the forward gathers, in order: the embedding, each block (with its
+/// adapter unit under LoRA), the head.
+pub fn stages(config: &ModelConfig) -> Vec<Vec<usize>> {
+    let mut stages = vec![vec![0]];
+    for layer in 0..config.n_layers {
+        let mut stage = vec![Unit::Block(layer).index(config)];
+        if config.lora.is_some() {
+            stage.push(Unit::Adapter(layer).index(config));
+        }
+        stages.push(stage);
+    }
+    stages.push(vec![unit_count(config) - 1]);
+    stages
 }
 
 /// The parameter list of unit `index`, in the order its forward expects.
@@ -73,6 +117,15 @@ pub fn unit_params(config: &ModelConfig, index: usize) -> Result<Vec<ParamSpec>>
             ParamInit::Normal,
         )],
         Unit::Block(layer) => block_params(config, layer),
+        Unit::Adapter(layer) => match &config.lora {
+            Some(lora) => super::lora::adapter_params(config, lora, layer),
+            None => {
+                return Err(Error::NoSuchUnit {
+                    unit: index,
+                    units: unit_count(config),
+                })
+            }
+        },
         Unit::Head if config.tie_embeddings => {
             vec![ParamSpec::new("model.norm.weight", &[d], ParamInit::Ones)]
         }
@@ -183,8 +236,9 @@ pub enum UnitOutput {
 }
 
 /// Runs unit `index` with its parameters (in [`unit_params`] order; the head's are
-/// [`head_tensors`]) on `input` — the previous unit's output; `None` for the embedding, whose
-/// input is the batch's tokens.
+/// [`head_tensors`]; under LoRA a block's are followed by its adapter unit's) on `input` — the
+/// previous stage's output; `None` for the embedding, whose input is the batch's tokens. An
+/// adapter unit does not run alone: it runs inside its block.
 pub fn unit_forward(
     config: &ModelConfig,
     index: usize,
@@ -199,6 +253,12 @@ pub fn unit_forward(
     Ok(match unit {
         Unit::Embedding => UnitOutput::Hidden(embed_forward(params, batch)?),
         Unit::Block(_) => UnitOutput::Hidden(block_forward(config, params, hidden()?, batch)?),
+        Unit::Adapter(layer) => {
+            return Err(Error::Batch(format!(
+                "unit {index} is block {layer}'s adapters: they run inside the block (pass their \
+                 tensors after the block's)"
+            )))
+        }
         Unit::Head => UnitOutput::Head(head_forward(config, params, hidden()?, batch)?),
     })
 }
@@ -223,10 +283,17 @@ pub fn model_forward(
         expected: 1,
         got: 0,
     })?;
-    let head = head_tensors(config, &units[count - 1], embedding);
-    for (index, params) in units.iter().enumerate() {
-        let params = if index == count - 1 { &head } else { params };
-        match unit_forward(config, index, params, hidden.as_ref(), batch)? {
+    for stage in stages(config) {
+        let first = stage[0];
+        let params: Vec<Tensor> = if first == count - 1 {
+            head_tensors(config, &units[first], embedding)
+        } else {
+            stage
+                .iter()
+                .flat_map(|&u| units[u].iter().cloned())
+                .collect()
+        };
+        match unit_forward(config, first, &params, hidden.as_ref(), batch)? {
             UnitOutput::Hidden(h) => hidden = Some(h),
             UnitOutput::Head(out) => return Ok(out),
         }

@@ -1,5 +1,5 @@
-//! Runtime integration tests, one module per invariant of DESIGN.md plus bad input and non-finite
-//! gradients.
+//! Runtime integration tests, one module per invariant of DESIGN.md plus bad input, non-finite
+//! gradients and frozen units.
 //! Every async test runs under a timeout.
 
 mod bad_input;
@@ -8,6 +8,7 @@ mod consistency;
 mod equivalence;
 mod exactly_once;
 mod forged;
+mod frozen;
 mod liveness;
 mod model;
 mod no_inner_barrier;

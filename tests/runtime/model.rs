@@ -1,7 +1,8 @@
 //! A real model for the runtime tests: a 3-unit tanh network (D → H → H → 1) regressing a fixed
 //! teacher, trained on sequences of variable length (every token carries a squared-error loss).
 //! Gradients are computed for real, layer by layer, against the trainer context; the same math runs
-//! in a plain single-process reference loop (no actors) for the I3 equivalence tests.
+//! in a plain single-process reference loop (no actors) for the I3 equivalence tests, also with
+//! units held fixed (frozen units).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,21 @@ pub fn uniform(key: u64) -> f32 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
     ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// The model's units with their initial values, the units of `frozen` frozen.
+pub fn units_frozen(frozen: &[u32]) -> Vec<UnitSpec> {
+    units()
+        .into_iter()
+        .enumerate()
+        .map(|(u, spec)| {
+            if frozen.contains(&(u as u32)) {
+                spec.frozen()
+            } else {
+                spec
+            }
+        })
+        .collect()
 }
 
 /// The model's units with their initial values.
@@ -197,6 +213,20 @@ pub fn reference_train(
     pull: Dtype,
     clip: Option<f64>,
 ) -> Vec<Vec<f32>> {
+    reference_train_frozen(minibatches, optimizer, pull, clip, &[])
+}
+
+/// [`reference_train`] holding the units of `frozen` fixed: their gradients are computed (the
+/// units below need them) but neither counted in the norm nor applied, and they take no
+/// optimizer step (no weight decay).
+pub fn reference_train_frozen(
+    minibatches: &[Vec<SampleMeta>],
+    optimizer: OptimizerConfig,
+    pull: Dtype,
+    clip: Option<f64>,
+    frozen: &[u32],
+) -> Vec<Vec<f32>> {
+    let trains = |u: usize| !frozen.contains(&(u as u32));
     let mut params: Vec<Vec<f32>> = units()
         .into_iter()
         .map(|u| match u.init {
@@ -214,6 +244,11 @@ pub fn reference_train(
             .map(|p| p.iter().map(|&v| codec::round_trip(pull, v)).collect())
             .collect();
         let (_, mut grads) = loss_and_grads(&seen, mb);
+        for (u, g) in grads.iter_mut().enumerate() {
+            if !trains(u) {
+                g.clear();
+            }
+        }
         let weight: f64 = mb.iter().map(|s| s.loss_tokens as f64).sum();
         let mut sum_sq = 0f64;
         for g in grads.iter_mut().flatten() {
@@ -229,8 +264,10 @@ pub fn reference_train(
                 }
             }
         }
-        for ((p, g), st) in params.iter_mut().zip(&grads).zip(&mut states) {
-            st.step(&optimizer, p, g).expect("lengths match");
+        for (u, ((p, g), st)) in params.iter_mut().zip(&grads).zip(&mut states).enumerate() {
+            if trains(u) {
+                st.step(&optimizer, p, g).expect("lengths match");
+            }
         }
     }
     params
@@ -264,6 +301,9 @@ pub struct Hooks {
     pub poison: Option<(Poison, std::ops::Range<u64>)>,
     /// (trainer, micro-batch, sample indices) of every micro-batch poisoned.
     pub poisoned: Mutex<Vec<(u32, u32, Vec<u64>)>>,
+    /// Push frozen units' gradients too (which `push_grad` refuses); otherwise the compute skips
+    /// them, as a user's compute does.
+    pub push_frozen: AtomicBool,
 }
 
 impl Hooks {
@@ -294,10 +334,21 @@ fn poisoned(poison: Option<Poison>, unit: u32, mut grad: Vec<f32>) -> Vec<f32> {
 }
 
 /// The model as user compute: gathers layer by layer, releases what it no longer needs and pushes
-/// each unit's gradient as soon as its backward is done.
+/// each trainable unit's gradient as soon as its backward is done.
 pub struct MlpCompute {
     pub trainer: u32,
     pub hooks: Arc<Hooks>,
+}
+
+impl MlpCompute {
+    /// Push `grad` of `unit`, unless the unit is frozen (and [`Hooks::push_frozen`] is off).
+    fn push(&self, ctx: &mut TrainerContext, unit: u32, grad: &[f32]) -> odc::Result<()> {
+        let frozen = !ctx.layout().unit(unit)?.trainable;
+        if !frozen || self.hooks.push_frozen.load(Ordering::SeqCst) {
+            ctx.push_grad(unit, grad)?;
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -328,7 +379,7 @@ impl Compute for MlpCompute {
         let p2 = ctx.gather(2).await?;
         ctx.backward();
         let (loss, g2, da1s) = head(&p2, &mut tapes);
-        ctx.push_grad(2, &poisoned(poison, 2, g2))?;
+        self.push(ctx, 2, &poisoned(poison, 2, g2))?;
         ctx.release(2)?;
         if let Some((t, step)) = self.hooks.panic_at {
             if t == self.trainer
@@ -341,9 +392,9 @@ impl Compute for MlpCompute {
         }
         let p1 = ctx.gather(1).await?;
         let (g1, da0s) = layer1_backward(&p1, &tapes, &da1s);
-        ctx.push_grad(1, &poisoned(poison, 1, g1))?;
+        self.push(ctx, 1, &poisoned(poison, 1, g1))?;
         ctx.release(1)?;
-        ctx.push_grad(0, &poisoned(poison, 0, layer0_backward(&tapes, &da0s)))?;
+        self.push(ctx, 0, &poisoned(poison, 0, layer0_backward(&tapes, &da0s)))?;
         let loss_sum = match poison {
             Some(Poison::LossNan) => f64::NAN,
             _ => loss,

@@ -422,6 +422,7 @@ impl Inner {
         self.group.check(&op.key)?;
         let unit = op.key.unit;
         let routes = self.directory.routes(unit)?;
+        transfer::check_pushable(routes, unit)?;
         let g = self.grid();
         let len = partial.len();
         let mut bytes = 0u64;
@@ -586,7 +587,7 @@ mod tests {
                 start: range.start as u64,
                 end: range.end as u64,
                 published: p.handle(),
-                accumulator: a.handle(),
+                accumulator: Some(a.handle()),
             });
             accs.push(a);
             pubs.push(p);
@@ -761,6 +762,48 @@ mod tests {
         }
         let landed: Vec<f32> = accs.iter().flat_map(|a| a.take(10)).collect();
         assert_eq!(landed, vec![0.0; 8], "nothing was sent");
+    }
+
+    /// A frozen unit's shards have no accumulator: both data paths refuse its push with
+    /// [`Error::FrozenUnit`] before anything is sent (the trainer context refuses it before
+    /// them), while gathers of it are served as any other unit's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_frozen_units_push_is_refused_and_its_gather_served() {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+            let (directory, (accs, _pubs)) = servers(&transport, 8, 2, Dtype::F32);
+            let mut frozen = (*directory).clone();
+            for route in &mut frozen.units[0] {
+                route.accumulator = None;
+            }
+            let frozen = Arc::new(frozen);
+            let (_group, collective) = ranks(1, &frozen);
+            let on_demand = crate::datapath::OnDemand::new(transport.clone(), frozen.clone(), 3);
+            let paths: [&dyn DataPath; 2] = [collective[0].as_ref(), &on_demand];
+            let buffers = UnitBuffers::default();
+            for path in paths {
+                let push = path
+                    .push(op(OpKind::Push, 9, 0), &[1.0; 8])
+                    .expect("a finite gradient");
+                assert!(
+                    matches!(push.await, Err(Error::FrozenUnit { unit: 0, .. })),
+                    "the push is refused"
+                );
+                let (buffer, lease) = buffers.allocate(8);
+                let got = path
+                    .gather(op(OpKind::Gather, 9, 0), buffer, lease)
+                    .await
+                    .expect("the gather is served");
+                assert_eq!(
+                    got.values[..],
+                    (1..=8).map(|i| i as f32).collect::<Vec<_>>()
+                );
+            }
+            let landed: Vec<f32> = accs.iter().flat_map(|a| a.take(10)).collect();
+            assert_eq!(landed, vec![0.0; 8], "nothing was sent");
+        })
+        .await
+        .expect("test timed out");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,11 @@
 //! | registration per operation | none | none (inboxes are registered once per trainer) |
 //! | waits on other trainers | never | its left neighbour, once per ring step |
 //!
+//! A frozen unit ([`UnitSpec::frozen`](crate::layout::UnitSpec::frozen)) is gathered like any
+//! other and never pushed: its shards have no accumulator, the trainer context refuses its push,
+//! and both paths refuse one that reaches them ([`Error::FrozenUnit`](crate::Error::FrozenUnit))
+//! before anything is sent — so a collective never reduce-scatters it.
+//!
 //! Operations are identified across trainers by an [`OpKey`] (epoch, micro-batch sequence number in
 //! the epoch, unit, kind, occurrence), which the context assigns in call order, so prefetches and
 //! re-gathers pair up whatever order tasks run in.

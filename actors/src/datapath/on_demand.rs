@@ -81,7 +81,11 @@ impl DataPath for OnDemand {
 
     fn push(&self, op: Op, grad: &[f32]) -> std::result::Result<Transfer<u64>, NonFiniteElement> {
         let unit = op.key.unit;
-        let routes = match self.directory.routes(unit) {
+        let routes = match self
+            .directory
+            .routes(unit)
+            .and_then(|routes| transfer::check_pushable(routes, unit).map(|()| routes))
+        {
             Ok(routes) => routes,
             Err(e) => return Ok(Box::pin(std::future::ready(Err(e)))),
         };

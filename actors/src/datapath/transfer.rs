@@ -144,10 +144,23 @@ pub(crate) struct Write {
     pub op: AccumulateOp,
 }
 
+/// Every shard of `unit` has an accumulator to push into; a frozen unit's have none
+/// ([`Error::FrozenUnit`]: the trainer context refuses its push before a data path sees it).
+pub(crate) fn check_pushable(routes: &[ShardRoute], unit: UnitId) -> Result<()> {
+    match routes.iter().find(|r| r.accumulator.is_none()) {
+        None => Ok(()),
+        Some(route) => Err(Error::FrozenUnit {
+            unit,
+            name: format!("no accumulator at server {}", route.owner),
+        }),
+    }
+}
+
 /// Encode `values` (elements `range` of a unit's gradient) with `encode` (fp32 bytes) as chunks for
 /// the shards overlapping it, tagged by `tag(shard index, chunk index)`: the one copy of the
 /// gradient's bytes. An encoder that checks what it encodes stops the whole push at its first
-/// error, returned with the unit index its chunk starts at.
+/// error, returned with the unit index its chunk starts at. Shards without an accumulator (a
+/// frozen unit's) get no write: callers refuse such a unit first ([`check_pushable`]).
 pub(crate) fn encode_writes<E>(
     routes: &[ShardRoute],
     range: Range<usize>,
@@ -158,6 +171,9 @@ pub(crate) fn encode_writes<E>(
 ) -> std::result::Result<Vec<Write>, (usize, E)> {
     let mut writes = Vec::new();
     for (shard, route) in routes.iter().enumerate() {
+        let Some(accumulator) = &route.accumulator else {
+            continue;
+        };
         let shard_range = route.range();
         for (chunk, r) in chunk_ranges(overlap(&shard_range, &range), chunk_elems).enumerate() {
             let data = encode(&values[r.start - range.start..r.end - range.start])
@@ -165,7 +181,7 @@ pub(crate) fn encode_writes<E>(
             writes.push(Write {
                 owner: route.owner,
                 op: AccumulateOp {
-                    handle: route.accumulator.clone(),
+                    handle: accumulator.clone(),
                     offset: r.start - shard_range.start,
                     data,
                     tag: tag(shard as u32, chunk as u32),

@@ -61,8 +61,10 @@ impl Actor for ShardServer {
             }
             let master = unit_spec.init.slice(range.clone());
             let optimizer = match node.layout.optimizer_init(unit as UnitId) {
-                None => OptimizerState::new(&spec.optimizer, range.len()),
-                Some(init) => {
+                // A frozen unit has no optimizer state (nor accumulator).
+                _ if !unit_spec.trainable => None,
+                None => Some(OptimizerState::new(&spec.optimizer, range.len())),
+                Some(init) => Some({
                     let buffers = init
                         .buffers
                         .iter()
@@ -72,7 +74,7 @@ impl Actor for ShardServer {
                         .map_err(|e| {
                             Error::Layout(format!("unit {unit} ({}): {e}", unit_spec.name))
                         })?
-                }
+                }),
             };
             let store = new_store(&node, &spec, master, optimizer, admission(spec.key))?;
             shards.push(Shard {
@@ -139,17 +141,19 @@ impl Actor for ShardServer {
 }
 
 /// A shard's store: in the memory of the `cuda` transport's device when the node's transport is
-/// one (and this crate has its `cuda` feature), else in host memory.
+/// one (and this crate has its `cuda` feature), else in host memory. `optimizer` is `None` for a
+/// frozen unit's shard.
 fn new_store(
     node: &Node,
     spec: &ServerSpec,
     master: Vec<f32>,
-    optimizer: OptimizerState,
+    optimizer: Option<OptimizerState>,
     admission: WriteGuard,
 ) -> Result<Box<dyn ShardStore>> {
     #[cfg(all(feature = "cuda-code", target_os = "linux"))]
     if let Some(cuda) = super::device::cuda_transport(node) {
-        let shard = super::device::DeviceShard::new(cuda, spec, &master, &optimizer, admission)?;
+        let shard =
+            super::device::DeviceShard::new(cuda, spec, &master, optimizer.as_ref(), admission)?;
         return Ok(Box::new(shard));
     }
     #[cfg(not(all(feature = "cuda-code", target_os = "linux")))]
@@ -254,10 +258,15 @@ mod tests {
 
     use super::*;
     use crate::layout::{ModelLayout, UnitSpec};
+    use crate::server::OptimizerSnapshot;
     use crate::trainer::{Compute, SharedComputeFactory};
 
     fn node(transport: Arc<dyn Transport>, values: Vec<f32>) -> Arc<Node> {
-        let layout = ModelLayout::new(vec![UnitSpec::with_values("u", values)]).unwrap();
+        node_of(transport, vec![UnitSpec::with_values("u", values)])
+    }
+
+    fn node_of(transport: Arc<dyn Transport>, units: Vec<UnitSpec>) -> Arc<Node> {
+        let layout = ModelLayout::new(units).unwrap();
         let compute: SharedComputeFactory =
             Arc::new(|_: u32| -> Box<dyn Compute> { unreachable!("no trainer here") });
         Arc::new(Node {
@@ -338,8 +347,12 @@ mod tests {
         values: &[f32],
         tag: WriteTag,
     ) -> Result<()> {
+        let accumulator = route
+            .accumulator
+            .as_ref()
+            .expect("a trainable unit's shard");
         t.accumulate(
-            &route.accumulator,
+            accumulator,
             0,
             codec::encode_f32(values),
             tag,
@@ -500,6 +513,90 @@ mod tests {
             assert_eq!(master[0], -0.5);
             assert_eq!(master[9], 8.5);
             actor.stop(None);
+        })
+        .await
+        .expect("test timed out");
+    }
+
+    /// A frozen unit's shard: no accumulator (its route has none), no optimizer state (its
+    /// snapshot: 0 steps, no buffers), nothing added to the sum of squares, and after steps of
+    /// AdamW with weight decay its values are bit-identical to the initial ones, published at
+    /// every step's version (I1) with the same bytes — while the trainable unit beside it moves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frozen_unit_keeps_no_training_state_and_never_changes() {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            for pull_dtype in [Dtype::F32, Dtype::Bf16] {
+                let initial: Vec<f32> = (0..10).map(|i| i as f32 * 0.37 - 1.1).collect();
+                let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+                let units = vec![
+                    UnitSpec::with_values("base", initial.clone()).frozen(),
+                    UnitSpec::constant("adapter", 4, 1.0),
+                ];
+                let args = ServerArgs {
+                    spec: ServerSpec {
+                        optimizer: OptimizerConfig::AdamW {
+                            lr: 0.1,
+                            beta1: 0.9,
+                            beta2: 0.999,
+                            eps: 1e-8,
+                            weight_decay: 0.5,
+                        },
+                        pull_dtype,
+                        ..spec(1, 0)
+                    },
+                    node: node_of(transport.clone(), units),
+                };
+                let actor = Actor::spawn(None, ShardServer, args).await.unwrap().0;
+                let routes = ask(&actor, ServerMsg::Routes).await;
+                assert_eq!(routes.len(), 2);
+                assert_eq!(routes[0].accumulator, None, "no accumulator region");
+                assert!(routes[1].accumulator.is_some());
+                let bytes = codec::encode(pull_dtype, &initial);
+                for version in 1..=3u64 {
+                    let epoch = version - 1;
+                    add(transport.as_ref(), &routes[1], &[2.0; 4], tag(epoch, 0))
+                        .await
+                        .unwrap();
+                    let reduce = ReduceCmd {
+                        scale: 1.0,
+                        next_epoch: epoch + 1,
+                    };
+                    let ack = ask(&actor, |r| ServerMsg::Reduce(reduce, r)).await.unwrap();
+                    assert_eq!(ack.sum_sq, 16.0, "the frozen unit adds nothing");
+                    let apply = ApplyCmd {
+                        lr_scale: 1.0,
+                        clip: 1.0,
+                        version,
+                    };
+                    ask(&actor, |r| ServerMsg::Apply(apply, r)).await.unwrap();
+                    let mut published = vec![0u8; bytes.len()];
+                    let got = transport
+                        .read(
+                            &routes[0].published,
+                            0..10,
+                            Dest::Bytes(&mut published),
+                            deadline_in(Duration::from_secs(5)),
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(got, version, "I1: published at every step's version");
+                    assert_eq!(published, bytes.to_vec(), "{pull_dtype:?}: the same bytes");
+                }
+                let cmd = SnapshotCmd { optimizer: true };
+                let snapshots = ask(&actor, |r| ServerMsg::Snapshot(cmd, r)).await.unwrap();
+                assert_eq!(snapshots[0].optimizer, Some(OptimizerSnapshot::default()));
+                let trained = snapshots[1].optimizer.as_ref().unwrap();
+                assert_eq!((trained.steps, trained.buffers.len()), (3, 2));
+                let (_, master) = read(transport.as_ref(), &snapshots[0].region, 10).await;
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&master), bits(&initial), "bit-identical master values");
+                let (_, adapter) = read(transport.as_ref(), &snapshots[1].region, 4).await;
+                assert!(
+                    adapter.iter().all(|&x| x < 0.8),
+                    "the adapter trained: {adapter:?}"
+                );
+                actor.stop(None);
+            }
         })
         .await
         .expect("test timed out");

@@ -13,6 +13,12 @@
 //!   so the genuine write still lands.
 //! - **I6 liveness**: the reduce, optimizer and discard loops run on blocking threads, never on a
 //!   tokio worker, so a large shard cannot stall the runtime's other tasks (transfers, timers).
+//! - **Frozen units** ([`UnitSpec::frozen`](crate::layout::UnitSpec::frozen)): a frozen unit's
+//!   shard holds only its fp32 master weights and published copy — no accumulator region (its
+//!   [`ShardRoute`](crate::directory::ShardRoute) has none), no optimizer state (its
+//!   [`OptimizerSnapshot`] is 0 steps and no buffers), no kept gradient. `Reduce` adds nothing
+//!   for it, `Apply` steps nothing (no weight decay: its values stay bit-identical) and publishes
+//!   the same bytes as the new version (I1), without encoding them again on the host.
 //!
 //! The actor is not on the data path: reads and accumulates go through the transport, and so does
 //! the parameter read-out ([`ServerMsg::Snapshot`] hands out fp32 regions to read). Every message

@@ -403,6 +403,8 @@ impl OptimizerState {
     /// A state restored from a checkpoint: `steps` taken and the buffers by name (see
     /// [`Self::buffer_names`]), each `len` long. Fails naming the buffer that is missing, unknown
     /// or of the wrong length; no buffers with `steps > 0` is valid only for SGD (no momentum yet).
+    /// No buffers at step 0 is a fresh state ([`Self::new`]) for either optimizer: what the
+    /// checkpoint of a frozen unit holds, so a run may resume with it trainable.
     ///
     /// ```
     /// use odc_actors::server::optimizer::{OptimizerConfig, OptimizerState};
@@ -421,6 +423,9 @@ impl OptimizerState {
         steps: u64,
         buffers: Vec<(String, Vec<f32>)>,
     ) -> Result<Self, OptimizerError> {
+        if steps == 0 && buffers.is_empty() {
+            return Ok(Self::new(config, len));
+        }
         let mut named: std::collections::BTreeMap<String, Vec<f32>> = Default::default();
         for (name, values) in buffers {
             if values.len() != len {
@@ -786,6 +791,22 @@ mod tests {
         assert_eq!(state, fresh);
         assert_eq!(state.steps(), 0);
         assert_eq!(state.len(), 2);
+    }
+
+    /// A frozen unit's checkpoint (0 steps, no buffers) restores to a fresh state, so a unit
+    /// frozen in one run can train in the next; no buffers after steps is still refused for
+    /// AdamW.
+    #[test]
+    fn restoring_no_buffers_at_step_zero_is_a_fresh_state() {
+        for config in [OptimizerConfig::adamw(1e-3), OptimizerConfig::sgd(0.1)] {
+            let restored = OptimizerState::restore(&config, 3, 0, Vec::new()).unwrap();
+            assert_eq!(restored, OptimizerState::new(&config, 3));
+        }
+        let err = OptimizerState::restore(&OptimizerConfig::adamw(1e-3), 3, 2, Vec::new());
+        assert!(
+            matches!(&err, Err(OptimizerError::BufferMismatch { buffer, .. }) if buffer == "exp_avg"),
+            "{err:?}"
+        );
     }
 
     /// Straightforward f64 AdamW, for comparison over many steps.

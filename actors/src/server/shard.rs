@@ -7,9 +7,17 @@
 //! ([`optimizer::plan_step`](super::optimizer::plan_step) and its elementwise math) and publishes
 //! the new version; `Discard` drops the accumulator's values and the kept gradient; `Snapshot`
 //! hands out fp32 regions of the master weights (and the optimizer's buffers) to read.
+//!
+//! A frozen unit's shard ([`UnitSpec::frozen`](crate::layout::UnitSpec::frozen)) has only its
+//! master weights and published copy: no accumulator, no optimizer state, no kept gradient.
+//! `Reduce` and `Discard` leave it alone (it adds 0 to the sum of squares), and `Apply` publishes
+//! the same bytes again as the new version (I1: every read during step `v` returns version `v`),
+//! without a step and without encoding them again. Its snapshot's optimizer state is 0 steps and
+//! no buffers.
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use odc_transport::{codec, AccumulatorRegion, Dtype, PublishedRegion, RegionHandle, WriteGuard};
 
 use super::optimizer::{OptimizerConfig, OptimizerState};
@@ -30,8 +38,8 @@ pub(super) struct Context {
 pub(super) trait ShardStore: Send {
     /// The published copy trainers read.
     fn published(&self) -> RegionHandle;
-    /// The accumulator trainers push into.
-    fn accumulator(&self) -> RegionHandle;
+    /// The accumulator trainers push into (`None`: a frozen unit's shard).
+    fn accumulator(&self) -> Option<RegionHandle>;
     /// Take the accumulator (moving it to `next_epoch`), scale each value by `scale` (in f64,
     /// rounded to f32), keep it for [`ShardStore::apply`], and add the squares of the scaled
     /// values to `sum_sq`.
@@ -54,48 +62,66 @@ pub(super) trait ShardStore: Send {
 pub(super) struct HostShard {
     pull_dtype: Dtype,
     master: Vec<f32>,
-    optimizer: OptimizerState,
     published: Box<dyn PublishedRegion>,
-    accumulator: Box<dyn AccumulatorRegion>,
+    /// What a trainable shard has besides; `None` for a frozen one.
+    training: Option<HostTraining>,
+    /// The published bytes of `master`: a frozen shard publishes them again at every version.
+    /// Empty for a trainable shard (its bytes change every step).
+    frozen_bytes: Bytes,
     /// fp32 copy for read-outs, registered on first use (bf16 pulls only; fp32 pulls read the
     /// published copy, which is the same bytes).
     snapshot: Option<Box<dyn PublishedRegion>>,
     /// fp32 copies of the optimizer buffers for checkpoints, registered on first use.
     optimizer_snapshots: Vec<Option<Box<dyn PublishedRegion>>>,
+}
+
+/// A trainable shard's optimizer state, accumulator and kept gradient.
+struct HostTraining {
+    optimizer: OptimizerState,
+    accumulator: Box<dyn AccumulatorRegion>,
     /// The scaled gradient `Reduce` kept for `Apply`.
     grad: Option<Vec<f32>>,
 }
 
 impl HostShard {
     /// Register the shard's regions with `node`'s transport: the published copy of `master` at
-    /// version 0 and a zeroed accumulator at the spec's epoch that admits only what `admission`
-    /// admits.
+    /// version 0 and, for a trainable shard (`optimizer` given), a zeroed accumulator at the
+    /// spec's epoch that admits only what `admission` admits. A frozen shard (`optimizer`
+    /// `None`) registers no accumulator.
     pub(super) fn new(
         node: &Node,
         spec: &ServerSpec,
         master: Vec<f32>,
-        optimizer: OptimizerState,
+        optimizer: Option<OptimizerState>,
         admission: WriteGuard,
     ) -> Result<Self> {
-        let published = node.transport.register_published(
-            spec.endpoint,
-            spec.pull_dtype,
-            codec::encode(spec.pull_dtype, &master),
-            0,
-        )?;
-        let accumulator =
+        let bytes = codec::encode(spec.pull_dtype, &master);
+        let published =
             node.transport
-                .register_accumulator(spec.endpoint, master.len(), spec.epoch)?;
-        accumulator.admit_only(admission)?;
+                .register_published(spec.endpoint, spec.pull_dtype, bytes.clone(), 0)?;
+        let (training, frozen_bytes) = match optimizer {
+            None => (None, bytes),
+            Some(optimizer) => {
+                let accumulator =
+                    node.transport
+                        .register_accumulator(spec.endpoint, master.len(), spec.epoch)?;
+                accumulator.admit_only(admission)?;
+                let training = HostTraining {
+                    optimizer,
+                    accumulator,
+                    grad: None,
+                };
+                (Some(training), Bytes::new())
+            }
+        };
         Ok(Self {
             pull_dtype: spec.pull_dtype,
             master,
-            optimizer,
             published,
-            accumulator,
+            training,
+            frozen_bytes,
             snapshot: None,
             optimizer_snapshots: Vec::new(),
-            grad: None,
         })
     }
 }
@@ -105,22 +131,30 @@ impl ShardStore for HostShard {
         self.published.handle()
     }
 
-    fn accumulator(&self) -> RegionHandle {
-        self.accumulator.handle()
+    fn accumulator(&self) -> Option<RegionHandle> {
+        self.training.as_ref().map(|t| t.accumulator.handle())
     }
 
     fn reduce(&mut self, scale: f64, next_epoch: u64, sum_sq: &mut f64) -> Result<()> {
-        let mut grad = self.accumulator.take(next_epoch);
+        let Some(training) = &mut self.training else {
+            return Ok(());
+        };
+        let mut grad = training.accumulator.take(next_epoch);
         for g in &mut grad {
             *g = (*g as f64 * scale) as f32;
             *sum_sq += (*g as f64) * (*g as f64);
         }
-        self.grad = Some(grad);
+        training.grad = Some(grad);
         Ok(())
     }
 
     fn apply(&mut self, optimizer: &OptimizerConfig, clip: f64, version: u64) -> Result<()> {
-        let mut grad = self
+        let Some(training) = &mut self.training else {
+            // Frozen: the same bytes, now as `version`.
+            self.published.publish(version, self.frozen_bytes.clone())?;
+            return Ok(());
+        };
+        let mut grad = training
             .grad
             .take()
             .unwrap_or_else(|| vec![0.0; self.master.len()]);
@@ -129,15 +163,19 @@ impl ShardStore for HostShard {
                 *g = (*g as f64 * clip) as f32;
             }
         }
-        self.optimizer.step(optimizer, &mut self.master, &grad)?;
+        training
+            .optimizer
+            .step(optimizer, &mut self.master, &grad)?;
         self.published
             .publish(version, codec::encode(self.pull_dtype, &self.master))?;
         Ok(())
     }
 
     fn discard(&mut self, next_epoch: u64) -> Result<()> {
-        self.accumulator.take(next_epoch);
-        self.grad = None;
+        if let Some(training) = &mut self.training {
+            training.accumulator.take(next_epoch);
+            training.grad = None;
+        }
         Ok(())
     }
 
@@ -154,8 +192,11 @@ impl ShardStore for HostShard {
         if !optimizer {
             return Ok((region, None));
         }
-        let names = self.optimizer.buffer_names();
-        let buffers = self.optimizer.buffers();
+        let Some(training) = &self.training else {
+            return Ok((region, Some(OptimizerSnapshot::default())));
+        };
+        let names = training.optimizer.buffer_names();
+        let buffers = training.optimizer.buffers();
         self.optimizer_snapshots.resize_with(buffers.len(), || None);
         let mut handles = Vec::with_capacity(buffers.len());
         for ((name, values), slot) in names
@@ -166,7 +207,7 @@ impl ShardStore for HostShard {
             handles.push((name.to_string(), publish_copy(slot, values, context)?));
         }
         let snapshot = OptimizerSnapshot {
-            steps: self.optimizer.steps(),
+            steps: training.optimizer.steps(),
             buffers: handles,
         };
         Ok((region, Some(snapshot)))

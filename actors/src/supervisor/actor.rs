@@ -120,6 +120,7 @@ impl Actor for Supervisor {
                 }
             }
         }
+        note_parameters(&node.layout);
         let mut remote = placement.map(|p| Remote::new(p, &myself.get_cell()));
         let key = JobKey::from_bytes(rand::random());
         let mut servers = Vec::new();
@@ -292,6 +293,21 @@ fn local_child(state: &SupervisorState, cell: &ActorCell) -> Option<Child> {
         .iter()
         .position(|s| s.get_id() == id)
         .map(|e| Child::Server(e as u32))
+}
+
+/// The model's trainable and frozen parameters: a gauge each, and one log line when some are
+/// frozen.
+fn note_parameters(layout: &crate::layout::ModelLayout) {
+    let (trainable, frozen) = (layout.trainable_elements(), layout.frozen_elements());
+    metrics::gauge!(m::PARAMETERS, "kind" => "trainable").set(trainable as f64);
+    metrics::gauge!(m::PARAMETERS, "kind" => "frozen").set(frozen as f64);
+    if frozen > 0 {
+        let units = layout.units().iter().filter(|u| !u.trainable).count();
+        tracing::info!(
+            "{trainable} trainable parameters; {frozen} frozen in {units} units (pulled, never \
+             pushed or optimised)"
+        );
+    }
 }
 
 /// Why a child in another process is gone: its rank, and for a server the shard lost with it.

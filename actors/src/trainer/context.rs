@@ -369,9 +369,18 @@ impl TrainerContext {
 
     /// Send `grad` (the gradient of the micro-batch's summed loss w.r.t. the whole unit) to the
     /// unit's owners through the data path, asynchronously. A gradient with a NaN or ±inf is not
-    /// sent: [`Error::NonFinite`] (see the module docs).
+    /// sent: [`Error::NonFinite`] (see the module docs). A frozen unit
+    /// ([`UnitSpec::frozen`](crate::layout::UnitSpec::frozen)) takes no gradient:
+    /// [`Error::FrozenUnit`] and nothing is sent, not even a collective: in collective mode
+    /// every trainer skips the unit alike.
     pub fn push_grad(&mut self, unit: UnitId, grad: &[f32]) -> Result<PushTicket> {
         let spec = self.layout.unit(unit)?;
+        if !spec.trainable {
+            return Err(Error::FrozenUnit {
+                unit,
+                name: spec.name.clone(),
+            });
+        }
         if grad.len() != spec.len {
             return Err(Error::GradLength {
                 unit,

@@ -6,6 +6,9 @@
 //!   (checked in the pass that encodes it) and a compute returning a non-finite loss fails its
 //!   micro-batch; both report [`Error::NonFinite`](crate::Error::NonFinite) naming the trainer,
 //!   micro-batch and samples (and the unit), and the supervisor fails or skips the step.
+//! - No gradient leaves a trainer for a frozen unit: `push_grad` refuses it with
+//!   [`Error::FrozenUnit`](crate::Error::FrozenUnit) and sends nothing (no bytes pushed, no
+//!   collective issued).
 //! - A panic in user compute fails the actor; spawned linked, the failure reaches the supervisor as
 //!   a supervision event (I2 replay).
 //! - In on-demand mode trainers never talk to each other (**I4**): the only thing a trainer waits

@@ -214,6 +214,7 @@ fn parse(f: &Fields<'_>) -> Result<(HfFamily, ModelConfig)> {
         qkv_bias: family == HfFamily::Qwen2,
         qk_norm: family == HfFamily::Qwen3,
         tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
+        lora: None,
         init_std: f.f64("initializer_range")?.unwrap_or(0.02),
         seed: 0,
     });

@@ -118,6 +118,14 @@ pub fn export_hf(
     units: &[Vec<f32>],
     options: &ExportOptions<'_>,
 ) -> Result<ExportSummary> {
+    if config.lora.is_some() {
+        return Err(Error::Config {
+            field: "lora",
+            reason: "an adapted model exports as its base model with the adapters merged \
+                     (`lora::merge`, `--merge-lora`) or as PEFT adapters (`lora::export_peft`)"
+                .into(),
+        });
+    }
     let base = options.source.map(read_config).transpose()?;
     let config_json = export_json(config, base.as_ref(), options.dtype.torch_dtype())?;
     let tensors = tensors_of(config, units)?;

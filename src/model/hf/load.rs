@@ -244,6 +244,7 @@ impl HfCheckpoint {
                             .read(range)
                             .unwrap_or_else(|e| panic!("reading a checked checkpoint: {e}"))
                     })),
+                    trainable: true,
                 }
             })
             .collect()

@@ -95,7 +95,9 @@ impl TestCheckpoint {
                     .map(|_| match spec.init {
                         ParamInit::Normal => rng.random_range(-0.5f32..0.5),
                         ParamInit::Ones => 1.0 + rng.random_range(-0.25f32..0.25),
-                        ParamInit::Zeros => rng.random_range(-0.25f32..0.25),
+                        ParamInit::Zeros | ParamInit::UniformFanIn(_) => {
+                            rng.random_range(-0.25f32..0.25)
+                        }
                     })
                     .collect();
                 unit.extend(dtype.round(&values));
@@ -131,6 +133,7 @@ impl TestCheckpoint {
             qkv_bias: false,
             qk_norm: false,
             tie_embeddings: false,
+            lora: None,
             init_std: 0.02,
             seed: 0,
         };

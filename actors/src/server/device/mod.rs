@@ -25,6 +25,9 @@
 //! - **Read-out.** `Snapshot` publishes fp32 copies of the master weights and optimizer buffers as
 //!   device regions (device to device) that any reader reaches over the data plane; the step count
 //!   travels in the reply.
+//! - **Frozen units** keep only their master weights and published copy on the device (no
+//!   accumulator, gradient or optimizer buffers, no kernels compiled for them); `Apply`
+//!   publishes the unchanged master weights as the new version.
 //! - Every device wait is bounded (odc-transport's owner waits, 60 s), and a device failure is an
 //!   error of the call, never a panic.
 //!

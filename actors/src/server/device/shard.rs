@@ -1,6 +1,8 @@
 //! One shard in the memory of the `cuda` transport's device ([`DeviceShard`]): the host store's
 //! protocol ([`ShardStore`]) with the values on the device and the arithmetic in
-//! [`OptimizerKernels`].
+//! [`OptimizerKernels`]. A frozen unit's shard keeps only its master weights and published copy
+//! (no accumulator, gradient buffer, optimizer buffers or kernels); `Apply` publishes the same
+//! values again as the new version, encoded on the device.
 
 use std::sync::Arc;
 
@@ -30,21 +32,27 @@ struct DeviceOptimizer {
 
 /// One shard in device memory.
 pub(crate) struct DeviceShard {
-    device: Arc<Device>,
-    kernels: OptimizerKernels,
     len: usize,
     master: DeviceBuffer,
+    published: DevicePublished,
+    /// What a trainable shard has besides; `None` for a frozen unit's shard.
+    training: Option<DeviceTraining>,
+    /// fp32 copy for read-outs (bf16 pulls only), registered on first use.
+    snapshot: Option<DevicePublished>,
+    /// fp32 copies of the optimizer buffers, registered on first use.
+    optimizer_snapshots: Vec<Option<DevicePublished>>,
+}
+
+/// A trainable shard's kernels, optimizer state, accumulator and kept gradient.
+struct DeviceTraining {
+    device: Arc<Device>,
+    kernels: OptimizerKernels,
     /// The kept gradient (after `Reduce`), or the accumulator's previous buffer.
     grad: DeviceBuffer,
     /// `Reduce` kept a gradient in `grad` for `Apply`.
     kept: bool,
     optimizer: DeviceOptimizer,
-    published: DevicePublished,
     accumulator: DeviceAccumulator,
-    /// fp32 copy for read-outs (bf16 pulls only), registered on first use.
-    snapshot: Option<DevicePublished>,
-    /// fp32 copies of the optimizer buffers, registered on first use.
-    optimizer_snapshots: Vec<Option<DevicePublished>>,
 }
 
 /// Host values as fp32 device memory of `device`.
@@ -55,100 +63,60 @@ fn upload(device: &Arc<Device>, values: &[f32]) -> Result<DeviceBuffer> {
 }
 
 impl DeviceShard {
-    /// The shard of `master` with `optimizer`'s state, moved into the device memory of
-    /// `transport`, with its published copy (version 0) and its accumulator (at the spec's epoch,
-    /// admitting only what `admission` admits) registered there. Compiles the kernels on the
-    /// device's first shard (NVRTC; without it: `no NVRTC: …`).
+    /// The shard of `master` moved into the device memory of `transport`, with its published
+    /// copy (version 0) registered there and, for a trainable shard (`optimizer` given), that
+    /// optimizer state and an accumulator (at the spec's epoch, admitting only what `admission`
+    /// admits). A frozen shard (`optimizer` `None`) allocates neither, nor a gradient buffer.
+    /// Compiles the kernels on the device's first trainable shard (NVRTC; without it:
+    /// `no NVRTC: …`).
     pub(crate) fn new(
         transport: &CudaTransport,
         spec: &ServerSpec,
         master: &[f32],
-        optimizer: &OptimizerState,
+        optimizer: Option<&OptimizerState>,
         admission: WriteGuard,
     ) -> Result<Self> {
         let device = Arc::clone(transport.device());
-        let kernels = OptimizerKernels::new(&device)?;
         let len = master.len();
         let master = upload(&device, master)?;
-        let grad = device.alloc(len * 4)?;
-        let buffers = optimizer
-            .buffers()
-            .into_iter()
-            .map(|values| upload(&device, values))
-            .collect::<Result<Vec<_>>>()?;
         let published =
             transport.register_device_published(spec.endpoint, spec.pull_dtype, &master, 0)?;
-        let accumulator = transport.register_device_accumulator(spec.endpoint, len, spec.epoch)?;
-        accumulator.admit_only(admission)?;
+        let training = match optimizer {
+            None => None,
+            Some(optimizer) => {
+                let kernels = OptimizerKernels::new(&device)?;
+                let grad = device.alloc(len * 4)?;
+                let buffers = optimizer
+                    .buffers()
+                    .into_iter()
+                    .map(|values| upload(&device, values))
+                    .collect::<Result<Vec<_>>>()?;
+                let accumulator =
+                    transport.register_device_accumulator(spec.endpoint, len, spec.epoch)?;
+                accumulator.admit_only(admission)?;
+                Some(DeviceTraining {
+                    device,
+                    kernels,
+                    grad,
+                    kept: false,
+                    optimizer: DeviceOptimizer {
+                        name: optimizer.name(),
+                        steps: optimizer.steps(),
+                        names: optimizer.buffer_names(),
+                        buffers,
+                    },
+                    accumulator,
+                })
+            }
+        };
         Ok(Self {
-            device,
-            kernels,
             len,
             master,
-            grad,
-            kept: false,
-            optimizer: DeviceOptimizer {
-                name: optimizer.name(),
-                steps: optimizer.steps(),
-                names: optimizer.buffer_names(),
-                buffers,
-            },
             published,
-            accumulator,
+            training,
             snapshot: None,
             optimizer_snapshots: Vec::new(),
         })
-    }
-
-    /// One step of the plan `scalars` with the kept gradient times `clip`.
-    fn step(&mut self, scalars: StepScalars, clip: f64) -> Result<()> {
-        match scalars {
-            StepScalars::AdamW(s) => {
-                let [exp_avg, exp_avg_sq] = &self.optimizer.buffers[..] else {
-                    return Err(Error::Layout(format!(
-                        "the device's AdamW state holds {} buffers, not 2",
-                        self.optimizer.buffers.len()
-                    )));
-                };
-                self.kernels
-                    .adamw(&s, clip, &self.master, &self.grad, exp_avg, exp_avg_sq)
-            }
-            StepScalars::Sgd {
-                lr,
-                momentum,
-                weight_decay,
-            } => {
-                if momentum != 0.0 && self.optimizer.buffers.is_empty() {
-                    // torch creates the momentum buffer on the first step with momentum.
-                    let buffer = self.device.alloc(self.len * 4)?;
-                    self.kernels.sgd(
-                        lr,
-                        momentum,
-                        weight_decay,
-                        clip,
-                        &self.master,
-                        &self.grad,
-                        SgdMomentum::First(&buffer),
-                    )?;
-                    self.optimizer.buffers.push(buffer);
-                    self.optimizer.names = &[SGD_MOMENTUM_BUFFER];
-                    return Ok(());
-                }
-                let buffer = match self.optimizer.buffers.first() {
-                    Some(buffer) if momentum != 0.0 => SgdMomentum::Next(buffer),
-                    _ => SgdMomentum::Off,
-                };
-                self.kernels.sgd(
-                    lr,
-                    momentum,
-                    weight_decay,
-                    clip,
-                    &self.master,
-                    &self.grad,
-                    buffer,
-                )
-            }
-        }
     }
 
     /// Publish `values` as fp32 at the server's version in the device region kept in `slot`
@@ -177,40 +145,103 @@ impl DeviceShard {
     }
 }
 
+impl DeviceTraining {
+    /// One step of the plan `scalars` on `master` (`len` elements) with the kept gradient times
+    /// `clip`.
+    fn step(
+        &mut self,
+        scalars: StepScalars,
+        clip: f64,
+        master: &DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        match scalars {
+            StepScalars::AdamW(s) => {
+                let [exp_avg, exp_avg_sq] = &self.optimizer.buffers[..] else {
+                    return Err(Error::Layout(format!(
+                        "the device's AdamW state holds {} buffers, not 2",
+                        self.optimizer.buffers.len()
+                    )));
+                };
+                self.kernels
+                    .adamw(&s, clip, master, &self.grad, exp_avg, exp_avg_sq)
+            }
+            StepScalars::Sgd {
+                lr,
+                momentum,
+                weight_decay,
+            } => {
+                if momentum != 0.0 && self.optimizer.buffers.is_empty() {
+                    // torch creates the momentum buffer on the first step with momentum.
+                    let buffer = self.device.alloc(len * 4)?;
+                    self.kernels.sgd(
+                        lr,
+                        momentum,
+                        weight_decay,
+                        clip,
+                        master,
+                        &self.grad,
+                        SgdMomentum::First(&buffer),
+                    )?;
+                    self.optimizer.buffers.push(buffer);
+                    self.optimizer.names = &[SGD_MOMENTUM_BUFFER];
+                    return Ok(());
+                }
+                let buffer = match self.optimizer.buffers.first() {
+                    Some(buffer) if momentum != 0.0 => SgdMomentum::Next(buffer),
+                    _ => SgdMomentum::Off,
+                };
+                self.kernels
+                    .sgd(lr, momentum, weight_decay, clip, master, &self.grad, buffer)
+            }
+        }
+    }
+}
+
 impl ShardStore for DeviceShard {
     fn published(&self) -> RegionHandle {
         self.published.handle()
     }
 
-    fn accumulator(&self) -> RegionHandle {
-        self.accumulator.handle()
+    fn accumulator(&self) -> Option<RegionHandle> {
+        self.training.as_ref().map(|t| t.accumulator.handle())
     }
 
     fn reduce(&mut self, scale: f64, next_epoch: u64, sum_sq: &mut f64) -> Result<()> {
-        self.kept = false;
-        self.accumulator.take_into(next_epoch, &mut self.grad)?;
-        *sum_sq += self.kernels.scale_sum_sq(&self.grad, scale)?;
-        self.kept = true;
+        let Some(t) = &mut self.training else {
+            return Ok(());
+        };
+        t.kept = false;
+        t.accumulator.take_into(next_epoch, &mut t.grad)?;
+        *sum_sq += t.kernels.scale_sum_sq(&t.grad, scale)?;
+        t.kept = true;
         Ok(())
     }
 
     fn apply(&mut self, optimizer: &OptimizerConfig, clip: f64, version: u64) -> Result<()> {
+        let Some(t) = &mut self.training else {
+            // Frozen: the same values, published again as `version`.
+            self.published.publish_from(version, &self.master)?;
+            return Ok(());
+        };
         // The kept gradient is used up by this call, whatever happens (as the host store's).
-        let kept = std::mem::replace(&mut self.kept, false);
-        let o = &self.optimizer;
+        let kept = std::mem::replace(&mut t.kept, false);
+        let o = &t.optimizer;
         let scalars = plan_step(optimizer, o.name, self.len, o.steps, self.len, self.len)?;
         if !kept {
-            self.device.zero(&self.grad)?;
+            t.device.zero(&t.grad)?;
         }
-        self.step(scalars, clip)?;
-        self.optimizer.steps = self.optimizer.steps.saturating_add(1);
+        t.step(scalars, clip, &self.master, self.len)?;
+        t.optimizer.steps = t.optimizer.steps.saturating_add(1);
         self.published.publish_from(version, &self.master)?;
         Ok(())
     }
 
     fn discard(&mut self, next_epoch: u64) -> Result<()> {
-        self.kept = false;
-        self.accumulator.take_into(next_epoch, &mut self.grad)?;
+        if let Some(t) = &mut self.training {
+            t.kept = false;
+            t.accumulator.take_into(next_epoch, &mut t.grad)?;
+        }
         Ok(())
     }
 
@@ -227,7 +258,10 @@ impl ShardStore for DeviceShard {
         if !optimizer {
             return Ok((region, None));
         }
-        let o = &self.optimizer;
+        let Some(t) = &self.training else {
+            return Ok((region, Some(OptimizerSnapshot::default())));
+        };
+        let o = &t.optimizer;
         self.optimizer_snapshots
             .resize_with(o.buffers.len(), || None);
         let mut handles = Vec::with_capacity(o.buffers.len());

@@ -177,7 +177,10 @@ impl Server {
     async fn push(&self, unit: usize, values: &[f32], tag: WriteTag) {
         self.transport
             .accumulate(
-                &self.routes[unit].accumulator,
+                self.routes[unit]
+                    .accumulator
+                    .as_ref()
+                    .expect("a trainable unit's shard"),
                 0,
                 codec::encode_f32(values),
                 tag,
@@ -498,6 +501,68 @@ fn non_finite_gradients_give_a_non_finite_sum_and_nothing_is_applied() {
             check_published("after the discards", &device, 1).await;
             device.actor.stop(None);
             host.actor.stop(None);
+        })
+        .await
+        .expect("test timed out")
+    });
+}
+
+/// A frozen unit's shard on the GPU: no accumulator, no optimizer state, nothing added to the
+/// sum of squares, and after steps of AdamW with weight decay its values are bit-identical to the
+/// initial ones, published at every step's version with the same bytes.
+#[test]
+fn frozen_unit_on_the_device_keeps_no_training_state_and_never_changes() {
+    if skip_without_driver("frozen_unit_on_the_device_keeps_no_training_state_and_never_changes") {
+        return;
+    }
+    runtime().block_on(async {
+        tokio::time::timeout(Duration::from_secs(300), async {
+            let optimizer = OptimizerConfig::AdamW {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.1,
+            };
+            let initial = values(1, BIG, 1.0);
+            let layout = ModelLayout::new(vec![
+                UnitSpec::with_values("big", initial.clone()).frozen(),
+                UnitSpec::with_values("small", values(2, SMALL, 1.0)),
+            ])
+            .expect("layout");
+            let device = Server::start(
+                cuda_transport("frozen").await,
+                layout,
+                spec(optimizer, Dtype::Bf16),
+            )
+            .await;
+            assert_eq!(device.routes[0].accumulator, None, "no accumulator region");
+            let published = codec::encode(Dtype::Bf16, &initial).to_vec();
+            for epoch in 0..3u64 {
+                let grad = values(40 + epoch, SMALL, 2.0);
+                let id = crate::datapath::write_id(0, 1, 0, 0);
+                device.push(1, &grad, tag(epoch, id)).await;
+                let scaled: f64 = grad.iter().map(|g| f64::from(*g).powi(2)).sum();
+                let sum_sq = device.reduce(1.0, epoch + 1).await;
+                assert!(
+                    (sum_sq - scaled).abs() <= SUM_SQ_REL_TOL * scaled,
+                    "the frozen unit adds nothing: {sum_sq} vs {scaled}"
+                );
+                device.apply(1.0, 1.0, epoch + 1).await;
+                let (version, bytes) = device.read_bytes(&device.routes[0].published).await;
+                assert_eq!(version, epoch + 1, "I1: published at every step's version");
+                assert!(bytes == published, "the same published bytes");
+            }
+            let state = device.state().await;
+            assert_eq!(state[0].0, 0, "no optimizer steps");
+            assert_eq!(state[0].1.len(), 1, "the master weights only, no buffers");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(&state[0].1[0].1) == bits(&initial),
+                "bit-identical master weights"
+            );
+            assert_eq!((state[1].0, state[1].1.len()), (3, 3));
+            device.actor.stop(None);
         })
         .await
         .expect("test timed out")
