@@ -9,7 +9,13 @@
 //! cargo run --release --example rl_grpo -- --init ckpt/step-300
 //! cargo run --release --example rl_grpo                 # runs a short SFT first (--sft-steps)
 //! cargo run --release --example rl_grpo -- --tokenizer tokenizer.json --init ckpt/step-300
+//! cargo run --release --example rl_grpo -- --model-dir Qwen2.5-0.5B-Instruct   # your model
 //! ```
+//!
+//! With `--model-dir DIR` (a Hugging Face instruct model, see the `sft` example), the policy and
+//! the reference start from the directory's weights (or `--init`'s), prompts are the model's chat
+//! template around the question, responses end at the model's stop ids (Qwen's `<|im_end|>`,
+//! Llama 3's `<|eot_id|>`), and the reward is the exact match of the final number.
 //!
 //! Per step: `--prompts` problems (those whose sample fits the model) × `--group-size` responses
 //! sampled from the current policy at `--temperature` (KV cache, each group decoded as one batch;
@@ -46,14 +52,15 @@ use anyhow::{bail, Context};
 use candle_core::Device;
 use clap::Parser;
 use odc::checkpoint;
+use odc::model::hf::HfCheckpoint;
 use odc::model::{
-    evaluate, generate_group_with_log_probs, group_advantages, map_in_shares, sequence_log_probs,
-    tensor_map, transformer_job_on, GrpoConfig, ModelConfig, Objective, Placement, RlSample,
-    Sample, SampleStore, Sampling, Weights,
+    evaluate_prompted, generate_group_with_log_probs, group_advantages, map_in_shares,
+    sequence_log_probs, tensor_map, transformer_job_on, GrpoConfig, ModelConfig, Objective,
+    Placement, RlSample, Sample, SampleStore, Sampling, Weights,
 };
 use odc::text::{
-    exact_match, fitting, prompt_tokens, weighted_reward, ArithTask, ByteTokenizer, HfTokenizer,
-    Problem, Tokenizer,
+    exact_match, weighted_reward, ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat,
+    Tokenizer,
 };
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta};
 use rand::rngs::StdRng;
@@ -117,8 +124,13 @@ struct Args {
     max_value: Option<u64>,
     /// A Hugging Face `tokenizer.json` instead of the byte tokenizer (the one the `--init`
     /// checkpoint was trained with); the model's `vocab_size` becomes its vocabulary size.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model_dir")]
     tokenizer: Option<PathBuf>,
+    /// A Hugging Face model directory (an instruct model): its weights (or `--init`'s, a
+    /// checkpoint of `sft --model-dir` on it) are the policy and the reference, its chat template
+    /// formats the prompts and its stop ids end the responses; no warm start.
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
     /// Prometheus endpoint (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:9464")]
     metrics_addr: SocketAddr,
@@ -294,7 +306,7 @@ struct Sampler<'a> {
     policy: &'a Weights,
     /// The reference whose log-probs a trained group needs (none when only scoring).
     reference: Option<&'a Weights>,
-    tokenizer: &'a dyn Tokenizer,
+    format: &'a TextFormat,
     sampling: &'a Sampling,
     group_size: usize,
     seed: u64,
@@ -347,12 +359,13 @@ fn sample_group(s: &Sampler<'_>, index: u64, problem: &Problem) -> anyhow::Resul
     let mut rngs: Vec<StdRng> = (0..s.group_size)
         .map(|_| StdRng::seed_from_u64(rng.random()))
         .collect();
-    let prompt = prompt_tokens(s.tokenizer, &problem.question)?;
+    let prompt = s.format.prompt(&problem.question)?;
+    let tokenizer = s.format.tokenizer();
     let mut group = Vec::with_capacity(s.group_size);
     let mut policy_log_probs = Vec::with_capacity(s.group_size);
     for generated in generate_group_with_log_probs(s.policy, &prompt, s.sampling, &mut rngs)? {
         let response = generated.tokens;
-        let text = s.tokenizer.decode(&response)?;
+        let text = tokenizer.decode(&response)?;
         group.push(Response {
             tokens: prompt.iter().chain(&response).copied().collect(),
             reward: weighted_reward(&text, &problem.answer, s.format_weight),
@@ -424,16 +437,36 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
             args.format_reward
         );
     }
-    let tokenizer: Arc<dyn Tokenizer> = match &args.tokenizer {
-        Some(path) => Arc::new(HfTokenizer::from_file(path)?),
-        None => Arc::new(ByteTokenizer),
-    };
-    let model = ModelConfig {
-        vocab_size: tokenizer.vocab_size(),
-        ..ModelConfig::tiny()
-    };
-    let (init, max_value) = match &args.init {
+    let (format, model, checkpoint) = match &args.model_dir {
         Some(dir) => {
+            let checkpoint = HfCheckpoint::open(dir)
+                .with_context(|| format!("--model-dir {}", dir.display()))?;
+            let tokenizer = HfTokenizer::from_dir(dir)?;
+            (
+                TextFormat::Chat(Arc::new(tokenizer)),
+                checkpoint.config().clone(),
+                Some(checkpoint),
+            )
+        }
+        None => {
+            let tokenizer: Arc<dyn Tokenizer> = match &args.tokenizer {
+                Some(path) => Arc::new(HfTokenizer::from_file(path)?),
+                None => Arc::new(ByteTokenizer),
+            };
+            let model = ModelConfig {
+                vocab_size: tokenizer.vocab_size(),
+                ..ModelConfig::tiny()
+            };
+            (TextFormat::Plain(tokenizer), model, None)
+        }
+    };
+    let tokenizer = format.tokenizer();
+    // Prompts and responses within a micro-batch and the model's positions.
+    let max_len = model
+        .max_seq_len
+        .min(usize::try_from(args.token_budget).unwrap_or(usize::MAX));
+    let (init, max_value) = match (&args.init, checkpoint) {
+        (Some(dir), _) => {
             let (state, extra) = checkpoint::load(dir, &tensor_map(&model)?)
                 .with_context(|| format!("loading the SFT checkpoint {}", dir.display()))?;
             // The SFT example saves its settings beside the state; its bound is this run's default.
@@ -448,7 +481,15 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
             );
             (state.params, max_value)
         }
-        None => {
+        (None, Some(checkpoint)) => {
+            let max_value = args.max_value.unwrap_or(DEFAULT_MAX_VALUE);
+            println!(
+                "policy and reference from {}; problems up to {max_value}",
+                checkpoint.dir().display()
+            );
+            (checkpoint.all_unit_values()?, max_value)
+        }
+        (None, None) => {
             let max_value = args.max_value.unwrap_or(DEFAULT_MAX_VALUE);
             println!(
                 "no --init: a {}-step SFT warm start first; problems up to {max_value}",
@@ -494,31 +535,37 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
     };
     // Held-out problems that fit the model, scored before and after (greedy, and sampled with the
     // same seeds): a step's sampled rewards are too noisy to compare two steps.
-    let eval_set = fitting(
-        &*tokenizer,
-        ArithTask::eval(args.seed)
-            .with_max_value(max_value)
-            .problems(0..(args.eval_problems as u64).saturating_mul(100)),
-        model.max_seq_len,
-        args.eval_problems,
-    )?;
+    let mut eval_set = Vec::with_capacity(args.eval_problems);
+    for p in ArithTask::eval(args.seed)
+        .with_max_value(max_value)
+        .problems(0..(args.eval_problems as u64).saturating_mul(100))
+    {
+        if eval_set.len() == args.eval_problems {
+            break;
+        }
+        if format.problem_sample(&p)?.len() <= max_len {
+            eval_set.push(p);
+        }
+    }
     // The held-out problems with their index, for the sampled score's per-problem RNGs.
     let eval_prompts: Vec<(u64, Problem)> = (0u64..).zip(eval_set.iter().cloned()).collect();
     let evaluate_now = |params: &[Vec<f32>]| -> anyhow::Result<HeldOut> {
         let weights = Weights::from_units(&model, params, &Device::Cpu)?;
-        let greedy = evaluate(
+        let prompt = |p: &Problem| format.prompt(&p.question);
+        let greedy = evaluate_prompted(
             &weights,
             &*tokenizer,
             &eval_set,
             args.max_new_tokens,
             workers,
+            &prompt,
         )?;
         // The same draws before and after (a fixed seed per problem): a paired comparison.
         let groups = sample_groups(
             &Sampler {
                 policy: &weights,
                 reference: None,
-                tokenizer: &*tokenizer,
+                format: &format,
                 sampling: &sampling,
                 group_size: args.group_size,
                 seed: args.seed ^ HELD_OUT_SEED,
@@ -558,7 +605,7 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
         let mut prompts = Vec::with_capacity(args.prompts);
         while prompts.len() < args.prompts {
             let p = task.problem(problem);
-            if odc::text::Sample::from_problem(&*tokenizer, &p)?.len() <= model.max_seq_len {
+            if format.problem_sample(&p)?.len() <= max_len {
                 prompts.push((problem, p));
             }
             problem += 1;
@@ -567,7 +614,7 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
             &Sampler {
                 policy: &policy,
                 reference: Some(&reference),
-                tokenizer: &*tokenizer,
+                format: &format,
                 sampling: &sampling,
                 group_size: args.group_size,
                 seed: args.seed,

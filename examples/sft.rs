@@ -92,7 +92,7 @@ use odc::model::{
     Weights,
 };
 use odc::text::{
-    prompt_from_chat, ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextError, Tokenizer,
+    ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextError, TextFormat, Tokenizer,
 };
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp};
@@ -519,51 +519,17 @@ impl Dataset {
     }
 }
 
-/// How text becomes tokens: odc's plain format (`BOS question \n answer EOS`) with any
-/// tokenizer, or a model directory's chat template.
-#[derive(Clone)]
-enum Format {
-    Plain(Arc<dyn Tokenizer>),
-    Chat(Arc<HfTokenizer>),
-}
-
-impl Format {
-    fn tokenizer(&self) -> Arc<dyn Tokenizer> {
-        match self {
-            Format::Plain(t) => t.clone(),
-            Format::Chat(t) => t.clone(),
-        }
-    }
-
-    /// Record `index` of `dataset` as a training sample (loss on the answer / the assistant).
-    fn sample(&self, dataset: &Dataset, index: u64) -> Result<odc::text::Sample, String> {
-        let sample = match (self, dataset.problem(index)) {
-            (Format::Plain(t), Some(problem)) => odc::text::Sample::from_problem(&**t, &problem),
-            (Format::Plain(_), None) => {
-                return Err("chat data needs a chat template: give --model-dir".into())
-            }
-            (Format::Chat(t), _) => odc::text::Sample::from_chat(t, &dataset.messages(index)),
-        };
-        sample.map_err(|e| format!("record {index}: {e}"))
-    }
-
-    /// The prompt an evaluation continues for `problem`.
-    fn prompt(&self, problem: &Problem) -> Result<Vec<u32>, TextError> {
-        match self {
-            Format::Plain(t) => odc::text::prompt_tokens(&**t, &problem.question),
-            Format::Chat(t) => prompt_from_chat(t, &[Message::user(problem.question.clone())]),
-        }
-    }
-
-    /// Whether `problem`'s training sample fits `max_len` tokens.
-    fn fits(&self, problem: &Problem, max_len: usize) -> Result<bool, TextError> {
-        Ok(match self {
-            Format::Plain(t) => odc::text::Sample::from_problem(&**t, problem)?.len() <= max_len,
-            Format::Chat(t) => {
-                odc::text::Sample::from_chat(t, &problem.messages())?.len() <= max_len
-            }
-        })
-    }
+/// Record `index` of `dataset` as a training sample (loss on the answer / the assistant).
+fn sample_of(
+    format: &TextFormat,
+    dataset: &Dataset,
+    index: u64,
+) -> Result<odc::text::Sample, String> {
+    let sample = match dataset.problem(index) {
+        Some(problem) => format.problem_sample(&problem),
+        None => format.chat_sample(&dataset.messages(index)),
+    };
+    sample.map_err(|e| format!("record {index}: {e}"))
 }
 
 /// Where the data stands (saved in checkpoints): the next problem index to read.
@@ -582,7 +548,7 @@ struct Saved {
 /// The run's text format: a model directory's tokenizer and chat template, or plain text with
 /// `--tokenizer` (else bytes). Without a model directory, the model's `vocab_size` becomes the
 /// tokenizer's size unless the `[model]` table set one, which must then hold every id.
-fn load_format(settings: &mut Settings, model_given: bool) -> anyhow::Result<Format> {
+fn load_format(settings: &mut Settings, model_given: bool) -> anyhow::Result<TextFormat> {
     if let Some(dir) = &settings.model_dir {
         let tokenizer = HfTokenizer::from_dir(dir)?;
         if tokenizer.chat_template().is_none() {
@@ -600,7 +566,7 @@ fn load_format(settings: &mut Settings, model_given: bool) -> anyhow::Result<For
                 tokenizer.vocab_size()
             );
         }
-        return Ok(Format::Chat(Arc::new(tokenizer)));
+        return Ok(TextFormat::Chat(Arc::new(tokenizer)));
     }
     let (tokenizer, name): (Arc<dyn Tokenizer>, String) = match &settings.tokenizer {
         Some(path) => (
@@ -619,7 +585,7 @@ fn load_format(settings: &mut Settings, model_given: bool) -> anyhow::Result<For
             settings.model.vocab_size
         );
     }
-    Ok(Format::Plain(tokenizer))
+    Ok(TextFormat::Plain(tokenizer))
 }
 
 /// Whether two `tokenizer` settings are the same file (or both the byte tokenizer).
@@ -636,7 +602,7 @@ fn same_tokenizer(a: &Option<PathBuf>, b: &Option<PathBuf>) -> bool {
 /// The first `n` of `problems` whose training sample fits `max_len` tokens (evaluation asks what
 /// training could have seen the like of).
 fn fitting(
-    format: &Format,
+    format: &TextFormat,
     problems: impl IntoIterator<Item = Problem>,
     max_len: usize,
     n: usize,
@@ -646,7 +612,7 @@ fn fitting(
         if out.len() == n {
             break;
         }
-        if format.fits(&problem, max_len)? {
+        if format.problem_sample(&problem)?.len() <= max_len {
             out.push(problem);
         }
     }
@@ -655,7 +621,7 @@ fn fitting(
 
 /// The next `batch` records from `position` whose sample fits `max_len`; advances `position`.
 fn next_minibatch(
-    format: &Format,
+    format: &TextFormat,
     dataset: &Dataset,
     position: &mut DataPosition,
     batch: usize,
@@ -666,7 +632,7 @@ fn next_minibatch(
     while out.len() < batch {
         let index = position.next;
         position.next += 1;
-        let sample = format.sample(dataset, index).map_err(odc::Error::user)?;
+        let sample = sample_of(format, dataset, index).map_err(odc::Error::user)?;
         if sample.len() > max_len {
             skipped += 1;
             if skipped > 100 * batch {
@@ -805,7 +771,7 @@ async fn run(
             Dataset::Generated(ArithTask::train(settings.seed).with_max_value(settings.max_value))
         }
     };
-    if let (Dataset::Chat(_), Format::Plain(_)) = (&dataset, &format) {
+    if matches!(dataset, Dataset::Chat(_)) && !format.is_chat() {
         bail!(
             "{}: chat data needs the model's chat template: give --model-dir",
             settings
@@ -854,8 +820,9 @@ async fn run(
     let model = settings.model.clone();
     let store_data = dataset.clone();
     let store_format = format.clone();
-    let store: Arc<dyn SampleStore> =
-        Arc::new(move |index: u64| Ok(Sample::from(&store_format.sample(&store_data, index)?)));
+    let store: Arc<dyn SampleStore> = Arc::new(move |index: u64| {
+        Ok(Sample::from(&sample_of(&store_format, &store_data, index)?))
+    });
     let placement = Placement {
         device: settings.device.parse()?,
         precision: settings.precision.parse()?,
@@ -998,7 +965,7 @@ async fn run(
             let params = job.parameters().await?;
             let weights = Weights::from_units(&settings.model, &params, &eval_device)?;
             let t = Instant::now();
-            let prompt = |p: &Problem| format.prompt(p);
+            let prompt = |p: &Problem| format.prompt(&p.question);
             let e = evaluate_prompted(
                 &weights,
                 &*tokenizer,

@@ -14,6 +14,10 @@ use std::time::Duration;
 #[path = "multiprocess/harness.rs"]
 mod harness;
 
+/// A small model directory in Hugging Face layout with a real chat template.
+#[path = "common/model_dir.rs"]
+mod model_dir;
+
 /// `GET /metrics` from `port` on loopback: the response, headers included.
 fn scrape(port: u16) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
@@ -151,4 +155,43 @@ fn a_zero_temperature_is_refused_with_its_name() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--temperature"), "{stderr}");
+}
+
+/// `rl_grpo --model-dir DIR`: the directory's weights are the policy and the reference (no warm
+/// start), prompts go through its chat template, responses end at its stop ids; two RL steps run
+/// and report their rewards and the final line.
+#[test]
+fn grpo_on_a_model_directory() {
+    let dir = std::env::temp_dir().join(format!("odc-grpo-model-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let model = dir.join("model");
+    model_dir::write_model_dir(&model);
+    let mut command = Command::new(harness::example("rl_grpo"));
+    command.args([
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--prompts",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--eval-problems",
+        "1",
+        "--no-metrics",
+    ]);
+    let out = harness::run(command, Duration::from_secs(300));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("policy and reference from"), "{stdout}");
+    assert!(!stdout.contains("warm start"), "{stdout}");
+    assert!(stdout.contains("step   2/2"), "{stdout}");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("final step=2 reward="), "{last}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -14,6 +14,11 @@ use std::time::Duration;
 #[path = "multiprocess/harness.rs"]
 mod harness;
 
+/// A small model directory in Hugging Face layout with a real chat template.
+#[path = "common/model_dir.rs"]
+mod model_dir;
+use model_dir::write_model_dir;
+
 /// A model small enough for a debug-profile run, and a short schedule.
 const CONFIG: &str = r#"
 steps = 6
@@ -278,78 +283,6 @@ fn hf_tokenizer_trains_checkpoints_and_mismatches_are_named() {
         "{stderr}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// A small model directory as a user has one: a byte-level BPE `tokenizer.json` trained on the
-/// generated problems with ChatML's specials, Qwen2.5's real `tokenizer_config.json` (its chat
-/// template, EOS `<|im_end|>`, no BOS), and random Qwen2-layout weights (q/k/v biases, GQA,
-/// tied embeddings) exported in f32.
-fn write_model_dir(dir: &Path) -> odc::model::ModelConfig {
-    use tokenizers::models::bpe::{BpeTrainer, BPE};
-    use tokenizers::models::TrainerWrapper;
-    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-    use tokenizers::AddedToken;
-
-    std::fs::create_dir_all(dir).unwrap();
-    let mut tokenizer = tokenizers::Tokenizer::new(BPE::default());
-    tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
-    tokenizer.with_decoder(Some(ByteLevel::new(false, true, true)));
-    let mut trainer: TrainerWrapper = BpeTrainer::builder()
-        .show_progress(false)
-        .vocab_size(500)
-        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
-        .special_tokens(
-            ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-                .iter()
-                .map(|t| AddedToken::from(*t, true))
-                .collect(),
-        )
-        .build()
-        .into();
-    let texts = odc::text::ArithTask::train(1)
-        .problems(0..200)
-        .flat_map(|p| [p.question, p.answer]);
-    tokenizer.train(&mut trainer, texts).unwrap();
-    tokenizer.save(dir.join("tokenizer.json"), false).unwrap();
-    let vocab = tokenizer.get_vocab_size(true);
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/qwen2.5");
-    std::fs::copy(
-        fixture.join("tokenizer_config.json"),
-        dir.join("tokenizer_config.json"),
-    )
-    .unwrap();
-
-    let config = odc::model::ModelConfig {
-        vocab_size: vocab,
-        d_model: 32,
-        n_layers: 2,
-        n_heads: 4,
-        n_kv_heads: Some(2),
-        d_ff: 64,
-        max_seq_len: 2048,
-        rope_theta: 1_000_000.0,
-        rms_eps: 1e-6,
-        qkv_bias: true,
-        tie_embeddings: true,
-        init_std: 0.05,
-        seed: 5,
-        ..odc::model::ModelConfig::tiny()
-    };
-    let units: Vec<Vec<f32>> = (0..odc::model::unit_count(&config))
-        .map(|u| odc::model::unit_init_values(&config, u).unwrap())
-        .collect();
-    let options = odc::model::hf::ExportOptions {
-        dtype: odc::model::hf::ExportDtype::F32,
-        ..Default::default()
-    };
-    let weights = dir.join("weights");
-    odc::model::hf::export_hf(&weights, &config, &units, &options).unwrap();
-    for entry in std::fs::read_dir(&weights).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::rename(&path, dir.join(path.file_name().unwrap())).unwrap();
-    }
-    std::fs::remove_dir(&weights).unwrap();
-    config
 }
 
 /// `sft --model-dir DIR --data chat.jsonl --export-hf OUT`, as the README's "Fine-tune your own

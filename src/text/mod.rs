@@ -38,6 +38,7 @@
 pub mod arith;
 pub mod chat;
 pub mod conversation;
+pub mod format;
 pub mod gsm8k;
 pub mod hf_tokenizer;
 mod jsonl;
@@ -50,6 +51,7 @@ pub mod tokenizer;
 
 pub use arith::{ArithTask, Split};
 pub use chat::{prompt_from_chat, ChatTemplate, Message};
+pub use format::TextFormat;
 pub use hf_tokenizer::HfTokenizer;
 pub use packing::{fitting, pack, prompt_tokens, sample_metas, Packed, Sample};
 pub use problem::Problem;
