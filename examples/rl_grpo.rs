@@ -535,18 +535,13 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
     };
     // Held-out problems that fit the model, scored before and after (greedy, and sampled with the
     // same seeds): a step's sampled rewards are too noisy to compare two steps.
-    let mut eval_set = Vec::with_capacity(args.eval_problems);
-    for p in ArithTask::eval(args.seed)
-        .with_max_value(max_value)
-        .problems(0..(args.eval_problems as u64).saturating_mul(100))
-    {
-        if eval_set.len() == args.eval_problems {
-            break;
-        }
-        if format.problem_sample(&p)?.len() <= max_len {
-            eval_set.push(p);
-        }
-    }
+    let eval_set = format.fitting(
+        ArithTask::eval(args.seed)
+            .with_max_value(max_value)
+            .problems(0..(args.eval_problems as u64).saturating_mul(100)),
+        max_len,
+        args.eval_problems,
+    )?;
     // The held-out problems with their index, for the sampled score's per-problem RNGs.
     let eval_prompts: Vec<(u64, Problem)> = (0u64..).zip(eval_set.iter().cloned()).collect();
     let evaluate_now = |params: &[Vec<f32>]| -> anyhow::Result<HeldOut> {

@@ -91,9 +91,7 @@ use odc::model::{
     DeviceSpec, LoraConfig, LoraTarget, ModelConfig, Objective, Placement, Sample, SampleStore,
     Weights,
 };
-use odc::text::{
-    ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextError, TextFormat, Tokenizer,
-};
+use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextFormat, Tokenizer};
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -599,26 +597,6 @@ fn same_tokenizer(a: &Option<PathBuf>, b: &Option<PathBuf>) -> bool {
     }
 }
 
-/// The first `n` of `problems` whose training sample fits `max_len` tokens (evaluation asks what
-/// training could have seen the like of).
-fn fitting(
-    format: &TextFormat,
-    problems: impl IntoIterator<Item = Problem>,
-    max_len: usize,
-    n: usize,
-) -> Result<Vec<Problem>, TextError> {
-    let mut out = Vec::with_capacity(n);
-    for problem in problems {
-        if out.len() == n {
-            break;
-        }
-        if format.problem_sample(&problem)?.len() <= max_len {
-            out.push(problem);
-        }
-    }
-    Ok(out)
-}
-
 /// The next `batch` records from `position` whose sample fits `max_len`; advances `position`.
 fn next_minibatch(
     format: &TextFormat,
@@ -791,15 +769,13 @@ async fn run(
     // Held-out problems that fit, as training skips the others.
     let wanted = settings.eval_problems;
     let eval_set: Vec<Problem> = match (&settings.eval_data, &settings.data) {
-        (Some(path), _) => fitting(
-            &format,
+        (Some(path), _) => format.fitting(
             odc::text::gsm8k::load(path).context("loading the evaluation data")?,
             max_len,
             wanted,
         )?,
         (None, Some(_)) => Vec::new(),
-        (None, None) => fitting(
-            &format,
+        (None, None) => format.fitting(
             ArithTask::eval(settings.seed)
                 .with_max_value(settings.max_value)
                 .problems(0..(wanted as u64).saturating_mul(100)),

@@ -43,8 +43,8 @@ use super::device::{open_device, ComputePrecision, DeviceSpec};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::params::{as_tensors, unit_vars, ParamSpec};
 use super::transformer::{
-    head_log_probs, head_tensors, stages, unit_count, unit_forward, unit_init_values, unit_params,
-    unit_trainable, HeadOutput, UnitOutput,
+    check_unit_count, head_log_probs, head_tensors, stages, unit_count, unit_forward,
+    unit_init_values, unit_params, unit_trainable, HeadOutput, UnitOutput,
 };
 use crate::checkpoint::{NamedTensor, TensorMap};
 use crate::{Compute, ComputeOutput, LossWeighting, MicroBatch, TrainerContext, UnitSpec};
@@ -130,13 +130,7 @@ pub fn transformer_job_on(
     let units = match init {
         None => layout_units(config)?,
         Some(values) => {
-            if values.len() != unit_count(config) {
-                return Err(super::Error::UnitParams {
-                    what: "units",
-                    expected: unit_count(config),
-                    got: values.len(),
-                });
-            }
+            check_unit_count(config, values.len())?;
             values
                 .into_iter()
                 .enumerate()
@@ -164,13 +158,7 @@ pub fn transformer_job_of(
     }
     let prototype =
         TransformerCompute::on(config.clone(), placement, samples)?.with_objective(objective);
-    if units.len() != unit_count(config) {
-        return Err(super::Error::UnitParams {
-            what: "units",
-            expected: unit_count(config),
-            got: units.len(),
-        });
-    }
+    check_unit_count(config, units.len())?;
     // What trains is the config's to say: under LoRA only the adapters.
     let mut units = units;
     for (u, unit) in units.iter_mut().enumerate() {

@@ -25,7 +25,7 @@ use super::config::ModelConfig;
 use super::error::{Error, Result};
 use super::ops::{log_softmax_last_dim, rms_norm, rope_cos_sin, softmax_last_dim};
 use super::params::unit_tensors;
-use super::transformer::{head_tensors, unit_count, unit_params, Unit};
+use super::transformer::{check_unit_count, head_tensors, unit_count, unit_params, Unit};
 
 /// The model's weights as plain tensors (no gradients), for inference.
 #[derive(Debug, Clone)]
@@ -38,13 +38,7 @@ impl Weights {
     /// From each unit's flat buffer (as [`Job::parameters`](crate::Job::parameters) returns them).
     pub fn from_units(config: &ModelConfig, units: &[Vec<f32>], device: &Device) -> Result<Self> {
         config.validate()?;
-        if units.len() != unit_count(config) {
-            return Err(Error::UnitParams {
-                what: "units",
-                expected: unit_count(config),
-                got: units.len(),
-            });
-        }
+        check_unit_count(config, units.len())?;
         let units = units
             .iter()
             .enumerate()

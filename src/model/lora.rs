@@ -281,14 +281,8 @@ pub type UnitValues = Vec<Vec<f32>>;
 /// The adapted model's units split into the base model's (in the base layout) and the adapters'
 /// (one per block).
 pub fn split_units(config: &ModelConfig, units: &[Vec<f32>]) -> Result<(UnitValues, UnitValues)> {
-    use super::transformer::{unit_count, Unit};
-    if units.len() != unit_count(config) {
-        return Err(Error::UnitParams {
-            what: "units",
-            expected: unit_count(config),
-            got: units.len(),
-        });
-    }
+    use super::transformer::{check_unit_count, Unit};
+    check_unit_count(config, units.len())?;
     let (mut base, mut adapters) = (Vec::new(), Vec::new());
     for (u, values) in units.iter().enumerate() {
         match Unit::from_index(config, u)? {

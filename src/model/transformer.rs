@@ -83,6 +83,20 @@ pub fn unit_count(config: &ModelConfig) -> usize {
     config.n_layers * if config.lora.is_some() { 2 } else { 1 } + 2
 }
 
+/// `Ok` when `got` units are the model's [`unit_count`], else [`Error::UnitParams`] saying so.
+pub fn check_unit_count(config: &ModelConfig, got: usize) -> Result<()> {
+    let expected = unit_count(config);
+    if got == expected {
+        Ok(())
+    } else {
+        Err(Error::UnitParams {
+            what: "units",
+            expected,
+            got,
+        })
+    }
+}
+
 /// Whether unit `index` is trained: every unit, or with LoRA only the adapters (the base units
 /// are frozen: pulled, never pushed, reduced or optimised).
 pub fn unit_trainable(config: &ModelConfig, index: usize) -> Result<bool> {
@@ -270,13 +284,7 @@ pub fn model_forward(
     batch: &PackedBatch,
 ) -> Result<HeadOutput> {
     let count = unit_count(config);
-    if units.len() != count {
-        return Err(Error::UnitParams {
-            what: "units",
-            expected: count,
-            got: units.len(),
-        });
-    }
+    check_unit_count(config, units.len())?;
     let mut hidden: Option<Tensor> = None;
     let embedding = units[0].first().ok_or(Error::UnitParams {
         what: "tensors",

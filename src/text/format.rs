@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use super::chat::{prompt_from_chat, Message};
 use super::hf_tokenizer::HfTokenizer;
-use super::packing::{prompt_tokens, Sample};
+use super::packing::{fitting_as, prompt_tokens, Sample};
 use super::problem::Problem;
 use super::tokenizer::Tokenizer;
 use super::TextError;
@@ -69,6 +69,16 @@ impl TextFormat {
                 reason: "a conversation needs a model's chat template (a model directory)".into(),
             }),
         }
+    }
+
+    /// The first `n` of `problems` whose training sample fits `max_len` tokens ([`fitting_as`]).
+    pub fn fitting(
+        &self,
+        problems: impl IntoIterator<Item = Problem>,
+        max_len: usize,
+        n: usize,
+    ) -> Result<Vec<Problem>, TextError> {
+        fitting_as(problems, max_len, n, |p| self.problem_sample(p))
     }
 
     /// What a model continues to answer `question`.

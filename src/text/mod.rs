@@ -53,7 +53,7 @@ pub use arith::{ArithTask, Split};
 pub use chat::{prompt_from_chat, ChatTemplate, Message};
 pub use format::TextFormat;
 pub use hf_tokenizer::HfTokenizer;
-pub use packing::{fitting, pack, prompt_tokens, sample_metas, Packed, Sample};
+pub use packing::{fitting, fitting_as, pack, prompt_tokens, sample_metas, Packed, Sample};
 pub use problem::Problem;
 pub use reward::{exact_match, extract_answer, format_reward, reward, weighted_reward};
 pub use tokenizer::{ByteTokenizer, Tokenizer};

@@ -128,12 +128,23 @@ pub fn fitting(
     max_len: usize,
     n: usize,
 ) -> Result<Vec<Problem>, TextError> {
+    fitting_as(problems, max_len, n, |p| Sample::from_problem(tokenizer, p))
+}
+
+/// [`fitting`] with each problem's training sample made by `sample` (e.g.
+/// [`TextFormat::problem_sample`](super::TextFormat::problem_sample)).
+pub fn fitting_as(
+    problems: impl IntoIterator<Item = Problem>,
+    max_len: usize,
+    n: usize,
+    sample: impl Fn(&Problem) -> Result<Sample, TextError>,
+) -> Result<Vec<Problem>, TextError> {
     let mut out = Vec::with_capacity(n);
     for problem in problems {
         if out.len() == n {
             break;
         }
-        if Sample::from_problem(tokenizer, &problem)?.len() <= max_len {
+        if sample(&problem)?.len() <= max_len {
             out.push(problem);
         }
     }

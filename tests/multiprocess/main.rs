@@ -1,7 +1,8 @@
 //! Multi-process jobs as users run them: `examples/embed` in real processes (started by
 //! `odc launch`, or by hand here to kill one of them), over real transports (`tcp`, `shm`), each
 //! rank in its own network namespace where the machine allows it; `examples/sft` restarted by
-//! `odc launch --max-restarts` after a rank is killed (`restart.rs`, its own tolerance).
+//! `odc launch --max-restarts` after a rank is killed (`restart.rs`, its own tolerance);
+//! `examples/sft --model-dir` on a Hugging Face directory every rank opens (`model_dir.rs`).
 //!
 //! Tolerance (I3): a multi-process job sums the same per-micro-batch gradients as one process,
 //! in whatever order they arrive, in fp32; every final parameter must equal the single-process
@@ -12,6 +13,8 @@
 mod failures;
 mod harness;
 mod hostile;
+#[cfg(feature = "candle")]
+mod model_dir;
 mod netns;
 mod parity;
 #[cfg(feature = "candle")]

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use super::super::config::ModelConfig;
 use super::super::error::{Error, Result};
 use super::super::params::unit_numel;
-use super::super::transformer::{unit_count, unit_params};
+use super::super::transformer::{check_unit_count, unit_params};
 use super::config::{export_json, read_config};
 use super::dtype::DiskDtype;
 use super::{CONFIG_FILE, INDEX_FILE, SINGLE_FILE, TOKENIZER_FILES};
@@ -200,13 +200,7 @@ pub fn export_hf(
 /// The model's tensors in order, each a slice of its unit's buffer; the buffers' lengths checked.
 fn tensors_of<'a>(config: &ModelConfig, units: &'a [Vec<f32>]) -> Result<Vec<Out<'a>>> {
     config.validate()?;
-    if units.len() != unit_count(config) {
-        return Err(Error::UnitParams {
-            what: "units",
-            expected: unit_count(config),
-            got: units.len(),
-        });
-    }
+    check_unit_count(config, units.len())?;
     let mut out = Vec::new();
     for (u, values) in units.iter().enumerate() {
         let specs = unit_params(config, u)?;
@@ -298,6 +292,22 @@ fn write_into(
         write_json(&dir.join(INDEX_FILE), &index)?;
     }
     write_json(&dir.join(CONFIG_FILE), config_json)?;
+    // safetensors writes its files owner-only (through a temporary file); give them what a file
+    // made here gets (the umask's), as `config.json` has, so others can read the export.
+    let mode = std::fs::metadata(dir.join(CONFIG_FILE))
+        .map(|m| m.permissions())
+        .map_err(|e| Error::Checkpoint {
+            path: dir.join(CONFIG_FILE),
+            tensor: None,
+            reason: format!("cannot read its permissions: {e}"),
+        })?;
+    for file in &names {
+        std::fs::set_permissions(dir.join(file), mode.clone()).map_err(|e| Error::Checkpoint {
+            path: dir.join(file),
+            tensor: None,
+            reason: format!("cannot set its permissions: {e}"),
+        })?;
+    }
     let mut copied = Vec::new();
     if let Some(source) = options.source {
         for name in TOKENIZER_FILES {
@@ -443,6 +453,9 @@ mod tests {
             let units = source.all_unit_values().unwrap();
             let summary = export_hf(&out, source.config(), &units, &options).unwrap();
             assert_eq!(summary.safetensors_files, vec![SINGLE_FILE.to_string()]);
+            // Readable as the other files of the export are (not owner-only).
+            let mode = |f: &str| std::fs::metadata(out.join(f)).unwrap().permissions();
+            assert_eq!(mode(SINGLE_FILE), mode("config.json"), "{name}");
             let files = headers(&out);
             let [(file, meta, tensors)] = files.as_slice() else {
                 panic!("{name}: one file expected, got {files:?}");
