@@ -386,6 +386,38 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     });
     assert!(moved, "some unit did not move in 4 steps at lr 0.01");
 
+    // Checkpoints of a model-directory run resume: 2 steps, then 2 more from step-2, end where
+    // 4 straight steps end (odc's own checkpoint format; the directory gives the config).
+    let ckpt = dir.join("ckpt");
+    let ckpt_arg = ckpt.to_str().unwrap();
+    let with_checkpoints = [
+        "--model-dir",
+        model_arg,
+        "--data",
+        data_arg,
+        "--checkpoint-every",
+        "2",
+        "--checkpoint-dir",
+        ckpt_arg,
+    ];
+    let out = sft(&with_checkpoints);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (_, straight, _) = final_line(&stdout);
+    let step2 = ckpt.join("step-2");
+    let mut resumed_args = with_checkpoints.to_vec();
+    resumed_args.extend(["--resume", step2.to_str().unwrap()]);
+    let out = sft(&resumed_args);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("resuming from"), "{stdout}");
+    let (step, resumed, _) = final_line(&stdout);
+    assert_eq!(step, 4);
+    assert!(
+        ((resumed - straight) / straight).abs() < 1e-4,
+        "resumed {resumed} vs straight {straight}"
+    );
+
     // LoRA: only the adapters train; the export is PEFT's layout, or with --merge-lora the
     // merged model, whose weights moved from the base.
     let adapters = dir.join("adapters");

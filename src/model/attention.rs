@@ -1,5 +1,5 @@
 //! Causal self-attention of one block, shared by training over a **packed** micro-batch and by
-//! cached decoding ([`super::generate`]): the projections ([`project`]) and the output
+//! cached decoding ([`mod@super::generate`]): the projections ([`project`]) and the output
 //! ([`AttentionWeights::output`]) are the same code; only what the queries attend to differs.
 //!
 //! Layout: hidden states are `[rows · n, d_model]` (a packed micro-batch is one row of `T`

@@ -1,15 +1,19 @@
 //! The model on odc: its units as a [`ModelLayout`](crate::ModelLayout) and a [`Compute`] that runs
 //! one packed micro-batch against a [`TrainerContext`].
 //!
-//! One micro-batch ([`TransformerCompute`]):
-//! 1. **forward, unit by unit**: `gather(u)` (prefetching `u + 1`), the unit's parameters become
-//!    candle `Var`s, the unit runs on a *detached* copy of the previous unit's output, and the
-//!    context's buffer is released (`release(u)`, I5: at most `prefetch + 1` gathered buffers);
-//! 2. **backward, from the head down**: each unit's backward is a vector–Jacobian product on its own
-//!    graph — `loss_sum` for the head, `sum(output ⊙ grad_output)` below it — giving the gradients
-//!    of its parameters, pushed at once (`push_grad(u)`, in flight while the units below run their
-//!    backward), and of its input, which is the next unit's `grad_output`; the unit's graph (and
-//!    with it its copy of the weights) is dropped right after.
+//! One micro-batch ([`TransformerCompute`]) walks the model's **stages** ([`stages`]): the
+//! embedding, each block (with its LoRA adapter unit, when there is one), the head.
+//! 1. **forward, stage by stage**: `gather(u)` of each of the stage's units (prefetching the
+//!    next), their parameters become candle `Var`s, the stage runs on a *detached* copy of the
+//!    previous stage's output, and the context's buffers are released (`release(u)`, I5: at most
+//!    `prefetch + 1` gathered buffers); a frozen unit's tensors enter the graph as constants;
+//! 2. **backward, from the head down**: each stage's backward is a vector–Jacobian product on its
+//!    own graph — `loss_sum` for the head, `sum(output ⊙ grad_output)` below it — giving the
+//!    gradients of its trainable units, pushed at once (`push_grad(u)`, in flight while the stages
+//!    below run their backward), and of its input, which is the next stage's `grad_output`; the
+//!    stage's graph (and with it its copy of the weights) is dropped right after. A frozen unit is
+//!    never pushed ([`unit_trainable`]; under LoRA only the adapters train), and a stage with
+//!    nothing to train and no input (a frozen embedding) has no backward.
 //!
 //! **Tied embeddings**: the head's forward reads unit 0's matrix as its LM head
 //! ([`head_tensors`]); the head's backward gives that matrix a gradient, which is added to the

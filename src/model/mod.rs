@@ -7,7 +7,7 @@
 //! MLP, final RMSNorm and an LM head, tied to the embedding or not; fp32, or bf16 mixed precision
 //! ([`device`]); the device is a parameter: the CPU (the tests), or a CUDA device with the root
 //! crate's `cuda` feature ([`DeviceSpec`], [`Placement`]). One block ([`block`]) serves training,
-//! cached decoding ([`generate`]) and evaluation.
+//! cached decoding ([`mod@generate`]) and evaluation.
 //!
 //! **Units.** odc shards, gathers and reduces parameters unit by unit, so the model is written as
 //! units ([`transformer`]): unit 0 is the embedding, units `1..=n_layers` the blocks, the last unit
