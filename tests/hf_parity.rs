@@ -1,7 +1,13 @@
-//! odc's model against an implementation that is not odc's: candle-transformers' `llama`, `qwen2`
-//! and `qwen3` read the same Hugging Face directory (its `config.json` and safetensors, through
-//! their own serde configs and `VarBuilder`), and every position's logits must agree within 1e-4
-//! (f32).
+//! odc's model against implementations that are not odc's, every position's logits within 1e-4
+//! (f32):
+//! - **Python `transformers`**: `tests/fixtures/hf/<case>/` are small random Llama, Qwen2 and
+//!   Qwen3 models saved by `transformers`' own `save_pretrained` (config in transformers 5's
+//!   layout, `rope_parameters` included) with the logits it computed for a fixed sequence
+//!   (`scripts/hf_fixtures.py` makes them); odc opens each directory and must give the same
+//!   logits — a checkpoint odc did not write, read and run by odc.
+//! - **candle-transformers**: its `llama`, `qwen2` and `qwen3` read the same Hugging Face
+//!   directory as odc (its `config.json` and safetensors, through their own serde configs and
+//!   `VarBuilder`).
 //!
 //! Each case: a small random model of one family and variant (GQA, explicit head_dim, q/k/v
 //! biases, q/k norms, tied or untied head, Llama 3 rope scaling; every parameter perturbed so that
@@ -251,6 +257,131 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 fn spread(t: &Tensor) -> f32 {
     let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
     v.iter().fold(0.0, |m, x| m.max(x.abs()))
+}
+
+/// The fixtures of `scripts/hf_fixtures.py`: each directory's logits by Python `transformers`.
+#[test]
+fn logits_equal_python_transformers_on_its_own_checkpoints() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("tests/fixtures/hf")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.is_dir())
+        .collect();
+    cases.sort();
+    assert_eq!(cases.len(), 4, "{cases:?}");
+    let device = Device::Cpu;
+    for dir in cases {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let fixture: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap())
+                .unwrap();
+        let tokens: Vec<u32> = serde_json::from_value(fixture["tokens"].clone()).unwrap();
+        let rows: Vec<Vec<f32>> = serde_json::from_value(fixture["logits"].clone()).unwrap();
+        let reference = Tensor::new(rows, &device).unwrap();
+        let checkpoint = HfCheckpoint::open(&dir).expect("odc opens transformers' checkpoint");
+        let config = checkpoint.config().clone();
+        let units = checkpoint.all_unit_values().unwrap();
+        let params: Vec<Vec<Tensor>> = units
+            .iter()
+            .enumerate()
+            .map(|(u, v)| {
+                let specs = odc::model::unit_params(&config, u).unwrap();
+                odc::model::unit_tensors(v, &specs, &device).unwrap()
+            })
+            .collect();
+        let pack = [
+            Sample::all_loss(vec![11, 12, 13]),
+            Sample::all_loss(tokens.clone()),
+        ];
+        let batch = PackedBatch::pack(&config, &pack, &device).unwrap();
+        let logits = model_forward(&config, &params, &batch).unwrap().logits;
+        let ours = logits.narrow(0, 3, tokens.len()).unwrap();
+        let diff = max_abs_diff(&ours, &reference);
+        eprintln!("{name}: odc vs Python transformers: max |Δ| = {diff:e}");
+        assert!(
+            spread(&reference) > 0.5,
+            "{name}: logits too flat to compare"
+        );
+        assert!(diff < 1e-4, "{name}: max |Δ| = {diff}");
+        let weights = Weights::from_units(&config, &units, &device).unwrap();
+        let cached = forward_cached(&weights, &mut KvCache::default(), &tokens).unwrap();
+        assert!(
+            max_abs_diff(&cached, &reference) < 1e-4,
+            "{name}: cached decoding"
+        );
+
+        // odc's exports of transformers' checkpoint, for `scripts/hf_fixtures.py
+        // --check-export` to load with `from_pretrained` (kept under cargo's test temp dir):
+        // the f32 one reads back bit for bit.
+        for (dtype, suffix) in [(ExportDtype::F32, "f32"), (ExportDtype::Bf16, "bf16")] {
+            let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join("hf-exports")
+                .join(format!("{name}-{suffix}"));
+            let _ = std::fs::remove_dir_all(&out);
+            let options = ExportOptions {
+                dtype,
+                source: Some(&dir),
+                ..ExportOptions::default()
+            };
+            export_hf(&out, &config, &units, &options).expect("export");
+            if dtype == ExportDtype::F32 {
+                let back = HfCheckpoint::open(&out).unwrap().all_unit_values().unwrap();
+                assert_eq!(back, units, "{name}: f32 export round trip");
+            }
+        }
+
+        // Random rank-4 adapters on every linear layer, exported in PEFT's layout and merged (f32),
+        // for `scripts/hf_fixtures.py --check-peft`: PEFT applying the adapters to transformers'
+        // base model must give the merged model's logits.
+        let adapted_config = ModelConfig {
+            lora: Some(odc::model::LoraConfig::new(4)),
+            ..config.clone()
+        };
+        let mut rng = StdRng::seed_from_u64(3);
+        let adapted: Vec<Vec<f32>> = odc::model::lora::adapted_units(
+            &adapted_config,
+            units
+                .iter()
+                .enumerate()
+                .map(|(u, v)| odc::UnitSpec::with_values(format!("u{u}"), v.clone()))
+                .collect(),
+        )
+        .unwrap()
+        .iter()
+        .map(|unit| {
+            let values = unit.init.slice(0..unit.len);
+            if unit.trainable {
+                values
+                    .iter()
+                    .map(|v| v + rng.random_range(-0.2f32..0.2))
+                    .collect()
+            } else {
+                values
+            }
+        })
+        .collect();
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hf-exports");
+        let lora_dir = root.join(format!("{name}-lora"));
+        let merged_dir = root.join(format!("{name}-merged"));
+        for d in [&lora_dir, &merged_dir] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        odc::model::lora::export_peft(
+            &lora_dir,
+            &adapted_config,
+            &adapted,
+            &dir.display().to_string(),
+        )
+        .unwrap();
+        let merged = odc::model::lora::merge(&adapted_config, &adapted).unwrap();
+        let options = ExportOptions {
+            dtype: ExportDtype::F32,
+            source: Some(&dir),
+            ..ExportOptions::default()
+        };
+        export_hf(&merged_dir, &config, &merged, &options).unwrap();
+    }
 }
 
 #[test]
