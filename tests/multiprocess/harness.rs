@@ -65,44 +65,68 @@ pub fn run(mut command: Command, limit: Duration) -> Output {
     wait(child, limit)
 }
 
-pub fn wait(mut child: Child, limit: Duration) -> Output {
-    // Drain both pipes while the child runs: a rank under attack logs a line per refused
-    // connection, far more than a pipe holds, and would block on a full one.
-    fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<JoinHandle<Vec<u8>>> {
-        pipe.map(|mut pipe| {
-            std::thread::spawn(move || {
-                let mut bytes = Vec::new();
-                let _ = pipe.read_to_end(&mut bytes);
-                bytes
+pub fn wait(child: Child, limit: Duration) -> Output {
+    Draining::start(child).wait(limit)
+}
+
+/// A child whose stdout and stderr are read by threads of their own from the moment it is
+/// handed over: a rank under attack logs a line per refused connection, far more than a pipe
+/// holds, and would block on a full one (its runtime with it, and its heartbeats).
+pub struct Draining {
+    child: Child,
+    stdout: Option<JoinHandle<Vec<u8>>>,
+    stderr: Option<JoinHandle<Vec<u8>>>,
+    started: Instant,
+}
+
+impl Draining {
+    pub fn start(mut child: Child) -> Self {
+        fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<JoinHandle<Vec<u8>>> {
+            pipe.map(|mut pipe| {
+                std::thread::spawn(move || {
+                    let mut bytes = Vec::new();
+                    let _ = pipe.read_to_end(&mut bytes);
+                    bytes
+                })
             })
-        })
+        }
+        let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
+        Draining {
+            child,
+            stdout,
+            stderr,
+            started: Instant::now(),
+        }
     }
-    fn collect(reader: Option<JoinHandle<Vec<u8>>>) -> Vec<u8> {
-        reader
-            .map(|r| r.join().unwrap_or_default())
-            .unwrap_or_default()
-    }
-    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
-    let started = Instant::now();
-    loop {
-        match child.try_wait().expect("waiting on a child") {
-            Some(status) => {
-                return Output {
-                    status,
-                    stdout: collect(stdout),
-                    stderr: collect(stderr),
+
+    /// Its output once it exits, at most `limit` after draining started (killed past it, which
+    /// fails the test: I6).
+    pub fn wait(mut self, limit: Duration) -> Output {
+        fn collect(reader: Option<JoinHandle<Vec<u8>>>) -> Vec<u8> {
+            reader
+                .map(|r| r.join().unwrap_or_default())
+                .unwrap_or_default()
+        }
+        loop {
+            match self.child.try_wait().expect("waiting on a child") {
+                Some(status) => {
+                    return Output {
+                        status,
+                        stdout: collect(self.stdout),
+                        stderr: collect(self.stderr),
+                    }
                 }
+                None if self.started.elapsed() > limit => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    panic!(
+                        "still running after {limit:?} (I6: no hang)\nstdout:\n{}\nstderr:\n{}",
+                        String::from_utf8_lossy(&collect(self.stdout)),
+                        String::from_utf8_lossy(&collect(self.stderr))
+                    );
+                }
+                None => std::thread::sleep(Duration::from_millis(20)),
             }
-            None if started.elapsed() > limit => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "still running after {limit:?} (I6: no hang)\nstdout:\n{}\nstderr:\n{}",
-                    String::from_utf8_lossy(&collect(stdout)),
-                    String::from_utf8_lossy(&collect(stderr))
-                );
-            }
-            None => std::thread::sleep(Duration::from_millis(20)),
         }
     }
 }
@@ -263,12 +287,18 @@ impl Ranks {
         self.children[rank].as_ref().expect("running").id()
     }
 
-    /// Wait for every rank; (status, stdout, stderr) per rank.
+    /// Wait for every rank, all of them drained at once (one rank's full pipe would otherwise
+    /// stall it while another is waited on); (status, stdout, stderr) per rank.
     pub fn wait(mut self, limit: Duration) -> Vec<(Option<i32>, String, String)> {
-        self.children
+        let draining: Vec<Draining> = self
+            .children
             .iter_mut()
-            .map(|c| {
-                let out = wait(c.take().expect("a child"), limit);
+            .map(|c| Draining::start(c.take().expect("a child")))
+            .collect();
+        draining
+            .into_iter()
+            .map(|d| {
+                let out = d.wait(limit);
                 (
                     out.status.code(),
                     String::from_utf8_lossy(&out.stdout).into_owned(),
