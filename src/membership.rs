@@ -150,7 +150,11 @@ impl Membership {
             Session(Option<SessionEvent>),
         }
         let rank = self.rank;
+        // Host events first: an outcome rank 0 delivered (and saw acknowledged) before it went
+        // away is read before its session's loss, which would otherwise win half the races when
+        // both are ready and hide why the job ended.
         let next = tokio::select! {
+            biased;
             event = self.events.recv() => Next::Host(event),
             event = self.cluster.event_until(deadline) => Next::Session(event),
         };
