@@ -324,10 +324,12 @@ impl Opts {
                 "--model-dir {} brings its own model: drop --model and the [model] table",
                 dir.display()
             ),
-            (_, _, Some(dir)) => HfCheckpoint::open(dir)
-                .with_context(|| format!("--model-dir {}", dir.display()))?
-                .config()
-                .clone(),
+            // The config only: `run` opens (and checks) the weights once.
+            (_, _, Some(dir)) => {
+                odc::model::hf::read_config(dir)
+                    .with_context(|| format!("--model-dir {}", dir.display()))?
+                    .model
+            }
             (Some(model), None, None) => model,
             (None, Some(name), None) => ModelConfig::preset(name)?,
             (None, None, None) => ModelConfig::tiny(),
@@ -469,10 +471,16 @@ enum Dataset {
 impl Dataset {
     /// `--data PATH`: chat JSONL when its first record has `messages`, else GSM8K JSONL.
     fn load(path: &Path) -> anyhow::Result<Dataset> {
-        let text = std::fs::read_to_string(path)
+        // The first non-empty line says which; the loader then reads the file once.
+        use std::io::BufRead;
+        let file = std::fs::File::open(path)
             .with_context(|| format!("reading the training data {}", path.display()))?;
-        let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-        let chat = serde_json::from_str::<serde_json::Value>(first)
+        let first = std::io::BufReader::new(file)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or_default();
+        let chat = serde_json::from_str::<serde_json::Value>(&first)
             .map(|v| v.get("messages").is_some())
             .unwrap_or(false);
         let dataset = if chat {
@@ -678,6 +686,13 @@ async fn run(
     world: World,
     threads: odc::model::CpuThreads,
 ) -> anyhow::Result<()> {
+    // A model directory's weights, every tensor checked before anything else runs.
+    let checkpoint = match &settings.model_dir {
+        Some(dir) => Some(
+            HfCheckpoint::open(dir).with_context(|| format!("--model-dir {}", dir.display()))?,
+        ),
+        None => None,
+    };
     let format = load_format(&mut settings, model_given)?;
     let tokenizer = format.tokenizer();
     let rank = world.rank;
@@ -812,13 +827,8 @@ async fn run(
     };
     // A model directory's weights: each shard server converts its own slice from the mapped
     // files (every rank opens the directory: it must be on a filesystem they share).
-    let units = match &settings.model_dir {
-        Some(dir) => lora::adapted_units(
-            &model,
-            HfCheckpoint::open(dir)
-                .with_context(|| format!("--model-dir {}", dir.display()))?
-                .unit_specs(),
-        )?,
+    let units = match &checkpoint {
+        Some(checkpoint) => lora::adapted_units(&model, checkpoint.unit_specs())?,
         None => layout_units(&model)?,
     };
     let mut builder = transformer_job_of(&model, units, store, Objective::CrossEntropy, placement)?

@@ -242,11 +242,11 @@ impl CandleAlone {
     ) -> anyhow::Result<Self> {
         let vars = (0..unit_count(config))
             .map(|u| {
-                let values = match init {
-                    Some(units) => units[u].clone(),
-                    None => unit_init_values(config, u)?,
-                };
-                unit_vars(&values, &unit_params(config, u)?, device)
+                let specs = unit_params(config, u)?;
+                match init {
+                    Some(units) => unit_vars(&units[u], &specs, device),
+                    None => unit_vars(&unit_init_values(config, u)?, &specs, device),
+                }
             })
             .collect::<odc::model::Result<Vec<_>>>()?;
         let optimizer = AdamW::new(vars.iter().flatten().cloned().collect(), adamw().1)?;

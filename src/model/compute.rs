@@ -45,7 +45,7 @@ use super::batch::{PackedBatch, Sample};
 use super::config::ModelConfig;
 use super::device::{open_device, ComputePrecision, DeviceSpec};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
-use super::params::{as_tensors, unit_vars, ParamSpec};
+use super::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
 use super::transformer::{
     check_unit_count, head_log_probs, head_tensors, stages, unit_count, unit_forward,
     unit_init_values, unit_params, unit_trainable, HeadOutput, UnitOutput,
@@ -313,19 +313,34 @@ impl TransformerCompute {
         Ok(device)
     }
 
-    /// Unit `u`'s gathered values as `Var`s on `device`: on the CPU one tensor per parameter; on
-    /// a CUDA device one upload of the whole unit, split on the device.
-    fn unit_vars(&mut self, u: usize, values: &[f32], device: &Device) -> super::Result<Vec<Var>> {
+    /// Unit `u`'s gathered values on `device` as the forward's tensors and, when `trainable`,
+    /// the `Var`s they are (a frozen unit's tensors are plain constants: no `Var`, no
+    /// gradient). On the CPU one tensor per parameter; on a CUDA device one upload of the whole
+    /// unit, split on the device.
+    fn unit_params(
+        &mut self,
+        u: usize,
+        values: &[f32],
+        trainable: bool,
+        device: &Device,
+    ) -> super::Result<(Vec<Tensor>, Option<Vec<Var>>)> {
         match device {
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => {
                 let flat = self.staging(device)?.upload(values)?;
                 let mut offset = 0;
-                let mut vars = Vec::with_capacity(self.specs[u].len());
+                let (mut tensors, mut vars) = (Vec::new(), Vec::new());
                 for spec in &self.specs[u] {
                     let n = spec.numel();
+                    // A view of the staging slot, which the next upload reuses: kept as a copy.
                     let t = flat.narrow(0, offset, n)?.reshape(spec.shape.as_slice())?;
-                    vars.push(Var::from_tensor(&t)?);
+                    if trainable {
+                        let var = Var::from_tensor(&t)?;
+                        tensors.push(var.as_tensor().clone());
+                        vars.push(var);
+                    } else {
+                        tensors.push(t.copy()?);
+                    }
                     offset += n;
                 }
                 if offset != values.len() {
@@ -335,9 +350,13 @@ impl TransformerCompute {
                         got: values.len(),
                     });
                 }
-                Ok(vars)
+                Ok((tensors, trainable.then_some(vars)))
             }
-            _ => unit_vars(values, &self.specs[u], device),
+            _ if trainable => {
+                let vars = unit_vars(values, &self.specs[u], device)?;
+                Ok((as_tensors(&vars), Some(vars)))
+            }
+            _ => Ok((unit_tensors(values, &self.specs[u], device)?, None)),
         }
     }
 
@@ -466,10 +485,10 @@ fn location_ordinal(device: &Device) -> usize {
     }
 }
 
-/// One stage's forward kept for its backward: its units (index, parameters, trainable), the
-/// detached input and the output.
+/// One stage's forward kept for its backward: its units (index, and the `Var`s of a trainable
+/// one), the detached input and the output.
 struct Forward {
-    units: Vec<(usize, Vec<Var>, bool)>,
+    units: Vec<(usize, Option<Vec<Var>>)>,
     input: Option<Var>,
     output: UnitOutput,
 }
@@ -547,21 +566,16 @@ impl Compute for TransformerCompute {
             let mut gathered = Vec::with_capacity(stage.len());
             for &u in stage {
                 let values = ctx.gather(u as u32).await?;
-                let params = self.unit_vars(u, &values[..], &device).map_err(user)?;
-                drop(values);
-                ctx.release(u as u32)?;
                 let trainable = unit_trainable(&self.config, u).map_err(user)?;
-                let cast = match self.placement.precision {
-                    ComputePrecision::F32 => as_tensors(&params),
-                    precision => precision.unit_inputs(&params).map_err(user)?,
-                };
                 // A frozen unit's tensors are constants of the graph: no gradient is computed
                 // for them (the backward still flows through them to the input).
-                tensors.extend(
-                    cast.into_iter()
-                        .map(|t| if trainable { t } else { t.detach() }),
-                );
-                gathered.push((u, params, trainable));
+                let (params, vars) = self
+                    .unit_params(u, &values[..], trainable, &device)
+                    .map_err(user)?;
+                drop(values);
+                ctx.release(u as u32)?;
+                tensors.extend(self.placement.precision.cast(&params).map_err(user)?);
+                gathered.push((u, vars));
             }
             let input = match &hidden {
                 None => None,
@@ -615,8 +629,7 @@ impl Compute for TransformerCompute {
             (true, Some(f)) => f
                 .units
                 .first()
-                .filter(|(_, _, trainable)| *trainable)
-                .and_then(|(_, params, _)| params.first().cloned()),
+                .and_then(|(_, vars)| vars.as_ref()?.first().cloned()),
             _ => None,
         };
         let mut tied: Option<Tensor> = None;
@@ -628,7 +641,7 @@ impl Compute for TransformerCompute {
             output,
         }) = forwards.pop()
         {
-            let first = gathered.first().map_or(0, |(u, _, _)| *u);
+            let first = gathered.first().map_or(0, |(u, _)| *u);
             let root = match (&output, &grad_output) {
                 (UnitOutput::Head(head), _) => {
                     loss = Some(head.loss_sum.clone());
@@ -643,7 +656,7 @@ impl Compute for TransformerCompute {
             };
             // A stage with nothing to train and no input to pass a gradient to (a frozen
             // embedding) has no backward.
-            if input.is_none() && !gathered.iter().any(|(_, _, trainable)| *trainable) {
+            if input.is_none() && gathered.iter().all(|(_, vars)| vars.is_none()) {
                 continue;
             }
             let grads = root.backward().map_err(user)?;
@@ -653,10 +666,8 @@ impl Compute for TransformerCompute {
                     None => None,
                 };
             }
-            for (u, params, trainable) in &gathered {
-                if !*trainable {
-                    continue;
-                }
+            for (u, vars) in &gathered {
+                let Some(params) = vars else { continue };
                 let tied_here = if *u == 0 { tied.as_ref() } else { None };
                 let grad = self
                     .unit_grad(*u, &grads, params, tied_here, &device)

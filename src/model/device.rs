@@ -133,9 +133,14 @@ impl ComputePrecision {
     /// [`Self::dtype`] inside the graph (so their gradients come back in fp32), vectors (norm
     /// weights) as they are. In fp32 these are the `Var`s' own tensors.
     pub fn unit_inputs(self, vars: &[Var]) -> Result<Vec<Tensor>> {
-        vars.iter()
-            .map(|v| {
-                let t = v.as_tensor();
+        self.cast(&super::params::as_tensors(vars))
+    }
+
+    /// [`Self::unit_inputs`] of a unit's tensors, `Var`s or not (a frozen unit's constants).
+    pub fn cast(self, params: &[Tensor]) -> Result<Vec<Tensor>> {
+        params
+            .iter()
+            .map(|t| {
                 if t.rank() >= 2 {
                     Ok(t.to_dtype(self.dtype())?)
                 } else {

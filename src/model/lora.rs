@@ -25,6 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use super::config::ModelConfig;
 use super::error::{Error, Result};
+use super::hf::export::{write_safetensors, NamedValues};
+use super::hf::DiskDtype;
 use super::params::{ParamInit, ParamSpec};
 
 /// A linear layer of a block that LoRA can adapt (PEFT's `target_modules` names).
@@ -302,7 +304,7 @@ pub fn merge(config: &ModelConfig, units: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> 
     let base = base_config(config);
     let (mut merged, adapters) = split_units(config, units)?;
     for (layer, adapter) in adapters.iter().enumerate() {
-        let block = &mut merged[1 + layer];
+        let block = &mut merged[super::transformer::Unit::Block(layer).index(&base)];
         let specs = super::block::block_params(&base, layer);
         let offsets: HashMap<&str, usize> = specs
             .iter()
@@ -361,7 +363,7 @@ pub fn export_peft(
         reason: format!("{what}: {e}"),
     };
     std::fs::create_dir_all(dir).map_err(|e| io("creating the directory", e))?;
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut tensors = Vec::new();
     for (u, values) in units.iter().enumerate() {
         if !matches!(Unit::from_index(config, u)?, Unit::Adapter(_)) {
             continue;
@@ -369,43 +371,25 @@ pub fn export_peft(
         let mut at = 0;
         for spec in unit_params(config, u)? {
             let n = spec.numel();
-            let bytes: Vec<u8> = values
-                .get(at..at + n)
-                .ok_or(Error::UnitParams {
-                    what: "values",
-                    expected: at + n,
-                    got: values.len(),
-                })?
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect();
-            tensors.push((
-                format!("base_model.model.{}", spec.name),
-                spec.shape.clone(),
-                bytes,
-            ));
+            let values = values.get(at..at + n).ok_or(Error::UnitParams {
+                what: "values",
+                expected: at + n,
+                got: values.len(),
+            })?;
+            tensors.push(NamedValues {
+                name: format!("base_model.model.{}", spec.name),
+                shape: spec.shape,
+                values,
+            });
             at += n;
         }
     }
-    let views = tensors
-        .iter()
-        .map(|(name, shape, bytes)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
-                .map(|view| (name.clone(), view))
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::Checkpoint {
-            path: dir.join("adapter_model.safetensors"),
-            tensor: None,
-            reason: e.to_string(),
-        })?;
-    let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
-    let file = dir.join("adapter_model.safetensors");
-    safetensors::serialize_to_file(views, metadata, &file).map_err(|e| Error::Checkpoint {
-        path: file.clone(),
-        tensor: None,
-        reason: e.to_string(),
-    })?;
+    let refs: Vec<&NamedValues<'_>> = tensors.iter().collect();
+    write_safetensors(
+        &dir.join("adapter_model.safetensors"),
+        &refs,
+        DiskDtype::F32,
+    )?;
     let adapter_config = serde_json::json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

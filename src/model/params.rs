@@ -81,6 +81,26 @@ pub fn init_values(specs: &[ParamSpec], init_std: f64, seed: u64) -> Result<Vec<
 
 /// Splits a unit's flat buffer into one tensor per parameter (copies; no gradient tracking).
 pub fn unit_tensors(flat: &[f32], specs: &[ParamSpec], device: &Device) -> Result<Vec<Tensor>> {
+    split(flat, specs, |values, shape| {
+        Tensor::from_slice(values, shape, device)
+    })
+}
+
+/// As [`unit_tensors`], as trainable [`Var`]s (one copy of the values each, as for a tensor): a
+/// backward through the unit's forward gives each a gradient.
+pub fn unit_vars(flat: &[f32], specs: &[ParamSpec], device: &Device) -> Result<Vec<Var>> {
+    split(flat, specs, |values, shape| {
+        Var::from_slice(values, shape, device)
+    })
+}
+
+/// `make(values, shape)` of each parameter's slice of `flat`, in `specs` order; `flat` must be
+/// exactly the unit's length.
+fn split<T>(
+    flat: &[f32],
+    specs: &[ParamSpec],
+    make: impl Fn(&[f32], &[usize]) -> candle_core::Result<T>,
+) -> Result<Vec<T>> {
     let expected = unit_numel(specs);
     if flat.len() != expected {
         return Err(Error::UnitParams {
@@ -90,26 +110,13 @@ pub fn unit_tensors(flat: &[f32], specs: &[ParamSpec], device: &Device) -> Resul
         });
     }
     let mut offset = 0;
-    let mut tensors = Vec::with_capacity(specs.len());
+    let mut out = Vec::with_capacity(specs.len());
     for spec in specs {
         let n = spec.numel();
-        tensors.push(Tensor::from_slice(
-            &flat[offset..offset + n],
-            spec.shape.as_slice(),
-            device,
-        )?);
+        out.push(make(&flat[offset..offset + n], spec.shape.as_slice())?);
         offset += n;
     }
-    Ok(tensors)
-}
-
-/// As [`unit_tensors`], as trainable [`Var`]s: a backward through the unit's forward gives each a
-/// gradient.
-pub fn unit_vars(flat: &[f32], specs: &[ParamSpec], device: &Device) -> Result<Vec<Var>> {
-    unit_tensors(flat, specs, device)?
-        .iter()
-        .map(|t| Var::from_tensor(t).map_err(Error::from))
-        .collect()
+    Ok(out)
 }
 
 /// The tensors of `vars`, for a unit's forward (same ids: gradients are found by the `Var`s).

@@ -559,15 +559,23 @@ impl<'a> Fields<'a> {
         self.obj.get(field).filter(|v| !v.is_null())
     }
 
-    fn usize(&self, field: &str) -> Result<Option<usize>> {
-        const EXPECTED: &str = "a non-negative integer";
+    /// The field read by `read` (`None` when absent or `null`); a value `read` refuses is an
+    /// error saying it is not `expected`.
+    fn typed<T>(
+        &self,
+        field: &str,
+        expected: &str,
+        read: impl Fn(&'a Value) -> Option<T>,
+    ) -> Result<Option<T>> {
         self.get(field)
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| self.type_err(field, v, EXPECTED))
-            })
+            .map(|v| read(v).ok_or_else(|| self.type_err(field, v, expected)))
             .transpose()
+    }
+
+    fn usize(&self, field: &str) -> Result<Option<usize>> {
+        self.typed(field, "a non-negative integer", |v| {
+            v.as_u64().and_then(|n| usize::try_from(n).ok())
+        })
     }
 
     fn required_usize(&self, field: &str) -> Result<usize> {
@@ -576,12 +584,7 @@ impl<'a> Fields<'a> {
     }
 
     fn f64(&self, field: &str) -> Result<Option<f64>> {
-        self.get(field)
-            .map(|v| {
-                v.as_f64()
-                    .ok_or_else(|| self.type_err(field, v, "a number"))
-            })
-            .transpose()
+        self.typed(field, "a number", Value::as_f64)
     }
 
     fn required_f64(&self, field: &str) -> Result<f64> {
@@ -590,21 +593,11 @@ impl<'a> Fields<'a> {
     }
 
     fn bool(&self, field: &str) -> Result<Option<bool>> {
-        self.get(field)
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| self.type_err(field, v, "true or false"))
-            })
-            .transpose()
+        self.typed(field, "true or false", Value::as_bool)
     }
 
     fn str(&self, field: &str) -> Result<Option<&'a str>> {
-        self.get(field)
-            .map(|v| {
-                v.as_str()
-                    .ok_or_else(|| self.type_err(field, v, "a string"))
-            })
-            .transpose()
+        self.typed(field, "a string", Value::as_str)
     }
 
     fn required_str(&self, field: &str) -> Result<&'a str> {

@@ -92,10 +92,10 @@ pub struct ExportSummary {
 }
 
 /// One tensor to write: its name, shape and values.
-struct Out<'a> {
-    name: String,
-    shape: Vec<usize>,
-    values: &'a [f32],
+pub(crate) struct NamedValues<'a> {
+    pub(crate) name: String,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) values: &'a [f32],
 }
 
 /// Writes `units` (one flat buffer per unit of `config`) to the new directory `dir_out` in
@@ -198,7 +198,7 @@ pub fn export_hf(
 }
 
 /// The model's tensors in order, each a slice of its unit's buffer; the buffers' lengths checked.
-fn tensors_of<'a>(config: &ModelConfig, units: &'a [Vec<f32>]) -> Result<Vec<Out<'a>>> {
+fn tensors_of<'a>(config: &ModelConfig, units: &'a [Vec<f32>]) -> Result<Vec<NamedValues<'a>>> {
     config.validate()?;
     check_unit_count(config, units.len())?;
     let mut out = Vec::new();
@@ -215,7 +215,7 @@ fn tensors_of<'a>(config: &ModelConfig, units: &'a [Vec<f32>]) -> Result<Vec<Out
         for spec in specs {
             let (values, tail) = rest.split_at(spec.numel());
             rest = tail;
-            out.push(Out {
+            out.push(NamedValues {
                 name: spec.name,
                 shape: spec.shape,
                 values,
@@ -226,7 +226,7 @@ fn tensors_of<'a>(config: &ModelConfig, units: &'a [Vec<f32>]) -> Result<Vec<Out
 }
 
 /// Tensor indices per shard: in order, a new shard when the next tensor would pass `max` bytes.
-fn plan_shards(tensors: &[Out<'_>], elem: usize, max: u64) -> Vec<Vec<usize>> {
+fn plan_shards(tensors: &[NamedValues<'_>], elem: usize, max: u64) -> Vec<Vec<usize>> {
     let mut shards: Vec<Vec<usize>> = Vec::new();
     let mut size = 0u64;
     for (i, t) in tensors.iter().enumerate() {
@@ -245,7 +245,7 @@ fn plan_shards(tensors: &[Out<'_>], elem: usize, max: u64) -> Vec<Vec<usize>> {
 
 fn write_into(
     dir: &Path,
-    tensors: &[Out<'_>],
+    tensors: &[NamedValues<'_>],
     shards: &[Vec<usize>],
     options: &ExportOptions<'_>,
     config_json: &Value,
@@ -262,52 +262,17 @@ fn write_into(
     let mut total = 0u64;
     for (shard, file) in shards.iter().zip(&names) {
         let path = dir.join(file);
-        let members: Vec<&Out<'_>> = shard.iter().filter_map(|&i| tensors.get(i)).collect();
-        let data: Vec<Vec<u8>> = members.iter().map(|t| dtype.encode(t.values)).collect();
-        let mut views = Vec::with_capacity(members.len());
-        for (t, data) in members.iter().zip(&data) {
-            let view =
-                TensorView::new(dtype.safetensors(), t.shape.clone(), data).map_err(|e| {
-                    Error::Checkpoint {
-                        path: path.clone(),
-                        tensor: Some(t.name.clone()),
-                        reason: format!("cannot make a tensor view: {e}"),
-                    }
-                })?;
-            total += data.len() as u64;
+        let members: Vec<&NamedValues<'_>> = shard.iter().filter_map(|&i| tensors.get(i)).collect();
+        total += write_safetensors(&path, &members, dtype)?;
+        for t in &members {
             weight_map.insert(t.name.clone(), file.clone());
-            views.push((t.name.clone(), view));
         }
-        let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-        safetensors::serialize_to_file(views, Some(metadata), &path).map_err(|e| {
-            Error::Checkpoint {
-                path: path.clone(),
-                tensor: None,
-                reason: format!("cannot write: {e}"),
-            }
-        })?;
     }
     if names.len() > 1 {
         let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
         write_json(&dir.join(INDEX_FILE), &index)?;
     }
     write_json(&dir.join(CONFIG_FILE), config_json)?;
-    // safetensors writes its files owner-only (through a temporary file); give them what a file
-    // made here gets (the umask's), as `config.json` has, so others can read the export.
-    let mode = std::fs::metadata(dir.join(CONFIG_FILE))
-        .map(|m| m.permissions())
-        .map_err(|e| Error::Checkpoint {
-            path: dir.join(CONFIG_FILE),
-            tensor: None,
-            reason: format!("cannot read its permissions: {e}"),
-        })?;
-    for file in &names {
-        std::fs::set_permissions(dir.join(file), mode.clone()).map_err(|e| Error::Checkpoint {
-            path: dir.join(file),
-            tensor: None,
-            reason: format!("cannot set its permissions: {e}"),
-        })?;
-    }
     let mut copied = Vec::new();
     if let Some(source) = options.source {
         for name in TOKENIZER_FILES {
@@ -327,6 +292,43 @@ fn write_into(
         tensor_bytes: total,
         tokenizer_files: copied,
     })
+}
+
+/// Writes `tensors` in `dtype` to the safetensors file `path` with `{"format": "pt"}` (what
+/// `transformers` requires); the bytes of tensor data written.
+pub(crate) fn write_safetensors(
+    path: &Path,
+    tensors: &[&NamedValues<'_>],
+    dtype: DiskDtype,
+) -> Result<u64> {
+    let data: Vec<Vec<u8>> = tensors.iter().map(|t| dtype.encode(t.values)).collect();
+    let mut views = Vec::with_capacity(tensors.len());
+    for (t, data) in tensors.iter().zip(&data) {
+        let view = TensorView::new(dtype.safetensors(), t.shape.clone(), data).map_err(|e| {
+            Error::Checkpoint {
+                path: path.to_path_buf(),
+                tensor: Some(t.name.clone()),
+                reason: format!("cannot make a tensor view: {e}"),
+            }
+        })?;
+        views.push((t.name.clone(), view));
+    }
+    let err = |reason: String| Error::Checkpoint {
+        path: path.to_path_buf(),
+        tensor: None,
+        reason,
+    };
+    // safetensors writes through an owner-only temporary file renamed into place: the file
+    // gets the mode a file created here gets (the umask's), as the export's JSON files have.
+    let mode = std::fs::File::create(path)
+        .and_then(|f| f.metadata())
+        .map(|m| m.permissions())
+        .map_err(|e| err(format!("cannot create: {e}")))?;
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(metadata), path)
+        .map_err(|e| err(format!("cannot write: {e}")))?;
+    std::fs::set_permissions(path, mode).map_err(|e| err(format!("cannot set its mode: {e}")))?;
+    Ok(data.iter().map(|d| d.len() as u64).sum())
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<()> {

@@ -118,26 +118,7 @@ impl TestCheckpoint {
 
     /// Llama layout with grouped-query attention (4 heads over 2 KV heads), untied, f32.
     pub fn llama_gqa() -> Self {
-        let config = ModelConfig {
-            vocab_size: 48,
-            d_model: 32,
-            n_layers: 2,
-            n_heads: 4,
-            n_kv_heads: Some(2),
-            head_dim: None,
-            d_ff: 48,
-            max_seq_len: 64,
-            rope_theta: 10_000.0,
-            rope_scaling: None,
-            rms_eps: 1e-5,
-            qkv_bias: false,
-            qk_norm: false,
-            tie_embeddings: false,
-            lora: None,
-            init_std: 0.02,
-            seed: 0,
-        };
-        Self::new(config, DiskDtype::F32, 1)
+        Self::new(llama_gqa_config(), DiskDtype::F32, 1)
     }
 
     /// Qwen2 layout: q/k/v biases, 4 heads over 2 KV heads, tied embeddings, bf16.
@@ -150,7 +131,7 @@ impl TestCheckpoint {
             rms_eps: 1e-6,
             qkv_bias: true,
             tie_embeddings: true,
-            ..Self::llama_gqa().config
+            ..llama_gqa_config()
         };
         Self::new(config, DiskDtype::Bf16, 2)
     }
@@ -165,7 +146,7 @@ impl TestCheckpoint {
             rms_eps: 1e-6,
             qk_norm: true,
             tie_embeddings: true,
-            ..Self::llama_gqa().config
+            ..llama_gqa_config()
         };
         Self::new(config, DiskDtype::F16, 3)
     }
@@ -184,7 +165,7 @@ impl TestCheckpoint {
                 original_max_position_embeddings: 16,
             }),
             tie_embeddings: true,
-            ..Self::llama_gqa().config
+            ..llama_gqa_config()
         };
         Self::new(config, DiskDtype::Bf16, 4)
     }
@@ -306,6 +287,22 @@ fn config_json(family: HfFamily, c: &ModelConfig, dtype: DiskDtype) -> Value {
         }
     }
     j
+}
+
+/// [`TestCheckpoint::llama_gqa`]'s config, the base of the other presets: 4 heads over 2 KV
+/// heads, width 32, 2 blocks, untied.
+fn llama_gqa_config() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 48,
+        d_model: 32,
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: Some(2),
+        d_ff: 48,
+        max_seq_len: 64,
+        seed: 0,
+        ..ModelConfig::tiny()
+    }
 }
 
 /// Writes `tensors` as one safetensors file with metadata `{"format": "pt"}`.
