@@ -27,9 +27,22 @@
 //! length (mean, max), the KL to the reference (k3 per response token, over the trained groups:
 //! the term the loss weighs by `--kl-coef`), groups trained, loss. Before and after RL, `--eval-problems` held-out
 //! problems are answered greedily and sampled `--group-size` times each with fixed seeds (a paired
-//! comparison). One process (trainers and servers in it); the last line is
-//! `final step=<n> reward=<f> accuracy=<f>`. `--max-value` defaults to the `--init`
-//! checkpoint's (the SFT run's setting).
+//! comparison). The last line is `final step=<n> reward=<f> accuracy=<f>`. `--max-value`
+//! defaults to the `--init` checkpoint's (the SFT run's setting).
+//!
+//! Under `odc launch` every process is one trainer and one shard server, and every rank samples
+//! its share of each step's groups (and of the held-out problems) with the current policy: the
+//! ranks list the same prompts, rank `r` of `n` takes the `r`-th contiguous share, and
+//! [`Job::all_gather`](odc::Job::all_gather) gives every rank all the groups (their tokens,
+//! rewards and reference log-probs, a few hundred KB a step) before rank 0 steps. A response's
+//! RNG depends on its problem only, so the responses, rewards and lines printed are the
+//! one-process run's (the update's sums differ in the last bits, I3). Rank 0 prints; each rank
+//! serves metrics on the metrics port + its rank. A multi-process run starts from `--init` or
+//! `--model-dir` (the warm start is a one-process SFT: run `sft` first).
+//!
+//! ```text
+//! target/release/odc launch --nprocs 2 -- target/release/examples/rl_grpo --init ckpt/step-300
+//! ```
 //!
 //! `--device cuda[:N]` (a build with the root crate's `cuda` feature) runs the trainers' forward
 //! and backward (the warm start's and RL's) on a CUDA device, `--precision bf16` in mixed
@@ -46,25 +59,27 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use candle_core::Device;
 use clap::Parser;
 use odc::checkpoint;
+use odc::launch::World;
 use odc::model::hf::HfCheckpoint;
 use odc::model::{
     evaluate_prompted, generate_group_with_log_probs, group_advantages, map_in_shares,
-    sequence_log_probs, tensor_map, transformer_job_on, GrpoConfig, ModelConfig, Objective,
-    Placement, RlSample, Sample, SampleStore, Sampling, Weights,
+    sequence_log_probs, share_range, tensor_map, transformer_job_on, GrpoConfig, ModelConfig,
+    Objective, Placement, RlSample, Sample, SampleStore, Sampling, Weights,
 };
 use odc::text::{
     exact_match, weighted_reward, ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat,
     Tokenizer,
 };
-use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta};
+use odc::{Job, LrSchedule, OptimizerConfig, Precision, SampleMeta};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Parser)]
 #[command(about = "GRPO on odc (see the example's docs)")]
@@ -105,6 +120,7 @@ struct Args {
     /// KL coefficient to the reference.
     #[arg(long, default_value_t = 0.01)]
     kl_coef: f64,
+    /// Trainers and shard servers in one process (under `odc launch`: one of each per rank).
     #[arg(long, default_value_t = 2)]
     trainers: usize,
     #[arg(long, default_value_t = 2)]
@@ -316,6 +332,19 @@ struct Sampler<'a> {
 /// XORed into `--seed` for the held-out samples' RNGs (apart from the training prompts').
 const HELD_OUT_SEED: u64 = 0x4E1D0;
 
+/// Longest wait for the slowest rank's share of a step's groups (or of the held-out problems).
+const GATHER_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// One rank's share of the held-out scores (summed over the ranks).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct HeldOutCounts {
+    problems: u64,
+    greedy_correct: u64,
+    samples: u64,
+    samples_correct: u64,
+    reward_sum: f64,
+}
+
 /// The held-out scores before or after RL.
 struct HeldOut {
     /// Exact match of greedy answers.
@@ -325,7 +354,8 @@ struct HeldOut {
     accuracy: f64,
 }
 
-/// One sampled response.
+/// One sampled response (sent to every rank under `odc launch`).
+#[derive(Serialize, Deserialize)]
 struct Response {
     /// Prompt and response.
     tokens: Vec<u32>,
@@ -400,27 +430,57 @@ fn sample_group(s: &Sampler<'_>, index: u64, problem: &Problem) -> anyhow::Resul
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,ractor_cluster=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    // Before any thread exists: each trainer gets its share of the cores.
-    let threads = odc::model::share_cpu_threads(args.trainers);
+    let world = World::from_env().context("reading the launcher's environment")?;
+    // Before any thread exists: each trainer of this process gets its share of the cores (one
+    // trainer per process under `odc launch`).
+    let trainers_here = if world.world_size > 1 {
+        1
+    } else {
+        args.trainers
+    };
+    let threads = odc::model::share_cpu_threads(trainers_here);
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?
-        .block_on(run(args, threads))
+        .block_on(run(args, world, trainers_here, threads))
 }
 
-async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> {
-    println!("rl_grpo: {threads}");
+async fn run(
+    args: Args,
+    world: World,
+    trainers_here: usize,
+    threads: odc::model::CpuThreads,
+) -> anyhow::Result<()> {
+    let (rank, ranks) = (world.rank as usize, world.world_size.max(1) as usize);
+    let lead = rank == 0;
+    let say = |line: String| {
+        if lead {
+            println!("{line}");
+        }
+    };
+    say(format!("rl_grpo: {threads}"));
+    if ranks > 1 && args.init.is_none() && args.model_dir.is_none() {
+        bail!(
+            "under odc launch rl_grpo starts from --init (an sft checkpoint) or --model-dir: \
+             the warm start is a one-process SFT (run the sft example first)"
+        );
+    }
     // Before any job starts: the runtime's metric handles are taken when it does.
     if !args.no_metrics {
-        odc::metrics::serve(args.metrics_addr)?;
+        let mut addr = args.metrics_addr;
+        if addr.port() != 0 {
+            addr.set_port(addr.port().saturating_add(rank as u16));
+        }
+        odc::metrics::serve(addr)?;
         names::describe();
-        println!("metrics: http://{}/metrics", args.metrics_addr);
+        say(format!("metrics: http://{addr}/metrics"));
     }
     if args.prompts == 0 || args.group_size < 2 {
         bail!("GRPO needs at least one prompt and a group of at least 2 responses");
@@ -474,19 +534,19 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
                 .pointer("/settings/max_value")
                 .and_then(serde_json::Value::as_u64);
             let max_value = args.max_value.or(trained_on).unwrap_or(DEFAULT_MAX_VALUE);
-            println!(
+            say(format!(
                 "policy and reference from {} (step {}); problems up to {max_value}",
                 dir.display(),
                 state.step
-            );
+            ));
             (state.params, max_value)
         }
         (None, Some(checkpoint)) => {
             let max_value = args.max_value.unwrap_or(DEFAULT_MAX_VALUE);
-            println!(
+            say(format!(
                 "policy and reference from {}; problems up to {max_value}",
                 checkpoint.dir().display()
-            );
+            ));
             (checkpoint.all_unit_values()?, max_value)
         }
         (None, None) => {
@@ -499,11 +559,11 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
             (params, max_value)
         }
     };
-    // Sampling and evaluation run while the trainers wait: one thread per trainer's share.
-    let workers = args.trainers.max(1);
+    // Sampling and evaluation run while the trainers wait: one thread per trainer here.
+    let workers = trainers_here.max(1);
     let reference = Weights::from_units(&model, &init, &Device::Cpu)?;
     let responses = Arc::new(Responses::default());
-    let mut job = transformer_job_on(
+    let builder = transformer_job_on(
         &model,
         Some(init),
         responses.clone(),
@@ -513,8 +573,6 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
         }),
         args.placement()?,
     )?
-    .trainers(args.trainers)
-    .servers(args.servers)
     .optimizer(OptimizerConfig::AdamW {
         lr: args.lr,
         beta1: 0.9,
@@ -524,7 +582,12 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
     })
     .clip_grad_norm(1.0)
     .token_budget(args.token_budget)
-    .pull_precision(Precision::F32)
+    .pull_precision(Precision::F32);
+    let mut job = if ranks > 1 {
+        builder.world(world)
+    } else {
+        builder.trainers(args.trainers).servers(args.servers)
+    }
     .build()?;
 
     let task = ArithTask::train(args.seed.wrapping_add(1)).with_max_value(max_value);
@@ -542,15 +605,17 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
         max_len,
         args.eval_problems,
     )?;
-    // The held-out problems with their index, for the sampled score's per-problem RNGs.
+    // The held-out problems with their index, for the sampled score's per-problem RNGs; this
+    // rank scores its share.
     let eval_prompts: Vec<(u64, Problem)> = (0u64..).zip(eval_set.iter().cloned()).collect();
-    let evaluate_now = |params: &[Vec<f32>]| -> anyhow::Result<HeldOut> {
+    let eval_share = share_range(eval_prompts.len(), rank, ranks);
+    let evaluate_share = |params: &[Vec<f32>]| -> anyhow::Result<HeldOutCounts> {
         let weights = Weights::from_units(&model, params, &Device::Cpu)?;
         let prompt = |p: &Problem| format.prompt(&p.question);
         let greedy = evaluate_prompted(
             &weights,
             &*tokenizer,
-            &eval_set,
+            &eval_set[eval_share.clone()],
             args.max_new_tokens,
             workers,
             &prompt,
@@ -566,27 +631,29 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
                 seed: args.seed ^ HELD_OUT_SEED,
                 format_weight: args.format_reward,
             },
-            &eval_prompts,
+            &eval_prompts[eval_share.clone()],
             workers,
         )?;
         let responses: Vec<&Response> = groups.iter().flatten().collect();
-        let n = responses.len().max(1) as f64;
-        Ok(HeldOut {
-            greedy: greedy.accuracy(),
-            reward: responses.iter().map(|r| r.reward).sum::<f64>() / n,
-            accuracy: responses.iter().filter(|r| r.correct).count() as f64 / n,
+        Ok(HeldOutCounts {
+            problems: greedy.problems as u64,
+            greedy_correct: greedy.correct as u64,
+            samples: responses.len() as u64,
+            samples_correct: responses.iter().filter(|r| r.correct).count() as u64,
+            reward_sum: responses.iter().map(|r| r.reward).sum(),
         })
     };
-    let before = evaluate_now(&job.parameters().await?)?;
+    let params = job.parameters().await?;
+    let before = held_out(&mut job, evaluate_share(&params)?).await?;
     if !eval_set.is_empty() {
-        println!(
+        say(format!(
             "held-out before RL ({} problems): greedy accuracy {:.3}; {} samples each: reward {:.3}, accuracy {:.3}",
             eval_set.len(),
             before.greedy,
             args.group_size,
             before.reward,
             before.accuracy
-        );
+        ));
     }
     let mut problem = 0u64;
     let mut next_index = 0u64;
@@ -605,7 +672,8 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
             }
             problem += 1;
         }
-        let groups = sample_groups(
+        // This rank's share of the groups, then every rank's (in prompt order).
+        let mine = sample_groups(
             &Sampler {
                 policy: &policy,
                 reference: Some(&reference),
@@ -615,9 +683,19 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
                 seed: args.seed,
                 format_weight: args.format_reward,
             },
-            &prompts,
+            &prompts[share_range(prompts.len(), rank, ranks)],
             workers,
         )?;
+        let groups: Vec<Vec<Response>> = if ranks > 1 {
+            job.all_gather(&mine, GATHER_TIMEOUT)
+                .await
+                .with_context(|| format!("gathering the groups of RL step {}", step + 1))?
+                .into_iter()
+                .flatten()
+                .collect()
+        } else {
+            mine
+        };
         let mut store = HashMap::new();
         let mut metas: Vec<SampleMeta> = Vec::new();
         let (mut rewards_all, mut correct, mut lengths, mut kept) =
@@ -684,14 +762,23 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
         let update = if metas.is_empty() {
             "no update (every group scored alike)".to_string()
         } else {
+            // Every rank holds every response (any trainer may be given any of them) before
+            // rank 0 steps.
             *responses
                 .map
                 .write()
                 .map_err(|_| anyhow::anyhow!("response store poisoned"))? = store;
-            let s = job
-                .step_with(metas)
-                .await
-                .with_context(|| format!("RL step {}", step + 1))?;
+            if ranks > 1 {
+                job.barrier(GATHER_TIMEOUT)
+                    .await
+                    .context("waiting for every rank to store the responses")?;
+            }
+            let s = if lead {
+                job.step_with(metas).await
+            } else {
+                job.step().await
+            }
+            .with_context(|| format!("RL step {}", step + 1))?;
             format!(
                 "loss {:+.4}  update {:.1} s ({} micro-batches)",
                 s.loss,
@@ -699,27 +786,28 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
                 s.micro_batches
             )
         };
-        println!(
+        say(format!(
             "step {:3}/{}  reward {reward_now:.3}  accuracy {accuracy_now:.3}  response mean {mean_len:.0} max {max_len} tokens  kl {kl:.5}  groups trained {kept}/{}  sampling {sample_secs:.1} s  {update}",
             step + 1,
             args.steps,
             prompts.len(),
-        );
+        ));
     }
-    let after = evaluate_now(&job.parameters().await?)?;
+    let params = job.parameters().await?;
+    let after = held_out(&mut job, evaluate_share(&params)?).await?;
     job.shutdown().await;
     // Mean sampled reward of the first and the last quarter of the steps.
     let quarter = step_rewards.len().div_ceil(4).max(1);
     let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len().max(1) as f64;
-    println!(
+    say(format!(
         "{} RL steps in {:.1} s; mean reward {:.3} over the first {quarter} steps, {:.3} over the last {quarter}",
         args.steps,
         started.elapsed().as_secs_f64(),
         mean(&step_rewards[..quarter.min(step_rewards.len())]),
         mean(&step_rewards[step_rewards.len().saturating_sub(quarter)..]),
-    );
+    ));
     if !eval_set.is_empty() {
-        println!(
+        say(format!(
             "held-out after RL ({} problems): greedy accuracy {:.3} (before {:.3}); {} samples each: reward {:.3} (before {:.3}), accuracy {:.3} (before {:.3})",
             eval_set.len(),
             after.greedy,
@@ -729,11 +817,26 @@ async fn run(args: Args, threads: odc::model::CpuThreads) -> anyhow::Result<()> 
             before.reward,
             after.accuracy,
             before.accuracy
-        );
+        ));
     }
-    println!(
+    say(format!(
         "final step={} reward={reward_now} accuracy={accuracy_now}",
         args.steps
-    );
+    ));
     Ok(())
+}
+
+/// Every rank's share of the held-out scores, summed (the job's ranks in order).
+async fn held_out(job: &mut Job, mine: HeldOutCounts) -> anyhow::Result<HeldOut> {
+    let all = job
+        .all_gather(&mine, GATHER_TIMEOUT)
+        .await
+        .context("gathering the held-out scores")?;
+    let sum = |f: fn(&HeldOutCounts) -> f64| all.iter().map(f).sum::<f64>();
+    let ratio = |a: f64, b: f64| a / b.max(1.0);
+    Ok(HeldOut {
+        greedy: ratio(sum(|c| c.greedy_correct as f64), sum(|c| c.problems as f64)),
+        reward: ratio(sum(|c| c.reward_sum), sum(|c| c.samples as f64)),
+        accuracy: ratio(sum(|c| c.samples_correct as f64), sum(|c| c.samples as f64)),
+    })
 }

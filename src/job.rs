@@ -26,6 +26,8 @@ use odc_transport::local::LocalTransport;
 use odc_transport::{Dest, Dtype, ReadOp, Transport};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::checkpoint::TrainState;
 use crate::data::DataSource;
@@ -760,6 +762,54 @@ impl Job {
             .ok_or_else(|| Error::Config("no data source given (JobBuilder::data)".into()))?;
         let samples = data.minibatch(step)?;
         self.step_with(samples).await
+    }
+
+    /// Every rank's `value`, in rank order, on every rank: `torch.distributed.all_gather_object`
+    /// for the small objects an SPMD program shares (a rank's sampled responses, its share of an
+    /// evaluation). Every rank calls it, in the same order among its other gathers; a
+    /// single-process job gets `[value]` back (through the same encoding). Values are encoded
+    /// with `postcard` and travel on the authenticated control plane, so all ranks' parts
+    /// together must fit a control frame (32 MiB): tensors belong on the data plane.
+    ///
+    /// Waits at most `timeout` for the slowest rank; past it, or when a rank leaves or is lost
+    /// first, every rank gets an error naming what happened (rank 0 answers the others with
+    /// it). A part that does not decode is an error naming its rank.
+    pub async fn all_gather<T: Serialize + DeserializeOwned>(
+        &mut self,
+        value: &T,
+        timeout: Duration,
+    ) -> Result<Vec<T>> {
+        self.start().await?;
+        let what = std::any::type_name::<T>();
+        let bytes = postcard::to_stdvec(value)
+            .map_err(|e| Error::Config(format!("all-gather: cannot encode a {what}: {e}")))?;
+        let parts = match self.membership.as_mut() {
+            Some(m) => {
+                m.all_gather(bytes, tokio::time::Instant::now() + timeout)
+                    .await?
+            }
+            None => vec![bytes],
+        };
+        parts
+            .iter()
+            .enumerate()
+            .map(|(rank, bytes)| {
+                postcard::from_bytes(bytes).map_err(|e| {
+                    Error::Config(format!(
+                        "all-gather: rank {rank}'s part ({} bytes) is not a {what}: {e} (every \
+                         rank must gather the same type in the same order)",
+                        bytes.len()
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Wait until every rank has called `barrier` (`torch.distributed.barrier`): an all-gather
+    /// of nothing, with its deadline and errors. E.g. every rank has stored the samples rank 0 is
+    /// about to step on, which any rank's trainer may be given.
+    pub async fn barrier(&mut self, timeout: Duration) -> Result<()> {
+        self.all_gather(&(), timeout).await.map(drop)
     }
 
     /// Train `steps` minibatches from the data source; per-step stats.

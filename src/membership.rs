@@ -6,6 +6,13 @@
 //!   with the job's [`Roles`](crate::launch::Roles).
 //! - **Steps**: rank 0 drives; after each step it sends the outcome (stats or error) to every
 //!   rank, so `Job::step` returns the same result on every rank, as an SPMD program expects.
+//! - **All-gather** (`Job::all_gather`): every rank sends its part of gather `n` (the job's
+//!   count of earlier gathers) to rank 0, which answers every rank with all parts in rank order
+//!   once it has them, or with why it cannot (a rank left or was lost first, the parts exceed a
+//!   control frame, its deadline passed). Rank 0 keeps only parts of the gather it is on (a
+//!   rank is at most one gather ahead of it: it sends part `n + 1` only after rank 0 answered
+//!   `n`); which parts it keeps and when the gather is complete is
+//!   [`policy::gather`](odc_actors::policy::gather), unit-tested there.
 //! - **Leaving** (`Job::shutdown`): ranks other than 0 tell rank 0 they are done and wait for its
 //!   word; rank 0 waits until every rank is done (or gone) before it stops the job, so no rank
 //!   loses a shard another is still reading.
@@ -16,11 +23,13 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use odc_actors::cluster::CONTROL_FRAME_CAP;
 use odc_actors::cluster::{
     supervisor_group, ClusterConfig, ClusterNode, Host, HostArgs, HostEvent, SessionEvent,
 };
-use odc_actors::messages::{HostMsg, StepOutcome};
+use odc_actors::messages::{Contribution, Gathered, HostMsg, StepOutcome};
 use odc_actors::node::Node;
+use odc_actors::policy::gather::GatherRound;
 use odc_actors::policy::stats::StepStats;
 use odc_actors::supervisor::SupervisorMsg;
 use odc_actors::{Error, Result};
@@ -44,7 +53,16 @@ pub(crate) struct Membership {
     /// Ranks that said they are done, or whose session closed (rank 0).
     done: BTreeSet<u32>,
     join_timeout: Duration,
+    /// All-gathers completed (the round of the next one).
+    gathers: u64,
+    /// Rank 0: the parts of gather `gathers` received so far.
+    gather: GatherRound,
+    /// Other ranks: rank 0's answer to gather `gathers`, once it arrived.
+    gathered: Option<Gathered>,
 }
+
+/// Room left in a control frame for a gather's framing beside its parts' bytes.
+const GATHER_FRAMING: u64 = 64 << 10;
 
 /// Longest rank 0 waits for a rank to acknowledge a failed step.
 const FAILURE_ACK: Duration = Duration::from_secs(2);
@@ -90,6 +108,9 @@ impl Membership {
             outcomes: Vec::new(),
             done: BTreeSet::new(),
             join_timeout,
+            gathers: 0,
+            gather: GatherRound::new(0, world_size),
+            gathered: None,
         })
     }
 
@@ -133,6 +154,117 @@ impl Membership {
         }
     }
 
+    /// Every rank's `bytes` for the next all-gather, in rank order, waiting until `deadline`
+    /// (see the [module docs](self)).
+    pub async fn all_gather(&mut self, bytes: Vec<u8>, deadline: Instant) -> Result<Vec<Vec<u8>>> {
+        let round = self.gathers;
+        let cap = CONTROL_FRAME_CAP - GATHER_FRAMING;
+        if bytes.len() as u64 > cap {
+            return Err(Error::Config(format!(
+                "rank {}: all-gather {round}: this rank's part is {} bytes, over the {cap} bytes \
+                 a control frame carries: gather less (tensors go over the data plane)",
+                self.rank,
+                bytes.len()
+            )));
+        }
+        let result = if self.rank == 0 {
+            self.gather_here(round, bytes, deadline, cap).await
+        } else {
+            self.gather_there(round, bytes, deadline).await
+        };
+        self.gathers += 1;
+        self.gather = GatherRound::new(self.gathers, self.world_size);
+        self.gathered = None;
+        result
+    }
+
+    /// Rank 0: its own part, every other rank's, then the answer to every other rank.
+    async fn gather_here(
+        &mut self,
+        round: u64,
+        bytes: Vec<u8>,
+        deadline: Instant,
+        cap: u64,
+    ) -> Result<Vec<Vec<u8>>> {
+        self.gather.own(bytes);
+        let what = format!("every rank's part of all-gather {round}");
+        let parts = loop {
+            if let Some(answer) = self.gather.answer(cap) {
+                break answer;
+            }
+            if let Some(r) = self.gather.missing_of(self.done.iter().copied()) {
+                break Err(format!(
+                    "rank {r} left the job or was lost before its part of all-gather {round}"
+                ));
+            }
+            if let Err(e) = self.next_event(deadline, &what).await {
+                break Err(e.to_string());
+            }
+        };
+        for host in self.hosts.iter().skip(1) {
+            let _ = host.cast(HostMsg::Gathered(Gathered {
+                round,
+                parts: parts.clone(),
+            }));
+        }
+        parts.map_err(plane)
+    }
+
+    /// Other ranks: send this rank's part to rank 0 and wait for its answer.
+    async fn gather_there(
+        &mut self,
+        round: u64,
+        bytes: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<Vec<Vec<u8>>> {
+        let rank = self.rank;
+        let within = deadline.saturating_duration_since(Instant::now());
+        let host0 = odc_actors::cluster::host::wait_member(
+            &odc_actors::cluster::host_group(&self.job, 0),
+            within.min(self.join_timeout),
+        )
+        .await
+        .ok_or_else(|| plane(format!("rank {rank}: rank 0's host is not visible")))?;
+        ActorRef::<HostMsg>::from(host0)
+            .cast(HostMsg::Contribute(Contribution { round, rank, bytes }))
+            .map_err(|e| plane(format!("rank {rank}: sending all-gather {round}: {e}")))?;
+        let what = format!("rank 0's answer to all-gather {round}");
+        loop {
+            if let Some(gathered) = self.gathered.take() {
+                let parts = gathered.parts.map_err(plane)?;
+                if parts.len() != self.world_size as usize {
+                    return Err(plane(format!(
+                        "rank 0 answered all-gather {round} with {} parts for {} ranks",
+                        parts.len(),
+                        self.world_size
+                    )));
+                }
+                return Ok(parts);
+            }
+            self.next_event(deadline, &what).await?;
+        }
+    }
+
+    /// Rank 0: keep `part` when it belongs to the gather it is on (policy::gather).
+    fn accept_part(&mut self, part: Contribution) {
+        let Contribution { round, rank, bytes } = part;
+        let kept = if self.rank == 0 {
+            self.gather
+                .accept(round, rank, bytes)
+                .map_err(|e| e.to_string())
+        } else {
+            Err("only rank 0 gathers".into())
+        };
+        if let Err(why) = kept {
+            tracing::warn!(
+                "rank {}: dropped a part of all-gather {round} from rank {rank} (on gather {}): \
+                 {why}",
+                self.rank,
+                self.gather.round()
+            );
+        }
+    }
+
     /// The supervisor (in rank 0's process), once visible here.
     pub async fn supervisor(&self) -> Result<ActorRef<SupervisorMsg>> {
         let within = self.join_timeout;
@@ -160,6 +292,18 @@ impl Membership {
         };
         match next {
             Next::Host(Some(HostEvent::Step(outcome))) => self.outcomes.push(outcome),
+            Next::Host(Some(HostEvent::Contribution(part))) => self.accept_part(part),
+            Next::Host(Some(HostEvent::Gathered(gathered))) => {
+                if rank == 0 || gathered.round != self.gathers {
+                    tracing::warn!(
+                        "rank {rank}: dropped an answer to all-gather {} (on gather {})",
+                        gathered.round,
+                        self.gathers
+                    );
+                } else {
+                    self.gathered = Some(gathered);
+                }
+            }
             Next::Host(Some(HostEvent::Leaving(r))) => {
                 self.done.insert(r);
             }

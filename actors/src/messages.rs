@@ -260,6 +260,24 @@ pub struct StepOutcome {
     pub result: Result<StepStats>,
 }
 
+/// One rank's part of an all-gather (`Job::all_gather`): bytes the application encoded (a small
+/// object such as a rank's sampled responses, never tensors: those move over the data plane),
+/// sent by rank `rank` to the coordinator for gather `round` (the job's count of earlier ones).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Contribution {
+    pub round: u64,
+    pub rank: u32,
+    pub bytes: Vec<u8>,
+}
+
+/// The coordinator's answer to gather `round`: every rank's bytes in rank order, or why the
+/// gather failed (a rank was lost, the parts exceed a control frame).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gathered {
+    pub round: u64,
+    pub parts: std::result::Result<Vec<Vec<u8>>, String>,
+}
+
 /// Messages of a node host: the per-process actor that starts servers and trainers on request
 /// of the supervisor (which may be in another process) and relays the job's progress to the
 /// process's [`Job`](crate::cluster).
@@ -283,6 +301,10 @@ pub enum HostMsg {
     Shutdown(Option<String>),
     /// The coordinator's heartbeat (answered at once; a rank that stops answering is lost).
     Heartbeat(RpcReplyPort<()>),
+    /// A rank's part of an all-gather (to the coordinator).
+    Contribute(Contribution),
+    /// Every rank's parts of an all-gather (coordinator to every other process).
+    Gathered(Gathered),
 }
 
 #[cfg(test)]

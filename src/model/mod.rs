@@ -64,7 +64,7 @@ pub use generate::{
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 pub use lora::{LoraConfig, LoraTarget};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
-pub use shares::map_in_shares;
+pub use shares::{map_in_shares, share_range};
 pub use threads::{share_cpu_threads, CpuThreads};
 pub use transformer::{
     head_log_probs, head_tensors, model_forward, param_count, unit_count, unit_forward,

@@ -36,9 +36,36 @@ where
     Ok(out)
 }
 
+/// Part `part` of `parts` contiguous, balanced parts of `0..len` (sizes differ by at most one;
+/// the parts in order cover `0..len` once): a rank's share of the prompts or problems every rank
+/// of an SPMD program lists alike.
+pub fn share_range(len: usize, part: usize, parts: usize) -> std::ops::Range<usize> {
+    let parts = parts.max(1);
+    let part = part.min(parts);
+    len * part / parts..len * (part + 1).min(parts) / parts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_cover_every_item_once_in_order_and_differ_by_at_most_one() {
+        for len in [0, 1, 5, 32, 33] {
+            for parts in [1, 2, 3, 7] {
+                let ranges: Vec<_> = (0..parts).map(|p| share_range(len, p, parts)).collect();
+                let covered: Vec<usize> = ranges.iter().cloned().flatten().collect();
+                assert_eq!(covered, (0..len).collect::<Vec<_>>(), "{len} in {parts}");
+                let sizes: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+                let (min, max) = (sizes.iter().min(), sizes.iter().max());
+                assert!(max.unwrap() - min.unwrap() <= 1, "{sizes:?}");
+            }
+        }
+        assert!(
+            share_range(4, 9, 2).is_empty(),
+            "a part past the last is empty"
+        );
+    }
 
     #[test]
     fn results_keep_the_items_order_for_any_worker_count() {

@@ -2,7 +2,8 @@
 //! `odc launch`, or by hand here to kill one of them), over real transports (`tcp`, `shm`), each
 //! rank in its own network namespace where the machine allows it; `examples/sft` restarted by
 //! `odc launch --max-restarts` after a rank is killed (`restart.rs`, its own tolerance);
-//! `examples/sft --model-dir` on a Hugging Face directory every rank opens (`model_dir.rs`).
+//! `examples/sft --model-dir` on a Hugging Face directory every rank opens (`model_dir.rs`);
+//! `examples/rl_grpo` sampling a share of the groups on every rank (`grpo.rs`).
 //!
 //! Tolerance (I3): a multi-process job sums the same per-micro-batch gradients as one process,
 //! in whatever order they arrive, in fp32; every final parameter must equal the single-process
@@ -11,6 +12,8 @@
 //! sums which micro-batch from run to run, so even two single-process runs differ in the last bits).
 
 mod failures;
+#[cfg(feature = "candle")]
+mod grpo;
 mod harness;
 mod hostile;
 #[cfg(feature = "candle")]

@@ -228,3 +228,37 @@ async fn out_of_range_region_read_is_a_typed_error() {
     })
     .await
 }
+
+/// `Job::all_gather` in one process: the value back through the same encoding (`[value]`), and
+/// `barrier` returns at once. A value the encoding cannot carry is an error naming its type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_process_all_gather_returns_the_value_and_refuses_what_it_cannot_encode() {
+    crate::within(60, async {
+        let mut job = job(Arc::new(AtomicU8::new(GOOD)));
+        let timeout = std::time::Duration::from_secs(5);
+        let value = (7u64, vec![1.5f32, -0.0], "response".to_string());
+        assert_eq!(job.all_gather(&value, timeout).await.unwrap(), vec![value]);
+        job.barrier(timeout).await.unwrap();
+        /// A type whose serializer always fails (as a map with non-string keys does for JSON).
+        #[derive(Debug)]
+        struct Unencodable;
+        impl serde::Serialize for Unencodable {
+            fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+                Err(serde::ser::Error::custom("no encoding"))
+            }
+        }
+        impl<'de> serde::Deserialize<'de> for Unencodable {
+            fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+                Ok(Unencodable)
+            }
+        }
+        let err = job
+            .all_gather(&Unencodable, timeout)
+            .await
+            .expect_err("cannot encode");
+        assert!(err.to_string().contains("Unencodable"), "{err}");
+        job.step_with(samples()).await.expect("the job still runs");
+        job.shutdown().await;
+    })
+    .await
+}

@@ -1,8 +1,8 @@
 //! The node host: one per process of a multi-process job. It starts shard servers and trainers
 //! from serializable specs plus this process's [`Node`] when the supervisor (in rank 0's process)
 //! asks, puts each in its own `ractor::pg` group (how the supervisor finds and watches it across
-//! processes), and relays the job's progress (step outcomes, shutdown) to the process's `Job`
-//! through a channel.
+//! processes), and relays the job's progress (step outcomes, all-gathers, shutdown) to the
+//! process's `Job` through a channel.
 //!
 //! A host checks that the coordinator's model is this process's model (layout digest) before it
 //! starts anything: ranks that build different models fail at the first spawn with an error naming
@@ -17,7 +17,9 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::session::Liveness;
 use crate::error::{Error, Result};
-use crate::messages::{HostMsg, ServerSpawn, StepOutcome, TrainerSpawn, TrainerStarted};
+use crate::messages::{
+    Contribution, Gathered, HostMsg, ServerSpawn, StepOutcome, TrainerSpawn, TrainerStarted,
+};
 use crate::node::Node;
 use crate::server::{ServerArgs, ShardServer};
 use crate::supervisor::SupervisorMsg;
@@ -45,6 +47,10 @@ pub enum HostEvent {
     Leaving(u32),
     /// The coordinator ended the job (`Some(reason)`: it failed).
     Shutdown(Option<String>),
+    /// A rank's part of an all-gather (seen by the coordinator's host).
+    Contribution(Contribution),
+    /// The coordinator's answer to an all-gather (seen by every other host).
+    Gathered(Gathered),
 }
 
 /// How to start a host.
@@ -150,6 +156,12 @@ impl Actor for Host {
             HostMsg::Shutdown(reason) => {
                 stop_children(state);
                 let _ = state.events.send(HostEvent::Shutdown(reason));
+            }
+            HostMsg::Contribute(part) => {
+                let _ = state.events.send(HostEvent::Contribution(part));
+            }
+            HostMsg::Gathered(parts) => {
+                let _ = state.events.send(HostEvent::Gathered(parts));
             }
             HostMsg::Heartbeat(reply) => {
                 if let Some(liveness) = &state.liveness {

@@ -119,6 +119,8 @@ impl Message for HostMsg {
             HostMsg::Leaving(rank) => cast("Leaving", &rank),
             HostMsg::Shutdown(reason) => cast("Shutdown", &reason),
             HostMsg::Heartbeat(reply) => call("Heartbeat", &(), reply),
+            HostMsg::Contribute(part) => cast("Contribute", &part),
+            HostMsg::Gathered(parts) => cast("Gathered", &parts),
         }
     }
 
@@ -149,6 +151,8 @@ impl Message for HostMsg {
             ("Step", None) => HostMsg::Step(decode("Step", &args)?),
             ("Leaving", None) => HostMsg::Leaving(decode("Leaving", &args)?),
             ("Shutdown", None) => HostMsg::Shutdown(decode("Shutdown", &args)?),
+            ("Contribute", None) => HostMsg::Contribute(decode("Contribute", &args)?),
+            ("Gathered", None) => HostMsg::Gathered(decode("Gathered", &args)?),
             (_, reply) => return unknown("node host", &variant, reply.is_some()),
         })
     }
@@ -167,7 +171,8 @@ mod tests {
     use crate::batch::{LossWeighting, MicroBatch, SampleMeta};
     use crate::error::{Error, Result};
     use crate::messages::{
-        ApplyCmd, Assignment, InboxUpdate, ReduceAck, ReduceCmd, StepOutcome, TrainerReport,
+        ApplyCmd, Assignment, Contribution, Gathered, InboxUpdate, ReduceAck, ReduceCmd,
+        StepOutcome, TrainerReport,
     };
     use crate::policy::clock::Timestamp;
 
@@ -312,6 +317,22 @@ mod tests {
             HostMsg::Shutdown(Some(r)) if r == "x"
         ));
         assert!(matches!(cross(SupervisorMsg::Tick), SupervisorMsg::Tick));
+        let part = Contribution {
+            round: 2,
+            rank: 1,
+            bytes: vec![0, 255, 7],
+        };
+        match cross(HostMsg::Contribute(part.clone())) {
+            HostMsg::Contribute(p) => assert_eq!(p, part),
+            _ => panic!("Contribute"),
+        }
+        for parts in [Ok(vec![vec![1], vec![], vec![2, 3]]), Err("lost".into())] {
+            let gathered = Gathered { round: 2, parts };
+            match cross(HostMsg::Gathered(gathered.clone())) {
+                HostMsg::Gathered(g) => assert_eq!(g, gathered),
+                _ => panic!("Gathered"),
+            }
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`ledger`]: exactly-once accounting of micro-batches (I2);
 //! - [`membership`]: which authenticated session is which rank, and which rank is lost
 //!   (closed, or silent past the heartbeat timeout);
+//! - [`gather`]: one all-gather at the coordinator (which parts it keeps, when it is complete);
 //! - [`straggler`]: per-trainer speed estimates;
 //! - [`schedule`]: the learning rate's factor per global step (warm-up, cosine decay);
 //! - [`recovery`]: what a trainer failure means (respawn or drop, replay or not, how often);
@@ -27,6 +28,7 @@
 pub mod balancer;
 pub mod clock;
 pub mod dispatch;
+pub mod gather;
 pub mod ledger;
 pub mod membership;
 pub mod recovery;

@@ -1,0 +1,122 @@
+//! `examples/rl_grpo` across processes: under `odc launch --nprocs 2 --transport shm` each rank
+//! samples its share of every step's groups and of the held-out problems, and `Job::all_gather`
+//! gives every rank all of them before rank 0 steps. A response's RNG depends on its problem
+//! only, so every reward, accuracy, response length, KL and group count printed equals the
+//! one-process run's (two trainers, two servers, sampling on two threads); the losses equal it
+//! within the multi-process tolerance (I3). The policy starts from a short SFT of the reference
+//! model, so some groups' rewards differ and are trained on (a random model's all score 0).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use super::harness::{example, odc, run, temp};
+
+/// A step line without its timings (`sampling … s`, `update … s (… micro-batches)`) and loss, and
+/// the loss (`None`: no update).
+fn step_line(line: &str) -> (String, Option<f64>) {
+    let kept = line.split("  sampling ").next().unwrap_or(line).to_string();
+    let loss = line
+        .split("  loss ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(|loss| {
+            loss.parse()
+                .unwrap_or_else(|_| panic!("a loss in {line:?}"))
+        });
+    (kept, loss)
+}
+
+/// The report lines that must match: steps, held-out scores and the final line.
+fn report(stdout: &str) -> Vec<(String, Option<f64>)> {
+    stdout
+        .lines()
+        .filter(|l| {
+            l.starts_with("step ") || l.starts_with("held-out ") || l.starts_with("final step=")
+        })
+        .map(step_line)
+        .collect()
+}
+
+fn ok(out: &std::process::Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn grpo_samples_a_share_on_every_rank_and_matches_one_process() {
+    let dir = temp("grpo");
+    let checkpoints = dir.join("sft");
+    let mut sft = Command::new(example("sft"));
+    sft.args([
+        "--steps",
+        "120",
+        "--checkpoint-every",
+        "120",
+        "--eval-problems",
+        "0",
+    ])
+    .args(["--no-metrics", "--checkpoint-dir"])
+    .arg(&checkpoints);
+    ok(&run(sft, Duration::from_secs(400)), "the warm-start SFT");
+    let init = checkpoints.join("step-120");
+    let args = |init: &Path| -> Vec<String> {
+        let mut args = vec!["--init".to_string(), init.display().to_string()];
+        args.extend(
+            [
+                "--steps",
+                "3",
+                "--prompts",
+                "8",
+                "--group-size",
+                "4",
+                "--max-new-tokens",
+                "200",
+                "--eval-problems",
+                "4",
+                "--no-metrics",
+            ]
+            .map(String::from),
+        );
+        args
+    };
+
+    let mut single = Command::new(example("rl_grpo"));
+    single
+        .args(args(&init))
+        .args(["--trainers", "2", "--servers", "2"]);
+    let one = ok(&run(single, Duration::from_secs(300)), "one process");
+
+    let mut launch = odc();
+    launch
+        .args(["launch", "--nprocs", "2", "--transport", "shm"])
+        .args(["--timeout-secs", "240", "--"])
+        .arg(example("rl_grpo"))
+        .args(args(&init));
+    let two = ok(&run(launch, Duration::from_secs(300)), "two processes");
+
+    let (want, got) = (report(&one), report(&two));
+    assert_eq!(want.len(), 3 + 2 + 1, "{one}");
+    assert_eq!(got.len(), want.len(), "{two}");
+    for ((want_line, want_loss), (got_line, got_loss)) in want.iter().zip(&got) {
+        assert_eq!(got_line, want_line, "\none process:\n{one}\ntwo:\n{two}");
+        match (want_loss, got_loss) {
+            (Some(w), Some(g)) => assert!(
+                (w - g).abs() <= 2e-4,
+                "loss {g} across processes vs {w}: {got_line}"
+            ),
+            (None, None) => {}
+            _ => panic!("an update in one run only: {want_line}"),
+        }
+    }
+    assert!(
+        want.iter().any(|(_, loss)| loss.is_some()),
+        "no step trained a group (the warm start taught nothing?):\n{one}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
