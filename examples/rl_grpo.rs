@@ -159,6 +159,10 @@ struct Args {
     /// The trainers' matmul and activation precision: f32 or bf16 (mixed precision).
     #[arg(long, default_value = "f32")]
     precision: String,
+    /// What a trainer keeps of a unit between its forward and backward: true, false, N (the
+    /// last N stages) or auto (see the sft example).
+    #[arg(long, default_value = "auto")]
+    reshard_after_forward: String,
 }
 
 impl Args {
@@ -168,6 +172,10 @@ impl Args {
             device: self.device.parse()?,
             precision: self.precision.parse()?,
             local_rank: odc::launch::local_rank(),
+            reshard: self
+                .reshard_after_forward
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--{e}"))?,
         })
     }
 }

@@ -58,6 +58,11 @@
 //! small adapter unit; `--export-hf OUT` then writes PEFT's layout (`adapter_config.json`,
 //! `adapter_model.safetensors`), or with `--merge-lora` the merged full model.
 //!
+//! Memory: `--reshard-after-forward true` (FSDP2's setting; the default above 300M parameters)
+//! releases each unit after its forward and re-gathers and recomputes it in the backward, so a
+//! trainer holds one block's weights at a time, not the whole model; `false` keeps them (one pull
+//! per unit); `N` keeps the last N stages (`odc::model::Reshard`).
+//!
 //! Config file (`--config PATH`, TOML): the same keys as the flags with `_` for `-`, plus a
 //! `[model]` table of `ModelConfig` fields; a flag given on the command line wins.
 //!
@@ -88,8 +93,8 @@ use odc::model::hf::{export_hf, ExportDtype, ExportOptions, HfCheckpoint};
 use odc::model::lora;
 use odc::model::{
     evaluate_prompted, layout_units, open_device, tensor_map, transformer_job_of, ComputePrecision,
-    DeviceSpec, LoraConfig, LoraTarget, ModelConfig, Objective, Placement, Sample, SampleStore,
-    Weights,
+    DeviceSpec, LoraConfig, LoraTarget, ModelConfig, Objective, Placement, Reshard, Sample,
+    SampleStore, Weights,
 };
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextFormat, Tokenizer};
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
@@ -214,6 +219,11 @@ struct Opts {
     /// on CUDA).
     #[arg(long)]
     precision: Option<String>,
+    /// What a trainer keeps of a unit between its forward and backward (FSDP2's
+    /// `reshard_after_forward`): true (release it; re-gather and recompute in the backward),
+    /// false (keep it), N (keep the last N stages), auto (true above 300M parameters).
+    #[arg(long)]
+    reshard_after_forward: Option<String>,
 }
 
 /// The settings with defaults filled in.
@@ -252,6 +262,8 @@ struct Settings {
     device: String,
     #[serde(default = "fp32")]
     precision: String,
+    #[serde(default = "auto")]
+    reshard_after_forward: String,
     /// A Hugging Face model directory (`None`: odc's own model, in checkpoints written before
     /// this setting existed too).
     #[serde(default)]
@@ -270,6 +282,10 @@ fn bf16() -> String {
 
 fn cpu() -> String {
     "cpu".into()
+}
+
+fn auto() -> String {
+    "auto".into()
 }
 
 fn fp32() -> String {
@@ -366,6 +382,10 @@ impl Opts {
             .precision
             .unwrap_or_else(|| if on_cuda { "bf16".into() } else { fp32() });
         precision.parse::<ComputePrecision>()?;
+        let reshard_after_forward = self.reshard_after_forward.unwrap_or_else(auto);
+        reshard_after_forward
+            .parse::<Reshard>()
+            .map_err(|e| anyhow::anyhow!("--{e}"))?;
         Ok(Settings {
             steps: self.steps.unwrap_or(500),
             batch_size: self.batch_size.unwrap_or(8),
@@ -397,6 +417,7 @@ impl Opts {
             model,
             device,
             precision,
+            reshard_after_forward,
             model_dir: self.model_dir,
             export_hf: self.export_hf,
             export_dtype,
@@ -817,6 +838,10 @@ async fn run(
     let placement = Placement {
         device: settings.device.parse()?,
         precision: settings.precision.parse()?,
+        reshard: settings
+            .reshard_after_forward
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--{e}"))?,
         local_rank: odc::launch::local_rank(),
     };
     // Evaluation (on the lead) runs on the trainers' device, in fp32, one answer at a time there.

@@ -136,7 +136,65 @@ async fn metrics_endpoint_serves_odc_metrics() {
                 assert_eq!(kind, "counter", "{line}");
             }
         }
+        #[cfg(feature = "candle")]
+        unit_pulls_follow_the_resharding_setting(addr).await;
     })
     .await
     .expect("test timed out");
+}
+
+/// `odc_unit_pulls_total` counts each unit gathered over the data plane: one transformer
+/// micro-batch on one trainer pulls every unit once when it keeps them from forward to backward,
+/// and every unit but the head's stage twice when it reshards after forward (the head's backward
+/// follows its forward at once). Run after the endpoint test, in the same process (the recorder
+/// is global), by differences of the counter.
+#[cfg(feature = "candle")]
+async fn unit_pulls_follow_the_resharding_setting(addr: SocketAddr) {
+    use odc::model::{
+        transformer_job_on, unit_count, ModelConfig, Objective, Placement, Reshard, Sample,
+    };
+    let pulls = || async move {
+        let body = tokio::task::spawn_blocking(move || scrape(addr))
+            .await
+            .unwrap();
+        body.lines()
+            .filter(|l| l.starts_with("odc_unit_pulls_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let config = ModelConfig::tiny();
+    let units = unit_count(&config) as f64;
+    for (reshard, per_micro_batch) in [
+        (Reshard::Never, units),
+        (Reshard::ALWAYS, 2.0 * units - 1.0),
+        (Reshard::KeepLast(2), 2.0 * units - 2.0),
+    ] {
+        let sample = Sample::all_loss((0..40u32).map(|t| t % 200 + 3).collect());
+        let store = move |_: u64| Ok(sample.clone());
+        let mut job = transformer_job_on(
+            &config,
+            None,
+            Arc::new(store),
+            Objective::CrossEntropy,
+            Placement {
+                reshard,
+                ..Placement::default()
+            },
+        )
+        .unwrap()
+        .trainers(1)
+        .servers(1)
+        .data(|_| Ok(vec![SampleMeta::new(0, 40)]))
+        .build()
+        .unwrap();
+        let before = pulls().await;
+        let stats = job.run(1).await.unwrap();
+        job.shutdown().await;
+        assert_eq!(stats[0].micro_batches, 1);
+        let pulled = pulls().await - before;
+        assert_eq!(
+            pulled, per_micro_batch,
+            "{reshard:?}: {pulled} unit pulls for {units} units"
+        );
+    }
 }

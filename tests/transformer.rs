@@ -9,8 +9,9 @@ use candle_core::{Device, Var};
 use odc::checkpoint::{self, TensorMap};
 use odc::model::{
     as_tensors, group_advantages, model_forward, sequence_log_probs, tensor_map, transformer_job,
-    unit_count, unit_init_values, unit_params, unit_vars, GrpoConfig, ModelConfig, Objective,
-    PackedBatch, RlSample, Sample, SampleStore, Weights,
+    transformer_job_on, unit_count, unit_init_values, unit_params, unit_vars, GrpoConfig,
+    ModelConfig, Objective, PackedBatch, Placement, Reshard, RlSample, Sample, SampleStore,
+    Weights,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{
@@ -98,6 +99,7 @@ fn job(
     job_of(
         &config(),
         Communication::OnDemand,
+        Reshard::Never,
         data,
         optimizer,
         schedule,
@@ -108,22 +110,33 @@ fn job(
 fn job_of(
     config: &ModelConfig,
     communication: Communication,
+    reshard: Reshard,
     data: Arc<Vec<Sample>>,
     optimizer: OptimizerConfig,
     schedule: LrSchedule,
     resume: Option<TrainState>,
 ) -> Job {
-    let mut b = transformer_job(config, None, store(data.clone()), Objective::CrossEntropy)
-        .unwrap()
-        .trainers(2)
-        .servers(2)
-        .communication(communication)
-        .optimizer(optimizer)
-        .lr_schedule(schedule)
-        .pull_precision(Precision::F32)
-        // Several micro-batches per trainer per step.
-        .token_budget(400)
-        .data(move |step: u64| Ok(metas(&data, step)));
+    let placement = Placement {
+        reshard,
+        ..Placement::default()
+    };
+    let mut b = transformer_job_on(
+        config,
+        None,
+        store(data.clone()),
+        Objective::CrossEntropy,
+        placement,
+    )
+    .unwrap()
+    .trainers(2)
+    .servers(2)
+    .communication(communication)
+    .optimizer(optimizer)
+    .lr_schedule(schedule)
+    .pull_precision(Precision::F32)
+    // Several micro-batches per trainer per step.
+    .token_budget(400)
+    .data(move |step: u64| Ok(metas(&data, step)));
     if let Some(state) = resume {
         b = b.resume(state);
     }
@@ -212,13 +225,18 @@ fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 /// (float sums in another order), and the per-step losses agree to 1e-5 relative — for odc's
 /// reference model, and for a Hugging Face layout (GQA, biases, q/k norms, tied embeddings, rope
 /// scaling) both on demand and with the collective data path.
+/// Also with resharding after forward (every stage but the head, or all but the last two,
+/// re-gathered and recomputed in the backward): the same training within the same tolerance.
 #[test]
 fn odc_training_equals_candle_alone() {
-    odc_training_equals_candle_alone_on(
-        &config(),
-        Communication::OnDemand,
-        adamw_for_equivalence(),
-    );
+    for reshard in [Reshard::Never, Reshard::ALWAYS, Reshard::KeepLast(2)] {
+        odc_training_equals_candle_alone_on(
+            &config(),
+            Communication::OnDemand,
+            reshard,
+            adamw_for_equivalence(),
+        );
+    }
 }
 
 /// The equivalence checks' AdamW: `adamw(3e-3)` with eps 1e-4. AdamW moves an element by about
@@ -251,7 +269,14 @@ fn adamw_for_equivalence() -> OptimizerConfig {
 #[test]
 fn odc_training_equals_candle_alone_on_a_real_layout() {
     for communication in [Communication::OnDemand, Communication::Collective] {
-        odc_training_equals_candle_alone_on(&real_layout(), communication, adamw_for_equivalence());
+        for reshard in [Reshard::Never, Reshard::ALWAYS] {
+            odc_training_equals_candle_alone_on(
+                &real_layout(),
+                communication,
+                reshard,
+                adamw_for_equivalence(),
+            );
+        }
     }
 }
 
@@ -263,14 +288,18 @@ fn odc_training_equals_candle_alone_with_lora() {
         lora: Some(odc::model::LoraConfig::new(4)),
         ..real_layout()
     };
-    for communication in [Communication::OnDemand, Communication::Collective] {
-        odc_training_equals_candle_alone_on(&lora, communication, adamw_for_equivalence());
+    for (communication, reshard) in [
+        (Communication::OnDemand, Reshard::ALWAYS),
+        (Communication::Collective, Reshard::Never),
+    ] {
+        odc_training_equals_candle_alone_on(&lora, communication, reshard, adamw_for_equivalence());
     }
 }
 
 fn odc_training_equals_candle_alone_on(
     c: &ModelConfig,
     communication: Communication,
+    reshard: Reshard,
     optimizer: OptimizerConfig,
 ) {
     let data = Arc::new(samples(12));
@@ -280,6 +309,7 @@ fn odc_training_equals_candle_alone_on(
         let mut job = job_of(
             c,
             communication,
+            reshard,
             data.clone(),
             optimizer,
             LrSchedule::Constant,
@@ -299,7 +329,7 @@ fn odc_training_equals_candle_alone_on(
         );
         assert!(
             ((st.loss - want) / want).abs() < 1e-5,
-            "step {s}: loss {} vs candle {want} ({communication:?})",
+            "step {s}: loss {} vs candle {want} ({communication:?}, {reshard:?})",
             st.loss
         );
     }
@@ -312,7 +342,7 @@ fn odc_training_equals_candle_alone_on(
     );
     let diff = max_abs_diff(&got, &expected);
     eprintln!(
-        "odc ({communication:?}) vs candle alone after {STEPS} steps: max |Δ| = {diff:e}; \
+        "odc ({communication:?}, {reshard:?}) vs candle alone after {STEPS} steps: max |Δ| = {diff:e}; \
          losses {losses:?}"
     );
     assert!(diff < 2e-5, "odc vs candle alone: max |Δ| = {diff}");

@@ -18,6 +18,10 @@ pub const PULLED_BYTES: &str = "odc_pulled_bytes_total";
 pub const PUSHED_BYTES: &str = "odc_pushed_bytes_total";
 /// Latency of gathering one whole unit (all shards, all chunks), label `transport`.
 pub const PULL_SECONDS: &str = "odc_pull_seconds";
+/// Units gathered over the data plane (demand pulls and prefetches, not a unit served from the
+/// trainer's memory), label `transport`: with resharding after forward a released unit is
+/// gathered twice per micro-batch (forward and backward), as FSDP all-gathers twice.
+pub const UNIT_PULLS: &str = "odc_unit_pulls_total";
 /// Gathered units a trainer holds (resident plus prefetching), label `trainer`.
 pub const GATHERED_UNITS: &str = "odc_trainer_gathered_units";
 /// Compute seconds per micro-batch (pushes acknowledged included), label `trainer`.
@@ -81,6 +85,7 @@ pub fn describe() {
         "Gradient bytes acknowledged by their receivers"
     );
     describe_histogram!(PULL_SECONDS, Unit::Seconds, "Latency of gathering one unit");
+    describe_counter!(UNIT_PULLS, "Units gathered over the data plane");
     describe_gauge!(GATHERED_UNITS, "Gathered units a trainer holds");
     describe_histogram!(TRAINER_BUSY, Unit::Seconds, "Compute time per micro-batch");
     describe_histogram!(TRAINER_IDLE, Unit::Seconds, "Idle time per step");
@@ -144,6 +149,7 @@ pub fn describe() {
 #[derive(Clone)]
 pub struct TransferMetrics {
     pulled: Counter,
+    unit_pulls: Counter,
     pushed: Counter,
     pull_seconds: Histogram,
 }
@@ -152,6 +158,7 @@ impl TransferMetrics {
     pub fn new(transport: &'static str) -> Self {
         TransferMetrics {
             pulled: metrics::counter!(PULLED_BYTES, "transport" => transport),
+            unit_pulls: metrics::counter!(UNIT_PULLS, "transport" => transport),
             pushed: metrics::counter!(PUSHED_BYTES, "transport" => transport),
             pull_seconds: metrics::histogram!(PULL_SECONDS, "transport" => transport),
         }
@@ -160,6 +167,7 @@ impl TransferMetrics {
     /// A unit of `bytes` was gathered in `took`.
     pub fn pulled(&self, bytes: u64, took: Duration) {
         self.pulled.increment(bytes);
+        self.unit_pulls.increment(1);
         self.pull_seconds.record(took.as_secs_f64());
     }
 

@@ -196,6 +196,10 @@ struct SftOverheadArgs {
     /// sides instead of a preset, trained on synthetic samples of --min-len..=--max-len tokens.
     #[arg(long, conflicts_with = "model")]
     model_dir: Option<PathBuf>,
+    /// odc's trainers: what they keep of a unit between forward and backward (true, false, N
+    /// last stages, auto). Candle alone keeps everything.
+    #[arg(long, default_value = "auto")]
+    reshard_after_forward: odc::model::Reshard,
 }
 
 #[derive(Args)]
@@ -1264,6 +1268,7 @@ async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
         init,
         device,
         precision,
+        reshard: args.reshard_after_forward,
         data: if device.is_cuda() || args.model_dir.is_some() {
             so::Data::Synthetic {
                 min_len: args.min_len as usize,

@@ -46,7 +46,7 @@ use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use odc::model::{
     model_forward, open_device, param_count, transformer_job_on, unit_count, unit_init_values,
     unit_params, unit_vars, ComputePrecision, DeviceSpec, ModelConfig, Objective, PackedBatch,
-    Placement, Sample, SampleStore,
+    Placement, Reshard, Sample, SampleStore,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{DispatchMode, Job, OptimizerConfig, Precision, SampleMeta};
@@ -74,6 +74,8 @@ pub struct Settings {
     /// Where both sides compute.
     pub device: DeviceSpec,
     pub precision: ComputePrecision,
+    /// What odc's trainers keep of a unit between forward and backward.
+    pub reshard: Reshard,
     /// The samples: generated arithmetic problems, or synthetic ones.
     pub data: Data,
 }
@@ -332,6 +334,7 @@ fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
         device: settings.device,
         precision: settings.precision,
         local_rank: 0,
+        reshard: settings.reshard,
     };
     Ok(transformer_job_on(
         &config,

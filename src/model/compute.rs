@@ -24,9 +24,16 @@
 //! So any split of a minibatch over trainers gives the same update as one candle model on the whole
 //! minibatch (I3; `tests/model_on_odc.rs` checks it against candle alone).
 //!
-//! Memory: each unit's graph keeps a copy of its weights until its backward ran (as FSDP with
-//! `reshard_after_forward=False`); the gathered transfer buffers themselves are released after
-//! each unit's forward.
+//! **Memory** ([`Reshard`], [`Placement::reshard`]): with `Reshard::Never` each stage's graph
+//! keeps a copy of its weights until its backward ran (FSDP's `reshard_after_forward=False`): a
+//! trainer ends its forward holding the whole model. Resharding runs a stage's forward without a
+//! graph and keeps only its input (activation checkpointing at stage boundaries); the backward
+//! re-gathers the stage (the context prefetches downwards from the first one,
+//! [`TrainerContext::backward_from`]), recomputes its forward with a graph and runs its
+//! vector–Jacobian product as above, so a trainer holds at most the stage being differentiated,
+//! the prefetched one and one `tokens × d_model` input per stage. The last stages kept (at least
+//! the head) skip the second pull. Either way the gathered transfer buffers are released as soon
+//! as a stage's tensors are made. A tied head reads unit 0's matrix through a `Var` of its own.
 //!
 //! **On a CUDA device** ([`Placement`], [`super::device`]): each trainer opens its own device
 //! (own stream) at its first micro-batch; a gathered unit (host `f32`s) goes up in one
@@ -46,6 +53,7 @@ use super::config::ModelConfig;
 use super::device::{open_device, ComputePrecision, DeviceSpec};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
+use super::reshard::Reshard;
 use super::transformer::{
     check_unit_count, head_log_probs, head_tensors, stages, unit_count, unit_forward,
     unit_init_values, unit_params, unit_trainable, HeadOutput, UnitOutput,
@@ -207,14 +215,16 @@ pub fn tensor_map(config: &ModelConfig) -> super::Result<TensorMap> {
     TensorMap::new(units).map_err(|e| super::Error::Batch(e.to_string()))
 }
 
-/// Where a [`TransformerCompute`] runs: the device, the precision of its matmuls and activations,
-/// and the process's local rank (`ODC_LOCAL_RANK`; `cuda` without an ordinal is device
-/// `local_rank mod device_count`). The default is the CPU in fp32.
+/// Where and how a [`TransformerCompute`] runs: the device, the precision of its matmuls and
+/// activations, the process's local rank (`ODC_LOCAL_RANK`; `cuda` without an ordinal is device
+/// `local_rank mod device_count`), and what it keeps of a unit between its forward and its
+/// backward ([`Reshard`]). The default is the CPU in fp32, resharding by the model's size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Placement {
     pub device: DeviceSpec,
     pub precision: ComputePrecision,
     pub local_rank: u32,
+    pub reshard: Reshard,
 }
 
 /// The [`Compute`] of the model (see the [module docs](self)).
@@ -437,6 +447,107 @@ impl TransformerCompute {
         Ok(UnitGrad::Host(flat.to_vec1::<f32>()?))
     }
 
+    /// The gathered values of a stage's units, in the stage's order; gathered in reverse order
+    /// in the backward (so the context's prefetch, which then runs downwards, finds the next).
+    async fn gather_stage(
+        &mut self,
+        ctx: &mut TrainerContext,
+        stage: &[usize],
+        reverse: bool,
+    ) -> crate::Result<Vec<Arc<[f32]>>> {
+        let mut values: Vec<Option<Arc<[f32]>>> = vec![None; stage.len()];
+        let order: Vec<usize> = if reverse {
+            (0..stage.len()).rev().collect()
+        } else {
+            (0..stage.len()).collect()
+        };
+        for i in order {
+            values[i] = Some(ctx.gather(stage[i] as u32).await?);
+        }
+        Ok(values.into_iter().flatten().collect())
+    }
+
+    /// A stage's forward on `input` (none for the embedding) from its units' gathered `values`
+    /// (handed back to the context here: released once they are tensors). With `graph`, a
+    /// trainable unit's tensors are `Var`s and the input is a `Var`, so the backward can run;
+    /// without, nothing is recorded (a resharded stage's forward). The embedding stage leaves
+    /// unit 0's matrix in `embedding` for a tied head, which gets a `Var` of its own.
+    #[allow(clippy::too_many_arguments)]
+    fn stage_forward(
+        &mut self,
+        stage: &[usize],
+        values: Vec<Arc<[f32]>>,
+        graph: bool,
+        input: Option<&Tensor>,
+        embedding: &mut Option<Tensor>,
+        batch: &PackedBatch,
+        rl: &Option<(GrpoConfig, Tensor, Tensor)>,
+    ) -> super::Result<StageGraph> {
+        let device = self.device()?;
+        let head = self.specs.len() - 1;
+        let first = stage[0];
+        let mut tensors = Vec::new();
+        let mut units = Vec::with_capacity(stage.len());
+        for (&u, values) in stage.iter().zip(values) {
+            let trainable = graph && unit_trainable(&self.config, u)?;
+            // A frozen unit's tensors are constants of the graph: no gradient is computed for
+            // them (the backward still flows through them to the input).
+            let (params, vars) = self.unit_params(u, &values[..], trainable, &device)?;
+            drop(values);
+            if u == 0 && self.config.tie_embeddings {
+                *embedding = params.first().map(Tensor::detach);
+            }
+            tensors.extend(self.placement.precision.cast(&params)?);
+            units.push((u, vars));
+        }
+        let input_var = match input {
+            Some(x) if graph => Some(Var::from_tensor(x)?),
+            _ => None,
+        };
+        let x = match &input_var {
+            Some(var) => Some(var.as_tensor().clone()),
+            None => input.cloned(),
+        };
+        let mut tied = None;
+        if first == head && self.config.tie_embeddings {
+            let matrix = embedding
+                .as_ref()
+                .ok_or_else(|| super::Error::Batch("no embedding unit before the head".into()))?;
+            let matrix = if graph && unit_trainable(&self.config, 0)? {
+                let var = Var::from_tensor(matrix)?;
+                let t = var.as_tensor().clone();
+                tied = Some(var);
+                t
+            } else {
+                matrix.clone()
+            };
+            let cast = self
+                .placement
+                .precision
+                .cast(std::slice::from_ref(&matrix))?;
+            tensors = head_tensors(&self.config, &tensors, &cast[0]);
+        }
+        let output = match (rl, &x) {
+            (Some((config, adv, reference)), Some(x)) if first == head => {
+                let (logits, log_probs) = head_log_probs(&self.config, &tensors, x, batch)?;
+                let loss_sum =
+                    grpo_loss_sum(&log_probs, adv, reference, &batch.target_weights, *config)?;
+                UnitOutput::Head(HeadOutput {
+                    logits,
+                    loss: loss_sum.clone(),
+                    loss_sum,
+                })
+            }
+            _ => unit_forward(&self.config, first, &tensors, x.as_ref(), batch)?,
+        };
+        Ok(StageGraph {
+            units,
+            input: input_var,
+            tied,
+            output,
+        })
+    }
+
     /// Pushes a gradient whose download completed (or waits for it first).
     fn push(&mut self, ctx: &mut TrainerContext, u: usize, grad: UnitGrad) -> crate::Result<()> {
         match grad {
@@ -485,12 +596,28 @@ fn location_ordinal(device: &Device) -> usize {
     }
 }
 
-/// One stage's forward kept for its backward: its units (index, and the `Var`s of a trainable
-/// one), the detached input and the output.
-struct Forward {
+/// A stage's forward with its graph, for its backward: its units (index, and the `Var`s of a
+/// trainable one), the input as a `Var` (none for the embedding), the head's own `Var` of the
+/// tied embedding matrix, and the output.
+struct StageGraph {
     units: Vec<(usize, Option<Vec<Var>>)>,
     input: Option<Var>,
+    tied: Option<Var>,
     output: UnitOutput,
+}
+
+/// What the forward leaves for a stage's backward: its graph, or (resharded) only its input.
+enum Forward {
+    Kept(StageGraph),
+    Resharded { input: Option<Tensor> },
+}
+
+/// The context's buffers of a stage's units, once they are tensors (I5).
+fn release(ctx: &mut TrainerContext, stage: &[usize]) -> crate::Result<()> {
+    for &u in stage {
+        ctx.release(u as u32)?;
+    }
+    Ok(())
 }
 
 fn user(e: impl std::fmt::Display) -> crate::Error {
@@ -506,7 +633,6 @@ impl Compute for TransformerCompute {
         ctx: &mut TrainerContext,
         mb: &MicroBatch,
     ) -> crate::Result<ComputeOutput> {
-        let units = self.specs.len();
         let device = self.device().map_err(user)?;
         if mb.weighting != LossWeighting::Tokens {
             return Err(crate::Error::Config(
@@ -555,93 +681,90 @@ impl Compute for TransformerCompute {
         };
 
         let stages = stages(&self.config);
-        let head = units - 1;
+        let reshard = self.placement.reshard.resolve(&self.config).map_err(user)?;
         let mut forwards: Vec<Forward> = Vec::with_capacity(stages.len());
         let mut hidden: Option<Tensor> = None;
-        // Unit 0's matrix as the forward reads it: the LM head too when the embeddings are tied.
+        // Unit 0's matrix (fp32, no graph): the LM head too when the embeddings are tied.
         let mut embedding: Option<Tensor> = None;
-        for stage in &stages {
-            let first = stage[0];
-            let mut tensors = Vec::new();
-            let mut gathered = Vec::with_capacity(stage.len());
-            for &u in stage {
-                let values = ctx.gather(u as u32).await?;
-                let trainable = unit_trainable(&self.config, u).map_err(user)?;
-                // A frozen unit's tensors are constants of the graph: no gradient is computed
-                // for them (the backward still flows through them to the input).
-                let (params, vars) = self
-                    .unit_params(u, &values[..], trainable, &device)
-                    .map_err(user)?;
-                drop(values);
-                ctx.release(u as u32)?;
-                tensors.extend(self.placement.precision.cast(&params).map_err(user)?);
-                gathered.push((u, vars));
-            }
-            let input = match &hidden {
-                None => None,
-                Some(h) => Some(Var::from_tensor(&h.detach()).map_err(user)?),
-            };
-            if first == 0 {
-                embedding = tensors.first().cloned();
-            } else if first == head {
-                let embedding = embedding
-                    .as_ref()
-                    .ok_or_else(|| user("no embedding unit"))?;
-                tensors = head_tensors(&self.config, &tensors, embedding);
-            }
-            let output = match (&rl, &input) {
-                (Some((config, adv, reference)), Some(x)) if first == head => {
-                    let (logits, log_probs) =
-                        head_log_probs(&self.config, &tensors, x.as_tensor(), &batch)
-                            .map_err(user)?;
-                    let loss_sum =
-                        grpo_loss_sum(&log_probs, adv, reference, &batch.target_weights, *config)
-                            .map_err(user)?;
-                    UnitOutput::Head(HeadOutput {
-                        logits,
-                        loss: loss_sum.clone(),
-                        loss_sum,
-                    })
-                }
-                _ => unit_forward(
-                    &self.config,
-                    first,
-                    &tensors,
-                    input.as_ref().map(Var::as_tensor),
+        for (s, stage) in stages.iter().enumerate() {
+            // The previous stage's output, cut from its graph: each stage has its own.
+            let input = hidden.take().map(|h| h.detach());
+            let keep = reshard.keeps(s, stages.len());
+            let values = self.gather_stage(ctx, stage, false).await?;
+            let graph = self
+                .stage_forward(
+                    stage,
+                    values,
+                    keep,
+                    input.as_ref(),
+                    &mut embedding,
                     &batch,
+                    &rl,
                 )
-                .map_err(user)?,
-            };
-            if let UnitOutput::Hidden(h) = &output {
+                .map_err(user)?;
+            release(ctx, stage)?;
+            if let UnitOutput::Hidden(h) = &graph.output {
                 hidden = Some(h.clone());
             }
-            forwards.push(Forward {
-                units: gathered,
-                input,
-                output,
+            forwards.push(if keep {
+                Forward::Kept(graph)
+            } else {
+                // Released: the weights and the graph go; the input is the checkpoint.
+                Forward::Resharded { input }
             });
+        }
+        // Re-gathers come in reverse order, from the last resharded stage's last unit down:
+        // prefetch it while the kept stages' backward runs.
+        let first_regather = forwards
+            .iter()
+            .rposition(|f| matches!(f, Forward::Resharded { .. }))
+            .and_then(|s| stages[s].last());
+        if let Some(&unit) = first_regather {
+            ctx.backward_from(unit as u32);
         }
 
         let mut loss: Option<Tensor> = None;
         let mut grad_output: Option<Tensor> = None;
         // Tied embeddings: the head's gradient of the embedding, added to unit 0's.
-        let embedding_var = match (self.config.tie_embeddings, forwards.first()) {
-            (true, Some(f)) => f
-                .units
-                .first()
-                .and_then(|(_, vars)| vars.as_ref()?.first().cloned()),
-            _ => None,
-        };
         let mut tied: Option<Tensor> = None;
         // A device gradient is pushed once the next unit's backward is enqueued (overlap).
         let mut pending: Option<(usize, UnitGrad)> = None;
-        while let Some(Forward {
-            units: gathered,
-            input,
-            output,
-        }) = forwards.pop()
-        {
-            let first = gathered.first().map_or(0, |(u, _)| *u);
+        while let Some(forward) = forwards.pop() {
+            let stage = &stages[forwards.len()];
+            let trains = stage
+                .iter()
+                .map(|&u| unit_trainable(&self.config, u))
+                .collect::<super::Result<Vec<bool>>>()
+                .map_err(user)?;
+            let graph = match forward {
+                Forward::Kept(graph) => graph,
+                // A stage with nothing to train and no input to pass a gradient to (a frozen
+                // embedding) has no backward: not even a re-gather.
+                Forward::Resharded { input: None } if !trains.iter().any(|&t| t) => continue,
+                Forward::Resharded { input } => {
+                    let values = self.gather_stage(ctx, stage, true).await?;
+                    let graph = self
+                        .stage_forward(
+                            stage,
+                            values,
+                            true,
+                            input.as_ref(),
+                            &mut embedding,
+                            &batch,
+                            &rl,
+                        )
+                        .map_err(user)?;
+                    release(ctx, stage)?;
+                    graph
+                }
+            };
+            let StageGraph {
+                units: gathered,
+                input,
+                tied: tied_var,
+                output,
+            } = graph;
+            let first = stage[0];
             let root = match (&output, &grad_output) {
                 (UnitOutput::Head(head), _) => {
                     loss = Some(head.loss_sum.clone());
@@ -654,17 +777,12 @@ impl Compute for TransformerCompute {
                     return Err(user(format!("unit {first} has no output gradient")))
                 }
             };
-            // A stage with nothing to train and no input to pass a gradient to (a frozen
-            // embedding) has no backward.
             if input.is_none() && gathered.iter().all(|(_, vars)| vars.is_none()) {
                 continue;
             }
             let grads = root.backward().map_err(user)?;
-            if first == head {
-                tied = match &embedding_var {
-                    Some(var) => grads.get(var.as_tensor()).map(Tensor::detach),
-                    None => None,
-                };
+            if let Some(var) = &tied_var {
+                tied = grads.get(var.as_tensor()).map(Tensor::detach);
             }
             for (u, vars) in &gathered {
                 let Some(params) = vars else { continue };

@@ -42,6 +42,7 @@ pub mod hf;
 pub mod lora;
 pub mod ops;
 pub mod params;
+pub mod reshard;
 pub mod shares;
 #[cfg(feature = "cuda")]
 pub mod staging;
@@ -64,6 +65,7 @@ pub use generate::{
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 pub use lora::{LoraConfig, LoraTarget};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
+pub use reshard::Reshard;
 pub use shares::{map_in_shares, share_range};
 pub use threads::{share_cpu_threads, CpuThreads};
 pub use transformer::{

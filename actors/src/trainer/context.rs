@@ -308,6 +308,17 @@ impl TrainerContext {
         }
     }
 
+    /// Switch to backward order with `next` the next unit to gather: forward prefetches still in
+    /// flight are dropped and prefetching starts at `next`, downwards. For a compute that keeps
+    /// some units from forward to backward (resharding all but the last few): [`Self::backward`]
+    /// would prefetch the kept ones below the unit gathered last.
+    pub fn backward_from(&mut self, next: UnitId) {
+        self.direction = Direction::Backward;
+        self.cancel_prefetches();
+        self.prefetch_after(next.saturating_add(1));
+        self.note_held();
+    }
+
     /// The whole unit at this micro-batch's version: already gathered, kept from the previous
     /// micro-batch, prefetched, or pulled now; then prefetch ahead.
     pub async fn gather(&mut self, unit: UnitId) -> Result<Arc<[f32]>> {
