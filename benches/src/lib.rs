@@ -19,6 +19,7 @@ pub mod fabric;
 pub mod floor;
 pub mod hf;
 pub mod input;
+pub mod memory;
 pub mod processes;
 pub mod report;
 pub mod sft_overhead;

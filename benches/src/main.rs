@@ -26,6 +26,10 @@ use odc_bench::transport::{self as pulls, Backend, OwnerKind, TransportReport};
 use odc_bench::validate::{self, ClockRatio};
 use odc_bench::workload::Workload;
 
+/// Counts live bytes for `odc-bench memory` (a relaxed atomic add per allocation elsewhere).
+#[global_allocator]
+static ALLOCATOR: odc_bench::memory::Counting = odc_bench::memory::Counting;
+
 #[derive(Parser)]
 #[command(
     name = "odc-bench",
@@ -78,6 +82,30 @@ enum Command {
     /// Bytes pulled and pushed per step with LoRA against full fine-tuning of the same model
     /// (a model directory or a shape), trainers and servers in one process.
     LoraTraffic(LoraTrafficArgs),
+    /// Bytes a trainer holds while it trains one sample (a counting allocator; RSS beside it)
+    /// against sequence length and depth, next to the analytical expectation, for the old path
+    /// (no resharding, plain attention and head) and the new one (odc_bench::memory).
+    Memory(MemoryArgs),
+}
+
+#[derive(Args)]
+struct MemoryArgs {
+    /// The model's shape: tiny, or a public one (smollm2-135m, qwen2.5-0.5b, qwen3-0.6b,
+    /// llama3.2-1b), with seeded random weights.
+    #[arg(long, default_value = "qwen2.5-0.5b")]
+    shape: String,
+    /// Blocks of the model (default: the shape's), comma-separated for a depth sweep.
+    #[arg(long, value_delimiter = ',')]
+    layers: Vec<usize>,
+    /// Tokens of the one sample per step, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096")]
+    lengths: Vec<usize>,
+    /// The paths to measure: old, new (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "new")]
+    paths: Vec<odc_bench::memory::Path>,
+    /// Write an SVG plot of measured bytes against length here.
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1527,6 +1555,105 @@ fn device_name(device: &candle_core::Device, spec: odc::model::DeviceSpec) -> St
     }
 }
 
+async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
+    use odc_bench::memory as mem;
+    let shape = if args.shape == "tiny" {
+        odc::model::ModelConfig::tiny()
+    } else {
+        odc_bench::hf::shape(&args.shape)?
+    };
+    let depths = if args.layers.is_empty() {
+        vec![shape.n_layers]
+    } else {
+        args.layers.clone()
+    };
+    let gb = |b: u64| b as f64 / 1e9;
+    println!(
+        "odc-bench memory: {} ({} heads over {} KV, hidden {}, vocab {}), fp32 on the CPU, one \
+         trainer and one server in this process, one sample per step; measured = the allocator's \
+         peak during the second step's micro-batch minus its level at its start",
+        args.shape,
+        shape.n_heads,
+        shape.kv_heads(),
+        shape.d_model,
+        shape.vocab_size
+    );
+    println!(
+        "{:<4} {:>6} {:>7} {:>12} {:>12} {:>6}  {:>12} {:>8} {:>9}  expected peak phase",
+        "path",
+        "layers",
+        "tokens",
+        "measured GB",
+        "expected GB",
+        "ratio",
+        "peak RSS GB",
+        "step s",
+        "tokens/s"
+    );
+    let mut points = Vec::new();
+    for &layers in &depths {
+        let config = odc::model::ModelConfig {
+            n_layers: layers,
+            max_seq_len: shape
+                .max_seq_len
+                .max(*args.lengths.iter().max().unwrap_or(&0)),
+            ..shape.clone()
+        };
+        for &path in &args.paths {
+            for &tokens in &args.lengths {
+                let p = mem::measure(&config, tokens, path).await?;
+                println!(
+                    "{:<4} {:>6} {:>7} {:>12.3} {:>12.3} {:>6.2}  {:>12.2} {:>8.1} {:>9.0}  {}",
+                    p.path.to_string(),
+                    p.layers,
+                    p.tokens,
+                    gb(p.measured),
+                    gb(p.expected.total()),
+                    p.measured as f64 / p.expected.total().max(1) as f64,
+                    gb(p.peak_rss),
+                    p.step_s,
+                    p.tokens as f64 / p.step_s,
+                    p.expected.phase
+                );
+                points.push(p);
+            }
+        }
+    }
+    // Bytes per added token between consecutive lengths (linear growth: equal).
+    for &path in &args.paths {
+        for &layers in &depths {
+            let line: Vec<&mem::Point> = points
+                .iter()
+                .filter(|p| p.path == path && p.layers == layers)
+                .collect();
+            for pair in line.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                println!(
+                    "result memory path={path} layers={layers} bytes_per_token {}->{} = {:.0}",
+                    a.tokens,
+                    b.tokens,
+                    (b.measured as f64 - a.measured as f64) / (b.tokens - a.tokens) as f64
+                );
+            }
+        }
+    }
+    if let Some(path) = &args.svg {
+        let title = format!(
+            "{} ({} layers): trainer peak memory against sample length",
+            args.shape, depths[0]
+        );
+        let first_depth: Vec<mem::Point> = points
+            .iter()
+            .filter(|p| p.layers == depths[0])
+            .cloned()
+            .collect();
+        std::fs::write(path, mem::svg(&first_depth, &title))
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("plot: {}", path.display());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -1548,6 +1675,7 @@ fn main() -> ExitCode {
             Command::HfMake(args) => hf_make(args),
             Command::HfLoad(args) => hf_load(args),
             Command::LoraTraffic(args) => runtime.block_on(lora_traffic(args)),
+            Command::Memory(args) => runtime.block_on(memory(args)),
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,465 @@
+//! `odc-bench memory`: the bytes a trainer holds while it trains one sample, against sequence
+//! length and depth, beside the analytical expectation.
+//!
+//! - **Measured**: the benchmark binary's global allocator counts every live byte
+//!   ([`Counting`]); a wrapper around the model's compute ([`Measured`]) records, per
+//!   micro-batch, the allocator's peak during the compute minus its level when the compute
+//!   started — what the trainer's forward and backward added on top of the process (the shard
+//!   server's masters, optimizer state and published copies exist before the micro-batch
+//!   starts; the measured step is the second, so the server's accumulators exist too). RSS
+//!   (`VmHWM`, the process's peak) is printed beside it as a cross-check.
+//! - **Job**: one trainer and one shard server in one process, AdamW, one sample of `L` random
+//!   tokens per step, 2 steps; fp32 on the CPU (or `--device cuda`: the allocator then counts the
+//!   host side only, and the device's bytes are not measured here).
+//! - **Expected** ([`expected`]): two gathered units (the one being differentiated and the one
+//!   prefetched, as f32 tensors), one `tokens × d_model` checkpoint per stage kept for the
+//!   backward, one block's working set (its activations and their gradients while it is
+//!   differentiated, plus one attention tile per query block), the head's chunk of logits, the
+//!   unit gradient being pushed, and (tied embeddings) unit 0's matrix, which the head reads.
+//!   Without resharding, every stage's weights and graph are held instead of one.
+//!
+//! The two paths of [`Path`]: `old` keeps every stage (no resharding) with the plain attention
+//! and head (the `[heads, L, L]` scores and `[L, vocab]` logits in the graph); `new` reshards
+//! after forward with the blocked attention and the chunked head.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use odc::model::{
+    param_count, transformer_job_of, unit_count, unit_params, ModelConfig, Objective, Placement,
+    Reshard, Sample, SampleStore, TransformerCompute,
+};
+use odc::{
+    async_trait, Compute, ComputeOutput, MicroBatch, OptimizerConfig, Precision, SampleMeta,
+    TrainerContext, UnitSpec,
+};
+
+static LIVE: AtomicU64 = AtomicU64::new(0);
+static PEAK: AtomicU64 = AtomicU64::new(0);
+static INSTALLED: AtomicU64 = AtomicU64::new(0);
+
+/// A global allocator counting live bytes and their peak (install it in a binary:
+/// `#[global_allocator] static A: Counting = Counting;`).
+pub struct Counting;
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            grew(layout.size() as u64);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grew(layout.size() as u64);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            let old = layout.size() as u64;
+            let new = new_size as u64;
+            if new >= old {
+                grew(new - old);
+            } else {
+                LIVE.fetch_sub(old - new, Ordering::Relaxed);
+            }
+        }
+        p
+    }
+}
+
+fn grew(bytes: u64) {
+    INSTALLED.store(1, Ordering::Relaxed);
+    let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
+
+/// Whether [`Counting`] is this process's allocator (it has counted something).
+pub fn counting() -> bool {
+    INSTALLED.load(Ordering::Relaxed) == 1
+}
+
+/// Live bytes now; the peak is reset to them.
+fn reset_peak() -> u64 {
+    let live = LIVE.load(Ordering::Relaxed);
+    PEAK.store(live, Ordering::Relaxed);
+    live
+}
+
+fn peak() -> u64 {
+    PEAK.load(Ordering::Relaxed)
+}
+
+/// The process's peak resident memory (`VmHWM`), bytes.
+pub fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM")?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The model's compute, measuring what each micro-batch adds to the allocator's level.
+struct Measured {
+    inner: TransformerCompute,
+    peaks: Arc<Mutex<Vec<u64>>>,
+}
+
+#[async_trait]
+impl Compute for Measured {
+    async fn run(
+        &mut self,
+        ctx: &mut TrainerContext,
+        mb: &MicroBatch,
+    ) -> odc::Result<ComputeOutput> {
+        let start = reset_peak();
+        let out = self.inner.run(ctx, mb).await;
+        let held = peak().saturating_sub(start);
+        self.peaks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(held);
+        out
+    }
+}
+
+/// Which trainer-side memory path runs (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// No resharding, plain attention and head.
+    Old,
+    /// Resharding after forward, blocked attention, chunked head.
+    New,
+}
+
+impl std::str::FromStr for Path {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "old" => Ok(Path::Old),
+            "new" => Ok(Path::New),
+            other => Err(format!("a path is old or new, not {other:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Path::Old => "old",
+            Path::New => "new",
+        })
+    }
+}
+
+impl Path {
+    fn reshard(self) -> Reshard {
+        match self {
+            Path::Old => Reshard::Never,
+            Path::New => Reshard::ALWAYS,
+        }
+    }
+}
+
+/// One measurement.
+#[derive(Debug, Clone)]
+pub struct Point {
+    pub path: Path,
+    pub tokens: usize,
+    pub layers: usize,
+    /// The allocator's peak during the measured micro-batch minus its level at its start.
+    pub measured: u64,
+    pub expected: Expected,
+    /// The process's peak RSS after the run.
+    pub peak_rss: u64,
+    /// Seconds of the measured step; tokens per second.
+    pub step_s: f64,
+}
+
+/// The analytical expectation (see the [module docs](self)): the largest of the phases a
+/// micro-batch goes through, each a sum of named parts, bytes.
+#[derive(Debug, Clone, Default)]
+pub struct Expected {
+    /// The phase of the peak, and its parts.
+    pub phase: &'static str,
+    pub parts: Vec<(&'static str, u64)>,
+}
+
+impl Expected {
+    pub fn total(&self) -> u64 {
+        self.parts.iter().map(|(_, b)| b).sum()
+    }
+
+    /// The phase with the largest total.
+    fn peak(phases: Vec<Expected>) -> Expected {
+        phases
+            .into_iter()
+            .max_by_key(Expected::total)
+            .unwrap_or_default()
+    }
+}
+
+/// Bytes of the chunked head's logits at once (its transient `[rows, vocab]`).
+const HEAD_CHUNK_BYTES: u64 = 64 << 20;
+
+/// The expectation for `config` on one sample of `tokens` tokens (fp32), on `path`.
+pub fn expected(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Result<Expected> {
+    const F32: u64 = 4;
+    let t = tokens as u64;
+    let d = config.d_model as u64;
+    let hd = config.head_dim() as u64;
+    let (h, kv) = (config.n_heads as u64, config.kv_heads() as u64);
+    let ff = config.d_ff as u64;
+    let v = config.vocab_size as u64;
+    let units = unit_count(config);
+    let unit_bytes: Vec<u64> = (0..units)
+        .map(|u| {
+            Ok(unit_params(config, u)?
+                .iter()
+                .map(|p| p.numel() as u64 * F32)
+                .sum::<u64>())
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let block = unit_bytes[1..units - 1].iter().copied().max().unwrap_or(0);
+    let embedding = unit_bytes[0];
+    let tied = if config.tie_embeddings { embedding } else { 0 };
+    // Per token of one block's graph: x, norm, q, k, v (and the KV heads repeated for the
+    // queries), the attention output, o_proj, the residual, norm, gate, up, silu (and its
+    // sigmoid), their product, down, the residual.
+    let activations = (6 * d + 4 * h * hd + 2 * kv * hd + 5 * ff) * F32;
+    let checkpoints = (config.n_layers as u64 + 1) * t * d * F32;
+    Ok(match path {
+        Path::New => {
+            // One attention tile per query block ([H, 128, 1024] scores, probabilities and
+            // their gradient), the chunk of head logits (logits, softmax, gradient).
+            let tile = h * 128 * 1024.min(t) * F32 * 3;
+            let head_rows = (HEAD_CHUNK_BYTES / (v * F32)).max(1).min(t);
+            Expected::peak(vec![
+                Expected {
+                    phase: "a block's backward",
+                    parts: vec![
+                        ("stage inputs", checkpoints),
+                        ("block weights + prefetch + gradient", 3 * block),
+                        (
+                            "block activations and their gradients",
+                            2 * activations * t + tile,
+                        ),
+                        ("tied embedding (read by the head)", tied),
+                    ],
+                },
+                Expected {
+                    phase: "the head",
+                    parts: vec![
+                        ("stage inputs", checkpoints),
+                        ("head chunk", 3 * head_rows * v * F32 + 2 * t * d * F32),
+                        (
+                            "head and prefetched block",
+                            unit_bytes[units - 1] + tied + block,
+                        ),
+                    ],
+                },
+                Expected {
+                    phase: "the embedding's backward",
+                    parts: vec![
+                        ("embedding, its gradient and the pushed copy", 3 * embedding),
+                        ("tied matrix and its gradient", 2 * tied),
+                        ("input gradient", t * d * F32),
+                    ],
+                },
+            ])
+        }
+        Path::Old => {
+            // Every block's graph with its scores: scale, mask, softmax and their copies (about
+            // six [H, L, L] f32 tensors per block).
+            let scores = 6 * h * t * t * F32;
+            Expected::peak(vec![Expected {
+                phase: "the end of the forward",
+                parts: vec![
+                    ("every unit's weights", unit_bytes.iter().sum()),
+                    ("stage inputs", checkpoints),
+                    (
+                        "every block's graph",
+                        config.n_layers as u64 * (activations * t + scores),
+                    ),
+                    ("logits, log-softmax and their gradient", 4 * t * v * F32),
+                    ("a gradient being pushed", block.max(tied)),
+                ],
+            }])
+        }
+    })
+}
+
+/// Trains `tokens`-token samples of `config` on `path`, 2 steps; the second one's measurement.
+pub async fn measure(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Result<Point> {
+    if !counting() {
+        anyhow::bail!(
+            "the counting allocator is not installed: odc-bench memory runs in the odc-bench binary"
+        );
+    }
+    let sample = Sample::all_loss(
+        (0..tokens as u64)
+            .map(|i| ((i * 2_654_435_761) % (config.vocab_size as u64 - 3) + 3) as u32)
+            .collect(),
+    );
+    let store: Arc<dyn SampleStore> = Arc::new(move |_: u64| Ok(sample.clone()));
+    let placement = Placement {
+        reshard: path.reshard(),
+        ..Placement::default()
+    };
+    let units: Vec<UnitSpec> = odc::model::layout_units(config)?;
+    let compute = TransformerCompute::on(config.clone(), placement, store.clone())?;
+    let peaks = Arc::new(Mutex::new(Vec::new()));
+    let recorded = peaks.clone();
+    let mut job = transformer_job_of(config, units, store, Objective::CrossEntropy, placement)?
+        .compute(move |_| {
+            Box::new(Measured {
+                inner: compute.clone(),
+                peaks: recorded.clone(),
+            }) as Box<dyn Compute>
+        })
+        .trainers(1)
+        .servers(1)
+        .optimizer(OptimizerConfig::adamw(1e-4))
+        .pull_precision(Precision::F32)
+        .token_budget(tokens as u64)
+        .data(move |_| Ok(vec![SampleMeta::new(0, tokens as u64)]))
+        .build()?;
+    job.step().await?;
+    let started = Instant::now();
+    job.step().await?;
+    let step_s = started.elapsed().as_secs_f64();
+    job.shutdown().await;
+    let measured = peaks
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .last()
+        .copied()
+        .unwrap_or(0);
+    Ok(Point {
+        path,
+        tokens,
+        layers: config.n_layers,
+        measured,
+        expected: expected(config, tokens, path)?,
+        peak_rss: peak_rss(),
+        step_s,
+    })
+}
+
+/// Parameters of `config`, for the report.
+pub fn parameters(config: &ModelConfig) -> anyhow::Result<usize> {
+    Ok(param_count(config)?)
+}
+
+/// An SVG plot of measured bytes against tokens, one line per path (log–log axes).
+pub fn svg(points: &[Point], title: &str) -> String {
+    let (w, h, m) = (640.0, 400.0, 60.0);
+    let xs: Vec<f64> = points.iter().map(|p| p.tokens as f64).collect();
+    let ys: Vec<f64> = points.iter().map(|p| p.measured.max(1) as f64).collect();
+    let (x0, x1) = (
+        xs.iter().copied().fold(f64::INFINITY, f64::min).log2(),
+        xs.iter().copied().fold(1.0, f64::max).log2(),
+    );
+    let (y0, y1) = (
+        ys.iter().copied().fold(f64::INFINITY, f64::min).log2(),
+        ys.iter().copied().fold(1.0, f64::max).log2(),
+    );
+    let sx = |x: f64| m + (x.log2() - x0) / (x1 - x0).max(1e-9) * (w - 2.0 * m);
+    let sy = |y: f64| h - m - (y.log2() - y0) / (y1 - y0).max(1e-9) * (h - 2.0 * m);
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" \
+         fill=\"white\"/>\n<text x=\"{m}\" y=\"24\" font-size=\"14\">{title}</text>\n\
+         <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <text x=\"{}\" y=\"{}\">tokens per sample (log)</text>\n\
+         <text x=\"12\" y=\"{}\" transform=\"rotate(-90 12 {})\">trainer peak bytes (log)</text>\n",
+        h - m,
+        w - m,
+        h - m,
+        h - m,
+        w / 2.0 - 60.0,
+        h - 16.0,
+        h / 2.0,
+        h / 2.0
+    );
+    for (path, colour) in [(Path::Old, "#c0392b"), (Path::New, "#2471a3")] {
+        let mut line: Vec<&Point> = points.iter().filter(|p| p.path == path).collect();
+        line.sort_by_key(|p| p.tokens);
+        if line.is_empty() {
+            continue;
+        }
+        let coords: Vec<String> = line
+            .iter()
+            .map(|p| {
+                format!(
+                    "{:.1},{:.1}",
+                    sx(p.tokens as f64),
+                    sy(p.measured.max(1) as f64)
+                )
+            })
+            .collect();
+        out += &format!(
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            coords.join(" ")
+        );
+        for p in &line {
+            out += &format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{colour}\"/>\n\
+                 <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\">{} · {:.2} GB</text>\n",
+                sx(p.tokens as f64),
+                sy(p.measured.max(1) as f64),
+                sx(p.tokens as f64) + 5.0,
+                sy(p.measured.max(1) as f64) - 5.0,
+                p.tokens,
+                p.measured as f64 / 1e9
+            );
+        }
+        let last = line[line.len() - 1];
+        out += &format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{path}</text>\n",
+            sx(last.tokens as f64) - 30.0,
+            sy(last.measured.max(1) as f64) + 18.0
+        );
+    }
+    out + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_new_path_is_linear_in_length_and_flat_in_depth_on_paper() {
+        let config = crate::hf::shape("qwen2.5-0.5b").unwrap();
+        let at = |t: usize| expected(&config, t, Path::New).unwrap().total() as f64;
+        let (a, b, c) = (at(8_192), at(16_384), at(32_768));
+        let (per_1, per_2) = ((b - a) / 8_192.0, (c - b) / 16_384.0);
+        assert!((per_1 / per_2 - 1.0).abs() < 0.1, "{per_1} vs {per_2}");
+        // The old path's scores grow with the square of the length.
+        let old = |t: usize| expected(&config, t, Path::Old).unwrap().total() as f64;
+        assert!(old(4_096) / old(2_048) > 3.0);
+        // Depth adds one checkpoint per stage on the new path.
+        let deeper = ModelConfig {
+            n_layers: 48,
+            ..config.clone()
+        };
+        let added = expected(&deeper, 4_096, Path::New).unwrap().total()
+            - expected(&config, 4_096, Path::New).unwrap().total();
+        assert!(added <= 24 * 4_096 * 896 * 4, "{added}");
+    }
+}
