@@ -106,6 +106,10 @@ struct MemoryArgs {
     /// Write an SVG plot of measured bytes against length here.
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// Instead of memory: step time of resharding against keeping at each length, this many
+    /// ABCCBA rounds (keep, reshard, keep again as the control).
+    #[arg(long, default_value_t = 0)]
+    speed_rounds: usize,
 }
 
 #[derive(Args)]
@@ -1568,6 +1572,32 @@ async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
         args.layers.clone()
     };
     let gb = |b: u64| b as f64 / 1e9;
+    if args.speed_rounds > 0 {
+        let config = odc::model::ModelConfig {
+            n_layers: depths[0],
+            ..shape.clone()
+        };
+        println!(
+            "odc-bench memory --speed-rounds {}: {} with {} layers, one trainer and one server, \
+             fp32 on the CPU; median step seconds, ABCCBA (keep, reshard, keep again)",
+            args.speed_rounds, args.shape, depths[0]
+        );
+        for &tokens in &args.lengths {
+            let s = mem::speed(&config, tokens, args.speed_rounds).await?;
+            println!(
+                "result memory-speed tokens={tokens} keep_s={:.3} reshard_s={:.3} \
+                 reshard_vs_keep={:.3} control={:.3} tokens_per_s_keep={:.0} \
+                 tokens_per_s_reshard={:.0}",
+                s.keep_s,
+                s.reshard_s,
+                s.ratio(),
+                s.control(),
+                tokens as f64 / s.keep_s,
+                tokens as f64 / s.reshard_s
+            );
+        }
+        return Ok(());
+    }
     println!(
         "odc-bench memory: {} ({} heads over {} KV, hidden {}, vocab {}), fp32 on the CPU, one \
          trainer and one server in this process, one sample per step; measured = the allocator's \

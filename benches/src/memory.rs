@@ -310,34 +310,8 @@ pub async fn measure(config: &ModelConfig, tokens: usize, path: Path) -> anyhow:
             "the counting allocator is not installed: odc-bench memory runs in the odc-bench binary"
         );
     }
-    let sample = Sample::all_loss(
-        (0..tokens as u64)
-            .map(|i| ((i * 2_654_435_761) % (config.vocab_size as u64 - 3) + 3) as u32)
-            .collect(),
-    );
-    let store: Arc<dyn SampleStore> = Arc::new(move |_: u64| Ok(sample.clone()));
-    let placement = Placement {
-        reshard: path.reshard(),
-        ..Placement::default()
-    };
-    let units: Vec<UnitSpec> = odc::model::layout_units(config)?;
-    let compute = TransformerCompute::on(config.clone(), placement, store.clone())?;
     let peaks = Arc::new(Mutex::new(Vec::new()));
-    let recorded = peaks.clone();
-    let mut job = transformer_job_of(config, units, store, Objective::CrossEntropy, placement)?
-        .compute(move |_| {
-            Box::new(Measured {
-                inner: compute.clone(),
-                peaks: recorded.clone(),
-            }) as Box<dyn Compute>
-        })
-        .trainers(1)
-        .servers(1)
-        .optimizer(OptimizerConfig::adamw(1e-4))
-        .pull_precision(Precision::F32)
-        .token_budget(tokens as u64)
-        .data(move |_| Ok(vec![SampleMeta::new(0, tokens as u64)]))
-        .build()?;
+    let mut job = job(config, tokens, path.reshard(), Some(peaks.clone()))?;
     job.step().await?;
     let started = Instant::now();
     job.step().await?;
@@ -357,6 +331,109 @@ pub async fn measure(config: &ModelConfig, tokens: usize, path: Path) -> anyhow:
         expected: expected(config, tokens, path)?,
         peak_rss: peak_rss(),
         step_s,
+    })
+}
+
+/// Step times of resharding after forward against keeping every stage, in one run.
+#[derive(Debug, Clone)]
+pub struct Speed {
+    pub tokens: usize,
+    /// Median seconds per step: keeping, resharding, and a second keeping job (the control).
+    pub keep_s: f64,
+    pub reshard_s: f64,
+    pub control_s: f64,
+}
+
+impl Speed {
+    /// Resharding's speed relative to keeping (1.0: as fast).
+    pub fn ratio(&self) -> f64 {
+        self.keep_s / self.reshard_s
+    }
+
+    /// The control: keeping against keeping (must read 1.00).
+    pub fn control(&self) -> f64 {
+        self.keep_s / self.control_s
+    }
+}
+
+/// A one-trainer, one-server job of `config` on one `tokens`-token sample per step.
+/// With `peaks`, each micro-batch's measurement is pushed there ([`Measured`]).
+fn job(
+    config: &ModelConfig,
+    tokens: usize,
+    reshard: Reshard,
+    peaks: Option<Arc<Mutex<Vec<u64>>>>,
+) -> anyhow::Result<odc::Job> {
+    let sample = Sample::all_loss(
+        (0..tokens as u64)
+            .map(|i| ((i * 2_654_435_761) % (config.vocab_size as u64 - 3) + 3) as u32)
+            .collect(),
+    );
+    let store: Arc<dyn SampleStore> = Arc::new(move |_: u64| Ok(sample.clone()));
+    let placement = Placement {
+        reshard,
+        ..Placement::default()
+    };
+    let units: Vec<UnitSpec> = odc::model::layout_units(config)?;
+    let mut builder = transformer_job_of(
+        config,
+        units,
+        store.clone(),
+        Objective::CrossEntropy,
+        placement,
+    )?;
+    if let Some(peaks) = peaks {
+        let compute = TransformerCompute::on(config.clone(), placement, store)?;
+        builder = builder.compute(move |_| {
+            Box::new(Measured {
+                inner: compute.clone(),
+                peaks: peaks.clone(),
+            }) as Box<dyn Compute>
+        });
+    }
+    Ok(builder
+        .trainers(1)
+        .servers(1)
+        .optimizer(OptimizerConfig::adamw(1e-4))
+        .pull_precision(Precision::F32)
+        .token_budget(tokens as u64)
+        .data(move |_| Ok(vec![SampleMeta::new(0, tokens as u64)]))
+        .build()?)
+}
+
+/// Resharding against keeping on `tokens`-token samples: three jobs (keep, reshard, keep again
+/// as the control) stepped in ABCCBA order for `rounds` rounds after a warm-up step each; the
+/// medians of their step times.
+pub async fn speed(config: &ModelConfig, tokens: usize, rounds: usize) -> anyhow::Result<Speed> {
+    let mut jobs = [
+        job(config, tokens, Reshard::Never, None)?,
+        job(config, tokens, Reshard::ALWAYS, None)?,
+        job(config, tokens, Reshard::Never, None)?,
+    ];
+    for j in jobs.iter_mut() {
+        j.step().await?;
+    }
+    let mut times: [Vec<f64>; 3] = Default::default();
+    for _ in 0..rounds.max(1) {
+        for i in [0, 1, 2, 2, 1, 0] {
+            let started = Instant::now();
+            jobs[i].step().await?;
+            times[i].push(started.elapsed().as_secs_f64());
+        }
+    }
+    for j in jobs {
+        j.shutdown().await;
+    }
+    let median = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let [mut k, mut r, mut c] = times;
+    Ok(Speed {
+        tokens,
+        keep_s: median(&mut k),
+        reshard_s: median(&mut r),
+        control_s: median(&mut c),
     })
 }
 
