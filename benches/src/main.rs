@@ -1601,7 +1601,7 @@ async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
     println!(
         "odc-bench memory: {} ({} heads over {} KV, hidden {}, vocab {}), fp32 on the CPU, one \
          trainer and one server in this process, one sample per step; measured = the allocator's \
-         peak during the second step's micro-batch minus its level at its start",
+         peak during a step's micro-batch minus its level at its start (after a 16-token warm-up step)",
         args.shape,
         shape.n_heads,
         shape.kv_heads(),

@@ -6,11 +6,11 @@
 //!   micro-batch, the allocator's peak during the compute minus its level when the compute
 //!   started — what the trainer's forward and backward added on top of the process (the shard
 //!   server's masters, optimizer state and published copies exist before the micro-batch
-//!   starts; the measured step is the second, so the server's accumulators exist too). RSS
+//!   starts; the measured step is the second, after a 16-token one, so the server's
+//!   accumulators exist too). RSS
 //!   (`VmHWM`, the process's peak) is printed beside it as a cross-check.
 //! - **Job**: one trainer and one shard server in one process, AdamW, one sample of `L` random
-//!   tokens per step, 2 steps; fp32 on the CPU (or `--device cuda`: the allocator then counts the
-//!   host side only, and the device's bytes are not measured here).
+//!   tokens per step, fp32 on the CPU.
 //! - **Expected** ([`expected`]): two gathered units (the one being differentiated and the one
 //!   prefetched, as f32 tensors), one `tokens × d_model` checkpoint per stage kept for the
 //!   backward, one block's working set (its activations and their gradients while it is
@@ -303,7 +303,8 @@ pub fn expected(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Resu
     })
 }
 
-/// Trains `tokens`-token samples of `config` on `path`, 2 steps; the second one's measurement.
+/// A warm-up step, then one step on a `tokens`-token sample of `config` on `path`: its
+/// measurement.
 pub async fn measure(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Result<Point> {
     if !counting() {
         anyhow::bail!(
@@ -356,7 +357,11 @@ impl Speed {
     }
 }
 
-/// A one-trainer, one-server job of `config` on one `tokens`-token sample per step.
+/// Tokens of the first step's sample, which warms a job up.
+const WARM_UP_TOKENS: usize = 16;
+
+/// A one-trainer, one-server job of `config` on one `tokens`-token sample per step (the first
+/// step's is [`WARM_UP_TOKENS`] long).
 /// With `peaks`, each micro-batch's measurement is pushed there ([`Measured`]).
 fn job(
     config: &ModelConfig,
@@ -364,12 +369,24 @@ fn job(
     reshard: Reshard,
     peaks: Option<Arc<Mutex<Vec<u64>>>>,
 ) -> anyhow::Result<odc::Job> {
-    let sample = Sample::all_loss(
-        (0..tokens as u64)
-            .map(|i| ((i * 2_654_435_761) % (config.vocab_size as u64 - 3) + 3) as u32)
-            .collect(),
-    );
-    let store: Arc<dyn SampleStore> = Arc::new(move |_: u64| Ok(sample.clone()));
+    // Sample 0 is `tokens` long; sample 1, of 16 tokens, warms the server up (its accumulators
+    // are made at a unit's first push, which would count in a first micro-batch).
+    let vocab = config.vocab_size as u64;
+    let sample_of = move |n: usize| {
+        Sample::all_loss(
+            (0..n as u64)
+                .map(|i| ((i * 2_654_435_761) % (vocab - 3) + 3) as u32)
+                .collect(),
+        )
+    };
+    let (long, short) = (sample_of(tokens), sample_of(WARM_UP_TOKENS.min(tokens)));
+    let store: Arc<dyn SampleStore> = Arc::new(move |index: u64| {
+        Ok(if index == 0 {
+            long.clone()
+        } else {
+            short.clone()
+        })
+    });
     let placement = Placement {
         reshard,
         ..Placement::default()
@@ -397,7 +414,13 @@ fn job(
         .optimizer(OptimizerConfig::adamw(1e-4))
         .pull_precision(Precision::F32)
         .token_budget(tokens as u64)
-        .data(move |_| Ok(vec![SampleMeta::new(0, tokens as u64)]))
+        .data(move |step: u64| {
+            Ok(vec![if step == 0 {
+                SampleMeta::new(1, WARM_UP_TOKENS.min(tokens) as u64)
+            } else {
+                SampleMeta::new(0, tokens as u64)
+            }])
+        })
         .build()?)
 }
 
