@@ -20,10 +20,11 @@
 
 use candle_core::Tensor;
 
-use super::attention::{packed_attend, project, AttentionWeights};
+use super::attention::{project, AttentionWeights};
 use super::batch::PackedBatch;
 use super::config::ModelConfig;
 use super::error::{Error, Result};
+use super::flash::AttentionImpl;
 use super::lora::{AdapterWeights, LoraTarget};
 use super::ops::{rms_norm, silu};
 use super::params::{ParamInit, ParamSpec};
@@ -157,17 +158,28 @@ pub fn block_forward_with(
 }
 
 /// Training: `x: [T, d_model]` -> `[T, d_model]` over a packed micro-batch, with `params` in
-/// [`block_params`] order.
+/// [`block_params`] order; the attention is [`AttentionImpl::default`] (blocked).
 pub fn block_forward(
     config: &ModelConfig,
     params: &[Tensor],
     x: &Tensor,
     batch: &PackedBatch,
 ) -> Result<Tensor> {
+    block_forward_using(config, params, x, batch, AttentionImpl::default())
+}
+
+/// [`block_forward`] with the packed attention `attention` (plain or blocked).
+pub fn block_forward_using(
+    config: &ModelConfig,
+    params: &[Tensor],
+    x: &Tensor,
+    batch: &PackedBatch,
+    attention: AttentionImpl,
+) -> Result<Tensor> {
     let w = BlockWeights::new(config, params)?;
     let rope = (&batch.rope_cos, &batch.rope_sin);
     block_forward_with(config, &w, x, 1, rope, &mut |q, k, v| {
-        packed_attend(config, q, k, v, batch)
+        attention.packed_attend(config, q, k, v, batch)
     })
 }
 

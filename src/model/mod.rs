@@ -36,6 +36,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod eval;
+pub mod flash;
 pub mod generate;
 pub mod grpo;
 pub mod hf;
