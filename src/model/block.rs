@@ -309,4 +309,47 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn block_with_blocked_attention_equals_block_with_plain_attention() {
+        use crate::model::flash::Blocks;
+        use candle_core::Var;
+        let c = ModelConfig {
+            n_heads: 4,
+            n_kv_heads: Some(2),
+            ..config()
+        };
+        let specs = block_params(&c, 0);
+        let values = init_values(&specs, c.init_std, 1).unwrap();
+        let b = batch(&c);
+        let run = |attention: AttentionImpl| {
+            let params: Vec<Var> = unit_tensors(&values, &specs, &Device::Cpu)
+                .unwrap()
+                .iter()
+                .map(|t| Var::from_tensor(t).unwrap())
+                .collect();
+            let x = Var::from_tensor(&random(&[5, 16], 9)).unwrap();
+            let tensors: Vec<Tensor> = params.iter().map(|p| p.as_tensor().clone()).collect();
+            let out = block_forward_using(&c, &tensors, x.as_tensor(), &b, attention).unwrap();
+            let grads = (&out * random(&[5, 16], 10))
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let mut all = vec![out, grads.get(x.as_tensor()).unwrap().clone()];
+            all.extend(
+                params
+                    .iter()
+                    .map(|p| grads.get(p.as_tensor()).unwrap().clone()),
+            );
+            all
+        };
+        let plain = run(AttentionImpl::Plain);
+        let blocked = run(AttentionImpl::Blocked(Blocks { q: 2, k: 1 }));
+        for (i, (a, b)) in blocked.iter().zip(&plain).enumerate() {
+            let diff = crate::model::ops::tests::max_abs_diff(a, b);
+            assert!(diff < 1e-5, "tensor {i}: {diff}");
+        }
+    }
 }

@@ -47,7 +47,7 @@ use super::device::{open_device, ComputePrecision, DeviceSpec};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
 use super::transformer::{
-    check_unit_count, head_log_probs, head_tensors, stages, unit_count, unit_forward,
+    check_unit_count, head_target_log_probs, head_tensors, stages, unit_count, unit_forward,
     unit_init_values, unit_params, unit_trainable, HeadOutput, UnitOutput,
 };
 use crate::checkpoint::{NamedTensor, TensorMap};
@@ -591,14 +591,14 @@ impl Compute for TransformerCompute {
             }
             let output = match (&rl, &input) {
                 (Some((config, adv, reference)), Some(x)) if first == head => {
-                    let (logits, log_probs) =
-                        head_log_probs(&self.config, &tensors, x.as_tensor(), &batch)
+                    let log_probs =
+                        head_target_log_probs(&self.config, &tensors, x.as_tensor(), &batch)
                             .map_err(user)?;
                     let loss_sum =
                         grpo_loss_sum(&log_probs, adv, reference, &batch.target_weights, *config)
                             .map_err(user)?;
                     UnitOutput::Head(HeadOutput {
-                        logits,
+                        logits: None,
                         loss: loss_sum.clone(),
                         loss_sum,
                     })

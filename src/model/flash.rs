@@ -501,7 +501,7 @@ impl BlockedAttention {
 }
 
 /// A fresh, contiguous copy of the storage `layout` reads (candle wants an owned storage).
-fn fresh<S>(storage: &S, layout: &Layout) -> candle_core::Result<S>
+pub(super) fn fresh<S>(storage: &S, layout: &Layout) -> candle_core::Result<S>
 where
     S: BackendStorage,
     S::Device: BackendDevice<Storage = S>,

@@ -39,6 +39,7 @@ pub mod eval;
 pub mod flash;
 pub mod generate;
 pub mod grpo;
+pub mod head;
 pub mod hf;
 pub mod lora;
 pub mod ops;
@@ -68,6 +69,6 @@ pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
 pub use shares::{map_in_shares, share_range};
 pub use threads::{share_cpu_threads, CpuThreads};
 pub use transformer::{
-    head_log_probs, head_tensors, model_forward, param_count, unit_count, unit_forward,
-    unit_init_values, unit_params, HeadOutput, Unit, UnitOutput,
+    head_log_probs, head_logits, head_target_log_probs, head_tensors, model_forward, param_count,
+    unit_count, unit_forward, unit_init_values, unit_params, HeadOutput, Unit, UnitOutput,
 };
