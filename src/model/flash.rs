@@ -720,6 +720,18 @@ mod tests {
             let errs = blocked_vs_plain(&[64, 16, 1, 33], (4, 2, 8), blocks, DType::F32, 7);
             assert!(errs.iter().all(|e| *e < 1e-5), "{blocks:?}: {errs:?}");
         }
+        // The default tiles, on samples longer than them (the training path's function).
+        let c = ModelConfig {
+            max_seq_len: 1024,
+            ..config(4, 2, 8)
+        };
+        let batch = pack(&c, &[700, 300]);
+        let (qkv, _) = inputs(&c, 1000, 9);
+        let plain = AttentionImpl::Plain
+            .packed_attend(&c, &qkv[0], &qkv[1], &qkv[2], &batch)
+            .unwrap();
+        let blocked = flash_packed_attend(&c, &qkv[0], &qkv[1], &qkv[2], &batch).unwrap();
+        assert!(err(&blocked, &plain) < 1e-5);
     }
 
     #[test]
