@@ -176,6 +176,7 @@ impl Args {
                 .reshard_after_forward
                 .parse()
                 .map_err(|e| anyhow::anyhow!("--{e}"))?,
+            kernels: Default::default(),
         })
     }
 }

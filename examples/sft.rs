@@ -843,6 +843,7 @@ async fn run(
             .parse()
             .map_err(|e| anyhow::anyhow!("--{e}"))?,
         local_rank: odc::launch::local_rank(),
+        kernels: Default::default(),
     };
     // Evaluation (on the lead) runs on the trainers' device, in fp32, one answer at a time there.
     let (eval_device, eval_workers) = if placement.device.is_cuda() {

@@ -295,7 +295,10 @@ fn logits_equal_python_transformers_on_its_own_checkpoints() {
             Sample::all_loss(tokens.clone()),
         ];
         let batch = PackedBatch::pack(&config, &pack, &device).unwrap();
-        let logits = model_forward(&config, &params, &batch).unwrap().logits;
+        let logits = model_forward(&config, &params, &batch)
+            .unwrap()
+            .logits
+            .unwrap();
         let ours = logits.narrow(0, 3, tokens.len()).unwrap();
         let diff = max_abs_diff(&ours, &reference);
         eprintln!("{name}: odc vs Python transformers: max |Δ| = {diff:e}");
@@ -435,7 +438,10 @@ fn logits_equal_candle_transformers_at_every_position() {
             Sample::all_loss(tokens.clone()),
         ];
         let batch = PackedBatch::pack(&read, &pack, &device).unwrap();
-        let logits = model_forward(&read, &params, &batch).unwrap().logits;
+        let logits = model_forward(&read, &params, &batch)
+            .unwrap()
+            .logits
+            .unwrap();
         let ours = logits.narrow(0, before.len(), tokens.len()).unwrap();
         let diff = max_abs_diff(&ours, &reference);
         eprintln!("{name}: training forward vs candle-transformers: max |Δ| = {diff:e}");
@@ -505,7 +511,10 @@ fn parity_fails_when_a_layout_option_is_dropped() {
             .collect();
         let batch =
             PackedBatch::pack(&wrong, &[Sample::all_loss(tokens.clone())], &device).unwrap();
-        let logits = model_forward(&wrong, &params, &batch).unwrap().logits;
+        let logits = model_forward(&wrong, &params, &batch)
+            .unwrap()
+            .logits
+            .unwrap();
         let diff = max_abs_diff(&logits, &reference);
         eprintln!("{name} without its options: max |Δ| = {diff:e}");
         assert!(

@@ -27,9 +27,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use odc::model::flash::AttentionImpl;
 use odc::model::{
-    param_count, transformer_job_of, unit_count, unit_params, ModelConfig, Objective, Placement,
-    Reshard, Sample, SampleStore, TransformerCompute,
+    param_count, transformer_job_of, unit_count, unit_params, HeadImpl, Kernels, ModelConfig,
+    Objective, Placement, Reshard, Sample, SampleStore, TransformerCompute,
 };
 use odc::{
     async_trait, Compute, ComputeOutput, MicroBatch, OptimizerConfig, Precision, SampleMeta,
@@ -173,6 +174,16 @@ impl Path {
             Path::New => Reshard::ALWAYS,
         }
     }
+
+    fn kernels(self) -> Kernels {
+        match self {
+            Path::Old => Kernels {
+                attention: AttentionImpl::Plain,
+                head: HeadImpl::Full,
+            },
+            Path::New => Kernels::default(),
+        }
+    }
 }
 
 /// One measurement.
@@ -244,9 +255,9 @@ pub fn expected(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Resu
     let checkpoints = (config.n_layers as u64 + 1) * t * d * F32;
     Ok(match path {
         Path::New => {
-            // One attention tile per query block ([H, 128, 1024] scores, probabilities and
+            // One attention tile per query block ([H, 256, 512] scores, probabilities and
             // their gradient), the chunk of head logits (logits, softmax, gradient).
-            let tile = h * 128 * 1024.min(t) * F32 * 3;
+            let tile = h * 256 * 512.min(t) * F32 * 3;
             let head_rows = (HEAD_CHUNK_BYTES / (v * F32)).max(1).min(t);
             Expected::peak(vec![
                 Expected {
@@ -312,7 +323,13 @@ pub async fn measure(config: &ModelConfig, tokens: usize, path: Path) -> anyhow:
         );
     }
     let peaks = Arc::new(Mutex::new(Vec::new()));
-    let mut job = job(config, tokens, path.reshard(), Some(peaks.clone()))?;
+    let mut job = job(
+        config,
+        tokens,
+        path.reshard(),
+        path.kernels(),
+        Some(peaks.clone()),
+    )?;
     job.step().await?;
     let started = Instant::now();
     job.step().await?;
@@ -367,6 +384,7 @@ fn job(
     config: &ModelConfig,
     tokens: usize,
     reshard: Reshard,
+    kernels: Kernels,
     peaks: Option<Arc<Mutex<Vec<u64>>>>,
 ) -> anyhow::Result<odc::Job> {
     // Sample 0 is `tokens` long; sample 1, of 16 tokens, warms the server up (its accumulators
@@ -389,6 +407,7 @@ fn job(
     });
     let placement = Placement {
         reshard,
+        kernels,
         ..Placement::default()
     };
     let units: Vec<UnitSpec> = odc::model::layout_units(config)?;
@@ -429,9 +448,9 @@ fn job(
 /// medians of their step times.
 pub async fn speed(config: &ModelConfig, tokens: usize, rounds: usize) -> anyhow::Result<Speed> {
     let mut jobs = [
-        job(config, tokens, Reshard::Never, None)?,
-        job(config, tokens, Reshard::ALWAYS, None)?,
-        job(config, tokens, Reshard::Never, None)?,
+        job(config, tokens, Reshard::Never, Kernels::default(), None)?,
+        job(config, tokens, Reshard::ALWAYS, Kernels::default(), None)?,
+        job(config, tokens, Reshard::Never, Kernels::default(), None)?,
     ];
     for j in jobs.iter_mut() {
         j.step().await?;

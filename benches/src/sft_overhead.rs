@@ -335,6 +335,7 @@ fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
         precision: settings.precision,
         local_rank: 0,
         reshard: settings.reshard,
+        kernels: Default::default(),
     };
     Ok(transformer_job_on(
         &config,

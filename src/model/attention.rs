@@ -18,10 +18,14 @@
 //!    many KV heads as query heads it is multi-head attention.
 //! 5. The Hugging Face layouts' options: q/k/v biases (Qwen2) are added after the projections;
 //!    q/k RMSNorm (Qwen3) normalises each head over `head_dim` before the rotary embedding.
-//! 6. Memory: each sample's scores are materialised (`[heads, len, len]`, in fp32 for the mask and
-//!    the softmax), and a unit's graph keeps them until its backward: about 26 bytes per head per
-//!    (query, key) pair under bf16 mixed precision (24 in fp32). That bounds the longest sample
-//!    a device can train; a blocked, recomputing attention would lift it (see the README).
+//! 6. Memory: training's attention is blocked unless the batch says otherwise
+//!    ([`super::flash`], [`PackedBatch::kernels`]): per layer the graph keeps q, k, v, the output
+//!    and each row's log-sum-exp (O(T · head_dim)), and a step holds one
+//!    `[heads, Blocks::q, Blocks::k]` tile, so memory grows linearly with the longest sample. The
+//!    plain path ([`packed_attend`], the reference) materialises each sample's `[heads, len, len]`
+//!    scores and its graph keeps them until the backward: about 26 bytes per head per (query,
+//!    key) pair under bf16 mixed precision (24 in fp32). Cached decoding
+//!    ([`mod@super::generate`]) keeps its own attention: one new token's scores per step.
 
 use candle_core::{DType, Tensor};
 
@@ -160,21 +164,22 @@ pub fn packed_attend(
     let outs = batch
         .spans
         .iter()
-        .zip(&batch.causal_masks)
-        .map(|(&(start, len), mask)| {
+        .enumerate()
+        .map(|(s, &(start, len))| {
             attend(
                 &q.narrow(2, start, len)?,
                 &k.narrow(2, start, len)?,
                 &v.narrow(2, start, len)?,
-                mask,
+                &batch.causal_mask(s)?,
             )
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Tensor::cat(&outs, 2)?)
 }
 
-/// Training's attention layer over the packed micro-batch `x: [T, d_model]`: [`project`],
-/// [`packed_attend`], [`AttentionWeights::output`]; `[T, d_model]`.
+/// Training's attention layer over the packed micro-batch `x: [T, d_model]`: [`project`], the
+/// batch's packed attention ([`PackedBatch::kernels`]: blocked unless set),
+/// [`AttentionWeights::output`]; `[T, d_model]`.
 pub fn causal_self_attention(
     config: &ModelConfig,
     x: &Tensor,
@@ -182,7 +187,12 @@ pub fn causal_self_attention(
     batch: &PackedBatch,
 ) -> Result<Tensor> {
     let (q, k, v) = project(config, w, x, 1, &batch.rope_cos, &batch.rope_sin)?;
-    w.output(&packed_attend(config, &q, &k, &v, batch)?)
+    w.output(
+        &batch
+            .kernels
+            .attention
+            .packed_attend(config, &q, &k, &v, batch)?,
+    )
 }
 
 #[cfg(test)]

@@ -9,16 +9,37 @@
 //!   the same sample; a sample's last token predicts nothing.
 //! - `loss_mask[t]` marks token `t` as a **target** that carries loss (e.g. the response tokens of
 //!   an SFT sample); a sample's first token is never a target. The loss is the mean over targets.
-//! - Attention runs per sample: `spans[s]` is sample `s`'s `(start, len)` in the pack and
-//!   `causal_masks[s]` its additive `[len, len]` mask (0 where query `i` may attend to key `j <= i`,
-//!   [`MASKED`] elsewhere), so a pack of `T` tokens costs the sum of its samples' squared lengths,
-//!   not `T²`, and no sample can see another.
+//! - Attention runs per sample: `spans[s]` is sample `s`'s `(start, len)` in the pack, so a pack
+//!   of `T` tokens costs the sum of its samples' squared lengths, not `T²`, and no sample can see
+//!   another. The blocked attention masks only the tiles that cross the diagonal; the plain one
+//!   asks [`PackedBatch::causal_mask`] for a sample's additive `[len, len]` mask (0 where query
+//!   `i` may attend to key `j <= i`, [`MASKED`] elsewhere), made then: a pack holds no `len²`
+//!   tensor, which would cap a sample's length (4 GiB at 32K tokens).
 
 use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
 use super::error::{Error, Result};
 use super::ops::rope_cos_sin;
+
+/// Which implementations a pack's attention and head run: by default the memory-lean ones
+/// (blocked attention, chunked head); the plain ones materialise `[heads, len, len]` scores and
+/// `[tokens, vocab]` logits (the references, and the old path of `odc-bench memory`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Kernels {
+    pub attention: super::flash::AttentionImpl,
+    pub head: HeadImpl,
+}
+
+/// How the head computes the targets' log-probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeadImpl {
+    /// In chunks of positions ([`super::head`]): never the whole `[tokens, vocab]` logits.
+    #[default]
+    Chunked,
+    /// All logits at once, log-softmax by candle (the reference).
+    Full,
+}
 
 /// The additive mask value of a forbidden (query, key) pair: finite, so no `inf - inf` can make a
 /// NaN, and low enough that `exp` underflows to exactly 0 in fp32.
@@ -68,8 +89,8 @@ pub struct PackedBatch {
     pub loss_tokens: usize,
     /// Each sample's `(start, len)` in the pack, in order.
     pub spans: Vec<(usize, usize)>,
-    /// Each sample's `[len, len]` f32 additive causal mask (shared between equal lengths).
-    pub causal_masks: Vec<Tensor>,
+    /// The attention and head implementations (the lean ones unless set).
+    pub kernels: Kernels,
     /// `[T, head_dim / 2]` rotary cosines at each token's position.
     pub rope_cos: Tensor,
     /// `[T, head_dim / 2]` rotary sines at each token's position.
@@ -78,6 +99,14 @@ pub struct PackedBatch {
 }
 
 impl PackedBatch {
+    /// Sample `s`'s `[len, len]` f32 additive causal mask, made now (the plain attention's).
+    pub fn causal_mask(&self, s: usize) -> Result<Tensor> {
+        let (_, len) = self.spans.get(s).ok_or_else(|| {
+            Error::Batch(format!("no sample {s} in a pack of {}", self.spans.len()))
+        })?;
+        causal_mask(*len, self.tokens.device())
+    }
+
     /// Packs `samples` in order (positions restart at 0 for each).
     pub fn pack(config: &ModelConfig, samples: &[Sample], device: &Device) -> Result<Self> {
         let (mut tokens, mut positions, mut segments, mut loss_mask) =
@@ -160,31 +189,18 @@ impl PackedBatch {
             }
             spans.push((i, 1));
         }
-        let mut masks: std::collections::HashMap<usize, Tensor> = Default::default();
-        let mut causal_masks = Vec::with_capacity(spans.len());
-        for &(_, len) in &spans {
-            let mask = match masks.get(&len) {
-                Some(m) => m.clone(),
-                None => {
-                    let m = causal_mask(len, device)?;
-                    masks.insert(len, m.clone());
-                    m
-                }
-            };
-            causal_masks.push(mask);
-        }
         let positions = Tensor::from_slice(positions, t, device)?;
         let segments = Tensor::from_slice(segments, t, device)?;
         let (rope_cos, rope_sin) = rope_cos_sin(&positions, &config.rope_inv_freq())?;
         Ok(PackedBatch {
             tokens: Tensor::from_slice(tokens, t, device)?,
             spans,
-            causal_masks,
             positions,
             segments,
             targets: Tensor::from_vec(targets, t, device)?,
             target_weights: Tensor::from_vec(weights, t, device)?,
             loss_tokens,
+            kernels: Kernels::default(),
             rope_cos,
             rope_sin,
             len: t,
@@ -242,7 +258,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(b.spans, vec![(0, 2), (2, 3)]);
-        let mask = b.causal_masks[1].to_vec2::<f32>().unwrap();
+        let mask = b.causal_mask(1).unwrap().to_vec2::<f32>().unwrap();
         for (i, row) in mask.iter().enumerate() {
             for (j, &m) in row.iter().enumerate() {
                 assert_eq!(m, if j <= i { 0.0 } else { MASKED }, "({i}, {j})");

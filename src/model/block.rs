@@ -20,10 +20,11 @@
 
 use candle_core::Tensor;
 
-use super::attention::{packed_attend, project, AttentionWeights};
+use super::attention::{project, AttentionWeights};
 use super::batch::PackedBatch;
 use super::config::ModelConfig;
 use super::error::{Error, Result};
+use super::flash::AttentionImpl;
 use super::lora::{AdapterWeights, LoraTarget};
 use super::ops::{rms_norm, silu};
 use super::params::{ParamInit, ParamSpec};
@@ -157,17 +158,29 @@ pub fn block_forward_with(
 }
 
 /// Training: `x: [T, d_model]` -> `[T, d_model]` over a packed micro-batch, with `params` in
-/// [`block_params`] order.
+/// [`block_params`] order; the attention is the batch's ([`PackedBatch::kernels`]: blocked unless
+/// set).
 pub fn block_forward(
     config: &ModelConfig,
     params: &[Tensor],
     x: &Tensor,
     batch: &PackedBatch,
 ) -> Result<Tensor> {
+    block_forward_using(config, params, x, batch, batch.kernels.attention)
+}
+
+/// [`block_forward`] with the packed attention `attention` (plain or blocked).
+pub fn block_forward_using(
+    config: &ModelConfig,
+    params: &[Tensor],
+    x: &Tensor,
+    batch: &PackedBatch,
+    attention: AttentionImpl,
+) -> Result<Tensor> {
     let w = BlockWeights::new(config, params)?;
     let rope = (&batch.rope_cos, &batch.rope_sin);
     block_forward_with(config, &w, x, 1, rope, &mut |q, k, v| {
-        packed_attend(config, q, k, v, batch)
+        attention.packed_attend(config, q, k, v, batch)
     })
 }
 
@@ -296,5 +309,48 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn block_with_blocked_attention_equals_block_with_plain_attention() {
+        use crate::model::flash::Blocks;
+        use candle_core::Var;
+        let c = ModelConfig {
+            n_heads: 4,
+            n_kv_heads: Some(2),
+            ..config()
+        };
+        let specs = block_params(&c, 0);
+        let values = init_values(&specs, c.init_std, 1).unwrap();
+        let b = batch(&c);
+        let run = |attention: AttentionImpl| {
+            let params: Vec<Var> = unit_tensors(&values, &specs, &Device::Cpu)
+                .unwrap()
+                .iter()
+                .map(|t| Var::from_tensor(t).unwrap())
+                .collect();
+            let x = Var::from_tensor(&random(&[5, 16], 9)).unwrap();
+            let tensors: Vec<Tensor> = params.iter().map(|p| p.as_tensor().clone()).collect();
+            let out = block_forward_using(&c, &tensors, x.as_tensor(), &b, attention).unwrap();
+            let grads = (&out * random(&[5, 16], 10))
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let mut all = vec![out, grads.get(x.as_tensor()).unwrap().clone()];
+            all.extend(
+                params
+                    .iter()
+                    .map(|p| grads.get(p.as_tensor()).unwrap().clone()),
+            );
+            all
+        };
+        let plain = run(AttentionImpl::Plain);
+        let blocked = run(AttentionImpl::Blocked(Blocks { q: 2, k: 1 }));
+        for (i, (a, b)) in blocked.iter().zip(&plain).enumerate() {
+            let diff = crate::model::ops::tests::max_abs_diff(a, b);
+            assert!(diff < 1e-5, "tensor {i}: {diff}");
+        }
     }
 }

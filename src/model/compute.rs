@@ -48,14 +48,14 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::batch::{PackedBatch, Sample};
+use super::batch::{Kernels, PackedBatch, Sample};
 use super::config::ModelConfig;
 use super::device::{open_device, ComputePrecision, DeviceSpec};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
 use super::reshard::Reshard;
 use super::transformer::{
-    check_unit_count, head_log_probs, head_tensors, stages, unit_count, unit_forward,
+    check_unit_count, head_target_log_probs, head_tensors, stages, unit_count, unit_forward,
     unit_init_values, unit_params, unit_trainable, HeadOutput, UnitOutput,
 };
 use crate::checkpoint::{NamedTensor, TensorMap};
@@ -225,6 +225,8 @@ pub struct Placement {
     pub precision: ComputePrecision,
     pub local_rank: u32,
     pub reshard: Reshard,
+    /// The attention and head implementations (the memory-lean ones by default).
+    pub kernels: Kernels,
 }
 
 /// The [`Compute`] of the model (see the [module docs](self)).
@@ -529,11 +531,11 @@ impl TransformerCompute {
         }
         let output = match (rl, &x) {
             (Some((config, adv, reference)), Some(x)) if first == head => {
-                let (logits, log_probs) = head_log_probs(&self.config, &tensors, x, batch)?;
+                let log_probs = head_target_log_probs(&self.config, &tensors, x, batch)?;
                 let loss_sum =
                     grpo_loss_sum(&log_probs, adv, reference, &batch.target_weights, *config)?;
                 UnitOutput::Head(HeadOutput {
-                    logits,
+                    logits: None,
                     loss: loss_sum.clone(),
                     loss_sum,
                 })
@@ -662,7 +664,8 @@ impl Compute for TransformerCompute {
                 Ok(sample)
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        let batch = PackedBatch::pack(&self.config, &samples, &device).map_err(user)?;
+        let mut batch = PackedBatch::pack(&self.config, &samples, &device).map_err(user)?;
+        batch.kernels = self.placement.kernels;
         let rl = match self.objective {
             Objective::CrossEntropy => None,
             Objective::Grpo(config) => {

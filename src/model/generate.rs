@@ -469,7 +469,7 @@ mod tests {
         let tokens: Vec<u32> = vec![1, 5, 9, 2, 14, 3, 3, 7];
         let batch =
             PackedBatch::pack(&c, &[Sample::all_loss(tokens.clone())], &Device::Cpu).unwrap();
-        let full = model_forward(&c, &w.units, &batch).unwrap().logits;
+        let full = model_forward(&c, &w.units, &batch).unwrap().logits.unwrap();
         // All at once.
         let mut cache = KvCache::default();
         let at_once = forward_cached(&w, &mut cache, &tokens).unwrap();
@@ -501,7 +501,7 @@ mod tests {
         let tokens: Vec<u32> = (0..150).map(|i| (i * 7 % 16) as u32).collect();
         let batch =
             PackedBatch::pack(&c, &[Sample::all_loss(tokens.clone())], &Device::Cpu).unwrap();
-        let full = model_forward(&c, &w.units, &batch).unwrap().logits;
+        let full = model_forward(&c, &w.units, &batch).unwrap().logits.unwrap();
         let mut cache = KvCache::default();
         let mut rows = vec![forward_cached(&w, &mut cache, &tokens[..10]).unwrap()];
         let capacity = |cache: &KvCache| cache.layers[0].0.dim(2).unwrap();

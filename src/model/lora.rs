@@ -475,7 +475,7 @@ mod tests {
             &Device::Cpu,
         )
         .unwrap();
-        model_forward(c, &params, &batch).unwrap().logits
+        model_forward(c, &params, &batch).unwrap().logits.unwrap()
     }
 
     #[test]

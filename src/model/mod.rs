@@ -36,8 +36,10 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod eval;
+pub mod flash;
 pub mod generate;
 pub mod grpo;
+pub mod head;
 pub mod hf;
 pub mod lora;
 pub mod ops;
@@ -49,7 +51,7 @@ pub mod staging;
 pub mod threads;
 pub mod transformer;
 
-pub use batch::{PackedBatch, Sample};
+pub use batch::{HeadImpl, Kernels, PackedBatch, Sample};
 pub use compute::{
     layout_units, tensor_map, transformer_job, transformer_job_of, transformer_job_on, unit_name,
     Objective, Placement, SampleStore, TransformerCompute,
@@ -69,6 +71,6 @@ pub use reshard::Reshard;
 pub use shares::{map_in_shares, share_range};
 pub use threads::{share_cpu_threads, CpuThreads};
 pub use transformer::{
-    head_log_probs, head_tensors, model_forward, param_count, unit_count, unit_forward,
-    unit_init_values, unit_params, HeadOutput, Unit, UnitOutput,
+    head_log_probs, head_logits, head_target_log_probs, head_tensors, model_forward, param_count,
+    unit_count, unit_forward, unit_init_values, unit_params, HeadOutput, Unit, UnitOutput,
 };

@@ -24,13 +24,18 @@
 //!    those from the head down gives the same gradients as one backward through the whole model.
 //! 4. The head's loss is the mean next-token cross-entropy over the pack's targets
 //!    ([`PackedBatch::target_weights`]); no target crosses a sample boundary.
+//! 5. Training's head ([`head_forward`], [`head_target_log_probs`]) never materialises the
+//!    `[T, vocab]` logits: the targets' log-probabilities are computed a chunk of positions at a
+//!    time ([`super::head`]); only [`model_forward`] (tests, parity checks) also returns the
+//!    logits.
 
 use candle_core::Tensor;
 
-use super::batch::PackedBatch;
+use super::batch::{HeadImpl, PackedBatch};
 use super::block::{block_forward, block_params};
 use super::config::ModelConfig;
 use super::error::{Error, Result};
+use super::head::{chunk_rows, target_log_probs};
 use super::ops::{log_softmax_last_dim, rms_norm};
 use super::params::{init_values, unit_numel, ParamInit, ParamSpec};
 
@@ -189,50 +194,81 @@ pub fn embed_forward(params: &[Tensor], batch: &PackedBatch) -> Result<Tensor> {
 /// What the head unit computes.
 #[derive(Debug, Clone)]
 pub struct HeadOutput {
-    /// `[T, vocab]`.
-    pub logits: Tensor,
+    /// `[T, vocab]`: only from [`model_forward`]; the training head ([`head_forward`]) does not
+    /// compute them.
+    pub logits: Option<Tensor>,
     /// Scalar: sum of the targets' cross-entropies.
     pub loss_sum: Tensor,
     /// Scalar: `loss_sum / loss_tokens` (0 when the pack has no target) — what is differentiated.
     pub loss: Tensor,
 }
 
-/// Last unit: final RMSNorm, LM head, and the masked token-mean next-token cross-entropy.
+/// Last unit: final RMSNorm, LM head, and the masked token-mean next-token cross-entropy, the
+/// logits never whole ([`head_target_log_probs`]).
 pub fn head_forward(
     config: &ModelConfig,
     params: &[Tensor],
     x: &Tensor,
     batch: &PackedBatch,
 ) -> Result<HeadOutput> {
-    let (logits, target_log_probs) = head_log_probs(config, params, x, batch)?;
+    let target_log_probs = head_target_log_probs(config, params, x, batch)?;
     let loss_sum = (target_log_probs * &batch.target_weights)?
         .sum_all()?
         .neg()?;
     let loss = (&loss_sum / batch.loss_tokens.max(1) as f64)?;
     Ok(HeadOutput {
-        logits,
+        logits: None,
         loss_sum,
         loss,
     })
 }
 
-/// Last unit up to the loss: the logits `[T, vocab]` and, per position, the log-probability of
-/// the token it predicts `[T]` (positions that predict nothing read their target 0; the batch's
-/// weights mask them). `params` are [`head_tensors`].
+/// `[norm, lm_head]` of the head's tensors ([`head_tensors`]).
+fn norm_and_lm_head(params: &[Tensor]) -> Result<(&Tensor, &Tensor)> {
+    match params {
+        [norm, lm_head] => Ok((norm, lm_head)),
+        _ => Err(Error::UnitParams {
+            what: "tensors",
+            expected: 2,
+            got: params.len(),
+        }),
+    }
+}
+
+/// Last unit up to the loss, in chunks: per position, the log-probability of the token it
+/// predicts, fp32 `[T]` (positions that predict nothing read their target 0; the batch's weights
+/// mask them), without the `[T, vocab]` logits ([`super::head`], [`chunk_rows`] positions at a
+/// time). `params` are [`head_tensors`].
+pub fn head_target_log_probs(
+    config: &ModelConfig,
+    params: &[Tensor],
+    x: &Tensor,
+    batch: &PackedBatch,
+) -> Result<Tensor> {
+    if batch.kernels.head == HeadImpl::Full {
+        return Ok(head_log_probs(config, params, x, batch)?.1);
+    }
+    let (norm, lm_head) = norm_and_lm_head(params)?;
+    let h = rms_norm(x, norm, config.rms_eps)?;
+    target_log_probs(&h, lm_head, &batch.targets, chunk_rows(config.vocab_size))
+}
+
+/// The logits `[T, vocab]` of the final hidden states `x`: RMSNorm, then the LM head.
+pub fn head_logits(config: &ModelConfig, params: &[Tensor], x: &Tensor) -> Result<Tensor> {
+    let (norm, lm_head) = norm_and_lm_head(params)?;
+    Ok(rms_norm(x, norm, config.rms_eps)?.matmul(&lm_head.t()?)?)
+}
+
+/// Last unit up to the loss with the whole logits (the reference of
+/// [`head_target_log_probs`]): the logits `[T, vocab]` and, per position, the log-probability of
+/// the token it predicts `[T]`. `params` are [`head_tensors`].
 pub fn head_log_probs(
     config: &ModelConfig,
     params: &[Tensor],
     x: &Tensor,
     batch: &PackedBatch,
 ) -> Result<(Tensor, Tensor)> {
-    let [norm, lm_head] = params else {
-        return Err(Error::UnitParams {
-            what: "tensors",
-            expected: 2,
-            got: params.len(),
-        });
-    };
-    let logits = rms_norm(x, norm, config.rms_eps)?.matmul(&lm_head.t()?)?;
+    let logits = head_logits(config, params, x)?;
     let log_probs = log_softmax_last_dim(&logits)?;
     let target_log_probs = log_probs
         .gather(&batch.targets.unsqueeze(1)?, 1)?
@@ -277,7 +313,8 @@ pub fn unit_forward(
     })
 }
 
-/// The whole model: the units chained, `units[u]` being unit `u`'s parameters.
+/// The whole model: the units chained, `units[u]` being unit `u`'s parameters; its head's
+/// output carries the logits besides training's loss.
 pub fn model_forward(
     config: &ModelConfig,
     units: &[Vec<Tensor>],
@@ -303,7 +340,12 @@ pub fn model_forward(
         };
         match unit_forward(config, first, &params, hidden.as_ref(), batch)? {
             UnitOutput::Hidden(h) => hidden = Some(h),
-            UnitOutput::Head(out) => return Ok(out),
+            UnitOutput::Head(mut out) => {
+                if let Some(x) = &hidden {
+                    out.logits = Some(head_logits(config, &params, x)?);
+                }
+                return Ok(out);
+            }
         }
     }
     Err(Error::NoSuchUnit {
@@ -471,6 +513,7 @@ mod tests {
             model_forward(&c, &params, &batch(&c, samples))
                 .unwrap()
                 .logits
+                .unwrap()
         };
         let alone = logits(std::slice::from_ref(&a));
         let after_b = logits(&[vec![2, 7, 1], a.clone()]).narrow(0, 3, 6).unwrap();
@@ -490,7 +533,7 @@ mod tests {
         let c = small();
         let samples = two_samples();
         let out = model_forward(&c, &tensors(&vars(&c)), &batch(&c, &samples)).unwrap();
-        let logits: Vec<Vec<f32>> = out.logits.to_vec2().unwrap();
+        let logits: Vec<Vec<f32>> = out.logits.unwrap().to_vec2().unwrap();
         let (mut sum, mut n, mut t) = (0f64, 0, 0);
         for s in &samples {
             for i in 0..s.len() - 1 {

@@ -1,0 +1,298 @@
+//! The LM head's loss without the `[T, vocab]` logits: each position's log-probability of its
+//! target, computed a chunk of positions at a time.
+//!
+//! [`target_log_probs`] takes the normed hidden states `h: [T, d]`, the LM head `w: [vocab, d]`
+//! and the targets `[T]` and returns `log softmax(h wᵀ)[t, target[t]]`, fp32 `[T]` — what
+//! [`super::transformer::head_log_probs`] gathers from its full log-softmax. Its graph node is a
+//! [`CustomOp2`] on `(h, w)` whose forward is precomputed chunk by chunk on detached tensors
+//! (`cpu_fwd`/`cuda_fwd` copy it, as [`super::flash`]'s attention) and whose backward recomputes
+//! each chunk's logits: `dlogits = g ⊙ (onehot(target) − softmax(logits))`, `dh = dlogits · w`,
+//! `dw += dlogitsᵀ · h`.
+//!
+//! Guarantees (each has a test named after it):
+//! 1. **Same loss as the full head**: the log-probabilities and the gradients of `h` and `w`
+//!    equal the full log-softmax's within 1e-6 (relative, fp32) for any chunk size — 1, one that
+//!    does not divide `T`, more than `T` — with the LM head tied to the embedding or not.
+//! 2. **Memory**: a chunk's logits are at most [`CHUNK_BYTES`] in fp32 (at least one row); the
+//!    graph keeps `h`, `w`, the `[T]` result and each row's log-sum-exp, never `[T, vocab]`.
+//! 3. **Mixed precision** as the full head: the matmuls in `h`'s dtype (bf16 under
+//!    [`super::ComputePrecision::Bf16`]), the log-softmax and its gradient in fp32, each input's
+//!    gradient in its dtype.
+
+use std::sync::Mutex;
+
+use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Shape, Storage, Tensor, D};
+
+use super::error::{Error, Result};
+use super::flash::fresh;
+
+/// The most bytes a chunk's fp32 logits take: 64 MiB (109 positions of a 152K vocabulary).
+pub const CHUNK_BYTES: usize = 64 << 20;
+
+/// Positions per chunk for a vocabulary of `vocab`: as many as [`CHUNK_BYTES`] of fp32 logits
+/// hold, at least one.
+pub fn chunk_rows(vocab: usize) -> usize {
+    (CHUNK_BYTES / (4 * vocab.max(1))).max(1)
+}
+
+/// `log softmax(h wᵀ)[t, targets[t]]` for each position `t`: fp32 `[T]`, from `h: [T, d]`,
+/// `w: [vocab, d]` and u32 `targets: [T]`, `chunk` positions at a time (differentiable in `h`
+/// and `w`).
+pub fn target_log_probs(h: &Tensor, w: &Tensor, targets: &Tensor, chunk: usize) -> Result<Tensor> {
+    let (t, d) = h.dims2()?;
+    let (vocab, wd) = w.dims2()?;
+    if wd != d || targets.dims1()? != t || targets.dtype() != DType::U32 {
+        return Err(Error::Batch(format!(
+            "head: h {:?}, w {:?}, targets {:?} ({:?})",
+            h.dims(),
+            w.dims(),
+            targets.dims(),
+            targets.dtype()
+        )));
+    }
+    let chunk = chunk.clamp(1, t.max(1));
+    let (hd, wd) = (h.detach(), w.detach());
+    let (mut outs, mut lses) = (Vec::new(), Vec::new());
+    for start in (0..t).step_by(chunk) {
+        let n = chunk.min(t - start);
+        let logits = chunk_logits(&hd.narrow(0, start, n)?, &wd)?;
+        let max = logits.max_keepdim(D::Minus1)?;
+        let shifted = logits.broadcast_sub(&max)?;
+        let log_den = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+        let target = shifted.gather(&targets.narrow(0, start, n)?.unsqueeze(1)?, 1)?;
+        outs.push((target - &log_den)?.squeeze(1)?);
+        lses.push((max + log_den)?.squeeze(1)?);
+    }
+    let op = TargetLogProbs {
+        targets: targets.clone(),
+        chunk,
+        vocab,
+        out: Mutex::new(Some(Tensor::cat(&outs, 0)?)),
+        lse: Tensor::cat(&lses, 0)?,
+    };
+    Ok(h.apply_op2(w, op)?)
+}
+
+/// fp32 logits `[n, vocab]` of a chunk `h: [n, d]` (the matmul in `h`'s dtype).
+fn chunk_logits(h: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+    h.matmul(&w.t()?)?.to_dtype(DType::F32)
+}
+
+/// The graph node of [`target_log_probs`].
+struct TargetLogProbs {
+    /// u32 `[T]`.
+    targets: Tensor,
+    chunk: usize,
+    vocab: usize,
+    /// The precomputed fp32 `[T]` result, taken (and copied) by the forward.
+    out: Mutex<Option<Tensor>>,
+    /// fp32 `[T]`: each position's log-sum-exp of its logits.
+    lse: Tensor,
+}
+
+impl TargetLogProbs {
+    fn take_out(&self) -> candle_core::Result<Tensor> {
+        self.out
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("head: a poisoned lock".into()))?
+            .take()
+            .ok_or_else(|| candle_core::Error::Msg("head: forward run twice".into()))
+    }
+
+    /// `(dh, dw)` given the result's gradient `g: [T]`.
+    fn backward(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        g: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (h, w, g) = (h.detach(), w.detach(), g.detach().to_dtype(DType::F32)?);
+        let t = h.dim(0)?;
+        let classes = Tensor::arange(0u32, self.vocab as u32, h.device())?.unsqueeze(0)?;
+        let mut dhs = Vec::new();
+        let mut dw: Option<Tensor> = None;
+        for start in (0..t).step_by(self.chunk) {
+            let n = self.chunk.min(t - start);
+            let hc = h.narrow(0, start, n)?;
+            let lse = self.lse.narrow(0, start, n)?.unsqueeze(1)?;
+            let softmax = chunk_logits(&hc, &w)?.broadcast_sub(&lse)?.exp()?;
+            let onehot = self
+                .targets
+                .narrow(0, start, n)?
+                .unsqueeze(1)?
+                .broadcast_eq(&classes)?
+                .to_dtype(DType::F32)?;
+            let dlogits = (onehot - softmax)?
+                .broadcast_mul(&g.narrow(0, start, n)?.unsqueeze(1)?)?
+                .to_dtype(h.dtype())?;
+            dhs.push(dlogits.matmul(&w)?);
+            let dwc = dlogits.t()?.matmul(&hc)?.to_dtype(DType::F32)?;
+            dw = Some(match dw {
+                None => dwc,
+                Some(acc) => (acc + dwc)?,
+            });
+        }
+        let dw = match dw {
+            Some(dw) => dw,
+            None => w.zeros_like()?,
+        };
+        Ok((Tensor::cat(&dhs, 0)?, dw.to_dtype(w.dtype())?))
+    }
+}
+
+impl CustomOp2 for TargetLogProbs {
+    fn name(&self) -> &'static str {
+        "chunked-target-log-probs"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let out = self.take_out()?;
+        let (storage, layout) = out.storage_and_layout();
+        match &*storage {
+            Storage::Cpu(s) => Ok((fresh(s, layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("head: the log-probabilities are not on the CPU"),
+        }
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let out = self.take_out()?;
+        let (storage, layout) = out.storage_and_layout();
+        match &*storage {
+            Storage::Cuda(s) => Ok((fresh(s, layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("head: the log-probabilities are not on the CUDA device"),
+        }
+    }
+
+    fn bwd(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dh, dw) = self.backward(h, w, grad)?;
+        Ok((Some(dh), Some(dw)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ops::tests::random;
+    use crate::model::ops::{log_softmax_last_dim, rms_norm};
+    use candle_core::{Device, Var};
+
+    const T: usize = 11;
+    const VOCAB: usize = 37;
+    const D: usize = 16;
+
+    fn to_vec(t: &Tensor) -> Vec<f32> {
+        t.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    /// `‖a − b‖ / ‖b‖`.
+    fn rel(a: &Tensor, b: &Tensor) -> f32 {
+        assert_eq!(a.dims(), b.dims());
+        let (a, b) = (to_vec(a), to_vec(b));
+        assert!(a.iter().all(|x| x.is_finite()), "a non-finite element");
+        let diff: f32 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum();
+        let norm: f32 = b.iter().map(|y| y * y).sum();
+        (diff / norm.max(f32::MIN_POSITIVE)).sqrt()
+    }
+
+    /// The head's loss and its gradients of `x`, the norm weight and `w`, with the targets'
+    /// log-probabilities from `chunk` (`None`: the full log-softmax); `tied`: `w` is also the
+    /// embedding, looked up in the same graph, so its gradient has both parts. Matrices cast to
+    /// `dtype` inside the graph.
+    fn head(chunk: Option<usize>, tied: bool, dtype: DType) -> [Tensor; 4] {
+        let x = Var::from_tensor(&random(&[T, D], 1)).unwrap();
+        let norm = Var::from_tensor(&random(&[D], 2).affine(0.25, 1.0).unwrap()).unwrap();
+        let w = Var::from_tensor(&random(&[VOCAB, D], 3)).unwrap();
+        let targets: Vec<u32> = (0..T as u32).map(|i| (i * 7 + 3) % VOCAB as u32).collect();
+        let targets = Tensor::new(targets, &Device::Cpu).unwrap();
+        let weights = random(&[T], 4).abs().unwrap();
+        let h = rms_norm(&x.as_tensor().to_dtype(dtype).unwrap(), &norm, 1e-5).unwrap();
+        let wc = w.as_tensor().to_dtype(dtype).unwrap();
+        let lp = match chunk {
+            Some(chunk) => target_log_probs(&h, &wc, &targets, chunk).unwrap(),
+            None => log_softmax_last_dim(&h.matmul(&wc.t().unwrap()).unwrap())
+                .unwrap()
+                .gather(&targets.unsqueeze(1).unwrap(), 1)
+                .unwrap()
+                .squeeze(1)
+                .unwrap(),
+        };
+        assert_eq!((lp.dims(), lp.dtype()), (&[T][..], DType::F32));
+        let mut loss = (lp * weights).unwrap().sum_all().unwrap().neg().unwrap();
+        if tied {
+            let tokens = Tensor::new(&[3u32, 0, 36, 3], &Device::Cpu).unwrap();
+            let looked_up = wc.index_select(&tokens, 0).unwrap().to_dtype(DType::F32);
+            let r = random(&[4, D], 5);
+            loss = (loss + (looked_up.unwrap() * r).unwrap().sum_all().unwrap()).unwrap();
+        }
+        let grads = loss.backward().unwrap();
+        let g = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
+        [loss, g(&x), g(&norm), g(&w)]
+    }
+
+    #[test]
+    fn chunked_head_equals_the_full_log_softmax_loss_and_gradients() {
+        for tied in [false, true] {
+            let full = head(None, tied, DType::F32);
+            for chunk in [1, 3, 4, T, T + 5, chunk_rows(VOCAB)] {
+                let chunked = head(Some(chunk), tied, DType::F32);
+                for (i, what) in ["loss", "dx", "dnorm", "dw"].iter().enumerate() {
+                    let e = rel(&chunked[i], &full[i]);
+                    assert!(
+                        e < 1e-6,
+                        "tied {tied}, chunk {chunk}: {what} differs by {e}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_head_equals_the_full_head_within_bf16_rounding() {
+        for tied in [false, true] {
+            let full = head(None, tied, DType::BF16);
+            let chunked = head(Some(4), tied, DType::BF16);
+            for (i, what) in ["loss", "dx", "dnorm", "dw"].iter().enumerate() {
+                let e = rel(&chunked[i], &full[i]);
+                assert!(e < 1e-2, "tied {tied}: {what} differs by {e}");
+                // Gradients come back in the Vars' fp32.
+                assert_eq!(chunked[i].dtype(), DType::F32);
+            }
+        }
+    }
+
+    #[test]
+    fn a_chunks_logits_stay_under_the_memory_bound() {
+        for vocab in [1, 16, 32_000, 151_936, CHUNK_BYTES] {
+            let rows = chunk_rows(vocab);
+            assert!(rows >= 1);
+            assert!(
+                rows == 1 || rows * vocab * 4 <= CHUNK_BYTES,
+                "{vocab}: {rows}"
+            );
+        }
+        assert_eq!(chunk_rows(151_936), 110);
+    }
+}
