@@ -110,6 +110,12 @@ struct MemoryArgs {
     /// ABCCBA rounds (keep, reshard, keep again as the control).
     #[arg(long, default_value_t = 0)]
     speed_rounds: usize,
+    /// Print the analytical expectation only, with its parts (no training).
+    #[arg(long)]
+    expected_only: bool,
+    /// Plot (`--svg`) the rows of earlier runs' printed tables instead of measuring.
+    #[arg(long, value_delimiter = ',')]
+    plot_from: Vec<PathBuf>,
 }
 
 #[derive(Args)]
@@ -1572,6 +1578,54 @@ async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
         args.layers.clone()
     };
     let gb = |b: u64| b as f64 / 1e9;
+    if !args.plot_from.is_empty() {
+        let out = args
+            .svg
+            .as_ref()
+            .context("--plot-from writes the plot given with --svg")?;
+        let mut points = Vec::new();
+        for file in &args.plot_from {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            points.extend(mem::parse_rows(&text));
+        }
+        if points.is_empty() {
+            bail!("no table rows in {:?}", args.plot_from);
+        }
+        let title = format!(
+            "{} shape, {} blocks, fp32 CPU: trainer peak memory against sample length",
+            args.shape, points[0].layers
+        );
+        std::fs::write(out, mem::svg(&points, &title))
+            .with_context(|| format!("writing {}", out.display()))?;
+        println!("plot of {} rows: {}", points.len(), out.display());
+        return Ok(());
+    }
+    if args.expected_only {
+        for &layers in &depths {
+            let config = odc::model::ModelConfig {
+                n_layers: layers,
+                ..shape.clone()
+            };
+            for &path in &args.paths {
+                for &tokens in &args.lengths {
+                    let e = mem::expected(&config, tokens, path)?;
+                    let parts: Vec<String> = e
+                        .parts
+                        .iter()
+                        .map(|(what, b)| format!("{what} {:.3}", gb(*b)))
+                        .collect();
+                    println!(
+                        "expected path={path} layers={layers} tokens={tokens} {:.3} GB at {}: {}",
+                        gb(e.total()),
+                        e.phase,
+                        parts.join("; ")
+                    );
+                }
+            }
+        }
+        return Ok(());
+    }
     if args.speed_rounds > 0 {
         let config = odc::model::ModelConfig {
             n_layers: depths[0],

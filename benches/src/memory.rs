@@ -13,8 +13,9 @@
 //!   tokens per step, fp32 on the CPU.
 //! - **Expected** ([`expected`]): two gathered units (the one being differentiated and the one
 //!   prefetched, as f32 tensors), one `tokens × d_model` checkpoint per stage kept for the
-//!   backward, one block's working set (its activations and their gradients while it is
-//!   differentiated, plus one attention tile per query block), the head's chunk of logits, the
+//!   backward, one block's working set (its forward graph, which candle keeps whole until the
+//!   block's backward returns, and that backward's widest frontier, plus one attention tile),
+//!   the head's chunk of logits, the
 //!   unit gradient being pushed, and (tied embeddings) unit 0's matrix, which the head reads.
 //!   Without resharding, every stage's weights and graph are held instead of one.
 //!
@@ -248,10 +249,18 @@ pub fn expected(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Resu
     let block = unit_bytes[1..units - 1].iter().copied().max().unwrap_or(0);
     let embedding = unit_bytes[0];
     let tied = if config.tie_embeddings { embedding } else { 0 };
-    // Per token of one block's graph: x, norm, q, k, v (and the KV heads repeated for the
-    // queries), the attention output, o_proj, the residual, norm, gate, up, silu (and its
-    // sigmoid), their product, down, the residual.
-    let activations = (6 * d + 4 * h * hd + 2 * kv * hd + 5 * ff) * F32;
+    // Per token of one block's forward graph, which candle keeps whole until its backward
+    // returns (its sorted nodes hold every intermediate): the norm's square, quotient and
+    // product (3d, and the input, d); q with its bias, head-major copy and rotary embedding
+    // (about 7.5 of q's width; k the same, v 3 of its width), the attention output, its
+    // head-major copy, o_proj and the residual (2 · q + 2d); the second norm (3d); gate, up,
+    // SiLU and their product (4 ff), down and the residual (2d). Then the backward's frontier
+    // at the MLP, where it is widest: an ff-wide gradient, each product's two partial
+    // gradients, each with a zero accumulator and its sum (about 6 ff), and a few d-wide ones.
+    let q = h * hd;
+    let forward_graph = 11 * d + (19 * q + 21 * kv * hd) / 2 + 4 * ff;
+    let backward_frontier = 6 * ff + 4 * d;
+    let activations = (forward_graph + backward_frontier) * F32;
     let checkpoints = (config.n_layers as u64 + 1) * t * d * F32;
     Ok(match path {
         Path::New => {
@@ -264,30 +273,43 @@ pub fn expected(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Resu
                     phase: "a block's backward",
                     parts: vec![
                         ("stage inputs", checkpoints),
-                        ("block weights + prefetch + gradient", 3 * block),
                         (
-                            "block activations and their gradients",
-                            2 * activations * t + tile,
+                            "block weights, the context's buffer, the prefetch, the gradient",
+                            4 * block,
                         ),
-                        ("tied embedding (read by the head)", tied),
+                        (
+                            "block's forward graph and its backward's frontier",
+                            activations * t + tile,
+                        ),
+                        ("the head's gradient of the tied embedding", tied),
                     ],
                 },
                 Expected {
                     phase: "the head",
                     parts: vec![
                         ("stage inputs", checkpoints),
-                        ("head chunk", 3 * head_rows * v * F32 + 2 * t * d * F32),
                         (
-                            "head and prefetched block",
-                            unit_bytes[units - 1] + tied + block,
+                            "head chunk, normed input and its gradient",
+                            3 * head_rows * v * F32 + 2 * t * d * F32,
+                        ),
+                        (
+                            "LM head matrix and its gradient, prefetched block",
+                            2 * unit_bytes[units - 1].max(tied) + block,
                         ),
                     ],
                 },
                 Expected {
                     phase: "the embedding's backward",
                     parts: vec![
-                        ("embedding, its gradient and the pushed copy", 3 * embedding),
-                        ("tied matrix and its gradient", 2 * tied),
+                        (
+                            "embedding weights, the context's buffer, its gradient (+ the head's, \
+                             and their sum)",
+                            if config.tie_embeddings {
+                                4 * embedding
+                            } else {
+                                3 * embedding
+                            },
+                        ),
                         ("input gradient", t * d * F32),
                     ],
                 },
@@ -484,9 +506,33 @@ pub fn parameters(config: &ModelConfig) -> anyhow::Result<usize> {
     Ok(param_count(config)?)
 }
 
+/// The rows of a printed `odc-bench memory` table (`path layers tokens measured_GB …`), as
+/// points with their measured bytes (the expectation is not read back).
+pub fn parse_rows(text: &str) -> Vec<Point> {
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let path = f.first()?.parse::<Path>().ok()?;
+            let layers = f.get(1)?.parse().ok()?;
+            let tokens = f.get(2)?.parse().ok()?;
+            let measured_gb: f64 = f.get(3)?.parse().ok()?;
+            Some(Point {
+                path,
+                tokens,
+                layers,
+                measured: (measured_gb * 1e9) as u64,
+                expected: Expected::default(),
+                peak_rss: 0,
+                step_s: f64::NAN,
+            })
+        })
+        .collect()
+}
+
 /// An SVG plot of measured bytes against tokens, one line per path (log–log axes).
 pub fn svg(points: &[Point], title: &str) -> String {
-    let (w, h, m) = (640.0, 400.0, 60.0);
+    // The right margin leaves room for the last point's label.
+    let (w, h, m, right) = (760.0, 400.0, 60.0, 140.0);
     let xs: Vec<f64> = points.iter().map(|p| p.tokens as f64).collect();
     let ys: Vec<f64> = points.iter().map(|p| p.measured.max(1) as f64).collect();
     let (x0, x1) = (
@@ -497,7 +543,7 @@ pub fn svg(points: &[Point], title: &str) -> String {
         ys.iter().copied().fold(f64::INFINITY, f64::min).log2(),
         ys.iter().copied().fold(1.0, f64::max).log2(),
     );
-    let sx = |x: f64| m + (x.log2() - x0) / (x1 - x0).max(1e-9) * (w - 2.0 * m);
+    let sx = |x: f64| m + (x.log2() - x0) / (x1 - x0).max(1e-9) * (w - m - right);
     let sy = |y: f64| h - m - (y.log2() - y0) / (y1 - y0).max(1e-9) * (h - 2.0 * m);
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
@@ -508,7 +554,7 @@ pub fn svg(points: &[Point], title: &str) -> String {
          <text x=\"{}\" y=\"{}\">tokens per sample (log)</text>\n\
          <text x=\"12\" y=\"{}\" transform=\"rotate(-90 12 {})\">trainer peak bytes (log)</text>\n",
         h - m,
-        w - m,
+        w - right,
         h - m,
         h - m,
         w / 2.0 - 60.0,

@@ -393,43 +393,47 @@ impl TransformerCompute {
     /// Unit `u`'s gradient, one flat fp32 buffer in parameter order (zeros for a parameter the
     /// loss does not reach): on the CPU the values; on a CUDA device a download in flight.
     /// `tied` is the head's gradient of the embedding (tied embeddings), added to the first
-    /// parameter's: the embedding unit's gradient sums both uses and is pushed once.
+    /// parameter's: the embedding unit's gradient sums both uses and is pushed once. The
+    /// gradients are taken by value and each is dropped once copied, so at most one parameter's
+    /// gradient exists twice (a unit-sized one: the embedding's is `vocab × d_model`).
     fn unit_grad(
         &mut self,
         u: usize,
-        grads: &candle_core::backprop::GradStore,
-        params: &[Var],
-        tied: Option<&Tensor>,
+        grads: Vec<Option<Tensor>>,
+        mut tied: Option<Tensor>,
         device: &Device,
     ) -> super::Result<UnitGrad> {
-        let grad = |i: usize, var: &Var| -> candle_core::Result<Option<Tensor>> {
-            Ok(
-                match (grads.get(var.as_tensor()), tied.filter(|_| i == 0)) {
-                    (Some(g), Some(t)) => {
-                        Some((g.to_dtype(DType::F32)? + t.to_dtype(DType::F32)?)?)
-                    }
-                    (Some(g), None) | (None, Some(g)) => Some(g.clone()),
-                    (None, None) => None,
-                },
-            )
-        };
+        let mut combined = grads.into_iter().enumerate().map(|(i, g)| {
+            let t = if i == 0 { tied.take() } else { None };
+            Ok::<_, candle_core::Error>(match (g, t) {
+                (Some(g), Some(t)) => Some((g.to_dtype(DType::F32)? + t.to_dtype(DType::F32)?)?),
+                (Some(g), None) | (None, Some(g)) => Some(g),
+                (None, None) => None,
+            })
+        });
+        let specs = &self.specs[u];
         if device.is_cpu() {
-            let mut flat = Vec::with_capacity(self.specs[u].iter().map(ParamSpec::numel).sum());
-            for (i, (var, spec)) in params.iter().zip(&self.specs[u]).enumerate() {
-                match grad(i, var)? {
-                    Some(g) => {
-                        flat.extend(g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-                    }
-                    None => flat.extend(std::iter::repeat_n(0.0, spec.numel())),
+            let mut flat: Vec<f32> = Vec::new();
+            for spec in specs {
+                let values = match combined.next().transpose()?.flatten() {
+                    Some(g) => g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                    None => vec![0.0; spec.numel()],
+                };
+                if flat.is_empty() {
+                    // The first (for the embedding, the only) parameter: no second copy.
+                    flat = values;
+                    flat.reserve_exact(
+                        specs.iter().map(ParamSpec::numel).sum::<usize>() - flat.len(),
+                    );
+                } else {
+                    flat.extend_from_slice(&values);
                 }
             }
             return Ok(UnitGrad::Host(flat));
         }
-        let parts = params
+        let parts = specs
             .iter()
-            .zip(&self.specs[u])
-            .enumerate()
-            .map(|(i, (var, spec))| match grad(i, var)? {
+            .map(|spec| match combined.next().transpose()?.flatten() {
                 Some(g) => g.to_dtype(DType::F32)?.flatten_all(),
                 None => Tensor::zeros(spec.numel(), DType::F32, device),
             })
@@ -770,7 +774,8 @@ impl Compute for TransformerCompute {
             let first = stage[0];
             let root = match (&output, &grad_output) {
                 (UnitOutput::Head(head), _) => {
-                    loss = Some(head.loss_sum.clone());
+                    // Detached: the loss must not keep the head's graph alive.
+                    loss = Some(head.loss_sum.detach());
                     head.loss_sum.clone()
                 }
                 (UnitOutput::Hidden(out), Some(g)) => {
@@ -783,26 +788,34 @@ impl Compute for TransformerCompute {
             if input.is_none() && gathered.iter().all(|(_, vars)| vars.is_none()) {
                 continue;
             }
-            let grads = root.backward().map_err(user)?;
-            if let Some(var) = &tied_var {
-                tied = grads.get(var.as_tensor()).map(Tensor::detach);
+            let mut grads = root.backward().map_err(user)?;
+            // The stage's graph (its activations) goes now, before its gradients are copied.
+            drop((root, output));
+            if let Some(var) = tied_var {
+                tied = grads.remove(var.as_tensor());
+                // The head's backward is done: the embedding matrix it read is not needed
+                // until the embedding's own stage (which makes it again when resharded).
+                embedding = None;
             }
-            for (u, vars) in &gathered {
+            grad_output = input.and_then(|var| grads.remove(var.as_tensor()));
+            for (u, vars) in gathered {
                 let Some(params) = vars else { continue };
-                let tied_here = if *u == 0 { tied.as_ref() } else { None };
+                let unit_grads: Vec<Option<Tensor>> = params
+                    .iter()
+                    .map(|var| grads.remove(var.as_tensor()))
+                    .collect();
+                // The unit's weights go before its gradient is copied out.
+                drop(params);
+                let tied_here = if u == 0 { tied.take() } else { None };
                 let grad = self
-                    .unit_grad(*u, &grads, params, tied_here, &device)
+                    .unit_grad(u, unit_grads, tied_here, &device)
                     .map_err(user)?;
                 if !grad.in_flight() {
-                    self.push(ctx, *u, grad)?;
-                } else if let Some((unit, earlier)) = pending.replace((*u, grad)) {
+                    self.push(ctx, u, grad)?;
+                } else if let Some((unit, earlier)) = pending.replace((u, grad)) {
                     self.push(ctx, unit, earlier)?;
                 }
             }
-            grad_output = match &input {
-                Some(var) => grads.get(var.as_tensor()).cloned(),
-                None => None,
-            };
         }
         if let Some((unit, grad)) = pending.take() {
             self.push(ctx, unit, grad)?;
