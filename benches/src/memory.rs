@@ -455,6 +455,9 @@ fn job(
         .optimizer(OptimizerConfig::adamw(1e-4))
         .pull_precision(Precision::F32)
         .token_budget(tokens as u64)
+        // A 32K-token step of a real shape takes over ten minutes on a small CPU.
+        .micro_batch_timeout(std::time::Duration::from_secs(3 * 3600))
+        .step_timeout(std::time::Duration::from_secs(3 * 3600))
         .data(move |step: u64| {
             Ok(vec![if step == 0 {
                 SampleMeta::new(1, WARM_UP_TOKENS.min(tokens) as u64)
