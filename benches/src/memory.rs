@@ -30,8 +30,8 @@ use std::time::Instant;
 
 use odc::model::flash::AttentionImpl;
 use odc::model::{
-    param_count, transformer_job_of, unit_count, unit_params, HeadImpl, Kernels, ModelConfig,
-    Objective, Placement, Reshard, Sample, SampleStore, TransformerCompute,
+    transformer_job_of, unit_count, unit_params, HeadImpl, Kernels, ModelConfig, Objective,
+    Placement, Reshard, Sample, SampleStore, TransformerCompute,
 };
 use odc::{
     async_trait, Compute, ComputeOutput, MicroBatch, OptimizerConfig, Precision, SampleMeta,
@@ -502,11 +502,6 @@ pub async fn speed(config: &ModelConfig, tokens: usize, rounds: usize) -> anyhow
         reshard_s: median(&mut r),
         control_s: median(&mut c),
     })
-}
-
-/// Parameters of `config`, for the report.
-pub fn parameters(config: &ModelConfig) -> anyhow::Result<usize> {
-    Ok(param_count(config)?)
 }
 
 /// The rows of a printed `odc-bench memory` table (`path layers tokens measured_GB …`), as

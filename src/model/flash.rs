@@ -35,14 +35,12 @@
 //! 6. **Memory**: besides O(T · head_dim) buffers, a step holds one `[H, Blocks::q, Blocks::k]`
 //!    tile's few fp32 temporaries (the mask, scores, probabilities and their gradient).
 
-use std::sync::Mutex;
-
-use candle_core::backend::{BackendDevice, BackendStorage};
-use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor, D};
+use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor, D};
 
 use super::batch::{PackedBatch, MASKED};
 use super::config::ModelConfig;
 use super::error::{Error, Result};
+use super::precomputed::Precomputed;
 
 /// Tile sizes: queries per block and keys per block (each clamped to the sample's length).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -375,7 +373,7 @@ pub fn blocked_packed_attend(
     let op = BlockedAttention {
         spans: spans.to_vec(),
         blocks,
-        out: Mutex::new(Some(out)),
+        out: Precomputed::new("blocked attention", out),
         lse: Tensor::cat(&lses, 1)?,
     };
     Ok(q.apply_op3(k, v, op)?)
@@ -387,21 +385,12 @@ struct BlockedAttention {
     spans: Vec<(usize, usize)>,
     blocks: Blocks,
     /// The precomputed output `[1, H, T, hd]`, taken (and copied) by the forward.
-    out: Mutex<Option<Tensor>>,
+    out: Precomputed,
     /// fp32 `[H, T]`: each row's log-sum-exp.
     lse: Tensor,
 }
 
 impl BlockedAttention {
-    /// The precomputed output, once.
-    fn take_out(&self) -> candle_core::Result<Tensor> {
-        self.out
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("blocked attention: a poisoned lock".into()))?
-            .take()
-            .ok_or_else(|| candle_core::Error::Msg("blocked attention: forward run twice".into()))
-    }
-
     /// `(dq, dk, dv)` of `q [1, H, T, hd]`, `k, v [1, KV, T, hd]`, given the output `o` and its
     /// gradient `d_o` (FlashAttention-2: `D = rowsum(dO ⊙ O)`, then per tile `p = exp(s − lse)`,
     /// `dV += pᵀ dO`, `dS = p ⊙ (dO Vᵀ − D)`, `dQ += dS K · scale`, `dK += dSᵀ Q · scale`).
@@ -500,19 +489,6 @@ impl BlockedAttention {
     }
 }
 
-/// A fresh, contiguous copy of the storage `layout` reads (candle wants an owned storage).
-pub(super) fn fresh<S>(storage: &S, layout: &Layout) -> candle_core::Result<S>
-where
-    S: BackendStorage,
-    S::Device: BackendDevice<Storage = S>,
-{
-    let mut copy = storage
-        .device()
-        .zeros_impl(layout.shape(), storage.dtype())?;
-    storage.copy_strided_src(&mut copy, 0, layout)?;
-    Ok(copy)
-}
-
 impl CustomOp3 for BlockedAttention {
     fn name(&self) -> &'static str {
         "blocked-causal-attention"
@@ -527,12 +503,7 @@ impl CustomOp3 for BlockedAttention {
         _: &CpuStorage,
         _: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let out = self.take_out()?;
-        let (storage, layout) = out.storage_and_layout();
-        match &*storage {
-            Storage::Cpu(s) => Ok((fresh(s, layout)?, layout.shape().clone())),
-            _ => candle_core::bail!("blocked attention: the output is not on the CPU"),
-        }
+        self.out.cpu()
     }
 
     fn cuda_fwd(
@@ -544,12 +515,7 @@ impl CustomOp3 for BlockedAttention {
         _: &CudaStorage,
         _: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let out = self.take_out()?;
-        let (storage, layout) = out.storage_and_layout();
-        match &*storage {
-            Storage::Cuda(s) => Ok((fresh(s, layout)?, layout.shape().clone())),
-            _ => candle_core::bail!("blocked attention: the output is not on the CUDA device"),
-        }
+        self.out.cuda()
     }
 
     fn bwd(

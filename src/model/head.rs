@@ -19,12 +19,10 @@
 //!    [`super::ComputePrecision::Bf16`]), the log-softmax and its gradient in fp32, each input's
 //!    gradient in its dtype.
 
-use std::sync::Mutex;
-
-use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Shape, Storage, Tensor, D};
+use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Shape, Tensor, D};
 
 use super::error::{Error, Result};
-use super::flash::fresh;
+use super::precomputed::Precomputed;
 
 /// The most bytes a chunk's fp32 logits take: 64 MiB (109 positions of a 152K vocabulary).
 pub const CHUNK_BYTES: usize = 64 << 20;
@@ -67,7 +65,7 @@ pub fn target_log_probs(h: &Tensor, w: &Tensor, targets: &Tensor, chunk: usize) 
         targets: targets.clone(),
         chunk,
         vocab,
-        out: Mutex::new(Some(Tensor::cat(&outs, 0)?)),
+        out: Precomputed::new("chunked head", Tensor::cat(&outs, 0)?),
         lse: Tensor::cat(&lses, 0)?,
     };
     Ok(h.apply_op2(w, op)?)
@@ -85,20 +83,12 @@ struct TargetLogProbs {
     chunk: usize,
     vocab: usize,
     /// The precomputed fp32 `[T]` result, taken (and copied) by the forward.
-    out: Mutex<Option<Tensor>>,
+    out: Precomputed,
     /// fp32 `[T]`: each position's log-sum-exp of its logits.
     lse: Tensor,
 }
 
 impl TargetLogProbs {
-    fn take_out(&self) -> candle_core::Result<Tensor> {
-        self.out
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("head: a poisoned lock".into()))?
-            .take()
-            .ok_or_else(|| candle_core::Error::Msg("head: forward run twice".into()))
-    }
-
     /// `(dh, dw)` given the result's gradient `g: [T]`.
     fn backward(
         &self,
@@ -152,12 +142,7 @@ impl CustomOp2 for TargetLogProbs {
         _: &CpuStorage,
         _: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let out = self.take_out()?;
-        let (storage, layout) = out.storage_and_layout();
-        match &*storage {
-            Storage::Cpu(s) => Ok((fresh(s, layout)?, layout.shape().clone())),
-            _ => candle_core::bail!("head: the log-probabilities are not on the CPU"),
-        }
+        self.out.cpu()
     }
 
     fn cuda_fwd(
@@ -167,12 +152,7 @@ impl CustomOp2 for TargetLogProbs {
         _: &CudaStorage,
         _: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let out = self.take_out()?;
-        let (storage, layout) = out.storage_and_layout();
-        match &*storage {
-            Storage::Cuda(s) => Ok((fresh(s, layout)?, layout.shape().clone())),
-            _ => candle_core::bail!("head: the log-probabilities are not on the CUDA device"),
-        }
+        self.out.cuda()
     }
 
     fn bwd(

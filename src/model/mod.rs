@@ -44,6 +44,7 @@ pub mod hf;
 pub mod lora;
 pub mod ops;
 pub mod params;
+mod precomputed;
 pub mod reshard;
 pub mod shares;
 #[cfg(feature = "cuda")]

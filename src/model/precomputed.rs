@@ -1,0 +1,69 @@
+//! The forward half of a custom op whose result is computed beforehand with tensor ops on
+//! detached inputs (the blocked attention, the chunked head): the op holds that result and hands
+//! candle an owned copy of it once, on the CPU or a CUDA device; its backward is the op's own.
+//! So a memory-lean algorithm written in candle ops runs on both devices without kernels, and the
+//! graph records one node with its custom backward instead of every intermediate.
+
+use std::sync::Mutex;
+
+use candle_core::backend::{BackendDevice, BackendStorage};
+use candle_core::{CpuStorage, CudaStorage, Layout, Shape, Storage, Tensor};
+
+/// A result taken once by the op's forward (see the [module docs](self)).
+pub(super) struct Precomputed {
+    /// The op's name, for errors.
+    what: &'static str,
+    out: Mutex<Option<Tensor>>,
+}
+
+impl Precomputed {
+    pub(super) fn new(what: &'static str, out: Tensor) -> Self {
+        Precomputed {
+            what,
+            out: Mutex::new(Some(out)),
+        }
+    }
+
+    /// The result, once: a second forward of the same op is an error.
+    fn take(&self) -> candle_core::Result<Tensor> {
+        let what = self.what;
+        self.out
+            .lock()
+            .map_err(|_| candle_core::Error::Msg(format!("{what}: a poisoned lock")))?
+            .take()
+            .ok_or_else(|| candle_core::Error::Msg(format!("{what}: forward run twice")))
+    }
+
+    /// The result as a CPU op's output.
+    pub(super) fn cpu(&self) -> candle_core::Result<(CpuStorage, Shape)> {
+        let out = self.take()?;
+        let (storage, layout) = out.storage_and_layout();
+        match &*storage {
+            Storage::Cpu(s) => Ok((fresh(s, layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("{}: the result is not on the CPU", self.what),
+        }
+    }
+
+    /// The result as a CUDA op's output.
+    pub(super) fn cuda(&self) -> candle_core::Result<(CudaStorage, Shape)> {
+        let out = self.take()?;
+        let (storage, layout) = out.storage_and_layout();
+        match &*storage {
+            Storage::Cuda(s) => Ok((fresh(s, layout)?, layout.shape().clone())),
+            _ => candle_core::bail!("{}: the result is not on the CUDA device", self.what),
+        }
+    }
+}
+
+/// A fresh, contiguous copy of the storage `layout` reads (candle wants an owned storage).
+fn fresh<S>(storage: &S, layout: &Layout) -> candle_core::Result<S>
+where
+    S: BackendStorage,
+    S::Device: BackendDevice<Storage = S>,
+{
+    let mut copy = storage
+        .device()
+        .zeros_impl(layout.shape(), storage.dtype())?;
+    storage.copy_strided_src(&mut copy, 0, layout)?;
+    Ok(copy)
+}
