@@ -21,7 +21,13 @@ use odc::model::hf::{export_hf, ExportDtype, ExportOptions, ExportSummary, HfChe
 use odc::model::{unit_count, unit_init_values, ModelConfig, RopeScaling};
 
 /// The shapes [`shape`] knows.
-pub const SHAPES: [&str; 4] = ["smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b", "llama3.2-1b"];
+pub const SHAPES: [&str; 5] = [
+    "smollm2-135m",
+    "qwen2.5-0.5b",
+    "qwen3-0.6b",
+    "llama3.2-1b",
+    "qwen2.5-1.5b",
+];
 
 /// The config of a public model's shape (random weights; vocabulary and context as published).
 pub fn shape(name: &str) -> anyhow::Result<ModelConfig> {
@@ -51,6 +57,20 @@ pub fn shape(name: &str) -> anyhow::Result<ModelConfig> {
             n_heads: 14,
             n_kv_heads: Some(2),
             d_ff: 4_864,
+            max_seq_len: 32_768,
+            rope_theta: 1_000_000.0,
+            rms_eps: 1e-6,
+            qkv_bias: true,
+            tie_embeddings: true,
+            ..base
+        },
+        "qwen2.5-1.5b" => ModelConfig {
+            vocab_size: 151_936,
+            d_model: 1_536,
+            n_layers: 28,
+            n_heads: 12,
+            n_kv_heads: Some(2),
+            d_ff: 8_960,
             max_seq_len: 32_768,
             rope_theta: 1_000_000.0,
             rms_eps: 1e-6,
@@ -294,6 +314,7 @@ mod tests {
         assert!((millions("qwen2.5-0.5b") - 494.0).abs() < 0.1);
         assert!((millions("qwen3-0.6b") - 596.0).abs() < 0.1);
         assert!((millions("llama3.2-1b") - 1235.8).abs() < 0.1);
+        assert!((millions("qwen2.5-1.5b") - 1543.7).abs() < 0.1);
         for name in SHAPES {
             shape(name).unwrap().validate().unwrap();
         }

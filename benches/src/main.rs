@@ -73,7 +73,7 @@ enum Command {
     /// context-parallel splitting (odc_bench::sim).
     Sim(SimArgs),
     /// A seeded random checkpoint in Hugging Face layout shaped like a public model
-    /// (smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, llama3.2-1b), for `hf-load` and
+    /// (smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, llama3.2-1b, qwen2.5-1.5b), for `hf-load` and
     /// `sft-overhead --model-dir`.
     HfMake(HfMakeArgs),
     /// Loading a Hugging Face checkpoint: opening (every header checked) and converting every
@@ -84,14 +84,14 @@ enum Command {
     LoraTraffic(LoraTrafficArgs),
     /// Bytes a trainer holds while it trains one sample (a counting allocator; RSS beside it)
     /// against sequence length and depth, next to the analytical expectation, for the old path
-    /// (no resharding, plain attention and head) and the new one (odc_bench::memory).
+    /// (no resharding, plain attention, MLP and head) and the new one (odc_bench::memory).
     Memory(MemoryArgs),
 }
 
 #[derive(Args)]
 struct MemoryArgs {
     /// The model's shape: tiny, or a public one (smollm2-135m, qwen2.5-0.5b, qwen3-0.6b,
-    /// llama3.2-1b), with seeded random weights.
+    /// llama3.2-1b, qwen2.5-1.5b), with seeded random weights.
     #[arg(long, default_value = "qwen2.5-0.5b")]
     shape: String,
     /// Blocks of the model (default: the shape's), comma-separated for a depth sweep.
@@ -123,7 +123,8 @@ struct LoraTrafficArgs {
     /// A model directory (its config and weights) ...
     #[arg(long, conflicts_with = "shape")]
     model_dir: Option<PathBuf>,
-    /// ... or a shape with seeded weights: smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, llama3.2-1b.
+    /// ... or a shape with seeded weights: smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, llama3.2-1b,
+    /// qwen2.5-1.5b.
     #[arg(long)]
     shape: Option<String>,
     /// LoRA's rank (all linear layers, alpha = 2 · rank).
@@ -140,7 +141,7 @@ struct LoraTrafficArgs {
 
 #[derive(Args)]
 struct HfMakeArgs {
-    /// smollm2-135m, qwen2.5-0.5b, qwen3-0.6b or llama3.2-1b.
+    /// smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, llama3.2-1b or qwen2.5-1.5b.
     #[arg(long)]
     shape: String,
     /// bf16 or f32 on disk.

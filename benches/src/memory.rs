@@ -14,14 +14,16 @@
 //! - **Expected** ([`expected`]): two gathered units (the one being differentiated and the one
 //!   prefetched, as f32 tensors), one `tokens × d_model` checkpoint per stage kept for the
 //!   backward, one block's working set (its forward graph, which candle keeps whole until the
-//!   block's backward returns, and that backward's widest frontier, plus one attention tile),
+//!   block's backward returns, and that backward's widest frontier, plus one attention tile and
+//!   one chunk of the MLP),
 //!   the head's chunk of logits, the
 //!   unit gradient being pushed, and (tied embeddings) unit 0's matrix, which the head reads.
 //!   Without resharding, every stage's weights and graph are held instead of one.
 //!
 //! The two paths of [`Path`]: `old` keeps every stage (no resharding) with the plain attention
-//! and head (the `[heads, L, L]` scores and `[L, vocab]` logits in the graph); `new` reshards
-//! after forward with the blocked attention and the chunked head.
+//! MLP and head (the `[heads, L, L]` scores, `[L, d_ff]` intermediates and `[L, vocab]` logits in
+//! the graph); `new` reshards after forward with the blocked attention, the chunked MLP and the
+//! chunked head.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,8 +32,8 @@ use std::time::Instant;
 
 use odc::model::flash::AttentionImpl;
 use odc::model::{
-    transformer_job_of, unit_count, unit_params, HeadImpl, Kernels, ModelConfig, Objective,
-    Placement, Reshard, Sample, SampleStore, TransformerCompute,
+    transformer_job_of, unit_count, unit_params, HeadImpl, Kernels, MlpImpl, ModelConfig,
+    Objective, Placement, Reshard, Sample, SampleStore, TransformerCompute,
 };
 use odc::{
     async_trait, Compute, ComputeOutput, MicroBatch, OptimizerConfig, Precision, SampleMeta,
@@ -142,9 +144,9 @@ impl Compute for Measured {
 /// Which trainer-side memory path runs (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
-    /// No resharding, plain attention and head.
+    /// No resharding, plain attention, MLP and head.
     Old,
-    /// Resharding after forward, blocked attention, chunked head.
+    /// Resharding after forward, blocked attention, chunked MLP and head.
     New,
 }
 
@@ -180,6 +182,7 @@ impl Path {
         match self {
             Path::Old => Kernels {
                 attention: AttentionImpl::Plain,
+                mlp: MlpImpl::Full,
                 head: HeadImpl::Full,
             },
             Path::New => Kernels::default(),
@@ -249,18 +252,24 @@ pub fn expected(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Resu
     let block = unit_bytes[1..units - 1].iter().copied().max().unwrap_or(0);
     let embedding = unit_bytes[0];
     let tied = if config.tie_embeddings { embedding } else { 0 };
-    // Per token of one block's forward graph, which candle keeps whole until its backward
-    // returns (its sorted nodes hold every intermediate): the norm's square, quotient and
-    // product (3d, and the input, d); q with its bias, head-major copy and rotary embedding
-    // (about 7.5 of q's width; k the same, v 3 of its width), the attention output, its
-    // head-major copy, o_proj and the residual (2 · q + 2d); the second norm (3d); gate, up,
-    // SiLU and their product (4 ff), down and the residual (2d). Then the backward's frontier
-    // at the MLP, where it is widest: an ff-wide gradient, each product's two partial
-    // gradients, each with a zero accumulator and its sum (about 6 ff), and a few d-wide ones.
-    let q = h * hd;
-    let forward_graph = 11 * d + (19 * q + 21 * kv * hd) / 2 + 4 * ff;
-    let backward_frontier = 6 * ff + 4 * d;
-    let activations = (forward_graph + backward_frontier) * F32;
+    // Per token of one block's forward graph, which candle keeps whole until the block's
+    // backward returns: each op's output, and nothing else (the lean ops, `ops::{linear,
+    // rms_norm, rope}` and the chunked MLP, keep no intermediate). The two norms, o_proj, the
+    // MLP and the two residuals (6d); q: its projection (with the bias), head-major copy and
+    // rotary embedding (3 of q's width; 4 with a q norm), k the same, v 2 of its width; the
+    // attention output and its token-major copy (2 of q's width). Then the backward's frontier:
+    // an op's output gradient, its input gradient with candle's zero accumulator and their sum,
+    // the residual's pending gradient, the chunked MLP's pieces (about 6d). With candle's MLP
+    // (the old path) the graph also holds gate, up, SiLU and their product (4 ff), and the
+    // frontier at the MLP is an ff-wide gradient and each product's two partial gradients,
+    // each with a zero accumulator and its sum (about 6 ff); the chunked MLP holds about eight
+    // `[rows, ff]` tensors of one chunk instead, whatever the length.
+    let (q, kv) = (h * hd, kv * hd);
+    let per_projection = 3 + u64::from(config.qk_norm);
+    let attention_graph = 6 * d + per_projection * (q + kv) + 2 * kv + 2 * q;
+    let candle_mlp = 4 * ff + 6 * ff;
+    let activations = |mlp_per_token: u64| (attention_graph + 6 * d + mlp_per_token) * F32;
+    let mlp_chunk = 8 * (odc::model::mlp::chunk_rows(config.d_ff) as u64).min(t) * ff * F32;
     let checkpoints = (config.n_layers as u64 + 1) * t * d * F32;
     Ok(match path {
         Path::New => {
@@ -279,8 +288,9 @@ pub fn expected(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Resu
                         ),
                         (
                             "block's forward graph and its backward's frontier",
-                            activations * t + tile,
+                            activations(0) * t + tile,
                         ),
+                        ("one chunk of the MLP", mlp_chunk),
                         ("the head's gradient of the tied embedding", tied),
                     ],
                 },
@@ -326,7 +336,7 @@ pub fn expected(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Resu
                     ("stage inputs", checkpoints),
                     (
                         "every block's graph",
-                        config.n_layers as u64 * (activations * t + scores),
+                        config.n_layers as u64 * (activations(candle_mlp) * t + scores),
                     ),
                     ("logits, log-softmax and their gradient", 4 * t * v * F32),
                     ("a gradient being pushed", block.max(tied)),

@@ -33,7 +33,7 @@ use super::batch::PackedBatch;
 use super::config::ModelConfig;
 use super::error::Result;
 use super::lora::{AdapterWeights, LoraTarget};
-use super::ops::{rms_norm, rope, softmax_last_dim};
+use super::ops::{linear, rms_norm, rope, softmax_last_dim};
 
 /// One attention layer's parameters (linear weights `[out, in]`).
 #[derive(Debug, Clone, Copy)]
@@ -72,10 +72,8 @@ pub fn project(
                  bias: Option<&Tensor>,
                  count: usize,
                  norm: Option<&Tensor>| {
-        let mut y = w.adapt(target, x, x.matmul(&m.t()?)?)?;
-        if let Some(b) = bias {
-            y = y.broadcast_add(&b.to_dtype(y.dtype())?)?;
-        }
+        let bias = bias.map(|b| b.to_dtype(x.dtype())).transpose()?;
+        let y = w.adapt(target, x, linear(x, m, bias.as_ref())?)?;
         let mut y = y.reshape((rows, n, count, hd))?;
         if let Some(weight) = norm {
             y = rms_norm(&y, weight, config.rms_eps)?;
@@ -113,7 +111,7 @@ impl AttentionWeights<'_> {
             .transpose(1, 2)?
             .contiguous()?
             .reshape((rows * n, heads * hd))?;
-        self.adapt(LoraTarget::O, &x, x.matmul(&self.wo.t()?)?)
+        self.adapt(LoraTarget::O, &x, linear(&x, self.wo, None)?)
     }
 
     /// `y` plus `target`'s LoRA update of `x` (when the block has adapters on it).

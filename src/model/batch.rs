@@ -22,12 +22,14 @@ use super::config::ModelConfig;
 use super::error::{Error, Result};
 use super::ops::rope_cos_sin;
 
-/// Which implementations a pack's attention and head run: by default the memory-lean ones
-/// (blocked attention, chunked head); the plain ones materialise `[heads, len, len]` scores and
-/// `[tokens, vocab]` logits (the references, and the old path of `odc-bench memory`).
+/// Which implementations a pack's attention, MLP and head run: by default the memory-lean ones
+/// (blocked attention, chunked MLP, chunked head); the plain ones materialise `[heads, len, len]`
+/// scores, `[tokens, d_ff]` intermediates and `[tokens, vocab]` logits (the references, and the
+/// old path of `odc-bench memory`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Kernels {
     pub attention: super::flash::AttentionImpl,
+    pub mlp: super::mlp::MlpImpl,
     pub head: HeadImpl,
 }
 

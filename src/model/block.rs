@@ -26,6 +26,7 @@ use super::config::ModelConfig;
 use super::error::{Error, Result};
 use super::flash::AttentionImpl;
 use super::lora::{AdapterWeights, LoraTarget};
+use super::mlp::{chunk_rows, swiglu, MlpImpl};
 use super::ops::{rms_norm, silu};
 use super::params::{ParamInit, ParamSpec};
 
@@ -142,7 +143,7 @@ impl<'a> BlockWeights<'a> {
 pub type Attend<'a> = dyn FnMut(&Tensor, &Tensor, &Tensor) -> Result<Tensor> + 'a;
 
 /// The block on `x: [rows · n, d_model]` with rotary angles `cos, sin: [n, hd / 2]`, its
-/// attention done by `attend`.
+/// attention done by `attend` and its MLP by `mlp`.
 pub fn block_forward_with(
     config: &ModelConfig,
     w: &BlockWeights<'_>,
@@ -150,16 +151,17 @@ pub fn block_forward_with(
     rows: usize,
     (cos, sin): (&Tensor, &Tensor),
     attend: &mut Attend<'_>,
+    mlp: MlpImpl,
 ) -> Result<Tensor> {
     let n = rms_norm(x, w.input_norm, config.rms_eps)?;
     let (q, k, v) = project(config, &w.attention, &n, rows, cos, sin)?;
     let h = (x + w.attention.output(&attend(&q, &k, &v)?)?)?;
-    mlp_residual(config, w, &h)
+    mlp_residual(config, w, &h, mlp)
 }
 
 /// Training: `x: [T, d_model]` -> `[T, d_model]` over a packed micro-batch, with `params` in
-/// [`block_params`] order; the attention is the batch's ([`PackedBatch::kernels`]: blocked unless
-/// set).
+/// [`block_params`] order; the attention and the MLP are the batch's ([`PackedBatch::kernels`]:
+/// blocked and chunked unless set).
 pub fn block_forward(
     config: &ModelConfig,
     params: &[Tensor],
@@ -179,15 +181,30 @@ pub fn block_forward_using(
 ) -> Result<Tensor> {
     let w = BlockWeights::new(config, params)?;
     let rope = (&batch.rope_cos, &batch.rope_sin);
-    block_forward_with(config, &w, x, 1, rope, &mut |q, k, v| {
-        attention.packed_attend(config, q, k, v, batch)
-    })
+    let attend =
+        &mut |q: &Tensor, k: &Tensor, v: &Tensor| attention.packed_attend(config, q, k, v, batch);
+    block_forward_with(config, &w, x, 1, rope, attend, batch.kernels.mlp)
 }
 
 /// `h + down(silu(gate n) * up n)`, `n = rms_norm(h, post_attention_layernorm)`: the block's
-/// second half.
-fn mlp_residual(config: &ModelConfig, w: &BlockWeights<'_>, h: &Tensor) -> Result<Tensor> {
+/// second half, chunked ([`swiglu`]) unless `mlp` says otherwise or LoRA adapts one of the MLP's
+/// matrices (then with candle's ops, the adapters added to each projection).
+fn mlp_residual(
+    config: &ModelConfig,
+    w: &BlockWeights<'_>,
+    h: &Tensor,
+    mlp: MlpImpl,
+) -> Result<Tensor> {
     let n = rms_norm(h, w.post_norm, config.rms_eps)?;
+    let adapted = w.attention.adapters.is_some_and(|a| {
+        [LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down]
+            .iter()
+            .any(|t| a.adapts(*t))
+    });
+    if mlp == MlpImpl::Chunked && !adapted {
+        let out = swiglu(&n, w.gate, w.up, w.down, chunk_rows(config.d_ff))?;
+        return Ok((h + out)?);
+    }
     let linear = |m: &Tensor, target: LoraTarget, x: &Tensor| -> Result<Tensor> {
         let y = x.matmul(&m.t()?)?;
         match &w.attention.adapters {

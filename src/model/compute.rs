@@ -32,7 +32,9 @@
 //! [`TrainerContext::backward_from`]), recomputes its forward with a graph and runs its
 //! vector–Jacobian product as above, so a trainer holds at most the stage being differentiated,
 //! the prefetched one and one `tokens × d_model` input per stage. The last stages kept (at least
-//! the head) skip the second pull. Either way the gathered transfer buffers are released as soon
+//! the head) skip the second pull, and so does the embedding: a lookup's backward is a
+//! scatter-add of its output's gradient into the looked-up rows (plus a tied head's gradient),
+//! which reads no weights, so the backward stops gathering at unit 1. Either way the gathered transfer buffers are released as soon
 //! as a stage's tensors are made. A tied head reads unit 0's matrix through a `Var` of its own.
 //!
 //! **On a CUDA device** ([`Placement`], [`super::device`]): each trainer opens its own device
@@ -726,8 +728,10 @@ impl Compute for TransformerCompute {
             .iter()
             .rposition(|f| matches!(f, Forward::Resharded { .. }))
             .and_then(|s| stages[s].last());
+        // The embedding is never gathered again: resharded, its backward is a scatter-add of
+        // the output gradient into its rows (see below), which reads no weights.
         if let Some(&unit) = first_regather {
-            ctx.backward_from(unit as u32);
+            ctx.backward_from(unit as u32, 1);
         }
 
         let mut loss: Option<Tensor> = None;
@@ -748,6 +752,24 @@ impl Compute for TransformerCompute {
                 // A stage with nothing to train and no input to pass a gradient to (a frozen
                 // embedding) has no backward: not even a re-gather.
                 Forward::Resharded { input: None } if !trains.iter().any(|&t| t) => continue,
+                // The embedding's lookup: `d embed = scatter-add of the output gradient into
+                // the looked-up rows` (plus the tied head's gradient), no re-gather, no graph.
+                Forward::Resharded { input: None } if stage == &[0] => {
+                    let g = grad_output
+                        .take()
+                        .ok_or_else(|| user("the embedding has no output gradient"))?;
+                    let grad = embedding_grad(&self.config, &batch, &g, tied.take(), &device)
+                        .map_err(user)?;
+                    drop(g);
+                    let grad = self
+                        .unit_grad(0, vec![Some(grad)], None, &device)
+                        .map_err(user)?;
+                    if let Some((unit, earlier)) = pending.take() {
+                        self.push(ctx, unit, earlier)?;
+                    }
+                    self.push(ctx, 0, grad)?;
+                    continue;
+                }
                 Forward::Resharded { input } => {
                     let values = self.gather_stage(ctx, stage, true).await?;
                     let graph = self
@@ -791,21 +813,27 @@ impl Compute for TransformerCompute {
             let mut grads = root.backward().map_err(user)?;
             // The stage's graph (its activations) goes now, before its gradients are copied.
             drop((root, output));
+            // Each gradient is taken out detached: candle's accumulated gradients are tensors
+            // of the graph of their computation (the zero accumulator, each partial gradient and
+            // the sums), which a gradient that kept its op would keep alive.
+            let mut take = |var: &Var| grads.remove(var.as_tensor()).map(|g| g.detach());
             if let Some(var) = tied_var {
-                tied = grads.remove(var.as_tensor());
+                tied = take(&var);
                 // The head's backward is done: the embedding matrix it read is not needed
                 // until the embedding's own stage (which makes it again when resharded).
                 embedding = None;
             }
-            grad_output = input.and_then(|var| grads.remove(var.as_tensor()));
-            for (u, vars) in gathered {
-                let Some(params) = vars else { continue };
-                let unit_grads: Vec<Option<Tensor>> = params
-                    .iter()
-                    .map(|var| grads.remove(var.as_tensor()))
-                    .collect();
-                // The unit's weights go before its gradient is copied out.
-                drop(params);
+            grad_output = input.and_then(|var| take(&var));
+            let taken: Vec<(usize, Option<Vec<Option<Tensor>>>)> = gathered
+                .into_iter()
+                .map(|(u, vars)| (u, vars.map(|params| params.iter().map(&mut take).collect())))
+                .collect();
+            // The rest (the gradients of tensors that lead to no variable) goes with the store.
+            drop(grads);
+            for (u, unit_grads) in taken {
+                let Some(unit_grads) = unit_grads else {
+                    continue;
+                };
                 let tied_here = if u == 0 { tied.take() } else { None };
                 let grad = self
                     .unit_grad(u, unit_grads, tied_here, &device)
@@ -830,4 +858,21 @@ impl Compute for TransformerCompute {
         };
         Ok(ComputeOutput { loss_sum })
     }
+}
+
+/// The embedding matrix's gradient `[vocab, d_model]` (fp32) from its output's gradient
+/// `g: [T, d_model]`: each token's row gets its position's gradient (`index_select`'s backward),
+/// added to the tied head's gradient of the same matrix when there is one.
+fn embedding_grad(
+    config: &ModelConfig,
+    batch: &PackedBatch,
+    g: &Tensor,
+    tied: Option<Tensor>,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let base = match tied {
+        Some(t) => t.to_dtype(DType::F32)?,
+        None => Tensor::zeros((config.vocab_size, config.d_model), DType::F32, device)?,
+    };
+    base.index_add(&batch.tokens, &g.to_dtype(DType::F32)?, 0)
 }

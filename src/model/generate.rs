@@ -23,6 +23,7 @@ use super::batch::MASKED;
 use super::block::{block_forward_with, BlockWeights};
 use super::config::ModelConfig;
 use super::error::{Error, Result};
+use super::mlp::MlpImpl;
 use super::ops::{log_softmax_last_dim, rms_norm, rope_cos_sin, softmax_last_dim};
 use super::params::unit_tensors;
 use super::transformer::{check_unit_count, head_tensors, unit_count, unit_params, Unit};
@@ -241,7 +242,9 @@ pub fn forward_cached_rows(
             let v = view(repeat_kv(&v_buf.narrow(2, 0, total)?, groups)?)?;
             attend(q, &k, &v, &mask)
         };
-        x = block_forward_with(c, &block, &x, rows, (&cos, &sin), &mut cached)?;
+        // Decoding keeps no graph: candle's ops (the chunked MLP would copy gate and up per call).
+        let mlp = MlpImpl::Full;
+        x = block_forward_with(c, &block, &x, rows, (&cos, &sin), &mut cached, mlp)?;
     }
     cache.len = total;
     cache.rows = rows;

@@ -217,14 +217,23 @@ impl<'a> AdapterWeights<'a> {
         })
     }
 
-    /// `y + scale · (x Aᵀ) Bᵀ` when `target` is adapted, else `y`; `x: [tokens, in]`,
-    /// `y: [tokens, out]`.
-    pub fn add(&self, target: LoraTarget, x: &Tensor, y: Tensor) -> Result<Tensor> {
+    /// Whether `target` has an adapter.
+    pub fn adapts(&self, target: LoraTarget) -> bool {
+        self.pair(target).is_some()
+    }
+
+    fn pair(&self, target: LoraTarget) -> Option<(&'a Tensor, &'a Tensor)> {
         let slot = LoraTarget::ALL
             .iter()
             .position(|t| *t == target)
             .unwrap_or_default();
-        match self.pairs[slot] {
+        self.pairs[slot]
+    }
+
+    /// `y + scale · (x Aᵀ) Bᵀ` when `target` is adapted, else `y`; `x: [tokens, in]`,
+    /// `y: [tokens, out]`.
+    pub fn add(&self, target: LoraTarget, x: &Tensor, y: Tensor) -> Result<Tensor> {
+        match self.pair(target) {
             None => Ok(y),
             Some((a, b)) => {
                 let a = a.to_dtype(x.dtype())?;

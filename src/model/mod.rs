@@ -42,6 +42,7 @@ pub mod grpo;
 pub mod head;
 pub mod hf;
 pub mod lora;
+pub mod mlp;
 pub mod ops;
 pub mod params;
 mod precomputed;
@@ -67,6 +68,7 @@ pub use generate::{
 };
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 pub use lora::{LoraConfig, LoraTarget};
+pub use mlp::MlpImpl;
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
 pub use reshard::Reshard;
 pub use shares::{map_in_shares, share_range};

@@ -3,8 +3,12 @@
 //! candle 0.11.1's fused `candle_nn::ops::{softmax_last_dim, rms_norm, layer_norm}`,
 //! `candle_nn::rotary_emb::rope*` and `sdpa` have **no backward**: a graph through them silently
 //! drops the gradients of everything upstream (the result is not tracked, no error is raised). The
-//! ops here are built only from basic tensor ops (exp, sum, div, sqr, mean, narrow, cat, mul, add),
-//! each of which candle differentiates.
+//! ops here compute their values with basic tensor ops (exp, sum, div, sqr, mean, narrow, cat,
+//! mul, add). Softmax and log-softmax leave the differentiation to candle; RMSNorm, rotary
+//! embedding, SiLU and the linear layer are each one graph node with a hand-written backward, because candle's
+//! differentiation of their basic ops keeps every intermediate in the graph and, in the backward,
+//! each accumulated gradient's zero tensor and partial sums — several activation-sized tensors per
+//! op and token, most of a long sequence's memory after the attention and the MLP are chunked.
 //!
 //! Guarantees (each has a test named after it):
 //! 1. Each op's forward equals candle's fused version within 1e-5 on random fp32 inputs.
@@ -16,9 +20,18 @@
 //!    return fp32, RMSNorm and rotary embedding return their input's dtype. On fp32 inputs every
 //!    cast is the identity (candle's `to_dtype` to the same dtype returns the tensor itself), so
 //!    fp32 results are unchanged bit for bit.
+//! 5. **Lean backwards equal candle's**: RMSNorm's, rotary embedding's, SiLU's and [`linear`]'s
+//!    gradients equal
+//!    candle's differentiation of the same values within 1e-5 (fp32); nothing is computed for an
+//!    input that does not track gradients, and an untracked input gets the plain values (no op).
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    D,
+};
+
+use super::precomputed::Precomputed;
 
 /// Softmax over the last dimension: `exp(x - max) / sum(exp(x - max))`, in fp32 (and returned in
 /// fp32) whatever `x`'s dtype.
@@ -44,8 +57,21 @@ pub fn log_softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 }
 
 /// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * weight`, `weight: [d]`; computed
-/// in fp32, returned in `x`'s dtype.
+/// in fp32, returned in `x`'s dtype. One graph node ([`LeanRmsNorm`]) whose backward is computed
+/// from `x` alone: the graph keeps no intermediate, and the backward's few `x`-sized
+/// temporaries are freed as it goes (candle's ops would keep the square, the quotient and the
+/// product, and each accumulated gradient's zero tensor and partial sums).
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let out = rms_norm_values(&x.detach(), &weight.detach(), eps)?;
+    if !(x.track_op() || weight.track_op()) {
+        return Ok(out);
+    }
+    let out = Precomputed::new("rms norm", out);
+    x.apply_op2(weight, LeanRmsNorm { eps, out })
+}
+
+/// [`rms_norm`]'s values (candle's ops, no graph of interest).
+fn rms_norm_values(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let dtype = x.dtype();
     let x = x.to_dtype(DType::F32)?;
     let mean_sq = x.sqr()?.mean_keepdim(D::Minus1)?;
@@ -53,6 +79,73 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     x.broadcast_div(&denom)?
         .broadcast_mul(&weight.to_dtype(DType::F32)?)?
         .to_dtype(dtype)
+}
+
+/// [`rms_norm`]'s op.
+struct LeanRmsNorm {
+    eps: f64,
+    out: Precomputed,
+}
+
+impl CustomOp2 for LeanRmsNorm {
+    fn name(&self) -> &'static str {
+        "rms-norm-lean-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.out.cpu()
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.out.cuda()
+    }
+
+    /// With `r = 1 / sqrt(mean(x²) + eps)` and `x̂ = x r`: `dweight = Σ g ⊙ x̂` over every row,
+    /// `dx = r (g w − x̂ · mean(g w ⊙ x̂))`, in fp32.
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let f32 = |t: &Tensor| t.detach().to_dtype(DType::F32);
+        let (x32, w, g) = (f32(x)?, f32(weight)?, f32(grad)?);
+        let r = (x32.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?
+            .sqrt()?
+            .recip()?;
+        let xhat = x32.broadcast_mul(&r)?;
+        drop(x32);
+        let dweight = if weight.track_op() {
+            let d = w.dim(0)?;
+            let sum = (&g * &xhat)?.reshape(((), d))?.sum(0)?;
+            Some(sum.to_dtype(weight.dtype())?)
+        } else {
+            None
+        };
+        let dx = if x.track_op() {
+            let gw = g.broadcast_mul(&w)?;
+            drop(g);
+            let dot = (&gw * &xhat)?.mean_keepdim(D::Minus1)?;
+            let dx = (gw - xhat.broadcast_mul(&dot)?)?.broadcast_mul(&r)?;
+            Some(dx.to_dtype(x.dtype())?)
+        } else {
+            None
+        };
+        Ok((dx, dweight))
+    }
 }
 
 /// SiLU, `x * sigmoid(x)`: candle's unary kernel forward, and a backward that holds fewer
@@ -100,8 +193,23 @@ impl CustomOp1 for LeanSilu {
 
 /// Rotary embedding, non-interleaved ("rotate half", as Llama): `x: [.., T, head_dim]`,
 /// `cos, sin: [T, head_dim / 2]` (the angles of each token's own position, see [`rope_cos_sin`]).
-/// Computed in fp32, returned in `x`'s dtype.
+/// Computed in fp32, returned in `x`'s dtype. One graph node ([`LeanRope`]) whose backward is the
+/// rotation by the opposite angles: the graph keeps no intermediate.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let out = rope_values(&x.detach(), cos, sin)?;
+    if !x.track_op() {
+        return Ok(out);
+    }
+    let op = LeanRope {
+        cos: cos.detach(),
+        sin: sin.detach(),
+        out: Precomputed::new("rotary embedding", out),
+    };
+    x.apply_op1(op)
+}
+
+/// [`rope`]'s values.
+fn rope_values(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let dtype = x.dtype();
     let x = &x.to_dtype(DType::F32)?;
     let (cos, sin) = (&cos.to_dtype(DType::F32)?, &sin.to_dtype(DType::F32)?);
@@ -113,6 +221,168 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let x2 = x.narrow(D::Minus1, half, half)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
     (x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?.to_dtype(dtype)
+}
+
+/// [`rope`]'s op.
+struct LeanRope {
+    cos: Tensor,
+    sin: Tensor,
+    out: Precomputed,
+}
+
+impl CustomOp1 for LeanRope {
+    fn name(&self) -> &'static str {
+        "rope-lean-backward"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.out.cpu()
+    }
+
+    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.out.cuda()
+    }
+
+    /// A rotation's transpose is the rotation by the opposite angle: `dx = rope(g, cos, −sin)`.
+    fn bwd(&self, _: &Tensor, _: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(rope_values(
+            &grad.detach(),
+            &self.cos,
+            &self.sin.neg()?,
+        )?))
+    }
+}
+
+/// `x wᵀ (+ bias)`: `x: [T, in]`, `w: [out, in]`, `bias: [out]`, in `x`'s dtype (the weights cast
+/// to it by the caller). One graph node ([`LeanLinear`]) whose backward computes from detached
+/// tensors: candle's matmul backward returns gradients that are themselves graph nodes (they
+/// read the tracked weight), so each accumulated input gradient would keep its zero tensor, its
+/// partial and the output's gradient alive until the input is differentiated.
+pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let mut out = x.detach().matmul(&w.detach().t()?)?;
+    if let Some(b) = bias {
+        out = out.broadcast_add(&b.detach())?;
+    }
+    let tracked = x.track_op() || w.track_op() || bias.is_some_and(Tensor::track_op);
+    if !tracked {
+        return Ok(out);
+    }
+    let op = LeanLinear {
+        out: Precomputed::new("linear", out),
+    };
+    match bias {
+        Some(b) => x.apply_op3(w, b, op),
+        None => x.apply_op2(w, op),
+    }
+}
+
+/// [`linear`]'s op (a [`CustomOp2`] without bias, a [`CustomOp3`] with it).
+struct LeanLinear {
+    out: Precomputed,
+}
+
+impl LeanLinear {
+    /// `dx = g w`, `dw = gᵀ x`, `dbias = Σ_t g`, each only for an input that tracks gradients.
+    fn backward(
+        x: &Tensor,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        grad: &Tensor,
+    ) -> Result<[Option<Tensor>; 3]> {
+        let g = grad.detach();
+        let dx = match x.track_op() {
+            true => Some(g.matmul(&w.detach())?),
+            false => None,
+        };
+        let dw = match w.track_op() {
+            true => Some(g.t()?.matmul(&x.detach())?),
+            false => None,
+        };
+        let dbias = match bias {
+            Some(b) if b.track_op() => Some(g.sum(0)?),
+            _ => None,
+        };
+        Ok([dx, dw, dbias])
+    }
+}
+
+impl CustomOp2 for LeanLinear {
+    fn name(&self) -> &'static str {
+        "linear-lean-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.out.cpu()
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.out.cuda()
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let [dx, dw, _] = Self::backward(x, w, None, grad)?;
+        Ok((dx, dw))
+    }
+}
+
+impl CustomOp3 for LeanLinear {
+    fn name(&self) -> &'static str {
+        "linear-bias-lean-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.out.cpu()
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.out.cuda()
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        bias: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let [dx, dw, dbias] = Self::backward(x, w, Some(bias), grad)?;
+        Ok((dx, dw, dbias))
+    }
 }
 
 /// The rotary angles of each token: `cos, sin: [T, head_dim / 2]` with angle
@@ -298,6 +568,61 @@ pub(crate) mod tests {
         let (ours, theirs) = (silu(x.as_tensor()).unwrap(), x.as_tensor().silu().unwrap());
         assert!(max_abs_diff(&ours, &theirs) < 1e-6);
         assert!(max_abs_diff(&grad_of(ours), &grad_of(theirs)) < 1e-5);
+    }
+
+    #[test]
+    fn lean_backwards_equal_candles_own_differentiation() {
+        // The gradients of x (and w) of sum(f(x, w) * r), through the lean op and through
+        // candle's differentiation of the same values.
+        let grads = |lean: bool, which: usize| -> Vec<Tensor> {
+            let x = Var::from_tensor(&random(&[2, 3, 5, 8], 20)).unwrap();
+            let w = Var::from_tensor(&random(&[8], 21)).unwrap();
+            let (cos, sin) = cos_sin(5, 8, 2);
+            let (xt, wt) = (x.as_tensor(), w.as_tensor());
+            let y = match (which, lean) {
+                (0, true) => rms_norm(xt, wt, 1e-5),
+                (0, false) => rms_norm_values(xt, wt, 1e-5),
+                (1, true) => rope(xt, &cos, &sin),
+                (1, false) => rope_values(xt, &cos, &sin),
+                (2, true) => silu(xt),
+                (2, false) => xt.silu(),
+                (_, lean) => {
+                    let x2 = xt.reshape((30, 8)).unwrap();
+                    let m = wt.reshape((2, 4)).unwrap().repeat((4, 2)).unwrap();
+                    let b = wt.narrow(0, 0, 8).unwrap();
+                    match lean {
+                        true => linear(&x2, &m, Some(&b)),
+                        false => x2.matmul(&m.t().unwrap()).unwrap().broadcast_add(&b),
+                    }
+                }
+            }
+            .unwrap();
+            let r = random(y.dims(), 22);
+            let g = (y * r).unwrap().sum_all().unwrap().backward().unwrap();
+            [xt, wt].iter().filter_map(|t| g.get(t).cloned()).collect()
+        };
+        for (which, what) in ["rms norm", "rope", "silu", "linear"].iter().enumerate() {
+            let (lean, candle) = (grads(true, which), grads(false, which));
+            assert_eq!(lean.len(), candle.len(), "{what}");
+            for (a, b) in lean.iter().zip(&candle) {
+                let diff = max_abs_diff(a, b);
+                assert!(diff < 1e-5, "{what}: {diff}");
+            }
+        }
+        // Untracked inputs: the plain values, no op in the way.
+        let x = random(&[3, 8], 23);
+        let y = rms_norm(&x, &random(&[8], 24), 1e-5).unwrap();
+        assert!(!y.track_op());
+        // A frozen weight gets nothing, the input still does.
+        let xv = Var::from_tensor(&x).unwrap();
+        let w = random(&[8], 24);
+        let g = rms_norm(xv.as_tensor(), &w, 1e-5)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert!(g.get(&w).is_none() && g.get(xv.as_tensor()).is_some());
     }
 
     #[test]

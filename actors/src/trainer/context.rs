@@ -140,6 +140,9 @@ pub struct TrainerContext {
     /// The assignment's token, carried by every gradient write of the micro-batch.
     token: u128,
     direction: Direction,
+    /// The lowest unit the backward gathers (prefetches stop there): 0 unless
+    /// [`Self::backward_from`] said otherwise.
+    backward_floor: UnitId,
     first_gather: bool,
     last_gathered: Option<(UnitId, Arc<[f32]>)>,
     kept: Option<Kept>,
@@ -177,6 +180,7 @@ impl TrainerContext {
             non_finite: None,
             token: 0,
             direction: Direction::Forward,
+            backward_floor: 0,
             first_gather: true,
             last_gathered: None,
             kept: None,
@@ -256,6 +260,7 @@ impl TrainerContext {
         self.non_finite = None;
         self.token = token;
         self.direction = Direction::Forward;
+        self.backward_floor = 0;
         self.first_gather = true;
         self.last_gathered = None;
         self.stats = MicroBatchStats::default();
@@ -308,12 +313,14 @@ impl TrainerContext {
         }
     }
 
-    /// Switch to backward order with `next` the next unit to gather: forward prefetches still in
-    /// flight are dropped and prefetching starts at `next`, downwards. For a compute that keeps
-    /// some units from forward to backward (resharding all but the last few): [`Self::backward`]
-    /// would prefetch the kept ones below the unit gathered last.
-    pub fn backward_from(&mut self, next: UnitId) {
+    /// Switch to backward order with `next` the next unit to gather and `floor` the lowest:
+    /// forward prefetches still in flight are dropped and prefetching runs from `next` down to
+    /// `floor`. For a compute that keeps some units from forward to backward (resharding all but
+    /// the last few; [`Self::backward`] would prefetch the kept ones below the unit gathered
+    /// last) and differentiates the lowest ones without their weights (an embedding lookup).
+    pub fn backward_from(&mut self, next: UnitId, floor: UnitId) {
         self.direction = Direction::Backward;
+        self.backward_floor = floor;
         self.cancel_prefetches();
         self.prefetch_after(next.saturating_add(1));
         self.note_held();
@@ -490,7 +497,10 @@ impl TrainerContext {
         let units = self.layout.len() as UnitId;
         let candidates: Vec<UnitId> = match self.direction {
             Direction::Forward => (unit.saturating_add(1)..units).take(depth).collect(),
-            Direction::Backward => (0..unit).rev().take(depth).collect(),
+            Direction::Backward => (self.backward_floor.min(unit)..unit)
+                .rev()
+                .take(depth)
+                .collect(),
         };
         for next in candidates {
             if self.resident.len() + self.inflight.len() > depth {
