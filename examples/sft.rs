@@ -81,7 +81,7 @@ use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use candle_core::Device;
@@ -98,7 +98,7 @@ use odc::model::{
 };
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextFormat, Tokenizer};
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
-use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp};
+use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp, DEFAULT_STEP_TIMEOUT};
 use serde::{Deserialize, Serialize};
 
 /// Every setting, from flags or the config file (`None`: not given there).
@@ -224,6 +224,12 @@ struct Opts {
     /// false (keep it), N (keep the last N stages), auto (true above 300M parameters).
     #[arg(long)]
     reshard_after_forward: Option<String>,
+    /// Seconds one micro-batch may compute before its trainer counts as hung and is replaced
+    /// (default 600, as `JobBuilder::micro_batch_timeout`; a step's deadline is 6 times it, at
+    /// least an hour). Long samples on a CPU need more: one 16K-token sample of a 0.5B model
+    /// takes over an hour on 2 cores.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=7 * 24 * 3600))]
+    micro_batch_timeout: Option<u64>,
 }
 
 /// The settings with defaults filled in.
@@ -264,6 +270,9 @@ struct Settings {
     precision: String,
     #[serde(default = "auto")]
     reshard_after_forward: String,
+    /// Seconds (600 in checkpoints written before this setting existed).
+    #[serde(default = "ten_minutes")]
+    micro_batch_timeout: u64,
     /// A Hugging Face model directory (`None`: odc's own model, in checkpoints written before
     /// this setting existed too).
     #[serde(default)]
@@ -290,6 +299,10 @@ fn auto() -> String {
 
 fn fp32() -> String {
     "f32".into()
+}
+
+fn ten_minutes() -> u64 {
+    600
 }
 
 /// The example's bound: the smallest the generator takes, the fewest arithmetic facts to learn,
@@ -418,6 +431,7 @@ impl Opts {
             device,
             precision,
             reshard_after_forward,
+            micro_batch_timeout: self.micro_batch_timeout.unwrap_or_else(ten_minutes),
             model_dir: self.model_dir,
             export_hf: self.export_hf,
             export_dtype,
@@ -871,6 +885,10 @@ async fn run(
             min_ratio: settings.min_lr_ratio,
         })
         .clip_grad_norm(settings.clip_grad_norm)
+        .micro_batch_timeout(Duration::from_secs(settings.micro_batch_timeout))
+        .step_timeout(DEFAULT_STEP_TIMEOUT.max(Duration::from_secs(
+            settings.micro_batch_timeout.saturating_mul(6),
+        )))
         .token_budget(settings.token_budget)
         .pull_precision(Precision::F32);
     let data_source = dataset.clone();

@@ -48,7 +48,7 @@ pub mod trace;
 pub use async_trait::async_trait;
 pub use checkpoint::TrainState;
 pub use data::DataSource;
-pub use job::{Job, JobBuilder, Precision};
+pub use job::{Job, JobBuilder, Precision, DEFAULT_STEP_TIMEOUT};
 pub use odc_actors::batch::{ComputeOutput, LossWeighting, MicroBatch, SampleMeta};
 pub use odc_actors::datapath::collective::TRAINER_ENDPOINT_BASE;
 pub use odc_actors::layout::{self, ModelLayout, UnitId, UnitInit, UnitSpec};

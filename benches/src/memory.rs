@@ -302,25 +302,31 @@ pub fn expected(config: &ModelConfig, tokens: usize, path: Path) -> anyhow::Resu
                             "head chunk, normed input and its gradient",
                             3 * head_rows * v * F32 + 2 * t * d * F32,
                         ),
-                        (
-                            "LM head matrix and its gradient, prefetched block",
-                            2 * unit_bytes[units - 1].max(tied) + block,
-                        ),
+                        if config.tie_embeddings {
+                            (
+                                "LM head (embedding) matrix and its gradient (the chunked \
+                                 head's sink), prefetched block",
+                                2 * tied + block,
+                            )
+                        } else {
+                            (
+                                "LM head matrix, its gradient, candle's zero accumulator and \
+                                 their sum (its backward ends adding them), prefetched block",
+                                4 * unit_bytes[units - 1] + block,
+                            )
+                        },
                     ],
                 },
                 Expected {
                     phase: "the embedding's backward",
                     parts: vec![
                         (
-                            "embedding weights, the context's buffer, its gradient (+ the head's, \
-                             and their sum)",
-                            if config.tie_embeddings {
-                                4 * embedding
-                            } else {
-                                3 * embedding
-                            },
+                            "its gradient (the head's, or zeros, and the rows added: two \
+                             matrices; then one and its flat copy for the push)",
+                            2 * embedding,
                         ),
-                        ("input gradient", t * d * F32),
+                        ("the lowest block's gradient being pushed", block),
+                        ("output gradient", t * d * F32),
                     ],
                 },
             ])

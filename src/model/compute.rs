@@ -50,15 +50,17 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::batch::{Kernels, PackedBatch, Sample};
+use super::batch::{HeadImpl, Kernels, PackedBatch, Sample};
 use super::config::ModelConfig;
 use super::device::{open_device, ComputePrecision, DeviceSpec};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
+use super::head::WeightGrad;
 use super::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
 use super::reshard::Reshard;
 use super::transformer::{
-    check_unit_count, head_target_log_probs, head_tensors, stages, unit_count, unit_forward,
-    unit_init_values, unit_params, unit_trainable, HeadOutput, UnitOutput,
+    check_unit_count, head_forward_with, head_target_log_probs_with, head_tensors, stages,
+    unit_count, unit_forward, unit_init_values, unit_params, unit_trainable, HeadOutput,
+    UnitOutput,
 };
 use crate::checkpoint::{NamedTensor, TensorMap};
 use crate::{Compute, ComputeOutput, LossWeighting, MicroBatch, TrainerContext, UnitSpec};
@@ -518,16 +520,26 @@ impl TransformerCompute {
         };
         let mut tied = None;
         if first == head && self.config.tie_embeddings {
+            // Taken: nothing reads the matrix after the head (the embedding's backward is a
+            // scatter-add of rows, or its own kept graph), and a Var is a copy of it.
             let matrix = embedding
-                .as_ref()
+                .take()
                 .ok_or_else(|| super::Error::Batch("no embedding unit before the head".into()))?;
-            let matrix = if graph && unit_trainable(&self.config, 0)? {
-                let var = Var::from_tensor(matrix)?;
-                let t = var.as_tensor().clone();
-                tied = Some(var);
-                t
-            } else {
-                matrix.clone()
+            let matrix = match graph && unit_trainable(&self.config, 0)? {
+                // The chunked head leaves the matrix's gradient in a sink: no Var copy, no
+                // accumulation in candle's store.
+                true if batch.kernels.head == HeadImpl::Chunked => {
+                    tied = Some(TiedGrad::Sink(WeightGrad::default()));
+                    matrix
+                }
+                true => {
+                    let var = Var::from_tensor(&matrix)?;
+                    drop(matrix);
+                    let t = var.as_tensor().clone();
+                    tied = Some(TiedGrad::Store(var));
+                    t
+                }
+                false => matrix,
             };
             let cast = self
                 .placement
@@ -535,9 +547,13 @@ impl TransformerCompute {
                 .cast(std::slice::from_ref(&matrix))?;
             tensors = head_tensors(&self.config, &tensors, &cast[0]);
         }
+        let sink = match &tied {
+            Some(TiedGrad::Sink(sink)) => Some(sink),
+            _ => None,
+        };
         let output = match (rl, &x) {
             (Some((config, adv, reference)), Some(x)) if first == head => {
-                let log_probs = head_target_log_probs(&self.config, &tensors, x, batch)?;
+                let log_probs = head_target_log_probs_with(&self.config, &tensors, x, batch, sink)?;
                 let loss_sum =
                     grpo_loss_sum(&log_probs, adv, reference, &batch.target_weights, *config)?;
                 UnitOutput::Head(HeadOutput {
@@ -545,6 +561,9 @@ impl TransformerCompute {
                     loss: loss_sum.clone(),
                     loss_sum,
                 })
+            }
+            (None, Some(x)) if first == head && sink.is_some() => {
+                UnitOutput::Head(head_forward_with(&self.config, &tensors, x, batch, sink)?)
             }
             _ => unit_forward(&self.config, first, &tensors, x.as_ref(), batch)?,
         };
@@ -610,8 +629,16 @@ fn location_ordinal(device: &Device) -> usize {
 struct StageGraph {
     units: Vec<(usize, Option<Vec<Var>>)>,
     input: Option<Var>,
-    tied: Option<Var>,
+    tied: Option<TiedGrad>,
     output: UnitOutput,
+}
+
+/// Where a tied head's gradient of the embedding matrix is after the head's backward.
+enum TiedGrad {
+    /// In candle's store, under this `Var` (a copy of the matrix; the full head).
+    Store(Var),
+    /// In the chunked head's sink, the matrix a constant of the graph.
+    Sink(WeightGrad),
 }
 
 /// What the forward leaves for a stage's backward: its graph, or (resharded) only its input.
@@ -817,11 +844,11 @@ impl Compute for TransformerCompute {
             // of the graph of their computation (the zero accumulator, each partial gradient and
             // the sums), which a gradient that kept its op would keep alive.
             let mut take = |var: &Var| grads.remove(var.as_tensor()).map(|g| g.detach());
-            if let Some(var) = tied_var {
-                tied = take(&var);
-                // The head's backward is done: the embedding matrix it read is not needed
-                // until the embedding's own stage (which makes it again when resharded).
-                embedding = None;
+            if let Some(t) = tied_var {
+                tied = match t {
+                    TiedGrad::Store(var) => take(&var),
+                    TiedGrad::Sink(sink) => sink.take(),
+                };
             }
             grad_output = input.and_then(|var| take(&var));
             let taken: Vec<(usize, Option<Vec<Option<Tensor>>>)> = gathered

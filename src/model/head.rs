@@ -15,9 +15,13 @@
 //!    does not divide `T`, more than `T` — with the LM head tied to the embedding or not.
 //! 2. **Memory**: a chunk's logits are at most [`CHUNK_BYTES`] in fp32 (at least one row); the
 //!    graph keeps `h`, `w`, the `[T]` result and each row's log-sum-exp, never `[T, vocab]`.
-//! 3. **Mixed precision** as the full head: the matmuls in `h`'s dtype (bf16 under
+//! 3. **A gradient sink** ([`WeightGrad`], [`target_log_probs_with`]): `w`'s gradient left there
+//!    equals the one candle's store gets (fp32), and `h`'s is unchanged.
+//! 4. **Mixed precision** as the full head: the matmuls in `h`'s dtype (bf16 under
 //!    [`super::ComputePrecision::Bf16`]), the log-softmax and its gradient in fp32, each input's
 //!    gradient in its dtype.
+
+use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Shape, Tensor, D};
 
@@ -33,10 +37,51 @@ pub fn chunk_rows(vocab: usize) -> usize {
     (CHUNK_BYTES / (4 * vocab.max(1))).max(1)
 }
 
+/// Where [`target_log_probs_with`] leaves the LM head's gradient instead of candle's gradient
+/// store: fp32 `[vocab, d]`, summed over the backward passes run since the last [`Self::take`].
+///
+/// candle adds each gradient into a zero tensor it allocates first, so a gradient for `w` in its
+/// store would pass through three `[vocab, d]` matrices at once (the gradient, the zeros and their
+/// sum) beside `w` itself — 2.2 GB for a 151,936 × 896 head, the largest constant of a trainer's
+/// step. Left here, it is one matrix, and `w` needs no `Var` copy.
+#[derive(Debug, Clone, Default)]
+pub struct WeightGrad(Arc<Mutex<Option<Tensor>>>);
+
+impl WeightGrad {
+    /// The gradient so far (none before a backward), emptying the sink.
+    pub fn take(&self) -> Option<Tensor> {
+        self.0.lock().ok()?.take()
+    }
+
+    fn add(&self, dw: Tensor) -> candle_core::Result<()> {
+        let mut slot = self
+            .0
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("head: a poisoned gradient sink".into()))?;
+        *slot = Some(match slot.take() {
+            Some(acc) => (acc + dw)?,
+            None => dw,
+        });
+        Ok(())
+    }
+}
+
 /// `log softmax(h wᵀ)[t, targets[t]]` for each position `t`: fp32 `[T]`, from `h: [T, d]`,
 /// `w: [vocab, d]` and u32 `targets: [T]`, `chunk` positions at a time (differentiable in `h`
 /// and `w`).
 pub fn target_log_probs(h: &Tensor, w: &Tensor, targets: &Tensor, chunk: usize) -> Result<Tensor> {
+    target_log_probs_with(h, w, targets, chunk, None)
+}
+
+/// [`target_log_probs`], and with `weight_grad` the gradient of `w` goes there (fp32) and not to
+/// candle's store: the result is then differentiable in `h` only, `w` a constant of the graph.
+pub fn target_log_probs_with(
+    h: &Tensor,
+    w: &Tensor,
+    targets: &Tensor,
+    chunk: usize,
+    weight_grad: Option<&WeightGrad>,
+) -> Result<Tensor> {
     let (t, d) = h.dims2()?;
     let (vocab, wd) = w.dims2()?;
     if wd != d || targets.dims1()? != t || targets.dtype() != DType::U32 {
@@ -67,8 +112,12 @@ pub fn target_log_probs(h: &Tensor, w: &Tensor, targets: &Tensor, chunk: usize) 
         vocab,
         out: Precomputed::new("chunked head", Tensor::cat(&outs, 0)?),
         lse: Tensor::cat(&lses, 0)?,
+        weight_grad: weight_grad.cloned(),
     };
-    Ok(h.apply_op2(w, op)?)
+    Ok(match weight_grad {
+        Some(_) => h.apply_op2(&w.detach(), op)?,
+        None => h.apply_op2(w, op)?,
+    })
 }
 
 /// fp32 logits `[n, vocab]` of a chunk `h: [n, d]` (the matmul in `h`'s dtype).
@@ -86,10 +135,12 @@ struct TargetLogProbs {
     out: Precomputed,
     /// fp32 `[T]`: each position's log-sum-exp of its logits.
     lse: Tensor,
+    /// Where `w`'s gradient goes instead of candle's store.
+    weight_grad: Option<WeightGrad>,
 }
 
 impl TargetLogProbs {
-    /// `(dh, dw)` given the result's gradient `g: [T]`.
+    /// `(dh, dw)` given the result's gradient `g: [T]` (`dw` in fp32).
     fn backward(
         &self,
         h: &Tensor,
@@ -124,9 +175,9 @@ impl TargetLogProbs {
         }
         let dw = match dw {
             Some(dw) => dw,
-            None => w.zeros_like()?,
+            None => w.zeros_like()?.to_dtype(DType::F32)?,
         };
-        Ok((Tensor::cat(&dhs, 0)?, dw.to_dtype(w.dtype())?))
+        Ok((Tensor::cat(&dhs, 0)?, dw))
     }
 }
 
@@ -163,7 +214,13 @@ impl CustomOp2 for TargetLogProbs {
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         let (dh, dw) = self.backward(h, w, grad)?;
-        Ok((Some(dh), Some(dw)))
+        match &self.weight_grad {
+            Some(sink) => {
+                sink.add(dw)?;
+                Ok((Some(dh), None))
+            }
+            None => Ok((Some(dh), Some(dw.to_dtype(w.dtype())?))),
+        }
     }
 }
 
@@ -261,6 +318,33 @@ mod tests {
                 assert_eq!(chunked[i].dtype(), DType::F32);
             }
         }
+    }
+
+    #[test]
+    fn a_gradient_sink_gets_what_candles_store_gets() {
+        let x = Var::from_tensor(&random(&[T, D], 1)).unwrap();
+        let w = Var::from_tensor(&random(&[VOCAB, D], 3)).unwrap();
+        let targets: Vec<u32> = (0..T as u32).map(|i| (i * 5 + 1) % VOCAB as u32).collect();
+        let targets = Tensor::new(targets, &Device::Cpu).unwrap();
+        let weights = random(&[T], 4).abs().unwrap();
+        let run = |sink: Option<&WeightGrad>| {
+            let (xt, wt) = (x.as_tensor(), w.as_tensor());
+            let lp = target_log_probs_with(xt, wt, &targets, 4, sink).unwrap();
+            let g = (lp * &weights)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            (g.get(xt).cloned(), g.get(wt).cloned())
+        };
+        let (dx, dw) = run(None);
+        let sink = WeightGrad::default();
+        let (dx_sink, dw_store) = run(Some(&sink));
+        assert!(dw_store.is_none(), "the store got w's gradient");
+        assert!(rel(&dx_sink.unwrap(), &dx.unwrap()) < 1e-7);
+        assert!(rel(&sink.take().unwrap(), &dw.unwrap()) < 1e-7);
+        assert!(sink.take().is_none());
     }
 
     #[test]

@@ -74,6 +74,7 @@ pub use reshard::Reshard;
 pub use shares::{map_in_shares, share_range};
 pub use threads::{share_cpu_threads, CpuThreads};
 pub use transformer::{
-    head_log_probs, head_logits, head_target_log_probs, head_tensors, model_forward, param_count,
-    unit_count, unit_forward, unit_init_values, unit_params, HeadOutput, Unit, UnitOutput,
+    head_forward_with, head_log_probs, head_logits, head_target_log_probs,
+    head_target_log_probs_with, head_tensors, model_forward, param_count, unit_count, unit_forward,
+    unit_init_values, unit_params, HeadOutput, Unit, UnitOutput,
 };

@@ -35,7 +35,7 @@ use super::batch::{HeadImpl, PackedBatch};
 use super::block::{block_forward, block_params};
 use super::config::ModelConfig;
 use super::error::{Error, Result};
-use super::head::{chunk_rows, target_log_probs};
+use super::head::{chunk_rows, target_log_probs_with, WeightGrad};
 use super::ops::{log_softmax_last_dim, rms_norm};
 use super::params::{init_values, unit_numel, ParamInit, ParamSpec};
 
@@ -211,7 +211,19 @@ pub fn head_forward(
     x: &Tensor,
     batch: &PackedBatch,
 ) -> Result<HeadOutput> {
-    let target_log_probs = head_target_log_probs(config, params, x, batch)?;
+    head_forward_with(config, params, x, batch, None)
+}
+
+/// [`head_forward`], the LM head's gradient left in `weight_grad` when given (see
+/// [`head_target_log_probs_with`]).
+pub fn head_forward_with(
+    config: &ModelConfig,
+    params: &[Tensor],
+    x: &Tensor,
+    batch: &PackedBatch,
+    weight_grad: Option<&WeightGrad>,
+) -> Result<HeadOutput> {
+    let target_log_probs = head_target_log_probs_with(config, params, x, batch, weight_grad)?;
     let loss_sum = (target_log_probs * &batch.target_weights)?
         .sum_all()?
         .neg()?;
@@ -245,12 +257,31 @@ pub fn head_target_log_probs(
     x: &Tensor,
     batch: &PackedBatch,
 ) -> Result<Tensor> {
+    head_target_log_probs_with(config, params, x, batch, None)
+}
+
+/// [`head_target_log_probs`], the LM head's gradient left in `weight_grad` (fp32) instead of
+/// candle's store when given: the chunked head's sink ([`super::head::WeightGrad`]; the full
+/// head, [`HeadImpl::Full`], has none and refuses one).
+pub fn head_target_log_probs_with(
+    config: &ModelConfig,
+    params: &[Tensor],
+    x: &Tensor,
+    batch: &PackedBatch,
+    weight_grad: Option<&WeightGrad>,
+) -> Result<Tensor> {
     if batch.kernels.head == HeadImpl::Full {
+        if weight_grad.is_some() {
+            return Err(Error::Batch(
+                "the full head has no gradient sink: use the chunked head".into(),
+            ));
+        }
         return Ok(head_log_probs(config, params, x, batch)?.1);
     }
     let (norm, lm_head) = norm_and_lm_head(params)?;
     let h = rms_norm(x, norm, config.rms_eps)?;
-    target_log_probs(&h, lm_head, &batch.targets, chunk_rows(config.vocab_size))
+    let chunk = chunk_rows(config.vocab_size);
+    target_log_probs_with(&h, lm_head, &batch.targets, chunk, weight_grad)
 }
 
 /// The logits `[T, vocab]` of the final hidden states `x`: RMSNorm, then the LM head.
