@@ -6,15 +6,19 @@
 //! [`super::transformer::head_log_probs`] gathers from its full log-softmax. Its graph node is a
 //! [`CustomOp2`] on `(h, w)` whose forward is precomputed chunk by chunk on detached tensors
 //! (`cpu_fwd`/`cuda_fwd` copy it, as [`super::flash`]'s attention) and whose backward recomputes
-//! each chunk's logits: `dlogits = g ⊙ (onehot(target) − softmax(logits))`, `dh = dlogits · w`,
-//! `dw += dlogitsᵀ · h`.
+//! the logits block by block, `dlogits = g ⊙ (onehot(target) − softmax(logits))` from each row's
+//! saved log-sum-exp, twice: `dh = dlogits · w` a chunk of positions at a time, then
+//! `dw = dlogitsᵀ · h` a chunk of classes at a time, written into its rows in place (so `dw` is
+//! one `[vocab, d]` matrix, never a running sum and its next term: the price is a third pass of
+//! logits in the backward).
 //!
 //! Guarantees (each has a test named after it):
 //! 1. **Same loss as the full head**: the log-probabilities and the gradients of `h` and `w`
 //!    equal the full log-softmax's within 1e-6 (relative, fp32) for any chunk size — 1, one that
 //!    does not divide `T`, more than `T` — with the LM head tied to the embedding or not.
-//! 2. **Memory**: a chunk's logits are at most [`CHUNK_BYTES`] in fp32 (at least one row); the
-//!    graph keeps `h`, `w`, the `[T]` result and each row's log-sum-exp, never `[T, vocab]`.
+//! 2. **Memory**: a chunk's logits are at most [`CHUNK_BYTES`] in fp32 (at least one row or
+//!    column); the graph keeps `h`, `w`, the `[T]` result and each row's log-sum-exp, never
+//!    `[T, vocab]`; the backward's `dw` is one `[vocab, d]` fp32 matrix.
 //! 3. **A gradient sink** ([`WeightGrad`], [`target_log_probs_with`]): `w`'s gradient left there
 //!    equals the one candle's store gets (fp32), and `h`'s is unchanged.
 //! 4. **Mixed precision** as the full head: the matmuls in `h`'s dtype (bf16 under
@@ -140,44 +144,73 @@ struct TargetLogProbs {
 }
 
 impl TargetLogProbs {
-    /// `(dh, dw)` given the result's gradient `g: [T]` (`dw` in fp32).
+    /// `(dh, dw)` given the result's gradient `g: [T]` (`dw` in fp32, when wanted).
     fn backward(
         &self,
         h: &Tensor,
         w: &Tensor,
         g: &Tensor,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
+        want_dw: bool,
+    ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
         let (h, w, g) = (h.detach(), w.detach(), g.detach().to_dtype(DType::F32)?);
-        let t = h.dim(0)?;
-        let classes = Tensor::arange(0u32, self.vocab as u32, h.device())?.unsqueeze(0)?;
+        let (t, d) = h.dims2()?;
+        // dh = dlogits · w, a chunk of positions at a time (every class).
         let mut dhs = Vec::new();
-        let mut dw: Option<Tensor> = None;
         for start in (0..t).step_by(self.chunk) {
             let n = self.chunk.min(t - start);
-            let hc = h.narrow(0, start, n)?;
-            let lse = self.lse.narrow(0, start, n)?.unsqueeze(1)?;
-            let softmax = chunk_logits(&hc, &w)?.broadcast_sub(&lse)?.exp()?;
-            let onehot = self
-                .targets
-                .narrow(0, start, n)?
-                .unsqueeze(1)?
-                .broadcast_eq(&classes)?
-                .to_dtype(DType::F32)?;
-            let dlogits = (onehot - softmax)?
-                .broadcast_mul(&g.narrow(0, start, n)?.unsqueeze(1)?)?
-                .to_dtype(h.dtype())?;
+            let dlogits = self.dlogits(&h, &w, &g, (start, n), (0, self.vocab))?;
             dhs.push(dlogits.matmul(&w)?);
-            let dwc = dlogits.t()?.matmul(&hc)?.to_dtype(DType::F32)?;
-            dw = Some(match dw {
-                None => dwc,
-                Some(acc) => (acc + dwc)?,
-            });
         }
-        let dw = match dw {
-            Some(dw) => dw,
-            None => w.zeros_like()?.to_dtype(DType::F32)?,
+        // dw = dlogitsᵀ · h, a chunk of classes at a time (every position), each chunk's rows
+        // written in place: one [vocab, d] matrix, where summing per-position chunks would
+        // hold three at once (the sum so far, the chunk's and their sum).
+        let dw = match want_dw {
+            false => None,
+            true => {
+                let dw = Tensor::zeros((self.vocab, d), DType::F32, h.device())?;
+                let cols = (self.chunk * self.vocab / t.max(1)).max(1);
+                for first in (0..self.vocab).step_by(cols) {
+                    let n = cols.min(self.vocab - first);
+                    let dlogits = self.dlogits(&h, &w, &g, (0, t), (first, n))?;
+                    let rows = dlogits.t()?.matmul(&h)?.to_dtype(DType::F32)?;
+                    dw.slice_set(&rows, 0, first)?;
+                }
+                Some(dw)
+            }
         };
-        Ok((Tensor::cat(&dhs, 0)?, dw))
+        let dh = match dhs.is_empty() {
+            true => h.zeros_like()?,
+            false => Tensor::cat(&dhs, 0)?,
+        };
+        Ok((dh, dw))
+    }
+
+    /// `dlogits = g ⊙ (onehot(target) − softmax(logits))` of positions `start .. start + n` and
+    /// classes `first .. first + m` (`(start, n)`, `(first, m)`), in `h`'s dtype; the softmax
+    /// from the saved log-sum-exp.
+    fn dlogits(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        g: &Tensor,
+        (start, n): (usize, usize),
+        (first, m): (usize, usize),
+    ) -> candle_core::Result<Tensor> {
+        let hc = h.narrow(0, start, n)?;
+        let lse = self.lse.narrow(0, start, n)?.unsqueeze(1)?;
+        let softmax = chunk_logits(&hc, &w.narrow(0, first, m)?)?
+            .broadcast_sub(&lse)?
+            .exp()?;
+        let classes = Tensor::arange(first as u32, (first + m) as u32, h.device())?.unsqueeze(0)?;
+        let onehot = self
+            .targets
+            .narrow(0, start, n)?
+            .unsqueeze(1)?
+            .broadcast_eq(&classes)?
+            .to_dtype(DType::F32)?;
+        (onehot - softmax)?
+            .broadcast_mul(&g.narrow(0, start, n)?.unsqueeze(1)?)?
+            .to_dtype(h.dtype())
     }
 }
 
@@ -213,13 +246,14 @@ impl CustomOp2 for TargetLogProbs {
         _: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let (dh, dw) = self.backward(h, w, grad)?;
-        match &self.weight_grad {
-            Some(sink) => {
+        let want_dw = self.weight_grad.is_some() || w.track_op();
+        let (dh, dw) = self.backward(h, w, grad, want_dw)?;
+        match (&self.weight_grad, dw) {
+            (Some(sink), Some(dw)) => {
                 sink.add(dw)?;
                 Ok((Some(dh), None))
             }
-            None => Ok((Some(dh), Some(dw.to_dtype(w.dtype())?))),
+            (_, dw) => Ok((Some(dh), dw.map(|d| d.to_dtype(w.dtype())).transpose()?)),
         }
     }
 }
