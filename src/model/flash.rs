@@ -410,7 +410,10 @@ impl BlockedAttention {
         // D: [H, T] fp32.
         let dd = (d_o.to_dtype(DType::F32)? * o.to_dtype(DType::F32)?)?.sum(D::Minus1)?;
         let d_o = d_o.to_dtype(v.dtype())?;
-        let (mut dqs, mut dks, mut dvs) = (vec![], vec![], vec![]);
+        // dq is written in place a query block at a time (pieces and their concatenation would
+        // hold it twice).
+        let dq_all = Tensor::zeros((heads, q.dim(1)?, hd), DType::F32, q.device())?;
+        let (mut dks, mut dvs) = (vec![], vec![]);
         for &(start, len) in &self.spans {
             let (bq, bk) = (self.blocks.q.clamp(1, len), self.blocks.k.clamp(1, len));
             let key_blocks = len.div_ceil(bk);
@@ -460,7 +463,7 @@ impl BlockedAttention {
                     Some(dq) => dq,
                     None => Tensor::zeros(qg.dims(), DType::F32, q.device())?,
                 };
-                dqs.push((dq * scale)?.reshape((heads, n, hd))?);
+                dq_all.slice_set(&(dq * scale)?.reshape((heads, n, hd))?, 1, start + qs)?;
             }
             let finish = |acc: Vec<Option<Tensor>>| -> candle_core::Result<Tensor> {
                 let parts = acc
@@ -482,7 +485,7 @@ impl BlockedAttention {
             Tensor::cat(&parts, 1)?.to_dtype(dtype)?.unsqueeze(0)
         };
         Ok((
-            whole(dqs, q.dtype())?,
+            dq_all.to_dtype(q.dtype())?.unsqueeze(0)?,
             whole(dks, k.dtype())?,
             whole(dvs, v.dtype())?,
         ))

@@ -213,14 +213,15 @@ fn rope_values(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let dtype = x.dtype();
     let x = &x.to_dtype(DType::F32)?;
     let (cos, sin) = (&cos.to_dtype(DType::F32)?, &sin.to_dtype(DType::F32)?);
-    let head_dim = x.dim(D::Minus1)?;
-    let half = head_dim / 2;
-    let cos = Tensor::cat(&[cos, cos], D::Minus1)?;
-    let sin = Tensor::cat(&[sin, sin], D::Minus1)?;
-    let x1 = x.narrow(D::Minus1, 0, half)?;
-    let x2 = x.narrow(D::Minus1, half, half)?;
-    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    (x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?.to_dtype(dtype)
+    let half = x.dim(D::Minus1)? / 2;
+    let (x1, x2) = (
+        x.narrow(D::Minus1, 0, half)?,
+        x.narrow(D::Minus1, half, half)?,
+    );
+    // Each half on its own (`x1 cos − x2 sin`, `x2 cos + x1 sin`): half-width temporaries only.
+    let first = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
+    let second = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
+    Tensor::cat(&[first, second], D::Minus1)?.to_dtype(dtype)
 }
 
 /// [`rope`]'s op.
