@@ -34,8 +34,10 @@
 //! the prefetched one and one `tokens × d_model` input per stage. The last stages kept (at least
 //! the head) skip the second pull, and so does the embedding: a lookup's backward is a
 //! scatter-add of its output's gradient into the looked-up rows (plus a tied head's gradient),
-//! which reads no weights, so the backward stops gathering at unit 1. Either way the gathered transfer buffers are released as soon
-//! as a stage's tensors are made. A tied head reads unit 0's matrix through a `Var` of its own.
+//! which reads no weights, so the backward stops gathering at unit 1. Either way the gathered
+//! transfer buffers are released as soon as a stage's tensors are made. A tied head takes unit
+//! 0's matrix; the chunked head leaves its gradient in a sink ([`super::head::WeightGrad`]), the
+//! full head reads it through a `Var` of its own.
 //!
 //! **On a CUDA device** ([`Placement`], [`super::device`]): each trainer opens its own device
 //! (own stream) at its first micro-batch; a gathered unit (host `f32`s) goes up in one

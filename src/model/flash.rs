@@ -35,12 +35,12 @@
 //! 6. **Memory**: besides O(T · head_dim) buffers, a step holds one `[H, Blocks::q, Blocks::k]`
 //!    tile's few fp32 temporaries (the mask, scores, probabilities and their gradient).
 
-use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor, D};
+use candle_core::{CustomOp3, DType, Tensor, D};
 
 use super::batch::{PackedBatch, MASKED};
 use super::config::ModelConfig;
 use super::error::{Error, Result};
-use super::precomputed::Precomputed;
+use super::precomputed::{precomputed_forwards, Precomputed};
 
 /// Tile sizes: queries per block and keys per block (each clamped to the sample's length).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -497,29 +497,7 @@ impl CustomOp3 for BlockedAttention {
         "blocked-causal-attention"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.out.cpu()
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        self.out.cuda()
-    }
+    precomputed_forwards!(3);
 
     fn bwd(
         &self,

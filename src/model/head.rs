@@ -27,10 +27,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Shape, Tensor, D};
+use candle_core::{CustomOp2, DType, Tensor, D};
 
 use super::error::{Error, Result};
-use super::precomputed::Precomputed;
+use super::precomputed::{precomputed_forwards, Precomputed};
 
 /// The most bytes a chunk's fp32 logits take: 64 MiB (109 positions of a 152K vocabulary).
 pub const CHUNK_BYTES: usize = 64 << 20;
@@ -219,25 +219,7 @@ impl CustomOp2 for TargetLogProbs {
         "chunked-target-log-probs"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.out.cpu()
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        self.out.cuda()
-    }
+    precomputed_forwards!(2);
 
     fn bwd(
         &self,

@@ -23,11 +23,11 @@
 //! 4. **Mixed precision** as [`swiglu_reference`]: matmuls in `x`'s dtype, the SiLU's gradient
 //!    in fp32, the weights' gradients accumulated over chunks in fp32 and returned in their dtype.
 
-use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Shape, Tensor};
+use candle_core::{CustomOp3, DType, Tensor};
 
 use super::error::{Error, Result};
 use super::ops::silu;
-use super::precomputed::Precomputed;
+use super::precomputed::{precomputed_forwards, Precomputed};
 
 /// The most bytes one chunk's `[rows, d_ff]` fp32 tensor takes: 32 MiB (1,724 tokens of
 /// Qwen2.5-0.5B's 4,864).
@@ -193,29 +193,7 @@ impl CustomOp3 for SwiGlu {
         "chunked-swiglu"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.out.cpu()
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        self.out.cuda()
-    }
+    precomputed_forwards!(3);
 
     fn bwd(
         &self,

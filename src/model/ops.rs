@@ -31,7 +31,7 @@ use candle_core::{
     D,
 };
 
-use super::precomputed::Precomputed;
+use super::precomputed::{precomputed_forwards, Precomputed};
 
 /// Softmax over the last dimension: `exp(x - max) / sum(exp(x - max))`, in fp32 (and returned in
 /// fp32) whatever `x`'s dtype.
@@ -92,25 +92,7 @@ impl CustomOp2 for LeanRmsNorm {
         "rms-norm-lean-backward"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.out.cpu()
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        self.out.cuda()
-    }
+    precomputed_forwards!(2);
 
     /// With `r = 1 / sqrt(mean(x²) + eps)` and `x̂ = x r`: `dweight = Σ g ⊙ x̂` over every row,
     /// `dx = r (g w − x̂ · mean(g w ⊙ x̂))`, in fp32.
@@ -236,13 +218,7 @@ impl CustomOp1 for LeanRope {
         "rope-lean-backward"
     }
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.out.cpu()
-    }
-
-    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        self.out.cuda()
-    }
+    precomputed_forwards!(1);
 
     /// A rotation's transpose is the rotation by the opposite angle: `dx = rope(g, cos, −sin)`.
     fn bwd(&self, _: &Tensor, _: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
@@ -312,25 +288,7 @@ impl CustomOp2 for LeanLinear {
         "linear-lean-backward"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.out.cpu()
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        self.out.cuda()
-    }
+    precomputed_forwards!(2);
 
     fn bwd(
         &self,
@@ -349,29 +307,7 @@ impl CustomOp3 for LeanLinear {
         "linear-bias-lean-backward"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.out.cpu()
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-        _: &CudaStorage,
-        _: &Layout,
-    ) -> Result<(CudaStorage, Shape)> {
-        self.out.cuda()
-    }
+    precomputed_forwards!(3);
 
     fn bwd(
         &self,

@@ -67,3 +67,72 @@ where
     storage.copy_strided_src(&mut copy, 0, layout)?;
     Ok(copy)
 }
+
+/// The `cpu_fwd` and `cuda_fwd` of a custom op of 1, 2 or 3 inputs whose result is its
+/// `out: Precomputed` field (the inputs are not read: the result was computed from them).
+macro_rules! precomputed_forwards {
+    (1) => {
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+            self.out.cpu()
+        }
+
+        fn cuda_fwd(
+            &self,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+            self.out.cuda()
+        }
+    };
+    (2) => {
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+            self.out.cpu()
+        }
+
+        fn cuda_fwd(
+            &self,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+            self.out.cuda()
+        }
+    };
+    (3) => {
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+            self.out.cpu()
+        }
+
+        fn cuda_fwd(
+            &self,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CudaStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+            self.out.cuda()
+        }
+    };
+}
+pub(super) use precomputed_forwards;
