@@ -2,7 +2,7 @@
 //!
 //! Parameters, gradients and optimizer state are sharded over **shard servers**; **trainers** pull
 //! the units they need on demand and push gradients point to point; a **supervisor** holds the one
-//! synchronisation per minibatch and replays a minibatch when a trainer fails. See `DESIGN.md`.
+//! synchronisation per minibatch and replays a minibatch when a trainer fails. See `docs/design.md`.
 //!
 //! Users build a [`Job`] with a [`ModelLayout`](layout), a [`Compute`] (one micro-batch of their
 //! model against a [`TrainerContext`]) and a [`DataSource`], then call [`Job::run`].

@@ -1,5 +1,5 @@
 //! The transformer of `odc::model` trained on odc (2 trainers, 2 shard servers, per-unit backward)
-//! against the same model trained by candle alone — DESIGN I3 for a real model — and a resumed job
+//! against the same model trained by candle alone — docs/design.md I3 for a real model — and a resumed job
 //! against an uninterrupted one.
 #![cfg(feature = "candle")]
 

@@ -88,7 +88,7 @@ pub enum Error {
     TooManyReplays { step: u64, replays: u32 },
     #[error("a step is already running")]
     Busy,
-    /// A wait ran past its deadline (DESIGN I6): a hung compute, a lost peer, a stuck step.
+    /// A wait ran past its deadline (docs/design.md I6): a hung compute, a lost peer, a stuck step.
     #[error("step {step}: {what}{} ran past its deadline, gave up after {after_ms} ms", place(*.trainer, *.micro_batch))]
     Deadline {
         /// What was waited for: `"micro-batch"`, `"step"`, `"parameters"`.

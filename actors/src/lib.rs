@@ -8,7 +8,7 @@
 //! too. [`datapath`] holds how gathers and pushes move ([`datapath::OnDemand`],
 //! [`datapath::Collective`]); [`messages`] every control-plane message.
 //!
-//! Invariants (DESIGN.md), each stated where it is upheld and tested by name:
+//! Invariants (docs/design.md), each stated where it is upheld and tested by name:
 //! - **I1 consistency** — [`server`], [`policy::step`], [`trainer`].
 //! - **I2 exactly once** — [`policy::ledger`], [`policy::step`], [`server`] (with transport
 //!   fencing C3).

@@ -1,6 +1,6 @@
 //! Every control-plane message between the supervisor, trainers and shard servers, in one place.
 //!
-//! Rules (DESIGN "Transport contract", ready for ractor_cluster):
+//! Rules (docs/design.md, "As built": the control plane; ready for ractor_cluster):
 //! - every payload and every reply is plain serializable data (serde): no `Instant` (times are
 //!   [`Timestamp`]s), no trait objects (errors cross as [`Error`], a kind with its context), no
 //!   `usize` (fixed-width integers only) — checked for every message by this module's tests;

@@ -1,7 +1,7 @@
 //! What one process contributes to a job: the resources its actors share that cannot cross a
 //! process boundary (the transport instance, the model's initial values, the user's compute, the
 //! in-process collective group). Actors start from a serializable spec plus this node, so a per-node
-//! spawner can start them from a control message (DESIGN "Processes and hosts").
+//! spawner can start them from a control message (docs/design.md "Processes and hosts").
 
 use std::sync::Arc;
 

@@ -24,7 +24,8 @@
 //! - A runs the model on the CUDA device (fp32 `Var`s, matmuls in `--precision`, candle's AdamW
 //!   on the device); B's trainers (in this process, each with its own stream on the same GPU)
 //!   run `TransformerCompute` there, while the shard servers keep master weights, AdamW state and
-//!   accumulation in host memory (GPU-resident servers are a separate part of issue 20): B pays
+//!   accumulation in host memory (servers keep their state on the device only under the `cuda`
+//!   transport, across processes: `odc-actors`' `server/device/`): B pays
 //!   a host-to-device upload per unit per micro-batch, a device-to-host gradient download per
 //!   unit, and the AdamW step on the host.
 //! - The data are synthetic samples of random byte tokens with lengths spread log-uniformly

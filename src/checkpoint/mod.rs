@@ -10,7 +10,7 @@
 //!
 //! Guarantees (tested in `files.rs`):
 //! - **round trip**: [`load`] of what [`save`] wrote gives back the same state, bit for bit, and the
-//!   caller's JSON; a job resumed from it continues exactly (DESIGN I3, `tests/checkpoint.rs`);
+//!   caller's JSON; a job resumed from it continues exactly (docs/design.md I3, `tests/checkpoint.rs`);
 //! - **atomic**: a step directory appears complete or not at all (written beside it, then renamed);
 //! - **bad files are errors naming the file**: missing, truncated, corrupted, a tensor missing,
 //!   of another shape or dtype — never a panic, never a partly loaded state;

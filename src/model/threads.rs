@@ -4,10 +4,8 @@
 //! use, from `RAYON_NUM_THREADS` (element-wise ops and gemm) and `CANDLE_NUM_THREADS` (its
 //! barrier pool) — every core by default. odc runs several trainers in one process (and
 //! `odc launch` several processes on one host), each of which would then split every op over all
-//! cores: the pools' workers contend and spin at barriers. On a 2-vCPU machine the SFT example
-//! (2 trainers; `sft --steps 20 --eval-every 0 --eval-problems 1 --no-metrics`) ran at 3,243
-//! tokens/s with one thread per trainer and 2,022 with `RAYON_NUM_THREADS=2
-//! CANDLE_NUM_THREADS=2` (the defaults there), the same loss on both.
+//! cores: the pools' workers contend and spin at barriers (the measured cost is in
+//! `docs/examples.md`, "CPU threads").
 //!
 //! [`share_cpu_threads`] gives each concurrently computing model an equal share of the host's
 //! cores, as torchrun sets `OMP_NUM_THREADS` for its workers; a variable the user set wins. It

@@ -9,8 +9,8 @@
 //! madsim replaces tokio (and so every crate built on it, ractor included) with its own executor:
 //! running the real `Job` under it needs patched forks of ractor and tokio in the build. tokio's
 //! own `start_paused(true)` runtime needs nothing but the `test-util` feature: the job's code is
-//! unchanged, and the choice is made at run time ([`ClockMode`]), as DESIGN asks ("a runtime
-//! choice, not a fork"). What it does not give, and this module makes up for:
+//! unchanged, and the choice is made at run time ([`ClockMode`]), not by a fork (docs/design.md,
+//! "Simulation"). What it does not give, and this module makes up for:
 //!
 //! - **Resolution.** tokio's timer counts whole milliseconds; under a paused clock a sleep ends on
 //!   the next millisecond of virtual time. A simulation therefore runs its model [`DILATION`]

@@ -1,4 +1,4 @@
-//! (f) Elastic restart (DESIGN "Faults": a lost server → the job restarts from the newest complete
+//! (f) Elastic restart (docs/design.md "Faults": a lost server → the job restarts from the newest complete
 //! checkpoint): a 4-process `examples/sft` under `odc launch --transport tcp --max-restarts 1`
 //! with `--checkpoint-every 4 --resume auto`; rank 2, which hosts shard server 2, is SIGKILLed
 //! after the first checkpoint exists and before the end. Every rank stops on the lost shard, the

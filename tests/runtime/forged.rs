@@ -1,4 +1,4 @@
-//! Reports and gradient writes bound to assignments (issue 19, item 4; DESIGN "trust"): an
+//! Reports and gradient writes bound to assignments (issue 19, item 4; docs/design.md "Security model"): an
 //! authenticated peer that forges `Done` reports for micro-batches other trainers are computing,
 //! and accumulates garbage under their write ids, changes nothing. Every trainer here is such a
 //! peer: besides its real work it casts forged reports to the supervisor (every other

@@ -1,4 +1,4 @@
-//! Runtime integration tests, one module per invariant of DESIGN.md plus bad input, non-finite
+//! Runtime integration tests, one module per invariant of docs/design.md plus bad input, non-finite
 //! gradients and frozen units.
 //! Every async test runs under a timeout.
 

@@ -1,4 +1,4 @@
-//! A non-finite gradient never reaches a parameter (DESIGN, Faults). A trainer refuses a gradient
+//! A non-finite gradient never reaches a parameter (docs/design.md "Faults"). A trainer refuses a gradient
 //! with a NaN before sending it and fails a micro-batch whose loss is NaN; the barrier finds a sum
 //! that overflowed to inf although every trainer's gradient was finite. Then, per
 //! `JobBuilder::on_non_finite`:

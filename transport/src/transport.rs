@@ -8,7 +8,7 @@ use crate::{
     RegionId, TransportError, WriteTag,
 };
 
-/// When an operation must be done by (DESIGN I6: every wait is bounded). An operation that starts
+/// When an operation must be done by (docs/design.md I6: every wait is bounded). An operation that starts
 /// at or after its deadline is refused with [`TransportError::DeadlineExceeded`] and changes
 /// nothing; a wait that outlives it returns that error.
 pub type Deadline = Instant;

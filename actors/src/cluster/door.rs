@@ -4,7 +4,7 @@
 //! of it; only then is the stream handed to the node server
 //! (`NodeServerMessage::ConnectionOpenedExternal`), whose own cookie exchange is a second factor.
 //!
-//! Guarantees (DESIGN "Processes and hosts", trust):
+//! Guarantees (docs/design.md "Security model"):
 //! - before the handshake completes a peer can send at most
 //!   [`HANDSHAKE_FRAME_CAP`](odc_transport::wire::handshake::HANDSHAKE_FRAME_CAP) bytes per frame,
 //!   has [`HANDSHAKE_TIMEOUT`] to finish, and at most

@@ -1,4 +1,4 @@
-//! The control plane across processes and hosts (DESIGN "Processes and hosts"), over
+//! The control plane across processes and hosts (docs/design.md "Processes and hosts"), over
 //! ractor_cluster: [`session`] (this process's node server, the session to the coordinator, lost
 //! peers), [`host`] (the per-process actor that starts servers and trainers for the supervisor),
 //! [`wire`] (every actor message encodable), [`codec`] (how payloads and replies are encoded) and

@@ -1,4 +1,4 @@
-//! The collective data path: the FSDP baseline at its best (DESIGN "Collective baseline mode"),
+//! The collective data path: the FSDP baseline at its best (docs/design.md, "As built": data paths),
 //! over the same transport, servers and chunking as on-demand mode. Only the paradigm differs.
 //!
 //! A unit is split into one **piece** per trainer (`shard_range(len, trainers, rank)`); with as many

@@ -6,7 +6,7 @@
 //!   owner's published copy (one-sided, every owner at once, one batch with one deadline); a push
 //!   writes every chunk of the gradient into its owner's accumulator. A trainer waits only on its
 //!   own transfers, never on another trainer (**I4**).
-//! - [`Collective`] (the FSDP baseline at its best, DESIGN "Collective baseline mode"): a gather is
+//! - [`Collective`] (the FSDP baseline at its best, docs/design.md, "As built": data paths): a gather is
 //!   a ring all-gather among all trainers and a push a ring reduce-scatter. Signalling is
 //!   neighbour-only: each ring step is a message into the right neighbour's persistent inbox
 //!   (transport C7), so a trainer waits for its left neighbour only, never for a global barrier.

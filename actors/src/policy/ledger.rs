@@ -8,7 +8,7 @@
 //!   running it, not a duplicate: [`crate::policy::step`]), so a refusal here means the machine's
 //!   own state is inconsistent, never that a peer lied.
 //! - The barrier may run only when [`Ledger::is_complete`]: every micro-batch reported done by its
-//!   trainer, which reports only after every owner acknowledged its gradient pushes (DESIGN step 4).
+//!   trainer, which reports only after every owner acknowledged its gradient pushes (docs/design.md "One minibatch", step 4).
 
 /// Refusals of the ledger, naming the micro-batch and trainer involved.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]

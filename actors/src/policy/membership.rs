@@ -1,5 +1,5 @@
 //! Who is which rank on the control plane, and who is gone: a pure state machine fed by the
-//! control plane's session events and heartbeats (DESIGN "Processes and hosts": a peer is nobody
+//! control plane's session events and heartbeats (docs/design.md "Processes and hosts": a peer is nobody
 //! until it proved the cluster secret; liveness of a rank is a heartbeat, not a TCP close).
 //!
 //! The actor side (`cluster/session.rs`) feeds it what the cluster library's node server reports about

@@ -55,7 +55,7 @@ mod tests {
         }
     }
 
-    /// DESIGN.md: nothing under `actors/src/policy/` imports the actor framework or the async
+    /// docs/design.md: nothing under `actors/src/policy/` imports the actor framework or the async
     /// runtime; no file here even names them. Walks the directory at test time, so a file added
     /// later is covered too.
     #[test]

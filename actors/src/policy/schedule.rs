@@ -3,7 +3,7 @@
 //!
 //! The supervisor evaluates it when it commands `Apply` for global step `s` (the number of
 //! optimizer steps taken before this one, counting the steps of a run this job resumed from), so
-//! every shard server applies the same learning rate (DESIGN I3: sharding never changes results),
+//! every shard server applies the same learning rate (docs/design.md I3: sharding never changes results),
 //! and a resumed job continues the schedule where the checkpoint left it.
 //!
 //! [`LrSchedule::WarmupCosine`] is the schedule of HF `get_cosine_schedule_with_warmup` with a floor,

@@ -1,5 +1,5 @@
 //! Assignment tokens: what binds a trainer's report and its gradient writes to the assignment
-//! they answer (DESIGN "Processes and hosts", trust).
+//! they answer (docs/design.md "Security model").
 //!
 //! Every [`Assignment`](crate::messages::Assignment) carries the token of its (epoch,
 //! micro-batch): the first 128 bits of HMAC-SHA256(job key, `"odc/assignment"` ‖ epoch (u64 LE) ‖

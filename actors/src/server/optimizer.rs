@@ -6,7 +6,7 @@
 //!   state of element `i`, the config and the step count. The per-step scalars (bias corrections,
 //!   step size, decay factor) are computed once per step from the config and step count alone, so
 //!   splitting a unit into shards and stepping each shard gives bitwise the same parameters as
-//!   stepping the whole unit: sharding never changes results (DESIGN.md I3).
+//!   stepping the whole unit: sharding never changes results (docs/design.md I3).
 //! - **All or nothing**: a step that returns an error changes neither the parameters nor the state.
 //! - The step count starts at 0 and counts successful steps; AdamW's bias corrections use `t =
 //!   steps()` after the increment, so the first step has `t = 1`, as in torch.

@@ -7,7 +7,7 @@
 //! - `release(unit)` drops the context's reference to a gathered unit.
 //! - `push_grad(unit, grad)` hands the unit's gradient to the data path, which sends it
 //!   asynchronously; the returned [`PushTicket`] resolves when every owner acknowledged. The trainer
-//!   waits for all pushes before it reports the micro-batch done (ledger rule, DESIGN step 4).
+//!   waits for all pushes before it reports the micro-batch done (ledger rule, docs/design.md "One minibatch", step 4).
 //! - A gradient with a NaN or ±inf element is never sent (the data path checks it in the pass that
 //!   encodes or copies it): `push_grad` returns [`Error::NonFinite`] naming the trainer, the
 //!   micro-batch, its samples, the unit and the first bad element, and the micro-batch fails with

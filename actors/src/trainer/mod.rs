@@ -1,7 +1,7 @@
 //! The trainer: runs user compute on one micro-batch at a time and reports to the supervisor.
 //!
 //! - A micro-batch is reported done only after every gradient push was acknowledged by its
-//!   receivers (DESIGN step 4).
+//!   receivers (docs/design.md "One minibatch", step 4).
 //! - Nothing non-finite leaves a trainer: a gradient with a NaN or ±inf is refused by `push_grad`
 //!   (checked in the pass that encodes it) and a compute returning a non-finite loss fails its
 //!   micro-batch; both report [`Error::NonFinite`](crate::Error::NonFinite) naming the trainer,

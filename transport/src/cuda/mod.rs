@@ -63,13 +63,12 @@
 //! NVRTC (`libnvrtc.so`, `/usr/local/cuda/lib64`): without it registering an accumulator says
 //! `no NVRTC:`.
 //!
-//! # What has not been run
-//! This backend was written and built on a machine without a GPU: only the no-driver paths ran
-//! there. The conformance suite (in one process: `tests/cuda_conformance.rs`; owner in a child
-//! process: `tests/cuda_process_conformance.rs`), the kernel tests (`cuda::tests`) and
-//! `odc-bench transport --backends cuda` are built by `benches/gpu/build.sh` and run on a GPU
-//! machine by `benches/gpu/run.sh`. Peer access between two devices (NVLink) is written but was
-//! not exercised on one GPU.
+//! # Where it runs
+//! Without a driver (CI) only the no-driver paths run. The conformance suite (in one process:
+//! `tests/cuda_conformance.rs`; owner in a child process: `tests/cuda_process_conformance.rs`),
+//! the kernel tests (`cuda::tests`) and `odc-bench transport --backends cuda` are built by
+//! `benches/gpu/build.sh` and run on a GPU machine by `benches/gpu/run.sh` (their results:
+//! `docs/transports.md`). Peer access between two devices (NVLink) needs a machine with two GPUs.
 
 mod driver;
 mod kernels;

@@ -11,7 +11,7 @@
 //!   collectives), and [`weighted`] for trainers of measured speeds.
 //!
 //! Guarantees: every function is deterministic and total — bad input gives a [`BalanceError`],
-//! never a panic; every successful plan places every sample exactly once (DESIGN.md I2 at planning
+//! never a panic; every successful plan places every sample exactly once (docs/design.md I2 at planning
 //! time) in micro-batches within the token budget, sorted by estimated cost descending.
 //!
 //! ```

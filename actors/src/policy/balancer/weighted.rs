@@ -18,7 +18,7 @@
 //!
 //! Guarantees (tested):
 //! - **W1** every plan satisfies the guarantees of every [plan](super::plan): every sample in
-//!   exactly one micro-batch (DESIGN.md I2 at planning time), micro-batches non-empty, within the
+//!   exactly one micro-batch (docs/design.md I2 at planning time), micro-batches non-empty, within the
 //!   budget and sorted by cost descending; `per_trainer` has one list per speed, names every
 //!   micro-batch exactly once, each list costliest first.
 //! - **W2** with all speeds equal the plan *is* [`plan_static`](super::plan_static)'s (the problem is the same).
