@@ -18,17 +18,18 @@ use odc_transport::{Dtype, EndpointId, RegionHandle};
 use ractor::RpcReplyPort;
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{ComputeOutput, MicroBatch, SampleMeta};
+use crate::batch::SampleMeta;
 use crate::directory::{Directory, ShardRoute};
 use crate::error::Result;
 use crate::layout::UnitId;
-use crate::policy::clock::Timestamp;
 use crate::policy::dispatch::Communication;
 use crate::policy::stats::StepStats;
 use crate::policy::step::StepConfig;
 use crate::policy::token::JobKey;
 use crate::server::optimizer::OptimizerConfig;
-use crate::trainer::{ContextConfig, MicroBatchStats};
+use crate::trainer::ContextConfig;
+
+pub use odc_policy::assignment::{Assignment, MicroBatchDone, TrainerReport};
 
 // ---------------------------------------------------------------------------------------------
 // Shard servers
@@ -144,39 +145,9 @@ pub struct TrainerSpec {
     pub directory: Directory,
 }
 
-/// One micro-batch to run within the accumulator epoch `epoch`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Assignment {
-    pub micro_batch: MicroBatch,
-    pub epoch: u64,
-    /// The assignment's token ([`crate::policy::token`]): the trainer echoes it in its report
-    /// and in every gradient write of the micro-batch; nothing without it counts.
-    pub token: u128,
-}
-
 /// Messages of a trainer.
 pub enum TrainerMsg {
     Run(Assignment),
-}
-
-/// A micro-batch that completed: the compute's output and what its data path did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MicroBatchDone {
-    pub output: ComputeOutput,
-    pub stats: MicroBatchStats,
-}
-
-/// What a trainer tells the supervisor after a micro-batch.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainerReport {
-    pub trainer: u32,
-    pub epoch: u64,
-    pub micro_batch: u32,
-    /// The token of the assignment this report answers ([`Assignment::token`]).
-    pub token: u128,
-    pub started: Timestamp,
-    pub finished: Timestamp,
-    pub result: Result<MicroBatchDone>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -316,9 +287,10 @@ mod tests {
     use serde::de::DeserializeOwned;
 
     use super::*;
-    use crate::batch::LossWeighting;
+    use crate::batch::{ComputeOutput, LossWeighting, MicroBatch};
     use crate::error::Error;
-    use crate::policy::stats::{Span, SpanKind};
+    use crate::policy::clock::Timestamp;
+    use crate::policy::stats::{MicroBatchStats, Span, SpanKind};
 
     /// `value` survives a serialization round trip unchanged.
     fn round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(value: T) {

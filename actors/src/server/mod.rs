@@ -28,7 +28,8 @@
 mod actor;
 #[cfg(all(feature = "cuda-code", target_os = "linux"))]
 mod device;
-pub mod optimizer;
+/// The update rule, a pure core (`odc_policy::optimizer`).
+pub use odc_policy::optimizer;
 mod shard;
 
 pub use crate::messages::{

@@ -73,22 +73,7 @@ pub enum Direction {
     Backward,
 }
 
-/// What one micro-batch's data path did.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct MicroBatchStats {
-    /// Time the compute was blocked in `gather`.
-    pub pull_wait: Duration,
-    /// Time spent waiting for push acknowledgements after the compute returned.
-    pub push_wait: Duration,
-    pub bytes_pulled: u64,
-    pub bytes_pushed: u64,
-    /// Most gathered units held at once (gathered and not released, plus prefetches in flight).
-    pub peak_gathered: u32,
-    /// Units transferred (demand gathers and prefetches).
-    pub pulls: u32,
-    /// Timeline of the micro-batch: pull waits, push wait, and spans the compute recorded.
-    pub spans: Vec<Span>,
-}
+pub use odc_policy::stats::MicroBatchStats;
 
 /// Resolves when every owner acknowledged one `push_grad`.
 #[derive(Debug)]

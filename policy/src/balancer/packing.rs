@@ -54,7 +54,7 @@ fn check_samples(tokens: &[u64], samples: &[usize], budget: u64) -> Result<(), B
 /// [`BalanceError::ZeroLength`], [`BalanceError::SampleExceedsBudget`].
 ///
 /// ```
-/// use odc_actors::policy::balancer::pack;
+/// use odc_policy::balancer::pack;
 /// let tokens = [600, 500, 400, 300];
 /// let mbs = pack(&tokens, &[0, 1, 2, 3], 1000).unwrap();
 /// assert_eq!(mbs, vec![vec![0, 2], vec![1, 3]]);
@@ -100,7 +100,7 @@ const TARGET_SLACK: f64 = 1e-9;
 /// [`BalanceError::SampleOutOfRange`] for a sample without a cost.
 ///
 /// ```
-/// use odc_actors::policy::balancer::pack_guided;
+/// use odc_policy::balancer::pack_guided;
 /// let tokens = [100; 8];
 /// let costs = [1.0; 8];
 /// let mbs = pack_guided(&tokens, &costs, &[0, 1, 2, 3, 4, 5, 6, 7], 1_000).unwrap();
@@ -125,7 +125,7 @@ pub fn pack_guided(
 /// than `min_tokens` tokens before its last sample joined.
 ///
 /// ```
-/// use odc_actors::policy::balancer::{pack_guided, pack_guided_filled};
+/// use odc_policy::balancer::{pack_guided, pack_guided_filled};
 /// let tokens = [100; 8];
 /// let costs = [1.0; 8];
 /// let all = [0, 1, 2, 3, 4, 5, 6, 7];

@@ -1,4 +1,4 @@
-//! The balancer: a pure policy core (see [`crate::policy`]) that turns a minibatch's samples into
+//! The balancer: a pure policy core (see [`crate`]) that turns a minibatch's samples into
 //! micro-batches and assigns them to trainers.
 //!
 //! - [`cost`]: the per-sample cost model `a·ŝ² + b·ŝ` ([`CostModel`]);
@@ -15,7 +15,7 @@
 //! time) in micro-batches within the token budget, sorted by estimated cost descending.
 //!
 //! ```
-//! use odc_actors::policy::balancer::{plan_static, CostModel};
+//! use odc_policy::balancer::{plan_static, CostModel};
 //! let tokens = [40_000, 9_000, 12_000, 30_000, 5_000, 22_000];
 //! let plan = plan_static(&tokens, &CostModel::odc_7b(), 2, 65_536).unwrap();
 //! assert_eq!(plan.num_samples(), tokens.len());

@@ -14,7 +14,7 @@
 //! - its values stay bit-identical to their initial values whatever the optimizer (no weight
 //!   decay), and it adds nothing to the gradient's sum of squares;
 //! - it follows the version protocol (I1): every read during step `v` returns version `v`;
-//! - [`TrainerContext::push_grad`](crate::trainer::TrainerContext::push_grad) on it is
+//! - `odc_actors::trainer::TrainerContext::push_grad` on it is
 //!   [`Error::FrozenUnit`], and nothing is sent;
 //! - trainable units train exactly as if the frozen unit were a constant (I3).
 
@@ -101,7 +101,7 @@ impl UnitSpec {
     /// state for it, its values never change, and pushing its gradient is an error.
     ///
     /// ```
-    /// use odc_actors::layout::{ModelLayout, UnitSpec};
+    /// use odc_policy::layout::{ModelLayout, UnitSpec};
     /// let layout = ModelLayout::new(vec![
     ///     UnitSpec::constant("base", 1000, 0.5).frozen(),
     ///     UnitSpec::constant("adapter", 10, 0.0),
@@ -118,7 +118,7 @@ impl UnitSpec {
 
 /// The optimizer state a unit starts from (a job resumed from a checkpoint): the optimizer's step
 /// count and its named per-element buffers over the whole unit (see
-/// [`OptimizerState::restore`](crate::server::optimizer::OptimizerState::restore)). Each shard
+/// [`OptimizerState::restore`](crate::optimizer::OptimizerState::restore)). Each shard
 /// server takes its range.
 /// The default, 0 steps and no buffers, is a fresh state: what a frozen unit's checkpoint holds.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -313,7 +313,7 @@ impl Fnv {
 /// The element range of shard `shard` of a unit of `len` elements split over `servers` servers.
 ///
 /// ```
-/// use odc_actors::layout::shard_range;
+/// use odc_policy::layout::shard_range;
 /// assert_eq!(shard_range(10, 3, 0), 0..3);
 /// assert_eq!(shard_range(10, 3, 2), 6..10);
 /// ```

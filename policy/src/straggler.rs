@@ -1,16 +1,16 @@
 //! Runtime straggler handling: estimate each trainer's speed from completed work and let dispatch
 //! use it.
 //!
-//! A pure policy core (see [`crate::policy`]): no clock. Times are plain `f64` seconds the caller
+//! A pure policy core (see [`crate`]): no clock. Times are plain `f64` seconds the caller
 //! measured, so every decision is a function of its arguments and is unit-tested as such. The
 //! supervisor drives it:
 //! - on every completed micro-batch it calls [`SpeedEstimator::observe`] with the micro-batch's
 //!   estimated cost (the cost model's unit) and the seconds the trainer spent on it;
 //! - in dynamic dispatch, an idle trainer steals with earliest-finish estimates on these speeds
-//!   ([`WorkQueue::steal`](crate::policy::dispatch::WorkQueue::steal));
+//!   ([`WorkQueue::steal`](crate::dispatch::WorkQueue::steal));
 //! - between minibatches it plans with
-//!   [`plan_static_weighted`](crate::policy::balancer::plan_static_weighted) or
-//!   [`plan_dynamic_weighted`](crate::policy::balancer::plan_dynamic_weighted) on
+//!   [`plan_static_weighted`](crate::balancer::plan_static_weighted) or
+//!   [`plan_dynamic_weighted`](crate::balancer::plan_dynamic_weighted) on
 //!   [`SpeedEstimator::speeds`];
 //! - [`straggler_factor`] summarises the spread of speeds for reporting.
 //!
@@ -27,8 +27,8 @@
 /// that halves its speed is estimated within 10% of its new speed after seven micro-batches.
 pub const DEFAULT_ALPHA: f64 = 0.3;
 
-/// Most trainers an estimator tracks: that of a plan ([`crate::policy::balancer::MAX_TRAINERS`]).
-const MAX_TRAINERS: usize = crate::policy::balancer::MAX_TRAINERS;
+/// Most trainers an estimator tracks: that of a plan ([`crate::balancer::MAX_TRAINERS`]).
+const MAX_TRAINERS: usize = crate::balancer::MAX_TRAINERS;
 
 fn valid_speed(speed: f64) -> bool {
     speed.is_finite() && speed > 0.0
@@ -41,7 +41,7 @@ fn valid_speed(speed: f64) -> bool {
 /// reuses its slot and should be [`reset`](Self::reset).
 ///
 /// ```
-/// use odc_actors::policy::straggler::SpeedEstimator;
+/// use odc_policy::straggler::SpeedEstimator;
 /// let mut est = SpeedEstimator::new(2, 0.5);
 /// est.observe(0, 10.0, 2.0); // first observation: 5 units/s
 /// est.observe(0, 10.0, 1.0); // 10 units/s, smoothed: 0.5·10 + 0.5·5
@@ -58,7 +58,7 @@ pub struct SpeedEstimator {
 
 impl SpeedEstimator {
     /// An estimator for trainers `0..trainers` (at most
-    /// [`MAX_TRAINERS`](crate::policy::balancer::MAX_TRAINERS); higher slots are not tracked), every speed
+    /// [`MAX_TRAINERS`](crate::balancer::MAX_TRAINERS); higher slots are not tracked), every speed
     /// unknown. `alpha` is the weight of each new observation: a value above 1 is taken as 1 (no
     /// smoothing), a non-finite or non-positive one as [`DEFAULT_ALPHA`].
     pub fn new(trainers: usize, alpha: f64) -> Self {
@@ -139,7 +139,7 @@ impl SpeedEstimator {
     }
 
     /// [`speeds`](Self::speeds) divided by the fastest, so the fastest trainer is at 1.0 and every
-    /// value is in `(0, 1]` — what [`plan_static_weighted`](crate::policy::balancer::plan_static_weighted)
+    /// value is in `(0, 1]` — what [`plan_static_weighted`](crate::balancer::plan_static_weighted)
     /// takes. (A ratio that would underflow to 0 is clamped to the smallest positive normal
     /// `f64`.)
     pub fn relative_speeds(&self) -> Vec<f64> {
@@ -174,7 +174,7 @@ impl SpeedEstimator {
 /// with one trainer at half speed; 1.0 when there are no valid speeds.
 ///
 /// ```
-/// use odc_actors::policy::straggler::straggler_factor;
+/// use odc_policy::straggler::straggler_factor;
 /// assert_eq!(straggler_factor(&[1.0, 0.5, 1.0]), 0.5);
 /// assert_eq!(straggler_factor(&[]), 1.0);
 /// ```

@@ -21,7 +21,7 @@
 //! NVRTC kernels, written in the same order of operations as the host loops. Non-finite gradients
 //! are not rejected here (torch does not either): the runtime never hands one to a step (trainers
 //! refuse them and the barrier discards a step whose global norm is not finite, see
-//! [`crate::policy::step`]).
+//! [`crate::step`]).
 
 /// Why an optimizer step or config was rejected. Variants name the field or the lengths involved.
 #[derive(Debug, Clone, PartialEq, thiserror::Error, serde::Serialize, serde::Deserialize)]
@@ -113,7 +113,7 @@ impl OptimizerConfig {
     /// AdamW with torch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
     ///
     /// ```
-    /// use odc_actors::server::optimizer::OptimizerConfig;
+    /// use odc_policy::optimizer::OptimizerConfig;
     /// let c = OptimizerConfig::adamw(1e-4);
     /// assert!(c.validate().is_ok());
     /// assert_eq!(c.lr(), 1e-4);
@@ -322,7 +322,7 @@ enum Buffers {
 /// Optimizer state of one shard (`len` elements): the step count and the per-element buffers.
 ///
 /// ```
-/// use odc_actors::server::optimizer::{OptimizerConfig, OptimizerState};
+/// use odc_policy::optimizer::{OptimizerConfig, OptimizerState};
 /// let config = OptimizerConfig::sgd(0.5);
 /// let mut state = OptimizerState::new(&config, 2);
 /// let mut params = [1.0, 2.0];
@@ -407,7 +407,7 @@ impl OptimizerState {
     /// checkpoint of a frozen unit holds, so a run may resume with it trainable.
     ///
     /// ```
-    /// use odc_actors::server::optimizer::{OptimizerConfig, OptimizerState};
+    /// use odc_policy::optimizer::{OptimizerConfig, OptimizerState};
     /// let config = OptimizerConfig::adamw(1e-3);
     /// let mut a = OptimizerState::new(&config, 2);
     /// let mut p = [1.0, 2.0];

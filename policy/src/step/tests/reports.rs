@@ -1,4 +1,4 @@
-//! Property test of the step machine's report admission (`step.rs`, "Reports are bound to
+//! Property test of the step machine's report admission (`step/mod.rs`, "Reports are bound to
 //! assignments"): forged, duplicated and reordered reports never change the parameters of a step.
 //! At the level of the pure machine that means: nothing happens before every genuine report is
 //! in (no `Reduce`, no failure, nothing in the ledger but genuine reports), and what happens then
@@ -9,9 +9,9 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 
 use super::*;
+use crate::assignment::MicroBatchDone;
 use crate::batch::ComputeOutput;
-use crate::messages::MicroBatchDone;
-use crate::trainer::MicroBatchStats;
+use crate::stats::MicroBatchStats;
 
 fn key() -> JobKey {
     JobKey::from_bytes([0x5a; JobKey::LEN])

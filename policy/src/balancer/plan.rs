@@ -124,7 +124,7 @@ fn sort_by_cost<T>(mbs: &mut [(T, PlannedMicroBatch)]) {
 /// samples gets none.
 ///
 /// ```
-/// use odc_actors::policy::balancer::{plan_static, CostModel};
+/// use odc_policy::balancer::{plan_static, CostModel};
 /// let tokens = [30_000, 8_000, 8_000, 7_000, 4_000, 3_000];
 /// let plan = plan_static(&tokens, &CostModel::linear(), 2, 32_000).unwrap();
 /// assert_eq!(plan.per_trainer.len(), 2);
@@ -229,11 +229,11 @@ fn min_parts(tokens: &[u64], budget: u64) -> usize {
 /// ([`pack_guided`]: each about half of what is left, the last ones single samples). At run time
 /// a trainer runs its own list costliest first and, once it is empty, may steal the smallest
 /// micro-batch of the trainer expected to finish last
-/// ([`WorkQueue::steal`](crate::policy::dispatch::WorkQueue::steal)). Per trainer the work is
+/// ([`WorkQueue::steal`](crate::dispatch::WorkQueue::steal)). Per trainer the work is
 /// exactly [`plan_static`]'s, so when costs are as modelled nothing needs to move.
 ///
 /// ```
-/// use odc_actors::policy::balancer::{plan_dynamic, plan_static, CostModel};
+/// use odc_policy::balancer::{plan_dynamic, plan_static, CostModel};
 /// let tokens = [4_000; 16];
 /// let m = CostModel::odc_7b();
 /// let dynamic = plan_dynamic(&tokens, &m, 2, 65_536).unwrap();
@@ -260,7 +260,7 @@ pub fn plan_dynamic(
 /// per trainer is still [`plan_static`]'s.
 ///
 /// ```
-/// use odc_actors::policy::balancer::{plan_dynamic, plan_dynamic_filled, CostModel};
+/// use odc_policy::balancer::{plan_dynamic, plan_dynamic_filled, CostModel};
 /// let tokens = [4_000; 16];
 /// let m = CostModel::odc_7b();
 /// let filled = plan_dynamic_filled(&tokens, &m, 2, 65_536, 32_768).unwrap();
@@ -353,7 +353,7 @@ pub fn plan_equal_count(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::balancer::{greedy_partition, max_load};
+    use crate::balancer::{greedy_partition, max_load};
     use proptest::prelude::*;
 
     /// Checks every guarantee listed in the module docs.

@@ -7,10 +7,10 @@
 use odc_transport::{EndpointId, TransportError};
 use serde::{Deserialize, Serialize};
 
+use crate::balancer::BalanceError;
 use crate::layout::UnitId;
-use crate::policy::balancer::BalanceError;
-use crate::policy::ledger::LedgerError;
-use crate::server::optimizer::OptimizerError;
+use crate::ledger::LedgerError;
+use crate::optimizer::OptimizerError;
 
 /// Errors of the odc runtime.
 #[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
@@ -185,5 +185,5 @@ impl Error {
     }
 }
 
-/// Short for `Result<T, odc_actors::Error>`.
+/// Short for `Result<T, odc_policy::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,7 +1,7 @@
 //! Assignment tokens: what binds a trainer's report and its gradient writes to the assignment
 //! they answer (docs/design.md "Security model").
 //!
-//! Every [`Assignment`](crate::messages::Assignment) carries the token of its (epoch,
+//! Every [`Assignment`](crate::assignment::Assignment) carries the token of its (epoch,
 //! micro-batch): the first 128 bits of HMAC-SHA256(job key, `"odc/assignment"` ‖ epoch (u64 LE) ‖
 //! micro-batch (u32 LE)). The trainer echoes it in its report and in every gradient write of
 //! that micro-batch; the supervisor checks the report ([`StepMachine`](super::step::StepMachine)),
@@ -46,7 +46,7 @@ impl JobKey {
     /// The token of micro-batch `micro_batch` of the attempt at accumulator epoch `epoch`.
     ///
     /// ```
-    /// use odc_actors::policy::token::JobKey;
+    /// use odc_policy::token::JobKey;
     /// let key = JobKey::from_bytes([7; 32]);
     /// assert_eq!(key.token(3, 1), key.token(3, 1));
     /// assert_ne!(key.token(3, 1), key.token(4, 1));

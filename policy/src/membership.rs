@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::policy::clock::Timestamp;
+use crate::clock::Timestamp;
 
 /// A session's id (the cluster library's node id, unique within a process).
 pub type SessionId = u64;

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 ///
 /// ```
 /// use std::time::Duration;
-/// use odc_actors::policy::clock::Timestamp;
+/// use odc_policy::clock::Timestamp;
 /// let t = Timestamp::from_nanos(1_000);
 /// let later = t + Duration::from_micros(2);
 /// assert_eq!(later.as_nanos(), 3_000);
@@ -112,7 +112,7 @@ pub trait Clock: Send + Sync {
 /// The process's clock: wall-clock anchored once, monotonic after (see the [module docs](self)).
 ///
 /// ```
-/// use odc_actors::policy::clock::{Clock, SystemClock};
+/// use odc_policy::clock::{Clock, SystemClock};
 /// let a = SystemClock.now();
 /// let b = SystemClock.now();
 /// assert!(b >= a);
@@ -153,7 +153,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use odc_actors::policy::clock::{Clock, ManualClock, Timestamp};
+/// use odc_policy::clock::{Clock, ManualClock, Timestamp};
 /// let clock = ManualClock::new(Timestamp::from_nanos(5));
 /// clock.advance(Duration::from_nanos(10));
 /// assert_eq!(clock.now(), Timestamp::from_nanos(15));

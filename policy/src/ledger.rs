@@ -5,7 +5,7 @@
 //!   is not assigned to, or a second completion, is refused ([`LedgerError`]). A ledger belongs to
 //!   one attempt: after a failure the minibatch is replayed with a fresh one.
 //! - Only reports the step machine admitted reach the ledger (the assignment's token, the trainer
-//!   running it, not a duplicate: [`crate::policy::step`]), so a refusal here means the machine's
+//!   running it, not a duplicate: [`crate::step`]), so a refusal here means the machine's
 //!   own state is inconsistent, never that a peer lied.
 //! - The barrier may run only when [`Ledger::is_complete`]: every micro-batch reported done by its
 //!   trainer, which reports only after every owner acknowledged its gradient pushes (docs/design.md "One minibatch", step 4).

@@ -48,7 +48,7 @@ use super::{loads, partition, BalanceError, CostModel, Plan};
 /// samples into micro-batches under `budget`.
 ///
 /// `speeds` are in any unit (cost units per second, or relative speeds with the fastest at 1.0,
-/// as [`SpeedEstimator::relative_speeds`](crate::policy::straggler::SpeedEstimator::relative_speeds)
+/// as [`SpeedEstimator::relative_speeds`](crate::straggler::SpeedEstimator::relative_speeds)
 /// gives); only their ratios matter. With all speeds equal this is exactly [`plan_static`](super::plan_static).
 ///
 /// Errors: [`BalanceError::ZeroTrainers`] for no speeds, [`BalanceError::TooManyTrainers`],
@@ -56,7 +56,7 @@ use super::{loads, partition, BalanceError, CostModel, Plan};
 /// of [`plan_static`](super::plan_static) for a bad minibatch, budget or cost model.
 ///
 /// ```
-/// use odc_actors::policy::balancer::{plan_static_weighted, CostModel};
+/// use odc_policy::balancer::{plan_static_weighted, CostModel};
 /// // Twelve equal samples; trainer 1 runs at half speed.
 /// let tokens = [8_000; 12];
 /// let plan = plan_static_weighted(&tokens, &CostModel::linear(), &[1.0, 0.5], 32_000).unwrap();
@@ -81,7 +81,7 @@ pub fn plan_static_weighted(
 /// speeds equal this is exactly [`plan_dynamic`](super::plan_dynamic).
 ///
 /// ```
-/// use odc_actors::policy::balancer::{plan_dynamic_weighted, CostModel};
+/// use odc_policy::balancer::{plan_dynamic_weighted, CostModel};
 /// let tokens = [8_000; 12];
 /// let plan = plan_dynamic_weighted(&tokens, &CostModel::linear(), &[1.0, 0.5], 32_000).unwrap();
 /// let costs = plan.trainer_costs();
@@ -192,7 +192,7 @@ fn lpt_uniform(costs: &[f64], speeds: &[f64]) -> Vec<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::balancer::{plan_dynamic, plan_static, MAX_TRAINERS};
+    use crate::balancer::{plan_dynamic, plan_static, MAX_TRAINERS};
     use proptest::prelude::*;
 
     /// W1: the guarantees of every plan, plus one `per_trainer` list per speed.

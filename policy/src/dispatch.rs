@@ -2,9 +2,9 @@
 //!
 //! Every trainer has its own list, from the plan, costliest first; it always takes the front of
 //! its own list first.
-//! - [`DispatchMode::Static`] (ODC's LB-Mini, [`plan_static`](crate::policy::balancer::plan_static)):
+//! - [`DispatchMode::Static`] (ODC's LB-Mini, [`plan_static`](crate::balancer::plan_static)):
 //!   that is all; a trainer never takes another trainer's work.
-//! - [`DispatchMode::Dynamic`] ([`plan_dynamic`](crate::policy::balancer::plan_dynamic): the same
+//! - [`DispatchMode::Dynamic`] ([`plan_dynamic`](crate::balancer::plan_dynamic): the same
 //!   partition, each list in micro-batches of decreasing size): a trainer whose own list is empty
 //!   may **steal** from the list of the trainer expected to finish last a micro-batch it would
 //!   finish earlier than its owner would — the one that leaves the two finishing closest
@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 
-use crate::policy::balancer::Plan;
+use crate::balancer::Plan;
 
 /// How gathers and gradient pushes move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -32,7 +32,7 @@ pub enum Communication {
     #[default]
     OnDemand,
     /// FSDP-style ring all-gather / reduce-scatter across all trainers, each a barrier; plans are
-    /// LB-Micro ([`plan_equal_count`](crate::policy::balancer::plan_equal_count): equal
+    /// LB-Micro ([`plan_equal_count`](crate::balancer::plan_equal_count): equal
     /// micro-batch counts, dealt in rounds of similar cost).
     Collective,
 }
@@ -77,7 +77,7 @@ impl Outlook {
     /// and is stolen from more readily).
     ///
     /// ```
-    /// use odc_actors::policy::dispatch::Outlook;
+    /// use odc_policy::dispatch::Outlook;
     /// let on_time = Outlook::busy(2.0, 4.0, 0.5);
     /// assert_eq!((on_time.speed, on_time.busy_for), (2.0, 1.5));
     /// let late = Outlook::busy(2.0, 4.0, 8.0);
@@ -166,8 +166,8 @@ impl WorkQueue {
     /// `None` when nothing qualifies; the queue is then unchanged.
     ///
     /// ```
-    /// use odc_actors::policy::balancer::{Plan, PlannedMicroBatch};
-    /// use odc_actors::policy::dispatch::{Outlook, WorkQueue};
+    /// use odc_policy::balancer::{Plan, PlannedMicroBatch};
+    /// use odc_policy::dispatch::{Outlook, WorkQueue};
     /// let mb = |cost| PlannedMicroBatch { samples: vec![], tokens: 1, cost };
     /// let plan = Plan {
     ///     micro_batches: vec![mb(4.0), mb(2.0), mb(1.0)],
@@ -260,7 +260,7 @@ impl WorkQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::balancer::{plan_dynamic, plan_static, CostModel, PlannedMicroBatch};
+    use crate::balancer::{plan_dynamic, plan_static, CostModel, PlannedMicroBatch};
     use proptest::prelude::*;
 
     fn plan(costs: &[f64], per_trainer: Vec<Vec<usize>>) -> Plan {

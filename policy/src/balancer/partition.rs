@@ -64,7 +64,7 @@ pub fn loads(costs: &[f64], parts: &[Vec<usize>]) -> Vec<f64> {
 /// The largest subset cost (0 for no subsets); out-of-range indices contribute nothing.
 ///
 /// ```
-/// use odc_actors::policy::balancer::max_load;
+/// use odc_policy::balancer::max_load;
 /// assert_eq!(max_load(&[8.0, 7.0, 6.0], &[vec![0], vec![1, 2]]), 13.0);
 /// ```
 pub fn max_load(costs: &[f64], parts: &[Vec<usize>]) -> f64 {
@@ -124,7 +124,7 @@ impl Ord for Slot {
 /// least-loaded subset (ties to the lowest index). Returns `k` subsets (none for `k = 0`).
 ///
 /// ```
-/// use odc_actors::policy::balancer::{greedy_partition, max_load};
+/// use odc_policy::balancer::{greedy_partition, max_load};
 /// let costs = [8.0, 7.0, 6.0, 5.0, 4.0];
 /// let parts = greedy_partition(&costs, 2);
 /// assert_eq!(max_load(&costs, &parts), 17.0);
@@ -263,7 +263,7 @@ impl Ord for State {
 /// than greedy (see the [module docs](self)); use [`partition`] to plan.
 ///
 /// ```
-/// use odc_actors::policy::balancer::{karmarkar_karp, max_load};
+/// use odc_policy::balancer::{karmarkar_karp, max_load};
 /// let costs = [8.0, 7.0, 6.0, 5.0, 4.0];
 /// let parts = karmarkar_karp(&costs, 2, false);
 /// assert_eq!(max_load(&costs, &parts), 16.0);
@@ -425,7 +425,7 @@ pub(crate) fn refine(
 /// Returns `k` subsets (none for `k = 0`), indices ascending within each.
 ///
 /// ```
-/// use odc_actors::policy::balancer::{greedy_partition, max_load, partition};
+/// use odc_policy::balancer::{greedy_partition, max_load, partition};
 /// let costs = [3.0, 3.0, 2.0, 2.0, 2.0];
 /// let parts = partition(&costs, 2, false);
 /// assert_eq!(max_load(&costs, &parts), 6.0);

@@ -1,6 +1,6 @@
 //! Failure recovery decisions, pure: what becomes of a lost trainer's slot, whether the running
 //! attempt must be replayed, and whether one more replay is allowed. The step machine
-//! ([`crate::policy::step`]) applies them.
+//! ([`crate::step`]) applies them.
 //!
 //! Guarantees (tested):
 //! - **R1 bounded respawns**: under [`FailurePolicy::Respawn`] a slot is respawned at most
@@ -37,7 +37,7 @@ pub enum SlotFate {
 /// The fate of a slot that lost its trainer after `respawns` earlier respawns (R1).
 ///
 /// ```
-/// use odc_actors::policy::recovery::{slot_fate, FailurePolicy, SlotFate};
+/// use odc_policy::recovery::{slot_fate, FailurePolicy, SlotFate};
 /// let p = FailurePolicy::Respawn { max_respawns: 1 };
 /// assert_eq!(slot_fate(p, 0), SlotFate::Respawn { respawn: 1 });
 /// assert_eq!(slot_fate(p, 1), SlotFate::Drop);

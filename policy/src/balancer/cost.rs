@@ -16,7 +16,7 @@ pub const DEFAULT_SCALE: f64 = 32_000.0;
 /// ratios between costs matter to the balancer, so the unit is arbitrary.
 ///
 /// ```
-/// use odc_actors::policy::balancer::CostModel;
+/// use odc_policy::balancer::CostModel;
 /// let m = CostModel::odc_7b();
 /// assert!((m.cost(32_000) - (4.348357 + 8.768377)).abs() < 1e-12);
 /// assert_eq!(CostModel::linear().cost(64_000), 2.0);

@@ -1,0 +1,87 @@
+//! What a job configures of its steps: deadlines, dispatch, replays, the non-finite policy.
+
+use super::*;
+
+/// Default [`StepConfig::micro_batch_timeout`].
+pub const DEFAULT_MICRO_BATCH_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Longest period between two ticks ([`StepMachine::tick_period`]).
+pub(super) const MAX_TICK: Duration = Duration::from_millis(100);
+
+/// What a step does when a gradient, a loss or the global gradient norm is not finite (NaN or
+/// ±inf). Either way the step's gradients are discarded at every owner: parameters, optimizer
+/// moments and the optimizer's step count are unchanged (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum NonFinite {
+    /// The step fails with [`Error::NonFinite`]; the job can go on with the next step.
+    #[default]
+    Error,
+    /// The step is skipped (GradScaler's behaviour): it returns stats with
+    /// [`StepStats::skipped`] set, and the job goes on.
+    SkipStep,
+}
+
+impl std::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NonFinite::Error => write!(f, "the step fails"),
+            NonFinite::SkipStep => write!(f, "the step is skipped"),
+        }
+    }
+}
+
+/// How each minibatch is planned, dispatched, weighted, clipped, recovered and timed out.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepConfig {
+    pub communication: Communication,
+    /// On-demand mode only; collective mode always plans LB-Micro and never steals.
+    pub dispatch: DispatchMode,
+    pub cost: CostModel,
+    /// Token budget of one micro-batch.
+    pub token_budget: u64,
+    /// Dynamic dispatch: a micro-batch takes samples until it holds at least this fraction of
+    /// `token_budget` (while enough are left), past guided packing's cost target
+    /// ([`plan_dynamic_filled`](crate::balancer::plan_dynamic_filled)). In `0..=1`; 0
+    /// is plain guided packing.
+    pub min_fill: f64,
+    pub weighting: LossWeighting,
+    /// Clip the global gradient norm to this value.
+    pub clip_norm: Option<f64>,
+    pub failure: FailurePolicy,
+    /// Replays of one minibatch before the step fails.
+    pub max_replays: u32,
+    /// Runtime straggler rebalancing: estimate each trainer's speed from completed work; plans
+    /// are speed-weighted and steals use the estimates (otherwise all speeds count as equal).
+    pub rebalance: bool,
+    /// Longest a micro-batch may run before its step fails with [`Error::Deadline`] and its
+    /// trainer is killed (I6).
+    pub micro_batch_timeout: Duration,
+    /// The learning rate's factor per global step.
+    pub schedule: LrSchedule,
+    /// Global step of this job's first step (a job resumed from a checkpoint of step `n`
+    /// starts at `n`): the schedule's position.
+    pub first_step: u64,
+    /// A non-finite gradient, loss or global norm fails the step or skips it.
+    pub non_finite: NonFinite,
+}
+
+impl Default for StepConfig {
+    fn default() -> Self {
+        StepConfig {
+            communication: Communication::OnDemand,
+            dispatch: DispatchMode::Dynamic,
+            cost: CostModel::default(),
+            token_budget: 65_536,
+            min_fill: 0.0,
+            weighting: LossWeighting::Tokens,
+            clip_norm: None,
+            failure: FailurePolicy::default(),
+            max_replays: 3,
+            rebalance: false,
+            micro_batch_timeout: DEFAULT_MICRO_BATCH_TIMEOUT,
+            schedule: LrSchedule::Constant,
+            first_step: 0,
+            non_finite: NonFinite::Error,
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The supervisor's decisions as a pure state machine (torchft's `quorum_compute`, Psyche's
+//! coordinator): events in, each with an injected `now`; [`Decision`]s out, each a [`Command`]
+//! with the [`Reason`] it was taken for. The supervisor actor only translates: it feeds messages
+//! in as events, executes the commands and feeds their outcomes back (`Reduce` → every server
+//! reduces → [`StepMachine::on_reduced`]).
+//!
+//! ## One step
+//! `start` plans the minibatch for the live trainers and assigns every idle trainer its first
+//! micro-batch. Phases: **Computing** → (ledger complete) **Reducing** → **Applying** → `Finish`.
+//! - *Computing*: each admitted report (see below) goes into the ledger and the reporting trainer
+//!   gets its next micro-batch: the front of its own list, or (dynamic dispatch) a steal
+//!   ([`WorkQueue::steal`]).
+//! - *Reducing*: `Reduce { scale = 1 / total weight, next_epoch }`; the servers reply the sum of
+//!   squares of the scaled gradient; the norm gives the clip factor.
+//! - *Applying*: `Apply { clip, version }`; when every server applied, `Finish(Ok(stats))`.
+//!
+//! ## Non-finite gradients and losses
+//! A non-finite gradient never reaches a parameter. Two places find one: a trainer (every
+//! gradient is checked while it is encoded for its push, every loss when the compute returns;
+//! the report is [`Error::NonFinite`] naming trainer, micro-batch, samples and unit), and the
+//! barrier (the servers' sum of squares is NaN or inf, e.g. finite gradients whose sum overflowed
+//! in an fp32 accumulator). Either way the attempt is `Discard`ed at every owner (no `Apply`:
+//! parameters, optimizer moments and the optimizer's step count stay as they were), then per
+//! [`StepConfig::non_finite`]:
+//! - [`NonFinite::Error`]: `Finish(Err(Error::NonFinite))`; the job's step counter does not move,
+//!   the next step trains at the same global step.
+//! - [`NonFinite::SkipStep`] (PyTorch's GradScaler skipping `optimizer.step()`):
+//!   `Finish(Ok(stats))` with [`StepStats::skipped`] set. A skipped step counts as a step of the
+//!   job: the global step ([`StepMachine::global_step`]), hence the learning-rate schedule's
+//!   position and the job's data position, move on, as with `scheduler.step()` called every
+//!   iteration; the parameter version and the optimizer's step count do not.
+//!
+//! ## Failures (the recovery rules are [`crate::recovery`]'s)
+//! - A trainer lost while *Computing*: `Discard` (every owner drops the attempt and moves to a new
+//!   epoch), then re-plan for the live trainers and replay the whole minibatch; after
+//!   `max_replays` replays, `TooManyReplays`. The trainer is respawned (`FailurePolicy::Respawn`,
+//!   at most `max_respawns` per slot) or dropped. Lost while *Reducing* / *Applying*: only
+//!   respawned, every gradient of the step already landed.
+//! - A micro-batch returning an error: `Discard`, then `Finish(Err(Error::MicroBatch))` (an
+//!   [`Error::NonFinite`]: see above).
+//! - A micro-batch running past `micro_batch_timeout` (seen on a tick): `Discard`, the hung
+//!   trainer `Kill`ed (and respawned per policy), then `Finish(Err(Error::Deadline))`.
+//! - A shard server lost: `Finish(Err)` naming it and `Stop`.
+//! - A server call failing: `Finish(Err)` with its error.
+//! - The ledger refusing a hand-out or a completion: the micro-batch is put back (never dropped),
+//!   `Discard`, then `Finish(Err(Error::Ledger))`. Only the machine's own inconsistency can cause
+//!   this (a micro-batch queued twice, a ledger out of step with the slots): a peer's report never
+//!   reaches the ledger unless it was admitted.
+//!
+//! ## Reports are bound to assignments
+//! Every [`Assignment`] carries the token of its (epoch, micro-batch) under the job key
+//! ([`crate::token`]). A report is **admitted** only if its token is that one and its
+//! trainer is the slot running exactly that micro-batch of that epoch. Anything else is dropped
+//! with `Ignore` and a [`Reason::ReportRefused`] naming why ([`ReportRefusal`]): an unknown
+//! trainer, a wrong token (a forgery, an unknown micro-batch, another epoch), a right token in
+//! another trainer's name or from a slot no longer running it, or a duplicate of a report already
+//! counted. A dropped report changes nothing: no slot becomes idle, nothing reaches the ledger,
+//! no step fails, nothing is dispatched. These are the only refusals a peer can cause; they never
+//! fail a step.
+//!
+//! ## Invariants (tested in `step/tests/` and in the workspace's `tests/runtime`)
+//! - **I1 consistency**: `Apply` (publishing version v+1) is issued only after the ledger holds
+//!   every micro-batch of step v and the reduce finished; no trainer has step-v work then.
+//! - **I2 exactly once**: a micro-batch is handed out once per attempt; only admitted reports
+//!   reach the ledger, which counts each micro-batch once; forged, duplicated and reordered reports
+//!   change nothing (`reports_bound_to_assignments` property test); admitted reports of a
+//!   discarded epoch are ignored (the trainer becomes idle); a replay hands every micro-batch out
+//!   again in a fresh epoch, under new tokens.
+//! - **I4 no inner barrier**: a trainer gets its next micro-batch in the decisions answering its
+//!   own report; nothing waits for another trainer before the barrier.
+//! - **I6 liveness**: every step ends (`Finish`) — through the barrier, a typed error, or a
+//!   deadline; no refusal drops work. At most one server command is outstanding at a time: the
+//!   machine waits for its outcome in the `Discarding`, `Reducing` or `Applying` phase.
+//!
+//! ```
+//! use odc_policy::batch::SampleMeta;
+//! use odc_policy::clock::Timestamp;
+//! use odc_policy::step::{Command, StepConfig, StepMachine};
+//! use odc_policy::token::JobKey;
+//! // The supervisor draws the key at random; the machine draws nothing.
+//! let key = JobKey::from_bytes([9; 32]);
+//! let mut m = StepMachine::new(StepConfig::default(), 2, key);
+//! let now = Timestamp::from_nanos(0);
+//! let samples = vec![SampleMeta::new(0, 100), SampleMeta::new(1, 300)];
+//! let decisions = m.start(samples, now);
+//! let slots: Vec<u32> = decisions
+//!     .iter()
+//!     .filter_map(|d| match &d.command {
+//!         Command::Assign { slot, .. } => Some(*slot),
+//!         _ => None,
+//!     })
+//!     .collect();
+//! assert_eq!(slots, vec![0, 1]);
+//! println!("{}", decisions[0].reason);
+//! ```
+
+use std::time::Duration;
+
+use crate::assignment::{Assignment, TrainerReport};
+use crate::balancer::{
+    plan_dynamic_filled, plan_dynamic_weighted_filled, plan_equal_count, plan_static,
+    plan_static_weighted, CostModel,
+};
+use crate::batch::{LossWeighting, MicroBatch, SampleMeta};
+use crate::clock::Timestamp;
+use crate::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
+use crate::error::{Error, NonFiniteAt};
+use crate::ledger::{Ledger, LedgerError};
+use crate::recovery::{may_replay, must_replay, slot_fate, FailurePolicy, SlotFate};
+use crate::schedule::LrSchedule;
+use crate::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
+use crate::straggler::SpeedEstimator;
+use crate::token::JobKey;
+
+mod config;
+mod decision;
+mod machine;
+mod planning;
+mod run;
+#[cfg(test)]
+mod tests;
+
+use config::MAX_TICK;
+pub use config::{NonFinite, StepConfig, DEFAULT_MICRO_BATCH_TIMEOUT};
+pub use decision::{Command, Decision, Reason, ReportRefusal};
+use run::*;
+
+/// The supervisor's state and decisions (see the [module docs](self)).
+#[derive(Debug, Clone)]
+pub struct StepMachine {
+    config: StepConfig,
+    /// Signs every assignment's token and checks every report's.
+    key: JobKey,
+    slots: Vec<Slot>,
+    speeds: SpeedEstimator,
+    version: u64,
+    /// Steps skipped for non-finite gradients ([`NonFinite::SkipStep`]).
+    skipped: u64,
+    epoch: u64,
+    run: Option<Run>,
+    stopped: Option<Error>,
+}
+
+fn decision(command: Command, reason: Reason) -> Decision {
+    Decision { command, reason }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

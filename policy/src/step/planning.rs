@@ -1,0 +1,213 @@
+//! Planning an attempt for the live trainers and handing out micro-batches (static lists, or
+//! dynamic dispatch with stealing).
+
+use super::*;
+
+impl StepMachine {
+    /// Plan `samples` for the live slots: a fresh attempt.
+    pub(super) fn plan(&self, samples: &[SampleMeta]) -> Result<Attempt, Error> {
+        let live: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].presence == Presence::Live)
+            .collect();
+        if live.is_empty() {
+            return Err(Error::NoTrainers {
+                step: self.global_step(),
+            });
+        }
+        let tokens: Vec<u64> = samples.iter().map(|s| s.tokens).collect();
+        let c = &self.config;
+        let measured = || -> Vec<f64> {
+            let all = self.speeds.speeds();
+            live.iter()
+                .map(|&s| all.get(s).copied().unwrap_or(1.0))
+                .collect()
+        };
+        // The fill floor in tokens (`min_fill` in 0..=1, so at most the budget).
+        let fill = (c.min_fill.clamp(0.0, 1.0) * c.token_budget as f64) as u64;
+        let plan = match (c.communication, c.dispatch, c.rebalance) {
+            (Communication::Collective, _, _) => {
+                if live.len() != self.slots.len() {
+                    return Err(Error::Config(format!(
+                        "collective mode needs all {} trainers, {} are left",
+                        self.slots.len(),
+                        live.len()
+                    )));
+                }
+                plan_equal_count(&tokens, &c.cost, live.len(), c.token_budget)?
+            }
+            (Communication::OnDemand, DispatchMode::Static, true) => {
+                plan_static_weighted(&tokens, &c.cost, &measured(), c.token_budget)?
+            }
+            (Communication::OnDemand, DispatchMode::Dynamic, true) => {
+                plan_dynamic_weighted_filled(&tokens, &c.cost, &measured(), c.token_budget, fill)?
+            }
+            (Communication::OnDemand, DispatchMode::Static, false) => {
+                plan_static(&tokens, &c.cost, live.len(), c.token_budget)?
+            }
+            (Communication::OnDemand, DispatchMode::Dynamic, false) => {
+                plan_dynamic_filled(&tokens, &c.cost, live.len(), c.token_budget, fill)?
+            }
+        };
+        let micro_batches: Vec<MicroBatch> = plan
+            .micro_batches
+            .iter()
+            .enumerate()
+            .map(|(id, mb)| MicroBatch {
+                // The parameter version every read of it must return (I1).
+                step: self.version,
+                id: id as u32,
+                samples: mb
+                    .samples
+                    .iter()
+                    .filter_map(|&i| samples.get(i).copied())
+                    .collect(),
+                tokens: mb.tokens,
+                cost: mb.cost,
+                weighting: c.weighting,
+            })
+            .collect();
+        Ok(Attempt {
+            epoch: self.epoch,
+            queue: WorkQueue::new(&plan, &live, self.slots.len()),
+            ledger: Ledger::new(micro_batches.len()),
+            micro_batches,
+            loss_sum: 0.0,
+            trainers: vec![TrainerStepStats::default(); self.slots.len()],
+            log: Vec::new(),
+        })
+    }
+
+    /// Whether idle trainers steal (dynamic dispatch, on-demand mode).
+    pub(super) fn steals(&self) -> bool {
+        self.config.dispatch == DispatchMode::Dynamic
+            && self.config.communication == Communication::OnDemand
+    }
+
+    /// Every slot as dispatch sees it now: measured speeds (`rebalance`) or all equal, and the
+    /// estimated rest of its current micro-batch ([`Outlook::busy`]).
+    pub(super) fn outlooks(&self, now: Timestamp) -> Vec<Outlook> {
+        let measured = self.speeds.speeds();
+        let mean = measured.iter().sum::<f64>() / measured.len().max(1) as f64;
+        self.slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let speed = if self.config.rebalance {
+                    measured.get(i).copied().unwrap_or(mean)
+                } else {
+                    mean
+                };
+                let outlook = match s.busy {
+                    Some(b) => {
+                        let ran = now.saturating_duration_since(b.since).as_secs_f64();
+                        Outlook::busy(speed, b.cost, ran)
+                    }
+                    None => Outlook::idle(speed),
+                };
+                Outlook {
+                    live: s.presence == Presence::Live,
+                    ..outlook
+                }
+            })
+            .collect()
+    }
+
+    /// Hand the next micro-batch to every idle live trainer (Computing only).
+    pub(super) fn dispatch(&mut self, now: Timestamp) -> Vec<Decision> {
+        let mut out = Vec::new();
+        let steals = self.steals();
+        for slot in 0..self.slots.len() {
+            let computing = self
+                .run
+                .as_ref()
+                .is_some_and(|r| matches!(r.phase, Phase::Computing));
+            if !computing || self.stopped.is_some() {
+                break;
+            }
+            let s = &self.slots[slot];
+            if s.presence != Presence::Live || s.busy.is_some() {
+                continue;
+            }
+            let own = self
+                .run
+                .as_ref()
+                .is_some_and(|r| r.attempt.queue.own(slot).next().is_some());
+            // Estimates only when they are needed (a steal).
+            let outlooks = if steals && !own {
+                self.outlooks(now)
+            } else {
+                Vec::new()
+            };
+            let Some(run) = self.run.as_mut() else {
+                break;
+            };
+            let a = &mut run.attempt;
+            let (mb, origin, reason) = match a.queue.next_own(slot) {
+                Some(mb) => (mb, slot, Reason::OwnList),
+                None if steals => match a.queue.steal(slot, &outlooks) {
+                    Some(st) => (
+                        st.micro_batch,
+                        st.from,
+                        Reason::Stolen {
+                            from: st.from as u32,
+                            thief_finish: Duration::try_from_secs_f64(st.thief_finish)
+                                .unwrap_or(Duration::MAX),
+                            victim_finish: Duration::try_from_secs_f64(st.victim_finish).ok(),
+                        },
+                    ),
+                    None => continue,
+                },
+                None => continue,
+            };
+            if let Err(refusal) = a.ledger.assign(mb, slot) {
+                // Never drop work: put it back where it came from, then fail the step.
+                a.queue.put_back(origin, mb);
+                out.extend(self.refused(refusal));
+                break;
+            }
+            let Some(micro_batch) = a.micro_batches.get(mb).cloned() else {
+                // The queue named a micro-batch the plan does not have; the ledger refused
+                // already (Unknown), so this is unreachable; never hand out nothing.
+                break;
+            };
+            self.slots[slot].busy = Some(Busy {
+                epoch: self.epoch,
+                micro_batch: mb,
+                since: now,
+                cost: micro_batch.cost,
+            });
+            out.push(decision(
+                Command::Assign {
+                    slot: slot as u32,
+                    assignment: Assignment {
+                        token: self.key.token(self.epoch, micro_batch.id),
+                        micro_batch,
+                        epoch: self.epoch,
+                    },
+                },
+                reason,
+            ));
+        }
+        out
+    }
+
+    /// Test-only: queue `micro_batch` a second time, at the front of `slot`'s list.
+    #[cfg(test)]
+    pub(super) fn double_queue(&mut self, slot: usize, micro_batch: usize) {
+        if let Some(run) = self.run.as_mut() {
+            run.attempt.queue.put_back(slot, micro_batch);
+        }
+    }
+
+    /// Test-only: make the ledger believe `micro_batch` is held by `trainer` (which is not
+    /// running it), while it is still in the queue.
+    #[cfg(test)]
+    pub(super) fn corrupt_ledger(&mut self, micro_batch: usize, trainer: usize) {
+        if let Some(run) = self.run.as_mut() {
+            run.attempt
+                .ledger
+                .assign(micro_batch, trainer)
+                .expect("pending micro-batch");
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The step machine's tests, by topic; the helpers and the simulated [`World`] they share.
+
+use std::collections::VecDeque;
+
+use super::*;
+use crate::assignment::MicroBatchDone;
+use crate::batch::ComputeOutput;
+use crate::stats::MicroBatchStats;
+
+/// The key of every machine under test.
+fn key() -> JobKey {
+    JobKey::from_bytes([0x42; JobKey::LEN])
+}
+
+fn ms(n: u64) -> Timestamp {
+    Timestamp::from_nanos(n * 1_000_000)
+}
+
+/// `n` samples of `tokens` tokens each.
+fn samples(n: u64, tokens: u64) -> Vec<SampleMeta> {
+    (0..n).map(|i| SampleMeta::new(i, tokens)).collect()
+}
+
+/// Linear cost, one sample of 100 tokens per micro-batch, static dispatch.
+fn config() -> StepConfig {
+    StepConfig {
+        dispatch: DispatchMode::Static,
+        cost: CostModel::linear(),
+        token_budget: 100,
+        ..StepConfig::default()
+    }
+}
+
+fn ok_report(slot: u32, a: &Assignment, started: Timestamp, finished: Timestamp) -> TrainerReport {
+    TrainerReport {
+        trainer: slot,
+        epoch: a.epoch,
+        micro_batch: a.micro_batch.id,
+        token: a.token,
+        started,
+        finished,
+        result: Ok(MicroBatchDone {
+            output: ComputeOutput {
+                loss_sum: a.micro_batch.tokens as f64,
+            },
+            stats: MicroBatchStats::default(),
+        }),
+    }
+}
+
+fn names(ds: &[Decision]) -> Vec<&'static str> {
+    ds.iter().map(|d| d.command.name()).collect()
+}
+
+fn assigned(ds: &[Decision]) -> Vec<(u32, Assignment)> {
+    ds.iter()
+        .filter_map(|d| match &d.command {
+            Command::Assign { slot, assignment } => Some((*slot, assignment.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+enum Pending {
+    Reduced,
+    Applied,
+    Discarded,
+    Started(u32),
+}
+
+/// A simulated world around a machine: trainers run at `speeds` (cost units per second) in
+/// simulated time, `hung` ones never finish; server calls and respawns succeed at once.
+struct World {
+    m: StepMachine,
+    now: Timestamp,
+    speeds: Vec<f64>,
+    hung: Vec<bool>,
+    /// Per slot: the assignment it runs, since, until.
+    running: Vec<Option<(Assignment, Timestamp, Timestamp)>>,
+    pending: VecDeque<Pending>,
+    log: Vec<Decision>,
+    finished: Option<Result<StepStats, Error>>,
+    stopped: bool,
+}
+
+impl World {
+    fn new(config: StepConfig, speeds: &[f64]) -> Self {
+        World {
+            m: StepMachine::new(config, speeds.len() as u32, key()),
+            now: ms(0),
+            speeds: speeds.to_vec(),
+            hung: vec![false; speeds.len()],
+            running: vec![None; speeds.len()],
+            pending: VecDeque::new(),
+            log: Vec::new(),
+            finished: None,
+            stopped: false,
+        }
+    }
+
+    fn apply(&mut self, ds: Vec<Decision>) {
+        for d in ds {
+            match &d.command {
+                Command::Assign { slot, assignment } => {
+                    let s = *slot as usize;
+                    assert!(self.running[s].is_none(), "slot {s} got two assignments");
+                    let secs = assignment.micro_batch.cost / self.speeds[s];
+                    let end = if self.hung[s] {
+                        Timestamp::from_nanos(u64::MAX)
+                    } else {
+                        self.now + Duration::from_secs_f64(secs)
+                    };
+                    self.running[s] = Some((assignment.clone(), self.now, end));
+                }
+                Command::Reduce { .. } => self.pending.push_back(Pending::Reduced),
+                Command::Apply { .. } => self.pending.push_back(Pending::Applied),
+                Command::Discard { .. } => self.pending.push_back(Pending::Discarded),
+                Command::Respawn { slot } => self.pending.push_back(Pending::Started(*slot)),
+                Command::Kill { slot } => self.running[*slot as usize] = None,
+                Command::Finish(r) => self.finished = Some(r.clone()),
+                Command::Reject(_) | Command::Ignore => {}
+                Command::Stop(_) => self.stopped = true,
+            }
+            self.log.push(d);
+        }
+    }
+
+    /// One event: a server outcome, else the next trainer report. False when nothing can
+    /// happen any more (a step that is not finished then has stalled).
+    fn event(&mut self) -> bool {
+        let now = self.now;
+        if let Some(p) = self.pending.pop_front() {
+            let ds = match p {
+                Pending::Reduced => self.m.on_reduced(Ok(4.0), now),
+                Pending::Applied => self.m.on_applied(Ok(()), now),
+                Pending::Discarded => self.m.on_discarded(Ok(()), now),
+                Pending::Started(slot) => {
+                    self.running[slot as usize] = None;
+                    self.m.on_trainer_started(slot, now)
+                }
+            };
+            self.apply(ds);
+            return true;
+        }
+        let next = (0..self.running.len())
+            .filter_map(|s| self.running[s].as_ref().map(|r| (s, r.2)))
+            .filter(|&(s, _)| !self.hung[s])
+            .min_by_key(|&(s, end)| (end, s));
+        let Some((slot, end)) = next else {
+            return false;
+        };
+        self.now = end;
+        let Some((a, since, end)) = self.running[slot].take() else {
+            return false;
+        };
+        let ds = self
+            .m
+            .on_report(ok_report(slot as u32, &a, since, end), end);
+        self.apply(ds);
+        true
+    }
+
+    /// Run until the step finishes: its result, or `None` if it stalled.
+    fn finish(&mut self) -> Option<Result<StepStats, Error>> {
+        while self.finished.is_none() && !self.stopped {
+            if !self.event() {
+                break;
+            }
+        }
+        self.finished.take()
+    }
+
+    fn step(&mut self, samples: Vec<SampleMeta>) -> Option<Result<StepStats, Error>> {
+        self.log.clear();
+        let ds = self.m.start(samples, self.now);
+        self.apply(ds);
+        self.finish()
+    }
+}
+
+mod barrier;
+mod deadlines;
+mod dispatch;
+mod failures;
+mod non_finite;
+mod reports;
