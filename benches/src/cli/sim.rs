@@ -1,0 +1,284 @@
+//! `odc-bench sim`: the scale projection in virtual time on a modelled cluster, and the long-
+//! sequence table.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use odc_bench::ab::{self};
+use odc_bench::input;
+
+use super::*;
+
+#[derive(Args)]
+pub(crate) struct SimArgs {
+    /// Device counts (nodes of 8 GPUs in the long-sequence table).
+    #[arg(long, value_delimiter = ',', value_parser = devices, default_value = "8,64,256,1024")]
+    pub(crate) devices: Vec<usize>,
+    /// Workloads: longalign, swesmith, rl, balanced (the balanced control runs at every device
+    /// count anyway).
+    #[arg(long, value_delimiter = ',', default_value = "longalign,swesmith,rl")]
+    pub(crate) workloads: Vec<String>,
+    /// A file of sequence lengths (one positive integer per line), as another workload.
+    #[arg(long)]
+    pub(crate) lengths: Option<PathBuf>,
+    /// Samples per device in a minibatch.
+    #[arg(long, default_value_t = 4, value_parser = per_device)]
+    pub(crate) minibatch_per_device: usize,
+    /// Minibatches per run.
+    #[arg(long, default_value_t = 2, value_parser = steps)]
+    pub(crate) steps: u64,
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// The built-in H100 profile's layer shape (PAPERS.md's table): 7b or 1.5b.
+    #[arg(long, default_value = "7b")]
+    pub(crate) model: String,
+    /// Transformer blocks of the modelled model.
+    #[arg(long, default_value_t = 28)]
+    pub(crate) layers: u32,
+    /// A profile of measured points (`odc-bench calibrate --json`) to use instead of the
+    /// built-in table; `--model` then names its model (or `block-<model>`).
+    #[arg(long)]
+    pub(crate) profile: Option<PathBuf>,
+    /// On-demand dispatch. `static` (default, ODC's LB-Mini): each device's samples packed into
+    /// as few micro-batches as the token budget allows. `dynamic` makes more, smaller
+    /// micro-batches; with links modelled each pays a full parameter gather and gradient push,
+    /// which from 64 devices costs more than it balances.
+    #[arg(long, value_enum, default_value = "static")]
+    pub(crate) dispatch: Dispatch,
+    /// Devices per shard server in the runtime rows (default: one server for all devices). The
+    /// modelled placement stays one shard per device (a server's regions are striped over its
+    /// devices' links), so this only changes the simulation's cost: one server is the cheapest
+    /// (one read per gather).
+    #[arg(long, value_parser = devices)]
+    pub(crate) devices_per_server: Option<usize>,
+    #[command(flatten)]
+    pub(crate) cluster: ClusterArgs,
+    /// Skip the runtime rows (only the long-sequence table, from the models).
+    #[arg(long)]
+    pub(crate) no_runtime: bool,
+    /// Write the runtime rows as JSON (and PATH.split.json: the long-sequence table).
+    #[arg(long)]
+    pub(crate) json: Option<PathBuf>,
+    /// Write an SVG of speedup against devices, as ODC's figure: on-demand/collective per workload
+    /// (runtime rows), and on-demand/achievable with the long-sequence table's step time against
+    /// perfect balance without and with splitting.
+    #[arg(long)]
+    pub(crate) plot: Option<PathBuf>,
+}
+
+/// The modelled cluster of `odc-bench sim` and `odc-bench ab`.
+#[derive(Args, Clone)]
+pub(crate) struct ClusterArgs {
+    /// Links: `h100` = nodes of `--gpus-per-node` H100s, NVLink 450 GB/s inside a node, a
+    /// 400 Gb/s NIC per GPU across nodes, as FIFO queues per device and direction; `none` =
+    /// communication is free in virtual time (`ab`: or `--unit-transfer-ms`'s one link per
+    /// device). Default: `h100` for `sim`, `none` for `ab`.
+    #[arg(long, value_enum)]
+    pub(crate) links: Option<LinksArg>,
+    #[arg(long, default_value_t = 8, value_parser = gpus_per_node)]
+    pub(crate) gpus_per_node: u32,
+    /// Turn off ODC's hierarchical partitioning (HPZ, on by default): the first pull of a unit in a
+    /// node leaves a copy there, spread over its GPUs; the node's later pulls of it stay on
+    /// NVLink.
+    #[arg(long)]
+    pub(crate) no_hpz: bool,
+    /// On-demand cross-node transfers: `striped` (default: over every NIC of the node through
+    /// NVLink proxies, Zeppelin's routing layer) or `direct` (source and destination NICs only).
+    /// The collective's ring always crosses nodes on every NIC (NCCL's channels).
+    #[arg(long, value_enum, default_value = "striped")]
+    pub(crate) routing: RoutingArg,
+    /// What parameters are pulled (on-demand) and all-gathered (collective) as. Default: bf16 for
+    /// `sim`, f32 for `ab`.
+    #[arg(long, value_enum)]
+    pub(crate) pull_precision: Option<PrecisionArg>,
+}
+
+impl ClusterArgs {
+    /// The modelled cluster, if `--links h100` (`sim` sets it by default), at `bytes_scale`
+    /// modelled bytes per emulated byte.
+    pub(crate) fn fabric(&self, bytes_scale: f64) -> Option<odc_bench::fabric::FabricConfig> {
+        (self.links == Some(LinksArg::H100)).then_some(odc_bench::fabric::FabricConfig {
+            gpus_per_node: self.gpus_per_node,
+            routing: match self.routing {
+                RoutingArg::Direct => odc_bench::sim::topology::Routing::Direct,
+                RoutingArg::Striped => odc_bench::sim::topology::Routing::Striped,
+            },
+            hpz: !self.no_hpz,
+            bytes_scale,
+        })
+    }
+
+    /// The pull precision (fp32 without `--pull-precision`; `sim` sets bf16 by default).
+    pub(crate) fn precision(&self) -> odc::Precision {
+        match self.pull_precision {
+            Some(PrecisionArg::Bf16) => odc::Precision::Bf16,
+            None | Some(PrecisionArg::F32) => odc::Precision::F32,
+        }
+    }
+}
+
+/// `--links`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LinksArg {
+    H100,
+    None,
+}
+
+/// `--routing`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum RoutingArg {
+    Direct,
+    Striped,
+}
+
+/// `--pull-precision`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PrecisionArg {
+    Bf16,
+    F32,
+}
+
+pub(crate) fn bytes_scale(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && (1.0..=1e9).contains(&x) => Ok(x),
+        _ => Err(format!(
+            "{s:?}: the bytes scale must be a number from 1 to 1e9"
+        )),
+    }
+}
+
+pub(crate) fn gpus_per_node(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(g @ 1..=64) => Ok(g),
+        _ => Err(format!(
+            "{s:?}: GPUs per node must be an integer from 1 to 64"
+        )),
+    }
+}
+
+/// `odc-bench sim`: the `ab` matrix on the virtual clock with an H100 profile's cost, then the
+/// long-sequence table of `odc_bench::sim::report`.
+pub(crate) async fn sim(args: SimArgs) -> anyhow::Result<()> {
+    use odc_bench::sim::profile::{DeviceProfile, ModelShape};
+    use odc_bench::sim::report::{join, joined_table, split_rows, split_table};
+
+    let profile = match &args.profile {
+        Some(path) => DeviceProfile::from_file(path, &args.model, args.layers)?,
+        None => DeviceProfile::builtin(args.model.parse::<ModelShape>()?, args.layers)?,
+    };
+    let split_path = args.json.as_ref().map(|p| with_suffix(p, ".split.json"));
+    if let Some(path) = &split_path {
+        input::check_output("--json", path)?;
+    }
+    if let Some(path) = &args.plot {
+        input::check_output("--plot", path)?;
+    }
+    let workloads = workloads(&sim_ab_args(&args, None))?;
+    // The runtime's cost model is the profile's block fit `a·ŝ² + b·ŝ` (seconds per block),
+    // times the blocks: 1 cost unit = layers × 1 ms.
+    let block = profile.block();
+    let cost = odc::CostModel::quadratic(block.a_s * 1e3, block.b_s * 1e3);
+    println!(
+        "odc-bench sim: profile {} ({} blocks of {} M parameters); runtime rows priced by its fit a = {:.2} ms, b = {:.2} ms per block (ŝ = tokens / 32,000), {}",
+        profile.source,
+        profile.layers,
+        profile.layer_params / 1_000_000,
+        block.a_s * 1e3,
+        block.b_s * 1e3,
+        if args.cluster.links == Some(LinksArg::None) {
+            "no link model (communication free)"
+        } else {
+            "links of H100 nodes"
+        }
+    );
+    let runtime = if args.no_runtime {
+        Vec::new()
+    } else {
+        let name = format!("{} fit × {} blocks", profile.source, profile.layers);
+        let mut ab_args = sim_ab_args(&args, Some((cost, name)));
+        // `sim`'s defaults: links of H100 nodes, bf16 pulls; one emulated element stands for
+        // `layers / units` blocks' parameters.
+        ab_args.cluster.links.get_or_insert(LinksArg::H100);
+        ab_args
+            .cluster
+            .pull_precision
+            .get_or_insert(PrecisionArg::Bf16);
+        let modelled_unit = profile.layer_params as f64 * f64::from(profile.layers);
+        ab_args.bytes_scale = modelled_unit / (ab_args.units * ab_args.unit_elems) as f64;
+        ab(ab_args).await?.rows
+    };
+
+    println!();
+    println!(
+        "Long sequences: step time against perfect balance without and with context-parallel splitting ({} samples per device, nodes of 8 H100s; modelled from the profile and the topology, not measured)",
+        args.minibatch_per_device
+    );
+    let devices: Vec<u32> = args.devices.iter().map(|&d| d as u32).collect();
+    let mut rows = Vec::new();
+    for w in workloads.iter().filter(|w| w.name() != "balanced") {
+        let budget = ab::default_token_budget(w);
+        rows.extend(split_rows(
+            w,
+            &devices,
+            args.minibatch_per_device,
+            args.seed,
+            &profile,
+            budget,
+        )?);
+    }
+    print!("{}", split_table(&rows));
+    if !runtime.is_empty() {
+        println!();
+        println!(
+            "Runtime rows (virtual time) beside the model's splitting columns, per workload and device count:"
+        );
+        print!("{}", joined_table(&join(&runtime, &rows)));
+    }
+    if let Some(path) = &split_path {
+        let json = serde_json::json!({ "profile": profile.source, "rows": rows });
+        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        odc_bench::sim::plot::write(path, &profile.source, profile.layers, &runtime, &rows)?;
+        println!("plot: {}", path.display());
+    }
+    Ok(())
+}
+
+/// The `ab` arguments of `odc-bench sim`'s runtime rows: virtual clock, one repetition, no
+/// straggler, the balanced control on.
+pub(crate) fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>) -> AbArgs {
+    AbArgs {
+        quick: false,
+        workloads: args.workloads.clone(),
+        lengths: args.lengths.clone(),
+        devices: args.devices.clone(),
+        minibatch_per_device: vec![args.minibatch_per_device],
+        dispatch: vec![args.dispatch],
+        token_budget: None,
+        steps: args.steps,
+        reps: 1,
+        seed: args.seed,
+        // 1 cost unit = 1 ms per block.
+        time_scale_ms: f64::from(args.layers.max(1)),
+        unit_elems: 16 * 1024,
+        unit_transfer_ms: 0.0,
+        units: 4,
+        no_straggler: true,
+        no_control: false,
+        json: args.json.clone(),
+        // `sim` draws its own plot from the rows.
+        plot: None,
+        trace: None,
+        clock: ClockArg::Virtual,
+        // One server for every row by default: the largest row's device count.
+        devices_per_server: args
+            .devices_per_server
+            .unwrap_or_else(|| args.devices.iter().copied().max().unwrap_or(1)),
+        cost,
+        cluster: args.cluster.clone(),
+        bytes_scale: 1.0,
+    }
+}
