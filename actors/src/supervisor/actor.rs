@@ -94,20 +94,7 @@ impl Actor for Supervisor {
             node,
             placement,
         } = args;
-        if spec.trainers == 0 {
-            return Err(Error::Zero {
-                what: "trainer".into(),
-            }
-            .into());
-        }
-        if spec.servers == 0 {
-            return Err(Error::Zero {
-                what: "shard server".into(),
-            }
-            .into());
-        }
-        spec.optimizer.validate().map_err(Error::from)?;
-        spec.step.cost.validate().map_err(Error::from)?;
+        spec.validate()?;
         if spec.step.communication == Communication::Collective {
             match &node.collective {
                 Some(group) if group.size() == spec.trainers => {}

@@ -5,6 +5,7 @@
 
 mod actor;
 pub mod placement;
+mod spec;
 
 pub use crate::messages::{ServerOutcome, SupervisorMsg, SupervisorSpec};
 pub use actor::{Supervisor, SupervisorArgs, SupervisorState};

@@ -73,6 +73,24 @@ pub enum Direction {
     Backward,
 }
 
+impl ContextConfig {
+    /// Checks that transfers can move (a chunk of at least one element) and end (a positive
+    /// transfer deadline), naming the first field that is not in range.
+    pub fn validate(&self) -> Result<()> {
+        if self.chunk_elems == 0 {
+            return Err(Error::Config(
+                "chunk size must be at least one element".into(),
+            ));
+        }
+        if self.transfer_timeout.is_zero() {
+            return Err(Error::Config(
+                "the transfer timeout must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 pub use odc_policy::stats::MicroBatchStats;
 
 /// Resolves when every owner acknowledged one `push_grad`.

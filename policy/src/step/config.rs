@@ -85,3 +85,41 @@ impl Default for StepConfig {
         }
     }
 }
+
+impl StepConfig {
+    /// Checks every field a step needs in range, naming the first that is not: the cost model
+    /// and the schedule, a positive token budget and micro-batch deadline, a fill floor in
+    /// `0..=1`, a positive finite clip norm, and a failure policy collective mode can run
+    /// (it needs every trainer). The job builder and the supervisor both run it.
+    pub fn validate(&self) -> Result<(), Error> {
+        self.cost.validate()?;
+        self.schedule.validate().map_err(Error::Config)?;
+        if self.token_budget == 0 {
+            return Err(Error::Config("token budget must be positive".into()));
+        }
+        if !(0.0..=1.0).contains(&self.min_fill) {
+            return Err(Error::Config(format!(
+                "the micro-batch fill floor is a fraction of the token budget in 0..=1, got {}",
+                self.min_fill
+            )));
+        }
+        if let Some(max) = self.clip_norm {
+            if !(max.is_finite() && max > 0.0) {
+                return Err(Error::Config(format!(
+                    "clip norm must be positive, got {max}"
+                )));
+            }
+        }
+        if self.micro_batch_timeout.is_zero() {
+            return Err(Error::Config(
+                "the micro-batch timeout must be positive".into(),
+            ));
+        }
+        if self.communication == Communication::Collective && self.failure == FailurePolicy::Drop {
+            return Err(Error::Config(
+                "collective mode needs every trainer: use FailurePolicy::Respawn".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,500 @@
+//! [`JobBuilder`]: what a job is made of, and the checks [`JobBuilder::build`] makes before anything
+//! starts (the supervisor's share of them is [`SupervisorSpec::validate`], which it runs again).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use odc_actors::batch::LossWeighting;
+use odc_actors::layout::{ModelLayout, UnitInit, UnitSpec};
+use odc_actors::messages::SupervisorSpec;
+use odc_actors::node::TrainerTransport;
+use odc_actors::policy::balancer::CostModel;
+use odc_actors::policy::clock::{Clock, SystemClock};
+use odc_actors::policy::dispatch::{Communication, DispatchMode};
+use odc_actors::policy::membership::HeartbeatConfig;
+use odc_actors::policy::recovery::FailurePolicy;
+use odc_actors::policy::schedule::LrSchedule;
+use odc_actors::policy::step::{NonFinite, StepConfig};
+use odc_actors::server::optimizer::OptimizerConfig;
+use odc_actors::trainer::{ComputeFactory, ContextConfig};
+use odc_actors::{Error, Result};
+use odc_transport::{Dtype, Transport};
+
+use crate::checkpoint::TrainState;
+use crate::data::DataSource;
+use crate::launch::{Roles, World};
+
+use super::*;
+
+/// Precision of the parameter copy trainers pull.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Half the bytes of fp32; masters stay fp32 at the servers.
+    #[default]
+    Bf16,
+    F32,
+}
+
+impl Precision {
+    fn dtype(self) -> Dtype {
+        match self {
+            Precision::Bf16 => Dtype::Bf16,
+            Precision::F32 => Dtype::F32,
+        }
+    }
+}
+
+/// Default [`JobBuilder::step_timeout`].
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Default [`JobBuilder::parameters_timeout`].
+pub const DEFAULT_PARAMETERS_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default [`JobBuilder::join_timeout`].
+pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Builds a [`Job`]. Defaults: 1 trainer, 1 server, AdamW(lr 1e-3), dynamic dispatch, the 7B cost
+/// model, 65,536-token micro-batches, token-mean loss, bf16 pulls, prefetch 1, local transport;
+/// deadlines: 600 s per micro-batch, 3600 s per step, 600 s for reading the parameters.
+///
+/// A job spans several processes (and hosts) when given a [`World`] of more than one rank
+/// ([`JobBuilder::world`]): every rank runs the same program, rank 0 hosts the supervisor and
+/// feeds the data, and by default every rank hosts one shard server and one trainer
+/// ([`JobBuilder::roles`] places them otherwise). `Job::step` returns the same outcome on every
+/// rank.
+pub struct JobBuilder {
+    units: Vec<UnitSpec>,
+    trainers: Option<usize>,
+    servers: Option<usize>,
+    optimizer: OptimizerConfig,
+    policy: StepConfig,
+    step_timeout: Duration,
+    parameters_timeout: Duration,
+    precision: Precision,
+    context: ContextConfig,
+    compute: Option<Arc<dyn ComputeFactory>>,
+    data: Option<Box<dyn DataSource>>,
+    transport: Option<Arc<dyn Transport>>,
+    trainer_transport: Option<TrainerTransport>,
+    collective_node_size: u32,
+    world: Option<World>,
+    roles: Option<Roles>,
+    join_timeout: Duration,
+    heartbeat: HeartbeatConfig,
+    resume: Option<TrainState>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for JobBuilder {
+    fn default() -> Self {
+        JobBuilder {
+            units: Vec::new(),
+            trainers: None,
+            servers: None,
+            optimizer: OptimizerConfig::adamw(1e-3),
+            policy: StepConfig::default(),
+            step_timeout: DEFAULT_STEP_TIMEOUT,
+            parameters_timeout: DEFAULT_PARAMETERS_TIMEOUT,
+            precision: Precision::default(),
+            context: ContextConfig::default(),
+            compute: None,
+            data: None,
+            transport: None,
+            trainer_transport: None,
+            collective_node_size: 1,
+            world: None,
+            roles: None,
+            join_timeout: DEFAULT_JOIN_TIMEOUT,
+            heartbeat: HeartbeatConfig::default(),
+            resume: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl JobBuilder {
+    /// Append a unit to the model layout (units are gathered in the order added).
+    pub fn unit(mut self, unit: UnitSpec) -> Self {
+        self.units.push(unit);
+        self
+    }
+
+    /// Replace the model layout.
+    pub fn units(mut self, units: impl IntoIterator<Item = UnitSpec>) -> Self {
+        self.units = units.into_iter().collect();
+        self
+    }
+
+    /// Trainers in the job (default 1; in a multi-process job one per rank).
+    pub fn trainers(mut self, n: usize) -> Self {
+        self.trainers = Some(n);
+        self
+    }
+
+    /// Shard servers in the job (default 1; in a multi-process job one per rank).
+    pub fn servers(mut self, n: usize) -> Self {
+        self.servers = Some(n);
+        self
+    }
+
+    /// Join a multi-process job: this process's rank, the world size, the coordinator, the
+    /// secret and the transport (from [`World::from_env`] under `odc launch`, torchrun or Slurm).
+    /// A world of one process is a plain single-process job.
+    pub fn world(mut self, world: World) -> Self {
+        self.world = Some(world);
+        self
+    }
+
+    /// Which rank hosts which servers and trainers (multi-process jobs; default: servers and
+    /// trainers dealt over the ranks in turn, one of each per rank unless counts are given).
+    pub fn roles(mut self, roles: Roles) -> Self {
+        self.roles = Some(roles);
+        self
+    }
+
+    /// Longest a multi-process job waits to assemble (every rank connected, every actor
+    /// started) and for the other ranks at shutdown. Default 120 s.
+    pub fn join_timeout(mut self, timeout: Duration) -> Self {
+        self.join_timeout = timeout;
+        self
+    }
+
+    /// The control plane's heartbeat in a multi-process job: the coordinator asks every rank
+    /// every `interval`, and a rank silent for `timeout` is treated as lost, exactly as a killed
+    /// one (its trainers' work is replayed; a lost shard server ends the job, for `odc launch
+    /// --max-restarts` to restart from the newest checkpoint); other ranks end with an error when
+    /// the coordinator is silent as long. Default 1 s / 10 s; the timeout must exceed the
+    /// interval. Every rank must use the same values.
+    pub fn heartbeat(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.heartbeat = HeartbeatConfig { interval, timeout };
+        self
+    }
+
+    pub fn optimizer(mut self, optimizer: OptimizerConfig) -> Self {
+        self.optimizer = optimizer;
+        self
+    }
+
+    /// On-demand (default) or the collective (FSDP-style) baseline.
+    pub fn communication(mut self, communication: Communication) -> Self {
+        self.policy.communication = communication;
+        self
+    }
+
+    /// The collective's trainers per node (default 1: one flat ring over all trainers). With `g`
+    /// dividing the trainer count, every collective runs as a ring over the nodes on each rail,
+    /// then a ring inside each node, as NCCL does across nodes: `nodes + g − 2` messages per
+    /// trainer and collective instead of `trainers − 1`. A `g` that does not divide the trainer
+    /// count keeps the flat ring.
+    pub fn collective_node_size(mut self, g: u32) -> Self {
+        self.collective_node_size = g;
+        self
+    }
+
+    pub fn dispatch(mut self, mode: DispatchMode) -> Self {
+        self.policy.dispatch = mode;
+        self
+    }
+
+    /// Runtime straggler rebalancing: plans weighted by each trainer's measured speed (between
+    /// minibatches), and dynamic dispatch's steals estimated on those speeds.
+    pub fn rebalance(mut self, on: bool) -> Self {
+        self.policy.rebalance = on;
+        self
+    }
+
+    pub fn cost_model(mut self, cost: CostModel) -> Self {
+        self.policy.cost = cost;
+        self
+    }
+
+    /// Token budget of one micro-batch.
+    pub fn token_budget(mut self, tokens: u64) -> Self {
+        self.policy.token_budget = tokens;
+        self
+    }
+
+    /// Dynamic dispatch: fill each micro-batch to at least this fraction of the token budget
+    /// while enough samples are left (default 0: plain guided packing, sizes halving down to
+    /// single samples). Each micro-batch is one pass over the model and one gather of every
+    /// unit, so where that fixed cost is not small against a sample's compute (small models, the
+    /// CPU), a floor such as 0.5 keeps the passes few; stealing gets coarser. In `0..=1`.
+    pub fn micro_batch_min_fill(mut self, fraction: f64) -> Self {
+        self.policy.min_fill = fraction;
+        self
+    }
+
+    pub fn loss_weighting(mut self, weighting: LossWeighting) -> Self {
+        self.policy.weighting = weighting;
+        self
+    }
+
+    /// Clip the global gradient norm (computed with one exchange at the barrier).
+    pub fn clip_grad_norm(mut self, max_norm: f64) -> Self {
+        self.policy.clip_norm = Some(max_norm);
+        self
+    }
+
+    /// What a step does when a gradient, a loss or the global gradient norm is not finite (NaN
+    /// or ±inf). Either way nothing non-finite reaches a parameter: the step's gradients are
+    /// discarded at every shard server, and parameters, optimizer moments and the optimizer's
+    /// step count stay as they were.
+    /// - [`NonFinite::Error`] (default): the step fails with [`Error::NonFinite`] naming where it
+    ///   was found (trainer, micro-batch, sample indices and unit, or the barrier's global norm);
+    ///   the job's step counter does not move, so [`Job::step`] next trains the same minibatch
+    ///   again ([`Job::step_with`] takes others).
+    /// - [`NonFinite::SkipStep`]: like PyTorch's GradScaler skipping `optimizer.step()`, the step
+    ///   returns [`StepStats`] with `skipped` set, `odc_skipped_steps_total` counts it, and the
+    ///   job goes on. A skipped step counts as a step of the job: the step counter, the data
+    ///   source's position and the learning-rate schedule's position move on (as when
+    ///   `scheduler.step()` runs every iteration); the optimizer's step count (AdamW's bias
+    ///   correction) does not.
+    pub fn on_non_finite(mut self, policy: NonFinite) -> Self {
+        self.policy.non_finite = policy;
+        self
+    }
+
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.policy.failure = policy;
+        self
+    }
+
+    /// Replays of one minibatch (after trainer failures) before the step fails.
+    pub fn max_replays(mut self, n: u32) -> Self {
+        self.policy.max_replays = n;
+        self
+    }
+
+    /// Longest a micro-batch may run: past it the step fails with [`Error::Deadline`] naming the
+    /// trainer and micro-batch, and the hung trainer is killed (and respawned per the failure
+    /// policy), so the next step works. Default 600 s.
+    pub fn micro_batch_timeout(mut self, timeout: Duration) -> Self {
+        self.policy.micro_batch_timeout = timeout;
+        self
+    }
+
+    /// Longest [`Job::step`] / [`Job::step_with`] waits for the supervisor's answer; past it the
+    /// call fails with [`Error::Deadline`] (`what: "step"`). Default 3600 s.
+    pub fn step_timeout(mut self, timeout: Duration) -> Self {
+        self.step_timeout = timeout;
+        self
+    }
+
+    /// Longest [`Job::parameters`] waits; past it [`Error::Deadline`] (`what: "parameters"`).
+    /// Default 600 s.
+    pub fn parameters_timeout(mut self, timeout: Duration) -> Self {
+        self.parameters_timeout = timeout;
+        self
+    }
+
+    pub fn pull_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
+    /// Units prefetched ahead of the one being gathered.
+    pub fn prefetch(mut self, depth: u32) -> Self {
+        self.context.prefetch = depth;
+        self
+    }
+
+    /// Chunk size of pulls and pushes, in elements.
+    pub fn chunk_elems(mut self, elems: u64) -> Self {
+        self.context.chunk_elems = elems;
+        self
+    }
+
+    /// Deadline of every gather and gradient push, from when it is issued (a lost peer becomes
+    /// a typed error naming it, never a hang; default 120 s).
+    pub fn transfer_timeout(mut self, timeout: Duration) -> Self {
+        self.context.transfer_timeout = timeout;
+        self
+    }
+
+    /// The user compute, one instance per trainer.
+    pub fn compute(mut self, factory: impl ComputeFactory) -> Self {
+        self.compute = Some(Arc::new(factory));
+        self
+    }
+
+    pub fn data(mut self, source: impl DataSource) -> Self {
+        self.data = Some(Box::new(source));
+        self
+    }
+
+    /// The data-plane backend (default: [`LocalTransport`]).
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+
+    /// Give trainer `rank` the transport `make(rank)` instead of the job's (a single-process
+    /// job only). A simulation's link model uses it to know which device a read, a push or a
+    /// ring message leaves from; each view must move its bytes through the job's transport.
+    pub fn trainer_transport(
+        mut self,
+        make: impl Fn(u32) -> Arc<dyn Transport> + Send + Sync + 'static,
+    ) -> Self {
+        self.trainer_transport = Some(Arc::new(make));
+        self
+    }
+
+    /// The learning rate's schedule: the optimizer's rate times `schedule`'s factor of each global
+    /// step (default: constant).
+    pub fn lr_schedule(mut self, schedule: LrSchedule) -> Self {
+        self.policy.schedule = schedule;
+        self
+    }
+
+    /// Continue from `state` (a checkpoint's, or [`Job::train_state`]): every unit starts from its
+    /// saved values and optimizer state, steps count on from `state.step` (the data source's
+    /// step, the schedule's position). The units added with [`JobBuilder::unit`] give the names
+    /// and lengths, which must match, and which units are frozen: a frozen unit drops whatever
+    /// optimizer state `state` holds for it, and a unit frozen in `state` (0 steps, no buffers)
+    /// that trains now starts a fresh optimizer state.
+    pub fn resume(mut self, state: TrainState) -> Self {
+        self.resume = Some(state);
+        self
+    }
+
+    /// The clock the job's stats and timelines are read from (default [`SystemClock`]). A
+    /// simulation on tokio's paused runtime passes [`crate::sim::clock::VirtualClock`], so step
+    /// times, spans and the supervisor's deadlines follow virtual time; the transport's
+    /// deadlines follow tokio's clock either way. A runtime choice: the job's code is the same.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Validate the configuration.
+    pub fn build(mut self) -> Result<Job> {
+        let world = self.world.clone().filter(|w| w.world_size > 1);
+        let roles = match (&world, &self.roles) {
+            (None, _) => None,
+            (Some(_), Some(roles)) => Some(roles.clone()),
+            (Some(w), None) => Some(Roles::round_robin(
+                self.trainers.unwrap_or(w.world_size as usize),
+                self.servers.unwrap_or(w.world_size as usize),
+                w.world_size,
+            )),
+        };
+        let (trainers, servers) = match &roles {
+            Some(r) => (r.trainer_ranks.len(), r.server_ranks.len()),
+            None => (self.trainers.unwrap_or(1), self.servers.unwrap_or(1)),
+        };
+        if let (Some(w), Some(r)) = (&world, &roles) {
+            r.validate(w.world_size).map_err(Error::Config)?;
+            for (what, given, placed) in [
+                ("trainers", self.trainers, trainers),
+                ("servers", self.servers, servers),
+            ] {
+                if given.is_some_and(|n| n != placed) {
+                    return Err(Error::Config(format!(
+                        "{} {what} asked for, but the roles place {placed} ({r})",
+                        given.unwrap_or(0)
+                    )));
+                }
+            }
+            if w.coordinator.is_none() {
+                return Err(Error::Config(format!(
+                    "a world of {} processes needs the coordinator's address",
+                    w.world_size
+                )));
+            }
+        }
+        for (what, d) in [
+            ("step", self.step_timeout),
+            ("parameters", self.parameters_timeout),
+            ("join", self.join_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(Error::Config(format!(
+                    "the {what} timeout must be positive"
+                )));
+            }
+        }
+        self.heartbeat.validate().map_err(Error::Config)?;
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        self.policy.first_step = self.resume.as_ref().map_or(0, |s| s.step);
+        // The checks the supervisor makes again when it starts: one validation for both.
+        let spec = SupervisorSpec {
+            trainers: count(trainers),
+            servers: count(servers),
+            optimizer: self.optimizer,
+            pull_dtype: self.precision.dtype(),
+            context: self.context,
+            step: self.policy,
+        };
+        spec.validate()?;
+        let first_step = spec.step.first_step;
+        let layout = match self.resume.take() {
+            None => ModelLayout::new(self.units)?,
+            Some(state) => resumed_layout(self.units, state)?,
+        };
+        let compute = self
+            .compute
+            .ok_or_else(|| Error::Config("no compute given (JobBuilder::compute)".into()))?;
+        if let (Some(w), true) = (
+            &world,
+            self.transport.is_some() || self.trainer_transport.is_some(),
+        ) {
+            return Err(Error::Config(format!(
+                "rank {}: a multi-process job makes its transport from the world \
+                 (ODC_TRANSPORT), not JobBuilder::transport or trainer_transport",
+                w.rank
+            )));
+        }
+        Ok(Job {
+            setup: Some(Setup {
+                spec,
+                layout: Arc::new(layout),
+                compute,
+                transport: self.transport,
+                trainer_transport: self.trainer_transport,
+                collective_node_size: self.collective_node_size,
+                clock: self.clock,
+                multi: world.zip(roles).map(|(world, roles)| Multi {
+                    world,
+                    roles,
+                    join_timeout: self.join_timeout,
+                    heartbeat: self.heartbeat,
+                }),
+            }),
+            node: None,
+            membership: None,
+            data: self.data,
+            supervisor: None,
+            step: first_step,
+            step_timeout: self.step_timeout,
+            parameters_timeout: self.parameters_timeout,
+            join_timeout: self.join_timeout,
+        })
+    }
+}
+
+/// `units` starting from `state`: its values replace the units' initial values, its optimizer
+/// state is where the servers start.
+fn resumed_layout(mut units: Vec<UnitSpec>, state: TrainState) -> Result<ModelLayout> {
+    let TrainState {
+        params, optimizer, ..
+    } = state;
+    if params.len() != units.len() || optimizer.len() != units.len() {
+        return Err(Error::Config(format!(
+            "the state to resume holds {} units of values and {} of optimizer state, the model \
+             has {} units",
+            params.len(),
+            optimizer.len(),
+            units.len()
+        )));
+    }
+    for (id, (unit, values)) in units.iter_mut().zip(params).enumerate() {
+        if values.len() != unit.len {
+            return Err(Error::Config(format!(
+                "unit {id} ({}) has {} elements, the state to resume has {}",
+                unit.name,
+                unit.len,
+                values.len()
+            )));
+        }
+        unit.init = UnitInit::Values(values.into());
+    }
+    ModelLayout::new(units)?.with_optimizer_state(optimizer)
+}

@@ -1,0 +1,152 @@
+//! Every refusal of [`JobBuilder::build`], each an error naming what was wrong, made before
+//! anything starts (no actor, no socket, no thread).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use odc_actors::batch::{ComputeOutput, MicroBatch};
+use odc_actors::layout::UnitSpec;
+use odc_actors::policy::balancer::CostModel;
+use odc_actors::policy::dispatch::Communication;
+use odc_actors::policy::recovery::FailurePolicy;
+use odc_actors::policy::schedule::LrSchedule;
+use odc_actors::server::optimizer::OptimizerConfig;
+use odc_actors::trainer::{Compute, TrainerContext};
+use odc_transport::local::LocalTransport;
+
+use super::*;
+use crate::checkpoint::TrainState;
+use crate::launch::{Roles, World, WorldSource};
+
+struct Nothing;
+
+#[async_trait::async_trait]
+impl Compute for Nothing {
+    async fn run(&mut self, _: &mut TrainerContext, _: &MicroBatch) -> Result<ComputeOutput> {
+        Ok(ComputeOutput { loss_sum: 0.0 })
+    }
+}
+
+/// A job that builds: one unit, one trainer, one server, a compute.
+fn valid() -> JobBuilder {
+    Job::builder()
+        .unit(UnitSpec::constant("w", 4, 0.0))
+        .compute(|_| Box::new(Nothing) as Box<dyn Compute>)
+}
+
+/// Rank 1 of a world of 2.
+fn world(coordinator: Option<&str>) -> World {
+    World {
+        rank: 1,
+        world_size: 2,
+        coordinator: coordinator.map(str::to_string),
+        source: WorldSource::Odc,
+        secret: None,
+        job: None,
+        transport: None,
+        bind: None,
+    }
+}
+
+/// The error `builder` is refused with, rendered; `names` says which case it is.
+fn refused(builder: JobBuilder, names: &str) -> String {
+    match builder.build() {
+        Ok(_) => panic!("built, but should have been refused naming {names:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_valid_job_builds() {
+    valid().build().expect("builds");
+}
+
+#[test]
+fn every_refusal_names_what_was_wrong() {
+    let zero = Duration::ZERO;
+    let cases: Vec<(JobBuilder, &str)> = vec![
+        (valid().trainers(0), "at least one trainer"),
+        (valid().servers(0), "at least one shard server"),
+        (valid().trainers(1 << 21), "at most"),
+        (valid().step_timeout(zero), "step timeout"),
+        (valid().parameters_timeout(zero), "parameters timeout"),
+        (valid().join_timeout(zero), "join timeout"),
+        (valid().micro_batch_timeout(zero), "micro-batch timeout"),
+        (valid().transfer_timeout(zero), "transfer timeout"),
+        (
+            valid().heartbeat(Duration::from_secs(2), Duration::from_secs(1)),
+            "heartbeat",
+        ),
+        (valid().chunk_elems(0), "chunk size"),
+        (valid().token_budget(0), "token budget"),
+        (valid().micro_batch_min_fill(1.5), "fill floor"),
+        (valid().clip_grad_norm(-1.0), "clip norm"),
+        (valid().optimizer(OptimizerConfig::adamw(f32::NAN)), "lr"),
+        (
+            valid().cost_model(CostModel {
+                a: -1.0,
+                b: 1.0,
+                scale: 1.0,
+            }),
+            "a",
+        ),
+        (
+            valid().lr_schedule(LrSchedule::WarmupCosine {
+                warmup_steps: 10,
+                total_steps: 5,
+                min_ratio: 0.1,
+            }),
+            "warms up",
+        ),
+        (
+            valid()
+                .communication(Communication::Collective)
+                .failure_policy(FailurePolicy::Drop),
+            "collective mode needs every trainer",
+        ),
+        (
+            Job::builder().unit(UnitSpec::constant("w", 4, 0.0)),
+            "no compute",
+        ),
+        (
+            valid().resume(TrainState {
+                step: 3,
+                params: vec![],
+                optimizer: vec![],
+            }),
+            "the state to resume holds 0 units",
+        ),
+        (
+            valid().resume(TrainState {
+                step: 3,
+                params: vec![vec![0.0; 5]],
+                optimizer: vec![Default::default()],
+            }),
+            "has 4 elements, the state to resume has 5",
+        ),
+        (valid().world(world(None)), "coordinator's address"),
+        (
+            valid()
+                .world(world(Some("127.0.0.1:29500")))
+                .roles(Roles::explicit(vec![0], vec![3])),
+            "trainer",
+        ),
+        (
+            valid()
+                .world(world(Some("127.0.0.1:29500")))
+                .roles(Roles::explicit(vec![0, 1], vec![0, 1]))
+                .trainers(3),
+            "3 trainers asked for, but the roles place 2",
+        ),
+        (
+            valid()
+                .world(world(Some("127.0.0.1:29500")))
+                .transport(Arc::new(LocalTransport::new())),
+            "makes its transport from the world",
+        ),
+    ];
+    for (builder, names) in cases {
+        let message = refused(builder, names);
+        assert!(message.contains(names), "{message:?} should name {names:?}");
+    }
+}
