@@ -67,7 +67,8 @@ mod tests {
 
     #[test]
     fn every_refusal_names_what_was_wrong() {
-        let cases: Vec<(Box<dyn FnOnce(&mut SupervisorSpec)>, &str)> = vec![
+        type Change = Box<dyn FnOnce(&mut SupervisorSpec)>;
+        let cases: Vec<(Change, &str)> = vec![
             (Box::new(|s| s.trainers = 0), "trainer"),
             (Box::new(|s| s.servers = 0), "shard server"),
             (
