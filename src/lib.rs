@@ -37,7 +37,6 @@ pub mod checkpoint;
 pub mod data;
 mod job;
 pub mod launch;
-mod membership;
 pub mod metrics;
 #[cfg(feature = "candle")]
 pub mod model;
@@ -50,7 +49,6 @@ pub use checkpoint::TrainState;
 pub use data::DataSource;
 pub use job::{Job, JobBuilder, Precision, DEFAULT_STEP_TIMEOUT};
 pub use odc_actors::batch::{ComputeOutput, LossWeighting, MicroBatch, SampleMeta};
-pub use odc_actors::datapath::collective::TRAINER_ENDPOINT_BASE;
 pub use odc_actors::layout::{self, ModelLayout, UnitId, UnitInit, UnitSpec};
 pub use odc_actors::policy::balancer::CostModel;
 pub use odc_actors::policy::clock::{Clock, SystemClock, Timestamp};

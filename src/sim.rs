@@ -17,6 +17,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The first endpoint id of a trainer's collective inbox (`TRAINER_ENDPOINT_BASE + rank`): a
+/// modelled cluster tells trainers' endpoints from shard servers' by it.
+pub use odc_actors::datapath::collective::TRAINER_ENDPOINT_BASE;
 use odc_actors::policy::balancer::CostModel;
 pub use odc_transport::throttle::Pace;
 

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use odc::sim::clock::{self, ClockMode};
+use odc::sim::TRAINER_ENDPOINT_BASE;
 use odc::sim::{SimDevice, SpeedSchedule};
 use odc::trace::TraceSpan;
 use odc::transport::local::LocalTransport;
@@ -36,11 +37,11 @@ use odc::transport::throttle::Throttled;
 use odc::transport::Transport;
 use odc::{
     Communication, DispatchMode, Error, Job, OptimizerConfig, Precision, Result, SampleMeta,
-    SpanKind, TRAINER_ENDPOINT_BASE,
+    SpanKind,
 };
 
-use crate::fabric::{Fabric, FabricConfig};
 use crate::floor::EmulationFloor;
+use crate::links::{Links, LinksConfig};
 use crate::report::{self, BenchRow};
 use crate::workload::Workload;
 
@@ -152,9 +153,9 @@ pub struct Settings {
     /// modelled when there is no link model; with one, each server's link then carries the
     /// shards of this many devices.
     pub devices_per_server: usize,
-    /// A modelled cluster of nodes, NVLink and NICs under the job ([`crate::fabric`]) instead of
+    /// A modelled cluster of nodes, NVLink and NICs under the job ([`crate::links`]) instead of
     /// `unit_transfer_seconds`' one link per device.
-    pub fabric: Option<FabricConfig>,
+    pub links: Option<LinksConfig>,
     /// What trainers pull (and the collective all-gathers) parameters as.
     pub pull_precision: Precision,
 }
@@ -197,7 +198,7 @@ impl Default for Settings {
             unit_transfer_seconds: 0.0,
             clock: ClockMode::Wall,
             devices_per_server: 1,
-            fabric: None,
+            links: None,
             pull_precision: Precision::F32,
         }
     }
@@ -356,34 +357,34 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
     });
     let job_clock = mode.clock();
     let servers = case.devices.div_ceil(settings.devices_per_server.max(1));
-    let builder = match &settings.fabric {
+    let builder = match &settings.links {
         None => Job::builder().transport(settings.transport()),
         Some(config) => {
             if settings.unit_transfer_seconds > 0.0 {
                 return Err(Error::Config(
-                    "a modelled cluster (fabric) and a per-device link (unit transfer time) \
+                    "a modelled cluster (links) and a per-device link (unit transfer time) \
                      exclude each other"
                         .into(),
                 ));
             }
             // Both counts are at most odc's limit on trainers, far below u32::MAX.
-            let fabric = Fabric::new(
+            let links = Links::new(
                 Arc::new(LocalTransport::new()),
                 config,
                 case.devices as u32,
                 settings.devices_per_server.max(1) as u32,
                 mode,
             )
-            .map_err(|e| Error::Config(format!("fabric: {e}")))?;
-            let trainers = fabric.clone();
+            .map_err(|e| Error::Config(format!("links: {e}")))?;
+            let trainers = links.clone();
             Job::builder()
-                .transport(fabric.view(None))
+                .transport(links.view(None))
                 .trainer_transport(move |rank| trainers.view(Some(rank)))
         }
     };
     // On a modelled cluster the collective runs as NCCL does across nodes: a ring over the nodes
     // on each rail, then one inside each node.
-    let node_size = settings.fabric.as_ref().map_or(1, |f| f.gpus_per_node);
+    let node_size = settings.links.as_ref().map_or(1, |f| f.gpus_per_node);
     let mut job = builder
         .collective_node_size(node_size)
         .units(device.layout())
@@ -912,7 +913,7 @@ mod tests {
             ..Settings::default()
         };
         let linked = Settings {
-            fabric: Some(FabricConfig {
+            links: Some(LinksConfig {
                 gpus_per_node: 8,
                 routing: crate::sim::topology::Routing::Striped,
                 hpz: true,

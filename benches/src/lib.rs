@@ -15,10 +15,10 @@
 
 pub mod ab;
 pub mod calibrate;
-pub mod fabric;
 pub mod floor;
 pub mod hf;
 pub mod input;
+pub mod links;
 pub mod memory;
 pub mod processes;
 pub mod report;

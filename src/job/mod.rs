@@ -15,7 +15,7 @@ use odc_actors::policy::clock::Clock;
 use odc_actors::policy::dispatch::Communication;
 use odc_actors::policy::membership::HeartbeatConfig;
 use odc_actors::policy::stats::StepStats;
-use odc_actors::supervisor::{Placement, Supervisor, SupervisorArgs, SupervisorMsg};
+use odc_actors::supervisor::{RankPlacement, Supervisor, SupervisorArgs, SupervisorMsg};
 use odc_actors::trainer::SharedComputeFactory;
 use odc_actors::{Error, Result};
 use odc_transport::local::LocalTransport;
@@ -27,9 +27,10 @@ use serde::Serialize;
 
 use crate::data::DataSource;
 use crate::launch::{Roles, World};
-use crate::membership::Membership;
+use multi::MultiProcess;
 
 mod builder;
+mod multi;
 mod readout;
 #[cfg(test)]
 mod tests;
@@ -62,7 +63,7 @@ pub struct Job {
     /// This process's resources, once started.
     node: Option<Arc<Node>>,
     /// This process's part in a multi-process job.
-    membership: Option<Membership>,
+    membership: Option<MultiProcess>,
     data: Option<Box<dyn DataSource>>,
     /// The supervisor (this process hosts it: a single-process job, or rank 0).
     supervisor: Option<(ActorRef<SupervisorMsg>, tokio::task::JoinHandle<()>)>,
@@ -152,9 +153,9 @@ impl Job {
                     world.rank
                 ),
             }
-            let membership = Membership::join(config, node.clone()).await?;
+            let membership = MultiProcess::join(config, node.clone()).await?;
             if membership.rank == 0 {
-                placement = Some(Placement {
+                placement = Some(RankPlacement {
                     job: membership.job.clone(),
                     hosts: membership.hosts.clone(),
                     server_ranks: roles.server_ranks,

@@ -67,7 +67,7 @@ impl Job {
 }
 
 /// One piece of a unit to read: the unit, the elements of it the region holds, and the region.
-struct Piece<'a> {
+struct Tile<'a> {
     unit: UnitId,
     range: std::ops::Range<usize>,
     region: &'a odc_transport::RegionHandle,
@@ -78,7 +78,7 @@ struct Piece<'a> {
 async fn read_tiled(
     node: &Node,
     lens: &[usize],
-    mut pieces: Vec<Piece<'_>>,
+    mut pieces: Vec<Tile<'_>>,
     what: &str,
     deadline: odc_transport::Deadline,
     step: u64,
@@ -172,7 +172,7 @@ async fn read_snapshots(
     let lens: Vec<usize> = node.layout.units().iter().map(|u| u.len).collect();
     let pieces = snapshots
         .iter()
-        .map(|s| Piece {
+        .map(|s| Tile {
             unit: s.unit,
             range: s.range(),
             region: &s.region,
@@ -246,7 +246,7 @@ async fn read_optimizer_snapshots(
                     .buffers
                     .iter()
                     .find(|(n, _)| n == name)?;
-                Some(Piece {
+                Some(Tile {
                     unit: s.unit,
                     range: s.range(),
                     region,

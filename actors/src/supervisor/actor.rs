@@ -43,7 +43,7 @@ use crate::policy::token::JobKey;
 use crate::server::{ServerArgs, ShardServer};
 use crate::trainer::{Trainer, TrainerArgs};
 
-use super::placement::{Child, Placement, Remote};
+use super::placement::{Child, RankPlacement, Remote};
 
 /// Timeout of control calls to shard servers.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -54,7 +54,7 @@ pub struct SupervisorArgs {
     pub spec: SupervisorSpec,
     pub node: Arc<Node>,
     /// Where the children live in a multi-process job (`None`: all in this process, linked).
-    pub placement: Option<Placement>,
+    pub placement: Option<RankPlacement>,
 }
 
 /// State of the supervisor.

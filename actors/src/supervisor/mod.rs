@@ -9,4 +9,4 @@ mod spec;
 
 pub use crate::messages::{ServerOutcome, SupervisorMsg, SupervisorSpec};
 pub use actor::{Supervisor, SupervisorArgs, SupervisorState};
-pub use placement::Placement;
+pub use placement::RankPlacement;

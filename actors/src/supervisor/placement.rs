@@ -25,7 +25,7 @@ use crate::messages::{
 
 /// Where a multi-process job's actors live.
 #[derive(Debug, Clone)]
-pub struct Placement {
+pub struct RankPlacement {
     /// The job's name (prefix of its `pg` groups).
     pub job: String,
     /// Every rank's host, by rank.
@@ -49,14 +49,14 @@ pub enum Child {
 
 /// The supervisor's view of its children in other processes.
 pub struct Remote {
-    placement: Placement,
+    placement: RankPlacement,
     spawned: u64,
     watched: HashMap<String, Child>,
 }
 
 impl Remote {
     /// Join the supervisor's group (hosts find it there to hand it to trainers).
-    pub fn new(placement: Placement, supervisor: &ActorCell) -> Self {
+    pub fn new(placement: RankPlacement, supervisor: &ActorCell) -> Self {
         ractor::pg::join(supervisor_group(&placement.job), vec![supervisor.clone()]);
         Remote {
             placement,

@@ -249,7 +249,7 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
         unit_transfer_seconds: args.unit_transfer_ms / 1e3,
         clock,
         devices_per_server: args.devices_per_server,
-        fabric: args.cluster.fabric(args.bytes_scale),
+        links: args.cluster.links_config(args.bytes_scale),
         pull_precision: args.cluster.precision(),
         ..Settings::default()
     };
@@ -366,7 +366,7 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
             ClockArg::Both => "both (each row in wall time, then in virtual time, with virtual/wall ratios)".to_string(),
         }
     );
-    if let Some(f) = &settings.fabric {
+    if let Some(f) = &settings.links {
         println!(
             "links: nodes of {} H100s, NVLink 450 GB/s and 3 µs per GPU and direction inside a node, a 400 Gb/s NIC (10 µs) per GPU across nodes, FIFO ports; {} routing{}; pulls in {:?}, gradients in fp32; 1 emulated byte = {:.0} modelled bytes",
             f.gpus_per_node,
@@ -530,7 +530,7 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
     }
     let exposed = if busy > 0.0 { comm / busy } else { 0.0 };
     match settings.link_bytes_per_sec() {
-        _ if settings.fabric.is_some() => println!(
+        _ if settings.links.is_some() => println!(
             "on-demand communication/compute: the modelled cluster's links: exposed {:.3} (pull + push wait / compute); {:.1} s",
             exposed,
             started.elapsed().as_secs_f64()

@@ -97,8 +97,8 @@ pub(crate) struct ClusterArgs {
 impl ClusterArgs {
     /// The modelled cluster, if `--links h100` (`sim` sets it by default), at `bytes_scale`
     /// modelled bytes per emulated byte.
-    pub(crate) fn fabric(&self, bytes_scale: f64) -> Option<odc_bench::fabric::FabricConfig> {
-        (self.links == Some(LinksArg::H100)).then_some(odc_bench::fabric::FabricConfig {
+    pub(crate) fn links_config(&self, bytes_scale: f64) -> Option<odc_bench::links::LinksConfig> {
+        (self.links == Some(LinksArg::H100)).then_some(odc_bench::links::LinksConfig {
             gpus_per_node: self.gpus_per_node,
             routing: match self.routing {
                 RoutingArg::Direct => odc_bench::sim::topology::Routing::Direct,

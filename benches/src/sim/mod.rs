@@ -8,7 +8,7 @@
 //!   a set of point-to-point transfers, the NCCL-like ring collective, control latency, HPZ and
 //!   Zeppelin-style routing;
 //! - [`ports`]: the same links as an online schedule, for the runtime's transfers in arrival order
-//!   (what [`crate::fabric`] puts under a virtual-time job);
+//!   (what [`crate::links`] puts under a virtual-time job);
 //! - [`split`]: the long-sequence planning policy (context-parallel splitting of the sequences one
 //!   device cannot finish in the balanced step) and its bounds;
 //! - [`report`]: step time with and without splitting against perfect balance, per workload and

@@ -70,7 +70,7 @@ struct Mapped {
 }
 
 /// One tensor of a unit: where its bytes lie in which file.
-struct Piece {
+struct TensorSlice {
     file: Arc<Mapped>,
     name: String,
     dtype: DiskDtype,
@@ -79,7 +79,7 @@ struct Piece {
     numel: usize,
 }
 
-impl Piece {
+impl TensorSlice {
     /// Converts elements `elements` (within the tensor) and appends them to `out`.
     fn decode_into(&self, elements: Range<usize>, out: &mut Vec<f32>) -> Result<()> {
         let size = self.dtype.size();
@@ -109,7 +109,7 @@ impl Piece {
 
 /// A unit's tensors in its flat order ([`unit_params`]).
 struct UnitSource {
-    pieces: Vec<Piece>,
+    pieces: Vec<TensorSlice>,
     len: usize,
 }
 
@@ -473,7 +473,12 @@ fn units_of(config: &ModelConfig, mut table: TensorTable) -> Result<Vec<UnitSour
 }
 
 /// One tensor's piece, its dtype and shape checked.
-fn piece(file: Arc<Mapped>, name: String, info: &TensorInfo, shape: &[usize]) -> Result<Piece> {
+fn piece(
+    file: Arc<Mapped>,
+    name: String,
+    info: &TensorInfo,
+    shape: &[usize],
+) -> Result<TensorSlice> {
     let err = |reason: String| Error::Checkpoint {
         path: file.path.clone(),
         tensor: Some(name.clone()),
@@ -501,7 +506,7 @@ fn piece(file: Arc<Mapped>, name: String, info: &TensorInfo, shape: &[usize]) ->
             numel * dtype.size()
         )));
     }
-    Ok(Piece {
+    Ok(TensorSlice {
         file,
         name,
         dtype,
@@ -511,7 +516,7 @@ fn piece(file: Arc<Mapped>, name: String, info: &TensorInfo, shape: &[usize]) ->
 }
 
 /// A tied checkpoint's `lm_head.weight` must be the embedding, bit for bit after conversion.
-fn check_tied(head: &Piece, embedding: &Piece) -> Result<()> {
+fn check_tied(head: &TensorSlice, embedding: &TensorSlice) -> Result<()> {
     const CHUNK: usize = 1 << 20;
     let (mut a, mut b) = (Vec::with_capacity(CHUNK), Vec::with_capacity(CHUNK));
     let mut at = 0;

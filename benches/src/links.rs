@@ -6,7 +6,7 @@
 //!
 //! # Where bytes are
 //!
-//! - Trainer `t` runs on device `t` (its view comes from [`Fabric::view`], given to the job with
+//! - Trainer `t` runs on device `t` (its view comes from [`Links::view`], given to the job with
 //!   `JobBuilder::trainer_transport`); servers and the supervisor use an unpriced view.
 //! - Shard server `s` of `K` devices per server holds the shards of devices `sK .. sK + K`: its
 //!   region of `L` elements is striped, stripe `j` (`shard_range(L, K, j)`) on device `sK + j`.
@@ -25,7 +25,7 @@
 //! to the inbox's device, striped over every NIC of the node when it crosses nodes: NCCL runs one
 //! ring channel per NIC, each crossing between nodes on its own rail, so a ring's inter-node
 //! bandwidth is the node's, not one GPU's (the baseline at its best). Bytes
-//! are the real bytes times [`FabricConfig::bytes_scale`] (modelled parameters per emulated
+//! are the real bytes times [`LinksConfig::bytes_scale`] (modelled parameters per emulated
 //! element: the emulated units hold thousands of elements where the modelled layers hold
 //! hundreds of millions), so pull precision (the published dtype) and fp32 gradients price as
 //! they would. A transfer waits at the clock's [`Pace`] until its modelled finish, stretched by
@@ -47,12 +47,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use odc::layout::shard_range;
 use odc::sim::clock::ClockMode;
+use odc::sim::TRAINER_ENDPOINT_BASE;
 use odc::transport::throttle::Pace;
 use odc::transport::{
     check_deadline, now, AccumulatorRegion, Deadline, Dest, Dtype, EndpointId, InboxRegion, Op,
     PublishedRegion, RegionHandle, RegionId, Transport, TransportError, WriteTag,
 };
-use odc::TRAINER_ENDPOINT_BASE;
 use parking_lot::Mutex;
 
 use crate::sim::ports::{CopyKey, Piece, Ports};
@@ -60,7 +60,7 @@ use crate::sim::topology::{Routing, Topology, TopologyError};
 
 /// The modelled cluster of a run.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FabricConfig {
+pub struct LinksConfig {
     /// GPUs per node (fewer when the run has fewer devices).
     pub gpus_per_node: u32,
     pub routing: Routing,
@@ -71,7 +71,7 @@ pub struct FabricConfig {
 }
 
 /// The shared state of every view: the ports and the mapping of endpoints to devices.
-pub struct Fabric {
+pub struct Links {
     inner: Arc<dyn Transport>,
     ports: Mutex<Ports>,
     hpz: bool,
@@ -79,15 +79,15 @@ pub struct Fabric {
     bytes_scale: f64,
     devices: u32,
     devices_per_server: u32,
-    /// tokio's clock when the fabric was made: modelled time 0.
+    /// tokio's clock when the links were made: modelled time 0.
     origin: Instant,
     dilation: f64,
     pace: Pace,
 }
 
-impl std::fmt::Debug for Fabric {
+impl std::fmt::Debug for Links {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fabric")
+        f.debug_struct("Links")
             .field("inner", &self.inner.backend())
             .field("devices", &self.devices)
             .field("devices_per_server", &self.devices_per_server)
@@ -97,19 +97,19 @@ impl std::fmt::Debug for Fabric {
     }
 }
 
-impl Fabric {
+impl Links {
     /// `devices` H100s in nodes of `config.gpus_per_node` (see [`Topology::h100`]) over `inner`,
     /// timed on `clock` (make it on the runtime whose clock it reads).
     pub fn new(
         inner: Arc<dyn Transport>,
-        config: &FabricConfig,
+        config: &LinksConfig,
         devices: u32,
         devices_per_server: u32,
         clock: ClockMode,
     ) -> Result<Arc<Self>, TopologyError> {
         let g = config.gpus_per_node.clamp(1, devices.max(1));
         let topology = Topology::h100(devices.max(1).div_ceil(g), g)?;
-        Ok(Arc::new(Fabric {
+        Ok(Arc::new(Links {
             inner,
             ports: Mutex::new(Ports::new(topology, config.routing)?),
             hpz: config.hpz,
@@ -131,7 +131,7 @@ impl Fabric {
     /// supervisor and the job's own reads.
     pub fn view(self: &Arc<Self>, device: Option<u32>) -> Arc<dyn Transport> {
         Arc::new(View {
-            fabric: self.clone(),
+            links: self.clone(),
             device,
         })
     }
@@ -205,7 +205,7 @@ impl Fabric {
             Kind::Ring => ports.transfer_routed(pieces, at, Routing::Striped),
         };
         done.unwrap_or_else(|e| {
-            tracing::warn!("fabric: {e}; transfer not priced");
+            tracing::warn!("links: {e}; transfer not priced");
             at
         })
     }
@@ -218,16 +218,16 @@ enum Kind {
     Ring,
 }
 
-/// One device's view of the [`Fabric`].
+/// One device's view of the [`Links`].
 struct View {
-    fabric: Arc<Fabric>,
+    links: Arc<Links>,
     device: Option<u32>,
 }
 
 #[async_trait::async_trait]
 impl Transport for View {
     fn backend(&self) -> &'static str {
-        self.fabric.inner.backend()
+        self.links.inner.backend()
     }
 
     fn register_published(
@@ -237,7 +237,7 @@ impl Transport for View {
         initial: Bytes,
         version: u64,
     ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        self.fabric
+        self.links
             .inner
             .register_published(owner, dtype, initial, version)
     }
@@ -248,7 +248,7 @@ impl Transport for View {
         len: usize,
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        self.fabric.inner.register_accumulator(owner, len, epoch)
+        self.links.inner.register_accumulator(owner, len, epoch)
     }
 
     fn register_inbox(
@@ -256,7 +256,7 @@ impl Transport for View {
         owner: EndpointId,
         epoch: u64,
     ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        self.fabric.inner.register_inbox(owner, epoch)
+        self.links.inner.register_inbox(owner, epoch)
     }
 
     async fn read(
@@ -268,15 +268,11 @@ impl Transport for View {
     ) -> Result<u64, TransportError> {
         let (start, end) = (range.start as u64, range.end as u64);
         // Check first: a refused request moves no bytes and occupies no port.
-        let version = self
-            .fabric
-            .inner
-            .read(handle, range, into, deadline)
-            .await?;
+        let version = self.links.inner.read(handle, range, into, deadline).await?;
         let Some(reader) = self.device else {
             return Ok(version);
         };
-        let f = &self.fabric;
+        let f = &self.links;
         let size = handle.dtype.size();
         let pieces: Vec<Piece> = f
             .holders(handle.owner, handle.len, start..end)
@@ -309,7 +305,7 @@ impl Transport for View {
         tag: WriteTag,
         deadline: Deadline,
     ) -> Result<(), TransportError> {
-        let f = &self.fabric;
+        let f = &self.links;
         if let Some(writer) = self.device {
             // The bytes cross the ports before the owner applies them.
             check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
@@ -340,7 +336,7 @@ impl Transport for View {
         data: Bytes,
         deadline: Deadline,
     ) -> Result<(), TransportError> {
-        let f = &self.fabric;
+        let f = &self.links;
         if let Some(sender) = self.device {
             check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
             let (dst, _) = f
@@ -366,20 +362,20 @@ mod tests {
     use super::*;
     use odc::transport::local::LocalTransport;
 
-    fn fabric(devices: u32, per_server: u32) -> Arc<Fabric> {
-        let config = FabricConfig {
+    fn links(devices: u32, per_server: u32) -> Arc<Links> {
+        let config = LinksConfig {
             gpus_per_node: 8,
             routing: Routing::Direct,
             hpz: false,
             bytes_scale: 2.0,
         };
         let local: Arc<dyn Transport> = Arc::new(LocalTransport::new());
-        Fabric::new(local, &config, devices, per_server, ClockMode::Virtual).unwrap()
+        Links::new(local, &config, devices, per_server, ClockMode::Virtual).unwrap()
     }
 
     #[tokio::test]
     async fn a_servers_region_is_striped_over_its_devices_and_a_trainer_is_its_own() {
-        let f = fabric(16, 4);
+        let f = links(16, 4);
         // Server 1 holds devices 4..8; 100 elements in stripes of 25.
         assert_eq!(
             f.holders(1, 100, 0..100),
@@ -399,14 +395,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_partial_node_and_a_bad_scale_are_accepted() {
-        let config = FabricConfig {
+        let config = LinksConfig {
             gpus_per_node: 8,
             routing: Routing::Striped,
             hpz: true,
             bytes_scale: f64::NAN,
         };
         let local: Arc<dyn Transport> = Arc::new(LocalTransport::new());
-        let f = Fabric::new(local, &config, 12, 1, ClockMode::Virtual).unwrap();
+        let f = Links::new(local, &config, 12, 1, ClockMode::Virtual).unwrap();
         assert_eq!(f.bytes(3, 4), 12, "a non-finite scale counts real bytes");
         assert_eq!(f.holders(11, 8, 0..8), vec![(11, 8)]);
     }

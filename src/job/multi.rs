@@ -39,7 +39,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 
 /// See the [module docs](self).
-pub(crate) struct Membership {
+pub(crate) struct MultiProcess {
     pub rank: u32,
     pub world_size: u32,
     pub job: String,
@@ -74,7 +74,7 @@ fn plane(reason: String) -> Error {
     }
 }
 
-impl Membership {
+impl MultiProcess {
     pub async fn join(config: ClusterConfig, node: Arc<Node>) -> Result<Self> {
         let (rank, world_size, job) = (config.rank, config.world_size, config.job.clone());
         let join_timeout = config.join_timeout;
@@ -97,7 +97,7 @@ impl Membership {
             Vec::new()
         };
         tracing::info!("rank {rank} of {world_size} joined job {job}");
-        Ok(Membership {
+        Ok(MultiProcess {
             rank,
             world_size,
             job,
@@ -387,7 +387,7 @@ impl Membership {
     }
 }
 
-impl Drop for Membership {
+impl Drop for MultiProcess {
     fn drop(&mut self) {
         self.close();
     }
