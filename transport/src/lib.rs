@@ -83,14 +83,9 @@ mod error;
 pub mod local;
 #[cfg(feature = "rdma")]
 pub mod rdma;
-/// The `rdma` backend's verbs-free publication protocol (`rdma/seqlock.rs`), compiled and tested
-/// without the feature too (with it, it is `rdma::seqlock`).
-#[cfg(not(feature = "rdma"))]
-#[allow(dead_code)]
-#[path = "rdma/seqlock.rs"]
-mod rdma_seqlock;
 mod region;
 mod remote;
+mod seqlock;
 #[cfg(target_os = "linux")]
 pub mod shm;
 pub mod tcp;

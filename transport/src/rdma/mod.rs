@@ -9,7 +9,7 @@
 //!
 //! # What is one-sided, what goes over the control connection
 //! - One-sided (RDMA READ): every read of a published region, including the seqlock words that
-//!   make it consistent (`rdma/seqlock.rs`). The owner's CPU is not involved.
+//!   make it consistent (`crate::seqlock`, laid out by `rdma/memory.rs`). The owner's CPU is not involved.
 //! - Control connection (TCP, `addr` in the descriptor, one listener per transport): accumulates
 //!   (C2, C3), inbox sends (C7), reads of handles that are not published regions (the owner says
 //!   `WrongKind` or `UnknownRegion`), and the **queue-pair exchange**: a reader that has no
@@ -23,7 +23,7 @@
 //!
 //! # How each clause holds
 //! - **C1**: a seqlock per chunk in the registered memory, read in three phases of RDMA READs
-//!   (`rdma/seqlock.rs` has the argument); the result is one whole publication and its
+//!   (`seqlock.rs` has the argument); the result is one whole publication and its
 //!   version. A publication is written in place by the owner (under a lock), so there is one
 //!   buffer per region and a read waits for at most the publication it overlapped.
 //! - **C2, C3, C7**: the owner's fabric, as over `tcp` (control connection).
@@ -79,8 +79,8 @@
 //! the seqlock's unit tests (with a concurrent writer, and a scripted one that publishes between
 //! the phases) and the conformance suite over the emulated NIC (`tests/rdma_conformance.rs`).
 
+pub(crate) mod memory;
 pub(crate) mod nic;
-pub(crate) mod seqlock;
 mod verbs;
 
 use std::collections::HashMap;
@@ -94,8 +94,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
+use self::memory::{Expect, Identity, Layout, Local, ReadError, RegionMemory};
 use self::nic::{Channel, ChannelError, EmulatedNic, Nic, QpInfo, Reach, Registration};
-use self::seqlock::{Expect, Identity, Layout, Local, ReadError, RegionMemory};
 use crate::codec;
 use crate::error::wide;
 use crate::remote::{
@@ -653,7 +653,7 @@ impl Access for OwnAccess<'_> {
         &self.expect
     }
     fn probe(&mut self) -> Result<(), Failure> {
-        seqlock::probe(&mut Local(self.memory), 0, &self.expect).map_err(Failure::from_read)
+        memory::probe(&mut Local(self.memory), 0, &self.expect).map_err(Failure::from_read)
     }
     fn read(
         &mut self,
@@ -661,7 +661,7 @@ impl Access for OwnAccess<'_> {
         out: &mut [u8],
         deadline: Deadline,
     ) -> Result<u64, Failure> {
-        seqlock::read(
+        memory::read(
             &mut Local(self.memory),
             0,
             &self.expect,
@@ -684,7 +684,7 @@ impl Access for LinkAccess<'_> {
         &self.expect
     }
     fn probe(&mut self) -> Result<(), Failure> {
-        seqlock::probe(&mut self.reach, self.base, &self.expect).map_err(Failure::from_read)
+        memory::probe(&mut self.reach, self.base, &self.expect).map_err(Failure::from_read)
     }
     fn read(
         &mut self,
@@ -692,7 +692,7 @@ impl Access for LinkAccess<'_> {
         out: &mut [u8],
         deadline: Deadline,
     ) -> Result<u64, Failure> {
-        seqlock::read(
+        memory::read(
             &mut self.reach,
             self.base,
             &self.expect,

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use super::seqlock::{RegionMemory, RemoteMemory};
+use super::memory::{RegionMemory, RemoteMemory};
 
 /// One side's queue-pair coordinates, exchanged over the control connection before reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,7 +298,7 @@ impl Channel for EmulatedChannel {
 
 #[cfg(test)]
 mod tests {
-    use super::super::seqlock::{Identity, Layout};
+    use super::super::memory::{Identity, Layout};
     use super::*;
 
     fn far() -> Instant {

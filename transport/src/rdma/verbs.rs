@@ -2,7 +2,7 @@
 //! region memory for remote reads, makes reliable-connection queue pairs, connects them with the
 //! peer's coordinates (exchanged by the layer above over the control connection) and posts RDMA
 //! READs with the `ibv_wr_*` API, polling their completions until a deadline. Everything that
-//! decides what to read and whether it is consistent is above ([`super::seqlock`], `mod.rs`).
+//! decides what to read and whether it is consistent is above ([`super::memory`] and `crate::seqlock`, `mod.rs`).
 //!
 //! No device is a clear [`TransportError::Unsupported`] whose message starts with `no RDMA device`
 //! and names the case: no rdma-core (`libibverbs` is loaded at run time; without it every call is
@@ -28,8 +28,8 @@ use sideway::ibverbs::queue_pair::{
 };
 use sideway::ibverbs::AccessFlags;
 
+use super::memory::RegionMemory;
 use super::nic::{Channel, ChannelError, Endpoint, Nic, QpInfo, Registration};
-use super::seqlock::RegionMemory;
 use crate::TransportError;
 
 /// Work requests in flight per queue pair (and completion-queue depth).

@@ -76,11 +76,13 @@ use std::io::{self, Read};
 use std::ops::Range;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use memmap2::{Mmap, MmapMut};
 use parking_lot::Mutex;
+
+use crate::seqlock;
 
 /// First 8 bytes of every segment.
 pub(crate) const MAGIC: [u8; 8] = *b"ODCSHM01";
@@ -96,8 +98,6 @@ pub(crate) const MAX_JOB_LEN: usize = 64;
 const NAME_PREFIX: &str = "odc-";
 /// Separates a temporary name from its counter (`.{name}~{n}`); not in the job id alphabet.
 const TEMP_SEPARATOR: char = '~';
-/// Failed attempts a read spins before it yields and looks at the clock.
-const SPINS_BEFORE_YIELD: u32 = 64;
 
 // Header field offsets.
 const OFF_MAGIC: usize = 0;
@@ -643,25 +643,8 @@ impl SegmentWriter {
         }
         let mut map = self.map.lock();
         let base = map.as_mut_ptr();
-        for c in 0..geometry.chunks {
-            let control = geometry.control(c);
-            // SAFETY: `control` and `control + 8` lie inside the mapping (`Geometry` sized it
-            // for `chunks` control pairs) and are 8-aligned (the mapping is page aligned, the
-            // pair 64-aligned). The words are only ever accessed atomically (or, before the
-            // file got its name, by us alone), and the references live only for this loop
-            // iteration while the mapping is alive and locked.
-            let (seq, version_word) = unsafe {
-                (
-                    AtomicU64::from_ptr(base.add(control).cast::<u64>()),
-                    AtomicU64::from_ptr(base.add(control + CONTROL_VERSION).cast::<u64>()),
-                )
-            };
-            // Only this (locked) writer stores to `seq`.
-            let odd = seq.load(Ordering::Relaxed).wrapping_add(1);
-            seq.store(odd, Ordering::Relaxed);
-            // Orders the odd `seq` before the data stores below: a reader that sees any of
-            // the new bytes and then fences `Acquire` sees `seq` changed.
-            fence(Ordering::Release);
+        let controls = MappedControls { base, geometry };
+        seqlock::publish(&controls, geometry.chunks, version, |c| {
             let range = geometry.chunk_range(c);
             // SAFETY: `range` is inside `0..data_bytes`, so the source lies in `data` (its
             // length was checked) and the destination in the mapping's data area; the two
@@ -674,9 +657,7 @@ impl SegmentWriter {
                     range.len(),
                 );
             }
-            version_word.store(version, Ordering::Relaxed);
-            seq.store(odd.wrapping_add(1), Ordering::Release);
-        }
+        });
         self.version.store(version, Ordering::Release);
         Ok(())
     }
@@ -693,29 +674,11 @@ impl SegmentWriter {
         write: impl FnOnce() -> Result<(), E>,
     ) -> Result<(), E> {
         let mut map = self.map.lock();
-        let control = self.geometry.control(0);
-        // SAFETY: as in `publish`: chunk 0's control pair is inside the mapping and 8-aligned, the
-        // words are only ever accessed atomically, and the references live while the mapping is
-        // alive and locked.
-        let (seq, version_word) = unsafe {
-            let base = map.as_mut_ptr();
-            (
-                AtomicU64::from_ptr(base.add(control).cast::<u64>()),
-                AtomicU64::from_ptr(base.add(control + CONTROL_VERSION).cast::<u64>()),
-            )
+        let controls = MappedControls {
+            base: map.as_mut_ptr(),
+            geometry: self.geometry,
         };
-        // Only this (locked) writer stores to `seq`; it is odd only after a failed write.
-        let current = seq.load(Ordering::Relaxed);
-        let odd = current | 1;
-        seq.store(odd, Ordering::Relaxed);
-        // The odd `seq` is visible to every CPU before `write` starts the data's copy (a device
-        // copy is started by a driver call after this fence, and observed complete by readers
-        // before they re-check `seq`).
-        fence(Ordering::SeqCst);
-        write()?;
-        version_word.store(version, Ordering::Relaxed);
-        seq.store(odd.wrapping_add(1), Ordering::Release);
-        fence(Ordering::SeqCst);
+        seqlock::publish_outside(&controls, version, write)?;
         self.version.store(version, Ordering::Release);
         Ok(())
     }
@@ -999,9 +962,8 @@ impl SegmentReader {
                 elem_size: g.elem_size,
             });
         }
-        let mut backoff = Backoff::new(deadline, &self.name);
         if Instant::now() >= deadline {
-            return Err(backoff.deadline());
+            return Err(self.deadline());
         }
         let first = (bytes.start / g.chunk_bytes).min(g.chunks - 1);
         let last = if bytes.is_empty() {
@@ -1010,90 +972,102 @@ impl SegmentReader {
             (bytes.end - 1) / g.chunk_bytes
         };
         if last > first {
-            if let Some(version) = self.read_whole(first..=last, &bytes, copy) {
+            // One attempt at the whole range as one copy (the C library's `memcpy` uses
+            // non-temporal stores only for a single large copy); a publication in progress or
+            // one that ran meanwhile falls back to the piece-by-piece read, which redoes every
+            // piece at the same offsets.
+            let mut whole = WholeRange {
+                reader: self,
+                bytes: &bytes,
+                copy: &mut *copy,
+            };
+            let n = last + 1 - first;
+            let (mut seqs, mut again) = (vec![0; n], vec![0; n]);
+            let Ok(attempt) = seqlock::try_read(&mut whole, first..last + 1, &mut seqs, &mut again);
+            if let Some(version) = attempt {
                 return Ok(version);
             }
         }
-        'restart: loop {
-            // (seq, version) every piece so far was read at.
-            let mut at: Option<(u64, u64)> = None;
-            for c in first..=last {
-                let chunk = g.chunk_range(c);
-                let piece = bytes.start.max(chunk.start)..bytes.end.min(chunk.end);
-                let (seq, version) = self.control(c);
-                loop {
-                    let before = seq.load(Ordering::Acquire);
-                    let wait = before & 1 == 1 || at.is_some_and(|(s, _)| before < s);
-                    if !wait {
-                        if at.is_some_and(|(s, _)| before > s) {
-                            // The earlier pieces belong to an older publication.
-                            backoff.snooze()?;
-                            continue 'restart;
-                        }
-                        let v = version.load(Ordering::Relaxed);
-                        if !piece.is_empty() {
-                            let src =
-                                &self.map[g.data_offset + piece.start..g.data_offset + piece.end];
-                            copy(src, piece.start - bytes.start);
-                        }
-                        // Orders the copy (and the version load) before the re-check: if the
-                        // copy saw any byte of a later publication, `seq` has moved on.
-                        fence(Ordering::Acquire);
-                        if seq.load(Ordering::Relaxed) == before {
-                            at = Some((before, v));
-                            break;
-                        }
-                    }
-                    backoff.snooze()?;
-                }
+        seqlock::read_pieces(self, first..last + 1, deadline, |c| {
+            let chunk = g.chunk_range(c);
+            let piece = bytes.start.max(chunk.start)..bytes.end.min(chunk.end);
+            if !piece.is_empty() {
+                copy(
+                    &self.map[g.data_offset + piece.start..g.data_offset + piece.end],
+                    piece.start - bytes.start,
+                );
             }
-            // `first..=last` is never empty, so `at` is set.
-            return at.map(|(_, v)| v).ok_or_else(|| backoff.deadline());
-        }
+        })
+        .map_err(|_| self.deadline())
     }
 
-    /// The fast path of [`SegmentReader::read`] for a range over the chunks `chunks`: if every
-    /// chunk is stable at one and the same `seq`, the whole range is handed to `copy` at once
-    /// (one large copy, which the C library may do with non-temporal stores) and the read
-    /// succeeds if no chunk's `seq` moved meanwhile. Returns the version read, or `None` (a
-    /// publication in progress, the chunks at different `seq`s, or one that ran during the
-    /// copy) when the caller must fall back to the piece-by-piece read, which then redoes every
-    /// piece: whatever `copy` wrote here is overwritten at the same offsets.
-    fn read_whole(
-        &self,
-        chunks: std::ops::RangeInclusive<usize>,
-        bytes: &Range<usize>,
-        copy: &mut dyn FnMut(&[u8], usize),
-    ) -> Option<u64> {
-        let g = &self.geometry;
-        let (first_seq, first_version) = self.control(*chunks.start());
-        let before = first_seq.load(Ordering::Acquire);
-        if before & 1 == 1 {
-            return None;
+    fn deadline(&self) -> SegmentError {
+        SegmentError::Deadline {
+            name: self.name.clone(),
         }
-        // Loaded after the `Acquire` load of chunk `first`'s `seq` and before the copy; the
-        // re-check below finds that `seq` unchanged only if the version is that publication's.
-        let version = first_version.load(Ordering::Relaxed);
-        // Every chunk at the same even `seq`: every one holds the same publication (each
-        // publication moves every chunk's `seq` by exactly 2).
-        if !chunks
-            .clone()
-            .all(|c| self.control(c).0.load(Ordering::Acquire) == before)
-        {
-            return None;
+    }
+}
+
+/// The whole-range phases over a mapped segment: seqs loaded from the mapping, the range handed to
+/// the caller's `copy` at once.
+struct WholeRange<'a, 'b> {
+    reader: &'a SegmentReader,
+    bytes: &'a Range<usize>,
+    copy: &'b mut dyn FnMut(&[u8], usize),
+}
+
+impl seqlock::Phases for WholeRange<'_, '_> {
+    type Error = std::convert::Infallible;
+
+    fn seqs(&mut self, chunks: Range<usize>, out: &mut [u64]) -> Result<(), Self::Error> {
+        for (c, o) in chunks.zip(out.iter_mut()) {
+            *o = seqlock::load(self.reader.control(c).0, Ordering::Acquire);
         }
-        copy(
-            &self.map[g.data_offset + bytes.start..g.data_offset + bytes.end],
+        Ok(())
+    }
+
+    fn copy(&mut self, chunks: Range<usize>) -> Result<u64, Self::Error> {
+        let version = seqlock::load(self.reader.control(chunks.start).1, Ordering::Relaxed);
+        let g = &self.reader.geometry;
+        (self.copy)(
+            &self.reader.map[g.data_offset + self.bytes.start..g.data_offset + self.bytes.end],
             0,
         );
-        // Orders the copy (and the version load) before the re-checks: if the copy saw any byte
-        // a later publication wrote into chunk `c`, chunk `c`'s `seq` has moved on (the writer
-        // made it odd, with a `Release` fence, before writing the chunk's bytes).
-        fence(Ordering::Acquire);
-        chunks
-            .into_iter()
-            .all(|c| self.control(c).0.load(Ordering::Relaxed) == before)
-            .then_some(version)
+        Ok(version)
+    }
+}
+
+impl seqlock::Controls for SegmentReader {
+    fn seq(&self, chunk: usize) -> &AtomicU64 {
+        self.control(chunk).0
+    }
+    fn version(&self, chunk: usize) -> &AtomicU64 {
+        self.control(chunk).1
+    }
+}
+
+/// A writer's view of the control words in its (locked, mutable) mapping.
+struct MappedControls {
+    base: *mut u8,
+    geometry: Geometry,
+}
+
+impl MappedControls {
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: callers pass the offset of a control word of a chunk `< chunks`, which
+        // `Geometry` placed inside the mapping, 8-aligned (the mapping is page aligned, the pair
+        // 64-aligned). The words are only ever accessed atomically, and `self` lives only while
+        // the writer holds the mapping's lock.
+        unsafe { AtomicU64::from_ptr(self.base.add(offset).cast::<u64>()) }
+    }
+}
+
+impl seqlock::Controls for MappedControls {
+    fn seq(&self, chunk: usize) -> &AtomicU64 {
+        self.word(self.geometry.control(chunk))
+    }
+    fn version(&self, chunk: usize) -> &AtomicU64 {
+        self.word(self.geometry.control(chunk) + CONTROL_VERSION)
     }
 }
 
@@ -1109,64 +1083,30 @@ impl SegmentReader {
         deadline: Instant,
         read: &mut dyn FnMut() -> Result<(), E>,
     ) -> Result<Result<u64, E>, SegmentError> {
-        let mut backoff = Backoff::new(deadline, &self.name);
-        let (seq, version) = self.control(0);
-        loop {
-            if Instant::now() >= deadline {
-                return Err(backoff.deadline());
+        struct Outside<'a, E> {
+            reader: &'a SegmentReader,
+            read: &'a mut dyn FnMut() -> Result<(), E>,
+        }
+        impl<E> seqlock::Phases for Outside<'_, E> {
+            type Error = E;
+            fn seqs(&mut self, _: Range<usize>, out: &mut [u64]) -> Result<(), E> {
+                out[0] = seqlock::load(self.reader.control(0).0, Ordering::Acquire);
+                Ok(())
             }
-            let before = seq.load(Ordering::Acquire);
-            if before & 1 == 0 {
-                let v = version.load(Ordering::Relaxed);
-                if let Err(e) = read() {
-                    return Ok(Err(e));
-                }
+            fn copy(&mut self, _: Range<usize>) -> Result<u64, E> {
+                let version = seqlock::load(self.reader.control(0).1, Ordering::Relaxed);
+                (self.read)()?;
                 // The copy was observed complete before this point; a publication that overlapped
-                // it made `seq` odd (`SeqCst`) before its data moved.
-                fence(Ordering::SeqCst);
-                if seq.load(Ordering::Acquire) == before {
-                    return Ok(Ok(v));
-                }
+                // it made the seq odd (`SeqCst`) before its data moved.
+                std::sync::atomic::fence(Ordering::SeqCst);
+                Ok(version)
             }
-            backoff.snooze()?;
         }
-    }
-}
-
-/// Bounded spinning, then yielding and checking the deadline.
-struct Backoff<'a> {
-    spins: u32,
-    deadline: Instant,
-    name: &'a str,
-}
-
-impl<'a> Backoff<'a> {
-    fn new(deadline: Instant, name: &'a str) -> Self {
-        Self {
-            spins: 0,
-            deadline,
-            name,
+        match seqlock::read(&mut Outside { reader: self, read }, 0..1, deadline) {
+            Ok(version) => Ok(Ok(version)),
+            Err(seqlock::Failure::Access(e)) => Ok(Err(e)),
+            Err(seqlock::Failure::Deadline) => Err(self.deadline()),
         }
-    }
-
-    fn deadline(&self) -> SegmentError {
-        SegmentError::Deadline {
-            name: self.name.to_string(),
-        }
-    }
-
-    fn snooze(&mut self) -> Result<(), SegmentError> {
-        self.spins += 1;
-        if self.spins < SPINS_BEFORE_YIELD {
-            std::hint::spin_loop();
-            return Ok(());
-        }
-        self.spins = 0;
-        if Instant::now() >= self.deadline {
-            return Err(self.deadline());
-        }
-        std::thread::yield_now();
-        Ok(())
     }
 }
 

@@ -1,10 +1,9 @@
-//! The `rdma` backend's publication protocol, without any verbs: the memory an owner registers for
+//! The `rdma` backend's published memory, without any verbs: the memory an owner registers for
 //! one published region ([`RegionMemory`]: a header, a seqlock per chunk, the data) and how a
 //! reader gets one whole publication out of it with nothing but one-sided reads ([`read`] over any
 //! [`RemoteMemory`]). The verbs layer (`verbs.rs`) only moves bytes; everything that decides
-//! whether those bytes are a consistent publication is here, and is tested here against in-process
-//! memory with a concurrent writer (this module is compiled, and its tests run, without the `rdma`
-//! feature too).
+//! whether those bytes are a consistent publication is here and in [`crate::seqlock`], and is
+//! tested here against in-process memory with a concurrent writer.
 //!
 //! # Layout of a region's memory (one allocation, page aligned, registered as one memory region)
 //! ```text
@@ -24,35 +23,14 @@
 //! The seqs (and the versions) of all chunks are contiguous, so a reader fetches the seqs of every
 //! chunk of its range with one read, whatever the range's length.
 //!
-//! # Writer (the owner; [`RegionMemory::publish`], one at a time under a lock)
-//! For each chunk in order: `seq += 1` (odd), fence `Release`, store the chunk's bytes, store
-//! `version`, `seq += 1` (even, `Release`) — the protocol of `shm/segment.rs`. Every publication
-//! advances every chunk's seq by exactly 2, so at rest all chunks carry the same even seq, and
-//! "chunk `c` has seq `s`" means "chunk `c` holds publication `s / 2`".
-//!
-//! # Reader ([`read`]): three phases of one-sided reads, each complete before the next starts
-//! 1. the header and the seqs of the chunks the range touches;
-//! 2. their versions and the range's bytes;
-//! 3. the same seqs again.
-//!
-//! The read stands if the header names the expected live region, every seq of phase 1 is even and
-//! they are all equal, and phase 3 read exactly the same seqs; it returns the (common) version.
-//! Otherwise it is done again (after a short backoff) until its deadline. Why this is a whole
-//! publication, never a mix (contract C1): a chunk's seq only grows, so phase 3 seeing the seq
-//! phase 1 saw means no writer stored to that seq in between; the writer stores the odd seq before
-//! any byte of the chunk (and the version), so no byte read in phase 2 — which ran strictly
-//! between the two seq reads — comes from a later publication, and the even seq of phase 1 was
-//! stored after every byte of its publication. Equal seqs across chunks mean the same publication.
-//! The version is read in phase 2 like the data, so it is covered by the same argument (reading it
-//! next to the seq, in one transfer, would not be: a NIC does not promise an order between the
-//! bytes of one read). What the argument needs from the transport is only that each phase's
-//! reads have completed before the next phase's are issued, and that an aligned 8-byte word is
-//! read whole (true of PCIe reads of a cache line; the seqs are 8-aligned); both hold for RDMA
-//! READ, whose completion means the data is in the reader's memory.
-//!
-//! A publication that keeps overlapping a read makes it retry; a writer publishes once per
-//! training step, so a read waits for at most one publication in practice, and always at most
-//! until its deadline ([`ReadError::Deadline`]).
+//! # The seqlock
+//! [`RegionMemory::publish`] is [`crate::seqlock`]'s writer over these words, and [`read`] its
+//! whole-range reader in three phases of one-sided reads (phase 1 also reads the header and
+//! checks that the memory still holds the expected live region); the protocol and its C1
+//! argument are there. What the argument needs from the NIC is that each phase's reads have
+//! completed before the next phase's are issued, and that an aligned 8-byte word is read whole:
+//! both hold for RDMA READ. The version is read in phase 2 like the data, not next to the seq
+//! in one transfer (a NIC does not promise an order between the bytes of one read).
 //!
 //! In-process access ([`RegionMemory::read_at`], used by the owner's own reads and by tests) goes
 //! through atomic word loads, and the writer stores the data through atomic word stores, so a read
@@ -65,6 +43,8 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
+
+use crate::seqlock;
 
 /// Header word 0.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"ODCRDMA1");
@@ -88,9 +68,6 @@ const H_OWNER: usize = 7;
 
 const STATE_LIVE: u64 = 0;
 const STATE_CLOSED: u64 = 1;
-
-/// Failed attempts a read spins before it yields the thread.
-const SPINS_BEFORE_YIELD: u32 = 16;
 
 fn align_up(n: usize, to: usize) -> Option<usize> {
     n.checked_add(to - 1).map(|n| n / to * to)
@@ -356,19 +333,9 @@ impl RegionMemory {
             ));
         }
         let _writer = self.writer.lock();
-        for c in 0..self.layout.chunks {
-            let seq = self.word(self.layout.seq_offset(c));
-            // Only this (locked) writer stores seqs.
-            let odd = u64::from_le(seq.load(Ordering::Relaxed)).wrapping_add(1);
-            seq.store(odd.to_le(), Ordering::Relaxed);
-            // Orders the odd seq before the chunk's stores: a reader that sees any of them sees
-            // the seq changed.
-            fence(Ordering::Release);
-            self.store_bytes(self.layout.chunk_range(c), data);
-            self.word(self.layout.version_offset(c))
-                .store(version.to_le(), Ordering::Relaxed);
-            seq.store(odd.wrapping_add(1).to_le(), Ordering::Release);
-        }
+        seqlock::publish(self, self.layout.chunks, version, |c| {
+            self.store_bytes(self.layout.chunk_range(c), data)
+        });
         self.version.store(version, Ordering::Release);
         Ok(())
     }
@@ -412,6 +379,15 @@ impl RegionMemory {
     fn poke_seq(&self, c: usize, value: u64) {
         self.word(self.layout.seq_offset(c))
             .store(value.to_le(), Ordering::Release);
+    }
+}
+
+impl seqlock::Controls for RegionMemory {
+    fn seq(&self, chunk: usize) -> &AtomicU64 {
+        self.word(self.layout.seq_offset(chunk))
+    }
+    fn version(&self, chunk: usize) -> &AtomicU64 {
+        self.word(self.layout.version_offset(chunk))
     }
 }
 
@@ -526,54 +502,74 @@ pub(crate) fn read<M: RemoteMemory + ?Sized>(
             layout.data_bytes
         )));
     }
-    let at = |offset: usize| base.wrapping_add(to_u64(offset));
     let chunks = layout.chunks_of(&bytes);
-    let words = chunks.len() * WORD;
-    let mut header = [0u8; HEADER_BYTES];
-    let mut seqs = vec![0u8; words];
-    let mut versions = vec![0u8; words];
-    let mut again = vec![0u8; words];
-    let mut spins = 0u32;
-    loop {
-        if Instant::now() >= deadline {
-            return Err(ReadError::Deadline);
-        }
-        // Phase 1: header and seqs.
-        memory
+    let mut phases = Remote {
+        memory,
+        base,
+        expect,
+        bytes,
+        out,
+        header: [0; HEADER_BYTES],
+        words: vec![0; chunks.len() * WORD],
+    };
+    seqlock::read(&mut phases, chunks, deadline).map_err(|e| match e {
+        seqlock::Failure::Deadline => ReadError::Deadline,
+        seqlock::Failure::Access(e) => e,
+    })
+}
+
+/// The seqlock's phases over one-sided reads of a region's memory at `base`.
+struct Remote<'a, M: RemoteMemory + ?Sized> {
+    memory: &'a mut M,
+    base: u64,
+    expect: &'a Expect,
+    bytes: Range<usize>,
+    out: &'a mut [u8],
+    header: [u8; HEADER_BYTES],
+    /// The seqs as read, little-endian bytes.
+    words: Vec<u8>,
+}
+
+impl<M: RemoteMemory + ?Sized> Remote<'_, M> {
+    fn at(&self, offset: usize) -> u64 {
+        self.base.wrapping_add(to_u64(offset))
+    }
+}
+
+impl<M: RemoteMemory + ?Sized> seqlock::Phases for Remote<'_, M> {
+    type Error = ReadError<M::Error>;
+
+    /// Phases 1 and 3: the header (checked: still the expected live region) and the seqs.
+    fn seqs(&mut self, chunks: Range<usize>, out: &mut [u64]) -> Result<(), Self::Error> {
+        let (header_at, seqs_at) = (
+            self.at(0),
+            self.at(self.expect.layout.seq_offset(chunks.start)),
+        );
+        self.memory
             .read_many(&mut [
-                (at(0), &mut header[..]),
-                (at(layout.seq_offset(chunks.start)), &mut seqs[..]),
+                (header_at, &mut self.header[..]),
+                (seqs_at, &mut self.words[..]),
             ])
             .map_err(ReadError::Memory)?;
-        check_header(&header, expect)?;
-        // Makes the seq loads of an in-process memory acquire loads.
-        fence(Ordering::Acquire);
-        let first = word_at(&seqs, 0);
-        let stable = first % 2 == 0 && (1..chunks.len()).all(|i| word_at(&seqs, i) == first);
-        if stable {
-            // Phase 2: versions and data.
-            memory
-                .read_many(&mut [
-                    (at(layout.version_offset(chunks.start)), &mut versions[..]),
-                    (at(layout.data_offset + bytes.start), &mut *out),
-                ])
-                .map_err(ReadError::Memory)?;
-            // Orders the data loads before the re-check (in-process memory).
-            fence(Ordering::Acquire);
-            // Phase 3: the seqs again.
-            memory
-                .read_many(&mut [(at(layout.seq_offset(chunks.start)), &mut again[..])])
-                .map_err(ReadError::Memory)?;
-            if again == seqs {
-                return Ok(word_at(&versions, 0));
-            }
+        check_header(&self.header, self.expect)?;
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = word_at(&self.words, i);
         }
-        spins += 1;
-        if spins % SPINS_BEFORE_YIELD == 0 {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
+        Ok(())
+    }
+
+    /// Phase 2: the first chunk's version and the range's bytes.
+    fn copy(&mut self, chunks: Range<usize>) -> Result<u64, Self::Error> {
+        let layout = &self.expect.layout;
+        let mut version = [0u8; WORD];
+        let (version_at, data_at) = (
+            self.at(layout.version_offset(chunks.start)),
+            self.at(layout.data_offset + self.bytes.start),
+        );
+        self.memory
+            .read_many(&mut [(version_at, &mut version[..]), (data_at, &mut *self.out)])
+            .map_err(ReadError::Memory)?;
+        Ok(u64::from_le_bytes(version))
     }
 }
 
