@@ -61,7 +61,8 @@ pub use odc_actors::policy::stats::{
 pub use odc_actors::policy::step::NonFinite;
 pub use odc_actors::server::optimizer::{OptimizerConfig, OptimizerState};
 pub use odc_actors::trainer::{
-    Compute, ComputeFactory, ContextConfig, Direction, MicroBatchStats, PushTicket, TrainerContext,
+    blocking, Compute, ComputeFactory, ContextConfig, Direction, MicroBatchStats, PushTicket,
+    TrainerContext,
 };
 pub use odc_actors::{Error, NonFiniteAt, Result};
 pub use odc_transport as transport;

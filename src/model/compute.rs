@@ -37,7 +37,9 @@
 //! which reads no weights, so the backward stops gathering at unit 1. Either way the gathered
 //! transfer buffers are released as soon as a stage's tensors are made. A tied head takes unit
 //! 0's matrix; the chunked head leaves its gradient in a sink ([`super::head::WeightGrad`]), the
-//! full head reads it through a `Var` of its own.
+//! full head reads it through a `Var` of its own. Every stage's forward and backward runs in
+//! [`odc_actors::trainer::blocking`], so that the prefetch and the pushes the context started move
+//! while it computes (a long synchronous section would otherwise hold them on its worker).
 //!
 //! **On a CUDA device** ([`Placement`], [`super::device`]): each trainer opens its own device
 //! (own stream) at its first micro-batch; a gathered unit (host `f32`s) goes up in one
@@ -65,7 +67,9 @@ use super::transformer::{
     UnitOutput,
 };
 use crate::checkpoint::{NamedTensor, TensorMap};
-use crate::{Compute, ComputeOutput, LossWeighting, MicroBatch, TrainerContext, UnitSpec};
+use crate::{
+    blocking, Compute, ComputeOutput, LossWeighting, MicroBatch, TrainerContext, UnitSpec,
+};
 
 /// Resolves a [`SampleMeta::index`](crate::SampleMeta) of a micro-batch to its tokens (and, for
 /// GRPO, its advantage and reference log-probs).
@@ -729,8 +733,9 @@ impl Compute for TransformerCompute {
             let input = hidden.take().map(|h| h.detach());
             let keep = reshard.keeps(s, stages.len());
             let values = self.gather_stage(ctx, stage, false).await?;
-            let graph = self
-                .stage_forward(
+            // Off the worker: the prefetch of the next unit moves while this stage computes.
+            let graph = blocking(|| {
+                self.stage_forward(
                     stage,
                     values,
                     keep,
@@ -739,7 +744,8 @@ impl Compute for TransformerCompute {
                     &batch,
                     &rl,
                 )
-                .map_err(user)?;
+            })
+            .map_err(user)?;
             release(ctx, stage)?;
             if let UnitOutput::Hidden(h) = &graph.output {
                 hidden = Some(h.clone());
@@ -801,8 +807,8 @@ impl Compute for TransformerCompute {
                 }
                 Forward::Resharded { input } => {
                     let values = self.gather_stage(ctx, stage, true).await?;
-                    let graph = self
-                        .stage_forward(
+                    let graph = blocking(|| {
+                        self.stage_forward(
                             stage,
                             values,
                             true,
@@ -811,7 +817,8 @@ impl Compute for TransformerCompute {
                             &batch,
                             &rl,
                         )
-                        .map_err(user)?;
+                    })
+                    .map_err(user)?;
                     release(ctx, stage)?;
                     graph
                 }
@@ -839,7 +846,8 @@ impl Compute for TransformerCompute {
             if input.is_none() && gathered.iter().all(|(_, vars)| vars.is_none()) {
                 continue;
             }
-            let mut grads = root.backward().map_err(user)?;
+            // Off the worker: the re-gather below and the pushes above move meanwhile.
+            let mut grads = blocking(|| root.backward()).map_err(user)?;
             // The stage's graph (its activations) goes now, before its gradients are copied.
             drop((root, output));
             // Each gradient is taken out detached: candle's accumulated gradients are tensors

@@ -23,5 +23,5 @@ mod context;
 
 pub use crate::messages::{Assignment, MicroBatchDone, TrainerMsg, TrainerReport, TrainerSpec};
 pub use actor::{Trainer, TrainerArgs};
-pub use compute::{Compute, ComputeFactory, SharedComputeFactory};
+pub use compute::{blocking, Compute, ComputeFactory, SharedComputeFactory};
 pub use context::{ContextConfig, Direction, MicroBatchStats, PushTicket, TrainerContext};
