@@ -41,30 +41,14 @@
 //! raise `SIGBUS`. The owner never truncates.)
 //!
 //! # Seqlock (the transport contract's C1: a read observes one whole publication, never a mix)
-//! Each chunk's `seq` is even while the chunk is stable and odd while it is being written. Every
-//! [`SegmentWriter::publish`] (one writer at a time: a mutex inside) goes through the chunks in
-//! order, and for each: `seq += 1` (odd), `fence(Release)`, copy the bytes, store `version`,
-//! `seq += 1` (even, `Release`). So every publication advances every chunk's `seq` by exactly 2
-//! and, at rest, all chunks carry the same `seq`: equal even `seq`s mean "the same publication".
-//!
-//! A read splits its byte range into one piece per chunk. For each piece: load `seq` (`Acquire`);
-//! if odd, wait; load `version`, hand the piece to the caller's `copy`, `fence(Acquire)`, reload
-//! `seq`; if it changed, the copy may be torn and the piece is done again. Pieces must all be read
-//! at the same `seq`: a piece at an older `seq` than those before it waits for the writer to reach
-//! it, a piece at a newer one restarts the read from its first piece (the earlier pieces belong to
-//! an older publication). Once every piece is done, the caller's destination holds exactly one
-//! publication and the read returns its version. Waits spin a bounded number of times, then yield
-//! and check the deadline: a writer that died in the middle of a publication leaves a `seq` odd (or
-//! the chunks at different `seq`s) forever, which ends in [`SegmentError::Deadline`], not a hang.
-//!
-//! A range over several chunks first tries all of them at once: load every covered chunk's `seq`
-//! (`Acquire`); if they are all even and equal (one publication), load the first chunk's
-//! `version`, hand the *whole* range to `copy` in one call, `fence(Acquire)`, and reload every
-//! `seq`; if none moved, that one copy is the read (it is the per-piece protocol above, with all
-//! pieces copied between the same two checks). Any odd or unequal `seq`, before or after, falls
-//! back to the piece-by-piece read, which redoes every piece. The point is one large copy: the C
-//! library's `memcpy` switches to non-temporal stores only for a single large copy, which pieces
-//! of one chunk each never get.
+//! Each chunk's control pair is [`crate::seqlock`]'s seq and version words (little-endian);
+//! [`SegmentWriter::publish`] is its writer, one at a time under a mutex. A read over several
+//! chunks first tries the whole range as one attempt of the three-phase reader, handing the
+//! *whole* range to `copy` in one call (the C library's `memcpy` switches to non-temporal stores
+//! only for a single large copy, which pieces of one chunk each never get); a publication in
+//! progress, or one that ran during the copy, falls back to the chunk-by-chunk reader, which
+//! follows a writer that never pauses and redoes every piece. Waits end at the deadline: a
+//! writer that died in the middle of a publication is [`SegmentError::Deadline`], not a hang.
 //!
 //! `copy(src, offset_in_range)` receives a slice of the live mapping, so it can see bytes that are
 //! being overwritten; such a copy is always redone (same offset) before the read returns, so a
