@@ -44,15 +44,13 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use odc::layout::shard_range;
 use odc::sim::clock::ClockMode;
 use odc::sim::TRAINER_ENDPOINT_BASE;
+use odc::transport::priced::{Priced, Pricer};
 use odc::transport::throttle::Pace;
-use odc::transport::{
-    check_deadline, now, AccumulatorRegion, Deadline, Dest, Dtype, EndpointId, InboxRegion, Op,
-    PublishedRegion, RegionHandle, RegionId, Transport, TransportError, WriteTag,
-};
+use odc::transport::wrap::Wrapped;
+use odc::transport::{now, EndpointId, RegionHandle, Transport};
 use parking_lot::Mutex;
 
 use crate::sim::ports::{CopyKey, Piece, Ports};
@@ -130,10 +128,13 @@ impl Links {
     /// The transport of a trainer on `device`, or (`None`) an unpriced one for servers, the
     /// supervisor and the job's own reads.
     pub fn view(self: &Arc<Self>, device: Option<u32>) -> Arc<dyn Transport> {
-        Arc::new(View {
-            links: self.clone(),
-            device,
-        })
+        Arc::new(Wrapped(Priced::new(
+            Arc::clone(&self.inner),
+            DevicePricer {
+                links: Arc::clone(self),
+                device,
+            },
+        )))
     }
 
     /// Modelled seconds since the origin.
@@ -174,24 +175,6 @@ impl Links {
             .collect()
     }
 
-    /// Wait until modelled time `done_s`, or fail at `deadline` if that comes first.
-    async fn wait(
-        &self,
-        done_s: f64,
-        deadline: Deadline,
-        owner: EndpointId,
-        region: RegionId,
-        op: Op,
-    ) -> Result<(), TransportError> {
-        let done = self.instant(done_s);
-        self.pace.wait_until(done.min(deadline)).await;
-        if done > deadline {
-            Err(TransportError::DeadlineExceeded { owner, region, op })
-        } else {
-            Ok(())
-        }
-    }
-
     /// Schedule pieces now: a read (HPZ-aware), a write, or a ring message (striped over the
     /// node's NICs, as NCCL's one channel per NIC spreads a ring's node crossings over every rail).
     /// A topology error (a device outside it) is a bug of the mapping above and costs nothing
@@ -218,61 +201,22 @@ enum Kind {
     Ring,
 }
 
-/// One device's view of the [`Links`].
-struct View {
+/// One device's pricing of the [`Links`] (`None`: unpriced), for the one priced wrapper.
+#[derive(Debug)]
+struct DevicePricer {
     links: Arc<Links>,
     device: Option<u32>,
 }
 
-#[async_trait::async_trait]
-impl Transport for View {
-    fn backend(&self) -> &'static str {
-        self.links.inner.backend()
+impl Pricer for DevicePricer {
+    fn pace(&self) -> Pace {
+        self.links.pace
     }
 
-    fn register_published(
-        &self,
-        owner: EndpointId,
-        dtype: Dtype,
-        initial: Bytes,
-        version: u64,
-    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        self.links
-            .inner
-            .register_published(owner, dtype, initial, version)
-    }
-
-    fn register_accumulator(
-        &self,
-        owner: EndpointId,
-        len: usize,
-        epoch: u64,
-    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        self.links.inner.register_accumulator(owner, len, epoch)
-    }
-
-    fn register_inbox(
-        &self,
-        owner: EndpointId,
-        epoch: u64,
-    ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        self.links.inner.register_inbox(owner, epoch)
-    }
-
-    async fn read(
-        &self,
-        handle: &RegionHandle,
-        range: Range<usize>,
-        into: Dest<'_>,
-        deadline: Deadline,
-    ) -> Result<u64, TransportError> {
-        let (start, end) = (range.start as u64, range.end as u64);
-        // Check first: a refused request moves no bytes and occupies no port.
-        let version = self.links.inner.read(handle, range, into, deadline).await?;
-        let Some(reader) = self.device else {
-            return Ok(version);
-        };
+    fn read(&self, handle: &RegionHandle, range: Range<usize>, version: u64) -> Option<Instant> {
+        let reader = self.device?;
         let f = &self.links;
+        let (start, end) = (range.start as u64, range.end as u64);
         let size = handle.dtype.size();
         let pieces: Vec<Piece> = f
             .holders(handle.owner, handle.len, start..end)
@@ -291,69 +235,40 @@ impl Transport for View {
             end,
             version,
         });
-        let done = f.schedule(Kind::Read { reader, hpz }, &pieces);
-        f.wait(done, deadline, handle.owner, handle.id, Op::Read)
-            .await?;
-        Ok(version)
+        Some(f.instant(f.schedule(Kind::Read { reader, hpz }, &pieces)))
     }
 
-    async fn accumulate(
-        &self,
-        handle: &RegionHandle,
-        offset: usize,
-        data: Bytes,
-        tag: WriteTag,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
+    fn accumulate(&self, handle: &RegionHandle, offset: usize, bytes: usize) -> Option<Instant> {
+        let writer = self.device?;
         let f = &self.links;
-        if let Some(writer) = self.device {
-            // The bytes cross the ports before the owner applies them.
-            check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
-            let elems = (data.len() / 4) as u64;
-            let start = offset as u64;
-            let pieces: Vec<Piece> = f
-                .holders(handle.owner, handle.len, start..start.saturating_add(elems))
-                .into_iter()
-                .map(|(dst, elems)| Piece {
-                    src: writer,
-                    dst,
-                    bytes: f.bytes(elems, 4),
-                })
-                .collect();
-            let done = f.schedule(Kind::Write, &pieces);
-            f.wait(done, deadline, handle.owner, handle.id, Op::Accumulate)
-                .await?;
-        }
-        f.inner
-            .accumulate(handle, offset, data, tag, deadline)
-            .await
-    }
-
-    async fn send(
-        &self,
-        inbox: &RegionHandle,
-        tag: WriteTag,
-        data: Bytes,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        let f = &self.links;
-        if let Some(sender) = self.device {
-            check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
-            let (dst, _) = f
-                .holders(inbox.owner, 0, 0..0)
-                .first()
-                .copied()
-                .unwrap_or((sender, 0));
-            let piece = Piece {
-                src: sender,
+        let elems = (bytes / 4) as u64;
+        let start = offset as u64;
+        let pieces: Vec<Piece> = f
+            .holders(handle.owner, handle.len, start..start.saturating_add(elems))
+            .into_iter()
+            .map(|(dst, elems)| Piece {
+                src: writer,
                 dst,
-                bytes: f.bytes(data.len() as u64, 1),
-            };
-            let done = f.schedule(Kind::Ring, &[piece]);
-            f.wait(done, deadline, inbox.owner, inbox.id, Op::Send)
-                .await?;
-        }
-        f.inner.send(inbox, tag, data, deadline).await
+                bytes: f.bytes(elems, 4),
+            })
+            .collect();
+        Some(f.instant(f.schedule(Kind::Write, &pieces)))
+    }
+
+    fn send(&self, inbox: &RegionHandle, bytes: usize) -> Option<Instant> {
+        let sender = self.device?;
+        let f = &self.links;
+        let (dst, _) = f
+            .holders(inbox.owner, 0, 0..0)
+            .first()
+            .copied()
+            .unwrap_or((sender, 0));
+        let piece = Piece {
+            src: sender,
+            dst,
+            bytes: f.bytes(bytes as u64, 1),
+        };
+        Some(f.instant(f.schedule(Kind::Ring, &[piece])))
     }
 }
 

@@ -16,9 +16,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use odc::transport::local::LocalTransport;
+use odc::transport::wrap::{Wrap, Wrapped};
 use odc::transport::{
-    codec, AccumulatorRegion, Deadline, Dest, Dtype, EndpointId, InboxRegion, PublishedRegion,
-    RegionHandle, Transport, TransportError, WriteTag,
+    codec, AccumulatorRegion, Dest, Dtype, EndpointId, RegionHandle, Transport, TransportError,
+    WriteTag,
 };
 use odc::{
     async_trait, Compute, ComputeOutput, DispatchMode, LossWeighting, MicroBatch, OptimizerConfig,
@@ -60,20 +61,9 @@ impl Recording {
     }
 }
 
-#[async_trait]
-impl Transport for Recording {
-    fn backend(&self) -> &'static str {
-        "local"
-    }
-    fn register_published(
-        &self,
-        owner: EndpointId,
-        dtype: Dtype,
-        initial: bytes::Bytes,
-        version: u64,
-    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        self.inner
-            .register_published(owner, dtype, initial, version)
+impl Wrap for Recording {
+    fn inner(&self) -> &dyn Transport {
+        &self.inner
     }
     fn register_accumulator(
         &self,
@@ -88,50 +78,13 @@ impl Transport for Recording {
             .push(region.handle());
         Ok(region)
     }
-    fn register_inbox(
-        &self,
-        owner: EndpointId,
-        epoch: u64,
-    ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        self.inner.register_inbox(owner, epoch)
-    }
-    async fn read(
-        &self,
-        handle: &RegionHandle,
-        range: Range<usize>,
-        into: Dest<'_>,
-        deadline: Deadline,
-    ) -> Result<u64, TransportError> {
-        self.inner.read(handle, range, into, deadline).await
-    }
-    async fn accumulate(
-        &self,
-        handle: &RegionHandle,
-        offset: usize,
-        data: bytes::Bytes,
-        tag: WriteTag,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        self.inner
-            .accumulate(handle, offset, data, tag, deadline)
-            .await
-    }
-    async fn send(
-        &self,
-        inbox: &RegionHandle,
-        tag: WriteTag,
-        data: bytes::Bytes,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        self.inner.send(inbox, tag, data, deadline).await
-    }
 }
 
 /// What the forging trainers share.
 #[derive(Default)]
 struct Forgery {
     on: bool,
-    transport: OnceLock<Arc<Recording>>,
+    transport: OnceLock<Arc<Wrapped<Recording>>>,
     supervisor: OnceLock<ActorRef<SupervisorMsg>>,
     /// A cheap source of guessed tokens.
     guesses: AtomicU64,
@@ -190,7 +143,7 @@ impl Forgery {
             return;
         };
         let deadline = odc::transport::deadline_in(Duration::from_secs(10));
-        for handle in transport.accumulators() {
+        for handle in transport.0.accumulators() {
             let garbage = codec::encode_f32(&vec![1000.0; handle.elements()]);
             for micro_batch in (0..MICRO_BATCHES).filter(|&m| m != own) {
                 for shard in 0..SERVERS {
@@ -263,10 +216,10 @@ async fn call<T: Send + 'static>(
 
 /// Train `STEPS` steps of 8 one-token samples with forgeries on or off; the final parameters.
 async fn train(forgery: Arc<Forgery>) -> (Vec<f32>, u64) {
-    let transport = Arc::new(Recording {
+    let transport = Arc::new(Wrapped(Recording {
         inner: LocalTransport::new(),
         accumulators: Mutex::default(),
-    });
+    }));
     let _ = forgery.transport.set(transport.clone());
     let layout = ModelLayout::new(vec![UnitSpec::constant("counts", LEN, 0.0)]).unwrap();
     let shared = forgery.clone();

@@ -81,6 +81,7 @@ pub mod cuda;
 mod dest;
 mod error;
 pub mod local;
+pub mod priced;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 mod region;
@@ -92,6 +93,7 @@ pub mod tcp;
 pub mod throttle;
 mod transport;
 pub mod wire;
+pub mod wrap;
 
 pub use chunk::chunk_ranges;
 pub use dest::{Dest, DestSpec, DeviceDest};

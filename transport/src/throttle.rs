@@ -1,8 +1,9 @@
-//! A transport wrapper that models link bandwidth: every transfer occupies the link of the
-//! region's owner for `bytes / bytes_per_sec` seconds, transfers on one link queue behind each
-//! other (serialised, FIFO by arrival), transfers on different links overlap. Reads, accumulates
-//! and inbox sends are throttled; the bytes still move through the wrapped backend, so contents
-//! and every contract clause C1–C7 are the inner backend's.
+//! The link throttle: the one priced wrapper ([`crate::priced`]) with a [`LinkPricer`], which
+//! models link bandwidth. Every transfer occupies the link of the region's owner for
+//! `bytes / bytes_per_sec` seconds, transfers on one link queue behind each other (serialised,
+//! FIFO by arrival), transfers on different links overlap. Reads, accumulates and inbox sends are
+//! priced; the bytes still move through the wrapped backend, so contents and every contract
+//! clause C1–C8 are the inner backend's.
 //!
 //! The link bookkeeping is [`LinkSchedule`], a pure function of the arrivals (no clock inside),
 //! tested deterministically. [`Throttled`] asks it when a transfer is done and waits until then
@@ -14,7 +15,8 @@
 //!
 //! Deadlines (C6): an operation whose deadline has passed is refused before it reserves the link.
 //! A transfer whose modelled end lies past its deadline waits until the deadline and fails with
-//! [`TransportError::DeadlineExceeded`]: an accumulate or a send is then not applied (the bytes
+//! [`TransportError::DeadlineExceeded`](crate::TransportError::DeadlineExceeded): an accumulate or
+//! a send is then not applied (the bytes
 //! would cross the link before the owner applies them); a read has already written its
 //! destination, whose contents are then unspecified. The link stays reserved for the whole
 //! modelled transfer either way.
@@ -27,14 +29,13 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::transport::{check_deadline, now};
-use crate::{
-    AccumulatorRegion, Deadline, Dest, Dtype, EndpointId, InboxRegion, Op, PublishedRegion,
-    RegionHandle, RegionId, Transport, TransportError, WriteTag,
-};
+pub use crate::priced::Pace;
+use crate::priced::{Priced, Pricer};
+use crate::transport::now;
+use crate::wrap::Wrapped;
+use crate::{EndpointId, RegionHandle, Transport};
 
 /// Maps an owner endpoint to the link its transfers use (several endpoints may share a link).
 pub type LinkOf = Arc<dyn Fn(EndpointId) -> u32 + Send + Sync>;
@@ -77,74 +78,85 @@ impl LinkSchedule {
     }
 }
 
-/// How a modelled wait (a transfer here, a simulated device's compute elsewhere) spends time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Pace {
-    /// Wall time: `std::thread::sleep` on a blocking thread (tens of microseconds of error, where
-    /// tokio's timer would round up to the next millisecond).
-    #[default]
-    Wall,
-    /// tokio's timer. On a runtime started paused (`start_paused(true)`, current-thread) the wait
-    /// costs virtual time only; tokio's timer resolution is 1 ms of that time, so a simulation
-    /// stretches its model to make a millisecond small (see `odc::sim::clock`).
-    Virtual,
-}
-
-impl Pace {
-    /// Wait until `until`, an instant of tokio's clock ([`crate::now`]).
-    pub async fn wait_until(self, until: Instant) {
-        match self {
-            Pace::Wall => {
-                let wait = until.saturating_duration_since(now());
-                // A blocking thread sleeps precisely; if the pool is gone, fall back to the timer.
-                if !wait.is_zero()
-                    && tokio::task::spawn_blocking(move || std::thread::sleep(wait))
-                        .await
-                        .is_err()
-                {
-                    tokio::time::sleep_until(until.into()).await;
-                }
-            }
-            Pace::Virtual => tokio::time::sleep_until(until.into()).await,
-        }
-    }
-}
-
-/// See the [module docs](self).
-pub struct Throttled {
-    inner: Arc<dyn Transport>,
+/// The link throttle's pricer: a link per owner (or as `link_of` groups them) of
+/// `bytes_per_sec`, FIFO by arrival ([`LinkSchedule`]).
+pub struct LinkPricer {
     bytes_per_sec: f64,
     link_of: LinkOf,
     links: Mutex<LinkSchedule>,
     pace: Pace,
 }
 
-impl std::fmt::Debug for Throttled {
+impl std::fmt::Debug for LinkPricer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Throttled")
-            .field("inner", &self.inner.backend())
+        f.debug_struct("LinkPricer")
             .field("bytes_per_sec", &self.bytes_per_sec)
             .field("pace", &self.pace)
             .finish()
     }
 }
 
-impl Throttled {
+impl LinkPricer {
+    /// Modelled seconds `bytes` occupy a link.
+    pub fn seconds(&self, bytes: usize) -> f64 {
+        if self.bytes_per_sec.is_finite() && self.bytes_per_sec > 0.0 {
+            bytes as f64 / self.bytes_per_sec
+        } else {
+            0.0
+        }
+    }
+
+    /// Reserve the owner's link for `bytes`: when the transfer is done (`None`: free).
+    fn occupy(&self, owner: EndpointId, bytes: usize) -> Option<Instant> {
+        let seconds = self.seconds(bytes);
+        (seconds > 0.0).then(|| {
+            self.links
+                .lock()
+                .reserve((self.link_of)(owner), now(), seconds)
+        })
+    }
+}
+
+impl Pricer for LinkPricer {
+    fn pace(&self) -> Pace {
+        self.pace
+    }
+    fn read(&self, handle: &RegionHandle, range: Range<usize>, _: u64) -> Option<Instant> {
+        self.occupy(
+            handle.owner,
+            range.len().saturating_mul(handle.dtype.size()),
+        )
+    }
+    fn accumulate(&self, handle: &RegionHandle, _: usize, bytes: usize) -> Option<Instant> {
+        self.occupy(handle.owner, bytes)
+    }
+    fn send(&self, inbox: &RegionHandle, bytes: usize) -> Option<Instant> {
+        // The message crosses the inbox owner's link.
+        self.occupy(inbox.owner, bytes)
+    }
+}
+
+/// See the [module docs](self): the one priced wrapper ([`crate::priced`]) with link pricing.
+pub type Throttled = Wrapped<Priced<LinkPricer>>;
+
+impl Wrapped<Priced<LinkPricer>> {
     /// Wrap `inner` with links of `bytes_per_sec` each; `link_of` maps owners to links. A
     /// non-finite or non-positive bandwidth means no throttling.
     pub fn new(inner: Arc<dyn Transport>, bytes_per_sec: f64, link_of: LinkOf) -> Self {
-        Throttled {
+        Wrapped(Priced::new(
             inner,
-            bytes_per_sec,
-            link_of,
-            links: Mutex::new(LinkSchedule::default()),
-            pace: Pace::Wall,
-        }
+            LinkPricer {
+                bytes_per_sec,
+                link_of,
+                links: Mutex::new(LinkSchedule::default()),
+                pace: Pace::Wall,
+            },
+        ))
     }
 
     /// Wait for transfers at `pace` (default [`Pace::Wall`]).
     pub fn with_pace(mut self, pace: Pace) -> Self {
-        self.pace = pace;
+        self.0.pricer_mut().pace = pace;
         self
     }
 
@@ -155,124 +167,7 @@ impl Throttled {
 
     /// Modelled seconds `bytes` occupy a link.
     pub fn seconds(&self, bytes: usize) -> f64 {
-        if self.bytes_per_sec.is_finite() && self.bytes_per_sec > 0.0 {
-            bytes as f64 / self.bytes_per_sec
-        } else {
-            0.0
-        }
-    }
-
-    /// Reserve the owner's link for `bytes` and wait until the transfer would have finished, or
-    /// until `deadline` if that comes first ([`TransportError::DeadlineExceeded`]).
-    async fn occupy(
-        &self,
-        owner: EndpointId,
-        region: RegionId,
-        op: Op,
-        bytes: usize,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        let seconds = self.seconds(bytes);
-        if seconds <= 0.0 {
-            return Ok(());
-        }
-        let done = self
-            .links
-            .lock()
-            .reserve((self.link_of)(owner), now(), seconds);
-        self.pace.wait_until(done.min(deadline)).await;
-        if done > deadline {
-            Err(TransportError::DeadlineExceeded { owner, region, op })
-        } else {
-            Ok(())
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl Transport for Throttled {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
-    fn register_published(
-        &self,
-        owner: EndpointId,
-        dtype: Dtype,
-        initial: Bytes,
-        version: u64,
-    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        self.inner
-            .register_published(owner, dtype, initial, version)
-    }
-
-    fn register_accumulator(
-        &self,
-        owner: EndpointId,
-        len: usize,
-        epoch: u64,
-    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        self.inner.register_accumulator(owner, len, epoch)
-    }
-
-    fn register_inbox(
-        &self,
-        owner: EndpointId,
-        epoch: u64,
-    ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        self.inner.register_inbox(owner, epoch)
-    }
-
-    async fn read(
-        &self,
-        handle: &RegionHandle,
-        range: Range<usize>,
-        into: Dest<'_>,
-        deadline: Deadline,
-    ) -> Result<u64, TransportError> {
-        // Check first: a refused request moves no bytes and occupies no link.
-        let bytes = range.len().saturating_mul(handle.dtype.size());
-        let version = self.inner.read(handle, range, into, deadline).await?;
-        self.occupy(handle.owner, handle.id, Op::Read, bytes, deadline)
-            .await?;
-        Ok(version)
-    }
-
-    async fn accumulate(
-        &self,
-        handle: &RegionHandle,
-        offset: usize,
-        data: Bytes,
-        tag: WriteTag,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        // The bytes cross the link before the owner applies them.
-        check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
-        self.occupy(
-            handle.owner,
-            handle.id,
-            Op::Accumulate,
-            data.len(),
-            deadline,
-        )
-        .await?;
-        self.inner
-            .accumulate(handle, offset, data, tag, deadline)
-            .await
-    }
-
-    async fn send(
-        &self,
-        inbox: &RegionHandle,
-        tag: WriteTag,
-        data: Bytes,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        // The message crosses the inbox owner's link before it sits in the inbox.
-        check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
-        self.occupy(inbox.owner, inbox.id, Op::Send, data.len(), deadline)
-            .await?;
-        self.inner.send(inbox, tag, data, deadline).await
+        self.0.pricer().seconds(bytes)
     }
 }
 
@@ -281,6 +176,8 @@ mod tests {
     use super::*;
     use crate::codec;
     use crate::local::LocalTransport;
+    use crate::{Dest, Dtype, Op, TransportError, WriteTag};
+    use bytes::Bytes;
 
     fn secs(s: f64) -> Duration {
         Duration::from_secs_f64(s)

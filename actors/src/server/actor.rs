@@ -250,9 +250,10 @@ mod tests {
 
     use bytes::Bytes;
     use odc_transport::local::LocalTransport;
+    use odc_transport::wrap::{Wrap, Wrapped};
     use odc_transport::{
-        codec, deadline_in, AccumulatorRegion, Dest, Dtype, EndpointId, InboxRegion,
-        PublishedRegion, RegionHandle, Transport, TransportError, WriteTag,
+        codec, deadline_in, Dest, Dtype, EndpointId, PublishedRegion, RegionHandle, Transport,
+        TransportError, WriteTag,
     };
     use ractor::RpcReplyPort;
 
@@ -640,10 +641,9 @@ mod tests {
         }
     }
 
-    #[async_trait::async_trait]
-    impl Transport for Gated {
-        fn backend(&self) -> &'static str {
-            "gated"
+    impl Wrap for Gated {
+        fn inner(&self) -> &dyn Transport {
+            &self.inner
         }
         fn register_published(
             &self,
@@ -656,51 +656,6 @@ mod tests {
                 .inner
                 .register_published(owner, dtype, initial, version)?;
             Ok(Box::new(GatedPublished(inner, self.permits.clone())))
-        }
-        fn register_accumulator(
-            &self,
-            owner: EndpointId,
-            len: usize,
-            epoch: u64,
-        ) -> std::result::Result<Box<dyn AccumulatorRegion>, TransportError> {
-            self.inner.register_accumulator(owner, len, epoch)
-        }
-        fn register_inbox(
-            &self,
-            owner: EndpointId,
-            epoch: u64,
-        ) -> std::result::Result<Box<dyn InboxRegion>, TransportError> {
-            self.inner.register_inbox(owner, epoch)
-        }
-        async fn read(
-            &self,
-            handle: &RegionHandle,
-            range: Range<usize>,
-            into: Dest<'_>,
-            deadline: odc_transport::Deadline,
-        ) -> std::result::Result<u64, TransportError> {
-            self.inner.read(handle, range, into, deadline).await
-        }
-        async fn accumulate(
-            &self,
-            handle: &RegionHandle,
-            offset: usize,
-            data: Bytes,
-            tag: WriteTag,
-            deadline: odc_transport::Deadline,
-        ) -> std::result::Result<(), TransportError> {
-            self.inner
-                .accumulate(handle, offset, data, tag, deadline)
-                .await
-        }
-        async fn send(
-            &self,
-            inbox: &RegionHandle,
-            tag: WriteTag,
-            data: Bytes,
-            deadline: odc_transport::Deadline,
-        ) -> std::result::Result<(), TransportError> {
-            self.inner.send(inbox, tag, data, deadline).await
         }
     }
 
@@ -718,10 +673,10 @@ mod tests {
                 .unwrap();
             let outcome = runtime.block_on(async {
                 let permits = Arc::new((Mutex::new(0u32), Condvar::new()));
-                let transport: Arc<dyn Transport> = Arc::new(Gated {
+                let transport: Arc<dyn Transport> = Arc::new(Wrapped(Gated {
                     inner: LocalTransport::new(),
                     permits: permits.clone(),
-                });
+                }));
                 let actor = server(transport, 1, 0).await;
                 let apply = ApplyCmd {
                     lr_scale: 1.0,
