@@ -8,9 +8,9 @@ use odc_transport::{EndpointId, TransportError};
 use serde::{Deserialize, Serialize};
 
 use crate::balancer::BalanceError;
-use crate::layout::UnitId;
 use crate::ledger::LedgerError;
 use crate::optimizer::OptimizerError;
+use crate::UnitId;
 
 /// Errors of the odc runtime.
 #[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]

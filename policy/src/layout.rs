@@ -23,8 +23,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
-/// Index of a unit in its [`ModelLayout`].
-pub type UnitId = u32;
+pub use crate::UnitId;
 
 /// Initial values of a unit, materialised only shard by shard at the owning server.
 #[derive(Clone)]

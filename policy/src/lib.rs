@@ -53,6 +53,9 @@ pub mod token;
 
 pub use error::{Error, NonFiniteAt, Result};
 
+/// Index of a unit in its [`ModelLayout`](layout::ModelLayout).
+pub type UnitId = u32;
+
 #[cfg(test)]
 mod tests {
     /// The crate's purity holds by construction: its manifest names no actor framework, no async
