@@ -25,6 +25,7 @@
 //!   a request that gives up mid-payload leaves the rest to be discarded, and the connection goes
 //!   on. Frame lengths are checked against the cap before anything is reserved.
 
+mod backend;
 mod client;
 mod listen;
 pub(crate) mod ops;
@@ -33,6 +34,8 @@ mod service;
 
 use std::time::Duration;
 
+pub use self::backend::Remote;
+pub(crate) use self::backend::{other_backend, Backend, Located};
 pub(crate) use self::client::{BoxRead, BoxWrite, Dial, Peers};
 pub(crate) use self::listen::{accept_loop, bind_tcp};
 pub(crate) use self::service::{serve_connection, Served};

@@ -45,13 +45,13 @@ use self::segment::{SegmentError, SegmentReader, SegmentWriter};
 use crate::codec;
 use crate::error::wide;
 use crate::remote::{
-    accept_loop, ops, serve_connection, BoxRead, BoxWrite, Dial, Peers, RemoteConfig, Served,
+    accept_loop, serve_connection, Backend, BoxRead, BoxWrite, Dial, Located, Peers, Remote,
+    RemoteConfig, Served,
 };
-use crate::transport::check_deadline;
 use crate::wire::{ClusterSecret, Target};
 use crate::{
-    AccumulatorRegion, Deadline, Descriptor, Dest, Dtype, EndpointId, InboxRegion, Op,
-    PublishedRegion, RegionHandle, RegionKind, Transport, TransportError, WriteTag,
+    Deadline, Descriptor, Dest, Dtype, EndpointId, Op, PublishedRegion, RegionHandle, RegionKind,
+    TransportError,
 };
 
 /// Segment numbers of this process (names are per pid, so per process is enough); never reused.
@@ -97,32 +97,33 @@ impl Dial for UnixDial {
     }
 }
 
-/// The shared-memory backend. Create it inside a tokio runtime ([`ShmTransport::new`]).
-pub struct ShmTransport {
-    served: Arc<Served>,
+/// The shared-memory backend: the served core ([`Remote`]) with published regions in segments
+/// that readers map and copy without their owner. Create it inside a tokio runtime
+/// ([`ShmTransport::new`]).
+pub type ShmTransport = Remote<Shm>;
+
+/// What is the shm backend's own: its files, and the segments this process has mapped.
+pub struct Shm {
     host: String,
     job: String,
     dir: PathBuf,
     chunk_bytes: usize,
     socket: PathBuf,
-    peers: Peers,
     /// Segments this process has mapped, by name.
     mapped: Mutex<HashMap<String, Arc<SegmentReader>>>,
-    listener: tokio::task::JoinHandle<()>,
 }
 
-impl std::fmt::Debug for ShmTransport {
+impl std::fmt::Debug for Shm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShmTransport")
+        f.debug_struct("Shm")
             .field("job", &self.job)
             .field("socket", &self.socket)
             .finish()
     }
 }
 
-impl Drop for ShmTransport {
+impl Drop for Shm {
     fn drop(&mut self) {
-        self.listener.abort();
         let _ = std::fs::remove_file(&self.socket);
     }
 }
@@ -138,7 +139,7 @@ fn unsupported(what: String) -> TransportError {
     TransportError::Unsupported { what }
 }
 
-impl ShmTransport {
+impl Remote<Shm> {
     /// Remove the job's stale files, listen on a fresh socket and serve this transport's
     /// accumulators and inboxes there.
     pub async fn new(config: ShmConfig) -> Result<Self, TransportError> {
@@ -173,36 +174,39 @@ impl ShmTransport {
                 serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
             },
         ));
-        Ok(Self {
-            served,
+        let shm = Shm {
             host: host_id(),
             job: config.job,
             dir: config.dir,
             chunk_bytes: config.chunk_bytes.max(8) / 8 * 8,
             socket,
-            peers,
             mapped: Mutex::new(HashMap::new()),
-            listener,
-        })
+        };
+        Ok(Remote::serve(served, peers, listener, shm))
     }
 
     /// The Unix socket this transport serves on.
     pub fn socket(&self) -> &Path {
-        &self.socket
+        &self.backend.socket
     }
+}
 
-    fn descriptor(&self, segment: Option<String>) -> Descriptor {
+impl Shm {
+    fn descriptor_of(&self, served: &Served, segment: Option<String>) -> Descriptor {
         Descriptor::Shm {
             host: self.host.clone(),
             job: self.job.clone(),
-            instance: self.served.instance,
+            instance: served.instance,
             socket: self.socket.to_string_lossy().into_owned(),
             segment,
         }
     }
 
     /// Where `handle` lives, or why this transport cannot use it.
-    fn locate<'h>(&self, handle: &'h RegionHandle) -> Result<Located<'h>, TransportError> {
+    fn locate_in<'h>(
+        &self,
+        handle: &'h RegionHandle,
+    ) -> Result<Located<'h, String>, TransportError> {
         let foreign = |reason: String| TransportError::ForeignHandle {
             owner: handle.owner,
             region: handle.id,
@@ -230,8 +234,8 @@ impl ShmTransport {
                     )));
                 }
                 Ok(Located {
-                    socket,
-                    segment: segment.as_deref(),
+                    addr: socket,
+                    memory: segment.clone(),
                     target: Target {
                         owner: handle.owner,
                         instance: *instance,
@@ -388,13 +392,6 @@ impl ShmTransport {
     }
 }
 
-/// Where a handle points.
-struct Located<'h> {
-    socket: &'h str,
-    segment: Option<&'h str>,
-    target: Target,
-}
-
 /// Remove the job's files in `dir` whose owner process is gone: segments (by the segment layer)
 /// and sockets `odc-{job}-{pid}-{n}.sock` (the `cuda` backend names its files the same way).
 pub(crate) fn sweep(dir: &Path, job: &str) {
@@ -473,19 +470,33 @@ impl PublishedRegion for SegmentGuard {
 }
 
 #[async_trait::async_trait]
-impl Transport for ShmTransport {
-    fn backend(&self) -> &'static str {
-        "shm"
+impl Backend for Shm {
+    /// The name of a published region's segment.
+    type Memory = String;
+
+    const NAME: &'static str = "shm";
+
+    fn descriptor(&self, served: &Served) -> Descriptor {
+        self.descriptor_of(served, None)
+    }
+
+    fn locate<'h>(
+        &self,
+        _: &Served,
+        handle: &'h RegionHandle,
+    ) -> Result<Located<'h, String>, TransportError> {
+        self.locate_in(handle)
     }
 
     fn register_published(
         &self,
+        served: &Served,
         owner: EndpointId,
         dtype: Dtype,
         initial: Bytes,
         version: u64,
     ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        let id = self.served.fabric.next_region_id();
+        let id = served.fabric.next_region_id();
         let len = codec::element_count(dtype, initial.len()).map_err(|e| e.for_region(id))?;
         let chunk = self.chunk_bytes.max(dtype.size()) / dtype.size() * dtype.size();
         let chunk = (chunk / 8).max(1) * 8;
@@ -493,7 +504,7 @@ impl Transport for ShmTransport {
             &self.dir,
             &self.job,
             owner,
-            self.served.instance,
+            served.instance,
             id,
             NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed),
             dtype.size(),
@@ -510,7 +521,7 @@ impl Transport for ShmTransport {
             dtype,
             len: wide(len),
             version,
-            descriptor: self.descriptor(Some(writer.name().to_owned())),
+            descriptor: self.descriptor_of(served, Some(writer.name().to_owned())),
         };
         Ok(Box::new(SegmentGuard {
             writer,
@@ -520,104 +531,30 @@ impl Transport for ShmTransport {
         }))
     }
 
-    fn register_accumulator(
+    async fn read_memory(
         &self,
-        owner: EndpointId,
-        len: usize,
-        epoch: u64,
-    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        self.served
-            .register_accumulator(self.descriptor(None), owner, len, epoch)
-    }
-
-    fn register_inbox(
-        &self,
-        owner: EndpointId,
-        epoch: u64,
-    ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        self.served
-            .register_inbox(self.descriptor(None), owner, epoch)
-    }
-
-    async fn read(
-        &self,
-        handle: &RegionHandle,
+        _: &Served,
+        _: &RegionHandle,
+        located: &Located<'_, String>,
+        segment: &String,
         range: Range<usize>,
         into: Dest<'_>,
         deadline: Deadline,
     ) -> Result<u64, TransportError> {
-        check_deadline(deadline, handle.owner, handle.id, Op::Read)?;
-        let located = self.locate(handle)?;
-        match located.segment {
-            Some(name) => {
-                let reader = self.segment(name, &located.target)?;
-                self.read_segment(&reader, &located.target, range, into, deadline)
-            }
-            // Not a published region: the owner says what it is (unknown, wrong kind).
-            None => {
-                ops::read(
-                    &self.peers,
-                    located.socket,
-                    located.target,
-                    handle,
-                    range,
-                    into,
-                    deadline,
-                )
-                .await
-            }
-        }
+        let reader = self.segment(segment, &located.target)?;
+        self.read_segment(&reader, &located.target, range, into, deadline)
     }
 
-    async fn accumulate(
+    async fn wrong_kind(
         &self,
-        handle: &RegionHandle,
-        offset: usize,
-        data: Bytes,
-        tag: WriteTag,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
-        let located = self.locate(handle)?;
-        if let Some(name) = located.segment {
-            return Err(self.wrong_kind_for_segment(
-                name,
-                &located.target,
-                RegionKind::Accumulator,
-            ));
-        }
-        ops::accumulate(
-            &self.peers,
-            located.socket,
-            located.target,
-            offset,
-            data,
-            tag,
-            deadline,
-        )
-        .await
-    }
-
-    async fn send(
-        &self,
-        inbox: &RegionHandle,
-        tag: WriteTag,
-        data: Bytes,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
-        let located = self.locate(inbox)?;
-        if let Some(name) = located.segment {
-            return Err(self.wrong_kind_for_segment(name, &located.target, RegionKind::Inbox));
-        }
-        ops::send(
-            &self.peers,
-            located.socket,
-            located.target,
-            tag,
-            data,
-            deadline,
-        )
-        .await
+        _: &Served,
+        _: &RegionHandle,
+        located: &Located<'_, String>,
+        segment: &String,
+        _: Op,
+        expected: RegionKind,
+        _: Deadline,
+    ) -> TransportError {
+        self.wrong_kind_for_segment(segment, &located.target, expected)
     }
 }

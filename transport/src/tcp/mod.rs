@@ -32,14 +32,14 @@ use bytes::Bytes;
 use tokio::net::TcpStream;
 
 use crate::remote::{
-    accept_loop, bind_tcp, ops, serve_connection, BoxRead, BoxWrite, Dial, Peers, RemoteConfig,
-    Renamed, Served,
+    accept_loop, bind_tcp, other_backend, serve_connection, Backend, BoxRead, BoxWrite, Dial,
+    Located, Peers, Remote, RemoteConfig, Renamed, Served,
 };
-use crate::transport::check_deadline;
 use crate::wire::{ClusterSecret, Target};
+use crate::Transport as _;
 use crate::{
-    AccumulatorRegion, Deadline, Descriptor, Dest, Dtype, EndpointId, InboxRegion, Op,
-    PublishedRegion, RegionHandle, Transport, TransportError, WriteTag,
+    Deadline, Descriptor, Dest, Dtype, EndpointId, Op, PublishedRegion, RegionHandle, RegionKind,
+    TransportError,
 };
 
 /// How a [`TcpTransport`] listens and what it tells peers.
@@ -79,31 +79,18 @@ impl Dial for TcpDial {
     }
 }
 
-/// The TCP backend. Create it inside a tokio runtime ([`TcpTransport::bind`]); dropping it stops
+/// The TCP backend: the served core ([`Remote`]) with every read served by the owner over its
+/// connection. Create it inside a tokio runtime ([`TcpTransport::bind`]); dropping it stops
 /// listening and closes every connection it serves.
-pub struct TcpTransport {
-    served: Arc<Served>,
+pub type TcpTransport = Remote<Tcp>;
+
+/// What is the TCP backend's own: the address peers dial.
+#[derive(Debug)]
+pub struct Tcp {
     addr: String,
-    peers: Peers,
-    listener: tokio::task::JoinHandle<()>,
 }
 
-impl std::fmt::Debug for TcpTransport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpTransport")
-            .field("addr", &self.addr)
-            .field("instance", &self.served.instance)
-            .finish()
-    }
-}
-
-impl Drop for TcpTransport {
-    fn drop(&mut self) {
-        self.listener.abort();
-    }
-}
-
-impl TcpTransport {
+impl Remote<Tcp> {
     /// Listen at `config.bind` and serve this transport's regions there.
     pub async fn bind(config: TcpConfig) -> Result<Self, TransportError> {
         let (listener, addr) =
@@ -120,124 +107,88 @@ impl TcpTransport {
                 serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
             },
         ));
-        Ok(Self {
-            served,
-            addr,
-            peers,
-            listener,
-        })
+        Ok(Remote::serve(served, peers, listener, Tcp { addr }))
     }
 
     /// The address peers dial (`host:port`).
     pub fn addr(&self) -> &str {
-        &self.addr
-    }
-
-    fn descriptor(&self) -> Descriptor {
-        Descriptor::Tcp {
-            addr: self.addr.clone(),
-            instance: self.served.instance,
-        }
-    }
-
-    /// Where `handle` is served, or why this backend cannot use it.
-    fn locate<'h>(&self, handle: &'h RegionHandle) -> Result<(&'h str, Target), TransportError> {
-        match &handle.descriptor {
-            Descriptor::Tcp { addr, instance } => Ok((
-                addr,
-                Target {
-                    owner: handle.owner,
-                    instance: *instance,
-                    region: handle.id,
-                },
-            )),
-            other => Err(TransportError::ForeignHandle {
-                owner: handle.owner,
-                region: handle.id,
-                reason: format!(
-                    "it is a {} handle; the tcp backend reaches regions served over tcp",
-                    other.backend()
-                ),
-            }),
-        }
+        &self.backend.addr
     }
 }
 
 #[async_trait::async_trait]
-impl Transport for TcpTransport {
-    fn backend(&self) -> &'static str {
-        "tcp"
+impl Backend for Tcp {
+    /// Nothing: the owner serves every read.
+    type Memory = std::convert::Infallible;
+
+    const NAME: &'static str = "tcp";
+
+    fn descriptor(&self, served: &Served) -> Descriptor {
+        Descriptor::Tcp {
+            addr: self.addr.clone(),
+            instance: served.instance,
+        }
+    }
+
+    fn locate<'h>(
+        &self,
+        _: &Served,
+        handle: &'h RegionHandle,
+    ) -> Result<Located<'h, Self::Memory>, TransportError> {
+        match &handle.descriptor {
+            Descriptor::Tcp { addr, instance } => Ok(Located {
+                addr,
+                target: Target {
+                    owner: handle.owner,
+                    instance: *instance,
+                    region: handle.id,
+                },
+                memory: None,
+            }),
+            _ => Err(other_backend(handle, "tcp", "regions served over tcp")),
+        }
     }
 
     fn register_published(
         &self,
+        served: &Served,
         owner: EndpointId,
         dtype: Dtype,
         initial: Bytes,
         version: u64,
     ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        let inner = self
-            .served
+        let inner = served
             .fabric
             .register_published(owner, dtype, initial, version)?;
         Ok(Box::new(Renamed {
-            descriptor: self.descriptor(),
+            descriptor: self.descriptor(served),
             inner,
         }))
     }
 
-    fn register_accumulator(
+    async fn read_memory(
         &self,
-        owner: EndpointId,
-        len: usize,
-        epoch: u64,
-    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        self.served
-            .register_accumulator(self.descriptor(), owner, len, epoch)
-    }
-
-    fn register_inbox(
-        &self,
-        owner: EndpointId,
-        epoch: u64,
-    ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        self.served.register_inbox(self.descriptor(), owner, epoch)
-    }
-
-    async fn read(
-        &self,
-        handle: &RegionHandle,
-        range: Range<usize>,
-        into: Dest<'_>,
-        deadline: Deadline,
+        _: &Served,
+        _: &RegionHandle,
+        _: &Located<'_, Self::Memory>,
+        memory: &Self::Memory,
+        _: Range<usize>,
+        _: Dest<'_>,
+        _: Deadline,
     ) -> Result<u64, TransportError> {
-        check_deadline(deadline, handle.owner, handle.id, Op::Read)?;
-        let (addr, target) = self.locate(handle)?;
-        ops::read(&self.peers, addr, target, handle, range, into, deadline).await
+        match *memory {}
     }
 
-    async fn accumulate(
+    async fn wrong_kind(
         &self,
-        handle: &RegionHandle,
-        offset: usize,
-        data: Bytes,
-        tag: WriteTag,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
-        let (addr, target) = self.locate(handle)?;
-        ops::accumulate(&self.peers, addr, target, offset, data, tag, deadline).await
-    }
-
-    async fn send(
-        &self,
-        inbox: &RegionHandle,
-        tag: WriteTag,
-        data: Bytes,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
-        let (addr, target) = self.locate(inbox)?;
-        ops::send(&self.peers, addr, target, tag, data, deadline).await
+        _: &Served,
+        _: &RegionHandle,
+        _: &Located<'_, Self::Memory>,
+        memory: &Self::Memory,
+        _: Op,
+        _: RegionKind,
+        _: Deadline,
+    ) -> TransportError {
+        match *memory {}
     }
 }
