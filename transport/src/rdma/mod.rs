@@ -99,18 +99,16 @@ use self::nic::{Channel, ChannelError, EmulatedNic, Nic, QpInfo, Reach, Registra
 use crate::codec;
 use crate::error::wide;
 use crate::remote::{
-    accept_loop, bind_tcp, ops, serve_connection, BoxRead, BoxWrite, Dial, Peers, RemoteConfig,
-    Served,
+    accept_loop, bind_tcp, serve_connection, Backend, BoxRead, BoxWrite, Dial, Located, Peers,
+    Remote, RemoteConfig, Served,
 };
-use crate::transport::check_deadline;
 use crate::wire::frame::FrameReader;
 use crate::wire::gate::Permit;
 use crate::wire::handshake::{self, HANDSHAKE_FRAME_CAP};
 use crate::wire::{write_frame, ClusterSecret, Target};
 use crate::{
-    AccumulatorRegion, Deadline, Descriptor, Dest, Dtype, EndpointId, InboxRegion, Op,
-    PublishedRegion, RdmaMemory, RegionHandle, RegionId, RegionKind, Transport, TransportError,
-    WriteTag,
+    Deadline, Descriptor, Dest, Dtype, EndpointId, Op, PublishedRegion, RdmaMemory, RegionHandle,
+    RegionId, RegionKind, TransportError,
 };
 
 /// What a queue-pair exchange connection sends before its handshake. Its first byte is not 0, so
@@ -182,43 +180,32 @@ struct Link {
 /// The owner's published regions, by id (its own reads go straight to the memory).
 type Own = Arc<Mutex<HashMap<RegionId, Arc<RegionMemory>>>>;
 
-/// The RDMA backend. Create it inside a tokio runtime ([`RdmaTransport::new`], or
-/// [`RdmaTransport::emulated`]); dropping it stops listening and closes every connection.
-pub struct RdmaTransport {
-    served: Arc<Served>,
+/// The RDMA backend: the served core ([`Remote`]) with published regions in registered memory
+/// that readers copy with one-sided RDMA READs. Create it inside a tokio runtime
+/// ([`RdmaTransport::new`], or [`RdmaTransport::emulated`]); dropping it stops listening and
+/// closes every connection.
+pub type RdmaTransport = Remote<Rdma>;
+
+/// What is the rdma backend's own: the NIC, the owner's registered regions, the readers' queue
+/// pairs.
+pub struct Rdma {
     addr: String,
-    peers: Peers,
     nic: Arc<dyn Nic>,
     chunk_bytes: usize,
     own: Own,
     links: Mutex<HashMap<String, Arc<Link>>>,
-    listener: tokio::task::JoinHandle<()>,
 }
 
-impl std::fmt::Debug for RdmaTransport {
+impl std::fmt::Debug for Rdma {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaTransport")
+        f.debug_struct("Rdma")
             .field("addr", &self.addr)
-            .field("instance", &self.served.instance)
             .field("nic", &self.nic.describe())
             .finish()
     }
 }
 
-impl Drop for RdmaTransport {
-    fn drop(&mut self) {
-        self.listener.abort();
-    }
-}
-
-/// Where a handle points.
-struct Located<'h> {
-    addr: &'h str,
-    target: Target,
-    memory: Option<&'h RdmaMemory>,
-}
-
-impl RdmaTransport {
+impl Remote<Rdma> {
     /// Open the NIC port `config` names and listen at `config.bind`. Without an RDMA device this is
     /// [`TransportError::Unsupported`] with a message starting `no RDMA device:` that says why.
     pub async fn new(config: RdmaConfig) -> Result<Self, TransportError> {
@@ -255,34 +242,37 @@ impl RdmaTransport {
                 )
             },
         ));
-        Ok(Self {
-            served,
+        let rdma = Rdma {
             addr,
-            peers,
             nic,
             chunk_bytes: Layout::chunk_size(config.chunk_bytes),
             own: Arc::new(Mutex::new(HashMap::new())),
             links: Mutex::new(HashMap::new()),
-            listener,
-        })
+        };
+        Ok(Remote::serve(served, peers, listener, rdma))
     }
 
     /// The control address peers dial (`host:port`).
     pub fn addr(&self) -> &str {
-        &self.addr
+        &self.backend.addr
     }
+}
 
-    fn descriptor(&self, memory: Option<RdmaMemory>) -> Descriptor {
+impl Rdma {
+    fn descriptor_of(&self, served: &Served, memory: Option<RdmaMemory>) -> Descriptor {
         Descriptor::Rdma {
             addr: self.addr.clone(),
-            instance: self.served.instance,
+            instance: served.instance,
             gid: self.nic.gid(),
             memory,
         }
     }
 
     /// Where `handle` lives, or why this transport cannot use it.
-    fn locate<'h>(&self, handle: &'h RegionHandle) -> Result<Located<'h>, TransportError> {
+    fn locate_in<'h>(
+        &self,
+        handle: &'h RegionHandle,
+    ) -> Result<Located<'h, RdmaMemory>, TransportError> {
         let foreign = |reason: String| TransportError::ForeignHandle {
             owner: handle.owner,
             region: handle.id,
@@ -303,7 +293,7 @@ impl RdmaTransport {
                         instance: *instance,
                         region: handle.id,
                     },
-                    memory: memory.as_ref(),
+                    memory: *memory,
                 })
             }
             other => Err(foreign(format!(
@@ -314,8 +304,8 @@ impl RdmaTransport {
     }
 
     /// Whether `located` is one of this instance's regions (served without the network).
-    fn is_own(&self, located: &Located<'_>) -> bool {
-        self.served.owns(&located.target)
+    fn is_own(served: &Served, located: &Located<'_, RdmaMemory>) -> bool {
+        served.owns(&located.target)
     }
 
     /// What the reader expects at a published region's address: the handle's identity and the
@@ -342,6 +332,7 @@ impl RdmaTransport {
     /// cached one broke.
     async fn link(
         &self,
+        served: &Served,
         addr: &str,
         owner: EndpointId,
         region: RegionId,
@@ -353,7 +344,7 @@ impl RdmaTransport {
                 return Ok(Arc::clone(link));
             }
         }
-        let exchange = exchange(addr, &self.served.secret, self.nic.as_ref(), deadline);
+        let exchange = exchange(addr, &served.secret, self.nic.as_ref(), deadline);
         let link = match tokio::time::timeout_at(deadline.into(), exchange).await {
             Err(_) => return Err(TransportError::DeadlineExceeded { owner, region, op }),
             Ok(Err(reason)) => {
@@ -386,10 +377,12 @@ impl RdmaTransport {
 
     /// Run `work` on the region memory `located` names: in-process for this instance's regions,
     /// else through the connection to its owner (made again once if the cached one had broken).
+    #[allow(clippy::too_many_arguments)]
     async fn with_memory<T>(
         &self,
+        served: &Served,
         handle: &RegionHandle,
-        located: &Located<'_>,
+        located: &Located<'_, RdmaMemory>,
         memory: &RdmaMemory,
         op: Op,
         deadline: Deadline,
@@ -400,7 +393,7 @@ impl RdmaTransport {
         let Some(expect) = Self::expect(handle, &located.target, memory) else {
             return Err(unknown);
         };
-        if self.is_own(located) {
+        if Self::is_own(served, located) {
             let Some(mine) = self.own.lock().get(&region).cloned() else {
                 return Err(unknown);
             };
@@ -414,7 +407,9 @@ impl RdmaTransport {
             return work(&mut access).map_err(|f| f.into_error(owner, region, op, "in-process"));
         }
         for _ in 0..2 {
-            let link = self.link(located.addr, owner, region, op, deadline).await?;
+            let link = self
+                .link(served, located.addr, owner, region, op, deadline)
+                .await?;
             let Some(result) = on_link(&link, memory, expect, deadline, work) else {
                 // Broken by another operation between our lookup and the lock: connect again.
                 self.forget(located.addr, &link);
@@ -437,10 +432,12 @@ impl RdmaTransport {
     }
 
     /// A read of a published region (C1, C4 order after the descriptor).
+    #[allow(clippy::too_many_arguments)]
     async fn read_published(
         &self,
+        served: &Served,
         handle: &RegionHandle,
-        located: &Located<'_>,
+        located: &Located<'_, RdmaMemory>,
         memory: &RdmaMemory,
         range: Range<usize>,
         into: Dest<'_>,
@@ -450,6 +447,7 @@ impl RdmaTransport {
         let dtype = handle.dtype;
         let mut into = Some(into);
         self.with_memory(
+            served,
             handle,
             located,
             memory,
@@ -501,10 +499,12 @@ impl RdmaTransport {
 
     /// An accumulate or a send aimed at a published region: `WrongKind` if it exists, after the
     /// handle checks.
-    async fn wrong_kind(
+    #[allow(clippy::too_many_arguments)]
+    async fn wrong_kind_of(
         &self,
+        served: &Served,
         handle: &RegionHandle,
-        located: &Located<'_>,
+        located: &Located<'_, RdmaMemory>,
         memory: &RdmaMemory,
         op: Op,
         expected: RegionKind,
@@ -512,6 +512,7 @@ impl RdmaTransport {
     ) -> TransportError {
         let probed = self
             .with_memory(
+                served,
                 handle,
                 located,
                 memory,
@@ -884,19 +885,33 @@ impl PublishedRegion for PublishedGuard {
 }
 
 #[async_trait::async_trait]
-impl Transport for RdmaTransport {
-    fn backend(&self) -> &'static str {
-        "rdma"
+impl Backend for Rdma {
+    /// Where a published region's registered memory is (address, key, length, chunk size).
+    type Memory = RdmaMemory;
+
+    const NAME: &'static str = "rdma";
+
+    fn descriptor(&self, served: &Served) -> Descriptor {
+        self.descriptor_of(served, None)
+    }
+
+    fn locate<'h>(
+        &self,
+        _: &Served,
+        handle: &'h RegionHandle,
+    ) -> Result<Located<'h, RdmaMemory>, TransportError> {
+        self.locate_in(handle)
     }
 
     fn register_published(
         &self,
+        served: &Served,
         owner: EndpointId,
         dtype: Dtype,
         initial: Bytes,
         version: u64,
     ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        let id = self.served.fabric.next_region_id();
+        let id = served.fabric.next_region_id();
         let len = codec::element_count(dtype, initial.len()).map_err(|e| e.for_region(id))?;
         let unsupported = |what: String| TransportError::Unsupported {
             what: format!("rdma backend cannot register region {id}: {what}"),
@@ -905,7 +920,7 @@ impl Transport for RdmaTransport {
         let layout = Layout::new(dtype.size(), len, chunk).map_err(unsupported)?;
         let who = Identity {
             owner,
-            instance: self.served.instance,
+            instance: served.instance,
             region: id,
         };
         let memory =
@@ -921,12 +936,15 @@ impl Transport for RdmaTransport {
             dtype,
             len: wide(len),
             version,
-            descriptor: self.descriptor(Some(RdmaMemory {
-                remote_addr: registration.addr(),
-                rkey: registration.rkey(),
-                len_bytes: wide(layout.total),
-                chunk_bytes: wide(layout.chunk_bytes),
-            })),
+            descriptor: self.descriptor_of(
+                served,
+                Some(RdmaMemory {
+                    remote_addr: registration.addr(),
+                    rkey: registration.rkey(),
+                    len_bytes: wide(layout.total),
+                    chunk_bytes: wide(layout.chunk_bytes),
+                }),
+            ),
         };
         self.own.lock().insert(id, Arc::clone(&memory));
         Ok(Box::new(PublishedGuard {
@@ -938,118 +956,31 @@ impl Transport for RdmaTransport {
         }))
     }
 
-    fn register_accumulator(
+    async fn read_memory(
         &self,
-        owner: EndpointId,
-        len: usize,
-        epoch: u64,
-    ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        self.served
-            .register_accumulator(self.descriptor(None), owner, len, epoch)
-    }
-
-    fn register_inbox(
-        &self,
-        owner: EndpointId,
-        epoch: u64,
-    ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        self.served
-            .register_inbox(self.descriptor(None), owner, epoch)
-    }
-
-    async fn read(
-        &self,
+        served: &Served,
         handle: &RegionHandle,
+        located: &Located<'_, RdmaMemory>,
+        memory: &RdmaMemory,
         range: Range<usize>,
         into: Dest<'_>,
         deadline: Deadline,
     ) -> Result<u64, TransportError> {
-        check_deadline(deadline, handle.owner, handle.id, Op::Read)?;
-        let located = self.locate(handle)?;
-        match located.memory {
-            Some(memory) => {
-                self.read_published(handle, &located, memory, range, into, deadline)
-                    .await
-            }
-            // Not a published region: the owner says what it is (unknown, wrong kind).
-            None => {
-                ops::read(
-                    &self.peers,
-                    located.addr,
-                    located.target,
-                    handle,
-                    range,
-                    into,
-                    deadline,
-                )
-                .await
-            }
-        }
+        self.read_published(served, handle, located, memory, range, into, deadline)
+            .await
     }
 
-    async fn accumulate(
+    async fn wrong_kind(
         &self,
+        served: &Served,
         handle: &RegionHandle,
-        offset: usize,
-        data: Bytes,
-        tag: WriteTag,
+        located: &Located<'_, RdmaMemory>,
+        memory: &RdmaMemory,
+        op: Op,
+        expected: RegionKind,
         deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
-        let located = self.locate(handle)?;
-        if let Some(memory) = located.memory {
-            return Err(self
-                .wrong_kind(
-                    handle,
-                    &located,
-                    memory,
-                    Op::Accumulate,
-                    RegionKind::Accumulator,
-                    deadline,
-                )
-                .await);
-        }
-        ops::accumulate(
-            &self.peers,
-            located.addr,
-            located.target,
-            offset,
-            data,
-            tag,
-            deadline,
-        )
-        .await
-    }
-
-    async fn send(
-        &self,
-        inbox: &RegionHandle,
-        tag: WriteTag,
-        data: Bytes,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
-        let located = self.locate(inbox)?;
-        if let Some(memory) = located.memory {
-            return Err(self
-                .wrong_kind(
-                    inbox,
-                    &located,
-                    memory,
-                    Op::Send,
-                    RegionKind::Inbox,
-                    deadline,
-                )
-                .await);
-        }
-        ops::send(
-            &self.peers,
-            located.addr,
-            located.target,
-            tag,
-            data,
-            deadline,
-        )
-        .await
+    ) -> TransportError {
+        self.wrong_kind_of(served, handle, located, memory, op, expected, deadline)
+            .await
     }
 }
