@@ -92,15 +92,15 @@ use self::mapping::{Mapping, Unreached};
 use self::owned::{export, own_memory, DeviceSums, PublishedGuard};
 pub use self::owned::{DeviceAccumulator, DevicePublished};
 use crate::error::wide;
-use crate::remote::{accept_loop, ops, serve_connection, Peers, RemoteConfig, Served};
+use crate::remote::{
+    accept_loop, serve_connection, Backend, Located, Peers, Remote, RemoteConfig, Served,
+};
 use crate::shm::segment::{self, SegmentError, SegmentReader, SegmentWriter};
 use crate::shm::{host_id, sweep, UnixDial, NEXT_SEGMENT};
-use crate::transport::check_deadline;
 use crate::wire::{ClusterSecret, Target};
 use crate::{
-    codec, AccumulatorRegion, CudaMemory, Deadline, Descriptor, Dest, Dtype, EndpointId,
-    InboxRegion, Op, PublishedRegion, RegionHandle, RegionKind, Transport, TransportError,
-    WriteTag,
+    codec, AccumulatorRegion, CudaMemory, Deadline, Descriptor, Dest, Dtype, EndpointId, Op,
+    PublishedRegion, RegionHandle, RegionKind, TransportError,
 };
 
 /// How a [`CudaTransport`] names its files and which device it uses.
@@ -131,23 +131,24 @@ impl CudaConfig {
     }
 }
 
-/// The CUDA backend. Create it inside a tokio runtime ([`CudaTransport::new`]).
-pub struct CudaTransport {
+/// The CUDA backend: the served core ([`Remote`]) with published regions in device memory that
+/// readers copy through CUDA IPC. Create it inside a tokio runtime ([`CudaTransport::new`]).
+pub type CudaTransport = Remote<Cuda>;
+
+/// What is the cuda backend's own: its device, its files, the regions it has reached.
+pub struct Cuda {
     device: Arc<Device>,
-    served: Arc<Served>,
     host: String,
     job: String,
     dir: PathBuf,
     socket: PathBuf,
-    peers: Peers,
     /// Published regions this transport has reached, by control segment name.
     mappings: Mutex<HashMap<String, Arc<Mapping>>>,
-    listener: tokio::task::JoinHandle<()>,
 }
 
-impl std::fmt::Debug for CudaTransport {
+impl std::fmt::Debug for Cuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaTransport")
+        f.debug_struct("Cuda")
             .field("device", &self.device.ordinal())
             .field("job", &self.job)
             .field("socket", &self.socket)
@@ -155,22 +156,19 @@ impl std::fmt::Debug for CudaTransport {
     }
 }
 
-impl Drop for CudaTransport {
+impl Drop for Cuda {
     fn drop(&mut self) {
-        self.listener.abort();
         let _ = std::fs::remove_file(&self.socket);
     }
 }
 
-/// Where a handle points.
-struct Located<'h> {
-    socket: &'h str,
+/// A published region's device memory as its handle names it, and its owner's process.
+pub struct Place {
     pid: u32,
-    memory: Option<&'h CudaMemory>,
-    target: Target,
+    memory: CudaMemory,
 }
 
-impl CudaTransport {
+impl Remote<Cuda> {
     /// Open device `config.device` (without a CUDA driver: `Unsupported`, `no CUDA driver: …`,
     /// before anything else happens), remove the job's stale files, listen on a fresh socket and
     /// serve this transport's accumulators and inboxes there.
@@ -206,35 +204,35 @@ impl CudaTransport {
                 serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
             },
         ));
-        Ok(Self {
+        let cuda = Cuda {
             device,
-            served,
             host: host_id(),
             job: config.job,
             dir: config.dir,
             socket,
-            peers,
             mappings: Mutex::new(HashMap::new()),
-            listener,
-        })
+        };
+        Ok(Remote::serve(served, peers, listener, cuda))
     }
 
     /// The device this transport owns regions on and reads into.
     pub fn device(&self) -> &Arc<Device> {
-        &self.device
+        &self.backend.device
     }
 
     /// The Unix socket this transport serves on.
     pub fn socket(&self) -> &Path {
-        &self.socket
+        &self.backend.socket
     }
+}
 
-    fn descriptor(&self, memory: Option<CudaMemory>) -> Descriptor {
+impl Cuda {
+    fn descriptor_of(&self, served: &Served, memory: Option<CudaMemory>) -> Descriptor {
         Descriptor::Cuda {
             host: self.host.clone(),
             job: self.job.clone(),
             pid: std::process::id(),
-            instance: self.served.instance,
+            instance: served.instance,
             socket: self.socket.to_string_lossy().into_owned(),
             device: self.device.ordinal(),
             memory,
@@ -242,7 +240,10 @@ impl CudaTransport {
     }
 
     /// Where `handle` lives, or why this transport cannot use it.
-    fn locate<'h>(&self, handle: &'h RegionHandle) -> Result<Located<'h>, TransportError> {
+    fn locate_in<'h>(
+        &self,
+        handle: &'h RegionHandle,
+    ) -> Result<Located<'h, Place>, TransportError> {
         let foreign = |reason: String| TransportError::ForeignHandle {
             owner: handle.owner,
             region: handle.id,
@@ -272,9 +273,11 @@ impl CudaTransport {
                     )));
                 }
                 Ok(Located {
-                    socket,
-                    pid: *pid,
-                    memory: memory.as_ref(),
+                    addr: socket,
+                    memory: memory.as_ref().map(|memory| Place {
+                        pid: *pid,
+                        memory: memory.clone(),
+                    }),
                     target: Target {
                         owner: handle.owner,
                         instance: *instance,
@@ -293,10 +296,10 @@ impl CudaTransport {
     /// the live region `located` names.
     fn mapping(
         &self,
-        located: &Located<'_>,
-        memory: &CudaMemory,
+        located: &Located<'_, Place>,
+        place: &Place,
     ) -> Result<Arc<Mapping>, TransportError> {
-        let target = &located.target;
+        let (target, memory) = (&located.target, &place.memory);
         let unknown = TransportError::UnknownRegion {
             owner: target.owner,
             region: target.region,
@@ -327,7 +330,7 @@ impl CudaTransport {
         if reader.is_closed() || !names(&reader, target) {
             return Err(unknown);
         }
-        let reached = if located.pid == std::process::id() {
+        let reached = if place.pid == std::process::id() {
             match own_memory(target.instance, target.region) {
                 Some(buffer) => Mapping::own(buffer, reader, memory),
                 None => Err(Unreached::Unknown),
@@ -343,7 +346,7 @@ impl CudaTransport {
                     owner: target.owner,
                     reason: format!(
                         "the device memory of region {} (process {}) cannot be opened: {e}",
-                        target.region, located.pid
+                        target.region, place.pid
                     ),
                 })
             }
@@ -360,13 +363,14 @@ impl CudaTransport {
     fn read_published(
         &self,
         handle: &RegionHandle,
-        located: &Located<'_>,
-        memory: &CudaMemory,
+        located: &Located<'_, Place>,
+        place: &Place,
         range: Range<usize>,
         into: Dest<'_>,
         deadline: Deadline,
     ) -> Result<u64, TransportError> {
-        let mapping = self.mapping(located, memory)?;
+        let mapping = self.mapping(located, place)?;
+        let memory = &place.memory;
         let (owner, region, dtype) = (handle.owner, handle.id, handle.dtype);
         let size = dtype.size();
         let elements = usize::try_from(memory.len_bytes).unwrap_or(usize::MAX) / size;
@@ -452,13 +456,13 @@ impl CudaTransport {
 
     /// An accumulate or a send aimed at a published region: `WrongKind` if it exists, after the
     /// handle checks.
-    fn wrong_kind(
+    fn wrong_kind_of(
         &self,
-        located: &Located<'_>,
-        memory: &CudaMemory,
+        located: &Located<'_, Place>,
+        place: &Place,
         expected: RegionKind,
     ) -> TransportError {
-        match self.mapping(located, memory) {
+        match self.mapping(located, place) {
             Ok(_) => TransportError::WrongKind {
                 region: located.target.region,
                 expected,
@@ -478,8 +482,8 @@ fn names(segment: &SegmentReader, target: &Target) -> bool {
 
 /// Owner-side APIs for values kept in device memory (a shard server on the GPU): regions whose
 /// publications and takes stay on the device. Reach them from an `Arc<dyn Transport>` through
-/// [`Transport::as_any`] and a downcast to [`CudaTransport`].
-impl CudaTransport {
+/// [`Transport::as_any`](crate::Transport::as_any) and a downcast to [`CudaTransport`].
+impl Remote<Cuda> {
     /// Register a published region of `values.len() / 4` elements of `dtype` whose first
     /// publication (`version`) is `values` (fp32 in memory of this transport's device), encoded
     /// on the device; later ones come from [`DevicePublished::publish_from`]. Readers reach it as
@@ -495,7 +499,15 @@ impl CudaTransport {
         let len = codec::element_count(Dtype::F32, values.len()).map_err(|e| e.for_region(id))?;
         // The first publication is at `version` too: the seqlock's writer starts there and the
         // encode below rewrites the memory under it.
-        let guard = self.publish_region(id, owner, dtype, len, version, |_| Ok(()))?;
+        let guard = self.backend.publish_region(
+            &self.served,
+            id,
+            owner,
+            dtype,
+            len,
+            version,
+            |_| Ok(()),
+        )?;
         guard.publish_device(version, values)?;
         Ok(DevicePublished { guard })
     }
@@ -509,12 +521,24 @@ impl CudaTransport {
         len: usize,
         epoch: u64,
     ) -> Result<DeviceAccumulator, TransportError> {
+        self.backend
+            .device_accumulator(&self.served, owner, len, epoch)
+    }
+}
+
+impl Cuda {
+    /// See [`CudaTransport::register_device_accumulator`].
+    fn device_accumulator(
+        &self,
+        served: &Served,
+        owner: EndpointId,
+        len: usize,
+        epoch: u64,
+    ) -> Result<DeviceAccumulator, TransportError> {
         let sums = DeviceSums::new(&self.device, len)?;
-        let guard = self
-            .served
-            .register_accumulator_in(owner, len, epoch, Box::new(sums))?;
+        let guard = served.register_accumulator_in(owner, len, epoch, Box::new(sums))?;
         Ok(DeviceAccumulator {
-            descriptor: self.descriptor(None),
+            descriptor: self.descriptor_of(served, None),
             guard,
             device: Arc::clone(&self.device),
             len,
@@ -524,8 +548,10 @@ impl CudaTransport {
     /// A published region `id` of `len` elements of `dtype` in fresh device memory that `fill`
     /// writes first, exported for IPC, with its control segment at `version`, announced to
     /// same-process readers.
+    #[allow(clippy::too_many_arguments)]
     fn publish_region(
         &self,
+        served: &Served,
         id: crate::RegionId,
         owner: EndpointId,
         dtype: Dtype,
@@ -545,7 +571,7 @@ impl CudaTransport {
             &self.dir,
             &self.job,
             owner,
-            self.served.instance,
+            served.instance,
             id,
             NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed),
             dtype.size(),
@@ -564,19 +590,22 @@ impl CudaTransport {
             dtype,
             len: wide(len),
             version,
-            descriptor: self.descriptor(Some(CudaMemory {
-                ipc_handle,
-                offset,
-                len_bytes: wide(bytes),
-                segment: writer.name().to_owned(),
-            })),
+            descriptor: self.descriptor_of(
+                served,
+                Some(CudaMemory {
+                    ipc_handle,
+                    offset,
+                    len_bytes: wide(bytes),
+                    segment: writer.name().to_owned(),
+                }),
+            ),
         };
         let guard = PublishedGuard {
             device: Arc::clone(&self.device),
             memory,
             writer,
             handle,
-            instance: self.served.instance,
+            instance: served.instance,
         };
         guard.announce();
         Ok(guard)
@@ -584,129 +613,84 @@ impl CudaTransport {
 }
 
 #[async_trait::async_trait]
-impl Transport for CudaTransport {
-    fn backend(&self) -> &'static str {
-        "cuda"
+impl Backend for Cuda {
+    /// A published region's device memory and its owner's process.
+    type Memory = Place;
+
+    const NAME: &'static str = "cuda";
+
+    fn descriptor(&self, served: &Served) -> Descriptor {
+        self.descriptor_of(served, None)
     }
 
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
+    fn locate<'h>(
+        &self,
+        _: &Served,
+        handle: &'h RegionHandle,
+    ) -> Result<Located<'h, Place>, TransportError> {
+        self.locate_in(handle)
     }
 
     fn register_published(
         &self,
+        served: &Served,
         owner: EndpointId,
         dtype: Dtype,
         initial: Bytes,
         version: u64,
     ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        let id = self.served.fabric.next_region_id();
+        let id = served.fabric.next_region_id();
         let len = codec::element_count(dtype, initial.len()).map_err(|e| e.for_region(id))?;
-        let guard = self.publish_region(id, owner, dtype, len, version, |memory| {
+        let guard = self.publish_region(served, id, owner, dtype, len, version, |memory| {
             self.device.upload(memory, 0, &initial)
         })?;
         Ok(Box::new(guard))
     }
 
+    /// In device memory: an accumulate is added there by the NVRTC kernel.
     fn register_accumulator(
         &self,
+        served: &Served,
         owner: EndpointId,
         len: usize,
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
         Ok(Box::new(
-            self.register_device_accumulator(owner, len, epoch)?,
+            self.device_accumulator(served, owner, len, epoch)?,
         ))
     }
 
-    fn register_inbox(
+    async fn read_memory(
         &self,
-        owner: EndpointId,
-        epoch: u64,
-    ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        self.served
-            .register_inbox(self.descriptor(None), owner, epoch)
-    }
-
-    async fn read(
-        &self,
+        _: &Served,
         handle: &RegionHandle,
+        located: &Located<'_, Place>,
+        place: &Place,
         range: Range<usize>,
         into: Dest<'_>,
         deadline: Deadline,
     ) -> Result<u64, TransportError> {
-        check_deadline(deadline, handle.owner, handle.id, Op::Read)?;
-        let located = self.locate(handle)?;
-        match located.memory {
-            Some(memory) => self.read_published(handle, &located, memory, range, into, deadline),
-            // Not a published region: the owner says what it is (unknown, wrong kind).
-            None => {
-                ops::read(
-                    &self.peers,
-                    located.socket,
-                    located.target,
-                    handle,
-                    range,
-                    into,
-                    deadline,
-                )
-                .await
-            }
-        }
+        self.read_published(handle, located, place, range, into, deadline)
     }
 
-    async fn accumulate(
+    async fn wrong_kind(
         &self,
-        handle: &RegionHandle,
-        offset: usize,
-        data: Bytes,
-        tag: WriteTag,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
-        let located = self.locate(handle)?;
-        if let Some(memory) = located.memory {
-            return Err(self.wrong_kind(&located, memory, RegionKind::Accumulator));
-        }
-        ops::accumulate(
-            &self.peers,
-            located.socket,
-            located.target,
-            offset,
-            data,
-            tag,
-            deadline,
-        )
-        .await
-    }
-
-    async fn send(
-        &self,
-        inbox: &RegionHandle,
-        tag: WriteTag,
-        data: Bytes,
-        deadline: Deadline,
-    ) -> Result<(), TransportError> {
-        check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
-        let located = self.locate(inbox)?;
-        if let Some(memory) = located.memory {
-            return Err(self.wrong_kind(&located, memory, RegionKind::Inbox));
-        }
-        ops::send(
-            &self.peers,
-            located.socket,
-            located.target,
-            tag,
-            data,
-            deadline,
-        )
-        .await
+        _: &Served,
+        _: &RegionHandle,
+        located: &Located<'_, Place>,
+        place: &Place,
+        _: Op,
+        expected: RegionKind,
+        _: Deadline,
+    ) -> TransportError {
+        self.wrong_kind_of(located, place, expected)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Transport, WriteTag};
 
     /// Why the device tests cannot run here, printed; `None` where a driver is present.
     fn skip_without_driver(test: &str) -> bool {
