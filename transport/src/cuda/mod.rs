@@ -93,10 +93,11 @@ use self::owned::{export, own_memory, DeviceSums, PublishedGuard};
 pub use self::owned::{DeviceAccumulator, DevicePublished};
 use crate::error::wide;
 use crate::remote::{
-    accept_loop, serve_connection, Backend, Located, Peers, Remote, RemoteConfig, Served,
+    accept_loop, other_backend, serve_connection, Backend, Located, Peers, Remote, RemoteConfig,
+    Served,
 };
 use crate::shm::segment::{self, SegmentError, SegmentReader, SegmentWriter};
-use crate::shm::{host_id, sweep, UnixDial, NEXT_SEGMENT};
+use crate::shm::{host_id, same_host_and_job, sweep, UnixDial, NEXT_SEGMENT};
 use crate::wire::{ClusterSecret, Target};
 use crate::{
     codec, AccumulatorRegion, CudaMemory, Deadline, Descriptor, Dest, Dtype, EndpointId, Op,
@@ -236,59 +237,6 @@ impl Cuda {
             socket: self.socket.to_string_lossy().into_owned(),
             device: self.device.ordinal(),
             memory,
-        }
-    }
-
-    /// Where `handle` lives, or why this transport cannot use it.
-    fn locate_in<'h>(
-        &self,
-        handle: &'h RegionHandle,
-    ) -> Result<Located<'h, Place>, TransportError> {
-        let foreign = |reason: String| TransportError::ForeignHandle {
-            owner: handle.owner,
-            region: handle.id,
-            reason,
-        };
-        match &handle.descriptor {
-            Descriptor::Cuda {
-                host,
-                job,
-                pid,
-                instance,
-                socket,
-                memory,
-                ..
-            } => {
-                if *host != self.host {
-                    return Err(foreign(format!(
-                        "it was issued on host {host}, this is host {}; CUDA IPC does not cross \
-                         hosts",
-                        self.host
-                    )));
-                }
-                if *job != self.job {
-                    return Err(foreign(format!(
-                        "it belongs to job {job:?}, this transport to job {:?}",
-                        self.job
-                    )));
-                }
-                Ok(Located {
-                    addr: socket,
-                    memory: memory.as_ref().map(|memory| Place {
-                        pid: *pid,
-                        memory: memory.clone(),
-                    }),
-                    target: Target {
-                        owner: handle.owner,
-                        instance: *instance,
-                        region: handle.id,
-                    },
-                })
-            }
-            other => Err(foreign(format!(
-                "it is a {} handle; the cuda backend reaches regions of cuda owners",
-                other.backend()
-            ))),
         }
     }
 
@@ -628,7 +576,37 @@ impl Backend for Cuda {
         _: &Served,
         handle: &'h RegionHandle,
     ) -> Result<Located<'h, Place>, TransportError> {
-        self.locate_in(handle)
+        match &handle.descriptor {
+            Descriptor::Cuda {
+                host,
+                job,
+                pid,
+                instance,
+                socket,
+                memory,
+                ..
+            } => {
+                same_host_and_job(
+                    handle,
+                    (host, job),
+                    (&self.host, &self.job),
+                    "CUDA IPC does not cross hosts",
+                )?;
+                Ok(Located {
+                    addr: socket,
+                    memory: memory.as_ref().map(|memory| Place {
+                        pid: *pid,
+                        memory: memory.clone(),
+                    }),
+                    target: Target {
+                        owner: handle.owner,
+                        instance: *instance,
+                        region: handle.id,
+                    },
+                })
+            }
+            _ => Err(other_backend(handle, "cuda", "regions of cuda owners")),
+        }
     }
 
     fn register_published(

@@ -99,9 +99,10 @@ use self::nic::{Channel, ChannelError, EmulatedNic, Nic, QpInfo, Reach, Registra
 use crate::codec;
 use crate::error::wide;
 use crate::remote::{
-    accept_loop, bind_tcp, serve_connection, Backend, BoxRead, BoxWrite, Dial, Located, Peers,
+    accept_loop, bind_tcp, foreign, other_backend, serve_connection, Backend, Located, Peers,
     Remote, RemoteConfig, Served,
 };
+use crate::tcp::TcpDial;
 use crate::wire::frame::FrameReader;
 use crate::wire::gate::Permit;
 use crate::wire::handshake::{self, HANDSHAKE_FRAME_CAP};
@@ -154,18 +155,6 @@ impl RdmaConfig {
             gid_index: 0,
             chunk_bytes: 256 * 1024,
         }
-    }
-}
-
-struct ControlDial;
-
-#[async_trait::async_trait]
-impl Dial for ControlDial {
-    async fn dial(&self, addr: &str) -> std::io::Result<(BoxRead, BoxWrite)> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (read, write) = stream.into_split();
-        Ok((Box::new(read), Box::new(write)))
     }
 }
 
@@ -227,7 +216,7 @@ impl Remote<Rdma> {
         let (listener, addr) =
             bind_tcp("rdma", &config.bind, config.advertise_host.as_deref()).await?;
         let served = Served::new(config.remote, config.secret);
-        let peers = Peers::new(Box::new(ControlDial), Arc::clone(&served));
+        let peers = Peers::new(Box::new(TcpDial), Arc::clone(&served));
         let (serving, nics) = (Arc::clone(&served), Arc::clone(&nic));
         let listener = tokio::spawn(accept_loop(
             listener,
@@ -265,41 +254,6 @@ impl Rdma {
             instance: served.instance,
             gid: self.nic.gid(),
             memory,
-        }
-    }
-
-    /// Where `handle` lives, or why this transport cannot use it.
-    fn locate_in<'h>(
-        &self,
-        handle: &'h RegionHandle,
-    ) -> Result<Located<'h, RdmaMemory>, TransportError> {
-        let foreign = |reason: String| TransportError::ForeignHandle {
-            owner: handle.owner,
-            region: handle.id,
-            reason,
-        };
-        match &handle.descriptor {
-            Descriptor::Rdma {
-                addr,
-                instance,
-                gid,
-                memory,
-            } => {
-                self.nic.reach(gid).map_err(foreign)?;
-                Ok(Located {
-                    addr,
-                    target: Target {
-                        owner: handle.owner,
-                        instance: *instance,
-                        region: handle.id,
-                    },
-                    memory: *memory,
-                })
-            }
-            other => Err(foreign(format!(
-                "it is a {} handle; the rdma backend reaches regions of rdma owners",
-                other.backend()
-            ))),
         }
     }
 
@@ -900,7 +854,28 @@ impl Backend for Rdma {
         _: &Served,
         handle: &'h RegionHandle,
     ) -> Result<Located<'h, RdmaMemory>, TransportError> {
-        self.locate_in(handle)
+        match &handle.descriptor {
+            Descriptor::Rdma {
+                addr,
+                instance,
+                gid,
+                memory,
+            } => {
+                self.nic
+                    .reach(gid)
+                    .map_err(|reason| foreign(handle, reason))?;
+                Ok(Located {
+                    addr,
+                    target: Target {
+                        owner: handle.owner,
+                        instance: *instance,
+                        region: handle.id,
+                    },
+                    memory: *memory,
+                })
+            }
+            _ => Err(other_backend(handle, "rdma", "regions of rdma owners")),
+        }
     }
 
     fn register_published(

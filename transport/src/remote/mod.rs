@@ -35,7 +35,7 @@ mod service;
 use std::time::Duration;
 
 pub use self::backend::Remote;
-pub(crate) use self::backend::{other_backend, Backend, Located};
+pub(crate) use self::backend::{foreign, other_backend, Backend, Located};
 pub(crate) use self::client::{BoxRead, BoxWrite, Dial, Peers};
 pub(crate) use self::listen::{accept_loop, bind_tcp};
 pub(crate) use self::service::{serve_connection, Served};

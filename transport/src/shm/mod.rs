@@ -45,8 +45,8 @@ use self::segment::{SegmentError, SegmentReader, SegmentWriter};
 use crate::codec;
 use crate::error::wide;
 use crate::remote::{
-    accept_loop, serve_connection, Backend, BoxRead, BoxWrite, Dial, Located, Peers, Remote,
-    RemoteConfig, Served,
+    accept_loop, foreign, other_backend, serve_connection, Backend, BoxRead, BoxWrite, Dial,
+    Located, Peers, Remote, RemoteConfig, Served,
 };
 use crate::wire::{ClusterSecret, Target};
 use crate::{
@@ -199,54 +199,6 @@ impl Shm {
             instance: served.instance,
             socket: self.socket.to_string_lossy().into_owned(),
             segment,
-        }
-    }
-
-    /// Where `handle` lives, or why this transport cannot use it.
-    fn locate_in<'h>(
-        &self,
-        handle: &'h RegionHandle,
-    ) -> Result<Located<'h, String>, TransportError> {
-        let foreign = |reason: String| TransportError::ForeignHandle {
-            owner: handle.owner,
-            region: handle.id,
-            reason,
-        };
-        match &handle.descriptor {
-            Descriptor::Shm {
-                host,
-                job,
-                instance,
-                socket,
-                segment,
-            } => {
-                if *host != self.host {
-                    return Err(foreign(format!(
-                        "it was issued on host {host}, this is host {}; shm handles do not \
-                         cross hosts",
-                        self.host
-                    )));
-                }
-                if *job != self.job {
-                    return Err(foreign(format!(
-                        "it belongs to job {job:?}, this transport to job {:?}",
-                        self.job
-                    )));
-                }
-                Ok(Located {
-                    addr: socket,
-                    memory: segment.clone(),
-                    target: Target {
-                        owner: handle.owner,
-                        instance: *instance,
-                        region: handle.id,
-                    },
-                })
-            }
-            other => Err(foreign(format!(
-                "it is a {} handle; the shm backend reaches regions of shm owners",
-                other.backend()
-            ))),
         }
     }
 
@@ -485,7 +437,32 @@ impl Backend for Shm {
         _: &Served,
         handle: &'h RegionHandle,
     ) -> Result<Located<'h, String>, TransportError> {
-        self.locate_in(handle)
+        match &handle.descriptor {
+            Descriptor::Shm {
+                host,
+                job,
+                instance,
+                socket,
+                segment,
+            } => {
+                same_host_and_job(
+                    handle,
+                    (host, job),
+                    (&self.host, &self.job),
+                    "shm handles do not cross hosts",
+                )?;
+                Ok(Located {
+                    addr: socket,
+                    memory: segment.clone(),
+                    target: Target {
+                        owner: handle.owner,
+                        instance: *instance,
+                        region: handle.id,
+                    },
+                })
+            }
+            _ => Err(other_backend(handle, "shm", "regions of shm owners")),
+        }
     }
 
     fn register_published(
@@ -557,4 +534,33 @@ impl Backend for Shm {
     ) -> TransportError {
         self.wrong_kind_for_segment(segment, &located.target, expected)
     }
+}
+
+/// A handle of a host-local backend (`shm`, `cuda`) issued on `host` for `job`: refused unless
+/// they are this transport's (`ours`), naming which differs; `crossing` says why a host matters.
+pub(crate) fn same_host_and_job(
+    handle: &RegionHandle,
+    (host, job): (&str, &str),
+    ours: (&str, &str),
+    crossing: &str,
+) -> Result<(), TransportError> {
+    if host != ours.0 {
+        return Err(foreign(
+            handle,
+            format!(
+                "it was issued on host {host}, this is host {}; {crossing}",
+                ours.0
+            ),
+        ));
+    }
+    if job != ours.1 {
+        return Err(foreign(
+            handle,
+            format!(
+                "it belongs to job {job:?}, this transport to job {:?}",
+                ours.1
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -67,7 +67,8 @@ impl TcpConfig {
     }
 }
 
-struct TcpDial;
+/// Dials an owner's TCP address (`tcp`, and the `rdma` backend's control connection).
+pub(crate) struct TcpDial;
 
 #[async_trait::async_trait]
 impl Dial for TcpDial {
