@@ -209,17 +209,16 @@ pub(crate) fn read<P: Phases + ?Sized>(
 
 /// One whole publication of `chunks` (non-empty) read chunk by chunk from in-process memory:
 /// `copy(c)` copies the read's piece of chunk `c` (again, to the same place, when a copy was torn
-/// or belonged to another publication). Returns the version all final pieces were read at.
+/// or belonged to another publication). Returns the version all final pieces were read at. The
+/// caller checks that the read starts before `deadline`; waiting for a writer ends there.
 pub(crate) fn read_pieces<C: Controls + ?Sized>(
     controls: &C,
     chunks: Range<usize>,
     deadline: Instant,
     mut copy: impl FnMut(usize),
 ) -> Result<u64, Failure<std::convert::Infallible>> {
+    // The caller checked the deadline before the read; a wait checks it again.
     let mut backoff = Backoff::new(deadline);
-    if Instant::now() >= deadline {
-        return Err(Failure::Deadline);
-    }
     'restart: loop {
         // The (seq, version) every piece so far was read at.
         let mut at: Option<(u64, u64)> = None;

@@ -560,7 +560,6 @@ impl Cuda {
     }
 }
 
-#[async_trait::async_trait]
 impl Backend for Cuda {
     /// A published region's device memory and its owner's process.
     type Memory = Place;

@@ -838,7 +838,6 @@ impl PublishedRegion for PublishedGuard {
     }
 }
 
-#[async_trait::async_trait]
 impl Backend for Rdma {
     /// Where a published region's registered memory is (address, key, length, chunk size).
     type Memory = RdmaMemory;

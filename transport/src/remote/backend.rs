@@ -12,6 +12,7 @@
 //! ([`ops`]); an accumulate or a send aimed at a published region's memory is refused by kind
 //! after the backend's checks of the handle.
 
+use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -34,8 +35,9 @@ pub(crate) struct Located<'h, M> {
     pub(crate) memory: Option<M>,
 }
 
-/// What a process-crossing backend brings to the core (see the [module docs](self)).
-#[async_trait::async_trait]
+/// What a process-crossing backend brings to the core (see the [module docs](self)). Its two
+/// operations are plain futures (not boxed): a one-sided read of a few KiB is a few hundred
+/// nanoseconds, of which an allocation per call would be a fifth.
 pub(crate) trait Backend: Send + Sync + Sized + 'static {
     /// How a handle names a published region's own memory.
     type Memory: Send + Sync;
@@ -76,7 +78,7 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
 
     /// A one-sided read of the published region at `memory`.
     #[allow(clippy::too_many_arguments)]
-    async fn read_memory(
+    fn read_memory(
         &self,
         served: &Served,
         handle: &RegionHandle,
@@ -85,12 +87,12 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         range: Range<usize>,
         into: Dest<'_>,
         deadline: Deadline,
-    ) -> Result<u64, TransportError>;
+    ) -> impl Future<Output = Result<u64, TransportError>> + Send;
 
     /// An accumulate or a send (`op`, for a region of kind `expected`) aimed at the published
     /// region at `memory`: the error, after the backend's checks of the handle.
     #[allow(clippy::too_many_arguments)]
-    async fn wrong_kind(
+    fn wrong_kind(
         &self,
         served: &Served,
         handle: &RegionHandle,
@@ -99,7 +101,7 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         op: Op,
         expected: RegionKind,
         deadline: Deadline,
-    ) -> TransportError;
+    ) -> impl Future<Output = TransportError> + Send;
 }
 
 /// A process-crossing transport: the core around backend `B`. Dropping it stops listening and

@@ -421,10 +421,10 @@ impl PublishedRegion for SegmentGuard {
     }
 }
 
-#[async_trait::async_trait]
 impl Backend for Shm {
-    /// The name of a published region's segment.
-    type Memory = String;
+    /// A published region has a segment; its name stays in the handle (read again below), so
+    /// that locating a handle allocates nothing.
+    type Memory = ();
 
     const NAME: &'static str = "shm";
 
@@ -436,7 +436,7 @@ impl Backend for Shm {
         &self,
         _: &Served,
         handle: &'h RegionHandle,
-    ) -> Result<Located<'h, String>, TransportError> {
+    ) -> Result<Located<'h, ()>, TransportError> {
         match &handle.descriptor {
             Descriptor::Shm {
                 host,
@@ -453,7 +453,7 @@ impl Backend for Shm {
                 )?;
                 Ok(Located {
                     addr: socket,
-                    memory: segment.clone(),
+                    memory: segment.as_ref().map(|_| ()),
                     target: Target {
                         owner: handle.owner,
                         instance: *instance,
@@ -511,13 +511,14 @@ impl Backend for Shm {
     async fn read_memory(
         &self,
         _: &Served,
-        _: &RegionHandle,
-        located: &Located<'_, String>,
-        segment: &String,
+        handle: &RegionHandle,
+        located: &Located<'_, ()>,
+        _: &(),
         range: Range<usize>,
         into: Dest<'_>,
         deadline: Deadline,
     ) -> Result<u64, TransportError> {
+        let segment = segment_of(handle);
         let reader = self.segment(segment, &located.target)?;
         self.read_segment(&reader, &located.target, range, into, deadline)
     }
@@ -525,14 +526,25 @@ impl Backend for Shm {
     async fn wrong_kind(
         &self,
         _: &Served,
-        _: &RegionHandle,
-        located: &Located<'_, String>,
-        segment: &String,
+        handle: &RegionHandle,
+        located: &Located<'_, ()>,
+        _: &(),
         _: Op,
         expected: RegionKind,
         _: Deadline,
     ) -> TransportError {
-        self.wrong_kind_for_segment(segment, &located.target, expected)
+        self.wrong_kind_for_segment(segment_of(handle), &located.target, expected)
+    }
+}
+
+/// The segment a located shm handle names (`locate` found one).
+fn segment_of(handle: &RegionHandle) -> &str {
+    match &handle.descriptor {
+        Descriptor::Shm {
+            segment: Some(name),
+            ..
+        } => name,
+        _ => "",
     }
 }
 

@@ -117,7 +117,6 @@ impl Remote<Tcp> {
     }
 }
 
-#[async_trait::async_trait]
 impl Backend for Tcp {
     /// Nothing: the owner serves every read.
     type Memory = std::convert::Infallible;
