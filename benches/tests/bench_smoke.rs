@@ -193,7 +193,9 @@ fn virtual_clock_ab_bench_repeats_byte_for_byte() {
             "--json",
             json.to_str().unwrap(),
         ]);
-        (std::fs::read(&json).expect("JSON written"), stdout)
+        let bytes = std::fs::read(&json).expect("JSON written");
+        let _ = std::fs::remove_file(&json);
+        (bytes, stdout)
     };
     let (first, stdout) = run("virtual-a.json");
     let (second, _) = run("virtual-b.json");
