@@ -16,6 +16,7 @@
 //! - [`step`]: the supervisor's decisions as a state machine (plan, dispatch, ledger, barrier,
 //!   replay, deadlines): events in, commands with reasons out;
 //! - [`token`]: the assignment tokens that bind reports and gradient writes to assignments;
+//! - [`split`]: cutting one causal sample across a gang (zig-zag chunks, balanced causal work);
 //! - [`optimizer`]: SGD and AdamW on one shard, elementwise (the shard servers' update rule);
 //! - the data they decide on: [`batch`] (samples, micro-batches, the loss convention),
 //!   [`layout`] (units and shards), [`assignment`] (an assignment and the report answering it),
@@ -46,6 +47,7 @@ pub mod membership;
 pub mod optimizer;
 pub mod recovery;
 pub mod schedule;
+pub mod split;
 pub mod stats;
 pub mod step;
 pub mod straggler;
