@@ -66,26 +66,34 @@ mod tests {
     #[test]
     fn manifest_depends_on_no_actor_framework_or_async_runtime() {
         let manifest = include_str!("../Cargo.toml");
+        let banned = [
+            "ractor",
+            "ractor_cluster",
+            "tokio",
+            "futures",
+            "async-trait",
+        ];
         let mut section = "";
         let mut offenders = Vec::new();
         for line in manifest.lines().map(str::trim) {
             if line.starts_with('[') {
                 section = line;
+                // A `[dependencies.NAME]` table names its dependency in the header.
+                let table = section
+                    .strip_prefix("[dependencies.")
+                    .and_then(|s| s.strip_suffix(']'));
+                if table.is_some_and(|name| banned.contains(&name)) {
+                    offenders.push(section.to_string());
+                }
                 continue;
             }
-            if !(section == "[dependencies]" || section.starts_with("[target")) {
+            let dependencies = section == "[dependencies]"
+                || (section.starts_with("[target") && section.ends_with("dependencies]"));
+            if !dependencies {
                 continue;
             }
             let name = line.split(['=', '.', ' ']).next().unwrap_or("");
-            if [
-                "ractor",
-                "ractor_cluster",
-                "tokio",
-                "futures",
-                "async-trait",
-            ]
-            .contains(&name)
-            {
+            if banned.contains(&name) {
                 offenders.push(line.to_string());
             }
         }

@@ -965,9 +965,18 @@ impl SegmentReader {
                 bytes: &bytes,
                 copy: &mut *copy,
             };
+            // The seqs of both checks: on the stack for ranges of up to 32 chunks (8 MiB of
+            // 256 KiB chunks), so that a read allocates nothing.
             let n = last + 1 - first;
-            let (mut seqs, mut again) = (vec![0; n], vec![0; n]);
-            let Ok(attempt) = seqlock::try_read(&mut whole, first..last + 1, &mut seqs, &mut again);
+            let (mut stack, mut heap) = ([0u64; 64], Vec::new());
+            let words = if n <= 32 {
+                &mut stack[..2 * n]
+            } else {
+                heap.resize(2 * n, 0);
+                &mut heap[..]
+            };
+            let (seqs, again) = words.split_at_mut(n);
+            let Ok(attempt) = seqlock::try_read(&mut whole, first..last + 1, seqs, again);
             if let Some(version) = attempt {
                 return Ok(version);
             }
