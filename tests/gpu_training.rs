@@ -158,6 +158,7 @@ fn gpu_fp32_training_equals_the_cpu_reference() {
         device,
         precision: ComputePrecision::F32,
         local_rank: 0,
+        ..Placement::default()
     };
     let (gpu, gpu_params) = train(data, sgd, placement, STEPS);
     let gpu_secs = gpu_started.elapsed().as_secs_f64();
@@ -204,6 +205,7 @@ fn gpu_bf16_losses_track_the_cpu_fp32_run() {
         device,
         precision: ComputePrecision::Bf16,
         local_rank: 0,
+        ..Placement::default()
     };
     let (gpu, params) = train(data, adamw, placement, STEPS);
     let (cpu_losses, gpu_losses) = (losses(&cpu), losses(&gpu));
@@ -235,6 +237,7 @@ fn sft_on_cuda_lowers_the_loss() {
         device,
         precision: ComputePrecision::Bf16,
         local_rank: 0,
+        ..Placement::default()
     };
     let started = Instant::now();
     let (stats, params) = train(samples(96), OptimizerConfig::adamw(1e-2), placement, 12);
