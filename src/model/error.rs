@@ -14,6 +14,10 @@ pub enum Error {
         /// Why it is invalid.
         reason: String,
     },
+    /// A gang's exchange failed: a peer missed its deadline, the gang was aborted, or a message
+    /// was malformed (sequence splitting, [`crate::model::gang`]).
+    #[error("gang: {0}")]
+    Gang(String),
     /// A packed micro-batch is inconsistent (lengths differ, a token is out of the vocabulary, …).
     #[error("invalid packed batch: {0}")]
     Batch(String),

@@ -281,6 +281,140 @@ fn span_partial(
     Ok(acc)
 }
 
+/// The gradients of [`attend_partial`]'s queries `q: [H, n, hd]` at `q_pos..` against keys and
+/// values `k, v: [KV, m, hd]` at `k_pos..`, given the output's gradient `d_o: [H, n, hd]`, each
+/// row's log-sum-exp over **all** the keys it attends to (`lse`, fp32 `[H, n]`, the merged
+/// partials') and `dd = rowsum(dO ⊙ O)` (fp32 `[H, n]`, of the merged output): fp32
+/// `(dq [H, n, hd], dk [KV, m, hd], dv [KV, m, hd])`, this key range's share. Summing the shares
+/// of every key range gives the attention's gradients (FlashAttention-2: per tile
+/// `p = exp(s − lse)`, `dV += pᵀ dO`, `dS = p ⊙ (dO Vᵀ − D)`, `dQ += dS K · scale`,
+/// `dK += dSᵀ Q · scale`).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_partial_backward(
+    q: &Tensor,
+    q_pos: usize,
+    k: &Tensor,
+    v: &Tensor,
+    k_pos: usize,
+    d_o: &Tensor,
+    lse: &Tensor,
+    dd: &Tensor,
+    blocks: Blocks,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (heads, n, hd) = q.dims3()?;
+    let (kv, m, _) = k.dims3()?;
+    if kv == 0
+        || heads % kv != 0
+        || v.dims3()? != (kv, m, hd)
+        || k.dim(2)? != hd
+        || d_o.dims3()? != (heads, n, hd)
+        || lse.dims2()? != (heads, n)
+        || dd.dims2()? != (heads, n)
+    {
+        return Err(Error::Batch(format!(
+            "attention backward shapes: q {:?}, k {:?}, v {:?}, dO {:?}, lse {:?}, D {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims(),
+            d_o.dims(),
+            lse.dims(),
+            dd.dims()
+        )));
+    }
+    Ok(partial_backward(
+        q, q_pos, k, v, k_pos, d_o, lse, dd, blocks,
+    )?)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn partial_backward(
+    q: &Tensor,
+    q_pos: usize,
+    k: &Tensor,
+    v: &Tensor,
+    k_pos: usize,
+    d_o: &Tensor,
+    lse: &Tensor,
+    dd: &Tensor,
+    blocks: Blocks,
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    let (heads, n, hd) = q.dims3()?;
+    let (kv, m, _) = k.dims3()?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let device = q.device();
+    let (bq, bk) = (blocks.q.clamp(1, n.max(1)), blocks.k.clamp(1, m.max(1)));
+    let key_blocks = m.div_ceil(bk);
+    let d_o = d_o.to_dtype(v.dtype())?;
+    // dq is written in place a query block at a time (pieces and their concatenation would hold
+    // it twice).
+    let dq_all = Tensor::zeros((heads, n, hd), DType::F32, device)?;
+    let mut dk_acc: Vec<Option<Tensor>> = vec![None; key_blocks];
+    let mut dv_acc: Vec<Option<Tensor>> = vec![None; key_blocks];
+    for qs in (0..n).step_by(bq) {
+        let rows = bq.min(n - qs);
+        let (qg, dog) = (
+            group(&q.narrow(1, qs, rows)?, kv)?,
+            group(&d_o.narrow(1, qs, rows)?, kv)?,
+        );
+        let stat = |x: &Tensor| {
+            x.narrow(1, qs, rows)?
+                .contiguous()?
+                .reshape((kv, heads / kv * rows, 1))
+        };
+        let (lse, dd) = (stat(lse)?, stat(dd)?);
+        // Keys after this block's last query are masked for all of it.
+        let visible_end = q_pos + qs + rows;
+        let mut dq: Option<Tensor> = None;
+        for j in 0..key_blocks {
+            let ks = j * bk;
+            let full = bk.min(m - ks);
+            if k_pos + ks >= visible_end {
+                break;
+            }
+            let mm = full.min(visible_end - (k_pos + ks));
+            let (kt, vt) = (k.narrow(1, ks, mm)?, v.narrow(1, ks, mm)?);
+            let p = scores(&qg, q_pos + qs, rows, &kt, k_pos + ks, scale)?
+                .broadcast_sub(&lse)?
+                .exp()?;
+            let dv = p.to_dtype(v.dtype())?.t()?.matmul(&dog)?;
+            let dp = dog.matmul(&vt.t()?)?.to_dtype(DType::F32)?;
+            let ds = (&p * dp.broadcast_sub(&dd)?)?.to_dtype(q.dtype())?;
+            let dq_t = ds.matmul(&kt)?.to_dtype(DType::F32)?;
+            let dk = ds.t()?.matmul(&qg)?;
+            dq = Some(match dq {
+                None => dq_t,
+                Some(acc) => (acc + dq_t)?,
+            });
+            let pad = |x: Tensor| x.to_dtype(DType::F32)?.pad_with_zeros(1, 0, full - mm);
+            for (acc, d) in [(&mut dk_acc[j], dk), (&mut dv_acc[j], dv)] {
+                let d = pad(d)?;
+                *acc = Some(match acc.take() {
+                    None => d,
+                    Some(a) => (a + d)?,
+                });
+            }
+        }
+        if let Some(dq) = dq {
+            dq_all.slice_set(&(dq * scale)?.reshape((heads, rows, hd))?, 1, qs)?;
+        }
+    }
+    let finish = |acc: Vec<Option<Tensor>>| -> candle_core::Result<Tensor> {
+        if acc.is_empty() {
+            return Tensor::zeros((kv, 0, hd), DType::F32, device);
+        }
+        let parts = acc
+            .into_iter()
+            .enumerate()
+            .map(|(j, a)| match a {
+                Some(a) => Ok(a),
+                None => Tensor::zeros((kv, bk.min(m - j * bk), hd), DType::F32, device),
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Tensor::cat(&parts, 1)
+    };
+    Ok((dq_all, (finish(dk_acc)? * scale)?, finish(dv_acc)?))
+}
+
 /// Which attention training uses over a packed micro-batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionImpl {
@@ -410,8 +544,8 @@ struct BlockedAttention {
 
 impl BlockedAttention {
     /// `(dq, dk, dv)` of `q [1, H, T, hd]`, `k, v [1, KV, T, hd]`, given the output `o` and its
-    /// gradient `d_o` (FlashAttention-2: `D = rowsum(dO ⊙ O)`, then per tile `p = exp(s − lse)`,
-    /// `dV += pᵀ dO`, `dS = p ⊙ (dO Vᵀ − D)`, `dQ += dS K · scale`, `dK += dSᵀ Q · scale`).
+    /// gradient `d_o`: each sample's span is [`attend_partial_backward`] of its queries against
+    /// its own keys (`D = rowsum(dO ⊙ O)`).
     fn backward(
         &self,
         q: &Tensor,
@@ -422,82 +556,28 @@ impl BlockedAttention {
     ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
         let (q, k, v) = (q.detach().get(0)?, k.detach().get(0)?, v.detach().get(0)?);
         let (o, d_o) = (o.detach().get(0)?, d_o.detach().get(0)?);
-        let (heads, _, hd) = q.dims3()?;
-        let kv = k.dim(0)?;
-        let scale = 1.0 / (hd as f64).sqrt();
+        let (heads, t, hd) = q.dims3()?;
         // D: [H, T] fp32.
         let dd = (d_o.to_dtype(DType::F32)? * o.to_dtype(DType::F32)?)?.sum(D::Minus1)?;
-        let d_o = d_o.to_dtype(v.dtype())?;
-        // dq is written in place a query block at a time (pieces and their concatenation would
-        // hold it twice).
-        let dq_all = Tensor::zeros((heads, q.dim(1)?, hd), DType::F32, q.device())?;
+        // dq is written in place a sample at a time.
+        let dq_all = Tensor::zeros((heads, t, hd), DType::F32, q.device())?;
         let (mut dks, mut dvs) = (vec![], vec![]);
         for &(start, len) in &self.spans {
-            let (bq, bk) = (self.blocks.q.clamp(1, len), self.blocks.k.clamp(1, len));
-            let key_blocks = len.div_ceil(bk);
-            let mut dk_acc: Vec<Option<Tensor>> = vec![None; key_blocks];
-            let mut dv_acc: Vec<Option<Tensor>> = vec![None; key_blocks];
-            for qs in (0..len).step_by(bq) {
-                let n = bq.min(len - qs);
-                let rows = |x: &Tensor| group(&x.narrow(1, start + qs, n)?, kv);
-                let (qg, dog) = (rows(&q)?, rows(&d_o)?);
-                let stat = |x: &Tensor| {
-                    x.narrow(1, start + qs, n)?
-                        .contiguous()?
-                        .reshape((kv, heads / kv * n, 1))
-                };
-                let (lse, dd) = (stat(&self.lse)?, stat(&dd)?);
-                let mut dq: Option<Tensor> = None;
-                for j in 0..key_blocks {
-                    let ks = j * bk;
-                    let end = (ks + bk).min(len).min(qs + n);
-                    if ks >= end {
-                        break;
-                    }
-                    let (m, full) = (end - ks, bk.min(len - ks));
-                    let (kt, vt) = (k.narrow(1, start + ks, m)?, v.narrow(1, start + ks, m)?);
-                    let p = scores(&qg, qs, n, &kt, ks, scale)?
-                        .broadcast_sub(&lse)?
-                        .exp()?;
-                    let dv = p.to_dtype(v.dtype())?.t()?.matmul(&dog)?;
-                    let dp = dog.matmul(&vt.t()?)?.to_dtype(DType::F32)?;
-                    let ds = (&p * dp.broadcast_sub(&dd)?)?.to_dtype(q.dtype())?;
-                    let dq_t = ds.matmul(&kt)?.to_dtype(DType::F32)?;
-                    let dk = ds.t()?.matmul(&qg)?;
-                    dq = Some(match dq {
-                        None => dq_t,
-                        Some(acc) => (acc + dq_t)?,
-                    });
-                    let pad = |x: Tensor| x.to_dtype(DType::F32)?.pad_with_zeros(1, 0, full - m);
-                    for (acc, d) in [(&mut dk_acc[j], dk), (&mut dv_acc[j], dv)] {
-                        let d = pad(d)?;
-                        *acc = Some(match acc.take() {
-                            None => d,
-                            Some(a) => (a + d)?,
-                        });
-                    }
-                }
-                let dq = match dq {
-                    Some(dq) => dq,
-                    None => Tensor::zeros(qg.dims(), DType::F32, q.device())?,
-                };
-                dq_all.slice_set(&(dq * scale)?.reshape((heads, n, hd))?, 1, start + qs)?;
-            }
-            let finish = |acc: Vec<Option<Tensor>>| -> candle_core::Result<Tensor> {
-                let parts = acc
-                    .into_iter()
-                    .enumerate()
-                    .map(|(j, a)| match a {
-                        Some(a) => Ok(a),
-                        None => {
-                            Tensor::zeros((kv, bk.min(len - j * bk), hd), DType::F32, q.device())
-                        }
-                    })
-                    .collect::<candle_core::Result<Vec<_>>>()?;
-                Tensor::cat(&parts, 1)
-            };
-            dks.push((finish(dk_acc)? * scale)?);
-            dvs.push(finish(dv_acc)?);
+            let span = |x: &Tensor| x.narrow(1, start, len);
+            let (dq, dk, dv) = partial_backward(
+                &span(&q)?,
+                0,
+                &span(&k)?,
+                &span(&v)?,
+                0,
+                &span(&d_o)?,
+                &span(&self.lse)?,
+                &span(&dd)?,
+                self.blocks,
+            )?;
+            dq_all.slice_set(&dq, 1, start)?;
+            dks.push(dk);
+            dvs.push(dv);
         }
         let whole = |parts: Vec<Tensor>, dtype: DType| -> candle_core::Result<Tensor> {
             Tensor::cat(&parts, 1)?.to_dtype(dtype)?.unsqueeze(0)

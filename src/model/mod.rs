@@ -37,6 +37,7 @@ pub mod device;
 pub mod error;
 pub mod eval;
 pub mod flash;
+pub mod gang;
 pub mod generate;
 pub mod grpo;
 pub mod head;

@@ -84,6 +84,7 @@ pub fn split_rows(
             let options = |split| SplitOptions {
                 token_budget,
                 split,
+                ..SplitOptions::default()
             };
             let without = plan(&lengths, profile, &topology, options(false))?;
             let with = plan(&lengths, profile, &topology, options(true))?;
@@ -95,9 +96,9 @@ pub fn split_rows(
                 achievable_unsplit_s: with.achievable_unsplit_s,
                 unsplit_s: without.step_s,
                 split_s: with.step_s,
-                splits: with.groups.len(),
-                shortest_split_tokens: with.groups.iter().map(|g| g.tokens).min(),
-                widest_split: with.groups.iter().map(|g| g.cost.k).max(),
+                splits: with.gangs.len(),
+                shortest_split_tokens: with.gangs.iter().map(|g| g.tokens).min(),
+                widest_split: with.gangs.iter().map(|g| g.cost.k).max(),
             })
         })
         .collect()

@@ -1,5 +1,4 @@
-//! Cutting one causal sample across a gang of trainers (context parallelism): the first piece of
-//! sequence splitting (issue 29), pure and unit-tested.
+//! Cutting one causal sample across a gang of trainers (context parallelism).
 //!
 //! A sample of `T` tokens split over a gang of `k` members is cut into `2k` contiguous chunks of
 //! near-equal length, and member `m` holds chunks `m` and `2k − 1 − m` ("zig-zag", the
@@ -16,21 +15,7 @@
 
 use std::ops::Range;
 
-/// Why a sample cannot be cut for a gang.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SplitError {
-    #[error("a gang needs at least one member")]
-    NoMembers,
-    #[error(
-        "a sample of {tokens} tokens cannot be cut into {chunks} chunks for {members} members \
-         (each member needs two tokens at least)"
-    )]
-    TooShort {
-        tokens: u64,
-        members: u32,
-        chunks: u64,
-    },
-}
+use super::SplitError;
 
 /// The two token ranges of each member, in member order: member `m` holds chunks `m` and
 /// `2k − 1 − m` of `2k` near-equal chunks of `0..tokens`.

@@ -1,0 +1,51 @@
+//! Sequence splitting (context parallelism) for the long tail of a step: which samples run split
+//! over a gang of trainers, how a sample is cut for its gang, and what that costs.
+//!
+//! - [`zigzag`]: one causal sample cut into `2k` chunks for a gang of `k`, balanced triangles.
+//! - [`SplitCosts`] and [`piece_cost`]: the interface that prices a split (implemented by the
+//!   runtime and by `odc-bench sim`), and the ring-attention cost of one sample over a gang.
+//! - [`plan`]: the planner — which samples to split, over how many members and on which
+//!   trainers, the rest packed whole; never a split that lengthens the modelled step.
+//!
+//! Pure: no actor, no clock, no I/O; each file's invariants are tested beside it.
+
+mod cost;
+mod plan;
+mod zigzag;
+
+#[cfg(test)]
+mod tests;
+
+pub use cost::{micro_batch_s, piece_cost, transfer_s, Link, PieceCost, SplitCosts};
+pub use plan::{
+    gang_sizes, plan, DeviceAssignment, Gang, SplitOptions, SplitPlan, DEFAULT_TOKEN_BUDGET,
+};
+pub use zigzag::{causal_pairs, zigzag};
+
+/// Why a sample cannot be cut, or a step not planned.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SplitError {
+    #[error("a gang needs at least one member")]
+    NoMembers,
+    #[error(
+        "a sample of {tokens} tokens cannot be cut into {chunks} chunks for {members} members \
+         (each member needs two tokens at least)"
+    )]
+    TooShort {
+        tokens: u64,
+        members: u32,
+        chunks: u64,
+    },
+    #[error("a split plan needs at least one trainer")]
+    NoDevices,
+    #[error("a split plan needs at least one trainer per node")]
+    NoDevicesPerNode,
+    #[error("the micro-batch token budget must be positive")]
+    NoBudget,
+    #[error("{what}{} is {value}: a cost must be a finite, non-negative number", at.map(|i| format!(" of sample {i}")).unwrap_or_default())]
+    BadCost {
+        what: &'static str,
+        at: Option<usize>,
+        value: f64,
+    },
+}
