@@ -157,18 +157,27 @@ pub fn packed_attend(
     v: &Tensor,
     batch: &PackedBatch,
 ) -> Result<Tensor> {
+    attend_spans(config, q, k, v, &batch.spans)
+}
+
+/// [`packed_attend`] of the samples at `spans` (which tile `q`'s `T` positions).
+pub(super) fn attend_spans(
+    config: &ModelConfig,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spans: &[(usize, usize)],
+) -> Result<Tensor> {
     let groups = config.n_heads / config.kv_heads();
     let (k, v) = (repeat_kv(k, groups)?, repeat_kv(v, groups)?);
-    let outs = batch
-        .spans
+    let outs = spans
         .iter()
-        .enumerate()
-        .map(|(s, &(start, len))| {
+        .map(|&(start, len)| {
             attend(
                 &q.narrow(2, start, len)?,
                 &k.narrow(2, start, len)?,
                 &v.narrow(2, start, len)?,
-                &batch.causal_mask(s)?,
+                &super::batch::causal_mask(len, q.device())?,
             )
         })
         .collect::<Result<Vec<_>>>()?;

@@ -15,8 +15,19 @@
 //!   asks [`PackedBatch::causal_mask`] for a sample's additive `[len, len]` mask (0 where query
 //!   `i` may attend to key `j <= i`, [`MASKED`] elsewhere), made then: a pack holds no `len²`
 //!   tensor, which would cap a sample's length (4 GiB at 32K tokens).
+//! - A **gang's piece** ([`PackedBatch::pack_with_piece`], sequence splitting) is packed last: one
+//!   member's tokens of a sample split over a gang, in the member's order ([`GangLayout`]), at
+//!   their positions in the whole sample; each predicts the sample's next token (its target is
+//!   taken from the whole sample, so a chunk's last token predicts the first of the next chunk,
+//!   held by another member). Its attention runs over the gang's ring ([`super::gang`]); summed
+//!   over the gang's members, the losses and gradients are the unsplit sample's.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
+
+use super::gang::{GangLayout, GangLink};
 
 use super::config::ModelConfig;
 use super::error::{Error, Result};
@@ -97,7 +108,33 @@ pub struct PackedBatch {
     pub rope_cos: Tensor,
     /// `[T, head_dim / 2]` rotary sines at each token's position.
     pub rope_sin: Tensor,
+    /// A gang's piece, packed last ([`PackedBatch::pack_with_piece`]).
+    pub piece: Option<GangPiece>,
     len: usize,
+}
+
+/// One member's piece of a sample split over a gang: where its tokens sit, its end of the gang's
+/// links, and the count of its attention calls (each call's ring messages carry its number).
+#[derive(Debug, Clone)]
+pub struct GangPiece {
+    pub layout: GangLayout,
+    pub link: Arc<dyn GangLink>,
+    calls: Arc<AtomicU32>,
+}
+
+impl GangPiece {
+    pub fn new(layout: GangLayout, link: Arc<dyn GangLink>) -> Self {
+        GangPiece {
+            layout,
+            link,
+            calls: Arc::new(AtomicU32::new(0)),
+        }
+    }
+
+    /// The number of the next attention call (0, 1, …).
+    pub fn next_call(&self) -> u32 {
+        self.calls.fetch_add(1, Ordering::Relaxed)
+    }
 }
 
 impl PackedBatch {
@@ -111,22 +148,72 @@ impl PackedBatch {
 
     /// Packs `samples` in order (positions restart at 0 for each).
     pub fn pack(config: &ModelConfig, samples: &[Sample], device: &Device) -> Result<Self> {
-        let (mut tokens, mut positions, mut segments, mut loss_mask) =
-            (vec![], vec![], vec![], vec![]);
-        for (s, sample) in samples.iter().enumerate() {
-            if sample.loss_mask.len() != sample.tokens.len() {
-                return Err(Error::Batch(format!(
-                    "sample {s}: {} tokens but a loss mask of {}",
-                    sample.tokens.len(),
-                    sample.loss_mask.len()
-                )));
-            }
-            tokens.extend_from_slice(&sample.tokens);
-            loss_mask.extend_from_slice(&sample.loss_mask);
-            positions.extend(0..sample.tokens.len() as u32);
-            segments.extend(std::iter::repeat_n(s as u32, sample.tokens.len()));
+        let c = Columns::of(samples)?;
+        Self::new(
+            config,
+            &c.tokens,
+            &c.positions,
+            &c.segments,
+            &c.loss_mask,
+            device,
+        )
+    }
+
+    /// Packs `samples` in order, then `piece`'s tokens of the split sample `whole` (see the
+    /// module docs): what one member of a gang trains on.
+    pub fn pack_with_piece(
+        config: &ModelConfig,
+        samples: &[Sample],
+        whole: &Sample,
+        piece: GangPiece,
+        device: &Device,
+    ) -> Result<Self> {
+        config.validate()?;
+        let mut c = Columns::of(samples)?;
+        let (mut targets, mut weights) = next_token_targets(&c.tokens, &c.segments, &c.loss_mask);
+        let t_whole = whole.tokens.len();
+        if whole.loss_mask.len() != t_whole {
+            return Err(Error::Batch(format!(
+                "the split sample: {t_whole} tokens but a loss mask of {}",
+                whole.loss_mask.len()
+            )));
         }
-        Self::new(config, &tokens, &positions, &segments, &loss_mask, device)
+        let expected: usize = (0..piece.layout.members())
+            .map(|m| piece.layout.len_of(m))
+            .sum();
+        if expected != t_whole {
+            return Err(Error::Batch(format!(
+                "the split sample has {t_whole} tokens, its gang's layout cuts {expected}"
+            )));
+        }
+        let segment = samples.len() as u32;
+        for p in piece.layout.positions() {
+            c.tokens.push(whole.tokens[p]);
+            c.positions.push(p as u32);
+            c.segments.push(segment);
+            let next = p + 1;
+            targets.push(if next < t_whole {
+                whole.tokens[next]
+            } else {
+                0
+            });
+            weights.push(if next < t_whole && whole.loss_mask[next] {
+                1.0
+            } else {
+                0.0
+            });
+        }
+        let mut batch = Self::from_columns(
+            config,
+            &c.tokens,
+            &c.positions,
+            &c.segments,
+            targets,
+            weights,
+            device,
+        )?;
+        batch.piece = Some(piece);
+        Ok(batch)
     }
 
     /// A packed batch from per-token columns (all of length `T > 0`).
@@ -151,6 +238,27 @@ impl PackedBatch {
                 loss_mask.len()
             )));
         }
+        let (targets, weights) = next_token_targets(tokens, segments, loss_mask);
+        Self::from_columns(
+            config, tokens, positions, segments, targets, weights, device,
+        )
+    }
+
+    /// The batch of columns of equal length and their targets (checked here: tokens in the
+    /// vocabulary, positions within `max_seq_len`, samples contiguous).
+    fn from_columns(
+        config: &ModelConfig,
+        tokens: &[u32],
+        positions: &[u32],
+        segments: &[u32],
+        targets: Vec<u32>,
+        weights: Vec<f32>,
+        device: &Device,
+    ) -> Result<Self> {
+        let t = tokens.len();
+        if t == 0 {
+            return Err(Error::Batch("no tokens".into()));
+        }
         if let Some(i) = tokens.iter().position(|&x| x as usize >= config.vocab_size) {
             return Err(Error::Batch(format!(
                 "token {i} is {} but vocab_size is {}",
@@ -165,14 +273,6 @@ impl PackedBatch {
                 "position {} at token {i} is past max_seq_len {}",
                 positions[i], config.max_seq_len
             )));
-        }
-        let mut targets = vec![0u32; t];
-        let mut weights = vec![0f32; t];
-        for i in 0..t - 1 {
-            if segments[i + 1] == segments[i] {
-                targets[i] = tokens[i + 1];
-                weights[i] = if loss_mask[i + 1] { 1.0 } else { 0.0 };
-            }
         }
         let loss_tokens = weights.iter().filter(|w| **w > 0.0).count();
         let mut spans: Vec<(usize, usize)> = Vec::new();
@@ -205,6 +305,7 @@ impl PackedBatch {
             kernels: Kernels::default(),
             rope_cos,
             rope_sin,
+            piece: None,
             len: t,
         })
     }
@@ -218,6 +319,56 @@ impl PackedBatch {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// A pack's per-token columns, before they go to the device.
+#[derive(Debug, Default)]
+struct Columns {
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    segments: Vec<u32>,
+    loss_mask: Vec<bool>,
+}
+
+impl Columns {
+    /// `samples` in order, positions restarting at 0 for each.
+    fn of(samples: &[Sample]) -> Result<Self> {
+        let mut c = Columns::default();
+        for (s, sample) in samples.iter().enumerate() {
+            if sample.loss_mask.len() != sample.tokens.len() {
+                return Err(Error::Batch(format!(
+                    "sample {s}: {} tokens but a loss mask of {}",
+                    sample.tokens.len(),
+                    sample.loss_mask.len()
+                )));
+            }
+            c.tokens.extend_from_slice(&sample.tokens);
+            c.loss_mask.extend_from_slice(&sample.loss_mask);
+            c.positions.extend(0..sample.tokens.len() as u32);
+            c.segments
+                .extend(std::iter::repeat_n(s as u32, sample.tokens.len()));
+        }
+        Ok(c)
+    }
+}
+
+/// Per token: the next token of its sample and whether that prediction carries loss (see the
+/// module docs).
+fn next_token_targets(
+    tokens: &[u32],
+    segments: &[u32],
+    loss_mask: &[bool],
+) -> (Vec<u32>, Vec<f32>) {
+    let t = tokens.len();
+    let mut targets = vec![0u32; t];
+    let mut weights = vec![0f32; t];
+    for i in 0..t.saturating_sub(1) {
+        if segments[i + 1] == segments[i] {
+            targets[i] = tokens[i + 1];
+            weights[i] = if loss_mask[i + 1] { 1.0 } else { 0.0 };
+        }
+    }
+    (targets, weights)
 }
 
 /// The causal mask of one sample of `len` tokens: `[len, len]` f32, 0 where `j <= i`, [`MASKED`]

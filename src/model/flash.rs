@@ -439,11 +439,56 @@ impl AttentionImpl {
         v: &Tensor,
         batch: &PackedBatch,
     ) -> Result<Tensor> {
+        let Some(piece) = &batch.piece else {
+            return self.attend_spans(config, q, k, v, &batch.spans);
+        };
+        // A gang's piece is packed last: the samples before it attend as usual, the piece over
+        // its gang's ring.
+        let (&(start, len), rest) = batch
+            .spans
+            .split_last()
+            .ok_or_else(|| Error::Batch("a gang's piece in a pack without spans".into()))?;
+        let blocks = match self {
+            AttentionImpl::Blocked(blocks) => blocks,
+            AttentionImpl::Plain | AttentionImpl::Auto => Blocks::for_device(q.device()),
+        };
+        let at = |x: &Tensor, from: usize, n: usize| x.narrow(2, from, n);
+        let piece_out = super::gang::gang_attend(
+            &at(q, start, len)?,
+            &at(k, start, len)?,
+            &at(v, start, len)?,
+            &piece.layout,
+            piece.link.clone(),
+            piece.next_call(),
+            blocks,
+        )?;
+        if rest.is_empty() {
+            return Ok(piece_out);
+        }
+        let rest_out = self.attend_spans(
+            config,
+            &at(q, 0, start)?,
+            &at(k, 0, start)?,
+            &at(v, 0, start)?,
+            rest,
+        )?;
+        Ok(Tensor::cat(&[&rest_out, &piece_out], 2)?)
+    }
+
+    /// The samples at `spans` (tiling the `T` positions of `q`), each causally within itself.
+    fn attend_spans(
+        self,
+        config: &ModelConfig,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        spans: &[(usize, usize)],
+    ) -> Result<Tensor> {
         match self {
-            AttentionImpl::Plain => super::attention::packed_attend(config, q, k, v, batch),
-            AttentionImpl::Blocked(blocks) => blocked_packed_attend(q, k, v, &batch.spans, blocks),
+            AttentionImpl::Plain => super::attention::attend_spans(config, q, k, v, spans),
+            AttentionImpl::Blocked(blocks) => blocked_packed_attend(q, k, v, spans, blocks),
             AttentionImpl::Auto => {
-                blocked_packed_attend(q, k, v, &batch.spans, Blocks::for_device(q.device()))
+                blocked_packed_attend(q, k, v, spans, Blocks::for_device(q.device()))
             }
         }
     }

@@ -27,10 +27,12 @@ pub enum Pass {
     Backward,
 }
 
-/// What a message is: a layer's ring step in one pass.
+/// What a message is: a ring step of one attention call, in one pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tag {
-    pub layer: u32,
+    /// The gang's attention call: each member counts its attention calls in the same order
+    /// (one per layer's forward, recomputed forwards included).
+    pub call: u32,
     pub pass: Pass,
     pub step: u32,
 }
@@ -41,7 +43,7 @@ impl fmt::Display for Tag {
             Pass::Forward => "forward",
             Pass::Backward => "backward",
         };
-        write!(f, "layer {} {pass} step {}", self.layer, self.step)
+        write!(f, "attention call {} {pass} step {}", self.call, self.step)
     }
 }
 

@@ -99,16 +99,16 @@ impl GangLayout {
 
 /// One member's causal attention over its tokens of a split sample: `q: [1, H, n, hd]`,
 /// `k, v: [1, KV, n, hd]` for its `n` tokens in local order ([`GangLayout::positions`]),
-/// exchanging K/V with the other members over `link` under the tags of `layer`. Every member of
-/// the gang calls it for the same layer (each in its own thread or process); the backward
-/// exchanges again. Returns `[1, H, n, hd]` in the values' dtype.
+/// exchanging K/V with the other members over `link` under the tags of attention call `call`.
+/// Every member of the gang makes the same calls in the same order (each in its own thread or
+/// process); the backward exchanges again under the same call. Returns `[1, H, n, hd]` in the values' dtype.
 pub fn gang_attend(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     layout: &GangLayout,
     link: Arc<dyn GangLink>,
-    layer: u32,
+    call: u32,
     blocks: Blocks,
 ) -> Result<Tensor> {
     let n = layout.len_of(layout.member);
@@ -136,7 +136,7 @@ pub fn gang_attend(
     let ring = Ring {
         layout: layout.clone(),
         link,
-        layer,
+        call,
         blocks,
     };
     let (qd, kd, vd) = (q.detach().get(0)?, k.detach().get(0)?, v.detach().get(0)?);
@@ -152,12 +152,12 @@ pub fn gang_attend(
     Ok(q.apply_op3(k, v, op)?)
 }
 
-/// One member's ring for one layer.
+/// One member's ring for one attention call.
 #[derive(Debug, Clone)]
 struct Ring {
     layout: GangLayout,
     link: Arc<dyn GangLink>,
-    layer: u32,
+    call: u32,
     blocks: Blocks,
 }
 
@@ -179,7 +179,7 @@ impl Ring {
 
     fn tag(&self, pass: Pass, step: usize) -> Tag {
         Tag {
-            layer: self.layer,
+            call: self.call,
             pass,
             step: step as u32,
         }

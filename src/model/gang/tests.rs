@@ -227,7 +227,7 @@ fn every_exchange_has_a_deadline_and_names_the_silent_peer() {
     let waited = started.elapsed();
     let said = e.to_string();
     assert!(
-        said.contains("member 1's layer 3 forward step 0") && said.contains("deadline"),
+        said.contains("member 1's attention call 3 forward step 0") && said.contains("deadline"),
         "{said}"
     );
     assert!(waited < Duration::from_secs(10), "{waited:?}");
@@ -302,5 +302,180 @@ fn the_ring_sends_what_the_cost_model_counts() {
             assert_eq!(get(&c.messages, 1), members);
             assert_eq!(get(&c.tensors, 1), 4 * (members - 1) + 2);
         }
+    }
+}
+
+// --- The whole model: a split sample trains as the unsplit one -------------------------------
+
+mod model {
+    use super::*;
+    use crate::model::batch::{GangPiece, PackedBatch, Sample};
+    use crate::model::config::{ModelConfig, RopeScaling};
+    use crate::model::params::unit_vars;
+    use crate::model::transformer::{model_forward, unit_count, unit_init_values, unit_params};
+
+    /// odc's reference model, small.
+    fn reference() -> ModelConfig {
+        ModelConfig {
+            vocab_size: 16,
+            d_model: 32,
+            n_layers: 2,
+            n_heads: 4,
+            d_ff: 64,
+            max_seq_len: 128,
+            init_std: 0.1,
+            seed: 3,
+            ..ModelConfig::tiny()
+        }
+    }
+
+    /// A Hugging Face layout: grouped-query attention with an explicit head width, q/k/v biases,
+    /// q/k norms (Qwen3), a tied head and Llama 3 rope scaling.
+    fn hf_layout() -> ModelConfig {
+        ModelConfig {
+            n_kv_heads: Some(2),
+            head_dim: Some(12),
+            qkv_bias: true,
+            qk_norm: true,
+            tie_embeddings: true,
+            rope_scaling: Some(RopeScaling {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 16,
+            }),
+            ..reference()
+        }
+    }
+
+    /// The summed loss and every unit's gradient (flat, unit by unit) of one pack.
+    fn loss_and_grads(c: &ModelConfig, batch: &PackedBatch) -> Result<(f64, Vec<Vec<f32>>)> {
+        let vars: Vec<Vec<Var>> = (0..unit_count(c))
+            .map(|u| unit_vars(&unit_init_values(c, u)?, &unit_params(c, u)?, &Device::Cpu))
+            .collect::<Result<_>>()?;
+        let units: Vec<Vec<Tensor>> = vars
+            .iter()
+            .map(|u| u.iter().map(|v| v.as_tensor().clone()).collect())
+            .collect();
+        let out = model_forward(c, &units, batch)?;
+        let grads = out.loss_sum.backward()?;
+        let mut flat = Vec::new();
+        for unit in &vars {
+            let mut g = Vec::new();
+            for var in unit {
+                match grads.get(var.as_tensor()) {
+                    Some(t) => g.extend(t.flatten_all()?.to_vec1::<f32>()?),
+                    None => g.extend(std::iter::repeat_n(0.0, var.elem_count())),
+                }
+            }
+            flat.push(g);
+        }
+        Ok((f64::from(out.loss_sum.to_scalar::<f32>()?), flat))
+    }
+
+    fn sample(len: usize, seed: u32, prompt: usize) -> Sample {
+        let tokens = (0..len as u32)
+            .map(|i| (i.wrapping_mul(7).wrapping_add(seed * 5) ^ (i / 3)) % 16)
+            .collect();
+        let loss_mask = (0..len).map(|i| i >= prompt).collect();
+        Sample { tokens, loss_mask }
+    }
+
+    /// The members' losses and gradients summed, each member packing its short samples (sample
+    /// `i` to member `i mod k`) before its piece of `long`.
+    fn gang_sum(
+        c: &ModelConfig,
+        shorts: &[Sample],
+        long: &Sample,
+        members: usize,
+    ) -> (f64, Vec<Vec<f32>>) {
+        let links = links(members, Duration::from_secs(120));
+        let results: Vec<(f64, Vec<Vec<f32>>)> = thread::scope(|s| {
+            let handles: Vec<_> = links
+                .into_iter()
+                .enumerate()
+                .map(|(m, link)| {
+                    s.spawn(move || {
+                        let mine: Vec<Sample> = shorts
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| i % members == m)
+                            .map(|(_, x)| x.clone())
+                            .collect();
+                        let layout = GangLayout::zigzag(long.tokens.len(), members, m).unwrap();
+                        let batch = PackedBatch::pack_with_piece(
+                            c,
+                            &mine,
+                            long,
+                            GangPiece::new(layout, link),
+                            &Device::Cpu,
+                        )
+                        .unwrap();
+                        loss_and_grads(c, &batch).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut total = 0.0;
+        let mut grads: Vec<Vec<f32>> = Vec::new();
+        for (loss, g) in results {
+            total += loss;
+            if grads.is_empty() {
+                grads = g;
+            } else {
+                for (acc, unit) in grads.iter_mut().zip(&g) {
+                    for (a, x) in acc.iter_mut().zip(unit) {
+                        *a += x;
+                    }
+                }
+            }
+        }
+        (total, grads)
+    }
+
+    #[test]
+    fn a_split_sample_trains_as_the_unsplit_one_with_packed_samples_beside_it() {
+        let shorts = vec![sample(9, 1, 2), sample(13, 2, 0), sample(5, 3, 1)];
+        let long = sample(70, 4, 10);
+        for c in [reference(), hf_layout()] {
+            let mut all = shorts.clone();
+            all.push(long.clone());
+            let whole = PackedBatch::pack(&c, &all, &Device::Cpu).unwrap();
+            let (loss, grads) = loss_and_grads(&c, &whole).unwrap();
+            assert!(loss.is_finite() && loss > 0.0);
+            for members in [2, 3, 4] {
+                let (split_loss, split_grads) = gang_sum(&c, &shorts, &long, members);
+                assert!(
+                    (split_loss - loss).abs() <= 1e-5 * loss.abs().max(1.0),
+                    "gang of {members}: loss {split_loss} vs {loss}"
+                );
+                for (u, (a, b)) in split_grads.iter().zip(&grads).enumerate() {
+                    let scale = b.iter().fold(1f32, |m, x| m.max(x.abs()));
+                    let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                    assert!(
+                        worst / scale < 1e-5,
+                        "gang of {members}, unit {u}: gradient error {worst} (scale {scale})"
+                    );
+                    assert!(b.iter().any(|x| *x != 0.0), "unit {u} has a gradient");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_piece_that_does_not_match_its_sample_is_an_error() {
+        let c = reference();
+        let link = links(2, Duration::from_secs(1)).remove(0);
+        let layout = GangLayout::zigzag(40, 2, 0).unwrap();
+        let e = PackedBatch::pack_with_piece(
+            &c,
+            &[],
+            &sample(30, 1, 0),
+            GangPiece::new(layout, link),
+            &Device::Cpu,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("30 tokens"), "{e}");
     }
 }
