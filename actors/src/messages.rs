@@ -313,6 +313,13 @@ mod tests {
             tokens: 305,
             cost: 0.25,
             weighting: LossWeighting::Samples,
+            piece: Some(crate::batch::Piece {
+                sample: SampleMeta::new(13, 9000),
+                epoch: 3,
+                gang: 1,
+                member: 2,
+                members: 4,
+            }),
         }
     }
 

@@ -51,6 +51,22 @@ impl LossWeighting {
     }
 }
 
+/// One member's share of a sample split over a gang of trainers (sequence splitting): every
+/// member's micro-batch names the same sample and gang, and its own member index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Piece {
+    /// The whole sample: each member resolves it and keeps its own chunks
+    /// ([`crate::split::zigzag`]).
+    pub sample: SampleMeta,
+    /// The accumulator epoch of the attempt, and the gang's number in it: together they name
+    /// the gang (a replayed attempt's gangs are new ones).
+    pub epoch: u64,
+    pub gang: u32,
+    /// This member, and the gang's size.
+    pub member: u32,
+    pub members: u32,
+}
+
 /// One unit of work handed to a trainer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MicroBatch {
@@ -64,6 +80,9 @@ pub struct MicroBatch {
     /// Estimated cost (cost model units).
     pub cost: f64,
     pub weighting: LossWeighting,
+    /// This trainer's piece of a split sample, computed after `samples` with the gang's other
+    /// members at the same time; never stolen.
+    pub piece: Option<Piece>,
 }
 
 /// What a micro-batch's compute returns.

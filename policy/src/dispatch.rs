@@ -119,6 +119,8 @@ fn valid_speed(speed: f64) -> bool {
 pub struct WorkQueue {
     lists: Vec<VecDeque<usize>>,
     costs: Vec<f64>,
+    /// Micro-batches only their owner runs (a gang's pieces): never stolen.
+    pinned: Vec<bool>,
 }
 
 impl WorkQueue {
@@ -134,7 +136,20 @@ impl WorkQueue {
         WorkQueue {
             lists,
             costs: plan.micro_batches.iter().map(|mb| mb.cost).collect(),
+            pinned: vec![false; plan.micro_batches.len()],
         }
+    }
+
+    /// Pins `micro_batch` to the trainer whose list holds it: [`WorkQueue::steal`] never takes
+    /// it (a gang's piece must run on its member).
+    pub fn pin(&mut self, micro_batch: usize) {
+        if let Some(p) = self.pinned.get_mut(micro_batch) {
+            *p = true;
+        }
+    }
+
+    fn stealable(&self, micro_batch: usize) -> bool {
+        !self.pinned.get(micro_batch).copied().unwrap_or(false)
     }
 
     /// The front (costliest) micro-batch of `trainer`'s own list.
@@ -201,7 +216,7 @@ impl WorkQueue {
             Some(outlook.busy_for.max(0.0) + work / outlook.speed)
         };
         let (victim, victim_finish) = (0..self.lists.len())
-            .filter(|&t| t != thief && !self.lists[t].is_empty())
+            .filter(|&t| t != thief && self.lists[t].iter().any(|&mb| self.stealable(mb)))
             .filter_map(|t| Some((t, finish(t)?)))
             .filter(|(_, f)| !f.is_nan())
             .fold(None, |best: Option<(usize, f64)>, (t, f)| match best {
@@ -211,9 +226,12 @@ impl WorkQueue {
         let victim_outlook = trainers.get(victim)?;
         let candidate = if !victim_outlook.live {
             // Nobody will run a dead owner's list: take its costliest first (longest first).
+            let position = self.lists[victim]
+                .iter()
+                .position(|&mb| self.stealable(mb))?;
             Some((
-                0,
-                self.cost(*self.lists[victim].front()?).max(0.0) / me.speed,
+                position,
+                self.cost(self.lists[victim][position]).max(0.0) / me.speed,
             ))
         } else {
             // Among the micro-batches the thief finishes strictly before their owner would, the
@@ -225,7 +243,7 @@ impl WorkQueue {
                 let cost = self.cost(mb).max(0.0);
                 owner_done += cost / victim_outlook.speed;
                 let thief_done = cost / me.speed;
-                if thief_done >= owner_done {
+                if thief_done >= owner_done || !self.stealable(mb) {
                     continue;
                 }
                 let makespan = thief_done.max(victim_finish - cost / victim_outlook.speed);
@@ -275,6 +293,42 @@ mod tests {
                 .collect(),
             per_trainer,
         }
+    }
+
+    #[test]
+    fn pinned_micro_batches_are_never_stolen() {
+        // Trainer 1 is slow and holds 0 (pinned: a gang's piece) and 1; trainer 2 is dead and
+        // holds 2 (pinned) and 3. Thieves take only the unpinned ones, then nothing.
+        let p = plan(&[8.0, 4.0, 6.0, 2.0], vec![vec![], vec![0, 1], vec![2, 3]]);
+        let mut q = WorkQueue::new(&p, &[0, 1, 2], 3);
+        q.pin(0);
+        q.pin(2);
+        let slow = Outlook {
+            live: true,
+            speed: 0.01,
+            busy_for: 0.0,
+        };
+        let dead = Outlook {
+            live: false,
+            ..Outlook::idle(1.0)
+        };
+        let outlooks = [Outlook::idle(1.0), slow, dead];
+        let mut stolen = Vec::new();
+        while let Some(s) = q.steal(0, &outlooks) {
+            stolen.push(s.micro_batch);
+        }
+        stolen.sort_unstable();
+        assert_eq!(stolen, vec![1, 3]);
+        assert_eq!(q.own(1).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(q.own(2).collect::<Vec<_>>(), vec![2]);
+        // Unpinned, the same queue gives them up.
+        let mut q = WorkQueue::new(&p, &[0, 1, 2], 3);
+        let mut all = Vec::new();
+        while let Some(s) = q.steal(0, &outlooks) {
+            all.push(s.micro_batch);
+        }
+        all.sort_unstable();
+        assert_eq!(all, vec![0, 1, 2, 3]);
     }
 
     #[test]

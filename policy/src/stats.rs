@@ -100,6 +100,10 @@ pub struct StepStats {
     /// every owner and no parameter, optimizer moment or optimizer step count changed; `why` is
     /// the [`Error::NonFinite`] the step would otherwise have failed with.
     pub skipped: Option<Error>,
+    /// Sequence splitting: the gang size of each sample the step split (in gang order; empty
+    /// when nothing was split).
+    #[serde(default)]
+    pub gangs: Vec<u32>,
 }
 
 /// What one micro-batch's data path did.

@@ -6,11 +6,13 @@
 //!   runtime and by `odc-bench sim`), and the ring-attention cost of one sample over a gang.
 //! - [`plan`]: the planner — which samples to split, over how many members and on which
 //!   trainers, the rest packed whole; never a split that lengthens the modelled step.
+//! - [`SplitPolicy`]: the user's switch; [`CostModelCosts`]: the runtime's prices.
 //!
 //! Pure: no actor, no clock, no I/O; each file's invariants are tested beside it.
 
 mod cost;
 mod plan;
+mod policy;
 mod zigzag;
 
 #[cfg(test)]
@@ -20,6 +22,7 @@ pub use cost::{micro_batch_s, piece_cost, transfer_s, Link, PieceCost, SplitCost
 pub use plan::{
     gang_sizes, plan, DeviceAssignment, Gang, SplitOptions, SplitPlan, DEFAULT_TOKEN_BUDGET,
 };
+pub use policy::{CostModelCosts, SplitPolicy};
 pub use zigzag::{causal_pairs, zigzag};
 
 /// Why a sample cannot be cut, or a step not planned.

@@ -10,8 +10,8 @@
 //!    `⌈Σ sᵢ / budget⌉` for the others).
 //! 2. **Split.** A sample with `w(s)` above the target (and at least [`SplitOptions::min_tokens`]
 //!    tokens) is considered for gangs of `k ∈ {2, …, G}` (one node of `G` trainers), then
-//!    `{2G, 3G, …}` (whole nodes), up to `D`, and at most `s / 2` (two tokens a member,
-//!    [`super::zigzag`]). The smallest `k` whose piece ([`piece_cost`]) fits the target is taken;
+//!    `{2G, 3G, …}` (whole nodes), up to `D`, at most [`SplitOptions::max_gang`] and at most
+//!    `s / 2` (two tokens a member, [`super::zigzag`]). The smallest `k` whose piece ([`piece_cost`]) fits the target is taken;
 //!    if none fits, the `k` with the cheapest piece. If that piece is not cheaper than the whole
 //!    sample's micro-batch ([`micro_batch_s`]: the transfers or the exchange eat the gain), the
 //!    sample stays whole.
@@ -55,6 +55,8 @@ pub struct SplitOptions {
     pub split: bool,
     /// Samples shorter than this are never split.
     pub min_tokens: u64,
+    /// The most members a gang may have (0: no limit).
+    pub max_gang: u32,
 }
 
 impl Default for SplitOptions {
@@ -63,6 +65,7 @@ impl Default for SplitOptions {
             token_budget: DEFAULT_TOKEN_BUDGET,
             split: true,
             min_tokens: 0,
+            max_gang: 0,
         }
     }
 }
@@ -125,10 +128,11 @@ fn choose<C: SplitCosts + ?Sized>(
     tokens: u64,
     whole_s: f64,
     target_s: f64,
+    max_gang: u32,
 ) -> Option<PieceCost> {
     let mut best: Option<PieceCost> = None;
     for k in gang_sizes(costs.devices(), costs.devices_per_node()) {
-        if tokens < 2 * u64::from(k) {
+        if tokens < 2 * u64::from(k) || (max_gang > 0 && k > max_gang) {
             break;
         }
         let c = piece_cost(costs, tokens, k);
@@ -189,7 +193,9 @@ pub fn plan<C: SplitCosts + ?Sized>(
     let candidates: Vec<(usize, PieceCost)> = order
         .iter()
         .filter(|&&i| options.split && lengths[i] >= options.min_tokens && whole(i) > perfect_s)
-        .filter_map(|&i| choose(costs, lengths[i], whole_mb(i), perfect_s).map(|c| (i, c)))
+        .filter_map(|&i| {
+            choose(costs, lengths[i], whole_mb(i), perfect_s, options.max_gang).map(|c| (i, c))
+        })
         .collect();
     let mut best: Option<(f64, Vec<DeviceAssignment>, Vec<Gang>)> = None;
     let mut j = 0usize;

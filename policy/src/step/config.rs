@@ -63,6 +63,12 @@ pub struct StepConfig {
     pub first_step: u64,
     /// A non-finite gradient, loss or global norm fails the step or skips it.
     pub non_finite: NonFinite,
+    /// Sequence splitting (on-demand mode): whether the planner may run a long sample over a
+    /// gang of trainers ([`crate::split`]).
+    pub split: SplitPolicy,
+    /// The most trainers one gang may have: the trainers whose exchange is in-process (0: no
+    /// limit).
+    pub max_gang: u32,
 }
 
 impl Default for StepConfig {
@@ -82,6 +88,8 @@ impl Default for StepConfig {
             schedule: LrSchedule::Constant,
             first_step: 0,
             non_finite: NonFinite::Error,
+            split: SplitPolicy::Off,
+            max_gang: 0,
         }
     }
 }
@@ -113,6 +121,13 @@ impl StepConfig {
         if self.micro_batch_timeout.is_zero() {
             return Err(Error::Config(
                 "the micro-batch timeout must be positive".into(),
+            ));
+        }
+        if self.communication == Communication::Collective && self.split != SplitPolicy::Off {
+            return Err(Error::Config(
+                "sequence splitting runs in on-demand mode only: use SplitPolicy::Off with the \
+                 collective baseline"
+                    .into(),
             ));
         }
         if self.communication == Communication::Collective && self.failure == FailurePolicy::Drop {

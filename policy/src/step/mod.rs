@@ -101,13 +101,14 @@ use crate::balancer::{
     plan_dynamic_filled, plan_dynamic_weighted_filled, plan_equal_count, plan_static,
     plan_static_weighted, CostModel,
 };
-use crate::batch::{LossWeighting, MicroBatch, SampleMeta};
+use crate::batch::{LossWeighting, MicroBatch, Piece, SampleMeta};
 use crate::clock::Timestamp;
 use crate::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
 use crate::error::{Error, NonFiniteAt};
 use crate::ledger::{Ledger, LedgerError};
 use crate::recovery::{may_replay, must_replay, slot_fate, FailurePolicy, SlotFate};
 use crate::schedule::LrSchedule;
+use crate::split::{CostModelCosts, SplitOptions, SplitPolicy};
 use crate::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
 use crate::straggler::SpeedEstimator;
 use crate::token::JobKey;

@@ -2,6 +2,7 @@
 //! dynamic dispatch with stealing).
 
 use super::*;
+use crate::balancer::{Plan, PlannedMicroBatch};
 
 impl StepMachine {
     /// Plan `samples` for the live slots: a fresh attempt.
@@ -24,29 +25,16 @@ impl StepMachine {
         };
         // The fill floor in tokens (`min_fill` in 0..=1, so at most the budget).
         let fill = (c.min_fill.clamp(0.0, 1.0) * c.token_budget as f64) as u64;
-        let plan = match (c.communication, c.dispatch, c.rebalance) {
-            (Communication::Collective, _, _) => {
-                if live.len() != self.slots.len() {
-                    return Err(Error::Config(format!(
-                        "collective mode needs all {} trainers, {} are left",
-                        self.slots.len(),
-                        live.len()
-                    )));
-                }
-                plan_equal_count(&tokens, &c.cost, live.len(), c.token_budget)?
-            }
-            (Communication::OnDemand, DispatchMode::Static, true) => {
-                plan_static_weighted(&tokens, &c.cost, &measured(), c.token_budget)?
-            }
-            (Communication::OnDemand, DispatchMode::Dynamic, true) => {
-                plan_dynamic_weighted_filled(&tokens, &c.cost, &measured(), c.token_budget, fill)?
-            }
-            (Communication::OnDemand, DispatchMode::Static, false) => {
-                plan_static(&tokens, &c.cost, live.len(), c.token_budget)?
-            }
-            (Communication::OnDemand, DispatchMode::Dynamic, false) => {
-                plan_dynamic_filled(&tokens, &c.cost, live.len(), c.token_budget, fill)?
-            }
+        let split = match c.communication {
+            Communication::OnDemand => self.plan_split(samples, &tokens, live.len())?,
+            Communication::Collective => None,
+        };
+        let (plan, pieces) = match split {
+            Some(split) => split,
+            None => (
+                self.plan_whole(&tokens, &live, &measured, fill)?,
+                Vec::new(),
+            ),
         };
         let micro_batches: Vec<MicroBatch> = plan
             .micro_batches
@@ -64,17 +52,137 @@ impl StepMachine {
                 tokens: mb.tokens,
                 cost: mb.cost,
                 weighting: c.weighting,
+                piece: pieces.get(id).copied().flatten(),
             })
             .collect();
+        let mut queue = WorkQueue::new(&plan, &live, self.slots.len());
+        for (id, piece) in pieces.iter().enumerate() {
+            if piece.is_some() {
+                queue.pin(id);
+            }
+        }
         Ok(Attempt {
             epoch: self.epoch,
-            queue: WorkQueue::new(&plan, &live, self.slots.len()),
+            queue,
             ledger: Ledger::new(micro_batches.len()),
             micro_batches,
             loss_sum: 0.0,
             trainers: vec![TrainerStepStats::default(); self.slots.len()],
             log: Vec::new(),
         })
+    }
+
+    /// The plan of whole samples (no splitting) for the `live` slots.
+    fn plan_whole(
+        &self,
+        tokens: &[u64],
+        live: &[usize],
+        measured: &dyn Fn() -> Vec<f64>,
+        fill: u64,
+    ) -> Result<Plan, Error> {
+        let c = &self.config;
+        Ok(match (c.communication, c.dispatch, c.rebalance) {
+            (Communication::Collective, _, _) => {
+                if live.len() != self.slots.len() {
+                    return Err(Error::Config(format!(
+                        "collective mode needs all {} trainers, {} are left",
+                        self.slots.len(),
+                        live.len()
+                    )));
+                }
+                plan_equal_count(tokens, &c.cost, live.len(), c.token_budget)?
+            }
+            (Communication::OnDemand, DispatchMode::Static, true) => {
+                plan_static_weighted(tokens, &c.cost, &measured(), c.token_budget)?
+            }
+            (Communication::OnDemand, DispatchMode::Dynamic, true) => {
+                plan_dynamic_weighted_filled(tokens, &c.cost, &measured(), c.token_budget, fill)?
+            }
+            (Communication::OnDemand, DispatchMode::Static, false) => {
+                plan_static(tokens, &c.cost, live.len(), c.token_budget)?
+            }
+            (Communication::OnDemand, DispatchMode::Dynamic, false) => {
+                plan_dynamic_filled(tokens, &c.cost, live.len(), c.token_budget, fill)?
+            }
+        })
+    }
+
+    /// The plan with sequence splitting ([`crate::split::plan`]) when the job's policy allows it
+    /// and the planner splits at least one sample: the gangs' pieces first on each member's list
+    /// (in gang order, the same on every member), then its micro-batches of whole samples.
+    /// `None`: nothing is split, the plan is [`StepMachine::plan_whole`]'s, unchanged.
+    fn plan_split(
+        &self,
+        samples: &[SampleMeta],
+        tokens: &[u64],
+        live: usize,
+    ) -> Result<Option<(Plan, Vec<Option<Piece>>)>, Error> {
+        let c = &self.config;
+        let Some(min_tokens) = c.split.min_tokens() else {
+            return Ok(None);
+        };
+        let live32 = u32::try_from(live).unwrap_or(u32::MAX);
+        let per_node = match c.max_gang {
+            0 => live32,
+            n => n.min(live32),
+        }
+        .max(1);
+        let costs = CostModelCosts {
+            cost: c.cost,
+            devices: live32,
+            per_node,
+        };
+        let options = SplitOptions {
+            token_budget: c.token_budget,
+            split: true,
+            min_tokens,
+            max_gang: per_node,
+        };
+        let split = crate::split::plan(tokens, &costs, options)
+            .map_err(|e| Error::Config(format!("sequence splitting: {e}")))?;
+        if split.gangs.is_empty() {
+            return Ok(None);
+        }
+        let mut micro_batches = Vec::new();
+        let mut pieces = Vec::new();
+        let mut per_trainer = vec![Vec::new(); live];
+        for (gang_id, gang) in split.gangs.iter().enumerate() {
+            let cut = crate::split::zigzag(gang.tokens, gang.cost.k)
+                .map_err(|e| Error::Config(format!("sequence splitting: {e}")))?;
+            for (member, (&device, chunks)) in gang.devices.iter().zip(&cut).enumerate() {
+                per_trainer[device as usize].push(micro_batches.len());
+                micro_batches.push(PlannedMicroBatch {
+                    samples: Vec::new(),
+                    tokens: chunks.iter().map(|r| r.end - r.start).sum(),
+                    cost: gang.cost.piece_s(),
+                });
+                pieces.push(Some(Piece {
+                    sample: samples[gang.sample],
+                    epoch: self.epoch,
+                    gang: gang_id as u32,
+                    member: member as u32,
+                    members: gang.cost.k,
+                }));
+            }
+        }
+        for (device, assignment) in split.devices.iter().enumerate() {
+            for mb in &assignment.micro_batches {
+                per_trainer[device].push(micro_batches.len());
+                micro_batches.push(PlannedMicroBatch {
+                    samples: mb.clone(),
+                    tokens: mb.iter().map(|&i| tokens[i]).sum(),
+                    cost: mb.iter().map(|&i| c.cost.cost(tokens[i])).sum(),
+                });
+                pieces.push(None);
+            }
+        }
+        Ok(Some((
+            Plan {
+                micro_batches,
+                per_trainer,
+            },
+            pieces,
+        )))
     }
 
     /// Whether idle trainers steal (dynamic dispatch, on-demand mode).

@@ -106,6 +106,13 @@ impl Run {
         } else {
             0.0
         };
+        let gangs = attempt
+            .micro_batches
+            .iter()
+            .filter_map(|mb| mb.piece)
+            .filter(|p| p.member == 0)
+            .map(|p| p.members)
+            .collect();
         StepStats {
             step,
             loss,
@@ -119,6 +126,7 @@ impl Run {
             trainers,
             micro_batch_log: attempt.log,
             skipped: None,
+            gangs,
         }
     }
 }

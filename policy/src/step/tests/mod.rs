@@ -184,3 +184,4 @@ mod dispatch;
 mod failures;
 mod non_finite;
 mod reports;
+mod split;

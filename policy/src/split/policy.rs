@@ -1,0 +1,89 @@
+//! The user's switch ([`SplitPolicy`]) and the runtime's prices for the planner
+//! ([`CostModelCosts`]).
+
+use serde::{Deserialize, Serialize};
+
+use super::cost::{Link, SplitCosts};
+use crate::balancer::CostModel;
+
+/// Whether a job splits long samples over gangs of trainers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum SplitPolicy {
+    /// Never (the default).
+    #[default]
+    Off,
+    /// Where the planner finds that it shortens the step ([`super::plan`]).
+    Auto,
+    /// As `Auto`, for samples of at least this many tokens only.
+    MinTokens(u64),
+}
+
+impl SplitPolicy {
+    /// The smallest sample that may be split, `None` when off.
+    pub fn min_tokens(self) -> Option<u64> {
+        match self {
+            SplitPolicy::Off => None,
+            SplitPolicy::Auto => Some(0),
+            SplitPolicy::MinTokens(n) => Some(n),
+        }
+    }
+}
+
+impl std::str::FromStr for SplitPolicy {
+    type Err = String;
+
+    /// `off`, `auto`, or a number of tokens (`MinTokens`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "off" | "false" => Ok(SplitPolicy::Off),
+            "auto" | "true" => Ok(SplitPolicy::Auto),
+            n => n.parse::<u64>().map(SplitPolicy::MinTokens).map_err(|_| {
+                format!("a split policy is `off`, `auto` or a number of tokens, not `{s}`")
+            }),
+        }
+    }
+}
+
+/// The runtime's prices: the job's cost model for compute (its quadratic part is attention),
+/// gangs only among the trainers of one process (`per_node`), whose exchange is in-process and
+/// priced free. No per-micro-batch fixed cost and no transfers are priced yet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModelCosts {
+    pub cost: CostModel,
+    pub devices: u32,
+    pub per_node: u32,
+}
+
+impl SplitCosts for CostModelCosts {
+    fn devices(&self) -> u32 {
+        self.devices
+    }
+    fn devices_per_node(&self) -> u32 {
+        self.per_node
+    }
+    fn fixed_s(&self) -> f64 {
+        0.0
+    }
+    fn sample_s(&self, tokens: u64) -> f64 {
+        self.cost.cost(tokens)
+    }
+    fn layer_attention_s(&self, tokens: u64) -> f64 {
+        let s = tokens as f64 / self.cost.scale;
+        self.cost.a * s * s
+    }
+    fn attention_layers(&self) -> u32 {
+        1
+    }
+    fn kv_bytes_per_token(&self) -> u64 {
+        0
+    }
+    fn ring_link(&self, _inter_node: bool) -> Link {
+        Link {
+            bytes_per_s: f64::INFINITY,
+            latency_s: 0.0,
+        }
+    }
+    fn pull_s(&self) -> f64 {
+        0.0
+    }
+}

@@ -1,0 +1,119 @@
+//! Sequence splitting in the step machine: a gang's pieces, one per member, pinned to their
+//! members, the split sample counted once; nothing changes where nothing is split.
+
+use super::*;
+
+fn split_config(split: SplitPolicy) -> StepConfig {
+    StepConfig {
+        dispatch: DispatchMode::Dynamic,
+        cost: CostModel::odc_7b(),
+        token_budget: 65_536,
+        split,
+        ..StepConfig::default()
+    }
+}
+
+/// One sample of `long` tokens among `short` samples of 2,000.
+fn long_tail(long: u64, short: u64) -> Vec<SampleMeta> {
+    let mut s = vec![SampleMeta::new(0, long)];
+    s.extend((1..=short).map(|i| SampleMeta::new(i, 2000)));
+    s
+}
+
+/// Every assignment of a step: slot, micro-batch, why.
+fn assignments(log: &[Decision]) -> Vec<(u32, MicroBatch, Reason)> {
+    log.iter()
+        .filter_map(|d| match &d.command {
+            Command::Assign { slot, assignment } => {
+                Some((*slot, assignment.micro_batch.clone(), d.reason.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_long_sample_runs_as_one_piece_on_each_member_of_its_gang_and_counts_once() {
+    for speeds in [vec![1.0; 4], vec![1.0, 0.05, 1.0, 1.0]] {
+        let mut w = World::new(split_config(SplitPolicy::Auto), &speeds);
+        let samples = long_tail(60_000, 30);
+        let total: u64 = samples.iter().map(|s| s.tokens).sum();
+        let stats = w.step(samples).expect("finished").expect("ok");
+        assert_eq!(stats.gangs.len(), 1, "{:?}", stats.gangs);
+        let k = stats.gangs[0];
+        assert!(k >= 2);
+        let runs = assignments(&w.log);
+        let pieces: Vec<_> = runs
+            .iter()
+            .filter(|(_, mb, _)| mb.piece.is_some())
+            .collect();
+        assert_eq!(pieces.len(), k as usize);
+        let mut members: Vec<u32> = pieces
+            .iter()
+            .map(|(_, mb, _)| mb.piece.unwrap().member)
+            .collect();
+        members.sort_unstable();
+        assert_eq!(members, (0..k).collect::<Vec<_>>());
+        let mut slots: Vec<u32> = pieces.iter().map(|(slot, _, _)| *slot).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(slots.len(), k as usize, "members on distinct trainers");
+        for (_, mb, reason) in &pieces {
+            let p = mb.piece.unwrap();
+            assert_eq!(p.sample, SampleMeta::new(0, 60_000));
+            assert_eq!(p.members, k);
+            assert!(mb.samples.is_empty());
+            // Pinned: a piece runs on its own member, never stolen (even from a slow one).
+            assert!(matches!(reason, Reason::OwnList), "{reason:?}");
+        }
+        // The pieces' tokens are the sample's; the loss (each report's loss sum is its
+        // micro-batch's tokens) divides by the minibatch's weight once: exactly 1.
+        let piece_tokens: u64 = pieces.iter().map(|(_, mb, _)| mb.tokens).sum();
+        assert_eq!(piece_tokens, 60_000);
+        assert_eq!(runs.iter().map(|(_, mb, _)| mb.tokens).sum::<u64>(), total);
+        assert!((stats.loss - 1.0).abs() < 1e-12, "{}", stats.loss);
+        assert_eq!(stats.micro_batches as usize, runs.len());
+    }
+}
+
+#[test]
+fn nothing_changes_where_nothing_is_split() {
+    let balanced: Vec<SampleMeta> = (0..64).map(|i| SampleMeta::new(i, 2000)).collect();
+    let run = |split, samples: Vec<SampleMeta>| {
+        let mut w = World::new(split_config(split), &[1.0; 4]);
+        let stats = w.step(samples).expect("finished").expect("ok");
+        (stats.gangs.clone(), assignments(&w.log))
+    };
+    let (gangs, auto) = run(SplitPolicy::Auto, balanced.clone());
+    assert!(gangs.is_empty());
+    assert_eq!(auto, run(SplitPolicy::Off, balanced).1);
+    // A long tail with splitting off, or only for longer samples than it has: no gang.
+    let (off, _) = run(SplitPolicy::Off, long_tail(60_000, 30));
+    assert!(off.is_empty());
+    let (above, _) = run(SplitPolicy::MinTokens(100_000), long_tail(60_000, 30));
+    assert!(above.is_empty());
+}
+
+#[test]
+fn gangs_stay_within_max_gang_and_collective_mode_refuses_splitting() {
+    let mut w = World::new(
+        StepConfig {
+            max_gang: 2,
+            ..split_config(SplitPolicy::Auto)
+        },
+        &[1.0; 4],
+    );
+    let stats = w
+        .step(long_tail(120_000, 10))
+        .expect("finished")
+        .expect("ok");
+    assert!(!stats.gangs.is_empty());
+    assert!(stats.gangs.iter().all(|&k| k == 2), "{:?}", stats.gangs);
+    let e = StepConfig {
+        communication: Communication::Collective,
+        ..split_config(SplitPolicy::Auto)
+    }
+    .validate()
+    .unwrap_err();
+    assert!(e.to_string().contains("on-demand mode only"), "{e}");
+}
