@@ -16,7 +16,7 @@ use odc::model::{
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{
     Communication, Job, LrSchedule, OptimizerConfig, OptimizerState, Precision, SampleMeta,
-    TrainState,
+    SplitPolicy, TrainState,
 };
 
 /// Small enough for a debug-profile test; long enough samples to span several micro-batches.
@@ -350,6 +350,91 @@ fn odc_training_equals_candle_alone_on(
 
 /// Every parameter of every unit gets a non-zero gradient through odc: one SGD step of rate 1
 /// moves each named tensor by its (token-mean) gradient.
+/// Arithmetic problems with one long sample (ten problems end to end, ~2,000 tokens) in each
+/// step's six: the long tail sequence splitting is for.
+fn long_tail_samples() -> Vec<Sample> {
+    let mut data = samples(12);
+    for (slot, first) in [(0, 12), (6, 24)] {
+        let parts = samples(first + 10);
+        let mut long = Sample {
+            tokens: Vec::new(),
+            loss_mask: Vec::new(),
+        };
+        for part in &parts[first..first + 10] {
+            long.tokens.extend(&part.tokens);
+            long.loss_mask.extend(&part.loss_mask);
+        }
+        data[slot] = long;
+    }
+    data
+}
+
+/// Sequence splitting is the same training: odc with `SplitPolicy::Auto` (the long sample of
+/// each step split over both trainers, each computing its chunks and exchanging K/V over the
+/// in-process ring) equals candle alone on the whole minibatch, within the tolerance of the
+/// unsplit runs — on odc's reference model, and on the Hugging Face layout with every stage
+/// resharded (its forwards recomputed in the backward, the gang exchanging again).
+#[test]
+fn split_training_equals_candle_alone() {
+    let data = Arc::new(long_tail_samples());
+    assert!(data[0].tokens.len() > 1500 && data[6].tokens.len() > 1500);
+    let long = |c: ModelConfig| ModelConfig {
+        max_seq_len: 4096,
+        ..c
+    };
+    for (c, reshard) in [
+        (long(config()), Reshard::Never),
+        (long(real_layout()), Reshard::ALWAYS),
+    ] {
+        let optimizer = adamw_for_equivalence();
+        let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
+        let rt = runtime();
+        let (got, stats) = rt.block_on(async {
+            let placement = Placement {
+                reshard,
+                ..Placement::default()
+            };
+            let d = data.clone();
+            let mut job = transformer_job_on(
+                &c,
+                None,
+                store(data.clone()),
+                Objective::CrossEntropy,
+                placement,
+            )
+            .unwrap()
+            .trainers(2)
+            .servers(2)
+            .optimizer(optimizer)
+            .pull_precision(Precision::F32)
+            .token_budget(4096)
+            .sequence_parallel(SplitPolicy::Auto)
+            .data(move |step: u64| Ok(metas(&d, step)))
+            .build()
+            .unwrap();
+            let stats = job.run(2).await.unwrap();
+            let params = job.parameters().await.unwrap();
+            job.shutdown().await;
+            (params, stats)
+        });
+        for (s, (st, want)) in stats.iter().zip(&losses).enumerate() {
+            assert_eq!(
+                st.gangs,
+                vec![2],
+                "step {s}: the long sample split over both trainers"
+            );
+            assert!(
+                ((st.loss - want) / want).abs() < 1e-5,
+                "step {s}: loss {} vs candle {want} ({reshard:?})",
+                st.loss
+            );
+        }
+        let diff = max_abs_diff(&got, &expected);
+        eprintln!("split odc ({reshard:?}) vs candle alone after 2 steps: max |Δ| = {diff:e}");
+        assert!(diff < 2e-5, "split odc vs candle alone: max |Δ| = {diff}");
+    }
+}
+
 #[test]
 fn every_parameter_gets_a_nonzero_gradient_through_odc() {
     let data = Arc::new(samples(12));

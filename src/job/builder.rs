@@ -14,6 +14,7 @@ use odc_actors::policy::dispatch::{Communication, DispatchMode};
 use odc_actors::policy::membership::HeartbeatConfig;
 use odc_actors::policy::recovery::FailurePolicy;
 use odc_actors::policy::schedule::LrSchedule;
+use odc_actors::policy::split::SplitPolicy;
 use odc_actors::policy::step::{NonFinite, StepConfig};
 use odc_actors::server::optimizer::OptimizerConfig;
 use odc_actors::trainer::{ComputeFactory, ContextConfig};
@@ -198,6 +199,16 @@ impl JobBuilder {
     /// minibatches), and dynamic dispatch's steals estimated on those speeds.
     pub fn rebalance(mut self, on: bool) -> Self {
         self.policy.rebalance = on;
+        self
+    }
+
+    /// Sequence splitting (context parallelism, on-demand mode): with [`SplitPolicy::Auto`] or
+    /// [`SplitPolicy::MinTokens`] the planner runs a long sample over a gang of trainers where
+    /// that shortens the step ([`odc_actors::policy::split`]), each member computing its chunks
+    /// and exchanging keys and values with the others; [`SplitPolicy::Off`] (the default) never
+    /// splits. The gang's exchange is in-process: a job of several processes refuses it.
+    pub fn sequence_parallel(mut self, policy: SplitPolicy) -> Self {
+        self.policy.split = policy;
         self
     }
 
@@ -399,6 +410,13 @@ impl JobBuilder {
                     w.world_size
                 )));
             }
+        }
+        if world.is_some() && self.policy.split != SplitPolicy::Off {
+            return Err(Error::Config(
+                "sequence splitting runs over one process's trainers for now (the gang's \
+                 exchange is in-process): a job of several processes needs SplitPolicy::Off"
+                    .into(),
+            ));
         }
         for (what, d) in [
             ("step", self.step_timeout),

@@ -51,12 +51,14 @@
 //! waits for the device before the first gradient copy.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::batch::{HeadImpl, Kernels, PackedBatch, Sample};
+use super::batch::{GangPiece, HeadImpl, Kernels, PackedBatch, Sample};
 use super::config::ModelConfig;
 use super::device::{open_device, ComputePrecision, DeviceSpec};
+use super::gang::{AbortOnDrop, GangLayout, GangRegistry};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::head::WeightGrad;
 use super::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
@@ -70,6 +72,8 @@ use crate::checkpoint::{NamedTensor, TensorMap};
 use crate::{
     blocking, Compute, ComputeOutput, LossWeighting, MicroBatch, TrainerContext, UnitSpec,
 };
+use odc_actors::batch::Piece;
+use odc_actors::policy::step::DEFAULT_MICRO_BATCH_TIMEOUT;
 
 /// Resolves a [`SampleMeta::index`](crate::SampleMeta) of a micro-batch to its tokens (and, for
 /// GRPO, its advantage and reference log-probs).
@@ -249,6 +253,10 @@ pub struct TransformerCompute {
     device: Option<Device>,
     samples: Arc<dyn SampleStore>,
     objective: Objective,
+    /// The gangs of this process's trainers (shared by the clones of one prototype).
+    gangs: Arc<GangRegistry>,
+    /// How long a gang member waits for a peer's exchange (I6).
+    gang_timeout: Duration,
     #[cfg(feature = "cuda")]
     transfers: Transfers,
 }
@@ -308,9 +316,17 @@ impl TransformerCompute {
             device: matches!(placement.device, DeviceSpec::Cpu).then_some(Device::Cpu),
             samples,
             objective: Objective::CrossEntropy,
+            gangs: Arc::new(GangRegistry::default()),
+            gang_timeout: DEFAULT_MICRO_BATCH_TIMEOUT,
             #[cfg(feature = "cuda")]
             transfers: Transfers::default(),
         })
+    }
+
+    /// The same compute with gang members waiting at most `timeout` for a peer's exchange.
+    pub fn with_gang_timeout(mut self, timeout: Duration) -> Self {
+        self.gang_timeout = timeout;
+        self
     }
 
     /// The same compute differentiating `objective`.
@@ -703,8 +719,13 @@ impl Compute for TransformerCompute {
                 Ok(sample)
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        let mut batch = PackedBatch::pack(&self.config, &samples, &device).map_err(user)?;
+        let mut batch = match mb.piece {
+            None => PackedBatch::pack(&self.config, &samples, &device).map_err(user)?,
+            Some(piece) => self.pack_with_piece(&samples, piece, &device)?,
+        };
         batch.kernels = self.placement.kernels;
+        // A failure from here on (or a cancelled compute) ends the gang at once.
+        let gang = AbortOnDrop::new(batch.piece.as_ref().map(|p| p.link.clone()));
         let rl = match self.objective {
             Objective::CrossEntropy => None,
             Objective::Grpo(config) => {
@@ -893,7 +914,62 @@ impl Compute for TransformerCompute {
                 .map_err(user)? as f64,
             None => return Err(user("the model has no head unit")),
         };
+        gang.disarm();
         Ok(ComputeOutput { loss_sum })
+    }
+}
+
+impl TransformerCompute {
+    /// The pack of a gang member: its whole `samples`, then its piece of the split sample
+    /// (resolved whole, its end of the gang from this process's registry).
+    fn pack_with_piece(
+        &self,
+        samples: &[Sample],
+        piece: Piece,
+        device: &Device,
+    ) -> crate::Result<PackedBatch> {
+        if !matches!(self.objective, Objective::CrossEntropy) {
+            return Err(crate::Error::Config(
+                "sequence splitting trains the cross-entropy objective only (not GRPO)".into(),
+            ));
+        }
+        let index = piece.sample.index;
+        let whole = self.samples.sample(index).map_err(|e| crate::Error::User {
+            message: format!("sample {index}: {e}"),
+        })?;
+        if whole.tokens.len() as u64 != piece.sample.tokens {
+            return Err(crate::Error::User {
+                message: format!(
+                    "sample {index} has {} tokens, the balancer was told {}",
+                    whole.tokens.len(),
+                    piece.sample.tokens
+                ),
+            });
+        }
+        let layout = GangLayout::zigzag(
+            whole.tokens.len(),
+            piece.members as usize,
+            piece.member as usize,
+        )
+        .map_err(user)?;
+        let link = self
+            .gangs
+            .link(
+                piece.epoch,
+                piece.gang,
+                piece.member,
+                piece.members,
+                self.gang_timeout,
+            )
+            .map_err(user)?;
+        PackedBatch::pack_with_piece(
+            &self.config,
+            samples,
+            &whole,
+            GangPiece::new(layout, link),
+            device,
+        )
+        .map_err(user)
     }
 }
 

@@ -4,6 +4,9 @@
 use super::*;
 use crate::balancer::{Plan, PlannedMicroBatch};
 
+/// A plan with gangs: the plan, and per micro-batch its piece (`None`: whole samples).
+type SplitAttempt = (Plan, Vec<Option<Piece>>);
+
 impl StepMachine {
     /// Plan `samples` for the live slots: a fresh attempt.
     pub(super) fn plan(&self, samples: &[SampleMeta]) -> Result<Attempt, Error> {
@@ -116,7 +119,7 @@ impl StepMachine {
         samples: &[SampleMeta],
         tokens: &[u64],
         live: usize,
-    ) -> Result<Option<(Plan, Vec<Option<Piece>>)>, Error> {
+    ) -> Result<Option<SplitAttempt>, Error> {
         let c = &self.config;
         let Some(min_tokens) = c.split.min_tokens() else {
             return Ok(None);

@@ -22,6 +22,7 @@
 //!    member and layer, a backward `k − 1` K/V blocks with their dK/dV and one dK/dV home.
 
 mod link;
+mod registry;
 #[cfg(test)]
 mod tests;
 
@@ -30,7 +31,8 @@ use std::sync::Arc;
 
 use candle_core::{CustomOp3, DType, Tensor, D};
 
-pub use link::{GangLink, InProcessGang, InProcessLink, Pass, Tag};
+pub use link::{AbortOnDrop, GangLink, InProcessGang, InProcessLink, Pass, Tag};
+pub use registry::GangRegistry;
 
 use super::error::{Error, Result};
 use super::flash::{attend_partial, merge, partial_backward, Blocks, Partial};

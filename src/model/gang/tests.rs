@@ -479,3 +479,38 @@ mod model {
         assert!(e.to_string().contains("30 tokens"), "{e}");
     }
 }
+
+#[test]
+fn the_registry_hands_each_member_its_end_once_and_forgets_older_attempts() {
+    let r = GangRegistry::default();
+    let t = Duration::from_secs(5);
+    let a = r.link(7, 0, 0, 2, t).unwrap();
+    assert_eq!(r.open(), 1);
+    let e = r.link(7, 0, 0, 2, t).unwrap_err();
+    assert!(e.to_string().contains("asked twice"), "{e}");
+    let e = r.link(7, 0, 1, 3, t).unwrap_err();
+    assert!(e.to_string().contains("has 2 members"), "{e}");
+    let b = r.link(7, 0, 1, 2, t).unwrap();
+    assert_eq!(r.open(), 0, "a gang whose members all asked is gone");
+    // The two ends are one gang.
+    a.send(1, tag(0), vec![Tensor::new(&[1f32], &Device::Cpu).unwrap()])
+        .unwrap();
+    assert_eq!(b.recv(0, tag(0)).unwrap().len(), 1);
+    // An attempt's leftovers go when a newer attempt's gang is made; a late member of the old
+    // attempt is refused.
+    r.link(8, 0, 0, 2, t).unwrap();
+    r.link(9, 3, 1, 2, t).unwrap();
+    assert_eq!(r.open(), 1);
+    let e = r.link(8, 0, 1, 2, t).unwrap_err();
+    assert!(e.to_string().contains("epoch 9 has started"), "{e}");
+    let e = r.link(9, 1, 2, 2, t).unwrap_err();
+    assert!(e.to_string().contains("member 2"), "{e}");
+}
+
+fn tag(step: u32) -> Tag {
+    Tag {
+        call: 0,
+        pass: Pass::Forward,
+        step,
+    }
+}
