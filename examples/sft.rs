@@ -98,7 +98,10 @@ use odc::model::{
 };
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextFormat, Tokenizer};
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
-use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, Timestamp, DEFAULT_STEP_TIMEOUT};
+use odc::{
+    LrSchedule, OptimizerConfig, Precision, SampleMeta, SplitPolicy, Timestamp,
+    DEFAULT_STEP_TIMEOUT,
+};
 use serde::{Deserialize, Serialize};
 
 /// Every setting, from flags or the config file (`None`: not given there).
@@ -230,6 +233,11 @@ struct Opts {
     /// takes over an hour on 2 cores.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=7 * 24 * 3600))]
     micro_batch_timeout: Option<u64>,
+    /// Sequence splitting: auto (split a long sample over a gang of trainers where the planner
+    /// finds it shortens the step), off (the default), or N (as auto, for samples of at least N
+    /// tokens). One process's trainers only.
+    #[arg(long)]
+    split: Option<String>,
 }
 
 /// The settings with defaults filled in.
@@ -283,6 +291,13 @@ struct Settings {
     export_dtype: String,
     #[serde(default)]
     merge_lora: bool,
+    /// `off` in checkpoints written before this setting existed.
+    #[serde(default = "off")]
+    split: String,
+}
+
+fn off() -> String {
+    "off".into()
 }
 
 fn bf16() -> String {
@@ -399,6 +414,10 @@ impl Opts {
         reshard_after_forward
             .parse::<Reshard>()
             .map_err(|e| anyhow::anyhow!("--{e}"))?;
+        let split = self.split.unwrap_or_else(off);
+        split
+            .parse::<SplitPolicy>()
+            .map_err(|e| anyhow::anyhow!("--split: {e}"))?;
         Ok(Settings {
             steps: self.steps.unwrap_or(500),
             batch_size: self.batch_size.unwrap_or(8),
@@ -436,6 +455,7 @@ impl Opts {
             export_hf: self.export_hf,
             export_dtype,
             merge_lora,
+            split,
         })
     }
 }
@@ -890,6 +910,12 @@ async fn run(
             settings.micro_batch_timeout.saturating_mul(6),
         )))
         .token_budget(settings.token_budget)
+        .sequence_parallel(
+            settings
+                .split
+                .parse::<SplitPolicy>()
+                .map_err(|e| anyhow::anyhow!("--split: {e}"))?,
+        )
         .pull_precision(Precision::F32);
     let data_source = dataset.clone();
     let batch = settings.batch_size;
@@ -981,8 +1007,13 @@ async fn run(
         bar.set_message(format!("loss {smoothed:.4}  {rate:.0} tok/s"));
         // A terminal has the bar; a pipe or a log gets a line every 10 steps.
         if bar.is_hidden() && (done % 10 == 0 || done == first + 1 || done == settings.steps) {
+            let split = if s.gangs.is_empty() {
+                String::new()
+            } else {
+                format!("  split {:?}", s.gangs)
+            };
             print(format!(
-                "step {done:4}/{}  loss {loss:.4}  grad-norm {:.3}  {rate:.0} tok/s  {:.0} ms/step",
+                "step {done:4}/{}  loss {loss:.4}  grad-norm {:.3}  {rate:.0} tok/s  {:.0} ms/step{split}",
                 settings.steps,
                 s.grad_norm,
                 s.wall.as_secs_f64() * 1e3

@@ -53,6 +53,10 @@ pub const STEP_SECONDS: &str = "odc_step_seconds";
 pub const LOSS: &str = "odc_loss";
 /// Minibatch replays after a trainer failure.
 pub const REPLAYS: &str = "odc_replays_total";
+/// Counter: samples split over a gang of trainers (sequence splitting).
+pub const SPLIT_SAMPLES: &str = "odc_split_samples_total";
+/// Histogram: members of each gang.
+pub const GANG_SIZE: &str = "odc_gang_size";
 /// Steps skipped for a non-finite gradient, loss or global norm (`NonFinite::SkipStep`).
 pub const SKIPPED_STEPS: &str = "odc_skipped_steps_total";
 /// Trainer failures seen by the supervisor.
@@ -118,6 +122,11 @@ pub fn describe() {
     describe_histogram!(STEP_SECONDS, Unit::Seconds, "Wall time per step");
     describe_gauge!(LOSS, "Mean loss of the last step");
     describe_counter!(REPLAYS, "Minibatch replays after failures");
+    describe_counter!(
+        SPLIT_SAMPLES,
+        "Samples split over a gang of trainers (sequence splitting)"
+    );
+    describe_histogram!(GANG_SIZE, "Trainers per gang of a split sample");
     describe_counter!(
         SKIPPED_STEPS,
         "Steps skipped for non-finite gradients or losses (gradients discarded)"

@@ -561,6 +561,10 @@ fn record_step(metrics: &[TrainerMetrics], stats: &StepStats) {
     metrics::gauge!(m::STEP).set((stats.step + 1) as f64);
     metrics::gauge!(m::LOSS).set(stats.loss);
     metrics::histogram!(m::STEP_SECONDS).record(wall);
+    metrics::counter!(m::SPLIT_SAMPLES).increment(stats.gangs.len() as u64);
+    for &members in &stats.gangs {
+        metrics::histogram!(m::GANG_SIZE).record(f64::from(members));
+    }
 }
 
 async fn call<M, T>(
