@@ -3,7 +3,8 @@
 //! real transport. Only the FLOPs are replaced by waiting, as a GPU's kernels run asynchronously to
 //! the host thread.
 //!
-//! - Time of a micro-batch: `Σ cost(sample) · seconds_per_cost / speed`, one third forward and two
+//! - Time of a micro-batch: `Σ cost(sample) · seconds_per_cost / speed` (a gang's piece: its
+//!   sample's cost over the gang's size), one third forward and two
 //!   thirds backward, split evenly over the units.
 //! - Waiting is at the device's [`Pace`]: in wall time `std::thread::sleep` on a blocking thread
 //!   (tens of microseconds of error), not tokio's millisecond timer wheel; in virtual time tokio's
@@ -160,7 +161,14 @@ impl Compute for SimCompute {
     ) -> crate::Result<ComputeOutput> {
         let dev = &self.device;
         let tokens: Vec<u64> = mb.samples.iter().map(|s| s.tokens).collect();
-        let total = dev.seconds(&tokens) / dev.speeds.speed(self.trainer as usize, mb.step);
+        // A gang's piece: its member's share of the sample, a `k`-th of its linear work and of
+        // its causal attention (the zig-zag cut). The members are not synchronised here: the
+        // ring's waits are not emulated (in one process the exchange itself is nearly free).
+        let piece = mb.piece.map_or(0.0, |p| {
+            dev.seconds(&[p.sample.tokens]) / f64::from(p.members.max(1))
+        });
+        let total =
+            (dev.seconds(&tokens) + piece) / dev.speeds.speed(self.trainer as usize, mb.step);
         let units = dev.units.max(1) as UnitId;
         let forward = total / 3.0 / f64::from(units);
         let mut debt = 0.0;

@@ -37,7 +37,7 @@ use odc::transport::throttle::Throttled;
 use odc::transport::Transport;
 use odc::{
     Communication, DispatchMode, Error, Job, OptimizerConfig, Precision, Result, SampleMeta,
-    SpanKind,
+    SpanKind, SplitPolicy,
 };
 
 use crate::floor::EmulationFloor;
@@ -158,6 +158,8 @@ pub struct Settings {
     pub links: Option<LinksConfig>,
     /// What trainers pull (and the collective all-gathers) parameters as.
     pub pull_precision: Precision,
+    /// Sequence splitting on the on-demand side (the collective baseline never splits).
+    pub split: SplitPolicy,
 }
 
 impl Settings {
@@ -200,6 +202,7 @@ impl Default for Settings {
             devices_per_server: 1,
             links: None,
             pull_precision: Precision::F32,
+            split: SplitPolicy::Off,
         }
     }
 }
@@ -394,6 +397,10 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
         .dispatch(side.dispatch)
         .rebalance(side.rebalance)
         .cost_model(device.cost)
+        .sequence_parallel(match side.communication {
+            Communication::OnDemand => settings.split,
+            Communication::Collective => SplitPolicy::Off,
+        })
         .token_budget(token_budget(case, settings))
         .pull_precision(settings.pull_precision)
         .prefetch(settings.prefetch as u32)

@@ -16,6 +16,7 @@
 pub mod ab;
 pub mod calibrate;
 pub mod floor;
+pub mod gang;
 pub mod hf;
 pub mod input;
 pub mod links;

@@ -2,7 +2,8 @@
 //! — `ab` (on-demand vs collective), `sim` (the scale projection in virtual time), `transport`
 //! (each backend beside the machine's limit), `processes` (N processes vs one), `sft-overhead`
 //! (odc vs candle alone), `calibrate` (a simulator profile from measured compute), `memory` (a
-//! trainer's bytes against length), `lora-traffic`, `hf-make` and `hf-load`.
+//! trainer's bytes against length), `gang` (a long sample by one trainer vs a gang sharing it),
+//! `lora-traffic`, `hf-make` and `hf-load`.
 //!
 //! Every input is checked before anything is allocated or run (limits in [`odc_bench::input`]);
 //! an error is printed once, as `error: outer: cause: …`, and the exit status is 1 (2 for a flag
@@ -79,6 +80,10 @@ enum Command {
     /// against sequence length and depth, next to the analytical expectation, for the old path
     /// (no resharding, plain attention, MLP and head) and the new one (odc_bench::memory).
     Memory(MemoryArgs),
+    /// One long sample's forward and backward by one trainer against a gang of trainers sharing
+    /// it (sequence splitting: zig-zag chunks, keys and values over the in-process ring), on the
+    /// real model, ABBA with an alone-vs-alone control (odc_bench::gang).
+    Gang(GangArgs),
 }
 
 fn main() -> ExitCode {
@@ -103,6 +108,7 @@ fn main() -> ExitCode {
             Command::HfLoad(args) => hf_load(args),
             Command::LoraTraffic(args) => runtime.block_on(lora_traffic(args)),
             Command::Memory(args) => runtime.block_on(memory(args)),
+            Command::Gang(args) => gang(args),
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,

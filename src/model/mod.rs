@@ -54,7 +54,7 @@ pub mod staging;
 pub mod threads;
 pub mod transformer;
 
-pub use batch::{HeadImpl, Kernels, PackedBatch, Sample};
+pub use batch::{GangPiece, HeadImpl, Kernels, PackedBatch, Sample};
 pub use compute::{
     layout_units, tensor_map, transformer_job, transformer_job_of, transformer_job_on, unit_name,
     Objective, Placement, SampleStore, TransformerCompute,

@@ -114,6 +114,11 @@ pub(crate) struct AbArgs {
     /// own balanced rows).
     #[arg(long)]
     pub(crate) no_control: bool,
+    /// Sequence splitting on the on-demand side: off (default), auto, or N (auto for samples of
+    /// at least N tokens). The collective baseline never splits; a gang's piece is emulated as
+    /// its sample's compute over the gang's size (the ring's waits are not).
+    #[arg(long, default_value = "off", value_parser = split_policy)]
+    pub(crate) split: odc::SplitPolicy,
     /// Write the rows as JSON.
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
@@ -251,6 +256,7 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
         devices_per_server: args.devices_per_server,
         links: args.cluster.links_config(args.bytes_scale),
         pull_precision: args.cluster.precision(),
+        split: args.split,
         ..Settings::default()
     };
     settings.device.seconds_per_cost = args.time_scale_ms / 1e3;
@@ -587,4 +593,8 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
         println!("plot: {}", path.display());
     }
     Ok(report)
+}
+
+pub(crate) fn split_policy(s: &str) -> Result<odc::SplitPolicy, String> {
+    s.parse()
 }

@@ -5,6 +5,7 @@ use odc_bench::input::{self, MAX_DEVICES, MAX_MINIBATCH_PER_DEVICE, MAX_SEQUENCE
 
 mod ab;
 mod calibrate;
+mod gang;
 mod hf;
 mod lora_traffic;
 mod memory;
@@ -15,6 +16,7 @@ mod transport;
 
 pub(crate) use ab::*;
 pub(crate) use calibrate::*;
+pub(crate) use gang::*;
 pub(crate) use hf::*;
 pub(crate) use lora_traffic::*;
 pub(crate) use memory::*;

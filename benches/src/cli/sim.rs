@@ -12,6 +12,10 @@ use super::*;
 
 #[derive(Args)]
 pub(crate) struct SimArgs {
+    /// Sequence splitting in the runtime rows' on-demand side: off (default), auto, or N (see
+    /// `ab --split`); the long-sequence table always plans both ways.
+    #[arg(long, default_value = "off", value_parser = super::ab::split_policy)]
+    pub(crate) split: odc::SplitPolicy,
     /// Device counts (nodes of 8 GPUs in the long-sequence table).
     #[arg(long, value_delimiter = ',', value_parser = devices, default_value = "8,64,256,1024")]
     pub(crate) devices: Vec<usize>,
@@ -280,5 +284,6 @@ pub(crate) fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>
         cost,
         cluster: args.cluster.clone(),
         bytes_scale: 1.0,
+        split: args.split,
     }
 }

@@ -10,6 +10,7 @@
 //! - every token of the sample is held by exactly one member, in two ranges that do not overlap;
 //! - with `T` a multiple of `2k` every member's causal work ([`causal_pairs`]) is exactly equal,
 //!   and otherwise it differs by at most `2T` query–key pairs (a rounding of one token per chunk);
+//! - every member holds `T / k` tokens within 2: the layers outside attention are balanced too;
 //! - a cut that cannot be made (no member, fewer than two tokens per member) is an error naming
 //!   the numbers, never a panic or an empty chunk.
 
@@ -114,6 +115,11 @@ mod tests {
                 prop_assert!(hi - lo <= 2 * u128::from(tokens), "{work:?}");
             }
             prop_assert_eq!(work.iter().sum::<u128>(), causal_pairs(&(0..tokens)));
+            // Token-balanced too (what the layers outside attention do): members' token counts
+            // differ by at most 2, so remapping tokens for those layers has nothing to gain.
+            let held: Vec<u64> = cut.iter().map(|[a, b]| (a.end - a.start) + (b.end - b.start)).collect();
+            let (fewest, most) = (*held.iter().min().unwrap(), *held.iter().max().unwrap());
+            prop_assert!(most - fewest <= 2, "{held:?}");
         }
     }
 }
