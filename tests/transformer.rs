@@ -435,6 +435,101 @@ fn split_training_equals_candle_alone() {
     }
 }
 
+/// The transformer's compute whose first piece of gang member 1 dies before it computes: its
+/// peer is then blocked on a K/V block that never comes.
+struct KillsMemberOne {
+    inner: odc::model::TransformerCompute,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[odc::async_trait]
+impl odc::Compute for KillsMemberOne {
+    async fn run(
+        &mut self,
+        ctx: &mut odc::TrainerContext,
+        mb: &odc::MicroBatch,
+    ) -> odc::Result<odc::ComputeOutput> {
+        if mb.piece.is_some_and(|p| p.member == 1)
+            && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("injected: gang member 1 dies before its piece");
+        }
+        self.inner.run(ctx, mb).await
+    }
+}
+
+/// I2 for a gang: member 1 dies before computing its piece while member 0 waits for its keys
+/// and values. The attempt is replayed with new gangs; the respawned trainer's first micro-batch
+/// of the new attempt aborts the old gang, so member 0 stops waiting at once (not at its
+/// 300-second deadline), and the training equals candle alone as without the failure.
+#[test]
+fn a_killed_gang_member_replays_its_gang_and_training_is_unchanged() {
+    let data = Arc::new(long_tail_samples());
+    let c = ModelConfig {
+        max_seq_len: 4096,
+        ..config()
+    };
+    let optimizer = adamw_for_equivalence();
+    let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
+    let rt = runtime();
+    let (got, stats, took) = rt.block_on(async {
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let prototype = odc::model::TransformerCompute::on(
+            c.clone(),
+            Placement::default(),
+            store(data.clone()),
+        )
+        .unwrap()
+        .with_gang_timeout(std::time::Duration::from_secs(300));
+        let d = data.clone();
+        let mut job = transformer_job_on(
+            &c,
+            None,
+            store(data.clone()),
+            Objective::CrossEntropy,
+            Placement::default(),
+        )
+        .unwrap()
+        .compute(move |_trainer| {
+            Box::new(KillsMemberOne {
+                inner: prototype.clone(),
+                armed: armed.clone(),
+            }) as Box<dyn odc::Compute>
+        })
+        .trainers(2)
+        .servers(2)
+        .optimizer(optimizer)
+        .pull_precision(Precision::F32)
+        .token_budget(4096)
+        .sequence_parallel(SplitPolicy::Auto)
+        .data(move |step: u64| Ok(metas(&d, step)))
+        .build()
+        .unwrap();
+        let started = std::time::Instant::now();
+        let stats = job.run(2).await.unwrap();
+        let took = started.elapsed();
+        let params = job.parameters().await.unwrap();
+        job.shutdown().await;
+        (params, stats, took)
+    });
+    assert_eq!(stats[0].replays, 1, "step 0 was replayed once");
+    assert_eq!(stats[1].replays, 0);
+    assert!(
+        took < std::time::Duration::from_secs(120),
+        "member 0 waited for its deadline: {took:?}"
+    );
+    for (s, (st, want)) in stats.iter().zip(&losses).enumerate() {
+        assert_eq!(st.gangs, vec![2], "step {s}");
+        assert!(
+            ((st.loss - want) / want).abs() < 1e-5,
+            "step {s}: {} vs {want}",
+            st.loss
+        );
+    }
+    let diff = max_abs_diff(&got, &expected);
+    assert!(diff < 2e-5, "after a killed member: max |Δ| = {diff}");
+}
+
 #[test]
 fn every_parameter_gets_a_nonzero_gradient_through_odc() {
     let data = Arc::new(samples(12));

@@ -691,6 +691,8 @@ impl Compute for TransformerCompute {
         mb: &MicroBatch,
     ) -> crate::Result<ComputeOutput> {
         let device = self.device().map_err(user)?;
+        // A newer attempt: gang members of a discarded one stop waiting now.
+        self.gangs.abort_before(ctx.epoch());
         if mb.weighting != LossWeighting::Tokens {
             return Err(crate::Error::Config(
                 "the transformer's loss is a token sum: use LossWeighting::Tokens".into(),

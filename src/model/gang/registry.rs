@@ -6,13 +6,16 @@
 //!   [`InProcessGang`], each member exactly once;
 //! - a gang of an older epoch than one already seen is refused (its attempt is over: a replay
 //!   plans new gangs under a new epoch), and what an older attempt's members never took is
-//!   dropped, so the registry holds at most the current attempt's gangs.
+//!   dropped, so the registry holds at most the current attempt's gangs;
+//! - [`GangRegistry::abort_before`] aborts every gang of an older attempt, its members' waits
+//!   included: a member blocked on a peer of a discarded attempt (a peer that died before it
+//!   sent) stops at once instead of at its deadline.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use super::link::{InProcessGang, InProcessLink};
+use super::link::{GangLink, InProcessGang, InProcessLink};
 use crate::model::error::{Error, Result};
 
 /// The ends of one gang its members have not taken yet, in member order.
@@ -23,6 +26,9 @@ type Ends = Vec<Option<Arc<InProcessLink>>>;
 pub struct GangRegistry {
     /// `(epoch, gang)` → its ends.
     gangs: Mutex<HashMap<(u64, u32), Ends>>,
+    /// Every gang made, by epoch, through one of its ends (weak: a gang whose ends are all gone
+    /// has nobody left to wake).
+    made: Mutex<Vec<(u64, Weak<InProcessLink>)>>,
 }
 
 impl GangRegistry {
@@ -53,10 +59,13 @@ impl GangRegistry {
         }
         gangs.retain(|&(e, _), _| e >= epoch);
         let ends = gangs.entry((epoch, gang)).or_insert_with(|| {
-            InProcessGang::links(members as usize, timeout)
-                .into_iter()
-                .map(Some)
-                .collect()
+            let links = InProcessGang::links(members as usize, timeout);
+            if let Some(first) = links.first() {
+                let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+                made.retain(|(_, gang)| gang.strong_count() > 0);
+                made.push((epoch, Arc::downgrade(first)));
+            }
+            links.into_iter().map(Some).collect()
         });
         if ends.len() != members as usize {
             return bad(format!(
@@ -73,6 +82,24 @@ impl GangRegistry {
             gangs.remove(&(epoch, gang));
         }
         Ok(link)
+    }
+
+    /// Aborts every gang of an attempt older than `epoch` (see the module docs).
+    pub fn abort_before(&self, epoch: u64) {
+        let old: Vec<Arc<InProcessLink>> = {
+            let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+            let (older, newer): (Vec<_>, Vec<_>) = made.drain(..).partition(|(e, _)| *e < epoch);
+            *made = newer;
+            older
+                .into_iter()
+                .filter_map(|(_, gang)| gang.upgrade())
+                .collect()
+        };
+        for gang in old {
+            gang.abort(&format!(
+                "attempt {epoch} started: this gang's attempt was discarded"
+            ));
+        }
     }
 
     /// Gangs some of whose members have not asked yet.

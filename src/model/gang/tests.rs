@@ -514,3 +514,23 @@ fn tag(step: u32) -> Tag {
         step,
     }
 }
+
+#[test]
+fn a_newer_attempt_wakes_the_members_of_a_discarded_one_at_once() {
+    let r = Arc::new(GangRegistry::default());
+    let waiting = r.link(3, 0, 0, 2, Duration::from_secs(600)).unwrap();
+    let started = Instant::now();
+    let blocked = thread::spawn(move || waiting.recv(1, tag(0)));
+    thread::sleep(Duration::from_millis(50));
+    // Work of attempt 4 starts in this process: attempt 3's gang is aborted.
+    r.abort_before(4);
+    let e = blocked.join().unwrap().unwrap_err();
+    assert!(e.to_string().contains("attempt 4 started"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // The current attempt's gangs are left alone.
+    let current = r.link(4, 0, 0, 2, Duration::from_secs(1)).unwrap();
+    r.abort_before(4);
+    current
+        .send(1, tag(0), vec![Tensor::new(&[1f32], &Device::Cpu).unwrap()])
+        .unwrap();
+}

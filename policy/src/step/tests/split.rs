@@ -117,3 +117,43 @@ fn gangs_stay_within_max_gang_and_collective_mode_refuses_splitting() {
     .unwrap_err();
     assert!(e.to_string().contains("on-demand mode only"), "{e}");
 }
+
+/// I2 for a gang: a member lost mid-step discards the attempt; the replay plans the gang anew
+/// under the next epoch (the old gang's other members can never be joined again), every member
+/// of it runs once, and the sample counts once.
+#[test]
+fn a_lost_gang_member_replays_the_whole_gang_under_a_new_epoch() {
+    let mut w = World::new(split_config(SplitPolicy::Auto), &[1.0; 4]);
+    let first = w.m.start(long_tail(60_000, 30), w.now);
+    w.apply(first);
+    // The first assignments are the gang's pieces: lose a trainer running one.
+    let (slot, piece) = w
+        .running
+        .iter()
+        .enumerate()
+        .find_map(|(s, r)| {
+            r.as_ref()
+                .and_then(|(a, _, _)| a.micro_batch.piece.map(|p| (s, p)))
+        })
+        .expect("a member is running its piece");
+    assert_eq!(piece.epoch, 0);
+    w.running[slot] = None;
+    let from = w.log.len();
+    let ds = w.m.on_trainer_lost(slot as u32, "killed".into(), w.now);
+    assert_eq!(names(&ds), ["respawn", "discard"]);
+    w.apply(ds);
+    let stats = w.finish().expect("finishes").expect("replayed");
+    assert_eq!(stats.replays, 1);
+    let replayed: Vec<(u32, Assignment)> = assigned(&w.log[from..])
+        .into_iter()
+        .filter(|(_, a)| a.epoch == 1)
+        .collect();
+    let pieces: Vec<Piece> = replayed
+        .iter()
+        .filter_map(|(_, a)| a.micro_batch.piece)
+        .collect();
+    assert_eq!(pieces.len(), stats.gangs.iter().sum::<u32>() as usize);
+    assert!(!pieces.is_empty());
+    assert!(pieces.iter().all(|p| p.epoch == 1), "{pieces:?}");
+    assert!((stats.loss - 1.0).abs() < 1e-12, "{}", stats.loss);
+}
