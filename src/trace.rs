@@ -143,10 +143,21 @@ pub fn step_spans(stats: &StepStats, origin: Timestamp, devices: usize) -> Vec<T
     let rel = |t: Timestamp| t.saturating_duration_since(origin);
     let mut out = Vec::new();
     for r in &stats.micro_batch_log {
+        // A gang member's compute names its gang, so the members line up in the trace.
+        let gang = r.piece.map(|p| {
+            format!(
+                " (gang {} of sample {}: member {} of {})",
+                p.gang, p.sample.index, p.member, p.members
+            )
+        });
         for s in &r.spans {
+            let mut name = s.kind.name().to_string();
+            if let (SpanKind::Compute, Some(gang)) = (s.kind, &gang) {
+                name.push_str(gang);
+            }
             out.push(TraceSpan {
                 trainer: r.trainer as usize,
-                name: s.kind.name().to_string(),
+                name,
                 start: rel(s.start),
                 duration: s.end.saturating_duration_since(s.start),
             });
@@ -203,6 +214,61 @@ mod tests {
 
     fn events(trace: &Value) -> &Vec<Value> {
         trace["traceEvents"].as_array().unwrap()
+    }
+
+    #[test]
+    fn a_gang_members_compute_names_its_gang() {
+        let t = |us: u64| Timestamp::from_nanos(us * 1000);
+        let record = |trainer: u32, piece| crate::MicroBatchRecord {
+            micro_batch: trainer,
+            trainer,
+            started: t(0),
+            finished: t(10),
+            tokens: 5,
+            cost: 1.0,
+            spans: vec![
+                crate::Span {
+                    kind: SpanKind::PullWait,
+                    start: t(0),
+                    end: t(2),
+                },
+                crate::Span {
+                    kind: SpanKind::Compute,
+                    start: t(2),
+                    end: t(10),
+                },
+            ],
+            piece,
+        };
+        let piece = |member| odc_actors::batch::Piece {
+            sample: crate::SampleMeta::new(7, 9000),
+            epoch: 0,
+            gang: 3,
+            member,
+            members: 2,
+        };
+        let stats = StepStats {
+            step: 0,
+            loss: 1.0,
+            tokens: 10,
+            samples: 1,
+            micro_batches: 2,
+            grad_norm: 1.0,
+            replays: 0,
+            started: t(0),
+            wall: Duration::from_micros(12),
+            trainers: Vec::new(),
+            micro_batch_log: vec![record(0, Some(piece(0))), record(1, None)],
+            skipped: None,
+            gangs: vec![2],
+        };
+        let names: Vec<String> = step_spans(&stats, t(0), 2)
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert!(names.contains(&"compute (gang 3 of sample 7: member 0 of 2)".to_string()));
+        assert!(names.contains(&"compute".to_string()), "{names:?}");
+        assert!(names.contains(&"pull wait".to_string()));
     }
 
     #[test]

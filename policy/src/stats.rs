@@ -72,6 +72,9 @@ pub struct MicroBatchRecord {
     pub cost: f64,
     /// The micro-batch's timeline on its trainer.
     pub spans: Vec<Span>,
+    /// A gang member's piece of a split sample (sequence splitting).
+    #[serde(default)]
+    pub piece: Option<crate::batch::Piece>,
 }
 
 /// What one optimizer step did.

@@ -164,10 +164,10 @@ impl StepMachine {
         if let Err(refusal) = a.ledger.complete(mb, slot) {
             return self.refused(refusal);
         }
-        let (tokens, cost) = a
+        let (tokens, cost, piece) = a
             .micro_batches
             .get(mb)
-            .map_or((0, 0.0), |m| (m.tokens, m.cost));
+            .map_or((0, 0.0, None), |m| (m.tokens, m.cost, m.piece));
         a.loss_sum += output.loss_sum;
         let busy = report.finished.saturating_duration_since(report.started);
         self.speeds.observe(slot, cost, busy.as_secs_f64());
@@ -188,6 +188,7 @@ impl StepMachine {
             tokens,
             cost,
             spans: io.spans,
+            piece,
         });
         if !a.ledger.is_complete() {
             return self.dispatch(now);
