@@ -130,7 +130,7 @@ gpu_test() {
   capped "$CHECK_CAP" "$BIN/gpu_training" "$test" --exact --nocapture --test-threads=1 >"$log" 2>&1
   local rc=$? secs=$((SECONDS - started))
   local said
-  said=$(grep -m1 -E '^(I3 GPU|bf16 on the GPU|SFT on CUDA)' "$log")
+  said=$(grep -m1 -E '^(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA)' "$log")
   if grep -q '^skipped' "$log"; then
     row "$name" FAIL "skipped: $(grep -m1 '^skipped' "$log"); log $log"
   elif [ "$rc" -eq 0 ] && grep -q 'test result: ok. 1 passed' "$log"; then
@@ -164,6 +164,9 @@ if has gpu_training; then
   gpu_test gpu_bf16_losses_track_the_cpu_fp32_run "mixed precision: GPU bf16 vs CPU fp32" bf16-gpu.log &
   next_section
   gpu_test sft_on_cuda_lowers_the_loss "SFT on CUDA in bf16, 12 steps (test)" sft-test.log &
+  next_section
+  gpu_test ring_attention_on_cuda_equals_the_blocked_attention \
+    "sequence splitting: ring attention on CUDA" ring-gpu.log &
 else
   missing "I3: GPU fp32 vs CPU" gpu_training
 fi
