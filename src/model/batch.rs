@@ -178,6 +178,17 @@ impl PackedBatch {
                 whole.loss_mask.len()
             )));
         }
+        // Every token of the sample: a member's targets come from other members' chunks too.
+        if let Some(i) = whole
+            .tokens
+            .iter()
+            .position(|&x| x as usize >= config.vocab_size)
+        {
+            return Err(Error::Batch(format!(
+                "token {i} of the split sample is {} but vocab_size is {}",
+                whole.tokens[i], config.vocab_size
+            )));
+        }
         let expected: usize = (0..piece.layout.members())
             .map(|m| piece.layout.len_of(m))
             .sum();

@@ -477,6 +477,20 @@ mod model {
         )
         .unwrap_err();
         assert!(e.to_string().contains("30 tokens"), "{e}");
+        // A token out of the vocabulary in another member's chunk (a target of this one).
+        // Member 1 holds 10..30; token 30 (member 0's) is the target of its token 29.
+        let mut bad = sample(40, 1, 0);
+        bad.tokens[30] = 99;
+        let link = links(2, Duration::from_secs(1)).remove(1);
+        let layout = GangLayout::zigzag(40, 2, 1).unwrap();
+        assert_eq!(layout.positions(), (10..30).collect::<Vec<_>>());
+        let e =
+            PackedBatch::pack_with_piece(&c, &[], &bad, GangPiece::new(layout, link), &Device::Cpu)
+                .unwrap_err();
+        assert!(
+            e.to_string().contains("token 30 of the split sample is 99"),
+            "{e}"
+        );
     }
 }
 
