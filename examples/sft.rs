@@ -235,7 +235,7 @@ struct Opts {
     micro_batch_timeout: Option<u64>,
     /// Sequence splitting: auto (split a long sample over a gang of trainers where the planner
     /// finds it shortens the step), off (the default), or N (as auto, for samples of at least N
-    /// tokens). One process's trainers only.
+    /// tokens). Across processes too (`odc launch`): the exchange goes over the transport.
     #[arg(long)]
     split: Option<String>,
 }

@@ -164,7 +164,7 @@ impl Compute for SimCompute {
         // A gang's piece: its member's share of the sample, a `k`-th of its linear work and of
         // its causal attention (the zig-zag cut). The members are not synchronised here: the
         // ring's waits are not emulated (in one process the exchange itself is nearly free).
-        let piece = mb.piece.map_or(0.0, |p| {
+        let piece = mb.piece.as_ref().map_or(0.0, |p| {
             dev.seconds(&[p.sample.tokens]) / f64::from(p.members.max(1))
         });
         let total =

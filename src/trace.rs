@@ -144,7 +144,7 @@ pub fn step_spans(stats: &StepStats, origin: Timestamp, devices: usize) -> Vec<T
     let mut out = Vec::new();
     for r in &stats.micro_batch_log {
         // A gang member's compute names its gang, so the members line up in the trace.
-        let gang = r.piece.map(|p| {
+        let gang = r.piece.as_ref().map(|p| {
             format!(
                 " (gang {} of sample {}: member {} of {})",
                 p.gang, p.sample.index, p.member, p.members
@@ -246,6 +246,7 @@ mod tests {
             gang: 3,
             member,
             members: 2,
+            ranks: vec![0, 1],
         };
         let stats = StepStats {
             step: 0,

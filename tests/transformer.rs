@@ -449,7 +449,7 @@ impl odc::Compute for KillsMemberOne {
         ctx: &mut odc::TrainerContext,
         mb: &odc::MicroBatch,
     ) -> odc::Result<odc::ComputeOutput> {
-        if mb.piece.is_some_and(|p| p.member == 1)
+        if mb.piece.as_ref().is_some_and(|p| p.member == 1)
             && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
         {
             panic!("injected: gang member 1 dies before its piece");

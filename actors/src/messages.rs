@@ -319,6 +319,7 @@ mod tests {
                 gang: 1,
                 member: 2,
                 members: 4,
+                ranks: vec![5, 1, 7, 2],
             }),
         }
     }

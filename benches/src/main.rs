@@ -81,7 +81,7 @@ enum Command {
     /// (no resharding, plain attention, MLP and head) and the new one (odc_bench::memory).
     Memory(MemoryArgs),
     /// One long sample's forward and backward by one trainer against a gang of trainers sharing
-    /// it (sequence splitting: zig-zag chunks, keys and values over the in-process ring), on the
+    /// it (sequence splitting: zig-zag chunks, keys and values over an in-process ring), on the
     /// real model, ABBA with an alone-vs-alone control (odc_bench::gang).
     Gang(GangArgs),
 }

@@ -53,7 +53,7 @@ impl LossWeighting {
 
 /// One member's share of a sample split over a gang of trainers (sequence splitting): every
 /// member's micro-batch names the same sample and gang, and its own member index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Piece {
     /// The whole sample: each member resolves it and keeps its own chunks
     /// ([`crate::split::zigzag`]).
@@ -65,6 +65,8 @@ pub struct Piece {
     /// This member, and the gang's size.
     pub member: u32,
     pub members: u32,
+    /// The trainer slot of each member, in member order: where its exchange goes.
+    pub ranks: Vec<u32>,
 }
 
 /// One unit of work handed to a trainer.

@@ -57,6 +57,9 @@ pub enum Error {
         peer: u32,
         source: TransportError,
     },
+    /// A gang's exchange (sequence splitting) with trainer `peer` failed.
+    #[error("gang exchange with trainer {peer} failed: {source}")]
+    Gang { peer: u32, source: TransportError },
     #[error("transport: {0}")]
     Transport(#[from] TransportError),
     #[error("invalid model layout: {0}")]

@@ -206,7 +206,8 @@ impl JobBuilder {
     /// [`SplitPolicy::MinTokens`] the planner runs a long sample over a gang of trainers where
     /// that shortens the step ([`odc_actors::policy::split`]), each member computing its chunks
     /// and exchanging keys and values with the others; [`SplitPolicy::Off`] (the default) never
-    /// splits. The gang's exchange is in-process: a job of several processes refuses it.
+    /// splits. The gang's exchange goes over the job's transport (each trainer's inbox, C7), in
+    /// one process or across processes and hosts.
     pub fn sequence_parallel(mut self, policy: SplitPolicy) -> Self {
         self.policy.split = policy;
         self
@@ -410,13 +411,6 @@ impl JobBuilder {
                     w.world_size
                 )));
             }
-        }
-        if world.is_some() && self.policy.split != SplitPolicy::Off {
-            return Err(Error::Config(
-                "sequence splitting runs over one process's trainers for now (the gang's \
-                 exchange is in-process): a job of several processes needs SplitPolicy::Off"
-                    .into(),
-            ));
         }
         for (what, d) in [
             ("step", self.step_timeout),

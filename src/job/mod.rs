@@ -115,7 +115,10 @@ impl Job {
             (None, Some(m)) => crate::launch::transport(&m.world).await?,
             (None, None) => Arc::new(LocalTransport::new()),
         };
-        let collective = spec.step.communication == Communication::Collective;
+        // The group of trainer inboxes: the collective's rings, or (on demand) the gangs of a job
+        // that splits samples.
+        let collective = spec.step.communication == Communication::Collective
+            || spec.step.split != odc_actors::policy::split::SplitPolicy::Off;
         let node = Arc::new(Node {
             transport,
             layout: layout.clone(),

@@ -58,7 +58,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use super::batch::{GangPiece, HeadImpl, Kernels, PackedBatch, Sample};
 use super::config::ModelConfig;
 use super::device::{open_device, ComputePrecision, DeviceSpec};
-use super::gang::{AbortOnDrop, GangLayout, GangRegistry};
+use super::gang::{AbortOnDrop, GangLayout, GangLink, GangRegistry, TransportLink};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::head::WeightGrad;
 use super::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
@@ -721,9 +721,9 @@ impl Compute for TransformerCompute {
                 Ok(sample)
             })
             .collect::<crate::Result<Vec<_>>>()?;
-        let mut batch = match mb.piece {
+        let mut batch = match &mb.piece {
             None => PackedBatch::pack(&self.config, &samples, &device).map_err(user)?,
-            Some(piece) => self.pack_with_piece(&samples, piece, &device)?,
+            Some(piece) => self.pack_with_piece(ctx, &samples, piece, &device)?,
         };
         batch.kernels = self.placement.kernels;
         // A failure from here on (or a cancelled compute) ends the gang at once.
@@ -926,8 +926,9 @@ impl TransformerCompute {
     /// (resolved whole, its end of the gang from this process's registry).
     fn pack_with_piece(
         &self,
+        ctx: &TrainerContext,
         samples: &[Sample],
-        piece: Piece,
+        piece: &Piece,
         device: &Device,
     ) -> crate::Result<PackedBatch> {
         if !matches!(self.objective, Objective::CrossEntropy) {
@@ -954,16 +955,32 @@ impl TransformerCompute {
             piece.member as usize,
         )
         .map_err(user)?;
-        let link = self
-            .gangs
-            .link(
-                piece.epoch,
-                piece.gang,
-                piece.member,
-                piece.members,
-                self.gang_timeout,
-            )
-            .map_err(user)?;
+        // The job's transport when the trainer has a gang channel (any job that splits), else
+        // this process's in-process gangs.
+        let link: Arc<dyn GangLink> = match ctx.gang() {
+            Some(channel) => Arc::new(
+                TransportLink::new(
+                    channel,
+                    piece.epoch,
+                    piece.gang,
+                    piece.member as usize,
+                    piece.ranks.clone(),
+                    self.gang_timeout,
+                    device.clone(),
+                )
+                .map_err(user)?,
+            ),
+            None => self
+                .gangs
+                .link(
+                    piece.epoch,
+                    piece.gang,
+                    piece.member,
+                    piece.members,
+                    self.gang_timeout,
+                )
+                .map_err(user)?,
+        };
         PackedBatch::pack_with_piece(
             &self.config,
             samples,

@@ -39,6 +39,7 @@
 //! sends) are not covered: inboxes check epoch and write id only.
 
 pub mod collective;
+pub mod gang;
 pub mod on_demand;
 mod transfer;
 
@@ -50,6 +51,7 @@ pub use odc_transport::codec::NonFiniteElement;
 use serde::{Deserialize, Serialize};
 
 pub use collective::{Collective, CollectiveGroup};
+pub use gang::GangChannel;
 pub use on_demand::OnDemand;
 pub use transfer::{micro_batch_of, write_id};
 

@@ -7,7 +7,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use super::compute::Compute;
 use super::context::TrainerContext;
 use super::{MicroBatchDone, TrainerMsg, TrainerReport, TrainerSpec};
-use crate::datapath::{Collective, DataPath, OnDemand};
+use crate::datapath::{Collective, DataPath, GangChannel, OnDemand};
 use crate::error::{Error, NonFiniteAt};
 use crate::node::Node;
 use crate::policy::dispatch::Communication;
@@ -49,6 +49,16 @@ impl Actor for Trainer {
         let directory = Arc::new(spec.directory);
         let chunk_elems = usize::try_from(spec.context.chunk_elems).unwrap_or(usize::MAX);
         let transport = node.transport_of_trainer(spec.rank);
+        // On demand, a node with a group of trainer inboxes is a job that splits samples: each
+        // trainer gets its inbox for its gangs' exchange.
+        let gang = match (spec.communication, &node.collective) {
+            (Communication::OnDemand, Some(group)) => Some(GangChannel::new(
+                spec.rank,
+                transport.clone(),
+                group.clone(),
+            )?),
+            _ => None,
+        };
         let path: Arc<dyn DataPath> = match spec.communication {
             Communication::OnDemand => Arc::new(OnDemand::new(transport, directory, chunk_elems)),
             Communication::Collective => {
@@ -64,11 +74,15 @@ impl Actor for Trainer {
                 )?)
             }
         };
+        let mut context = TrainerContext::new(spec.rank, node.layout.clone(), path, spec.context)
+            .with_clock(node.clock.clone());
+        if let Some(gang) = gang {
+            context = context.with_gang(gang);
+        }
         Ok(TrainerState {
             rank: spec.rank,
             compute: node.compute.create(spec.rank),
-            context: TrainerContext::new(spec.rank, node.layout.clone(), path, spec.context)
-                .with_clock(node.clock.clone()),
+            context,
             supervisor,
         })
     }

@@ -38,7 +38,7 @@ use tokio::task::JoinHandle;
 
 use super::buffers::UnitBuffers;
 use crate::batch::MicroBatch;
-use crate::datapath::{DataPath, Gathered, Op, OpKey, OpKind};
+use crate::datapath::{DataPath, GangChannel, Gathered, Op, OpKey, OpKind};
 use crate::error::{Error, NonFiniteAt, Result};
 use crate::layout::{ModelLayout, UnitId};
 use crate::metrics as m;
@@ -156,6 +156,9 @@ pub struct TrainerContext {
     stats: MicroBatchStats,
     /// Where span and wait times are read (the node's clock).
     clock: Arc<dyn Clock>,
+    /// The trainer's channel to its gangs' other members (sequence splitting), when the job
+    /// splits.
+    gang: Option<Arc<GangChannel>>,
 }
 
 impl TrainerContext {
@@ -193,7 +196,19 @@ impl TrainerContext {
             pushed: HashSet::new(),
             stats: MicroBatchStats::default(),
             clock: Arc::new(SystemClock),
+            gang: None,
         }
+    }
+
+    /// Give the compute `channel` to exchange with the other members of its gangs.
+    pub fn with_gang(mut self, channel: GangChannel) -> Self {
+        self.gang = Some(Arc::new(channel));
+        self
+    }
+
+    /// The trainer's channel to its gangs' other members (`None` when the job does not split).
+    pub fn gang(&self) -> Option<Arc<GangChannel>> {
+        self.gang.clone()
     }
 
     /// Read times from `clock` instead of the [`SystemClock`] (a virtual clock in a simulation).
@@ -262,6 +277,9 @@ impl TrainerContext {
         self.occurrences.clear();
         self.version = micro_batch.step;
         self.epoch = epoch;
+        if let Some(gang) = &self.gang {
+            gang.begin(epoch);
+        }
         self.micro_batch = micro_batch.id;
         self.samples.clear();
         self.samples

@@ -44,9 +44,9 @@ impl std::str::FromStr for SplitPolicy {
     }
 }
 
-/// The runtime's prices: the job's cost model for compute (its quadratic part is attention),
-/// gangs only among the trainers of one process (`per_node`), whose exchange is in-process and
-/// priced free. No per-micro-batch fixed cost and no transfers are priced yet.
+/// The runtime's prices: the job's cost model for compute (its quadratic part is attention);
+/// gangs of up to `per_node` trainers count as within one node. The exchange, a per-micro-batch
+/// fixed cost and the transfers (pulls, pushes) are not priced yet.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModelCosts {
     pub cost: CostModel,

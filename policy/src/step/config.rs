@@ -66,8 +66,7 @@ pub struct StepConfig {
     /// Sequence splitting (on-demand mode): whether the planner may run a long sample over a
     /// gang of trainers ([`crate::split`]).
     pub split: SplitPolicy,
-    /// The most trainers one gang may have: the trainers whose exchange is in-process (0: no
-    /// limit).
+    /// The most trainers one gang may have (0: no limit).
     pub max_gang: u32,
 }
 

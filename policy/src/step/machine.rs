@@ -167,7 +167,7 @@ impl StepMachine {
         let (tokens, cost, piece) = a
             .micro_batches
             .get(mb)
-            .map_or((0, 0.0, None), |m| (m.tokens, m.cost, m.piece));
+            .map_or((0, 0.0, None), |m| (m.tokens, m.cost, m.piece.clone()));
         a.loss_sum += output.loss_sum;
         let busy = report.finished.saturating_duration_since(report.started);
         self.speeds.observe(slot, cost, busy.as_secs_f64());

@@ -29,7 +29,7 @@ impl StepMachine {
         // The fill floor in tokens (`min_fill` in 0..=1, so at most the budget).
         let fill = (c.min_fill.clamp(0.0, 1.0) * c.token_budget as f64) as u64;
         let split = match c.communication {
-            Communication::OnDemand => self.plan_split(samples, &tokens, live.len())?,
+            Communication::OnDemand => self.plan_split(samples, &tokens, &live)?,
             Communication::Collective => None,
         };
         let (plan, pieces) = match split {
@@ -55,7 +55,7 @@ impl StepMachine {
                 tokens: mb.tokens,
                 cost: mb.cost,
                 weighting: c.weighting,
-                piece: pieces.get(id).copied().flatten(),
+                piece: pieces.get(id).cloned().flatten(),
             })
             .collect();
         let mut queue = WorkQueue::new(&plan, &live, self.slots.len());
@@ -118,9 +118,10 @@ impl StepMachine {
         &self,
         samples: &[SampleMeta],
         tokens: &[u64],
-        live: usize,
+        slots: &[usize],
     ) -> Result<Option<SplitAttempt>, Error> {
         let c = &self.config;
+        let live = slots.len();
         let Some(min_tokens) = c.split.min_tokens() else {
             return Ok(None);
         };
@@ -152,6 +153,11 @@ impl StepMachine {
         for (gang_id, gang) in split.gangs.iter().enumerate() {
             let cut = crate::split::zigzag(gang.tokens, gang.cost.k)
                 .map_err(|e| Error::Config(format!("sequence splitting: {e}")))?;
+            let ranks: Vec<u32> = gang
+                .devices
+                .iter()
+                .map(|&d| slots.get(d as usize).copied().unwrap_or(0) as u32)
+                .collect();
             for (member, (&device, chunks)) in gang.devices.iter().zip(&cut).enumerate() {
                 per_trainer[device as usize].push(micro_batches.len());
                 micro_batches.push(PlannedMicroBatch {
@@ -165,6 +171,7 @@ impl StepMachine {
                     gang: gang_id as u32,
                     member: member as u32,
                     members: gang.cost.k,
+                    ranks: ranks.clone(),
                 }));
             }
         }

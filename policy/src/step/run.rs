@@ -109,7 +109,7 @@ impl Run {
         let gangs = attempt
             .micro_batches
             .iter()
-            .filter_map(|mb| mb.piece)
+            .filter_map(|mb| mb.piece.as_ref())
             .filter(|p| p.member == 0)
             .map(|p| p.members)
             .collect();

@@ -25,6 +25,7 @@ mod link;
 mod registry;
 #[cfg(test)]
 mod tests;
+pub mod transport;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use candle_core::{CustomOp3, DType, Tensor, D};
 
 pub use link::{AbortOnDrop, GangLink, InProcessGang, InProcessLink, Pass, Tag};
 pub use registry::GangRegistry;
+pub use transport::TransportLink;
 
 use super::error::{Error, Result};
 use super::flash::{attend_partial, merge, partial_backward, Blocks, Partial};

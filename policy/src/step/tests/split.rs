@@ -50,7 +50,7 @@ fn a_long_sample_runs_as_one_piece_on_each_member_of_its_gang_and_counts_once() 
         assert_eq!(pieces.len(), k as usize);
         let mut members: Vec<u32> = pieces
             .iter()
-            .map(|(_, mb, _)| mb.piece.unwrap().member)
+            .map(|(_, mb, _)| mb.piece.as_ref().unwrap().member)
             .collect();
         members.sort_unstable();
         assert_eq!(members, (0..k).collect::<Vec<_>>());
@@ -58,8 +58,11 @@ fn a_long_sample_runs_as_one_piece_on_each_member_of_its_gang_and_counts_once() 
         slots.sort_unstable();
         slots.dedup();
         assert_eq!(slots.len(), k as usize, "members on distinct trainers");
-        for (_, mb, reason) in &pieces {
-            let p = mb.piece.unwrap();
+        for (slot, mb, reason) in &pieces {
+            let p = mb.piece.clone().unwrap();
+            // Each member's trainer, as every member sees the gang: where its exchange goes.
+            assert_eq!(p.ranks.len(), k as usize);
+            assert_eq!(p.ranks[p.member as usize], *slot);
             assert_eq!(p.sample, SampleMeta::new(0, 60_000));
             assert_eq!(p.members, k);
             assert!(mb.samples.is_empty());
@@ -133,7 +136,7 @@ fn a_lost_gang_member_replays_the_whole_gang_under_a_new_epoch() {
         .enumerate()
         .find_map(|(s, r)| {
             r.as_ref()
-                .and_then(|(a, _, _)| a.micro_batch.piece.map(|p| (s, p)))
+                .and_then(|(a, _, _)| a.micro_batch.piece.clone().map(|p| (s, p)))
         })
         .expect("a member is running its piece");
     assert_eq!(piece.epoch, 0);
@@ -150,7 +153,7 @@ fn a_lost_gang_member_replays_the_whole_gang_under_a_new_epoch() {
         .collect();
     let pieces: Vec<Piece> = replayed
         .iter()
-        .filter_map(|(_, a)| a.micro_batch.piece)
+        .filter_map(|(_, a)| a.micro_batch.piece.clone())
         .collect();
     assert_eq!(pieces.len(), stats.gangs.iter().sum::<u32>() as usize);
     assert!(!pieces.is_empty());

@@ -1,0 +1,189 @@
+//! A trainer's channel to the other members of its gangs (sequence splitting, on-demand mode): a
+//! persistent inbox on the job's transport (C7), registered once per trainer in the node's
+//! [`CollectiveGroup`] — the directory of trainer inboxes the collective path uses — so that any
+//! backend carries a gang's exchange, within a process or across processes and hosts.
+//!
+//! Invariants (tested below):
+//! - a message is received by its attempt's epoch and its write id alone, in any arrival order;
+//! - **every wait has a deadline (I6)** and fails with an error naming the peer and the message;
+//! - **a discarded attempt ends its waits at once (I2)**: the supervisor's discard raises the
+//!   group's epoch floor ([`CollectiveGroup::abort_before`]) on every node, and a receive of an
+//!   older epoch fails with [`Error::CollectiveAborted`], whether it was waiting or starts later.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use odc_transport::{Deadline, InboxRegion, Transport, TransportError, WriteTag};
+
+use super::collective::TRAINER_ENDPOINT_BASE;
+use super::CollectiveGroup;
+use crate::error::{Error, Result};
+
+/// See the [module docs](self).
+pub struct GangChannel {
+    rank: u32,
+    transport: Arc<dyn Transport>,
+    group: Arc<CollectiveGroup>,
+    inbox: Box<dyn InboxRegion>,
+}
+
+impl std::fmt::Debug for GangChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GangChannel")
+            .field("rank", &self.rank)
+            .field("inbox", &self.inbox.handle().id)
+            .finish()
+    }
+}
+
+impl GangChannel {
+    /// Registers trainer `rank`'s inbox on `transport` and in `group`.
+    pub fn new(
+        rank: u32,
+        transport: Arc<dyn Transport>,
+        group: Arc<CollectiveGroup>,
+    ) -> Result<Self> {
+        let inbox = transport.register_inbox(TRAINER_ENDPOINT_BASE + rank, group.floor())?;
+        group.register(rank, inbox.handle())?;
+        Ok(GangChannel {
+            rank,
+            transport,
+            group,
+            inbox,
+        })
+    }
+
+    /// This trainer's rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// A micro-batch of attempt `epoch` starts: the inbox forgets older epochs.
+    pub fn begin(&self, epoch: u64) {
+        if epoch > self.inbox.epoch() {
+            self.inbox.advance(epoch);
+        }
+    }
+
+    /// Sends `data` to trainer `to`'s inbox as message `write_id` of attempt `epoch`.
+    pub async fn send(
+        &self,
+        to: u32,
+        epoch: u64,
+        write_id: u128,
+        data: Bytes,
+        deadline: Deadline,
+    ) -> Result<()> {
+        let inbox = self.group.inbox(to)?;
+        let tag = WriteTag {
+            epoch,
+            write_id,
+            token: 0,
+        };
+        self.transport
+            .send(&inbox, tag, data, deadline)
+            .await
+            .map_err(|source| Error::Gang { peer: to, source })
+    }
+
+    /// Waits for message `write_id` of attempt `epoch` from trainer `from`: its bytes, or an
+    /// error at the deadline (naming `from`), or [`Error::CollectiveAborted`] as soon as the
+    /// attempt is discarded.
+    pub async fn recv(
+        &self,
+        from: u32,
+        epoch: u64,
+        write_id: u128,
+        deadline: Deadline,
+    ) -> Result<Bytes> {
+        if epoch < self.group.floor() {
+            return Err(Error::CollectiveAborted);
+        }
+        let tag = WriteTag {
+            epoch,
+            write_id,
+            token: 0,
+        };
+        let recv = self.inbox.recv(tag, deadline);
+        let aborted = self.group.aborted(epoch);
+        tokio::pin!(recv, aborted);
+        tokio::select! {
+            biased;
+            () = &mut aborted => Err(Error::CollectiveAborted),
+            got = &mut recv => got.map_err(|source| match source {
+                TransportError::Aborted { .. } => Error::CollectiveAborted,
+                source => Error::Gang { peer: from, source },
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use odc_transport::deadline_in;
+    use odc_transport::local::LocalTransport;
+
+    use super::*;
+
+    fn pair() -> (GangChannel, GangChannel) {
+        let transport: Arc<dyn Transport> = Arc::new(LocalTransport::new());
+        let group = Arc::new(CollectiveGroup::new(2));
+        (
+            GangChannel::new(0, transport.clone(), group.clone()).unwrap(),
+            GangChannel::new(1, transport, group).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn messages_arrive_by_epoch_and_id_in_any_order() {
+        let (a, b) = pair();
+        let soon = deadline_in(Duration::from_secs(5));
+        a.send(1, 0, 7, Bytes::from_static(b"seven"), soon)
+            .await
+            .unwrap();
+        a.send(1, 0, 3, Bytes::from_static(b"three"), soon)
+            .await
+            .unwrap();
+        assert_eq!(&b.recv(0, 0, 3, soon).await.unwrap()[..], b"three");
+        assert_eq!(&b.recv(0, 0, 7, soon).await.unwrap()[..], b"seven");
+    }
+
+    #[tokio::test]
+    async fn a_silent_peer_is_a_deadline_error_naming_it() {
+        let (_a, b) = pair();
+        let e = b
+            .recv(0, 0, 1, deadline_in(Duration::from_millis(100)))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Gang { peer: 0, .. }), "{e}");
+        assert!(e.to_string().contains("trainer 0"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_discarded_attempt_ends_its_waits_at_once() {
+        let (a, b) = pair();
+        let b = Arc::new(b);
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(
+                async move { b.recv(0, 0, 1, deadline_in(Duration::from_secs(600))).await },
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        a.group.abort_before(1);
+        let e = tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("aborted at once")
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, Error::CollectiveAborted), "{e}");
+        // And one that starts later.
+        let e = b
+            .recv(0, 0, 2, deadline_in(Duration::from_secs(600)))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::CollectiveAborted), "{e}");
+    }
+}

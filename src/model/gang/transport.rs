@@ -1,0 +1,287 @@
+//! A gang's exchange over the job's transport: [`TransportLink`], one member's end, over its
+//! trainer's [`GangChannel`] (an inbox on the transport, C7), so that any backend — in-process,
+//! shm, tcp, cuda — carries it.
+//!
+//! - Each message is one inbox message of the attempt's epoch, its write id naming the gang, the
+//!   attention call, the pass, the ring step, the sender and the receiver ([`write_id`]): every
+//!   message of an attempt is unique, and C7 refuses a repeat.
+//! - Tensors travel as their dtype, shape and fp32 values ([`encode`]; bf16 and f16 convert to
+//!   fp32 and back exactly) and arrive on the receiver's device.
+//! - A receive waits at most the link's timeout (I6) and ends at once when the attempt is
+//!   discarded (the group's epoch floor, raised by the supervisor's discard on every node: I2).
+//!   [`GangLink::abort`] cannot reach the other members from here; they stop at that discard.
+//!
+//! The link blocks its thread on the transport's futures ([`tokio::runtime::Handle::block_on`]):
+//! the compute runs it inside `odc::blocking` on a multi-threaded runtime, which
+//! [`TransportLink::new`] checks.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use candle_core::{DType, Device, Tensor};
+use odc_actors::datapath::GangChannel;
+use odc_transport::deadline_in;
+use tokio::runtime::{Handle, RuntimeFlavor};
+
+use super::link::{GangLink, Pass, Tag};
+use crate::model::error::{Error, Result};
+
+/// The write id of gang `gang`'s message `tag` from member `from` to member `to`.
+pub fn write_id(gang: u32, tag: Tag, from: u32, to: u32) -> u128 {
+    let pass = match tag.pass {
+        Pass::Forward => 0u128,
+        Pass::Backward => 1,
+    };
+    (u128::from(gang) << 96)
+        | (u128::from(tag.call) << 64)
+        | (pass << 63)
+        | (u128::from(tag.step & 0x7fff_ffff) << 32)
+        | (u128::from(from & 0xffff) << 16)
+        | u128::from(to & 0xffff)
+}
+
+/// One member's end of a gang over the transport (see the [module docs](self)).
+pub struct TransportLink {
+    channel: Arc<GangChannel>,
+    runtime: Handle,
+    epoch: u64,
+    gang: u32,
+    member: usize,
+    /// Each member's trainer, in member order.
+    ranks: Vec<u32>,
+    timeout: Duration,
+    /// Where received tensors go.
+    device: Device,
+    aborted: Mutex<Option<String>>,
+}
+
+impl fmt::Debug for TransportLink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransportLink")
+            .field("epoch", &self.epoch)
+            .field("gang", &self.gang)
+            .field("member", &self.member)
+            .field("ranks", &self.ranks)
+            .finish()
+    }
+}
+
+impl TransportLink {
+    /// Member `member` of gang `gang` of attempt `epoch`, whose members are the trainers `ranks`,
+    /// receiving onto `device`, each wait at most `timeout`. Needs a multi-threaded tokio runtime
+    /// (the link blocks inside the compute's blocking section).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        channel: Arc<GangChannel>,
+        epoch: u64,
+        gang: u32,
+        member: usize,
+        ranks: Vec<u32>,
+        timeout: Duration,
+        device: Device,
+    ) -> Result<Self> {
+        let runtime = Handle::try_current()
+            .ok()
+            .filter(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread)
+            .ok_or_else(|| {
+                Error::Gang(
+                    "a gang's exchange over the transport needs a multi-threaded tokio runtime"
+                        .into(),
+                )
+            })?;
+        if member >= ranks.len() || ranks.get(member) != Some(&channel.rank()) {
+            return Err(Error::Gang(format!(
+                "member {member} of gang {gang} is trainer {:?}, this trainer is {}",
+                ranks.get(member),
+                channel.rank()
+            )));
+        }
+        Ok(TransportLink {
+            channel,
+            runtime,
+            epoch,
+            gang,
+            member,
+            ranks,
+            timeout,
+            device,
+            aborted: Mutex::new(None),
+        })
+    }
+
+    fn check(&self) -> Result<()> {
+        match &*self.aborted.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(reason) => Err(Error::Gang(format!("the gang was aborted: {reason}"))),
+            None => Ok(()),
+        }
+    }
+
+    fn rank_of(&self, member: usize) -> Result<u32> {
+        self.ranks.get(member).copied().ok_or_else(|| {
+            Error::Gang(format!(
+                "member {} of a gang of {}: no member {member}",
+                self.member,
+                self.ranks.len()
+            ))
+        })
+    }
+}
+
+impl GangLink for TransportLink {
+    fn member(&self) -> usize {
+        self.member
+    }
+
+    fn members(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn send(&self, to: usize, tag: Tag, tensors: Vec<Tensor>) -> Result<()> {
+        self.check()?;
+        let rank = self.rank_of(to)?;
+        let data = encode(&tensors)?;
+        let id = write_id(self.gang, tag, self.member as u32, to as u32);
+        let sent = self.runtime.block_on(self.channel.send(
+            rank,
+            self.epoch,
+            id,
+            data,
+            deadline_in(self.timeout),
+        ));
+        sent.map_err(|e| {
+            Error::Gang(format!(
+                "member {} (trainer {}) sending {tag} to member {to} (trainer {rank}): {e}",
+                self.member,
+                self.channel.rank()
+            ))
+        })
+    }
+
+    fn recv(&self, from: usize, tag: Tag) -> Result<Vec<Tensor>> {
+        self.check()?;
+        let rank = self.rank_of(from)?;
+        let id = write_id(self.gang, tag, from as u32, self.member as u32);
+        let got = self.runtime.block_on(self.channel.recv(
+            rank,
+            self.epoch,
+            id,
+            deadline_in(self.timeout),
+        ));
+        let bytes = got.map_err(|e| {
+            Error::Gang(format!(
+                "member {} (trainer {}) waiting for member {from}'s {tag} (trainer {rank}): {e}",
+                self.member,
+                self.channel.rank()
+            ))
+        })?;
+        decode(&bytes, &self.device).map_err(|e| {
+            Error::Gang(format!(
+                "member {from}'s {tag} (trainer {rank}) is malformed: {e}"
+            ))
+        })
+    }
+
+    fn abort(&self, reason: &str) {
+        let mut aborted = self.aborted.lock().unwrap_or_else(|p| p.into_inner());
+        if aborted.is_none() {
+            *aborted = Some(format!("member {}: {reason}", self.member));
+        }
+    }
+}
+
+/// Tensors as one message: their count, then each one's dtype code, rank, dimensions and fp32
+/// values, little-endian.
+pub fn encode(tensors: &[Tensor]) -> Result<Bytes> {
+    let mut out = BytesMut::new();
+    out.put_u32_le(tensors.len() as u32);
+    for t in tensors {
+        let code = match t.dtype() {
+            DType::F32 => 0u8,
+            DType::BF16 => 1,
+            DType::F16 => 2,
+            other => {
+                return Err(Error::Gang(format!(
+                    "a gang exchanges f32, bf16 or f16 tensors, not {other:?}"
+                )))
+            }
+        };
+        out.put_u8(code);
+        out.put_u8(t.rank() as u8);
+        for &d in t.dims() {
+            out.put_u64_le(d as u64);
+        }
+        let values: Vec<f32> = t
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_device(&Device::Cpu)?
+            .to_vec1()?;
+        out.reserve(4 * values.len());
+        for v in values {
+            out.put_f32_le(v);
+        }
+    }
+    Ok(out.freeze())
+}
+
+/// The tensors of an [`encode`]d message, on `device`; a malformed message is an error naming
+/// what was wrong.
+pub fn decode(bytes: &[u8], device: &Device) -> Result<Vec<Tensor>> {
+    let bad = |what: String| Error::Gang(what);
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Result<&[u8]> {
+        let end = at
+            .checked_add(n)
+            .filter(|&e| e <= bytes.len())
+            .ok_or_else(|| bad(format!("{} bytes end inside a field at {at}", bytes.len())))?;
+        let s = &bytes[at..end];
+        at = end;
+        Ok(s)
+    };
+    let count = u32::from_le_bytes(take(4)?.try_into().unwrap_or_default()) as usize;
+    if count > 64 {
+        return Err(bad(format!("{count} tensors in one message")));
+    }
+    let mut tensors = Vec::with_capacity(count);
+    for i in 0..count {
+        let head = take(2)?;
+        let dtype = match head[0] {
+            0 => DType::F32,
+            1 => DType::BF16,
+            2 => DType::F16,
+            c => return Err(bad(format!("tensor {i} has dtype code {c}"))),
+        };
+        let rank = head[1] as usize;
+        if rank > 8 {
+            return Err(bad(format!("tensor {i} has {rank} dimensions")));
+        }
+        let mut dims = Vec::with_capacity(rank);
+        for _ in 0..rank {
+            let d = u64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
+            dims.push(usize::try_from(d).map_err(|_| bad(format!("tensor {i}: dimension {d}")))?);
+        }
+        let elems = dims
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|&n| n.checked_mul(4).is_some_and(|b| b <= bytes.len()))
+            .ok_or_else(|| bad(format!("tensor {i} of shape {dims:?} exceeds the message")))?;
+        let raw = take(4 * elems)?;
+        let values: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        tensors.push(
+            Tensor::from_vec(values, dims, &Device::Cpu)?
+                .to_dtype(dtype)?
+                .to_device(device)?,
+        );
+    }
+    if at != bytes.len() {
+        return Err(bad(format!(
+            "{} bytes after the last of {count} tensors",
+            bytes.len() - at
+        )));
+    }
+    Ok(tensors)
+}
