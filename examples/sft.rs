@@ -88,7 +88,7 @@ use candle_core::Device;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use odc::checkpoint::{self, TensorMap};
-use odc::launch::World;
+use odc::launch::{parse_ranks, Roles, World};
 use odc::model::hf::{export_hf, ExportDtype, ExportOptions, HfCheckpoint};
 use odc::model::lora;
 use odc::model::{
@@ -99,7 +99,7 @@ use odc::model::{
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextFormat, Tokenizer};
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
 use odc::{
-    LrSchedule, OptimizerConfig, Precision, SampleMeta, SplitPolicy, Timestamp,
+    FailurePolicy, LrSchedule, OptimizerConfig, Precision, SampleMeta, SplitPolicy, Timestamp,
     DEFAULT_STEP_TIMEOUT,
 };
 use serde::{Deserialize, Serialize};
@@ -238,6 +238,16 @@ struct Opts {
     /// tokens). Across processes too (`odc launch`): the exchange goes over the transport.
     #[arg(long)]
     split: Option<String>,
+    /// Multi-process: the rank of each shard server, e.g. `0,1` (default: one on every rank).
+    #[arg(long)]
+    servers_on: Option<String>,
+    /// Multi-process: the rank of each trainer, e.g. `0,1,2` (default: one on every rank).
+    #[arg(long)]
+    trainers_on: Option<String>,
+    /// What becomes of a failed trainer's slot: respawn (the default, up to 3 times) or drop
+    /// (the job goes on without it).
+    #[arg(long)]
+    on_trainer_failure: Option<String>,
 }
 
 /// The settings with defaults filled in.
@@ -294,6 +304,26 @@ struct Settings {
     /// `off` in checkpoints written before this setting existed.
     #[serde(default = "off")]
     split: String,
+    #[serde(default)]
+    servers_on: Option<String>,
+    #[serde(default)]
+    trainers_on: Option<String>,
+    /// `respawn` or `drop` (`respawn` in checkpoints written before this setting existed).
+    #[serde(default = "respawn")]
+    on_trainer_failure: String,
+}
+
+fn respawn() -> String {
+    "respawn".into()
+}
+
+/// `--on-trainer-failure`.
+fn failure_policy(text: &str) -> anyhow::Result<FailurePolicy> {
+    match text {
+        "respawn" => Ok(FailurePolicy::default()),
+        "drop" => Ok(FailurePolicy::Drop),
+        other => anyhow::bail!("--on-trainer-failure is respawn or drop, not {other:?}"),
+    }
 }
 
 fn off() -> String {
@@ -418,6 +448,16 @@ impl Opts {
         split
             .parse::<SplitPolicy>()
             .map_err(|e| anyhow::anyhow!("--split: {e}"))?;
+        let on_trainer_failure = self.on_trainer_failure.unwrap_or_else(respawn);
+        failure_policy(&on_trainer_failure)?;
+        for (flag, ranks) in [
+            ("servers-on", &self.servers_on),
+            ("trainers-on", &self.trainers_on),
+        ] {
+            if let Some(text) = ranks {
+                parse_ranks(text).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))?;
+            }
+        }
         Ok(Settings {
             steps: self.steps.unwrap_or(500),
             batch_size: self.batch_size.unwrap_or(8),
@@ -456,6 +496,9 @@ impl Opts {
             export_dtype,
             merge_lora,
             split,
+            servers_on: self.servers_on,
+            trainers_on: self.trainers_on,
+            on_trainer_failure,
         })
     }
 }
@@ -926,13 +969,24 @@ async fn run(
         let mut at = fed.lock().unwrap_or_else(|e| e.into_inner());
         next_minibatch(&data_format, &data_source, &mut at, batch, max_len)
     });
-    let trainers = if world_size > 1 {
-        world_size as usize
-    } else {
-        settings.trainers
+    let trainers = match (&settings.trainers_on, world_size > 1) {
+        (Some(ranks), true) => parse_ranks(ranks).map(|r| r.len()).unwrap_or(1),
+        (None, true) => world_size as usize,
+        (_, false) => settings.trainers,
     };
+    builder = builder.failure_policy(failure_policy(&settings.on_trainer_failure)?);
     if world_size > 1 {
         builder = builder.world(world);
+        if settings.servers_on.is_some() || settings.trainers_on.is_some() {
+            let ranks = |flag: &str, text: &Option<String>| match text {
+                Some(text) => parse_ranks(text).map_err(|e| anyhow::anyhow!("--{flag}: {e}")),
+                None => Ok((0..world_size).collect()),
+            };
+            builder = builder.roles(Roles::explicit(
+                ranks("servers-on", &settings.servers_on)?,
+                ranks("trainers-on", &settings.trainers_on)?,
+            ));
+        }
     } else {
         builder = builder
             .trainers(settings.trainers)

@@ -240,11 +240,22 @@ pub struct Ranks {
 impl Ranks {
     /// Start `world` ranks of `embed` with `args`; rank `r` gets `secrets[r]`.
     pub fn start(world: u32, transport: &str, secrets: &[&str], args: &[String]) -> Self {
+        Self::start_program(&embed(), world, transport, secrets, args)
+    }
+
+    /// [`Ranks::start`] of `program` (an example).
+    pub fn start_program(
+        program: &Path,
+        world: u32,
+        transport: &str,
+        secrets: &[&str],
+        args: &[String],
+    ) -> Self {
         let coordinator = format!("127.0.0.1:{}", free_port());
         let job = format!("t{}x{}", std::process::id(), free_port());
         let children = (0..world)
             .map(|rank| {
-                let mut cmd = Command::new(embed());
+                let mut cmd = Command::new(program);
                 rank_env(
                     &mut cmd,
                     rank,

@@ -54,17 +54,6 @@ fn problems() -> String {
         .collect()
 }
 
-fn final_loss(stdout: &str) -> f64 {
-    let last = stdout
-        .lines()
-        .rfind(|l| l.starts_with("final step=4 "))
-        .unwrap_or_else(|| panic!("no final line: {stdout}"));
-    last.split_whitespace()
-        .find_map(|w| w.strip_prefix("loss="))
-        .and_then(|l| l.parse().ok())
-        .unwrap_or_else(|| panic!("no loss in {last:?}"))
-}
-
 #[test]
 fn two_processes_over_tcp_split_long_samples_and_train_as_one_unsplit_process() {
     let dir = temp("split");
@@ -89,7 +78,7 @@ fn two_processes_over_tcp_split_long_samples_and_train_as_one_unsplit_process() 
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let want = final_loss(&stdout);
+    let want = final_loss_of(&stdout, 4);
 
     // Two processes over tcp, splitting.
     let mut two = odc();
@@ -113,7 +102,7 @@ fn two_processes_over_tcp_split_long_samples_and_train_as_one_unsplit_process() 
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let got = final_loss(&stdout);
+    let got = final_loss_of(&stdout, 4);
     assert!(
         ((got - want) / want).abs() <= 1e-5,
         "split over two processes: loss {got} vs one unsplit process {want}"
@@ -124,4 +113,103 @@ fn two_processes_over_tcp_split_long_samples_and_train_as_one_unsplit_process() 
             .any(|l| l.starts_with("step ") && l.ends_with("split [2]")),
         "no step line names a gang: nothing was split\n{stdout}"
     );
+}
+
+/// The failure test: three processes over tcp (servers on ranks 0 and 1, a trainer on
+/// each of 0, 1 and 2), every minibatch's long problem split over a gang; rank 2 — a trainer and
+/// nothing else — is killed mid-run. Its gang's micro-batch is replayed with the trainers left
+/// (`--on-trainer-failure drop`: the other members' waits end at the discard, not at a deadline),
+/// and the run ends at the failure-free run's final loss (`1e-5` relative).
+#[test]
+fn a_killed_gang_member_process_is_replayed_and_training_is_unchanged() {
+    let dir = temp("split-kill");
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let config = CONFIG.replace("steps = 4", "steps = 24");
+    std::fs::write(dir.join("sft.toml"), config).expect("the config file");
+    // Every problem of a minibatch of 4: one long (~2,400 tokens), three short.
+    std::fs::write(dir.join("data.jsonl"), problems().repeat(8)).expect("the data file");
+    let common: Vec<String> = [
+        "--config",
+        &dir.join("sft.toml").display().to_string(),
+        "--data",
+        &dir.join("data.jsonl").display().to_string(),
+        "--split",
+        "auto",
+        "--on-trainer-failure",
+        "drop",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+
+    // The failure-free run: one process, 3 trainers and 2 servers.
+    let mut one = Command::new(example("sft"));
+    one.args(&common)
+        .args(["--trainers", "3", "--servers", "2"]);
+    let out = run(one, Duration::from_secs(150));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = final_loss_of(&stdout, 24);
+
+    let mut args = common.clone();
+    args.extend(
+        ["--servers-on", "0,1", "--trainers-on", "0,1,2"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    let secret = "s3cret-gang-kill-0123456789abcdef";
+    let mut ranks = Ranks::start_program(&example("sft"), 3, "tcp", &[secret; 3], &args);
+    let stdout = ranks.take_stdout(0);
+    let (lines, reader) = read_until(stdout, "step    1/");
+    // Step 2 or 3 is computing now: kill the trainer-only rank inside it.
+    std::thread::sleep(Duration::from_millis(60));
+    ranks.kill(2);
+    let results = ranks.wait(Duration::from_secs(150));
+    let stdout0 = rest(reader, lines);
+    let (status0, _, stderr0) = &results[0];
+    assert_eq!(*status0, Some(0), "rank 0: {stdout0}\n{stderr0}");
+    assert_eq!(results[1].0, Some(0), "rank 1: {}", results[1].2);
+    assert_eq!(results[2].0, None, "rank 2 was killed by a signal");
+    assert!(
+        stderr0.contains("trainer 2 failed"),
+        "rank 0 logs the lost trainer: {stderr0}"
+    );
+    assert!(
+        stdout0
+            .lines()
+            .any(|l| l.starts_with("step ") && l.contains("split [")),
+        "the run split samples: {stdout0}"
+    );
+    let got = final_loss_of(&stdout0, 24);
+    eprintln!(
+        "a killed gang member: rank 0 logged {:?}; steps {:?}; loss {got} vs {want}",
+        stderr0
+            .lines()
+            .filter(|l| l.contains("trainer 2") || l.contains("gang"))
+            .collect::<Vec<_>>(),
+        stdout0
+            .lines()
+            .filter(|l| l.starts_with("step "))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        ((got - want) / want).abs() <= 1e-5,
+        "after a killed gang member: loss {got} vs the failure-free run's {want}"
+    );
+}
+
+fn final_loss_of(stdout: &str, steps: u32) -> f64 {
+    let prefix = format!("final step={steps} ");
+    let last = stdout
+        .lines()
+        .rfind(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no final line: {stdout}"));
+    last.split_whitespace()
+        .find_map(|w| w.strip_prefix("loss="))
+        .and_then(|l| l.parse().ok())
+        .unwrap_or_else(|| panic!("no loss in {last:?}"))
 }
