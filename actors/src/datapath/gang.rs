@@ -8,7 +8,12 @@
 //! - **every wait has a deadline (I6)** and fails with an error naming the peer and the message;
 //! - **a discarded attempt ends its waits at once (I2)**: the supervisor's discard raises the
 //!   group's epoch floor ([`CollectiveGroup::abort_before`]) on every node, and a receive of an
-//!   older epoch fails with [`Error::CollectiveAborted`], whether it was waiting or starts later.
+//!   older epoch fails with [`Error::CollectiveAborted`], whether it was waiting or starts later;
+//! - **a peer that is gone is the supervisor's to handle**: a send to a trainer that is
+//!   unreachable, or whose inbox is gone, waits
+//!   (until its deadline) for the attempt to be discarded — the supervisor learns of the loss from
+//!   the control plane and replays — and then ends as aborted, so that a member does not fail the
+//!   step for its peer's death; only if the deadline passes first is it this member's error.
 
 use std::sync::Arc;
 
@@ -80,10 +85,22 @@ impl GangChannel {
             write_id,
             token: 0,
         };
-        self.transport
-            .send(&inbox, tag, data, deadline)
-            .await
-            .map_err(|source| Error::Gang { peer: to, source })
+        match self.transport.send(&inbox, tag, data, deadline).await {
+            Ok(()) => Ok(()),
+            Err(
+                source
+                @ (TransportError::Unreachable { .. } | TransportError::UnknownRegion { .. }),
+            ) => {
+                // The peer is gone: wait for the supervisor's discard (see the module docs).
+                let aborted = self.group.aborted(epoch);
+                let until = tokio::time::Instant::from_std(deadline);
+                match tokio::time::timeout_at(until, aborted).await {
+                    Ok(()) => Err(Error::CollectiveAborted),
+                    Err(_) => Err(Error::Gang { peer: to, source }),
+                }
+            }
+            Err(source) => Err(Error::Gang { peer: to, source }),
+        }
     }
 
     /// Waits for message `write_id` of attempt `epoch` from trainer `from`: its bytes, or an
@@ -159,6 +176,47 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, Error::Gang { peer: 0, .. }), "{e}");
         assert!(e.to_string().contains("trainer 0"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_send_to_a_peer_that_is_gone_waits_for_the_discard() {
+        let (a, b) = pair();
+        drop(b);
+        let a = Arc::new(a);
+        // The supervisor discards the attempt: the send ends as aborted, not as an error.
+        let sending = {
+            let a = a.clone();
+            tokio::spawn(async move {
+                a.send(
+                    1,
+                    0,
+                    1,
+                    Bytes::from_static(b"x"),
+                    deadline_in(Duration::from_secs(600)),
+                )
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        a.group.abort_before(1);
+        let e = tokio::time::timeout(Duration::from_secs(30), sending)
+            .await
+            .expect("ended at the discard")
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, Error::CollectiveAborted), "{e}");
+        // Without a discard, the deadline makes it this member's error, naming the peer.
+        let e = a
+            .send(
+                1,
+                1,
+                2,
+                Bytes::from_static(b"x"),
+                deadline_in(Duration::from_millis(50)),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Gang { peer: 1, .. }), "{e}");
     }
 
     #[tokio::test]
