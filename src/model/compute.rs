@@ -70,7 +70,7 @@ use super::transformer::{
 };
 use crate::checkpoint::{NamedTensor, TensorMap};
 use crate::{
-    blocking, Compute, ComputeOutput, LossWeighting, MicroBatch, TrainerContext, UnitSpec,
+    blocking, Compute, ComputeOutput, LossWeighting, MicroBatch, SpanKind, TrainerContext, UnitSpec,
 };
 use odc_actors::batch::Piece;
 use odc_actors::policy::step::DEFAULT_MICRO_BATCH_TIMEOUT;
@@ -757,6 +757,7 @@ impl Compute for TransformerCompute {
             let keep = reshard.keeps(s, stages.len());
             let values = self.gather_stage(ctx, stage, false).await?;
             // Off the worker: the prefetch of the next unit moves while this stage computes.
+            let started = ctx.now();
             let graph = blocking(|| {
                 self.stage_forward(
                     stage,
@@ -769,6 +770,7 @@ impl Compute for TransformerCompute {
                 )
             })
             .map_err(user)?;
+            ctx.record_span(SpanKind::Compute, started, ctx.now());
             release(ctx, stage)?;
             if let UnitOutput::Hidden(h) = &graph.output {
                 hidden = Some(h.clone());
@@ -830,6 +832,7 @@ impl Compute for TransformerCompute {
                 }
                 Forward::Resharded { input } => {
                     let values = self.gather_stage(ctx, stage, true).await?;
+                    let started = ctx.now();
                     let graph = blocking(|| {
                         self.stage_forward(
                             stage,
@@ -842,6 +845,7 @@ impl Compute for TransformerCompute {
                         )
                     })
                     .map_err(user)?;
+                    ctx.record_span(SpanKind::Compute, started, ctx.now());
                     release(ctx, stage)?;
                     graph
                 }
@@ -870,7 +874,9 @@ impl Compute for TransformerCompute {
                 continue;
             }
             // Off the worker: the re-gather below and the pushes above move meanwhile.
+            let started = ctx.now();
             let mut grads = blocking(|| root.backward()).map_err(user)?;
+            ctx.record_span(SpanKind::Compute, started, ctx.now());
             // The stage's graph (its activations) goes now, before its gradients are copied.
             drop((root, output));
             // Each gradient is taken out detached: candle's accumulated gradients are tensors
