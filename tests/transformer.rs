@@ -369,6 +369,40 @@ fn long_tail_samples() -> Vec<Sample> {
     data
 }
 
+/// `c` with room for the long samples.
+fn long_context(c: ModelConfig) -> ModelConfig {
+    ModelConfig {
+        max_seq_len: 4096,
+        ..c
+    }
+}
+
+/// A job of 2 trainers and 2 servers on `data` with `SplitPolicy::Auto`, the long samples within
+/// one micro-batch's budget.
+fn split_job(
+    c: &ModelConfig,
+    data: &Arc<Vec<Sample>>,
+    placement: Placement,
+    optimizer: OptimizerConfig,
+) -> odc::JobBuilder {
+    let d = data.clone();
+    transformer_job_on(
+        c,
+        None,
+        store(data.clone()),
+        Objective::CrossEntropy,
+        placement,
+    )
+    .unwrap()
+    .trainers(2)
+    .servers(2)
+    .optimizer(optimizer)
+    .pull_precision(Precision::F32)
+    .token_budget(4096)
+    .sequence_parallel(SplitPolicy::Auto)
+    .data(move |step: u64| Ok(metas(&d, step)))
+}
+
 /// Sequence splitting is the same training: odc with `SplitPolicy::Auto` (the long sample of
 /// each step split over both trainers, each computing its chunks and exchanging K/V over the
 /// in-process ring) equals candle alone on the whole minibatch, within the tolerance of the
@@ -378,13 +412,9 @@ fn long_tail_samples() -> Vec<Sample> {
 fn split_training_equals_candle_alone() {
     let data = Arc::new(long_tail_samples());
     assert!(data[0].tokens.len() > 1500 && data[6].tokens.len() > 1500);
-    let long = |c: ModelConfig| ModelConfig {
-        max_seq_len: 4096,
-        ..c
-    };
     for (c, reshard) in [
-        (long(config()), Reshard::Never),
-        (long(real_layout()), Reshard::ALWAYS),
+        (long_context(config()), Reshard::Never),
+        (long_context(real_layout()), Reshard::ALWAYS),
     ] {
         let optimizer = adamw_for_equivalence();
         let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
@@ -394,24 +424,7 @@ fn split_training_equals_candle_alone() {
                 reshard,
                 ..Placement::default()
             };
-            let d = data.clone();
-            let mut job = transformer_job_on(
-                &c,
-                None,
-                store(data.clone()),
-                Objective::CrossEntropy,
-                placement,
-            )
-            .unwrap()
-            .trainers(2)
-            .servers(2)
-            .optimizer(optimizer)
-            .pull_precision(Precision::F32)
-            .token_budget(4096)
-            .sequence_parallel(SplitPolicy::Auto)
-            .data(move |step: u64| Ok(metas(&d, step)))
-            .build()
-            .unwrap();
+            let mut job = split_job(&c, &data, placement, optimizer).build().unwrap();
             let stats = job.run(2).await.unwrap();
             let params = job.parameters().await.unwrap();
             job.shutdown().await;
@@ -459,16 +472,13 @@ impl odc::Compute for KillsMemberOne {
 }
 
 /// I2 for a gang: member 1 dies before computing its piece while member 0 waits for its keys
-/// and values. The attempt is replayed with new gangs; the respawned trainer's first micro-batch
-/// of the new attempt aborts the old gang, so member 0 stops waiting at once (not at its
-/// 300-second deadline), and the training equals candle alone as without the failure.
+/// and values. The attempt is replayed with new gangs; the discard raises the epoch floor, so
+/// member 0 stops waiting at once (not at its 300-second deadline), and the training equals
+/// candle alone as without the failure.
 #[test]
 fn a_killed_gang_member_replays_its_gang_and_training_is_unchanged() {
     let data = Arc::new(long_tail_samples());
-    let c = ModelConfig {
-        max_seq_len: 4096,
-        ..config()
-    };
+    let c = long_context(config());
     let optimizer = adamw_for_equivalence();
     let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
     let rt = runtime();
@@ -481,30 +491,15 @@ fn a_killed_gang_member_replays_its_gang_and_training_is_unchanged() {
         )
         .unwrap()
         .with_gang_timeout(std::time::Duration::from_secs(300));
-        let d = data.clone();
-        let mut job = transformer_job_on(
-            &c,
-            None,
-            store(data.clone()),
-            Objective::CrossEntropy,
-            Placement::default(),
-        )
-        .unwrap()
-        .compute(move |_trainer| {
-            Box::new(KillsMemberOne {
-                inner: prototype.clone(),
-                armed: armed.clone(),
-            }) as Box<dyn odc::Compute>
-        })
-        .trainers(2)
-        .servers(2)
-        .optimizer(optimizer)
-        .pull_precision(Precision::F32)
-        .token_budget(4096)
-        .sequence_parallel(SplitPolicy::Auto)
-        .data(move |step: u64| Ok(metas(&d, step)))
-        .build()
-        .unwrap();
+        let mut job = split_job(&c, &data, Placement::default(), optimizer)
+            .compute(move |_trainer| {
+                Box::new(KillsMemberOne {
+                    inner: prototype.clone(),
+                    armed: armed.clone(),
+                }) as Box<dyn odc::Compute>
+            })
+            .build()
+            .unwrap();
         let started = std::time::Instant::now();
         let stats = job.run(2).await.unwrap();
         let took = started.elapsed();

@@ -58,7 +58,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use super::batch::{GangPiece, HeadImpl, Kernels, PackedBatch, Sample};
 use super::config::ModelConfig;
 use super::device::{open_device, ComputePrecision, DeviceSpec};
-use super::gang::{AbortOnDrop, GangLayout, GangLink, GangRegistry, TransportLink};
+use super::gang::{GangLayout, TransportLink};
 use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 use super::head::WeightGrad;
 use super::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
@@ -253,8 +253,6 @@ pub struct TransformerCompute {
     device: Option<Device>,
     samples: Arc<dyn SampleStore>,
     objective: Objective,
-    /// The gangs of this process's trainers (shared by the clones of one prototype).
-    gangs: Arc<GangRegistry>,
     /// How long a gang member waits for a peer's exchange (I6).
     gang_timeout: Duration,
     #[cfg(feature = "cuda")]
@@ -316,7 +314,6 @@ impl TransformerCompute {
             device: matches!(placement.device, DeviceSpec::Cpu).then_some(Device::Cpu),
             samples,
             objective: Objective::CrossEntropy,
-            gangs: Arc::new(GangRegistry::default()),
             gang_timeout: DEFAULT_MICRO_BATCH_TIMEOUT,
             #[cfg(feature = "cuda")]
             transfers: Transfers::default(),
@@ -691,8 +688,6 @@ impl Compute for TransformerCompute {
         mb: &MicroBatch,
     ) -> crate::Result<ComputeOutput> {
         let device = self.device().map_err(user)?;
-        // A newer attempt: gang members of a discarded one stop waiting now.
-        self.gangs.abort_before(ctx.epoch());
         if mb.weighting != LossWeighting::Tokens {
             return Err(crate::Error::Config(
                 "the transformer's loss is a token sum: use LossWeighting::Tokens".into(),
@@ -726,8 +721,6 @@ impl Compute for TransformerCompute {
             Some(piece) => self.pack_with_piece(ctx, &samples, piece, &device)?,
         };
         batch.kernels = self.placement.kernels;
-        // A failure from here on (or a cancelled compute) ends the gang at once.
-        let gang = AbortOnDrop::new(batch.piece.as_ref().map(|p| p.link.clone()));
         let rl = match self.objective {
             Objective::CrossEntropy => None,
             Objective::Grpo(config) => {
@@ -922,7 +915,6 @@ impl Compute for TransformerCompute {
                 .map_err(user)? as f64,
             None => return Err(user("the model has no head unit")),
         };
-        gang.disarm();
         Ok(ComputeOutput { loss_sum })
     }
 }
@@ -961,37 +953,29 @@ impl TransformerCompute {
             piece.member as usize,
         )
         .map_err(user)?;
-        // The job's transport when the trainer has a gang channel (any job that splits), else
-        // this process's in-process gangs.
-        let link: Arc<dyn GangLink> = match ctx.gang() {
-            Some(channel) => Arc::new(
-                TransportLink::new(
-                    channel,
-                    piece.epoch,
-                    piece.gang,
-                    piece.member as usize,
-                    piece.ranks.clone(),
-                    self.gang_timeout,
-                    device.clone(),
-                )
-                .map_err(user)?,
-            ),
-            None => self
-                .gangs
-                .link(
-                    piece.epoch,
-                    piece.gang,
-                    piece.member,
-                    piece.members,
-                    self.gang_timeout,
-                )
-                .map_err(user)?,
-        };
+        // Every trainer of a job that splits has its gang channel (its inbox on the transport).
+        let channel = ctx.gang().ok_or_else(|| {
+            crate::Error::Config(format!(
+                "trainer {} got a piece of a split sample but has no gang channel: a job splits \
+                 samples only through JobBuilder::sequence_parallel",
+                ctx.trainer()
+            ))
+        })?;
+        let link = TransportLink::new(
+            channel,
+            piece.epoch,
+            piece.gang,
+            piece.member as usize,
+            piece.ranks.clone(),
+            self.gang_timeout,
+            device.clone(),
+        )
+        .map_err(user)?;
         PackedBatch::pack_with_piece(
             &self.config,
             samples,
             &whole,
-            GangPiece::new(layout, link),
+            GangPiece::new(layout, Arc::new(link)),
             device,
         )
         .map_err(user)

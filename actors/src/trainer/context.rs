@@ -254,12 +254,6 @@ impl TrainerContext {
         self.buffers.live()
     }
 
-    /// The accumulator epoch of the attempt the current micro-batch belongs to: a newer epoch
-    /// means every older attempt was discarded (a compute may drop what it keeps for one).
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
     /// Start of a micro-batch of attempt `epoch` whose assignment carries `token` (called by the
     /// trainer actor).
     pub(crate) fn begin(&mut self, micro_batch: &MicroBatch, epoch: u64, token: u128) {

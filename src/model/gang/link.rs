@@ -196,29 +196,3 @@ impl GangLink for InProcessLink {
         self.shared.arrived.notify_all();
     }
 }
-
-/// Aborts its gang when dropped armed: a member whose compute fails anywhere (a pull, the model,
-/// a push) or is cancelled ends the gang at once, so that its peers stop waiting (I2: the attempt
-/// is replayed as a whole). [`AbortOnDrop::disarm`] once the member's part succeeded.
-#[derive(Debug)]
-pub struct AbortOnDrop(Option<Arc<dyn GangLink>>);
-
-impl AbortOnDrop {
-    /// Armed for `link` (nothing to abort for `None`).
-    pub fn new(link: Option<Arc<dyn GangLink>>) -> Self {
-        AbortOnDrop(link)
-    }
-
-    /// The member's part succeeded: dropping no longer aborts.
-    pub fn disarm(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        if let Some(link) = self.0.take() {
-            link.abort("its compute failed or was cancelled");
-        }
-    }
-}

@@ -22,7 +22,6 @@
 //!    member and layer, a backward `k − 1` K/V blocks with their dK/dV and one dK/dV home.
 
 mod link;
-mod registry;
 #[cfg(test)]
 mod tests;
 pub mod transport;
@@ -32,8 +31,7 @@ use std::sync::Arc;
 
 use candle_core::{CustomOp3, DType, Tensor, D};
 
-pub use link::{AbortOnDrop, GangLink, InProcessGang, InProcessLink, Pass, Tag};
-pub use registry::GangRegistry;
+pub use link::{GangLink, InProcessGang, InProcessLink, Pass, Tag};
 pub use transport::TransportLink;
 
 use super::error::{Error, Result};
