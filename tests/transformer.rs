@@ -406,15 +406,30 @@ fn split_job(
 /// Sequence splitting is the same training: odc with `SplitPolicy::Auto` (the long sample of
 /// each step split over both trainers, each computing its chunks and exchanging K/V over the
 /// in-process ring) equals candle alone on the whole minibatch, within the tolerance of the
-/// unsplit runs — on odc's reference model, and on the Hugging Face layout with every stage
-/// resharded (its forwards recomputed in the backward, the gang exchanging again).
+/// unsplit runs — on odc's reference model, on the Hugging Face layout with every stage
+/// resharded (its forwards recomputed in the backward, the gang exchanging again), and in
+/// collective mode (the gang's pieces in one lockstep round, the ring sharing the collective's
+/// inboxes).
 #[test]
 fn split_training_equals_candle_alone() {
     let data = Arc::new(long_tail_samples());
     assert!(data[0].tokens.len() > 1500 && data[6].tokens.len() > 1500);
-    for (c, reshard) in [
-        (long_context(config()), Reshard::Never),
-        (long_context(real_layout()), Reshard::ALWAYS),
+    for (c, reshard, communication) in [
+        (
+            long_context(config()),
+            Reshard::Never,
+            Communication::OnDemand,
+        ),
+        (
+            long_context(real_layout()),
+            Reshard::ALWAYS,
+            Communication::OnDemand,
+        ),
+        (
+            long_context(config()),
+            Reshard::Never,
+            Communication::Collective,
+        ),
     ] {
         let optimizer = adamw_for_equivalence();
         let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
@@ -424,7 +439,10 @@ fn split_training_equals_candle_alone() {
                 reshard,
                 ..Placement::default()
             };
-            let mut job = split_job(&c, &data, placement, optimizer).build().unwrap();
+            let mut job = split_job(&c, &data, placement, optimizer)
+                .communication(communication)
+                .build()
+                .unwrap();
             let stats = job.run(2).await.unwrap();
             let params = job.parameters().await.unwrap();
             job.shutdown().await;
@@ -438,12 +456,15 @@ fn split_training_equals_candle_alone() {
             );
             assert!(
                 ((st.loss - want) / want).abs() < 1e-5,
-                "step {s}: loss {} vs candle {want} ({reshard:?})",
+                "step {s}: loss {} vs candle {want} ({reshard:?}, {communication:?})",
                 st.loss
             );
         }
         let diff = max_abs_diff(&got, &expected);
-        eprintln!("split odc ({reshard:?}) vs candle alone after 2 steps: max |Δ| = {diff:e}");
+        eprintln!(
+            "split odc ({reshard:?}, {communication:?}) vs candle alone after 2 steps: \
+             max |Δ| = {diff:e}"
+        );
         assert!(diff < 2e-5, "split odc vs candle alone: max |Δ| = {diff}");
     }
 }

@@ -160,6 +160,9 @@ pub struct Settings {
     pub pull_precision: Precision,
     /// Sequence splitting on the on-demand side (the collective baseline never splits).
     pub split: SplitPolicy,
+    /// With `links`, give the job's cost model each micro-batch's transfers
+    /// ([`LinksConfig::transfer_s`], [`odc::CostModel::transfer`]).
+    pub price_transfers: bool,
 }
 
 impl Settings {
@@ -203,8 +206,29 @@ impl Default for Settings {
             links: None,
             pull_precision: Precision::F32,
             split: SplitPolicy::Off,
+            price_transfers: true,
         }
     }
+}
+
+/// The cost model of a run of `devices`: the device's, with each micro-batch's transfers on the
+/// modelled cluster when there is one and `price_transfers` (in cost units).
+pub fn job_cost_model(settings: &Settings, devices: usize) -> Result<odc::CostModel> {
+    let device = &settings.device;
+    let Some(links) = settings.links.as_ref().filter(|_| settings.price_transfers) else {
+        return Ok(device.cost);
+    };
+    let pull_bytes = match settings.pull_precision {
+        Precision::Bf16 => 2,
+        Precision::F32 => 4,
+    };
+    let elems = (device.units * device.unit_elems) as u64;
+    let seconds = links
+        .transfer_s(devices as u32, elems, pull_bytes, 4)
+        .map_err(|e| Error::Config(format!("links: {e}")))?;
+    Ok(device
+        .cost
+        .with_transfer(seconds / device.seconds_per_cost.max(f64::MIN_POSITIVE)))
 }
 
 /// What one run measured.
@@ -396,7 +420,7 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
         .communication(side.communication)
         .dispatch(side.dispatch)
         .rebalance(side.rebalance)
-        .cost_model(device.cost)
+        .cost_model(job_cost_model(settings, case.devices)?)
         .sequence_parallel(match side.communication {
             Communication::OnDemand => settings.split,
             Communication::Collective => SplitPolicy::Off,

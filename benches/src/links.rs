@@ -272,10 +272,82 @@ impl Pricer for DevicePricer {
     }
 }
 
+impl LinksConfig {
+    /// Modelled seconds one micro-batch's transfers occupy a trainer of `devices` when every
+    /// trainer does the same, for a model of `elems` elements pulled at `pull_bytes` and pushed
+    /// at `push_bytes` bytes per element (real bytes; [`LinksConfig::bytes_scale`] applies): the
+    /// dispatcher's price of a micro-batch's communication
+    /// ([`CostModel::transfer`](odc::CostModel)).
+    ///
+    /// - **Pushes** leave on the trainer's egress: `(d − g)/d` of the model to owners in other
+    ///   nodes (striped over the node's NICs, which its `g` trainers share: one NIC's worth
+    ///   each) and `(g − 1)/d` over NVLink; the slower of the two.
+    /// - **Pulls** arrive on its ingress: without HPZ as the pushes; with HPZ the node's copy
+    ///   crosses the NICs once (`1/g` of the remote part per GPU) and every trainer reads
+    ///   `(g − 1)/g` of it over NVLink.
+    ///
+    /// Pulls and pushes use opposite directions of the ports: the price is the larger. A
+    /// steady-state average, not a schedule: bursts and the first and last units' exposure are
+    /// [`crate::sim::ports`]'s.
+    pub fn transfer_s(
+        &self,
+        devices: u32,
+        elems: u64,
+        pull_bytes: usize,
+        push_bytes: usize,
+    ) -> Result<f64, TopologyError> {
+        let d = devices.max(1);
+        let g = self.gpus_per_node.clamp(1, d);
+        let t = Topology::h100(d.div_ceil(g), g)?;
+        let scale = if self.bytes_scale.is_finite() && self.bytes_scale > 0.0 {
+            self.bytes_scale
+        } else {
+            1.0
+        };
+        let (df, gf) = (f64::from(d), f64::from(g));
+        let remote = (df - gf) / df;
+        let bytes = |per_elem: usize| elems as f64 * per_elem as f64 * scale;
+        let spread = |b: f64| {
+            (remote * b / t.nic.bytes_per_s).max((gf - 1.0) / df * b / t.nvlink.bytes_per_s)
+        };
+        let push = spread(bytes(push_bytes));
+        let pull = if self.hpz {
+            let b = bytes(pull_bytes);
+            (remote * b / gf / t.nic.bytes_per_s).max((gf - 1.0) / gf * b / t.nvlink.bytes_per_s)
+        } else {
+            spread(bytes(pull_bytes))
+        };
+        Ok(push.max(pull))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use odc::transport::local::LocalTransport;
+
+    #[test]
+    fn a_micro_batchs_transfers_are_priced_by_the_slower_direction() {
+        let mut config = LinksConfig {
+            gpus_per_node: 8,
+            routing: Routing::Striped,
+            hpz: true,
+            bytes_scale: 1.0,
+        };
+        // 7B-like: 1e9 elements, bf16 pulls, fp32 pushes, 64 devices: the pushes send 7/8 of
+        // 4 GB over one NIC's worth (50 GB/s).
+        let t = config.transfer_s(64, 1_000_000_000, 2, 4).unwrap();
+        assert!((t - 4e9 * 56.0 / 64.0 / 50e9).abs() < 1e-9, "{t}");
+        // One node: everything over NVLink, 7/8 of the pushes.
+        let one = config.transfer_s(8, 1_000_000_000, 2, 4).unwrap();
+        assert!((one - 4e9 * 7.0 / 8.0 / 450e9).abs() < 1e-12, "{one}");
+        // Without HPZ, fp32 pulls cost what the pushes do.
+        config.hpz = false;
+        let plain = config.transfer_s(64, 1_000_000_000, 4, 4).unwrap();
+        assert!((plain - t).abs() < 1e-12);
+        config.gpus_per_node = 0;
+        assert!(config.transfer_s(0, 1, 2, 4).unwrap().is_finite());
+    }
 
     fn links(devices: u32, per_server: u32) -> Arc<Links> {
         let config = LinksConfig {

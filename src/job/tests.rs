@@ -87,6 +87,7 @@ fn every_refusal_names_what_was_wrong() {
                 a: -1.0,
                 b: 1.0,
                 scale: 1.0,
+                transfer: 0.0,
             }),
             "a",
         ),

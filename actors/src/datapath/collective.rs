@@ -176,7 +176,7 @@ struct Inner {
     rank: u32,
     transport: Arc<dyn Transport>,
     group: Arc<CollectiveGroup>,
-    inbox: Box<dyn InboxRegion>,
+    inbox: Arc<dyn InboxRegion>,
     /// The inbox's region id, named by errors about what arrived in it.
     inbox_id: odc_transport::RegionId,
     directory: Arc<Directory>,
@@ -193,7 +193,8 @@ impl Collective {
         directory: Arc<Directory>,
         chunk_elems: usize,
     ) -> Result<Self> {
-        let inbox = transport.register_inbox(TRAINER_ENDPOINT_BASE + rank, group.floor())?;
+        let inbox: Arc<dyn InboxRegion> =
+            Arc::from(transport.register_inbox(TRAINER_ENDPOINT_BASE + rank, group.floor())?);
         group.register(rank, inbox.handle())?;
         let metrics = TransferMetrics::new(transport.backend());
         Ok(Collective {
@@ -208,6 +209,14 @@ impl Collective {
                 metrics,
             }),
         })
+    }
+}
+
+impl Collective {
+    /// This trainer's inbox, which its gangs' exchange shares in collective mode
+    /// ([`GangChannel::sharing`](super::GangChannel::sharing)).
+    pub fn inbox(&self) -> Arc<dyn InboxRegion> {
+        self.inner.inbox.clone()
     }
 }
 

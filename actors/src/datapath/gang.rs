@@ -1,7 +1,9 @@
-//! A trainer's channel to the other members of its gangs (sequence splitting, on-demand mode): a
-//! persistent inbox on the job's transport (C7), registered once per trainer in the node's
-//! [`CollectiveGroup`] — the directory of trainer inboxes the collective path uses — so that any
-//! backend carries a gang's exchange, within a process or across processes and hosts.
+//! A trainer's channel to the other members of its gangs (sequence splitting): a persistent inbox
+//! on the job's transport (C7), registered once per trainer in the node's [`CollectiveGroup`] —
+//! the directory of trainer inboxes the collective path uses — so that any backend carries a
+//! gang's exchange, within a process or across processes and hosts. In collective mode the gang
+//! shares the collective path's inbox ([`GangChannel::sharing`]); its write ids carry the top
+//! bit ([`GANG_NAMESPACE`]), which the collective's never do.
 //!
 //! Invariants (tested below):
 //! - a message is received by its attempt's epoch and its write id alone, in any arrival order;
@@ -24,12 +26,15 @@ use super::collective::TRAINER_ENDPOINT_BASE;
 use super::CollectiveGroup;
 use crate::error::{Error, Result};
 
+/// The bit every gang message's write id carries (the collective's message ids leave it clear).
+pub const GANG_NAMESPACE: u128 = 1 << 127;
+
 /// See the [module docs](self).
 pub struct GangChannel {
     rank: u32,
     transport: Arc<dyn Transport>,
     group: Arc<CollectiveGroup>,
-    inbox: Box<dyn InboxRegion>,
+    inbox: Arc<dyn InboxRegion>,
 }
 
 impl std::fmt::Debug for GangChannel {
@@ -50,12 +55,23 @@ impl GangChannel {
     ) -> Result<Self> {
         let inbox = transport.register_inbox(TRAINER_ENDPOINT_BASE + rank, group.floor())?;
         group.register(rank, inbox.handle())?;
-        Ok(GangChannel {
+        Ok(Self::sharing(rank, transport, group, Arc::from(inbox)))
+    }
+
+    /// Trainer `rank`'s channel over an inbox already registered in `group` (collective mode:
+    /// the collective path's, [`Collective::inbox`](super::Collective::inbox)).
+    pub fn sharing(
+        rank: u32,
+        transport: Arc<dyn Transport>,
+        group: Arc<CollectiveGroup>,
+        inbox: Arc<dyn InboxRegion>,
+    ) -> Self {
+        GangChannel {
             rank,
             transport,
             group,
             inbox,
-        })
+        }
     }
 
     /// This trainer's rank.
@@ -82,7 +98,7 @@ impl GangChannel {
         let inbox = self.group.inbox(to)?;
         let tag = WriteTag {
             epoch,
-            write_id,
+            write_id: write_id | GANG_NAMESPACE,
             token: 0,
         };
         match self.transport.send(&inbox, tag, data, deadline).await {
@@ -118,7 +134,7 @@ impl GangChannel {
         }
         let tag = WriteTag {
             epoch,
-            write_id,
+            write_id: write_id | GANG_NAMESPACE,
             token: 0,
         };
         let recv = self.inbox.recv(tag, deadline);

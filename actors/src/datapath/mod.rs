@@ -84,15 +84,16 @@ pub struct OpKey {
 
 impl OpKey {
     /// A message id unique within an epoch for step `round` of this operation: sequence number
-    /// (32 bits), unit (32), kind (1), occurrence (31) and round (32) packed into 128 bits. Values
-    /// beyond their field width wrap, which only a run of more than 2³² micro-batches per epoch or
-    /// 2³¹ repeats of one unit in one micro-batch could reach.
+    /// (31 bits; the top bit is the gangs' namespace, [`GangChannel`]'s ids share the inbox in
+    /// collective mode), unit (32), kind (1), occurrence (31) and round (32) packed into 128
+    /// bits. Values beyond their field width wrap, which only a run of more than 2³¹ operations
+    /// per epoch or 2³¹ repeats of one unit in one micro-batch could reach.
     pub fn message_id(&self, round: u32) -> u128 {
         let kind = match self.kind {
             OpKind::Gather => 0u128,
             OpKind::Push => 1u128,
         };
-        (u128::from(self.seq) << 96)
+        (u128::from(self.seq & 0x7fff_ffff) << 96)
             | (u128::from(self.unit) << 64)
             | (kind << 63)
             | (u128::from(self.occurrence & 0x7fff_ffff) << 32)

@@ -50,28 +50,34 @@ impl Actor for Trainer {
         let chunk_elems = usize::try_from(spec.context.chunk_elems).unwrap_or(usize::MAX);
         let transport = node.transport_of_trainer(spec.rank);
         // On demand, a node with a group of trainer inboxes is a job that splits samples: each
-        // trainer gets its inbox for its gangs' exchange.
-        let gang = match (spec.communication, &node.collective) {
-            (Communication::OnDemand, Some(group)) => Some(GangChannel::new(
-                spec.rank,
-                transport.clone(),
-                group.clone(),
-            )?),
-            _ => None,
-        };
-        let path: Arc<dyn DataPath> = match spec.communication {
-            Communication::OnDemand => Arc::new(OnDemand::new(transport, directory, chunk_elems)),
+        // trainer gets its inbox for its gangs' exchange. In collective mode the gangs share the
+        // collective path's inbox (their write ids are apart).
+        let (path, gang): (Arc<dyn DataPath>, Option<GangChannel>) = match spec.communication {
+            Communication::OnDemand => {
+                let gang = match &node.collective {
+                    Some(group) => Some(GangChannel::new(
+                        spec.rank,
+                        transport.clone(),
+                        group.clone(),
+                    )?),
+                    None => None,
+                };
+                let path = OnDemand::new(transport, directory, chunk_elems);
+                (Arc::new(path), gang)
+            }
             Communication::Collective => {
                 let group = node.collective.clone().ok_or_else(|| {
                     Error::Config("collective mode without a collective group".into())
                 })?;
-                Arc::new(Collective::new(
+                let path = Collective::new(
                     spec.rank,
-                    transport,
-                    group,
+                    transport.clone(),
+                    group.clone(),
                     directory,
                     chunk_elems,
-                )?)
+                )?;
+                let gang = GangChannel::sharing(spec.rank, transport, group, path.inbox());
+                (Arc::new(path), Some(gang))
             }
         };
         let mut context = TrainerContext::new(spec.rank, node.layout.clone(), path, spec.context)

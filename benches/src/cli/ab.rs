@@ -256,6 +256,7 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
         devices_per_server: args.devices_per_server,
         links: args.cluster.links_config(args.bytes_scale),
         pull_precision: args.cluster.precision(),
+        price_transfers: !args.cluster.no_transfer_price,
         split: args.split,
         ..Settings::default()
     };

@@ -1,4 +1,6 @@
-//! The per-sample compute cost model: `cost(s) = a·ŝ² + b·ŝ` with `ŝ = s / scale`.
+//! The cost model: per sample, compute `cost(s) = a·ŝ² + b·ŝ` with `ŝ = s / scale`; per
+//! micro-batch, `max(Σ cost(sᵢ), transfer)` — its parameter pulls and gradient pushes overlap its
+//! compute, so a micro-batch too small to hide them lasts as long as they do.
 //!
 //! Guarantees: a model that passes [`CostModel::validate`] gives a finite, non-negative cost for
 //! every length up to `u64::MAX` unless its coefficients are so large that the product overflows,
@@ -13,7 +15,9 @@ pub const DEFAULT_SCALE: f64 = 32_000.0;
 /// Estimated compute cost of one sample of `s` tokens: `a·ŝ² + b·ŝ`, `ŝ = s / scale`.
 ///
 /// The quadratic term models attention, the linear term the rest of the transformer. Only the
-/// ratios between costs matter to the balancer, so the unit is arbitrary.
+/// ratios between costs matter to the balancer, so the unit is arbitrary. `transfer` is what one
+/// micro-batch's pulls and pushes occupy its trainer, in the same unit (0: not priced, the
+/// default); every micro-batch pays the whole model's transfers once, whatever its size.
 ///
 /// ```
 /// use odc_policy::balancer::CostModel;
@@ -29,6 +33,9 @@ pub struct CostModel {
     pub b: f64,
     /// Length that maps to `ŝ = 1`.
     pub scale: f64,
+    /// Transfers of one micro-batch (pulls and pushes, overlapped with its compute).
+    #[serde(default)]
+    pub transfer: f64,
 }
 
 impl CostModel {
@@ -44,7 +51,13 @@ impl CostModel {
             a,
             b,
             scale: DEFAULT_SCALE,
+            transfer: 0.0,
         }
+    }
+
+    /// This model with `transfer` per micro-batch (see [`CostModel::micro_batch`]).
+    pub fn with_transfer(self, transfer: f64) -> Self {
+        Self { transfer, ..self }
     }
 
     /// ODC's fit for a 7B model (DeepSeek-R1-Distill-Qwen-7B): `a = 4.348357`, `b = 8.768377`.
@@ -63,10 +76,16 @@ impl CostModel {
         self.a * s * s + self.b * s
     }
 
-    /// Checks that `a` and `b` are finite and non-negative and that `scale` is finite and positive.
+    /// Cost of one micro-batch whose samples' costs sum to `compute`: `max(compute, transfer)`.
+    pub fn micro_batch(&self, compute: f64) -> f64 {
+        compute.max(self.transfer)
+    }
+
+    /// Checks that `a`, `b` and `transfer` are finite and non-negative and that `scale` is finite
+    /// and positive.
     pub fn validate(&self) -> Result<(), BalanceError> {
         let coefficient = "non-negative";
-        for (field, value) in [("a", self.a), ("b", self.b)] {
+        for (field, value) in [("a", self.a), ("b", self.b), ("transfer", self.transfer)] {
             if !value.is_finite() || value < 0.0 {
                 return Err(BalanceError::InvalidCostModel {
                     field: field.to_string(),
@@ -166,6 +185,8 @@ mod tests {
             (CostModel::quadratic(f64::NAN, 1.0), "a"),
             (CostModel::quadratic(1.0, f64::INFINITY), "b"),
             (CostModel::quadratic(1.0, -0.5), "b"),
+            (CostModel::linear().with_transfer(-1.0), "transfer"),
+            (CostModel::linear().with_transfer(f64::INFINITY), "transfer"),
             (
                 CostModel {
                     scale: 0.0,
@@ -187,6 +208,18 @@ mod tests {
                 other => panic!("{model:?}: expected InvalidCostModel, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_micro_batch_lasts_at_least_its_transfers() {
+        let m = CostModel::linear();
+        assert_eq!(m.micro_batch(0.25), 0.25, "not priced by default");
+        let t = m.with_transfer(0.5);
+        assert_eq!((t.micro_batch(0.25), t.micro_batch(0.75)), (0.5, 0.75));
+        assert_eq!(t.cost(32_000), 1.0, "a sample's cost is compute only");
+        // A model saved before `transfer` existed still reads.
+        let old: CostModel = serde_json::from_str(r#"{"a":1.0,"b":2.0,"scale":3.0}"#).unwrap();
+        assert_eq!(old.transfer, 0.0);
     }
 
     #[test]

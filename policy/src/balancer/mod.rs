@@ -2,8 +2,9 @@
 //! micro-batches and assigns them to trainers.
 //!
 //! - [`cost`]: the per-sample cost model `a·ŝ² + b·ŝ` ([`CostModel`]);
-//! - [`packing`]: token-budget packing into micro-batches ([`pack`], first-fit decreasing, and
-//!   [`pack_guided`], decreasing sizes, with a fill floor in [`pack_guided_filled`]);
+//! - [`packing`]: token-budget packing into micro-batches ([`pack`], first-fit decreasing,
+//!   [`pack_even`], as few of even cost, and [`pack_guided`], decreasing sizes, with a fill floor
+//!   in [`pack_guided_filled`]);
 //! - [`partition`](mod@partition): `k`-way partitioning by cost ([`greedy_partition`],
 //!   [`karmarkar_karp`], and the planner's [`partition`](fn@partition));
 //! - [`plan`]: minibatch plans for the three dispatch modes ([`plan_static`] = ODC's LB-Mini,
@@ -37,7 +38,7 @@ pub mod weighted;
 
 pub use cost::CostModel;
 pub use error::BalanceError;
-pub use packing::{pack, pack_guided, pack_guided_filled};
+pub use packing::{pack, pack_even, pack_guided, pack_guided_filled};
 pub use partition::{
     greedy_partition, greedy_partition_equal_count, karmarkar_karp, loads, max_load, partition,
 };

@@ -1,14 +1,16 @@
 //! Token-budget packing of samples into micro-batches.
 //!
-//! - [`pack`]: first-fit decreasing, the fewest micro-batches (static plans);
+//! - [`pack`]: first-fit decreasing, the fewest micro-batches;
+//! - [`pack_even`]: as few micro-batches as [`pack`] makes (or fewer), of near-equal cost (static
+//!   plans: no small last micro-batch that cannot hide its transfers);
 //! - [`pack_guided`]: micro-batches of decreasing size, each about half of what is left (guided
 //!   self-scheduling, for dynamic dispatch: the small ones at the end even out the step).
 //!
-//! Guarantees of both on success: every requested sample index appears in exactly one
+//! Guarantees of all three on success: every requested sample index appears in exactly one
 //! micro-batch, no micro-batch is empty, and the token sum of every micro-batch is at most the
 //! budget. The result is deterministic (ties are broken by sample index).
 
-use super::BalanceError;
+use super::{partition, BalanceError};
 
 /// Checks that `samples` are distinct indices into `tokens`, each of 1 to `budget` tokens.
 fn check_samples(tokens: &[u64], samples: &[usize], budget: u64) -> Result<(), BalanceError> {
@@ -83,6 +85,66 @@ pub fn pack(
     Ok(bins.into_iter().map(|(_, members)| members).collect())
 }
 
+/// Packs `samples` into micro-batches of **near-equal cost**, no more of them than [`pack`]
+/// makes: the fewest parts that can hold the tokens, `⌈Σ tokens / budget⌉`, partitioned by cost
+/// (Karmarkar–Karp, [`partition`](fn@super::partition)); while some part exceeds the budget, one
+/// more part; if that reaches [`pack`]'s count without fitting, [`pack`]'s micro-batches. Within a
+/// micro-batch samples are listed longest first (ties by index).
+///
+/// Why: every micro-batch pulls and pushes the whole model once, overlapped with its compute.
+/// First-fit fills the first micro-batches to the budget and leaves a small last one whose compute
+/// cannot hide those transfers (on a modelled H100 cluster at 64 devices, RL-like lengths: 0.86
+/// of the achievable step with first-fit, 0.99 with this). Total compute is the same either way.
+/// Errors: those of [`pack`], plus [`BalanceError::SampleOutOfRange`] for a sample without a cost.
+///
+/// ```
+/// use odc_policy::balancer::{pack, pack_even};
+/// let tokens = [9_000, 5_000, 3_000, 1_000];
+/// let costs = [9.0, 5.0, 3.0, 1.0];
+/// let all = [0, 1, 2, 3];
+/// assert_eq!(pack(&tokens, &all, 16_000).unwrap(), vec![vec![0, 1, 3], vec![2]]);
+/// assert_eq!(pack_even(&tokens, &costs, &all, 16_000).unwrap(), vec![vec![0], vec![1, 2, 3]]);
+/// ```
+pub fn pack_even(
+    tokens: &[u64],
+    costs: &[f64],
+    samples: &[usize],
+    budget: u64,
+) -> Result<Vec<Vec<usize>>, BalanceError> {
+    let first_fit = pack(tokens, samples, budget)?;
+    if let Some(&sample) = samples.iter().find(|&&s| s >= costs.len()) {
+        return Err(BalanceError::SampleOutOfRange {
+            sample: sample as u64,
+            len: costs.len() as u64,
+        });
+    }
+    let total: u64 = samples.iter().map(|&s| tokens[s]).sum();
+    let fewest = (total.div_ceil(budget) as usize).max(1);
+    let sub: Vec<f64> = samples.iter().map(|&s| costs[s]).collect();
+    for k in fewest..=first_fit.len() {
+        let mut groups: Vec<Vec<usize>> = partition(&sub, k, false)
+            .into_iter()
+            .filter(|g| !g.is_empty())
+            .map(|g| g.into_iter().map(|i| samples[i]).collect())
+            .collect();
+        if groups
+            .iter()
+            .all(|g| g.iter().map(|&s| tokens[s]).sum::<u64>() <= budget)
+        {
+            for g in &mut groups {
+                g.sort_by(|&x, &y| tokens[y].cmp(&tokens[x]).then(x.cmp(&y)));
+            }
+            groups.sort_by_key(|g| {
+                g.first()
+                    .copied()
+                    .map(|s| (std::cmp::Reverse(tokens[s]), s))
+            });
+            return Ok(groups);
+        }
+    }
+    Ok(first_fit)
+}
+
 /// Relative slack under which a micro-batch still counts as within its cost target.
 const TARGET_SLACK: f64 = 1e-9;
 
@@ -113,16 +175,18 @@ pub fn pack_guided(
     samples: &[usize],
     budget: u64,
 ) -> Result<Vec<Vec<usize>>, BalanceError> {
-    pack_guided_filled(tokens, costs, samples, budget, 0)
+    pack_guided_filled(tokens, costs, samples, budget, 0, 0.0)
 }
 
-/// [`pack_guided`] with a **fill floor**: a micro-batch holding fewer than `min_tokens` tokens
+/// [`pack_guided`] with a **fill floor**: a micro-batch holding fewer than `min_tokens` tokens, or
+/// costing less than `min_cost` (a micro-batch's transfers, [`CostModel::transfer`](super::CostModel)),
 /// also takes the next sample visited that fits the `budget`, past its cost target. Each
 /// micro-batch runs the whole model once (and on odc gathers every unit once), so tiny ones cost
 /// more than their samples; the floor keeps them at least `min_tokens` large while enough is
-/// left, still in decreasing size. `min_tokens = 0` is [`pack_guided`]. Hence: every micro-batch
-/// of two or more samples costs at most half of what was left when it was made **or** held fewer
-/// than `min_tokens` tokens before its last sample joined.
+/// left, still in decreasing size. `min_tokens = 0` and `min_cost = 0` is [`pack_guided`]. Hence:
+/// every micro-batch of two or more samples costs at most half of what was left when it was made
+/// **or** held fewer than `min_tokens` tokens, or cost less than `min_cost`, before its last
+/// sample joined.
 ///
 /// ```
 /// use odc_policy::balancer::{pack_guided, pack_guided_filled};
@@ -130,9 +194,10 @@ pub fn pack_guided(
 /// let costs = [1.0; 8];
 /// let all = [0, 1, 2, 3, 4, 5, 6, 7];
 /// let sizes = |mbs: Vec<Vec<usize>>| mbs.iter().map(Vec::len).collect::<Vec<_>>();
-/// assert_eq!(sizes(pack_guided_filled(&tokens, &costs, &all, 1_000, 300).unwrap()), [4, 3, 1]);
+/// assert_eq!(sizes(pack_guided_filled(&tokens, &costs, &all, 1_000, 300, 0.0).unwrap()), [4, 3, 1]);
+/// assert_eq!(sizes(pack_guided_filled(&tokens, &costs, &all, 1_000, 0, 3.0).unwrap()), [4, 3, 1]);
 /// assert_eq!(
-///     pack_guided_filled(&tokens, &costs, &all, 1_000, 0),
+///     pack_guided_filled(&tokens, &costs, &all, 1_000, 0, 0.0),
 ///     pack_guided(&tokens, &costs, &all, 1_000)
 /// );
 /// ```
@@ -142,6 +207,7 @@ pub fn pack_guided_filled(
     samples: &[usize],
     budget: u64,
     min_tokens: u64,
+    min_cost: f64,
 ) -> Result<Vec<Vec<usize>>, BalanceError> {
     check_samples(tokens, samples, budget)?;
     if let Some(&sample) = samples.iter().find(|&&s| s >= costs.len()) {
@@ -166,6 +232,7 @@ pub fn pack_guided_filled(
         left.retain(|&s| {
             let fits = used.saturating_add(tokens[s]) <= budget
                 && (used < min_tokens
+                    || cost < min_cost
                     || cost + costs[s] <= target + TARGET_SLACK * target.abs().max(1.0));
             if members.is_empty() || fits {
                 members.push(s);
@@ -233,6 +300,36 @@ mod tests {
         let tokens = [u64::MAX, u64::MAX - 1, 1];
         let mbs = pack(&tokens, &[0, 1, 2], u64::MAX).unwrap();
         assert_eq!(mbs, vec![vec![0], vec![1, 2]]);
+    }
+
+    #[test]
+    fn pack_even_leaves_no_small_last_micro_batch() {
+        // First fit: 15,000 + 3,000 tokens; even: 9,000 + 9,000 (costs linear in tokens).
+        let tokens = [9_000, 5_000, 3_000, 1_000];
+        let costs = tokens.map(|t| t as f64 / 1_000.0);
+        let all = [0, 1, 2, 3];
+        let cost = |mbs: &[Vec<usize>]| -> Vec<f64> {
+            mbs.iter()
+                .map(|mb| mb.iter().map(|&s| costs[s]).sum())
+                .collect()
+        };
+        assert_eq!(cost(&pack(&tokens, &all, 16_000).unwrap()), [15.0, 3.0]);
+        assert_eq!(
+            cost(&pack_even(&tokens, &costs, &all, 16_000).unwrap()),
+            [9.0, 9.0]
+        );
+        // Where no even cut fits the budget, first fit's micro-batches.
+        let tight = [8_000, 8_000, 4_000, 4_000];
+        let c = tight.map(|t| t as f64);
+        let mbs = pack_even(&tight, &c, &all, 12_000).unwrap();
+        assert_eq!(mbs.len(), 2);
+        assert!(mbs
+            .iter()
+            .all(|mb| mb.iter().map(|&s| tight[s]).sum::<u64>() <= 12_000));
+        assert_eq!(
+            pack_even(&tight, &c[..2], &all, 12_000).unwrap_err(),
+            BalanceError::SampleOutOfRange { sample: 2, len: 2 }
+        );
     }
 
     #[test]
@@ -321,11 +418,14 @@ mod tests {
             tokens in prop::collection::vec(1u64..5_000, 0..120),
             budget in 5_000u64..20_000,
             fill in 0.0f64..=1.0,
+            cost_floor in 0.0f64..=0.5,
         ) {
             let min_tokens = (fill * budget as f64) as u64;
             let costs: Vec<f64> = tokens.iter().map(|&t| (t as f64).powf(1.5)).collect();
+            let min_cost = cost_floor * costs.iter().sum::<f64>();
             let samples: Vec<usize> = (0..tokens.len()).collect();
-            let mbs = pack_guided_filled(&tokens, &costs, &samples, budget, min_tokens).unwrap();
+            let mbs =
+                pack_guided_filled(&tokens, &costs, &samples, budget, min_tokens, min_cost).unwrap();
             let mut placed: Vec<usize> = mbs.iter().flatten().copied().collect();
             placed.sort_unstable();
             prop_assert_eq!(placed, samples);
@@ -335,27 +435,51 @@ mod tests {
                 let size: u64 = mb.iter().map(|&s| tokens[s]).sum();
                 prop_assert!(!mb.is_empty() && size <= budget);
                 let cost: f64 = mb.iter().map(|&s| costs[s]).sum();
-                let before_last = size - tokens[*mb.last().unwrap()];
+                let last = *mb.last().unwrap();
+                let before_last = size - tokens[last];
                 if mb.len() > 1 {
                     prop_assert!(
-                        cost <= left / 2.0 + 1e-6 * left.max(1.0) || before_last < min_tokens,
+                        cost <= left / 2.0 + 1e-6 * left.max(1.0)
+                            || before_last < min_tokens
+                            || cost - costs[last] < min_cost,
                         "{} of {}", cost, left
                     );
                 }
-                // Under the floor only when nothing else that was left would have fitted.
-                if size < min_tokens && k + 1 < mbs.len() {
+                // Under either floor only when nothing else that was left would have fitted.
+                if (size < min_tokens || cost < min_cost) && k + 1 < mbs.len() {
                     let rest = mbs[k + 1..].iter().flatten();
                     let smallest = rest.map(|&s| tokens[s]).min().unwrap();
-                    prop_assert!(size + smallest > budget, "{} under the floor {}", size, min_tokens);
+                    prop_assert!(size + smallest > budget, "{} under a floor", size);
                 }
                 left -= cost;
                 left_tokens -= size;
             }
             prop_assert_eq!(left_tokens, 0);
-            // The floor never makes more micro-batches than guided packing without it.
+            // The floors never make more micro-batches than guided packing without them.
             let plain = pack_guided(&tokens, &costs, &(0..tokens.len()).collect::<Vec<_>>(), budget)
                 .unwrap();
             prop_assert!(mbs.len() <= plain.len(), "{} > {}", mbs.len(), plain.len());
+        }
+
+        #[test]
+        fn pack_even_places_every_sample_once_in_no_more_micro_batches_than_first_fit(
+            tokens in prop::collection::vec(1u64..5_000, 0..120),
+            budget in 5_000u64..20_000,
+        ) {
+            let costs: Vec<f64> = tokens.iter().map(|&t| (t as f64).powf(1.5)).collect();
+            let samples: Vec<usize> = (0..tokens.len()).collect();
+            let mbs = pack_even(&tokens, &costs, &samples, budget).unwrap();
+            let mut placed: Vec<usize> = mbs.iter().flatten().copied().collect();
+            placed.sort_unstable();
+            prop_assert_eq!(placed, samples.clone());
+            for mb in &mbs {
+                prop_assert!(!mb.is_empty());
+                prop_assert!(mb.iter().map(|&s| tokens[s]).sum::<u64>() <= budget);
+                prop_assert!(mb.windows(2).all(|w| tokens[w[0]] >= tokens[w[1]]), "longest first");
+            }
+            let first_fit = pack(&tokens, &samples, budget).unwrap();
+            prop_assert!(mbs.len() <= first_fit.len(), "{} > {}", mbs.len(), first_fit.len());
+            prop_assert!(mbs.len() as u64 >= tokens.iter().sum::<u64>().div_ceil(budget));
         }
     }
 }

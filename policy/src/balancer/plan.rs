@@ -3,16 +3,18 @@
 //! Guarantees of every plan returned (tested):
 //! - every sample of the minibatch is in exactly one micro-batch (I2 at planning time);
 //! - every micro-batch is non-empty and holds at most `budget` tokens;
-//! - `micro_batches` is sorted by cost, descending, and each micro-batch's `tokens` and `cost` are
-//!   the sums over its samples;
+//! - `micro_batches` is sorted by cost, descending; each micro-batch's `tokens` is the sum over
+//!   its samples and its `cost` is [`CostModel::micro_batch`] of theirs: their sum, or the
+//!   micro-batch's transfers when those take longer;
 //! - `per_trainer` has one list per trainer and names every micro-batch exactly once, each list in
 //!   descending cost order (ascending index).
 //!
-//! Three strategies: [`plan_static`] (ODC's LB-Mini), [`plan_dynamic`] (LB-Mini's partition in
+//! Three strategies: [`plan_static`] (ODC's LB-Mini, each trainer's share in micro-batches of
+//! even cost: [`pack_even`](super::pack_even)), [`plan_dynamic`] (LB-Mini's partition in
 //! micro-batches of decreasing size, for dispatch that lets idle trainers steal the small ones at
 //! the end) and [`plan_equal_count`] (LB-Micro, what collectives allow).
 
-use super::{pack, pack_guided_filled, partition, BalanceError, CostModel};
+use super::{pack_even, pack_guided_filled, partition, BalanceError, CostModel};
 
 /// One micro-batch of a plan: packed samples under the token budget.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,7 +23,8 @@ pub struct PlannedMicroBatch {
     pub samples: Vec<usize>,
     /// Token sum of the samples; at most the budget.
     pub tokens: u64,
-    /// Estimated compute cost: the sum of the samples' costs.
+    /// Estimated cost: the samples' compute, or the micro-batch's transfers when longer
+    /// ([`CostModel::micro_batch`]).
     pub cost: f64,
 }
 
@@ -105,10 +108,15 @@ pub(super) fn sample_costs(
     Ok(costs)
 }
 
-fn micro_batch(tokens: &[u64], costs: &[f64], samples: Vec<usize>) -> PlannedMicroBatch {
+fn micro_batch(
+    tokens: &[u64],
+    costs: &[f64],
+    cost: &CostModel,
+    samples: Vec<usize>,
+) -> PlannedMicroBatch {
     PlannedMicroBatch {
         tokens: samples.iter().map(|&s| tokens[s]).sum(),
-        cost: samples.iter().map(|&s| costs[s]).sum(),
+        cost: cost.micro_batch(samples.iter().map(|&s| costs[s]).sum()),
         samples,
     }
 }
@@ -120,8 +128,9 @@ fn sort_by_cost<T>(mbs: &mut [(T, PlannedMicroBatch)]) {
 
 /// ODC's LB-Mini: partition the *samples* over `trainers` by cost
 /// ([`partition`](fn@partition), counts may differ), then each trainer packs its own samples into
-/// micro-batches under `budget`. Trainers may get different numbers of micro-batches; one with no
-/// samples gets none.
+/// as few micro-batches under `budget` as first-fit would, of even cost
+/// ([`pack_even`](super::pack_even)). Trainers may get different numbers of micro-batches; one with
+/// no samples gets none.
 ///
 /// ```
 /// use odc_policy::balancer::{plan_static, CostModel};
@@ -142,16 +151,16 @@ pub fn plan_static(
     check_trainers(trainers)?;
     let costs = sample_costs(tokens, cost, budget)?;
     let parts = partition(&costs, trainers, false);
-    assemble(tokens, &costs, &parts, budget, Packing::FirstFit)
+    assemble(tokens, &costs, cost, &parts, budget, Packing::Even)
 }
 
 /// How a trainer's share of the samples becomes micro-batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Packing {
-    /// [`pack`]: the fewest micro-batches (static dispatch).
-    FirstFit,
+    /// [`pack_even`]: the fewest micro-batches, of even cost (static dispatch).
+    Even,
     /// [`pack_guided_filled`]: decreasing sizes, small ones last (dynamic dispatch), none under
-    /// `min_tokens` while enough is left.
+    /// `min_tokens` or under the cost model's transfers while enough is left.
     Guided { min_tokens: u64 },
 }
 
@@ -160,6 +169,7 @@ pub(super) enum Packing {
 pub(super) fn assemble(
     tokens: &[u64],
     costs: &[f64],
+    cost: &CostModel,
     parts: &[Vec<usize>],
     budget: u64,
     packing: Packing,
@@ -167,13 +177,13 @@ pub(super) fn assemble(
     let mut owned = Vec::new();
     for (trainer, samples) in parts.iter().enumerate() {
         let packed = match packing {
-            Packing::FirstFit => pack(tokens, samples, budget)?,
+            Packing::Even => pack_even(tokens, costs, samples, budget)?,
             Packing::Guided { min_tokens } => {
-                pack_guided_filled(tokens, costs, samples, budget, min_tokens)?
+                pack_guided_filled(tokens, costs, samples, budget, min_tokens, cost.transfer)?
             }
         };
         for mb in packed {
-            owned.push((trainer, micro_batch(tokens, costs, mb)));
+            owned.push((trainer, micro_batch(tokens, costs, cost, mb)));
         }
     }
     sort_by_cost(&mut owned);
@@ -285,6 +295,7 @@ pub fn plan_dynamic_filled(
     assemble(
         tokens,
         &costs,
+        cost,
         &parts,
         budget,
         Packing::Guided { min_tokens },
@@ -330,16 +341,13 @@ pub fn plan_equal_count(
     let mut mbs: Vec<PlannedMicroBatch> = groups
         .into_iter()
         .filter(|g| !g.is_empty())
-        .map(|g| micro_batch(tokens, &costs, g))
+        .map(|g| micro_batch(tokens, &costs, cost, g))
         .collect();
     mbs.sort_by(|x, y| y.cost.total_cmp(&x.cost));
     mbs.resize(
         rounds * trainers,
-        PlannedMicroBatch {
-            samples: Vec::new(),
-            tokens: 0,
-            cost: 0.0,
-        },
+        // An empty micro-batch still joins every collective.
+        micro_batch(tokens, &costs, cost, Vec::new()),
     );
     let per_trainer = (0..trainers)
         .map(|t| (0..rounds).map(|r| r * trainers + t).collect())
@@ -367,14 +375,15 @@ mod tests {
         assert_eq!(seen, (0..tokens.len()).collect::<Vec<_>>(), "exactly once");
         for mb in &plan.micro_batches {
             if mb.samples.is_empty() {
-                // Only LB-Micro pads with empty micro-batches, which cost nothing.
-                assert!(mb.tokens == 0 && mb.cost == 0.0);
+                // Only LB-Micro pads with empty micro-batches, which cost their transfers.
+                assert!(mb.tokens == 0 && mb.cost == cost.transfer);
                 continue;
             }
             let sum: u64 = mb.samples.iter().map(|&s| tokens[s]).sum();
             assert_eq!(mb.tokens, sum);
             assert!(mb.tokens <= budget, "budget respected");
             let c: f64 = mb.samples.iter().map(|&s| cost.cost(tokens[s])).sum();
+            let c = c.max(cost.transfer);
             assert!((mb.cost - c).abs() <= 1e-9 * c.max(1.0));
         }
         for pair in plan.micro_batches.windows(2) {
@@ -536,6 +545,38 @@ mod tests {
     }
 
     #[test]
+    fn a_priced_transfer_keeps_dynamic_micro_batches_large_enough_to_hide_it() {
+        // One trainer, 16 samples of 2,000 tokens (linear: 1/16 each); guided packing halves
+        // what is left down to single samples, each of which pays a whole transfer.
+        let tokens = [2_000u64; 16];
+        let m = CostModel::linear();
+        let guided = plan_dynamic(&tokens, &m, 1, 65_536).unwrap();
+        assert_eq!(guided.micro_batches.len(), 5, "8, 4, 2, 1, 1 samples");
+        let priced = m.with_transfer(0.2);
+        let plan = plan_dynamic(&tokens, &priced, 1, 65_536).unwrap();
+        let sizes: Vec<usize> = plan
+            .micro_batches
+            .iter()
+            .map(|mb| mb.samples.len())
+            .collect();
+        assert_eq!(
+            sizes,
+            [8, 4, 4],
+            "no micro-batch under 0.2 while enough is left"
+        );
+        let total: f64 = plan.trainer_costs().iter().sum();
+        let priced_guided: f64 = guided
+            .micro_batches
+            .iter()
+            .map(|mb| priced.micro_batch(mb.cost))
+            .sum();
+        assert!(total < priced_guided, "{total} vs {priced_guided}");
+        // Static plans price each micro-batch at least at its transfers too.
+        let fixed = plan_static(&[1_000, 1_000], &priced, 2, 65_536).unwrap();
+        assert_eq!(fixed.trainer_costs(), [0.2, 0.2]);
+    }
+
+    #[test]
     fn plan_equal_count_counts_are_equal_and_rounds_are_balanced() {
         let tokens: Vec<u64> = (1..=23).map(|i| i * 1_000).collect();
         let m = CostModel::odc_1_5b();
@@ -564,8 +605,10 @@ mod tests {
             trainers in 1usize..9,
             budget in 32_000u64..70_000,
             quadratic in any::<bool>(),
+            transfer in prop_oneof![Just(0.0), 0.0f64..4.0],
         ) {
             let m = if quadratic { CostModel::odc_7b() } else { CostModel::linear() };
+            let m = m.with_transfer(transfer);
             let s = plan_static(&tokens, &m, trainers, budget).unwrap();
             assert_plan_valid(&s, &tokens, &m, budget);
             prop_assert_eq!(s.per_trainer.len(), trainers);

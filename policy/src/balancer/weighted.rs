@@ -72,7 +72,7 @@ pub fn plan_static_weighted(
     budget: u64,
 ) -> Result<Plan, BalanceError> {
     let (costs, parts) = weighted_partition(tokens, cost, speeds, budget)?;
-    assemble(tokens, &costs, &parts, budget, Packing::FirstFit)
+    assemble(tokens, &costs, cost, &parts, budget, Packing::Even)
 }
 
 /// [`plan_dynamic`](super::plan_dynamic) for trainers of different speeds: the partition of
@@ -110,6 +110,7 @@ pub fn plan_dynamic_weighted_filled(
     assemble(
         tokens,
         &costs,
+        cost,
         &parts,
         budget,
         Packing::Guided { min_tokens },

@@ -18,8 +18,9 @@
 //! 3. **Place.** Gangs first, costliest first: a gang takes `k` trainers at once — inside one node
 //!    the `k` least-loaded trainers of the node where they are free earliest, across nodes the
 //!    `k / G` whole nodes free earliest — and starts when the last of them is free. Then whole
-//!    samples, costliest first, each onto the least-loaded trainer (LPT, ties by index), packed
-//!    next-fit into micro-batches of at most `budget` tokens, each lasting
+//!    samples, costliest first, each onto the least-loaded trainer (LPT, ties by index); each
+//!    trainer's share packed as static plans pack ([`pack_even`]: the fewest micro-batches of at
+//!    most `budget` tokens, of even cost; a sample over the budget alone), each lasting
 //!    `max(fixed + compute, transfers)`.
 //! 4. **Step** = the latest trainer's finish. Splitting the costliest `j` of the samples worth
 //!    splitting is tried for `j ∈ {0, 1, 2, 4, …, all}` and the shortest step kept, ties to fewer
@@ -42,6 +43,7 @@ use std::collections::BinaryHeap;
 
 use super::cost::{micro_batch_s, piece_cost, transfer_s, PieceCost, SplitCosts};
 use super::SplitError;
+use crate::balancer::pack_even;
 
 /// ODC's default micro-batch token budget.
 pub const DEFAULT_TOKEN_BUDGET: u64 = 65_536;
@@ -326,39 +328,37 @@ fn place(
         gang.start_s = start;
     }
 
-    // Whole samples: LPT, next-fit packing per trainer; the open micro-batch of a trainer started
-    // at `open_start` with `open_compute` of compute, and ends `max(compute, transfers)` later.
-    let mut open_tokens = vec![0u64; d as usize];
-    let mut open_start = vec![0.0f64; d as usize];
-    let mut open_compute = vec![0.0f64; d as usize];
+    // Whole samples: LPT by compute onto the trainer free earliest, then each trainer's share
+    // packed into the fewest micro-batches of even cost (`pack_even`, as static plans do; a
+    // sample over the budget alone), each lasting `max(fixed + compute, transfers)`.
+    let mut share: Vec<Vec<usize>> = vec![Vec::new(); d as usize];
     let mut heap: BinaryHeap<Reverse<(Seconds, u32)>> = devices
         .iter()
         .enumerate()
         .map(|(x, a)| Reverse((Seconds(a.finish_s), x as u32)))
         .collect();
     for i in order.iter().copied().filter(|&i| !is_split[i]) {
-        let Some(Reverse((_, x))) = heap.pop() else {
+        let Some(Reverse((Seconds(load), x))) = heap.pop() else {
             break;
         };
-        let xi = x as usize;
-        let dev = &mut devices[xi];
-        let fits = !dev.micro_batches.is_empty()
-            && open_tokens[xi].saturating_add(lengths[i]) <= packing.budget;
-        match dev.micro_batches.last_mut() {
-            Some(mb) if fits => {
-                mb.push(i);
-                open_tokens[xi] += lengths[i];
-                open_compute[xi] += marginal[i];
-            }
-            _ => {
-                dev.micro_batches.push(vec![i]);
-                open_tokens[xi] = lengths[i];
-                open_start[xi] = dev.finish_s;
-                open_compute[xi] = packing.fixed + marginal[i];
-            }
+        share[x as usize].push(i);
+        let load = load + marginal[i];
+        heap.push(Reverse((Seconds(load), x)));
+    }
+    for (dev, samples) in devices.iter_mut().zip(share) {
+        let (over, under): (Vec<usize>, Vec<usize>) = samples
+            .into_iter()
+            .partition(|&i| lengths[i] > packing.budget);
+        let packed = pack_even(lengths, marginal, &under, packing.budget).unwrap_or_else(|_| {
+            // Unreachable (distinct samples of at most the budget, each with a cost): one per
+            // micro-batch is still a plan.
+            under.iter().map(|&i| vec![i]).collect()
+        });
+        for mb in over.into_iter().map(|i| vec![i]).chain(packed) {
+            let compute = packing.fixed + mb.iter().map(|&i| marginal[i]).sum::<f64>();
+            dev.finish_s += compute.max(packing.transfer);
+            dev.micro_batches.push(mb);
         }
-        dev.finish_s = open_start[xi] + open_compute[xi].max(packing.transfer);
-        heap.push(Reverse((Seconds(dev.finish_s), x)));
     }
     (devices, gangs)
 }

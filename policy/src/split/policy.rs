@@ -44,9 +44,10 @@ impl std::str::FromStr for SplitPolicy {
     }
 }
 
-/// The runtime's prices: the job's cost model for compute (its quadratic part is attention);
-/// gangs of up to `per_node` trainers count as within one node. The exchange, a per-micro-batch
-/// fixed cost and the transfers (pulls, pushes) are not priced yet.
+/// The runtime's prices: the job's cost model for compute (its quadratic part is attention) and
+/// for a micro-batch's transfers ([`CostModel::transfer`], pulls and pushes together: a piece, like
+/// any micro-batch, lasts at least that long); gangs of up to `per_node` trainers count as within
+/// one node. The ring exchange and a per-micro-batch fixed compute are not priced.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModelCosts {
     pub cost: CostModel,
@@ -84,6 +85,6 @@ impl SplitCosts for CostModelCosts {
         }
     }
     fn pull_s(&self) -> f64 {
-        0.0
+        self.cost.transfer
     }
 }

@@ -63,8 +63,8 @@ pub struct StepConfig {
     pub first_step: u64,
     /// A non-finite gradient, loss or global norm fails the step or skips it.
     pub non_finite: NonFinite,
-    /// Sequence splitting (on-demand mode): whether the planner may run a long sample over a
-    /// gang of trainers ([`crate::split`]).
+    /// Sequence splitting: whether the planner may run a long sample over a gang of trainers
+    /// ([`crate::split`]; in collective mode a gang's pieces run in one lockstep round).
     pub split: SplitPolicy,
     /// The most trainers one gang may have (0: no limit).
     pub max_gang: u32,
@@ -120,13 +120,6 @@ impl StepConfig {
         if self.micro_batch_timeout.is_zero() {
             return Err(Error::Config(
                 "the micro-batch timeout must be positive".into(),
-            ));
-        }
-        if self.communication == Communication::Collective && self.split != SplitPolicy::Off {
-            return Err(Error::Config(
-                "sequence splitting runs in on-demand mode only: use SplitPolicy::Off with the \
-                 collective baseline"
-                    .into(),
             ));
         }
         if self.communication == Communication::Collective && self.failure == FailurePolicy::Drop {

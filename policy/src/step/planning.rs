@@ -28,16 +28,27 @@ impl StepMachine {
         };
         // The fill floor in tokens (`min_fill` in 0..=1, so at most the budget).
         let fill = (c.min_fill.clamp(0.0, 1.0) * c.token_budget as f64) as u64;
-        let split = match c.communication {
-            Communication::OnDemand => self.plan_split(samples, &tokens, &live)?,
-            Communication::Collective => None,
+        if c.communication == Communication::Collective && live.len() != self.slots.len() {
+            return Err(Error::Config(format!(
+                "collective mode needs all {} trainers, {} are left",
+                self.slots.len(),
+                live.len()
+            )));
+        }
+        let split = self.plan_split(samples, &tokens, &live)?;
+        // Splitting only where it shortens the step the whole-sample plan would take, both
+        // priced by the job's cost model (the split planner's own unsplit placement is LPT, not
+        // this plan's partition), or where no whole-sample plan exists (a sample over the
+        // budget whose pieces fit).
+        let whole = self.plan_whole(&tokens, &live, &measured, fill);
+        let whole_s = |plan: &Plan| match c.communication {
+            Communication::OnDemand => plan.trainer_costs().into_iter().fold(0.0, f64::max),
+            Communication::Collective => lockstep_s(plan),
         };
-        let (plan, pieces) = match split {
-            Some(split) => split,
-            None => (
-                self.plan_whole(&tokens, &live, &measured, fill)?,
-                Vec::new(),
-            ),
+        let (plan, pieces) = match (split, whole) {
+            (Some((step_s, _)), Ok(whole)) if step_s >= whole_s(&whole) => (whole, Vec::new()),
+            (Some((_, split)), _) => split,
+            (None, whole) => (whole?, Vec::new()),
         };
         let micro_batches: Vec<MicroBatch> = plan
             .micro_batches
@@ -86,13 +97,6 @@ impl StepMachine {
         let c = &self.config;
         Ok(match (c.communication, c.dispatch, c.rebalance) {
             (Communication::Collective, _, _) => {
-                if live.len() != self.slots.len() {
-                    return Err(Error::Config(format!(
-                        "collective mode needs all {} trainers, {} are left",
-                        self.slots.len(),
-                        live.len()
-                    )));
-                }
                 plan_equal_count(tokens, &c.cost, live.len(), c.token_budget)?
             }
             (Communication::OnDemand, DispatchMode::Static, true) => {
@@ -112,14 +116,15 @@ impl StepMachine {
 
     /// The plan with sequence splitting ([`crate::split::plan`]) when the job's policy allows it
     /// and the planner splits at least one sample: the gangs' pieces first on each member's list
-    /// (in gang order, the same on every member), then its micro-batches of whole samples.
-    /// `None`: nothing is split, the plan is [`StepMachine::plan_whole`]'s, unchanged.
+    /// (in gang order, the same on every member), then its micro-batches of whole samples, with
+    /// the planner's modelled step. `None`: nothing is split, the plan is
+    /// [`StepMachine::plan_whole`]'s, unchanged.
     fn plan_split(
         &self,
         samples: &[SampleMeta],
         tokens: &[u64],
         slots: &[usize],
-    ) -> Result<Option<SplitAttempt>, Error> {
+    ) -> Result<Option<(f64, SplitAttempt)>, Error> {
         let c = &self.config;
         let live = slots.len();
         let Some(min_tokens) = c.split.min_tokens() else {
@@ -147,9 +152,8 @@ impl StepMachine {
         if split.gangs.is_empty() {
             return Ok(None);
         }
-        let mut micro_batches = Vec::new();
-        let mut pieces = Vec::new();
-        let mut per_trainer = vec![Vec::new(); live];
+        // Each gang's micro-batches, one per member: (device, micro-batch, piece).
+        let mut members: Vec<Vec<(usize, PlannedMicroBatch, Piece)>> = Vec::new();
         for (gang_id, gang) in split.gangs.iter().enumerate() {
             let cut = crate::split::zigzag(gang.tokens, gang.cost.k)
                 .map_err(|e| Error::Config(format!("sequence splitting: {e}")))?;
@@ -158,41 +162,107 @@ impl StepMachine {
                 .iter()
                 .map(|&d| slots.get(d as usize).copied().unwrap_or(0) as u32)
                 .collect();
-            for (member, (&device, chunks)) in gang.devices.iter().zip(&cut).enumerate() {
-                per_trainer[device as usize].push(micro_batches.len());
-                micro_batches.push(PlannedMicroBatch {
-                    samples: Vec::new(),
-                    tokens: chunks.iter().map(|r| r.end - r.start).sum(),
-                    cost: gang.cost.piece_s(),
-                });
-                pieces.push(Some(Piece {
-                    sample: samples[gang.sample],
-                    epoch: self.epoch,
-                    gang: gang_id as u32,
-                    member: member as u32,
-                    members: gang.cost.k,
-                    ranks: ranks.clone(),
-                }));
+            let of_gang = gang.devices.iter().zip(&cut).enumerate();
+            members.push(
+                of_gang
+                    .map(|(member, (&device, chunks))| {
+                        let mb = PlannedMicroBatch {
+                            samples: Vec::new(),
+                            tokens: chunks.iter().map(|r| r.end - r.start).sum(),
+                            cost: gang.cost.piece_s(),
+                        };
+                        let piece = Piece {
+                            sample: samples[gang.sample],
+                            epoch: self.epoch,
+                            gang: gang_id as u32,
+                            member: member as u32,
+                            members: gang.cost.k,
+                            ranks: ranks.clone(),
+                        };
+                        (device as usize, mb, piece)
+                    })
+                    .collect(),
+            );
+        }
+        let mut out = Assembly::new(live);
+        if c.communication == Communication::Collective {
+            // Lockstep (every trainer runs the same number of micro-batches, round by round): each
+            // gang takes the first round where its members are free; the other trainers of a
+            // gang's round run an empty micro-batch (a collective needs every trainer); then the
+            // unsplit samples as LB-Micro.
+            let mut rounds: Vec<Vec<Option<(usize, usize)>>> = Vec::new();
+            for (g, gang) in members.iter().enumerate() {
+                let free = |round: &Vec<Option<(usize, usize)>>| {
+                    gang.iter().all(|(d, _, _)| round[*d].is_none())
+                };
+                let r = match rounds.iter().position(free) {
+                    Some(r) => r,
+                    None => {
+                        rounds.push(vec![None; live]);
+                        rounds.len() - 1
+                    }
+                };
+                for (m, (d, _, _)) in gang.iter().enumerate() {
+                    rounds[r][*d] = Some((g, m));
+                }
+            }
+            let empty = PlannedMicroBatch {
+                samples: Vec::new(),
+                tokens: 0,
+                cost: c.cost.micro_batch(0.0),
+            };
+            for round in &rounds {
+                for (device, at) in round.iter().enumerate() {
+                    match at {
+                        Some((g, m)) => {
+                            let (_, mb, piece) = &members[*g][*m];
+                            out.push(device, mb.clone(), Some(piece.clone()));
+                        }
+                        None => out.push(device, empty.clone(), None),
+                    }
+                }
+            }
+            let rest: Vec<usize> = (0..tokens.len())
+                .filter(|i| !split.gangs.iter().any(|g| g.sample == *i))
+                .collect();
+            if !rest.is_empty() {
+                let sub: Vec<u64> = rest.iter().map(|&i| tokens[i]).collect();
+                let whole = plan_equal_count(&sub, &c.cost, live, c.token_budget)?;
+                for (device, list) in whole.per_trainer.iter().enumerate() {
+                    for &i in list {
+                        let mb = &whole.micro_batches[i];
+                        let samples = mb.samples.iter().map(|&s| rest[s]).collect();
+                        out.push(
+                            device,
+                            PlannedMicroBatch {
+                                samples,
+                                ..mb.clone()
+                            },
+                            None,
+                        );
+                    }
+                }
+            }
+            let plan = out.plan;
+            return Ok(Some((lockstep_s(&plan), (plan, out.pieces))));
+        }
+        for gang in members {
+            for (device, mb, piece) in gang {
+                out.push(device, mb, Some(piece));
             }
         }
         for (device, assignment) in split.devices.iter().enumerate() {
             for mb in &assignment.micro_batches {
-                per_trainer[device].push(micro_batches.len());
-                micro_batches.push(PlannedMicroBatch {
+                let compute = mb.iter().map(|&i| c.cost.cost(tokens[i])).sum();
+                let planned = PlannedMicroBatch {
                     samples: mb.clone(),
                     tokens: mb.iter().map(|&i| tokens[i]).sum(),
-                    cost: mb.iter().map(|&i| c.cost.cost(tokens[i])).sum(),
-                });
-                pieces.push(None);
+                    cost: c.cost.micro_batch(compute),
+                };
+                out.push(device, planned, None);
             }
         }
-        Ok(Some((
-            Plan {
-                micro_batches,
-                per_trainer,
-            },
-            pieces,
-        )))
+        Ok(Some((split.step_s, (out.plan, out.pieces))))
     }
 
     /// Whether idle trainers steal (dynamic dispatch, on-demand mode).
@@ -328,4 +398,45 @@ impl StepMachine {
                 .expect("pending micro-batch");
         }
     }
+}
+
+/// A plan under construction with its pieces, in step.
+struct Assembly {
+    plan: Plan,
+    pieces: Vec<Option<Piece>>,
+}
+
+impl Assembly {
+    fn new(trainers: usize) -> Self {
+        Assembly {
+            plan: Plan {
+                micro_batches: Vec::new(),
+                per_trainer: vec![Vec::new(); trainers],
+            },
+            pieces: Vec::new(),
+        }
+    }
+
+    /// Appends `mb` (with its piece, if any) to `device`'s list.
+    fn push(&mut self, device: usize, mb: PlannedMicroBatch, piece: Option<Piece>) {
+        self.plan.per_trainer[device].push(self.plan.micro_batches.len());
+        self.plan.micro_batches.push(mb);
+        self.pieces.push(piece);
+    }
+}
+
+/// The modelled step of a lockstep plan: round `r` (every trainer's `r`-th micro-batch) lasts as
+/// long as its costliest micro-batch.
+pub(super) fn lockstep_s(plan: &Plan) -> f64 {
+    let rounds = plan.per_trainer.iter().map(Vec::len).max().unwrap_or(0);
+    (0..rounds)
+        .map(|r| {
+            plan.per_trainer
+                .iter()
+                .filter_map(|list| list.get(r))
+                .filter_map(|&i| plan.micro_batches.get(i))
+                .map(|mb| mb.cost)
+                .fold(0.0, f64::max)
+        })
+        .sum()
 }

@@ -98,7 +98,7 @@ fn nothing_changes_where_nothing_is_split() {
 }
 
 #[test]
-fn gangs_stay_within_max_gang_and_collective_mode_refuses_splitting() {
+fn gangs_stay_within_max_gang() {
     let mut w = World::new(
         StepConfig {
             max_gang: 2,
@@ -112,13 +112,51 @@ fn gangs_stay_within_max_gang_and_collective_mode_refuses_splitting() {
         .expect("ok");
     assert!(!stats.gangs.is_empty());
     assert!(stats.gangs.iter().all(|&k| k == 2), "{:?}", stats.gangs);
-    let e = StepConfig {
+}
+
+/// Collective mode splits in lockstep: every trainer runs the same number of micro-batches, a
+/// gang's pieces share one round (the same position on every member's list), the other trainers
+/// of that round run an empty micro-batch, and the sample counts once.
+#[test]
+fn collective_mode_runs_a_gangs_pieces_in_one_lockstep_round() {
+    let config = StepConfig {
         communication: Communication::Collective,
         ..split_config(SplitPolicy::Auto)
+    };
+    config.validate().unwrap();
+    let mut w = World::new(config, &[1.0; 4]);
+    let samples = long_tail(60_000, 30);
+    let total: u64 = samples.iter().map(|s| s.tokens).sum();
+    let stats = w.step(samples).expect("finished").expect("ok");
+    assert_eq!(stats.gangs.len(), 1, "{:?}", stats.gangs);
+    let runs = assignments(&w.log);
+    // Each trainer's list, in the order it ran.
+    let mut lists: Vec<Vec<MicroBatch>> = vec![Vec::new(); 4];
+    for (slot, mb, _) in &runs {
+        lists[*slot as usize].push(mb.clone());
     }
-    .validate()
-    .unwrap_err();
-    assert!(e.to_string().contains("on-demand mode only"), "{e}");
+    let rounds = lists[0].len();
+    assert!(lists.iter().all(|l| l.len() == rounds), "lockstep counts");
+    let round_of_pieces: Vec<usize> = lists
+        .iter()
+        .filter_map(|l| l.iter().position(|mb| mb.piece.is_some()))
+        .collect();
+    assert_eq!(round_of_pieces.len(), stats.gangs[0] as usize);
+    assert!(
+        round_of_pieces.iter().all(|&r| r == round_of_pieces[0]),
+        "one round"
+    );
+    let r = round_of_pieces[0];
+    for l in &lists {
+        if l[r].piece.is_none() {
+            assert!(
+                l[r].samples.is_empty() && l[r].tokens == 0,
+                "an empty micro-batch"
+            );
+        }
+    }
+    assert_eq!(runs.iter().map(|(_, mb, _)| mb.tokens).sum::<u64>(), total);
+    assert!((stats.loss - 1.0).abs() < 1e-12, "{}", stats.loss);
 }
 
 /// I2 for a gang: a member lost mid-step discards the attempt; the replay plans the gang anew
