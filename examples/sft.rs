@@ -48,7 +48,8 @@
 //! included); `--data` is chat JSONL (`{"messages": [{"role", "content"}, …]}`) or GSM8K JSONL
 //! (question as the user's turn, answer as the assistant's), and without `--data` the generated
 //! problems as chat; evaluation prompts with the template and stops at the model's stop ids.
-//! Samples longer than the token budget (or the model's positions) are skipped.
+//! Samples longer than the model's positions are skipped, and without `--split` those longer than
+//! the token budget too (with it, such a sample runs as a gang whose pieces fit the budget).
 //! `--export-hf OUT` writes the trained model in Hugging Face layout at the end (bf16, or
 //! `--export-dtype f32`; the model directory's config and tokenizer files carried over), which
 //! `transformers`' `from_pretrained` and vLLM load.
@@ -872,11 +873,20 @@ async fn run(
                 .unwrap_or_default()
         );
     }
-    // Samples longer than a micro-batch or the model's positions are skipped.
-    let max_len = settings
-        .model
-        .max_seq_len
-        .min(usize::try_from(settings.token_budget).unwrap_or(usize::MAX));
+    // Samples longer than the model's positions are skipped, and without splitting those longer
+    // than a micro-batch too (with it, the planner cuts them into pieces within the budget).
+    let splits = settings
+        .split
+        .parse::<odc::SplitPolicy>()
+        .is_ok_and(|p| p != odc::SplitPolicy::Off);
+    let max_len = if splits {
+        settings.model.max_seq_len
+    } else {
+        settings
+            .model
+            .max_seq_len
+            .min(usize::try_from(settings.token_budget).unwrap_or(usize::MAX))
+    };
     // Evaluation runs on the lead while its trainers wait: one thread per trainer it holds.
     let eval_workers = if world_size > 1 { 1 } else { settings.trainers };
     // Held-out problems that fit, as training skips the others.

@@ -407,29 +407,40 @@ fn split_job(
 /// each step split over both trainers, each computing its chunks and exchanging K/V over the
 /// in-process ring) equals candle alone on the whole minibatch, within the tolerance of the
 /// unsplit runs — on odc's reference model, on the Hugging Face layout with every stage
-/// resharded (its forwards recomputed in the backward, the gang exchanging again), and in
+/// resharded (its forwards recomputed in the backward, the gang exchanging again), in
 /// collective mode (the gang's pieces in one lockstep round, the ring sharing the collective's
-/// inboxes).
+/// inboxes), and with a token budget the long samples exceed (they must be split, into pieces
+/// within it).
 #[test]
 fn split_training_equals_candle_alone() {
     let data = Arc::new(long_tail_samples());
     assert!(data[0].tokens.len() > 1500 && data[6].tokens.len() > 1500);
-    for (c, reshard, communication) in [
-        (
-            long_context(config()),
-            Reshard::Never,
-            Communication::OnDemand,
-        ),
+    // A budget the long samples exceed and their pieces over a gang of 2 fit.
+    let longest = data
+        .iter()
+        .map(|s| s.tokens.len() as u64)
+        .max()
+        .unwrap_or(0);
+    let tight = 2 * longest.div_ceil(4);
+    assert!(
+        tight < longest
+            && data
+                .iter()
+                .filter(|s| s.tokens.len() as u64 > tight)
+                .count()
+                == 2
+    );
+    let (on_demand, collective) = (Communication::OnDemand, Communication::Collective);
+    for (c, reshard, communication, budget) in [
+        (long_context(config()), Reshard::Never, on_demand, 4096),
         (
             long_context(real_layout()),
             Reshard::ALWAYS,
-            Communication::OnDemand,
+            on_demand,
+            4096,
         ),
-        (
-            long_context(config()),
-            Reshard::Never,
-            Communication::Collective,
-        ),
+        (long_context(config()), Reshard::Never, collective, 4096),
+        (long_context(config()), Reshard::Never, on_demand, tight),
     ] {
         let optimizer = adamw_for_equivalence();
         let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
@@ -441,6 +452,7 @@ fn split_training_equals_candle_alone() {
             };
             let mut job = split_job(&c, &data, placement, optimizer)
                 .communication(communication)
+                .token_budget(budget)
                 .build()
                 .unwrap();
             let stats = job.run(2).await.unwrap();
@@ -456,14 +468,14 @@ fn split_training_equals_candle_alone() {
             );
             assert!(
                 ((st.loss - want) / want).abs() < 1e-5,
-                "step {s}: loss {} vs candle {want} ({reshard:?}, {communication:?})",
+                "step {s}: loss {} vs candle {want} ({reshard:?}, {communication:?}, {budget})",
                 st.loss
             );
         }
         let diff = max_abs_diff(&got, &expected);
         eprintln!(
-            "split odc ({reshard:?}, {communication:?}) vs candle alone after 2 steps: \
-             max |Δ| = {diff:e}"
+            "split odc ({reshard:?}, {communication:?}, budget {budget}) vs candle alone after 2 \
+             steps: max |Δ| = {diff:e}"
         );
         assert!(diff < 2e-5, "split odc vs candle alone: max |Δ| = {diff}");
     }

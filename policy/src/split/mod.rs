@@ -45,6 +45,16 @@ pub enum SplitError {
     NoDevicesPerNode,
     #[error("the micro-batch token budget must be positive")]
     NoBudget,
+    #[error(
+        "sample {sample} has {tokens} tokens, over the micro-batch budget of {budget}, and no \
+         gang the step allows cuts it into pieces within the budget (more trainers, a larger \
+         --max-gang or a larger budget would)"
+    )]
+    PiecesOverBudget {
+        sample: usize,
+        tokens: u64,
+        budget: u64,
+    },
     #[error("{what}{} is {value}: a cost must be a finite, non-negative number", at.map(|i| format!(" of sample {i}")).unwrap_or_default())]
     BadCost {
         what: &'static str,

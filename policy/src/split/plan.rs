@@ -59,6 +59,9 @@ pub struct SplitOptions {
     pub min_tokens: u64,
     /// The most members a gang may have (0: no limit).
     pub max_gang: u32,
+    /// A sample over `token_budget` must be split into pieces of at most the budget each (the
+    /// runtime: the budget bounds a micro-batch's memory). Otherwise it runs whole, alone.
+    pub pieces_within_budget: bool,
 }
 
 impl Default for SplitOptions {
@@ -68,6 +71,7 @@ impl Default for SplitOptions {
             split: true,
             min_tokens: 0,
             max_gang: 0,
+            pieces_within_budget: false,
         }
     }
 }
@@ -124,18 +128,30 @@ fn checked(what: &'static str, at: Option<usize>, value: f64) -> Result<f64, Spl
     }
 }
 
-/// The gang for one sample whose whole micro-batch costs `whole_s`; `None`: keep it whole.
+/// Whether a gang of `k` cuts `tokens` into pieces of at most `budget` tokens: zig-zag gives each
+/// member two chunks of at most `⌈tokens / 2k⌉`.
+fn pieces_fit(tokens: u64, k: u32, budget: u64) -> bool {
+    2 * tokens.div_ceil(2 * u64::from(k)) <= budget
+}
+
+/// The gang for one sample whose whole micro-batch costs `whole_s`; `None`: keep it whole. With
+/// `within` (a budget the pieces must fit), only gangs whose pieces fit it, and a gang even where
+/// it is not cheaper than the whole sample.
 fn choose<C: SplitCosts + ?Sized>(
     costs: &C,
     tokens: u64,
     whole_s: f64,
     target_s: f64,
     max_gang: u32,
+    within: Option<u64>,
 ) -> Option<PieceCost> {
     let mut best: Option<PieceCost> = None;
     for k in gang_sizes(costs.devices(), costs.devices_per_node()) {
         if tokens < 2 * u64::from(k) || (max_gang > 0 && k > max_gang) {
             break;
+        }
+        if within.is_some_and(|budget| !pieces_fit(tokens, k, budget)) {
+            continue;
         }
         let c = piece_cost(costs, tokens, k);
         if !c.piece_s().is_finite() {
@@ -149,7 +165,7 @@ fn choose<C: SplitCosts + ?Sized>(
             best = Some(c);
         }
     }
-    best.filter(|b| b.piece_s() < whole_s)
+    best.filter(|b| within.is_some() || b.piece_s() < whole_s)
 }
 
 /// Plans one step of samples of `lengths` tokens (see the module docs).
@@ -191,16 +207,56 @@ pub fn plan<C: SplitCosts + ?Sized>(
     let mut order: Vec<usize> = (0..lengths.len()).collect();
     order.sort_by(|&x, &y| marginal[y].total_cmp(&marginal[x]).then(x.cmp(&y)));
 
-    // The samples worth splitting, costliest first, with their gang.
-    let candidates: Vec<(usize, PieceCost)> = order
-        .iter()
-        .filter(|&&i| options.split && lengths[i] >= options.min_tokens && whole(i) > perfect_s)
-        .filter_map(|&i| {
-            choose(costs, lengths[i], whole_mb(i), perfect_s, options.max_gang).map(|c| (i, c))
-        })
-        .collect();
+    // The samples that must be split (over the budget, with `pieces_within_budget`), then those
+    // worth splitting, costliest first, with their gang.
+    let must = |i: usize| {
+        options.split && options.pieces_within_budget && lengths[i] > options.token_budget
+    };
+    let mut candidates: Vec<(usize, PieceCost)> = Vec::new();
+    for &i in order.iter().filter(|&&i| must(i)) {
+        let within = Some(options.token_budget);
+        match choose(
+            costs,
+            lengths[i],
+            whole_mb(i),
+            perfect_s,
+            options.max_gang,
+            within,
+        ) {
+            Some(c) => candidates.push((i, c)),
+            None => {
+                return Err(SplitError::PiecesOverBudget {
+                    sample: i,
+                    tokens: lengths[i],
+                    budget: options.token_budget,
+                })
+            }
+        }
+    }
+    let mandatory = candidates.len();
+    candidates.extend(
+        order
+            .iter()
+            .filter(|&&i| {
+                options.split
+                    && !must(i)
+                    && lengths[i] >= options.min_tokens
+                    && whole(i) > perfect_s
+            })
+            .filter_map(|&i| {
+                choose(
+                    costs,
+                    lengths[i],
+                    whole_mb(i),
+                    perfect_s,
+                    options.max_gang,
+                    None,
+                )
+                .map(|c| (i, c))
+            }),
+    );
     let mut best: Option<(f64, Vec<DeviceAssignment>, Vec<Gang>)> = None;
-    let mut j = 0usize;
+    let mut j = mandatory;
     loop {
         let (devices, gangs) = place(
             lengths,
@@ -222,7 +278,7 @@ pub fn plan<C: SplitCosts + ?Sized>(
         if j == candidates.len() {
             break;
         }
-        j = (2 * j).clamp(1, candidates.len());
+        j = (mandatory + 2 * (j - mandatory)).clamp(mandatory + 1, candidates.len());
     }
     let (step_s, devices, gangs) = best.unwrap_or_default();
     Ok(SplitPlan {

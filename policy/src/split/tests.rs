@@ -232,6 +232,70 @@ fn min_tokens_keeps_shorter_samples_whole() {
     assert_eq!(only_longest.gangs[0].sample, 0);
 }
 
+/// A sample over the budget must be split (`pieces_within_budget`) into pieces that fit it,
+/// even where splitting it does not pay; where no gang can, an error naming the sample.
+#[test]
+fn a_sample_over_the_budget_is_split_into_pieces_within_it() {
+    let costs = Toy::h100(8);
+    let options = SplitOptions {
+        token_budget: 16_384,
+        pieces_within_budget: true,
+        ..SplitOptions::default()
+    };
+    // 8 samples of 8,192 beside one of 40,000: at least 3 members (pieces of 13,334 at most).
+    let mut lengths = vec![40_000];
+    lengths.extend(std::iter::repeat_n(8192, 8));
+    let p = plan(&lengths, &costs, options).unwrap();
+    assert_exactly_once(&p, &lengths);
+    let gang = p.gangs.iter().find(|g| g.sample == 0).expect("split");
+    assert!(gang.cost.k >= 3, "{gang:?}");
+    let cut = crate::split::zigzag(40_000, gang.cost.k).unwrap();
+    for member in &cut {
+        assert!(member.iter().map(|r| r.end - r.start).sum::<u64>() <= 16_384);
+    }
+    // Only whole samples within the budget stay whole.
+    for a in &p.devices {
+        for mb in &a.micro_batches {
+            assert!(mb.iter().map(|&i| lengths[i]).sum::<u64>() <= 16_384);
+        }
+    }
+    // Even where the split costs more than the whole sample (a transfer floor of an hour).
+    let slow = Toy {
+        pull: 3600.0,
+        ..costs.clone()
+    };
+    assert!(!plan(&lengths, &slow, options).unwrap().gangs.is_empty());
+    // Without the flag it runs whole, alone, where splitting does not pay.
+    let whole = plan(
+        &lengths,
+        &slow,
+        SplitOptions {
+            pieces_within_budget: false,
+            ..options
+        },
+    );
+    assert!(whole.unwrap().gangs.is_empty());
+    // A gang of at most 2 cannot cut 40,000 tokens into pieces of 16,384.
+    let e = plan(
+        &lengths,
+        &costs,
+        SplitOptions {
+            max_gang: 2,
+            ..options
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        SplitError::PiecesOverBudget {
+            sample: 0,
+            tokens: 40_000,
+            budget: 16_384
+        }
+    );
+    assert!(e.to_string().contains("sample 0 has 40000 tokens"), "{e}");
+}
+
 #[test]
 fn bad_inputs_are_errors_naming_what_was_wrong() {
     let costs = Toy::h100(8);

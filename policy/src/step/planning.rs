@@ -146,6 +146,7 @@ impl StepMachine {
             split: true,
             min_tokens,
             max_gang: per_node,
+            pieces_within_budget: true,
         };
         let split = crate::split::plan(tokens, &costs, options)
             .map_err(|e| Error::Config(format!("sequence splitting: {e}")))?;

@@ -198,3 +198,35 @@ fn a_lost_gang_member_replays_the_whole_gang_under_a_new_epoch() {
     assert!(pieces.iter().all(|p| p.epoch == 1), "{pieces:?}");
     assert!((stats.loss - 1.0).abs() < 1e-12, "{}", stats.loss);
 }
+
+/// A sample over the token budget runs as a gang whose pieces fit the budget; where no gang the
+/// step allows can cut it, and with splitting off, the step fails naming the sample.
+#[test]
+fn a_sample_over_the_budget_runs_as_a_gang_whose_pieces_fit_it() {
+    let mut w = World::new(split_config(SplitPolicy::Auto), &[1.0; 4]);
+    let stats = w
+        .step(long_tail(200_000, 10))
+        .expect("finished")
+        .expect("ok");
+    assert_eq!(stats.gangs, vec![4], "50,000 tokens a member");
+    for (_, mb, _) in assignments(&w.log) {
+        assert!(mb.tokens <= 65_536, "{}", mb.tokens);
+    }
+    for (config, wanted) in [
+        (
+            StepConfig {
+                max_gang: 2,
+                ..split_config(SplitPolicy::Auto)
+            },
+            "sample 0 has 200000 tokens",
+        ),
+        (split_config(SplitPolicy::Off), "200000"),
+    ] {
+        let mut w = World::new(config, &[1.0; 4]);
+        let e = w
+            .step(long_tail(200_000, 10))
+            .expect("finished")
+            .unwrap_err();
+        assert!(e.to_string().contains(wanted), "{e}");
+    }
+}
