@@ -5,8 +5,9 @@
 //! - Each message is one inbox message of the attempt's epoch, its write id naming the gang, the
 //!   attention call, the pass, the ring step, the sender and the receiver ([`write_id`]): every
 //!   message of an attempt is unique, and C7 refuses a repeat.
-//! - Tensors travel as their dtype, shape and fp32 values ([`encode`]; bf16 and f16 convert to
-//!   fp32 and back exactly) and arrive on the receiver's device.
+//! - Tensors travel as their dtype, shape and values in that dtype ([`encode`]: a bf16 block is
+//!   half the bytes of an fp32 one, and exact) and arrive on the receiver's device. They go
+//!   through host memory, also from a GPU.
 //! - A receive waits at most the link's timeout (I6) and ends at once when the attempt is
 //!   discarded (the group's epoch floor, raised by the supervisor's discard on every node: I2).
 //!   [`GangLink::abort`] cannot reach the other members from here; they stop at that discard.
@@ -191,8 +192,17 @@ impl GangLink for TransportLink {
     }
 }
 
-/// Tensors as one message: their count, then each one's dtype code, rank, dimensions and fp32
-/// values, little-endian.
+/// Bytes per element of a dtype the wire carries: f32 (code 0), bf16 (1), f16 (2).
+fn width(dtype: DType) -> usize {
+    if dtype == DType::F32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Tensors as one message: their count, then each one's dtype code, rank, dimensions and values
+/// in its dtype, little-endian.
 pub fn encode(tensors: &[Tensor]) -> Result<Bytes> {
     let mut out = BytesMut::new();
     out.put_u32_le(tensors.len() as u32);
@@ -212,14 +222,24 @@ pub fn encode(tensors: &[Tensor]) -> Result<Bytes> {
         for &d in t.dims() {
             out.put_u64_le(d as u64);
         }
-        let values: Vec<f32> = t
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_device(&Device::Cpu)?
-            .to_vec1()?;
-        out.reserve(4 * values.len());
-        for v in values {
-            out.put_f32_le(v);
+        let flat = t.flatten_all()?.to_device(&Device::Cpu)?;
+        out.reserve(width(t.dtype()) * flat.elem_count());
+        match t.dtype() {
+            DType::BF16 => {
+                for v in flat.to_vec1::<half::bf16>()? {
+                    out.put_u16_le(v.to_bits());
+                }
+            }
+            DType::F16 => {
+                for v in flat.to_vec1::<half::f16>()? {
+                    out.put_u16_le(v.to_bits());
+                }
+            }
+            _ => {
+                for v in flat.to_vec1::<f32>()? {
+                    out.put_f32_le(v);
+                }
+            }
         }
     }
     Ok(out.freeze())
@@ -261,21 +281,35 @@ pub fn decode(bytes: &[u8], device: &Device) -> Result<Vec<Tensor>> {
             let d = u64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
             dims.push(usize::try_from(d).map_err(|_| bad(format!("tensor {i}: dimension {d}")))?);
         }
+        let w = width(dtype);
         let elems = dims
             .iter()
             .try_fold(1usize, |n, &d| n.checked_mul(d))
-            .filter(|&n| n.checked_mul(4).is_some_and(|b| b <= bytes.len()))
+            .filter(|&n| n.checked_mul(w).is_some_and(|b| b <= bytes.len()))
             .ok_or_else(|| bad(format!("tensor {i} of shape {dims:?} exceeds the message")))?;
-        let raw = take(4 * elems)?;
-        let values: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        tensors.push(
-            Tensor::from_vec(values, dims, &Device::Cpu)?
-                .to_dtype(dtype)?
-                .to_device(device)?,
-        );
+        let raw = take(w * elems)?;
+        let bits = || {
+            raw.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        };
+        let host = match dtype {
+            DType::BF16 => {
+                let values: Vec<half::bf16> = bits().map(half::bf16::from_bits).collect();
+                Tensor::from_vec(values, dims, &Device::Cpu)?
+            }
+            DType::F16 => {
+                let values: Vec<half::f16> = bits().map(half::f16::from_bits).collect();
+                Tensor::from_vec(values, dims, &Device::Cpu)?
+            }
+            _ => {
+                let values: Vec<f32> = raw
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                Tensor::from_vec(values, dims, &Device::Cpu)?
+            }
+        };
+        tensors.push(host.to_device(device)?);
     }
     if at != bytes.len() {
         return Err(bad(format!(
@@ -284,4 +318,89 @@ pub fn decode(bytes: &[u8], device: &Device) -> Result<Vec<Tensor>> {
         )));
     }
     Ok(tensors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensors_cross_the_wire_exactly_in_their_own_dtype() {
+        let cpu = Device::Cpu;
+        let base = Tensor::arange(0f32, 24.0, &cpu)
+            .unwrap()
+            .affine(0.37, -1.1)
+            .unwrap()
+            .reshape((2, 3, 4))
+            .unwrap();
+        let all = [
+            base.clone(),
+            base.to_dtype(DType::BF16).unwrap(),
+            base.to_dtype(DType::F16).unwrap(),
+        ];
+        let bytes = encode(&all).unwrap();
+        // Header 4; each tensor 2 + 3 × 8; then 24 values of 4, 2 and 2 bytes.
+        assert_eq!(bytes.len(), 4 + 3 * 26 + 24 * (4 + 2 + 2));
+        let back = decode(&bytes, &cpu).unwrap();
+        assert_eq!(back.len(), 3);
+        for (got, want) in back.iter().zip(&all) {
+            assert_eq!(got.dtype(), want.dtype());
+            assert_eq!(got.dims(), want.dims());
+            let bits = |t: &Tensor| {
+                t.to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(got), bits(want));
+        }
+    }
+
+    #[test]
+    fn a_malformed_message_is_an_error_naming_what_was_wrong() {
+        let cpu = Device::Cpu;
+        let t = Tensor::ones((2, 2), DType::BF16, &cpu).unwrap();
+        let good = encode(std::slice::from_ref(&t)).unwrap();
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (good[..good.len() - 1].to_vec(), "end inside a field"),
+            (
+                {
+                    let mut b = good.to_vec();
+                    b[6..14].copy_from_slice(&(1u64 << 40).to_le_bytes());
+                    b
+                },
+                "exceeds the message",
+            ),
+            ([&good[..], &[0u8][..]].concat(), "bytes after the last"),
+            (
+                {
+                    let mut b = good.to_vec();
+                    b[4] = 9;
+                    b
+                },
+                "dtype code 9",
+            ),
+            (
+                {
+                    let mut b = good.to_vec();
+                    b[5] = 200;
+                    b
+                },
+                "200 dimensions",
+            ),
+            (vec![1, 2], "end inside a field"),
+            (100u32.to_le_bytes().to_vec(), "100 tensors"),
+        ];
+        for (bytes, wanted) in cases {
+            let e = decode(&bytes, &cpu).unwrap_err().to_string();
+            assert!(e.contains(wanted), "{wanted}: {e}");
+        }
+        let ints = Tensor::new(&[1u32, 2], &cpu).unwrap();
+        assert!(encode(&[ints]).unwrap_err().to_string().contains("not U32"));
+    }
 }
