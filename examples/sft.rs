@@ -167,6 +167,10 @@ struct Opts {
     /// ... into DIR/step-<N>.
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
+    /// Keep only the newest N complete checkpoints: older ones are deleted once a newer one is
+    /// written and complete (0, the default: keep all).
+    #[arg(long)]
+    keep_last: Option<usize>,
     /// Continue from DIR/step-<N>; `auto`: from the newest complete checkpoint in
     /// --checkpoint-dir, or from scratch when it holds none (`./auto` is a directory named auto).
     #[arg(long)]
@@ -272,6 +276,9 @@ struct Settings {
     max_new_tokens: usize,
     checkpoint_every: u64,
     checkpoint_dir: PathBuf,
+    /// 0 in checkpoints written before this setting existed: keep all.
+    #[serde(default)]
+    keep_last: usize,
     metrics_addr: SocketAddr,
     no_metrics: bool,
     trace: Option<PathBuf>,
@@ -387,7 +394,9 @@ impl Opts {
             }
         }
         let opts: Opts = serde_json::from_value(merged)?;
-        Ok((opts, resume.or(self.resume)))
+        // The flag, else the file's `resume`.
+        let resume = resume.or_else(|| opts.resume.clone());
+        Ok((opts, resume))
     }
 
     fn settings(self) -> anyhow::Result<Settings> {
@@ -480,6 +489,7 @@ impl Opts {
             checkpoint_dir: self
                 .checkpoint_dir
                 .unwrap_or_else(|| PathBuf::from("checkpoints/sft")),
+            keep_last: self.keep_last.unwrap_or(0),
             metrics_addr: self
                 .metrics_addr
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9464))),
@@ -1008,11 +1018,20 @@ async fn run(
     let mut job = builder.build().context("building the job")?;
 
     let first = job.steps_done();
-    if first >= settings.steps {
+    if first > settings.steps {
         bail!(
-            "the run is already at step {first} of {}: raise --steps",
+            "the run is already at step {first}, past --steps {}: raise --steps",
             settings.steps
         );
+    }
+    if first == settings.steps {
+        // A restarted attempt of a run whose last checkpoint is its last step: done.
+        say(format!(
+            "sft: the checkpoint is at step {first} of {}: nothing left to train",
+            settings.steps
+        ));
+        job.shutdown().await;
+        return Ok(());
     }
     say(format!(
         "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers, device {} ({}), {threads}",
@@ -1125,6 +1144,12 @@ async fn run(
                 &serde_json::to_value(&saved)?,
             )?;
             print(format!("checkpoint: {}", dir.display()));
+            for old in checkpoint::retain(&settings.checkpoint_dir, settings.keep_last)? {
+                print(format!(
+                    "checkpoint: deleted {} (--keep-last)",
+                    old.display()
+                ));
+            }
         }
     }
     bar.finish_and_clear();

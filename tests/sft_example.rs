@@ -1,6 +1,6 @@
 //! `examples/sft` as a user runs it: a TOML config with flags overriding it, checkpoints on disk,
-//! resuming one (by path, and the newest with `--resume auto`), and a truncated checkpoint refused
-//! with the file named; `--tokenizer` with a Hugging Face `tokenizer.json`, a `[model]` vocabulary
+//! resuming one (by path, and the newest with `--resume auto`, passing over a corrupted newest
+//! one), `--keep-last`, and a truncated checkpoint refused with the file named; `--tokenizer` with a Hugging Face `tokenizer.json`, a `[model]` vocabulary
 //! too small for it, and a checkpoint resumed with another tokenizer, each refused with both sides
 //! named.
 #![cfg(feature = "candle")]
@@ -160,6 +160,70 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
         stderr.contains("--resume auto") && stderr.contains("--checkpoint-dir"),
         "{stderr}"
     );
+
+    // Issue 30: 64 bytes flipped in the middle of the newest checkpoint's model (its header
+    // intact). `--resume auto`, here from the config file's `resume` key, passes it over naming
+    // why, resumes from step 3 and ends where the uninterrupted run ended.
+    let model6 = ckpt.join("step-6").join("model.safetensors");
+    let mut bytes = std::fs::read(&model6).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 64] {
+        *b ^= 0xff;
+    }
+    std::fs::write(&model6, &bytes).unwrap();
+    let with_resume = format!(
+        "resume = \"auto\"\ncheckpoint_dir = \"{}\"\n{CONFIG}",
+        ckpt.display()
+    );
+    std::fs::write(dir.join("sft.toml"), with_resume).unwrap();
+    let out = run(&dir, &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("resuming from {} at step 3", resume.display())),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("step-6") && stderr.contains("passed over") && stderr.contains("checksum"),
+        "{stderr}"
+    );
+    let (step, again, _) = final_line(&stdout);
+    assert_eq!(step, 6);
+    assert!(((again - loss) / loss).abs() < 1e-4, "{again} vs {loss}");
+    std::fs::write(dir.join("sft.toml"), CONFIG).unwrap();
+
+    // A checkpoint at the run's last step (a rank killed after writing it): nothing left to
+    // train, and that is a success.
+    let out = run(
+        &dir,
+        &["--resume", resume.to_str().unwrap(), "--steps", "3"],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("nothing left to train"), "{stdout}");
+
+    // `--keep-last 2`: only the two newest checkpoints stay.
+    let kept = dir.join("kept");
+    let kept_arg = kept.to_str().unwrap();
+    let args = [
+        "--steps",
+        "3",
+        "--eval-every",
+        "0",
+        "--checkpoint-every",
+        "1",
+    ];
+    let mut args = args.to_vec();
+    args.extend(["--keep-last", "2", "--checkpoint-dir", kept_arg]);
+    let out = run(&dir, &args);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let mut left: Vec<String> = std::fs::read_dir(&kept)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["step-2", "step-3"]);
 
     // A truncated checkpoint: a clear error naming the file, no panic.
     let model = resume.join("model.safetensors");

@@ -1,5 +1,5 @@
-//! [`save`] and [`load`]: a [`TrainState`] as `step-<N>/{model,optimizer}.safetensors` and
-//! `state.json` (see the [module docs](super)). A frozen unit's optimizer state is 0 steps and no
+//! [`save`] and [`load`]: a [`TrainState`] as `step-<N>/{model,optimizer}.safetensors`,
+//! `state.json` and the [`manifest`](super::manifest) (see the [module docs](super)). A frozen unit's optimizer state is 0 steps and no
 //! buffers: `state.json` says so and the optimizer file holds no tensor of it.
 
 use std::collections::HashMap;
@@ -11,6 +11,7 @@ use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 
+use super::manifest::{self, Manifest};
 use super::{TensorMap, TrainState};
 
 /// The parameters' file in a step directory.
@@ -39,14 +40,14 @@ pub enum CheckpointError {
     Map(String),
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.to_path_buf(),
         source,
     }
 }
 
-fn invalid(path: &Path, reason: impl Into<String>) -> CheckpointError {
+pub(super) fn invalid(path: &Path, reason: impl Into<String>) -> CheckpointError {
     CheckpointError::Invalid {
         path: path.to_path_buf(),
         reason: reason.into(),
@@ -73,9 +74,24 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("step-{step}"))
 }
 
+/// The files of every checkpoint, which its manifest must name.
+pub(super) const FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
+
+/// Syncs the directory `dir` itself (its entries: what was created, removed or renamed in it).
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
+}
+
 /// Writes `state` (split into `tensors`' names) and `extra` to `dir/step-<state.step>` and returns
-/// that directory. The directory is written beside its final name and renamed into place, so it
-/// is complete or absent; an existing one of the same step is replaced.
+/// that directory.
+///
+/// **Durable and atomic**: the files are written into a staging directory beside the final name,
+/// each synced; the manifest (sizes and CRC32C of the three files) is written last and synced,
+/// then the staging directory itself; it is renamed into place and `dir` is synced. After a power
+/// loss the step directory is either absent or complete and verifiable. An existing one of the
+/// same step is moved aside before the rename and removed after it.
 pub fn save(
     dir: &Path,
     tensors: &TensorMap,
@@ -117,6 +133,7 @@ pub fn save(
         .flat_map(|(named, values)| split(named, values))
         .collect();
     write_tensors(&staging.join(MODEL_FILE), &model)?;
+    drop(model);
     let mut optimizer = Vec::new();
     for (named, opt) in tensors.units().iter().zip(&state.optimizer) {
         for (buffer, values) in &opt.buffers {
@@ -145,22 +162,45 @@ pub fn save(
     let json_path = staging.join(STATE_FILE);
     let json = serde_json::to_vec_pretty(&state_file)
         .map_err(|e| invalid(&json_path, format!("cannot encode: {e}")))?;
-    std::fs::write(&json_path, json).map_err(io(&json_path))?;
-    if target.exists() {
-        std::fs::remove_dir_all(&target).map_err(io(&target))?;
+    manifest::write_synced(&json_path, &json)?;
+    manifest::write(&staging, state.step, &FILES)?;
+    sync_dir(&staging)?;
+    let aside = dir.join(format!(".step-{}.old-{}", state.step, std::process::id()));
+    let replaced = target.exists();
+    if replaced {
+        std::fs::rename(&target, &aside).map_err(io(&target))?;
     }
     std::fs::rename(&staging, &target).map_err(io(&target))?;
+    sync_dir(dir)?;
+    if replaced {
+        std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
+    }
     Ok(target)
 }
 
+/// Reads `name` of `step_dir` and checks it against the manifest: size and CRC32C.
+fn read_checked(
+    step_dir: &Path,
+    manifest: &Manifest,
+    name: &str,
+) -> Result<Vec<u8>, CheckpointError> {
+    let path = step_dir.join(name);
+    let bytes = std::fs::read(&path).map_err(io(&path))?;
+    manifest.entry(step_dir, name)?.check(&path, &bytes)?;
+    Ok(bytes)
+}
+
 /// Reads the checkpoint in `step_dir` (a `DIR/step-<N>` that [`save`] wrote) for a model whose
-/// tensors are `tensors`: the state and the caller's JSON.
+/// tensors are `tensors`: the state and the caller's JSON. Every file is checked against the
+/// manifest (size and CRC32C) before it is parsed: a missing manifest, or a file that does not
+/// match it, is an error naming the file.
 pub fn load(
     step_dir: &Path,
     tensors: &TensorMap,
 ) -> Result<(TrainState, serde_json::Value), CheckpointError> {
+    let manifest = manifest::read(step_dir)?;
     let json_path = step_dir.join(STATE_FILE);
-    let json = std::fs::read(&json_path).map_err(io(&json_path))?;
+    let json = read_checked(step_dir, &manifest, STATE_FILE)?;
     let state: StateFile = serde_json::from_slice(&json)
         .map_err(|e| invalid(&json_path, format!("not a checkpoint state: {e}")))?;
     if state.format != FORMAT {
@@ -192,7 +232,7 @@ pub fn load(
     }
 
     let model_path = step_dir.join(MODEL_FILE);
-    let model_bytes = std::fs::read(&model_path).map_err(io(&model_path))?;
+    let model_bytes = read_checked(step_dir, &manifest, MODEL_FILE)?;
     let model = parse(&model_path, &model_bytes)?;
     let params = tensors
         .units()
@@ -208,7 +248,7 @@ pub fn load(
     check_all_used(&model_path, &model, names.iter().flatten().cloned())?;
 
     let opt_path = step_dir.join(OPTIMIZER_FILE);
-    let opt_bytes = std::fs::read(&opt_path).map_err(io(&opt_path))?;
+    let opt_bytes = read_checked(step_dir, &manifest, OPTIMIZER_FILE)?;
     let opt = parse(&opt_path, &opt_bytes)?;
     let mut used = Vec::new();
     let mut optimizer = Vec::with_capacity(names.len());
@@ -277,7 +317,10 @@ fn write_tensors(
         .collect::<Result<Vec<_>, _>>()?;
     let metadata = HashMap::from([("format".to_string(), "odc".to_string())]);
     safetensors::serialize_to_file(views, Some(metadata), path)
-        .map_err(|e| invalid(path, format!("cannot write: {e}")))
+        .map_err(|e| invalid(path, format!("cannot write: {e}")))?;
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(path))
 }
 
 fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, CheckpointError> {

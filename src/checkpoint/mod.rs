@@ -6,24 +6,32 @@
 //! DIR/step-<N>/optimizer.safetensors  `<param>.<buffer>` per optimizer buffer (`exp_avg`, ...)
 //! DIR/step-<N>/state.json             step, unit names, optimizer steps, and the caller's state
 //!                                     (config, data position, RNG) as JSON
+//! DIR/step-<N>/manifest.json          written last: every file's size and CRC32C
 //! ```
 //!
-//! Guarantees (tested in `files.rs`):
+//! Guarantees (tested in `files.rs`, `manifest.rs`, `newest.rs`):
 //! - **round trip**: [`load`] of what [`save`] wrote gives back the same state, bit for bit, and the
 //!   caller's JSON; a job resumed from it continues exactly (docs/design.md I3, `tests/checkpoint.rs`);
-//! - **atomic**: a step directory appears complete or not at all (written beside it, then renamed);
-//! - **bad files are errors naming the file**: missing, truncated, corrupted, a tensor missing,
-//!   of another shape or dtype — never a panic, never a partly loaded state;
-//! - **newest**: [`newest`] finds the `step-<N>` with the largest `N` holding all three files,
-//!   passing over staging directories and partial ones (`newest.rs`): what a restarted run
-//!   resumes from.
+//! - **durable and atomic**: every file, the manifest and the staging directory are synced before
+//!   the rename that publishes `step-<N>`, and `DIR` after it: a step directory appears complete
+//!   or not at all, also after a power loss;
+//! - **verified**: [`load`] checks every file against the manifest (size, CRC32C) before parsing
+//!   it; a missing manifest, a flipped bit, a truncated or emptied file is an error naming the
+//!   file — never a panic, never a partly loaded state, never a silently wrong model;
+//! - **newest that verifies**: [`newest`] walks back from the `step-<N>` with the largest `N` to
+//!   the newest one that [`verify`]s, logging why each newer one was passed over, and fails only
+//!   when none verifies: what a restarted run resumes from;
+//! - **retention**: [`retain`] deletes older checkpoints only once the newer ones it keeps are
+//!   complete (`--keep-last`).
 
 mod files;
+pub mod manifest;
 mod newest;
 mod tensors;
 mod train_state;
 
 pub use files::{load, save, step_dir, CheckpointError, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
-pub use newest::newest;
+pub use manifest::{Manifest, MANIFEST_FILE};
+pub use newest::{newest, retain, verify};
 pub use tensors::{NamedTensor, TensorMap};
 pub use train_state::TrainState;

@@ -1,18 +1,54 @@
-//! [`newest`]: the checkpoint a restarted run continues from (`examples/sft --resume auto`).
+//! [`newest`]: the checkpoint a restarted run continues from (`examples/sft --resume auto`),
+//! [`verify`]: whether a step directory is a checkpoint, and [`retain`]: `--keep-last`.
 
 use std::path::{Path, PathBuf};
 
-use super::{CheckpointError, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+use super::files::FILES;
+use super::manifest::{self, Manifest};
+use super::CheckpointError;
 
-/// The newest complete checkpoint in `dir`: the `step-<N>` directory with the largest `N` that
-/// holds all three files ([`MODEL_FILE`], [`OPTIMIZER_FILE`], [`STATE_FILE`]). `None` when `dir`
-/// does not exist or holds none.
+/// Checks the checkpoint in `step_dir` against its manifest: the manifest is there and complete,
+/// names the model, optimizer and state files, and every file it names has its size and CRC32C.
+/// Reads every byte. An error names the file and what differs.
+pub fn verify(step_dir: &Path) -> Result<Manifest, CheckpointError> {
+    manifest::verify(step_dir, &FILES)
+}
+
+/// The `step-<N>` directories of `dir`, largest `N` first; `None` when `dir` does not exist.
+fn steps(dir: &Path) -> Result<Option<Vec<(u64, PathBuf)>>, CheckpointError> {
+    let io = |source| CheckpointError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io)?;
+        let Some(step) = entry.file_name().to_str().and_then(step_of) else {
+            continue;
+        };
+        let path = entry.path();
+        if path.is_dir() {
+            found.push((step, path));
+        }
+    }
+    found.sort_by_key(|x| std::cmp::Reverse(x.0));
+    Ok(Some(found))
+}
+
+/// The newest checkpoint in `dir` that verifies ([`verify`]): from the `step-<N>` directory
+/// with the largest `N` back, each newer one that does not verify is passed over with a warning
+/// naming why (a missing manifest, a file of the wrong size, a checksum mismatch). `Ok(None)`
+/// when `dir` does not exist or holds no `step-<N>` directory; an error, naming every reason,
+/// when it holds some and none verifies: a damaged checkpoint is never loaded.
 ///
-/// What is not a checkpoint is passed over: [`save`](super::save)'s staging directories
-/// (`.step-<N>.tmp-<pid>`, left by a process killed while writing), names other than
-/// `step-<N>` in the form `save` writes, files, and a `step-<N>` missing one of its files (a
-/// checkpoint being replaced when its writer was killed; logged). The files themselves are
-/// checked when [`load`](super::load) reads them.
+/// What is not a step directory is not looked at: [`save`](super::save)'s staging directories
+/// (`.step-<N>.tmp-<pid>`, left by a process killed while writing), names other than `step-<N>`
+/// in the form `save` writes, and files.
 ///
 /// Every process of a job that calls this before the job starts sees the same directory (only a
 /// running job writes new checkpoints), so on one host, or a shared filesystem, every rank
@@ -23,40 +59,65 @@ use super::{CheckpointError, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 /// assert_eq!(odc::checkpoint::newest(&dir).unwrap(), None);
 /// ```
 pub fn newest(dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
-    let io = |source| CheckpointError::Io {
-        path: dir.to_path_buf(),
-        source,
+    let Some(found) = steps(dir)? else {
+        return Ok(None);
     };
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io(e)),
-    };
-    let mut best: Option<(u64, PathBuf)> = None;
-    for entry in entries {
-        let entry = entry.map_err(io)?;
-        let Some(step) = entry.file_name().to_str().and_then(step_of) else {
-            continue;
-        };
-        let path = entry.path();
-        if !path.is_dir() || best.as_ref().is_some_and(|(b, _)| *b >= step) {
-            continue;
+    let mut reasons = Vec::new();
+    for (_, path) in found {
+        match verify(&path) {
+            Ok(_) => return Ok(Some(path)),
+            Err(e) => {
+                tracing::warn!("{}: passed over: {e}", path.display());
+                reasons.push(e.to_string());
+            }
         }
-        let missing: Vec<&str> = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE]
-            .into_iter()
-            .filter(|f| !path.join(f).is_file())
-            .collect();
-        if !missing.is_empty() {
-            tracing::warn!(
-                "{}: not a complete checkpoint (no {}); passed over",
-                path.display(),
-                missing.join(", ")
-            );
-            continue;
-        }
-        best = Some((step, path));
     }
-    Ok(best.map(|(_, path)| path))
+    if reasons.is_empty() {
+        return Ok(None);
+    }
+    Err(CheckpointError::Invalid {
+        path: dir.to_path_buf(),
+        reason: format!(
+            "no checkpoint verifies ({} tried): {}",
+            reasons.len(),
+            reasons.join("; ")
+        ),
+    })
+}
+
+/// Keeps the newest `keep_last` complete checkpoints of `dir` (those whose manifest says so; the
+/// newest is the one just written) and deletes every `step-<N>` directory older than the oldest
+/// kept, returning what it deleted. Nothing is deleted until `keep_last` complete ones exist, so
+/// an older checkpoint goes only after a newer one is complete. `keep_last = 0` keeps everything.
+pub fn retain(dir: &Path, keep_last: usize) -> Result<Vec<PathBuf>, CheckpointError> {
+    let Some(found) = steps(dir)? else {
+        return Ok(Vec::new());
+    };
+    if keep_last == 0 {
+        return Ok(Vec::new());
+    }
+    let complete: Vec<u64> = found
+        .iter()
+        .filter(|(_, path)| manifest::read(path).is_ok())
+        .map(|(step, _)| *step)
+        .take(keep_last)
+        .collect();
+    let Some(&oldest_kept) = complete.get(keep_last - 1) else {
+        return Ok(Vec::new());
+    };
+    let mut deleted = Vec::new();
+    for (step, path) in found.into_iter().filter(|(s, _)| *s < oldest_kept) {
+        std::fs::remove_dir_all(&path).map_err(|source| CheckpointError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        tracing::info!(
+            "{}: deleted (--keep-last {keep_last}; step {step})",
+            path.display()
+        );
+        deleted.push(path);
+    }
+    Ok(deleted)
 }
 
 /// `N` of a directory named `step-<N>` exactly as [`step_dir`](super::step_dir) names it.
@@ -67,43 +128,92 @@ fn step_of(name: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{save, NamedTensor, TensorMap, TrainState, MODEL_FILE, STATE_FILE};
     use super::*;
     use crate::test_util::temp_path;
 
-    /// A step directory with `files` in it.
-    fn step(dir: &Path, name: &str, files: &[&str]) {
-        let path = dir.join(name);
-        std::fs::create_dir_all(&path).unwrap();
-        for file in files {
-            std::fs::write(path.join(file), b"x").unwrap();
-        }
+    fn map() -> TensorMap {
+        TensorMap::new(vec![vec![NamedTensor::new("w", &[64])]]).unwrap()
     }
 
-    const ALL: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
+    /// Saves a checkpoint of `step` in `dir`.
+    fn saved(dir: &Path, step: u64) -> PathBuf {
+        let state = TrainState {
+            step,
+            params: vec![(0..64).map(|i| i as f32 + step as f32).collect()],
+            optimizer: vec![odc_actors::layout::UnitOptimizerInit {
+                steps: step,
+                buffers: Vec::new(),
+            }],
+        };
+        save(dir, &map(), &state, &serde_json::Value::Null).unwrap()
+    }
 
     #[test]
-    fn the_largest_complete_step_by_number_not_by_name() {
+    fn the_largest_verified_step_by_number_not_by_name() {
         let dir = temp_path("odc-ckpt", "newest");
-        step(&dir, "step-2", &ALL);
-        step(&dir, "step-10", &ALL);
-        // Newer, but not checkpoints: partial, staging, other names, a file.
-        step(&dir, "step-11", &[MODEL_FILE, STATE_FILE]);
-        step(&dir, ".step-12.tmp-4242", &ALL);
-        step(&dir, "step-013", &ALL);
-        step(&dir, "step-14x", &ALL);
-        step(&dir, "step--15", &ALL);
+        saved(&dir, 2);
+        saved(&dir, 10);
+        // Not step directories: staging, other names, a file.
+        for name in [".step-12.tmp-4242", "step-013", "step-14x", "step--15"] {
+            std::fs::create_dir_all(dir.join(name)).unwrap();
+        }
         std::fs::write(dir.join("step-20"), b"a file").unwrap();
         assert_eq!(newest(&dir).unwrap(), Some(dir.join("step-10")));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// What a test does to a step directory.
+    type Damage = dyn Fn(&Path);
+
+    /// Every fault of issue 30 in the newest checkpoint: the previous one is used.
     #[test]
-    fn none_when_the_directory_is_missing_or_holds_no_checkpoint() {
+    fn a_damaged_newest_checkpoint_is_passed_over_for_the_previous_one() {
+        let dir = temp_path("odc-ckpt", "walk-back");
+        let damage: [(&str, &Damage); 5] = [
+            ("a bit flip", &|p| {
+                let f = p.join(MODEL_FILE);
+                let mut b = std::fs::read(&f).unwrap();
+                let mid = b.len() - 100;
+                b[mid] ^= 0x40;
+                std::fs::write(&f, b).unwrap();
+            }),
+            ("a truncation", &|p| {
+                let f = p.join(MODEL_FILE);
+                let b = std::fs::read(&f).unwrap();
+                std::fs::write(&f, &b[..b.len() / 2]).unwrap();
+            }),
+            ("an empty file", &|p| {
+                std::fs::write(p.join(STATE_FILE), b"").unwrap()
+            }),
+            ("a missing manifest", &|p| {
+                std::fs::remove_file(p.join(manifest::MANIFEST_FILE)).unwrap()
+            }),
+            ("a missing file", &|p| {
+                std::fs::remove_file(p.join(STATE_FILE)).unwrap()
+            }),
+        ];
+        for (what, damage) in damage {
+            let good = saved(&dir, 10);
+            let bad = saved(&dir, 20);
+            damage(&bad);
+            assert!(verify(&bad).is_err(), "{what}");
+            assert_eq!(newest(&dir).unwrap(), Some(good), "{what}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn none_when_nothing_is_there_and_an_error_when_nothing_verifies() {
         let dir = temp_path("odc-ckpt", "newest-none");
         assert_eq!(newest(&dir).unwrap(), None, "missing");
-        step(&dir, ".step-3.tmp-1", &ALL);
-        step(&dir, "step-4", &[STATE_FILE]);
-        assert_eq!(newest(&dir).unwrap(), None, "nothing complete");
+        std::fs::create_dir_all(dir.join(".step-3.tmp-1")).unwrap();
+        assert_eq!(newest(&dir).unwrap(), None, "only a staging directory");
+        let only = saved(&dir, 4);
+        std::fs::write(only.join(STATE_FILE), b"{}").unwrap();
+        let e = newest(&dir).unwrap_err().to_string();
+        assert!(e.contains("no checkpoint verifies (1 tried)"), "{e}");
+        assert!(e.contains("state.json"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -117,22 +227,20 @@ mod tests {
     }
 
     #[test]
-    fn what_save_writes_is_found() {
-        use super::super::{save, NamedTensor, TensorMap, TrainState};
-        let dir = temp_path("odc-ckpt", "newest-saved");
-        let map = TensorMap::new(vec![vec![NamedTensor::new("w", &[2])]]).unwrap();
-        for s in [3, 6] {
-            let state = TrainState {
-                step: s,
-                params: vec![vec![1.0, 2.0]],
-                optimizer: vec![odc_actors::layout::UnitOptimizerInit {
-                    steps: s,
-                    buffers: Vec::new(),
-                }],
-            };
-            save(&dir, &map, &state, &serde_json::Value::Null).unwrap();
-        }
-        assert_eq!(newest(&dir).unwrap(), Some(dir.join("step-6")));
+    fn retain_deletes_older_checkpoints_only_once_newer_ones_are_complete() {
+        let dir = temp_path("odc-ckpt", "retain");
+        saved(&dir, 1);
+        saved(&dir, 2);
+        assert!(retain(&dir, 3).unwrap().is_empty(), "fewer than 3 complete");
+        saved(&dir, 3);
+        // Step 4 is incomplete (its writer died before the manifest): it does not count.
+        let four = saved(&dir, 4);
+        std::fs::remove_file(four.join(manifest::MANIFEST_FILE)).unwrap();
+        assert_eq!(retain(&dir, 2).unwrap(), vec![dir.join("step-1")]);
+        assert!(dir.join("step-2").exists() && dir.join("step-3").exists());
+        saved(&dir, 5);
+        assert_eq!(retain(&dir, 2).unwrap(), vec![dir.join("step-2")]);
+        assert!(retain(&dir, 0).unwrap().is_empty(), "0 keeps everything");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
