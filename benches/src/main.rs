@@ -84,6 +84,10 @@ enum Command {
     /// it (sequence splitting: zig-zag chunks, keys and values over an in-process ring), on the
     /// real model, ABBA with an alone-vs-alone control (odc_bench::gang).
     Gang(GangArgs),
+    /// What verifying a checkpoint costs against writing it: `odc::checkpoint::save` of a
+    /// checkpoint of `--mb` MiB of parameters (and AdamW's moments) against CRC32C and SHA-256
+    /// of the same bytes, seconds per GB.
+    CheckpointIo(CheckpointIoArgs),
 }
 
 fn main() -> ExitCode {
@@ -109,6 +113,7 @@ fn main() -> ExitCode {
             Command::LoraTraffic(args) => runtime.block_on(lora_traffic(args)),
             Command::Memory(args) => runtime.block_on(memory(args)),
             Command::Gang(args) => gang(args),
+            Command::CheckpointIo(args) => checkpoint_io(args),
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,

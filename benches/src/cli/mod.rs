@@ -5,6 +5,7 @@ use odc_bench::input::{self, MAX_DEVICES, MAX_MINIBATCH_PER_DEVICE, MAX_SEQUENCE
 
 mod ab;
 mod calibrate;
+mod checkpoint_io;
 mod gang;
 mod hf;
 mod lora_traffic;
@@ -16,6 +17,7 @@ mod transport;
 
 pub(crate) use ab::*;
 pub(crate) use calibrate::*;
+pub(crate) use checkpoint_io::*;
 pub(crate) use gang::*;
 pub(crate) use hf::*;
 pub(crate) use lora_traffic::*;
