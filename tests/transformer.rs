@@ -779,3 +779,79 @@ fn grpo_on_odc_moves_the_policy_towards_the_rewarded_response() {
         max_abs_diff(&unchanged, &init)
     );
 }
+
+/// GRPO with sequence splitting trains as GRPO without it: one SGD step on the long-tail
+/// minibatch (its ~2,000-token sample split over both trainers), advantages of both signs and
+/// reference log-probabilities from the initial weights: every parameter within 1e-5 of the
+/// unsplit job's. The members' GRPO sums add up to the whole sample's (each piece token gets its
+/// sample's advantage and the reference log-probability of the token after it).
+#[test]
+fn grpo_with_a_split_sample_equals_grpo_without() {
+    let c = long_context(config());
+    let data = long_tail_samples();
+    let init: Vec<Vec<f32>> = (0..unit_count(&c))
+        .map(|u| unit_init_values(&c, u).unwrap())
+        .collect();
+    let reference = Weights::from_units(&c, &init, &Device::Cpu).unwrap();
+    let items: Vec<(Sample, RlSample)> = data
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let rl = RlSample {
+                advantage: if i % 2 == 0 { 1.0 } else { -0.5 },
+                ref_log_probs: sequence_log_probs(&reference, &s.tokens).unwrap(),
+            };
+            (s.clone(), rl)
+        })
+        .collect();
+    let minibatch = metas(&data, 0);
+    assert!(
+        minibatch.iter().any(|m| m.tokens > 1500),
+        "a long sample in step 0"
+    );
+    let objective = Objective::Grpo(GrpoConfig {
+        clip_eps: 0.2,
+        kl_coef: 0.05,
+    });
+    let run = |split: SplitPolicy| {
+        let items = items.clone();
+        let (init, minibatch) = (init.clone(), minibatch.clone());
+        runtime().block_on(async {
+            let mut job = transformer_job(&c, Some(init), Arc::new(Rl(items)), objective)
+                .unwrap()
+                .trainers(2)
+                .servers(2)
+                .optimizer(OptimizerConfig::sgd(0.5))
+                .pull_precision(Precision::F32)
+                .token_budget(4096)
+                .sequence_parallel(split)
+                .build()
+                .unwrap();
+            let stats = job.step_with(minibatch).await.unwrap();
+            let params = job.parameters().await.unwrap();
+            job.shutdown().await;
+            (stats, params)
+        })
+    };
+    let (split, with) = run(SplitPolicy::Auto);
+    let (whole, without) = run(SplitPolicy::Off);
+    assert_eq!(
+        split.gangs,
+        vec![2],
+        "the long sample split over both trainers"
+    );
+    assert!(whole.gangs.is_empty());
+    assert!(
+        ((split.loss - whole.loss) / whole.loss.abs().max(1e-9)).abs() < 1e-5,
+        "loss {} vs {}",
+        split.loss,
+        whole.loss
+    );
+    let diff = max_abs_diff(&with, &without);
+    let moved = max_abs_diff(&without, &init);
+    eprintln!(
+        "GRPO split vs unsplit after one step: max |Δ| = {diff:e} (the step moved {moved:e})"
+    );
+    assert!(moved > 1e-4, "the step moved the parameters: {moved}");
+    assert!(diff < 1e-5, "GRPO split vs unsplit: max |Δ| = {diff}");
+}

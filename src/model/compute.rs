@@ -59,7 +59,7 @@ use super::batch::{GangPiece, HeadImpl, Kernels, PackedBatch, Sample};
 use super::config::ModelConfig;
 use super::device::{open_device, ComputePrecision, DeviceSpec};
 use super::gang::{GangLayout, TransportLink};
-use super::grpo::{grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
+use super::grpo::{grpo_loss_sum, rl_targets_with_piece, GrpoConfig, RlSample};
 use super::head::WeightGrad;
 use super::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
 use super::reshard::Reshard;
@@ -733,7 +733,25 @@ impl Compute for TransformerCompute {
                         })
                     })
                     .collect::<crate::Result<Vec<_>>>()?;
-                let (adv, reference) = rl_targets(&samples, &rl, &device).map_err(user)?;
+                // A gang member's piece: its sample's RL data at the piece's positions.
+                let piece = match (&mb.piece, &batch.piece) {
+                    (Some(p), Some(packed)) => {
+                        let data =
+                            self.samples
+                                .rl(p.sample.index)
+                                .ok_or_else(|| crate::Error::User {
+                                    message: format!(
+                                        "sample {} has no advantage (GRPO)",
+                                        p.sample.index
+                                    ),
+                                })?;
+                        Some((data, packed.layout.positions()))
+                    }
+                    _ => None,
+                };
+                let piece = piece.as_ref().map(|(d, p)| (d, p.as_slice()));
+                let (adv, reference) =
+                    rl_targets_with_piece(&samples, &rl, piece, &device).map_err(user)?;
                 Some((config, adv, reference))
             }
         };
@@ -929,11 +947,6 @@ impl TransformerCompute {
         piece: &Piece,
         device: &Device,
     ) -> crate::Result<PackedBatch> {
-        if !matches!(self.objective, Objective::CrossEntropy) {
-            return Err(crate::Error::Config(
-                "sequence splitting trains the cross-entropy objective only (not GRPO)".into(),
-            ));
-        }
         let index = piece.sample.index;
         let whole = self.samples.sample(index).map_err(|e| crate::Error::User {
             message: format!("sample {index}: {e}"),

@@ -82,6 +82,20 @@ pub fn rl_targets(
     rl: &[RlSample],
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
+    rl_targets_with_piece(samples, rl, None, device)
+}
+
+/// [`rl_targets`] for a gang member's pack ([`PackedBatch::pack_with_piece`](super::PackedBatch)):
+/// the whole `samples`, then the split sample's tokens at `positions` (its RL data `piece.0`): each
+/// gets the sample's advantage and the reference log-probability of the token after it in the
+/// whole sample (0 after its last), as the unsplit pack gives the same token. GRPO's loss is a sum
+/// over response tokens, so the members' sums add up to the whole sample's.
+pub fn rl_targets_with_piece(
+    samples: &[Sample],
+    rl: &[RlSample],
+    piece: Option<(&RlSample, &[usize])>,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
     if samples.len() != rl.len() {
         return Err(Error::Batch(format!(
             "{} samples but RL data for {}",
@@ -89,7 +103,8 @@ pub fn rl_targets(
             rl.len()
         )));
     }
-    let total: usize = samples.iter().map(|s| s.tokens.len()).sum();
+    let whole: usize = samples.iter().map(|s| s.tokens.len()).sum();
+    let total = whole + piece.map_or(0, |(_, p)| p.len());
     let (mut adv, mut reference) = (Vec::with_capacity(total), Vec::with_capacity(total));
     for (i, (s, r)) in samples.iter().zip(rl).enumerate() {
         let n = s.tokens.len();
@@ -102,6 +117,18 @@ pub fn rl_targets(
         adv.extend(std::iter::repeat_n(r.advantage, n));
         reference.extend(r.ref_log_probs.iter().skip(1));
         reference.push(0.0);
+    }
+    if let Some((r, positions)) = piece {
+        let n = r.ref_log_probs.len();
+        for &p in positions {
+            if p >= n {
+                return Err(Error::Batch(format!(
+                    "the split sample's piece has position {p}, but {n} reference log-probs"
+                )));
+            }
+            adv.push(r.advantage);
+            reference.push(r.ref_log_probs.get(p + 1).copied().unwrap_or(0.0));
+        }
     }
     Ok((
         Tensor::from_vec(adv, total, device)?,
@@ -307,5 +334,25 @@ mod tests {
             ref_log_probs: vec![0.0],
         }];
         assert!(rl_targets(&samples[..1], &short, &Device::Cpu).is_err());
+        // A gang member's piece after the whole samples: positions 3, 0 and 4 of a 5-token
+        // sample get its advantage and the reference log-prob of the token after each.
+        let split = RlSample {
+            advantage: 2.0,
+            ref_log_probs: vec![0.0, -0.1, -0.2, -0.3, -0.4],
+        };
+        let piece = Some((&split, &[3usize, 0, 4][..]));
+        let (adv, reference) =
+            rl_targets_with_piece(&samples[1..], &rl[1..], piece, &Device::Cpu).unwrap();
+        assert_eq!(
+            adv.to_vec1::<f32>().unwrap(),
+            vec![-1.0, -1.0, 2.0, 2.0, 2.0]
+        );
+        assert_eq!(
+            reference.to_vec1::<f32>().unwrap(),
+            vec![-3.0, 0.0, -0.4, -0.1, 0.0]
+        );
+        let beyond = Some((&split, &[5usize][..]));
+        let e = rl_targets_with_piece(&[], &[], beyond, &Device::Cpu).unwrap_err();
+        assert!(e.to_string().contains("position 5"), "{e}");
     }
 }
