@@ -1132,17 +1132,18 @@ async fn run(
         }
         if lead && settings.checkpoint_every > 0 && (done % settings.checkpoint_every == 0 || last)
         {
-            let state = job.train_state().await?;
             let saved = Saved {
                 settings: settings.clone(),
                 data: position,
             };
-            let dir = checkpoint::save(
-                &settings.checkpoint_dir,
-                &tensors,
-                &state,
-                &serde_json::to_value(&saved)?,
-            )?;
+            // Sharded: every server writes its own shards; this rank adds the manifest.
+            let dir = job
+                .save_checkpoint(
+                    &settings.checkpoint_dir,
+                    &tensors,
+                    &serde_json::to_value(&saved)?,
+                )
+                .await?;
             print(format!("checkpoint: {}", dir.display()));
             for old in checkpoint::retain(&settings.checkpoint_dir, settings.keep_last)? {
                 print(format!(

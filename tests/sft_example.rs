@@ -101,7 +101,8 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
         "{stdout}"
     );
     for step in ["step-3", "step-6"] {
-        for file in ["model.safetensors", "optimizer.safetensors", "state.json"] {
+        // Sharded: the one server's file, the state and the manifest.
+        for file in ["shard-00000.safetensors", "state.json", "manifest.json"] {
             assert!(
                 ckpt.join(step).join(file).is_file(),
                 "{step}/{file} missing"
@@ -164,7 +165,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     // Issue 30: 64 bytes flipped in the middle of the newest checkpoint's model (its header
     // intact). `--resume auto`, here from the config file's `resume` key, passes it over naming
     // why, resumes from step 3 and ends where the uninterrupted run ended.
-    let model6 = ckpt.join("step-6").join("model.safetensors");
+    let model6 = ckpt.join("step-6").join("shard-00000.safetensors");
     let mut bytes = std::fs::read(&model6).unwrap();
     let mid = bytes.len() / 2;
     for b in &mut bytes[mid..mid + 64] {
@@ -226,7 +227,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     assert_eq!(left, ["step-2", "step-3"]);
 
     // A truncated checkpoint: a clear error naming the file, no panic.
-    let model = resume.join("model.safetensors");
+    let model = resume.join("shard-00000.safetensors");
     let bytes = std::fs::read(&model).unwrap();
     std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
     let out = run(&dir, &["--resume", resume.to_str().unwrap()]);
@@ -236,7 +237,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
         "a truncated checkpoint was accepted: {stdout}"
     );
     assert!(
-        stderr.contains("model.safetensors") && stderr.contains("truncated"),
+        stderr.contains("shard-00000.safetensors") && stderr.contains("truncated"),
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");

@@ -104,6 +104,13 @@ pub struct OptimizerSnapshot {
     pub buffers: Vec<(String, RegionHandle)>,
 }
 
+/// Write this server's shards into the directory `dir` (a sharded checkpoint's staging directory,
+/// on a filesystem this server's process sees at that path) as `shard-<endpoint>.safetensors`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteShardsCmd {
+    pub dir: String,
+}
+
 /// What a snapshot holds besides the master values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SnapshotCmd {
@@ -128,6 +135,13 @@ pub enum ServerMsg {
     /// Publish the fp32 master values of every shard (and, when asked, the optimizer state) for a
     /// read-out over the data plane.
     Snapshot(SnapshotCmd, RpcReplyPort<Result<Vec<ShardSnapshot>>>),
+    /// Write every shard (master values and optimizer state, at the server's version) to one
+    /// file in the command's directory, synced, and report it
+    /// ([`shard_file`](crate::server::shard_file)).
+    WriteShards(
+        WriteShardsCmd,
+        RpcReplyPort<Result<crate::server::shard_file::ShardFile>>,
+    ),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -183,6 +197,12 @@ pub enum SupervisorMsg {
     /// Where to read the fp32 master parameters (and, when asked, the optimizer state) of every
     /// shard over the data plane.
     Parameters(SnapshotCmd, RpcReplyPort<Result<Vec<ShardSnapshot>>>),
+    /// Every server writes its shards into the command's directory (a sharded checkpoint);
+    /// replies with each server's file, in server order.
+    WriteShards(
+        WriteShardsCmd,
+        RpcReplyPort<Result<Vec<crate::server::shard_file::ShardFile>>>,
+    ),
     /// Periodic: time passed (deadlines).
     Tick,
     /// The outcome of server calls the supervisor started.

@@ -113,6 +113,9 @@ pub enum Error {
     NonFinite(Box<NonFiniteAt>),
     #[error("actor {actor}: {reason}")]
     Actor { actor: String, reason: String },
+    /// A checkpoint file could not be written or read (the path, and why).
+    #[error("{path}: {reason}")]
+    Checkpoint { path: String, reason: String },
     #[error("internal error: {0}")]
     Internal(String),
 }

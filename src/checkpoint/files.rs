@@ -11,7 +11,9 @@ use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 
-use super::manifest::{self, Manifest};
+use odc_actors::server::shard_file::ShardFile;
+
+use super::manifest::{self, FileEntry, Manifest};
 use super::{TensorMap, TrainState};
 
 /// The parameters' file in a step directory.
@@ -21,7 +23,7 @@ pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 /// The step, layout and the caller's state.
 pub const STATE_FILE: &str = "state.json";
 /// Version of the directory format `state.json` names.
-const FORMAT: u32 = 1;
+pub(super) const FORMAT: u32 = 1;
 
 /// Why a checkpoint could not be written or read; names the file.
 #[derive(Debug, thiserror::Error)]
@@ -56,17 +58,21 @@ pub(super) fn invalid(path: &Path, reason: impl Into<String>) -> CheckpointError
 
 /// `state.json`.
 #[derive(Debug, Serialize, Deserialize)]
-struct StateFile {
-    format: u32,
-    step: u64,
+pub(super) struct StateFile {
+    pub(super) format: u32,
+    pub(super) step: u64,
     /// Per unit, its tensors' names (a check that the files are of this model).
-    units: Vec<Vec<String>>,
+    pub(super) units: Vec<Vec<String>>,
     /// Per unit, the optimizer's step count.
-    optimizer_steps: Vec<u64>,
+    pub(super) optimizer_steps: Vec<u64>,
     /// Per unit, the optimizer's buffers (`<tensor>.<buffer>` in the optimizer file).
-    optimizer_buffers: Vec<Vec<String>>,
+    pub(super) optimizer_buffers: Vec<Vec<String>>,
     /// The caller's state (config, data position, RNG...).
-    extra: serde_json::Value,
+    pub(super) extra: serde_json::Value,
+    /// A sharded checkpoint's files, one per shard server, and the ranges each holds
+    /// ([`super::sharded`]); empty for one written by [`save`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) shards: Vec<ShardFile>,
 }
 
 /// `dir/step-<step>`.
@@ -76,6 +82,17 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
 
 /// The files of every checkpoint, which its manifest must name.
 pub(super) const FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
+
+/// Creates `dir` if needed and an empty [`staging_dir`] in it.
+pub(crate) fn fresh_staging(dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let staging = staging_dir(dir, step);
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
+    }
+    std::fs::create_dir(&staging).map_err(io(&staging))?;
+    Ok(staging)
+}
 
 /// Syncs the directory `dir` itself (its entries: what was created, removed or renamed in it).
 fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
@@ -118,13 +135,7 @@ pub fn save(
             }
         }
     }
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let target = step_dir(dir, state.step);
-    let staging = dir.join(format!(".step-{}.tmp-{}", state.step, std::process::id()));
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging).map_err(io(&staging))?;
-    }
-    std::fs::create_dir(&staging).map_err(io(&staging))?;
+    let staging = fresh_staging(dir, state.step)?;
 
     let model: Vec<(String, &[f32], Vec<usize>)> = tensors
         .units()
@@ -158,19 +169,39 @@ pub fn save(
             .map(|o| o.buffers.iter().map(|(n, _)| n.clone()).collect())
             .collect(),
         extra: extra.clone(),
+        shards: Vec::new(),
     };
     let json_path = staging.join(STATE_FILE);
     let json = serde_json::to_vec_pretty(&state_file)
         .map_err(|e| invalid(&json_path, format!("cannot encode: {e}")))?;
     manifest::write_synced(&json_path, &json)?;
-    manifest::write(&staging, state.step, &FILES)?;
-    sync_dir(&staging)?;
-    let aside = dir.join(format!(".step-{}.old-{}", state.step, std::process::id()));
+    publish(dir, &staging, state.step, Vec::new(), &FILES)
+}
+
+/// `dir/.step-<step>.tmp-<pid>`: where a checkpoint of `step` is written before it is published.
+pub(super) fn staging_dir(dir: &Path, step: u64) -> PathBuf {
+    dir.join(format!(".step-{step}.tmp-{}", std::process::id()))
+}
+
+/// Publishes the checkpoint written into `staging` as `dir/step-<step>`: the manifest (`known`
+/// entries, then `measured` files), synced, the staging directory synced, renamed into place
+/// (an existing step moved aside first and removed after), and `dir` synced.
+pub(super) fn publish(
+    dir: &Path,
+    staging: &Path,
+    step: u64,
+    known: Vec<FileEntry>,
+    measured: &[&str],
+) -> Result<PathBuf, CheckpointError> {
+    manifest::write_with(staging, step, known, measured)?;
+    sync_dir(staging)?;
+    let target = step_dir(dir, step);
+    let aside = dir.join(format!(".step-{step}.old-{}", std::process::id()));
     let replaced = target.exists();
     if replaced {
         std::fs::rename(&target, &aside).map_err(io(&target))?;
     }
-    std::fs::rename(&staging, &target).map_err(io(&target))?;
+    std::fs::rename(staging, &target).map_err(io(&target))?;
     sync_dir(dir)?;
     if replaced {
         std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
@@ -179,7 +210,7 @@ pub fn save(
 }
 
 /// Reads `name` of `step_dir` and checks it against the manifest: size and CRC32C.
-fn read_checked(
+pub(super) fn read_checked(
     step_dir: &Path,
     manifest: &Manifest,
     name: &str,
@@ -231,6 +262,10 @@ pub fn load(
         ));
     }
 
+    if !state.shards.is_empty() {
+        let state_of = super::sharded::assemble(step_dir, &manifest, tensors, &state)?;
+        return Ok((state_of, state.extra));
+    }
     let model_path = step_dir.join(MODEL_FILE);
     let model_bytes = read_checked(step_dir, &manifest, MODEL_FILE)?;
     let model = parse(&model_path, &model_bytes)?;
@@ -323,7 +358,7 @@ fn write_tensors(
         .map_err(io(path))
 }
 
-fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, CheckpointError> {
+pub(super) fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, CheckpointError> {
     SafeTensors::deserialize(bytes).map_err(|e| {
         invalid(
             path,
@@ -335,7 +370,7 @@ fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, Checkpoint
     })
 }
 
-fn read_f32(
+pub(super) fn read_f32(
     path: &Path,
     file: &SafeTensors<'_>,
     name: &str,

@@ -104,17 +104,26 @@ fn measure(path: &Path) -> Result<(u64, u32), CheckpointError> {
 
 /// Writes the manifest of `files` (names in `dir`, measured now) for `step`, synced to disk.
 pub fn write(dir: &Path, step: u64, files: &[&str]) -> Result<Manifest, CheckpointError> {
-    let files = files
-        .iter()
-        .map(|&name| {
-            let (bytes, crc32c) = measure(&dir.join(name))?;
-            Ok(FileEntry {
-                name: name.to_string(),
-                bytes,
-                crc32c,
-            })
-        })
-        .collect::<Result<Vec<_>, CheckpointError>>()?;
+    write_with(dir, step, Vec::new(), files)
+}
+
+/// [`write`] with entries already `known` (files written and measured elsewhere, such as each
+/// shard server's file: the writer does not read them again) before those `measured` now.
+pub fn write_with(
+    dir: &Path,
+    step: u64,
+    known: Vec<FileEntry>,
+    measured: &[&str],
+) -> Result<Manifest, CheckpointError> {
+    let mut files = known;
+    for &name in measured {
+        let (bytes, crc32c) = measure(&dir.join(name))?;
+        files.push(FileEntry {
+            name: name.to_string(),
+            bytes,
+            crc32c,
+        });
+    }
     let manifest = Manifest {
         format: FORMAT,
         step,

@@ -22,14 +22,19 @@
 //!   the newest one that [`verify`]s, logging why each newer one was passed over, and fails only
 //!   when none verifies: what a restarted run resumes from;
 //! - **retention**: [`retain`] deletes older checkpoints only once the newer ones it keeps are
-//!   complete (`--keep-last`).
+//!   complete (`--keep-last`);
+//! - **sharded** ([`sharded`], `Job::save_checkpoint`): every shard server writes its own
+//!   `shard-<server>.safetensors`; [`load`] assembles each unit from the ranges (they must tile
+//!   it), so a job resumes with any number of servers.
 
 mod files;
 pub mod manifest;
 mod newest;
+pub mod sharded;
 mod tensors;
 mod train_state;
 
+pub(crate) use files::fresh_staging;
 pub use files::{load, save, step_dir, CheckpointError, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 pub use manifest::{Manifest, MANIFEST_FILE};
 pub use newest::{newest, retain, verify};

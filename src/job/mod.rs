@@ -30,6 +30,7 @@ use crate::launch::{Roles, World};
 use multi::MultiProcess;
 
 mod builder;
+mod checkpoint;
 mod multi;
 mod readout;
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod liveness;
 mod model;
 mod no_inner_barrier;
 mod non_finite;
+mod sharded_checkpoint;
 mod straggler;
 
 use std::future::Future;

@@ -21,6 +21,7 @@ impl Message for ServerMsg {
             ServerMsg::Apply(cmd, reply) => call("Apply", &cmd, reply),
             ServerMsg::Discard(cmd, reply) => call("Discard", &cmd, reply),
             ServerMsg::Snapshot(cmd, reply) => call("Snapshot", &cmd, reply),
+            ServerMsg::WriteShards(cmd, reply) => call("WriteShards", &cmd, reply),
         }
     }
 
@@ -42,6 +43,10 @@ impl Message for ServerMsg {
             "Snapshot" => {
                 ServerMsg::Snapshot(decode("Snapshot", &args)?, reply_port("Snapshot", reply))
             }
+            "WriteShards" => ServerMsg::WriteShards(
+                decode("WriteShards", &args)?,
+                reply_port("WriteShards", reply),
+            ),
             _ => return unknown("shard server", &variant, true),
         })
     }
@@ -76,6 +81,7 @@ impl Message for SupervisorMsg {
             SupervisorMsg::Step(samples, reply) => call("Step", &samples, reply),
             SupervisorMsg::Done(report) => cast("Done", &report),
             SupervisorMsg::Parameters(cmd, reply) => call("Parameters", &cmd, reply),
+            SupervisorMsg::WriteShards(cmd, reply) => call("WriteShards", &cmd, reply),
             SupervisorMsg::Tick => cast("Tick", &()),
             SupervisorMsg::Servers(outcome) => cast("Servers", &outcome),
         }
@@ -90,6 +96,10 @@ impl Message for SupervisorMsg {
             ("Parameters", Some(reply)) => SupervisorMsg::Parameters(
                 decode("Parameters", &args)?,
                 reply_port("Parameters", reply),
+            ),
+            ("WriteShards", Some(reply)) => SupervisorMsg::WriteShards(
+                decode("WriteShards", &args)?,
+                reply_port("WriteShards", reply),
             ),
             ("Done", None) => SupervisorMsg::Done(decode("Done", &args)?),
             ("Tick", None) => {

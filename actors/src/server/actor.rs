@@ -9,7 +9,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use super::optimizer::{OptimizerConfig, OptimizerState};
 use super::shard::{Context, HostShard, ShardStore};
 use super::{
-    ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec, ShardSnapshot, SnapshotCmd,
+    shard_file, ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec, ShardSnapshot,
+    SnapshotCmd, WriteShardsCmd,
 };
 use crate::datapath::micro_batch_of;
 use crate::directory::ShardRoute;
@@ -135,6 +136,13 @@ impl Actor for ShardServer {
                         .await?;
                 let _ = reply.send(result);
             }
+            ServerMsg::WriteShards(cmd, reply) => {
+                let result = off_runtime(state, move |shards, context| {
+                    write_shards(shards, context, cmd)
+                })
+                .await?;
+                let _ = reply.send(result);
+            }
         }
         Ok(())
     }
@@ -241,6 +249,30 @@ fn snapshot(
         });
     }
     Ok(out)
+}
+
+/// Every shard's values (host copies) into `cmd.dir/shard-<endpoint>.safetensors`.
+fn write_shards(
+    shards: &mut [Shard],
+    context: &Context,
+    cmd: WriteShardsCmd,
+) -> Result<shard_file::ShardFile> {
+    let values = shards
+        .iter()
+        .map(|shard| {
+            let v = shard.store.values(context)?;
+            Ok(shard_file::ShardValues {
+                unit: shard.unit,
+                start: shard.range.start as u64,
+                end: shard.range.end as u64,
+                params: v.params,
+                steps: v.steps,
+                buffers: v.buffers,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let file = format!("shard-{:05}.safetensors", context.spec.endpoint);
+    shard_file::write(std::path::Path::new(&cmd.dir), &file, &values)
 }
 
 #[cfg(test)]

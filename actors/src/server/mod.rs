@@ -21,7 +21,9 @@
 //!   the same bytes as the new version (I1), without encoding them again on the host.
 //!
 //! The actor is not on the data path: reads and accumulates go through the transport, and so does
-//! the parameter read-out ([`ServerMsg::Snapshot`] hands out fp32 regions to read). Every message
+//! the parameter read-out ([`ServerMsg::Snapshot`] hands out fp32 regions to read). A sharded
+//! checkpoint is written by each server from its own memory ([`ServerMsg::WriteShards`],
+//! [`shard_file`]). Every message
 //! payload is plain serializable data, fixed-width integers only (ready for ractor_cluster); the
 //! actor starts from a serializable [`ServerSpec`] plus its process's [`Node`](crate::node::Node).
 
@@ -31,9 +33,10 @@ mod device;
 /// The update rule, a pure core (`odc_policy::optimizer`).
 pub use odc_policy::optimizer;
 mod shard;
+pub mod shard_file;
 
 pub use crate::messages::{
     ApplyCmd, DiscardCmd, OptimizerSnapshot, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
-    ShardSnapshot, SnapshotCmd,
+    ShardSnapshot, SnapshotCmd, WriteShardsCmd,
 };
 pub use actor::{ServerArgs, ShardServer};

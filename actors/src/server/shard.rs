@@ -56,6 +56,16 @@ pub(super) trait ShardStore: Send {
         context: &Context,
         optimizer: bool,
     ) -> Result<(RegionHandle, Option<OptimizerSnapshot>)>;
+    /// Host copies of the fp32 master weights and of the optimizer's step count and buffers
+    /// (none for a frozen shard): what a sharded checkpoint writes.
+    fn values(&self, context: &Context) -> Result<StoreValues>;
+}
+
+/// A store's values copied to host memory ([`ShardStore::values`]).
+pub(super) struct StoreValues {
+    pub(super) params: Vec<f32>,
+    pub(super) steps: u64,
+    pub(super) buffers: Vec<(String, Vec<f32>)>,
 }
 
 /// A shard in host memory: `Vec<f32>`s, the host optimizer loops, host-encoded publications.
@@ -211,6 +221,26 @@ impl ShardStore for HostShard {
             buffers: handles,
         };
         Ok((region, Some(snapshot)))
+    }
+
+    fn values(&self, _context: &Context) -> Result<StoreValues> {
+        let (steps, buffers) = match &self.training {
+            None => (0, Vec::new()),
+            Some(t) => (
+                t.optimizer.steps(),
+                t.optimizer
+                    .buffer_names()
+                    .iter()
+                    .zip(t.optimizer.buffers())
+                    .map(|(name, values)| (name.to_string(), values.to_vec()))
+                    .collect(),
+            ),
+        };
+        Ok(StoreValues {
+            params: self.master.clone(),
+            steps,
+            buffers,
+        })
     }
 }
 

@@ -214,6 +214,15 @@ impl Actor for Supervisor {
                 snapshots(state, cmd, reply);
                 return Ok(());
             }
+            SupervisorMsg::WriteShards(cmd, reply) => {
+                let calls = each_server(state, "write shards", move |reply| {
+                    ServerMsg::WriteShards(cmd.clone(), reply)
+                });
+                tokio::spawn(async move {
+                    let _ = reply.send(all_servers(calls).await);
+                });
+                return Ok(());
+            }
             SupervisorMsg::Tick => (state.machine.on_tick(now), None),
             SupervisorMsg::Servers(ServerOutcome::Reduced(r)) => {
                 (state.machine.on_reduced(r, now), None)

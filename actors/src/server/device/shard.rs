@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::server::optimizer::{
     plan_step, OptimizerConfig, OptimizerState, StepScalars, SGD_MOMENTUM_BUFFER,
 };
-use crate::server::shard::{Context, ShardStore};
+use crate::server::shard::{Context, ShardStore, StoreValues};
 use crate::server::{OptimizerSnapshot, ServerSpec};
 
 /// The optimizer's state in device memory: the step count and the per-element buffers, named as
@@ -278,5 +278,39 @@ impl ShardStore for DeviceShard {
             buffers: handles,
         };
         Ok((region, Some(snapshot)))
+    }
+
+    fn values(&self, context: &Context) -> Result<StoreValues> {
+        let transport = cuda_transport(&context.node).ok_or_else(|| {
+            Error::Config("a shard in device memory on a node whose transport is not cuda".into())
+        })?;
+        let device = transport.device();
+        let host = |buffer: &DeviceBuffer| -> Result<Vec<f32>> {
+            let bytes = device.download(buffer)?;
+            let mut values: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            values.truncate(self.len);
+            Ok(values)
+        };
+        let (steps, buffers) = match &self.training {
+            None => (0, Vec::new()),
+            Some(t) => {
+                let o = &t.optimizer;
+                let buffers = o
+                    .names
+                    .iter()
+                    .zip(&o.buffers)
+                    .map(|(name, b)| Ok((name.to_string(), host(b)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                (o.steps, buffers)
+            }
+        };
+        Ok(StoreValues {
+            params: host(&self.master)?,
+            steps,
+            buffers,
+        })
     }
 }
