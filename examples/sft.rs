@@ -1136,22 +1136,23 @@ async fn run(
                 settings: settings.clone(),
                 data: position,
             };
-            // Sharded: every server writes its own shards; this rank adds the manifest.
-            let dir = job
-                .save_checkpoint(
+            // Sharded and asynchronous: every server copies its shards now and writes them
+            // while training goes on; this rank publishes the directory. The previous one is
+            // complete when the next starts (and at the end).
+            let done = job
+                .checkpoint_async(
                     &settings.checkpoint_dir,
                     &tensors,
                     &serde_json::to_value(&saved)?,
                 )
                 .await?;
-            print(format!("checkpoint: {}", dir.display()));
-            for old in checkpoint::retain(&settings.checkpoint_dir, settings.keep_last)? {
-                print(format!(
-                    "checkpoint: deleted {} (--keep-last)",
-                    old.display()
-                ));
+            if let Some(dir) = done {
+                checkpoint_written(&dir, &settings, &print)?;
             }
         }
+    }
+    if let Some(dir) = job.wait_checkpoint().await? {
+        checkpoint_written(&dir, &settings, &print)?;
     }
     bar.finish_and_clear();
     if let (Some(out), true) = (&settings.export_hf, lead) {
@@ -1179,5 +1180,21 @@ async fn run(
         "final step={} loss={loss} eval_accuracy={accuracy}",
         settings.steps
     );
+    Ok(())
+}
+
+/// A checkpoint is complete: say so, then apply `--keep-last`.
+fn checkpoint_written(
+    dir: &std::path::Path,
+    settings: &Settings,
+    print: &dyn Fn(String),
+) -> anyhow::Result<()> {
+    print(format!("checkpoint: {}", dir.display()));
+    for old in checkpoint::retain(&settings.checkpoint_dir, settings.keep_last)? {
+        print(format!(
+            "checkpoint: deleted {} (--keep-last)",
+            old.display()
+        ));
+    }
     Ok(())
 }

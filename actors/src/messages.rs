@@ -135,13 +135,13 @@ pub enum ServerMsg {
     /// Publish the fp32 master values of every shard (and, when asked, the optimizer state) for a
     /// read-out over the data plane.
     Snapshot(SnapshotCmd, RpcReplyPort<Result<Vec<ShardSnapshot>>>),
-    /// Write every shard (master values and optimizer state, at the server's version) to one
-    /// file in the command's directory, synced, and report it
-    /// ([`shard_file`](crate::server::shard_file)).
-    WriteShards(
-        WriteShardsCmd,
-        RpcReplyPort<Result<crate::server::shard_file::ShardFile>>,
-    ),
+    /// Copy every shard (master values and optimizer state, at the server's version) and reply;
+    /// then write the copy to one file in the command's directory, synced
+    /// ([`shard_file`](crate::server::shard_file)), while the job goes on. Refused while the
+    /// previous write runs.
+    WriteShards(WriteShardsCmd, RpcReplyPort<Result<()>>),
+    /// The file of the last write, once it is on disk (or why it is not).
+    ShardsWritten(RpcReplyPort<Result<crate::server::shard_file::ShardFile>>),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -197,12 +197,11 @@ pub enum SupervisorMsg {
     /// Where to read the fp32 master parameters (and, when asked, the optimizer state) of every
     /// shard over the data plane.
     Parameters(SnapshotCmd, RpcReplyPort<Result<Vec<ShardSnapshot>>>),
-    /// Every server writes its shards into the command's directory (a sharded checkpoint);
-    /// replies with each server's file, in server order.
-    WriteShards(
-        WriteShardsCmd,
-        RpcReplyPort<Result<Vec<crate::server::shard_file::ShardFile>>>,
-    ),
+    /// Every server copies its shards and starts writing them into the command's directory (a
+    /// sharded checkpoint); replies once every copy is taken.
+    WriteShards(WriteShardsCmd, RpcReplyPort<Result<()>>),
+    /// Every server's file of the last write, in server order, once all are on disk.
+    ShardsWritten(RpcReplyPort<Result<Vec<crate::server::shard_file::ShardFile>>>),
     /// Periodic: time passed (deadlines).
     Tick,
     /// The outcome of server calls the supervisor started.

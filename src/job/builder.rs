@@ -478,6 +478,7 @@ impl JobBuilder {
             step_timeout: self.step_timeout,
             parameters_timeout: self.parameters_timeout,
             join_timeout: self.join_timeout,
+            checkpoint: None,
         })
     }
 }

@@ -24,25 +24,46 @@ fn checkpoint_error(e: CheckpointError) -> Error {
 }
 
 impl Job {
-    /// Writes a checkpoint of the job's state at its current step into `dir/step-<N>`, sharded:
-    /// every shard server writes its own shards (fp32 masters and optimizer state, from host or
-    /// device memory) as one synced file in a staging directory this process creates, and this
-    /// process adds `state.json` (with `extra`) and the manifest — the servers' own sizes and
-    /// CRC32Cs — and renames it into place: no byte of another server's shards passes through
-    /// it. `tensors` names the model's tensors (a check on load). Every process hosting a server
-    /// must see `dir` at the same path (one host, or a shared filesystem). [`checkpoint::load`]
-    /// reads it back whole, so a job resumes from it with any number of servers.
-    ///
-    /// Waits for every server's write, at most the parameters timeout
-    /// ([`JobBuilder::parameters_timeout`]); call it between steps.
-    ///
-    /// [`checkpoint::load`]: crate::checkpoint::load
+    /// Writes a checkpoint of the job's state at its current step into `dir/step-<N>`, sharded,
+    /// and returns once it is on disk: [`Job::checkpoint_async`] and [`Job::wait_checkpoint`].
     pub async fn save_checkpoint(
         &mut self,
         dir: &Path,
         tensors: &TensorMap,
         extra: &serde_json::Value,
     ) -> Result<PathBuf> {
+        self.checkpoint_async(dir, tensors, extra).await?;
+        self.wait_checkpoint()
+            .await?
+            .ok_or_else(|| Error::Internal("a checkpoint started but none is pending".into()))
+    }
+
+    /// Starts a checkpoint of the job's state at its current step into `dir/step-<N>`, sharded,
+    /// written while training goes on (PyTorch DCP's `async_save`):
+    ///
+    /// 1. the previous checkpoint, if one is still being written, is waited for first (its
+    ///    error is this call's; its directory is returned);
+    /// 2. every shard server copies its shards at the current version (fp32 masters and optimizer
+    ///    state, from host or device memory: one copy of its shards at most) and replies, so the
+    ///    next step cannot change what is written;
+    /// 3. in the background each server writes its copy as one synced `shard-<server>.safetensors`
+    ///    in a staging directory this process made, and this process then adds `state.json`
+    ///    (with `extra`) and the manifest — the servers' own sizes and CRC32Cs — and renames it
+    ///    into place ([`crate::checkpoint::sharded`]): no byte of another server's shards passes
+    ///    through it.
+    ///
+    /// A failed write is reported by the next call, by [`Job::wait_checkpoint`], or (logged) by
+    /// [`Job::shutdown`]; never silent. `tensors` names the model's tensors (checked on load).
+    /// Every process hosting a server must see `dir` at the same path (one host, or a shared
+    /// filesystem). [`checkpoint::load`](crate::checkpoint::load) reads the result back whole, so
+    /// a job resumes from it with any number of servers. Call it between steps.
+    pub async fn checkpoint_async(
+        &mut self,
+        dir: &Path,
+        tensors: &TensorMap,
+        extra: &serde_json::Value,
+    ) -> Result<Option<PathBuf>> {
+        let previous = self.wait_checkpoint().await?;
         let staging = crate::checkpoint::fresh_staging(dir, self.step).map_err(checkpoint_error)?;
         let absolute = std::path::absolute(&staging).map_err(|e| Error::Checkpoint {
             path: staging.display().to_string(),
@@ -50,6 +71,7 @@ impl Job {
         })?;
         let supervisor = self.supervisor().await?;
         let timeout = self.parameters_timeout;
+        let step = self.step;
         let cmd = WriteShardsCmd {
             dir: absolute.display().to_string(),
         };
@@ -59,13 +81,40 @@ impl Job {
                 Some(timeout),
             )
             .await;
-        let files = match unwrap_call(reply, "write shards", self.step, timeout) {
-            Ok(Ok(files)) => files,
-            Ok(Err(e)) | Err(e) => {
-                let _ = std::fs::remove_dir_all(&staging);
-                return Err(e);
-            }
-        };
-        sharded::finish(dir, &staging, self.step, tensors, files, extra).map_err(checkpoint_error)
+        if let Err(e) = unwrap_call(reply, "write shards", step, timeout).and_then(|r| r) {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e);
+        }
+        let (dir, tensors, extra) = (dir.to_path_buf(), tensors.clone(), extra.clone());
+        self.checkpoint = Some(tokio::spawn(async move {
+            let reply = supervisor
+                .call(SupervisorMsg::ShardsWritten, Some(timeout))
+                .await;
+            let files = match unwrap_call(reply, "shards written", step, timeout).and_then(|r| r) {
+                Ok(files) => files,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&staging);
+                    return Err(e);
+                }
+            };
+            let publish = move || sharded::finish(&dir, &staging, step, &tensors, files, &extra);
+            tokio::task::spawn_blocking(publish)
+                .await
+                .map_err(|e| Error::Internal(format!("the checkpoint's publisher: {e}")))?
+                .map_err(checkpoint_error)
+        }));
+        Ok(previous)
+    }
+
+    /// Waits for the checkpoint [`Job::checkpoint_async`] started, if one is pending: its
+    /// directory once it is published, or why it was not.
+    pub async fn wait_checkpoint(&mut self) -> Result<Option<PathBuf>> {
+        match self.checkpoint.take() {
+            None => Ok(None),
+            Some(task) => task
+                .await
+                .map_err(|e| Error::Internal(format!("the checkpoint task: {e}")))?
+                .map(Some),
+        }
     }
 }

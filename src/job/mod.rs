@@ -72,6 +72,8 @@ pub struct Job {
     step_timeout: Duration,
     parameters_timeout: Duration,
     join_timeout: Duration,
+    /// The checkpoint being written in the background ([`Job::checkpoint_async`]).
+    checkpoint: Option<tokio::task::JoinHandle<Result<std::path::PathBuf>>>,
 }
 
 impl Job {
@@ -317,6 +319,12 @@ impl Job {
     /// the join timeout) until every other rank has called `shutdown` or is gone, so no rank
     /// loses a shard another still reads; other ranks tell rank 0 and wait for its word.
     pub async fn shutdown(mut self) {
+        // A checkpoint still being written finishes first; its failure is reported, not lost.
+        match self.wait_checkpoint().await {
+            Ok(Some(dir)) => tracing::info!("checkpoint {} written at shutdown", dir.display()),
+            Ok(None) => {}
+            Err(e) => tracing::error!("the last checkpoint was not written: {e}"),
+        }
         let deadline = tokio::time::Instant::now() + self.join_timeout;
         if self.setup.is_some() && self.membership.is_none() {
             // A rank that never started still has to join for the others to finish.

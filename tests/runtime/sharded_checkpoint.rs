@@ -1,6 +1,7 @@
 //! Sharded checkpoints (issue 30): every shard server writes its own shards, the job publishes
 //! the step directory, and the checkpoint reads back whole, so a job resumes from it with another
-//! number of servers, parameters and optimizer state exact.
+//! number of servers, parameters and optimizer state exact; written asynchronously, it holds the
+//! state of the step it was started at, whatever the job did meanwhile.
 
 use std::sync::Arc;
 
@@ -91,6 +92,34 @@ async fn a_checkpoint_of_4_servers_resumes_with_2_and_3_exactly() {
             checkpoint::sharded::consolidate(&step, &map, &dir.join("whole")).expect("consolidate");
         assert!(whole.join(checkpoint::MODEL_FILE).is_file());
         assert_eq!(checkpoint::load(&whole, &map).expect("load").0, state);
+
+        // Asynchronous: the copy is taken when the call returns, so a step right after it does
+        // not change what is written; the next call waits for it and returns its directory.
+        let mut job = model_job(2, 4, DispatchMode::Static, Precision::F32, Arc::default())
+            .resume(loaded.clone())
+            .build()
+            .expect("valid job");
+        let later = dir.join("later");
+        let started = job
+            .checkpoint_async(&later, &map, &extra)
+            .await
+            .expect("started");
+        assert_eq!(started, None, "nothing was pending");
+        let more = minibatches(48, 1, 10, 30);
+        job.step_with(more[0].clone())
+            .await
+            .expect("a step while it is written");
+        let after = job.train_state().await.expect("train state");
+        let written = job
+            .wait_checkpoint()
+            .await
+            .expect("written")
+            .expect("pending");
+        assert_eq!(written, later.join("step-2"));
+        assert_eq!(checkpoint::load(&written, &map).expect("load").0, loaded);
+        assert_ne!(after, loaded, "the step moved the job on");
+        assert_eq!(job.wait_checkpoint().await.expect("none"), None);
+        job.shutdown().await;
 
         // A flipped byte in one server's file: named, never loaded.
         let shard = step.join("shard-00002.safetensors");

@@ -22,6 +22,7 @@ impl Message for ServerMsg {
             ServerMsg::Discard(cmd, reply) => call("Discard", &cmd, reply),
             ServerMsg::Snapshot(cmd, reply) => call("Snapshot", &cmd, reply),
             ServerMsg::WriteShards(cmd, reply) => call("WriteShards", &cmd, reply),
+            ServerMsg::ShardsWritten(reply) => call("ShardsWritten", &(), reply),
         }
     }
 
@@ -47,6 +48,10 @@ impl Message for ServerMsg {
                 decode("WriteShards", &args)?,
                 reply_port("WriteShards", reply),
             ),
+            "ShardsWritten" => {
+                decode::<()>("ShardsWritten", &args)?;
+                ServerMsg::ShardsWritten(reply_port("ShardsWritten", reply))
+            }
             _ => return unknown("shard server", &variant, true),
         })
     }
@@ -82,6 +87,7 @@ impl Message for SupervisorMsg {
             SupervisorMsg::Done(report) => cast("Done", &report),
             SupervisorMsg::Parameters(cmd, reply) => call("Parameters", &cmd, reply),
             SupervisorMsg::WriteShards(cmd, reply) => call("WriteShards", &cmd, reply),
+            SupervisorMsg::ShardsWritten(reply) => call("ShardsWritten", &(), reply),
             SupervisorMsg::Tick => cast("Tick", &()),
             SupervisorMsg::Servers(outcome) => cast("Servers", &outcome),
         }
@@ -101,6 +107,10 @@ impl Message for SupervisorMsg {
                 decode("WriteShards", &args)?,
                 reply_port("WriteShards", reply),
             ),
+            ("ShardsWritten", Some(reply)) => {
+                decode::<()>("ShardsWritten", &args)?;
+                SupervisorMsg::ShardsWritten(reply_port("ShardsWritten", reply))
+            }
             ("Done", None) => SupervisorMsg::Done(decode("Done", &args)?),
             ("Tick", None) => {
                 decode::<()>("Tick", &args)?;

@@ -10,7 +10,7 @@ use super::optimizer::{OptimizerConfig, OptimizerState};
 use super::shard::{Context, HostShard, ShardStore};
 use super::{
     shard_file, ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec, ShardSnapshot,
-    SnapshotCmd, WriteShardsCmd,
+    SnapshotCmd,
 };
 use crate::datapath::micro_batch_of;
 use crate::directory::ShardRoute;
@@ -37,6 +37,8 @@ pub struct ServerState {
     node: Arc<Node>,
     shards: Vec<Shard>,
     version: u64,
+    /// The checkpoint write started by the last [`ServerMsg::WriteShards`]: its file once done.
+    writing: Option<tokio::sync::watch::Receiver<Option<Result<shard_file::ShardFile>>>>,
 }
 
 /// The shard server actor.
@@ -89,6 +91,7 @@ impl Actor for ShardServer {
             node,
             shards,
             version: 0,
+            writing: None,
         })
     }
 
@@ -137,12 +140,52 @@ impl Actor for ShardServer {
                 let _ = reply.send(result);
             }
             ServerMsg::WriteShards(cmd, reply) => {
-                let result = off_runtime(state, move |shards, context| {
-                    write_shards(shards, context, cmd)
-                })
-                .await?;
-                let _ = reply.send(result);
+                let busy = state.writing.as_ref().is_some_and(|w| w.borrow().is_none());
+                if busy {
+                    let _ = reply.send(Err(Error::Config(format!(
+                        "shard server {}: a checkpoint write is still running",
+                        state.spec.endpoint
+                    ))));
+                    return Ok(());
+                }
+                // The copy, at this version, before the reply: the next step cannot change it.
+                let copied = off_runtime(state, copy_shards).await?;
+                let values = match copied {
+                    Ok(values) => values,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return Ok(());
+                    }
+                };
+                let (done, writing) = tokio::sync::watch::channel(None);
+                state.writing = Some(writing);
+                let file = format!("shard-{:05}.safetensors", state.spec.endpoint);
+                tokio::task::spawn_blocking(move || {
+                    let dir = std::path::Path::new(&cmd.dir);
+                    let _ = done.send(Some(shard_file::write(dir, &file, &values)));
+                });
+                let _ = reply.send(Ok(()));
             }
+            ServerMsg::ShardsWritten(reply) => match state.writing.clone() {
+                None => {
+                    let _ = reply.send(Err(Error::Config(format!(
+                        "shard server {}: no checkpoint write was started",
+                        state.spec.endpoint
+                    ))));
+                }
+                // Waited for off the mailbox: the server keeps serving the step meanwhile.
+                Some(mut writing) => {
+                    tokio::spawn(async move {
+                        let file = match writing.wait_for(Option::is_some).await {
+                            Ok(done) => done.clone().unwrap_or_else(|| {
+                                Err(Error::Internal("an empty checkpoint write".into()))
+                            }),
+                            Err(_) => Err(Error::Internal("the checkpoint writer vanished".into())),
+                        };
+                        let _ = reply.send(file);
+                    });
+                }
+            },
         }
         Ok(())
     }
@@ -251,13 +294,9 @@ fn snapshot(
     Ok(out)
 }
 
-/// Every shard's values (host copies) into `cmd.dir/shard-<endpoint>.safetensors`.
-fn write_shards(
-    shards: &mut [Shard],
-    context: &Context,
-    cmd: WriteShardsCmd,
-) -> Result<shard_file::ShardFile> {
-    let values = shards
+/// Every shard's values, copied to host memory (what a checkpoint writes).
+fn copy_shards(shards: &mut [Shard], context: &Context) -> Result<Vec<shard_file::ShardValues>> {
+    shards
         .iter()
         .map(|shard| {
             let v = shard.store.values(context)?;
@@ -270,9 +309,7 @@ fn write_shards(
                 buffers: v.buffers,
             })
         })
-        .collect::<Result<Vec<_>>>()?;
-    let file = format!("shard-{:05}.safetensors", context.spec.endpoint);
-    shard_file::write(std::path::Path::new(&cmd.dir), &file, &values)
+        .collect()
 }
 
 #[cfg(test)]

@@ -219,6 +219,13 @@ impl Actor for Supervisor {
                     ServerMsg::WriteShards(cmd.clone(), reply)
                 });
                 tokio::spawn(async move {
+                    let _ = reply.send(all_servers(calls).await.map(drop));
+                });
+                return Ok(());
+            }
+            SupervisorMsg::ShardsWritten(reply) => {
+                let calls = each_server(state, "shards written", ServerMsg::ShardsWritten);
+                tokio::spawn(async move {
                     let _ = reply.send(all_servers(calls).await);
                 });
                 return Ok(());
