@@ -88,6 +88,9 @@ enum Command {
     /// checkpoint of `--mb` MiB of parameters (and AdamW's moments) against CRC32C and SHA-256
     /// of the same bytes, seconds per GB.
     CheckpointIo(CheckpointIoArgs),
+    /// What checkpointing costs a step: a job trains with no checkpoint, a synchronous one after
+    /// every step and an asynchronous one after every step (ABBA), median step times and ratios.
+    CheckpointStep(CheckpointStepArgs),
 }
 
 fn main() -> ExitCode {
@@ -114,6 +117,7 @@ fn main() -> ExitCode {
             Command::Memory(args) => runtime.block_on(memory(args)),
             Command::Gang(args) => gang(args),
             Command::CheckpointIo(args) => checkpoint_io(args),
+            Command::CheckpointStep(args) => runtime.block_on(checkpoint_step(args)),
         });
     match result {
         Ok(()) => ExitCode::SUCCESS,

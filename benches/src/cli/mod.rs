@@ -6,6 +6,7 @@ use odc_bench::input::{self, MAX_DEVICES, MAX_MINIBATCH_PER_DEVICE, MAX_SEQUENCE
 mod ab;
 mod calibrate;
 mod checkpoint_io;
+mod checkpoint_step;
 mod gang;
 mod hf;
 mod lora_traffic;
@@ -18,6 +19,7 @@ mod transport;
 pub(crate) use ab::*;
 pub(crate) use calibrate::*;
 pub(crate) use checkpoint_io::*;
+pub(crate) use checkpoint_step::*;
 pub(crate) use gang::*;
 pub(crate) use hf::*;
 pub(crate) use lora_traffic::*;
