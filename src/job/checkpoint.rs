@@ -87,10 +87,12 @@ impl Job {
         }
         let (dir, tensors, extra) = (dir.to_path_buf(), tensors.clone(), extra.clone());
         self.checkpoint = Some(tokio::spawn(async move {
+            // The servers' writes may take longer than a read-out: the supervisor bounds each.
+            let wait = timeout.max(std::time::Duration::from_secs(3600));
             let reply = supervisor
-                .call(SupervisorMsg::ShardsWritten, Some(timeout))
+                .call(SupervisorMsg::ShardsWritten, Some(wait))
                 .await;
-            let files = match unwrap_call(reply, "shards written", step, timeout).and_then(|r| r) {
+            let files = match unwrap_call(reply, "shards written", step, wait).and_then(|r| r) {
                 Ok(files) => files,
                 Err(e) => {
                     let _ = std::fs::remove_dir_all(&staging);

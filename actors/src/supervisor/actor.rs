@@ -47,6 +47,8 @@ use super::placement::{Child, RankPlacement, Remote};
 
 /// Timeout of control calls to shard servers.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest a server may take to write its shards of a checkpoint (`ShardsWritten`).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How to start the supervisor (it spawns the servers and trainers, linked): the job's
 /// serializable spec and this process's resources.
@@ -224,7 +226,12 @@ impl Actor for Supervisor {
                 return Ok(());
             }
             SupervisorMsg::ShardsWritten(reply) => {
-                let calls = each_server(state, "shards written", ServerMsg::ShardsWritten);
+                let calls = each_server_within(
+                    state,
+                    "shards written",
+                    WRITE_TIMEOUT,
+                    ServerMsg::ShardsWritten,
+                );
                 tokio::spawn(async move {
                     let _ = reply.send(all_servers(calls).await);
                 });
@@ -520,13 +527,31 @@ fn each_server<T: Send + 'static>(
     what: &'static str,
     msg: impl Fn(RpcReplyPort<T>) -> ServerMsg + Clone + Send + 'static,
 ) -> Vec<impl std::future::Future<Output = Result<T>> + Send + 'static> {
+    each_server_within(state, what, CALL_TIMEOUT, msg)
+}
+
+/// [`each_server`] with its own deadline per call.
+fn each_server_within<T: Send + 'static>(
+    state: &SupervisorState,
+    what: &'static str,
+    timeout: Duration,
+    msg: impl Fn(RpcReplyPort<T>) -> ServerMsg + Clone + Send + 'static,
+) -> Vec<impl std::future::Future<Output = Result<T>> + Send + 'static> {
     state
         .servers
         .iter()
         .enumerate()
         .map(|(endpoint, server)| {
             let (server, msg) = (server.clone(), msg.clone());
-            async move { call(&server, msg, &format!("shard server {endpoint} {what}")).await }
+            async move {
+                call_within(
+                    &server,
+                    msg,
+                    &format!("shard server {endpoint} {what}"),
+                    timeout,
+                )
+                .await
+            }
         })
         .collect()
 }
@@ -592,11 +617,25 @@ where
     M: ractor::Message,
     T: Send + 'static,
 {
-    match actor.call(msg, Some(CALL_TIMEOUT)).await {
+    call_within(actor, msg, what, CALL_TIMEOUT).await
+}
+
+/// [`call`] with its own deadline.
+async fn call_within<M, T>(
+    actor: &ActorRef<M>,
+    msg: impl FnOnce(RpcReplyPort<T>) -> M,
+    what: &str,
+    timeout: Duration,
+) -> Result<T>
+where
+    M: ractor::Message,
+    T: Send + 'static,
+{
+    match actor.call(msg, Some(timeout)).await {
         Ok(CallResult::Success(v)) => Ok(v),
         Ok(CallResult::Timeout) => Err(Error::Actor {
             actor: what.into(),
-            reason: format!("no reply within {CALL_TIMEOUT:?}"),
+            reason: format!("no reply within {timeout:?}"),
         }),
         Ok(CallResult::SenderError) => Err(Error::Actor {
             actor: what.into(),
