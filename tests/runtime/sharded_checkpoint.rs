@@ -3,25 +3,61 @@
 //! number of servers, parameters and optimizer state exact; written asynchronously, it holds the
 //! state of the step it was started at, whatever the job did meanwhile.
 
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use odc::checkpoint::{self, TensorMap};
+use odc::transport::local::LocalTransport;
+use odc::transport::wrap::{Wrap, Wrapped};
+use odc::transport::{Deadline, Dest, RegionHandle, Transport, TransportError};
 use odc::{DispatchMode, Precision};
 
 use crate::model::{self, minibatches};
 use crate::{model_job, within};
 
+/// The in-process transport, counting the bytes every read returns.
+#[derive(Default)]
+struct CountingReads {
+    inner: LocalTransport,
+    bytes: AtomicU64,
+}
+
+#[odc::async_trait]
+impl Wrap for CountingReads {
+    fn inner(&self) -> &dyn Transport {
+        &self.inner
+    }
+    async fn read(
+        &self,
+        handle: &RegionHandle,
+        range: Range<usize>,
+        into: Dest<'_>,
+        deadline: Deadline,
+    ) -> Result<u64, TransportError> {
+        let len = range.len() as u64;
+        let got = self.inner.read(handle, range, into, deadline).await?;
+        let size = handle.dtype.size() as u64;
+        self.bytes.fetch_add(len * size, Ordering::Relaxed);
+        Ok(got)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_of_4_servers_resumes_with_2_and_3_exactly() {
     within(180, async {
         let data = minibatches(47, 2, 10, 30);
+        let counting = Arc::new(Wrapped(CountingReads::default()));
         let mut job = model_job(2, 4, DispatchMode::Static, Precision::F32, Arc::default())
+            .transport(counting.clone())
             .build()
             .expect("valid job");
         for mb in &data {
             job.step_with(mb.clone()).await.expect("step succeeds");
         }
+        let before = counting.0.bytes.load(Ordering::Relaxed);
         let state = job.train_state().await.expect("train state");
+        let read_out = counting.0.bytes.load(Ordering::Relaxed) - before;
         assert!(state
             .optimizer
             .iter()
@@ -33,10 +69,23 @@ async fn a_checkpoint_of_4_servers_resumes_with_2_and_3_exactly() {
         let map = TensorMap::flat(&names).expect("tensor map");
         let dir = std::env::temp_dir().join(format!("odc-sharded-{}", std::process::id()));
         let extra = serde_json::json!({"data_position": 7});
+        let before = counting.0.bytes.load(Ordering::Relaxed);
         let step = job
             .save_checkpoint(&dir, &map, &extra)
             .await
             .expect("sharded save");
+        // Bytes through the caller: the whole state for the read-out, none for the checkpoint.
+        let saved = counting.0.bytes.load(Ordering::Relaxed) - before;
+        let elems: usize = state.params.iter().map(Vec::len).sum();
+        eprintln!("bytes read by the caller: train_state {read_out}, save_checkpoint {saved}");
+        assert!(
+            read_out >= 12 * elems as u64,
+            "{read_out} for {elems} parameters"
+        );
+        assert_eq!(
+            saved, 0,
+            "a sharded checkpoint reads no shard through the caller"
+        );
         job.shutdown().await;
         assert_eq!(step, dir.join("step-2"));
         let mut files: Vec<String> = std::fs::read_dir(&step)
