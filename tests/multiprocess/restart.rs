@@ -133,6 +133,9 @@ fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uni
             "--timeout-secs",
             "150",
         ])
+        // Every checkpoint write waits 3 s after its copy is taken, so the kill below lands
+        // while step 8's write is in flight.
+        .env("ODC_CHECKPOINT_WRITE_DELAY_MS", "3000")
         .arg("--")
         .arg(example("sft"))
         .arg("--config")
@@ -199,7 +202,13 @@ fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uni
         .and_then(|l| l.split_whitespace().next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("the second attempt resumed: {lines}"));
-    assert!((4..20).contains(&resumed), "resumed at step {resumed}");
+    // Step 4's checkpoint was complete when rank 0 said so; step 8's was being written when rank
+    // 2 died: it was never published, and the relaunch resumed from step 4.
+    assert_eq!(resumed, 4, "resumed at step {resumed}: {lines}");
+    assert!(
+        !ckpt.join("step-8").exists() || checkpoint_complete(&ckpt.join("step-8")),
+        "a step-8 directory is complete or absent"
+    );
     assert!(
         lines.contains(&format!("step-{resumed} at step {resumed}")),
         "from the newest checkpoint's directory: {lines}"
@@ -221,4 +230,10 @@ fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uni
          ({relative:e} relative); {:.1} s in all",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// Whether `step_dir` holds a manifest that says the checkpoint is complete.
+fn checkpoint_complete(step_dir: &std::path::Path) -> bool {
+    std::fs::read_to_string(step_dir.join("manifest.json"))
+        .is_ok_and(|m| m.contains("\"complete\": true"))
 }

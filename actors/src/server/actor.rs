@@ -166,6 +166,7 @@ impl Actor for ShardServer {
                     .name(format!("odc-ckpt-{}", state.spec.endpoint))
                     .spawn(move || {
                         lower_priority();
+                        fault_delay();
                         let dir = std::path::Path::new(&cmd.dir);
                         let _ = done.send(Some(shard_file::write(dir, &file, &values)));
                     });
@@ -314,6 +315,18 @@ fn lower_priority() {
     // SAFETY: plain FFI call on the calling thread (who = 0), no pointers.
     unsafe {
         libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+    }
+}
+
+/// Fault injection for tests: `ODC_CHECKPOINT_WRITE_DELAY_MS` holds every checkpoint write that
+/// long after its copy is taken, so a test can kill a process while its write is in flight.
+/// Unset (the normal case), nothing waits.
+fn fault_delay() {
+    let delay = std::env::var("ODC_CHECKPOINT_WRITE_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = delay {
+        std::thread::sleep(std::time::Duration::from_millis(ms.min(60_000)));
     }
 }
 
