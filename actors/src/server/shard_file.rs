@@ -5,13 +5,13 @@
 //! - Tensors are named [`tensor_name`]`(unit, start, end, what)`: `unit3.1024-2048.params`,
 //!   `unit3.1024-2048.exp_avg`. A reader assembles each unit from the ranges of every server's
 //!   file, whatever number of servers it runs with (re-sharding on load).
-//! - [`write`] syncs the file before it returns and reports its size and CRC32C, computed over the
-//!   bytes written, for the checkpoint's manifest.
+//! - [`write`] streams the values to the file without copying them again (one copy of a server's
+//!   shards is all a checkpoint holds), syncs it, and reports its size and CRC32C (read back) for
+//!   the checkpoint's manifest.
 //!
 //! Guarantees (tested below): a written file parses back to exactly the values given; a failure
 //! to write is an [`Error::Checkpoint`] naming the file.
 
-use std::io::Write as _;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -69,14 +69,69 @@ fn fail(path: &Path, reason: impl std::fmt::Display) -> Error {
     }
 }
 
-/// Writes `shards` to `dir/file` (synced) and reports it.
+/// A tensor of `f32`s as safetensors sees it: little-endian bytes, borrowed where the machine is
+/// little-endian (no copy), converted otherwise.
+struct F32View<'a> {
+    values: &'a [f32],
+    shape: [usize; 1],
+}
+
+impl safetensors::View for F32View<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        safetensors::Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        #[cfg(target_endian = "little")]
+        {
+            // SAFETY: an f32 is 4 bytes without padding, and u8 has alignment 1; the slice
+            // borrows `values` for as long as `self`. On a little-endian machine these are the
+            // little-endian bytes the format stores.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(self.values.as_ptr().cast::<u8>(), self.values.len() * 4)
+            };
+            std::borrow::Cow::Borrowed(bytes)
+        }
+        #[cfg(not(target_endian = "little"))]
+        {
+            std::borrow::Cow::Owned(self.values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        }
+    }
+    fn data_len(&self) -> usize {
+        self.values.len() * 4
+    }
+}
+
+/// Size and CRC32C of the file at `path`, read back in chunks.
+fn measure(path: &Path) -> Result<(u64, u32)> {
+    use std::io::Read as _;
+    let mut f = std::fs::File::open(path).map_err(|e| fail(path, e))?;
+    let mut buf = vec![0u8; 8 << 20];
+    let (mut bytes, mut crc) = (0u64, 0u32);
+    loop {
+        let n = f.read(&mut buf).map_err(|e| fail(path, e))?;
+        if n == 0 {
+            return Ok((bytes, crc));
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        bytes += n as u64;
+    }
+}
+
+/// Writes `shards` to `dir/file` (synced) and reports it. Streams the values to the file without
+/// another copy of them (on a little-endian machine), then reads the file back for its CRC32C:
+/// the extra memory of a write is a buffer, not a copy of the shards.
 pub fn write(dir: &Path, file: &str, shards: &[ShardValues]) -> Result<ShardFile> {
     let path = dir.join(file);
-    let mut named: Vec<(String, Vec<u8>, usize)> = Vec::new();
+    let mut views: Vec<(String, F32View<'_>)> = Vec::new();
     let mut pieces = Vec::with_capacity(shards.len());
     for s in shards {
         let len = (s.end - s.start) as usize;
-        let mut put = |what: &str, values: &[f32]| -> Result<()> {
+        let tensors = std::iter::once((PARAMS, s.params.as_slice()))
+            .chain(s.buffers.iter().map(|(n, v)| (n.as_str(), v.as_slice())));
+        for (what, values) in tensors {
             if values.len() != len {
                 return Err(fail(
                     &path,
@@ -89,13 +144,14 @@ pub fn write(dir: &Path, file: &str, shards: &[ShardValues]) -> Result<ShardFile
                     ),
                 ));
             }
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            named.push((tensor_name(s.unit, s.start, s.end, what), bytes, len));
-            Ok(())
-        };
-        put(PARAMS, &s.params)?;
-        for (name, values) in &s.buffers {
-            put(name, values)?;
+            let name = tensor_name(s.unit, s.start, s.end, what);
+            views.push((
+                name,
+                F32View {
+                    values,
+                    shape: [len],
+                },
+            ));
         }
         pieces.push(ShardPiece {
             unit: s.unit,
@@ -105,24 +161,16 @@ pub fn write(dir: &Path, file: &str, shards: &[ShardValues]) -> Result<ShardFile
             buffers: s.buffers.iter().map(|(n, _)| n.clone()).collect(),
         });
     }
-    let views = named
-        .iter()
-        .map(|(name, bytes, len)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![*len], bytes)
-                .map(|v| (name.clone(), v))
-                .map_err(|e| fail(&path, format!("tensor {name}: {e}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
     let metadata = std::collections::HashMap::from([("format".into(), "odc-shard".into())]);
-    let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| fail(&path, e))?;
-    drop(named);
-    let mut f = std::fs::File::create(&path).map_err(|e| fail(&path, e))?;
-    f.write_all(&bytes).map_err(|e| fail(&path, e))?;
-    f.sync_all().map_err(|e| fail(&path, e))?;
+    safetensors::serialize_to_file(views, Some(metadata), &path).map_err(|e| fail(&path, e))?;
+    std::fs::File::open(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| fail(&path, e))?;
+    let (bytes, crc32c) = measure(&path)?;
     Ok(ShardFile {
         file: file.to_string(),
-        bytes: bytes.len() as u64,
-        crc32c: crc32c::crc32c(&bytes),
+        bytes,
+        crc32c,
         pieces,
     })
 }
