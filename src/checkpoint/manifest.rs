@@ -9,7 +9,7 @@
 //!   read as untrusted input (a file name with a path in it is refused);
 //! - [`write`] makes the manifest durable (the file is synced) before it returns.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -21,9 +21,6 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 
 /// Version of the manifest's format.
 const FORMAT: u32 = 1;
-
-/// Bytes read at a time while checksumming a file.
-const CHUNK: usize = 8 << 20;
 
 /// What `manifest.json` holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,17 +86,7 @@ fn check(entry: &FileEntry, path: &Path, bytes: u64, crc: u32) -> Result<(), Che
 
 /// Size and CRC32C of the file at `path`, read in chunks.
 fn measure(path: &Path) -> Result<(u64, u32), CheckpointError> {
-    let mut file = std::fs::File::open(path).map_err(io(path))?;
-    let mut buf = vec![0u8; CHUNK];
-    let (mut bytes, mut crc) = (0u64, 0u32);
-    loop {
-        let n = file.read(&mut buf).map_err(io(path))?;
-        if n == 0 {
-            return Ok((bytes, crc));
-        }
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        bytes += n as u64;
-    }
+    odc_actors::server::shard_file::measure(path).map_err(io(path))
 }
 
 /// Writes the manifest of `files` (names in `dir`, measured now) for `step`, synced to disk.
@@ -184,6 +171,17 @@ pub fn read(dir: &Path) -> Result<Manifest, CheckpointError> {
 /// and every file it names has its size and checksum. Reads every byte.
 pub fn verify(dir: &Path, required: &[&str]) -> Result<Manifest, CheckpointError> {
     let manifest = read(dir)?;
+    check_files(dir, &manifest, required)?;
+    Ok(manifest)
+}
+
+/// Checks the files of `dir` against its `manifest` (already [`read`]): it names every file of
+/// `required`, and every file it names has its size and checksum. Reads every byte.
+pub fn check_files(
+    dir: &Path,
+    manifest: &Manifest,
+    required: &[&str],
+) -> Result<(), CheckpointError> {
     for name in required {
         manifest.entry(dir, name)?;
     }
@@ -200,7 +198,7 @@ pub fn verify(dir: &Path, required: &[&str]) -> Result<Manifest, CheckpointError
         };
         check(entry, &path, bytes, crc)?;
     }
-    Ok(manifest)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -213,7 +211,11 @@ mod tests {
     fn written(tag: &str) -> std::path::PathBuf {
         let dir = temp_path("odc-manifest", tag);
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("a"), vec![7u8; 3 * CHUNK / 2 + 5]).unwrap();
+        std::fs::write(
+            dir.join("a"),
+            vec![7u8; 12 << 20 | 5], /* past one 8 MiB read */
+        )
+        .unwrap();
         std::fs::write(dir.join("b"), b"bee").unwrap();
         write(&dir, 3, &["a", "b"]).unwrap();
         dir

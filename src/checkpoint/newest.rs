@@ -11,12 +11,11 @@ use super::CheckpointError;
 /// names the model, optimizer and state files, and every file it names has its size and CRC32C.
 /// Reads every byte. An error names the file and what differs.
 pub fn verify(step_dir: &Path) -> Result<Manifest, CheckpointError> {
+    let found = manifest::read(step_dir)?;
     // A sharded checkpoint has no model or optimizer file: its shard files are the manifest's.
-    let sharded = !manifest::read(step_dir)?
-        .files
-        .iter()
-        .any(|f| f.name == super::MODEL_FILE);
-    manifest::verify(step_dir, if sharded { &FILES[2..] } else { &FILES })
+    let sharded = !found.files.iter().any(|f| f.name == super::MODEL_FILE);
+    manifest::check_files(step_dir, &found, if sharded { &FILES[2..] } else { &FILES })?;
+    Ok(found)
 }
 
 /// The `step-<N>` directories of `dir`, largest `N` first; `None` when `dir` does not exist.

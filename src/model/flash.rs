@@ -656,7 +656,7 @@ impl CustomOp3 for BlockedAttention {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::batch::Sample;
     use crate::model::ops::tests::random;
@@ -683,7 +683,7 @@ mod tests {
     }
 
     /// `max |a − b| / max(1, max |b|)`: an absolute error for values of order one.
-    fn err(a: &Tensor, b: &Tensor) -> f32 {
+    pub(crate) fn err(a: &Tensor, b: &Tensor) -> f32 {
         assert_eq!(a.dims(), b.dims(), "shapes differ");
         let a: Vec<f32> = a
             .to_dtype(DType::F32)

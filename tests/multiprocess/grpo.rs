@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use super::harness::{example, odc, run, temp};
+use super::harness::{example, odc, run, succeeded, temp};
 
 /// A step line without its timings (`sampling … s`, `update … s (… micro-batches)`) and loss, and
 /// the loss (`None`: no update).
@@ -38,16 +38,6 @@ fn report(stdout: &str) -> Vec<(String, Option<f64>)> {
         .collect()
 }
 
-fn ok(out: &std::process::Output, what: &str) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{what}:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 #[test]
 fn grpo_samples_a_share_on_every_rank_and_matches_one_process() {
     let dir = temp("grpo");
@@ -63,7 +53,7 @@ fn grpo_samples_a_share_on_every_rank_and_matches_one_process() {
     ])
     .args(["--no-metrics", "--checkpoint-dir"])
     .arg(&checkpoints);
-    ok(&run(sft, Duration::from_secs(400)), "the warm-start SFT");
+    succeeded(&run(sft, Duration::from_secs(400)), "the warm-start SFT");
     let init = checkpoints.join("step-120");
     let args = |init: &Path| -> Vec<String> {
         let mut args = vec!["--init".to_string(), init.display().to_string()];
@@ -90,7 +80,7 @@ fn grpo_samples_a_share_on_every_rank_and_matches_one_process() {
     single
         .args(args(&init))
         .args(["--trainers", "2", "--servers", "2"]);
-    let one = ok(&run(single, Duration::from_secs(300)), "one process");
+    let one = succeeded(&run(single, Duration::from_secs(300)), "one process");
 
     let mut launch = odc();
     launch
@@ -98,7 +88,7 @@ fn grpo_samples_a_share_on_every_rank_and_matches_one_process() {
         .args(["--timeout-secs", "240", "--"])
         .arg(example("rl_grpo"))
         .args(args(&init));
-    let two = ok(&run(launch, Duration::from_secs(300)), "two processes");
+    let two = succeeded(&run(launch, Duration::from_secs(300)), "two processes");
 
     let (want, got) = (report(&one), report(&two));
     assert_eq!(want.len(), 3 + 2 + 1, "{one}");

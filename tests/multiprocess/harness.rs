@@ -182,6 +182,17 @@ pub fn assert_same_params(got: &[f32], want: &[f32], what: &str) {
 
 /// The single-process reference: `embed` with the given counts and extra flags; its parameters
 /// and final loss.
+/// `out`'s stdout, after asserting that it exited successfully (else both streams, with `what`).
+pub fn succeeded(out: &Output, what: &str) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 pub fn single(trainers: usize, servers: usize, extra: &[&str]) -> (Vec<f32>, f64) {
     let path = temp("single.params");
     let mut cmd = Command::new(embed());
@@ -191,13 +202,7 @@ pub fn single(trainers: usize, servers: usize, extra: &[&str]) -> (Vec<f32>, f64
         .args(extra)
         .arg("--save-params")
         .arg(&path);
-    let out = run(cmd, Duration::from_secs(120));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "single process: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&run(cmd, Duration::from_secs(120)), "single process");
     let finals = finals(&stdout);
     assert_eq!(finals.len(), 1, "{stdout}");
     (params(&path), finals[0].0)

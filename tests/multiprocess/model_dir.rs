@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use super::harness::{example, odc, run, temp};
+use super::harness::{example, odc, run, succeeded, temp};
 
 #[path = "../common/model_dir.rs"]
 mod fixture;
@@ -74,13 +74,7 @@ fn a_model_directory_trains_across_processes_as_in_one() {
     single
         .args(args(&one))
         .args(["--trainers", "2", "--servers", "2"]);
-    let out = run(single, Duration::from_secs(300));
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&run(single, Duration::from_secs(300)), "one process");
 
     let two = dir.join("two");
     let mut launch = odc();

@@ -114,13 +114,7 @@ fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uni
     cmd.arg("--config")
         .arg(dir.join("sft.toml"))
         .args(["--trainers", "4", "--servers", "4"]);
-    let out = run(cmd, Duration::from_secs(120));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&run(cmd, Duration::from_secs(120)), "the uninterrupted run");
     let (want, _) = final_loss(&stdout);
 
     let mut cmd = odc();
@@ -206,10 +200,6 @@ fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uni
     // 2 died: it was never published, and the relaunch resumed from step 4.
     assert_eq!(resumed, 4, "resumed at step {resumed}: {lines}");
     assert!(
-        !ckpt.join("step-8").exists() || checkpoint_complete(&ckpt.join("step-8")),
-        "a step-8 directory is complete or absent"
-    );
-    assert!(
         lines.contains(&format!("step-{resumed} at step {resumed}")),
         "from the newest checkpoint's directory: {lines}"
     );
@@ -230,10 +220,4 @@ fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uni
          ({relative:e} relative); {:.1} s in all",
         started.elapsed().as_secs_f64()
     );
-}
-
-/// Whether `step_dir` holds a manifest that says the checkpoint is complete.
-fn checkpoint_complete(step_dir: &std::path::Path) -> bool {
-    std::fs::read_to_string(step_dir.join("manifest.json"))
-        .is_ok_and(|m| m.contains("\"complete\": true"))
 }

@@ -71,13 +71,7 @@ fn two_processes_over_tcp_split_long_samples_and_train_as_one_unsplit_process() 
     let mut one = Command::new(example("sft"));
     sft(&mut one);
     one.args(["--trainers", "2", "--servers", "2", "--split", "off"]);
-    let out = run(one, Duration::from_secs(120));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&run(one, Duration::from_secs(120)), "one process");
     let want = final_loss_of(&stdout, 4);
 
     // Two processes over tcp, splitting.
@@ -95,13 +89,7 @@ fn two_processes_over_tcp_split_long_samples_and_train_as_one_unsplit_process() 
     .arg(example("sft"));
     sft(&mut two);
     two.args(["--split", "auto"]);
-    let out = run(two, Duration::from_secs(180));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&run(two, Duration::from_secs(180)), "two processes");
     let got = final_loss_of(&stdout, 4);
     assert!(
         ((got - want) / want).abs() <= 1e-5,
@@ -146,13 +134,7 @@ fn a_killed_gang_member_process_is_replayed_and_training_is_unchanged() {
     let mut one = Command::new(example("sft"));
     one.args(&common)
         .args(["--trainers", "3", "--servers", "2"]);
-    let out = run(one, Duration::from_secs(150));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&run(one, Duration::from_secs(150)), "the failure-free run");
     let want = final_loss_of(&stdout, 24);
 
     let mut args = common.clone();

@@ -104,14 +104,15 @@ impl safetensors::View for F32View<'_> {
     }
 }
 
-/// Size and CRC32C of the file at `path`, read back in chunks.
-fn measure(path: &Path) -> Result<(u64, u32)> {
+/// Size and CRC32C of the file at `path`, read in chunks of 8 MiB: what a checkpoint's manifest
+/// records of every file (`odc::checkpoint::manifest` measures with it too).
+pub fn measure(path: &Path) -> std::io::Result<(u64, u32)> {
     use std::io::Read as _;
-    let mut f = std::fs::File::open(path).map_err(|e| fail(path, e))?;
+    let mut f = std::fs::File::open(path)?;
     let mut buf = vec![0u8; 8 << 20];
     let (mut bytes, mut crc) = (0u64, 0u32);
     loop {
-        let n = f.read(&mut buf).map_err(|e| fail(path, e))?;
+        let n = f.read(&mut buf)?;
         if n == 0 {
             return Ok((bytes, crc));
         }
@@ -166,7 +167,7 @@ pub fn write(dir: &Path, file: &str, shards: &[ShardValues]) -> Result<ShardFile
     std::fs::File::open(&path)
         .and_then(|f| f.sync_all())
         .map_err(|e| fail(&path, e))?;
-    let (bytes, crc32c) = measure(&path)?;
+    let (bytes, crc32c) = measure(&path).map_err(|e| fail(&path, e))?;
     Ok(ShardFile {
         file: file.to_string(),
         bytes,

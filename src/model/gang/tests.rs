@@ -6,34 +6,12 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 
 use super::*;
 use crate::model::flash::blocked_packed_attend;
+use crate::model::flash::tests::err;
 use crate::model::ops::tests::random;
-
-/// `max |a − b| / max(1, max |b|)`.
-fn err(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims(), "shapes differ");
-    let flat = |x: &Tensor| -> Vec<f32> {
-        x.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap()
-    };
-    let (a, b) = (flat(a), flat(b));
-    assert!(
-        a.iter().chain(&b).all(|x| x.is_finite()),
-        "a non-finite element"
-    );
-    let scale = b.iter().fold(1f32, |m, x| m.max(x.abs()));
-    a.iter()
-        .zip(&b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
-        / scale
-}
 
 /// Output and gradients of q, k, v of `sum(attention(q, k, v) · r)`.
 fn whole(qkv: &[Tensor; 3], r: &Tensor, blocks: Blocks) -> [Tensor; 4] {
