@@ -5,7 +5,12 @@
 //! and an asynchronous one (`Job::checkpoint_async`: the servers copy their shards and the step
 //! goes on while they write). Modes run in ABBA order (never, sync, async, async, sync, never);
 //! printed: each mode's median step time (training plus its checkpoint call) and its ratio to no
-//! checkpoint.
+//! checkpoint. Each checkpointing run ends by loading its last checkpoint and comparing it, bit
+//! for bit, with the job's state read through the servers (`Job::train_state`).
+//!
+//! On a GPU (`--device cuda --transport cuda`, built with feature `gpu`): trainers compute in bf16
+//! on the device and the servers keep their shards in device memory (the `cuda` backend), so a
+//! checkpoint is a device-to-host copy of each server's shards.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,6 +31,10 @@ pub(crate) struct CheckpointStepArgs {
     pub(crate) layers: Option<usize>,
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(2..=1000))]
     pub(crate) steps: u64,
+    /// Checkpoint after every K-th step (a large model's write outlasts a step: every step would
+    /// then measure the write, not what it costs the step).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub(crate) every: u64,
     /// Samples per step, each of --len tokens.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub(crate) samples: u64,
@@ -34,6 +43,12 @@ pub(crate) struct CheckpointStepArgs {
     /// Where checkpoints go (a temporary directory by default; removed at the end).
     #[arg(long)]
     pub(crate) dir: Option<PathBuf>,
+    /// Where trainers compute: cpu, cuda or cuda:N (cuda needs the `gpu` feature).
+    #[arg(long, default_value = "cpu")]
+    pub(crate) device: String,
+    /// The node transport: local (servers in host memory) or cuda (servers in device memory).
+    #[arg(long, default_value = "local")]
+    pub(crate) transport: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,13 +72,15 @@ pub(crate) async fn checkpoint_step(args: CheckpointStepArgs) -> anyhow::Result<
     });
     let params = odc::model::param_count(&config)?;
     println!(
-        "odc-bench checkpoint-step: {} ({} M parameters, {} MB of fp32 state with AdamW), {} steps of {} × {} tokens, 2 trainers, 2 servers, into {}",
+        "odc-bench checkpoint-step: {} ({} M parameters, {} MB of fp32 state with AdamW), {} steps of {} × {} tokens, 2 trainers on {}, 2 servers on the {} transport, into {}",
         args.shape.as_deref().unwrap_or("odc's reference model"),
         params / 1_000_000,
         params * 12 / 1_000_000,
         args.steps,
         args.samples,
         args.len,
+        args.device,
+        args.transport,
         dir.display()
     );
     let mut times: Vec<(Mode, Vec<f64>)> = Vec::new();
@@ -90,16 +107,33 @@ pub(crate) async fn checkpoint_step(args: CheckpointStepArgs) -> anyhow::Result<
         all.sort_by(f64::total_cmp);
         all[all.len() / 2]
     };
-    let never = median(Mode::Never);
-    println!("| checkpoint every step | median step (ms) | against none |");
-    println!("|---|---|---|");
+    // With --every K > 1 most steps take no checkpoint: the mean over all steps is the cost.
+    let mean = |mode: Mode| -> f64 {
+        let all: Vec<f64> = times
+            .iter()
+            .filter(|(m, _)| *m == mode)
+            .flat_map(|(_, t)| t.iter().copied())
+            .collect();
+        all.iter().sum::<f64>() / all.len() as f64
+    };
+    println!(
+        "| checkpoint every {} step(s) | median step (ms) | against none | mean step (ms) | against none |",
+        args.every
+    );
+    println!("|---|---|---|---|---|");
     for (mode, name) in [
         (Mode::Never, "none"),
         (Mode::Sync, "synchronous"),
         (Mode::Async, "asynchronous"),
     ] {
         let t = median(mode);
-        println!("| {name} | {:.1} | {:.3} |", t * 1e3, t / never);
+        println!(
+            "| {name} | {:.1} | {:.3} | {:.1} | {:.3} |",
+            t * 1e3,
+            t / median(Mode::Never),
+            mean(mode) * 1e3,
+            mean(mode) / mean(Mode::Never)
+        );
     }
     Ok(())
 }
@@ -123,19 +157,30 @@ async fn run(
     });
     let units = odc::model::layout_units(config)?;
     let tensors = odc::model::tensor_map(config)?;
-    let mut job = transformer_job_of(
-        config,
-        units,
-        store,
-        Objective::CrossEntropy,
-        Placement::default(),
-    )?
-    .trainers(2)
-    .servers(2)
-    .token_budget((len * samples.div_ceil(2)).max(len))
-    .build()?;
+    let (device, precision) = super::device_and_precision(&args.device, None)?;
+    let placement = Placement {
+        device,
+        precision,
+        ..Placement::default()
+    };
+    let world = odc::launch::World {
+        transport: Some(args.transport.clone()),
+        ..odc::launch::World::from_env()?
+    };
+    let transport = odc::launch::transport(&world).await?;
+    let mut job = transformer_job_of(config, units, store, Objective::CrossEntropy, placement)?
+        .transport(transport)
+        .trainers(2)
+        .servers(2)
+        .token_budget((len * samples.div_ceil(2)).max(len))
+        .build()?;
     let extra = serde_json::Value::Null;
     let mut out = Vec::new();
+    // A directory left by an earlier, interrupted run would hold checkpoints of another job.
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    let mut last = None;
     for step in 0..args.steps {
         let batch = (0..samples)
             .map(|k| odc::SampleMeta {
@@ -147,11 +192,14 @@ async fn run(
         let t = Instant::now();
         job.step_with(batch).await?;
         match mode {
+            _ if (step + 1) % args.every != 0 => {}
             Mode::Never => {}
             Mode::Sync => {
-                job.save_checkpoint(dir, &tensors, &extra)
-                    .await
-                    .context("a synchronous checkpoint")?;
+                last = Some(
+                    job.save_checkpoint(dir, &tensors, &extra)
+                        .await
+                        .context("a synchronous checkpoint")?,
+                );
             }
             Mode::Async => {
                 job.checkpoint_async(dir, &tensors, &extra)
@@ -163,7 +211,25 @@ async fn run(
             out.push(t.elapsed().as_secs_f64());
         }
     }
-    job.wait_checkpoint().await.context("the last checkpoint")?;
+    let waited = job.wait_checkpoint().await.context("the last checkpoint")?;
+    if let Some(mut last) = waited.or(last) {
+        if args.steps % args.every != 0 {
+            // The last steps took no checkpoint: one more (untimed) at the final state.
+            last = job.save_checkpoint(dir, &tensors, &extra).await?;
+        }
+        let (loaded, _) = odc::checkpoint::load(&last, &tensors)?;
+        let state = job.train_state().await?;
+        anyhow::ensure!(
+            loaded == state,
+            "{mode:?}: the checkpoint {} differs from the job's state read through the servers",
+            last.display()
+        );
+        println!(
+            "{mode:?}: {} loads equal, bit for bit, to the servers' state at step {}",
+            last.display(),
+            state.step
+        );
+    }
     job.shutdown().await;
     Ok(out)
 }

@@ -690,6 +690,30 @@ impl Device {
         Ok(out)
     }
 
+    /// The first `len` fp32 values of `src` (little-endian on the device) in host memory, through
+    /// the pinned staging and decoded piece by piece into the result: one host copy of the values
+    /// (a checkpoint of device shards), not a byte copy and then a decoded one.
+    pub fn download_f32(&self, src: &DeviceBuffer, len: usize) -> Result<Vec<f32>, TransportError> {
+        let bytes = len.checked_mul(4).unwrap_or(usize::MAX);
+        src.check_range(0, bytes)?;
+        let mut out = vec![0f32; len];
+        self.lane()?
+            .download(
+                src.ptr,
+                bytes,
+                crate::deadline_in(OWNER_WAIT),
+                &mut |piece, at| {
+                    // Pieces are STAGING_BYTES apart (a multiple of 4) and `bytes` is too.
+                    for (v, b) in out[at / 4..].iter_mut().zip(piece.chunks_exact(4)) {
+                        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                    Ok(())
+                },
+            )
+            .map_err(|w| w.into_error("download"))?;
+        Ok(out)
+    }
+
     /// Copy `src` whole into `dst` (`cuMemcpyDtoDAsync` on this device's stream) and wait.
     pub fn copy(&self, dst: &DeviceBuffer, src: &DeviceBuffer) -> Result<(), TransportError> {
         sizes_fit(dst.bytes, src.bytes, 1)?;

@@ -801,6 +801,12 @@ mod tests {
             data[n - STAGING_BYTES..],
             "the last piece staged out is what the staging held when it came back in"
         );
+        // fp32 values decoded piece by piece (a piece boundary inside the values) equal the
+        // bytes' little-endian decoding, and a read past the buffer is refused.
+        let len = (n - 12) / 4;
+        let floats = device.download_f32(&b, len).expect("download_f32");
+        assert_eq!(floats, codec::decode_f32(&data[..len * 4]).expect("decode"));
+        assert!(device.download_f32(&b, n / 4 + 1).is_err(), "past the end");
         let small = device.alloc(n - 4).expect("alloc");
         assert!(matches!(
             device.copy(&small, &a),

@@ -286,13 +286,7 @@ impl ShardStore for DeviceShard {
         })?;
         let device = transport.device();
         let host = |buffer: &DeviceBuffer| -> Result<Vec<f32>> {
-            let bytes = device.download(buffer)?;
-            let mut values: Vec<f32> = bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            values.truncate(self.len);
-            Ok(values)
+            Ok(device.download_f32(buffer, self.len)?)
         };
         let (steps, buffers) = match &self.training {
             None => (0, Vec::new()),
