@@ -694,7 +694,7 @@ impl Device {
     /// the pinned staging and decoded piece by piece into the result: one host copy of the values
     /// (a checkpoint of device shards), not a byte copy and then a decoded one.
     pub fn download_f32(&self, src: &DeviceBuffer, len: usize) -> Result<Vec<f32>, TransportError> {
-        let bytes = len.checked_mul(4).unwrap_or(usize::MAX);
+        let bytes = len.saturating_mul(4);
         src.check_range(0, bytes)?;
         let mut out = vec![0f32; len];
         self.lane()?
