@@ -813,11 +813,17 @@ async fn run(
         }
     };
 
-    // Resume: the checkpoint's state and data position; its model must be this run's.
+    // Resume: the checkpoint's state and data position; its model must be this run's. The
+    // checkpoint is opened (mapped and verified), not read: each shard server reads its ranges.
+    let tensors: TensorMap = tensor_map(&settings.model)?;
     let resume = match resume {
-        Some(Resume::From(dir)) => Some(dir),
+        Some(Resume::From(dir)) => {
+            let opened = checkpoint::open(&dir, &tensors)
+                .with_context(|| format!("resuming from {}", dir.display()))?;
+            Some((dir, opened))
+        }
         Some(Resume::Newest) => {
-            let newest = checkpoint::newest(&settings.checkpoint_dir)
+            let newest = checkpoint::open_newest(&settings.checkpoint_dir, &tensors)
                 .context("--resume auto: looking for the newest checkpoint")?;
             if newest.is_none() && lead {
                 eprintln!(
@@ -829,13 +835,10 @@ async fn run(
         }
         None => None,
     };
-    let tensors: TensorMap = tensor_map(&settings.model)?;
     let mut position = DataPosition { next: 0 };
     let mut resumed = None;
-    if let Some(dir) = &resume {
-        let (state, extra) = checkpoint::load(dir, &tensors)
-            .with_context(|| format!("resuming from {}", dir.display()))?;
-        let saved: Saved = serde_json::from_value(extra)
+    if let Some((dir, state)) = resume {
+        let saved: Saved = serde_json::from_value(state.extra().clone())
             .with_context(|| format!("{}: state.json has no sft settings", dir.display()))?;
         if !same_tokenizer(&saved.settings.tokenizer, &settings.tokenizer) {
             let name = |t: &Option<PathBuf>| match t {
@@ -861,7 +864,7 @@ async fn run(
         say(format!(
             "resuming from {} at step {} (problem {})",
             dir.display(),
-            state.step,
+            state.step(),
             position.next
         ));
         resumed = Some(state);
@@ -1013,7 +1016,7 @@ async fn run(
             .servers(settings.servers);
     }
     if let Some(state) = resumed {
-        builder = builder.resume(state);
+        builder = builder.resume_from(state);
     }
     let mut job = builder.build().context("building the job")?;
 

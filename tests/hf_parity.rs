@@ -353,7 +353,7 @@ fn logits_equal_python_transformers_on_its_own_checkpoints() {
         .unwrap()
         .iter()
         .map(|unit| {
-            let values = unit.init.slice(0..unit.len);
+            let values = unit.init.slice(0..unit.len).unwrap();
             if unit.trainable {
                 values
                     .iter()

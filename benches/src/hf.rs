@@ -178,7 +178,7 @@ pub fn load(dir: &Path, servers: usize) -> anyhow::Result<LoadReport> {
         parameters += unit.len;
         for server in 0..servers {
             let range = shard_range(unit.len, servers, server);
-            let slice = unit.init.slice(range);
+            let slice = unit.init.slice(range)?;
             let bytes = (slice.len() * 4) as u64;
             f32_bytes += bytes;
             largest = largest.max(bytes);

@@ -25,6 +25,9 @@ use crate::error::{Error, Result};
 
 pub use crate::UnitId;
 
+/// Reads a range of a unit's values ([`UnitInit::Slice`]), or says why it cannot.
+pub type SliceFn = dyn Fn(Range<usize>) -> std::result::Result<Vec<f32>, String> + Send + Sync;
+
 /// Initial values of a unit, materialised only shard by shard at the owning server.
 #[derive(Clone)]
 pub enum UnitInit {
@@ -36,8 +39,8 @@ pub enum UnitInit {
     Fn(Arc<dyn Fn(usize) -> f32 + Send + Sync>),
     /// Values of a range of elements, read on demand — from a memory-mapped checkpoint, say, so
     /// that a shard server converts only its own shard. Must return exactly `range.len()` values
-    /// for every range within the unit.
-    Slice(Arc<dyn Fn(Range<usize>) -> Vec<f32> + Send + Sync>),
+    /// for every range within the unit, or say why it cannot (a file that is not there).
+    Slice(Arc<SliceFn>),
 }
 
 impl std::fmt::Debug for UnitInit {
@@ -52,13 +55,43 @@ impl std::fmt::Debug for UnitInit {
 }
 
 impl UnitInit {
-    /// The initial values of `range` of the unit.
-    pub fn slice(&self, range: Range<usize>) -> Vec<f32> {
+    /// The initial values of `range` of the unit; an error only where a [`UnitInit::Slice`]
+    /// cannot read them (or returns another count), naming the range.
+    pub fn slice(&self, range: Range<usize>) -> Result<Vec<f32>> {
         match self {
-            UnitInit::Constant(c) => vec![*c; range.len()],
-            UnitInit::Values(v) => v[range].to_vec(),
-            UnitInit::Fn(f) => range.map(|i| f(i)).collect(),
-            UnitInit::Slice(f) => f(range),
+            UnitInit::Constant(c) => Ok(vec![*c; range.len()]),
+            UnitInit::Values(v) => Ok(v[range].to_vec()),
+            UnitInit::Fn(f) => Ok(range.map(|i| f(i)).collect()),
+            UnitInit::Slice(f) => {
+                let values = f(range.clone())
+                    .map_err(|e| Error::Layout(format!("reading elements {range:?}: {e}")))?;
+                if values.len() != range.len() {
+                    return Err(Error::Layout(format!(
+                        "reading elements {range:?}: {} values came back",
+                        values.len()
+                    )));
+                }
+                Ok(values)
+            }
+        }
+    }
+
+    /// Adds what identifies these values to a layout digest: explicit values by value, the
+    /// others by kind.
+    fn digest(&self, h: &mut Fnv) {
+        match self {
+            UnitInit::Constant(c) => {
+                h.bytes(&[0]);
+                h.bytes(&c.to_bits().to_le_bytes());
+            }
+            UnitInit::Values(v) => {
+                h.bytes(&[1]);
+                for x in v.iter() {
+                    h.bytes(&x.to_bits().to_le_bytes());
+                }
+            }
+            UnitInit::Fn(_) => h.bytes(&[2]),
+            UnitInit::Slice(_) => h.bytes(&[3]),
         }
     }
 }
@@ -126,13 +159,36 @@ pub struct UnitOptimizerInit {
     pub buffers: Vec<(String, Arc<[f32]>)>,
 }
 
+/// Where a unit's optimizer state starts from, read shard by shard at the owning server as a
+/// unit's values are ([`UnitInit`]): the step count and, per named buffer, its values over the
+/// whole unit — explicit ([`UnitOptimizerInit`]), or read on demand from a memory-mapped
+/// checkpoint so that a server reads only its own range. The default is a fresh state.
+#[derive(Debug, Clone, Default)]
+pub struct OptimizerInit {
+    pub steps: u64,
+    pub buffers: Vec<(String, UnitInit)>,
+}
+
+impl From<UnitOptimizerInit> for OptimizerInit {
+    fn from(state: UnitOptimizerInit) -> Self {
+        OptimizerInit {
+            steps: state.steps,
+            buffers: state
+                .buffers
+                .into_iter()
+                .map(|(name, values)| (name, UnitInit::Values(values)))
+                .collect(),
+        }
+    }
+}
+
 /// The ordered units of a model (and, for a resumed job, their optimizer state). Validated on construction: at least one unit, no empty unit,
 /// unique names, explicit values matching the unit's length.
 #[derive(Debug, Clone)]
 pub struct ModelLayout {
     units: Vec<UnitSpec>,
     /// Per unit, the optimizer state to start from (`None`: fresh).
-    optimizer: Option<Arc<[UnitOptimizerInit]>>,
+    optimizer: Option<Arc<[OptimizerInit]>>,
 }
 
 impl ModelLayout {
@@ -175,7 +231,14 @@ impl ModelLayout {
     /// resumed run. Fails naming the unit and buffer whose length does not match. A frozen unit
     /// has no optimizer state: whatever `states` holds for it is dropped (0 steps, no buffers), as
     /// when a run resumes with a unit it trained now frozen.
-    pub fn with_optimizer_state(mut self, mut states: Vec<UnitOptimizerInit>) -> Result<Self> {
+    pub fn with_optimizer_state(self, states: Vec<UnitOptimizerInit>) -> Result<Self> {
+        self.with_optimizer_init(states.into_iter().map(OptimizerInit::from).collect())
+    }
+
+    /// [`Self::with_optimizer_state`] from states whose buffers may be read on demand
+    /// ([`OptimizerInit`]); explicit buffers are checked against the unit's length here, the
+    /// others when a server reads its range.
+    pub fn with_optimizer_init(mut self, mut states: Vec<OptimizerInit>) -> Result<Self> {
         if states.len() != self.units.len() {
             return Err(Error::Layout(format!(
                 "optimizer state for {} units, the model has {}",
@@ -185,10 +248,13 @@ impl ModelLayout {
         }
         for (id, (unit, state)) in self.units.iter().zip(&mut states).enumerate() {
             if !unit.trainable {
-                *state = UnitOptimizerInit::default();
+                *state = OptimizerInit::default();
                 continue;
             }
-            for (name, values) in &state.buffers {
+            for (name, init) in &state.buffers {
+                let UnitInit::Values(values) = init else {
+                    continue;
+                };
                 if values.len() != unit.len {
                     return Err(Error::Layout(format!(
                         "unit {id} ({}) has {} elements but its optimizer buffer `{name}` has {}",
@@ -204,7 +270,7 @@ impl ModelLayout {
     }
 
     /// The optimizer state unit `unit` starts from, if the job resumes one.
-    pub fn optimizer_init(&self, unit: UnitId) -> Option<&UnitOptimizerInit> {
+    pub fn optimizer_init(&self, unit: UnitId) -> Option<&OptimizerInit> {
         self.optimizer.as_ref()?.get(unit as usize)
     }
 
@@ -270,28 +336,13 @@ impl ModelLayout {
             h.bytes(u.name.as_bytes());
             h.bytes(&(u.len as u64).to_le_bytes());
             h.bytes(&[u8::from(u.trainable)]);
-            match &u.init {
-                UnitInit::Constant(c) => {
-                    h.bytes(&[0]);
-                    h.bytes(&c.to_bits().to_le_bytes());
-                }
-                UnitInit::Values(v) => {
-                    h.bytes(&[1]);
-                    for x in v.iter() {
-                        h.bytes(&x.to_bits().to_le_bytes());
-                    }
-                }
-                UnitInit::Fn(_) => h.bytes(&[2]),
-                UnitInit::Slice(_) => h.bytes(&[3]),
-            }
+            u.init.digest(&mut h);
         }
         for state in self.optimizer.iter().flat_map(|s| s.iter()) {
             h.bytes(&state.steps.to_le_bytes());
-            for (name, values) in &state.buffers {
+            for (name, init) in &state.buffers {
                 h.bytes(name.as_bytes());
-                for x in values.iter() {
-                    h.bytes(&x.to_bits().to_le_bytes());
-                }
+                init.digest(&mut h);
             }
         }
         h.0
@@ -391,10 +442,8 @@ mod tests {
                 },
             ])
             .unwrap();
-        assert_eq!(
-            resumed.optimizer_init(0),
-            Some(&UnitOptimizerInit::default())
-        );
+        let fresh = resumed.optimizer_init(0).unwrap();
+        assert_eq!((fresh.steps, fresh.buffers.len()), (0, 0));
         assert_eq!(resumed.optimizer_init(1).unwrap().steps, 4);
     }
 
@@ -441,7 +490,7 @@ mod tests {
             Err(Error::UnknownUnit { unit: 3, units: 1 })
         ));
         assert_eq!(l.find("a"), Some(0));
-        assert_eq!(l.unit(0).unwrap().init.slice(1..3), vec![1.0, 1.0]);
+        assert_eq!(l.unit(0).unwrap().init.slice(1..3).unwrap(), vec![1.0, 1.0]);
     }
 
     #[test]
@@ -450,7 +499,10 @@ mod tests {
         let log = asked.clone();
         let init = UnitInit::Slice(Arc::new(move |r: Range<usize>| {
             log.lock().unwrap().push(r.clone());
-            r.map(|i| i as f32 * 0.5).collect()
+            if r.end > 10 {
+                return Err("past the unit".to_string());
+            }
+            Ok(r.map(|i| i as f32 * 0.5).collect())
         }));
         let unit = UnitSpec {
             name: "mapped".into(),
@@ -460,9 +512,18 @@ mod tests {
         };
         let layout = ModelLayout::new(vec![unit]).unwrap();
         let spec = layout.unit(0).unwrap();
-        assert_eq!(spec.init.slice(shard_range(10, 3, 1)), vec![1.5, 2.0, 2.5]);
-        assert_eq!(spec.init.slice(6..10), vec![3.0, 3.5, 4.0, 4.5]);
+        assert_eq!(
+            spec.init.slice(shard_range(10, 3, 1)).unwrap(),
+            vec![1.5, 2.0, 2.5]
+        );
+        assert_eq!(spec.init.slice(6..10).unwrap(), vec![3.0, 3.5, 4.0, 4.5]);
         assert_eq!(*asked.lock().unwrap(), vec![3..6, 6..10]);
+        // A read that fails is an error naming the range, never a panic.
+        let err = spec.init.slice(8..12).unwrap_err().to_string();
+        assert!(
+            err.contains("8..12") && err.contains("past the unit"),
+            "{err}"
+        );
         assert_eq!(format!("{:?}", spec.init), "Slice");
         // Counted by its place, as `Fn` is, not by its values.
         let fn_init = UnitSpec {

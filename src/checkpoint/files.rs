@@ -4,11 +4,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use odc_actors::layout::UnitOptimizerInit;
 use safetensors::tensor::{Dtype, TensorView};
-use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 
 use odc_actors::server::shard_file::ShardFile;
@@ -221,102 +218,17 @@ pub(super) fn read_checked(
     Ok(bytes)
 }
 
-/// Reads the checkpoint in `step_dir` (a `DIR/step-<N>` that [`save`] wrote) for a model whose
-/// tensors are `tensors`: the state and the caller's JSON. Every file is checked against the
-/// manifest (size and CRC32C) before it is parsed: a missing manifest, or a file that does not
-/// match it, is an error naming the file.
+/// Reads the checkpoint in `step_dir` (a `DIR/step-<N>` that [`save`] or a sharded checkpoint
+/// wrote) for a model whose tensors are `tensors`: the whole state and the caller's JSON. Every
+/// file is checked against the manifest (size and CRC32C) before it is parsed: a missing
+/// manifest, or a file that does not match it, is an error naming the file. To resume a job
+/// without the whole state in one process, [`open`](super::open) it instead.
 pub fn load(
     step_dir: &Path,
     tensors: &TensorMap,
 ) -> Result<(TrainState, serde_json::Value), CheckpointError> {
-    let manifest = manifest::read(step_dir)?;
-    let json_path = step_dir.join(STATE_FILE);
-    let json = read_checked(step_dir, &manifest, STATE_FILE)?;
-    let state: StateFile = serde_json::from_slice(&json)
-        .map_err(|e| invalid(&json_path, format!("not a checkpoint state: {e}")))?;
-    if state.format != FORMAT {
-        return Err(invalid(
-            &json_path,
-            format!("format {} (this build reads {FORMAT})", state.format),
-        ));
-    }
-    let names: Vec<Vec<String>> = tensors
-        .units()
-        .iter()
-        .map(|u| u.iter().map(|t| t.name.clone()).collect())
-        .collect();
-    if state.units != names {
-        return Err(invalid(
-            &json_path,
-            "the checkpoint's units and tensor names are not this model's",
-        ));
-    }
-    if state.optimizer_steps.len() != names.len() || state.optimizer_buffers.len() != names.len() {
-        return Err(invalid(
-            &json_path,
-            format!(
-                "optimizer state for {} units, the model has {}",
-                state.optimizer_steps.len(),
-                names.len()
-            ),
-        ));
-    }
-
-    if !state.shards.is_empty() {
-        let state_of = super::sharded::assemble(step_dir, &manifest, tensors, &state)?;
-        return Ok((state_of, state.extra));
-    }
-    let model_path = step_dir.join(MODEL_FILE);
-    let model_bytes = read_checked(step_dir, &manifest, MODEL_FILE)?;
-    let model = parse(&model_path, &model_bytes)?;
-    let params = tensors
-        .units()
-        .iter()
-        .map(|named| {
-            let mut unit = Vec::new();
-            for t in named {
-                unit.extend(read_f32(&model_path, &model, &t.name, &t.shape)?);
-            }
-            Ok(unit)
-        })
-        .collect::<Result<Vec<_>, CheckpointError>>()?;
-    check_all_used(&model_path, &model, names.iter().flatten().cloned())?;
-
-    let opt_path = step_dir.join(OPTIMIZER_FILE);
-    let opt_bytes = read_checked(step_dir, &manifest, OPTIMIZER_FILE)?;
-    let opt = parse(&opt_path, &opt_bytes)?;
-    let mut used = Vec::new();
-    let mut optimizer = Vec::with_capacity(names.len());
-    for ((named, &steps), buffers) in tensors
-        .units()
-        .iter()
-        .zip(&state.optimizer_steps)
-        .zip(&state.optimizer_buffers)
-    {
-        let mut unit = UnitOptimizerInit {
-            steps,
-            buffers: Vec::new(),
-        };
-        for buffer in buffers {
-            let mut values = Vec::new();
-            for t in named {
-                let name = format!("{}.{buffer}", t.name);
-                values.extend(read_f32(&opt_path, &opt, &name, &t.shape)?);
-                used.push(name);
-            }
-            unit.buffers.push((buffer.clone(), Arc::from(values)));
-        }
-        optimizer.push(unit);
-    }
-    check_all_used(&opt_path, &opt, used.into_iter())?;
-    Ok((
-        TrainState {
-            step: state.step,
-            params,
-            optimizer,
-        },
-        state.extra,
-    ))
+    let opened = super::open(step_dir, tensors)?;
+    Ok((opened.read_all()?, opened.extra().clone()))
 }
 
 /// A unit's flat `values` as its named tensors.
@@ -358,79 +270,13 @@ fn write_tensors(
         .map_err(io(path))
 }
 
-pub(super) fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, CheckpointError> {
-    SafeTensors::deserialize(bytes).map_err(|e| {
-        invalid(
-            path,
-            format!(
-                "not a complete safetensors file ({} bytes; truncated or corrupted?): {e}",
-                bytes.len()
-            ),
-        )
-    })
-}
-
-pub(super) fn read_f32(
-    path: &Path,
-    file: &SafeTensors<'_>,
-    name: &str,
-    shape: &[usize],
-) -> Result<Vec<f32>, CheckpointError> {
-    let view = file
-        .tensor(name)
-        .map_err(|_| invalid(path, format!("tensor {name} is missing")))?;
-    if view.dtype() != Dtype::F32 {
-        return Err(invalid(
-            path,
-            format!("tensor {name} is {:?}, expected F32", view.dtype()),
-        ));
-    }
-    if view.shape() != shape {
-        return Err(invalid(
-            path,
-            format!(
-                "tensor {name} has shape {:?}, the model's is {shape:?}",
-                view.shape()
-            ),
-        ));
-    }
-    Ok(view
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
-}
-
-/// Every tensor of `file` is one of `used`: a stray tensor means another model's file.
-fn check_all_used(
-    path: &Path,
-    file: &SafeTensors<'_>,
-    used: impl Iterator<Item = String>,
-) -> Result<(), CheckpointError> {
-    let used: std::collections::HashSet<String> = used.collect();
-    let mut stray: Vec<&str> = file
-        .names()
-        .into_iter()
-        .filter(|n| !used.contains(*n))
-        .collect();
-    stray.sort();
-    match stray.first() {
-        None => Ok(()),
-        Some(first) => Err(invalid(
-            path,
-            format!(
-                "{} tensors the model does not have (first: {first})",
-                stray.len()
-            ),
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::NamedTensor;
     use super::*;
     use crate::test_util::temp_path;
+    use odc_actors::layout::UnitOptimizerInit;
+    use safetensors::SafeTensors;
 
     fn map() -> TensorMap {
         TensorMap::new(vec![

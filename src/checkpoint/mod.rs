@@ -24,12 +24,14 @@
 //! - **retention**: [`retain`] deletes older checkpoints only once the newer ones it keeps are
 //!   complete (`--keep-last`);
 //! - **sharded** ([`sharded`], `Job::save_checkpoint`): every shard server writes its own
-//!   `shard-<server>.safetensors`; [`load`] assembles each unit from the ranges (they must tile
-//!   it), so a job resumes with any number of servers.
+//!   `shard-<server>.safetensors`; [`open`] maps the files and reads each unit range by range
+//!   from the pieces (they must tile it), so a job resumes with any number of servers and each
+//!   server reads only its own range (`JobBuilder::resume_from`); [`load`] reads it whole.
 
 mod files;
 pub mod manifest;
 mod newest;
+mod open;
 pub mod sharded;
 mod tensors;
 mod train_state;
@@ -38,5 +40,6 @@ pub(crate) use files::fresh_staging;
 pub use files::{load, save, step_dir, CheckpointError, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 pub use manifest::{Manifest, MANIFEST_FILE};
 pub use newest::{newest, retain, verify};
+pub use open::{open, open_newest, Opened};
 pub use tensors::{NamedTensor, TensorMap};
 pub use train_state::TrainState;

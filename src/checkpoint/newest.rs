@@ -63,13 +63,22 @@ fn steps(dir: &Path) -> Result<Option<Vec<(u64, PathBuf)>>, CheckpointError> {
 /// assert_eq!(odc::checkpoint::newest(&dir).unwrap(), None);
 /// ```
 pub fn newest(dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
+    Ok(newest_by(dir, verify)?.map(|(path, _)| path))
+}
+
+/// The walk of [`newest`], with `accept` deciding whether a step directory is usable (and what
+/// it gives: [`verify`]'s manifest, [`open`](super::open)'s checkpoint).
+pub(super) fn newest_by<T>(
+    dir: &Path,
+    mut accept: impl FnMut(&Path) -> Result<T, CheckpointError>,
+) -> Result<Option<(PathBuf, T)>, CheckpointError> {
     let Some(found) = steps(dir)? else {
         return Ok(None);
     };
     let mut reasons = Vec::new();
     for (_, path) in found {
-        match verify(&path) {
-            Ok(_) => return Ok(Some(path)),
+        match accept(&path) {
+            Ok(accepted) => return Ok(Some((path, accepted))),
             Err(e) => {
                 tracing::warn!("{}: passed over: {e}", path.display());
                 reasons.push(e.to_string());

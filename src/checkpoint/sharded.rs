@@ -2,9 +2,9 @@
 //! (`odc_actors::server::shard_file`, one `shard-<server>.safetensors` each, from wherever they
 //! live), and the lead adds only `state.json` (with the shard map) and the manifest, whose entries
 //! for the shard files are the servers' own reports: no byte of another server's shards passes
-//! through the lead ([`finish`]). [`assemble`] reads them back into a whole [`TrainState`],
+//! through the lead ([`finish`]). [`open`](super::open) reads them back range by range,
 //! whatever number of servers wrote them, so a job resumed with 2 or 3 servers from 4 re-shards
-//! as it starts (`JobBuilder::resume`).
+//! as it starts, each server reading only its own ranges (`JobBuilder::resume_from`).
 //!
 //! ```text
 //! DIR/step-<N>/shard-00000.safetensors  server 0's ranges: `unit<u>.<start>-<end>.params`, and
@@ -19,16 +19,12 @@
 //! error naming the file or the unit.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use odc_actors::layout::UnitOptimizerInit;
-use odc_actors::server::shard_file::{tensor_name, ShardFile, ShardPiece, PARAMS};
+use odc_actors::server::shard_file::{ShardFile, ShardPiece};
 
-use super::files::{
-    invalid, parse, publish, read_checked, read_f32, CheckpointError, StateFile, FORMAT, STATE_FILE,
-};
-use super::manifest::{self, FileEntry, Manifest};
-use super::{TensorMap, TrainState};
+use super::files::{invalid, publish, CheckpointError, StateFile, FORMAT, STATE_FILE};
+use super::manifest::{self, FileEntry};
+use super::TensorMap;
 
 /// Publishes the sharded checkpoint of `step` whose shard files the servers wrote into
 /// `staging` (reported as `files`): checks that they tile every unit of `tensors`, writes
@@ -76,7 +72,7 @@ pub fn finish(
 
 /// Per unit, the optimizer's step count and buffer names, after checking that the pieces of
 /// `files` tile every unit of `tensors` and agree on them.
-fn plan(
+pub(super) fn plan(
     at: &Path,
     tensors: &TensorMap,
     files: &[ShardFile],
@@ -136,66 +132,6 @@ fn plan(
         buffers.push(b);
     }
     Ok((steps, buffers))
-}
-
-/// The [`TrainState`] of the sharded checkpoint in `step_dir` whose `state.json` is `state`:
-/// every unit assembled from its ranges in the shard files, each file checked against the
-/// manifest before it is read.
-pub(super) fn assemble(
-    step_dir: &Path,
-    manifest: &Manifest,
-    tensors: &TensorMap,
-    state: &StateFile,
-) -> Result<TrainState, CheckpointError> {
-    let (steps, buffers) = plan(step_dir, tensors, &state.shards)?;
-    let json_path = step_dir.join(STATE_FILE);
-    if steps != state.optimizer_steps || buffers != state.optimizer_buffers {
-        return Err(invalid(
-            &json_path,
-            "the optimizer state it names is not the shard files'",
-        ));
-    }
-    let mut params: Vec<Vec<f32>> = (0..tensors.units().len())
-        .map(|u| vec![0.0; tensors.unit_len(u)])
-        .collect();
-    let mut opt: Vec<Vec<Vec<f32>>> = buffers
-        .iter()
-        .enumerate()
-        .map(|(u, names)| vec![vec![0.0; tensors.unit_len(u)]; names.len()])
-        .collect();
-    for f in &state.shards {
-        let path = step_dir.join(&f.file);
-        let bytes = read_checked(step_dir, manifest, &f.file)?;
-        let file = parse(&path, &bytes)?;
-        for p in &f.pieces {
-            let (u, range) = (p.unit as usize, p.start as usize..p.end as usize);
-            let shape = [range.len()];
-            let name = tensor_name(p.unit, p.start, p.end, PARAMS);
-            params[u][range.clone()].copy_from_slice(&read_f32(&path, &file, &name, &shape)?);
-            for (b, buffer) in p.buffers.iter().enumerate() {
-                let name = tensor_name(p.unit, p.start, p.end, buffer);
-                opt[u][b][range.clone()].copy_from_slice(&read_f32(&path, &file, &name, &shape)?);
-            }
-        }
-    }
-    let optimizer = opt
-        .into_iter()
-        .zip(steps)
-        .zip(buffers)
-        .map(|((values, steps), names)| UnitOptimizerInit {
-            steps,
-            buffers: names
-                .into_iter()
-                .zip(values)
-                .map(|(n, v)| (n, Arc::from(v)))
-                .collect(),
-        })
-        .collect();
-    Ok(TrainState {
-        step: state.step,
-        params,
-        optimizer,
-    })
 }
 
 /// The checkpoint in `step_dir` (sharded or not) rewritten as one consolidated checkpoint under

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use odc_actors::batch::LossWeighting;
-use odc_actors::layout::{ModelLayout, UnitInit, UnitSpec};
+use odc_actors::layout::{ModelLayout, UnitSpec};
 use odc_actors::messages::SupervisorSpec;
 use odc_actors::node::TrainerTransport;
 use odc_actors::policy::balancer::CostModel;
@@ -21,7 +21,7 @@ use odc_actors::trainer::{ComputeFactory, ContextConfig};
 use odc_actors::{Error, Result};
 use odc_transport::{Dtype, Transport};
 
-use crate::checkpoint::TrainState;
+use crate::checkpoint::{Opened, TrainState};
 use crate::data::DataSource;
 use crate::launch::{Roles, World};
 
@@ -80,7 +80,7 @@ pub struct JobBuilder {
     roles: Option<Roles>,
     join_timeout: Duration,
     heartbeat: HeartbeatConfig,
-    resume: Option<TrainState>,
+    resume: Option<Opened>,
     clock: Arc<dyn Clock>,
 }
 
@@ -363,7 +363,15 @@ impl JobBuilder {
     /// optimizer state `state` holds for it, and a unit frozen in `state` (0 steps, no buffers)
     /// that trains now starts a fresh optimizer state.
     pub fn resume(mut self, state: TrainState) -> Self {
-        self.resume = Some(state);
+        self.resume = Some(state.into());
+        self
+    }
+
+    /// Resume from an opened checkpoint ([`checkpoint::open`](crate::checkpoint::open)): as
+    /// [`Self::resume`], but each shard server reads only its own ranges from the mapped files, so
+    /// no process holds more of the state than its servers' shards.
+    pub fn resume_from(mut self, checkpoint: Opened) -> Self {
+        self.resume = Some(checkpoint);
         self
     }
 
@@ -425,7 +433,7 @@ impl JobBuilder {
         }
         self.heartbeat.validate().map_err(Error::Config)?;
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        self.policy.first_step = self.resume.as_ref().map_or(0, |s| s.step);
+        self.policy.first_step = self.resume.as_ref().map_or(0, |s| s.step());
         // The checks the supervisor makes again when it starts: one validation for both.
         let spec = SupervisorSpec {
             trainers: count(trainers),
@@ -485,10 +493,8 @@ impl JobBuilder {
 
 /// `units` starting from `state`: its values replace the units' initial values, its optimizer
 /// state is where the servers start.
-fn resumed_layout(mut units: Vec<UnitSpec>, state: TrainState) -> Result<ModelLayout> {
-    let TrainState {
-        params, optimizer, ..
-    } = state;
+fn resumed_layout(mut units: Vec<UnitSpec>, state: Opened) -> Result<ModelLayout> {
+    let (params, optimizer) = (state.params(), state.optimizer());
     if params.len() != units.len() || optimizer.len() != units.len() {
         return Err(Error::Config(format!(
             "the state to resume holds {} units of values and {} of optimizer state, the model \
@@ -498,16 +504,15 @@ fn resumed_layout(mut units: Vec<UnitSpec>, state: TrainState) -> Result<ModelLa
             units.len()
         )));
     }
-    for (id, (unit, values)) in units.iter_mut().zip(params).enumerate() {
-        if values.len() != unit.len {
+    for (id, (unit, init)) in units.iter_mut().zip(params).enumerate() {
+        let len = state.unit_len(id);
+        if len != unit.len {
             return Err(Error::Config(format!(
-                "unit {id} ({}) has {} elements, the state to resume has {}",
-                unit.name,
-                unit.len,
-                values.len()
+                "unit {id} ({}) has {} elements, the state to resume has {len}",
+                unit.name, unit.len,
             )));
         }
-        unit.init = UnitInit::Values(values.into());
+        unit.init = init.clone();
     }
-    ModelLayout::new(units)?.with_optimizer_state(optimizer)
+    ModelLayout::new(units)?.with_optimizer_init(optimizer.to_vec())
 }

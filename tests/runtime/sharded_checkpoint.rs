@@ -117,7 +117,16 @@ async fn a_checkpoint_of_4_servers_resumes_with_2_and_3_exactly() {
         );
         assert_eq!(back, extra);
 
+        // Resumed with 2 and 3 servers from the opened (mapped) checkpoint: each server reads
+        // its own ranges, so together they read every byte of the state exactly once.
+        let state_bytes: usize = loaded
+            .params
+            .iter()
+            .zip(&loaded.optimizer)
+            .map(|(p, o)| 4 * p.len() * (1 + o.buffers.len()))
+            .sum();
         for servers in [2, 3] {
+            let opened = checkpoint::open(&step, &map).expect("open");
             let mut resumed = model_job(
                 2,
                 servers,
@@ -125,7 +134,7 @@ async fn a_checkpoint_of_4_servers_resumes_with_2_and_3_exactly() {
                 Precision::F32,
                 Arc::default(),
             )
-            .resume(loaded.clone())
+            .resume_from(opened.clone())
             .build()
             .expect("valid resumed job");
             let again = resumed.train_state().await.expect("train state");
@@ -133,6 +142,11 @@ async fn a_checkpoint_of_4_servers_resumes_with_2_and_3_exactly() {
             assert_eq!(
                 again, loaded,
                 "{servers} servers: parameters and optimizer state exact"
+            );
+            assert_eq!(
+                opened.bytes_read() as usize,
+                state_bytes,
+                "{servers} servers read the state once, each its own ranges"
             );
         }
 

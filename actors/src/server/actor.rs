@@ -62,7 +62,9 @@ impl Actor for ShardServer {
             if range.is_empty() {
                 continue;
             }
-            let master = unit_spec.init.slice(range.clone());
+            let in_unit =
+                |e: Error| Error::Layout(format!("unit {unit} ({}): {e}", unit_spec.name));
+            let master = unit_spec.init.slice(range.clone()).map_err(in_unit)?;
             let optimizer = match node.layout.optimizer_init(unit as UnitId) {
                 // A frozen unit has no optimizer state (nor accumulator).
                 _ if !unit_spec.trainable => None,
@@ -71,12 +73,11 @@ impl Actor for ShardServer {
                     let buffers = init
                         .buffers
                         .iter()
-                        .map(|(name, values)| (name.clone(), values[range.clone()].to_vec()))
-                        .collect();
+                        .map(|(name, values)| Ok((name.clone(), values.slice(range.clone())?)))
+                        .collect::<Result<Vec<_>>>()
+                        .map_err(in_unit)?;
                     OptimizerState::restore(&spec.optimizer, range.len(), init.steps, buffers)
-                        .map_err(|e| {
-                            Error::Layout(format!("unit {unit} ({}): {e}", unit_spec.name))
-                        })?
+                        .map_err(|e| in_unit(e.into()))?
                 }),
             };
             let store = new_store(&node, &spec, master, optimizer, admission(spec.key))?;
