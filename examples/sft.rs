@@ -997,7 +997,9 @@ async fn run(
         (None, true) => world_size as usize,
         (_, false) => settings.trainers,
     };
-    builder = builder.failure_policy(failure_policy(&settings.on_trainer_failure)?);
+    builder = builder
+        .failure_policy(failure_policy(&settings.on_trainer_failure)?)
+        .keep_last_checkpoints(settings.keep_last);
     if world_size > 1 {
         builder = builder.world(world);
         if settings.servers_on.is_some() || settings.trainers_on.is_some() {
@@ -1150,12 +1152,12 @@ async fn run(
                 )
                 .await?;
             if let Some(dir) = done {
-                checkpoint_written(&dir, &settings, &print)?;
+                checkpoint_written(&dir, &print);
             }
         }
     }
     if let Some(dir) = job.wait_checkpoint().await? {
-        checkpoint_written(&dir, &settings, &print)?;
+        checkpoint_written(&dir, &print);
     }
     bar.finish_and_clear();
     if let (Some(out), true) = (&settings.export_hf, lead) {
@@ -1186,18 +1188,7 @@ async fn run(
     Ok(())
 }
 
-/// A checkpoint is complete: say so, then apply `--keep-last`.
-fn checkpoint_written(
-    dir: &std::path::Path,
-    settings: &Settings,
-    print: &dyn Fn(String),
-) -> anyhow::Result<()> {
+/// A checkpoint is complete (and `--keep-last` applied by the job, on every host): say so.
+fn checkpoint_written(dir: &std::path::Path, print: &dyn Fn(String)) {
     print(format!("checkpoint: {}", dir.display()));
-    for old in checkpoint::retain(&settings.checkpoint_dir, settings.keep_last)? {
-        print(format!(
-            "checkpoint: deleted {} (--keep-last)",
-            old.display()
-        ));
-    }
-    Ok(())
 }

@@ -104,11 +104,33 @@ pub struct OptimizerSnapshot {
     pub buffers: Vec<(String, RegionHandle)>,
 }
 
-/// Write this server's shards into the directory `dir` (a sharded checkpoint's staging directory,
-/// on a filesystem this server's process sees at that path) as `shard-<endpoint>.safetensors`.
+/// Write this server's shards into the directory `dir` (a sharded checkpoint's staging directory:
+/// the lead's where this server's host shares its filesystem, else made on this host, see
+/// [`step_dir`](crate::server::step_dir)) as `shard-<endpoint>.safetensors`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteShardsCmd {
     pub dir: String,
+}
+
+/// What a server wrote for a checkpoint: its file, and the id of the staging directory it wrote
+/// into ([`step_dir::claim`](crate::server::step_dir::claim)): the lead's token where it shares
+/// the lead's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrittenShards {
+    pub file: crate::server::shard_file::ShardFile,
+    pub dir_id: String,
+}
+
+/// Publish this host's part of a checkpoint (per-host directories): write `files` (name and
+/// bytes: the checkpoint's state and this host's manifest) into `staging`, sync, and rename it to
+/// `target` ([`step_dir::publish_with`](crate::server::step_dir::publish_with)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishShardsCmd {
+    pub staging: String,
+    pub target: String,
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Then keep this host's newest `keep_last` step directories (0: all).
+    pub keep_last: usize,
 }
 
 /// What a snapshot holds besides the master values.
@@ -141,7 +163,9 @@ pub enum ServerMsg {
     /// previous write runs.
     WriteShards(WriteShardsCmd, RpcReplyPort<Result<()>>),
     /// The file of the last write, once it is on disk (or why it is not).
-    ShardsWritten(RpcReplyPort<Result<crate::server::shard_file::ShardFile>>),
+    ShardsWritten(RpcReplyPort<Result<WrittenShards>>),
+    /// Publish this host's part of a checkpoint.
+    PublishShards(PublishShardsCmd, RpcReplyPort<Result<()>>),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -201,7 +225,12 @@ pub enum SupervisorMsg {
     /// sharded checkpoint); replies once every copy is taken.
     WriteShards(WriteShardsCmd, RpcReplyPort<Result<()>>),
     /// Every server's file of the last write, in server order, once all are on disk.
-    ShardsWritten(RpcReplyPort<Result<Vec<crate::server::shard_file::ShardFile>>>),
+    ShardsWritten(RpcReplyPort<Result<Vec<WrittenShards>>>),
+    /// Each named server publishes its host's part of a checkpoint (per-host directories).
+    PublishShards(
+        Vec<(EndpointId, PublishShardsCmd)>,
+        RpcReplyPort<Result<()>>,
+    ),
     /// Periodic: time passed (deadlines).
     Tick,
     /// The outcome of server calls the supervisor started.

@@ -91,13 +91,6 @@ pub(crate) fn fresh_staging(dir: &Path, step: u64) -> Result<PathBuf, Checkpoint
     Ok(staging)
 }
 
-/// Syncs the directory `dir` itself (its entries: what was created, removed or renamed in it).
-fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))
-}
-
 /// Writes `state` (split into `tensors`' names) and `extra` to `dir/step-<state.step>` and returns
 /// that directory.
 ///
@@ -191,18 +184,9 @@ pub(super) fn publish(
     measured: &[&str],
 ) -> Result<PathBuf, CheckpointError> {
     manifest::write_with(staging, step, known, measured)?;
-    sync_dir(staging)?;
     let target = step_dir(dir, step);
-    let aside = dir.join(format!(".step-{step}.old-{}", std::process::id()));
-    let replaced = target.exists();
-    if replaced {
-        std::fs::rename(&target, &aside).map_err(io(&target))?;
-    }
-    std::fs::rename(staging, &target).map_err(io(&target))?;
-    sync_dir(dir)?;
-    if replaced {
-        std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
-    }
+    odc_actors::server::step_dir::publish(staging, &target)
+        .map_err(|e| manifest::from_server(&target, e))?;
     Ok(target)
 }
 

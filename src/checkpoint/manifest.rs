@@ -9,9 +9,9 @@
 //!   read as untrusted input (a file name with a path in it is refused);
 //! - [`write`] makes the manifest durable (the file is synced) before it returns.
 
-use std::io::Write;
 use std::path::Path;
 
+use odc_actors::server::step_dir;
 use serde::{Deserialize, Serialize};
 
 use super::files::{invalid, io, CheckpointError};
@@ -111,24 +111,41 @@ pub fn write_with(
             crc32c,
         });
     }
+    let json = encode(dir, step, files.clone())?;
+    write_synced(&dir.join(MANIFEST_FILE), &json)?;
+    Ok(Manifest {
+        format: FORMAT,
+        step,
+        complete: true,
+        files,
+    })
+}
+
+/// The manifest of `files` for `step`, as `manifest.json` holds it (for the step directory
+/// `dir`, which an error names).
+pub fn encode(dir: &Path, step: u64, files: Vec<FileEntry>) -> Result<Vec<u8>, CheckpointError> {
     let manifest = Manifest {
         format: FORMAT,
         step,
         complete: true,
         files,
     };
-    let path = dir.join(MANIFEST_FILE);
-    let json = serde_json::to_vec_pretty(&manifest)
-        .map_err(|e| invalid(&path, format!("cannot encode: {e}")))?;
-    write_synced(&path, &json)?;
-    Ok(manifest)
+    serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| invalid(&dir.join(MANIFEST_FILE), format!("cannot encode: {e}")))
 }
 
 /// Writes `bytes` to `path` and syncs the file.
 pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let mut file = std::fs::File::create(path).map_err(io(path))?;
-    file.write_all(bytes).map_err(io(path))?;
-    file.sync_all().map_err(io(path))
+    step_dir::write_synced(path, bytes).map_err(|e| from_server(path, e))
+}
+
+/// A server-side checkpoint error (`odc_actors::Error::Checkpoint` names its path) as this
+/// module's.
+pub(super) fn from_server(path: &Path, e: odc_actors::Error) -> CheckpointError {
+    match e {
+        odc_actors::Error::Checkpoint { path, reason } => invalid(Path::new(&path), reason),
+        other => invalid(path, other.to_string()),
+    }
 }
 
 /// Reads `dir`'s manifest, checked for form (not yet against the files).

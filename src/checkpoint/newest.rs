@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use odc_actors::server::step_dir;
+
 use super::files::FILES;
 use super::manifest::{self, Manifest};
 use super::CheckpointError;
@@ -20,28 +22,10 @@ pub fn verify(step_dir: &Path) -> Result<Manifest, CheckpointError> {
 
 /// The `step-<N>` directories of `dir`, largest `N` first; `None` when `dir` does not exist.
 fn steps(dir: &Path) -> Result<Option<Vec<(u64, PathBuf)>>, CheckpointError> {
-    let io = |source| CheckpointError::Io {
+    step_dir::steps(dir).map_err(|source| CheckpointError::Io {
         path: dir.to_path_buf(),
         source,
-    };
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io(e)),
-    };
-    let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(io)?;
-        let Some(step) = entry.file_name().to_str().and_then(step_of) else {
-            continue;
-        };
-        let path = entry.path();
-        if path.is_dir() {
-            found.push((step, path));
-        }
-    }
-    found.sort_by_key(|x| std::cmp::Reverse(x.0));
-    Ok(Some(found))
+    })
 }
 
 /// The newest checkpoint in `dir` that verifies ([`verify`]): from the `step-<N>` directory
@@ -103,40 +87,8 @@ pub(super) fn newest_by<T>(
 /// kept, returning what it deleted. Nothing is deleted until `keep_last` complete ones exist, so
 /// an older checkpoint goes only after a newer one is complete. `keep_last = 0` keeps everything.
 pub fn retain(dir: &Path, keep_last: usize) -> Result<Vec<PathBuf>, CheckpointError> {
-    let Some(found) = steps(dir)? else {
-        return Ok(Vec::new());
-    };
-    if keep_last == 0 {
-        return Ok(Vec::new());
-    }
-    let complete: Vec<u64> = found
-        .iter()
-        .filter(|(_, path)| manifest::read(path).is_ok())
-        .map(|(step, _)| *step)
-        .take(keep_last)
-        .collect();
-    let Some(&oldest_kept) = complete.get(keep_last - 1) else {
-        return Ok(Vec::new());
-    };
-    let mut deleted = Vec::new();
-    for (step, path) in found.into_iter().filter(|(s, _)| *s < oldest_kept) {
-        std::fs::remove_dir_all(&path).map_err(|source| CheckpointError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        tracing::info!(
-            "{}: deleted (--keep-last {keep_last}; step {step})",
-            path.display()
-        );
-        deleted.push(path);
-    }
-    Ok(deleted)
-}
-
-/// `N` of a directory named `step-<N>` exactly as [`step_dir`](super::step_dir) names it.
-fn step_of(name: &str) -> Option<u64> {
-    let step: u64 = name.strip_prefix("step-")?.parse().ok()?;
-    (format!("step-{step}") == name).then_some(step)
+    step_dir::retain(dir, keep_last, |path| manifest::read(path).is_ok())
+        .map_err(|e| manifest::from_server(dir, e))
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use super::files::{
     invalid, io, read_checked, CheckpointError, StateFile, FORMAT, MODEL_FILE, OPTIMIZER_FILE,
     STATE_FILE,
 };
-use super::manifest::{self, Manifest};
+use super::manifest::{self, FileEntry, Manifest};
 use super::{TensorMap, TrainState};
 
 /// A checkpoint opened to resume from ([`open`]): its step, the caller's JSON, and every unit's
@@ -164,8 +164,12 @@ struct MappedFile {
 impl MappedFile {
     /// Maps `name` of `step_dir` and checks it against the manifest before reading its header.
     fn open(step_dir: &Path, manifest: &Manifest, name: &str) -> Result<Self, CheckpointError> {
-        let path = step_dir.join(name);
-        let entry = manifest.entry(step_dir, name)?;
+        Self::open_as(step_dir, manifest.entry(step_dir, name)?)
+    }
+
+    /// Maps `entry`'s file of `step_dir` and checks it against `entry` before reading its header.
+    fn open_as(step_dir: &Path, entry: &FileEntry) -> Result<Self, CheckpointError> {
+        let path = step_dir.join(&entry.name);
         let file = std::fs::File::open(&path).map_err(io(&path))?;
         // SAFETY: read-only; odc never writes into a published checkpoint (module docs).
         let map = unsafe { Mmap::map(&file) }.map_err(io(&path))?;
@@ -221,7 +225,7 @@ impl MappedFile {
             start,
             end: start + bytes.len() / 4,
             bytes: bytes.clone(),
-            map: Arc::clone(&self.map),
+            map: Ok(Arc::clone(&self.map)),
         })
     }
 
@@ -246,13 +250,14 @@ impl MappedFile {
     }
 }
 
-/// Elements `start..end` of a unit, at `bytes` of a mapped file.
+/// Elements `start..end` of a unit, at `bytes` of a mapped file, or in a file this host's step
+/// directory does not hold (`Err`: its name).
 #[derive(Clone)]
 struct Piece {
     start: usize,
     end: usize,
     bytes: Range<usize>,
-    map: Arc<Mmap>,
+    map: Result<Arc<Mmap>, Arc<str>>,
 }
 
 /// A unit's values (or one optimizer buffer's) as pieces that tile `0..len`.
@@ -307,8 +312,15 @@ impl Source {
             .take_while(|p| p.start < range.end)
         {
             let (a, b) = (range.start.max(p.start), range.end.min(p.end));
+            let map = p.map.as_ref().map_err(|file| {
+                format!(
+                    "elements {a}..{b} are in {file}, which a server on another host wrote into \
+                     its own checkpoint directory: resume with the servers on the hosts that \
+                     wrote them, or copy every host's shard files into one step directory"
+                )
+            })?;
             let at = p.bytes.start + (a - p.start) * 4;
-            let bytes = &p.map[at..at + (b - a) * 4];
+            let bytes = &map[at..at + (b - a) * 4];
             out.extend(
                 bytes
                     .chunks_exact(4)
@@ -371,7 +383,34 @@ pub fn open(step_dir: &Path, tensors: &TensorMap) -> Result<Opened, CheckpointEr
             ));
         }
         for f in &state.shards {
-            let mut file = MappedFile::open(step_dir, &manifest, &f.file)?;
+            // A shard file this host's manifest does not name was written on another host (per-
+            // host directories): checked against its server's report in state.json where it was
+            // copied here, else its pieces are read nowhere on this host.
+            let named = manifest.files.iter().find(|e| e.name == f.file).cloned();
+            let entry = named.unwrap_or_else(|| FileEntry {
+                name: f.file.clone(),
+                bytes: f.bytes,
+                crc32c: f.crc32c,
+            });
+            let here = std::fs::symlink_metadata(step_dir.join(&f.file)).is_ok();
+            if !here && manifest.files.iter().all(|e| e.name != f.file) {
+                let file: Arc<str> = Arc::from(f.file.as_str());
+                for p in &f.pieces {
+                    let (u, start, end) = (p.unit as usize, p.start as usize, p.end as usize);
+                    let remote = Piece {
+                        start,
+                        end,
+                        bytes: 0..0,
+                        map: Err(Arc::clone(&file)),
+                    };
+                    params[u].push(remote.clone());
+                    for b in 0..p.buffers.len() {
+                        buffers[u][b].push(remote.clone());
+                    }
+                }
+                continue;
+            }
+            let mut file = MappedFile::open_as(step_dir, &entry)?;
             for p in &f.pieces {
                 let (u, start) = (p.unit as usize, p.start as usize);
                 let shape = [(p.end - p.start) as usize];

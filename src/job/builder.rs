@@ -81,6 +81,7 @@ pub struct JobBuilder {
     join_timeout: Duration,
     heartbeat: HeartbeatConfig,
     resume: Option<Opened>,
+    keep_last: usize,
     clock: Arc<dyn Clock>,
 }
 
@@ -106,6 +107,7 @@ impl Default for JobBuilder {
             join_timeout: DEFAULT_JOIN_TIMEOUT,
             heartbeat: HeartbeatConfig::default(),
             resume: None,
+            keep_last: 0,
             clock: Arc::new(SystemClock),
         }
     }
@@ -367,6 +369,15 @@ impl JobBuilder {
         self
     }
 
+    /// Once a checkpoint ([`Job::checkpoint_async`]) is published, keep the newest `n` complete
+    /// step directories in its directory and delete the older ones, on every host that holds a
+    /// part of it (per-host directories) — Hugging Face's `save_total_limit`. 0 (the default)
+    /// keeps all.
+    pub fn keep_last_checkpoints(mut self, n: usize) -> Self {
+        self.keep_last = n;
+        self
+    }
+
     /// Resume from an opened checkpoint ([`checkpoint::open`](crate::checkpoint::open)): as
     /// [`Self::resume`], but each shard server reads only its own ranges from the mapped files, so
     /// no process holds more of the state than its servers' shards.
@@ -487,6 +498,7 @@ impl JobBuilder {
             parameters_timeout: self.parameters_timeout,
             join_timeout: self.join_timeout,
             checkpoint: None,
+            keep_last: self.keep_last,
         })
     }
 }

@@ -7,7 +7,10 @@ use odc_actors::messages::WriteShardsCmd;
 use odc_actors::supervisor::SupervisorMsg;
 use odc_actors::{Error, Result};
 
-use crate::checkpoint::{sharded, CheckpointError, TensorMap};
+use odc_actors::server::step_dir;
+
+use crate::checkpoint::sharded::Publication;
+use crate::checkpoint::{CheckpointError, TensorMap};
 
 use super::*;
 
@@ -54,9 +57,16 @@ impl Job {
     ///
     /// A failed write is reported by the next call, by [`Job::wait_checkpoint`], or (logged) by
     /// [`Job::shutdown`]; never silent. `tensors` names the model's tensors (checked on load).
-    /// Every process hosting a server must see `dir` at the same path (one host, or a shared
-    /// filesystem). [`checkpoint::load`](crate::checkpoint::load) reads the result back whole, so
-    /// a job resumes from it with any number of servers. Call it between steps.
+    /// `dir` is one path: on a shared filesystem every server writes into the one directory; with
+    /// per-host directories (a local disk at that path on each host) each host's servers write
+    /// into their own, one server of each other host publishes its part first (its shard files,
+    /// `state.json` with every server's ranges, a manifest of what it holds) and this process's
+    /// `step-<N>` appears last ([`odc_actors::server::step_dir`]). Resuming
+    /// ([`checkpoint::open`](crate::checkpoint::open), `JobBuilder::resume_from`) reads each
+    /// server's ranges where they are: with any number of servers from a shared directory, with
+    /// the same servers per host from per-host ones. With
+    /// [`JobBuilder::keep_last_checkpoints`](crate::JobBuilder::keep_last_checkpoints) every host
+    /// then prunes its older steps. Call it between steps.
     pub async fn checkpoint_async(
         &mut self,
         dir: &Path,
@@ -69,6 +79,16 @@ impl Job {
             path: staging.display().to_string(),
             reason: e.to_string(),
         })?;
+        // The lead's claim: a server whose host shares this directory finds it (see
+        // `odc_actors::server::step_dir`).
+        let lead_id = format!(
+            "lead-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        step_dir::claim(&absolute, &lead_id)?;
         let supervisor = self.supervisor().await?;
         let timeout = self.parameters_timeout;
         let step = self.step;
@@ -86,24 +106,42 @@ impl Job {
             return Err(e);
         }
         let (dir, tensors, extra) = (dir.to_path_buf(), tensors.clone(), extra.clone());
+        let keep_last = self.keep_last;
         self.checkpoint = Some(tokio::spawn(async move {
             // The servers' writes may take longer than a read-out: the supervisor bounds each.
             let wait = timeout.max(std::time::Duration::from_secs(3600));
             let reply = supervisor
                 .call(SupervisorMsg::ShardsWritten, Some(wait))
                 .await;
-            let files = match unwrap_call(reply, "shards written", step, wait).and_then(|r| r) {
-                Ok(files) => files,
-                Err(e) => {
-                    let _ = std::fs::remove_dir_all(&staging);
-                    return Err(e);
+            let published = async {
+                let written = unwrap_call(reply, "shards written", step, wait).and_then(|r| r)?;
+                let publication =
+                    Publication::new(&dir, &staging, step, &tensors, written, &lead_id, &extra)
+                        .map_err(checkpoint_error)?;
+                // Other hosts' directories first (per-host checkpoint directories): the lead's
+                // step directory appears last, once every host holds its part.
+                let hosts = publication.hosts(keep_last).map_err(checkpoint_error)?;
+                if !hosts.is_empty() {
+                    let reply = supervisor
+                        .call(|r| SupervisorMsg::PublishShards(hosts, r), Some(timeout))
+                        .await;
+                    unwrap_call(reply, "publish shards", step, timeout).and_then(|r| r)?;
                 }
-            };
-            let publish = move || sharded::finish(&dir, &staging, step, &tensors, files, &extra);
-            tokio::task::spawn_blocking(publish)
+                let dir = dir.clone();
+                tokio::task::spawn_blocking(move || {
+                    let step_dir = publication.finish()?;
+                    crate::checkpoint::retain(&dir, keep_last)?;
+                    Ok(step_dir)
+                })
                 .await
                 .map_err(|e| Error::Internal(format!("the checkpoint's publisher: {e}")))?
                 .map_err(checkpoint_error)
+            };
+            let result = published.await;
+            if result.is_err() {
+                let _ = std::fs::remove_dir_all(&staging);
+            }
+            result
         }));
         Ok(previous)
     }

@@ -74,6 +74,8 @@ pub struct Job {
     join_timeout: Duration,
     /// The checkpoint being written in the background ([`Job::checkpoint_async`]).
     checkpoint: Option<tokio::task::JoinHandle<Result<std::path::PathBuf>>>,
+    /// Step directories each host keeps once a checkpoint is published (0: all).
+    keep_last: usize,
 }
 
 impl Job {

@@ -3,7 +3,8 @@
 //! rank in its own network namespace where the machine allows it; `examples/sft` restarted by
 //! `odc launch --max-restarts` after a rank is killed (`restart.rs`, its own tolerance);
 //! `examples/sft --model-dir` on a Hugging Face directory every rank opens (`model_dir.rs`);
-//! `examples/rl_grpo` sampling a share of the groups on every rank (`grpo.rs`); `examples/sft
+//! `examples/rl_grpo` sampling a share of the groups on every rank (`grpo.rs`); `examples/sft`
+//! checkpointing into per-host directories and resuming from them (`per_host.rs`); `examples/sft
 //! --split auto` splitting long samples over trainers in two processes (`split.rs`).
 //!
 //! Tolerance (I3): a multi-process job sums the same per-micro-batch gradients as one process,
@@ -21,6 +22,8 @@ mod hostile;
 mod model_dir;
 mod netns;
 mod parity;
+#[cfg(feature = "candle")]
+mod per_host;
 #[cfg(feature = "candle")]
 mod restart;
 #[cfg(feature = "candle")]

@@ -23,6 +23,7 @@ impl Message for ServerMsg {
             ServerMsg::Snapshot(cmd, reply) => call("Snapshot", &cmd, reply),
             ServerMsg::WriteShards(cmd, reply) => call("WriteShards", &cmd, reply),
             ServerMsg::ShardsWritten(reply) => call("ShardsWritten", &(), reply),
+            ServerMsg::PublishShards(cmd, reply) => call("PublishShards", &cmd, reply),
         }
     }
 
@@ -52,6 +53,10 @@ impl Message for ServerMsg {
                 decode::<()>("ShardsWritten", &args)?;
                 ServerMsg::ShardsWritten(reply_port("ShardsWritten", reply))
             }
+            "PublishShards" => ServerMsg::PublishShards(
+                decode("PublishShards", &args)?,
+                reply_port("PublishShards", reply),
+            ),
             _ => return unknown("shard server", &variant, true),
         })
     }
@@ -88,6 +93,7 @@ impl Message for SupervisorMsg {
             SupervisorMsg::Parameters(cmd, reply) => call("Parameters", &cmd, reply),
             SupervisorMsg::WriteShards(cmd, reply) => call("WriteShards", &cmd, reply),
             SupervisorMsg::ShardsWritten(reply) => call("ShardsWritten", &(), reply),
+            SupervisorMsg::PublishShards(cmds, reply) => call("PublishShards", &cmds, reply),
             SupervisorMsg::Tick => cast("Tick", &()),
             SupervisorMsg::Servers(outcome) => cast("Servers", &outcome),
         }
@@ -111,6 +117,10 @@ impl Message for SupervisorMsg {
                 decode::<()>("ShardsWritten", &args)?;
                 SupervisorMsg::ShardsWritten(reply_port("ShardsWritten", reply))
             }
+            ("PublishShards", Some(reply)) => SupervisorMsg::PublishShards(
+                decode("PublishShards", &args)?,
+                reply_port("PublishShards", reply),
+            ),
             ("Done", None) => SupervisorMsg::Done(decode("Done", &args)?),
             ("Tick", None) => {
                 decode::<()>("Tick", &args)?;

@@ -1,6 +1,7 @@
 //! The shard server actor (see the [module docs](super)).
 
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 
 use odc_transport::{WriteGuard, WriteTag};
@@ -9,13 +10,14 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use super::optimizer::{OptimizerConfig, OptimizerState};
 use super::shard::{Context, HostShard, ShardStore};
 use super::{
-    shard_file, ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec, ShardSnapshot,
-    SnapshotCmd,
+    shard_file, step_dir, ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
+    ShardSnapshot, SnapshotCmd,
 };
 use crate::datapath::micro_batch_of;
 use crate::directory::ShardRoute;
 use crate::error::{Error, Result};
 use crate::layout::{shard_range, UnitId};
+use crate::messages::WrittenShards;
 use crate::node::Node;
 use crate::policy::token::JobKey;
 
@@ -38,7 +40,7 @@ pub struct ServerState {
     shards: Vec<Shard>,
     version: u64,
     /// The checkpoint write started by the last [`ServerMsg::WriteShards`]: its file once done.
-    writing: Option<tokio::sync::watch::Receiver<Option<Result<shard_file::ShardFile>>>>,
+    writing: Option<tokio::sync::watch::Receiver<Option<Result<WrittenShards>>>>,
 }
 
 /// The shard server actor.
@@ -161,6 +163,7 @@ impl Actor for ShardServer {
                 let (done, writing) = tokio::sync::watch::channel(None);
                 state.writing = Some(writing);
                 let file = format!("shard-{:05}.safetensors", state.spec.endpoint);
+                let token = format!("server-{}", state.spec.endpoint);
                 // A thread of its own at the lowest CPU priority: the write takes the cores only
                 // when the step leaves them idle.
                 let writer = std::thread::Builder::new()
@@ -169,7 +172,13 @@ impl Actor for ShardServer {
                         lower_priority();
                         fault_delay();
                         let dir = std::path::Path::new(&cmd.dir);
-                        let _ = done.send(Some(shard_file::write(dir, &file, &values)));
+                        // The lead's staging directory where this host shares it, else this
+                        // host's own (per-host checkpoint directories).
+                        let written = step_dir::claim(dir, &token).and_then(|dir_id| {
+                            let file = shard_file::write(dir, &file, &values)?;
+                            Ok(WrittenShards { file, dir_id })
+                        });
+                        let _ = done.send(Some(written));
                     });
                 if let Err(e) = writer {
                     state.writing = None;
@@ -201,6 +210,18 @@ impl Actor for ShardServer {
                     });
                 }
             },
+            // Small synced files and a rename, off the mailbox.
+            ServerMsg::PublishShards(cmd, reply) => {
+                tokio::task::spawn_blocking(move || {
+                    let (staging, target) = (Path::new(&cmd.staging), Path::new(&cmd.target));
+                    let _ = reply.send(step_dir::publish_with(
+                        staging,
+                        target,
+                        &cmd.files,
+                        cmd.keep_last,
+                    ));
+                });
+            }
         }
         Ok(())
     }

@@ -34,6 +34,7 @@ mod device;
 pub use odc_policy::optimizer;
 mod shard;
 pub mod shard_file;
+pub mod step_dir;
 
 pub use crate::messages::{
     ApplyCmd, DiscardCmd, OptimizerSnapshot, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,

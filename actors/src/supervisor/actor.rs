@@ -237,6 +237,30 @@ impl Actor for Supervisor {
                 });
                 return Ok(());
             }
+            SupervisorMsg::PublishShards(cmds, reply) => {
+                let calls = cmds
+                    .into_iter()
+                    .map(|(endpoint, cmd)| {
+                        let server = state.servers.get(endpoint as usize).cloned();
+                        async move {
+                            let server = server.ok_or_else(|| {
+                                Error::Config(format!("publish shards: no shard server {endpoint}"))
+                            })?;
+                            call_within(
+                                &server,
+                                move |reply| ServerMsg::PublishShards(cmd, reply),
+                                &format!("shard server {endpoint} publish shards"),
+                                CALL_TIMEOUT,
+                            )
+                            .await
+                        }
+                    })
+                    .collect();
+                tokio::spawn(async move {
+                    let _ = reply.send(all_servers(calls).await.map(drop));
+                });
+                return Ok(());
+            }
             SupervisorMsg::Tick => (state.machine.on_tick(now), None),
             SupervisorMsg::Servers(ServerOutcome::Reduced(r)) => {
                 (state.machine.on_reduced(r, now), None)

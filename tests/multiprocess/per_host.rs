@@ -1,0 +1,203 @@
+//! Per-host checkpoint directories (issue 30): two ranks of `examples/sft` over `tcp`, each
+//! hosting one shard server, see different directories at the same `--checkpoint-dir` path (rank
+//! 1 runs in a mount namespace where that path is a bind mount of another directory: its "host's
+//! own disk"). Each host's `step-<N>` holds its own server's shard file, `state.json` and a
+//! manifest of what it holds, and verifies on its own; `--keep-last` prunes both hosts; a
+//! relaunch with `--resume auto` resumes every server from its own host and ends at the
+//! uninterrupted run's loss.
+//!
+//! Tolerance: as `restart.rs` (final loss within 1e-5 relative of one process training the same
+//! data uninterrupted). Skipped, with the reason printed, where a mount namespace cannot be made
+//! (`unshare -Urm` refused).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::*;
+
+const CONFIG: &str = r#"
+batch_size = 4
+token_budget = 700
+eval_every = 0
+eval_problems = 0
+no_metrics = true
+lr = 0.01
+warmup_steps = 2
+# A constant rate after the warm-up: the first launch's schedule (8 steps) is the relaunch's (12).
+min_lr_ratio = 1.0
+
+[model]
+vocab_size = 259
+d_model = 32
+n_layers = 1
+n_heads = 2
+d_ff = 64
+max_seq_len = 512
+rope_theta = 10000.0
+rms_eps = 1e-5
+init_std = 0.05
+seed = 3
+"#;
+
+/// Why a mount namespace cannot be made here, if it cannot.
+fn no_mount_namespace() -> Option<String> {
+    match Command::new("unshare").args(["-Urm", "true"]).output() {
+        Ok(out) if out.status.success() => None,
+        Ok(out) => Some(format!(
+            "`unshare -Urm true` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Some(format!("`unshare` cannot run: {e}")),
+    }
+}
+
+/// The loss of `stdout`'s last line, `final step=<steps> loss=<f> ...`.
+fn final_loss(stdout: &str, steps: u64) -> f64 {
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!("final step={steps} loss=")),
+        "last line: {last:?}\n{stdout}"
+    );
+    last.split_whitespace()
+        .find_map(|w| w.strip_prefix("loss="))
+        .and_then(|l| l.parse().ok())
+        .unwrap_or_else(|| panic!("no loss in {last:?}"))
+}
+
+/// The sorted file names of `dir`.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Two ranks of `sft` training `steps` steps with a checkpoint every 4 into `ckpt`, rank 1 seeing
+/// `host_b` there, with `extra` arguments; rank 0's stdout.
+fn two_hosts(config: &Path, ckpt: &Path, host_b: &Path, steps: u64, extra: &[&str]) -> String {
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let job = format!("perhost{}x{}", std::process::id(), free_port());
+    let children: Vec<_> = (0..2u32)
+        .map(|rank| {
+            let mut cmd = if rank == 0 {
+                Command::new(example("sft"))
+            } else {
+                let mut cmd = Command::new("unshare");
+                cmd.args([
+                    "-Urm",
+                    "sh",
+                    "-c",
+                    r#"mount --bind "$1" "$2" && shift 2 && exec "$@""#,
+                    "sh",
+                ])
+                .arg(host_b)
+                .arg(ckpt)
+                .arg(example("sft"));
+                cmd
+            };
+            rank_env(
+                &mut cmd,
+                rank,
+                2,
+                &coordinator,
+                "per-host-test-secret-0123",
+                &job,
+                "tcp",
+            );
+            cmd.arg("--config")
+                .arg(config)
+                .args(["--steps", &steps.to_string(), "--checkpoint-every", "4"])
+                .arg("--checkpoint-dir")
+                .arg(ckpt);
+            cmd.args(extra);
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+            cmd.spawn().expect("a rank starts")
+        })
+        .collect();
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| wait(c, Duration::from_secs(120)))
+        .collect();
+    for (rank, out) in outs.iter().enumerate() {
+        succeeded(out, &format!("rank {rank} of {steps} steps"));
+    }
+    String::from_utf8_lossy(&outs[0].stdout).into_owned()
+}
+
+#[test]
+fn per_host_checkpoint_directories_resume_each_server_from_its_own_host() {
+    if let Some(why) = no_mount_namespace() {
+        eprintln!("skipped: per-host directories are emulated with a mount namespace: {why}");
+        return;
+    }
+    let started = Instant::now();
+    let dir = temp("per-host");
+    let (ckpt, host_b) = (dir.join("ckpt"), dir.join("host-b"));
+    std::fs::create_dir_all(&ckpt).expect("host A's directory");
+    std::fs::create_dir_all(&host_b).expect("host B's directory");
+    let config = dir.join("sft.toml");
+    std::fs::write(&config, CONFIG).expect("the config file");
+
+    // The uninterrupted run: one process, 2 trainers and 2 servers, 12 steps.
+    let mut cmd = Command::new(example("sft"));
+    cmd.arg("--config")
+        .arg(&config)
+        .args(["--steps", "12", "--trainers", "2", "--servers", "2"]);
+    let want = final_loss(
+        &succeeded(&run(cmd, Duration::from_secs(120)), "the uninterrupted run"),
+        12,
+    );
+
+    two_hosts(&config, &ckpt, &host_b, 8, &["--keep-last", "1"]);
+    // `--keep-last 1` pruned step 4 on both hosts.
+    assert_eq!(names(&ckpt), ["step-8"], "host A");
+    assert_eq!(names(&host_b), ["step-8"], "host B");
+    // Each host holds its own server's file, the state and its own manifest, and verifies alone.
+    let (a, b) = (ckpt.join("step-8"), host_b.join("step-8"));
+    assert_eq!(
+        names(&a),
+        ["manifest.json", "shard-00000.safetensors", "state.json"],
+        "host A"
+    );
+    assert_eq!(
+        names(&b),
+        ["manifest.json", "shard-00001.safetensors", "state.json"],
+        "host B"
+    );
+    odc::checkpoint::verify(&a).expect("host A's step verifies");
+    odc::checkpoint::verify(&b).expect("host B's step verifies");
+    assert_eq!(
+        std::fs::read(a.join("state.json")).expect("A's state"),
+        std::fs::read(b.join("state.json")).expect("B's state"),
+        "one state, every server's ranges, on both hosts"
+    );
+
+    let stdout = two_hosts(&config, &ckpt, &host_b, 12, &["--resume", "auto"]);
+    assert!(
+        stdout.contains(&format!(
+            "resuming from {} at step 8",
+            ckpt.join("step-8").display()
+        )),
+        "{stdout}"
+    );
+    let got = final_loss(&stdout, 12);
+    let relative = ((got - want) / want).abs();
+    assert!(
+        relative <= 1e-5,
+        "final loss {got} after resuming on two hosts vs {want} uninterrupted: {relative:e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!(
+        "per-host: resumed at step 8 of 12 on two hosts; final loss {got} vs {want} \
+         uninterrupted ({relative:e} relative); {:.1} s in all",
+        started.elapsed().as_secs_f64()
+    );
+}
