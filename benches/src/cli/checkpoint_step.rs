@@ -5,8 +5,9 @@
 //! and an asynchronous one (`Job::checkpoint_async`: the servers copy their shards and the step
 //! goes on while they write). Modes run in ABBA order (never, sync, async, async, sync, never);
 //! printed: each mode's median step time (training plus its checkpoint call) and its ratio to no
-//! checkpoint. Each checkpointing run ends by loading its last checkpoint and comparing it, bit
-//! for bit, with the job's state read through the servers (`Job::train_state`).
+//! checkpoint, and each mode's peak resident set against the analytical extra of a checkpoint (one
+//! copy of the servers' shards). Each checkpointing run ends by loading its last checkpoint and
+//! comparing it, bit for bit, with the job's state read through the servers (`Job::train_state`).
 //!
 //! On a GPU (`--device cuda --transport cuda`, built with feature `gpu`): trainers compute in bf16
 //! on the device and the servers keep their shards in device memory (the `cuda` backend), so a
@@ -84,6 +85,7 @@ pub(crate) async fn checkpoint_step(args: CheckpointStepArgs) -> anyhow::Result<
         dir.display()
     );
     let mut times: Vec<(Mode, Vec<f64>)> = Vec::new();
+    let mut peaks: Vec<(Mode, u64)> = Vec::new();
     for mode in [
         Mode::Never,
         Mode::Sync,
@@ -93,9 +95,13 @@ pub(crate) async fn checkpoint_step(args: CheckpointStepArgs) -> anyhow::Result<
         Mode::Never,
     ] {
         let run_dir = dir.join(format!("{mode:?}").to_lowercase());
-        let steps = run(&config, &args, mode, &run_dir).await?;
+        let measured = reset_peak();
+        let (steps, peak) = run(&config, &args, mode, &run_dir).await?;
         std::fs::remove_dir_all(&run_dir).ok();
         times.push((mode, steps));
+        if let (true, Some(peak)) = (measured, peak) {
+            peaks.push((mode, peak));
+        }
     }
     std::fs::remove_dir_all(&dir).ok();
     let median = |mode: Mode| -> f64 {
@@ -135,17 +141,70 @@ pub(crate) async fn checkpoint_step(args: CheckpointStepArgs) -> anyhow::Result<
             mean(mode) / mean(Mode::Never)
         );
     }
+    // Peak memory: each run's peak resident set (the larger of its two runs), against the
+    // analytical extra of a checkpoint, one copy of every server's shards (parameters and AdamW's
+    // two buffers, fp32).
+    let peak = |mode: Mode| {
+        peaks
+            .iter()
+            .filter(|(m, _)| *m == mode)
+            .map(|(_, p)| *p)
+            .max()
+    };
+    match peak(Mode::Never) {
+        Some(never) => {
+            let copy = params * 12;
+            println!(
+                "peak resident set (MB): none {:.0}; one copy of the shards: {:.0}",
+                never as f64 / 1e6,
+                copy as f64 / 1e6
+            );
+            for (mode, name) in [(Mode::Sync, "synchronous"), (Mode::Async, "asynchronous")] {
+                if let Some(p) = peak(mode) {
+                    let extra = p as f64 - never as f64;
+                    println!(
+                        "peak resident set (MB): {name} {:.0}, {:+.0} over none = {:.2} copies of \
+                         the shards",
+                        p as f64 / 1e6,
+                        extra / 1e6,
+                        extra / copy as f64
+                    );
+                }
+            }
+        }
+        None => println!("peak resident set: not measured (no /proc/self/clear_refs here)"),
+    }
     Ok(())
 }
 
+/// Resets this process's peak resident set (Linux's `/proc/self/clear_refs`); whether it could.
+fn reset_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// This process's peak resident set since the last [`reset_peak`], in bytes (`VmHWM`).
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
 /// One job of `args.steps` steps under `mode`: each step's seconds (after the first, which starts
-/// the actors), its checkpoint call included.
+/// the actors), its checkpoint call included, and the process's peak resident set until the last
+/// checkpoint was written (before the check that reads it back).
 async fn run(
     config: &odc::model::ModelConfig,
     args: &CheckpointStepArgs,
     mode: Mode,
     dir: &std::path::Path,
-) -> anyhow::Result<Vec<f64>> {
+) -> anyhow::Result<(Vec<f64>, Option<u64>)> {
     let (len, samples) = (args.len, args.samples);
     let vocab = config.vocab_size.min(256) as u32;
     let store: Arc<dyn SampleStore> = Arc::new(move |i: u64| {
@@ -212,6 +271,7 @@ async fn run(
         }
     }
     let waited = job.wait_checkpoint().await.context("the last checkpoint")?;
+    let peak = peak_rss();
     if let Some(mut last) = waited.or(last) {
         if args.steps % args.every != 0 {
             // The last steps took no checkpoint: one more (untimed) at the final state.
@@ -231,5 +291,5 @@ async fn run(
         );
     }
     job.shutdown().await;
-    Ok(out)
+    Ok((out, peak))
 }
