@@ -8,7 +8,7 @@ use odc_transport::{WriteGuard, WriteTag};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::optimizer::{OptimizerConfig, OptimizerState};
-use super::shard::{Context, HostShard, ShardStore};
+use super::shard::{Captured, Context, HostShard, ShardStore};
 use super::{
     shard_file, step_dir, ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
     ShardSnapshot, SnapshotCmd,
@@ -175,6 +175,10 @@ impl Actor for ShardServer {
                         // The lead's staging directory where this host shares it, else this
                         // host's own (per-host checkpoint directories).
                         let written = step_dir::claim(dir, &token).and_then(|dir_id| {
+                            let values = values
+                                .into_iter()
+                                .map(CapturedShard::into_values)
+                                .collect::<Result<Vec<_>>>()?;
                             let file = shard_file::write(dir, &file, &values)?;
                             Ok(WrittenShards { file, dir_id })
                         });
@@ -353,21 +357,39 @@ fn fault_delay() {
 }
 
 /// Every shard's values, copied to host memory (what a checkpoint writes).
-fn copy_shards(shards: &mut [Shard], context: &Context) -> Result<Vec<shard_file::ShardValues>> {
+fn copy_shards(shards: &mut [Shard], context: &Context) -> Result<Vec<CapturedShard>> {
     shards
         .iter()
         .map(|shard| {
-            let v = shard.store.values(context)?;
-            Ok(shard_file::ShardValues {
+            Ok(CapturedShard {
                 unit: shard.unit,
-                start: shard.range.start as u64,
-                end: shard.range.end as u64,
-                params: v.params,
-                steps: v.steps,
-                buffers: v.buffers,
+                range: shard.range.clone(),
+                values: shard.store.capture(context)?,
             })
         })
         .collect()
+}
+
+/// A shard's values taken for a checkpoint ([`copy_shards`]), brought to host memory by the
+/// writer.
+struct CapturedShard {
+    unit: UnitId,
+    range: Range<usize>,
+    values: Captured,
+}
+
+impl CapturedShard {
+    fn into_values(self) -> Result<shard_file::ShardValues> {
+        let v = self.values.into_values()?;
+        Ok(shard_file::ShardValues {
+            unit: self.unit,
+            start: self.range.start as u64,
+            end: self.range.end as u64,
+            params: v.params,
+            steps: v.steps,
+            buffers: v.buffers,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -59,6 +59,11 @@ pub(super) trait ShardStore: Send {
     /// Host copies of the fp32 master weights and of the optimizer's step count and buffers
     /// (none for a frozen shard): what a sharded checkpoint writes.
     fn values(&self, context: &Context) -> Result<StoreValues>;
+    /// The values at this version for a checkpoint's writer ([`Captured`]); by default
+    /// [`Self::values`], copied now.
+    fn capture(&self, context: &Context) -> Result<Captured> {
+        Ok(Captured::Now(self.values(context)?))
+    }
 }
 
 /// A store's values copied to host memory ([`ShardStore::values`]).
@@ -66,6 +71,26 @@ pub(super) struct StoreValues {
     pub(super) params: Vec<f32>,
     pub(super) steps: u64,
     pub(super) buffers: Vec<(String, Vec<f32>)>,
+}
+
+/// A store's values taken at one version for a checkpoint ([`ShardStore::capture`]): in host
+/// memory already, or copied where they live (device to device, which the step does not wait
+/// long for) and brought to host memory by [`Captured::into_values`] on the writer's thread.
+pub(super) enum Captured {
+    Now(StoreValues),
+    /// Made by the device store only (feature `cuda`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Later(Box<dyn FnOnce() -> Result<StoreValues> + Send>),
+}
+
+impl Captured {
+    /// The values in host memory.
+    pub(super) fn into_values(self) -> Result<StoreValues> {
+        match self {
+            Captured::Now(values) => Ok(values),
+            Captured::Later(download) => download(),
+        }
+    }
 }
 
 /// A shard in host memory: `Vec<f32>`s, the host optimizer loops, host-encoded publications.

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::server::optimizer::{
     plan_step, OptimizerConfig, OptimizerState, StepScalars, SGD_MOMENTUM_BUFFER,
 };
-use crate::server::shard::{Context, ShardStore, StoreValues};
+use crate::server::shard::{Captured, Context, ShardStore, StoreValues};
 use crate::server::{OptimizerSnapshot, ServerSpec};
 
 /// The optimizer's state in device memory: the step count and the per-element buffers, named as
@@ -278,6 +278,59 @@ impl ShardStore for DeviceShard {
             buffers: handles,
         };
         Ok((region, Some(snapshot)))
+    }
+
+    /// Device copies of the master weights and optimizer buffers (device to device: the step
+    /// waits for milliseconds, not for a download), brought to host memory on the writer's
+    /// thread, each device copy freed once downloaded: one copy of the shard in all. Where the
+    /// device has no room for the copies, the values are downloaded now ([`Self::values`]).
+    fn capture(&self, context: &Context) -> Result<Captured> {
+        let transport = cuda_transport(&context.node).ok_or_else(|| {
+            Error::Config("a shard in device memory on a node whose transport is not cuda".into())
+        })?;
+        let device = Arc::clone(transport.device());
+        let copy = |buffer: &DeviceBuffer| -> Result<DeviceBuffer> {
+            let copied = device.alloc(buffer.len())?;
+            device.copy(&copied, buffer)?;
+            Ok(copied)
+        };
+        let copies = copy(&self.master).and_then(|master| {
+            let (steps, buffers) = match &self.training {
+                None => (0, Vec::new()),
+                Some(t) => {
+                    let o = &t.optimizer;
+                    let buffers = o
+                        .names
+                        .iter()
+                        .zip(&o.buffers)
+                        .map(|(name, b)| Ok((name.to_string(), copy(b)?)))
+                        .collect::<Result<Vec<_>>>()?;
+                    (o.steps, buffers)
+                }
+            };
+            Ok((master, steps, buffers))
+        });
+        let (master, steps, buffers) = match copies {
+            Ok(copies) => copies,
+            Err(e) => {
+                tracing::warn!("checkpoint: no device copy ({e}): downloading the shard now");
+                return Ok(Captured::Now(self.values(context)?));
+            }
+        };
+        let len = self.len;
+        Ok(Captured::Later(Box::new(move || {
+            let params = device.download_f32(&master, len)?;
+            drop(master);
+            let mut host = Vec::with_capacity(buffers.len());
+            for (name, buffer) in buffers {
+                host.push((name, device.download_f32(&buffer, len)?));
+            }
+            Ok(StoreValues {
+                params,
+                steps,
+                buffers: host,
+            })
+        })))
     }
 
     fn values(&self, context: &Context) -> Result<StoreValues> {

@@ -640,3 +640,66 @@ fn device_server_resumes_from_a_host_checkpoint() {
         .expect("test timed out")
     });
 }
+
+/// A server on the GPU writes its shards for a checkpoint as they were when it was asked: the
+/// device copies are taken before the reply and downloaded by the writer, so a step applied right
+/// after the reply does not change the file, which holds exactly the state read out before it.
+#[test]
+fn a_checkpoint_of_device_shards_holds_them_as_they_were_when_asked() {
+    use crate::messages::WriteShardsCmd;
+    use crate::server::shard_file::{tensor_name, PARAMS};
+
+    if skip_without_driver("a_checkpoint_of_device_shards_holds_them_as_they_were_when_asked") {
+        return;
+    }
+    runtime().block_on(async {
+        tokio::time::timeout(Duration::from_secs(300), async {
+            let device = Server::start(
+                cuda_transport("checkpoint").await,
+                ModelLayout::new(units()).expect("layout"),
+                spec(OptimizerConfig::adamw(3e-3), Dtype::Bf16),
+            )
+            .await;
+            resume_step(&device, 0).await;
+            let before = device.state().await;
+            let dir = std::env::temp_dir().join(format!("odc-device-ckpt-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let cmd = WriteShardsCmd {
+                dir: dir.display().to_string(),
+            };
+            ask(&device.actor, |r| ServerMsg::WriteShards(cmd, r))
+                .await
+                .expect("the copy is taken");
+            resume_step(&device, 1).await;
+            let written = ask(&device.actor, ServerMsg::ShardsWritten)
+                .await
+                .expect("the file is written");
+            let bytes = std::fs::read(dir.join(&written.file.file)).expect("the shard file");
+            let file = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
+            assert_eq!(written.file.pieces.len(), before.len());
+            for (piece, (steps, named)) in written.file.pieces.iter().zip(&before) {
+                assert_eq!(piece.steps, *steps, "unit {}", piece.unit);
+                for (what, values) in named {
+                    let what = if what == "master" { PARAMS } else { what };
+                    let name = tensor_name(piece.unit, piece.start, piece.end, what);
+                    let tensor = file.tensor(&name).expect("every tensor is in the file");
+                    let got = codec::decode_f32(tensor.data()).expect("fp32");
+                    assert_eq!(
+                        compare(&name, &got, values),
+                        values.len(),
+                        "{name}: bitwise"
+                    );
+                }
+            }
+            assert_ne!(
+                device.state().await,
+                before,
+                "the step after the copy changed the shards"
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+            device.actor.stop(None);
+        })
+        .await
+        .expect("test timed out")
+    });
+}
