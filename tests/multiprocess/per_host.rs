@@ -84,7 +84,7 @@ fn names(dir: &Path) -> Vec<String> {
 /// `host_b` there, with `extra` arguments; rank 0's stdout.
 fn two_hosts(config: &Path, ckpt: &Path, host_b: &Path, steps: u64, extra: &[&str]) -> String {
     let coordinator = format!("127.0.0.1:{}", free_port());
-    let job = format!("perhost{}x{}", std::process::id(), free_port());
+    let job = format!("perhost{}x{steps}", std::process::id());
     let children: Vec<_> = (0..2u32)
         .map(|rank| {
             let mut cmd = if rank == 0 {
