@@ -103,7 +103,9 @@ impl Publication {
     /// What the other hosts' servers publish first (per-host directories; empty when every
     /// server wrote into the lead's directory): per host, one of its servers and the command
     /// that writes `state.json` and that host's manifest, and renames its staging directory.
-    /// Each host then keeps its newest `keep_last` step directories (0: all).
+    /// Each host then keeps its newest `keep_last` step directories and one more (0: all): it
+    /// publishes before the lead, so until the lead's step appears the step before is the newest
+    /// one every host holds, and it must survive a lead that dies in between.
     pub fn hosts(
         &self,
         keep_last: usize,
@@ -127,7 +129,7 @@ impl Publication {
                         (STATE_FILE.to_string(), self.state_json.clone()),
                         (manifest::MANIFEST_FILE.to_string(), manifest),
                     ],
-                    keep_last,
+                    keep_last: if keep_last == 0 { 0 } else { keep_last + 1 },
                 };
                 Ok((*server, cmd))
             })

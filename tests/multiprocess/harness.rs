@@ -227,8 +227,23 @@ pub fn rank_env(
         .env("ODC_TRANSPORT", transport);
 }
 
-/// A port free right now on loopback.
+/// A port free right now on loopback, for a rank to bind a moment later. Taken below the kernel's
+/// ephemeral range (Linux's default starts at 32768), where the outgoing connections of the tests
+/// running beside this one take their local ports: a port the kernel handed out here (port 0)
+/// could be taken by one of them before the rank binds it. Each call of this process tries the
+/// next port (from an offset of the process id), so parallel tests never get the same one.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id() % SPAN;
+    for _ in 0..SPAN {
+        let port = (FIRST + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

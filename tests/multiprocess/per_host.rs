@@ -2,9 +2,10 @@
 //! hosting one shard server, see different directories at the same `--checkpoint-dir` path (rank
 //! 1 runs in a mount namespace where that path is a bind mount of another directory: its "host's
 //! own disk"). Each host's `step-<N>` holds its own server's shard file, `state.json` and a
-//! manifest of what it holds, and verifies on its own; `--keep-last` prunes both hosts; a
-//! relaunch with `--resume auto` resumes every server from its own host and ends at the
-//! uninterrupted run's loss.
+//! manifest of what it holds, and verifies on its own; `--keep-last` prunes both hosts (the
+//! other host keeps one step more); a relaunch with `--resume auto` resumes every server from its
+//! own host and ends at the uninterrupted run's loss; hosts holding different newest steps (a lead
+//! that died between another host's publication and its own) are refused, naming the cause.
 //!
 //! Tolerance: as `restart.rs` (final loss within 1e-5 relative of one process training the same
 //! data uninterrupted). Skipped, with the reason printed, where a mount namespace cannot be made
@@ -81,8 +82,14 @@ fn names(dir: &Path) -> Vec<String> {
 }
 
 /// Two ranks of `sft` training `steps` steps with a checkpoint every 4 into `ckpt`, rank 1 seeing
-/// `host_b` there, with `extra` arguments; rank 0's stdout.
-fn two_hosts(config: &Path, ckpt: &Path, host_b: &Path, steps: u64, extra: &[&str]) -> String {
+/// `host_b` there, with `extra` arguments; both ranks' outputs.
+fn launch(
+    config: &Path,
+    ckpt: &Path,
+    host_b: &Path,
+    steps: u64,
+    extra: &[&str],
+) -> Vec<std::process::Output> {
     let coordinator = format!("127.0.0.1:{}", free_port());
     let job = format!("perhost{}x{steps}", std::process::id());
     let children: Vec<_> = (0..2u32)
@@ -122,14 +129,37 @@ fn two_hosts(config: &Path, ckpt: &Path, host_b: &Path, steps: u64, extra: &[&st
             cmd.spawn().expect("a rank starts")
         })
         .collect();
-    let outs: Vec<_> = children
+    children
         .into_iter()
         .map(|c| wait(c, Duration::from_secs(120)))
-        .collect();
+        .collect()
+}
+
+/// [`launch`], which must succeed on both ranks; rank 0's stdout.
+fn two_hosts(config: &Path, ckpt: &Path, host_b: &Path, steps: u64, extra: &[&str]) -> String {
+    let outs = launch(config, ckpt, host_b, steps, extra);
     for (rank, out) in outs.iter().enumerate() {
         succeeded(out, &format!("rank {rank} of {steps} steps"));
     }
     String::from_utf8_lossy(&outs[0].stdout).into_owned()
+}
+
+/// Rank 0's stdout resumed from `step` of `ckpt` and ended within 1e-5 of `want`; the relative
+/// difference.
+fn resumed_like(stdout: &str, ckpt: &Path, step: u64, want: f64) -> f64 {
+    let from = format!(
+        "resuming from {} at step {step}",
+        ckpt.join(format!("step-{step}")).display()
+    );
+    assert!(stdout.contains(&from), "{from}:\n{stdout}");
+    let got = final_loss(stdout, 12);
+    let relative = ((got - want) / want).abs();
+    assert!(
+        relative <= 1e-5,
+        "final loss {got} after resuming on two hosts at step {step} vs {want} uninterrupted: \
+         {relative:e}"
+    );
+    relative
 }
 
 #[test]
@@ -157,9 +187,10 @@ fn per_host_checkpoint_directories_resume_each_server_from_its_own_host() {
     );
 
     two_hosts(&config, &ckpt, &host_b, 8, &["--keep-last", "1"]);
-    // `--keep-last 1` pruned step 4 on both hosts.
+    // `--keep-last 1` pruned the lead's host to step 8; host B, which publishes before the lead,
+    // keeps one more (step 4: the newest step every host holds until the lead's step appears).
     assert_eq!(names(&ckpt), ["step-8"], "host A");
-    assert_eq!(names(&host_b), ["step-8"], "host B");
+    assert_eq!(names(&host_b), ["step-4", "step-8"], "host B");
     // Each host holds its own server's file, the state and its own manifest, and verifies alone.
     let (a, b) = (ckpt.join("step-8"), host_b.join("step-8"));
     assert_eq!(
@@ -180,24 +211,35 @@ fn per_host_checkpoint_directories_resume_each_server_from_its_own_host() {
         "one state, every server's ranges, on both hosts"
     );
 
+    // Every server resumes from its own host.
     let stdout = two_hosts(&config, &ckpt, &host_b, 12, &["--resume", "auto"]);
+    let relative = resumed_like(&stdout, &ckpt, 8, want);
+
+    // A lead that died after host B published step 12 and before its own: the lead's newest
+    // step is 8, host B's 12. The relaunch refuses, naming the cause; deleting host B's lone
+    // step, as it says, resumes both from step 8.
+    std::fs::remove_dir_all(ckpt.join("step-12")).expect("the lead's step 12");
+    let outs = launch(&config, &ckpt, &host_b, 12, &["--resume", "auto"]);
+    let said: String = outs
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .collect();
     assert!(
-        stdout.contains(&format!(
-            "resuming from {} at step 8",
-            ckpt.join("step-8").display()
-        )),
-        "{stdout}"
+        outs.iter().any(|o| !o.status.success()),
+        "a relaunch from different steps must not succeed: {said}"
     );
-    let got = final_loss(&stdout, 12);
-    let relative = ((got - want) / want).abs();
     assert!(
-        relative <= 1e-5,
-        "final loss {got} after resuming on two hosts vs {want} uninterrupted: {relative:e}"
+        said.contains("resume from the same checkpoint step"),
+        "{said}"
     );
+    std::fs::remove_dir_all(host_b.join("step-12")).expect("host B's lone step 12");
+    let stdout = two_hosts(&config, &ckpt, &host_b, 12, &["--resume", "auto"]);
+    resumed_like(&stdout, &ckpt, 8, want);
+
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
-        "per-host: resumed at step 8 of 12 on two hosts; final loss {got} vs {want} \
-         uninterrupted ({relative:e} relative); {:.1} s in all",
+        "per-host: resumed at step 8 of 12 on two hosts; final loss within {relative:e} of \
+         {want} uninterrupted; a relaunch from different steps refused; {:.1} s in all",
         started.elapsed().as_secs_f64()
     );
 }

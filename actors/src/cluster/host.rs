@@ -212,7 +212,9 @@ fn check_layout(state: &HostState, coordinator: u64) -> Result<()> {
     }
     Err(Error::Config(format!(
         "rank {} built a different model than rank 0 (layout digest {:016x}, rank 0 has \
-         {coordinator:016x}): every process must build the same units with the same initial values",
+         {coordinator:016x}): every process must build the same units with the same initial values \
+         and resume from the same checkpoint step (with per-host checkpoint directories, a host \
+         can hold a newer step the lead never published: delete it there)",
         state.rank, state.digest
     )))
 }
