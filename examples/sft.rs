@@ -99,6 +99,7 @@ use odc::model::{
 };
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextFormat, Tokenizer};
 use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
+use odc::Job;
 use odc::{
     FailurePolicy, LrSchedule, OptimizerConfig, Precision, SampleMeta, SplitPolicy, Timestamp,
     DEFAULT_STEP_TIMEOUT,
@@ -1035,6 +1036,8 @@ async fn run(
             "sft: the checkpoint is at step {first} of {}: nothing left to train",
             settings.steps
         ));
+        // The attempt that wrote it may have died before its export.
+        export_at_end(&settings, &mut job, lead, &say).await?;
         job.shutdown().await;
         return Ok(());
     }
@@ -1160,16 +1163,7 @@ async fn run(
         checkpoint_written(&dir, &print);
     }
     bar.finish_and_clear();
-    if let (Some(out), true) = (&settings.export_hf, lead) {
-        let t = Instant::now();
-        let params = job.parameters().await?;
-        let what = export(&settings, out, &params)?;
-        say(format!(
-            "exported: {} ({what}; {:.1} s)",
-            out.display(),
-            t.elapsed().as_secs_f64()
-        ));
-    }
+    export_at_end(&settings, &mut job, lead, &say).await?;
     if let (Some(path), true) = (&settings.trace, lead) {
         write_chrome_trace(path, &spans, "odc sft")?;
         say(format!("trace: {}", path.display()));
@@ -1185,6 +1179,26 @@ async fn run(
         "final step={} loss={loss} eval_accuracy={accuracy}",
         settings.steps
     );
+    Ok(())
+}
+
+/// `--export-hf` once the run's steps are done (the lead only).
+async fn export_at_end(
+    settings: &Settings,
+    job: &mut Job,
+    lead: bool,
+    say: &dyn Fn(String),
+) -> anyhow::Result<()> {
+    if let (Some(out), true) = (&settings.export_hf, lead) {
+        let t = Instant::now();
+        let params = job.parameters().await?;
+        let what = export(settings, out, &params)?;
+        say(format!(
+            "exported: {} ({what}; {:.1} s)",
+            out.display(),
+            t.elapsed().as_secs_f64()
+        ));
+    }
     Ok(())
 }
 

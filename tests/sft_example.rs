@@ -194,14 +194,24 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     std::fs::write(dir.join("sft.toml"), CONFIG).unwrap();
 
     // A checkpoint at the run's last step (a rank killed after writing it): nothing left to
-    // train, and that is a success.
+    // train, and that is a success; the export the killed attempt may not have reached is done.
+    let exported = dir.join("exported");
     let out = run(
         &dir,
-        &["--resume", resume.to_str().unwrap(), "--steps", "3"],
+        &[
+            "--resume",
+            resume.to_str().unwrap(),
+            "--steps",
+            "3",
+            "--export-hf",
+            exported.to_str().unwrap(),
+        ],
     );
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("nothing left to train"), "{stdout}");
+    assert!(stdout.contains("exported: "), "{stdout}");
+    assert!(exported.join("config.json").is_file() && exported.join("model.safetensors").is_file());
 
     // `--keep-last 2`: only the two newest checkpoints stay.
     let kept = dir.join("kept");
