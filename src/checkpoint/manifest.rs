@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::files::{invalid, io, CheckpointError};
 
 /// The manifest's file name in a step directory.
-pub const MANIFEST_FILE: &str = "manifest.json";
+pub const MANIFEST_FILE: &str = step_dir::MANIFEST_FILE;
 
 /// Version of the manifest's format.
 const FORMAT: u32 = 1;

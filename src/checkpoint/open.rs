@@ -387,13 +387,8 @@ pub fn open(step_dir: &Path, tensors: &TensorMap) -> Result<Opened, CheckpointEr
             // host directories): checked against its server's report in state.json where it was
             // copied here, else its pieces are read nowhere on this host.
             let named = manifest.files.iter().find(|e| e.name == f.file).cloned();
-            let entry = named.unwrap_or_else(|| FileEntry {
-                name: f.file.clone(),
-                bytes: f.bytes,
-                crc32c: f.crc32c,
-            });
             let here = std::fs::symlink_metadata(step_dir.join(&f.file)).is_ok();
-            if !here && manifest.files.iter().all(|e| e.name != f.file) {
+            if named.is_none() && !here {
                 let file: Arc<str> = Arc::from(f.file.as_str());
                 for p in &f.pieces {
                     let (u, start, end) = (p.unit as usize, p.start as usize, p.end as usize);
@@ -410,6 +405,11 @@ pub fn open(step_dir: &Path, tensors: &TensorMap) -> Result<Opened, CheckpointEr
                 }
                 continue;
             }
+            let entry = named.unwrap_or_else(|| FileEntry {
+                name: f.file.clone(),
+                bytes: f.bytes,
+                crc32c: f.crc32c,
+            });
             let mut file = MappedFile::open_as(step_dir, &entry)?;
             for p in &f.pieces {
                 let (u, start) = (p.unit as usize, p.start as usize);

@@ -17,29 +17,11 @@ use std::time::{Duration, Instant};
 
 use crate::harness::*;
 
-const CONFIG: &str = r#"
-batch_size = 4
-token_budget = 700
-eval_every = 0
-eval_problems = 0
-no_metrics = true
-lr = 0.01
-warmup_steps = 2
-# A constant rate after the warm-up: the first launch's schedule (8 steps) is the relaunch's (12).
-min_lr_ratio = 1.0
-
-[model]
-vocab_size = 259
-d_model = 32
-n_layers = 1
-n_heads = 2
-d_ff = 64
-max_seq_len = 512
-rope_theta = 10000.0
-rms_eps = 1e-5
-init_std = 0.05
-seed = 3
-"#;
+/// `restart.rs`'s model and schedule, with a constant rate after the warm-up: the first launch's
+/// schedule (8 steps) is then the relaunch's (12; `--steps` overrides the file's 20).
+fn sft_config() -> String {
+    crate::restart::CONFIG.replace("[model]", "min_lr_ratio = 1.0\n\n[model]")
+}
 
 /// Why a mount namespace cannot be made here, if it cannot.
 fn no_mount_namespace() -> Option<String> {
@@ -174,7 +156,7 @@ fn per_host_checkpoint_directories_resume_each_server_from_its_own_host() {
     std::fs::create_dir_all(&ckpt).expect("host A's directory");
     std::fs::create_dir_all(&host_b).expect("host B's directory");
     let config = dir.join("sft.toml");
-    std::fs::write(&config, CONFIG).expect("the config file");
+    std::fs::write(&config, sft_config()).expect("the config file");
 
     // The uninterrupted run: one process, 2 trainers and 2 servers, 12 steps.
     let mut cmd = Command::new(example("sft"));

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use crate::harness::*;
 
 /// A model and schedule small enough for a debug build on 2 cores: ~0.1 s per step, so the 16
-/// steps after the first checkpoint leave the kill more than a second.
-const CONFIG: &str = r#"
+/// steps after the first checkpoint leave the kill more than a second (`per_host.rs` too).
+pub(crate) const CONFIG: &str = r#"
 steps = 20
 batch_size = 4
 token_budget = 700

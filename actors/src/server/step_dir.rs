@@ -126,13 +126,14 @@ pub fn publish_with(
     }
     publish(staging, target)?;
     if let (Some(parent), true) = (target.parent(), keep_last > 0) {
-        retain(parent, keep_last, |step| step.join(MANIFEST).is_file())?;
+        retain(parent, keep_last, |step| step.join(MANIFEST_FILE).is_file())?;
     }
     Ok(())
 }
 
-/// A checkpoint's manifest file (written last: a step directory with one is complete).
-const MANIFEST: &str = "manifest.json";
+/// A checkpoint's manifest file (written last: a step directory with one is complete;
+/// `odc::checkpoint::manifest` writes and reads it).
+pub const MANIFEST_FILE: &str = "manifest.json";
 
 /// `N` of a directory named `step-<N>` exactly as a checkpoint's step directory is named.
 pub fn step_of(name: &str) -> Option<u64> {

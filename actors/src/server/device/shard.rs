@@ -130,10 +130,7 @@ impl DeviceShard {
             region.publish_from(context.version, values)?;
             return Ok(region.handle());
         }
-        let transport = cuda_transport(&context.node).ok_or_else(|| {
-            Error::Config("a shard in device memory on a node whose transport is not cuda".into())
-        })?;
-        let region = transport.register_device_published(
+        let region = transport_of(context)?.register_device_published(
             context.spec.endpoint,
             Dtype::F32,
             values,
@@ -143,6 +140,47 @@ impl DeviceShard {
         *slot = Some(region);
         Ok(handle)
     }
+}
+
+/// Something of each of a shard's buffers: the master weights, and the optimizer's step count
+/// with each named buffer (none for a frozen shard).
+struct PerBuffer<T> {
+    master: T,
+    steps: u64,
+    buffers: Vec<(String, T)>,
+}
+
+impl DeviceShard {
+    /// `f` of each of its buffers.
+    fn each_buffer<T>(&self, f: impl Fn(&DeviceBuffer) -> Result<T>) -> Result<PerBuffer<T>> {
+        let master = f(&self.master)?;
+        let Some(t) = &self.training else {
+            return Ok(PerBuffer {
+                master,
+                steps: 0,
+                buffers: Vec::new(),
+            });
+        };
+        let o = &t.optimizer;
+        let buffers = o
+            .names
+            .iter()
+            .zip(&o.buffers)
+            .map(|(name, b)| Ok((name.to_string(), f(b)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PerBuffer {
+            master,
+            steps: o.steps,
+            buffers,
+        })
+    }
+}
+
+/// The node's `cuda` transport, whose device a device shard lives on.
+fn transport_of(context: &Context) -> Result<&CudaTransport> {
+    cuda_transport(&context.node).ok_or_else(|| {
+        Error::Config("a shard in device memory on a node whose transport is not cuda".into())
+    })
 }
 
 impl DeviceTraining {
@@ -285,32 +323,17 @@ impl ShardStore for DeviceShard {
     /// thread, each device copy freed once downloaded: one copy of the shard in all. Where the
     /// device has no room for the copies, the values are downloaded now ([`Self::values`]).
     fn capture(&self, context: &Context) -> Result<Captured> {
-        let transport = cuda_transport(&context.node).ok_or_else(|| {
-            Error::Config("a shard in device memory on a node whose transport is not cuda".into())
-        })?;
-        let device = Arc::clone(transport.device());
+        let device = Arc::clone(transport_of(context)?.device());
         let copy = |buffer: &DeviceBuffer| -> Result<DeviceBuffer> {
             let copied = device.alloc(buffer.len())?;
             device.copy(&copied, buffer)?;
             Ok(copied)
         };
-        let copies = copy(&self.master).and_then(|master| {
-            let (steps, buffers) = match &self.training {
-                None => (0, Vec::new()),
-                Some(t) => {
-                    let o = &t.optimizer;
-                    let buffers = o
-                        .names
-                        .iter()
-                        .zip(&o.buffers)
-                        .map(|(name, b)| Ok((name.to_string(), copy(b)?)))
-                        .collect::<Result<Vec<_>>>()?;
-                    (o.steps, buffers)
-                }
-            };
-            Ok((master, steps, buffers))
-        });
-        let (master, steps, buffers) = match copies {
+        let PerBuffer {
+            master,
+            steps,
+            buffers,
+        } = match self.each_buffer(copy) {
             Ok(copies) => copies,
             Err(e) => {
                 tracing::warn!("checkpoint: no device copy ({e}): downloading the shard now");
@@ -334,30 +357,12 @@ impl ShardStore for DeviceShard {
     }
 
     fn values(&self, context: &Context) -> Result<StoreValues> {
-        let transport = cuda_transport(&context.node).ok_or_else(|| {
-            Error::Config("a shard in device memory on a node whose transport is not cuda".into())
-        })?;
-        let device = transport.device();
-        let host = |buffer: &DeviceBuffer| -> Result<Vec<f32>> {
-            Ok(device.download_f32(buffer, self.len)?)
-        };
-        let (steps, buffers) = match &self.training {
-            None => (0, Vec::new()),
-            Some(t) => {
-                let o = &t.optimizer;
-                let buffers = o
-                    .names
-                    .iter()
-                    .zip(&o.buffers)
-                    .map(|(name, b)| Ok((name.to_string(), host(b)?)))
-                    .collect::<Result<Vec<_>>>()?;
-                (o.steps, buffers)
-            }
-        };
+        let device = transport_of(context)?.device();
+        let host = self.each_buffer(|buffer| Ok(device.download_f32(buffer, self.len)?))?;
         Ok(StoreValues {
-            params: host(&self.master)?,
-            steps,
-            buffers,
+            params: host.master,
+            steps: host.steps,
+            buffers: host.buffers,
         })
     }
 }
