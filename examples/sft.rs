@@ -90,8 +90,8 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use odc::checkpoint::{self, TensorMap};
 use odc::launch::{parse_ranks, Roles, World};
+use odc::model::hf::peft;
 use odc::model::hf::{export_hf, ExportDtype, ExportOptions, HfCheckpoint};
-use odc::model::lora;
 use odc::model::{
     evaluate_prompted, layout_units, open_device, tensor_map, transformer_job_of, ComputePrecision,
     DeviceSpec, LoraConfig, LoraTarget, ModelConfig, Objective, Placement, Reshard, Sample,
@@ -524,12 +524,12 @@ fn export(settings: &Settings, out: &Path, params: &[Vec<f32>]) -> anyhow::Resul
             .model_dir
             .as_ref()
             .map_or_else(|| "odc".to_string(), |d| d.display().to_string());
-        lora::export_peft(out, model, params, &base)
+        peft::export_peft(out, model, params, &base)
             .with_context(|| format!("--export-hf {}", out.display()))?;
         return Ok("PEFT adapters: adapter_config.json, adapter_model.safetensors".into());
     }
     let (config, units) = match &model.lora {
-        Some(_) => (lora::base_config(model), lora::merge(model, params)?),
+        Some(_) => (peft::base_config(model), peft::merge(model, params)?),
         None => (model.clone(), params.to_vec()),
     };
     let summary = export_hf(
@@ -955,7 +955,7 @@ async fn run(
     // A model directory's weights: each shard server converts its own slice from the mapped
     // files (every rank opens the directory: it must be on a filesystem they share).
     let units = match &checkpoint {
-        Some(checkpoint) => lora::adapted_units(&model, checkpoint.unit_specs())?,
+        Some(checkpoint) => peft::adapted_units(&model, checkpoint.unit_specs())?,
         None => layout_units(&model)?,
     };
     let mut builder = transformer_job_of(&model, units, store, Objective::CrossEntropy, placement)?

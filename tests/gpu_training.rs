@@ -292,8 +292,10 @@ fn rel_err(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
 #[test]
 fn ring_attention_on_cuda_equals_the_blocked_attention() {
     use candle_core::{Tensor, Var};
-    use odc::model::flash::{blocked_packed_attend, Blocks};
-    use odc::model::gang::{gang_attend, GangLayout, GangLink, InProcessGang};
+    use odc::model::attention::blocked_packed_attend;
+    use odc::model::attention::gang_attend;
+    use odc::model::gang::{GangLayout, GangLink, InProcessGang};
+    use odc::model::Blocks;
     let Some(spec) = cuda() else {
         return;
     };

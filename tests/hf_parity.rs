@@ -342,7 +342,7 @@ fn logits_equal_python_transformers_on_its_own_checkpoints() {
             ..config.clone()
         };
         let mut rng = StdRng::seed_from_u64(3);
-        let adapted: Vec<Vec<f32>> = odc::model::lora::adapted_units(
+        let adapted: Vec<Vec<f32>> = odc::model::hf::peft::adapted_units(
             &adapted_config,
             units
                 .iter()
@@ -370,14 +370,14 @@ fn logits_equal_python_transformers_on_its_own_checkpoints() {
         for d in [&lora_dir, &merged_dir] {
             let _ = std::fs::remove_dir_all(d);
         }
-        odc::model::lora::export_peft(
+        odc::model::hf::peft::export_peft(
             &lora_dir,
             &adapted_config,
             &adapted,
             &dir.display().to_string(),
         )
         .unwrap();
-        let merged = odc::model::lora::merge(&adapted_config, &adapted).unwrap();
+        let merged = odc::model::hf::peft::merge(&adapted_config, &adapted).unwrap();
         let options = ExportOptions {
             dtype: ExportDtype::F32,
             source: Some(&dir),

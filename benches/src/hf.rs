@@ -228,9 +228,10 @@ pub async fn traffic(
     len: usize,
     (trainers, servers): (usize, usize),
 ) -> anyhow::Result<Traffic> {
-    use odc::model::{lora, transformer_job_of, Objective, Placement, Sample, SampleStore};
+    use odc::model::hf::peft;
+    use odc::model::{transformer_job_of, Objective, Placement, Sample, SampleStore};
     use std::sync::Arc;
-    let base = lora::base_config(config);
+    let base = peft::base_config(config);
     let base_units = match init {
         Some(units) => units
             .iter()
@@ -239,7 +240,7 @@ pub async fn traffic(
             .collect(),
         None => odc::model::layout_units(&base)?,
     };
-    let units = lora::adapted_units(config, base_units)?;
+    let units = peft::adapted_units(config, base_units)?;
     let (trainable, frozen) = units.iter().fold((0, 0), |(t, f), u| {
         if u.trainable {
             (t + u.len, f)

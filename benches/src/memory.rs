@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use odc::model::flash::AttentionImpl;
+use odc::model::AttentionImpl;
 use odc::model::{
     transformer_job_of, unit_count, unit_params, HeadImpl, Kernels, MlpImpl, ModelConfig,
     Objective, Placement, Reshard, Sample, SampleStore, TransformerCompute,

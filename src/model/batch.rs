@@ -19,7 +19,7 @@
 //!   member's tokens of a sample split over a gang, in the member's order ([`GangLayout`]), at
 //!   their positions in the whole sample; each predicts the sample's next token (its target is
 //!   taken from the whole sample, so a chunk's last token predicts the first of the next chunk,
-//!   held by another member). Its attention runs over the gang's ring ([`super::gang`]); summed
+//!   held by another member). Its attention runs over the gang's ring ([`super::attention::ring`]); summed
 //!   over the gang's members, the losses and gradients are the unsplit sample's.
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,30 +29,9 @@ use candle_core::{DType, Device, Tensor};
 
 use super::gang::{GangLayout, GangLink};
 
-use super::config::ModelConfig;
+use super::config::{Kernels, ModelConfig};
 use super::error::{Error, Result};
 use super::ops::rope_cos_sin;
-
-/// Which implementations a pack's attention, MLP and head run: by default the memory-lean ones
-/// (blocked attention, chunked MLP, chunked head); the plain ones materialise `[heads, len, len]`
-/// scores, `[tokens, d_ff]` intermediates and `[tokens, vocab]` logits (the references, and the
-/// old path of `odc-bench memory`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Kernels {
-    pub attention: super::flash::AttentionImpl,
-    pub mlp: super::mlp::MlpImpl,
-    pub head: HeadImpl,
-}
-
-/// How the head computes the targets' log-probabilities.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HeadImpl {
-    /// In chunks of positions ([`super::head`]): never the whole `[tokens, vocab]` logits.
-    #[default]
-    Chunked,
-    /// All logits at once, log-softmax by candle (the reference).
-    Full,
-}
 
 /// The additive mask value of a forbidden (query, key) pair: finite, so no `inf - inf` can make a
 /// NaN, and low enough that `exp` underflows to exactly 0 in fp32.

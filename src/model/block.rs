@@ -20,13 +20,12 @@
 
 use candle_core::Tensor;
 
-use super::attention::{project, AttentionWeights};
+use super::attention::{packed_attend, project, AttentionWeights};
 use super::batch::PackedBatch;
-use super::config::ModelConfig;
+use super::config::{AttentionImpl, LoraTarget, MlpImpl, ModelConfig};
 use super::error::{Error, Result};
-use super::flash::AttentionImpl;
-use super::lora::{AdapterWeights, LoraTarget};
-use super::mlp::{chunk_rows, swiglu, MlpImpl};
+use super::lora::AdapterWeights;
+use super::mlp::{chunk_rows, swiglu};
 use super::ops::{rms_norm, silu};
 use super::params::{ParamInit, ParamSpec};
 
@@ -182,7 +181,7 @@ pub fn block_forward_using(
     let w = BlockWeights::new(config, params)?;
     let rope = (&batch.rope_cos, &batch.rope_sin);
     let attend =
-        &mut |q: &Tensor, k: &Tensor, v: &Tensor| attention.packed_attend(config, q, k, v, batch);
+        &mut |q: &Tensor, k: &Tensor, v: &Tensor| packed_attend(attention, config, q, k, v, batch);
     block_forward_with(config, &w, x, 1, rope, attend, batch.kernels.mlp)
 }
 
@@ -221,8 +220,8 @@ fn mlp_residual(
 mod tests {
     use super::*;
     use crate::model::batch::Sample;
-    use crate::model::ops::tests::random;
     use crate::model::params::{init_values, unit_tensors};
+    use crate::model::test_util::random;
     use candle_core::Device;
 
     fn config() -> ModelConfig {
@@ -330,7 +329,7 @@ mod tests {
 
     #[test]
     fn block_with_blocked_attention_equals_block_with_plain_attention() {
-        use crate::model::flash::Blocks;
+        use crate::model::config::Blocks;
         use candle_core::Var;
         let c = ModelConfig {
             n_heads: 4,
@@ -366,7 +365,7 @@ mod tests {
         let plain = run(AttentionImpl::Plain);
         let blocked = run(AttentionImpl::Blocked(Blocks { q: 2, k: 1 }));
         for (i, (a, b)) in blocked.iter().zip(&plain).enumerate() {
-            let diff = crate::model::ops::tests::max_abs_diff(a, b);
+            let diff = crate::model::test_util::max_abs_diff(a, b);
             assert!(diff < 1e-5, "tensor {i}: {diff}");
         }
     }

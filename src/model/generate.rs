@@ -21,9 +21,8 @@ use rand::Rng;
 use super::attention::{attend, repeat_kv};
 use super::batch::MASKED;
 use super::block::{block_forward_with, BlockWeights};
-use super::config::ModelConfig;
+use super::config::{MlpImpl, ModelConfig};
 use super::error::{Error, Result};
-use super::mlp::MlpImpl;
 use super::ops::{log_softmax_last_dim, rms_norm, rope_cos_sin, softmax_last_dim};
 use super::params::unit_tensors;
 use super::transformer::{check_unit_count, head_tensors, unit_count, unit_params, Unit};
@@ -421,7 +420,7 @@ fn draw(probs: &[f32], rng: &mut impl Rng) -> u32 {
 mod tests {
     use super::*;
     use crate::model::batch::{PackedBatch, Sample};
-    use crate::model::ops::tests::max_abs_diff;
+    use crate::model::test_util::max_abs_diff;
     use crate::model::transformer::{model_forward, unit_init_values};
     use rand::rngs::StdRng;
     use rand::SeedableRng;

@@ -5,7 +5,7 @@
 //! and the targets `[T]` and returns `log softmax(h wᵀ)[t, target[t]]`, fp32 `[T]` — what
 //! [`super::transformer::head_log_probs`] gathers from its full log-softmax. Its graph node is a
 //! [`CustomOp2`] on `(h, w)` whose forward is precomputed chunk by chunk on detached tensors
-//! (`cpu_fwd`/`cuda_fwd` copy it, as [`super::flash`]'s attention) and whose backward recomputes
+//! (`cpu_fwd`/`cuda_fwd` copy it, as [`super::attention::blocked`]'s attention) and whose backward recomputes
 //! the logits block by block, `dlogits = g ⊙ (onehot(target) − softmax(logits))` from each row's
 //! saved log-sum-exp, twice: `dh = dlogits · w` a chunk of positions at a time, then
 //! `dw = dlogitsᵀ · h` a chunk of classes at a time, written into its rows in place (so `dw` is
@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::{CustomOp2, DType, Tensor, D};
 
 use super::error::{Error, Result};
-use super::precomputed::{precomputed_forwards, Precomputed};
+use super::ops::precomputed::{precomputed_forwards, Precomputed};
 
 /// The most bytes a chunk's fp32 logits take: 64 MiB (109 positions of a 152K vocabulary).
 pub const CHUNK_BYTES: usize = 64 << 20;
@@ -243,32 +243,13 @@ impl CustomOp2 for TargetLogProbs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ops::tests::random;
     use crate::model::ops::{log_softmax_last_dim, rms_norm};
+    use crate::model::test_util::{random, rel};
     use candle_core::{Device, Var};
 
     const T: usize = 11;
     const VOCAB: usize = 37;
     const D: usize = 16;
-
-    fn to_vec(t: &Tensor) -> Vec<f32> {
-        t.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap()
-    }
-
-    /// `‖a − b‖ / ‖b‖`.
-    fn rel(a: &Tensor, b: &Tensor) -> f32 {
-        assert_eq!(a.dims(), b.dims());
-        let (a, b) = (to_vec(a), to_vec(b));
-        assert!(a.iter().all(|x| x.is_finite()), "a non-finite element");
-        let diff: f32 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum();
-        let norm: f32 = b.iter().map(|y| y * y).sum();
-        (diff / norm.max(f32::MIN_POSITIVE)).sqrt()
-    }
 
     /// The head's loss and its gradients of `x`, the norm weight and `w`, with the targets'
     /// log-probabilities from `chunk` (`None`: the full log-softmax); `tied`: `w` is also the

@@ -26,8 +26,8 @@
 use candle_core::{CustomOp3, DType, Tensor};
 
 use super::error::{Error, Result};
+use super::ops::precomputed::{precomputed_forwards, Precomputed};
 use super::ops::silu;
-use super::precomputed::{precomputed_forwards, Precomputed};
 
 /// The most bytes one chunk's `[rows, d_ff]` fp32 tensor takes: 32 MiB (1,724 tokens of
 /// Qwen2.5-0.5B's 4,864).
@@ -37,16 +37,6 @@ pub const CHUNK_BYTES: usize = 32 << 20;
 /// one.
 pub fn chunk_rows(d_ff: usize) -> usize {
     (CHUNK_BYTES / (4 * d_ff.max(1))).max(1)
-}
-
-/// How a block computes its MLP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MlpImpl {
-    /// In chunks of tokens ([`swiglu`]): no `[tokens, d_ff]` tensor in the graph.
-    #[default]
-    Chunked,
-    /// With candle's ops ([`swiglu_reference`]): the reference, and what LoRA on the MLP uses.
-    Full,
 }
 
 /// `silu(x gateᵀ) ⊙ (x upᵀ)` then `· downᵀ`, with candle's ops: `x: [T, d]`, `gate, up: [f, d]`,
@@ -210,31 +200,12 @@ impl CustomOp3 for SwiGlu {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ops::tests::random;
+    use crate::model::test_util::{random, rel};
     use candle_core::{Device, Var};
 
     const T: usize = 13;
     const D: usize = 8;
     const F: usize = 20;
-
-    fn to_vec(t: &Tensor) -> Vec<f32> {
-        t.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap()
-    }
-
-    /// `‖a − b‖ / ‖b‖`.
-    fn rel(a: &Tensor, b: &Tensor) -> f32 {
-        assert_eq!(a.dims(), b.dims());
-        let (a, b) = (to_vec(a), to_vec(b));
-        assert!(a.iter().all(|x| x.is_finite()), "a non-finite element");
-        let diff: f32 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum();
-        let norm: f32 = b.iter().map(|y| y * y).sum();
-        (diff / norm.max(f32::MIN_POSITIVE)).sqrt()
-    }
 
     /// The MLP's output and the gradients of x, gate, up and down (`None` for a frozen weight)
     /// under a random upstream gradient, by `chunk` (`None`: the reference), in `dtype`.

@@ -27,16 +27,29 @@
 //! `sqr`/`mean_keepdim`/`sqrt`/`broadcast_div`/`broadcast_mul`, rotary embedding from
 //! `narrow`/`cat`/`neg`/`broadcast_mul`/add — each tested against the fused forward and against
 //! finite differences, and a test checks that the fused ones still drop gradients.
+//!
+//! **Layers.** Each module imports only those above it in this list, so the folder has no import
+//! circle (`python3 scripts/house_figures.py circles src/model` checks it):
+//! 1. [`error`], [`config`] (the model's shape, with LoRA's and the kernels' choices),
+//!    [`params`], [`device`], [`shares`], [`gang`] (what a gang of trainers is: layout and links);
+//! 2. [`ops`]: the differentiable CPU ops with their backward (a `cuda/` module of fused kernels
+//!    goes beside it); [`batch`]: the packed micro-batch;
+//! 3. the block's parts: [`attention`] (projections, the plain, blocked and ring attentions and
+//!    the dispatch between them), [`mlp`], [`head`], [`lora`] (the adapters' math);
+//! 4. [`block`] — the block's forward, read in one file — and [`transformer`] (the units, their
+//!    names and forwards);
+//! 5. what uses the model: [`hf`] (Hugging Face in and out, PEFT's adapters), [`mod@generate`],
+//!    [`eval`], [`grpo`];
+//! 6. [`runtime`]: the model on odc's runtime ([`TransformerCompute`], the job builders, the gang's
+//!    transport, device staging). Nothing above imports it.
 
 pub mod attention;
 pub mod batch;
 pub mod block;
-pub mod compute;
 pub mod config;
 pub mod device;
 pub mod error;
 pub mod eval;
-pub mod flash;
 pub mod gang;
 pub mod generate;
 pub mod grpo;
@@ -46,20 +59,17 @@ pub mod lora;
 pub mod mlp;
 pub mod ops;
 pub mod params;
-mod precomputed;
-pub mod reshard;
+pub mod runtime;
 pub mod shares;
-#[cfg(feature = "cuda")]
-pub mod staging;
-pub mod threads;
+#[cfg(test)]
+pub(crate) mod test_util;
 pub mod transformer;
 
-pub use batch::{GangPiece, HeadImpl, Kernels, PackedBatch, Sample};
-pub use compute::{
-    layout_units, tensor_map, transformer_job, transformer_job_of, transformer_job_on, unit_name,
-    Objective, Placement, SampleStore, TransformerCompute,
+pub use batch::{GangPiece, PackedBatch, Sample};
+pub use config::{
+    AttentionImpl, Blocks, HeadImpl, Kernels, LoraConfig, LoraTarget, MlpImpl, ModelConfig,
+    RopeScaling,
 };
-pub use config::{ModelConfig, RopeScaling};
 pub use device::{cuda_ordinal, open_device, ComputePrecision, DeviceSpec};
 pub use error::{Error, Result};
 pub use eval::{evaluate, evaluate_prompted, Evaluation};
@@ -68,14 +78,15 @@ pub use generate::{
     sequence_log_probs, Generated, KvCache, Sampling, Weights,
 };
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
-pub use lora::{LoraConfig, LoraTarget};
-pub use mlp::MlpImpl;
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
-pub use reshard::Reshard;
+pub use runtime::{
+    share_cpu_threads, transformer_job, transformer_job_of, transformer_job_on, CpuThreads,
+    Objective, Placement, Reshard, SampleStore, TransformerCompute,
+};
 pub use shares::{map_in_shares, share_range};
-pub use threads::{share_cpu_threads, CpuThreads};
 pub use transformer::{
     head_forward_with, head_log_probs, head_logits, head_target_log_probs,
-    head_target_log_probs_with, head_tensors, model_forward, param_count, unit_count, unit_forward,
-    unit_init_values, unit_params, HeadOutput, Unit, UnitOutput,
+    head_target_log_probs_with, head_tensors, layout_units, model_forward, param_count, tensor_map,
+    unit_count, unit_forward, unit_init_values, unit_name, unit_params, HeadOutput, Unit,
+    UnitOutput,
 };

@@ -31,13 +31,16 @@
 
 use candle_core::Tensor;
 
-use super::batch::{HeadImpl, PackedBatch};
+use super::batch::PackedBatch;
 use super::block::{block_forward, block_params};
-use super::config::ModelConfig;
+use super::config::{HeadImpl, ModelConfig};
 use super::error::{Error, Result};
 use super::head::{chunk_rows, target_log_probs_with, WeightGrad};
+use super::lora::adapter_params;
 use super::ops::{log_softmax_last_dim, rms_norm};
 use super::params::{init_values, unit_numel, ParamInit, ParamSpec};
+use crate::checkpoint::{NamedTensor, TensorMap};
+use crate::UnitSpec;
 
 /// What a unit is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +140,7 @@ pub fn unit_params(config: &ModelConfig, index: usize) -> Result<Vec<ParamSpec>>
         )],
         Unit::Block(layer) => block_params(config, layer),
         Unit::Adapter(layer) => match &config.lora {
-            Some(lora) => super::lora::adapter_params(config, lora, layer),
+            Some(lora) => adapter_params(config, lora, layer),
             None => {
                 return Err(Error::NoSuchUnit {
                     unit: index,
@@ -385,11 +388,51 @@ pub fn model_forward(
     })
 }
 
+/// The model's units for [`JobBuilder::units`](crate::JobBuilder::units): `embed`,
+/// `layers.<l>` (and `adapters.<l>` under LoRA, the base units frozen), `head`, each
+/// initialised by [`unit_init_values`].
+pub fn layout_units(config: &ModelConfig) -> Result<Vec<UnitSpec>> {
+    (0..unit_count(config))
+        .map(|u| {
+            let unit = UnitSpec::with_values(unit_name(config, u), unit_init_values(config, u)?);
+            Ok(if unit_trainable(config, u)? {
+                unit
+            } else {
+                unit.frozen()
+            })
+        })
+        .collect()
+}
+
+/// The name of unit `u` in the layout: `embed`, `layers.<l>`, `adapters.<l>` (LoRA), `head`.
+pub fn unit_name(config: &ModelConfig, u: usize) -> String {
+    match Unit::from_index(config, u) {
+        Ok(Unit::Embedding) => "embed".into(),
+        Ok(Unit::Block(l)) => format!("layers.{l}"),
+        Ok(Unit::Adapter(l)) => format!("adapters.{l}"),
+        _ => "head".into(),
+    }
+}
+
+/// The model's parameter names and shapes per unit: the checkpoint's tensor names.
+pub fn tensor_map(config: &ModelConfig) -> Result<TensorMap> {
+    let units = (0..unit_count(config))
+        .map(|u| {
+            Ok(unit_params(config, u)?
+                .into_iter()
+                .map(|p| NamedTensor::new(p.name, &p.shape))
+                .collect())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    TensorMap::new(units).map_err(|e| Error::Batch(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::batch::Sample;
     use crate::model::params::{as_tensors, unit_vars};
+    use crate::model::test_util::{rel, to_vec};
     use candle_core::{Device, Var};
     use candle_nn::Optimizer;
 
@@ -428,22 +471,6 @@ mod tests {
 
     fn two_samples() -> Vec<Vec<u32>> {
         vec![vec![1, 2, 3, 4, 5, 6, 7], vec![9, 8, 7, 6, 5]]
-    }
-
-    fn to_vec(t: &Tensor) -> Vec<f32> {
-        t.flatten_all().unwrap().to_vec1().unwrap()
-    }
-
-    fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
-        let (a, b) = (to_vec(a), to_vec(b));
-        let diff: f32 = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).powi(2))
-            .sum::<f32>()
-            .sqrt();
-        let norm: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
-        diff / norm.max(f32::MIN_POSITIVE)
     }
 
     #[test]
@@ -550,11 +577,11 @@ mod tests {
         let after_b = logits(&[vec![2, 7, 1], a.clone()]).narrow(0, 3, 6).unwrap();
         let after_other_b = logits(&[vec![8, 8, 8], a.clone()]).narrow(0, 3, 6).unwrap();
         assert!(
-            rel_diff(&after_b, &alone) < 1e-5,
+            rel(&after_b, &alone) < 1e-5,
             "A's logits depend on its place in the pack"
         );
         assert!(
-            rel_diff(&after_other_b, &after_b) < 1e-6,
+            rel(&after_other_b, &after_b) < 1e-6,
             "A's logits depend on sample B"
         );
     }
@@ -669,7 +696,7 @@ mod tests {
                 if let (0, Some(t)) = (u, &tied) {
                     g_unit = (g_unit + t).unwrap();
                 }
-                let rel = rel_diff(&g_unit, g_whole);
+                let rel = rel(&g_unit, g_whole);
                 assert!(
                     rel < 1e-5,
                     "{}: per-unit VJP differs by {rel} (relative)",

@@ -122,7 +122,7 @@ pub fn export_hf(
         return Err(Error::Config {
             field: "lora",
             reason: "an adapted model exports as its base model with the adapters merged \
-                     (`lora::merge`, `--merge-lora`) or as PEFT adapters (`lora::export_peft`)"
+                     (`hf::peft::merge`, `--merge-lora`) or as PEFT adapters (`hf::peft::export_peft`)"
                 .into(),
         });
     }

@@ -9,6 +9,8 @@
 //!   ([`HfCheckpoint::unit_values`]) or lazily, shard by shard, at the shard server that owns the
 //!   range ([`HfCheckpoint::unit_specs`]).
 //! - [`export`]: [`export_hf`], bf16 (or f32) safetensors with Hugging Face names.
+//! - [`peft`]: LoRA in PEFT's layout: an adapted model's units from its base checkpoint, the
+//!   adapters' files, and the base model with the adapters merged in.
 //! - [`dtype`]: the element types on disk and their conversions.
 //!
 //! Hugging Face tensor names are odc's parameter names ([`unit_params`](super::unit_params)), so
@@ -45,6 +47,7 @@ pub mod config;
 pub mod dtype;
 pub mod export;
 pub mod load;
+pub mod peft;
 #[doc(hidden)]
 pub mod testing;
 

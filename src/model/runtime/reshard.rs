@@ -1,5 +1,5 @@
 //! What a trainer keeps of a unit between its forward and its backward: FSDP2's
-//! `reshard_after_forward`, per stage of the model ([`super::transformer::stages`]).
+//! `reshard_after_forward`, per stage of the model ([`crate::model::transformer::stages`]).
 //!
 //! - [`Reshard::Never`] keeps every stage's gathered weights (as the graph's tensors) and graph
 //!   until its backward: one pull per unit per micro-batch, but a trainer ends every forward
@@ -18,8 +18,9 @@
 //! depend on the choice (within fp32 rounding); resharding pulls every released unit twice per
 //! micro-batch and a kept one once.
 
-use super::config::ModelConfig;
-use super::error::Result;
+use crate::model::config::ModelConfig;
+use crate::model::error::Result;
+use crate::model::transformer::param_count;
 
 /// Models above this many parameters reshard by default ([`Reshard::Auto`]).
 pub const RESHARD_ABOVE_PARAMS: usize = 300_000_000;
@@ -44,9 +45,7 @@ impl Reshard {
     /// The choice for `config`: `Auto` decided by its size; `KeepLast(0)` is `KeepLast(1)`.
     pub fn resolve(self, config: &ModelConfig) -> Result<Reshard> {
         Ok(match self {
-            Reshard::Auto if super::transformer::param_count(config)? > RESHARD_ABOVE_PARAMS => {
-                Reshard::ALWAYS
-            }
+            Reshard::Auto if param_count(config)? > RESHARD_ABOVE_PARAMS => Reshard::ALWAYS,
             Reshard::Auto => Reshard::Never,
             Reshard::KeepLast(n) => Reshard::KeepLast(n.max(1)),
             Reshard::Never => Reshard::Never,

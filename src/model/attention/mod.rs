@@ -1,5 +1,5 @@
 //! Causal self-attention of one block, shared by training over a **packed** micro-batch and by
-//! cached decoding ([`mod@super::generate`]): the projections ([`project`]) and the output
+//! cached decoding ([`mod@crate::model::generate`]): the projections ([`project`]) and the output
 //! ([`AttentionWeights::output`]) are the same code; only what the queries attend to differs.
 //!
 //! Layout: hidden states are `[rows · n, d_model]` (a packed micro-batch is one row of `T`
@@ -11,7 +11,7 @@
 //!    causal, via the batch's additive mask): no information crosses samples.
 //! 2. Rotary angles come from `positions` (0 at each sample's start), so a sample's output does not
 //!    depend on what is packed before it.
-//! 3. Every op is differentiable (see [`super::ops`]); the mask is finite, so no row produces NaN
+//! 3. Every op is differentiable (see [`crate::model::ops`]); the mask is finite, so no row produces NaN
 //!    (each row allows at least its diagonal).
 //! 4. **Grouped-query attention**: key/value head `g` serves query heads
 //!    `g · n_heads / n_kv_heads ..` (consecutive groups, as `transformers`' `repeat_kv`); with as
@@ -19,170 +19,32 @@
 //! 5. The Hugging Face layouts' options: q/k/v biases (Qwen2) are added after the projections;
 //!    q/k RMSNorm (Qwen3) normalises each head over `head_dim` before the rotary embedding.
 //! 6. Memory: training's attention is blocked unless the batch says otherwise
-//!    ([`super::flash`], [`PackedBatch::kernels`]): per layer the graph keeps q, k, v, the output
+//!    ([`blocked`], [`PackedBatch::kernels`]): per layer the graph keeps q, k, v, the output
 //!    and each row's log-sum-exp (O(T · head_dim)), and a step holds one
 //!    `[heads, Blocks::q, Blocks::k]` tile, so memory grows linearly with the longest sample. The
-//!    plain path ([`packed_attend`], the reference) materialises each sample's `[heads, len, len]`
+//!    plain path ([`plain::packed_attend`], the reference) materialises each sample's `[heads, len, len]`
 //!    scores and its graph keeps them until the backward: about 26 bytes per head per (query,
 //!    key) pair under bf16 mixed precision (24 in fp32). Cached decoding
-//!    ([`mod@super::generate`]) keeps its own attention: one new token's scores per step.
+//!    ([`mod@crate::model::generate`]) keeps its own attention: one new token's scores per step.
 
-use candle_core::{DType, Tensor};
+pub mod blocked;
+pub mod plain;
+mod projection;
+pub mod ring;
 
-use super::batch::PackedBatch;
-use super::config::ModelConfig;
-use super::error::Result;
-use super::lora::{AdapterWeights, LoraTarget};
-use super::ops::{linear, rms_norm, rope, softmax_last_dim};
+use candle_core::Tensor;
 
-/// One attention layer's parameters (linear weights `[out, in]`).
-#[derive(Debug, Clone, Copy)]
-pub struct AttentionWeights<'a> {
-    /// Query projection `[n_heads · head_dim, d_model]`.
-    pub wq: &'a Tensor,
-    /// Key projection `[n_kv_heads · head_dim, d_model]`.
-    pub wk: &'a Tensor,
-    /// Value projection `[n_kv_heads · head_dim, d_model]`.
-    pub wv: &'a Tensor,
-    /// Output projection `[d_model, n_heads · head_dim]`.
-    pub wo: &'a Tensor,
-    /// Projection biases (Qwen2): query, key, value.
-    pub bias: Option<[&'a Tensor; 3]>,
-    /// Per-head RMSNorm weights `[head_dim]` (Qwen3): query, key.
-    pub qk_norm: Option<[&'a Tensor; 2]>,
-    /// The block's LoRA adapters (on these projections and the MLP's).
-    pub adapters: Option<AdapterWeights<'a>>,
-}
+pub use blocked::{
+    attend_partial, attend_partial_backward, blocked_packed_attend, flash_packed_attend, merge,
+    Partial,
+};
+pub use plain::{attend, repeat_kv};
+pub use projection::{project, AttentionWeights};
+pub use ring::gang_attend;
 
-/// Queries `[rows, n_heads, n, head_dim]` and keys and values `[rows, n_kv_heads, n, head_dim]`
-/// of `x: [rows · n, d_model]`, rotary angles `cos, sin: [n, head_dim / 2]` applied.
-pub fn project(
-    config: &ModelConfig,
-    w: &AttentionWeights<'_>,
-    x: &Tensor,
-    rows: usize,
-    cos: &Tensor,
-    sin: &Tensor,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    let (tokens, _) = x.dims2()?;
-    let n = tokens / rows.max(1);
-    let hd = config.head_dim();
-    let heads = |m: &Tensor,
-                 target: LoraTarget,
-                 bias: Option<&Tensor>,
-                 count: usize,
-                 norm: Option<&Tensor>| {
-        let bias = bias.map(|b| b.to_dtype(x.dtype())).transpose()?;
-        let y = w.adapt(target, x, linear(x, m, bias.as_ref())?)?;
-        let mut y = y.reshape((rows, n, count, hd))?;
-        if let Some(weight) = norm {
-            y = rms_norm(&y, weight, config.rms_eps)?;
-        }
-        Ok::<_, super::Error>(y.transpose(1, 2)?.contiguous()?)
-    };
-    let (bq, bk, bv) = match w.bias {
-        Some([q, k, v]) => (Some(q), Some(k), Some(v)),
-        None => (None, None, None),
-    };
-    let (nq, nk) = match w.qk_norm {
-        Some([q, k]) => (Some(q), Some(k)),
-        None => (None, None),
-    };
-    let q = rope(
-        &heads(w.wq, LoraTarget::Q, bq, config.n_heads, nq)?,
-        cos,
-        sin,
-    )?;
-    let k = rope(
-        &heads(w.wk, LoraTarget::K, bk, config.kv_heads(), nk)?,
-        cos,
-        sin,
-    )?;
-    let v = heads(w.wv, LoraTarget::V, bv, config.kv_heads(), None)?;
-    Ok((q, k, v))
-}
-
-impl AttentionWeights<'_> {
-    /// `[rows, n_heads, n, head_dim]` -> `[rows · n, d_model]`: the heads concatenated and
-    /// projected.
-    pub fn output(&self, attended: &Tensor) -> Result<Tensor> {
-        let (rows, heads, n, hd) = attended.dims4()?;
-        let x = attended
-            .transpose(1, 2)?
-            .contiguous()?
-            .reshape((rows * n, heads * hd))?;
-        self.adapt(LoraTarget::O, &x, linear(&x, self.wo, None)?)
-    }
-
-    /// `y` plus `target`'s LoRA update of `x` (when the block has adapters on it).
-    fn adapt(&self, target: LoraTarget, x: &Tensor, y: Tensor) -> Result<Tensor> {
-        match &self.adapters {
-            Some(adapters) => adapters.add(target, x, y),
-            None => Ok(y),
-        }
-    }
-}
-
-/// `[rows, kv_heads, n, hd]` -> `[rows, kv_heads · groups, n, hd]`, each KV head repeated for its
-/// `groups` consecutive query heads (the identity when `groups == 1`).
-pub fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
-    if groups == 1 {
-        return Ok(x.clone());
-    }
-    let (rows, kv, n, hd) = x.dims4()?;
-    Ok(x.unsqueeze(2)?
-        .broadcast_as((rows, kv, groups, n, hd))?
-        .contiguous()?
-        .reshape((rows, kv * groups, n, hd))?)
-}
-
-/// `softmax(scale · q kᵀ + mask) v` with `q: [rows, H, n, hd]`, `k, v: [rows, H, m, hd]` and an
-/// additive `mask` broadcast to `[rows, H, n, m]`; scores in the activations' dtype (a bf16
-/// matmul under mixed precision), the mask and the softmax in fp32, the probabilities back in
-/// the values' dtype.
-pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    let scale = 1.0 / (q.dim(3)? as f64).sqrt();
-    let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?
-        .to_dtype(DType::F32)?
-        .broadcast_add(mask)?;
-    Ok(softmax_last_dim(&scores)?.to_dtype(v.dtype())?.matmul(v)?)
-}
-
-/// Training's attention core: queries `[1, H, T, hd]` and keys and values `[1, KV, T, hd]` of
-/// a packed micro-batch, each sample attending causally within itself only; `[1, H, T, hd]`.
-pub fn packed_attend(
-    config: &ModelConfig,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    batch: &PackedBatch,
-) -> Result<Tensor> {
-    attend_spans(config, q, k, v, &batch.spans)
-}
-
-/// [`packed_attend`] of the samples at `spans` (which tile `q`'s `T` positions).
-pub(super) fn attend_spans(
-    config: &ModelConfig,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    spans: &[(usize, usize)],
-) -> Result<Tensor> {
-    let groups = config.n_heads / config.kv_heads();
-    let (k, v) = (repeat_kv(k, groups)?, repeat_kv(v, groups)?);
-    let outs = spans
-        .iter()
-        .map(|&(start, len)| {
-            attend(
-                &q.narrow(2, start, len)?,
-                &k.narrow(2, start, len)?,
-                &v.narrow(2, start, len)?,
-                &super::batch::causal_mask(len, q.device())?,
-            )
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Tensor::cat(&outs, 2)?)
-}
+use crate::model::batch::PackedBatch;
+use crate::model::config::{AttentionImpl, Blocks, ModelConfig};
+use crate::model::error::{Error, Result};
 
 /// Training's attention layer over the packed micro-batch `x: [T, d_model]`: [`project`], the
 /// batch's packed attention ([`PackedBatch::kernels`]: blocked unless set),
@@ -194,19 +56,85 @@ pub fn causal_self_attention(
     batch: &PackedBatch,
 ) -> Result<Tensor> {
     let (q, k, v) = project(config, w, x, 1, &batch.rope_cos, &batch.rope_sin)?;
-    w.output(
-        &batch
-            .kernels
-            .attention
-            .packed_attend(config, &q, &k, &v, batch)?,
-    )
+    w.output(&packed_attend(
+        batch.kernels.attention,
+        config,
+        &q,
+        &k,
+        &v,
+        batch,
+    )?)
+}
+
+/// Queries `[1, H, T, hd]`, keys and values `[1, KV, T, hd]` of `batch` attended with
+/// `attention`, each sample causally within itself: `[1, H, T, hd]`. A gang's piece (packed last)
+/// attends over its gang's ring ([`ring`]), the samples before it as usual.
+pub fn packed_attend(
+    attention: AttentionImpl,
+    config: &ModelConfig,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    batch: &PackedBatch,
+) -> Result<Tensor> {
+    let Some(piece) = &batch.piece else {
+        return attend_spans(attention, config, q, k, v, &batch.spans);
+    };
+    let (&(start, len), rest) = batch
+        .spans
+        .split_last()
+        .ok_or_else(|| Error::Batch("a gang's piece in a pack without spans".into()))?;
+    let blocks = match attention {
+        AttentionImpl::Blocked(blocks) => blocks,
+        AttentionImpl::Plain | AttentionImpl::Auto => Blocks::for_device(q.device()),
+    };
+    let at = |x: &Tensor, from: usize, n: usize| x.narrow(2, from, n);
+    let piece_out = gang_attend(
+        &at(q, start, len)?,
+        &at(k, start, len)?,
+        &at(v, start, len)?,
+        &piece.layout,
+        piece.link.clone(),
+        piece.next_call(),
+        blocks,
+    )?;
+    if rest.is_empty() {
+        return Ok(piece_out);
+    }
+    let rest_out = attend_spans(
+        attention,
+        config,
+        &at(q, 0, start)?,
+        &at(k, 0, start)?,
+        &at(v, 0, start)?,
+        rest,
+    )?;
+    Ok(Tensor::cat(&[&rest_out, &piece_out], 2)?)
+}
+
+/// The samples at `spans` (tiling the `T` positions of `q`), each causally within itself.
+fn attend_spans(
+    attention: AttentionImpl,
+    config: &ModelConfig,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spans: &[(usize, usize)],
+) -> Result<Tensor> {
+    match attention {
+        AttentionImpl::Plain => plain::attend_spans(config, q, k, v, spans),
+        AttentionImpl::Blocked(blocks) => blocked_packed_attend(q, k, v, spans, blocks),
+        AttentionImpl::Auto => {
+            blocked_packed_attend(q, k, v, spans, Blocks::for_device(q.device()))
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::batch::Sample;
-    use crate::model::ops::tests::{max_abs_diff, random};
+    use crate::model::test_util::{max_abs_diff, random};
     use crate::model::ModelConfig;
     use candle_core::Device;
 

@@ -26,8 +26,8 @@ use odc_actors::datapath::GangChannel;
 use odc_transport::deadline_in;
 use tokio::runtime::{Handle, RuntimeFlavor};
 
-use super::link::{GangLink, Pass, Tag};
 use crate::model::error::{Error, Result};
+use crate::model::gang::{GangLink, Pass, Tag};
 
 /// The write id of gang `gang`'s message `tag` from member `from` to member `to`.
 pub fn write_id(gang: u32, tag: Tag, from: u32, to: u32) -> u128 {

@@ -10,14 +10,14 @@ use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{CpuStorage, CudaStorage, Layout, Shape, Storage, Tensor};
 
 /// A result taken once by the op's forward (see the [module docs](self)).
-pub(super) struct Precomputed {
+pub(crate) struct Precomputed {
     /// The op's name, for errors.
     what: &'static str,
     out: Mutex<Option<Tensor>>,
 }
 
 impl Precomputed {
-    pub(super) fn new(what: &'static str, out: Tensor) -> Self {
+    pub(crate) fn new(what: &'static str, out: Tensor) -> Self {
         Precomputed {
             what,
             out: Mutex::new(Some(out)),
@@ -35,7 +35,7 @@ impl Precomputed {
     }
 
     /// The result as a CPU op's output.
-    pub(super) fn cpu(&self) -> candle_core::Result<(CpuStorage, Shape)> {
+    pub(crate) fn cpu(&self) -> candle_core::Result<(CpuStorage, Shape)> {
         let out = self.take()?;
         let (storage, layout) = out.storage_and_layout();
         match &*storage {
@@ -45,7 +45,7 @@ impl Precomputed {
     }
 
     /// The result as a CUDA op's output.
-    pub(super) fn cuda(&self) -> candle_core::Result<(CudaStorage, Shape)> {
+    pub(crate) fn cuda(&self) -> candle_core::Result<(CudaStorage, Shape)> {
         let out = self.take()?;
         let (storage, layout) = out.storage_and_layout();
         match &*storage {
@@ -135,4 +135,4 @@ macro_rules! precomputed_forwards {
         }
     };
 }
-pub(super) use precomputed_forwards;
+pub(crate) use precomputed_forwards;

@@ -31,7 +31,9 @@ use candle_core::{
     D,
 };
 
-use super::precomputed::{precomputed_forwards, Precomputed};
+pub(crate) mod precomputed;
+
+use precomputed::{precomputed_forwards, Precomputed};
 
 /// Softmax over the last dimension: `exp(x - max) / sum(exp(x - max))`, in fp32 (and returned in
 /// fp32) whatever `x`'s dtype.
@@ -337,28 +339,10 @@ pub fn rope_cos_sin(positions: &Tensor, inv_freq: &[f32]) -> Result<(Tensor, Ten
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::model::test_util::{max_abs_diff, random};
     use candle_core::{Device, Var};
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    /// A seeded standard-normal-ish fp32 tensor (uniform in [-2, 2): enough for op checks).
-    pub(crate) fn random(shape: &[usize], seed: u64) -> Tensor {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let n = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
-    }
-
-    /// `max |a − b|` over all elements; fails on a shape mismatch or any non-finite element (a NaN
-    /// would otherwise slip through a max).
-    pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        assert_eq!(a.dims(), b.dims(), "shapes differ");
-        let diff: Vec<f32> = (a - b).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        assert!(diff.iter().all(|d| d.is_finite()), "a non-finite element");
-        diff.iter().fold(0.0, |m, d| m.max(d.abs()))
-    }
 
     /// Checks the gradient of `sum(f(x) * r)` w.r.t. `x` against central finite differences.
     fn check_grad(f: impl Fn(&Tensor) -> Result<Tensor>, shape: &[usize], seed: u64) {

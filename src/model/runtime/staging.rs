@@ -35,7 +35,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Device, Storage, Tensor};
 
-use super::error::{Error, Result};
+use crate::model::error::{Error, Result};
 
 /// The longest a trainer waits for one of its copies (behind the kernels queued before it).
 pub const WAIT: Duration = Duration::from_secs(300);

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor, Var};
 
 use super::*;
-use crate::model::flash::blocked_packed_attend;
-use crate::model::flash::tests::err;
-use crate::model::ops::tests::random;
+use crate::model::attention::blocked_packed_attend;
+use crate::model::gang::InProcessGang;
+use crate::model::test_util::{err, random};
 
 /// Output and gradients of q, k, v of `sum(attention(q, k, v) · r)`.
 fn whole(qkv: &[Tensor; 3], r: &Tensor, blocks: Blocks) -> [Tensor; 4] {

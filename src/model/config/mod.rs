@@ -1,7 +1,17 @@
 //! The transformer's hyper-parameters ([`ModelConfig`]), checked by [`ModelConfig::validate`], which
 //! names the first bad field. The config is serde-serialisable so it can travel in a checkpoint.
+//! With it, the choices a model is built with: LoRA's ([`LoraConfig`], in [`lora`]) and which
+//! implementation each part of a block runs ([`Kernels`], in [`kernels`]).
+//!
+//! The bottom layer of [`crate::model`]: it imports nothing of the model but its error.
+
+pub mod kernels;
+pub mod lora;
 
 use serde::{Deserialize, Serialize};
+
+pub use kernels::{AttentionImpl, Blocks, HeadImpl, Kernels, MlpImpl};
+pub use lora::{LoraConfig, LoraTarget};
 
 use super::error::{Error, Result};
 
@@ -67,7 +77,7 @@ pub struct ModelConfig {
     /// LoRA adapters on the blocks' linear layers (`None`: full fine-tuning): the base units
     /// are frozen and each block gets an adapter unit ([`crate::model::lora`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lora: Option<crate::model::lora::LoraConfig>,
+    pub lora: Option<LoraConfig>,
     /// Standard deviation of the normal initialisation of every matrix.
     pub init_std: f64,
     /// Seed of the initialisation; each unit draws from its own stream derived from it.

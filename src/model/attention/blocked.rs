@@ -2,7 +2,7 @@
 //! hand kernels), so it runs wherever candle does (CPU, CUDA) and keeps memory linear in the
 //! sample's length.
 //!
-//! [`flash_packed_attend`] is [`super::attention::packed_attend`] without the `[H, len, len]`
+//! [`flash_packed_attend`] is [`super::plain::packed_attend`] without the `[H, len, len]`
 //! scores: each sample's queries are taken [`Blocks::q`] rows at a time against its keys
 //! [`Blocks::k`] at a time, up to the diagonal. Each (query block, key block) tile gives a
 //! [`Partial`] — the tile's softmax-normalised output and per-row log-sum-exp — and the partials of
@@ -17,7 +17,7 @@
 //!
 //! Guarantees (each has a test named after it):
 //! 1. **Same attention as the plain path**: the output and the gradients of q, k and v equal
-//!    [`super::attention::attend`]'s with each sample's causal mask (within 1e-5 in fp32, bf16
+//!    [`super::plain::attend`]'s with each sample's causal mask (within 1e-5 in fp32, bf16
 //!    rounding in bf16), for any sample lengths, packings, GQA ratios and block sizes — blocks
 //!    smaller than, larger than or not dividing a sample included.
 //! 2. **Causal within a sample, nothing across samples**: query `i` of a sample sees its keys
@@ -27,55 +27,20 @@
 //!    blocks. A row with no visible key in a range has log-sum-exp ≈ [`MASKED`]: weight 0 in any
 //!    merge with a range where it has one.
 //! 4. **Grouped-query attention** inside the op: query heads `g · G .. (g + 1) · G` use KV head
-//!    `g` (`G = H / KV`, as [`super::attention::repeat_kv`]); KV heads are never repeated, and
+//!    `g` (`G = H / KV`, as [`super::plain::repeat_kv`]); KV heads are never repeated, and
 //!    their gradients sum over their group.
 //! 5. **Mixed precision** as the plain path: matmuls in the inputs' dtype (bf16 under
-//!    [`super::ComputePrecision::Bf16`]), masks, softmax statistics and accumulators in fp32, the
+//!    [`crate::model::ComputePrecision::Bf16`]), masks, softmax statistics and accumulators in fp32, the
 //!    output in the values' dtype, each gradient in its input's dtype.
 //! 6. **Memory**: besides O(T · head_dim) buffers, a step holds one `[H, Blocks::q, Blocks::k]`
 //!    tile's few fp32 temporaries (the mask, scores, probabilities and their gradient).
 
 use candle_core::{CustomOp3, DType, Tensor, D};
 
-use super::batch::{PackedBatch, MASKED};
-use super::config::ModelConfig;
-use super::error::{Error, Result};
-use super::precomputed::{precomputed_forwards, Precomputed};
-
-/// Tile sizes: queries per block and keys per block (each clamped to the sample's length).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Blocks {
-    /// Query rows per block.
-    pub q: usize,
-    /// Keys per block.
-    pub k: usize,
-}
-
-impl Default for Blocks {
-    /// 256 queries × 512 keys: a 14-head tile is 7 MiB in fp32, and tiles are large enough that
-    /// candle's per-op overhead stays small next to the matmuls on a CPU.
-    fn default() -> Self {
-        Blocks { q: 256, k: 512 }
-    }
-}
-
-impl Blocks {
-    /// Tiles for CUDA devices: 1,024 queries × 2,048 keys (a 14-head tile's fp32 temporaries are
-    /// ~120 MiB each). Every candle op is a kernel launch of a few microseconds of host time, and
-    /// a tile is about fifteen of them: with the CPU's tiles the GPU waits on launches (on an
-    /// H200, one `gpu-100m` block's forward and backward over 4 × 4,096 tokens took 209 ms with
-    /// 256 × 512 tiles, for ~1 ms of matmuls).
-    pub const CUDA: Blocks = Blocks { q: 1024, k: 2048 };
-
-    /// The tiles for `device`: [`Blocks::CUDA`] on a CUDA device, [`Blocks::default`] elsewhere.
-    pub fn for_device(device: &candle_core::Device) -> Blocks {
-        if device.is_cuda() {
-            Blocks::CUDA
-        } else {
-            Blocks::default()
-        }
-    }
-}
+use crate::model::batch::{PackedBatch, MASKED};
+use crate::model::config::{Blocks, ModelConfig};
+use crate::model::error::{Error, Result};
+use crate::model::ops::precomputed::{precomputed_forwards, Precomputed};
 
 /// Attention of some queries to a range of keys: `out` the softmax-weighted values normalised
 /// over that range (fp32, `[.., n, head_dim]`) and `lse` each row's log-sum-exp of its scaled
@@ -415,87 +380,8 @@ pub(super) fn partial_backward(
     Ok((dq_all, (finish(dk_acc)? * scale)?, finish(dv_acc)?))
 }
 
-/// Which attention training uses over a packed micro-batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AttentionImpl {
-    /// [`super::attention::packed_attend`]: each sample's `[H, len, len]` scores materialised
-    /// and differentiated by candle (the reference; quadratic memory).
-    Plain,
-    /// [`blocked_packed_attend`] with these tiles (linear memory).
-    Blocked(Blocks),
-    /// [`blocked_packed_attend`] with the device's tiles ([`Blocks::for_device`]): the default.
-    #[default]
-    Auto,
-}
-
-impl AttentionImpl {
-    /// Queries `[1, H, T, hd]`, keys and values `[1, KV, T, hd]` of `batch` attended, each
-    /// sample causally within itself: `[1, H, T, hd]`.
-    pub fn packed_attend(
-        self,
-        config: &ModelConfig,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        batch: &PackedBatch,
-    ) -> Result<Tensor> {
-        let Some(piece) = &batch.piece else {
-            return self.attend_spans(config, q, k, v, &batch.spans);
-        };
-        // A gang's piece is packed last: the samples before it attend as usual, the piece over
-        // its gang's ring.
-        let (&(start, len), rest) = batch
-            .spans
-            .split_last()
-            .ok_or_else(|| Error::Batch("a gang's piece in a pack without spans".into()))?;
-        let blocks = match self {
-            AttentionImpl::Blocked(blocks) => blocks,
-            AttentionImpl::Plain | AttentionImpl::Auto => Blocks::for_device(q.device()),
-        };
-        let at = |x: &Tensor, from: usize, n: usize| x.narrow(2, from, n);
-        let piece_out = super::gang::gang_attend(
-            &at(q, start, len)?,
-            &at(k, start, len)?,
-            &at(v, start, len)?,
-            &piece.layout,
-            piece.link.clone(),
-            piece.next_call(),
-            blocks,
-        )?;
-        if rest.is_empty() {
-            return Ok(piece_out);
-        }
-        let rest_out = self.attend_spans(
-            config,
-            &at(q, 0, start)?,
-            &at(k, 0, start)?,
-            &at(v, 0, start)?,
-            rest,
-        )?;
-        Ok(Tensor::cat(&[&rest_out, &piece_out], 2)?)
-    }
-
-    /// The samples at `spans` (tiling the `T` positions of `q`), each causally within itself.
-    fn attend_spans(
-        self,
-        config: &ModelConfig,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        spans: &[(usize, usize)],
-    ) -> Result<Tensor> {
-        match self {
-            AttentionImpl::Plain => super::attention::attend_spans(config, q, k, v, spans),
-            AttentionImpl::Blocked(blocks) => blocked_packed_attend(q, k, v, spans, blocks),
-            AttentionImpl::Auto => {
-                blocked_packed_attend(q, k, v, spans, Blocks::for_device(q.device()))
-            }
-        }
-    }
-}
-
 /// Training's attention core, blocked: the same signature and result as
-/// [`super::attention::packed_attend`] (queries `[1, H, T, hd]`, keys and values
+/// [`super::plain::packed_attend`] (queries `[1, H, T, hd]`, keys and values
 /// `[1, KV, T, hd]`, each sample attending causally within itself; `[1, H, T, hd]`), in memory
 /// linear in `T`, with [`Blocks::default`].
 pub fn flash_packed_attend(
@@ -656,10 +542,11 @@ impl CustomOp3 for BlockedAttention {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use crate::model::batch::Sample;
-    use crate::model::ops::tests::random;
+    use crate::model::config::AttentionImpl;
+    use crate::model::test_util::{err, random};
     use candle_core::{Device, Var};
     use proptest::prelude::*;
 
@@ -682,34 +569,6 @@ pub(crate) mod tests {
         PackedBatch::pack(c, &samples, &Device::Cpu).unwrap()
     }
 
-    /// `max |a − b| / max(1, max |b|)`: an absolute error for values of order one.
-    pub(crate) fn err(a: &Tensor, b: &Tensor) -> f32 {
-        assert_eq!(a.dims(), b.dims(), "shapes differ");
-        let a: Vec<f32> = a
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        let b: Vec<f32> = b
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        assert!(
-            a.iter().chain(&b).all(|x| x.is_finite()),
-            "a non-finite element"
-        );
-        let scale = b.iter().fold(1f32, |m, x| m.max(x.abs()));
-        a.iter()
-            .zip(&b)
-            .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
-            / scale
-    }
-
     /// Output and gradients of q, k, v (of `sum(out · r)`) of `attention` on `q, k, v` (fp32
     /// `Var`s, cast to `dtype` inside the graph, so the gradients come back in fp32).
     fn run(
@@ -725,9 +584,10 @@ pub(crate) mod tests {
             .iter()
             .map(|v| v.as_tensor().to_dtype(dtype).unwrap())
             .collect();
-        let out = attention
-            .packed_attend(c, &cast[0], &cast[1], &cast[2], batch)
-            .unwrap();
+        let out = crate::model::attention::packed_attend(
+            attention, c, &cast[0], &cast[1], &cast[2], batch,
+        )
+        .unwrap();
         assert_eq!(out.dtype(), dtype);
         let grads = (out.to_dtype(DType::F32).unwrap() * r)
             .unwrap()
@@ -817,9 +677,15 @@ pub(crate) mod tests {
         };
         let batch = pack(&c, &[700, 300]);
         let (qkv, _) = inputs(&c, 1000, 9);
-        let plain = AttentionImpl::Plain
-            .packed_attend(&c, &qkv[0], &qkv[1], &qkv[2], &batch)
-            .unwrap();
+        let plain = crate::model::attention::packed_attend(
+            AttentionImpl::Plain,
+            &c,
+            &qkv[0],
+            &qkv[1],
+            &qkv[2],
+            &batch,
+        )
+        .unwrap();
         let blocked = flash_packed_attend(&c, &qkv[0], &qkv[1], &qkv[2], &batch).unwrap();
         assert!(err(&blocked, &plain) < 1e-5);
     }
@@ -851,9 +717,15 @@ pub(crate) mod tests {
         let all = attend_partial(&q, 0, &k, &v, 0, blocks).unwrap();
         // The whole sample against the plain attention.
         let batch = pack(&c, &[len]);
-        let plain = AttentionImpl::Plain
-            .packed_attend(&c, &qkv[0], &qkv[1], &qkv[2], &batch)
-            .unwrap();
+        let plain = crate::model::attention::packed_attend(
+            AttentionImpl::Plain,
+            &c,
+            &qkv[0],
+            &qkv[1],
+            &qkv[2],
+            &batch,
+        )
+        .unwrap();
         assert!(err(&all.out, &plain.get(0).unwrap()) < 1e-5);
         for cut in [1, 10, 20, 44] {
             let part = |from: usize, to: usize| {
@@ -948,12 +820,18 @@ pub(crate) mod tests {
             let last = (x.narrow(2, 50, 1).unwrap() + 1.0).unwrap();
             Tensor::cat(&[&x.narrow(2, 0, 50).unwrap(), &last], 2).unwrap()
         });
-        let before = blocks
-            .packed_attend(&c, &qkv[0], &qkv[1], &qkv[2], &batch)
-            .unwrap();
-        let after = blocks
-            .packed_attend(&c, &qkv[0], &changed[1], &changed[2], &batch)
-            .unwrap();
+        let before =
+            crate::model::attention::packed_attend(blocks, &c, &qkv[0], &qkv[1], &qkv[2], &batch)
+                .unwrap();
+        let after = crate::model::attention::packed_attend(
+            blocks,
+            &c,
+            &qkv[0],
+            &changed[1],
+            &changed[2],
+            &batch,
+        )
+        .unwrap();
         assert!(
             err(
                 &before.narrow(2, 0, 50).unwrap(),
@@ -977,7 +855,7 @@ pub(crate) mod tests {
         let (qkv, r) = inputs(&gqa, 42, 31);
         let blocks = AttentionImpl::Blocked(Blocks { q: 5, k: 7 });
         let grouped = run(blocks, &gqa, &pack(&gqa, &lens), &qkv, &r, DType::F32);
-        let repeat = |x: &Tensor| super::super::attention::repeat_kv(x, 4).unwrap();
+        let repeat = |x: &Tensor| crate::model::attention::repeat_kv(x, 4).unwrap();
         let wide = [qkv[0].clone(), repeat(&qkv[1]), repeat(&qkv[2])];
         let multi = run(blocks, &mha, &pack(&mha, &lens), &wide, &r, DType::F32);
         assert!(err(&grouped[0], &multi[0]) < 1e-5);
@@ -990,7 +868,7 @@ pub(crate) mod tests {
 
     /// Blocked against plain, forward and backward, one sample of 1024 and of 2048 tokens, 14
     /// query heads over 2 KV heads of width 64 (Qwen2.5-0.5B's attention), A and B interleaved;
-    /// prints the time ratio. `cargo test --release --lib model::flash -- --ignored --nocapture`.
+    /// prints the time ratio. `cargo test --release --lib model::attention::blocked -- --ignored --nocapture`.
     #[test]
     #[ignore = "a timing, not a check: run it by hand in a release build"]
     fn blocked_and_plain_attention_timing() {

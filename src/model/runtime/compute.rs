@@ -36,18 +36,18 @@
 //! scatter-add of its output's gradient into the looked-up rows (plus a tied head's gradient),
 //! which reads no weights, so the backward stops gathering at unit 1. Either way the gathered
 //! transfer buffers are released as soon as a stage's tensors are made. A tied head takes unit
-//! 0's matrix; the chunked head leaves its gradient in a sink ([`super::head::WeightGrad`]), the
+//! 0's matrix; the chunked head leaves its gradient in a sink ([`crate::model::head::WeightGrad`]), the
 //! full head reads it through a `Var` of its own. Every stage's forward and backward runs in
 //! [`odc_actors::trainer::blocking`], so that the prefetch and the pushes the context started move
 //! while it computes (a long synchronous section would otherwise hold them on its worker).
 //!
-//! **On a CUDA device** ([`Placement`], [`super::device`]): each trainer opens its own device
+//! **On a CUDA device** ([`Placement`], [`crate::model::device`]): each trainer opens its own device
 //! (own stream) at its first micro-batch; a gathered unit (host `f32`s) goes up in one
 //! host-to-device copy and becomes the unit's `Var`s on the device, the forward and backward run
 //! there (in fp32 or bf16 mixed precision, [`ComputePrecision`]), and each unit's gradient is
 //! concatenated on the device and comes down in one device-to-host copy (the transport's
 //! accumulate payload is host fp32), pushed once the next unit's backward is enqueued
-//! ([`super::staging`]). The loss is read back after the whole backward was enqueued, so nothing
+//! (`staging`). The loss is read back after the whole backward was enqueued, so nothing
 //! waits for the device before the first gradient copy.
 
 use std::sync::Arc;
@@ -55,22 +55,22 @@ use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::batch::{GangPiece, HeadImpl, Kernels, PackedBatch, Sample};
-use super::config::ModelConfig;
-use super::device::{open_device, ComputePrecision, DeviceSpec};
-use super::gang::{GangLayout, TransportLink};
-use super::grpo::{grpo_loss_sum, rl_targets_with_piece, GrpoConfig, RlSample};
-use super::head::WeightGrad;
-use super::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
+use super::gang_link::TransportLink;
 use super::reshard::Reshard;
-use super::transformer::{
-    check_unit_count, head_forward_with, head_target_log_probs_with, head_tensors, stages,
-    unit_count, unit_forward, unit_init_values, unit_params, unit_trainable, HeadOutput,
-    UnitOutput,
+use crate::model::batch::{GangPiece, PackedBatch, Sample};
+use crate::model::config::{HeadImpl, Kernels, ModelConfig};
+use crate::model::device::{open_device, ComputePrecision, DeviceSpec};
+use crate::model::error::{Error, Result};
+use crate::model::gang::GangLayout;
+use crate::model::grpo::{grpo_loss_sum, rl_targets_with_piece, GrpoConfig, RlSample};
+use crate::model::head::WeightGrad;
+use crate::model::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
+use crate::model::transformer::{
+    head_forward_with, head_target_log_probs_with, head_tensors, stages, unit_count, unit_forward,
+    unit_params, unit_trainable, HeadOutput, UnitOutput,
 };
-use crate::checkpoint::{NamedTensor, TensorMap};
 use crate::{
-    blocking, Compute, ComputeOutput, LossWeighting, MicroBatch, SpanKind, TrainerContext, UnitSpec,
+    blocking, Compute, ComputeOutput, LossWeighting, MicroBatch, SpanKind, TrainerContext,
 };
 use odc_actors::batch::Piece;
 use odc_actors::policy::step::DEFAULT_MICRO_BATCH_TIMEOUT;
@@ -78,7 +78,7 @@ use odc_actors::policy::step::DEFAULT_MICRO_BATCH_TIMEOUT;
 /// Resolves a [`SampleMeta::index`](crate::SampleMeta) of a micro-batch to its tokens (and, for
 /// GRPO, its advantage and reference log-probs).
 pub trait SampleStore: Send + Sync + 'static {
-    fn sample(&self, index: u64) -> Result<Sample, String>;
+    fn sample(&self, index: u64) -> std::result::Result<Sample, String>;
 
     /// The sample's RL data ([`Objective::Grpo`] needs it for every sample).
     fn rl(&self, index: u64) -> Option<RlSample> {
@@ -94,139 +94,17 @@ pub enum Objective {
     #[default]
     CrossEntropy,
     /// GRPO's clipped policy gradient plus KL to the reference, summed over response tokens
-    /// ([`super::grpo`]); the loss reported is that sum.
+    /// ([`crate::model::grpo`]); the loss reported is that sum.
     Grpo(GrpoConfig),
 }
 
 impl<F> SampleStore for F
 where
-    F: Fn(u64) -> Result<Sample, String> + Send + Sync + 'static,
+    F: Fn(u64) -> std::result::Result<Sample, String> + Send + Sync + 'static,
 {
-    fn sample(&self, index: u64) -> Result<Sample, String> {
+    fn sample(&self, index: u64) -> std::result::Result<Sample, String> {
         self(index)
     }
-}
-
-/// The model's units for [`JobBuilder::units`](crate::JobBuilder::units): `embed`,
-/// `layers.<l>` (and `adapters.<l>` under LoRA, the base units frozen), `head`, each
-/// initialised by [`unit_init_values`].
-pub fn layout_units(config: &ModelConfig) -> super::Result<Vec<UnitSpec>> {
-    (0..unit_count(config))
-        .map(|u| {
-            let unit = UnitSpec::with_values(unit_name(config, u), unit_init_values(config, u)?);
-            Ok(if unit_trainable(config, u)? {
-                unit
-            } else {
-                unit.frozen()
-            })
-        })
-        .collect()
-}
-
-/// [`transformer_job`]'s fill floor of a micro-batch, as a fraction of the token budget.
-pub const MICRO_BATCH_MIN_FILL: f64 = 0.5;
-
-/// A [`JobBuilder`](crate::JobBuilder) with the model's units (starting from `init`, one flat
-/// buffer per unit, or the seeded initialisation) and a [`TransformerCompute`] of `objective` on
-/// the CPU per trainer; the caller adds trainers, servers, optimizer and data.
-///
-/// Dynamic dispatch fills micro-batches to at least half the token budget
-/// ([`MICRO_BATCH_MIN_FILL`]; `JobBuilder::micro_batch_min_fill` overrides it): each micro-batch
-/// is a pass over every unit (a gather, a forward and a backward of each), which on a small model
-/// costs about as much as the last few samples guided packing would put alone.
-pub fn transformer_job(
-    config: &ModelConfig,
-    init: Option<Vec<Vec<f32>>>,
-    samples: Arc<dyn SampleStore>,
-    objective: Objective,
-) -> super::Result<crate::JobBuilder> {
-    transformer_job_on(config, init, samples, objective, Placement::default())
-}
-
-/// [`transformer_job`] with each trainer's compute on `placement`'s device and precision. The
-/// device is opened once here, so a bad `--device` or a missing driver fails before the job is
-/// built; each trainer then opens its own (its own stream) at its first micro-batch.
-pub fn transformer_job_on(
-    config: &ModelConfig,
-    init: Option<Vec<Vec<f32>>>,
-    samples: Arc<dyn SampleStore>,
-    objective: Objective,
-    placement: Placement,
-) -> super::Result<crate::JobBuilder> {
-    let units = match init {
-        None => layout_units(config)?,
-        Some(values) => {
-            check_unit_count(config, values.len())?;
-            values
-                .into_iter()
-                .enumerate()
-                .map(|(u, v)| UnitSpec::with_values(unit_name(config, u), v))
-                .collect()
-        }
-    };
-    transformer_job_of(config, units, samples, objective, placement)
-}
-
-/// [`transformer_job_on`] starting from `units` as they are — e.g. a Hugging Face checkpoint's
-/// [`HfCheckpoint::unit_specs`](super::hf::HfCheckpoint::unit_specs), which each shard server
-/// reads its own slice of (under LoRA through [`super::lora::adapted_units`]). Their count and
-/// lengths must be the model's; which are trainable is the config's (under LoRA, only the
-/// adapters).
-pub fn transformer_job_of(
-    config: &ModelConfig,
-    units: Vec<UnitSpec>,
-    samples: Arc<dyn SampleStore>,
-    objective: Objective,
-    placement: Placement,
-) -> super::Result<crate::JobBuilder> {
-    if placement.device.is_cuda() {
-        open_device(placement.device, placement.local_rank)?;
-    }
-    let prototype =
-        TransformerCompute::on(config.clone(), placement, samples)?.with_objective(objective);
-    check_unit_count(config, units.len())?;
-    // What trains is the config's to say: under LoRA only the adapters.
-    let mut units = units;
-    for (u, unit) in units.iter_mut().enumerate() {
-        unit.trainable = unit_trainable(config, u)?;
-    }
-    for (u, unit) in units.iter().enumerate() {
-        let expected: usize = prototype.specs[u].iter().map(ParamSpec::numel).sum();
-        if unit.len != expected {
-            return Err(super::Error::UnitParams {
-                what: "values",
-                expected,
-                got: unit.len,
-            });
-        }
-    }
-    Ok(crate::Job::builder()
-        .units(units)
-        .micro_batch_min_fill(MICRO_BATCH_MIN_FILL)
-        .compute(move |_trainer| Box::new(prototype.clone()) as Box<dyn Compute>))
-}
-
-/// The name of unit `u` in the layout: `embed`, `layers.<l>`, `adapters.<l>` (LoRA), `head`.
-pub fn unit_name(config: &ModelConfig, u: usize) -> String {
-    match super::transformer::Unit::from_index(config, u) {
-        Ok(super::transformer::Unit::Embedding) => "embed".into(),
-        Ok(super::transformer::Unit::Block(l)) => format!("layers.{l}"),
-        Ok(super::transformer::Unit::Adapter(l)) => format!("adapters.{l}"),
-        _ => "head".into(),
-    }
-}
-
-/// The model's parameter names and shapes per unit: the checkpoint's tensor names.
-pub fn tensor_map(config: &ModelConfig) -> super::Result<TensorMap> {
-    let units = (0..unit_count(config))
-        .map(|u| {
-            Ok(unit_params(config, u)?
-                .into_iter()
-                .map(|p| NamedTensor::new(p.name, &p.shape))
-                .collect())
-        })
-        .collect::<super::Result<Vec<_>>>()?;
-    TensorMap::new(units).map_err(|e| super::Error::Batch(e.to_string()))
 }
 
 /// Where and how a [`TransformerCompute`] runs: the device, the precision of its matmuls and
@@ -247,7 +125,7 @@ pub struct Placement {
 #[derive(Clone)]
 pub struct TransformerCompute {
     config: ModelConfig,
-    specs: Vec<Vec<ParamSpec>>,
+    pub(super) specs: Vec<Vec<ParamSpec>>,
     placement: Placement,
     /// Given ([`TransformerCompute::new`]) or opened at the first micro-batch.
     device: Option<Device>,
@@ -276,11 +154,7 @@ impl Clone for Transfers {
 
 impl TransformerCompute {
     /// On `device` (CPU, or a CUDA device opened with [`open_device`]), in fp32.
-    pub fn new(
-        config: ModelConfig,
-        device: Device,
-        samples: Arc<dyn SampleStore>,
-    ) -> super::Result<Self> {
+    pub fn new(config: ModelConfig, device: Device, samples: Arc<dyn SampleStore>) -> Result<Self> {
         let spec = match &device {
             Device::Cpu => DeviceSpec::Cpu,
             other => DeviceSpec::Cuda(Some(location_ordinal(other))),
@@ -302,11 +176,11 @@ impl TransformerCompute {
         config: ModelConfig,
         placement: Placement,
         samples: Arc<dyn SampleStore>,
-    ) -> super::Result<Self> {
+    ) -> Result<Self> {
         config.validate()?;
         let specs = (0..unit_count(&config))
             .map(|u| unit_params(&config, u))
-            .collect::<super::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?;
         Ok(TransformerCompute {
             config,
             specs,
@@ -339,7 +213,7 @@ impl TransformerCompute {
     }
 
     /// The compute's device, opened now if it was not yet.
-    fn device(&mut self) -> super::Result<Device> {
+    fn device(&mut self) -> Result<Device> {
         if let Some(device) = &self.device {
             return Ok(device.clone());
         }
@@ -358,7 +232,7 @@ impl TransformerCompute {
         values: &[f32],
         trainable: bool,
         device: &Device,
-    ) -> super::Result<(Vec<Tensor>, Option<Vec<Var>>)> {
+    ) -> Result<(Vec<Tensor>, Option<Vec<Var>>)> {
         match device {
             #[cfg(feature = "cuda")]
             Device::Cuda(_) => {
@@ -379,7 +253,7 @@ impl TransformerCompute {
                     offset += n;
                 }
                 if offset != values.len() {
-                    return Err(super::Error::UnitParams {
+                    return Err(Error::UnitParams {
                         what: "values",
                         expected: offset,
                         got: values.len(),
@@ -397,7 +271,7 @@ impl TransformerCompute {
 
     /// This trainer's staging on `device`, made at first use (slots of the largest unit).
     #[cfg(feature = "cuda")]
-    fn staging(&mut self, device: &Device) -> super::Result<&mut super::staging::Staging> {
+    fn staging(&mut self, device: &Device) -> Result<&mut super::staging::Staging> {
         if self.transfers.staging.is_none() {
             let largest = self
                 .specs
@@ -410,7 +284,7 @@ impl TransformerCompute {
         self.transfers
             .staging
             .as_mut()
-            .ok_or_else(|| super::Error::Device("cuda staging is missing".into()))
+            .ok_or_else(|| Error::Device("cuda staging is missing".into()))
     }
 
     /// Unit `u`'s gradient, one flat fp32 buffer in parameter order (zeros for a parameter the
@@ -425,7 +299,7 @@ impl TransformerCompute {
         grads: Vec<Option<Tensor>>,
         mut tied: Option<Tensor>,
         device: &Device,
-    ) -> super::Result<UnitGrad> {
+    ) -> Result<UnitGrad> {
         let mut combined = grads.into_iter().enumerate().map(|(i, g)| {
             let t = if i == 0 { tied.take() } else { None };
             Ok::<_, candle_core::Error>(match (g, t) {
@@ -466,13 +340,13 @@ impl TransformerCompute {
     }
 
     #[cfg(feature = "cuda")]
-    fn download(&mut self, flat: Tensor) -> super::Result<UnitGrad> {
+    fn download(&mut self, flat: Tensor) -> Result<UnitGrad> {
         let device = flat.device().clone();
         Ok(UnitGrad::Device(self.staging(&device)?.download(flat)?))
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn download(&mut self, flat: Tensor) -> super::Result<UnitGrad> {
+    fn download(&mut self, flat: Tensor) -> Result<UnitGrad> {
         Ok(UnitGrad::Host(flat.to_vec1::<f32>()?))
     }
 
@@ -511,7 +385,7 @@ impl TransformerCompute {
         embedding: &mut Option<Tensor>,
         batch: &PackedBatch,
         rl: &Option<(GrpoConfig, Tensor, Tensor)>,
-    ) -> super::Result<StageGraph> {
+    ) -> Result<StageGraph> {
         let device = self.device()?;
         let head = self.specs.len() - 1;
         let first = stage[0];
@@ -543,7 +417,7 @@ impl TransformerCompute {
             // scatter-add of rows, or its own kept graph), and a Var is a copy of it.
             let matrix = embedding
                 .take()
-                .ok_or_else(|| super::Error::Batch("no embedding unit before the head".into()))?;
+                .ok_or_else(|| Error::Batch("no embedding unit before the head".into()))?;
             let matrix = match graph && unit_trainable(&self.config, 0)? {
                 // The chunked head leaves the matrix's gradient in a sink: no Var copy, no
                 // accumulation in candle's store.
@@ -816,7 +690,7 @@ impl Compute for TransformerCompute {
             let trains = stage
                 .iter()
                 .map(|&u| unit_trainable(&self.config, u))
-                .collect::<super::Result<Vec<bool>>>()
+                .collect::<Result<Vec<bool>>>()
                 .map_err(user)?;
             let graph = match forward {
                 Forward::Kept(graph) => graph,

@@ -1,0 +1,25 @@
+//! The model on odc's runtime: what joins the math above to trainers, shard servers and
+//! transports. Nothing in the model's other modules imports this one.
+//!
+//! - [`compute`]: [`TransformerCompute`], the [`Compute`](crate::Compute) that runs one packed
+//!   micro-batch stage by stage against a trainer's context (gathers, forward, backward, pushes);
+//! - [`job`]: the [`JobBuilder`](crate::JobBuilder)s of the model (its units and a compute per
+//!   trainer);
+//! - [`reshard`]: what a stage keeps between its forward and its backward;
+//! - [`gang_link`]: a gang's exchange over the trainers' transport ([`TransportLink`]);
+//! - `staging` (feature `cuda`): a trainer's pinned host staging on a CUDA device;
+//! - [`threads`]: each concurrently computing model's share of the host's cores.
+
+pub mod compute;
+pub mod gang_link;
+pub mod job;
+pub mod reshard;
+#[cfg(feature = "cuda")]
+pub mod staging;
+pub mod threads;
+
+pub use compute::{Objective, Placement, SampleStore, TransformerCompute};
+pub use gang_link::TransportLink;
+pub use job::{transformer_job, transformer_job_of, transformer_job_on, MICRO_BATCH_MIN_FILL};
+pub use reshard::Reshard;
+pub use threads::{share_cpu_threads, CpuThreads};
