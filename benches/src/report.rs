@@ -15,6 +15,9 @@
 
 use std::path::{Path, PathBuf};
 
+use plotters::coord::combinators::WithKeyPoints;
+use plotters::coord::types::{RangedCoordf64, RangedCoordi64};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
@@ -119,9 +122,7 @@ impl BenchReport {
     /// Pretty-printed JSON, `{"rows":[...]}`. Non-finite numbers become `null` (JSON has no `NaN`),
     /// which [`BenchReport::from_json`] then rejects.
     pub fn to_json(&self) -> String {
-        // Serialising plain structs of strings and numbers into a String cannot fail; fall back to
-        // the compact form of an empty report rather than panic.
-        serde_json::to_string_pretty(self).unwrap_or_else(|_| String::from("{\"rows\":[]}"))
+        rows_json(self)
     }
 
     /// Parses a report written by [`BenchReport::to_json`].
@@ -138,13 +139,23 @@ impl BenchReport {
 
     /// Writes [`BenchReport::to_json`] (plus a final newline) to `path`.
     pub fn write_json(&self, path: &Path) -> Result<(), ReportError> {
-        let mut json = self.to_json();
-        json.push('\n');
-        std::fs::write(path, json).map_err(|source| ReportError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        write_file(path, self.to_json() + "\n")
     }
+}
+
+/// Pretty-printed JSON of a `{"rows":[...]}` report. Serialising plain structs of strings and
+/// numbers into a String cannot fail; this falls back to the compact form of an empty report
+/// rather than panic.
+pub(crate) fn rows_json(report: &impl serde::Serialize) -> String {
+    serde_json::to_string_pretty(report).unwrap_or_else(|_| String::from("{\"rows\":[]}"))
+}
+
+/// Writes `contents` to `path`; an error names `path`.
+pub(crate) fn write_file(path: &Path, contents: impl AsRef<[u8]>) -> Result<(), ReportError> {
+    std::fs::write(path, contents).map_err(|source| ReportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// `tokens / seconds`, or `0.0` when `seconds` is not a positive finite number or the quotient is
@@ -431,193 +442,230 @@ pub(crate) fn write_rendered(
         path: path.to_path_buf(),
         message,
     })?;
-    std::fs::write(path, svg).map_err(|source| ReportError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    write_file(path, svg)
 }
+
+/// A drawing area of a plot.
+pub(crate) type Area<'b> = DrawingArea<SVGBackend<'b>, Shift>;
+/// A panel of the plot: rows on x (one labelled tick per row), values on y.
+type Panel<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<WithKeyPoints<RangedCoordi64>, RangedCoordf64>>;
+/// What drawing on a plot can fail with.
+pub(crate) type DrawError = DrawingAreaErrorKind<std::io::Error>;
 
 /// Draws the plot of [`write_svg`] into `out`.
 fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
-    let err = |e: DrawingAreaErrorKind<std::io::Error>| e.to_string();
     let width = u32::try_from(rows.len())
         .unwrap_or(u32::MAX)
         .saturating_mul(PIXELS_PER_ROW)
         .saturating_add(100)
         .clamp(SVG_SIZE.0, 20_000);
     let root = SVGBackend::with_string(out, (width, SVG_SIZE.1)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let body = root
-        .titled(
-            "odc: on-demand vs collective (workload/devices/minibatch per device/dispatch)",
-            ("sans-serif", 26),
-        )
-        .map_err(err)?;
+    draw_plot(&root, rows).map_err(|e| e.to_string())
+}
+
+/// Draws the title and, for rows, panel (a) above panel (b) on `root`.
+fn draw_plot(root: &Area<'_>, rows: &[BenchRow]) -> Result<(), DrawError> {
+    root.fill(&WHITE)?;
+    let body = root.titled(
+        "odc: on-demand vs collective (workload/devices/minibatch per device/dispatch)",
+        ("sans-serif", 26),
+    )?;
     if rows.is_empty() {
-        let (w, h) = body.dim_in_pixel();
-        body.draw(&Text::new(
-            "no rows",
-            (w as i32 / 2 - 40, h as i32 / 2),
-            ("sans-serif", 30).into_font(),
-        ))
-        .map_err(err)?;
-        root.present().map_err(err)?;
-        return Ok(());
-    }
-
-    let n = rows.len();
-    let labels: Vec<String> = rows.iter().map(BenchRow::label).collect();
-    let rotate = n > 6;
-    let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0) as u32;
-    let x_label_area = if rotate {
-        (20 + 7 * longest).clamp(40, 200)
+        draw_no_rows(&body)?;
     } else {
-        40
-    };
-    // Row i is centred at x = i × SLOT (integer coordinates, so the axis can carry one labelled
-    // tick per row).
-    let slots = i64::try_from(n).unwrap_or(i64::MAX / SLOT) * SLOT;
-    let x_range = || {
-        (-SLOT / 2..slots - SLOT / 2).with_key_points((0..slots).step_by(SLOT as usize).collect())
-    };
-    // Rotated labels are drawn by `draw_rotated_labels`: the mesh would centre them on the axis.
-    let label_of = |x: &i64| {
-        if rotate {
-            return String::new();
-        }
-        usize::try_from(x / SLOT)
-            .ok()
-            .filter(|_| x % SLOT == 0)
-            .and_then(|i| labels.get(i).cloned())
-            .unwrap_or_default()
-    };
-    let at = |i: usize, offset: i64| i64::try_from(i).unwrap_or(i64::MAX / SLOT) * SLOT + offset;
-    let rotated_style = TextStyle::from(("sans-serif", 14).into_font())
-        .transform(FontTransform::Rotate90)
-        .pos(Pos::new(HPos::Left, VPos::Center));
-    // Draws each row's label downwards from its tick; `anchors` are the ticks' backend pixels.
-    let draw_rotated_labels = |anchors: &[(i32, i32)]| {
-        for (label, &(x, y)) in labels.iter().zip(anchors) {
-            root.draw(&Text::new(label.clone(), (x, y + 8), rotated_style.clone()))?;
-        }
-        Ok(())
-    };
-    let (top, bottom) = body.split_vertically(body.dim_in_pixel().1 / 2);
+        let axis = RowAxis::new(rows);
+        let (top, bottom) = body.split_vertically(body.dim_in_pixel().1 / 2);
+        draw_speedup(root, &top, rows, &axis)?;
+        draw_utilization(root, &bottom, rows, &axis)?;
+    }
+    root.present()
+}
 
-    // (a) Speedup.
-    let max_speedup = rows
-        .iter()
-        .flat_map(|r| [Some(r.speedup), r.control_speedup])
-        .flatten()
-        .filter(|s| s.is_finite())
-        .fold(1.0_f64, f64::max);
-    let mut chart = ChartBuilder::on(&top)
-        .caption(
-            "(a) speedup of on-demand over collective",
-            ("sans-serif", 20),
-        )
-        .margin(10)
-        .x_label_area_size(x_label_area)
-        .y_label_area_size(60)
-        .build_cartesian_2d(x_range(), 0.0..max_speedup * 1.3)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_label_formatter(&label_of)
-        .x_label_style(("sans-serif", 14))
-        .y_desc("speedup (×)")
-        .y_label_formatter(&|y| format!("{y:.2}"))
-        .draw()
-        .map_err(err)?;
-    if rotate {
-        let anchors: Vec<_> = (0..n)
-            .map(|i| chart.backend_coord(&(at(i, 0), 0.0)))
-            .collect();
-        draw_rotated_labels(&anchors).map_err(err)?;
+/// "no rows" in the middle of `area`: a plot of nothing.
+pub(crate) fn draw_no_rows(area: &Area<'_>) -> Result<(), DrawError> {
+    let (w, h) = area.dim_in_pixel();
+    area.draw(&Text::new(
+        "no rows",
+        (w as i32 / 2 - 40, h as i32 / 2),
+        ("sans-serif", 30).into_font(),
+    ))
+}
+
+/// The x axis shared by both panels: row i centred at x = i × [`SLOT`] (integer coordinates, so
+/// the axis can carry one labelled tick per row).
+struct RowAxis {
+    labels: Vec<String>,
+    /// Labels drawn downwards from their ticks (many rows) rather than centred under them.
+    rotate: bool,
+    /// Pixels below a panel for the labels.
+    label_area: u32,
+    /// The axis' length, [`SLOT`] per row.
+    slots: i64,
+}
+
+impl RowAxis {
+    fn new(rows: &[BenchRow]) -> RowAxis {
+        let labels: Vec<String> = rows.iter().map(BenchRow::label).collect();
+        let rotate = rows.len() > 6;
+        let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0) as u32;
+        let label_area = if rotate {
+            (20 + 7 * longest).clamp(40, 200)
+        } else {
+            40
+        };
+        let slots = i64::try_from(rows.len()).unwrap_or(i64::MAX / SLOT) * SLOT;
+        RowAxis {
+            labels,
+            rotate,
+            label_area,
+            slots,
+        }
     }
-    chart
-        .draw_series(
-            rows.iter()
-                .enumerate()
-                .filter(|(_, r)| r.speedup.is_finite() && r.speedup > 0.0)
-                .map(|(i, r)| {
-                    Rectangle::new(
-                        [(at(i, -35), 0.0), (at(i, 35), r.speedup)],
-                        ONDEMAND.filled(),
-                    )
-                }),
-        )
-        .map_err(err)?
-        .label("speedup")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], ONDEMAND.filled()));
-    if n <= 24 {
+
+    /// The x coordinate `offset` from row `i`'s centre.
+    fn at(i: usize, offset: i64) -> i64 {
+        i64::try_from(i).unwrap_or(i64::MAX / SLOT) * SLOT + offset
+    }
+
+    /// A panel on `area` with this axis, `caption` above and y from 0 to `y_top`, its grid and
+    /// labels drawn (rotated labels on `root`: the mesh would centre them on the axis).
+    fn panel<'a, 'b>(
+        &self,
+        root: &Area<'b>,
+        area: &'a Area<'b>,
+        caption: &str,
+        y_top: f64,
+        (y_desc, y_decimals): (&str, usize),
+    ) -> Result<Panel<'a, 'b>, DrawError> {
+        let x_range = (-SLOT / 2..self.slots - SLOT / 2)
+            .with_key_points((0..self.slots).step_by(SLOT as usize).collect());
+        let mut chart = ChartBuilder::on(area)
+            .caption(caption, ("sans-serif", 20))
+            .margin(10)
+            .x_label_area_size(self.label_area)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x_range, 0.0..y_top)?;
+        let label_of = |x: &i64| {
+            if self.rotate {
+                return String::new();
+            }
+            usize::try_from(x / SLOT)
+                .ok()
+                .filter(|_| x % SLOT == 0)
+                .and_then(|i| self.labels.get(i).cloned())
+                .unwrap_or_default()
+        };
         chart
-            .draw_series(
-                rows.iter()
-                    .enumerate()
-                    .filter(|(_, r)| r.speedup.is_finite() && r.speedup > 0.0)
-                    .map(|(i, r)| {
-                        Text::new(
-                            format!("{:.2}x", r.speedup),
-                            (at(i, -30), r.speedup + max_speedup * 0.06),
-                            ("sans-serif", 13).into_font(),
-                        )
-                    }),
-            )
-            .map_err(err)?;
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_label_formatter(&label_of)
+            .x_label_style(("sans-serif", 14))
+            .y_desc(y_desc)
+            .y_label_formatter(&|y| format!("{y:.y_decimals$}"))
+            .draw()?;
+        if self.rotate {
+            let style = TextStyle::from(("sans-serif", 14).into_font())
+                .transform(FontTransform::Rotate90)
+                .pos(Pos::new(HPos::Left, VPos::Center));
+            for (i, label) in self.labels.iter().enumerate() {
+                let (x, y) = chart.backend_coord(&(Self::at(i, 0), 0.0));
+                root.draw(&Text::new(label.clone(), (x, y + 8), style.clone()))?;
+            }
+        }
+        Ok(chart)
     }
-    chart
-        .draw_series(rows.iter().enumerate().filter_map(|(i, r)| {
-            r.control_speedup
-                .filter(|c| c.is_finite() && *c > 0.0)
-                .map(|c| Cross::new((at(i, 0), c), 6, CONTROL.stroke_width(2)))
-        }))
-        .map_err(err)?
-        .label("balanced control (1.00 = fair)")
-        .legend(|(x, y)| Cross::new((x + 7, y), 5, CONTROL.stroke_width(2)));
-    chart
-        .draw_series(LineSeries::new(
-            [(-SLOT / 2, 1.0), (slots - SLOT / 2, 1.0)],
-            REFERENCE.stroke_width(2),
-        ))
-        .map_err(err)?
-        .label("parity (1.0)")
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 14, y)], REFERENCE.stroke_width(2)));
+}
+
+/// The legend box in a panel's upper right corner.
+fn draw_legend<'a, 'b: 'a>(chart: &mut Panel<'a, 'b>) -> Result<(), DrawError> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
-        .map_err(err)?;
+}
 
-    // (b) Utilization.
-    let mut chart = ChartBuilder::on(&bottom)
-        .caption(
-            "(b) utilization: busy device-seconds / (devices × wall)",
-            ("sans-serif", 20),
-        )
-        .margin(10)
-        .x_label_area_size(x_label_area)
-        .y_label_area_size(60)
-        .build_cartesian_2d(x_range(), 0.0..UTILIZATION_TOP)
-        .map_err(err)?;
+/// Panel (a): each row's speedup as a bar (labelled when there are few rows), its control's as a
+/// cross, and the parity line.
+fn draw_speedup<'b>(
+    root: &Area<'b>,
+    area: &Area<'b>,
+    rows: &[BenchRow],
+    axis: &RowAxis,
+) -> Result<(), DrawError> {
+    let at = RowAxis::at;
+    let max_speedup = rows
+        .iter()
+        .flat_map(|r| [Some(r.speedup), r.control_speedup])
+        .flatten()
+        .filter(|s| s.is_finite())
+        .fold(1.0_f64, f64::max);
+    let mut chart = axis.panel(
+        root,
+        area,
+        "(a) speedup of on-demand over collective",
+        max_speedup * 1.3,
+        ("speedup (×)", 2),
+    )?;
+    let drawn = || {
+        rows.iter()
+            .enumerate()
+            .filter(|(_, r)| r.speedup.is_finite() && r.speedup > 0.0)
+    };
     chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_label_formatter(&label_of)
-        .x_label_style(("sans-serif", 14))
-        .y_desc("utilization")
-        .y_label_formatter(&|y| format!("{y:.1}"))
-        .draw()
-        .map_err(err)?;
-    if rotate {
-        let anchors: Vec<_> = (0..n)
-            .map(|i| chart.backend_coord(&(at(i, 0), 0.0)))
-            .collect();
-        draw_rotated_labels(&anchors).map_err(err)?;
+        .draw_series(drawn().map(|(i, r)| {
+            Rectangle::new(
+                [(at(i, -35), 0.0), (at(i, 35), r.speedup)],
+                ONDEMAND.filled(),
+            )
+        }))?
+        .label("speedup")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], ONDEMAND.filled()));
+    if rows.len() <= 24 {
+        chart.draw_series(drawn().map(|(i, r)| {
+            Text::new(
+                format!("{:.2}x", r.speedup),
+                (at(i, -30), r.speedup + max_speedup * 0.06),
+                ("sans-serif", 13).into_font(),
+            )
+        }))?;
     }
+    chart
+        .draw_series(rows.iter().enumerate().filter_map(|(i, r)| {
+            r.control_speedup
+                .filter(|c| c.is_finite() && *c > 0.0)
+                .map(|c| Cross::new((at(i, 0), c), 6, CONTROL.stroke_width(2)))
+        }))?
+        .label("balanced control (1.00 = fair)")
+        .legend(|(x, y)| Cross::new((x + 7, y), 5, CONTROL.stroke_width(2)));
+    chart
+        .draw_series(LineSeries::new(
+            [(-SLOT / 2, 1.0), (axis.slots - SLOT / 2, 1.0)],
+            REFERENCE.stroke_width(2),
+        ))?
+        .label("parity (1.0)")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 14, y)], REFERENCE.stroke_width(2)));
+    draw_legend(&mut chart)
+}
+
+/// Panel (b): each row's utilization in both modes as bars, on-demand over the perfect-balance
+/// and the achievable bound as markers.
+fn draw_utilization<'b>(
+    root: &Area<'b>,
+    area: &Area<'b>,
+    rows: &[BenchRow],
+    axis: &RowAxis,
+) -> Result<(), DrawError> {
+    let at = RowAxis::at;
+    let mut chart = axis.panel(
+        root,
+        area,
+        "(b) utilization: busy device-seconds / (devices × wall)",
+        UTILIZATION_TOP,
+        ("utilization", 1),
+    )?;
     let bars = |value: fn(&BenchRow) -> f64, from: i64, to: i64, color: RGBColor| {
         rows.iter()
             .enumerate()
@@ -628,50 +676,34 @@ fn render_svg(out: &mut String, rows: &[BenchRow]) -> Result<(), String> {
             })
     };
     chart
-        .draw_series(bars(|r| r.collective_utilization, -38, -2, COLLECTIVE))
-        .map_err(err)?
+        .draw_series(bars(|r| r.collective_utilization, -38, -2, COLLECTIVE))?
         .label("collective")
         .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], COLLECTIVE.filled()));
     chart
-        .draw_series(bars(|r| r.ondemand_utilization, 2, 38, ONDEMAND))
-        .map_err(err)?
+        .draw_series(bars(|r| r.ondemand_utilization, 2, 38, ONDEMAND))?
         .label("on-demand")
         .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], ONDEMAND.filled()));
+    // Each row's fraction of a bound at x offset 20, clamped to the axis.
+    let fractions = |fraction: fn(&BenchRow) -> Option<f64>| {
+        rows.iter().enumerate().filter_map(move |(i, r)| {
+            fraction(r).map(|v| (at(i, 20), v.clamp(0.0, UTILIZATION_TOP)))
+        })
+    };
     chart
-        .draw_series(rows.iter().enumerate().filter_map(|(i, r)| {
-            r.ondemand_of_bound().map(|v| {
-                Cross::new(
-                    (at(i, 20), v.clamp(0.0, UTILIZATION_TOP)),
-                    6,
-                    REFERENCE.stroke_width(2),
-                )
-            })
-        }))
-        .map_err(err)?
+        .draw_series(
+            fractions(BenchRow::ondemand_of_bound)
+                .map(|p| Cross::new(p, 6, REFERENCE.stroke_width(2))),
+        )?
         .label("on-demand / bound")
         .legend(|(x, y)| Cross::new((x + 7, y), 5, REFERENCE.stroke_width(2)));
     chart
-        .draw_series(rows.iter().enumerate().filter_map(|(i, r)| {
-            r.ondemand_of_achievable().map(|v| {
-                Circle::new(
-                    (at(i, 20), v.clamp(0.0, UTILIZATION_TOP)),
-                    5,
-                    CONTROL.stroke_width(2),
-                )
-            })
-        }))
-        .map_err(err)?
+        .draw_series(
+            fractions(BenchRow::ondemand_of_achievable)
+                .map(|p| Circle::new(p, 5, CONTROL.stroke_width(2))),
+        )?
         .label("on-demand / achievable")
         .legend(|(x, y)| Circle::new((x + 7, y), 4, CONTROL.stroke_width(2)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+    draw_legend(&mut chart)
 }
 
 #[cfg(test)]

@@ -237,7 +237,7 @@ pub struct TransportReport {
 impl TransportReport {
     /// Pretty-printed JSON.
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|_| String::from("{\"rows\":[]}"))
+        crate::report::rows_json(self)
     }
 
     /// Parses a report written by [`TransportReport::to_json`].
@@ -247,12 +247,7 @@ impl TransportReport {
 
     /// Writes [`TransportReport::to_json`] (plus a final newline) to `path`.
     pub fn write_json(&self, path: &Path) -> Result<(), ReportError> {
-        let mut json = self.to_json();
-        json.push('\n');
-        std::fs::write(path, json).map_err(|source| ReportError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        crate::report::write_file(path, self.to_json() + "\n")
     }
 }
 
@@ -719,6 +714,19 @@ impl Drop for OwnerProcess {
     }
 }
 
+/// A read of the whole region of `handle` into `dest` (at most [`PULL_TIMEOUT`]).
+async fn read_whole(
+    reader: &dyn Transport,
+    handle: &RegionHandle,
+    dest: Dest<'_>,
+) -> anyhow::Result<()> {
+    let elements = handle.elements();
+    reader
+        .read(handle, 0..elements, dest, deadline_in(PULL_TIMEOUT))
+        .await?;
+    Ok(())
+}
+
 /// One side of a comparison: how one pull is done.
 enum Puller<'a> {
     /// `copy_from_slice` from `src`.
@@ -752,16 +760,7 @@ impl Puller<'_> {
                 }
             }
             Puller::Transport { reader, handle } => {
-                let elements = handle.elements();
-                reader
-                    .read(
-                        handle,
-                        0..elements,
-                        Dest::Bytes(dest),
-                        deadline_in(PULL_TIMEOUT),
-                    )
-                    .await?;
-                Ok(())
+                read_whole(*reader, handle, Dest::Bytes(dest)).await
             }
         }
     }
@@ -863,46 +862,88 @@ async fn compare(
     let warm = settings.measure / 4;
     let limit_iters = limit.calibrate(dest, warm, settings.measure).await?;
     let backend_iters = pulled.calibrate(dest, warm, settings.measure).await?;
-    let (mut limit_rates, mut backend_rates, mut pair_ratios) = (vec![], vec![], vec![]);
-    let (mut limit_times, mut backend_times) = (vec![], vec![]);
+    let mut rounds = Rounds::default();
     let mut faults = [0.0f64; 2];
     for round in 0..settings.rounds {
         let mut rates = [0.0f64; 2];
-        // Round 0: limit then backend; round 1: backend then limit; ... (ABBA).
-        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for side in order {
+        for side in Rounds::order(round) {
+            let times = &mut rounds.times[side];
             let (rate, f) = if side == 0 {
-                limit.measure(dest, limit_iters, &mut limit_times).await?
+                limit.measure(dest, limit_iters, times).await?
             } else {
-                pulled
-                    .measure(dest, backend_iters, &mut backend_times)
-                    .await?
+                pulled.measure(dest, backend_iters, times).await?
             };
             rates[side] = rate;
             faults[side] += f / settings.rounds as f64;
         }
-        limit_rates.push(rates[0]);
-        backend_rates.push(rates[1]);
-        pair_ratios.push(rates[1] / rates[0]);
+        rounds.push(rates);
     }
-    let gbytes_per_s = median(&mut backend_rates) / 1e9;
-    let limit_gbytes_per_s = median(&mut limit_rates) / 1e9;
-    let lo = pair_ratios.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = pair_ratios.iter().copied().fold(0.0, f64::max);
-    Ok(Measured {
-        row: TransportRow {
-            backend: backend_name.to_string(),
-            bytes: dest.len() as u64,
-            gbytes_per_s,
-            limit_gbytes_per_s,
-            ratio: crate::report::ratio(gbytes_per_s, limit_gbytes_per_s),
-            latency_us: median(&mut backend_times) * 1e6,
-        },
-        limit_latency_us: median(&mut limit_times) * 1e6,
-        ratio_range: (lo, hi),
-        iters: (limit_iters, backend_iters),
-        faults_per_pull: (faults[0], faults[1]),
-    })
+    Ok(rounds.into_measured(
+        backend_name,
+        dest.len(),
+        (limit_iters, backend_iters),
+        (faults[0], faults[1]),
+    ))
+}
+
+/// What the ABBA rounds of one row measured, side 0 the limit and side 1 the backend (or other
+/// subject).
+#[derive(Default)]
+pub(crate) struct Rounds {
+    /// Each side's rate (bytes/s) in each round.
+    rates: [Vec<f64>; 2],
+    /// Each round's subject rate / limit rate.
+    ratios: Vec<f64>,
+    /// Each side's single operations' seconds (the latency passes).
+    pub(crate) times: [Vec<f64>; 2],
+}
+
+impl Rounds {
+    /// The sides in the order round `round` measures them: the limit first in even rounds, the
+    /// subject first in odd ones (ABBA).
+    pub(crate) fn order(round: usize) -> [usize; 2] {
+        if round % 2 == 0 {
+            [0, 1]
+        } else {
+            [1, 0]
+        }
+    }
+
+    /// Records one round's rates, `[limit, subject]`.
+    pub(crate) fn push(&mut self, rates: [f64; 2]) {
+        self.rates[0].push(rates[0]);
+        self.rates[1].push(rates[1]);
+        self.ratios.push(rates[1] / rates[0]);
+    }
+
+    /// The row `backend` at `bytes`: medians of the rates and times, the range of the ratios.
+    pub(crate) fn into_measured(
+        mut self,
+        backend: &str,
+        bytes: usize,
+        iters: (usize, usize),
+        faults_per_pull: (f64, f64),
+    ) -> Measured {
+        let gbytes_per_s = median(&mut self.rates[1]) / 1e9;
+        let limit_gbytes_per_s = median(&mut self.rates[0]) / 1e9;
+        Measured {
+            row: TransportRow {
+                backend: backend.to_string(),
+                bytes: bytes as u64,
+                gbytes_per_s,
+                limit_gbytes_per_s,
+                ratio: crate::report::ratio(gbytes_per_s, limit_gbytes_per_s),
+                latency_us: median(&mut self.times[1]) * 1e6,
+            },
+            limit_latency_us: median(&mut self.times[0]) * 1e6,
+            ratio_range: (
+                self.ratios.iter().copied().fold(f64::INFINITY, f64::min),
+                self.ratios.iter().copied().fold(0.0, f64::max),
+            ),
+            iters,
+            faults_per_pull,
+        }
+    }
 }
 
 /// A destination buffer of `n` bytes, every page written once (pre-faulted).
@@ -937,144 +978,167 @@ pub async fn run(
 ) -> anyhow::Result<Vec<Measured>> {
     let largest = settings.sizes.iter().copied().max().unwrap_or(0);
     let source = pattern(largest);
-    let secret = ClusterSecret::random();
-    let job = format!("odc-bench-{}", std::process::id());
-    let owner_settings = |kind| OwnerSettings {
-        kind,
-        sizes: settings.sizes.clone(),
-        job: job.clone(),
-        tcp_part_bytes: settings.tcp_part_bytes,
-        shm_chunk_bytes: settings.shm_chunk_bytes,
-        cuda_device: 0,
+    let owners = Owners {
+        settings,
+        secret: ClusterSecret::random(),
+        job: format!("odc-bench-{}", std::process::id()),
     };
     let mut rows = Vec::new();
+    let mut row = |m: Measured| {
+        on_row(&m);
+        rows.push(m);
+    };
     for &backend in &settings.backends {
-        let name = backend.name();
         match backend {
-            Backend::Local => {
-                let owner = LocalTransport::new();
-                let reader = LocalTransport::new();
-                for (i, &n) in settings.sizes.iter().enumerate() {
-                    // The limit copies from the very bytes the region holds (same memory, same
-                    // alignment); `Clone::clone` lets the parameter name their type.
-                    let published = pattern(n).into();
-                    let endpoint = u32::try_from(i).unwrap_or(u32::MAX);
-                    let guard = owner
-                        .register_published(endpoint, Dtype::F32, Clone::clone(&published), 1)
-                        .with_context(|| format!("registering a {} region", human_bytes(n)))?;
-                    let handle = guard.handle();
-                    let mut dest = faulted(n);
-                    let mut limit = Puller::Memcpy(&published[..]);
-                    let mut pulled = Puller::Transport {
-                        reader: &reader,
-                        handle: &handle,
-                    };
-                    let m = compare(
-                        name,
-                        &mut limit,
-                        &mut pulled,
-                        &mut dest,
-                        &source[..n],
-                        settings,
-                    )
-                    .await
-                    .with_context(|| format!("local, {}", human_bytes(n)))?;
-                    on_row(&m);
-                    rows.push(m);
-                }
-            }
+            Backend::Local => run_local(settings, &source, &mut row).await?,
             Backend::Shm => {
                 #[cfg(target_os = "linux")]
-                {
-                    let (owner, ready) = OwnerProcess::start(
-                        &settings.exe,
-                        &owner_settings(OwnerKind::Shm),
-                        &secret,
-                    )?;
-                    check_handles(&ready, &settings.sizes, "the shm owner process")?;
-                    let mut config = ShmConfig::new(job.clone(), secret.clone());
-                    config.chunk_bytes = settings.shm_chunk_bytes;
-                    let reader = ShmTransport::new(config)
-                        .await
-                        .context("starting the shm reader")?;
-                    for (&n, handle) in settings.sizes.iter().zip(&ready.handles) {
-                        let mut dest = faulted(n);
-                        let mut limit = Puller::Memcpy(&source[..n]);
-                        let mut pulled = Puller::Transport {
-                            reader: &reader,
-                            handle,
-                        };
-                        let m = compare(
-                            name,
-                            &mut limit,
-                            &mut pulled,
-                            &mut dest,
-                            &source[..n],
-                            settings,
-                        )
-                        .await
-                        .with_context(|| format!("shm, {}", human_bytes(n)))?;
-                        on_row(&m);
-                        rows.push(m);
-                    }
-                    drop(reader);
-                    owner.stop()?;
-                }
+                run_shm(&owners, &source, &mut row).await?;
                 #[cfg(not(target_os = "linux"))]
                 bail!("the shm backend exists on Linux only");
             }
-            Backend::Tcp => {
-                let (owner, ready) =
-                    OwnerProcess::start(&settings.exe, &owner_settings(OwnerKind::Tcp), &secret)?;
-                check_handles(&ready, &settings.sizes, "the tcp owner process")?;
-                let (raw_owner, raw_ready) = OwnerProcess::start(
-                    &settings.exe,
-                    &owner_settings(OwnerKind::RawTcp),
-                    &secret,
-                )?;
-                let addr = raw_ready
-                    .addr
-                    .clone()
-                    .ok_or_else(|| anyhow!("the raw-tcp owner printed no address"))?;
-                let mut stream = tokio::time::timeout(PULL_TIMEOUT, TcpStream::connect(&addr))
-                    .await
-                    .map_err(|_| anyhow!("connecting to the raw-tcp owner at {addr}: timed out"))?
-                    .with_context(|| format!("connecting to the raw-tcp owner at {addr}"))?;
-                stream.set_nodelay(true)?;
-                let reader = TcpTransport::bind(TcpConfig {
-                    remote: remote_config(settings.tcp_part_bytes),
-                    ..TcpConfig::loopback(secret.clone())
-                })
-                .await
-                .context("starting the tcp reader")?;
-                for (&n, handle) in settings.sizes.iter().zip(&ready.handles) {
-                    let mut dest = faulted(n);
-                    let mut limit = Puller::Raw(&mut stream);
-                    let mut pulled = Puller::Transport {
-                        reader: &reader,
-                        handle,
-                    };
-                    let m = compare(
-                        name,
-                        &mut limit,
-                        &mut pulled,
-                        &mut dest,
-                        &source[..n],
-                        settings,
-                    )
-                    .await
-                    .with_context(|| format!("tcp, {}", human_bytes(n)))?;
-                    on_row(&m);
-                    rows.push(m);
-                }
-                drop(reader);
-                drop(stream);
-                owner.stop()?;
-                raw_owner.stop()?;
-            }
+            Backend::Tcp => run_tcp(&owners, &source, &mut row).await?,
         }
     }
     Ok(rows)
+}
+
+/// What the owner children of one run share: the run's settings, its secret and its shm job.
+struct Owners<'a> {
+    settings: &'a Settings,
+    secret: ClusterSecret,
+    job: String,
+}
+
+impl Owners<'_> {
+    /// Starts an owner child of `kind` serving every size of the run.
+    fn start(&self, kind: OwnerKind) -> anyhow::Result<(OwnerProcess, OwnerReady)> {
+        let owner_settings = OwnerSettings {
+            kind,
+            sizes: self.settings.sizes.clone(),
+            job: self.job.clone(),
+            tcp_part_bytes: self.settings.tcp_part_bytes,
+            shm_chunk_bytes: self.settings.shm_chunk_bytes,
+            cuda_device: 0,
+        };
+        OwnerProcess::start(&self.settings.exe, &owner_settings, &self.secret)
+    }
+}
+
+/// One row: `limit` against `reader`'s whole-region pull of `handle`, both checked against and
+/// timed on `expected` (the region's bytes).
+async fn pull_row(
+    backend_name: &str,
+    limit: &mut Puller<'_>,
+    reader: &dyn Transport,
+    handle: &RegionHandle,
+    expected: &[u8],
+    settings: &Settings,
+) -> anyhow::Result<Measured> {
+    let n = expected.len();
+    let mut dest = faulted(n);
+    let mut pulled = Puller::Transport { reader, handle };
+    compare(
+        backend_name,
+        limit,
+        &mut pulled,
+        &mut dest,
+        expected,
+        settings,
+    )
+    .await
+    .with_context(|| format!("{backend_name}, {}", human_bytes(n)))
+}
+
+/// The `local` rows: owner and reader two [`LocalTransport`]s of this process; the limit copies
+/// from the very bytes the region holds (same memory, same alignment).
+async fn run_local(
+    settings: &Settings,
+    source: &[u8],
+    row: &mut impl FnMut(Measured),
+) -> anyhow::Result<()> {
+    let owner = LocalTransport::new();
+    let reader = LocalTransport::new();
+    for (i, &n) in settings.sizes.iter().enumerate() {
+        // `Clone::clone` lets the parameter name their type.
+        let published = pattern(n).into();
+        let endpoint = u32::try_from(i).unwrap_or(u32::MAX);
+        let guard = owner
+            .register_published(endpoint, Dtype::F32, Clone::clone(&published), 1)
+            .with_context(|| format!("registering a {} region", human_bytes(n)))?;
+        let mut limit = Puller::Memcpy(&published[..]);
+        let name = Backend::Local.name();
+        row(pull_row(
+            name,
+            &mut limit,
+            &reader,
+            &guard.handle(),
+            &source[..n],
+            settings,
+        )
+        .await?);
+    }
+    Ok(())
+}
+
+/// The `shm` rows: the owner a child process, the limit a memcpy in this one.
+#[cfg(target_os = "linux")]
+async fn run_shm(
+    owners: &Owners<'_>,
+    source: &[u8],
+    row: &mut impl FnMut(Measured),
+) -> anyhow::Result<()> {
+    let settings = owners.settings;
+    let (owner, ready) = owners.start(OwnerKind::Shm)?;
+    check_handles(&ready, &settings.sizes, "the shm owner process")?;
+    let mut config = ShmConfig::new(owners.job.clone(), owners.secret.clone());
+    config.chunk_bytes = settings.shm_chunk_bytes;
+    let reader = ShmTransport::new(config)
+        .await
+        .context("starting the shm reader")?;
+    for (&n, handle) in settings.sizes.iter().zip(&ready.handles) {
+        let mut limit = Puller::Memcpy(&source[..n]);
+        let name = Backend::Shm.name();
+        row(pull_row(name, &mut limit, &reader, handle, &source[..n], settings).await?);
+    }
+    drop(reader);
+    owner.stop()
+}
+
+/// The `tcp` rows: the owner a child process, the limit a raw socket to another child.
+async fn run_tcp(
+    owners: &Owners<'_>,
+    source: &[u8],
+    row: &mut impl FnMut(Measured),
+) -> anyhow::Result<()> {
+    let settings = owners.settings;
+    let (owner, ready) = owners.start(OwnerKind::Tcp)?;
+    check_handles(&ready, &settings.sizes, "the tcp owner process")?;
+    let (raw_owner, raw_ready) = owners.start(OwnerKind::RawTcp)?;
+    let addr = raw_ready
+        .addr
+        .clone()
+        .ok_or_else(|| anyhow!("the raw-tcp owner printed no address"))?;
+    let mut stream = tokio::time::timeout(PULL_TIMEOUT, TcpStream::connect(&addr))
+        .await
+        .map_err(|_| anyhow!("connecting to the raw-tcp owner at {addr}: timed out"))?
+        .with_context(|| format!("connecting to the raw-tcp owner at {addr}"))?;
+    stream.set_nodelay(true)?;
+    let reader = TcpTransport::bind(TcpConfig {
+        remote: remote_config(settings.tcp_part_bytes),
+        ..TcpConfig::loopback(owners.secret.clone())
+    })
+    .await
+    .context("starting the tcp reader")?;
+    for (&n, handle) in settings.sizes.iter().zip(&ready.handles) {
+        let mut limit = Puller::Raw(&mut stream);
+        let name = Backend::Tcp.name();
+        row(pull_row(name, &mut limit, &reader, handle, &source[..n], settings).await?);
+    }
+    drop(reader);
+    drop(stream);
+    owner.stop()?;
+    raw_owner.stop()
 }
 
 // ---------------------------------------------------------------------------------------------

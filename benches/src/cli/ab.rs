@@ -11,7 +11,7 @@ use odc::sim::clock::ClockMode;
 use odc::sim::SpeedSchedule;
 use odc::DispatchMode;
 use odc_bench::ab::{self, Case, Controls, Settings, Side};
-use odc_bench::floor;
+use odc_bench::floor::{self, EmulationFloor};
 use odc_bench::input;
 use odc_bench::report::{self, BenchReport, BenchRow, TableLayout};
 use odc_bench::validate::{self, ClockRatio};
@@ -216,43 +216,133 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
     let devices = or_default(&args.devices, &[8], &[4, 8, 16], args.quick);
     let per_device = or_default(&args.minibatch_per_device, &[4], &[1, 2, 4, 8], args.quick);
     input::check_sizes(&devices, &per_device, args.units, args.unit_elems)?;
-    let trace_paths = args
-        .trace
-        .as_ref()
-        .map(|p| (p.clone(), with_suffix(p, ".collective.json")));
-    for (flag, path) in [("--json", &args.json), ("--plot", &args.plot)] {
-        if let Some(path) = path {
-            input::check_output(flag, path)?;
-        }
-    }
-    if let Some((od, coll)) = &trace_paths {
-        input::check_output("--trace", od)?;
-        input::check_output("--trace", coll)?;
-    }
-    let validation_paths = match (&args.json, args.clock) {
-        (Some(p), ClockArg::Both) => {
-            Some((with_suffix(p, ".wall.json"), with_suffix(p, ".clocks.json")))
-        }
-        _ => None,
-    };
-    if let Some((wall, clocks)) = &validation_paths {
-        input::check_output("--json", wall)?;
-        input::check_output("--json", clocks)?;
-    }
-    // The rows' own clock: virtual unless only wall time is asked for.
-    let clock = match args.clock {
-        ClockArg::Wall => ClockMode::Wall,
-        ClockArg::Virtual | ClockArg::Both => ClockMode::Virtual,
-    };
-    let wall_too = args.clock == ClockArg::Both;
+    let outputs = Outputs::check(&args)?;
+    let plan = plan_matrix(&args, devices, &per_device)?;
 
-    let workloads = workloads(&args)?;
+    print_setup(&args, &plan.settings);
+    let floor = emulation_floor(args.clock, &plan.devices).await?;
+    print_control_and_bounds(&args, plan.control_tokens);
+    let started = Instant::now();
+    let runs = run_rows(&args, &plan, floor.as_ref()).await?;
+
+    println!();
+    print_clock_validation(&runs.ratios);
+    print_controls(&runs);
+    print_emulation_warnings(&runs.rows);
+    print_communication(&args, &plan.settings, &runs, started);
+    if let Some(paths) = &outputs.trace {
+        write_traces(paths, &plan).await?;
+    }
+    write_outputs(&args, &outputs, runs)
+}
+
+/// Where `ab` writes beside `--json` and `--plot`; every output is checked before anything runs.
+struct Outputs {
+    /// `--trace`: the on-demand run's trace and the collective run's beside it.
+    trace: Option<(PathBuf, PathBuf)>,
+    /// `--clock both --json`: the wall rows and the virtual/wall ratios beside the JSON.
+    validation: Option<(PathBuf, PathBuf)>,
+}
+
+impl Outputs {
+    /// Checks every output `args` names ([`input::check_output`]) and derives the files beside
+    /// them.
+    fn check(args: &AbArgs) -> anyhow::Result<Outputs> {
+        let trace = args
+            .trace
+            .as_ref()
+            .map(|p| (p.clone(), with_suffix(p, ".collective.json")));
+        for (flag, path) in [("--json", &args.json), ("--plot", &args.plot)] {
+            if let Some(path) = path {
+                input::check_output(flag, path)?;
+            }
+        }
+        if let Some((od, coll)) = &trace {
+            input::check_output("--trace", od)?;
+            input::check_output("--trace", coll)?;
+        }
+        let validation = match (&args.json, args.clock) {
+            (Some(p), ClockArg::Both) => {
+                Some((with_suffix(p, ".wall.json"), with_suffix(p, ".clocks.json")))
+            }
+            _ => None,
+        };
+        if let Some((wall, clocks)) = &validation {
+            input::check_output("--json", wall)?;
+            input::check_output("--json", clocks)?;
+        }
+        Ok(Outputs { trace, validation })
+    }
+}
+
+/// The matrix `ab` runs: its rows in order, under one set of settings.
+struct Plan {
+    settings: Settings,
+    /// The matrix's device counts (the emulation floor is measured at the largest).
+    devices: Vec<usize>,
+    /// The rows, balanced controls first ([`ab::plan`]).
+    entries: Vec<ab::Entry>,
+    /// Tokens of every sample of a balanced control row.
+    control_tokens: u64,
+}
+
+/// The rows of `args` at `devices` × `per_device`: every workload and dispatch, the straggler
+/// scenario and the balanced controls; every row's token budget and modelled times checked.
+fn plan_matrix(args: &AbArgs, devices: Vec<usize>, per_device: &[usize]) -> anyhow::Result<Plan> {
+    let workloads = workloads(args)?;
+    let settings = settings(args);
+    let sides: Vec<Side> = args
+        .dispatch
+        .iter()
+        .map(|&d| Side::on_demand(d.into(), false))
+        .collect();
+    let mut cases = Vec::new();
+    for w in &workloads {
+        for &n in &devices {
+            for &m in per_device {
+                let case = Case {
+                    name: w.name(),
+                    workload: w.clone(),
+                    devices: n,
+                    minibatch_per_device: m,
+                    speeds: SpeedSchedule::uniform(),
+                };
+                cases.push((case, sides.clone()));
+            }
+        }
+    }
+    if !args.no_straggler {
+        cases.push(straggler_case(
+            &workloads[0],
+            &devices,
+            per_device,
+            settings.steps,
+        ));
+    }
+    // The balanced control fits any budget the other workloads fit.
+    let control_tokens = args.token_budget.unwrap_or(u64::MAX).min(16_384);
+    let entries = ab::plan(&cases, !args.no_control, control_tokens);
+    check_budgets(&entries, &settings)?;
+    Ok(Plan {
+        settings,
+        devices,
+        entries,
+        control_tokens,
+    })
+}
+
+/// The settings of every run of `args`; the rows' own clock is virtual unless only wall time is
+/// asked for.
+fn settings(args: &AbArgs) -> Settings {
     let mut settings = Settings {
         steps: args.steps,
         seed: args.seed,
         token_budget: args.token_budget,
         unit_transfer_seconds: args.unit_transfer_ms / 1e3,
-        clock,
+        clock: match args.clock {
+            ClockArg::Wall => ClockMode::Wall,
+            ClockArg::Virtual | ClockArg::Both => ClockMode::Virtual,
+        },
         devices_per_server: args.devices_per_server,
         links: args.cluster.links_config(args.bytes_scale),
         pull_precision: args.cluster.precision(),
@@ -266,69 +356,49 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
     if let Some((cost, _)) = &args.cost {
         settings.device.cost = *cost;
     }
-    let sides: Vec<Side> = args
-        .dispatch
+    settings
+}
+
+/// The straggler scenario: the first workload at 8 devices and 4 per device (or the first of
+/// each), its last device at half speed from the middle step, under both dispatches with and
+/// without rebalancing.
+fn straggler_case(
+    workload: &Workload,
+    devices: &[usize],
+    per_device: &[usize],
+    steps: u64,
+) -> (Case, Vec<Side>) {
+    let n = devices
         .iter()
-        .map(|d| match d {
-            Dispatch::Static => Side::on_demand(DispatchMode::Static, false),
-            Dispatch::Dynamic => Side::on_demand(DispatchMode::Dynamic, false),
-        })
-        .collect();
+        .copied()
+        .find(|&n| n == 8)
+        .unwrap_or(devices[0]);
+    let m = per_device
+        .iter()
+        .copied()
+        .find(|&m| m == 4)
+        .unwrap_or(per_device[0]);
+    let speeds = SpeedSchedule::uniform().with_change(n - 1, steps / 2, 0.5);
+    let sides = vec![
+        Side::on_demand(DispatchMode::Dynamic, false),
+        Side::on_demand(DispatchMode::Dynamic, true),
+        Side::on_demand(DispatchMode::Static, false),
+        Side::on_demand(DispatchMode::Static, true),
+    ];
+    let case = Case {
+        name: format!("{}+straggler", workload.name()),
+        workload: workload.clone(),
+        devices: n,
+        minibatch_per_device: m,
+        speeds,
+    };
+    (case, sides)
+}
 
-    let mut cases = Vec::new();
-    for w in &workloads {
-        for &n in &devices {
-            for &m in &per_device {
-                cases.push((
-                    Case {
-                        name: w.name(),
-                        workload: w.clone(),
-                        devices: n,
-                        minibatch_per_device: m,
-                        speeds: SpeedSchedule::uniform(),
-                    },
-                    sides.clone(),
-                ));
-            }
-        }
-    }
-    if !args.no_straggler {
-        let n = devices
-            .iter()
-            .copied()
-            .find(|&n| n == 8)
-            .unwrap_or(devices[0]);
-        let m = per_device
-            .iter()
-            .copied()
-            .find(|&m| m == 4)
-            .unwrap_or(per_device[0]);
-        let w = workloads[0].clone();
-        let speeds = SpeedSchedule::uniform().with_change(n - 1, settings.steps / 2, 0.5);
-        let sides = vec![
-            Side::on_demand(DispatchMode::Dynamic, false),
-            Side::on_demand(DispatchMode::Dynamic, true),
-            Side::on_demand(DispatchMode::Static, false),
-            Side::on_demand(DispatchMode::Static, true),
-        ];
-        cases.push((
-            Case {
-                name: format!("{}+straggler", w.name()),
-                workload: w,
-                devices: n,
-                minibatch_per_device: m,
-                speeds,
-            },
-            sides,
-        ));
-    }
-    // The balanced control fits any budget the other workloads fit.
-    let control_tokens = args.token_budget.unwrap_or(u64::MAX).min(16_384);
-    let entries = ab::plan(&cases, !args.no_control, control_tokens);
-
-    // Token budgets hold every sequence, and modelled times fit a duration, for every row.
-    for e in &entries {
-        let budget = ab::token_budget(&e.case, &settings);
+/// Token budgets hold every sequence, and modelled times fit a duration, for every row.
+fn check_budgets(entries: &[ab::Entry], settings: &Settings) -> anyhow::Result<()> {
+    for e in entries {
+        let budget = ab::token_budget(&e.case, settings);
         let longest = e.case.workload.max_tokens();
         if budget < longest {
             return Err(input::InputError::BudgetBelowLongest {
@@ -344,7 +414,12 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
             e.case.slowest_speed(settings.steps),
         )?;
     }
+    Ok(())
+}
 
+/// The lines that say what is simulated: the model, the time scale, the runs, the clock and the
+/// modelled cluster's links.
+fn print_setup(args: &AbArgs, settings: &Settings) {
     let d = &settings.device;
     println!(
         "odc-bench ab: simulated {}-unit model, {} elements ({} KiB fp32) per unit; time scale: 1 cost unit = {} ms (a 32K-token sample of the {} = {:.0} ms); {} steps per run, {} rep(s) in ABBA order, seed {}{}; clock: {}",
@@ -386,26 +461,31 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
             f.bytes_scale,
         );
     }
-    let emulation_floor = if clock == ClockMode::Wall || wall_too {
-        let most_devices = devices.iter().copied().max().unwrap_or(1);
-        let mut f = floor::measure(most_devices, floor::REQUEST).await;
-        f.ring_step = odc::sim::ring_step_latency(most_devices as u32, 50)
-            .await
-            .context("measuring the emulation's ring latency")?;
-        println!("{}", f.describe());
-        Some(f)
-    } else {
+}
+
+/// The emulation floor of wall-time rows, measured at the largest of `devices` and printed;
+/// `None` (and a line that says why) when every row runs in virtual time.
+async fn emulation_floor(
+    clock: ClockArg,
+    devices: &[usize],
+) -> anyhow::Result<Option<EmulationFloor>> {
+    if clock == ClockArg::Virtual {
         println!(
             "emulation floor: does not apply in virtual time (waits cost no wall time and are exact to the modelled microsecond), so no row carries an emulation warning"
         );
-        None
-    };
-    let wall_settings = Settings {
-        clock: ClockMode::Wall,
-        ..settings.clone()
-    };
-    let mut wall_rows = Vec::new();
-    let mut ratios: Vec<ClockRatio> = Vec::new();
+        return Ok(None);
+    }
+    let most_devices = devices.iter().copied().max().unwrap_or(1);
+    let mut f = floor::measure(most_devices, floor::REQUEST).await;
+    f.ring_step = odc::sim::ring_step_latency(most_devices as u32, 50)
+        .await
+        .context("measuring the emulation's ring latency")?;
+    println!("{}", f.describe());
+    Ok(Some(f))
+}
+
+/// How to read the `control` and bounds columns.
+fn print_control_and_bounds(args: &AbArgs, control_tokens: u64) {
     if args.no_control {
         println!("control: none (--no-control)");
     } else {
@@ -416,36 +496,68 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
     println!(
         "bounds: od/bound = on-demand / perfect balance (samples split); od/achievable = on-demand / achievable (per step, max of even spread and the costliest sample on the fastest device)"
     );
-    let started = Instant::now();
-    let mut rows = Vec::new();
-    let (mut comm, mut busy, mut bytes) = (0.0, 0.0, 0u64);
-    let mut controls = Controls::default();
-    let names: Vec<(String, String)> = entries
+}
+
+/// What the rows' runs hand the report.
+#[derive(Default)]
+struct Runs {
+    /// The rows under their own clock, in the order run, each with its control's speedup.
+    rows: Vec<BenchRow>,
+    /// `--clock both`: the same rows in wall time.
+    wall_rows: Vec<BenchRow>,
+    /// `--clock both`: each row's virtual/wall ratios.
+    ratios: Vec<ClockRatio>,
+    /// The balanced controls' speedups.
+    controls: Controls,
+    /// The on-demand sides' seconds waiting on pulls and pushes, summed over the rows.
+    comm_wait: f64,
+    /// The on-demand sides' busy device-seconds, summed over the rows.
+    busy: f64,
+    /// The on-demand sides' bytes moved, summed over the rows.
+    bytes: u64,
+}
+
+/// Runs every row of `plan` (with `--clock both`, its wall-time twin first) and prints the table
+/// as the rows come.
+async fn run_rows(
+    args: &AbArgs,
+    plan: &Plan,
+    floor: Option<&EmulationFloor>,
+) -> anyhow::Result<Runs> {
+    let settings = &plan.settings;
+    let wall_too = args.clock == ClockArg::Both;
+    let names: Vec<(String, String)> = plan
+        .entries
         .iter()
         .map(|e| (e.case.name.clone(), e.side.dispatch_name()))
         .collect();
     let layout = TableLayout::fit(names.iter().map(|(w, d)| (w.as_str(), d.as_str())));
     print!("{}", layout.header());
-    let mut wall_controls = Controls::default();
-    let floor = (clock == ClockMode::Wall)
-        .then_some(emulation_floor.as_ref())
+    let wall_settings = Settings {
+        clock: ClockMode::Wall,
+        ..settings.clone()
+    };
+    let rows_floor = (settings.clock == ClockMode::Wall)
+        .then_some(floor)
         .flatten();
     // Virtual-time rows do not depend on what else runs: rows go side by side (each row's runs
     // too, on threads of their own), printed in order. A window of 4 rows per core keeps every
     // core busy while a slow row (a 1,024-device collective) holds the head of the window. Wall
     // rows run one at a time.
-    let jobs = if clock == ClockMode::Virtual && !wall_too {
+    let jobs = if settings.clock == ClockMode::Virtual && !wall_too {
         4 * std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
         1
     };
     let mut measured = futures::stream::iter(
-        entries
+        plan.entries
             .iter()
-            .map(|e| ab::compare(&e.case, e.side, &settings, args.reps, floor)),
+            .map(|e| ab::compare(&e.case, e.side, settings, args.reps, rows_floor)),
     )
     .buffered(jobs);
-    for e in &entries {
+    let mut runs = Runs::default();
+    let mut wall_controls = Controls::default();
+    for e in &plan.entries {
         let name = || {
             format!(
                 "row {}/{}/{}/{}",
@@ -456,15 +568,9 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
             )
         };
         let wall_row = if wall_too {
-            let (mut row, _, _) = ab::compare(
-                &e.case,
-                e.side,
-                &wall_settings,
-                args.reps,
-                emulation_floor.as_ref(),
-            )
-            .await
-            .with_context(|| format!("{} (wall time)", name()))?;
+            let (mut row, _, _) = ab::compare(&e.case, e.side, &wall_settings, args.reps, floor)
+                .await
+                .with_context(|| format!("{} (wall time)", name()))?;
             wall_controls.attach(e, &mut row);
             print!("wall    ");
             print_row(&layout, &row);
@@ -477,52 +583,67 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
             .await
             .context("a row was not measured")?
             .with_context(name)?;
-        controls.attach(e, &mut row);
+        runs.controls.attach(e, &mut row);
         if wall_too {
             print!("virtual ");
         }
-        comm += b.comm_wait;
-        busy += b.busy;
-        bytes += b.bytes;
+        runs.comm_wait += b.comm_wait;
+        runs.busy += b.busy;
+        runs.bytes += b.bytes;
         print_row(&layout, &row);
         if let Some(wall) = wall_row {
             let ratio = ClockRatio::of(&wall, &row);
             println!("    {}", ratio.line());
-            ratios.push(ratio);
-            wall_rows.push(wall);
+            runs.ratios.push(ratio);
+            runs.wall_rows.push(wall);
         }
-        rows.push(row);
+        runs.rows.push(row);
     }
-    println!();
-    if !ratios.is_empty() {
-        let faithful: Vec<&ClockRatio> = ratios.iter().filter(|r| !r.wall_warned).collect();
-        let worst = faithful.iter().map(|r| r.worst()).fold(0.0, f64::max);
+    Ok(runs)
+}
+
+/// `--clock both`: how far virtual time strays from wall time over the rows whose wall row is
+/// faithful.
+fn print_clock_validation(ratios: &[ClockRatio]) {
+    if ratios.is_empty() {
+        return;
+    }
+    let faithful: Vec<&ClockRatio> = ratios.iter().filter(|r| !r.wall_warned).collect();
+    let worst = faithful.iter().map(|r| r.worst()).fold(0.0, f64::max);
+    println!(
+        "virtual vs wall: {} of {} rows have an unwarned wall row; among them the largest |virtual/wall - 1| of tokens/s and speedup is {:.1}% (target {:.0}%: {})",
+        faithful.len(),
+        ratios.len(),
+        worst * 100.0,
+        validate::TARGET * 100.0,
+        if faithful.is_empty() {
+            "no faithful row"
+        } else if worst <= validate::TARGET {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+}
+
+/// The balanced controls' speedups, and a warning for each control far from 1.00x.
+fn print_controls(runs: &Runs) {
+    let Some((lo, hi)) = runs.controls.range() else {
+        return;
+    };
+    println!("balanced control speedup: {lo:.2}x to {hi:.2}x (1.00x = fair)");
+    for r in runs.rows.iter().filter(|r| {
+        r.workload == "balanced" && r.control_speedup.is_some_and(|c| (c - 1.0).abs() > 0.05)
+    }) {
         println!(
-            "virtual vs wall: {} of {} rows have an unwarned wall row; among them the largest |virtual/wall - 1| of tokens/s and speedup is {:.1}% (target {:.0}%: {})",
-            faithful.len(),
-            ratios.len(),
-            worst * 100.0,
-            validate::TARGET * 100.0,
-            if faithful.is_empty() {
-                "no faithful row"
-            } else if worst <= validate::TARGET {
-                "met"
-            } else {
-                "MISSED"
-            }
+            "  ! control at {} devices, {} per device, {} reads {:.2}x, not 1.00x: the setup itself shifts the comparison there by that factor; read that point's rows relative to it",
+            r.devices, r.minibatch_per_device, r.dispatch, r.speedup
         );
     }
-    if let Some((lo, hi)) = controls.range() {
-        println!("balanced control speedup: {lo:.2}x to {hi:.2}x (1.00x = fair)");
-        for r in rows.iter().filter(|r| {
-            r.workload == "balanced" && r.control_speedup.is_some_and(|c| (c - 1.0).abs() > 0.05)
-        }) {
-            println!(
-                "  ! control at {} devices, {} per device, {} reads {:.2}x, not 1.00x: the setup itself shifts the comparison there by that factor; read that point's rows relative to it",
-                r.devices, r.minibatch_per_device, r.dispatch, r.speedup
-            );
-        }
-    }
+}
+
+/// How many rows the emulation floor may have decided.
+fn print_emulation_warnings(rows: &[BenchRow]) {
     let warned = rows
         .iter()
         .filter(|r| r.emulation_warning.is_some())
@@ -535,6 +656,11 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
             floor::RING_EXPOSED_LIMIT * 100.0
         );
     }
+}
+
+/// On-demand communication against compute over all rows, and the seconds the rows took.
+fn print_communication(args: &AbArgs, settings: &Settings, runs: &Runs, started: Instant) {
+    let (comm, busy, bytes) = (runs.comm_wait, runs.busy, runs.bytes);
     let exposed = if busy > 0.0 { comm / busy } else { 0.0 };
     match settings.link_bytes_per_sec() {
         _ if settings.links.is_some() => println!(
@@ -549,7 +675,7 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
             exposed,
             started.elapsed().as_secs_f64()
         ),
-        None if clock == ClockMode::Virtual => println!(
+        None if settings.clock == ClockMode::Virtual => println!(
             "on-demand communication/compute: no link model (--unit-transfer-ms), so communication costs no virtual time: exposed {:.3} (pull + push wait / compute); {:.1} s",
             exposed,
             started.elapsed().as_secs_f64()
@@ -560,26 +686,46 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
             started.elapsed().as_secs_f64()
         ),
     }
-    if let Some((od_path, coll_path)) = &trace_paths {
-        let e = entries.iter().find(|e| !e.control).unwrap_or(&entries[0]);
-        let od = ab::run(&e.case, e.side, &settings, true).await?;
-        odc::trace::write_chrome_trace(od_path, &od.spans, &format!("on-demand {}", e.case.name))?;
-        let coll = ab::run(&e.case, Side::COLLECTIVE, &settings, true).await?;
-        odc::trace::write_chrome_trace(
-            coll_path,
-            &coll.spans,
-            &format!("collective {}", e.case.name),
-        )?;
-        println!("trace: {} and {}", od_path.display(), coll_path.display());
-    }
-    let report = BenchReport { rows };
+}
+
+/// `--trace`: the first measured (non-control) row run once more on each side, traced.
+async fn write_traces(
+    (od_path, coll_path): &(PathBuf, PathBuf),
+    plan: &Plan,
+) -> anyhow::Result<()> {
+    let settings = &plan.settings;
+    let e = plan
+        .entries
+        .iter()
+        .find(|e| !e.control)
+        .unwrap_or(&plan.entries[0]);
+    let od = ab::run(&e.case, e.side, settings, true).await?;
+    odc::trace::write_chrome_trace(od_path, &od.spans, &format!("on-demand {}", e.case.name))?;
+    let coll = ab::run(&e.case, Side::COLLECTIVE, settings, true).await?;
+    odc::trace::write_chrome_trace(
+        coll_path,
+        &coll.spans,
+        &format!("collective {}", e.case.name),
+    )?;
+    println!("trace: {} and {}", od_path.display(), coll_path.display());
+    Ok(())
+}
+
+/// `--json` (with `--clock both`, the wall rows and the ratios beside it) and `--plot`; returns
+/// the rows.
+fn write_outputs(args: &AbArgs, outputs: &Outputs, runs: Runs) -> anyhow::Result<BenchReport> {
+    let report = BenchReport { rows: runs.rows };
     if let Some(path) = &args.json {
         report.write_json(path)?;
         println!("json: {}", path.display());
     }
-    if let Some((wall_path, clocks_path)) = &validation_paths {
-        BenchReport { rows: wall_rows }.write_json(wall_path)?;
-        let mut json = serde_json::to_string_pretty(&ratios).context("serialising the ratios")?;
+    if let Some((wall_path, clocks_path)) = &outputs.validation {
+        BenchReport {
+            rows: runs.wall_rows,
+        }
+        .write_json(wall_path)?;
+        let mut json =
+            serde_json::to_string_pretty(&runs.ratios).context("serialising the ratios")?;
         json.push('\n');
         std::fs::write(clocks_path, json)
             .with_context(|| format!("writing {}", clocks_path.display()))?;

@@ -1,10 +1,11 @@
 //! `odc-bench memory`: bytes a trainer holds against sequence length and depth, beside the
 //! analytical expectation.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use clap::Args;
+use odc_bench::memory as mem;
 
 #[derive(Args)]
 pub(crate) struct MemoryArgs {
@@ -36,8 +37,8 @@ pub(crate) struct MemoryArgs {
     pub(crate) plot_from: Vec<PathBuf>,
 }
 
+/// Measures (or, as `args` asks, predicts, times or plots) trainer memory and prints the table.
 pub(crate) async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
-    use odc_bench::memory as mem;
     let shape = if args.shape == "tiny" {
         odc::model::ModelConfig::tiny()
     } else {
@@ -48,81 +49,136 @@ pub(crate) async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
     } else {
         args.layers.clone()
     };
-    let gb = |b: u64| b as f64 / 1e9;
     if !args.plot_from.is_empty() {
-        let out = args
-            .svg
-            .as_ref()
-            .context("--plot-from writes the plot given with --svg")?;
-        let mut points = Vec::new();
-        for file in &args.plot_from {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("reading {}", file.display()))?;
-            points.extend(mem::parse_rows(&text));
-        }
-        if points.is_empty() {
-            bail!("no table rows in {:?}", args.plot_from);
-        }
-        let title = format!(
-            "{} shape, {} blocks, fp32 CPU: trainer peak memory against sample length",
-            args.shape, points[0].layers
-        );
-        std::fs::write(out, mem::svg(&points, &title))
-            .with_context(|| format!("writing {}", out.display()))?;
-        println!("plot of {} rows: {}", points.len(), out.display());
-        return Ok(());
+        return plot_from(&args);
     }
     if args.expected_only {
-        for &layers in &depths {
-            let config = odc::model::ModelConfig {
-                n_layers: layers,
-                ..shape.clone()
-            };
-            for &path in &args.paths {
-                for &tokens in &args.lengths {
-                    let e = mem::expected(&config, tokens, path)?;
-                    let parts: Vec<String> = e
-                        .parts
-                        .iter()
-                        .map(|(what, b)| format!("{what} {:.3}", gb(*b)))
-                        .collect();
-                    println!(
-                        "expected path={path} layers={layers} tokens={tokens} {:.3} GB at {}: {}",
-                        gb(e.total()),
-                        e.phase,
-                        parts.join("; ")
-                    );
-                }
-            }
-        }
-        return Ok(());
+        return print_expected(&args, &shape, &depths);
     }
     if args.speed_rounds > 0 {
-        let config = odc::model::ModelConfig {
-            n_layers: depths[0],
-            ..shape.clone()
-        };
-        println!(
-            "odc-bench memory --speed-rounds {}: {} with {} layers, one trainer and one server, \
-             fp32 on the CPU; median step seconds, ABCCBA (keep, reshard, keep again)",
-            args.speed_rounds, args.shape, depths[0]
-        );
-        for &tokens in &args.lengths {
-            let s = mem::speed(&config, tokens, args.speed_rounds).await?;
-            println!(
-                "result memory-speed tokens={tokens} keep_s={:.3} reshard_s={:.3} \
-                 reshard_vs_keep={:.3} control={:.3} tokens_per_s_keep={:.0} \
-                 tokens_per_s_reshard={:.0}",
-                s.keep_s,
-                s.reshard_s,
-                s.ratio(),
-                s.control(),
-                tokens as f64 / s.keep_s,
-                tokens as f64 / s.reshard_s
-            );
-        }
-        return Ok(());
+        return print_speed(&args, &shape, depths[0]).await;
     }
+    print_table_header(&args, &shape);
+    let points = measure_points(&args, &shape, &depths).await?;
+    print_bytes_per_token(&args, &depths, &points);
+    if let Some(path) = &args.svg {
+        let title = format!(
+            "{} ({} layers): trainer peak memory against sample length",
+            args.shape, depths[0]
+        );
+        let first_depth: Vec<mem::Point> = points
+            .iter()
+            .filter(|p| p.layers == depths[0])
+            .cloned()
+            .collect();
+        write_svg(path, &first_depth, &title)?;
+        println!("plot: {}", path.display());
+    }
+    Ok(())
+}
+
+/// Bytes in GB (10⁹).
+fn gb(b: u64) -> f64 {
+    b as f64 / 1e9
+}
+
+/// `shape` with `layers` blocks.
+fn with_layers(shape: &odc::model::ModelConfig, layers: usize) -> odc::model::ModelConfig {
+    odc::model::ModelConfig {
+        n_layers: layers,
+        ..shape.clone()
+    }
+}
+
+/// Writes the plot of `points` to `path`.
+fn write_svg(path: &Path, points: &[mem::Point], title: &str) -> anyhow::Result<()> {
+    std::fs::write(path, mem::svg(points, title))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// `--plot-from`: the rows of earlier runs' printed tables, plotted to `--svg`.
+fn plot_from(args: &MemoryArgs) -> anyhow::Result<()> {
+    let out = args
+        .svg
+        .as_ref()
+        .context("--plot-from writes the plot given with --svg")?;
+    let mut points = Vec::new();
+    for file in &args.plot_from {
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        points.extend(mem::parse_rows(&text));
+    }
+    if points.is_empty() {
+        bail!("no table rows in {:?}", args.plot_from);
+    }
+    let title = format!(
+        "{} shape, {} blocks, fp32 CPU: trainer peak memory against sample length",
+        args.shape, points[0].layers
+    );
+    write_svg(out, &points, &title)?;
+    println!("plot of {} rows: {}", points.len(), out.display());
+    Ok(())
+}
+
+/// `--expected-only`: the analytical expectation at every depth, path and length, with its parts.
+fn print_expected(
+    args: &MemoryArgs,
+    shape: &odc::model::ModelConfig,
+    depths: &[usize],
+) -> anyhow::Result<()> {
+    for &layers in depths {
+        let config = with_layers(shape, layers);
+        for &path in &args.paths {
+            for &tokens in &args.lengths {
+                let e = mem::expected(&config, tokens, path)?;
+                let parts: Vec<String> = e
+                    .parts
+                    .iter()
+                    .map(|(what, b)| format!("{what} {:.3}", gb(*b)))
+                    .collect();
+                println!(
+                    "expected path={path} layers={layers} tokens={tokens} {:.3} GB at {}: {}",
+                    gb(e.total()),
+                    e.phase,
+                    parts.join("; ")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--speed-rounds`: step time of resharding against keeping at each length, `layers` deep.
+async fn print_speed(
+    args: &MemoryArgs,
+    shape: &odc::model::ModelConfig,
+    layers: usize,
+) -> anyhow::Result<()> {
+    let config = with_layers(shape, layers);
+    println!(
+        "odc-bench memory --speed-rounds {}: {} with {} layers, one trainer and one server, \
+         fp32 on the CPU; median step seconds, ABCCBA (keep, reshard, keep again)",
+        args.speed_rounds, args.shape, layers
+    );
+    for &tokens in &args.lengths {
+        let s = mem::speed(&config, tokens, args.speed_rounds).await?;
+        println!(
+            "result memory-speed tokens={tokens} keep_s={:.3} reshard_s={:.3} \
+             reshard_vs_keep={:.3} control={:.3} tokens_per_s_keep={:.0} \
+             tokens_per_s_reshard={:.0}",
+            s.keep_s,
+            s.reshard_s,
+            s.ratio(),
+            s.control(),
+            tokens as f64 / s.keep_s,
+            tokens as f64 / s.reshard_s
+        );
+    }
+    Ok(())
+}
+
+/// What is measured, and the table's column titles.
+fn print_table_header(args: &MemoryArgs, shape: &odc::model::ModelConfig) {
     println!(
         "odc-bench memory: {} ({} heads over {} KV, hidden {}, vocab {}), fp32 on the CPU, one \
          trainer and one server in this process, one sample per step; measured = the allocator's \
@@ -145,14 +201,21 @@ pub(crate) async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
         "step s",
         "tokens/s"
     );
+}
+
+/// Measures every depth, path and length, printing a table line for each.
+async fn measure_points(
+    args: &MemoryArgs,
+    shape: &odc::model::ModelConfig,
+    depths: &[usize],
+) -> anyhow::Result<Vec<mem::Point>> {
     let mut points = Vec::new();
-    for &layers in &depths {
+    for &layers in depths {
         let config = odc::model::ModelConfig {
-            n_layers: layers,
             max_seq_len: shape
                 .max_seq_len
                 .max(*args.lengths.iter().max().unwrap_or(&0)),
-            ..shape.clone()
+            ..with_layers(shape, layers)
         };
         for &path in &args.paths {
             for &tokens in &args.lengths {
@@ -174,9 +237,13 @@ pub(crate) async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
             }
         }
     }
-    // Bytes per added token between consecutive lengths (linear growth: equal).
+    Ok(points)
+}
+
+/// Bytes per added token between consecutive lengths (linear growth: equal).
+fn print_bytes_per_token(args: &MemoryArgs, depths: &[usize], points: &[mem::Point]) {
     for &path in &args.paths {
-        for &layers in &depths {
+        for &layers in depths {
             let line: Vec<&mem::Point> = points
                 .iter()
                 .filter(|p| p.path == path && p.layers == layers)
@@ -192,19 +259,4 @@ pub(crate) async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
             }
         }
     }
-    if let Some(path) = &args.svg {
-        let title = format!(
-            "{} ({} layers): trainer peak memory against sample length",
-            args.shape, depths[0]
-        );
-        let first_depth: Vec<mem::Point> = points
-            .iter()
-            .filter(|p| p.layers == depths[0])
-            .cloned()
-            .collect();
-        std::fs::write(path, mem::svg(&first_depth, &title))
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("plot: {}", path.display());
-    }
-    Ok(())
 }

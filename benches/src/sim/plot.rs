@@ -25,7 +25,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
 use super::report::SplitRow;
-use crate::report::{BenchRow, ReportError};
+use crate::report::{draw_no_rows, Area, BenchRow, DrawError, ReportError};
 
 /// Plot size in pixels.
 const SIZE: (u32, u32) = (1100, 1000);
@@ -191,22 +191,12 @@ fn legend_line(
 }
 
 /// Draws `lines` on `root` under `title`.
-fn draw(
-    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
-    title: &str,
-    lines: &Lines,
-) -> Result<(), DrawingAreaErrorKind<std::io::Error>> {
+fn draw(root: &Area<'_>, title: &str, lines: &Lines) -> Result<(), DrawError> {
     root.fill(&WHITE)?;
     let body = root.titled(title, ("sans-serif", 19))?;
     let ticks = &lines.ticks;
     let (Some(&lo), Some(&hi)) = (ticks.first(), ticks.last()) else {
-        let (w, h) = body.dim_in_pixel();
-        body.draw(&Text::new(
-            "no rows",
-            (w as i32 / 2 - 40, h as i32 / 2),
-            ("sans-serif", 30).into_font(),
-        ))?;
-        return Ok(());
+        return draw_no_rows(&body);
     };
     let x_range = || {
         (lo / 1.5..hi * 1.5)

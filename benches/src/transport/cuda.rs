@@ -5,9 +5,10 @@
 //!
 //! - `cuda-ipc`: a reader pulls one whole published `f32` region whose **owner is a child
 //!   process** (`odc-bench transport-owner --backend cuda`) into device memory of its own
-//!   ([`Transport::read`] into [`Dest::Device`]: CUDA IPC, a device-to-device copy on the reader's
-//!   stream, the control segment's seqlock). Limit: `cuMemcpyDtoDAsync` of the same bytes between
-//!   two buffers of the reader's device, waited for the same way. GB/s count bytes copied.
+//!   ([`Transport::read`](odc_transport::Transport::read) into [`Dest::Device`]: CUDA IPC, a
+//!   device-to-device copy on the reader's stream, the control segment's seqlock). Limit:
+//!   `cuMemcpyDtoDAsync` of the same bytes between two buffers of the reader's device, waited for
+//!   the same way. GB/s count bytes copied.
 //! - `cuda-acc-f32`, `cuda-acc-bf16`: the accumulate kernels adding an fp32 (bf16) chunk of
 //!   `bytes / 4` elements into an fp32 accumulator. GB/s count bytes moved, read and written (12
 //!   bytes an element for f32, 10 for bf16); the limit is the device copy of `bytes` bytes counted
@@ -33,11 +34,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use odc_transport::cuda::{CudaConfig, CudaTransport, Device, DeviceBuffer};
-use odc_transport::{codec, deadline_in, ClusterSecret, Dest, Dtype, RegionHandle, Transport};
+use odc_transport::{codec, ClusterSecret, Dest, Dtype, RegionHandle};
 
 use super::{
-    check_handles, human_bytes, median, pattern, Measured, OwnerKind, OwnerProcess, OwnerSettings,
-    TransportRow, MIB, PULL_TIMEOUT,
+    check_handles, human_bytes, pattern, read_whole, Measured, OwnerKind, OwnerProcess,
+    OwnerSettings, Rounds, MIB,
 };
 
 /// Sizes of a run without `--cuda-sizes`.
@@ -122,30 +123,12 @@ impl Side<'_> {
                 reader,
                 handle,
                 dst,
-            } => {
-                reader
-                    .read(
-                        handle,
-                        0..handle.elements(),
-                        Dest::Device(dst.dest()),
-                        deadline_in(PULL_TIMEOUT),
-                    )
-                    .await?;
-            }
+            } => read_whole(*reader, handle, Dest::Device(dst.dest())).await?,
             Side::PullHost {
                 reader,
                 handle,
                 dst,
-            } => {
-                reader
-                    .read(
-                        handle,
-                        0..handle.elements(),
-                        Dest::Bytes(dst),
-                        deadline_in(PULL_TIMEOUT),
-                    )
-                    .await?;
-            }
+            } => read_whole(*reader, handle, Dest::Bytes(dst)).await?,
             Side::AddF32 { device, acc, src } => device.add_f32(acc, src)?,
             Side::AddBf16 { device, acc, src } => device.add_bf16(acc, src)?,
             Side::StageOut { device, src } => device.stage_out(src)?,
@@ -201,41 +184,25 @@ async fn compare(
     let warm = settings.measure / 4;
     let limit_iters = limit.calibrate(warm, settings.measure).await?;
     let subject_iters = subject.calibrate(warm, settings.measure).await?;
-    let (mut limit_rates, mut subject_rates, mut ratios) = (vec![], vec![], vec![]);
-    let (mut limit_times, mut subject_times) = (vec![], vec![]);
+    let mut rounds = Rounds::default();
     for round in 0..settings.rounds {
-        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         let mut rates = [0.0f64; 2];
-        for side in order {
+        for side in Rounds::order(round) {
+            let times = &mut rounds.times[side];
             rates[side] = if side == 0 {
-                limit_bytes / limit.measure(limit_iters, &mut limit_times).await?
+                limit_bytes / limit.measure(limit_iters, times).await?
             } else {
-                subject_bytes / subject.measure(subject_iters, &mut subject_times).await?
+                subject_bytes / subject.measure(subject_iters, times).await?
             };
         }
-        limit_rates.push(rates[0]);
-        subject_rates.push(rates[1]);
-        ratios.push(rates[1] / rates[0]);
+        rounds.push(rates);
     }
-    let gbytes_per_s = median(&mut subject_rates) / 1e9;
-    let limit_gbytes_per_s = median(&mut limit_rates) / 1e9;
-    Ok(Measured {
-        row: TransportRow {
-            backend: name.to_string(),
-            bytes: bytes as u64,
-            gbytes_per_s,
-            limit_gbytes_per_s,
-            ratio: crate::report::ratio(gbytes_per_s, limit_gbytes_per_s),
-            latency_us: median(&mut subject_times) * 1e6,
-        },
-        limit_latency_us: median(&mut limit_times) * 1e6,
-        ratio_range: (
-            ratios.iter().copied().fold(f64::INFINITY, f64::min),
-            ratios.iter().copied().fold(0.0, f64::max),
-        ),
-        iters: (limit_iters, subject_iters),
-        faults_per_pull: (f64::NAN, f64::NAN),
-    })
+    Ok(rounds.into_measured(
+        name,
+        bytes,
+        (limit_iters, subject_iters),
+        (f64::NAN, f64::NAN),
+    ))
 }
 
 /// `values` as `f32` elements, a pattern of small integers (sums stay exact and finite however
@@ -262,7 +229,7 @@ fn check(what: &str, got: &[u8], expected: &[u8]) -> anyhow::Result<()> {
 /// name. Without a CUDA driver: the backend's "no CUDA driver" error.
 pub async fn run(
     settings: &Settings,
-    mut on_row: impl FnMut(&Measured),
+    on_row: impl FnMut(&Measured),
 ) -> anyhow::Result<(Vec<Measured>, String)> {
     let device = Device::open(settings.device).context("cuda")?;
     let secret = ClusterSecret::random();
@@ -283,155 +250,222 @@ pub async fn run(
     let reader = CudaTransport::new(CudaConfig::new(settings.device, job, secret))
         .await
         .context("starting the cuda reader")?;
-    let mut rows = Vec::new();
-    let mut row = |m: Measured, rows: &mut Vec<Measured>| {
-        on_row(&m);
-        rows.push(m);
+    let mut rows = Rows {
+        settings,
+        on_row,
+        rows: Vec::new(),
     };
     for (&n, handle) in settings.sizes.iter().zip(&ready.handles) {
+        let buffers = Buffers::new(&device, n)?;
+        rows.ipc(&buffers, &reader, handle).await?;
+        rows.accumulate(&buffers).await?;
+        rows.staging(&buffers, &reader, handle).await?;
+    }
+    drop(reader);
+    owner.stop()?;
+    Ok((rows.rows, device.name()))
+}
+
+/// One size's buffers on the device: a source holding the expected bytes, and a destination.
+struct Buffers<'a> {
+    device: &'a Arc<Device>,
+    /// Bytes of each buffer.
+    n: usize,
+    /// The bytes the owner publishes ([`pattern`]).
+    expected: Vec<u8>,
+    src: DeviceBuffer,
+    dst: DeviceBuffer,
+}
+
+impl<'a> Buffers<'a> {
+    fn new(device: &'a Arc<Device>, n: usize) -> anyhow::Result<Buffers<'a>> {
         let at = |what: &str| format!("cuda, {what}, {}", human_bytes(n));
         let expected = pattern(n);
         let src = device.alloc(n).with_context(|| at("allocating"))?;
         let dst = device.alloc(n).with_context(|| at("allocating"))?;
         device.upload(&src, 0, &expected)?;
-
-        // IPC pull vs device copy.
-        let mut pull = Side::Pull {
-            reader: &reader,
-            handle,
-            dst: &dst,
-        };
-        pull.run().await.with_context(|| at("IPC pull"))?;
-        check(&at("IPC pull"), &device.download(&dst)?, &expected)?;
-        let mut copy = Side::Copy {
-            device: &device,
-            dst: &dst,
-            src: &src,
-        };
-        copy.run().await?;
-        check(&at("device copy"), &device.download(&dst)?, &expected)?;
-        let m = compare(
-            "cuda-ipc",
+        Ok(Buffers {
+            device,
             n,
-            (&mut copy, n as f64),
-            (&mut pull, n as f64),
-            settings,
-        )
-        .await
-        .with_context(|| at("IPC pull"))?;
-        row(m, &mut rows);
+            expected,
+            src,
+            dst,
+        })
+    }
 
-        // Accumulate kernels vs device copy (bytes read + written).
-        let elements = n / 4;
+    /// `what` at this size, for errors.
+    fn at(&self, what: &str) -> String {
+        format!("cuda, {what}, {}", human_bytes(self.n))
+    }
+
+    /// Whether `buffer` holds `expected` (`what` names the operation that filled it).
+    fn check(&self, what: &str, buffer: &DeviceBuffer, expected: &[u8]) -> anyhow::Result<()> {
+        check(&self.at(what), &self.device.download(buffer)?, expected)
+    }
+
+    /// The limit of most rows: the device copy of `src` into `dst`.
+    fn copy(&self) -> Side<'_> {
+        Side::Copy {
+            device: self.device,
+            dst: &self.dst,
+            src: &self.src,
+        }
+    }
+}
+
+/// The rows measured so far, each shown to `on_row` as it comes.
+struct Rows<'s, F> {
+    settings: &'s Settings,
+    on_row: F,
+    rows: Vec<Measured>,
+}
+
+impl<F: FnMut(&Measured)> Rows<'_, F> {
+    /// The row `name`: [`compare`] of `limit` against `subject` at `buffers`' size (`what` names
+    /// it in errors).
+    async fn compare(
+        &mut self,
+        (name, what): (&str, &str),
+        buffers: &Buffers<'_>,
+        limit: (&mut Side<'_>, f64),
+        subject: (&mut Side<'_>, f64),
+    ) -> anyhow::Result<()> {
+        let m = compare(name, buffers.n, limit, subject, self.settings)
+            .await
+            .with_context(|| buffers.at(what))?;
+        (self.on_row)(&m);
+        self.rows.push(m);
+        Ok(())
+    }
+
+    /// `cuda-ipc`: the IPC pull of `handle` into device memory against the device copy.
+    async fn ipc(
+        &mut self,
+        b: &Buffers<'_>,
+        reader: &CudaTransport,
+        handle: &RegionHandle,
+    ) -> anyhow::Result<()> {
+        let mut pull = Side::Pull {
+            reader,
+            handle,
+            dst: &b.dst,
+        };
+        pull.run().await.with_context(|| b.at("IPC pull"))?;
+        b.check("IPC pull", &b.dst, &b.expected)?;
+        let mut copy = b.copy();
+        copy.run().await?;
+        b.check("device copy", &b.dst, &b.expected)?;
+        let n = b.n as f64;
+        self.compare(("cuda-ipc", "IPC pull"), b, (&mut copy, n), (&mut pull, n))
+            .await
+    }
+
+    /// `cuda-acc-f32`, `cuda-acc-bf16`: the accumulate kernels against the device copy.
+    async fn accumulate(&mut self, b: &Buffers<'_>) -> anyhow::Result<()> {
+        let device = b.device;
+        let elements = b.n / 4;
         let grad = small_values(elements);
-        let acc = device.alloc(n)?;
-        let f32_src = device.alloc(n)?;
+        let acc = device.alloc(b.n)?;
+        let f32_src = device.alloc(b.n)?;
         device.upload(&f32_src, 0, &codec::encode_f32(&grad))?;
-        let mut add = Side::AddF32 {
-            device: &device,
+        let add = Side::AddF32 {
+            device,
             acc: &acc,
             src: &f32_src,
         };
-        add.run().await?;
-        check(
-            &at("f32 accumulate kernel"),
-            &device.download(&acc)?,
-            &codec::encode_f32(&grad),
-        )?;
-        let copied = 2.0 * n as f64;
-        let m = compare(
-            "cuda-acc-f32",
-            n,
-            (&mut copy, copied),
-            (&mut add, 12.0 * elements as f64),
-            settings,
+        let moved = 12.0 * elements as f64;
+        self.accumulate_row(
+            ("cuda-acc-f32", "f32 accumulate"),
+            b,
+            (add, moved),
+            &acc,
+            &grad,
         )
-        .await
-        .with_context(|| at("f32 accumulate"))?;
-        row(m, &mut rows);
+        .await?;
         drop(f32_src);
         let bf16_src = device.alloc(elements * 2)?;
         device.upload(&bf16_src, 0, &codec::encode(Dtype::Bf16, &grad))?;
-        let zeros = device.alloc(n)?;
+        let zeros = device.alloc(b.n)?;
         device.copy(&acc, &zeros)?;
         drop(zeros);
-        let mut add = Side::AddBf16 {
-            device: &device,
+        let add = Side::AddBf16 {
+            device,
             acc: &acc,
             src: &bf16_src,
         };
-        add.run().await?;
-        check(
-            &at("bf16 accumulate kernel"),
-            &device.download(&acc)?,
-            &codec::encode_f32(&grad),
-        )?;
-        let m = compare(
-            "cuda-acc-bf16",
-            n,
-            (&mut copy, copied),
-            (&mut add, 10.0 * elements as f64),
-            settings,
+        let moved = 10.0 * elements as f64;
+        self.accumulate_row(
+            ("cuda-acc-bf16", "bf16 accumulate"),
+            b,
+            (add, moved),
+            &acc,
+            &grad,
         )
         .await
-        .with_context(|| at("bf16 accumulate"))?;
-        row(m, &mut rows);
-        drop(bf16_src);
-        drop(acc);
+    }
 
-        // Pinned host staging: pulls into host memory, uploads from it.
-        let mut host = vec![0u8; n];
+    /// One accumulate row: `add` run once into the zeroed `acc` must leave `grad` there; then
+    /// `add`, counted as `moved` bytes read + written per operation, against the device copy,
+    /// counted the same way (twice the bytes copied).
+    async fn accumulate_row(
+        &mut self,
+        (name, what): (&str, &str),
+        b: &Buffers<'_>,
+        (mut add, moved): (Side<'_>, f64),
+        acc: &DeviceBuffer,
+        grad: &[f32],
+    ) -> anyhow::Result<()> {
+        add.run().await?;
+        b.check(&format!("{what} kernel"), acc, &codec::encode_f32(grad))?;
+        let copied = 2.0 * b.n as f64;
+        self.compare((name, what), b, (&mut b.copy(), copied), (&mut add, moved))
+            .await
+    }
+
+    /// `cuda-d2h`, `cuda-h2d`: pulls into host memory and uploads from it, through the pinned
+    /// staging, against the raw staging copies.
+    async fn staging(
+        &mut self,
+        b: &Buffers<'_>,
+        reader: &CudaTransport,
+        handle: &RegionHandle,
+    ) -> anyhow::Result<()> {
+        let n = b.n as f64;
+        let mut host = vec![0u8; b.n];
         let mut pull_host = Side::PullHost {
-            reader: &reader,
+            reader,
             handle,
             dst: &mut host,
         };
-        pull_host.run().await.with_context(|| at("host pull"))?;
-        check(&at("host pull"), &host, &expected)?;
+        pull_host.run().await.with_context(|| b.at("host pull"))?;
+        check(&b.at("host pull"), &host, &b.expected)?;
         let mut pull_host = Side::PullHost {
-            reader: &reader,
+            reader,
             handle,
             dst: &mut host,
         };
         let mut stage_out = Side::StageOut {
-            device: &device,
-            src: &src,
+            device: b.device,
+            src: &b.src,
         };
-        let m = compare(
-            "cuda-d2h",
-            n,
-            (&mut stage_out, n as f64),
-            (&mut pull_host, n as f64),
-            settings,
-        )
-        .await
-        .with_context(|| at("host pull"))?;
-        row(m, &mut rows);
+        let (limit, subject) = ((&mut stage_out, n), (&mut pull_host, n));
+        self.compare(("cuda-d2h", "host pull"), b, limit, subject)
+            .await?;
         let mut upload = Side::Upload {
-            device: &device,
-            dst: &dst,
-            src: &expected,
+            device: b.device,
+            dst: &b.dst,
+            src: &b.expected,
         };
         upload.run().await?;
-        check(&at("upload"), &device.download(&dst)?, &expected)?;
+        b.check("upload", &b.dst, &b.expected)?;
         let mut stage_in = Side::StageIn {
-            device: &device,
-            dst: &dst,
+            device: b.device,
+            dst: &b.dst,
         };
-        let m = compare(
-            "cuda-h2d",
-            n,
-            (&mut stage_in, n as f64),
-            (&mut upload, n as f64),
-            settings,
-        )
-        .await
-        .with_context(|| at("upload"))?;
-        row(m, &mut rows);
+        let (limit, subject) = ((&mut stage_in, n), (&mut upload, n));
+        self.compare(("cuda-h2d", "upload"), b, limit, subject)
+            .await
     }
-    drop(reader);
-    owner.stop()?;
-    Ok((rows, device.name()))
 }
 
 /// The lines under the table for the cuda rows.
@@ -506,6 +540,7 @@ pub(super) async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::TransportRow;
 
     fn measured(backend: &str, bytes: u64, ratio: f64) -> Measured {
         Measured {
