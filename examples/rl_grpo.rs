@@ -461,6 +461,8 @@ fn main() -> anyhow::Result<()> {
         .block_on(run(args, world, trainers_here, threads))
 }
 
+/// The run, phase by phase: the model and its starting weights, the job, the held-out scores
+/// before RL, the RL steps, the scores after.
 async fn run(
     args: Args,
     world: World,
@@ -491,6 +493,31 @@ async fn run(
         names::describe();
         say(format!("metrics: http://{addr}/metrics"));
     }
+    check_args(&args)?;
+    let (format, model, checkpoint) = load_model(&args)?;
+    let (init, max_value) = initial_policy(&args, &model, checkpoint, &format, &say).await?;
+    let grpo = Grpo::new(
+        args,
+        rank,
+        ranks,
+        trainers_here,
+        format,
+        model,
+        &init,
+        max_value,
+    )?;
+    let mut job = grpo.build_job(init, world)?;
+    let before = grpo.held_out(&mut job).await?;
+    grpo.say_held_out("before", &before, None);
+    let trained = grpo.train(&mut job).await?;
+    let after = grpo.held_out(&mut job).await?;
+    job.shutdown().await;
+    grpo.report(&trained, &before, &after);
+    Ok(())
+}
+
+/// The sampling and learning settings that need no model.
+fn check_args(args: &Args) -> anyhow::Result<()> {
     if args.prompts == 0 || args.group_size < 2 {
         bail!("GRPO needs at least one prompt and a group of at least 2 responses");
     }
@@ -506,37 +533,45 @@ async fn run(
             args.format_reward
         );
     }
-    let (format, model, checkpoint) = match &args.model_dir {
-        Some(dir) => {
-            let checkpoint = HfCheckpoint::open(dir)
-                .with_context(|| format!("--model-dir {}", dir.display()))?;
-            let tokenizer = HfTokenizer::from_dir(dir)?;
-            (
-                TextFormat::Chat(Arc::new(tokenizer)),
-                checkpoint.config().clone(),
-                Some(checkpoint),
-            )
-        }
-        None => {
-            let tokenizer: Arc<dyn Tokenizer> = match &args.tokenizer {
-                Some(path) => Arc::new(HfTokenizer::from_file(path)?),
-                None => Arc::new(ByteTokenizer),
-            };
-            let model = ModelConfig {
-                vocab_size: tokenizer.vocab_size(),
-                ..ModelConfig::tiny()
-            };
-            (TextFormat::Plain(tokenizer), model, None)
-        }
+    Ok(())
+}
+
+/// The text format and the model: a model directory's (its checkpoint opened), or odc's
+/// reference model over `--tokenizer` (else bytes).
+fn load_model(args: &Args) -> anyhow::Result<(TextFormat, ModelConfig, Option<HfCheckpoint>)> {
+    if let Some(dir) = &args.model_dir {
+        let checkpoint =
+            HfCheckpoint::open(dir).with_context(|| format!("--model-dir {}", dir.display()))?;
+        let tokenizer = HfTokenizer::from_dir(dir)?;
+        return Ok((
+            TextFormat::Chat(Arc::new(tokenizer)),
+            checkpoint.config().clone(),
+            Some(checkpoint),
+        ));
+    }
+    let tokenizer: Arc<dyn Tokenizer> = match &args.tokenizer {
+        Some(path) => Arc::new(HfTokenizer::from_file(path)?),
+        None => Arc::new(ByteTokenizer),
     };
-    let tokenizer = format.tokenizer();
-    // Prompts and responses within a micro-batch and the model's positions.
-    let max_len = model
-        .max_seq_len
-        .min(usize::try_from(args.token_budget).unwrap_or(usize::MAX));
-    let (init, max_value) = match (&args.init, checkpoint) {
+    let model = ModelConfig {
+        vocab_size: tokenizer.vocab_size(),
+        ..ModelConfig::tiny()
+    };
+    Ok((TextFormat::Plain(tokenizer), model, None))
+}
+
+/// The policy's (and the reference's) starting weights and the problems' bound: an `--init`
+/// checkpoint's, a model directory's, or a short SFT warm start's.
+async fn initial_policy(
+    args: &Args,
+    model: &ModelConfig,
+    checkpoint: Option<HfCheckpoint>,
+    format: &TextFormat,
+    say: &dyn Fn(String),
+) -> anyhow::Result<(Vec<Vec<f32>>, u64)> {
+    match (&args.init, checkpoint) {
         (Some(dir), _) => {
-            let (state, extra) = checkpoint::load(dir, &tensor_map(&model)?)
+            let (state, extra) = checkpoint::load(dir, &tensor_map(model)?)
                 .with_context(|| format!("loading the SFT checkpoint {}", dir.display()))?;
             // The SFT example saves its settings beside the state; its bound is this run's default.
             let trained_on = extra
@@ -548,7 +583,7 @@ async fn run(
                 dir.display(),
                 state.step
             ));
-            (state.params, max_value)
+            Ok((state.params, max_value))
         }
         (None, Some(checkpoint)) => {
             let max_value = args.max_value.unwrap_or(DEFAULT_MAX_VALUE);
@@ -556,7 +591,7 @@ async fn run(
                 "policy and reference from {}; problems up to {max_value}",
                 checkpoint.dir().display()
             ));
-            (checkpoint.all_unit_values()?, max_value)
+            Ok((checkpoint.all_unit_values()?, max_value))
         }
         (None, None) => {
             let max_value = args.max_value.unwrap_or(DEFAULT_MAX_VALUE);
@@ -564,84 +599,192 @@ async fn run(
                 "no --init: a {}-step SFT warm start first; problems up to {max_value}",
                 args.sft_steps
             );
-            let params = warm_start(&args, max_value, &model, tokenizer.clone()).await?;
-            (params, max_value)
+            let params = warm_start(args, max_value, model, format.tokenizer()).await?;
+            Ok((params, max_value))
         }
-    };
-    // Sampling and evaluation run while the trainers wait: one thread per trainer here.
-    let workers = trainers_here.max(1);
-    let reference = Weights::from_units(&model, &init, &Device::Cpu)?;
-    let responses = Arc::new(Responses::default());
-    let builder = transformer_job_on(
-        &model,
-        Some(init),
-        responses.clone(),
-        Objective::Grpo(GrpoConfig {
-            clip_eps: args.clip_eps,
-            kl_coef: args.kl_coef,
-        }),
-        args.placement()?,
-    )?
-    .optimizer(OptimizerConfig::AdamW {
-        lr: args.lr,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.0,
-    })
-    .clip_grad_norm(1.0)
-    .token_budget(args.token_budget)
-    .pull_precision(Precision::F32);
-    let mut job = if ranks > 1 {
-        builder.world(world)
-    } else {
-        builder.trainers(args.trainers).servers(args.servers)
     }
-    .build()?;
+}
 
-    let task = ArithTask::train(args.seed.wrapping_add(1)).with_max_value(max_value);
-    let sampling = Sampling {
-        temperature: args.temperature,
-        max_new_tokens: args.max_new_tokens,
-        stop: tokenizer.stop_ids(),
-    };
-    // Held-out problems that fit the model, scored before and after (greedy, and sampled with the
-    // same seeds): a step's sampled rewards are too noisy to compare two steps.
-    let eval_set = format.fitting(
-        ArithTask::eval(args.seed)
-            .with_max_value(max_value)
-            .problems(0..(args.eval_problems as u64).saturating_mul(100)),
-        max_len,
-        args.eval_problems,
-    )?;
-    // The held-out problems with their index, for the sampled score's per-problem RNGs; this
-    // rank scores its share.
-    let eval_prompts: Vec<(u64, Problem)> = (0u64..).zip(eval_set.iter().cloned()).collect();
-    let eval_share = share_range(eval_prompts.len(), rank, ranks);
-    let evaluate_share = |params: &[Vec<f32>]| -> anyhow::Result<HeldOutCounts> {
-        let weights = Weights::from_units(&model, params, &Device::Cpu)?;
-        let prompt = |p: &Problem| format.prompt(&p.question);
+/// What every phase of the RL run reads.
+struct Grpo {
+    args: Args,
+    rank: usize,
+    ranks: usize,
+    model: ModelConfig,
+    format: TextFormat,
+    /// Prompts and responses within a micro-batch and the model's positions.
+    max_len: usize,
+    max_value: u64,
+    sampling: Sampling,
+    /// The frozen reference (the starting policy).
+    reference: Weights,
+    /// The current step's responses, which the trainers' compute resolves.
+    responses: Arc<Responses>,
+    /// Held-out problems that fit the model, with their index (the sampled score's per-problem
+    /// RNGs), scored before and after (greedy, and sampled with the same seeds): a step's
+    /// sampled rewards are too noisy to compare two steps.
+    eval_prompts: Vec<(u64, Problem)>,
+    /// Sampling and evaluation run while the trainers wait: one thread per trainer here.
+    workers: usize,
+}
+
+/// What the RL steps measured.
+struct Trained {
+    started: Instant,
+    /// Each step's mean sampled reward.
+    step_rewards: Vec<f64>,
+    /// The last step's mean reward and accuracy.
+    reward: f64,
+    accuracy: f64,
+}
+
+/// One step's sampled groups, as the trainers' samples (those of the groups whose rewards
+/// differ) and as statistics.
+#[derive(Default)]
+struct StepSamples {
+    store: HashMap<u64, (Sample, RlSample)>,
+    metas: Vec<SampleMeta>,
+    rewards: Vec<f64>,
+    correct: usize,
+    /// Each response's length in tokens.
+    lengths: Vec<usize>,
+    /// Groups sampled, and trained on.
+    sampled: usize,
+    kept: usize,
+    /// KL summed over the trained groups' response tokens, and those tokens.
+    kl_sum: f64,
+    kl_tokens: usize,
+}
+
+impl Grpo {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        args: Args,
+        rank: usize,
+        ranks: usize,
+        trainers_here: usize,
+        format: TextFormat,
+        model: ModelConfig,
+        init: &[Vec<f32>],
+        max_value: u64,
+    ) -> anyhow::Result<Self> {
+        let max_len = model
+            .max_seq_len
+            .min(usize::try_from(args.token_budget).unwrap_or(usize::MAX));
+        let reference = Weights::from_units(&model, init, &Device::Cpu)?;
+        let sampling = Sampling {
+            temperature: args.temperature,
+            max_new_tokens: args.max_new_tokens,
+            stop: format.tokenizer().stop_ids(),
+        };
+        let eval_set = format.fitting(
+            ArithTask::eval(args.seed)
+                .with_max_value(max_value)
+                .problems(0..(args.eval_problems as u64).saturating_mul(100)),
+            max_len,
+            args.eval_problems,
+        )?;
+        Ok(Grpo {
+            eval_prompts: (0u64..).zip(eval_set).collect(),
+            args,
+            rank,
+            ranks,
+            model,
+            format,
+            max_len,
+            max_value,
+            sampling,
+            reference,
+            responses: Arc::new(Responses::default()),
+            workers: trainers_here.max(1),
+        })
+    }
+
+    /// Prints `line` on the lead.
+    fn say(&self, line: String) {
+        if self.rank == 0 {
+            println!("{line}");
+        }
+    }
+
+    /// The job: the policy's units from `init`, GRPO's objective, AdamW.
+    fn build_job(&self, init: Vec<Vec<f32>>, world: World) -> anyhow::Result<Job> {
+        let args = &self.args;
+        let builder = transformer_job_on(
+            &self.model,
+            Some(init),
+            self.responses.clone(),
+            Objective::Grpo(GrpoConfig {
+                clip_eps: args.clip_eps,
+                kl_coef: args.kl_coef,
+            }),
+            args.placement()?,
+        )?
+        .optimizer(OptimizerConfig::AdamW {
+            lr: args.lr,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        })
+        .clip_grad_norm(1.0)
+        .token_budget(args.token_budget)
+        .pull_precision(Precision::F32);
+        Ok(if self.ranks > 1 {
+            builder.world(world)
+        } else {
+            builder.trainers(args.trainers).servers(args.servers)
+        }
+        .build()?)
+    }
+
+    /// What sampling `policy` needs: with the reference for training, without for scoring.
+    fn sampler<'a>(
+        &'a self,
+        policy: &'a Weights,
+        reference: Option<&'a Weights>,
+        seed: u64,
+    ) -> Sampler<'a> {
+        Sampler {
+            policy,
+            reference,
+            format: &self.format,
+            sampling: &self.sampling,
+            group_size: self.args.group_size,
+            seed,
+            format_weight: self.args.format_reward,
+        }
+    }
+
+    /// The job's current parameters scored on the held-out problems, every rank its share.
+    async fn held_out(&self, job: &mut Job) -> anyhow::Result<HeldOut> {
+        let params = job.parameters().await?;
+        let mine = self.held_out_share(&params)?;
+        held_out(job, mine).await
+    }
+
+    /// This rank's share of the held-out scores of `params`.
+    fn held_out_share(&self, params: &[Vec<f32>]) -> anyhow::Result<HeldOutCounts> {
+        let share = share_range(self.eval_prompts.len(), self.rank, self.ranks);
+        let weights = Weights::from_units(&self.model, params, &Device::Cpu)?;
+        let prompt = |p: &Problem| self.format.prompt(&p.question);
+        let problems: Vec<Problem> = self.eval_prompts[share.clone()]
+            .iter()
+            .map(|(_, p)| p.clone())
+            .collect();
         let greedy = evaluate_prompted(
             &weights,
-            &*tokenizer,
-            &eval_set[eval_share.clone()],
-            args.max_new_tokens,
-            workers,
+            &*self.format.tokenizer(),
+            &problems,
+            self.args.max_new_tokens,
+            self.workers,
             &prompt,
         )?;
         // The same draws before and after (a fixed seed per problem): a paired comparison.
         let groups = sample_groups(
-            &Sampler {
-                policy: &weights,
-                reference: None,
-                format: &format,
-                sampling: &sampling,
-                group_size: args.group_size,
-                seed: args.seed ^ HELD_OUT_SEED,
-                format_weight: args.format_reward,
-            },
-            &eval_prompts[eval_share.clone()],
-            workers,
+            &self.sampler(&weights, None, self.args.seed ^ HELD_OUT_SEED),
+            &self.eval_prompts[share],
+            self.workers,
         )?;
         let responses: Vec<&Response> = groups.iter().flatten().collect();
         Ok(HeldOutCounts {
@@ -651,188 +794,218 @@ async fn run(
             samples_correct: responses.iter().filter(|r| r.correct).count() as u64,
             reward_sum: responses.iter().map(|r| r.reward).sum(),
         })
-    };
-    let params = job.parameters().await?;
-    let before = held_out(&mut job, evaluate_share(&params)?).await?;
-    if !eval_set.is_empty() {
-        say(format!(
-            "held-out before RL ({} problems): greedy accuracy {:.3}; {} samples each: reward {:.3}, accuracy {:.3}",
-            eval_set.len(),
-            before.greedy,
-            args.group_size,
-            before.reward,
-            before.accuracy
+    }
+
+    /// The RL steps: sample the step's groups (each rank its share), keep the groups whose
+    /// rewards differ, train on them.
+    async fn train(&self, job: &mut Job) -> anyhow::Result<Trained> {
+        let task = ArithTask::train(self.args.seed.wrapping_add(1)).with_max_value(self.max_value);
+        let (mut problem, mut next_index) = (0u64, 0u64);
+        let mut trained = Trained {
+            started: Instant::now(),
+            step_rewards: Vec::new(),
+            reward: f64::NAN,
+            accuracy: f64::NAN,
+        };
+        for step in 0..self.args.steps {
+            let policy = Weights::from_units(&self.model, &job.parameters().await?, &Device::Cpu)?;
+            let t = Instant::now();
+            // The step's problems: the next ones that fit the model with their reference answer.
+            let mut prompts = Vec::with_capacity(self.args.prompts);
+            while prompts.len() < self.args.prompts {
+                let p = task.problem(problem);
+                if self.format.problem_sample(&p)?.len() <= self.max_len {
+                    prompts.push((problem, p));
+                }
+                problem += 1;
+            }
+            let groups = self.sample_step(job, &policy, &prompts, step).await?;
+            let samples = StepSamples::of(groups, &mut next_index);
+            let sample_secs = t.elapsed().as_secs_f64();
+            let (reward, accuracy, kl) = samples.record(sample_secs);
+            trained.reward = reward;
+            trained.accuracy = accuracy;
+            trained.step_rewards.push(reward);
+            let lengths = &samples.lengths;
+            let mean_len = lengths.iter().sum::<usize>() as f64 / lengths.len() as f64;
+            let max_len = lengths.iter().copied().max().unwrap_or(0);
+            let kept = samples.kept;
+            let update = self.update(job, samples, step).await?;
+            self.say(format!(
+                "step {:3}/{}  reward {reward:.3}  accuracy {accuracy:.3}  response mean {mean_len:.0} max {max_len} tokens  kl {kl:.5}  groups trained {kept}/{}  sampling {sample_secs:.1} s  {update}",
+                step + 1,
+                self.args.steps,
+                prompts.len(),
+            ));
+        }
+        Ok(trained)
+    }
+
+    /// This rank's share of the step's groups, then every rank's (in prompt order).
+    async fn sample_step(
+        &self,
+        job: &mut Job,
+        policy: &Weights,
+        prompts: &[(u64, Problem)],
+        step: u64,
+    ) -> anyhow::Result<Vec<Vec<Response>>> {
+        let mine = sample_groups(
+            &self.sampler(policy, Some(&self.reference), self.args.seed),
+            &prompts[share_range(prompts.len(), self.rank, self.ranks)],
+            self.workers,
+        )?;
+        if self.ranks == 1 {
+            return Ok(mine);
+        }
+        Ok(job
+            .all_gather(&mine, GATHER_TIMEOUT)
+            .await
+            .with_context(|| format!("gathering the groups of RL step {}", step + 1))?
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+
+    /// One optimizer step on the kept groups' responses (none when every group scored alike).
+    async fn update(
+        &self,
+        job: &mut Job,
+        samples: StepSamples,
+        step: u64,
+    ) -> anyhow::Result<String> {
+        if samples.metas.is_empty() {
+            return Ok("no update (every group scored alike)".to_string());
+        }
+        // Every rank holds every response (any trainer may be given any of them) before rank 0
+        // steps.
+        *self
+            .responses
+            .map
+            .write()
+            .map_err(|_| anyhow::anyhow!("response store poisoned"))? = samples.store;
+        if self.ranks > 1 {
+            job.barrier(GATHER_TIMEOUT)
+                .await
+                .context("waiting for every rank to store the responses")?;
+        }
+        let s = if self.rank == 0 {
+            job.step_with(samples.metas).await
+        } else {
+            job.step().await
+        }
+        .with_context(|| format!("RL step {}", step + 1))?;
+        Ok(format!(
+            "loss {:+.4}  update {:.1} s ({} micro-batches)",
+            s.loss,
+            s.wall.as_secs_f64(),
+            s.micro_batches
+        ))
+    }
+
+    /// The held-out scores `when` ("before" or "after" RL), with those before for comparison.
+    fn say_held_out(&self, when: &str, scores: &HeldOut, before: Option<&HeldOut>) {
+        if self.eval_prompts.is_empty() {
+            return;
+        }
+        let (n, g) = (self.eval_prompts.len(), self.args.group_size);
+        self.say(match before {
+            None => format!(
+                "held-out {when} RL ({n} problems): greedy accuracy {:.3}; {g} samples each: reward {:.3}, accuracy {:.3}",
+                scores.greedy, scores.reward, scores.accuracy
+            ),
+            Some(b) => format!(
+                "held-out {when} RL ({n} problems): greedy accuracy {:.3} (before {:.3}); {g} samples each: reward {:.3} (before {:.3}), accuracy {:.3} (before {:.3})",
+                scores.greedy, b.greedy, scores.reward, b.reward, scores.accuracy, b.accuracy
+            ),
+        });
+    }
+
+    /// The rewards' trend, the held-out scores before and after, and the last line.
+    fn report(&self, trained: &Trained, before: &HeldOut, after: &HeldOut) {
+        // Mean sampled reward of the first and the last quarter of the steps.
+        let rewards = &trained.step_rewards;
+        let quarter = rewards.len().div_ceil(4).max(1);
+        let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len().max(1) as f64;
+        self.say(format!(
+            "{} RL steps in {:.1} s; mean reward {:.3} over the first {quarter} steps, {:.3} over the last {quarter}",
+            self.args.steps,
+            trained.started.elapsed().as_secs_f64(),
+            mean(&rewards[..quarter.min(rewards.len())]),
+            mean(&rewards[rewards.len().saturating_sub(quarter)..]),
+        ));
+        self.say_held_out("after", after, Some(before));
+        self.say(format!(
+            "final step={} reward={} accuracy={}",
+            self.args.steps, trained.reward, trained.accuracy
         ));
     }
-    let mut problem = 0u64;
-    let mut next_index = 0u64;
-    let (mut reward_now, mut accuracy_now) = (f64::NAN, f64::NAN);
-    let mut step_rewards = Vec::new();
-    let started = Instant::now();
-    for step in 0..args.steps {
-        let policy = Weights::from_units(&model, &job.parameters().await?, &Device::Cpu)?;
-        let t = Instant::now();
-        // The step's problems: the next ones that fit the model with their reference answer.
-        let mut prompts = Vec::with_capacity(args.prompts);
-        while prompts.len() < args.prompts {
-            let p = task.problem(problem);
-            if format.problem_sample(&p)?.len() <= max_len {
-                prompts.push((problem, p));
-            }
-            problem += 1;
-        }
-        // This rank's share of the groups, then every rank's (in prompt order).
-        let mine = sample_groups(
-            &Sampler {
-                policy: &policy,
-                reference: Some(&reference),
-                format: &format,
-                sampling: &sampling,
-                group_size: args.group_size,
-                seed: args.seed,
-                format_weight: args.format_reward,
-            },
-            &prompts[share_range(prompts.len(), rank, ranks)],
-            workers,
-        )?;
-        let groups: Vec<Vec<Response>> = if ranks > 1 {
-            job.all_gather(&mine, GATHER_TIMEOUT)
-                .await
-                .with_context(|| format!("gathering the groups of RL step {}", step + 1))?
-                .into_iter()
-                .flatten()
-                .collect()
-        } else {
-            mine
+}
+
+impl StepSamples {
+    /// The step's `groups`: every response in the statistics; a group whose responses all
+    /// scored alike has zero advantages, nothing to learn but the KL term, so it is not trained
+    /// on (DAPO's dynamic sampling, without refill). Sample indices start at `next_index`.
+    fn of(groups: Vec<Vec<Response>>, next_index: &mut u64) -> Self {
+        let mut s = StepSamples {
+            sampled: groups.len(),
+            ..StepSamples::default()
         };
-        let mut store = HashMap::new();
-        let mut metas: Vec<SampleMeta> = Vec::new();
-        let (mut rewards_all, mut correct, mut lengths, mut kept) =
-            (Vec::new(), 0usize, Vec::new(), 0usize);
-        // KL summed over the trained groups' response tokens, and those tokens.
-        let (mut kl_sum, mut kl_tokens) = (0.0, 0usize);
-        let sampled = groups.len();
         for group in groups {
-            rewards_all.extend(group.iter().map(|r| r.reward));
-            correct += group.iter().filter(|r| r.correct).count();
-            lengths.extend(group.iter().map(|r| r.response.len()));
+            s.rewards.extend(group.iter().map(|r| r.reward));
+            s.correct += group.iter().filter(|r| r.correct).count();
+            s.lengths.extend(group.iter().map(|r| r.response.len()));
             let rewards: Vec<f64> = group.iter().map(|r| r.reward).collect();
-            // A group whose responses all scored alike has zero advantages: nothing to learn
-            // but the KL term, so it is not trained on (DAPO's dynamic sampling, without refill).
             if rewards.iter().all(|&r| r == rewards[0]) {
                 continue;
             }
-            kept += 1;
-            kl_sum += group.iter().map(|r| r.kl_sum).sum::<f64>();
-            kl_tokens += group.iter().map(|r| r.response.len()).sum::<usize>();
+            s.kept += 1;
+            s.kl_sum += group.iter().map(|r| r.kl_sum).sum::<f64>();
+            s.kl_tokens += group.iter().map(|r| r.response.len()).sum::<usize>();
             for (r, advantage) in group.into_iter().zip(group_advantages(&rewards)) {
-                let index = next_index;
-                next_index += 1;
-                metas.push(SampleMeta {
+                let index = *next_index;
+                *next_index += 1;
+                s.metas.push(SampleMeta {
                     index,
                     tokens: r.tokens.len() as u64,
                     loss_tokens: r.response.len() as u64,
                 });
                 let mut loss_mask = vec![false; r.tokens.len()];
                 loss_mask[r.tokens.len() - r.response.len()..].fill(true);
-                store.insert(
-                    index,
-                    (
-                        Sample {
-                            tokens: r.tokens,
-                            loss_mask,
-                        },
-                        RlSample {
-                            advantage: advantage as f32,
-                            ref_log_probs: r.ref_log_probs,
-                        },
-                    ),
-                );
+                let sample = Sample {
+                    tokens: r.tokens,
+                    loss_mask,
+                };
+                let rl = RlSample {
+                    advantage: advantage as f32,
+                    ref_log_probs: r.ref_log_probs,
+                };
+                s.store.insert(index, (sample, rl));
             }
         }
-        let sample_secs = t.elapsed().as_secs_f64();
-        reward_now = rewards_all.iter().sum::<f64>() / rewards_all.len() as f64;
-        accuracy_now = correct as f64 / rewards_all.len() as f64;
-        step_rewards.push(reward_now);
-        let response_tokens = lengths.iter().sum::<usize>();
-        let mean_len = response_tokens as f64 / lengths.len() as f64;
-        let max_len = lengths.iter().copied().max().unwrap_or(0);
-        // NaN when no group was trained on (nothing to measure it on).
-        let kl = kl_sum / kl_tokens as f64;
-        metrics::gauge!(names::REWARD).set(reward_now);
-        metrics::gauge!(names::ACCURACY).set(accuracy_now);
+        s
+    }
+
+    /// Sets the step's metrics; the mean reward, the accuracy and the KL per trained response
+    /// token (NaN when no group was trained on: nothing to measure it on).
+    fn record(&self, sample_secs: f64) -> (f64, f64, f64) {
+        let n = self.rewards.len() as f64;
+        let reward = self.rewards.iter().sum::<f64>() / n;
+        let accuracy = self.correct as f64 / n;
+        let response_tokens = self.lengths.iter().sum::<usize>();
+        let mean_len = response_tokens as f64 / self.lengths.len() as f64;
+        let max_len = self.lengths.iter().copied().max().unwrap_or(0);
+        let kl = self.kl_sum / self.kl_tokens as f64;
+        metrics::gauge!(names::REWARD).set(reward);
+        metrics::gauge!(names::ACCURACY).set(accuracy);
         metrics::gauge!(names::RESPONSE_TOKENS).set(mean_len);
         metrics::gauge!(names::RESPONSE_TOKENS_MAX).set(max_len as f64);
         metrics::gauge!(names::KL).set(kl);
         metrics::gauge!(names::SAMPLING_TOKENS_PER_SECOND)
             .set(response_tokens as f64 / sample_secs);
-        metrics::counter!(names::GROUPS).increment(sampled as u64);
-        metrics::counter!(names::GROUPS_TRAINED).increment(kept as u64);
-        let update = if metas.is_empty() {
-            "no update (every group scored alike)".to_string()
-        } else {
-            // Every rank holds every response (any trainer may be given any of them) before
-            // rank 0 steps.
-            *responses
-                .map
-                .write()
-                .map_err(|_| anyhow::anyhow!("response store poisoned"))? = store;
-            if ranks > 1 {
-                job.barrier(GATHER_TIMEOUT)
-                    .await
-                    .context("waiting for every rank to store the responses")?;
-            }
-            let s = if lead {
-                job.step_with(metas).await
-            } else {
-                job.step().await
-            }
-            .with_context(|| format!("RL step {}", step + 1))?;
-            format!(
-                "loss {:+.4}  update {:.1} s ({} micro-batches)",
-                s.loss,
-                s.wall.as_secs_f64(),
-                s.micro_batches
-            )
-        };
-        say(format!(
-            "step {:3}/{}  reward {reward_now:.3}  accuracy {accuracy_now:.3}  response mean {mean_len:.0} max {max_len} tokens  kl {kl:.5}  groups trained {kept}/{}  sampling {sample_secs:.1} s  {update}",
-            step + 1,
-            args.steps,
-            prompts.len(),
-        ));
+        metrics::counter!(names::GROUPS).increment(self.sampled as u64);
+        metrics::counter!(names::GROUPS_TRAINED).increment(self.kept as u64);
+        (reward, accuracy, kl)
     }
-    let params = job.parameters().await?;
-    let after = held_out(&mut job, evaluate_share(&params)?).await?;
-    job.shutdown().await;
-    // Mean sampled reward of the first and the last quarter of the steps.
-    let quarter = step_rewards.len().div_ceil(4).max(1);
-    let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len().max(1) as f64;
-    say(format!(
-        "{} RL steps in {:.1} s; mean reward {:.3} over the first {quarter} steps, {:.3} over the last {quarter}",
-        args.steps,
-        started.elapsed().as_secs_f64(),
-        mean(&step_rewards[..quarter.min(step_rewards.len())]),
-        mean(&step_rewards[step_rewards.len().saturating_sub(quarter)..]),
-    ));
-    if !eval_set.is_empty() {
-        say(format!(
-            "held-out after RL ({} problems): greedy accuracy {:.3} (before {:.3}); {} samples each: reward {:.3} (before {:.3}), accuracy {:.3} (before {:.3})",
-            eval_set.len(),
-            after.greedy,
-            before.greedy,
-            args.group_size,
-            after.reward,
-            before.reward,
-            after.accuracy,
-            before.accuracy
-        ));
-    }
-    say(format!(
-        "final step={} reward={reward_now} accuracy={accuracy_now}",
-        args.steps
-    ));
-    Ok(())
 }
 
 /// Every rank's share of the held-out scores, summed (the job's ranks in order).

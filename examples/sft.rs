@@ -789,6 +789,8 @@ enum Resume {
     Newest,
 }
 
+/// The run, phase by phase: set-up (the model directory, the text format, a checkpoint to resume,
+/// the data), the job, the training loop with its evaluations and checkpoints, the export.
 async fn run(
     mut settings: Settings,
     model_given: bool,
@@ -804,41 +806,133 @@ async fn run(
         None => None,
     };
     let format = load_format(&mut settings, model_given)?;
-    let tokenizer = format.tokenizer();
-    let rank = world.rank;
-    let world_size = world.world_size;
-    let lead = rank == 0;
-    let say = |line: String| {
-        if lead {
+    let run = Run {
+        tensors: tensor_map(&settings.model)?,
+        settings,
+        format,
+        lead: world.rank == 0,
+        rank: world.rank,
+        world_size: world.world_size,
+    };
+    let (position, resumed) = run.resume(resume)?;
+    let data = run.data()?;
+    run.serve_metrics()?;
+    let feed = Arc::new(Mutex::new(position));
+    let placement = run.placement()?;
+    let eval = run.evaluator(&placement)?;
+    let trainers = run.trainers();
+    let mut job = run.build_job(checkpoint.as_ref(), &data, placement, &feed, world, resumed)?;
+    let settings = &run.settings;
+    let first = job.steps_done();
+    if first > settings.steps {
+        bail!(
+            "the run is already at step {first}, past --steps {}: raise --steps",
+            settings.steps
+        );
+    }
+    if first == settings.steps {
+        // A restarted attempt of a run whose last checkpoint is its last step: done.
+        run.say(format!(
+            "sft: the checkpoint is at step {first} of {}: nothing left to train",
+            settings.steps
+        ));
+        // The attempt that wrote it may have died before its export.
+        export_at_end(settings, &mut job, run.lead, &|l| run.say(l)).await?;
+        job.shutdown().await;
+        return Ok(());
+    }
+    run.say(format!(
+        "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers, device {} ({}), {threads}",
+        odc::model::param_count(&settings.model)?,
+        settings.steps,
+        settings.batch_size,
+        trainers,
+        if run.world_size > 1 {
+            run.world_size as usize
+        } else {
+            settings.servers
+        },
+        settings.device,
+        settings.precision
+    ));
+    let trained = run
+        .train(&mut job, &data, &eval, &feed, first, trainers)
+        .await?;
+    run.finish(job, trained, first).await
+}
+
+/// What every phase of the run reads.
+struct Run {
+    settings: Settings,
+    format: TextFormat,
+    /// The model's tensor names and shapes per unit (the checkpoints').
+    tensors: TensorMap,
+    /// Rank 0 prints, evaluates, checkpoints and exports.
+    lead: bool,
+    rank: u32,
+    world_size: u32,
+}
+
+/// The data of a run: the training set, the longest sample it takes, the held-out problems.
+struct Data {
+    dataset: Dataset,
+    max_len: usize,
+    eval_set: Vec<Problem>,
+}
+
+/// Where the lead answers the held-out problems: the trainers' device (in fp32), and how many
+/// threads answer at once.
+struct Evaluator {
+    device: Device,
+    workers: usize,
+}
+
+/// What the training loop measured.
+struct Trained {
+    started: Instant,
+    tokens: u64,
+    loss: f64,
+    accuracy: f64,
+    spans: Vec<TraceSpan>,
+}
+
+impl Run {
+    /// Prints `line` on the lead.
+    fn say(&self, line: String) {
+        if self.lead {
             println!("{line}");
         }
-    };
+    }
 
-    // Resume: the checkpoint's state and data position; its model must be this run's. The
-    // checkpoint is opened (mapped and verified), not read: each shard server reads its ranges.
-    let tensors: TensorMap = tensor_map(&settings.model)?;
-    let resume = match resume {
-        Some(Resume::From(dir)) => {
-            let opened = checkpoint::open(&dir, &tensors)
-                .with_context(|| format!("resuming from {}", dir.display()))?;
-            Some((dir, opened))
-        }
-        Some(Resume::Newest) => {
-            let newest = checkpoint::open_newest(&settings.checkpoint_dir, &tensors)
-                .context("--resume auto: looking for the newest checkpoint")?;
-            if newest.is_none() && lead {
-                eprintln!(
-                    "--resume auto: no checkpoint in {}: starting from scratch",
-                    settings.checkpoint_dir.display()
-                );
+    /// Resume: the checkpoint's state and data position; its model must be this run's. The
+    /// checkpoint is opened (mapped and verified), not read: each shard server reads its ranges.
+    fn resume(
+        &self,
+        resume: Option<Resume>,
+    ) -> anyhow::Result<(DataPosition, Option<checkpoint::Opened>)> {
+        let settings = &self.settings;
+        let resume = match resume {
+            Some(Resume::From(dir)) => {
+                let opened = checkpoint::open(&dir, &self.tensors)
+                    .with_context(|| format!("resuming from {}", dir.display()))?;
+                Some((dir, opened))
             }
-            newest
-        }
-        None => None,
-    };
-    let mut position = DataPosition { next: 0 };
-    let mut resumed = None;
-    if let Some((dir, state)) = resume {
+            Some(Resume::Newest) => {
+                let newest = checkpoint::open_newest(&settings.checkpoint_dir, &self.tensors)
+                    .context("--resume auto: looking for the newest checkpoint")?;
+                if newest.is_none() && self.lead {
+                    eprintln!(
+                        "--resume auto: no checkpoint in {}: starting from scratch",
+                        settings.checkpoint_dir.display()
+                    );
+                }
+                newest
+            }
+            None => None,
+        };
+        let Some((dir, state)) = resume else {
+            return Ok((DataPosition { next: 0 }, None));
+        };
         let saved: Saved = serde_json::from_value(state.extra().clone())
             .with_context(|| format!("{}: state.json has no sft settings", dir.display()))?;
         if !same_tokenizer(&saved.settings.tokenizer, &settings.tokenizer) {
@@ -861,325 +955,391 @@ async fn run(
                 settings.model
             );
         }
-        position = saved.data;
-        say(format!(
+        self.say(format!(
             "resuming from {} at step {} (problem {})",
             dir.display(),
             state.step(),
-            position.next
+            saved.data.next
         ));
-        resumed = Some(state);
+        Ok((saved.data, Some(state)))
     }
 
-    let dataset = match &settings.data {
-        Some(path) => Dataset::load(path)?,
-        None => {
-            Dataset::Generated(ArithTask::train(settings.seed).with_max_value(settings.max_value))
+    /// The training data, the longest sample it takes, and the held-out problems that fit.
+    fn data(&self) -> anyhow::Result<Data> {
+        let settings = &self.settings;
+        let dataset = match &settings.data {
+            Some(path) => Dataset::load(path)?,
+            None => Dataset::Generated(
+                ArithTask::train(settings.seed).with_max_value(settings.max_value),
+            ),
+        };
+        if matches!(dataset, Dataset::Chat(_)) && !self.format.is_chat() {
+            bail!(
+                "{}: chat data needs the model's chat template: give --model-dir",
+                settings
+                    .data
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
         }
-    };
-    if matches!(dataset, Dataset::Chat(_)) && !format.is_chat() {
-        bail!(
-            "{}: chat data needs the model's chat template: give --model-dir",
+        // Samples longer than the model's positions are skipped, and without splitting those
+        // longer than a micro-batch too (with it, the planner cuts them into pieces within the
+        // budget).
+        let splits = settings
+            .split
+            .parse::<odc::SplitPolicy>()
+            .is_ok_and(|p| p != odc::SplitPolicy::Off);
+        let max_len = if splits {
+            settings.model.max_seq_len
+        } else {
             settings
-                .data
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        );
+                .model
+                .max_seq_len
+                .min(usize::try_from(settings.token_budget).unwrap_or(usize::MAX))
+        };
+        // Held-out problems that fit, as training skips the others.
+        let wanted = settings.eval_problems;
+        let eval_set: Vec<Problem> = match (&settings.eval_data, &settings.data) {
+            (Some(path), _) => self.format.fitting(
+                odc::text::gsm8k::load(path).context("loading the evaluation data")?,
+                max_len,
+                wanted,
+            )?,
+            (None, Some(_)) => Vec::new(),
+            (None, None) => self.format.fitting(
+                ArithTask::eval(settings.seed)
+                    .with_max_value(settings.max_value)
+                    .problems(0..(wanted as u64).saturating_mul(100)),
+                max_len,
+                wanted,
+            )?,
+        };
+        Ok(Data {
+            dataset,
+            max_len,
+            eval_set,
+        })
     }
-    // Samples longer than the model's positions are skipped, and without splitting those longer
-    // than a micro-batch too (with it, the planner cuts them into pieces within the budget).
-    let splits = settings
-        .split
-        .parse::<odc::SplitPolicy>()
-        .is_ok_and(|p| p != odc::SplitPolicy::Off);
-    let max_len = if splits {
-        settings.model.max_seq_len
-    } else {
-        settings
-            .model
-            .max_seq_len
-            .min(usize::try_from(settings.token_budget).unwrap_or(usize::MAX))
-    };
-    // Evaluation runs on the lead while its trainers wait: one thread per trainer it holds.
-    let eval_workers = if world_size > 1 { 1 } else { settings.trainers };
-    // Held-out problems that fit, as training skips the others.
-    let wanted = settings.eval_problems;
-    let eval_set: Vec<Problem> = match (&settings.eval_data, &settings.data) {
-        (Some(path), _) => format.fitting(
-            odc::text::gsm8k::load(path).context("loading the evaluation data")?,
-            max_len,
-            wanted,
-        )?,
-        (None, Some(_)) => Vec::new(),
-        (None, None) => format.fitting(
-            ArithTask::eval(settings.seed)
-                .with_max_value(settings.max_value)
-                .problems(0..(wanted as u64).saturating_mul(100)),
-            max_len,
-            wanted,
-        )?,
-    };
 
-    if !settings.no_metrics {
-        let mut addr = settings.metrics_addr;
+    /// Prometheus metrics at `--metrics-addr` (its port plus the rank), unless `--no-metrics`.
+    fn serve_metrics(&self) -> anyhow::Result<()> {
+        if self.settings.no_metrics {
+            return Ok(());
+        }
+        let mut addr = self.settings.metrics_addr;
         if addr.port() != 0 {
-            addr.set_port(addr.port().saturating_add(rank as u16));
+            addr.set_port(addr.port().saturating_add(self.rank as u16));
         }
         odc::metrics::serve(addr)?;
-        say(format!("metrics: http://{addr}/metrics"));
+        self.say(format!("metrics: http://{addr}/metrics"));
+        Ok(())
     }
 
-    let model = settings.model.clone();
-    let store_data = dataset.clone();
-    let store_format = format.clone();
-    let store: Arc<dyn SampleStore> = Arc::new(move |index: u64| {
-        Ok(Sample::from(&sample_of(&store_format, &store_data, index)?))
-    });
-    let placement = Placement {
-        device: settings.device.parse()?,
-        precision: settings.precision.parse()?,
-        reshard: settings
-            .reshard_after_forward
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--{e}"))?,
-        local_rank: odc::launch::local_rank(),
-        kernels: Default::default(),
-    };
-    // Evaluation (on the lead) runs on the trainers' device, in fp32, one answer at a time there.
-    let (eval_device, eval_workers) = if placement.device.is_cuda() {
-        (open_device(placement.device, placement.local_rank)?, 1)
-    } else {
-        (Device::Cpu, eval_workers)
-    };
-    // A model directory's weights: each shard server converts its own slice from the mapped
-    // files (every rank opens the directory: it must be on a filesystem they share).
-    let units = match &checkpoint {
-        Some(checkpoint) => peft::adapted_units(&model, checkpoint.unit_specs())?,
-        None => layout_units(&model)?,
-    };
-    let mut builder = transformer_job_of(&model, units, store, Objective::CrossEntropy, placement)?
-        .optimizer(OptimizerConfig::AdamW {
-            lr: settings.lr,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: settings.weight_decay,
+    /// The trainers' device, precision and resharding.
+    fn placement(&self) -> anyhow::Result<Placement> {
+        let settings = &self.settings;
+        Ok(Placement {
+            device: settings.device.parse()?,
+            precision: settings.precision.parse()?,
+            reshard: settings
+                .reshard_after_forward
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--{e}"))?,
+            local_rank: odc::launch::local_rank(),
+            kernels: Default::default(),
         })
-        .lr_schedule(LrSchedule::WarmupCosine {
-            warmup_steps: settings.warmup_steps.min(settings.steps),
-            total_steps: settings.steps,
-            min_ratio: settings.min_lr_ratio,
-        })
-        .clip_grad_norm(settings.clip_grad_norm)
-        .micro_batch_timeout(Duration::from_secs(settings.micro_batch_timeout))
-        .step_timeout(DEFAULT_STEP_TIMEOUT.max(Duration::from_secs(
-            settings.micro_batch_timeout.saturating_mul(6),
-        )))
-        .token_budget(settings.token_budget)
-        .sequence_parallel(
-            settings
-                .split
-                .parse::<SplitPolicy>()
-                .map_err(|e| anyhow::anyhow!("--split: {e}"))?,
-        )
-        .pull_precision(Precision::F32);
-    let data_source = dataset.clone();
-    let batch = settings.batch_size;
-    let feed = Arc::new(Mutex::new(position));
-    let fed = feed.clone();
-    let data_format = format.clone();
-    builder = builder.data(move |_step: u64| {
-        let mut at = fed.lock().unwrap_or_else(|e| e.into_inner());
-        next_minibatch(&data_format, &data_source, &mut at, batch, max_len)
-    });
-    let trainers = match (&settings.trainers_on, world_size > 1) {
-        (Some(ranks), true) => parse_ranks(ranks).map(|r| r.len()).unwrap_or(1),
-        (None, true) => world_size as usize,
-        (_, false) => settings.trainers,
-    };
-    builder = builder
-        .failure_policy(failure_policy(&settings.on_trainer_failure)?)
-        .keep_last_checkpoints(settings.keep_last);
-    if world_size > 1 {
-        builder = builder.world(world);
-        if settings.servers_on.is_some() || settings.trainers_on.is_some() {
-            let ranks = |flag: &str, text: &Option<String>| match text {
-                Some(text) => parse_ranks(text).map_err(|e| anyhow::anyhow!("--{flag}: {e}")),
-                None => Ok((0..world_size).collect()),
-            };
-            builder = builder.roles(Roles::explicit(
-                ranks("servers-on", &settings.servers_on)?,
-                ranks("trainers-on", &settings.trainers_on)?,
-            ));
-        }
-    } else {
-        builder = builder
-            .trainers(settings.trainers)
-            .servers(settings.servers);
     }
-    if let Some(state) = resumed {
-        builder = builder.resume_from(state);
-    }
-    let mut job = builder.build().context("building the job")?;
 
-    let first = job.steps_done();
-    if first > settings.steps {
-        bail!(
-            "the run is already at step {first}, past --steps {}: raise --steps",
-            settings.steps
-        );
-    }
-    if first == settings.steps {
-        // A restarted attempt of a run whose last checkpoint is its last step: done.
-        say(format!(
-            "sft: the checkpoint is at step {first} of {}: nothing left to train",
-            settings.steps
-        ));
-        // The attempt that wrote it may have died before its export.
-        export_at_end(&settings, &mut job, lead, &say).await?;
-        job.shutdown().await;
-        return Ok(());
-    }
-    say(format!(
-        "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers, device {} ({}), {threads}",
-        odc::model::param_count(&settings.model)?,
-        settings.steps,
-        settings.batch_size,
-        trainers,
-        if world_size > 1 {
-            world_size as usize
-        } else {
-            settings.servers
-        },
-        settings.device,
-        settings.precision
-    ));
-    let bar = if lead && std::io::stdout().is_terminal() {
-        let bar = ProgressBar::new(settings.steps);
-        bar.set_style(ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
-        )?);
-        bar.set_position(first);
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
-    let print = |line: String| {
-        if lead {
-            bar.suspend(|| println!("{line}"));
+    /// Evaluation (on the lead) runs while its trainers wait, on their device in fp32: one
+    /// thread per trainer it holds on the CPU, one answer at a time on a GPU.
+    fn evaluator(&self, placement: &Placement) -> anyhow::Result<Evaluator> {
+        if placement.device.is_cuda() {
+            return Ok(Evaluator {
+                device: open_device(placement.device, placement.local_rank)?,
+                workers: 1,
+            });
         }
-    };
-
-    let started = Instant::now();
-    let mut origin: Option<Timestamp> = None;
-    let mut spans: Vec<TraceSpan> = Vec::new();
-    let (mut tokens, mut loss, mut accuracy) = (0u64, f64::NAN, f64::NAN);
-    let mut smoothed = f64::NAN;
-    for step in first..settings.steps {
-        let s = job.step().await.with_context(|| format!("step {step}"))?;
-        position = *feed.lock().unwrap_or_else(|e| e.into_inner());
-        tokens += s.tokens;
-        loss = s.loss;
-        smoothed = if smoothed.is_nan() {
-            loss
-        } else {
-            0.9 * smoothed + 0.1 * loss
-        };
-        let rate = tokens as f64 / started.elapsed().as_secs_f64();
-        metrics::gauge!("odc_sft_loss").set(loss);
-        metrics::gauge!("odc_sft_tokens_per_second").set(rate);
-        if settings.trace.is_some() {
-            let origin = *origin.get_or_insert(s.started);
-            spans.extend(step_spans(&s, origin, trainers));
-        }
-        let done = step + 1;
-        bar.set_position(done);
-        bar.set_message(format!("loss {smoothed:.4}  {rate:.0} tok/s"));
-        // A terminal has the bar; a pipe or a log gets a line every 10 steps.
-        if bar.is_hidden() && (done % 10 == 0 || done == first + 1 || done == settings.steps) {
-            let split = if s.gangs.is_empty() {
-                String::new()
+        Ok(Evaluator {
+            device: Device::Cpu,
+            workers: if self.world_size > 1 {
+                1
             } else {
-                format!("  split {:?}", s.gangs)
-            };
-            print(format!(
-                "step {done:4}/{}  loss {loss:.4}  grad-norm {:.3}  {rate:.0} tok/s  {:.0} ms/step{split}",
-                settings.steps,
-                s.grad_norm,
-                s.wall.as_secs_f64() * 1e3
-            ));
+                self.settings.trainers
+            },
+        })
+    }
+
+    /// Trainers of the job (of every rank).
+    fn trainers(&self) -> usize {
+        match (&self.settings.trainers_on, self.world_size > 1) {
+            (Some(ranks), true) => parse_ranks(ranks).map(|r| r.len()).unwrap_or(1),
+            (None, true) => self.world_size as usize,
+            (_, false) => self.settings.trainers,
         }
-        let last = done == settings.steps;
-        let evaluate_now = !eval_set.is_empty()
-            && (last || (settings.eval_every > 0 && done % settings.eval_every == 0));
-        if lead && evaluate_now {
-            let params = job.parameters().await?;
-            let weights = Weights::from_units(&settings.model, &params, &eval_device)?;
-            let t = Instant::now();
-            let prompt = |p: &Problem| format.prompt(&p.question);
-            let e = evaluate_prompted(
-                &weights,
-                &*tokenizer,
-                &eval_set,
-                settings.max_new_tokens,
-                eval_workers,
-                &prompt,
-            )?;
-            accuracy = e.accuracy();
-            metrics::gauge!("odc_sft_eval_accuracy").set(accuracy);
-            print(format!(
-                "eval step {done}: accuracy {:.3} ({}/{})  mean answer {:.0} tokens  ({:.1} s)\n  e.g. {:?}",
-                accuracy,
-                e.correct,
-                e.problems,
-                e.mean_answer_tokens,
-                t.elapsed().as_secs_f64(),
-                e.example.unwrap_or_default().chars().take(120).collect::<String>()
-            ));
-        }
-        if lead && settings.checkpoint_every > 0 && (done % settings.checkpoint_every == 0 || last)
-        {
-            let saved = Saved {
-                settings: settings.clone(),
-                data: position,
-            };
-            // Sharded and asynchronous: every server copies its shards now and writes them
-            // while training goes on; this rank publishes the directory. The previous one is
-            // complete when the next starts (and at the end).
-            let done = job
-                .checkpoint_async(
-                    &settings.checkpoint_dir,
-                    &tensors,
-                    &serde_json::to_value(&saved)?,
+    }
+
+    /// The job: the model's units (a model directory's, each shard server converting its own
+    /// slice from the mapped files, or the seeded initialisation), AdamW with warm-up and cosine
+    /// decay, the data read from `feed`'s position, and the processes' roles.
+    fn build_job(
+        &self,
+        checkpoint: Option<&HfCheckpoint>,
+        data: &Data,
+        placement: Placement,
+        feed: &Arc<Mutex<DataPosition>>,
+        world: World,
+        resumed: Option<checkpoint::Opened>,
+    ) -> anyhow::Result<Job> {
+        let settings = &self.settings;
+        let model = settings.model.clone();
+        let store_data = data.dataset.clone();
+        let store_format = self.format.clone();
+        let store: Arc<dyn SampleStore> = Arc::new(move |index: u64| {
+            Ok(Sample::from(&sample_of(&store_format, &store_data, index)?))
+        });
+        // Every rank opens the model directory: it must be on a filesystem they share.
+        let units = match checkpoint {
+            Some(checkpoint) => peft::adapted_units(&model, checkpoint.unit_specs())?,
+            None => layout_units(&model)?,
+        };
+        let mut builder =
+            transformer_job_of(&model, units, store, Objective::CrossEntropy, placement)?
+                .optimizer(OptimizerConfig::AdamW {
+                    lr: settings.lr,
+                    beta1: 0.9,
+                    beta2: 0.95,
+                    eps: 1e-8,
+                    weight_decay: settings.weight_decay,
+                })
+                .lr_schedule(LrSchedule::WarmupCosine {
+                    warmup_steps: settings.warmup_steps.min(settings.steps),
+                    total_steps: settings.steps,
+                    min_ratio: settings.min_lr_ratio,
+                })
+                .clip_grad_norm(settings.clip_grad_norm)
+                .micro_batch_timeout(Duration::from_secs(settings.micro_batch_timeout))
+                .step_timeout(DEFAULT_STEP_TIMEOUT.max(Duration::from_secs(
+                    settings.micro_batch_timeout.saturating_mul(6),
+                )))
+                .token_budget(settings.token_budget)
+                .sequence_parallel(
+                    settings
+                        .split
+                        .parse::<SplitPolicy>()
+                        .map_err(|e| anyhow::anyhow!("--split: {e}"))?,
                 )
-                .await?;
-            if let Some(dir) = done {
-                checkpoint_written(&dir, &print);
+                .pull_precision(Precision::F32);
+        let data_source = data.dataset.clone();
+        let (batch, max_len) = (settings.batch_size, data.max_len);
+        let fed = feed.clone();
+        let data_format = self.format.clone();
+        builder = builder.data(move |_step: u64| {
+            let mut at = fed.lock().unwrap_or_else(|e| e.into_inner());
+            next_minibatch(&data_format, &data_source, &mut at, batch, max_len)
+        });
+        builder = builder
+            .failure_policy(failure_policy(&settings.on_trainer_failure)?)
+            .keep_last_checkpoints(settings.keep_last);
+        if self.world_size > 1 {
+            builder = builder.world(world);
+            if settings.servers_on.is_some() || settings.trainers_on.is_some() {
+                let ranks = |flag: &str, text: &Option<String>| match text {
+                    Some(text) => parse_ranks(text).map_err(|e| anyhow::anyhow!("--{flag}: {e}")),
+                    None => Ok((0..self.world_size).collect()),
+                };
+                builder = builder.roles(Roles::explicit(
+                    ranks("servers-on", &settings.servers_on)?,
+                    ranks("trainers-on", &settings.trainers_on)?,
+                ));
+            }
+        } else {
+            builder = builder
+                .trainers(settings.trainers)
+                .servers(settings.servers);
+        }
+        if let Some(state) = resumed {
+            builder = builder.resume_from(state);
+        }
+        builder.build().context("building the job")
+    }
+
+    /// Steps `first..--steps`: the loss and rate (a progress bar on a terminal, else a line
+    /// every 10 steps), evaluations every `--eval-every` and at the end, asynchronous
+    /// checkpoints every `--checkpoint-every` and at the end.
+    async fn train(
+        &self,
+        job: &mut Job,
+        data: &Data,
+        eval: &Evaluator,
+        feed: &Arc<Mutex<DataPosition>>,
+        first: u64,
+        trainers: usize,
+    ) -> anyhow::Result<Trained> {
+        let settings = &self.settings;
+        let bar = if self.lead && std::io::stdout().is_terminal() {
+            let bar = ProgressBar::new(settings.steps);
+            bar.set_style(ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
+            )?);
+            bar.set_position(first);
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        let print = |line: String| {
+            if self.lead {
+                bar.suspend(|| println!("{line}"));
+            }
+        };
+        let mut trained = Trained {
+            started: Instant::now(),
+            tokens: 0,
+            loss: f64::NAN,
+            accuracy: f64::NAN,
+            spans: Vec::new(),
+        };
+        let mut origin: Option<Timestamp> = None;
+        let mut smoothed = f64::NAN;
+        for step in first..settings.steps {
+            let s = job.step().await.with_context(|| format!("step {step}"))?;
+            let position = *feed.lock().unwrap_or_else(|e| e.into_inner());
+            trained.tokens += s.tokens;
+            trained.loss = s.loss;
+            let loss = s.loss;
+            smoothed = if smoothed.is_nan() {
+                loss
+            } else {
+                0.9 * smoothed + 0.1 * loss
+            };
+            let rate = trained.tokens as f64 / trained.started.elapsed().as_secs_f64();
+            metrics::gauge!("odc_sft_loss").set(loss);
+            metrics::gauge!("odc_sft_tokens_per_second").set(rate);
+            if settings.trace.is_some() {
+                let origin = *origin.get_or_insert(s.started);
+                trained.spans.extend(step_spans(&s, origin, trainers));
+            }
+            let done = step + 1;
+            bar.set_position(done);
+            bar.set_message(format!("loss {smoothed:.4}  {rate:.0} tok/s"));
+            // A terminal has the bar; a pipe or a log gets a line every 10 steps.
+            if bar.is_hidden() && (done % 10 == 0 || done == first + 1 || done == settings.steps) {
+                let split = if s.gangs.is_empty() {
+                    String::new()
+                } else {
+                    format!("  split {:?}", s.gangs)
+                };
+                print(format!(
+                    "step {done:4}/{}  loss {loss:.4}  grad-norm {:.3}  {rate:.0} tok/s  {:.0} ms/step{split}",
+                    settings.steps,
+                    s.grad_norm,
+                    s.wall.as_secs_f64() * 1e3
+                ));
+            }
+            let last = done == settings.steps;
+            let evaluate_now = !data.eval_set.is_empty()
+                && (last || (settings.eval_every > 0 && done % settings.eval_every == 0));
+            if self.lead && evaluate_now {
+                trained.accuracy = self.evaluate(job, data, eval, done, &print).await?;
+            }
+            if self.lead
+                && settings.checkpoint_every > 0
+                && (done % settings.checkpoint_every == 0 || last)
+            {
+                self.checkpoint(job, position, &print).await?;
             }
         }
+        if let Some(dir) = job.wait_checkpoint().await? {
+            checkpoint_written(&dir, &print);
+        }
+        bar.finish_and_clear();
+        Ok(trained)
     }
-    if let Some(dir) = job.wait_checkpoint().await? {
-        checkpoint_written(&dir, &print);
+
+    /// Exact-match accuracy of greedy answers to the held-out problems, after step `done`.
+    async fn evaluate(
+        &self,
+        job: &mut Job,
+        data: &Data,
+        eval: &Evaluator,
+        done: u64,
+        print: &dyn Fn(String),
+    ) -> anyhow::Result<f64> {
+        let params = job.parameters().await?;
+        let weights = Weights::from_units(&self.settings.model, &params, &eval.device)?;
+        let t = Instant::now();
+        let prompt = |p: &Problem| self.format.prompt(&p.question);
+        let tokenizer = self.format.tokenizer();
+        let e = evaluate_prompted(
+            &weights,
+            &*tokenizer,
+            &data.eval_set,
+            self.settings.max_new_tokens,
+            eval.workers,
+            &prompt,
+        )?;
+        let accuracy = e.accuracy();
+        metrics::gauge!("odc_sft_eval_accuracy").set(accuracy);
+        print(format!(
+            "eval step {done}: accuracy {:.3} ({}/{})  mean answer {:.0} tokens  ({:.1} s)\n  e.g. {:?}",
+            accuracy,
+            e.correct,
+            e.problems,
+            e.mean_answer_tokens,
+            t.elapsed().as_secs_f64(),
+            e.example.unwrap_or_default().chars().take(120).collect::<String>()
+        ));
+        Ok(accuracy)
     }
-    bar.finish_and_clear();
-    export_at_end(&settings, &mut job, lead, &say).await?;
-    if let (Some(path), true) = (&settings.trace, lead) {
-        write_chrome_trace(path, &spans, "odc sft")?;
-        say(format!("trace: {}", path.display()));
+
+    /// A checkpoint of the job at the data's `position`: sharded and asynchronous, every
+    /// server copies its shards now and writes them while training goes on; this rank
+    /// publishes the directory. The previous one is complete when the next starts (and at the
+    /// end).
+    async fn checkpoint(
+        &self,
+        job: &mut Job,
+        position: DataPosition,
+        print: &dyn Fn(String),
+    ) -> anyhow::Result<()> {
+        let saved = Saved {
+            settings: self.settings.clone(),
+            data: position,
+        };
+        let done = job
+            .checkpoint_async(
+                &self.settings.checkpoint_dir,
+                &self.tensors,
+                &serde_json::to_value(&saved)?,
+            )
+            .await?;
+        if let Some(dir) = done {
+            checkpoint_written(&dir, print);
+        }
+        Ok(())
     }
-    let secs = started.elapsed().as_secs_f64();
-    say(format!(
-        "{} steps in {secs:.1} s: {:.0} tokens/s",
-        settings.steps - first,
-        tokens as f64 / secs
-    ));
-    job.shutdown().await;
-    println!(
-        "final step={} loss={loss} eval_accuracy={accuracy}",
-        settings.steps
-    );
-    Ok(())
+
+    /// The export, the trace, the rate, and the last line.
+    async fn finish(&self, mut job: Job, trained: Trained, first: u64) -> anyhow::Result<()> {
+        let settings = &self.settings;
+        export_at_end(settings, &mut job, self.lead, &|l| self.say(l)).await?;
+        if let (Some(path), true) = (&settings.trace, self.lead) {
+            write_chrome_trace(path, &trained.spans, "odc sft")?;
+            self.say(format!("trace: {}", path.display()));
+        }
+        let secs = trained.started.elapsed().as_secs_f64();
+        self.say(format!(
+            "{} steps in {secs:.1} s: {:.0} tokens/s",
+            settings.steps - first,
+            trained.tokens as f64 / secs
+        ));
+        job.shutdown().await;
+        println!(
+            "final step={} loss={} eval_accuracy={}",
+            settings.steps, trained.loss, trained.accuracy
+        );
+        Ok(())
+    }
 }
 
 /// `--export-hf` once the run's steps are done (the lead only).

@@ -14,7 +14,7 @@ use std::path::Path;
 use odc_actors::server::step_dir;
 use serde::{Deserialize, Serialize};
 
-use super::files::{invalid, io, CheckpointError};
+use super::error::{invalid, io, CheckpointError};
 
 /// The manifest's file name in a step directory.
 pub const MANIFEST_FILE: &str = step_dir::MANIFEST_FILE;

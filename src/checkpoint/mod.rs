@@ -28,7 +28,9 @@
 //!   from the pieces (they must tile it), so a job resumes with any number of servers and each
 //!   server reads only its own range (`JobBuilder::resume_from`); [`load`] reads it whole.
 
+mod error;
 mod files;
+mod layout;
 pub mod manifest;
 mod newest;
 mod open;
@@ -36,8 +38,10 @@ pub mod sharded;
 mod tensors;
 mod train_state;
 
-pub(crate) use files::fresh_staging;
-pub use files::{load, save, step_dir, CheckpointError, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+pub use error::CheckpointError;
+pub use files::{load, save};
+pub(crate) use layout::fresh_staging;
+pub use layout::{step_dir, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 pub use manifest::{Manifest, MANIFEST_FILE};
 pub use newest::{newest, retain, verify};
 pub use open::{open, open_newest, Opened};

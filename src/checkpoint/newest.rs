@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use odc_actors::server::step_dir;
 
-use super::files::FILES;
+use super::layout::FILES;
 use super::manifest::{self, Manifest};
 use super::CheckpointError;
 

@@ -33,10 +33,8 @@ use odc_actors::server::shard_file::{tensor_name, PARAMS};
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
-use super::files::{
-    invalid, io, read_checked, CheckpointError, StateFile, FORMAT, MODEL_FILE, OPTIMIZER_FILE,
-    STATE_FILE,
-};
+use super::error::{invalid, io, CheckpointError};
+use super::layout::{read_checked, StateFile, FORMAT, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 use super::manifest::{self, FileEntry, Manifest};
 use super::{TensorMap, TrainState};
 

@@ -24,7 +24,8 @@ use odc_actors::messages::{PublishShardsCmd, WrittenShards};
 use odc_actors::server::shard_file::{ShardFile, ShardPiece};
 use odc_transport::EndpointId;
 
-use super::files::{invalid, publish, step_dir, CheckpointError, StateFile, FORMAT, STATE_FILE};
+use super::error::{invalid, CheckpointError};
+use super::layout::{publish, step_dir, StateFile, FORMAT, STATE_FILE};
 use super::manifest::{self, FileEntry};
 use super::TensorMap;
 

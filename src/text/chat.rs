@@ -1,7 +1,7 @@
-//! Conversations in a model's own chat format: [`ChatTemplate`] renders the Jinja `chat_template`
-//! of a model's `tokenizer_config.json` with `minijinja`, as `transformers`' `apply_chat_template`
-//! does, and [`Sample::from_chat`] turns a conversation into a training sample whose loss covers
-//! the assistant's turns only.
+//! Conversations in a model's own chat format: [`Message`]s, and [`ChatTemplate`], which renders
+//! the Jinja `chat_template` of a model's `tokenizer_config.json` with `minijinja`, as
+//! `transformers`' `apply_chat_template` does. A conversation becomes a training sample or a
+//! prompt through a tokenizer in [`super::chat_sample`].
 //!
 //! Guarantees (the tests are named after them):
 //!
@@ -15,19 +15,6 @@
 //! 2. **Errors name the template**: a template that does not compile or fails to render (an
 //!    undefined function, a `raise_exception`) is [`TextError::ChatTemplate`] naming where it came
 //!    from and why; nothing panics.
-//! 3. **Loss on the assistant's turns, end-of-turn included**: [`Sample::from_chat`] renders the
-//!    whole conversation and encodes it once (special tokens written by the template, such as
-//!    `<|im_start|>`, become their single ids; no BOS is added beyond the one the template writes).
-//!    Assistant turn `i` spans from the end of `render(messages[..i], add_generation_prompt)` to
-//!    the end of its end-of-turn token: the last stop token (EOS, `<|im_end|>`, `<|eot_id|>`, …)
-//!    in `render(messages[..=i])` past that point, or that render's end if it has none. A token
-//!    carries loss exactly when its bytes lie inside such a span: the assistant's content and its
-//!    end-of-turn token, never the `<|im_start|>assistant\n` header nor the newline after
-//!    `<|im_end|>`. A template whose renders of a conversation's beginnings are not beginnings of
-//!    its whole render (one that rewrites earlier turns) cannot be masked this way and is an
-//!    error naming it.
-//! 4. **Prompts for generation**: [`prompt_from_chat`] is the conversation rendered with
-//!    `add_generation_prompt`, encoded the same way: the ids a model continues with an answer.
 
 use std::ops::Range;
 
@@ -35,8 +22,6 @@ use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
-use super::hf_tokenizer::HfTokenizer;
-use super::packing::Sample;
 use super::TextError;
 
 /// The roles a chat message may have (OpenAI's, TRL's and the chat templates').
@@ -157,8 +142,8 @@ impl ChatTemplate {
     }
 
     /// The byte range of each assistant turn in `whole` (the render of all `messages`), from the
-    /// end of its header to the end of the last of `end_markers` in it (guarantee 3).
-    fn assistant_spans(
+    /// end of its header to the end of the last of `end_markers` in it ([`super::chat_sample`], guarantee 1).
+    pub(super) fn assistant_spans(
         &self,
         messages: &[Message],
         whole: &str,
@@ -218,38 +203,6 @@ fn template_error(origin: &str, doing: &str, error: &minijinja::Error) -> TextEr
         origin: origin.to_string(),
         reason,
     }
-}
-
-impl Sample {
-    /// The conversation `messages` in `tokenizer`'s chat format, with loss on the assistant's
-    /// turns and their end-of-turn tokens only (guarantee 3). An error names the tokenizer when
-    /// it has no chat template, or the template when it fails or rewrites earlier turns.
-    pub fn from_chat(tokenizer: &HfTokenizer, messages: &[Message]) -> Result<Self, TextError> {
-        let template = tokenizer.require_chat_template()?;
-        let text = template.render(messages, false)?;
-        let spans = template.assistant_spans(messages, &text, &tokenizer.stop_texts())?;
-        let encoding = tokenizer.encode_text(&text)?;
-        let loss_mask = encoding
-            .get_offsets()
-            .iter()
-            .map(|&(start, end)| {
-                spans
-                    .iter()
-                    .any(|span| span.start <= start && end <= span.end && start < span.end)
-            })
-            .collect();
-        Sample::new(encoding.get_ids().to_vec(), loss_mask)
-    }
-}
-
-/// The ids a model continues to answer `messages`: their render with the generation prompt
-/// (guarantee 4). An error names the tokenizer or the template.
-pub fn prompt_from_chat(
-    tokenizer: &HfTokenizer,
-    messages: &[Message],
-) -> Result<Vec<u32>, TextError> {
-    let text = tokenizer.require_chat_template()?.render(messages, true)?;
-    Ok(tokenizer.encode_text(&text)?.get_ids().to_vec())
 }
 
 /// Prints values as Python's Jinja2 does where minijinja differs: `True`, `False`, `None`.
@@ -516,7 +469,7 @@ fn json_string(text: &str) -> String {
 mod tests {
     use super::*;
     use crate::text::test_tokenizers::{chat_dir, ChatModel};
-    use crate::text::Tokenizer;
+    use crate::text::{prompt_from_chat, HfTokenizer, Sample, Tokenizer};
 
     fn conversation() -> Vec<Message> {
         vec![

@@ -14,7 +14,8 @@
 
 use std::sync::Arc;
 
-use super::chat::{prompt_from_chat, Message};
+use super::chat::Message;
+use super::chat_sample::prompt_from_chat;
 use super::hf_tokenizer::HfTokenizer;
 use super::packing::{fitting_as, prompt_tokens, Sample};
 use super::problem::Problem;

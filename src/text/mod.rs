@@ -37,6 +37,7 @@
 
 pub mod arith;
 pub mod chat;
+mod chat_sample;
 pub mod conversation;
 pub mod format;
 pub mod gsm8k;
@@ -50,7 +51,8 @@ mod test_tokenizers;
 pub mod tokenizer;
 
 pub use arith::{ArithTask, Split};
-pub use chat::{prompt_from_chat, ChatTemplate, Message};
+pub use chat::{ChatTemplate, Message};
+pub use chat_sample::prompt_from_chat;
 pub use format::TextFormat;
 pub use hf_tokenizer::HfTokenizer;
 pub use packing::{fitting, fitting_as, pack, prompt_tokens, sample_metas, Packed, Sample};

@@ -2,7 +2,7 @@
 //! hand kernels), so it runs wherever candle does (CPU, CUDA) and keeps memory linear in the
 //! sample's length.
 //!
-//! [`flash_packed_attend`] is [`super::plain::packed_attend`] without the `[H, len, len]`
+//! [`flash_packed_attend`] is [`super::plain::attend_spans`] without the `[H, len, len]`
 //! scores: each sample's queries are taken [`Blocks::q`] rows at a time against its keys
 //! [`Blocks::k`] at a time, up to the diagonal. Each (query block, key block) tile gives a
 //! [`Partial`] — the tile's softmax-normalised output and per-row log-sum-exp — and the partials of
@@ -381,7 +381,7 @@ pub(super) fn partial_backward(
 }
 
 /// Training's attention core, blocked: the same signature and result as
-/// [`super::plain::packed_attend`] (queries `[1, H, T, hd]`, keys and values
+/// [`super::plain::attend_spans`] (queries `[1, H, T, hd]`, keys and values
 /// `[1, KV, T, hd]`, each sample attending causally within itself; `[1, H, T, hd]`), in memory
 /// linear in `T`, with [`Blocks::default`].
 pub fn flash_packed_attend(

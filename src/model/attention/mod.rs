@@ -22,7 +22,7 @@
 //!    ([`blocked`], [`PackedBatch::kernels`]): per layer the graph keeps q, k, v, the output
 //!    and each row's log-sum-exp (O(T · head_dim)), and a step holds one
 //!    `[heads, Blocks::q, Blocks::k]` tile, so memory grows linearly with the longest sample. The
-//!    plain path ([`plain::packed_attend`], the reference) materialises each sample's `[heads, len, len]`
+//!    plain path ([`plain::attend_spans`], the reference) materialises each sample's `[heads, len, len]`
 //!    scores and its graph keeps them until the backward: about 26 bytes per head per (query,
 //!    key) pair under bf16 mixed precision (24 in fp32). Cached decoding
 //!    ([`mod@crate::model::generate`]) keeps its own attention: one new token's scores per step.

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Tensor};
 
-use crate::model::batch::{causal_mask, PackedBatch};
+use crate::model::batch::causal_mask;
 use crate::model::config::ModelConfig;
 use crate::model::error::Result;
 use crate::model::ops::softmax_last_dim;
@@ -34,19 +34,9 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tenso
     Ok(softmax_last_dim(&scores)?.to_dtype(v.dtype())?.matmul(v)?)
 }
 
-/// Training's attention core: queries `[1, H, T, hd]` and keys and values `[1, KV, T, hd]` of
-/// a packed micro-batch, each sample attending causally within itself only; `[1, H, T, hd]`.
-pub fn packed_attend(
-    config: &ModelConfig,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    batch: &PackedBatch,
-) -> Result<Tensor> {
-    attend_spans(config, q, k, v, &batch.spans)
-}
-
-/// [`packed_attend`] of the samples at `spans` (which tile `q`'s `T` positions).
+/// Training's attention core, plain: queries `[1, H, T, hd]` and keys and values `[1, KV, T, hd]`
+/// of the samples at `spans` (which tile the `T` positions), each sample attending causally
+/// within itself only; `[1, H, T, hd]`.
 pub fn attend_spans(
     config: &ModelConfig,
     q: &Tensor,

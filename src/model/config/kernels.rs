@@ -27,7 +27,7 @@ pub enum HeadImpl {
 /// Which attention training uses over a packed micro-batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionImpl {
-    /// [`crate::model::attention::plain::packed_attend`]: each sample's `[H, len, len]` scores materialised
+    /// [`crate::model::attention::plain::attend_spans`]: each sample's `[H, len, len]` scores materialised
     /// and differentiated by candle (the reference; quadratic memory).
     Plain,
     /// [`crate::model::attention::blocked_packed_attend`] with these tiles (linear memory).

@@ -72,64 +72,25 @@ where
 /// `out: Precomputed` field (the inputs are not read: the result was computed from them).
 macro_rules! precomputed_forwards {
     (1) => {
-        fn cpu_fwd(
-            &self,
-            _: &candle_core::CpuStorage,
-            _: &candle_core::Layout,
-        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-            self.out.cpu()
-        }
-
-        fn cuda_fwd(
-            &self,
-            _: &candle_core::CudaStorage,
-            _: &candle_core::Layout,
-        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-            self.out.cuda()
-        }
+        precomputed_forwards!(@ _s1 _l1);
     };
     (2) => {
-        fn cpu_fwd(
-            &self,
-            _: &candle_core::CpuStorage,
-            _: &candle_core::Layout,
-            _: &candle_core::CpuStorage,
-            _: &candle_core::Layout,
-        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-            self.out.cpu()
-        }
-
-        fn cuda_fwd(
-            &self,
-            _: &candle_core::CudaStorage,
-            _: &candle_core::Layout,
-            _: &candle_core::CudaStorage,
-            _: &candle_core::Layout,
-        ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-            self.out.cuda()
-        }
+        precomputed_forwards!(@ _s1 _l1, _s2 _l2);
     };
     (3) => {
+        precomputed_forwards!(@ _s1 _l1, _s2 _l2, _s3 _l3);
+    };
+    (@ $($storage:ident $layout:ident),+) => {
         fn cpu_fwd(
             &self,
-            _: &candle_core::CpuStorage,
-            _: &candle_core::Layout,
-            _: &candle_core::CpuStorage,
-            _: &candle_core::Layout,
-            _: &candle_core::CpuStorage,
-            _: &candle_core::Layout,
+            $($storage: &candle_core::CpuStorage, $layout: &candle_core::Layout),+
         ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
             self.out.cpu()
         }
 
         fn cuda_fwd(
             &self,
-            _: &candle_core::CudaStorage,
-            _: &candle_core::Layout,
-            _: &candle_core::CudaStorage,
-            _: &candle_core::Layout,
-            _: &candle_core::CudaStorage,
-            _: &candle_core::Layout,
+            $($storage: &candle_core::CudaStorage, $layout: &candle_core::Layout),+
         ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
             self.out.cuda()
         }

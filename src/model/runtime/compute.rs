@@ -384,7 +384,7 @@ impl TransformerCompute {
         input: Option<&Tensor>,
         embedding: &mut Option<Tensor>,
         batch: &PackedBatch,
-        rl: &Option<(GrpoConfig, Tensor, Tensor)>,
+        rl: &RlInputs,
     ) -> Result<StageGraph> {
         let device = self.device()?;
         let head = self.specs.len() - 1;
@@ -556,6 +556,8 @@ fn user(e: impl std::fmt::Display) -> crate::Error {
 
 #[async_trait::async_trait]
 impl Compute for TransformerCompute {
+    /// One micro-batch: its inputs, the forward stage by stage, then the backward from the head
+    /// down, pushing each unit's gradient as soon as it is known (see the [module docs](self)).
     async fn run(
         &mut self,
         ctx: &mut TrainerContext,
@@ -567,8 +569,47 @@ impl Compute for TransformerCompute {
                 "the transformer's loss is a token sum: use LossWeighting::Tokens".into(),
             ));
         }
-        let samples = mb
-            .samples
+        let samples = self.samples_of(mb)?;
+        let mut batch = match &mb.piece {
+            None => PackedBatch::pack(&self.config, &samples, &device).map_err(user)?,
+            Some(piece) => self.pack_with_piece(ctx, &samples, piece, &device)?,
+        };
+        batch.kernels = self.placement.kernels;
+        let rl = self.rl_inputs(mb, &samples, &batch, &device)?;
+        let stages = stages(&self.config);
+        // Unit 0's matrix (fp32, no graph): the LM head too when the embeddings are tied.
+        let mut embedding: Option<Tensor> = None;
+        let forwards = self
+            .forward(ctx, &stages, &batch, &rl, &mut embedding)
+            .await?;
+        let loss_sum = self
+            .backward(ctx, &stages, forwards, &batch, &rl, &mut embedding, &device)
+            .await?;
+        Ok(ComputeOutput { loss_sum })
+    }
+}
+
+/// GRPO's inputs of a micro-batch: the objective's config, each target's advantage and its
+/// reference log-probability (`None` for SFT).
+type RlInputs = Option<(GrpoConfig, Tensor, Tensor)>;
+
+/// What the backward carries from one stage down to the next.
+#[derive(Default)]
+struct Backward {
+    /// The head's loss (detached: it must not keep the head's graph alive).
+    loss: Option<Tensor>,
+    /// The gradient of the output of the stage below.
+    grad_output: Option<Tensor>,
+    /// Tied embeddings: the head's gradient of the embedding, added to unit 0's.
+    tied: Option<Tensor>,
+    /// A device gradient is pushed once the next unit's backward is enqueued (overlap).
+    pending: Option<(usize, UnitGrad)>,
+}
+
+impl TransformerCompute {
+    /// The micro-batch's samples, each checked against the length the balancer was told.
+    fn samples_of(&self, mb: &MicroBatch) -> crate::Result<Vec<Sample>> {
+        mb.samples
             .iter()
             .map(|s| {
                 let sample = self
@@ -589,74 +630,94 @@ impl Compute for TransformerCompute {
                 }
                 Ok(sample)
             })
-            .collect::<crate::Result<Vec<_>>>()?;
-        let mut batch = match &mb.piece {
-            None => PackedBatch::pack(&self.config, &samples, &device).map_err(user)?,
-            Some(piece) => self.pack_with_piece(ctx, &samples, piece, &device)?,
-        };
-        batch.kernels = self.placement.kernels;
-        let rl = match self.objective {
-            Objective::CrossEntropy => None,
-            Objective::Grpo(config) => {
-                let rl = mb
-                    .samples
-                    .iter()
-                    .map(|s| {
-                        self.samples.rl(s.index).ok_or_else(|| crate::Error::User {
-                            message: format!("sample {} has no advantage (GRPO)", s.index),
-                        })
-                    })
-                    .collect::<crate::Result<Vec<_>>>()?;
-                // A gang member's piece: its sample's RL data at the piece's positions.
-                let piece = match (&mb.piece, &batch.piece) {
-                    (Some(p), Some(packed)) => {
-                        let data =
-                            self.samples
-                                .rl(p.sample.index)
-                                .ok_or_else(|| crate::Error::User {
-                                    message: format!(
-                                        "sample {} has no advantage (GRPO)",
-                                        p.sample.index
-                                    ),
-                                })?;
-                        Some((data, packed.layout.positions()))
-                    }
-                    _ => None,
-                };
-                let piece = piece.as_ref().map(|(d, p)| (d, p.as_slice()));
-                let (adv, reference) =
-                    rl_targets_with_piece(&samples, &rl, piece, &device).map_err(user)?;
-                Some((config, adv, reference))
-            }
-        };
+            .collect()
+    }
 
-        let stages = stages(&self.config);
+    /// GRPO's advantages and reference log-probabilities at the pack's targets (a gang member's
+    /// piece: its sample's at the piece's positions); `None` for SFT.
+    fn rl_inputs(
+        &self,
+        mb: &MicroBatch,
+        samples: &[Sample],
+        batch: &PackedBatch,
+        device: &Device,
+    ) -> crate::Result<RlInputs> {
+        let Objective::Grpo(config) = self.objective else {
+            return Ok(None);
+        };
+        let rl_of = |index: u64| {
+            self.samples.rl(index).ok_or_else(|| crate::Error::User {
+                message: format!("sample {index} has no advantage (GRPO)"),
+            })
+        };
+        let rl = mb
+            .samples
+            .iter()
+            .map(|s| rl_of(s.index))
+            .collect::<crate::Result<Vec<_>>>()?;
+        let piece = match (&mb.piece, &batch.piece) {
+            (Some(p), Some(packed)) => Some((rl_of(p.sample.index)?, packed.layout.positions())),
+            _ => None,
+        };
+        let piece = piece.as_ref().map(|(d, p)| (d, p.as_slice()));
+        let (adv, reference) = rl_targets_with_piece(samples, &rl, piece, device).map_err(user)?;
+        Ok(Some((config, adv, reference)))
+    }
+
+    /// Gathers `stage` (in reverse order for a backward's re-gather) and runs its forward, with
+    /// its graph when `graph`, off the worker so that the prefetch of the next unit moves while
+    /// it computes; the gathered buffers are released once they are tensors (I5).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_stage(
+        &mut self,
+        ctx: &mut TrainerContext,
+        stage: &[usize],
+        regather: bool,
+        graph: bool,
+        input: Option<&Tensor>,
+        embedding: &mut Option<Tensor>,
+        batch: &PackedBatch,
+        rl: &RlInputs,
+    ) -> crate::Result<StageGraph> {
+        let values = self.gather_stage(ctx, stage, regather).await?;
+        let started = ctx.now();
+        let out =
+            blocking(|| self.stage_forward(stage, values, graph, input, embedding, batch, rl))
+                .map_err(user)?;
+        ctx.record_span(SpanKind::Compute, started, ctx.now());
+        release(ctx, stage)?;
+        Ok(out)
+    }
+
+    /// The forward, stage by stage: each stage on a detached copy of the previous one's output;
+    /// a stage keeps its graph, or (resharded) only its input.
+    async fn forward(
+        &mut self,
+        ctx: &mut TrainerContext,
+        stages: &[Vec<usize>],
+        batch: &PackedBatch,
+        rl: &RlInputs,
+        embedding: &mut Option<Tensor>,
+    ) -> crate::Result<Vec<Forward>> {
         let reshard = self.placement.reshard.resolve(&self.config).map_err(user)?;
         let mut forwards: Vec<Forward> = Vec::with_capacity(stages.len());
         let mut hidden: Option<Tensor> = None;
-        // Unit 0's matrix (fp32, no graph): the LM head too when the embeddings are tied.
-        let mut embedding: Option<Tensor> = None;
         for (s, stage) in stages.iter().enumerate() {
             // The previous stage's output, cut from its graph: each stage has its own.
             let input = hidden.take().map(|h| h.detach());
             let keep = reshard.keeps(s, stages.len());
-            let values = self.gather_stage(ctx, stage, false).await?;
-            // Off the worker: the prefetch of the next unit moves while this stage computes.
-            let started = ctx.now();
-            let graph = blocking(|| {
-                self.stage_forward(
+            let graph = self
+                .run_stage(
+                    ctx,
                     stage,
-                    values,
+                    false,
                     keep,
                     input.as_ref(),
-                    &mut embedding,
-                    &batch,
-                    &rl,
+                    embedding,
+                    batch,
+                    rl,
                 )
-            })
-            .map_err(user)?;
-            ctx.record_span(SpanKind::Compute, started, ctx.now());
-            release(ctx, stage)?;
+                .await?;
             if let UnitOutput::Hidden(h) = &graph.output {
                 hidden = Some(h.clone());
             }
@@ -667,6 +728,23 @@ impl Compute for TransformerCompute {
                 Forward::Resharded { input }
             });
         }
+        Ok(forwards)
+    }
+
+    /// The backward, from the head down: each stage's vector–Jacobian product on its own graph
+    /// (a resharded stage re-gathered and recomputed first), each unit's gradient pushed at once.
+    /// Returns the loss.
+    #[allow(clippy::too_many_arguments)]
+    async fn backward(
+        &mut self,
+        ctx: &mut TrainerContext,
+        stages: &[Vec<usize>],
+        mut forwards: Vec<Forward>,
+        batch: &PackedBatch,
+        rl: &RlInputs,
+        embedding: &mut Option<Tensor>,
+        device: &Device,
+    ) -> crate::Result<f64> {
         // Re-gathers come in reverse order, from the last resharded stage's last unit down:
         // prefetch it while the kept stages' backward runs.
         let first_regather = forwards
@@ -678,13 +756,7 @@ impl Compute for TransformerCompute {
         if let Some(&unit) = first_regather {
             ctx.backward_from(unit as u32, 1);
         }
-
-        let mut loss: Option<Tensor> = None;
-        let mut grad_output: Option<Tensor> = None;
-        // Tied embeddings: the head's gradient of the embedding, added to unit 0's.
-        let mut tied: Option<Tensor> = None;
-        // A device gradient is pushed once the next unit's backward is enqueued (overlap).
-        let mut pending: Option<(usize, UnitGrad)> = None;
+        let mut state = Backward::default();
         while let Some(forward) = forwards.pop() {
             let stage = &stages[forwards.len()];
             let trains = stage
@@ -697,117 +769,126 @@ impl Compute for TransformerCompute {
                 // A stage with nothing to train and no input to pass a gradient to (a frozen
                 // embedding) has no backward: not even a re-gather.
                 Forward::Resharded { input: None } if !trains.iter().any(|&t| t) => continue,
-                // The embedding's lookup: `d embed = scatter-add of the output gradient into
-                // the looked-up rows` (plus the tied head's gradient), no re-gather, no graph.
                 Forward::Resharded { input: None } if stage == &[0] => {
-                    let g = grad_output
-                        .take()
-                        .ok_or_else(|| user("the embedding has no output gradient"))?;
-                    let grad = embedding_grad(&self.config, &batch, &g, tied.take(), &device)
-                        .map_err(user)?;
-                    drop(g);
-                    let grad = self
-                        .unit_grad(0, vec![Some(grad)], None, &device)
-                        .map_err(user)?;
-                    if let Some((unit, earlier)) = pending.take() {
-                        self.push(ctx, unit, earlier)?;
-                    }
-                    self.push(ctx, 0, grad)?;
+                    self.embedding_backward(ctx, batch, &mut state, device)?;
                     continue;
                 }
                 Forward::Resharded { input } => {
-                    let values = self.gather_stage(ctx, stage, true).await?;
-                    let started = ctx.now();
-                    let graph = blocking(|| {
-                        self.stage_forward(
-                            stage,
-                            values,
-                            true,
-                            input.as_ref(),
-                            &mut embedding,
-                            &batch,
-                            &rl,
-                        )
-                    })
-                    .map_err(user)?;
-                    ctx.record_span(SpanKind::Compute, started, ctx.now());
-                    release(ctx, stage)?;
-                    graph
+                    self.run_stage(ctx, stage, true, true, input.as_ref(), embedding, batch, rl)
+                        .await?
                 }
             };
-            let StageGraph {
-                units: gathered,
-                input,
-                tied: tied_var,
-                output,
-            } = graph;
-            let first = stage[0];
-            let root = match (&output, &grad_output) {
-                (UnitOutput::Head(head), _) => {
-                    // Detached: the loss must not keep the head's graph alive.
-                    loss = Some(head.loss_sum.detach());
-                    head.loss_sum.clone()
-                }
-                (UnitOutput::Hidden(out), Some(g)) => {
-                    (out * g).map_err(user)?.sum_all().map_err(user)?
-                }
-                (UnitOutput::Hidden(_), None) => {
-                    return Err(user(format!("unit {first} has no output gradient")))
-                }
-            };
-            if input.is_none() && gathered.iter().all(|(_, vars)| vars.is_none()) {
-                continue;
-            }
-            // Off the worker: the re-gather below and the pushes above move meanwhile.
-            let started = ctx.now();
-            let mut grads = blocking(|| root.backward()).map_err(user)?;
-            ctx.record_span(SpanKind::Compute, started, ctx.now());
-            // The stage's graph (its activations) goes now, before its gradients are copied.
-            drop((root, output));
-            // Each gradient is taken out detached: candle's accumulated gradients are tensors
-            // of the graph of their computation (the zero accumulator, each partial gradient and
-            // the sums), which a gradient that kept its op would keep alive.
-            let mut take = |var: &Var| grads.remove(var.as_tensor()).map(|g| g.detach());
-            if let Some(t) = tied_var {
-                tied = match t {
-                    TiedGrad::Store(var) => take(&var),
-                    TiedGrad::Sink(sink) => sink.take(),
-                };
-            }
-            grad_output = input.and_then(|var| take(&var));
-            let taken: Vec<(usize, Option<Vec<Option<Tensor>>>)> = gathered
-                .into_iter()
-                .map(|(u, vars)| (u, vars.map(|params| params.iter().map(&mut take).collect())))
-                .collect();
-            // The rest (the gradients of tensors that lead to no variable) goes with the store.
-            drop(grads);
-            for (u, unit_grads) in taken {
-                let Some(unit_grads) = unit_grads else {
-                    continue;
-                };
-                let tied_here = if u == 0 { tied.take() } else { None };
-                let grad = self
-                    .unit_grad(u, unit_grads, tied_here, &device)
-                    .map_err(user)?;
-                if !grad.in_flight() {
-                    self.push(ctx, u, grad)?;
-                } else if let Some((unit, earlier)) = pending.replace((u, grad)) {
-                    self.push(ctx, unit, earlier)?;
-                }
-            }
+            self.stage_backward(ctx, stage[0], graph, &mut state, device)?;
         }
-        if let Some((unit, grad)) = pending.take() {
+        if let Some((unit, grad)) = state.pending.take() {
             self.push(ctx, unit, grad)?;
         }
-        let loss_sum = match loss {
-            Some(l) => l
+        match state.loss {
+            Some(l) => Ok(l
                 .to_dtype(DType::F32)
                 .map_err(user)?
                 .to_scalar::<f32>()
-                .map_err(user)? as f64,
-            None => return Err(user("the model has no head unit")),
+                .map_err(user)? as f64),
+            None => Err(user("the model has no head unit")),
+        }
+    }
+
+    /// The embedding's lookup resharded: `d embed = scatter-add of the output gradient into the
+    /// looked-up rows` (plus the tied head's gradient), no re-gather, no graph.
+    fn embedding_backward(
+        &mut self,
+        ctx: &mut TrainerContext,
+        batch: &PackedBatch,
+        state: &mut Backward,
+        device: &Device,
+    ) -> crate::Result<()> {
+        let g = state
+            .grad_output
+            .take()
+            .ok_or_else(|| user("the embedding has no output gradient"))?;
+        let grad =
+            embedding_grad(&self.config, batch, &g, state.tied.take(), device).map_err(user)?;
+        drop(g);
+        let grad = self
+            .unit_grad(0, vec![Some(grad)], None, device)
+            .map_err(user)?;
+        if let Some((unit, earlier)) = state.pending.take() {
+            self.push(ctx, unit, earlier)?;
+        }
+        self.push(ctx, 0, grad)
+    }
+
+    /// One stage's vector–Jacobian product on its graph (whose first unit is `first`):
+    /// `loss_sum` for the head, `sum(output ⊙ grad_output)` below it. Gives the gradients of its
+    /// trainable units, pushed (a device one once the next is enqueued), and of its input, the
+    /// next stage's `grad_output`.
+    fn stage_backward(
+        &mut self,
+        ctx: &mut TrainerContext,
+        first: usize,
+        graph: StageGraph,
+        state: &mut Backward,
+        device: &Device,
+    ) -> crate::Result<()> {
+        let StageGraph {
+            units: gathered,
+            input,
+            tied: tied_var,
+            output,
+        } = graph;
+        let root = match (&output, &state.grad_output) {
+            (UnitOutput::Head(head), _) => {
+                state.loss = Some(head.loss_sum.detach());
+                head.loss_sum.clone()
+            }
+            (UnitOutput::Hidden(out), Some(g)) => {
+                (out * g).map_err(user)?.sum_all().map_err(user)?
+            }
+            (UnitOutput::Hidden(_), None) => {
+                return Err(user(format!("unit {first} has no output gradient")))
+            }
         };
-        Ok(ComputeOutput { loss_sum })
+        if input.is_none() && gathered.iter().all(|(_, vars)| vars.is_none()) {
+            return Ok(());
+        }
+        // Off the worker: the re-gather of the next stage and the pushes move meanwhile.
+        let started = ctx.now();
+        let mut grads = blocking(|| root.backward()).map_err(user)?;
+        ctx.record_span(SpanKind::Compute, started, ctx.now());
+        // The stage's graph (its activations) goes now, before its gradients are copied.
+        drop((root, output));
+        // Each gradient is taken out detached: candle's accumulated gradients are tensors of
+        // the graph of their computation (the zero accumulator, each partial gradient and the
+        // sums), which a gradient that kept its op would keep alive.
+        let mut take = |var: &Var| grads.remove(var.as_tensor()).map(|g| g.detach());
+        if let Some(t) = tied_var {
+            state.tied = match t {
+                TiedGrad::Store(var) => take(&var),
+                TiedGrad::Sink(sink) => sink.take(),
+            };
+        }
+        state.grad_output = input.and_then(|var| take(&var));
+        let taken: Vec<(usize, Option<Vec<Option<Tensor>>>)> = gathered
+            .into_iter()
+            .map(|(u, vars)| (u, vars.map(|params| params.iter().map(&mut take).collect())))
+            .collect();
+        // The rest (the gradients of tensors that lead to no variable) goes with the store.
+        drop(grads);
+        for (u, unit_grads) in taken {
+            let Some(unit_grads) = unit_grads else {
+                continue;
+            };
+            let tied_here = if u == 0 { state.tied.take() } else { None };
+            let grad = self
+                .unit_grad(u, unit_grads, tied_here, device)
+                .map_err(user)?;
+            if !grad.in_flight() {
+                self.push(ctx, u, grad)?;
+            } else if let Some((unit, earlier)) = state.pending.replace((u, grad)) {
+                self.push(ctx, unit, earlier)?;
+            }
+        }
+        Ok(())
     }
 }
 
