@@ -15,8 +15,7 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{ActorCell, ActorRef};
 
-use crate::cluster::host::wait_member;
-use crate::cluster::supervisor_group;
+use crate::cluster::{supervisor_group, wait_member};
 use crate::error::{Error, Result};
 use crate::messages::{
     HostMsg, InboxUpdate, ServerMsg, ServerSpawn, ServerSpec, TrainerMsg, TrainerSpawn,
