@@ -1,12 +1,20 @@
 //! # odc-actors — the runtime
 //!
 //! Shard servers, trainers and the supervisor (ractor actors) around the pure policy cores of
-//! [`policy`] (the `odc-policy` crate, whose manifest has neither ractor nor tokio): [`policy::balancer`] (cost model, packing,
+//! [`policy`] (the `odc-policy` crate, which nothing async reaches: neither ractor, tokio,
+//! futures nor async-trait is in its dependency graph, not even through odc-transport, which it
+//! does not depend on): [`policy::balancer`] (cost model, packing,
 //! partitioning, plans), [`policy::dispatch`] (the work queue), [`policy::ledger`] (exactly-once
 //! accounting of micro-batches), [`policy::straggler`] (speed estimates) and [`policy::step`] (the
 //! supervisor's decisions as a state machine). [`policy::optimizer`] (SGD, AdamW on one shard) is pure
 //! too. [`datapath`] holds how gathers and pushes move ([`datapath::OnDemand`],
 //! [`datapath::Collective`]); [`messages`] every control-plane message.
+//!
+//! [`Error`] is the runtime's one error enum, here because it names what only the runtime has
+//! (transports, endpoints, actors, checkpoint files): plain serializable data that crosses
+//! processes. The policy's cores fail with their own errors ([`policy::step::StepError`],
+//! [`layout::LayoutError`], ...), which convert into its variants of the same name and message;
+//! the step machine runs as `StepMachine<Error>`, so a trainer's error reaches the caller typed.
 //!
 //! Invariants (docs/design.md), each stated where it is upheld and tested by name:
 //! - **I1 consistency** — [`server`], [`policy::step`], [`trainer`].
@@ -22,6 +30,7 @@
 pub mod cluster;
 pub mod datapath;
 pub mod directory;
+mod error;
 pub mod messages;
 pub mod metrics;
 pub mod node;
@@ -29,11 +38,10 @@ pub mod server;
 pub mod supervisor;
 pub mod trainer;
 
-/// The pure cores, their own crate so that the compiler keeps ractor and tokio out of them.
+/// The pure cores, their own crate so that the compiler keeps ractor, tokio and the rest of the
+/// async stack out of them.
 pub use odc_policy as policy;
+pub use odc_policy::NonFiniteAt;
 pub use odc_policy::{batch, layout};
-pub use odc_policy::{Error, NonFiniteAt, Result};
-/// `crate::error::…` paths inside this crate.
-pub(crate) mod error {
-    pub use odc_policy::{Error, NonFiniteAt, Result};
-}
+
+pub use error::{Error, Result};

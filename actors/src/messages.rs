@@ -29,7 +29,11 @@ use crate::policy::token::JobKey;
 use crate::server::optimizer::OptimizerConfig;
 use crate::trainer::ContextConfig;
 
-pub use odc_policy::assignment::{Assignment, MicroBatchDone, TrainerReport};
+pub use odc_policy::assignment::{Assignment, MicroBatchDone};
+
+/// What a trainer tells the supervisor after a micro-batch; a failed one carries the runtime's
+/// [`Error`](crate::Error) (the policy's report, generic over it).
+pub type TrainerReport = odc_policy::assignment::TrainerReport<crate::Error>;
 
 // ---------------------------------------------------------------------------------------------
 // Shard servers

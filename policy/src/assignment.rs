@@ -1,12 +1,12 @@
 //! The plain data the supervisor's decisions take in and hand out: an [`Assignment`] (one
 //! micro-batch for one attempt, with its token) and the [`TrainerReport`] that answers it. The
-//! actors carry them in their messages (`odc_policy::messages`); the policy owns them.
+//! actors carry them in their messages (`odc_actors::messages`, where a report's error is the
+//! runtime's, `odc_actors::Error`); the policy owns them.
 
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{ComputeOutput, MicroBatch};
 use crate::clock::Timestamp;
-use crate::error::Result;
 use crate::stats::MicroBatchStats;
 
 /// One micro-batch to run within the accumulator epoch `epoch`.
@@ -26,9 +26,10 @@ pub struct MicroBatchDone {
     pub stats: MicroBatchStats,
 }
 
-/// What a trainer tells the supervisor after a micro-batch.
+/// What a trainer tells the supervisor after a micro-batch; `E` is the runtime's error (what a
+/// failed micro-batch reports, see [`step::Failure`](crate::step::Failure)).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainerReport {
+pub struct TrainerReport<E> {
     pub trainer: u32,
     pub epoch: u64,
     pub micro_batch: u32,
@@ -36,5 +37,5 @@ pub struct TrainerReport {
     pub token: u128,
     pub started: Timestamp,
     pub finished: Timestamp,
-    pub result: Result<MicroBatchDone>,
+    pub result: Result<MicroBatchDone, E>,
 }

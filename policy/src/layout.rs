@@ -15,15 +15,31 @@
 //!   decay), and it adds nothing to the gradient's sum of squares;
 //! - it follows the version protocol (I1): every read during step `v` returns version `v`;
 //! - `odc_actors::trainer::TrainerContext::push_grad` on it is
-//!   [`Error::FrozenUnit`], and nothing is sent;
+//!   `odc_actors::Error::FrozenUnit`, and nothing is sent;
 //! - trainable units train exactly as if the frozen unit were a constant (I3).
+//!
+//! A layout that breaks these rules, and a unit that is not in it, is a [`LayoutError`] naming the
+//! unit (the runtime's `odc_actors::Error` has a variant for each, with the same message).
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
 
 pub use crate::UnitId;
+
+/// What is wrong with a model layout, or with a unit asked of it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
+pub enum LayoutError {
+    /// The layout breaks a rule of [`ModelLayout::new`] or [`ModelLayout::with_optimizer_init`],
+    /// or a unit's values cannot be read ([`UnitInit::slice`]); the message names the unit.
+    #[error("invalid model layout: {0}")]
+    Invalid(String),
+    #[error("unknown unit {unit}: the model has {units} units")]
+    UnknownUnit { unit: UnitId, units: u64 },
+}
+
+type Result<T> = std::result::Result<T, LayoutError>;
 
 /// Reads a range of a unit's values ([`UnitInit::Slice`]), or says why it cannot.
 pub type SliceFn = dyn Fn(Range<usize>) -> std::result::Result<Vec<f32>, String> + Send + Sync;
@@ -63,10 +79,11 @@ impl UnitInit {
             UnitInit::Values(v) => Ok(v[range].to_vec()),
             UnitInit::Fn(f) => Ok(range.map(|i| f(i)).collect()),
             UnitInit::Slice(f) => {
-                let values = f(range.clone())
-                    .map_err(|e| Error::Layout(format!("reading elements {range:?}: {e}")))?;
+                let values = f(range.clone()).map_err(|e| {
+                    LayoutError::Invalid(format!("reading elements {range:?}: {e}"))
+                })?;
                 if values.len() != range.len() {
-                    return Err(Error::Layout(format!(
+                    return Err(LayoutError::Invalid(format!(
                         "reading elements {range:?}: {} values came back",
                         values.len()
                     )));
@@ -194,25 +211,27 @@ pub struct ModelLayout {
 impl ModelLayout {
     pub fn new(units: Vec<UnitSpec>) -> Result<Self> {
         if units.is_empty() {
-            return Err(Error::Layout("a model needs at least one unit".into()));
+            return Err(LayoutError::Invalid(
+                "a model needs at least one unit".into(),
+            ));
         }
         let mut names = std::collections::HashSet::new();
         for (id, u) in units.iter().enumerate() {
             if u.len == 0 {
-                return Err(Error::Layout(format!(
+                return Err(LayoutError::Invalid(format!(
                     "unit {id} ({}) has no elements",
                     u.name
                 )));
             }
             if !names.insert(u.name.as_str()) {
-                return Err(Error::Layout(format!(
+                return Err(LayoutError::Invalid(format!(
                     "unit name {:?} is used twice",
                     u.name
                 )));
             }
             if let UnitInit::Values(v) = &u.init {
                 if v.len() != u.len {
-                    return Err(Error::Layout(format!(
+                    return Err(LayoutError::Invalid(format!(
                         "unit {id} ({}) has {} elements but {} initial values",
                         u.name,
                         u.len,
@@ -240,7 +259,7 @@ impl ModelLayout {
     /// others when a server reads its range.
     pub fn with_optimizer_init(mut self, mut states: Vec<OptimizerInit>) -> Result<Self> {
         if states.len() != self.units.len() {
-            return Err(Error::Layout(format!(
+            return Err(LayoutError::Invalid(format!(
                 "optimizer state for {} units, the model has {}",
                 states.len(),
                 self.units.len()
@@ -256,7 +275,7 @@ impl ModelLayout {
                     continue;
                 };
                 if values.len() != unit.len {
-                    return Err(Error::Layout(format!(
+                    return Err(LayoutError::Invalid(format!(
                         "unit {id} ({}) has {} elements but its optimizer buffer `{name}` has {}",
                         unit.name,
                         unit.len,
@@ -286,12 +305,14 @@ impl ModelLayout {
         self.units.is_empty()
     }
 
-    /// The unit `unit`, or [`Error::UnknownUnit`].
+    /// The unit `unit`, or [`LayoutError::UnknownUnit`].
     pub fn unit(&self, unit: UnitId) -> Result<&UnitSpec> {
-        self.units.get(unit as usize).ok_or(Error::UnknownUnit {
-            unit,
-            units: self.units.len() as u64,
-        })
+        self.units
+            .get(unit as usize)
+            .ok_or(LayoutError::UnknownUnit {
+                unit,
+                units: self.units.len() as u64,
+            })
     }
 
     /// The id of the unit named `name`.
@@ -466,20 +487,29 @@ mod tests {
 
     #[test]
     fn layout_rejects_bad_units() {
-        assert!(matches!(ModelLayout::new(vec![]), Err(Error::Layout(_))));
+        assert!(matches!(
+            ModelLayout::new(vec![]),
+            Err(LayoutError::Invalid(_))
+        ));
         let empty = UnitSpec::constant("a", 0, 0.0);
         assert!(matches!(
             ModelLayout::new(vec![empty]),
-            Err(Error::Layout(_))
+            Err(LayoutError::Invalid(_))
         ));
         let dup = vec![
             UnitSpec::constant("a", 1, 0.0),
             UnitSpec::constant("a", 2, 0.0),
         ];
-        assert!(matches!(ModelLayout::new(dup), Err(Error::Layout(_))));
+        assert!(matches!(
+            ModelLayout::new(dup),
+            Err(LayoutError::Invalid(_))
+        ));
         let mut bad = UnitSpec::with_values("a", vec![1.0, 2.0]);
         bad.len = 3;
-        assert!(matches!(ModelLayout::new(vec![bad]), Err(Error::Layout(_))));
+        assert!(matches!(
+            ModelLayout::new(vec![bad]),
+            Err(LayoutError::Invalid(_))
+        ));
     }
 
     #[test]
@@ -487,7 +517,7 @@ mod tests {
         let l = ModelLayout::new(vec![UnitSpec::constant("a", 4, 1.0)]).unwrap();
         assert!(matches!(
             l.unit(3),
-            Err(Error::UnknownUnit { unit: 3, units: 1 })
+            Err(LayoutError::UnknownUnit { unit: 3, units: 1 })
         ));
         assert_eq!(l.find("a"), Some(0));
         assert_eq!(l.unit(0).unwrap().init.slice(1..3).unwrap(), vec![1.0, 1.0]);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::clock::Timestamp;
-use crate::error::Error;
+use crate::error::NonFiniteAt;
 
 /// What a span of a trainer's timeline was spent on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -99,10 +99,11 @@ pub struct StepStats {
     pub trainers: Vec<TrainerStepStats>,
     /// Micro-batches of the successful attempt (of a skipped step: those that completed).
     pub micro_batch_log: Vec<MicroBatchRecord>,
-    /// `Some(why)`: the step was skipped (`NonFinite::SkipStep`): its gradients were discarded at
-    /// every owner and no parameter, optimizer moment or optimizer step count changed; `why` is
-    /// the [`Error::NonFinite`] the step would otherwise have failed with.
-    pub skipped: Option<Error>,
+    /// `Some(at)`: the step was skipped (`NonFinite::SkipStep`): its gradients were discarded at
+    /// every owner and no parameter, optimizer moment or optimizer step count changed; `at` is
+    /// where the non-finite value was found, what the step would otherwise have failed with
+    /// ([`StepError::NonFinite`](crate::step::StepError::NonFinite)). Boxed: the stats stay small.
+    pub skipped: Option<Box<NonFiniteAt>>,
     /// Sequence splitting: the gang size of each sample the step split (in gang order; empty
     /// when nothing was split).
     #[serde(default)]

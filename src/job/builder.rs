@@ -526,5 +526,5 @@ fn resumed_layout(mut units: Vec<UnitSpec>, state: Opened) -> Result<ModelLayout
         }
         unit.init = init.clone();
     }
-    ModelLayout::new(units)?.with_optimizer_init(optimizer.to_vec())
+    Ok(ModelLayout::new(units)?.with_optimizer_init(optimizer.to_vec())?)
 }

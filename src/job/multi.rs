@@ -219,7 +219,7 @@ impl MultiProcess {
     ) -> Result<Vec<Vec<u8>>> {
         let rank = self.rank;
         let within = deadline.saturating_duration_since(Instant::now());
-        let host0 = odc_actors::cluster::host::wait_member(
+        let host0 = odc_actors::cluster::wait_member(
             &odc_actors::cluster::host_group(&self.job, 0),
             within.min(self.join_timeout),
         )
@@ -268,7 +268,7 @@ impl MultiProcess {
     /// The supervisor (in rank 0's process), once visible here.
     pub async fn supervisor(&self) -> Result<ActorRef<SupervisorMsg>> {
         let within = self.join_timeout;
-        odc_actors::cluster::host::wait_member(&supervisor_group(&self.job), within)
+        odc_actors::cluster::wait_member(&supervisor_group(&self.job), within)
             .await
             .map(ActorRef::from)
             .ok_or_else(|| plane(format!("the supervisor was not visible within {within:?}")))
@@ -337,7 +337,7 @@ impl MultiProcess {
     /// Other ranks: tell rank 0 this rank is done and wait (until `deadline`) for it to end the
     /// job; a coordinator already gone counts as ended.
     pub async fn leave(mut self, deadline: Instant) {
-        let host0 = odc_actors::cluster::host::wait_member(
+        let host0 = odc_actors::cluster::wait_member(
             &odc_actors::cluster::host_group(&self.job, 0),
             Duration::from_secs(5),
         )

@@ -193,8 +193,8 @@ async fn non_finite_skip_step_discards_the_step_and_goes_on() {
                 );
                 assert_eq!(s.skipped.is_some(), i == BAD, "step {i}: {:?}", s.skipped);
             }
-            let why = stats[BAD].skipped.as_ref().expect("skipped");
-            check_named(why, poison, &hooks);
+            let why = stats[BAD].skipped.clone().expect("skipped");
+            check_named(&Error::NonFinite(why), poison, &hooks);
             if poison == Poison::GradMax {
                 assert_eq!(stats[BAD].grad_norm, f64::INFINITY);
             }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::groups::{host_group, supervisor_group, wait_member};
 use super::session::Liveness;
 use crate::error::{Error, Result};
 use crate::messages::{
@@ -24,16 +25,6 @@ use crate::node::Node;
 use crate::server::{ServerArgs, ShardServer};
 use crate::supervisor::SupervisorMsg;
 use crate::trainer::{Trainer, TrainerArgs};
-
-/// The `ractor::pg` group of rank `rank`'s host in job `job`.
-pub fn host_group(job: &str, rank: u32) -> String {
-    format!("odc.{job}.host.{rank}")
-}
-
-/// The `ractor::pg` group of job `job`'s supervisor.
-pub fn supervisor_group(job: &str) -> String {
-    format!("odc.{job}.supervisor")
-}
 
 /// How long a host waits for the supervisor to be visible in its process (it is spawned before
 /// any trainer is asked for, and its group reaches every node with the session's next update).
@@ -281,21 +272,4 @@ async fn find_supervisor(job: &str, rank: u32) -> Result<ActorRef<SupervisorMsg>
             reason: format!("the supervisor was not visible within {FIND_SUPERVISOR:?}"),
         })?;
     Ok(ActorRef::from(cell))
-}
-
-/// The first member of `group`, polled until `within` passes.
-pub async fn wait_member(group: &str, within: Duration) -> Option<ActorCell> {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(cell) = ractor::pg::get_members(&group.to_string())
-            .into_iter()
-            .next()
-        {
-            return Some(cell);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }

@@ -39,7 +39,7 @@ use ractor_cluster::{NodeEventSubscription, NodeServer, NodeServerMessage, NodeS
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::door::{self, DialError, VERIFIED};
-use super::host::{host_group, wait_member};
+use super::groups::{host_group, wait_member};
 use crate::error::{Error, Result};
 use crate::messages::HostMsg;
 use crate::policy::clock::{Clock, SystemClock};

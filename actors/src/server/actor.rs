@@ -66,7 +66,10 @@ impl Actor for ShardServer {
             }
             let in_unit =
                 |e: Error| Error::Layout(format!("unit {unit} ({}): {e}", unit_spec.name));
-            let master = unit_spec.init.slice(range.clone()).map_err(in_unit)?;
+            let master = unit_spec
+                .init
+                .slice(range.clone())
+                .map_err(|e| in_unit(e.into()))?;
             let optimizer = match node.layout.optimizer_init(unit as UnitId) {
                 // A frozen unit has no optimizer state (nor accumulator).
                 _ if !unit_spec.trainable => None,

@@ -38,12 +38,17 @@ use crate::node::Node;
 use crate::policy::clock::Clock;
 use crate::policy::dispatch::Communication;
 use crate::policy::stats::StepStats;
-use crate::policy::step::{Command, Decision, Reason, StepMachine};
+use crate::policy::step::{self, Reason};
 use crate::policy::token::JobKey;
 use crate::server::{ServerArgs, ShardServer};
 use crate::trainer::{Trainer, TrainerArgs};
 
 use super::placement::{Child, RankPlacement, Remote};
+
+/// The step machine, its decisions and their commands, failing steps with the runtime's [`Error`].
+type StepMachine = step::StepMachine<Error>;
+type Decision = step::Decision<Error>;
+type Command = step::Command<Error>;
 
 /// Timeout of control calls to shard servers.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);

@@ -13,10 +13,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
-use ractor::{ActorCell, ActorRef};
+use ractor::{ActorCell, ActorRef, RpcReplyPort};
 
-use crate::cluster::host::wait_member;
-use crate::cluster::supervisor_group;
+use crate::cluster::{supervisor_group, wait_member};
 use crate::error::{Error, Result};
 use crate::messages::{
     HostMsg, InboxUpdate, ServerMsg, ServerSpawn, ServerSpec, TrainerMsg, TrainerSpawn,
@@ -45,6 +44,16 @@ pub struct RankPlacement {
 pub enum Child {
     Server(u32),
     Trainer(u32),
+}
+
+/// `shard server E` or `trainer T`, as errors name them.
+impl std::fmt::Display for Child {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Child::Server(endpoint) => write!(f, "shard server {endpoint}"),
+            Child::Trainer(slot) => write!(f, "trainer {slot}"),
+        }
+    }
 }
 
 /// The supervisor's view of its children in other processes.
@@ -79,7 +88,20 @@ impl Remote {
         })
     }
 
-    fn group(&mut self, kind: &str, index: u32) -> String {
+    /// The rank `child` is placed on.
+    fn rank_of(&self, child: Child) -> Option<u32> {
+        match child {
+            Child::Server(endpoint) => self.server_rank(endpoint),
+            Child::Trainer(slot) => self.trainer_rank(slot),
+        }
+    }
+
+    /// A fresh `pg` group for one spawn of `child` (a respawn gets another).
+    fn group(&mut self, child: Child) -> String {
+        let (kind, index) = match child {
+            Child::Server(endpoint) => ("server", endpoint),
+            Child::Trainer(slot) => ("trainer", slot),
+        };
         self.spawned += 1;
         format!("odc.{}.{kind}.{index}.{}", self.placement.job, self.spawned)
     }
@@ -90,29 +112,18 @@ impl Remote {
         supervisor: &ActorCell,
         spec: ServerSpec,
     ) -> Result<ActorRef<ServerMsg>> {
-        let endpoint = spec.endpoint;
-        let what = format!("shard server {endpoint}");
-        let rank = self
-            .server_rank(endpoint)
-            .ok_or_else(|| Error::Config(format!("{what} has no rank")))?;
-        let group = self.group("server", endpoint);
-        let spawn = ServerSpawn {
-            spec,
-            group: group.clone(),
-            layout: self.placement.layout,
-        };
-        let host = self.host(rank, &what)?.clone();
-        let timeout = self.placement.spawn_timeout;
-        ask(
-            &host,
-            |r| HostMsg::SpawnServer(spawn, r),
-            &what,
-            rank,
-            timeout,
-        )
-        .await??;
-        let cell = self
-            .watch(supervisor, group, Child::Server(endpoint), &what, rank)
+        let child = Child::Server(spec.endpoint);
+        let ((), cell, _) = self
+            .spawn(supervisor, child, |group, layout, r| {
+                HostMsg::SpawnServer(
+                    ServerSpawn {
+                        spec,
+                        group,
+                        layout,
+                    },
+                    r,
+                )
+            })
             .await?;
         Ok(ActorRef::from(cell))
     }
@@ -125,29 +136,21 @@ impl Remote {
         spec: TrainerSpec,
     ) -> Result<ActorRef<TrainerMsg>> {
         let slot = spec.rank;
-        let what = format!("trainer {slot}");
-        let rank = self
-            .trainer_rank(slot)
-            .ok_or_else(|| Error::Config(format!("{what} has no rank")))?;
-        let group = self.group("trainer", slot);
-        let spawn = TrainerSpawn {
-            spec,
-            group: group.clone(),
-            layout: self.placement.layout,
-        };
-        let host = self.host(rank, &what)?.clone();
-        let timeout = self.placement.spawn_timeout;
-        let TrainerStarted { inbox } = ask(
-            &host,
-            |r| HostMsg::SpawnTrainer(spawn, r),
-            &what,
-            rank,
-            timeout,
-        )
-        .await??;
-        let cell = self
-            .watch(supervisor, group, Child::Trainer(slot), &what, rank)
+        let child = Child::Trainer(slot);
+        let (TrainerStarted { inbox }, cell, rank) = self
+            .spawn(supervisor, child, |group, layout, r| {
+                HostMsg::SpawnTrainer(
+                    TrainerSpawn {
+                        spec,
+                        group,
+                        layout,
+                    },
+                    r,
+                )
+            })
             .await?;
+        let what = child.to_string();
+        let timeout = self.placement.spawn_timeout;
         if let Some(inbox) = inbox {
             for (other, host) in self.placement.hosts.iter().enumerate() {
                 if other as u32 == rank {
@@ -169,6 +172,31 @@ impl Remote {
             }
         }
         Ok(ActorRef::from(cell))
+    }
+
+    /// Start `child` through the host of its rank (`request` makes the host's message from the
+    /// child's fresh group, the layout digest and the reply port), then find and watch it: the
+    /// host's answer, the actor and the rank.
+    async fn spawn<T: Send + 'static>(
+        &mut self,
+        supervisor: &ActorCell,
+        child: Child,
+        request: impl FnOnce(String, u64, RpcReplyPort<Result<T>>) -> HostMsg,
+    ) -> Result<(T, ActorCell, u32)> {
+        let what = child.to_string();
+        let rank = self
+            .rank_of(child)
+            .ok_or_else(|| Error::Config(format!("{what} has no rank")))?;
+        let group = self.group(child);
+        let layout = self.placement.layout;
+        let host = self.host(rank, &what)?.clone();
+        let timeout = self.placement.spawn_timeout;
+        let reply = {
+            let group = group.clone();
+            ask(&host, |r| request(group, layout, r), &what, rank, timeout).await??
+        };
+        let cell = self.watch(supervisor, group, child, &what, rank).await?;
+        Ok((reply, cell, rank))
     }
 
     /// The actor of `group` once visible here, watched from now on.
@@ -239,11 +267,10 @@ impl Remote {
         let groups: Vec<(String, Child)> = self.watched.drain().collect();
         for (group, child) in groups {
             ractor::pg::demonitor(group.clone(), supervisor.get_id());
-            let rank = match child {
-                Child::Server(e) => self.server_rank(e),
-                Child::Trainer(t) => self.trainer_rank(t),
-            };
-            if let Some(host) = rank.and_then(|r| self.placement.hosts.get(r as usize)) {
+            if let Some(host) = self
+                .rank_of(child)
+                .and_then(|r| self.placement.hosts.get(r as usize))
+            {
                 let _ = host.cast(HostMsg::Kill(group));
             }
         }
@@ -253,7 +280,7 @@ impl Remote {
 /// Call a host, bounded by `timeout`; errors name what was asked for and the rank.
 async fn ask<T: Send + 'static>(
     host: &ActorRef<HostMsg>,
-    msg: impl FnOnce(ractor::RpcReplyPort<T>) -> HostMsg,
+    msg: impl FnOnce(RpcReplyPort<T>) -> HostMsg,
     what: &str,
     rank: u32,
     timeout: Duration,

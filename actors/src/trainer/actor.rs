@@ -8,10 +8,11 @@ use super::compute::Compute;
 use super::context::TrainerContext;
 use super::{MicroBatchDone, TrainerMsg, TrainerReport, TrainerSpec};
 use crate::datapath::{Collective, DataPath, GangChannel, OnDemand};
-use crate::error::{Error, NonFiniteAt};
+use crate::error::Error;
 use crate::node::Node;
 use crate::policy::dispatch::Communication;
 use crate::supervisor::SupervisorMsg;
+use crate::NonFiniteAt;
 
 /// How to start a trainer: its serializable spec, its process's resources and its supervisor.
 pub struct TrainerArgs {

@@ -39,11 +39,12 @@ use tokio::task::JoinHandle;
 use super::buffers::UnitBuffers;
 use crate::batch::MicroBatch;
 use crate::datapath::{DataPath, GangChannel, Gathered, Op, OpKey, OpKind};
-use crate::error::{Error, NonFiniteAt, Result};
+use crate::error::{Error, Result};
 use crate::layout::{ModelLayout, UnitId};
 use crate::metrics as m;
 use crate::policy::clock::{Clock, SystemClock, Timestamp};
 use crate::policy::stats::{Span, SpanKind};
+use crate::NonFiniteAt;
 
 /// Knobs of the trainer-side data path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

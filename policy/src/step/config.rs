@@ -13,7 +13,7 @@ pub(super) const MAX_TICK: Duration = Duration::from_millis(100);
 /// moments and the optimizer's step count are unchanged (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum NonFinite {
-    /// The step fails with [`Error::NonFinite`]; the job can go on with the next step.
+    /// The step fails with [`StepError::NonFinite`]; the job can go on with the next step.
     #[default]
     Error,
     /// The step is skipped (GradScaler's behaviour): it returns stats with
@@ -53,7 +53,7 @@ pub struct StepConfig {
     /// Runtime straggler rebalancing: estimate each trainer's speed from completed work; plans
     /// are speed-weighted and steals use the estimates (otherwise all speeds count as equal).
     pub rebalance: bool,
-    /// Longest a micro-batch may run before its step fails with [`Error::Deadline`] and its
+    /// Longest a micro-batch may run before its step fails with [`StepError::Deadline`] and its
     /// trainer is killed (I6).
     pub micro_batch_timeout: Duration,
     /// The learning rate's factor per global step.
@@ -98,32 +98,32 @@ impl StepConfig {
     /// and the schedule, a positive token budget and micro-batch deadline, a fill floor in
     /// `0..=1`, a positive finite clip norm, and a failure policy collective mode can run
     /// (it needs every trainer). The job builder and the supervisor both run it.
-    pub fn validate(&self) -> Result<(), Error> {
+    pub fn validate(&self) -> Result<(), StepError> {
         self.cost.validate()?;
-        self.schedule.validate().map_err(Error::Config)?;
+        self.schedule.validate().map_err(StepError::Config)?;
         if self.token_budget == 0 {
-            return Err(Error::Config("token budget must be positive".into()));
+            return Err(StepError::Config("token budget must be positive".into()));
         }
         if !(0.0..=1.0).contains(&self.min_fill) {
-            return Err(Error::Config(format!(
+            return Err(StepError::Config(format!(
                 "the micro-batch fill floor is a fraction of the token budget in 0..=1, got {}",
                 self.min_fill
             )));
         }
         if let Some(max) = self.clip_norm {
             if !(max.is_finite() && max > 0.0) {
-                return Err(Error::Config(format!(
+                return Err(StepError::Config(format!(
                     "clip norm must be positive, got {max}"
                 )));
             }
         }
         if self.micro_batch_timeout.is_zero() {
-            return Err(Error::Config(
+            return Err(StepError::Config(
                 "the micro-batch timeout must be positive".into(),
             ));
         }
         if self.communication == Communication::Collective && self.failure == FailurePolicy::Drop {
-            return Err(Error::Config(
+            return Err(StepError::Config(
                 "collective mode needs every trainer: use FailurePolicy::Respawn".into(),
             ));
         }

@@ -3,16 +3,16 @@
 
 use super::*;
 
-/// One decision: what to do and why.
+/// One decision: what to do and why (failing with `E`, the runtime's error).
 #[derive(Debug, Clone)]
-pub struct Decision {
-    pub command: Command,
+pub struct Decision<E> {
+    pub command: Command<E>,
     pub reason: Reason,
 }
 
 /// What the actor executes. Outcomes come back as events (named on each variant).
 #[derive(Debug, Clone)]
-pub enum Command {
+pub enum Command<E> {
     /// Send `assignment` to the trainer in `slot` (a failed send →
     /// [`StepMachine::on_trainer_lost`]).
     Assign { slot: u32, assignment: Assignment },
@@ -36,18 +36,18 @@ pub enum Command {
     /// `on_trainer_lost` follows for it).
     Kill { slot: u32 },
     /// Answer the running step's caller.
-    Finish(Result<StepStats, Error>),
+    Finish(Result<StepStats, E>),
     /// Answer the caller of [`StepMachine::start`] that its request was refused; a running step
     /// (if any) goes on.
-    Reject(Error),
+    Reject(E),
     /// Stop the supervisor (after answering the running step, if any).
-    Stop(Error),
+    Stop(E),
     /// Nothing to execute: the event was dropped (a refused report); the actor logs the reason
     /// once and counts it.
     Ignore,
 }
 
-impl Command {
+impl<E> Command<E> {
     /// Short name for logs.
     pub fn name(&self) -> &'static str {
         match self {

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl StepMachine {
+impl<E: Failure> StepMachine<E> {
     /// A machine for `trainers` slots, all live (the actor spawned them), at version 0, epoch 0,
     /// whose assignment tokens are made with `key` (drawn at random by the caller).
     pub fn new(config: StepConfig, trainers: u32, key: JobKey) -> Self {
@@ -61,22 +61,31 @@ impl StepMachine {
 
     /// A new minibatch. `Reject` if a step is running (it goes on) or the machine stopped;
     /// `Finish(Err)` if it cannot be planned; otherwise the first assignments.
-    pub fn start(&mut self, samples: Vec<SampleMeta>, now: Timestamp) -> Vec<Decision> {
+    pub fn start(&mut self, samples: Vec<SampleMeta>, now: Timestamp) -> Vec<Decision<E>> {
         if let Some(e) = &self.stopped {
             return vec![decision(Command::Reject(e.clone()), Reason::NotAccepted)];
         }
         if self.run.is_some() {
-            return vec![decision(Command::Reject(Error::Busy), Reason::NotAccepted)];
+            let e = StepError::Busy.into();
+            return vec![decision(Command::Reject(e), Reason::NotAccepted)];
         }
         if samples.is_empty() {
-            let e = Error::EmptyMinibatch {
+            let e = StepError::EmptyMinibatch {
                 step: self.global_step(),
             };
-            return vec![decision(Command::Finish(Err(e)), Reason::Unplannable)];
+            return vec![decision(
+                Command::Finish(Err(e.into())),
+                Reason::Unplannable,
+            )];
         }
         let attempt = match self.plan(&samples) {
             Ok(a) => a,
-            Err(e) => return vec![decision(Command::Finish(Err(e)), Reason::Unplannable)],
+            Err(e) => {
+                return vec![decision(
+                    Command::Finish(Err(e.into())),
+                    Reason::Unplannable,
+                )]
+            }
         };
         let total_weight = samples
             .iter()
@@ -96,7 +105,7 @@ impl StepMachine {
     /// A trainer's report of a micro-batch, success or error. A report that is not admitted
     /// (module docs, "Reports are bound to assignments") is answered with one `Ignore` and
     /// changes nothing.
-    pub fn on_report(&mut self, report: TrainerReport, now: Timestamp) -> Vec<Decision> {
+    pub fn on_report(&mut self, report: TrainerReport<E>, now: Timestamp) -> Vec<Decision<E>> {
         if let Err(why) = self.admit(&report) {
             let reason = Reason::ReportRefused {
                 trainer: report.trainer,
@@ -126,34 +135,28 @@ impl StepMachine {
         let mb = report.micro_batch as usize;
         let (output, io) = match report.result {
             Ok(done) => (done.output, done.stats),
-            Err(Error::NonFinite(mut at)) => {
-                // Named by the report (the trainer and micro-batch the ledger knows) and the
-                // global step.
-                at.step = step;
-                at.trainer = Some(report.trainer);
-                at.micro_batch = Some(report.micro_batch);
-                let error = Error::NonFinite(at);
-                let reason = Reason::NonFiniteMicroBatch {
-                    slot: slot as u32,
-                    micro_batch: report.micro_batch,
-                    policy: self.config.non_finite,
-                };
-                return self
-                    .non_finite(error, reason, f64::NAN)
-                    .into_iter()
-                    .collect();
-            }
-            Err(source) => {
+            Err(e) => {
+                if let Some(at) = e.non_finite() {
+                    // Named by the report (the trainer and micro-batch the ledger knows) and
+                    // the global step.
+                    let at = NonFiniteAt {
+                        step,
+                        trainer: Some(report.trainer),
+                        micro_batch: Some(report.micro_batch),
+                        ..at.clone()
+                    };
+                    let reason = Reason::NonFiniteMicroBatch {
+                        slot: slot as u32,
+                        micro_batch: report.micro_batch,
+                        policy: self.config.non_finite,
+                    };
+                    return self.non_finite(at, reason, f64::NAN).into_iter().collect();
+                }
                 let reason = Reason::MicroBatchFailed {
                     slot: slot as u32,
                     micro_batch: mb as u32,
                 };
-                let error = Error::MicroBatch {
-                    step,
-                    micro_batch: report.micro_batch,
-                    trainer: report.trainer,
-                    source: Box::new(source),
-                };
+                let error = e.in_micro_batch(step, report.micro_batch, report.trainer);
                 return self.fail(error, reason).into_iter().collect();
             }
         };
@@ -213,7 +216,7 @@ impl StepMachine {
 
     /// Whether `report` answers an assignment of this machine: its token is the one of its
     /// (epoch, micro-batch) and its trainer is running that micro-batch of that epoch.
-    pub(super) fn admit(&self, report: &TrainerReport) -> Result<(), ReportRefusal> {
+    pub(super) fn admit(&self, report: &TrainerReport<E>) -> Result<(), ReportRefusal> {
         let Some(s) = self.slots.get(report.trainer as usize) else {
             return Err(ReportRefusal::UnknownTrainer);
         };
@@ -241,13 +244,18 @@ impl StepMachine {
     }
 
     /// The trainer in `slot` is gone (failed, stopped, unreachable, or its respawn failed).
-    pub fn on_trainer_lost(&mut self, slot: u32, reason: String, now: Timestamp) -> Vec<Decision> {
+    pub fn on_trainer_lost(
+        &mut self,
+        slot: u32,
+        reason: String,
+        now: Timestamp,
+    ) -> Vec<Decision<E>> {
         let _ = now;
         self.lost(slot as usize, Reason::TrainerLost { slot, reason })
     }
 
     /// A respawned trainer is up in `slot`.
-    pub fn on_trainer_started(&mut self, slot: u32, now: Timestamp) -> Vec<Decision> {
+    pub fn on_trainer_started(&mut self, slot: u32, now: Timestamp) -> Vec<Decision<E>> {
         let Some(s) = self.slots.get_mut(slot as usize) else {
             return Vec::new();
         };
@@ -257,7 +265,7 @@ impl StepMachine {
     }
 
     /// Every server reduced (`Ok`: the sum over servers of their sums of squares) or one failed.
-    pub fn on_reduced(&mut self, result: Result<f64, Error>, now: Timestamp) -> Vec<Decision> {
+    pub fn on_reduced(&mut self, result: Result<f64, E>, now: Timestamp) -> Vec<Decision<E>> {
         let _ = now;
         let lr_scale = self.config.schedule.factor(self.global_step());
         let Some(run) = self.run.as_mut() else {
@@ -274,7 +282,7 @@ impl StepMachine {
             // Checked before anything compares it: `max(0.0)` would turn NaN into 0 (clip
             // factor 1), and an infinite norm gives a clip factor of 0 and NaN through inf × 0.
             let value = sum_sq.to_string();
-            let error = Error::NonFinite(Box::new(NonFiniteAt {
+            let at = NonFiniteAt {
                 what: "global gradient norm".into(),
                 step: self.global_step(),
                 trainer: None,
@@ -283,13 +291,13 @@ impl StepMachine {
                 unit: None,
                 element: None,
                 value: value.clone(),
-            }));
+            };
             let reason = Reason::NonFiniteGradNorm {
                 value,
                 policy: self.config.non_finite,
             };
             return self
-                .non_finite(error, reason, sum_sq.sqrt())
+                .non_finite(at, reason, sum_sq.sqrt())
                 .into_iter()
                 .collect();
         }
@@ -312,7 +320,7 @@ impl StepMachine {
     }
 
     /// Every server applied and published, or one failed.
-    pub fn on_applied(&mut self, result: Result<(), Error>, now: Timestamp) -> Vec<Decision> {
+    pub fn on_applied(&mut self, result: Result<(), E>, now: Timestamp) -> Vec<Decision<E>> {
         let Some(run) = self.run.as_ref() else {
             return Vec::new();
         };
@@ -335,7 +343,7 @@ impl StepMachine {
     }
 
     /// Every server discarded the attempt, or one failed.
-    pub fn on_discarded(&mut self, result: Result<(), Error>, now: Timestamp) -> Vec<Decision> {
+    pub fn on_discarded(&mut self, result: Result<(), E>, now: Timestamp) -> Vec<Decision<E>> {
         let Some(run) = self.run.as_mut() else {
             return Vec::new();
         };
@@ -374,15 +382,16 @@ impl StepMachine {
         endpoint: u32,
         reason: String,
         now: Timestamp,
-    ) -> Vec<Decision> {
+    ) -> Vec<Decision<E>> {
         let _ = now;
         if self.stopped.is_some() {
             return Vec::new();
         }
-        let error = Error::Actor {
+        let error: E = StepError::Actor {
             actor: format!("shard server {endpoint}"),
             reason: reason.clone(),
-        };
+        }
+        .into();
         let why = Reason::ServerLost { endpoint, reason };
         let mut out = Vec::new();
         if self.run.is_some() {
@@ -397,7 +406,7 @@ impl StepMachine {
     /// past `micro_batch_timeout` fails the step (`Discard`, then `Finish(Err(Deadline))`); every
     /// trainer past it (also one still running a discarded attempt) is killed and respawned per
     /// policy, so the next step has it back.
-    pub fn on_tick(&mut self, now: Timestamp) -> Vec<Decision> {
+    pub fn on_tick(&mut self, now: Timestamp) -> Vec<Decision<E>> {
         let mut out = Vec::new();
         if self.stopped.is_some() {
             return out;
@@ -423,14 +432,14 @@ impl StepMachine {
                     .as_ref()
                     .is_some_and(|r| matches!(r.phase, Phase::Computing));
             if current {
-                let error = Error::Deadline {
+                let error = StepError::Deadline {
                     what: "micro-batch".into(),
                     step: self.global_step(),
                     trainer: Some(slot as u32),
                     micro_batch: Some(busy.micro_batch as u32),
                     after_ms: millis(ran),
                 };
-                out.extend(self.fail(error, reason.clone()));
+                out.extend(self.fail(error.into(), reason.clone()));
             }
             out.push(decision(
                 Command::Kill { slot: slot as u32 },
@@ -444,7 +453,7 @@ impl StepMachine {
     /// `slot` is lost: respawn it per policy; if it was live while computing, discard the
     /// attempt and replay (I2: whatever it pushed of this attempt is dropped at the owners, and
     /// its list is planned again for the trainers left).
-    pub(super) fn lost(&mut self, slot: usize, why: Reason) -> Vec<Decision> {
+    pub(super) fn lost(&mut self, slot: usize, why: Reason) -> Vec<Decision<E>> {
         let mut out = Vec::new();
         let Some(s) = self.slots.get_mut(slot) else {
             return out;
@@ -478,7 +487,7 @@ impl StepMachine {
     }
 
     /// Fail the step: discard the attempt, then `Finish(Err(error))`.
-    pub(super) fn fail(&mut self, error: Error, reason: Reason) -> Option<Decision> {
+    pub(super) fn fail(&mut self, error: E, reason: Reason) -> Option<Decision<E>> {
         let then = AfterDiscard::Fail {
             error,
             reason: reason.clone(),
@@ -486,21 +495,22 @@ impl StepMachine {
         self.discard(then, reason)
     }
 
-    /// Non-finite gradients (`error` says where, `grad_norm` is the barrier's or NaN): discard
+    /// Non-finite gradients (`at` says where, `grad_norm` is the barrier's or NaN): discard
     /// the attempt, then fail or skip the step per [`StepConfig::non_finite`].
     pub(super) fn non_finite(
         &mut self,
-        error: Error,
+        at: NonFiniteAt,
         reason: Reason,
         grad_norm: f64,
-    ) -> Option<Decision> {
+    ) -> Option<Decision<E>> {
+        let at = Box::new(at);
         let then = match self.config.non_finite {
             NonFinite::Error => AfterDiscard::Fail {
-                error,
+                error: StepError::NonFinite(at).into(),
                 reason: reason.clone(),
             },
             NonFinite::SkipStep => AfterDiscard::Skip {
-                why: error,
+                why: at,
                 reason: reason.clone(),
                 grad_norm,
             },
@@ -510,7 +520,7 @@ impl StepMachine {
 
     /// Discard the attempt: new epoch, phase `Discarding(then)`. `None` without a run or while
     /// already discarding (the first outcome decides).
-    pub(super) fn discard(&mut self, then: AfterDiscard, reason: Reason) -> Option<Decision> {
+    pub(super) fn discard(&mut self, then: AfterDiscard<E>, reason: Reason) -> Option<Decision<E>> {
         let run = self.run.as_mut()?;
         if matches!(run.phase, Phase::Discarding(_)) {
             return None;
@@ -527,40 +537,40 @@ impl StepMachine {
 
     /// The ledger refused: the machine's state is inconsistent (reports reach the ledger only once
     /// admitted, so no peer causes this). Fail the step (nothing is dropped).
-    pub(super) fn refused(&mut self, refusal: LedgerError) -> Vec<Decision> {
+    pub(super) fn refused(&mut self, refusal: LedgerError) -> Vec<Decision<E>> {
         let reason = Reason::LedgerRefused {
             refusal: refusal.clone(),
         };
-        let error = Error::Ledger {
+        let error = StepError::Ledger {
             step: self.global_step(),
             source: refusal,
         };
-        self.fail(error, reason).into_iter().collect()
+        self.fail(error.into(), reason).into_iter().collect()
     }
 
     /// End the step with `result`.
-    pub(super) fn finish(&mut self, result: Result<StepStats, Error>, reason: Reason) -> Decision {
+    pub(super) fn finish(&mut self, result: Result<StepStats, E>, reason: Reason) -> Decision<E> {
         self.run = None;
         decision(Command::Finish(result), reason)
     }
 
     /// After a discard for a lost trainer: re-plan and hand everything out again.
-    pub(super) fn replay(&mut self, now: Timestamp) -> Vec<Decision> {
+    pub(super) fn replay(&mut self, now: Timestamp) -> Vec<Decision<E>> {
         let Some(mut run) = self.run.take() else {
             return Vec::new();
         };
         if !may_replay(run.replays, self.config.max_replays) {
             let replays = run.replays;
-            let e = Error::TooManyReplays {
+            let e = StepError::TooManyReplays {
                 step: self.global_step(),
                 replays,
             };
-            return vec![self.finish(Err(e), Reason::TooManyReplays { replays })];
+            return vec![self.finish(Err(e.into()), Reason::TooManyReplays { replays })];
         }
         run.replays += 1;
         run.attempt = match self.plan(&run.samples) {
             Ok(a) => a,
-            Err(e) => return vec![self.finish(Err(e), Reason::Unplannable)],
+            Err(e) => return vec![self.finish(Err(e.into()), Reason::Unplannable)],
         };
         run.phase = Phase::Computing;
         self.run = Some(run);

@@ -4,6 +4,10 @@
 //! in as events, executes the commands and feeds their outcomes back (`Reduce` → every server
 //! reduces → [`StepMachine::on_reduced`]).
 //!
+//! The machine is generic over the runtime's error `E` ([`Failure`]; `odc_actors::Error` in the
+//! runtime): reports and server outcomes carry it in, [`Command::Finish`] carries it out
+//! unchanged, and what the machine decides itself is a [`StepError`] made into an `E`.
+//!
 //! ## One step
 //! `start` plans the minibatch for the live trainers and assigns every idle trainer its first
 //! micro-batch. Phases: **Computing** → (ledger complete) **Reducing** → **Applying** → `Finish`.
@@ -17,15 +21,15 @@
 //! ## Non-finite gradients and losses
 //! A non-finite gradient never reaches a parameter. Two places find one: a trainer (every
 //! gradient is checked while it is encoded for its push, every loss when the compute returns;
-//! the report is [`Error::NonFinite`] naming trainer, micro-batch, samples and unit), and the
+//! the report's error is a non-finite one ([`Failure::non_finite`]) naming trainer, micro-batch, samples and unit), and the
 //! barrier (the servers' sum of squares is NaN or inf, e.g. finite gradients whose sum overflowed
 //! in an fp32 accumulator). Either way the attempt is `Discard`ed at every owner (no `Apply`:
 //! parameters, optimizer moments and the optimizer's step count stay as they were), then per
 //! [`StepConfig::non_finite`]:
-//! - [`NonFinite::Error`]: `Finish(Err(Error::NonFinite))`; the job's step counter does not move,
+//! - [`NonFinite::Error`]: `Finish(Err(StepError::NonFinite))` (as an `E`); the job's step counter does not move,
 //!   the next step trains at the same global step.
 //! - [`NonFinite::SkipStep`] (PyTorch's GradScaler skipping `optimizer.step()`):
-//!   `Finish(Ok(stats))` with [`StepStats::skipped`] set. A skipped step counts as a step of the
+//!   `Finish(Ok(stats))` with [`StepStats::skipped`] naming where ([`NonFiniteAt`]). A skipped step counts as a step of the
 //!   job: the global step ([`StepMachine::global_step`]), hence the learning-rate schedule's
 //!   position and the job's data position, move on, as with `scheduler.step()` called every
 //!   iteration; the parameter version and the optimizer's step count do not.
@@ -36,14 +40,15 @@
 //!   `max_replays` replays, `TooManyReplays`. The trainer is respawned (`FailurePolicy::Respawn`,
 //!   at most `max_respawns` per slot) or dropped. Lost while *Reducing* / *Applying*: only
 //!   respawned, every gradient of the step already landed.
-//! - A micro-batch returning an error: `Discard`, then `Finish(Err(Error::MicroBatch))` (an
-//!   [`Error::NonFinite`]: see above).
+//! - A micro-batch returning an error: `Discard`, then `Finish(Err(e))` with the report's error
+//!   `e` wrapped by [`Failure::in_micro_batch`] (`odc_actors::Error::MicroBatch`; a non-finite
+//!   one: see above).
 //! - A micro-batch running past `micro_batch_timeout` (seen on a tick): `Discard`, the hung
-//!   trainer `Kill`ed (and respawned per policy), then `Finish(Err(Error::Deadline))`.
-//! - A shard server lost: `Finish(Err)` naming it and `Stop`.
+//!   trainer `Kill`ed (and respawned per policy), then `Finish(Err(StepError::Deadline))`.
+//! - A shard server lost: `Finish(Err(StepError::Actor))` naming it and `Stop`.
 //! - A server call failing: `Finish(Err)` with its error.
 //! - The ledger refusing a hand-out or a completion: the micro-batch is put back (never dropped),
-//!   `Discard`, then `Finish(Err(Error::Ledger))`. Only the machine's own inconsistency can cause
+//!   `Discard`, then `Finish(Err(StepError::Ledger))`. Only the machine's own inconsistency can cause
 //!   this (a micro-batch queued twice, a ledger out of step with the slots): a peer's report never
 //!   reaches the ledger unless it was admitted.
 //!
@@ -75,11 +80,12 @@
 //! ```
 //! use odc_policy::batch::SampleMeta;
 //! use odc_policy::clock::Timestamp;
-//! use odc_policy::step::{Command, StepConfig, StepMachine};
+//! use odc_policy::step::{Command, StepConfig, StepError, StepMachine};
 //! use odc_policy::token::JobKey;
-//! // The supervisor draws the key at random; the machine draws nothing.
+//! // The supervisor draws the key at random; the machine draws nothing. Its errors here are
+//! // its own (the runtime's are `odc_actors::Error`).
 //! let key = JobKey::from_bytes([9; 32]);
-//! let mut m = StepMachine::new(StepConfig::default(), 2, key);
+//! let mut m = StepMachine::<StepError>::new(StepConfig::default(), 2, key);
 //! let now = Timestamp::from_nanos(0);
 //! let samples = vec![SampleMeta::new(0, 100), SampleMeta::new(1, 300)];
 //! let decisions = m.start(samples, now);
@@ -104,7 +110,7 @@ use crate::balancer::{
 use crate::batch::{LossWeighting, MicroBatch, Piece, SampleMeta};
 use crate::clock::Timestamp;
 use crate::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
-use crate::error::{Error, NonFiniteAt};
+use crate::error::NonFiniteAt;
 use crate::ledger::{Ledger, LedgerError};
 use crate::recovery::{may_replay, must_replay, slot_fate, FailurePolicy, SlotFate};
 use crate::schedule::LrSchedule;
@@ -115,6 +121,7 @@ use crate::token::JobKey;
 
 mod config;
 mod decision;
+mod error;
 mod machine;
 mod planning;
 mod run;
@@ -124,11 +131,12 @@ mod tests;
 use config::MAX_TICK;
 pub use config::{NonFinite, StepConfig, DEFAULT_MICRO_BATCH_TIMEOUT};
 pub use decision::{Command, Decision, Reason, ReportRefusal};
+pub use error::{Failure, StepError};
 use run::*;
 
-/// The supervisor's state and decisions (see the [module docs](self)).
+/// The supervisor's state and decisions (see the [module docs](self)), failing steps with `E`.
 #[derive(Debug, Clone)]
-pub struct StepMachine {
+pub struct StepMachine<E> {
     config: StepConfig,
     /// Signs every assignment's token and checks every report's.
     key: JobKey,
@@ -138,11 +146,11 @@ pub struct StepMachine {
     /// Steps skipped for non-finite gradients ([`NonFinite::SkipStep`]).
     skipped: u64,
     epoch: u64,
-    run: Option<Run>,
-    stopped: Option<Error>,
+    run: Option<Run<E>>,
+    stopped: Option<E>,
 }
 
-fn decision(command: Command, reason: Reason) -> Decision {
+fn decision<E>(command: Command<E>, reason: Reason) -> Decision<E> {
     Decision { command, reason }
 }
 

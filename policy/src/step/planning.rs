@@ -7,14 +7,14 @@ use crate::balancer::{Plan, PlannedMicroBatch};
 /// A plan with gangs: the plan, and per micro-batch its piece (`None`: whole samples).
 type SplitAttempt = (Plan, Vec<Option<Piece>>);
 
-impl StepMachine {
+impl<E: Failure> StepMachine<E> {
     /// Plan `samples` for the live slots: a fresh attempt.
-    pub(super) fn plan(&self, samples: &[SampleMeta]) -> Result<Attempt, Error> {
+    pub(super) fn plan(&self, samples: &[SampleMeta]) -> Result<Attempt, StepError> {
         let live: Vec<usize> = (0..self.slots.len())
             .filter(|&i| self.slots[i].presence == Presence::Live)
             .collect();
         if live.is_empty() {
-            return Err(Error::NoTrainers {
+            return Err(StepError::NoTrainers {
                 step: self.global_step(),
             });
         }
@@ -29,7 +29,7 @@ impl StepMachine {
         // The fill floor in tokens (`min_fill` in 0..=1, so at most the budget).
         let fill = (c.min_fill.clamp(0.0, 1.0) * c.token_budget as f64) as u64;
         if c.communication == Communication::Collective && live.len() != self.slots.len() {
-            return Err(Error::Config(format!(
+            return Err(StepError::Config(format!(
                 "collective mode needs all {} trainers, {} are left",
                 self.slots.len(),
                 live.len()
@@ -93,7 +93,7 @@ impl StepMachine {
         live: &[usize],
         measured: &dyn Fn() -> Vec<f64>,
         fill: u64,
-    ) -> Result<Plan, Error> {
+    ) -> Result<Plan, StepError> {
         let c = &self.config;
         Ok(match (c.communication, c.dispatch, c.rebalance) {
             (Communication::Collective, _, _) => {
@@ -124,7 +124,7 @@ impl StepMachine {
         samples: &[SampleMeta],
         tokens: &[u64],
         slots: &[usize],
-    ) -> Result<Option<(f64, SplitAttempt)>, Error> {
+    ) -> Result<Option<(f64, SplitAttempt)>, StepError> {
         let c = &self.config;
         let live = slots.len();
         let Some(min_tokens) = c.split.min_tokens() else {
@@ -149,7 +149,7 @@ impl StepMachine {
             pieces_within_budget: true,
         };
         let split = crate::split::plan(tokens, &costs, options)
-            .map_err(|e| Error::Config(format!("sequence splitting: {e}")))?;
+            .map_err(|e| StepError::Config(format!("sequence splitting: {e}")))?;
         if split.gangs.is_empty() {
             return Ok(None);
         }
@@ -157,7 +157,7 @@ impl StepMachine {
         let mut members: Vec<Vec<(usize, PlannedMicroBatch, Piece)>> = Vec::new();
         for (gang_id, gang) in split.gangs.iter().enumerate() {
             let cut = crate::split::zigzag(gang.tokens, gang.cost.k)
-                .map_err(|e| Error::Config(format!("sequence splitting: {e}")))?;
+                .map_err(|e| StepError::Config(format!("sequence splitting: {e}")))?;
             let ranks: Vec<u32> = gang
                 .devices
                 .iter()
@@ -302,7 +302,7 @@ impl StepMachine {
     }
 
     /// Hand the next micro-batch to every idle live trainer (Computing only).
-    pub(super) fn dispatch(&mut self, now: Timestamp) -> Vec<Decision> {
+    pub(super) fn dispatch(&mut self, now: Timestamp) -> Vec<Decision<E>> {
         let mut out = Vec::new();
         let steals = self.steals();
         for slot in 0..self.slots.len() {

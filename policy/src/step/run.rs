@@ -31,23 +31,23 @@ pub(super) struct Slot {
 
 /// What follows a discard.
 #[derive(Debug, Clone)]
-pub(super) enum AfterDiscard {
+pub(super) enum AfterDiscard<E> {
     /// Re-plan and run the minibatch again.
     Replay,
     /// Fail the step.
-    Fail { error: Error, reason: Reason },
+    Fail { error: E, reason: Reason },
     /// Skip the step (non-finite gradients, [`NonFinite::SkipStep`]): `why` goes into the stats.
     Skip {
-        why: Error,
+        why: Box<NonFiniteAt>,
         reason: Reason,
         grad_norm: f64,
     },
 }
 
 #[derive(Debug, Clone)]
-pub(super) enum Phase {
+pub(super) enum Phase<E> {
     Computing,
-    Discarding(AfterDiscard),
+    Discarding(AfterDiscard<E>),
     Reducing,
     Applying { grad_norm: f64, version: u64 },
 }
@@ -68,16 +68,16 @@ pub(super) struct Attempt {
 
 /// One minibatch in flight.
 #[derive(Debug, Clone)]
-pub(super) struct Run {
+pub(super) struct Run<E> {
     pub(super) samples: Vec<SampleMeta>,
     pub(super) total_weight: f64,
     pub(super) attempt: Attempt,
-    pub(super) phase: Phase,
+    pub(super) phase: Phase<E>,
     pub(super) replays: u32,
     pub(super) started: Timestamp,
 }
 
-impl Run {
+impl<E> Run<E> {
     /// What the finished step did: `step` trained, ended at `ended`.
     pub(super) fn stats(self, step: u64, grad_norm: f64, ended: Timestamp) -> StepStats {
         let Run {

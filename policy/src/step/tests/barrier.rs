@@ -110,14 +110,14 @@ fn start_rejects_a_second_step_and_refuses_bad_minibatches() {
     assert!(matches!(
         &ds[..],
         [Decision {
-            command: Command::Finish(Err(Error::EmptyMinibatch { step: 0 })),
+            command: Command::Finish(Err(TestError::Step(StepError::EmptyMinibatch { step: 0 }))),
             reason: Reason::Unplannable
         }]
     ));
     let ds = m.start(samples(1, 101), ms(0));
     assert!(matches!(
         ds[0].command,
-        Command::Finish(Err(Error::Balance(_)))
+        Command::Finish(Err(TestError::Step(StepError::Balance(_))))
     ));
     assert!(!m.is_running());
     assert_eq!(
@@ -128,7 +128,7 @@ fn start_rejects_a_second_step_and_refuses_bad_minibatches() {
     assert!(matches!(
         ds[..],
         [Decision {
-            command: Command::Reject(Error::Busy),
+            command: Command::Reject(TestError::Step(StepError::Busy)),
             ..
         }]
     ));

@@ -30,13 +30,13 @@ fn deadline_on_tick_fails_the_step_kills_the_hung_trainer_and_the_next_step_work
     w.apply(ds);
     let err = w.finish().expect("finishes").expect_err("deadline");
     match err {
-        Error::Deadline {
+        TestError::Step(StepError::Deadline {
             what,
             step: 0,
             trainer: Some(0),
             micro_batch: Some(mb),
             after_ms: 501,
-        } if what == "micro-batch" && mb == hung_mb => {}
+        }) if what == "micro-batch" && mb == hung_mb => {}
         other => panic!("{other:?}"),
     }
     assert!(w.event(), "the respawned trainer starts");
@@ -73,6 +73,6 @@ fn a_trainer_hung_in_a_discarded_attempt_is_killed_too() {
     let ds = m.on_discarded(Ok(()), ms(601));
     assert!(matches!(
         ds[0].command,
-        Command::Finish(Err(Error::NoTrainers { .. }))
+        Command::Finish(Err(TestError::Step(StepError::NoTrainers { .. })))
     ));
 }

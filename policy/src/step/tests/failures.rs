@@ -62,10 +62,10 @@ fn too_many_replays_fail_the_step() {
         matches!(
             ds,
             Decision {
-                command: Command::Finish(Err(Error::TooManyReplays {
+                command: Command::Finish(Err(TestError::Step(StepError::TooManyReplays {
                     step: 0,
                     replays: 1
-                })),
+                }))),
                 reason: Reason::TooManyReplays { replays: 1 },
             }
         ),
@@ -165,7 +165,10 @@ fn drop_policy_continues_without_the_trainer() {
         w.apply(ds);
     }
     let r = w.finish().expect("finishes");
-    assert!(matches!(r, Err(Error::NoTrainers { step: 1 })), "{r:?}");
+    assert!(
+        matches!(r, Err(TestError::Step(StepError::NoTrainers { step: 1 }))),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -173,7 +176,7 @@ fn micro_batch_error_discards_then_fails_and_the_next_step_works() {
     let mut m = StepMachine::new(config(), 1, key());
     let (_, a) = assigned(&m.start(samples(2, 100), ms(0)))[0].clone();
     let mut report = ok_report(0, &a, ms(0), ms(5));
-    report.result = Err(Error::user("nan loss"));
+    report.result = Err(TestError::User("nan loss".into()));
     let ds = m.on_report(report, ms(5));
     assert_eq!(names(&ds), ["discard"]);
     assert_eq!(
@@ -187,7 +190,7 @@ fn micro_batch_error_discards_then_fails_and_the_next_step_works() {
     assert!(matches!(
         &ds[..],
         [Decision {
-            command: Command::Finish(Err(Error::MicroBatch {
+            command: Command::Finish(Err(TestError::MicroBatch {
                 step: 0,
                 trainer: 0,
                 ..
@@ -208,7 +211,7 @@ fn server_lost_stops_naming_the_server() {
     m.start(samples(2, 100), ms(0));
     let ds = m.on_server_lost(2, "panicked".into(), ms(1));
     assert_eq!(names(&ds), ["finish", "stop"]);
-    let named = |e: &Error| matches!(e, Error::Actor { actor, .. } if actor == "shard server 2");
+    let named = |e: &TestError| matches!(e, TestError::Step(StepError::Actor { actor, .. }) if actor == "shard server 2");
     assert!(matches!(&ds[0].command, Command::Finish(Err(e)) if named(e)));
     assert!(matches!(&ds[1].command, Command::Stop(e) if named(e)));
     assert_eq!(
@@ -237,10 +240,10 @@ fn server_call_failures_fail_the_step() {
     let ds = w.m.start(samples(1, 100), w.now);
     w.apply(ds);
     assert!(w.event());
-    let e = Error::Actor {
+    let e = TestError::Step(StepError::Actor {
         actor: "shard server 0 reduce".into(),
         reason: "timeout".into(),
-    };
+    });
     let ds = w.m.on_reduced(Err(e), w.now);
     assert_eq!(ds[0].reason, Reason::ServerCallFailed { call: "reduce" });
     assert!(!w.m.is_running());
@@ -259,10 +262,10 @@ fn ledger_refusal_of_a_double_queued_micro_batch_fails_the_step_instead_of_dropp
     w.m.double_queue(1, first[0].1.micro_batch.id as usize);
     let result = w.finish().expect("the step finishes");
     match result {
-        Err(Error::Ledger {
+        Err(TestError::Step(StepError::Ledger {
             step: 0,
             source: LedgerError::NotPending { trainer: 1, .. },
-        }) => {}
+        })) => {}
         other => panic!("{other:?}"),
     }
     assert!(w
@@ -285,7 +288,10 @@ fn ledger_refusal_of_the_only_copy_fails_the_step_instead_of_hanging() {
     w.m.corrupt_ledger(queued, 7);
     let result = w.finish().expect("the step finishes, it does not stall");
     assert!(
-        matches!(result, Err(Error::Ledger { step: 0, .. })),
+        matches!(
+            result,
+            Err(TestError::Step(StepError::Ledger { step: 0, .. }))
+        ),
         "{result:?}"
     );
     // It was put back, not dropped.

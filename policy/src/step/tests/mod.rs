@@ -1,4 +1,5 @@
-//! The step machine's tests, by topic; the helpers and the simulated [`World`] they share.
+//! The step machine's tests, by topic; the helpers and the simulated [`World`] they share. The
+//! machines under test fail with [`TestError`], a runtime's error in miniature.
 
 use std::collections::VecDeque;
 
@@ -6,6 +7,53 @@ use super::*;
 use crate::assignment::MicroBatchDone;
 use crate::batch::ComputeOutput;
 use crate::stats::MicroBatchStats;
+
+/// The runtime's error as the machine sees it: its own decisions, a trainer's failure, and a
+/// failed micro-batch wrapping either (as `odc_actors::Error` does).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+enum TestError {
+    #[error(transparent)]
+    Step(#[from] StepError),
+    /// A trainer's compute failed.
+    #[error("user compute: {0}")]
+    User(String),
+    #[error("micro-batch {micro_batch} of step {step} failed on trainer {trainer}: {source}")]
+    MicroBatch {
+        step: u64,
+        micro_batch: u32,
+        trainer: u32,
+        source: Box<TestError>,
+    },
+}
+
+impl Failure for TestError {
+    fn non_finite(&self) -> Option<&NonFiniteAt> {
+        match self {
+            TestError::Step(e) => e.non_finite(),
+            _ => None,
+        }
+    }
+
+    fn in_micro_batch(self, step: u64, micro_batch: u32, trainer: u32) -> Self {
+        TestError::MicroBatch {
+            step,
+            micro_batch,
+            trainer,
+            source: Box::new(self),
+        }
+    }
+}
+
+impl TestError {
+    fn non_finite_at(at: NonFiniteAt) -> Self {
+        TestError::Step(StepError::NonFinite(Box::new(at)))
+    }
+}
+
+type StepMachine = super::StepMachine<TestError>;
+type Decision = super::Decision<TestError>;
+type Command = super::Command<TestError>;
+type TrainerReport = crate::assignment::TrainerReport<TestError>;
 
 /// The key of every machine under test.
 fn key() -> JobKey {
@@ -79,7 +127,7 @@ struct World {
     running: Vec<Option<(Assignment, Timestamp, Timestamp)>>,
     pending: VecDeque<Pending>,
     log: Vec<Decision>,
-    finished: Option<Result<StepStats, Error>>,
+    finished: Option<Result<StepStats, TestError>>,
     stopped: bool,
 }
 
@@ -161,7 +209,7 @@ impl World {
     }
 
     /// Run until the step finishes: its result, or `None` if it stalled.
-    fn finish(&mut self) -> Option<Result<StepStats, Error>> {
+    fn finish(&mut self) -> Option<Result<StepStats, TestError>> {
         while self.finished.is_none() && !self.stopped {
             if !self.event() {
                 break;
@@ -170,7 +218,7 @@ impl World {
         self.finished.take()
     }
 
-    fn step(&mut self, samples: Vec<SampleMeta>) -> Option<Result<StepStats, Error>> {
+    fn step(&mut self, samples: Vec<SampleMeta>) -> Option<Result<StepStats, TestError>> {
         self.log.clear();
         let ds = self.m.start(samples, self.now);
         self.apply(ds);

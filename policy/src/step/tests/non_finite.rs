@@ -68,19 +68,19 @@ fn a_non_finite_global_norm_discards_the_step_then_fails_or_skips_it() {
             assert!(!w.log.iter().any(|d| d.command.name() == "apply"));
             assert_eq!(w.log.last().map(|d| &d.reason), Some(&reason));
             assert_eq!(w.m.version(), 0, "nothing published");
-            let named = |e: &Error| {
-                matches!(e, Error::NonFinite(at) if at.what == "global gradient norm"
+            let named = |at: &NonFiniteAt| {
+                at.what == "global gradient norm"
                     && at.value == shown
-                    && (at.step, at.trainer, at.micro_batch, at.unit) == (0, None, None, None))
+                    && (at.step, at.trainer, at.micro_batch, at.unit) == (0, None, None, None)
             };
             match (policy, result) {
                 (NonFinite::Error, Err(e)) => {
-                    assert!(named(&e), "{e:?}");
+                    assert!(e.non_finite().is_some_and(named), "{e:?}");
                     assert_eq!(w.m.global_step(), 0, "a failed step is not a step");
                     next_step_trains_at(&mut w, 0);
                 }
                 (NonFinite::SkipStep, Ok(stats)) => {
-                    assert!(stats.skipped.as_ref().is_some_and(named), "{stats:?}");
+                    assert!(stats.skipped.as_deref().is_some_and(named), "{stats:?}");
                     assert_eq!((stats.step, stats.micro_batches), (0, 4));
                     assert!(sum_sq.is_nan() == stats.grad_norm.is_nan());
                     assert!(sum_sq.is_infinite() == stats.grad_norm.is_infinite());
@@ -112,7 +112,7 @@ fn a_non_finite_micro_batch_discards_the_step_then_fails_or_skips_it() {
         };
         let indices: Vec<u64> = a.micro_batch.samples.iter().map(|s| s.index).collect();
         let mut report = ok_report(1, &a, since, end);
-        report.result = Err(Error::NonFinite(Box::new(NonFiniteAt {
+        report.result = Err(TestError::non_finite_at(NonFiniteAt {
             what: "gradient".into(),
             step: 0,
             // The report's own trainer and micro-batch are what count.
@@ -122,7 +122,7 @@ fn a_non_finite_micro_batch_discards_the_step_then_fails_or_skips_it() {
             unit: Some(2),
             element: Some(5),
             value: "NaN".into(),
-        })));
+        }));
         w.now = end;
         let ds = w.m.on_report(report, end);
         let reason = Reason::NonFiniteMicroBatch {
@@ -136,7 +136,7 @@ fn a_non_finite_micro_batch_discards_the_step_then_fails_or_skips_it() {
         let result = w.finish().expect("finishes");
         assert!(!w.log.iter().any(|d| d.command.name() == "apply"));
         assert_eq!(w.log.last().map(|d| &d.reason), Some(&reason));
-        let want = Error::NonFinite(Box::new(NonFiniteAt {
+        let want = NonFiniteAt {
             what: "gradient".into(),
             step: 0,
             trainer: Some(1),
@@ -145,14 +145,14 @@ fn a_non_finite_micro_batch_discards_the_step_then_fails_or_skips_it() {
             unit: Some(2),
             element: Some(5),
             value: "NaN".into(),
-        }));
+        };
         match (policy, result) {
             (NonFinite::Error, Err(e)) => {
-                assert_eq!(e, want);
+                assert_eq!(e, TestError::non_finite_at(want));
                 next_step_trains_at(&mut w, 0);
             }
             (NonFinite::SkipStep, Ok(stats)) => {
-                assert_eq!(stats.skipped, Some(want));
+                assert_eq!(stats.skipped, Some(Box::new(want)));
                 assert!(stats.grad_norm.is_nan(), "no norm: no barrier");
                 next_step_trains_at(&mut w, 1);
             }

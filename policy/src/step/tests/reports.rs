@@ -38,7 +38,7 @@ fn report(
         started: ms(0),
         finished: ms(1),
         result: if failed {
-            Err(Error::user(std::io::Error::other("forged failure")))
+            Err(TestError::User("forged failure".into()))
         } else {
             Ok(MicroBatchDone {
                 output: ComputeOutput { loss_sum },
@@ -87,7 +87,7 @@ struct Run {
     /// Genuine reports delivered (each may be sent again as a duplicate).
     delivered: Vec<TrainerReport>,
     reduces: Vec<(f64, usize)>,
-    finished: Option<Result<StepStats, Error>>,
+    finished: Option<Result<StepStats, TestError>>,
 }
 
 impl Run {
