@@ -252,10 +252,7 @@ mod tests {
     /// backend has bf16 matmuls, so CI checks the casts the GPU runs).
     #[test]
     fn bf16_mixed_precision_tracks_fp32_within_tolerance() {
-        use crate::model::{
-            model_forward, unit_count, unit_init_values, unit_params, unit_vars, PackedBatch,
-            Sample,
-        };
+        use crate::model::{model_forward, PackedBatch, Sample};
         let c = crate::model::ModelConfig {
             vocab_size: 32,
             d_model: 64,
@@ -276,16 +273,7 @@ mod tests {
         .collect();
         let batch = PackedBatch::pack(&c, &samples, &Device::Cpu).unwrap();
         let run = |precision: ComputePrecision| {
-            let vars: Vec<Vec<Var>> = (0..unit_count(&c))
-                .map(|u| {
-                    unit_vars(
-                        &unit_init_values(&c, u).unwrap(),
-                        &unit_params(&c, u).unwrap(),
-                        &Device::Cpu,
-                    )
-                    .unwrap()
-                })
-                .collect();
+            let vars = crate::model::test_util::init_vars(&c);
             let inputs: Vec<Vec<Tensor>> = vars
                 .iter()
                 .map(|v| precision.unit_inputs(v).unwrap())

@@ -159,10 +159,8 @@ pub fn grpo_loss_sum(
 mod tests {
     use super::*;
     use crate::model::batch::PackedBatch;
-    use crate::model::params::{as_tensors, unit_vars};
-    use crate::model::transformer::{
-        head_log_probs, unit_count, unit_forward, unit_init_values, unit_params, UnitOutput,
-    };
+    use crate::model::params::as_tensors;
+    use crate::model::transformer::{head_log_probs, unit_count, unit_forward, UnitOutput};
     use crate::model::ModelConfig;
     use candle_core::Var;
 
@@ -234,16 +232,7 @@ mod tests {
     #[test]
     fn the_update_raises_the_above_average_response() {
         let c = config();
-        let vars: Vec<Vec<Var>> = (0..unit_count(&c))
-            .map(|u| {
-                unit_vars(
-                    &unit_init_values(&c, u).unwrap(),
-                    &unit_params(&c, u).unwrap(),
-                    &Device::Cpu,
-                )
-                .unwrap()
-            })
-            .collect();
+        let vars = crate::model::test_util::init_vars(&c);
         let prompt = [1u32, 2, 3];
         let response = |tail: &[u32]| {
             let tokens: Vec<u32> = prompt.iter().chain(tail).copied().collect();

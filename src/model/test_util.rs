@@ -1,7 +1,11 @@
 //! Helpers of the model's unit tests, in one place: seeded random tensors and the error measures
 //! every kernel and layer test compares with.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
+
+use super::config::ModelConfig;
+use super::params::unit_vars;
+use super::transformer::{unit_count, unit_init_values, unit_params};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -11,6 +15,16 @@ pub(crate) fn random(shape: &[usize], seed: u64) -> Tensor {
     let n = shape.iter().product();
     let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
     Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+/// Every unit's seeded initial parameters as `Var`s on the CPU, unit by unit.
+pub(crate) fn init_vars(config: &ModelConfig) -> Vec<Vec<Var>> {
+    (0..unit_count(config))
+        .map(|u| {
+            let specs = unit_params(config, u).unwrap();
+            unit_vars(&unit_init_values(config, u).unwrap(), &specs, &Device::Cpu).unwrap()
+        })
+        .collect()
 }
 
 /// A tensor's elements as fp32, flattened.

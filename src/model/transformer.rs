@@ -431,8 +431,8 @@ pub fn tensor_map(config: &ModelConfig) -> Result<TensorMap> {
 mod tests {
     use super::*;
     use crate::model::batch::Sample;
-    use crate::model::params::{as_tensors, unit_vars};
-    use crate::model::test_util::{rel, to_vec};
+    use crate::model::params::as_tensors;
+    use crate::model::test_util::{init_vars, rel, to_vec};
     use candle_core::{Device, Var};
     use candle_nn::Optimizer;
 
@@ -449,15 +449,6 @@ mod tests {
             seed: 3,
             ..ModelConfig::tiny()
         }
-    }
-
-    fn vars(config: &ModelConfig) -> Vec<Vec<Var>> {
-        (0..unit_count(config))
-            .map(|u| {
-                let specs = unit_params(config, u).unwrap();
-                unit_vars(&unit_init_values(config, u).unwrap(), &specs, &Device::Cpu).unwrap()
-            })
-            .collect()
     }
 
     fn tensors(vars: &[Vec<Var>]) -> Vec<Vec<Tensor>> {
@@ -543,7 +534,7 @@ mod tests {
 
     fn every_parameter_receives_nonzero_finite_gradient_on(c: &ModelConfig) {
         let c = c.clone();
-        let vars = vars(&c);
+        let vars = init_vars(&c);
         let out = model_forward(&c, &tensors(&vars), &batch(&c, &two_samples())).unwrap();
         let grads = out.loss.backward().unwrap();
         for (u, unit) in vars.iter().enumerate() {
@@ -565,7 +556,7 @@ mod tests {
     #[test]
     fn packed_samples_are_isolated_and_positions_reset() {
         let c = small();
-        let params = tensors(&vars(&c));
+        let params = tensors(&init_vars(&c));
         let a = vec![3, 1, 4, 1, 5, 9];
         let logits = |samples: &[Vec<u32>]| {
             model_forward(&c, &params, &batch(&c, samples))
@@ -590,7 +581,7 @@ mod tests {
     fn loss_is_the_mean_cross_entropy_of_within_sample_targets() {
         let c = small();
         let samples = two_samples();
-        let out = model_forward(&c, &tensors(&vars(&c)), &batch(&c, &samples)).unwrap();
+        let out = model_forward(&c, &tensors(&init_vars(&c)), &batch(&c, &samples)).unwrap();
         let logits: Vec<Vec<f32>> = out.logits.unwrap().to_vec2().unwrap();
         let (mut sum, mut n, mut t) = (0f64, 0, 0);
         for s in &samples {
@@ -640,7 +631,7 @@ mod tests {
     fn per_unit_vjp_matches_whole_model_backward_on(c: &ModelConfig) {
         let c = c.clone();
         let b = batch(&c, &two_samples());
-        let whole_vars = vars(&c);
+        let whole_vars = init_vars(&c);
         let whole = model_forward(&c, &tensors(&whole_vars), &b)
             .unwrap()
             .loss
@@ -648,7 +639,7 @@ mod tests {
             .unwrap();
 
         // Per unit: forward each unit on a detached input Var, keeping the graphs.
-        let unit_vars = vars(&c);
+        let unit_vars = init_vars(&c);
         let params = tensors(&unit_vars);
         let last = unit_count(&c) - 1;
         let mut inputs: Vec<Option<Var>> = vec![None];
@@ -709,7 +700,7 @@ mod tests {
     #[test]
     fn adamw_reduces_loss_on_a_fixed_batch() {
         let c = small();
-        let vars = vars(&c);
+        let vars = init_vars(&c);
         let params = tensors(&vars);
         let b = batch(
             &c,
