@@ -26,6 +26,14 @@
 //! - **I6 liveness** — [`policy::step`] (micro-batch deadlines), [`supervisor`] (ticks, call
 //!   timeouts), [`datapath`] (a deadline on every transfer, the collective epoch floor),
 //!   [`server`] (barrier work off the async runtime).
+//!
+//! **Layers.** `error`, [`directory`] and [`metrics`] import nothing else of the crate. Above
+//! them the actors name one another, and that is the crate's one import circle, on purpose: the
+//! supervisor spawns servers and trainers ([`supervisor`] → [`server`], [`trainer`]) and they
+//! answer it (a trainer reports to the supervisor's mailbox), every actor's envelope is in
+//! [`messages`], a node ([`node`]) hosts the process's actors and data paths, and [`cluster`]
+//! carries the same messages between processes. An actor is the pair of its messages and its
+//! mailbox's owner, so the folders follow the actors; each folder has no circle of its own.
 
 pub mod cluster;
 pub mod datapath;

@@ -55,9 +55,11 @@
 //! (response tokens over the sampling phase's wall time), and the counters
 //! `odc_grpo_groups_total` and `odc_grpo_groups_trained_total`.
 
+mod args;
+mod sampling;
+mod warm_start;
+
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -68,118 +70,16 @@ use odc::checkpoint;
 use odc::launch::World;
 use odc::model::hf::HfCheckpoint;
 use odc::model::{
-    evaluate_prompted, generate_group_with_log_probs, group_advantages, map_in_shares,
-    sequence_log_probs, share_range, tensor_map, transformer_job_on, GrpoConfig, ModelConfig,
-    Objective, Placement, RlSample, Sample, SampleStore, Sampling, Weights,
+    evaluate_prompted, group_advantages, share_range, tensor_map, transformer_job_on, GrpoConfig,
+    ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights,
 };
-use odc::text::{
-    exact_match, weighted_reward, ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat,
-    Tokenizer,
-};
-use odc::{Job, LrSchedule, OptimizerConfig, Precision, SampleMeta};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat, Tokenizer};
+use odc::{Job, OptimizerConfig, Precision, SampleMeta};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Parser)]
-#[command(about = "GRPO on odc (see the example's docs)")]
-struct Args {
-    /// Start from this SFT checkpoint (DIR/step-<N>); without it, a short SFT runs first.
-    #[arg(long)]
-    init: Option<PathBuf>,
-    /// SFT steps of the warm start when no --init is given.
-    #[arg(long, default_value_t = 150)]
-    sft_steps: u64,
-    /// RL steps.
-    #[arg(long, default_value_t = 20)]
-    steps: u64,
-    /// Problems per step: 32 groups average out enough of the gradient's noise for the measured
-    /// gain (see `--lr`); 8 did not.
-    #[arg(long, default_value_t = 32)]
-    prompts: usize,
-    /// Responses per problem (G): with fewer, more groups score alike and teach nothing.
-    #[arg(long, default_value_t = 8)]
-    group_size: usize,
-    #[arg(long, default_value_t = 1.0)]
-    temperature: f64,
-    /// Longest response, in tokens (also bounded by the model's `max_seq_len`).
-    #[arg(long, default_value_t = 320)]
-    max_new_tokens: usize,
-    /// Learning rate: with 32 prompts per step, 1e-4 raised the held-out sampled accuracy of the
-    /// default SFT checkpoint from 7.0% to 9.5% in 60 steps (greedy: 15.5% to 13.5%); at 2e-4 and
-    /// above greedy accuracy fell in every measured run.
-    #[arg(long, default_value_t = 1e-4)]
-    lr: f32,
-    /// PPO clip range.
-    #[arg(long, default_value_t = 0.2)]
-    clip_eps: f64,
-    /// Weight of the `#### <n>` format reward beside 1.0 for the right number (0: correctness
-    /// only; see `odc::text::weighted_reward`).
-    #[arg(long, default_value_t = odc::text::reward::FORMAT_WEIGHT)]
-    format_reward: f64,
-    /// KL coefficient to the reference.
-    #[arg(long, default_value_t = 0.01)]
-    kl_coef: f64,
-    /// Trainers and shard servers in one process (under `odc launch`: one of each per rank).
-    #[arg(long, default_value_t = 2)]
-    trainers: usize,
-    #[arg(long, default_value_t = 2)]
-    servers: usize,
-    #[arg(long, default_value_t = 4096)]
-    token_budget: u64,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Held-out problems answered greedily, and sampled `--group-size` times at `--temperature`,
-    /// before and after RL (0: no evaluation).
-    #[arg(long, default_value_t = 100)]
-    eval_problems: usize,
-    /// The generated problems' largest number (20 to 1000). Default: the `--init` checkpoint's
-    /// (its SFT run's `--max-value`), else the SFT example's default.
-    #[arg(long, value_parser = clap::value_parser!(u64)
-        .range(odc::text::arith::MIN_MAX_VALUE..=odc::text::arith::MAX_VALUE))]
-    max_value: Option<u64>,
-    /// A Hugging Face `tokenizer.json` instead of the byte tokenizer (the one the `--init`
-    /// checkpoint was trained with); the model's `vocab_size` becomes its vocabulary size.
-    #[arg(long, conflicts_with = "model_dir")]
-    tokenizer: Option<PathBuf>,
-    /// A Hugging Face model directory (an instruct model): its weights (or `--init`'s, a
-    /// checkpoint of `sft --model-dir` on it) are the policy and the reference, its chat template
-    /// formats the prompts and its stop ids end the responses; no warm start.
-    #[arg(long)]
-    model_dir: Option<PathBuf>,
-    /// Prometheus endpoint (port 0 picks a free one).
-    #[arg(long, default_value = "127.0.0.1:9464")]
-    metrics_addr: SocketAddr,
-    /// Serve no metrics.
-    #[arg(long)]
-    no_metrics: bool,
-    /// Where the trainers compute: cpu, cuda (device ODC_LOCAL_RANK mod count) or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    /// The trainers' matmul and activation precision: f32 or bf16 (mixed precision).
-    #[arg(long, default_value = "f32")]
-    precision: String,
-    /// What a trainer keeps of a unit between its forward and backward: true, false, N (the
-    /// last N stages) or auto (see the sft example).
-    #[arg(long, default_value = "auto")]
-    reshard_after_forward: String,
-}
-
-impl Args {
-    /// Where the trainers compute (`--device`, `--precision`).
-    fn placement(&self) -> anyhow::Result<Placement> {
-        Ok(Placement {
-            device: self.device.parse()?,
-            precision: self.precision.parse()?,
-            local_rank: odc::launch::local_rank(),
-            reshard: self
-                .reshard_after_forward
-                .parse()
-                .map_err(|e| anyhow::anyhow!("--{e}"))?,
-            kernels: Default::default(),
-        })
-    }
-}
+use args::Args;
+use sampling::{sample_groups, Response, Sampler};
+use warm_start::warm_start;
 
 /// The example's metrics (besides the runtime's `odc_*`), set after every RL step.
 mod names {
@@ -253,91 +153,6 @@ impl SampleStore for Responses {
     }
 }
 
-/// SFT samples of the generated task, by problem index.
-struct Problems(ArithTask, Arc<dyn Tokenizer>);
-
-impl SampleStore for Problems {
-    fn sample(&self, index: u64) -> Result<Sample, String> {
-        let sample = odc::text::Sample::from_problem(&*self.1, &self.0.problem(index));
-        Ok(Sample::from(&sample.map_err(|e| e.to_string())?))
-    }
-}
-
-/// A short SFT on the generated task; the trained parameters.
-async fn warm_start(
-    args: &Args,
-    max_value: u64,
-    model: &ModelConfig,
-    tokenizer: Arc<dyn Tokenizer>,
-) -> anyhow::Result<Vec<Vec<f32>>> {
-    let task = ArithTask::train(args.seed).with_max_value(max_value);
-    let max_len = model.max_seq_len;
-    let mut next = 0u64;
-    let mut job = transformer_job_on(
-        model,
-        None,
-        Arc::new(Problems(task, tokenizer.clone())),
-        Objective::CrossEntropy,
-        args.placement()?,
-    )?
-    .trainers(args.trainers)
-    .servers(args.servers)
-    .optimizer(OptimizerConfig::AdamW {
-        lr: 3e-3,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.01,
-    })
-    .lr_schedule(LrSchedule::WarmupCosine {
-        warmup_steps: 20.min(args.sft_steps),
-        total_steps: args.sft_steps,
-        min_ratio: 0.1,
-    })
-    .clip_grad_norm(1.0)
-    .token_budget(args.token_budget)
-    .pull_precision(Precision::F32)
-    .data(move |_step: u64| {
-        let mut metas = Vec::new();
-        while metas.len() < 16 {
-            let s = odc::text::Sample::from_problem(&*tokenizer, &task.problem(next))
-                .map_err(odc::Error::user)?;
-            if s.len() <= max_len {
-                metas.push(s.meta(next));
-            }
-            next += 1;
-        }
-        Ok(metas)
-    })
-    .build()?;
-    for step in 0..args.sft_steps {
-        let s = job.step().await?;
-        if (step + 1) % 25 == 0 {
-            println!(
-                "sft step {:4}/{}  loss {:.4}",
-                step + 1,
-                args.sft_steps,
-                s.loss
-            );
-        }
-    }
-    let params = job.parameters().await?;
-    job.shutdown().await;
-    Ok(params)
-}
-
-/// What sampling a step's groups needs.
-struct Sampler<'a> {
-    policy: &'a Weights,
-    /// The reference whose log-probs a trained group needs (none when only scoring).
-    reference: Option<&'a Weights>,
-    format: &'a TextFormat,
-    sampling: &'a Sampling,
-    group_size: usize,
-    seed: u64,
-    format_weight: f64,
-}
-
 /// XORed into `--seed` for the held-out samples' RNGs (apart from the training prompts').
 const HELD_OUT_SEED: u64 = 0x4E1D0;
 
@@ -361,79 +176,6 @@ struct HeldOut {
     /// Mean reward and exact match of `--group-size` samples per problem at `--temperature`.
     reward: f64,
     accuracy: f64,
-}
-
-/// One sampled response (sent to every rank under `odc launch`).
-#[derive(Serialize, Deserialize)]
-struct Response {
-    /// Prompt and response.
-    tokens: Vec<u32>,
-    response: Vec<u32>,
-    reward: f64,
-    correct: bool,
-    /// The reference's log-probs of `tokens` (empty when the group is not trained on).
-    ref_log_probs: Vec<f32>,
-    /// The sum over the response's tokens of the k3 KL to the reference (0 when the group is not
-    /// trained on).
-    kl_sum: f64,
-}
-
-/// Each prompt's group of responses, sampled by `workers` threads at once (contiguous shares of
-/// the prompts), a group decoded as one batch. Each response draws from its own RNG, seeded from
-/// `seed` and the problem's index, so the responses do not depend on the number of workers.
-fn sample_groups(
-    sampler: &Sampler<'_>,
-    prompts: &[(u64, Problem)],
-    workers: usize,
-) -> anyhow::Result<Vec<Vec<Response>>> {
-    map_in_shares(prompts, workers, |(index, problem)| {
-        sample_group(sampler, *index, problem)
-    })
-}
-
-/// `group_size` responses to one problem, and the reference's log-probs and the KL to it when
-/// their rewards differ (only such a group is trained on).
-fn sample_group(s: &Sampler<'_>, index: u64, problem: &Problem) -> anyhow::Result<Vec<Response>> {
-    let mut rng = StdRng::seed_from_u64(s.seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut rngs: Vec<StdRng> = (0..s.group_size)
-        .map(|_| StdRng::seed_from_u64(rng.random()))
-        .collect();
-    let prompt = s.format.prompt(&problem.question)?;
-    let tokenizer = s.format.tokenizer();
-    let mut group = Vec::with_capacity(s.group_size);
-    let mut policy_log_probs = Vec::with_capacity(s.group_size);
-    for generated in generate_group_with_log_probs(s.policy, &prompt, s.sampling, &mut rngs)? {
-        let response = generated.tokens;
-        let text = tokenizer.decode(&response)?;
-        group.push(Response {
-            tokens: prompt.iter().chain(&response).copied().collect(),
-            reward: weighted_reward(&text, &problem.answer, s.format_weight),
-            correct: exact_match(&text, &problem.answer),
-            response,
-            ref_log_probs: Vec::new(),
-            kl_sum: 0.0,
-        });
-        policy_log_probs.push(generated.log_probs);
-    }
-    if let Some(reference) = s.reference {
-        if group.iter().any(|r| r.reward != group[0].reward) {
-            for (r, policy) in group.iter_mut().zip(&policy_log_probs) {
-                r.ref_log_probs = sequence_log_probs(reference, &r.tokens)?;
-                // The KL term the loss weighs, at the sampled tokens (the policy's log-probs
-                // come from the decoder: no extra forward).
-                let first = r.tokens.len() - r.response.len();
-                r.kl_sum = r.ref_log_probs[first..]
-                    .iter()
-                    .zip(policy)
-                    .map(|(&reference, &policy)| {
-                        let d = f64::from(reference) - f64::from(policy);
-                        d.exp() - d - 1.0
-                    })
-                    .sum();
-            }
-        }
-    }
-    Ok(group)
 }
 
 fn main() -> anyhow::Result<()> {
