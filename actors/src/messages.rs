@@ -2,7 +2,7 @@
 //!
 //! Rules (docs/design.md, "As built": the control plane; ready for ractor_cluster):
 //! - every payload and every reply is plain serializable data (serde): no `Instant` (times are
-//!   [`Timestamp`]s), no trait objects (errors cross as [`Error`], a kind with its context), no
+//!   [`Timestamp`](crate::policy::clock::Timestamp)s), no trait objects (errors cross as [`Error`](crate::Error), a kind with its context), no
 //!   `usize` (fixed-width integers only) — checked for every message by this module's tests;
 //! - no tensor bytes and nothing that grows with the model beyond one route or snapshot handle per
 //!   unit: parameters and gradients move over the data plane (the transport);

@@ -121,7 +121,7 @@ struct Kept {
     values: Arc<[f32]>,
 }
 
-/// The trainer-side API handed to [`Compute::run`](crate::compute::Compute::run).
+/// The trainer-side API handed to [`Compute::run`](crate::trainer::Compute::run).
 pub struct TrainerContext {
     trainer: u32,
     layout: Arc<ModelLayout>,

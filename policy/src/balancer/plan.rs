@@ -236,7 +236,7 @@ fn min_parts(tokens: &[u64], budget: u64) -> usize {
 
 /// The plan for dynamic dispatch: LB-Mini's partition of the samples over `trainers` (the one
 /// [`plan_static`] makes), each trainer's share packed into micro-batches of **decreasing size**
-/// ([`pack_guided`]: each about half of what is left, the last ones single samples). At run time
+/// ([`pack_guided`](super::pack_guided): each about half of what is left, the last ones single samples). At run time
 /// a trainer runs its own list costliest first and, once it is empty, may steal the smallest
 /// micro-batch of the trainer expected to finish last
 /// ([`WorkQueue::steal`](crate::dispatch::WorkQueue::steal)). Per trainer the work is
