@@ -24,7 +24,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 
-use super::driver::{check_nvrtc, failed, DeviceBuffer};
+use super::library::{check_nvrtc, failed};
 use crate::TransportError;
 
 /// The backend kernels' source.
@@ -82,64 +82,10 @@ pub fn ptx_of(name: &str, source: &str, capability: (i32, i32)) -> Result<String
     compile(name, source, capability).map(|ptx| ptx.to_src())
 }
 
-/// One argument of a kernel launch ([`Device::launch`](super::Device::launch)): a device buffer
-/// (its address) or a scalar, passed by value as the kernel's parameter of that type
-/// (`float*`/`const T*`, `unsigned long long`, `int`, `float`, `double`).
+/// A kernel parameter as a launch passes it: by value, as the kernel's parameter of that type
+/// (`unsigned long long` for an address, `int`, `float`, `double`).
 #[derive(Debug, Clone, Copy)]
-pub struct KernelArg<'a>(Arg<'a>);
-
-#[derive(Debug, Clone, Copy)]
-enum Arg<'a> {
-    Buffer(&'a DeviceBuffer),
-    Address(sys::CUdeviceptr),
-    U64(u64),
-    I32(i32),
-    F32(f32),
-    F64(f64),
-}
-
-impl<'a> KernelArg<'a> {
-    /// A pointer parameter: `buffer`'s device address.
-    pub fn buffer(buffer: &'a DeviceBuffer) -> Self {
-        Self(Arg::Buffer(buffer))
-    }
-
-    /// A raw device address (the backend's own launches, into parts of a buffer).
-    pub(crate) fn address(ptr: sys::CUdeviceptr) -> Self {
-        Self(Arg::Address(ptr))
-    }
-
-    /// An `unsigned long long` parameter.
-    pub fn u64(value: u64) -> Self {
-        Self(Arg::U64(value))
-    }
-
-    /// An `int` parameter.
-    pub fn i32(value: i32) -> Self {
-        Self(Arg::I32(value))
-    }
-
-    /// A `float` parameter.
-    pub fn f32(value: f32) -> Self {
-        Self(Arg::F32(value))
-    }
-
-    /// A `double` parameter.
-    pub fn f64(value: f64) -> Self {
-        Self(Arg::F64(value))
-    }
-
-    /// The buffer this argument names, if any.
-    pub(crate) fn as_buffer(&self) -> Option<&'a DeviceBuffer> {
-        match self.0 {
-            Arg::Buffer(buffer) => Some(buffer),
-            _ => None,
-        }
-    }
-}
-
-/// A value as the launch passes it.
-enum Value {
+pub(crate) enum Param {
     U64(u64),
     I32(i32),
     F32(f32),
@@ -210,11 +156,11 @@ impl Module {
         self.max_blocks
     }
 
-    /// Enqueue `function` over `n` elements ([`Module::blocks`] × [`BLOCK`] threads) with `args`
+    /// Enqueue `function` over `n` elements ([`Module::blocks`] × [`BLOCK`] threads) with `params`
     /// on `stream` (not waited for). `n == 0` launches nothing.
     ///
     /// # Safety
-    /// `function`'s parameters are exactly `args`, in order and of their types; every address it
+    /// `function`'s parameters are exactly `params`, in order and of their types; every address it
     /// is given is device memory of the stream's context, and the kernel touches only what the
     /// arguments allow it to (no index at or past the lengths the caller passes).
     pub(crate) unsafe fn enqueue(
@@ -222,7 +168,7 @@ impl Module {
         stream: &CudaStream,
         function: &str,
         n: usize,
-        args: &[KernelArg<'_>],
+        params: &[Param],
     ) -> Result<(), TransportError> {
         if n == 0 {
             return Ok(());
@@ -234,24 +180,13 @@ impl Module {
             .ok_or_else(|| TransportError::Unsupported {
                 what: format!("cuda: {} has no kernel {function}", self.name),
             })?;
-        let values: Vec<Value> = args
-            .iter()
-            .map(|arg| match arg.0 {
-                Arg::Buffer(buffer) => Value::U64(buffer.ptr()),
-                Arg::Address(ptr) => Value::U64(ptr),
-                Arg::U64(v) => Value::U64(v),
-                Arg::I32(v) => Value::I32(v),
-                Arg::F32(v) => Value::F32(v),
-                Arg::F64(v) => Value::F64(v),
-            })
-            .collect();
         let mut launch = stream.launch_builder(kernel);
-        for value in &values {
-            match value {
-                Value::U64(v) => launch.arg(v),
-                Value::I32(v) => launch.arg(v),
-                Value::F32(v) => launch.arg(v),
-                Value::F64(v) => launch.arg(v),
+        for param in params {
+            match param {
+                Param::U64(v) => launch.arg(v),
+                Param::I32(v) => launch.arg(v),
+                Param::F32(v) => launch.arg(v),
+                Param::F64(v) => launch.arg(v),
             };
         }
         let config = LaunchConfig {
@@ -259,7 +194,7 @@ impl Module {
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the caller guarantees the parameters match `args` and the memory they address;
+        // SAFETY: the caller guarantees the parameters match `params` and the memory they address;
         // every value pushed above lives until the launch returns.
         unsafe { launch.launch(config) }
             .map(|_| ())
@@ -329,12 +264,8 @@ impl Kernels {
         src: sys::CUdeviceptr,
         n: usize,
     ) -> Result<(), TransportError> {
-        let args = [
-            KernelArg::address(dst),
-            KernelArg::address(src),
-            KernelArg::u64(n as u64),
-        ];
+        let params = [Param::U64(dst), Param::U64(src), Param::U64(n as u64)];
         // SAFETY: the caller's guarantee.
-        unsafe { self.module.enqueue(stream, function, n, &args) }
+        unsafe { self.module.enqueue(stream, function, n, &params) }
     }
 }

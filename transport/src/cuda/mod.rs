@@ -72,6 +72,7 @@
 
 mod driver;
 mod kernels;
+mod library;
 mod mapping;
 mod owned;
 
@@ -83,21 +84,21 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 
 use self::driver::Waited;
-pub use self::driver::{check_driver, device_count, Device, DeviceBuffer, STAGING_BYTES};
-pub use self::kernels::{ptx_of, KernelArg, Module, BLOCK};
+pub use self::driver::{device_count, Device, DeviceBuffer, KernelArg, STAGING_BYTES};
+pub use self::kernels::{ptx_of, Module, BLOCK};
+pub use self::library::check_driver;
 use self::mapping::{Mapping, Unreached};
 use self::owned::{export, own_memory, DeviceSums, PublishedGuard};
 pub use self::owned::{DeviceAccumulator, DevicePublished};
 use crate::error::wide;
 use crate::remote::{
-    accept_loop, other_backend, serve_connection, Backend, Located, Peers, Remote, RemoteConfig,
-    Served,
+    other_backend, serve_split, Backend, Located, Remote, RemoteConfig, Served, UnixDial,
 };
-use crate::shm::segment::{self, SegmentError, SegmentReader, SegmentWriter};
-use crate::shm::{host_id, same_host_and_job, sweep, UnixDial, NEXT_SEGMENT};
+use crate::shm::segment::{SegmentError, SegmentReader, SegmentWriter};
+use crate::shm::{host_id, same_host_and_job, JobSocket, NEXT_SEGMENT};
 use crate::wire::{ClusterSecret, Target};
 use crate::{
     codec, AccumulatorRegion, CudaMemory, Deadline, Descriptor, Dest, Dtype, EndpointId, Op,
@@ -142,7 +143,7 @@ pub struct Cuda {
     host: String,
     job: String,
     dir: PathBuf,
-    socket: PathBuf,
+    socket: JobSocket,
     /// Published regions this transport has reached, by control segment name.
     mappings: Mutex<HashMap<String, Arc<Mapping>>>,
 }
@@ -152,14 +153,8 @@ impl std::fmt::Debug for Cuda {
         f.debug_struct("Cuda")
             .field("device", &self.device.ordinal())
             .field("job", &self.job)
-            .field("socket", &self.socket)
+            .field("socket", &self.socket.path())
             .finish()
-    }
-}
-
-impl Drop for Cuda {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.socket);
     }
 }
 
@@ -175,36 +170,7 @@ impl Remote<Cuda> {
     /// serve this transport's accumulators and inboxes there.
     pub async fn new(config: CudaConfig) -> Result<Self, TransportError> {
         let device = Device::open(config.device)?;
-        if !segment::job_is_valid(&config.job) {
-            return Err(TransportError::Unsupported {
-                what: format!(
-                    "cuda backend: job id {:?} is not [A-Za-z0-9_.-]{{1,64}}",
-                    config.job
-                ),
-            });
-        }
-        sweep(&config.dir, &config.job);
-        let n = NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed);
-        let socket = config.dir.join(format!(
-            "odc-{}-{}-{n}.sock",
-            config.job,
-            std::process::id()
-        ));
-        let listener = UnixListener::bind(&socket).map_err(|e| TransportError::Unsupported {
-            what: format!("cuda backend cannot listen on {}: {e}", socket.display()),
-        })?;
-        let served = Served::new(config.remote, config.secret);
-        let peers = Peers::new(Box::new(UnixDial), Arc::clone(&served));
-        let serving = Arc::clone(&served);
-        let listener = tokio::spawn(accept_loop(
-            listener,
-            "cuda",
-            move |stream: UnixStream, peer, permit| {
-                let (read, write) = stream.into_split();
-                let deadline = serving.handshake_deadline();
-                serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
-            },
-        ));
+        let (listener, socket) = JobSocket::listen(Cuda::NAME, &config.dir, &config.job)?;
         let cuda = Cuda {
             device,
             host: host_id(),
@@ -213,7 +179,14 @@ impl Remote<Cuda> {
             socket,
             mappings: Mutex::new(HashMap::new()),
         };
-        Ok(Remote::serve(served, peers, listener, cuda))
+        Ok(Remote::start(
+            listener,
+            UnixDial,
+            config.remote,
+            config.secret,
+            cuda,
+            serve_split::<UnixStream>,
+        ))
     }
 
     /// The device this transport owns regions on and reads into.
@@ -223,7 +196,7 @@ impl Remote<Cuda> {
 
     /// The Unix socket this transport serves on.
     pub fn socket(&self) -> &Path {
-        &self.backend.socket
+        self.backend.socket.path()
     }
 }
 
@@ -234,7 +207,7 @@ impl Cuda {
             job: self.job.clone(),
             pid: std::process::id(),
             instance: served.instance,
-            socket: self.socket.to_string_lossy().into_owned(),
+            socket: self.socket.path().to_string_lossy().into_owned(),
             device: self.device.ordinal(),
             memory,
         }

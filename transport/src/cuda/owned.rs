@@ -10,10 +10,12 @@ use bytes::Bytes;
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 
-use super::driver::{allocation_of, failed, Device, DeviceBuffer, OWNER_WAIT, STAGING_BYTES};
+use super::driver::{allocation_of, Device, DeviceBuffer, OWNER_WAIT, STAGING_BYTES};
+use super::library::failed;
 use crate::codec;
 use crate::error::wide;
-use crate::local::accumulator::{AccumulatorGuard, Sums};
+use crate::local::accumulator::Sums;
+use crate::local::AccumulatorGuard;
 use crate::shm::segment::SegmentWriter;
 use crate::{
     AccumulatorRegion, Descriptor, Dtype, PublishedRegion, RegionHandle, RegionId, TransportError,

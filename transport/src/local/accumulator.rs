@@ -9,16 +9,14 @@
 //! default).
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::registry::Registry;
 use crate::codec;
 use crate::error::wide;
 use crate::{
-    AccumulatorRegion, Descriptor, Dtype, EndpointId, RegionHandle, RegionId, RegionKind,
-    TransportError, WriteGuard, WriteTag, REFUSED_WRITES_METRIC,
+    Descriptor, Dtype, EndpointId, RegionHandle, RegionId, RegionKind, TransportError, WriteGuard,
+    WriteTag, REFUSED_WRITES_METRIC,
 };
 
 /// Where an accumulator's fp32 values live and how a payload is added into them. The
@@ -73,7 +71,7 @@ struct State {
 
 /// State of an accumulator region, shared by the registry (writers) and the owner's guard.
 #[derive(Debug)]
-pub(super) struct Accumulator {
+pub(crate) struct Accumulator {
     owner: EndpointId,
     id: RegionId,
     len: usize,
@@ -205,24 +203,24 @@ impl Accumulator {
         Ok(())
     }
 
-    fn take(&self, next_epoch: u64) -> Vec<f32> {
+    pub(super) fn take(&self, next_epoch: u64) -> Vec<f32> {
         self.take_with(next_epoch, |values| values.take())
     }
 
     /// A take whose values `take` removes (it must leave them zeroed): under the same lock as
     /// every accumulate, moved to `next_epoch` with its write ids forgotten first (C3).
-    fn take_with<R>(&self, next_epoch: u64, take: impl FnOnce(&mut dyn Sums) -> R) -> R {
+    pub(super) fn take_with<R>(&self, next_epoch: u64, take: impl FnOnce(&mut dyn Sums) -> R) -> R {
         let mut state = self.state.lock();
         state.epoch = next_epoch;
         state.applied.clear();
         take(state.values.as_mut())
     }
 
-    fn epoch(&self) -> u64 {
+    pub(super) fn epoch(&self) -> u64 {
         self.state.lock().epoch
     }
 
-    fn admit_only(&self, guard: WriteGuard) {
+    pub(super) fn admit_only(&self, guard: WriteGuard) {
         *self.admission.0.write() = Some(guard);
     }
 }
@@ -249,47 +247,5 @@ fn for_region(error: TransportError, region: RegionId) -> TransportError {
             len,
         },
         other => other,
-    }
-}
-
-/// The owner's guard of an accumulator region; dropping it deregisters the region.
-#[derive(Debug)]
-pub(crate) struct AccumulatorGuard {
-    pub(super) registry: Arc<Registry>,
-    pub(super) region: Arc<Accumulator>,
-}
-
-impl AccumulatorGuard {
-    /// [`AccumulatorRegion::take`] with the caller removing the values: `take` gets the
-    /// region's [`Sums`] under the accumulate lock, after the move to `next_epoch`, and must leave
-    /// them zeroed (the `cuda` backend's take into a device buffer).
-    #[cfg_attr(not(feature = "cuda-code"), allow(dead_code))]
-    pub(crate) fn take_with<R>(&self, next_epoch: u64, take: impl FnOnce(&mut dyn Sums) -> R) -> R {
-        self.region.take_with(next_epoch, take)
-    }
-}
-
-impl AccumulatorRegion for AccumulatorGuard {
-    fn handle(&self) -> RegionHandle {
-        self.region.handle()
-    }
-
-    fn take(&self, next_epoch: u64) -> Vec<f32> {
-        self.region.take(next_epoch)
-    }
-
-    fn epoch(&self) -> u64 {
-        self.region.epoch()
-    }
-
-    fn admit_only(&self, guard: WriteGuard) -> Result<(), TransportError> {
-        self.region.admit_only(guard);
-        Ok(())
-    }
-}
-
-impl Drop for AccumulatorGuard {
-    fn drop(&mut self) {
-        self.registry.remove(self.region.id);
     }
 }

@@ -16,11 +16,10 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::registry::Registry;
 use crate::error::wide;
 use crate::transport::check_deadline;
 use crate::{
-    Deadline, Descriptor, Dtype, EndpointId, InboxRegion, Op, RegionHandle, RegionId, RegionKind,
+    Deadline, Descriptor, Dtype, EndpointId, Op, RegionHandle, RegionId, RegionKind,
     TransportError, WriteTag,
 };
 
@@ -63,7 +62,7 @@ pub(super) struct Inbox {
     owner: EndpointId,
     id: RegionId,
     descriptor: Descriptor,
-    capacity: usize,
+    pub(super) capacity: usize,
     state: Mutex<State>,
 }
 
@@ -94,7 +93,7 @@ impl Inbox {
         self.owner
     }
 
-    fn handle(&self) -> RegionHandle {
+    pub(super) fn handle(&self) -> RegionHandle {
         RegionHandle {
             owner: self.owner,
             id: self.id,
@@ -106,7 +105,7 @@ impl Inbox {
         }
     }
 
-    fn epoch(&self) -> u64 {
+    pub(super) fn epoch(&self) -> u64 {
         self.state.lock().epoch
     }
 
@@ -200,7 +199,11 @@ impl Inbox {
         Ok(None)
     }
 
-    async fn recv(&self, tag: WriteTag, deadline: Deadline) -> Result<Bytes, TransportError> {
+    pub(super) async fn recv(
+        &self,
+        tag: WriteTag,
+        deadline: Deadline,
+    ) -> Result<Bytes, TransportError> {
         check_deadline(deadline, self.owner, self.id, Op::Recv)?;
         loop {
             let notify = {
@@ -236,7 +239,7 @@ impl Inbox {
         }
     }
 
-    fn advance(&self, epoch: u64) {
+    pub(super) fn advance(&self, epoch: u64) {
         let (dropped, woken) = {
             let mut state = self.state.lock();
             if epoch <= state.epoch {
@@ -247,42 +250,5 @@ impl Inbox {
         // Freed and woken outside the lock.
         drop(dropped);
         wake_all(woken);
-    }
-}
-
-/// The owner's guard of an inbox region; dropping it deregisters the region. A send racing with
-/// the drop may be acknowledged and then dropped with the inbox.
-#[derive(Debug)]
-pub(super) struct InboxGuard {
-    pub(super) registry: Arc<Registry>,
-    pub(super) region: Arc<Inbox>,
-}
-
-#[async_trait::async_trait]
-impl InboxRegion for InboxGuard {
-    fn handle(&self) -> RegionHandle {
-        self.region.handle()
-    }
-
-    fn epoch(&self) -> u64 {
-        self.region.epoch()
-    }
-
-    fn capacity(&self) -> usize {
-        self.region.capacity
-    }
-
-    fn advance(&self, epoch: u64) {
-        self.region.advance(epoch);
-    }
-
-    async fn recv(&self, tag: WriteTag, deadline: Deadline) -> Result<Bytes, TransportError> {
-        self.region.recv(tag, deadline).await
-    }
-}
-
-impl Drop for InboxGuard {
-    fn drop(&mut self) {
-        self.registry.remove(self.region.id);
     }
 }

@@ -42,6 +42,7 @@
 //!   timer until its deadline. Capacity: [`LocalTransport::with_inbox_capacity`].
 
 pub(crate) mod accumulator;
+mod guard;
 mod inbox;
 mod published;
 mod registry;
@@ -51,9 +52,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use self::accumulator::{Accumulator, AccumulatorGuard, Sums};
-use self::inbox::{Inbox, InboxGuard};
-use self::published::{Published, PublishedGuard};
+use self::accumulator::{Accumulator, Sums};
+pub(crate) use self::guard::AccumulatorGuard;
+use self::guard::Guard;
+use self::inbox::Inbox;
+use self::published::Published;
 use self::registry::{Region, Registry};
 use crate::transport::check_deadline;
 use crate::{
@@ -196,15 +199,11 @@ impl LocalTransport {
         epoch: u64,
         values: Box<dyn Sums>,
     ) -> Result<AccumulatorGuard, TransportError> {
-        let id = self.registry.next_id();
-        let descriptor = self.registry.descriptor();
-        let region = Arc::new(Accumulator::new(owner, id, descriptor, len, epoch, values));
-        self.registry
-            .insert(id, Region::Accumulator(Arc::clone(&region)));
-        Ok(AccumulatorGuard {
-            registry: Arc::clone(&self.registry),
-            region,
-        })
+        Guard::register(
+            &self.registry,
+            |id, descriptor| Ok(Accumulator::new(owner, id, descriptor, len, epoch, values)),
+            Region::Accumulator,
+        )
     }
 
     /// The region of `owner` with `id`, of the `expected` kind.
@@ -303,17 +302,12 @@ impl Transport for LocalTransport {
         initial: Bytes,
         version: u64,
     ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        let id = self.registry.next_id();
-        let descriptor = self.registry.descriptor();
-        let region = Arc::new(Published::new(
-            owner, id, descriptor, dtype, initial, version,
-        )?);
-        self.registry
-            .insert(id, Region::Published(Arc::clone(&region)));
-        Ok(Box::new(PublishedGuard {
-            registry: Arc::clone(&self.registry),
-            region,
-        }))
+        let guard = Guard::register(
+            &self.registry,
+            |id, descriptor| Published::new(owner, id, descriptor, dtype, initial, version),
+            Region::Published,
+        )?;
+        Ok(Box::new(guard))
     }
 
     fn register_accumulator(
@@ -331,20 +325,13 @@ impl Transport for LocalTransport {
         owner: EndpointId,
         epoch: u64,
     ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        let id = self.registry.next_id();
-        let descriptor = self.registry.descriptor();
-        let region = Arc::new(Inbox::new(
-            owner,
-            id,
-            descriptor,
-            self.inbox_capacity,
-            epoch,
-        ));
-        self.registry.insert(id, Region::Inbox(Arc::clone(&region)));
-        Ok(Box::new(InboxGuard {
-            registry: Arc::clone(&self.registry),
-            region,
-        }))
+        let capacity = self.inbox_capacity;
+        let guard = Guard::register(
+            &self.registry,
+            |id, descriptor| Ok(Inbox::new(owner, id, descriptor, capacity, epoch)),
+            Region::Inbox,
+        )?;
+        Ok(Box::new(guard))
     }
 
     async fn read(

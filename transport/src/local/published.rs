@@ -2,17 +2,15 @@
 //! straight from the current one into their destination.
 
 use std::ops::Range;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::RwLock;
 
-use super::registry::Registry;
 use crate::codec;
 use crate::error::wide;
 use crate::{
-    Descriptor, Dest, DestSpec, Dtype, EndpointId, PublishedRegion, RegionHandle, RegionId,
-    RegionKind, TransportError,
+    Descriptor, Dest, DestSpec, Dtype, EndpointId, RegionHandle, RegionId, RegionKind,
+    TransportError,
 };
 
 /// One publication: the bytes of every element and the version they carry.
@@ -147,7 +145,7 @@ impl Published {
         ))
     }
 
-    fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
+    pub(super) fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
         let elements =
             codec::element_count(self.dtype, data.len()).map_err(|e| e.for_region(self.id))?;
         if elements != self.len {
@@ -169,34 +167,7 @@ impl Published {
         Ok(())
     }
 
-    fn version(&self) -> u64 {
+    pub(super) fn version(&self) -> u64 {
         self.current.read().version
-    }
-}
-
-/// The owner's guard of a published region; dropping it deregisters the region.
-#[derive(Debug)]
-pub(super) struct PublishedGuard {
-    pub(super) registry: Arc<Registry>,
-    pub(super) region: Arc<Published>,
-}
-
-impl PublishedRegion for PublishedGuard {
-    fn handle(&self) -> RegionHandle {
-        self.region.handle()
-    }
-
-    fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
-        self.region.publish(version, data)
-    }
-
-    fn version(&self) -> u64 {
-        self.region.version()
-    }
-}
-
-impl Drop for PublishedGuard {
-    fn drop(&mut self) {
-        self.registry.remove(self.region.id);
     }
 }

@@ -99,12 +99,10 @@ use self::nic::{Channel, ChannelError, EmulatedNic, Nic, QpInfo, Reach, Registra
 use crate::codec;
 use crate::error::wide;
 use crate::remote::{
-    accept_loop, bind_tcp, foreign, other_backend, serve_connection, Backend, Located, Peers,
-    Remote, RemoteConfig, Served,
+    bind_tcp, foreign, other_backend, serve_connection, Accepted, Backend, Located, Remote,
+    RemoteConfig, Served, TcpDial,
 };
-use crate::tcp::TcpDial;
 use crate::wire::frame::FrameReader;
-use crate::wire::gate::Permit;
 use crate::wire::handshake::{self, HANDSHAKE_FRAME_CAP};
 use crate::wire::{write_frame, ClusterSecret, Target};
 use crate::{
@@ -203,42 +201,33 @@ impl Remote<Rdma> {
             port: config.port,
             gid_index: config.gid_index,
         })?;
-        Self::start(config, Arc::new(nic)).await
+        Self::with_nic(config, Arc::new(nic)).await
     }
 
     /// The same backend over an in-process emulated NIC: handles reach only transports of this
     /// process (module doc). For tests, and for running odc's RDMA code path without a NIC.
     pub async fn emulated(config: RdmaConfig) -> Result<Self, TransportError> {
-        Self::start(config, Arc::new(EmulatedNic)).await
+        Self::with_nic(config, Arc::new(EmulatedNic)).await
     }
 
-    async fn start(config: RdmaConfig, nic: Arc<dyn Nic>) -> Result<Self, TransportError> {
+    async fn with_nic(config: RdmaConfig, nic: Arc<dyn Nic>) -> Result<Self, TransportError> {
         let (listener, addr) =
-            bind_tcp("rdma", &config.bind, config.advertise_host.as_deref()).await?;
-        let served = Served::new(config.remote, config.secret);
-        let peers = Peers::new(Box::new(TcpDial), Arc::clone(&served));
-        let (serving, nics) = (Arc::clone(&served), Arc::clone(&nic));
-        let listener = tokio::spawn(accept_loop(
-            listener,
-            "rdma",
-            move |stream, peer, permit| {
-                route(
-                    stream,
-                    Arc::clone(&serving),
-                    Arc::clone(&nics),
-                    peer,
-                    permit,
-                )
-            },
-        ));
+            bind_tcp(Rdma::NAME, &config.bind, config.advertise_host.as_deref()).await?;
         let rdma = Rdma {
             addr,
-            nic,
+            nic: Arc::clone(&nic),
             chunk_bytes: Layout::chunk_size(config.chunk_bytes),
             own: Arc::new(Mutex::new(HashMap::new())),
             links: Mutex::new(HashMap::new()),
         };
-        Ok(Remote::serve(served, peers, listener, rdma))
+        Ok(Remote::start(
+            listener,
+            TcpDial,
+            config.remote,
+            config.secret,
+            rdma,
+            move |stream, accepted| route(stream, Arc::clone(&nic), accepted),
+        ))
     }
 
     /// The control address peers dial (`host:port`).
@@ -709,14 +698,13 @@ async fn exchange(
 
 /// The owner's side of a queue-pair exchange (the preamble was peeked, not read): the handshake
 /// by `deadline`, holding `permit` until it ends.
-async fn serve_exchange(
-    mut stream: TcpStream,
-    served: Arc<Served>,
-    nic: Arc<dyn Nic>,
-    peer: String,
-    permit: Permit,
-    deadline: Deadline,
-) {
+async fn serve_exchange(mut stream: TcpStream, nic: Arc<dyn Nic>, accepted: Accepted) {
+    let Accepted {
+        served,
+        peer,
+        permit,
+        deadline,
+    } = accepted;
     let mut preamble = [0u8; PREAMBLE.len()];
     let read = tokio::time::timeout_at(deadline.into(), stream.read_exact(&mut preamble)).await;
     if !matches!(read, Ok(Ok(_))) || preamble != PREAMBLE {
@@ -761,25 +749,18 @@ async fn serve_exchange(
 }
 
 /// Serve one accepted connection: a queue-pair exchange (it starts with the preamble) or the peer
-/// protocol (accumulates, sends, reads of non-published handles). One handshake deadline covers
-/// the wait for the first byte and the handshake; `permit` is held until the handshake ends.
-async fn route(
-    stream: TcpStream,
-    served: Arc<Served>,
-    nic: Arc<dyn Nic>,
-    peer: String,
-    permit: Permit,
-) {
-    let deadline = served.handshake_deadline();
+/// protocol (accumulates, sends, reads of non-published handles). The handshake deadline covers
+/// the wait for the first byte and the handshake; the permit is held until the handshake ends.
+async fn route(stream: TcpStream, nic: Arc<dyn Nic>, accepted: Accepted) {
     let mut first = [0u8; 1];
-    let peeked = tokio::time::timeout_at(deadline.into(), stream.peek(&mut first)).await;
+    let peeked = tokio::time::timeout_at(accepted.deadline.into(), stream.peek(&mut first)).await;
     match peeked {
         Ok(Ok(n)) if n > 0 && first[0] == PREAMBLE[0] => {
-            serve_exchange(stream, served, nic, peer, permit, deadline).await
+            serve_exchange(stream, nic, accepted).await
         }
         Ok(Ok(n)) if n > 0 => {
             let (read, write) = stream.into_split();
-            serve_connection(read, write, served, peer, permit, deadline).await;
+            serve_connection(read, write, accepted).await;
         }
         // Closed, failed, or silent past the handshake timeout.
         _ => {}

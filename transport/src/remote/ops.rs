@@ -5,8 +5,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
-use super::client::{About, Answer, Peers};
-use super::payload::Payload;
+use super::client::{About, Peers};
+use super::payload::{Answer, Payload};
 use crate::error::wide;
 use crate::wire::{Request, Response, Target};
 use crate::{Deadline, Dest, Op, RegionHandle, Transport, TransportError, WriteTag};

@@ -73,7 +73,7 @@ impl Served {
         len: usize,
         epoch: u64,
         values: Box<dyn crate::local::accumulator::Sums>,
-    ) -> Result<crate::local::accumulator::AccumulatorGuard, TransportError> {
+    ) -> Result<crate::local::AccumulatorGuard, TransportError> {
         self.fabric
             .register_accumulator_in(owner, len, epoch, values)
     }
@@ -156,20 +156,31 @@ impl Served {
     }
 }
 
-/// Serve one accepted connection until the peer closes it or breaks the protocol. `peer` names it
-/// in the log. The handshake must end by `deadline`; `permit` (the connection's place among the
-/// listener's unauthenticated ones) is given back as soon as it does.
-pub(crate) async fn serve_connection<R, W>(
-    reader: R,
-    mut writer: W,
-    served: Arc<Served>,
-    peer: String,
-    permit: Permit,
-    deadline: Deadline,
-) where
+/// What an accepted connection is served with.
+pub(crate) struct Accepted {
+    /// The regions it reaches.
+    pub(crate) served: Arc<Served>,
+    /// Its name in the log.
+    pub(crate) peer: String,
+    /// Its place among the listener's unauthenticated connections (`wire::gate`).
+    pub(crate) permit: Permit,
+    /// When its handshake must have ended (from its acceptance).
+    pub(crate) deadline: Deadline,
+}
+
+/// Serve one accepted connection until the peer closes it or breaks the protocol. The handshake
+/// must end by the connection's deadline; its permit is given back as soon as it does.
+pub(crate) async fn serve_connection<R, W>(reader: R, mut writer: W, accepted: Accepted)
+where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let Accepted {
+        served,
+        peer,
+        permit,
+        deadline,
+    } = accepted;
     let mut reader = FrameReader::new(reader, handshake::HANDSHAKE_FRAME_CAP);
     let accepted = handshake::accept(&mut reader, &mut writer, &served.secret, deadline).await;
     drop(permit);

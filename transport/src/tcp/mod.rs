@@ -26,14 +26,13 @@
 //!   fails its requests in flight with [`TransportError::Unreachable`] naming the owner.
 
 use std::ops::Range;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::net::TcpStream;
 
 use crate::remote::{
-    accept_loop, bind_tcp, other_backend, serve_connection, Backend, BoxRead, BoxWrite, Dial,
-    Located, Peers, Remote, RemoteConfig, Renamed, Served,
+    bind_tcp, other_backend, serve_split, Backend, Located, Remote, RemoteConfig, Renamed, Served,
+    TcpDial,
 };
 use crate::wire::{ClusterSecret, Target};
 use crate::Transport as _;
@@ -67,19 +66,6 @@ impl TcpConfig {
     }
 }
 
-/// Dials an owner's TCP address (`tcp`, and the `rdma` backend's control connection).
-pub(crate) struct TcpDial;
-
-#[async_trait::async_trait]
-impl Dial for TcpDial {
-    async fn dial(&self, addr: &str) -> std::io::Result<(BoxRead, BoxWrite)> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (read, write) = stream.into_split();
-        Ok((Box::new(read), Box::new(write)))
-    }
-}
-
 /// The TCP backend: the served core ([`Remote`]) with every read served by the owner over its
 /// connection. Create it inside a tokio runtime ([`TcpTransport::bind`]); dropping it stops
 /// listening and closes every connection it serves.
@@ -95,20 +81,15 @@ impl Remote<Tcp> {
     /// Listen at `config.bind` and serve this transport's regions there.
     pub async fn bind(config: TcpConfig) -> Result<Self, TransportError> {
         let (listener, addr) =
-            bind_tcp("tcp", &config.bind, config.advertise_host.as_deref()).await?;
-        let served = Served::new(config.remote, config.secret);
-        let peers = Peers::new(Box::new(TcpDial), Arc::clone(&served));
-        let serving = Arc::clone(&served);
-        let listener = tokio::spawn(accept_loop(
+            bind_tcp(Tcp::NAME, &config.bind, config.advertise_host.as_deref()).await?;
+        Ok(Remote::start(
             listener,
-            "tcp",
-            move |stream: TcpStream, peer, permit| {
-                let (read, write) = stream.into_split();
-                let deadline = serving.handshake_deadline();
-                serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
-            },
-        ));
-        Ok(Remote::serve(served, peers, listener, Tcp { addr }))
+            TcpDial,
+            config.remote,
+            config.secret,
+            Tcp { addr },
+            serve_split::<TcpStream>,
+        ))
     }
 
     /// The address peers dial (`host:port`).
