@@ -6,8 +6,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{
-    accumulate, must_read_f32, read_f32, register_accumulator, register_inbox, register_published,
-    send, ship, tag, Pair, OWNER,
+    accumulate, must_read_f32, one_of_each, read_f32, register_accumulator, register_inbox,
+    register_published, send, ship, tag, Pair, OWNER,
 };
 use crate::{codec, Descriptor, Dtype, Op, RegionHandle, TransportError, WriteTag};
 
@@ -264,14 +264,8 @@ fn assert_unusable(
 /// nothing; a handle with another owner is `UnknownRegion`.
 pub async fn foreign_handle_is_refused_handles(pair: Pair) {
     let b = pair.reader.backend();
-    let params = register_published(&pair, Dtype::F32, codec::encode_f32(&[1.0, 2.0]), 1);
-    let acc = register_accumulator(&pair, 2, 0);
-    let inbox = register_inbox(&pair, 0);
-    let (p, a, i) = (
-        ship(&params.handle()),
-        ship(&acc.handle()),
-        ship(&inbox.handle()),
-    );
+    let ((_published, acc, inbox), [p, a, i]) =
+        one_of_each(&pair, Dtype::F32, codec::encode_f32(&[1.0, 2.0]), 1, 2);
 
     for (handle, foreign) in foreign_forms(&p) {
         let (result, _) = read_f32(&pair, &handle, 0..2).await;

@@ -21,7 +21,7 @@ use std::time::Duration;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use parking_lot::Mutex;
 
-use super::kernels::{Kernels, Module, Param};
+use super::kernels::{Elementwise, Kernels, Module, Param};
 use super::library::{check_driver, failed};
 use crate::{Deadline, DeviceDest, TransportError};
 
@@ -659,21 +659,42 @@ impl Device {
     /// Add the fp32 values of `src` into the fp32 values of `acc` (the accumulate kernel) and
     /// wait. Both hold the same number of bytes, a multiple of 4.
     pub fn add_f32(&self, acc: &DeviceBuffer, src: &DeviceBuffer) -> Result<(), TransportError> {
-        sizes_fit(acc.bytes, src.bytes, 4)?;
-        let kernels = self.kernels()?;
-        let mut lane = self.lane()?;
-        kernels.add_f32(&lane.stream, acc.ptr, src.ptr, acc.bytes / 4)?;
-        lane.finish_owner("accumulate kernel (f32)")
+        self.add(
+            Elementwise::AddF32,
+            acc,
+            src,
+            src.bytes,
+            "accumulate kernel (f32)",
+        )
     }
 
     /// Add the bf16 values of `src` into the fp32 values of `acc` (the bf16 accumulate kernel)
     /// and wait. `acc` holds twice the bytes of `src`.
     pub fn add_bf16(&self, acc: &DeviceBuffer, src: &DeviceBuffer) -> Result<(), TransportError> {
-        sizes_fit(acc.bytes, src.bytes.saturating_mul(2), 4)?;
+        let widened = src.bytes.saturating_mul(2);
+        self.add(
+            Elementwise::AddBf16,
+            acc,
+            src,
+            widened,
+            "accumulate kernel (bf16)",
+        )
+    }
+
+    /// Run the accumulate `kernel` of `src` (`widened`: its bytes as fp32) into `acc` and wait.
+    fn add(
+        &self,
+        kernel: Elementwise,
+        acc: &DeviceBuffer,
+        src: &DeviceBuffer,
+        widened: usize,
+        what: &str,
+    ) -> Result<(), TransportError> {
+        sizes_fit(acc.bytes, widened, 4)?;
         let kernels = self.kernels()?;
         let mut lane = self.lane()?;
-        kernels.add_bf16(&lane.stream, acc.ptr, src.ptr, acc.bytes / 4)?;
-        lane.finish_owner("accumulate kernel (bf16)")
+        kernels.enqueue(&lane.stream, kernel, acc.ptr, src.ptr, acc.bytes / 4)?;
+        lane.finish_owner(what)
     }
 
     /// Copy `src` whole into the pinned staging, piece by piece, waiting for each (the bytes are

@@ -30,8 +30,35 @@ use crate::TransportError;
 /// The backend kernels' source.
 pub(crate) const SOURCE: &str = include_str!("kernels.cu");
 
+/// The backend's kernels, each elementwise over `n` elements: `(T* dst, const U* src, unsigned
+/// long long n)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Elementwise {
+    /// `acc[i] += src[i]`, fp32 into fp32.
+    AddF32,
+    /// `acc[i] += widen(src[i])`, bf16 into fp32.
+    AddBf16,
+    /// `dst[i] = bf16(src[i])`, fp32 into bf16.
+    EncodeBf16,
+}
+
+impl Elementwise {
+    /// The kernel's function in [`SOURCE`].
+    const fn function(self) -> &'static str {
+        match self {
+            Elementwise::AddF32 => "odc_add_f32",
+            Elementwise::AddBf16 => "odc_add_bf16",
+            Elementwise::EncodeBf16 => "odc_encode_bf16",
+        }
+    }
+}
+
 /// The backend kernels' functions.
-const FUNCTIONS: [&str; 3] = ["odc_add_f32", "odc_add_bf16", "odc_encode_bf16"];
+const FUNCTIONS: [&str; 3] = [
+    Elementwise::AddF32.function(),
+    Elementwise::AddBf16.function(),
+    Elementwise::EncodeBf16.function(),
+];
 
 /// Threads per block of every launch (a kernel that reduces within a block may size its shared
 /// memory by it).
@@ -213,59 +240,20 @@ impl Kernels {
         Module::compile(ctx, "kernels.cu", SOURCE, &FUNCTIONS).map(|module| Self { module })
     }
 
-    /// Enqueue `acc[i] += src[i]` for `n` fp32 elements on `stream` (not waited for). The caller
-    /// guarantees `acc` and `src` are device memory of the stream's context holding `n` fp32
-    /// elements each.
-    pub(crate) fn add_f32(
+    /// Enqueue `kernel` over `n` elements on `stream` (not waited for). The caller guarantees
+    /// that `dst` and `src` are device memory of the stream's context holding `n` elements each
+    /// of the kernel's types.
+    pub(crate) fn enqueue(
         &self,
         stream: &CudaStream,
-        acc: sys::CUdeviceptr,
-        src: sys::CUdeviceptr,
-        n: usize,
-    ) -> Result<(), TransportError> {
-        // SAFETY: (float*, const float*, unsigned long long); the caller guarantees `n` elements
-        // at both addresses.
-        unsafe { self.elementwise(stream, "odc_add_f32", acc, src, n) }
-    }
-
-    /// Enqueue `acc[i] += widen(src[i])` for `n` elements (fp32 `acc`, bf16 `src`) on `stream`
-    /// (not waited for); the caller guarantees the sizes as for [`Kernels::add_f32`].
-    pub(crate) fn add_bf16(
-        &self,
-        stream: &CudaStream,
-        acc: sys::CUdeviceptr,
-        src: sys::CUdeviceptr,
-        n: usize,
-    ) -> Result<(), TransportError> {
-        // SAFETY: (float*, const unsigned short*, unsigned long long); sizes as above.
-        unsafe { self.elementwise(stream, "odc_add_bf16", acc, src, n) }
-    }
-
-    /// Enqueue `dst[i] = bf16(src[i])` for `n` elements (bf16 `dst`, fp32 `src`) on `stream` (not
-    /// waited for); the caller guarantees `n` elements at both addresses.
-    pub(crate) fn encode_bf16(
-        &self,
-        stream: &CudaStream,
-        dst: sys::CUdeviceptr,
-        src: sys::CUdeviceptr,
-        n: usize,
-    ) -> Result<(), TransportError> {
-        // SAFETY: (unsigned short*, const float*, unsigned long long); sizes as above.
-        unsafe { self.elementwise(stream, "odc_encode_bf16", dst, src, n) }
-    }
-
-    /// # Safety
-    /// `function` takes (T*, const U*, unsigned long long) and `dst`, `src` hold `n` elements.
-    unsafe fn elementwise(
-        &self,
-        stream: &CudaStream,
-        function: &str,
+        kernel: Elementwise,
         dst: sys::CUdeviceptr,
         src: sys::CUdeviceptr,
         n: usize,
     ) -> Result<(), TransportError> {
         let params = [Param::U64(dst), Param::U64(src), Param::U64(n as u64)];
-        // SAFETY: the caller's guarantee.
-        unsafe { self.module.enqueue(stream, function, n, &params) }
+        // SAFETY: every backend kernel takes (T* dst, const U* src, unsigned long long n); the
+        // caller guarantees `n` elements at both addresses.
+        unsafe { self.module.enqueue(stream, kernel.function(), n, &params) }
     }
 }

@@ -279,119 +279,6 @@ impl Cuda {
         mappings.insert(name.to_owned(), Arc::clone(&mapping));
         Ok(mapping)
     }
-
-    /// A one-sided read of a published region (C1; C4 order after the descriptor).
-    fn read_published(
-        &self,
-        handle: &RegionHandle,
-        located: &Located<'_, Place>,
-        place: &Place,
-        range: Range<usize>,
-        into: Dest<'_>,
-        deadline: Deadline,
-    ) -> Result<u64, TransportError> {
-        let mapping = self.mapping(located, place)?;
-        let memory = &place.memory;
-        let (owner, region, dtype) = (handle.owner, handle.id, handle.dtype);
-        let size = dtype.size();
-        let elements = usize::try_from(memory.len_bytes).unwrap_or(usize::MAX) / size;
-        if handle.len != wide(elements) || memory.len_bytes % size as u64 != 0 {
-            return Err(TransportError::UnknownRegion { owner, region });
-        }
-        if range.start > range.end || range.end > elements {
-            return Err(TransportError::OutOfRange {
-                region,
-                start: wide(range.start),
-                end: wide(range.end),
-                len: wide(elements),
-            });
-        }
-        let bytes = range.len() * size;
-        let src = mapping.data + (range.start * size) as u64;
-        let deadline_error = TransportError::DeadlineExceeded {
-            owner,
-            region,
-            op: Op::Read,
-        };
-        let waited = |w: Waited| match w {
-            Waited::Deadline => deadline_error.clone(),
-            Waited::Failed(e) => e,
-        };
-        let mut into = into;
-        match &mut into {
-            Dest::Device(dest) => {
-                if dest.bytes != wide(bytes) {
-                    return Err(TransportError::BadDestination {
-                        region,
-                        expected: wide(bytes),
-                        got: dest.bytes,
-                    });
-                }
-                self.device.check_dest(dest)?;
-            }
-            other => other.spec().check_host(region, dtype, range.len())?,
-        }
-        let device = &self.device;
-        let mut copy = || -> Result<(), TransportError> {
-            if bytes == 0 {
-                return Ok(());
-            }
-            let mut lane = device.lane()?;
-            match &mut into {
-                Dest::Device(dest) => {
-                    lane.copy(dest.ptr, src, bytes)?;
-                    lane.finish(deadline).map_err(waited)
-                }
-                Dest::Bytes(buf) => lane
-                    .download(src, bytes, deadline, &mut |piece, at| {
-                        buf[at..at + piece.len()].copy_from_slice(piece);
-                        Ok(())
-                    })
-                    .map_err(waited),
-                Dest::F32(out) => lane
-                    .download(src, bytes, deadline, &mut |piece, at| {
-                        let first = at / size;
-                        let out =
-                            out.get_mut(first..first + piece.len() / size)
-                                .ok_or_else(|| TransportError::Unsupported {
-                                    what: format!(
-                                        "read of region {region}: a piece that does not fit"
-                                    ),
-                                })?;
-                        codec::decode_into(dtype, piece, out).map_err(|e| e.for_region(region))
-                    })
-                    .map_err(waited),
-            }
-        };
-        match mapping.segment.read_outside(deadline, &mut copy) {
-            Ok(result) => result,
-            Err(_) if !mapping.segment.owner_alive() => Err(TransportError::Unreachable {
-                owner,
-                reason: format!(
-                    "the owner process of region {region} is gone (it died while publishing)"
-                ),
-            }),
-            Err(_) => Err(deadline_error),
-        }
-    }
-
-    /// An accumulate or a send aimed at a published region: `WrongKind` if it exists, after the
-    /// handle checks.
-    fn wrong_kind_of(
-        &self,
-        located: &Located<'_, Place>,
-        place: &Place,
-        expected: RegionKind,
-    ) -> TransportError {
-        match self.mapping(located, place) {
-            Ok(_) => TransportError::WrongKind {
-                region: located.target.region,
-                expected,
-                actual: RegionKind::Published,
-            },
-            Err(e) => e,
-        }
-    }
 }
 
 /// Whether the control segment `segment` is the region `target` names (owner, instance, id).
@@ -610,6 +497,7 @@ impl Backend for Cuda {
         ))
     }
 
+    /// A one-sided read of a published region (C1; C4 order after the descriptor).
     async fn read_memory(
         &self,
         _: &Served,
@@ -620,9 +508,93 @@ impl Backend for Cuda {
         into: Dest<'_>,
         deadline: Deadline,
     ) -> Result<u64, TransportError> {
-        self.read_published(handle, located, place, range, into, deadline)
+        let mapping = self.mapping(located, place)?;
+        let memory = &place.memory;
+        let (owner, region, dtype) = (handle.owner, handle.id, handle.dtype);
+        let size = dtype.size();
+        let elements = usize::try_from(memory.len_bytes).unwrap_or(usize::MAX) / size;
+        if handle.len != wide(elements) || memory.len_bytes % size as u64 != 0 {
+            return Err(TransportError::UnknownRegion { owner, region });
+        }
+        if range.start > range.end || range.end > elements {
+            return Err(TransportError::OutOfRange {
+                region,
+                start: wide(range.start),
+                end: wide(range.end),
+                len: wide(elements),
+            });
+        }
+        let bytes = range.len() * size;
+        let src = mapping.data + (range.start * size) as u64;
+        let deadline_error = TransportError::DeadlineExceeded {
+            owner,
+            region,
+            op: Op::Read,
+        };
+        let waited = |w: Waited| match w {
+            Waited::Deadline => deadline_error.clone(),
+            Waited::Failed(e) => e,
+        };
+        let mut into = into;
+        match &mut into {
+            Dest::Device(dest) => {
+                if dest.bytes != wide(bytes) {
+                    return Err(TransportError::BadDestination {
+                        region,
+                        expected: wide(bytes),
+                        got: dest.bytes,
+                    });
+                }
+                self.device.check_dest(dest)?;
+            }
+            other => other.spec().check_host(region, dtype, range.len())?,
+        }
+        let device = &self.device;
+        let mut copy = || -> Result<(), TransportError> {
+            if bytes == 0 {
+                return Ok(());
+            }
+            let mut lane = device.lane()?;
+            match &mut into {
+                Dest::Device(dest) => {
+                    lane.copy(dest.ptr, src, bytes)?;
+                    lane.finish(deadline).map_err(waited)
+                }
+                Dest::Bytes(buf) => lane
+                    .download(src, bytes, deadline, &mut |piece, at| {
+                        buf[at..at + piece.len()].copy_from_slice(piece);
+                        Ok(())
+                    })
+                    .map_err(waited),
+                Dest::F32(out) => lane
+                    .download(src, bytes, deadline, &mut |piece, at| {
+                        let first = at / size;
+                        let out =
+                            out.get_mut(first..first + piece.len() / size)
+                                .ok_or_else(|| TransportError::Unsupported {
+                                    what: format!(
+                                        "read of region {region}: a piece that does not fit"
+                                    ),
+                                })?;
+                        codec::decode_into(dtype, piece, out).map_err(|e| e.for_region(region))
+                    })
+                    .map_err(waited),
+            }
+        };
+        match mapping.segment.read_outside(deadline, &mut copy) {
+            Ok(result) => result,
+            Err(_) if !mapping.segment.owner_alive() => Err(TransportError::Unreachable {
+                owner,
+                reason: format!(
+                    "the owner process of region {region} is gone (it died while publishing)"
+                ),
+            }),
+            Err(_) => Err(deadline_error),
+        }
     }
 
+    /// An accumulate or a send aimed at a published region: `WrongKind` if it exists, after the
+    /// handle checks.
     async fn wrong_kind(
         &self,
         _: &Served,
@@ -633,7 +605,14 @@ impl Backend for Cuda {
         expected: RegionKind,
         _: Deadline,
     ) -> TransportError {
-        self.wrong_kind_of(located, place, expected)
+        match self.mapping(located, place) {
+            Ok(_) => TransportError::WrongKind {
+                region: located.target.region,
+                expected,
+                actual: RegionKind::Published,
+            },
+            Err(e) => e,
+        }
     }
 }
 
@@ -655,6 +634,13 @@ mod tests {
 
     fn device() -> Arc<Device> {
         Device::open(0).unwrap_or_else(|e| panic!("device 0: {e}"))
+    }
+
+    /// A buffer of `device` holding `bytes`.
+    fn holding(device: &Arc<Device>, bytes: &[u8]) -> DeviceBuffer {
+        let buffer = device.alloc(bytes.len()).expect("alloc");
+        device.upload(&buffer, 0, bytes).expect("upload");
+        buffer
     }
 
     #[test]
@@ -714,14 +700,8 @@ mod tests {
             .map(|i| 1.0 + (i % 977) as f32 * 2f32.powi(-20))
             .collect();
         let grad: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * -0.375 + 0.125).collect();
-        let acc_buf = device.alloc(n * 4).expect("alloc");
-        let src_buf = device.alloc(n * 4).expect("alloc");
-        device
-            .upload(&acc_buf, 0, &codec::encode_f32(&acc))
-            .expect("upload");
-        device
-            .upload(&src_buf, 0, &codec::encode_f32(&grad))
-            .expect("upload");
+        let acc_buf = holding(&device, &codec::encode_f32(&acc));
+        let src_buf = holding(&device, &codec::encode_f32(&grad));
         device.add_f32(&acc_buf, &src_buf).expect("add_f32");
         let got = codec::decode_f32(&device.download(&acc_buf).expect("download")).expect("decode");
         assert_eq!(got.len(), n);
@@ -735,8 +715,7 @@ mod tests {
 
         let bf16 = codec::encode(Dtype::Bf16, &grad);
         let widened = codec::decode(Dtype::Bf16, &bf16).expect("decode");
-        let half_buf = device.alloc(n * 2).expect("alloc");
-        device.upload(&half_buf, 0, &bf16).expect("upload");
+        let half_buf = holding(&device, &bf16);
         device.add_bf16(&acc_buf, &half_buf).expect("add_bf16");
         let again =
             codec::decode_f32(&device.download(&acc_buf).expect("download")).expect("decode");
@@ -762,9 +741,8 @@ mod tests {
         let device = device();
         let n = STAGING_BYTES + 4096 + 12;
         let data: Vec<u8> = (0..n).map(|i| (i * 31 % 251) as u8).collect();
-        let a = device.alloc(n).expect("alloc");
+        let a = holding(&device, &data);
         let b = device.alloc(n).expect("alloc");
-        device.upload(&a, 0, &data).expect("upload");
         device.copy(&b, &a).expect("copy");
         assert_eq!(device.download(&b).expect("download"), data);
         device.stage_out(&b).expect("staging out");
@@ -852,8 +830,7 @@ mod tests {
         let values: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
         let raw: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
         let device = Arc::clone(t.device());
-        let buffer = device.alloc(raw.len()).expect("alloc");
-        device.upload(&buffer, 0, &raw).expect("upload");
+        let buffer = holding(&device, &raw);
         let region = t
             .register_device_published(0, Dtype::Bf16, &buffer, 3)
             .expect("register");
@@ -892,14 +869,8 @@ mod tests {
         let n = 3 * 256 * 1024 + 5;
         let first: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
         let second: Vec<f32> = (0..n).map(|i| -(i as f32) - 0.5).collect();
-        let a = device.alloc(n * 4).expect("alloc");
-        let b = device.alloc(n * 4).expect("alloc");
-        device
-            .upload(&a, 0, &codec::encode_f32(&first))
-            .expect("upload");
-        device
-            .upload(&b, 0, &codec::encode_f32(&second))
-            .expect("upload");
+        let a = holding(&device, &codec::encode_f32(&first));
+        let b = holding(&device, &codec::encode_f32(&second));
         let region = t
             .register_device_published(7, Dtype::F32, &a, 0)
             .expect("register");
@@ -999,10 +970,7 @@ extern "C" __global__ void affine(float* x, unsigned long long n, float a, doubl
         assert!(Arc::ptr_eq(&module, &again), "compiled once per name");
         let n = 5 * 256 * 1024 + 3;
         let x: Vec<f32> = (0..n).map(|i| (i % 101) as f32).collect();
-        let buffer = device.alloc(n * 4).expect("alloc");
-        device
-            .upload(&buffer, 0, &codec::encode_f32(&x))
-            .expect("upload");
+        let buffer = holding(&device, &codec::encode_f32(&x));
         let args = [
             KernelArg::buffer(&buffer),
             KernelArg::u64(n as u64),

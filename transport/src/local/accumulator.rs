@@ -12,11 +12,12 @@ use std::collections::HashSet;
 
 use parking_lot::{Mutex, RwLock};
 
+use super::identity::Identity;
 use crate::codec;
 use crate::error::wide;
 use crate::{
-    Descriptor, Dtype, EndpointId, RegionHandle, RegionId, RegionKind, TransportError, WriteGuard,
-    WriteTag, REFUSED_WRITES_METRIC,
+    Dtype, EndpointId, RegionHandle, RegionId, RegionKind, TransportError, WriteGuard, WriteTag,
+    REFUSED_WRITES_METRIC,
 };
 
 /// Where an accumulator's fp32 values live and how a payload is added into them. The
@@ -72,10 +73,8 @@ struct State {
 /// State of an accumulator region, shared by the registry (writers) and the owner's guard.
 #[derive(Debug)]
 pub(crate) struct Accumulator {
-    owner: EndpointId,
-    id: RegionId,
+    name: Identity,
     len: usize,
-    descriptor: Descriptor,
     state: Mutex<State>,
     admission: Admission,
 }
@@ -103,19 +102,10 @@ impl Admission {
 impl Accumulator {
     /// An accumulator of `len` elements at `epoch` whose values are `values` (zeroed, `len`
     /// long).
-    pub(super) fn new(
-        owner: EndpointId,
-        id: RegionId,
-        descriptor: Descriptor,
-        len: usize,
-        epoch: u64,
-        values: Box<dyn Sums>,
-    ) -> Self {
+    pub(super) fn new(name: Identity, len: usize, epoch: u64, values: Box<dyn Sums>) -> Self {
         Self {
-            owner,
-            id,
+            name,
             len,
-            descriptor,
             state: Mutex::new(State {
                 epoch,
                 values,
@@ -126,19 +116,16 @@ impl Accumulator {
     }
 
     pub(super) fn owner(&self) -> EndpointId {
-        self.owner
+        self.name.owner
     }
 
     pub(super) fn handle(&self) -> RegionHandle {
-        RegionHandle {
-            owner: self.owner,
-            id: self.id,
-            kind: RegionKind::Accumulator,
-            dtype: Dtype::F32,
-            len: wide(self.len),
-            version: self.epoch(),
-            descriptor: self.descriptor.clone(),
-        }
+        self.name.handle(
+            RegionKind::Accumulator,
+            Dtype::F32,
+            wide(self.len),
+            self.epoch(),
+        )
     }
 
     /// Add the fp32 elements `data` at element `offset`. Checks, in order: whole elements, range in
@@ -153,11 +140,11 @@ impl Accumulator {
         tag: WriteTag,
     ) -> Result<(), TransportError> {
         let elements =
-            codec::element_count(Dtype::F32, data.len()).map_err(|e| e.for_region(self.id))?;
+            codec::element_count(Dtype::F32, data.len()).map_err(|e| e.for_region(self.name.id))?;
         let end = offset.checked_add(elements).filter(|end| *end <= self.len);
         let Some(end) = end else {
             return Err(TransportError::OutOfRange {
-                region: self.id,
+                region: self.name.id,
                 start: wide(offset),
                 end: wide(offset.saturating_add(elements)),
                 len: wide(self.len),
@@ -165,40 +152,27 @@ impl Accumulator {
         };
         if !self.admission.admits(&tag) {
             tracing::warn!(
-                owner = self.owner,
-                region = self.id,
+                owner = self.name.owner,
+                region = self.name.id,
                 epoch = tag.epoch,
                 write_id = format_args!("{:#x}", tag.write_id),
                 "odc transport: refused a write its owner's guard does not admit"
             );
             metrics::counter!(REFUSED_WRITES_METRIC).increment(1);
             return Err(TransportError::RefusedWrite {
-                owner: self.owner,
-                region: self.id,
+                owner: self.name.owner,
+                region: self.name.id,
                 epoch: tag.epoch,
                 write_id: tag.write_id,
             });
         }
         let mut state = self.state.lock();
-        if tag.epoch != state.epoch {
-            return Err(TransportError::StaleEpoch {
-                region: self.id,
-                got: tag.epoch,
-                current: state.epoch,
-            });
-        }
-        if state.applied.contains(&tag.write_id) {
-            return Err(TransportError::DuplicateWrite {
-                region: self.id,
-                epoch: state.epoch,
-                write_id: tag.write_id,
-            });
-        }
+        self.name.fence(&tag, state.epoch, &state.applied)?;
         debug_assert!(end <= self.len);
         state
             .values
             .add(offset, data)
-            .map_err(|e| for_region(e, self.id))?;
+            .map_err(|e| for_region(e, self.name.id))?;
         state.applied.insert(tag.write_id);
         Ok(())
     }

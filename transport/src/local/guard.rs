@@ -1,5 +1,5 @@
 //! The owner's guards of a fabric's regions. [`Guard::register`] gives a new region the fabric's
-//! next id and descriptor, inserts it into the fabric's table and returns its guard; the guard is
+//! next id and its descriptor, inserts it into the fabric's table and returns its guard; the guard is
 //! the owner's side of the region ([`PublishedRegion`], [`AccumulatorRegion`], [`InboxRegion`])
 //! and keeps the fabric alive. Dropping the guard deregisters the region: later handles to it name
 //! an unknown region. A send racing with an inbox guard's drop may be acknowledged and then
@@ -10,11 +10,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::accumulator::{Accumulator, Sums};
+use super::identity::Identity;
 use super::inbox::Inbox;
 use super::published::Published;
 use super::registry::{Region, Registry};
 use crate::{
-    AccumulatorRegion, Deadline, Descriptor, InboxRegion, PublishedRegion, RegionHandle, RegionId,
+    AccumulatorRegion, Deadline, EndpointId, InboxRegion, PublishedRegion, RegionHandle, RegionId,
     TransportError, WriteGuard, WriteTag,
 };
 
@@ -30,15 +31,21 @@ pub(crate) struct Guard<R> {
 pub(crate) type AccumulatorGuard = Guard<Accumulator>;
 
 impl<R> Guard<R> {
-    /// Register the region `make(id, descriptor)` makes with `registry`'s next id and its
+    /// Register the region of `owner` that `make` makes with `registry`'s next id and its
     /// descriptor, as `region` wraps it in the fabric's table.
     pub(super) fn register(
         registry: &Arc<Registry>,
-        make: impl FnOnce(RegionId, Descriptor) -> Result<R, TransportError>,
+        owner: EndpointId,
+        make: impl FnOnce(Identity) -> Result<R, TransportError>,
         region: fn(Arc<R>) -> Region,
     ) -> Result<Self, TransportError> {
         let id = registry.next_id();
-        let made = Arc::new(make(id, registry.descriptor())?);
+        let descriptor = registry.descriptor();
+        let made = Arc::new(make(Identity {
+            owner,
+            id,
+            descriptor,
+        })?);
         registry.insert(id, region(Arc::clone(&made)));
         Ok(Self {
             registry: Arc::clone(registry),

@@ -43,6 +43,7 @@
 
 pub(crate) mod accumulator;
 mod guard;
+mod identity;
 mod inbox;
 mod published;
 mod registry;
@@ -155,9 +156,9 @@ impl LocalTransport {
     }
 }
 
-fn wrong_kind(handle: &RegionHandle, expected: RegionKind, actual: &Region) -> TransportError {
+fn wrong_kind(region: RegionId, expected: RegionKind, actual: &Region) -> TransportError {
     TransportError::WrongKind {
-        region: handle.id,
+        region,
         expected,
         actual: actual.kind(),
     }
@@ -201,27 +202,10 @@ impl LocalTransport {
     ) -> Result<AccumulatorGuard, TransportError> {
         Guard::register(
             &self.registry,
-            |id, descriptor| Ok(Accumulator::new(owner, id, descriptor, len, epoch, values)),
+            owner,
+            |name| Ok(Accumulator::new(name, len, epoch, values)),
             Region::Accumulator,
         )
-    }
-
-    /// The region of `owner` with `id`, of the `expected` kind.
-    fn served(
-        &self,
-        owner: EndpointId,
-        id: RegionId,
-        expected: RegionKind,
-    ) -> Result<Region, TransportError> {
-        let region = self.registry.get(owner, id)?;
-        if region.kind() != expected {
-            return Err(TransportError::WrongKind {
-                region: id,
-                expected,
-                actual: region.kind(),
-            });
-        }
-        Ok(region)
     }
 
     /// A peer's read: the elements `part` of the read of `range` into a destination shaped `dest`,
@@ -234,7 +218,7 @@ impl LocalTransport {
         part: (u64, u64),
         dest: DestSpec,
     ) -> Result<(u64, Dtype, Bytes), TransportError> {
-        match self.served(owner, id, RegionKind::Published)? {
+        match self.registry.get(owner, id)? {
             Region::Published(region) => {
                 let (version, bytes) = region.serve(
                     index(range.0)..index(range.1),
@@ -243,11 +227,7 @@ impl LocalTransport {
                 )?;
                 Ok((version, region.dtype(), bytes))
             }
-            other => Err(TransportError::WrongKind {
-                region: id,
-                expected: RegionKind::Published,
-                actual: other.kind(),
-            }),
+            other => Err(wrong_kind(id, RegionKind::Published, &other)),
         }
     }
 
@@ -260,13 +240,9 @@ impl LocalTransport {
         data: &[u8],
         tag: WriteTag,
     ) -> Result<(), TransportError> {
-        match self.served(owner, id, RegionKind::Accumulator)? {
+        match self.registry.get(owner, id)? {
             Region::Accumulator(region) => region.accumulate(index(offset), data, tag),
-            other => Err(TransportError::WrongKind {
-                region: id,
-                expected: RegionKind::Accumulator,
-                actual: other.kind(),
-            }),
+            other => Err(wrong_kind(id, RegionKind::Accumulator, &other)),
         }
     }
 
@@ -278,13 +254,9 @@ impl LocalTransport {
         tag: WriteTag,
         data: Bytes,
     ) -> Result<(), TransportError> {
-        match self.served(owner, id, RegionKind::Inbox)? {
+        match self.registry.get(owner, id)? {
             Region::Inbox(region) => region.deliver(tag, data),
-            other => Err(TransportError::WrongKind {
-                region: id,
-                expected: RegionKind::Inbox,
-                actual: other.kind(),
-            }),
+            other => Err(wrong_kind(id, RegionKind::Inbox, &other)),
         }
     }
 }
@@ -304,7 +276,8 @@ impl Transport for LocalTransport {
     ) -> Result<Box<dyn PublishedRegion>, TransportError> {
         let guard = Guard::register(
             &self.registry,
-            |id, descriptor| Published::new(owner, id, descriptor, dtype, initial, version),
+            owner,
+            |name| Published::new(name, dtype, initial, version),
             Region::Published,
         )?;
         Ok(Box::new(guard))
@@ -328,7 +301,8 @@ impl Transport for LocalTransport {
         let capacity = self.inbox_capacity;
         let guard = Guard::register(
             &self.registry,
-            |id, descriptor| Ok(Inbox::new(owner, id, descriptor, capacity, epoch)),
+            owner,
+            |name| Ok(Inbox::new(name, capacity, epoch)),
             Region::Inbox,
         )?;
         Ok(Box::new(guard))
@@ -344,7 +318,7 @@ impl Transport for LocalTransport {
         check_deadline(deadline, handle.owner, handle.id, Op::Read)?;
         match self.resolve(handle)? {
             Region::Published(region) => region.read_into(range, into),
-            other => Err(wrong_kind(handle, RegionKind::Published, &other)),
+            other => Err(wrong_kind(handle.id, RegionKind::Published, &other)),
         }
     }
 
@@ -359,7 +333,7 @@ impl Transport for LocalTransport {
         check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
         match self.resolve(handle)? {
             Region::Accumulator(region) => region.accumulate(offset, &data, tag),
-            other => Err(wrong_kind(handle, RegionKind::Accumulator, &other)),
+            other => Err(wrong_kind(handle.id, RegionKind::Accumulator, &other)),
         }
     }
 
@@ -373,7 +347,7 @@ impl Transport for LocalTransport {
         check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
         match self.resolve(inbox)? {
             Region::Inbox(region) => region.deliver(tag, data),
-            other => Err(wrong_kind(inbox, RegionKind::Inbox, &other)),
+            other => Err(wrong_kind(inbox.id, RegionKind::Inbox, &other)),
         }
     }
 }
@@ -383,15 +357,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::testing::block_on;
     use crate::{codec, deadline_in};
-
-    fn block_on<F: std::future::Future>(future: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("tokio runtime")
-            .block_on(future)
-    }
 
     fn soon() -> Deadline {
         deadline_in(Duration::from_secs(10))

@@ -16,7 +16,7 @@ use super::dial::{BoxWrite, Dial};
 use super::payload::{Answer, Payload, Shared, Stream};
 use super::{RemoteConfig, Served};
 use crate::wire::frame::{write_frame, FrameReader};
-use crate::wire::{handshake, ReadOkHead, Request, Response, READ_OK_HEAD};
+use crate::wire::{handshake, ReadOkHead, Request, Response, Target, READ_OK_HEAD};
 use crate::{Deadline, EndpointId, Op, RegionId, TransportError};
 
 struct Connection {
@@ -67,6 +67,15 @@ pub(crate) struct About {
 }
 
 impl About {
+    /// A call of `op` on the region `target`.
+    pub(crate) fn at(target: &Target, op: Op) -> Self {
+        Self {
+            owner: target.owner,
+            region: target.region,
+            op,
+        }
+    }
+
     pub(crate) fn deadline_error(self) -> TransportError {
         TransportError::DeadlineExceeded {
             owner: self.owner,

@@ -402,15 +402,7 @@ impl PublishedRegion for SegmentGuard {
 
     fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
         let region = self.handle.id;
-        let elements =
-            codec::element_count(self.dtype, data.len()).map_err(|e| e.for_region(region))?;
-        if elements != self.len {
-            return Err(TransportError::LengthMismatch {
-                region,
-                elements: wide(elements),
-                len: wide(self.len),
-            });
-        }
+        codec::check_exact(self.dtype, &data, self.len).map_err(|e| e.for_region(region))?;
         self.writer
             .publish(version, &data)
             .map_err(|e| unsupported(format!("publish of region {region}: {e}")))

@@ -519,22 +519,10 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
     use super::*;
+    use crate::testing::block_on;
 
     const SECRET: &str = "the-right-secret-of-this-job";
     const WRONG: &str = "not-the-secret-of-this-job";
-
-    /// Run a test's future on its own runtime, bounded (every async test has a timeout).
-    fn block_on<F: std::future::Future>(future: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-            .block_on(async {
-                tokio::time::timeout(Duration::from_secs(20), future)
-                    .await
-                    .expect("the test finishes within its bound")
-            })
-    }
 
     fn secret(text: &str) -> ClusterSecret {
         ClusterSecret::new(text).expect("secret")
