@@ -157,27 +157,15 @@ fn foreign_forms(handle: &RegionHandle) -> Vec<(RegionHandle, bool)> {
             instance,
             ref socket,
             ref segment,
-        } => {
-            let with = |host: String, job: String, instance: u64| {
-                let mut form = handle.clone();
-                form.descriptor = Descriptor::Shm {
-                    host,
-                    job,
-                    instance,
-                    socket: socket.clone(),
-                    segment: segment.clone(),
-                };
-                form
-            };
-            vec![
-                (
-                    with(format!("{host}-elsewhere"), job.clone(), instance),
-                    true,
-                ),
-                (with(host.clone(), format!("{job}-other"), instance), true),
-                (with(host.clone(), job.clone(), instance ^ (1 << 62)), false),
-            ]
-        }
+        } => host_local_forms(handle, (host, job, instance), |host, job, instance| {
+            Descriptor::Shm {
+                host,
+                job,
+                instance,
+                socket: socket.clone(),
+                segment: segment.clone(),
+            }
+        }),
         Descriptor::Rdma {
             ref addr,
             instance,
@@ -201,30 +189,40 @@ fn foreign_forms(handle: &RegionHandle) -> Vec<(RegionHandle, bool)> {
             ref socket,
             device,
             ref memory,
-        } => {
-            let with = |host: String, job: String, instance: u64| {
-                let mut form = handle.clone();
-                form.descriptor = Descriptor::Cuda {
-                    host,
-                    job,
-                    pid,
-                    instance,
-                    socket: socket.clone(),
-                    device,
-                    memory: memory.clone(),
-                };
-                form
-            };
-            vec![
-                (
-                    with(format!("{host}-elsewhere"), job.clone(), instance),
-                    true,
-                ),
-                (with(host.clone(), format!("{job}-other"), instance), true),
-                (with(host.clone(), job.clone(), instance ^ (1 << 62)), false),
-            ]
-        }
+        } => host_local_forms(handle, (host, job, instance), |host, job, instance| {
+            Descriptor::Cuda {
+                host,
+                job,
+                pid,
+                instance,
+                socket: socket.clone(),
+                device,
+                memory: memory.clone(),
+            }
+        }),
     }
+}
+
+/// The foreign forms of a handle of a host-local backend (`shm`, `cuda`) issued on `host` for
+/// `job` by transport `instance`: another host's and another job's (`ForeignHandle`), and another
+/// instance's (may be `UnknownRegion`); `descriptor` makes the descriptor of each.
+fn host_local_forms(
+    handle: &RegionHandle,
+    (host, job, instance): (&str, &str, u64),
+    descriptor: impl Fn(String, String, u64) -> Descriptor,
+) -> Vec<(RegionHandle, bool)> {
+    let form = |host: String, job: String, instance: u64| RegionHandle {
+        descriptor: descriptor(host, job, instance),
+        ..handle.clone()
+    };
+    vec![
+        (
+            form(format!("{host}-elsewhere"), job.into(), instance),
+            true,
+        ),
+        (form(host.into(), format!("{job}-other"), instance), true),
+        (form(host.into(), job.into(), instance ^ (1 << 62)), false),
+    ]
 }
 
 fn assert_unusable(

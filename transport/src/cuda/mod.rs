@@ -778,6 +778,20 @@ mod tests {
             .unwrap_or_else(|e| panic!("transport: {e}"))
     }
 
+    /// A runtime and a transport on device 0 (its job named after `job`) for `test`, or `None`
+    /// (and why, printed) without a driver.
+    fn runtime_and_transport(
+        test: &str,
+        job: &str,
+    ) -> Option<(tokio::runtime::Runtime, CudaTransport)> {
+        if skip_without_driver(test) {
+            return None;
+        }
+        let runtime = runtime();
+        let transport = transport(&runtime, job);
+        Some((runtime, transport))
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -795,11 +809,11 @@ mod tests {
     /// subnormals, values that round up to infinity, and a million scattered bit patterns.
     #[test]
     fn encode_kernel_is_the_host_codec_bit_for_bit() {
-        if skip_without_driver("encode_kernel_is_the_host_codec_bit_for_bit") {
+        let Some((runtime, t)) =
+            runtime_and_transport("encode_kernel_is_the_host_codec_bit_for_bit", "encode")
+        else {
             return;
-        }
-        let runtime = runtime();
-        let t = transport(&runtime, "encode");
+        };
         let mut bits: Vec<u32> = vec![
             0x3f80_0000,
             0x3f80_8000,
@@ -859,11 +873,11 @@ mod tests {
     /// of the wrong length or of another transport's device are refused and change nothing.
     #[test]
     fn device_publications_are_read_whole_c1() {
-        if skip_without_driver("device_publications_are_read_whole_c1") {
+        let Some((runtime, t)) =
+            runtime_and_transport("device_publications_are_read_whole_c1", "publish")
+        else {
             return;
-        }
-        let runtime = runtime();
-        let t = transport(&runtime, "publish");
+        };
         let other = transport(&runtime, "publish-other");
         let device = Arc::clone(t.device());
         let n = 3 * 256 * 1024 + 5;
@@ -904,11 +918,11 @@ mod tests {
     /// refused before the epoch moves.
     #[test]
     fn take_into_device_memory_is_atomic_c3() {
-        if skip_without_driver("take_into_device_memory_is_atomic_c3") {
+        let Some((runtime, t)) =
+            runtime_and_transport("take_into_device_memory_is_atomic_c3", "take")
+        else {
             return;
-        }
-        let runtime = runtime();
-        let t = transport(&runtime, "take");
+        };
         let device = Arc::clone(t.device());
         let n = 1000;
         let acc = t.register_device_accumulator(2, n, 0).expect("register");

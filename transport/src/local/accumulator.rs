@@ -4,9 +4,9 @@
 //!
 //! This is also the owner core of every backend whose accumulates the owner applies (`tcp`, `shm`,
 //! `rdma` through their fabric, `cuda` with its sums in device memory): the checks, the admission
-//! guard, the fencing and the deduplication live here once, so the guard holds for every backend;
-//! where the values live and how a payload is added into them is a [`Sums`] (host memory by
-//! default).
+//! guard, the fencing (its tag check shared with inboxes, [`Identity::fence`]) and the
+//! deduplication live here once, so the guard holds for every backend; where the values live and
+//! how a payload is added into them is a [`Sums`] (host memory by default).
 
 use std::collections::HashSet;
 

@@ -23,7 +23,7 @@ use bytes::Bytes;
 
 use super::listen::{accept_loop, Listen};
 use super::service::Accepted;
-use super::{ops, Dial, Peers, RemoteConfig, Served};
+use super::{ops, Dial, Peers, RemoteConfig, Renamed, Served};
 use crate::transport::check_deadline;
 use crate::wire::{ClusterSecret, Target};
 use crate::{
@@ -60,7 +60,8 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         handle: &'h RegionHandle,
     ) -> Result<Located<'h, Self::Memory>, TransportError>;
 
-    /// The owner side of a published region.
+    /// The owner side of a published region: by default kept in the core's fabric, every read of
+    /// it served by the owner over the connection (`tcp`).
     fn register_published(
         &self,
         served: &Served,
@@ -68,7 +69,15 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         dtype: Dtype,
         initial: Bytes,
         version: u64,
-    ) -> Result<Box<dyn PublishedRegion>, TransportError>;
+    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
+        let inner = served
+            .fabric
+            .register_published(owner, dtype, initial, version)?;
+        Ok(Box::new(Renamed {
+            descriptor: self.descriptor(served),
+            inner,
+        }))
+    }
 
     /// The owner side of an accumulator: by default kept by the core's [`Served`].
     fn register_accumulator(

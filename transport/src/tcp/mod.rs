@@ -27,19 +27,13 @@
 
 use std::ops::Range;
 
-use bytes::Bytes;
 use tokio::net::TcpStream;
 
 use crate::remote::{
-    bind_tcp, other_backend, serve_split, Backend, Located, Remote, RemoteConfig, Renamed, Served,
-    TcpDial,
+    bind_tcp, other_backend, serve_split, Backend, Located, Remote, RemoteConfig, Served, TcpDial,
 };
 use crate::wire::{ClusterSecret, Target};
-use crate::Transport as _;
-use crate::{
-    Deadline, Descriptor, Dest, Dtype, EndpointId, Op, PublishedRegion, RegionHandle, RegionKind,
-    TransportError,
-};
+use crate::{Deadline, Descriptor, Dest, Op, RegionHandle, RegionKind, TransportError};
 
 /// How a [`TcpTransport`] listens and what it tells peers.
 #[derive(Debug, Clone)]
@@ -128,23 +122,6 @@ impl Backend for Tcp {
             }),
             _ => Err(other_backend(handle, "tcp", "regions served over tcp")),
         }
-    }
-
-    fn register_published(
-        &self,
-        served: &Served,
-        owner: EndpointId,
-        dtype: Dtype,
-        initial: Bytes,
-        version: u64,
-    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        let inner = served
-            .fabric
-            .register_published(owner, dtype, initial, version)?;
-        Ok(Box::new(Renamed {
-            descriptor: self.descriptor(served),
-            inner,
-        }))
     }
 
     async fn read_memory(
