@@ -222,7 +222,9 @@ fn bf16_bits_to_f32(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
 }
 
-fn check_exact(dtype: Dtype, bytes: &[u8], expected: usize) -> Result<(), CodecError> {
+/// Whether `bytes` are exactly `expected` whole `dtype` elements (a publication of a region of
+/// that length; [`CodecError::for_region`] makes the contract's error of it).
+pub(crate) fn check_exact(dtype: Dtype, bytes: &[u8], expected: usize) -> Result<(), CodecError> {
     let elements = element_count(dtype, bytes.len())?;
     if elements == expected {
         Ok(())

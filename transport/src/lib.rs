@@ -90,6 +90,8 @@ mod seqlock;
 #[cfg(target_os = "linux")]
 pub mod shm;
 pub mod tcp;
+#[cfg(test)]
+mod testing;
 pub mod throttle;
 mod transport;
 pub mod wire;

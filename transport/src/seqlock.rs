@@ -277,3 +277,5 @@ impl Backoff {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+pub(crate) mod torn;

@@ -7,33 +7,19 @@
 
 mod cuda_common;
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use odc_transport::conformance::Pair;
+use odc_transport::conformance::{remote_config, unique_job, Pair};
 use odc_transport::cuda::{CudaConfig, CudaTransport};
-use odc_transport::{ClusterSecret, RemoteConfig, TransportError};
+use odc_transport::{ClusterSecret, TransportError};
 
 use cuda_common::no_cuda;
 
-static NEXT: AtomicU32 = AtomicU32::new(0);
-
 async fn transports() -> (CudaTransport, CudaTransport) {
-    let job = format!(
-        "cudaconf{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
+    let secret = ClusterSecret::new("cuda-conformance-secret").expect("secret");
     let config = CudaConfig {
-        remote: RemoteConfig {
-            inbox_capacity: 64,
-            ..RemoteConfig::default()
-        },
-        ..CudaConfig::new(
-            0,
-            job,
-            ClusterSecret::new("cuda-conformance-secret").expect("secret"),
-        )
+        remote: remote_config(),
+        ..CudaConfig::new(0, unique_job("cudaconf"), secret)
     };
     let owner = CudaTransport::new(config.clone()).await.expect("owner");
     let reader = CudaTransport::new(config).await.expect("reader");
@@ -42,33 +28,25 @@ async fn transports() -> (CudaTransport, CudaTransport) {
 
 async fn make_pair() -> Pair {
     let (owner, reader) = transports().await;
-    Pair {
-        owner: Arc::new(owner),
-        reader: Arc::new(reader),
-    }
+    Pair::new(owner, reader)
 }
 
 odc_transport::conformance_tests!(make_pair, unless = no_cuda);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_destination_reads_c1() {
-    if let Some(reason) = no_cuda() {
-        eprintln!("skipped: {reason}");
+    if cuda_common::skipped() {
         return;
     }
     let (owner, reader) = transports().await;
     let device = Arc::clone(reader.device());
-    let pair = Pair {
-        owner: Arc::new(owner),
-        reader: Arc::new(reader),
-    };
+    let pair = Pair::new(owner, reader);
     cuda_common::device_destination_reads_c1(&pair, &device).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_larger_than_the_staging_c2() {
-    if let Some(reason) = no_cuda() {
-        eprintln!("skipped: {reason}");
+    if cuda_common::skipped() {
         return;
     }
     cuda_common::transfers_larger_than_the_staging_c2(&make_pair().await).await;

@@ -8,25 +8,19 @@
 
 mod cuda_common;
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use odc_transport::conformance::remote_owner::RemoteOwner;
-use odc_transport::conformance::Pair;
+use odc_transport::conformance::{unique_job, Pair};
 use odc_transport::cuda::{CudaConfig, CudaTransport};
 use odc_transport::ClusterSecret;
 
 use cuda_common::no_cuda;
 
 const SECRET: &str = "cuda-process-conformance";
-static NEXT: AtomicU32 = AtomicU32::new(0);
 
 async fn pair_and_reader() -> (Pair, Arc<CudaTransport>) {
-    let job = format!(
-        "cudaproc{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
+    let job = unique_job("cudaproc");
     // `ODC_CONFORMANCE_OWNER` names the owner binary where this test runs away from its build
     // tree (`benches/gpu/run.sh` on a GPU machine); cargo's path otherwise.
     let owner_exe = std::env::var_os("ODC_CONFORMANCE_OWNER")
@@ -61,8 +55,7 @@ odc_transport::conformance_tests!(make_pair, unless = no_cuda);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_destination_reads_over_ipc_c1() {
-    if let Some(reason) = no_cuda() {
-        eprintln!("skipped: {reason}");
+    if cuda_common::skipped() {
         return;
     }
     let (pair, reader) = pair_and_reader().await;
@@ -71,8 +64,7 @@ async fn device_destination_reads_over_ipc_c1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_larger_than_the_staging_over_ipc_c2() {
-    if let Some(reason) = no_cuda() {
-        eprintln!("skipped: {reason}");
+    if cuda_common::skipped() {
         return;
     }
     cuda_common::transfers_larger_than_the_staging_c2(&make_pair().await).await;

@@ -266,6 +266,13 @@ fn expected(elements: usize) -> Vec<u8> {
     contents()[..elements * 4].to_vec()
 }
 
+/// A read of the first `elements` elements is served whole, at version 1.
+async fn assert_read_whole(reader: &TcpTransport, owner: &Owner, elements: usize) {
+    let (result, into) = read_bytes(reader, owner, elements, TEST_BOUND).await;
+    assert_eq!(result, Ok(1));
+    assert!(into == expected(elements), "a read of {elements} elements");
+}
+
 /// An `Unreachable` naming the owner, whose reason contains every one of `parts`.
 fn assert_unreachable(result: Result<u64, TransportError>, parts: &[&str]) {
     match result {
@@ -331,9 +338,7 @@ fn reads_in_parts_land_in_bytes_and_f32_destinations() {
             let reader = &reader;
             let owner = &owner;
             async move {
-                let (result, into) = read_bytes(reader, owner, 100 + i, TEST_BOUND).await;
-                assert_eq!(result, Ok(1));
-                assert_eq!(into, expected(100 + i));
+                assert_read_whole(reader, owner, 100 + i).await;
             }
         });
         futures::future::join_all(reads).await;
@@ -395,18 +400,14 @@ fn answers_of_the_wrong_length_are_protocol_errors_and_the_connection_goes_on() 
             assert_unreachable(result, &["protocol violation", "bytes for a part of 4096"]);
             assert!(into.iter().all(|&b| b == 0xEE), "written despite {delta}");
             // The payload was discarded: the same connection answers the next read.
-            let (result, into) = read_bytes(&reader, &owner, 4096, TEST_BOUND).await;
-            assert_eq!(result, Ok(1));
-            assert_eq!(into, expected(4096));
+            assert_read_whole(&reader, &owner, 4096).await;
         }
         // A wrong part among parts in flight: the read fails, the other parts are received or
         // discarded, and the connection goes on.
         owner.script(&[HONEST, Reply::WrongLength(8), HONEST, HONEST]);
         let (result, _) = read_bytes(&reader, &owner, 64 * 1024, TEST_BOUND).await;
         assert_unreachable(result, &["protocol violation"]);
-        let (result, into) = read_bytes(&reader, &owner, 64 * 1024, TEST_BOUND).await;
-        assert_eq!(result, Ok(1));
-        assert!(into == expected(64 * 1024));
+        assert_read_whole(&reader, &owner, 64 * 1024).await;
         // `Done` for a read.
         owner.script(&[Reply::Done]);
         let (result, _) = read_bytes(&reader, &owner, 16, TEST_BOUND).await;
@@ -443,9 +444,7 @@ fn read_data_for_an_accumulate_is_a_protocol_error() {
             other => panic!("expected a protocol violation, got {other:?}"),
         }
         // The unread payload was discarded: the same connection serves the next read.
-        let (result, into) = read_bytes(&reader, &owner, 16, TEST_BOUND).await;
-        assert_eq!(result, Ok(1));
-        assert_eq!(into, expected(16));
+        assert_read_whole(&reader, &owner, 16).await;
         assert_eq!(owner.connections(), 1);
     });
 }
@@ -459,9 +458,7 @@ fn a_payload_cut_off_by_a_closed_connection_fails_the_read_and_the_next_one_dial
             owner.script(&[Reply::CutOff]);
             let (result, _) = read_bytes(&reader, &owner, elements, TEST_BOUND).await;
             assert_unreachable(result, &["stream ended inside a frame"]);
-            let (result, into) = read_bytes(&reader, &owner, elements, TEST_BOUND).await;
-            assert_eq!(result, Ok(1));
-            assert!(into == expected(elements));
+            assert_read_whole(&reader, &owner, elements).await;
         }
         assert_eq!(owner.connections(), 3);
     });
@@ -480,9 +477,7 @@ fn a_frame_over_the_cap_fails_the_read_without_reserving_it() {
             largest < 1 << 20,
             "allocated {largest} bytes for a refused frame"
         );
-        let (result, into) = read_bytes(&reader, &owner, 16, TEST_BOUND).await;
-        assert_eq!(result, Ok(1));
-        assert_eq!(into, expected(16));
+        assert_read_whole(&reader, &owner, 16).await;
     });
 }
 
@@ -510,9 +505,7 @@ fn a_read_whose_deadline_passes_mid_payload_gives_the_stream_back() {
         // The rest of that payload arrives later and is discarded; the connection serves the
         // next reads, large and small.
         for elements in [elements, 10] {
-            let (result, into) = read_bytes(&reader, &owner, elements, TEST_BOUND).await;
-            assert_eq!(result, Ok(1));
-            assert!(into == expected(elements));
+            assert_read_whole(&reader, &owner, elements).await;
         }
         assert_eq!(owner.connections(), 1);
     });

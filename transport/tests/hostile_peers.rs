@@ -23,8 +23,8 @@ use odc_transport::wire::gate::{MAX_UNAUTHENTICATED, REFUSED_METRIC};
 use odc_transport::wire::handshake::{self, HandshakeFrame, HANDSHAKE_FRAME_CAP, MAGIC, PROTOCOL};
 use odc_transport::wire::{read_frame, ClusterSecret};
 use odc_transport::{
-    deadline_in, AccumulatorRegion, Dest, Dtype, InboxRegion, PublishedRegion, RegionHandle,
-    RemoteConfig, Transport, TransportError, WriteTag,
+    deadline_in, AccumulatorRegion, Dest, Dtype, InboxRegion, PublishedRegion, RemoteConfig,
+    Transport, TransportError, WriteTag,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -154,16 +154,28 @@ async fn tcp_reader(secret: &str) -> TcpTransport {
         .expect("reader binds")
 }
 
+/// A reader with another secret.
+async fn stranger() -> TcpTransport {
+    tcp_reader("not-the-secret-either").await
+}
+
+/// Read the whole published region of `owner` through `reader` into `into`.
+async fn read_all(
+    reader: &TcpTransport,
+    owner: &Owner,
+    into: &mut [u8],
+) -> Result<u64, TransportError> {
+    let deadline = deadline_in(Duration::from_secs(5));
+    let handle = owner.published.handle();
+    reader
+        .read(&handle, 0..256, Dest::Bytes(into), deadline)
+        .await
+}
+
 /// A well-behaved reader reads the whole published region, correctly.
-async fn assert_served(reader: &TcpTransport, handle: &RegionHandle) {
+async fn assert_served(reader: &TcpTransport, owner: &Owner) {
     let mut into = vec![0u8; contents().len()];
-    let version = reader
-        .read(
-            handle,
-            0..256,
-            Dest::Bytes(&mut into),
-            deadline_in(Duration::from_secs(5)),
-        )
+    let version = read_all(reader, owner, &mut into)
         .await
         .expect("a well-behaved reader is served");
     assert_eq!(version, 1);
@@ -172,6 +184,33 @@ async fn assert_served(reader: &TcpTransport, handle: &RegionHandle) {
 
 fn within<F: Future>(future: F) -> tokio::time::Timeout<F> {
     tokio::time::timeout(TEST_BOUND, future)
+}
+
+/// One test against an owner with frame cap `frame_cap`, its log captured and the whole bounded:
+/// `test` gets the log and the owner; afterwards the job is unaffected (a well-behaved reader is
+/// served).
+async fn against<F, Fut>(frame_cap: usize, test: F)
+where
+    F: FnOnce(Log, Arc<Owner>) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let (log, _guard) = Log::capture();
+    within(async {
+        let owner = Arc::new(owner(frame_cap).await);
+        test(log, Arc::clone(&owner)).await;
+        assert_served(&tcp_reader(SECRET).await, &owner).await;
+    })
+    .await
+    .expect("test bound");
+}
+
+/// A write of epoch 0, id 1.
+fn first_write() -> WriteTag {
+    WriteTag {
+        epoch: 0,
+        write_id: 1,
+        token: 0,
+    }
 }
 
 /// Wait until the owner drops `read`'s connection: the stream ends (EOF, or a reset when the
@@ -195,12 +234,40 @@ async fn dropped(read: &mut (impl AsyncRead + Unpin)) -> Vec<u8> {
     received
 }
 
+/// A connection to `owner`, nothing sent yet.
+async fn connect(owner: &Owner) -> TcpStream {
+    TcpStream::connect(owner.transport.addr())
+        .await
+        .expect("connect")
+}
+
+/// A valid Hello with nonce `[nonce; 32]`.
+fn hello(nonce: u8) -> HandshakeFrame {
+    HandshakeFrame::Hello {
+        magic: MAGIC,
+        protocol: PROTOCOL,
+        nonce: [nonce; 32],
+    }
+}
+
+/// Connect and send a valid Hello by hand: the owner's Challenge has been received.
+async fn challenged(owner: &Owner, nonce: u8) -> (FrameReader<OwnedReadHalf>, OwnedWriteHalf) {
+    let (read, mut write) = connect(owner).await.into_split();
+    write_frame(&mut write, &hello(nonce).encode(), &[])
+        .await
+        .expect("write");
+    let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
+    let challenge = reader.next().await.expect("a challenge");
+    assert!(matches!(
+        HandshakeFrame::decode(challenge),
+        Ok(HandshakeFrame::Challenge { .. })
+    ));
+    (reader, write)
+}
+
 /// Connect and complete the handshake by hand, as a peer that knows the secret.
 async fn authenticated(owner: &Owner) -> (FrameReader<OwnedReadHalf>, OwnedWriteHalf) {
-    let stream = TcpStream::connect(owner.transport.addr())
-        .await
-        .expect("connect");
-    let (read, mut write) = stream.into_split();
+    let (read, mut write) = connect(owner).await.into_split();
     let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
     handshake::dial(
         &mut reader,
@@ -214,8 +281,9 @@ async fn authenticated(owner: &Owner) -> (FrameReader<OwnedReadHalf>, OwnedWrite
     (reader, write)
 }
 
-/// The owner dropped an authenticated connection: no answer, just the end of the stream.
-async fn assert_dropped_after_auth(reader: &mut FrameReader<OwnedReadHalf>) {
+/// The owner dropped the connection of `reader` with no (further) answer, just the end of the
+/// stream, and logged why in a line with every one of `parts`.
+async fn assert_dropped(reader: &mut FrameReader<OwnedReadHalf>, log: &Log, parts: &[&str]) {
     let next = tokio::time::timeout(DROP_BOUND, reader.next())
         .await
         .expect("the owner drops the connection in time");
@@ -224,6 +292,7 @@ async fn assert_dropped_after_auth(reader: &mut FrameReader<OwnedReadHalf>) {
         Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
         other => panic!("expected the connection dropped without an answer, got {other:?}"),
     }
+    log.expect_line(parts).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -231,12 +300,8 @@ async fn assert_dropped_after_auth(reader: &mut FrameReader<OwnedReadHalf>) {
 
 #[tokio::test]
 async fn http_request_before_the_handshake_is_dropped_and_the_job_unaffected() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
-        let mut stream = TcpStream::connect(owner.transport.addr())
-            .await
-            .expect("connect");
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |log, owner| async move {
+        let mut stream = connect(&owner).await;
         stream
             .write_all(b"GET / HTTP/1.1\r\nHost: odc\r\n\r\n")
             .await
@@ -249,17 +314,13 @@ async fn http_request_before_the_handshake_is_dropped_and_the_job_unaffected() {
         // "GET " read as a length prefix is far over the handshake cap.
         log.expect_line(&["refused a connection", "exceeds the cap of 256 bytes"])
             .await;
-        assert_served(&tcp_reader(SECRET).await, &owner.published.handle()).await;
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 #[tokio::test]
 async fn garbage_hello_frames_are_dropped_and_the_job_unaffected() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |log, owner| async move {
         let hello = |magic, protocol| HandshakeFrame::Hello {
             magic,
             protocol,
@@ -276,10 +337,7 @@ async fn garbage_hello_frames_are_dropped_and_the_job_unaffected() {
             ),
         ];
         for (frame, reason) in cases {
-            let stream = TcpStream::connect(owner.transport.addr())
-                .await
-                .expect("connect");
-            let (mut read, mut write) = stream.into_split();
+            let (mut read, mut write) = connect(&owner).await.into_split();
             write_frame(&mut write, &frame, &[]).await.expect("write");
             let received = dropped(&mut read).await;
             if reason == "protocol" {
@@ -296,10 +354,8 @@ async fn garbage_hello_frames_are_dropped_and_the_job_unaffected() {
             }
             log.expect_line(&["refused a connection", reason]).await;
         }
-        assert_served(&tcp_reader(SECRET).await, &owner.published.handle()).await;
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -307,21 +363,12 @@ async fn garbage_hello_frames_are_dropped_and_the_job_unaffected() {
 
 #[tokio::test]
 async fn slow_loris_peers_are_dropped_at_the_handshake_deadline_while_others_are_served() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
-        let addr = owner.transport.addr().to_owned();
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |log, owner| async move {
         let start = Instant::now();
         // One sends nothing; one trickles a valid Hello a byte per 100 ms (4.3 s for its 43 bytes).
-        let mut silent = TcpStream::connect(&addr).await.expect("connect");
-        let trickler = TcpStream::connect(&addr).await.expect("connect");
-        let (mut trickle_read, mut trickle_write) = trickler.into_split();
-        let body = HandshakeFrame::Hello {
-            magic: MAGIC,
-            protocol: PROTOCOL,
-            nonce: [1; 32],
-        }
-        .encode();
+        let mut silent = connect(&owner).await;
+        let (mut trickle_read, mut trickle_write) = connect(&owner).await.into_split();
+        let body = hello(1).encode();
         let mut hello = (body.len() as u32).to_be_bytes().to_vec();
         hello.extend_from_slice(&body);
         let trickle = async move {
@@ -336,7 +383,7 @@ async fn slow_loris_peers_are_dropped_at_the_handshake_deadline_while_others_are
         let trickled = tokio::spawn(trickle);
         // Meanwhile, a well-behaved reader is served at once.
         let reader = tcp_reader(SECRET).await;
-        assert_served(&reader, &owner.published.handle()).await;
+        assert_served(&reader, &owner).await;
         assert!(
             start.elapsed() < HANDSHAKE_TIMEOUT,
             "served while the lorises hold their connections ({:?})",
@@ -357,45 +404,26 @@ async fn slow_loris_peers_are_dropped_at_the_handshake_deadline_while_others_are
             "did not complete by its deadline (waiting for Hello)",
         ])
         .await;
-        assert_served(&reader, &owner.published.handle()).await;
+        assert_served(&reader, &owner).await;
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 #[tokio::test]
 async fn a_peer_that_stalls_before_its_proof_is_dropped_at_the_handshake_deadline() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
-        let stream = TcpStream::connect(owner.transport.addr())
-            .await
-            .expect("connect");
-        let (read, mut write) = stream.into_split();
-        let hello = HandshakeFrame::Hello {
-            magic: MAGIC,
-            protocol: PROTOCOL,
-            nonce: [3; 32],
-        };
-        write_frame(&mut write, &hello.encode(), &[])
-            .await
-            .expect("write");
-        let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
-        let challenge = reader.next().await.expect("a challenge");
-        assert!(matches!(
-            HandshakeFrame::decode(challenge),
-            Ok(HandshakeFrame::Challenge { .. })
-        ));
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |log, owner| async move {
+        let (mut reader, write) = challenged(&owner, 3).await;
         let start = Instant::now();
-        assert_dropped_after_auth(&mut reader).await;
+        assert_dropped(
+            &mut reader,
+            &log,
+            &["refused a connection", "waiting for Proof"],
+        )
+        .await;
         assert!(start.elapsed() < HANDSHAKE_TIMEOUT + DROP_BOUND);
-        log.expect_line(&["refused a connection", "waiting for Proof"])
-            .await;
         drop(write);
-        assert_served(&tcp_reader(SECRET).await, &owner.published.handle()).await;
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -416,113 +444,65 @@ fn unreachable_for_the_secret(result: Result<(), TransportError>) {
 
 #[tokio::test]
 async fn a_reader_with_the_wrong_secret_reads_nothing() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
-        let stranger = tcp_reader("not-the-secret-either").await;
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |log, owner| async move {
         let mut into = vec![0xAAu8; contents().len()];
-        let result = stranger
-            .read(
-                &owner.published.handle(),
-                0..256,
-                Dest::Bytes(&mut into),
-                deadline_in(Duration::from_secs(5)),
-            )
-            .await;
+        let result = read_all(&stranger().await, &owner, &mut into).await;
         unreachable_for_the_secret(result.map(|_| ()));
         assert!(into.iter().all(|&b| b == 0xAA), "not a byte of the region");
         log.expect_line(&["refused a connection"]).await;
-        assert_served(&tcp_reader(SECRET).await, &owner.published.handle()).await;
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 #[tokio::test]
 async fn a_peer_with_the_wrong_secret_cannot_accumulate() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
-        let stranger = tcp_reader("not-the-secret-either").await;
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |log, owner| async move {
         let ones: Vec<u8> = [1.0f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
-        let result = stranger
+        let deadline = deadline_in(Duration::from_secs(5));
+        let result = stranger()
+            .await
             .accumulate(
                 &owner.accumulator.handle(),
                 0,
                 Bytes::from(ones),
-                WriteTag {
-                    epoch: 0,
-                    write_id: 1,
-                    token: 0,
-                },
-                deadline_in(Duration::from_secs(5)),
+                first_write(),
+                deadline,
             )
             .await;
         unreachable_for_the_secret(result);
         log.expect_line(&["refused a connection"]).await;
         assert_eq!(owner.accumulator.take(1), vec![0.0; 4], "nothing was added");
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 #[tokio::test]
 async fn a_peer_with_the_wrong_secret_cannot_send() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
-        let stranger = tcp_reader("not-the-secret-either").await;
-        let tag = WriteTag {
-            epoch: 0,
-            write_id: 1,
-            token: 0,
-        };
-        let result = stranger
-            .send(
-                &owner.inbox.handle(),
-                tag,
-                Bytes::from_static(b"let me in"),
-                deadline_in(Duration::from_secs(5)),
-            )
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |log, owner| async move {
+        let deadline = deadline_in(Duration::from_secs(5));
+        let message = Bytes::from_static(b"let me in");
+        let result = stranger()
+            .await
+            .send(&owner.inbox.handle(), first_write(), message, deadline)
             .await;
         unreachable_for_the_secret(result);
         log.expect_line(&["refused a connection"]).await;
         let held = owner
             .inbox
-            .recv(tag, deadline_in(Duration::from_millis(100)))
+            .recv(first_write(), deadline_in(Duration::from_millis(100)))
             .await;
         assert!(
             matches!(held, Err(TransportError::DeadlineExceeded { .. })),
             "no message was delivered: {held:?}"
         );
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 #[tokio::test]
 async fn a_forged_proof_is_refused_with_a_reason_and_dropped() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
-        let stream = TcpStream::connect(owner.transport.addr())
-            .await
-            .expect("connect");
-        let (read, mut write) = stream.into_split();
-        let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
-        let hello = HandshakeFrame::Hello {
-            magic: MAGIC,
-            protocol: PROTOCOL,
-            nonce: [9; 32],
-        };
-        write_frame(&mut write, &hello.encode(), &[])
-            .await
-            .expect("write");
-        let challenge = reader.next().await.expect("a challenge");
-        assert!(matches!(
-            HandshakeFrame::decode(challenge),
-            Ok(HandshakeFrame::Challenge { .. })
-        ));
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |log, owner| async move {
+        let (mut reader, mut write) = challenged(&owner, 9).await;
         // A peer that ignores the challenge's MAC and guesses a proof.
         let proof = HandshakeFrame::Proof { mac: [0; 32] };
         write_frame(&mut write, &proof.encode(), &[])
@@ -536,13 +516,10 @@ async fn a_forged_proof_is_refused_with_a_reason_and_dropped() {
             ),
             other => panic!("expected Refused, got {other:?}"),
         }
-        assert_dropped_after_auth(&mut reader).await;
-        log.expect_line(&["refused a connection", "proof MAC does not match"])
-            .await;
-        assert_served(&tcp_reader(SECRET).await, &owner.published.handle()).await;
+        let why = ["refused a connection", "proof MAC does not match"];
+        assert_dropped(&mut reader, &log, &why).await;
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -550,9 +527,7 @@ async fn a_forged_proof_is_refused_with_a_reason_and_dropped() {
 
 #[tokio::test]
 async fn authenticated_peers_sending_bad_frames_are_dropped_and_the_job_unaffected() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |log, owner| async move {
         let well_behaved = tcp_reader(SECRET).await;
         let cases: [(&[u8], &str); 4] = [
             // A length prefix over the cap: refused before reading (or reserving) the body.
@@ -578,20 +553,16 @@ async fn authenticated_peers_sending_bad_frames_are_dropped_and_the_job_unaffect
         for (bytes, reason) in cases {
             let (mut reader, mut write) = authenticated(&owner).await;
             write.write_all(bytes).await.expect("write");
-            assert_dropped_after_auth(&mut reader).await;
-            log.expect_line(&["dropped a connection", reason]).await;
-            assert_served(&well_behaved, &owner.published.handle()).await;
+            assert_dropped(&mut reader, &log, &["dropped a connection", reason]).await;
+            assert_served(&well_behaved, &owner).await;
         }
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 #[tokio::test]
 async fn an_authenticated_peer_is_answered_until_its_first_bad_frame() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let owner = owner(RemoteConfig::DEFAULT_FRAME_CAP).await;
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |log, owner| async move {
         let (mut reader, mut write) = authenticated(&owner).await;
         // A request for a region that does not exist is a typed answer, not a drop.
         let (head, payload) = odc_transport::wire::Request::Send {
@@ -601,11 +572,7 @@ async fn an_authenticated_peer_is_answered_until_its_first_bad_frame() {
                 instance: 0,
                 region: 12345,
             },
-            tag: WriteTag {
-                epoch: 0,
-                write_id: 1,
-                token: 0,
-            },
+            tag: first_write(),
             data: Bytes::from_static(b"hi"),
         }
         .encode();
@@ -624,36 +591,45 @@ async fn an_authenticated_peer_is_answered_until_its_first_bad_frame() {
             "a typed refusal"
         );
         write_frame(&mut write, &[0x04], &[]).await.expect("write");
-        assert_dropped_after_auth(&mut reader).await;
-        log.expect_line(&["dropped a connection", "unknown request type 0x04"])
-            .await;
+        assert_dropped(
+            &mut reader,
+            &log,
+            &["dropped a connection", "unknown request type 0x04"],
+        )
+        .await;
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
 // (e) A huge length prefix, then a stall.
 
+/// A well-behaved reader, served; then an authenticated connection that announced a 60 MiB
+/// frame, allocations tracked from just before the announcement.
+async fn announced_60_mib(
+    owner: &Owner,
+) -> (TcpTransport, FrameReader<OwnedReadHalf>, OwnedWriteHalf) {
+    let well_behaved = tcp_reader(SECRET).await;
+    assert_served(&well_behaved, owner).await;
+    let (reader, mut write) = authenticated(owner).await;
+    track_allocations();
+    write
+        .write_all(&(60u32 << 20).to_be_bytes())
+        .await
+        .expect("write");
+    (well_behaved, reader, write)
+}
+
 #[tokio::test]
 async fn a_stalled_60_mib_frame_costs_at_most_the_cap_and_is_dropped_when_the_peer_closes() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let cap = RemoteConfig::DEFAULT_FRAME_CAP;
-        let owner = owner(cap).await;
-        let well_behaved = tcp_reader(SECRET).await;
-        assert_served(&well_behaved, &owner.published.handle()).await;
-        let (mut reader, mut write) = authenticated(&owner).await;
-        track_allocations();
-        write
-            .write_all(&(60u32 << 20).to_be_bytes())
-            .await
-            .expect("write");
+    let cap = RemoteConfig::DEFAULT_FRAME_CAP;
+    against(cap, |log, owner| async move {
+        let (well_behaved, mut reader, mut write) = announced_60_mib(&owner).await;
         write.write_all(&[0x02; 100]).await.expect("write");
         // The peer stalls; the owner keeps serving everyone else.
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            assert_served(&well_behaved, &owner.published.handle()).await;
+            assert_served(&well_behaved, &owner).await;
         }
         let largest = largest_allocation();
         // The owner reserves room for the announced frame (a known cost: an authenticated
@@ -664,42 +640,30 @@ async fn a_stalled_60_mib_frame_costs_at_most_the_cap_and_is_dropped_when_the_pe
         );
         // Closing its side mid-frame gets the connection dropped, with the reason.
         write.shutdown().await.expect("shutdown");
-        assert_dropped_after_auth(&mut reader).await;
-        log.expect_line(&["dropped a connection", "stream ended inside a frame"])
-            .await;
-        assert_served(&well_behaved, &owner.published.handle()).await;
+        assert_dropped(
+            &mut reader,
+            &log,
+            &["dropped a connection", "stream ended inside a frame"],
+        )
+        .await;
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 #[tokio::test]
 async fn a_60_mib_prefix_over_a_smaller_cap_allocates_nothing_and_is_dropped_at_once() {
-    let (log, _guard) = Log::capture();
-    within(async {
-        let cap = 1 << 20;
-        let owner = owner(cap).await;
-        let well_behaved = tcp_reader(SECRET).await;
-        assert_served(&well_behaved, &owner.published.handle()).await;
-        let (mut reader, mut write) = authenticated(&owner).await;
-        track_allocations();
-        write
-            .write_all(&(60u32 << 20).to_be_bytes())
-            .await
-            .expect("write");
+    against(1 << 20, |log, owner| async move {
+        let (_well_behaved, mut reader, _write) = announced_60_mib(&owner).await;
         // No close: the owner drops the connection on the prefix alone.
-        assert_dropped_after_auth(&mut reader).await;
+        let why = ["dropped a connection", "exceeds the cap of 1048576 bytes"];
+        assert_dropped(&mut reader, &log, &why).await;
         let largest = largest_allocation();
         assert!(
             largest < 64 * 1024,
             "largest allocation {largest} bytes for a refused 60 MiB prefix"
         );
-        log.expect_line(&["dropped a connection", "exceeds the cap of 1048576 bytes"])
-            .await;
-        assert_served(&well_behaved, &owner.published.handle()).await;
     })
-    .await
-    .expect("test bound");
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -761,14 +725,7 @@ async fn at_most_64_connections_per_listener_are_in_the_handshake_and_extra_ones
         // While the 64 are held, a peer with the secret is refused too (the documented price).
         let reader = tcp_reader(SECRET).await;
         let mut into = vec![0u8; contents().len()];
-        let refused = reader
-            .read(
-                &owner.published.handle(),
-                0..256,
-                Dest::Bytes(&mut into),
-                deadline_in(Duration::from_secs(5)),
-            )
-            .await;
+        let refused = read_all(&reader, &owner, &mut into).await;
         assert!(
             matches!(refused, Err(TransportError::Unreachable { .. })),
             "{refused:?}"
@@ -782,7 +739,7 @@ async fn at_most_64_connections_per_listener_are_in_the_handshake_and_extra_ones
         tokio::time::timeout(GATE_HANDSHAKE_TIMEOUT + DROP_BOUND, freed)
             .await
             .expect("the handshake deadline drops the idle connections");
-        assert_served(&reader, &owner.published.handle()).await;
+        assert_served(&reader, &owner).await;
         let text = metrics.render();
         let line = format!("{REFUSED_METRIC}{{listener=\"tcp\"}} {}", EXTRA + 1);
         assert!(

@@ -6,30 +6,18 @@
 //! verbs calls runs; a real NIC is `RdmaTransport::new` (see `rdma_no_device.rs`).
 #![cfg(feature = "rdma")]
 
-use std::sync::Arc;
-
-use odc_transport::conformance::Pair;
+use odc_transport::conformance::{remote_config, Pair};
 use odc_transport::rdma::{RdmaConfig, RdmaTransport};
-use odc_transport::{ClusterSecret, RemoteConfig};
+use odc_transport::ClusterSecret;
 
 async fn make_pair() -> Pair {
     let config = RdmaConfig {
         // Small chunks, so reads span several seqlock chunks.
         chunk_bytes: 16 * 1024,
-        remote: RemoteConfig {
-            inbox_capacity: 64,
-            ..RemoteConfig::default()
-        },
+        remote: remote_config(),
         ..RdmaConfig::loopback(ClusterSecret::new("rdma-conformance").expect("secret"))
     };
-    let owner = RdmaTransport::emulated(config.clone())
-        .await
-        .expect("owner");
-    let reader = RdmaTransport::emulated(config).await.expect("reader");
-    Pair {
-        owner: Arc::new(owner),
-        reader: Arc::new(reader),
-    }
+    Pair::open_two(config, RdmaTransport::emulated).await
 }
 
 odc_transport::conformance_tests!(make_pair);

@@ -5,39 +5,19 @@
 //! `shm_process_conformance.rs`.)
 #![cfg(target_os = "linux")]
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
-
-use odc_transport::conformance::Pair;
+use odc_transport::conformance::{remote_config, unique_job, Pair};
 use odc_transport::shm::{ShmConfig, ShmTransport};
-use odc_transport::{ClusterSecret, RemoteConfig};
-
-static NEXT: AtomicU32 = AtomicU32::new(0);
+use odc_transport::ClusterSecret;
 
 async fn make_pair() -> Pair {
-    let job = format!(
-        "shmconf{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
+    let secret = ClusterSecret::new("shm-conformance-secret").expect("secret");
     let config = ShmConfig {
         // Small chunks, so reads span several seqlock chunks.
         chunk_bytes: 16 * 1024,
-        remote: RemoteConfig {
-            inbox_capacity: 64,
-            ..RemoteConfig::default()
-        },
-        ..ShmConfig::new(
-            job,
-            ClusterSecret::new("shm-conformance-secret").expect("secret"),
-        )
+        remote: remote_config(),
+        ..ShmConfig::new(unique_job("shmconf"), secret)
     };
-    let owner = ShmTransport::new(config.clone()).await.expect("owner");
-    let reader = ShmTransport::new(config).await.expect("reader");
-    Pair {
-        owner: Arc::new(owner),
-        reader: Arc::new(reader),
-    }
+    Pair::open_two(config, ShmTransport::new).await
 }
 
 odc_transport::conformance_tests!(make_pair);

@@ -3,9 +3,7 @@
 //! handles, every operation crossing a real socket after the handshake. (The same suite with the
 //! owner in another process: `cross_process_conformance.rs`.)
 
-use std::sync::Arc;
-
-use odc_transport::conformance::Pair;
+use odc_transport::conformance::{remote_config, Pair};
 use odc_transport::tcp::{TcpConfig, TcpTransport};
 use odc_transport::{ClusterSecret, RemoteConfig};
 
@@ -13,21 +11,13 @@ async fn make_pair() -> Pair {
     let secret = ClusterSecret::new("tcp-conformance-secret").expect("secret");
     let config = TcpConfig {
         remote: RemoteConfig {
-            inbox_capacity: 64,
             // Small parts, so multi-part reads (and their version check) are exercised.
             read_part_bytes: 64 * 1024,
-            ..RemoteConfig::default()
+            ..remote_config()
         },
         ..TcpConfig::loopback(secret)
     };
-    let owner = TcpTransport::bind(config.clone())
-        .await
-        .expect("owner binds");
-    let reader = TcpTransport::bind(config).await.expect("reader binds");
-    Pair {
-        owner: Arc::new(owner),
-        reader: Arc::new(reader),
-    }
+    Pair::open_two(config, TcpTransport::bind).await
 }
 
 odc_transport::conformance_tests!(make_pair);

@@ -2,8 +2,6 @@
 //! region lives in a child `odc-conformance-owner tcp`; the reader here reaches it through
 //! serialized handles over loopback TCP, after the handshake on the shared secret.
 
-use std::sync::Arc;
-
 use odc_transport::conformance::remote_owner::RemoteOwner;
 use odc_transport::conformance::Pair;
 use odc_transport::tcp::{TcpConfig, TcpTransport};
@@ -24,10 +22,7 @@ async fn make_pair() -> Pair {
     })
     .await
     .expect("reader binds");
-    Pair {
-        owner: Arc::new(owner),
-        reader: Arc::new(reader),
-    }
+    Pair::new(owner, reader)
 }
 
 odc_transport::conformance_tests!(make_pair);

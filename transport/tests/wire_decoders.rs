@@ -399,6 +399,75 @@ fn frames_by_the_book(stream: &[u8], cap: usize) -> (Vec<&[u8]>, End) {
     }
 }
 
+/// Up to `max - 1` arbitrary bytes, the first one replaced by one of `types` where it was even:
+/// half of the inputs then reach the decoders past the type byte.
+fn half_typed(max: usize, types: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
+    (
+        proptest::collection::vec(any::<u8>(), 0..max),
+        any::<Index>(),
+    )
+        .prop_map(move |(mut bytes, typed)| {
+            if let Some(first) = bytes.first_mut() {
+                if *first & 1 == 0 {
+                    *first = *typed.get(&types);
+                }
+            }
+            bytes
+        })
+}
+
+/// What the frame reader's properties read: frames whose length prefixes may disagree with their
+/// bodies, then garbage, through a reader with cap `cap` that gets `step` bytes per read.
+#[derive(Debug, Clone)]
+struct FrameStream {
+    frames: Vec<(u32, Vec<u8>)>,
+    garbage: Vec<u8>,
+    cap: usize,
+    step: usize,
+}
+
+impl FrameStream {
+    /// The stream: each frame's claimed length prefix and its body, then the garbage.
+    fn bytes(&self) -> Vec<u8> {
+        let mut stream = Vec::new();
+        for (claimed, body) in &self.frames {
+            stream.extend_from_slice(&claimed.to_be_bytes());
+            stream.extend_from_slice(body);
+        }
+        stream.extend_from_slice(&self.garbage);
+        stream
+    }
+
+    /// A reader of `stream` (these bytes) with this cap, `step` bytes per read.
+    fn reader(&self, stream: &[u8]) -> FrameReader<Trickle> {
+        let rest = Bytes::copy_from_slice(stream);
+        FrameReader::new(
+            Trickle {
+                rest,
+                step: self.step,
+            },
+            self.cap,
+        )
+    }
+}
+
+/// Up to 5 frames of up to 47 bytes (see [`claimed_frame`]), up to 7 bytes of garbage, caps up to
+/// 400 bytes, 1 to 63 bytes per read.
+fn frame_stream() -> impl Strategy<Value = FrameStream> {
+    (
+        proptest::collection::vec(claimed_frame(), 0..6),
+        proptest::collection::vec(any::<u8>(), 0..8),
+        0..400usize,
+        1..64usize,
+    )
+        .prop_map(|(frames, garbage, cap, step)| FrameStream {
+            frames,
+            garbage,
+            cap,
+            step,
+        })
+}
+
 /// One frame for a stream: its body, and the length its prefix claims.
 fn claimed_frame() -> impl Strategy<Value = (u32, Vec<u8>)> {
     (
@@ -426,17 +495,9 @@ proptest! {
     /// to them.
     #[test]
     fn arbitrary_bytes_decode_or_fail_typed(
-        bytes in proptest::collection::vec(any::<u8>(), 0..160),
-        typed in any::<Index>(),
-    ) {
-        let mut bytes = bytes;
         // Half the inputs start with a known type byte, so the field decoders are reached.
-        if let Some(first) = bytes.first_mut() {
-            if *first & 1 == 0 {
-                let known = [REQUEST_TYPES.as_slice(), &RESPONSE_TYPES, &HANDSHAKE_TYPES].concat();
-                *first = *typed.get(&known);
-            }
-        }
+        bytes in half_typed(160, [REQUEST_TYPES.as_slice(), &RESPONSE_TYPES, &HANDSHAKE_TYPES].concat()),
+    ) {
         for decoder in [Decoder::Request, Decoder::Response, Decoder::Handshake] {
             let _ = decode(decoder, &bytes);
         }
@@ -534,21 +595,13 @@ proptest! {
     /// Every frame is also decoded as a request.
     #[test]
     fn frame_reader_follows_the_length_prefixes(
-        frames in proptest::collection::vec(claimed_frame(), 0..6),
-        garbage in proptest::collection::vec(any::<u8>(), 0..8),
-        cap in 0..400usize,
-        step in 1..64usize,
+        case in frame_stream(),
     ) {
-        let mut stream = Vec::new();
-        for (claimed, body) in &frames {
-            stream.extend_from_slice(&claimed.to_be_bytes());
-            stream.extend_from_slice(body);
-        }
-        stream.extend_from_slice(&garbage);
+        let FrameStream { cap, .. } = case;
+        let stream = case.bytes();
         let (expected, end) = frames_by_the_book(&stream, cap);
         let (got, ended) = runtime().block_on(async {
-            let rest = Bytes::from(stream.clone());
-            let mut reader = FrameReader::new(Trickle { rest, step }, cap);
+            let mut reader = case.reader(&stream);
             let mut got = Vec::new();
             loop {
                 match reader.next().await {
@@ -666,23 +719,15 @@ proptest! {
     /// and the stream ends the way the bytes say.
     #[test]
     fn frames_taken_in_two_steps_follow_the_length_prefixes(
-        frames in proptest::collection::vec(claimed_frame(), 0..6),
-        garbage in proptest::collection::vec(any::<u8>(), 0..8),
-        cap in 0..400usize,
-        step in 1..64usize,
+        case in frame_stream(),
         want in 0..24usize,
         takes in proptest::collection::vec(take(), 6),
     ) {
-        let mut stream = Vec::new();
-        for (claimed, body) in &frames {
-            stream.extend_from_slice(&claimed.to_be_bytes());
-            stream.extend_from_slice(body);
-        }
-        stream.extend_from_slice(&garbage);
+        let FrameStream { cap, .. } = case;
+        let stream = case.bytes();
         let (expected, end) = frames_by_the_book(&stream, cap);
         let (got, ended) = runtime().block_on(async {
-            let rest = Bytes::from(stream.clone());
-            let mut reader = FrameReader::new(Trickle { rest, step }, cap);
+            let mut reader = case.reader(&stream);
             let mut got: Vec<(Vec<u8>, Take)> = Vec::new();
             let ended = loop {
                 let (len, head) = match reader.next_head(want).await {
@@ -782,16 +827,7 @@ proptest! {
     /// Any bytes (half of them starting with a response type byte): the read head agrees with
     /// the whole response.
     #[test]
-    fn read_heads_agree_with_whole_responses(
-        bytes in proptest::collection::vec(any::<u8>(), 0..48),
-        typed in any::<Index>(),
-    ) {
-        let mut bytes = bytes;
-        if let Some(first) = bytes.first_mut() {
-            if *first & 1 == 0 {
-                *first = *typed.get(&RESPONSE_TYPES);
-            }
-        }
+    fn read_heads_agree_with_whole_responses(bytes in half_typed(48, RESPONSE_TYPES.to_vec())) {
         check_read_head(&bytes);
     }
 

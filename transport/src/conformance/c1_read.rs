@@ -4,8 +4,8 @@
 use tokio::task::JoinHandle;
 
 use super::{
-    bits, join, must_publish, must_read_bytes, must_read_f32, ramp, register_published, ship, Pair,
-    OWNER,
+    assert_describes, bits, join, must_publish, must_read_bytes, must_read_f32, ramp,
+    register_published, ship, Pair,
 };
 use crate::{codec, Dtype, PublishedRegion, RegionKind};
 
@@ -22,12 +22,9 @@ pub async fn read_returns_published_contents_c1(pair: Pair) {
         let initial = codec::encode(dtype, &first);
         let region = register_published(&pair, dtype, initial.clone(), 7);
         let handle = ship(&region.handle());
-        assert_eq!(handle.owner, OWNER, "{b}: handle owner");
-        assert_eq!(handle.kind, RegionKind::Published, "{b}: handle kind");
+        assert_describes(b, &handle, RegionKind::Published, LEN, 7);
         assert_eq!(handle.dtype, dtype, "{b}: handle dtype");
-        assert_eq!(handle.len, LEN as u64, "{b}: handle length in elements");
         assert_eq!(handle.elements(), LEN, "{b}: handle elements");
-        assert_eq!(handle.version, 7, "{b}: handle version");
         assert_eq!(region.version(), 7, "{b}: version after registration");
 
         for range in [0..LEN, 3..11, 36..37, 0..1, 20..33] {

@@ -2,7 +2,7 @@
 
 use tokio::task::JoinHandle;
 
-use super::{join, must_accumulate, register_accumulator, ship, soon, tag, Pair, OWNER};
+use super::{assert_describes, join, must_accumulate, register_accumulator, ship, soon, tag, Pair};
 use crate::{codec, Dtype, RegionKind};
 
 /// C2: an accumulate resolves once its values are added, in fp32 (a value below bf16 resolution
@@ -12,14 +12,8 @@ pub async fn accumulate_adds_and_acks_c2(pair: Pair) {
     let b = pair.reader.backend();
     let acc = register_accumulator(&pair, 8, 3);
     let handle = ship(&acc.handle());
-    assert_eq!(handle.owner, OWNER, "{b}: handle owner");
-    assert_eq!(handle.kind, RegionKind::Accumulator, "{b}: handle kind");
+    assert_describes(b, &handle, RegionKind::Accumulator, 8, 3);
     assert_eq!(handle.dtype, Dtype::F32, "{b}: accumulators are f32");
-    assert_eq!(handle.len, 8, "{b}: handle length");
-    assert_eq!(
-        handle.version, 3,
-        "{b}: an accumulator's handle carries its epoch"
-    );
     assert_eq!(acc.epoch(), 3, "{b}: epoch after registration");
 
     let tiny = 2f32.powi(-20);

@@ -6,9 +6,9 @@ use std::ops::Range;
 use bytes::Bytes;
 
 use super::{
-    accumulate, assert_refused, bits, must_accumulate, must_read_bytes, must_read_f32, ramp,
-    read_bytes, read_f32, register_accumulator, register_inbox, register_published, send,
-    sentinel_f32, ship, soon, tag, Pair, OWNER, SENTINEL_BYTE,
+    accumulate, assert_refused, bits, must_accumulate, must_read_bytes, must_read_f32, one_of_each,
+    ramp, read_bytes, read_f32, register_accumulator, register_published, send, sentinel_f32, ship,
+    soon, tag, Pair, OWNER, SENTINEL_BYTE,
 };
 use crate::{codec, Dest, DeviceDest, Dtype, RegionKind, TransportError};
 
@@ -21,14 +21,8 @@ pub async fn bad_requests_are_typed_errors_c4(pair: Pair) {
     let b = pair.reader.backend();
     let values = ramp(Dtype::Bf16, LEN, 1.0);
     let initial = codec::encode(Dtype::Bf16, &values);
-    let params = register_published(&pair, Dtype::Bf16, initial.clone(), 3);
-    let acc = register_accumulator(&pair, LEN, 0);
-    let inbox = register_inbox(&pair, 0);
-    let (p, a, i) = (
-        ship(&params.handle()),
-        ship(&acc.handle()),
-        ship(&inbox.handle()),
-    );
+    let ((params, acc, inbox), [p, a, i]) =
+        one_of_each(&pair, Dtype::Bf16, initial.clone(), 3, LEN);
     must_accumulate(&pair, &a, 0, &[1.0; LEN], tag(0, 1)).await;
 
     // Unknown region.

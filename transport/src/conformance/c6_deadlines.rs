@@ -6,8 +6,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{
-    bits, expired, must_accumulate, must_recv, must_send, register_accumulator, register_inbox,
-    register_published, sentinel_f32, ship, soon, tag, Pair, OWNER, SENTINEL_BYTE,
+    bits, expired, must_accumulate, must_recv, must_send, one_of_each, register_accumulator,
+    register_inbox, register_published, sentinel_f32, ship, soon, tag, Pair, OWNER, SENTINEL_BYTE,
 };
 use crate::{
     codec, deadline_in, AccumulateOp, Dest, Dtype, Op, ReadOp, RegionHandle, TransportError,
@@ -178,14 +178,8 @@ pub async fn accumulate_batch_results_in_order_c6(pair: Pair) {
 /// their sentinel, nothing is added, no write id is consumed, no message is held or taken.
 pub async fn expired_deadline_changes_nothing_c6(pair: Pair) {
     let b = pair.reader.backend();
-    let params = register_published(&pair, Dtype::F32, codec::encode_f32(&[1.0, 2.0]), 4);
-    let acc = register_accumulator(&pair, 2, 0);
-    let inbox = register_inbox(&pair, 0);
-    let (p, a, i) = (
-        ship(&params.handle()),
-        ship(&acc.handle()),
-        ship(&inbox.handle()),
-    );
+    let ((_published, acc, inbox), [p, a, i]) =
+        one_of_each(&pair, Dtype::F32, codec::encode_f32(&[1.0, 2.0]), 4, 2);
 
     let mut out = [sentinel_f32(); 2];
     let result = pair

@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use super::{
-    join, must_recv, must_send, register_inbox, send, ship, soon, tag, Pair, MIN_INBOX_CAPACITY,
-    OWNER,
+    assert_describes, join, must_recv, must_send, register_inbox, send, ship, soon, tag, Pair,
+    MIN_INBOX_CAPACITY,
 };
 use crate::{InboxRegion, RegionKind, TransportError};
 
@@ -35,13 +35,7 @@ pub async fn send_then_recv_by_tag_c7(pair: Pair) {
     let b = pair.reader.backend();
     let inbox: Arc<dyn InboxRegion> = Arc::from(register_inbox(&pair, 4));
     let handle = ship(&inbox.handle());
-    assert_eq!(handle.owner, OWNER, "{b}: inbox handle owner");
-    assert_eq!(handle.kind, RegionKind::Inbox, "{b}: inbox handle kind");
-    assert_eq!(handle.len, 0, "{b}: inbox handle length");
-    assert_eq!(
-        handle.version, 4,
-        "{b}: an inbox's handle carries its epoch"
-    );
+    assert_describes(b, &handle, RegionKind::Inbox, 0, 4);
     assert_eq!(inbox.epoch(), 4, "{b}: inbox epoch");
 
     let ids: [u128; 5] = [9, 3, u128::MAX, 0, 7];

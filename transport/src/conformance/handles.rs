@@ -6,8 +6,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{
-    accumulate, must_read_f32, read_f32, register_accumulator, register_inbox, register_published,
-    send, ship, tag, Pair, OWNER,
+    accumulate, must_read_f32, one_of_each, read_f32, register_accumulator, register_inbox,
+    register_published, send, ship, tag, Pair, OWNER,
 };
 use crate::{codec, Descriptor, Dtype, Op, RegionHandle, TransportError, WriteTag};
 
@@ -157,27 +157,15 @@ fn foreign_forms(handle: &RegionHandle) -> Vec<(RegionHandle, bool)> {
             instance,
             ref socket,
             ref segment,
-        } => {
-            let with = |host: String, job: String, instance: u64| {
-                let mut form = handle.clone();
-                form.descriptor = Descriptor::Shm {
-                    host,
-                    job,
-                    instance,
-                    socket: socket.clone(),
-                    segment: segment.clone(),
-                };
-                form
-            };
-            vec![
-                (
-                    with(format!("{host}-elsewhere"), job.clone(), instance),
-                    true,
-                ),
-                (with(host.clone(), format!("{job}-other"), instance), true),
-                (with(host.clone(), job.clone(), instance ^ (1 << 62)), false),
-            ]
-        }
+        } => host_local_forms(handle, (host, job, instance), |host, job, instance| {
+            Descriptor::Shm {
+                host,
+                job,
+                instance,
+                socket: socket.clone(),
+                segment: segment.clone(),
+            }
+        }),
         Descriptor::Rdma {
             ref addr,
             instance,
@@ -201,30 +189,40 @@ fn foreign_forms(handle: &RegionHandle) -> Vec<(RegionHandle, bool)> {
             ref socket,
             device,
             ref memory,
-        } => {
-            let with = |host: String, job: String, instance: u64| {
-                let mut form = handle.clone();
-                form.descriptor = Descriptor::Cuda {
-                    host,
-                    job,
-                    pid,
-                    instance,
-                    socket: socket.clone(),
-                    device,
-                    memory: memory.clone(),
-                };
-                form
-            };
-            vec![
-                (
-                    with(format!("{host}-elsewhere"), job.clone(), instance),
-                    true,
-                ),
-                (with(host.clone(), format!("{job}-other"), instance), true),
-                (with(host.clone(), job.clone(), instance ^ (1 << 62)), false),
-            ]
-        }
+        } => host_local_forms(handle, (host, job, instance), |host, job, instance| {
+            Descriptor::Cuda {
+                host,
+                job,
+                pid,
+                instance,
+                socket: socket.clone(),
+                device,
+                memory: memory.clone(),
+            }
+        }),
     }
+}
+
+/// The foreign forms of a handle of a host-local backend (`shm`, `cuda`) issued on `host` for
+/// `job` by transport `instance`: another host's and another job's (`ForeignHandle`), and another
+/// instance's (may be `UnknownRegion`); `descriptor` makes the descriptor of each.
+fn host_local_forms(
+    handle: &RegionHandle,
+    (host, job, instance): (&str, &str, u64),
+    descriptor: impl Fn(String, String, u64) -> Descriptor,
+) -> Vec<(RegionHandle, bool)> {
+    let form = |host: String, job: String, instance: u64| RegionHandle {
+        descriptor: descriptor(host, job, instance),
+        ..handle.clone()
+    };
+    vec![
+        (
+            form(format!("{host}-elsewhere"), job.into(), instance),
+            true,
+        ),
+        (form(host.into(), format!("{job}-other"), instance), true),
+        (form(host.into(), job.into(), instance ^ (1 << 62)), false),
+    ]
 }
 
 fn assert_unusable(
@@ -264,14 +262,8 @@ fn assert_unusable(
 /// nothing; a handle with another owner is `UnknownRegion`.
 pub async fn foreign_handle_is_refused_handles(pair: Pair) {
     let b = pair.reader.backend();
-    let params = register_published(&pair, Dtype::F32, codec::encode_f32(&[1.0, 2.0]), 1);
-    let acc = register_accumulator(&pair, 2, 0);
-    let inbox = register_inbox(&pair, 0);
-    let (p, a, i) = (
-        ship(&params.handle()),
-        ship(&acc.handle()),
-        ship(&inbox.handle()),
-    );
+    let ((_published, acc, inbox), [p, a, i]) =
+        one_of_each(&pair, Dtype::F32, codec::encode_f32(&[1.0, 2.0]), 1, 2);
 
     for (handle, foreign) in foreign_forms(&p) {
         let (result, _) = read_f32(&pair, &handle, 0..2).await;

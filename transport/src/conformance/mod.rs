@@ -65,7 +65,9 @@ mod c8_admission;
 mod handles;
 pub mod remote_owner;
 
+use std::future::Future;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,7 +85,7 @@ pub use self::c8_admission::*;
 pub use self::handles::*;
 use crate::{
     codec, deadline_in, AccumulatorRegion, Deadline, Dest, Dtype, EndpointId, InboxRegion,
-    PublishedRegion, RegionHandle, Transport, TransportError, WriteTag,
+    PublishedRegion, RegionHandle, RegionKind, RemoteConfig, Transport, TransportError, WriteTag,
 };
 
 /// The endpoint that owns every region the suite registers (not 0, so a backend that forgets the
@@ -103,6 +105,54 @@ pub const MIN_INBOX_CAPACITY: usize = 8;
 pub struct Pair {
     pub owner: Arc<dyn Transport>,
     pub reader: Arc<dyn Transport>,
+}
+
+impl Pair {
+    /// `owner` and `reader` as a pair.
+    pub fn new(owner: impl Transport, reader: impl Transport) -> Self {
+        Self {
+            owner: Arc::new(owner),
+            reader: Arc::new(reader),
+        }
+    }
+
+    /// Two transports that `open` makes of one `config`, the owner first (two instances of a
+    /// backend, e.g. `Pair::open_two(config, TcpTransport::bind)`).
+    pub async fn open_two<C, T, F>(config: C, open: impl Fn(C) -> F) -> Self
+    where
+        C: Clone,
+        T: Transport,
+        F: Future<Output = Result<T, TransportError>>,
+    {
+        let failed = |e: TransportError| panic!("opening a transport of the pair failed: {e}");
+        let owner = open(config.clone()).await.unwrap_or_else(failed);
+        let reader = open(config).await.unwrap_or_else(failed);
+        Self::new(owner, reader)
+    }
+}
+
+/// The inbox capacity the suite's own pairs give their owners: room for the checks' bursts, few
+/// enough that `InboxFull` is reached quickly.
+pub const INBOX_CAPACITY: usize = 64;
+
+/// The peer knobs of a process-crossing backend in the suite's own pairs: [`INBOX_CAPACITY`], the
+/// rest the defaults.
+pub fn remote_config() -> RemoteConfig {
+    RemoteConfig {
+        inbox_capacity: INBOX_CAPACITY,
+        ..RemoteConfig::default()
+    }
+}
+
+/// A job id (`{prefix}{pid}-{n}`) no other pair of this process has: backends that name their
+/// files after the job (`shm`, `cuda`) then never meet another pair's files.
+pub fn unique_job(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 impl std::fmt::Debug for Pair {
@@ -260,6 +310,22 @@ fn sentinel_f32() -> f32 {
     f32::from_bits(0x7fa5_a5a5)
 }
 
+/// `handle` (of backend `b`) describes a region of `kind` registered by [`OWNER`], `len` elements
+/// long (0 for an inbox), at `version` (a published region's version; an accumulator's or an
+/// inbox's epoch).
+fn assert_describes(b: &str, handle: &RegionHandle, kind: RegionKind, len: usize, version: u64) {
+    assert_eq!(handle.owner, OWNER, "{b}: {kind:?} handle owner");
+    assert_eq!(handle.kind, kind, "{b}: {kind:?} handle kind");
+    assert_eq!(
+        handle.len, len as u64,
+        "{b}: {kind:?} handle length in elements"
+    );
+    assert_eq!(
+        handle.version, version,
+        "{b}: a {kind:?} handle carries its version or epoch"
+    );
+}
+
 /// Send `handle` the way a control message would: through `serde_json`. Panics if the handle
 /// does not survive the trip unchanged.
 pub fn ship(handle: &RegionHandle) -> RegionHandle {
@@ -307,6 +373,33 @@ fn tag(epoch: u64, write_id: u128) -> WriteTag {
 
 fn bits(values: &[f32]) -> Vec<u32> {
     values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// A region of each kind, registered through the owner of a [`Pair`].
+type OneOfEach = (
+    Box<dyn PublishedRegion>,
+    Box<dyn AccumulatorRegion>,
+    Box<dyn InboxRegion>,
+);
+
+/// A published region holding `initial` (`dtype`) at `version`, an accumulator of `len` elements
+/// and an inbox, both at epoch 0; and their handles, shipped.
+fn one_of_each(
+    pair: &Pair,
+    dtype: Dtype,
+    initial: Bytes,
+    version: u64,
+    len: usize,
+) -> (OneOfEach, [RegionHandle; 3]) {
+    let published = register_published(pair, dtype, initial, version);
+    let accumulator = register_accumulator(pair, len, 0);
+    let inbox = register_inbox(pair, 0);
+    let handles = [
+        ship(&published.handle()),
+        ship(&accumulator.handle()),
+        ship(&inbox.handle()),
+    ];
+    ((published, accumulator, inbox), handles)
 }
 
 fn register_published(

@@ -377,15 +377,18 @@ impl Drop for RemoteGuard {
     }
 }
 
-fn registered(channel: &Arc<Channel>, reply: Reply) -> Result<RemoteGuard, TransportError> {
-    match reply {
-        Reply::Registered { guard, handle } => Ok(RemoteGuard {
-            channel: Arc::clone(channel),
-            guard,
-            handle,
-        }),
-        Reply::Failed(e) => Err(e),
-        other => panic!("{}: unexpected reply {other:?}", channel.backend),
+impl Channel {
+    /// Have the owner process register a region (`command`): its guard here.
+    fn register(self: &Arc<Self>, command: Cmd) -> Result<RemoteGuard, TransportError> {
+        match self.call(command) {
+            Reply::Registered { guard, handle } => Ok(RemoteGuard {
+                channel: Arc::clone(self),
+                guard,
+                handle,
+            }),
+            Reply::Failed(e) => Err(e),
+            other => panic!("{}: unexpected reply {other:?}", self.backend),
+        }
     }
 }
 
@@ -497,13 +500,13 @@ impl Transport for RemoteOwner {
         initial: Bytes,
         version: u64,
     ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        let reply = self.channel.call(Cmd::RegisterPublished {
+        let guard = self.channel.register(Cmd::RegisterPublished {
             owner,
             dtype,
             initial: initial.to_vec(),
             version,
-        });
-        Ok(Box::new(registered(&self.channel, reply)?))
+        })?;
+        Ok(Box::new(guard))
     }
 
     fn register_accumulator(
@@ -512,12 +515,12 @@ impl Transport for RemoteOwner {
         len: usize,
         epoch: u64,
     ) -> Result<Box<dyn AccumulatorRegion>, TransportError> {
-        let reply = self.channel.call(Cmd::RegisterAccumulator {
+        let guard = self.channel.register(Cmd::RegisterAccumulator {
             owner,
             len: len as u64,
             epoch,
-        });
-        Ok(Box::new(registered(&self.channel, reply)?))
+        })?;
+        Ok(Box::new(guard))
     }
 
     fn register_inbox(
@@ -525,8 +528,8 @@ impl Transport for RemoteOwner {
         owner: EndpointId,
         epoch: u64,
     ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        let reply = self.channel.call(Cmd::RegisterInbox { owner, epoch });
-        Ok(Box::new(registered(&self.channel, reply)?))
+        let guard = self.channel.register(Cmd::RegisterInbox { owner, epoch })?;
+        Ok(Box::new(guard))
     }
 
     async fn read(

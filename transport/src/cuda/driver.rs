@@ -1,6 +1,6 @@
-//! The CUDA driver as this backend uses it: the "is there a driver" check that runs before any
-//! cudarc call, a device (its primary context, one stream, pinned staging, a device scratch
-//! buffer, the NVRTC kernels), device buffers from `cuMemAlloc`, and bounded waits.
+//! The CUDA driver as this backend uses it: a device (its primary context, one stream, pinned
+//! staging, a device scratch buffer, the NVRTC kernels), device buffers from `cuMemAlloc`, kernel
+//! launches on the device's stream, and bounded waits.
 //!
 //! Guarantees:
 //! - Nothing here calls into cudarc before [`check_driver`] found `libcuda` (cudarc panics on a
@@ -21,7 +21,8 @@ use std::time::Duration;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use parking_lot::Mutex;
 
-use super::kernels::{KernelArg, Kernels, Module};
+use super::kernels::{Elementwise, Kernels, Module, Param};
+use super::library::{check_driver, failed};
 use crate::{Deadline, DeviceDest, TransportError};
 
 /// Bytes of a lane's pinned staging buffer (and device scratch buffer): host transfers move in
@@ -31,76 +32,6 @@ pub const STAGING_BYTES: usize = 16 << 20;
 /// How long an owner-side operation (publish, accumulate, take), which has no caller deadline,
 /// may wait for the device.
 pub(crate) const OWNER_WAIT: Duration = Duration::from_secs(60);
-
-/// The "no CUDA driver" error, `what` says which part is missing.
-fn no_driver(what: &str) -> TransportError {
-    TransportError::Unsupported {
-        what: format!("no CUDA driver: {what}"),
-    }
-}
-
-/// Whether a shared library named one of `names` loads in this process.
-fn library_loads(names: &[&std::ffi::CStr]) -> bool {
-    names.iter().any(|name| {
-        // SAFETY: `name` is a NUL-terminated string; dlopen with RTLD_LAZY | RTLD_LOCAL runs the
-        // library's initialisers (the CUDA driver and NVRTC have no harmful ones) and the handle
-        // is closed at once. cudarc opens its own handle later.
-        unsafe {
-            let handle = libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
-            if handle.is_null() {
-                false
-            } else {
-                libc::dlclose(handle);
-                true
-            }
-        }
-    })
-}
-
-/// Whether the CUDA driver library (`libcuda.so.1`) is present and initialises; checked once
-/// per process. Every entry point of the backend calls this before any cudarc call. Without a
-/// driver the error is [`TransportError::Unsupported`] whose text starts `no CUDA driver:`.
-pub fn check_driver() -> Result<(), TransportError> {
-    static CHECKED: OnceLock<Result<(), TransportError>> = OnceLock::new();
-    CHECKED
-        .get_or_init(|| {
-            if !library_loads(&[c"libcuda.so.1", c"libcuda.so"]) {
-                return Err(no_driver(
-                    "libcuda.so.1 does not load (no NVIDIA driver on this machine, or it is not \
-                     on the library path)",
-                ));
-            }
-            result::init().map_err(|e| no_driver(&format!("cuInit failed: {e}")))?;
-            let count = result::device::get_count()
-                .map_err(|e| no_driver(&format!("cuDeviceGetCount failed: {e}")))?;
-            if count <= 0 {
-                return Err(no_driver("the driver sees no CUDA device"));
-            }
-            Ok(())
-        })
-        .clone()
-}
-
-/// Whether NVRTC (`libnvrtc.so`, from the CUDA toolkit) loads; the kernels need it.
-pub(crate) fn check_nvrtc() -> Result<(), TransportError> {
-    if library_loads(&[c"libnvrtc.so.13", c"libnvrtc.so", c"libnvrtc.so.12"]) {
-        Ok(())
-    } else {
-        Err(TransportError::Unsupported {
-            what: "no NVRTC: libnvrtc.so does not load (the CUDA toolkit's lib64, e.g. \
-                   /usr/local/cuda/lib64, is not on LD_LIBRARY_PATH); the accumulate kernels \
-                   are compiled with it"
-                .into(),
-        })
-    }
-}
-
-/// A driver call that failed: `what` it was, and the driver's error.
-pub(crate) fn failed(what: &str, error: result::DriverError) -> TransportError {
-    TransportError::Unsupported {
-        what: format!("cuda: {what} failed: {error}"),
-    }
-}
 
 /// How many CUDA devices the driver sees ([`check_driver`] first: without a driver, the "no CUDA
 /// driver" error).
@@ -512,23 +443,26 @@ impl Device {
         n: usize,
         args: &[KernelArg<'_>],
     ) -> Result<(), TransportError> {
+        let mut params = Vec::with_capacity(args.len());
         for arg in args {
-            if let Some(buffer) = arg.as_buffer() {
-                if !buffer.is_on(self) {
+            params.push(match arg.0 {
+                Arg::Buffer(buffer) if !buffer.is_on(self) => {
                     return Err(TransportError::Unsupported {
                         what: format!(
                             "cuda: kernel {function}: {buffer:?} is not memory of this device \
                              (device {})",
                             self.ordinal
                         ),
-                    });
+                    })
                 }
-            }
+                Arg::Buffer(buffer) => Param::U64(buffer.ptr),
+                Arg::Value(param) => param,
+            });
         }
         let mut lane = self.lane()?;
-        // SAFETY: the caller's guarantee; the lane's stream belongs to this device's context,
-        // which `lane()` bound.
-        unsafe { module.enqueue(&lane.stream, function, n, args)? };
+        // SAFETY: the caller's guarantee (each buffer passed by its address); the lane's stream
+        // belongs to this device's context, which `lane()` bound.
+        unsafe { module.enqueue(&lane.stream, function, n, &params)? };
         lane.finish_owner(&format!("kernel {function}"))
     }
 
@@ -725,21 +659,42 @@ impl Device {
     /// Add the fp32 values of `src` into the fp32 values of `acc` (the accumulate kernel) and
     /// wait. Both hold the same number of bytes, a multiple of 4.
     pub fn add_f32(&self, acc: &DeviceBuffer, src: &DeviceBuffer) -> Result<(), TransportError> {
-        sizes_fit(acc.bytes, src.bytes, 4)?;
-        let kernels = self.kernels()?;
-        let mut lane = self.lane()?;
-        kernels.add_f32(&lane.stream, acc.ptr, src.ptr, acc.bytes / 4)?;
-        lane.finish_owner("accumulate kernel (f32)")
+        self.add(
+            Elementwise::AddF32,
+            acc,
+            src,
+            src.bytes,
+            "accumulate kernel (f32)",
+        )
     }
 
     /// Add the bf16 values of `src` into the fp32 values of `acc` (the bf16 accumulate kernel)
     /// and wait. `acc` holds twice the bytes of `src`.
     pub fn add_bf16(&self, acc: &DeviceBuffer, src: &DeviceBuffer) -> Result<(), TransportError> {
-        sizes_fit(acc.bytes, src.bytes.saturating_mul(2), 4)?;
+        let widened = src.bytes.saturating_mul(2);
+        self.add(
+            Elementwise::AddBf16,
+            acc,
+            src,
+            widened,
+            "accumulate kernel (bf16)",
+        )
+    }
+
+    /// Run the accumulate `kernel` of `src` (`widened`: its bytes as fp32) into `acc` and wait.
+    fn add(
+        &self,
+        kernel: Elementwise,
+        acc: &DeviceBuffer,
+        src: &DeviceBuffer,
+        widened: usize,
+        what: &str,
+    ) -> Result<(), TransportError> {
+        sizes_fit(acc.bytes, widened, 4)?;
         let kernels = self.kernels()?;
         let mut lane = self.lane()?;
-        kernels.add_bf16(&lane.stream, acc.ptr, src.ptr, acc.bytes / 4)?;
-        lane.finish_owner("accumulate kernel (bf16)")
+        kernels.enqueue(&lane.stream, kernel, acc.ptr, src.ptr, acc.bytes / 4)?;
+        lane.finish_owner(what)
     }
 
     /// Copy `src` whole into the pinned staging, piece by piece, waiting for each (the bytes are
@@ -780,6 +735,45 @@ impl Device {
             at += n;
         }
         Ok(())
+    }
+}
+
+/// One argument of a kernel launch ([`Device::launch`]): a device buffer (its address) or a
+/// scalar, passed by value as the kernel's parameter of that type (`float*`/`const T*`,
+/// `unsigned long long`, `int`, `float`, `double`).
+#[derive(Debug, Clone, Copy)]
+pub struct KernelArg<'a>(Arg<'a>);
+
+#[derive(Debug, Clone, Copy)]
+enum Arg<'a> {
+    Buffer(&'a DeviceBuffer),
+    Value(Param),
+}
+
+impl<'a> KernelArg<'a> {
+    /// A pointer parameter: `buffer`'s device address.
+    pub fn buffer(buffer: &'a DeviceBuffer) -> Self {
+        Self(Arg::Buffer(buffer))
+    }
+
+    /// An `unsigned long long` parameter.
+    pub fn u64(value: u64) -> Self {
+        Self(Arg::Value(Param::U64(value)))
+    }
+
+    /// An `int` parameter.
+    pub fn i32(value: i32) -> Self {
+        Self(Arg::Value(Param::I32(value)))
+    }
+
+    /// A `float` parameter.
+    pub fn f32(value: f32) -> Self {
+        Self(Arg::Value(Param::F32(value)))
+    }
+
+    /// A `double` parameter.
+    pub fn f64(value: f64) -> Self {
+        Self(Arg::Value(Param::F64(value)))
     }
 }
 

@@ -24,14 +24,41 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 
-use super::driver::{check_nvrtc, failed, DeviceBuffer};
+use super::library::{check_nvrtc, failed};
 use crate::TransportError;
 
 /// The backend kernels' source.
 pub(crate) const SOURCE: &str = include_str!("kernels.cu");
 
+/// The backend's kernels, each elementwise over `n` elements: `(T* dst, const U* src, unsigned
+/// long long n)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Elementwise {
+    /// `acc[i] += src[i]`, fp32 into fp32.
+    AddF32,
+    /// `acc[i] += widen(src[i])`, bf16 into fp32.
+    AddBf16,
+    /// `dst[i] = bf16(src[i])`, fp32 into bf16.
+    EncodeBf16,
+}
+
+impl Elementwise {
+    /// The kernel's function in [`SOURCE`].
+    const fn function(self) -> &'static str {
+        match self {
+            Elementwise::AddF32 => "odc_add_f32",
+            Elementwise::AddBf16 => "odc_add_bf16",
+            Elementwise::EncodeBf16 => "odc_encode_bf16",
+        }
+    }
+}
+
 /// The backend kernels' functions.
-const FUNCTIONS: [&str; 3] = ["odc_add_f32", "odc_add_bf16", "odc_encode_bf16"];
+const FUNCTIONS: [&str; 3] = [
+    Elementwise::AddF32.function(),
+    Elementwise::AddBf16.function(),
+    Elementwise::EncodeBf16.function(),
+];
 
 /// Threads per block of every launch (a kernel that reduces within a block may size its shared
 /// memory by it).
@@ -82,64 +109,10 @@ pub fn ptx_of(name: &str, source: &str, capability: (i32, i32)) -> Result<String
     compile(name, source, capability).map(|ptx| ptx.to_src())
 }
 
-/// One argument of a kernel launch ([`Device::launch`](super::Device::launch)): a device buffer
-/// (its address) or a scalar, passed by value as the kernel's parameter of that type
-/// (`float*`/`const T*`, `unsigned long long`, `int`, `float`, `double`).
+/// A kernel parameter as a launch passes it: by value, as the kernel's parameter of that type
+/// (`unsigned long long` for an address, `int`, `float`, `double`).
 #[derive(Debug, Clone, Copy)]
-pub struct KernelArg<'a>(Arg<'a>);
-
-#[derive(Debug, Clone, Copy)]
-enum Arg<'a> {
-    Buffer(&'a DeviceBuffer),
-    Address(sys::CUdeviceptr),
-    U64(u64),
-    I32(i32),
-    F32(f32),
-    F64(f64),
-}
-
-impl<'a> KernelArg<'a> {
-    /// A pointer parameter: `buffer`'s device address.
-    pub fn buffer(buffer: &'a DeviceBuffer) -> Self {
-        Self(Arg::Buffer(buffer))
-    }
-
-    /// A raw device address (the backend's own launches, into parts of a buffer).
-    pub(crate) fn address(ptr: sys::CUdeviceptr) -> Self {
-        Self(Arg::Address(ptr))
-    }
-
-    /// An `unsigned long long` parameter.
-    pub fn u64(value: u64) -> Self {
-        Self(Arg::U64(value))
-    }
-
-    /// An `int` parameter.
-    pub fn i32(value: i32) -> Self {
-        Self(Arg::I32(value))
-    }
-
-    /// A `float` parameter.
-    pub fn f32(value: f32) -> Self {
-        Self(Arg::F32(value))
-    }
-
-    /// A `double` parameter.
-    pub fn f64(value: f64) -> Self {
-        Self(Arg::F64(value))
-    }
-
-    /// The buffer this argument names, if any.
-    pub(crate) fn as_buffer(&self) -> Option<&'a DeviceBuffer> {
-        match self.0 {
-            Arg::Buffer(buffer) => Some(buffer),
-            _ => None,
-        }
-    }
-}
-
-/// A value as the launch passes it.
-enum Value {
+pub(crate) enum Param {
     U64(u64),
     I32(i32),
     F32(f32),
@@ -210,11 +183,11 @@ impl Module {
         self.max_blocks
     }
 
-    /// Enqueue `function` over `n` elements ([`Module::blocks`] × [`BLOCK`] threads) with `args`
+    /// Enqueue `function` over `n` elements ([`Module::blocks`] × [`BLOCK`] threads) with `params`
     /// on `stream` (not waited for). `n == 0` launches nothing.
     ///
     /// # Safety
-    /// `function`'s parameters are exactly `args`, in order and of their types; every address it
+    /// `function`'s parameters are exactly `params`, in order and of their types; every address it
     /// is given is device memory of the stream's context, and the kernel touches only what the
     /// arguments allow it to (no index at or past the lengths the caller passes).
     pub(crate) unsafe fn enqueue(
@@ -222,7 +195,7 @@ impl Module {
         stream: &CudaStream,
         function: &str,
         n: usize,
-        args: &[KernelArg<'_>],
+        params: &[Param],
     ) -> Result<(), TransportError> {
         if n == 0 {
             return Ok(());
@@ -234,24 +207,13 @@ impl Module {
             .ok_or_else(|| TransportError::Unsupported {
                 what: format!("cuda: {} has no kernel {function}", self.name),
             })?;
-        let values: Vec<Value> = args
-            .iter()
-            .map(|arg| match arg.0 {
-                Arg::Buffer(buffer) => Value::U64(buffer.ptr()),
-                Arg::Address(ptr) => Value::U64(ptr),
-                Arg::U64(v) => Value::U64(v),
-                Arg::I32(v) => Value::I32(v),
-                Arg::F32(v) => Value::F32(v),
-                Arg::F64(v) => Value::F64(v),
-            })
-            .collect();
         let mut launch = stream.launch_builder(kernel);
-        for value in &values {
-            match value {
-                Value::U64(v) => launch.arg(v),
-                Value::I32(v) => launch.arg(v),
-                Value::F32(v) => launch.arg(v),
-                Value::F64(v) => launch.arg(v),
+        for param in params {
+            match param {
+                Param::U64(v) => launch.arg(v),
+                Param::I32(v) => launch.arg(v),
+                Param::F32(v) => launch.arg(v),
+                Param::F64(v) => launch.arg(v),
             };
         }
         let config = LaunchConfig {
@@ -259,7 +221,7 @@ impl Module {
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the caller guarantees the parameters match `args` and the memory they address;
+        // SAFETY: the caller guarantees the parameters match `params` and the memory they address;
         // every value pushed above lives until the launch returns.
         unsafe { launch.launch(config) }
             .map(|_| ())
@@ -278,63 +240,20 @@ impl Kernels {
         Module::compile(ctx, "kernels.cu", SOURCE, &FUNCTIONS).map(|module| Self { module })
     }
 
-    /// Enqueue `acc[i] += src[i]` for `n` fp32 elements on `stream` (not waited for). The caller
-    /// guarantees `acc` and `src` are device memory of the stream's context holding `n` fp32
-    /// elements each.
-    pub(crate) fn add_f32(
+    /// Enqueue `kernel` over `n` elements on `stream` (not waited for). The caller guarantees
+    /// that `dst` and `src` are device memory of the stream's context holding `n` elements each
+    /// of the kernel's types.
+    pub(crate) fn enqueue(
         &self,
         stream: &CudaStream,
-        acc: sys::CUdeviceptr,
-        src: sys::CUdeviceptr,
-        n: usize,
-    ) -> Result<(), TransportError> {
-        // SAFETY: (float*, const float*, unsigned long long); the caller guarantees `n` elements
-        // at both addresses.
-        unsafe { self.elementwise(stream, "odc_add_f32", acc, src, n) }
-    }
-
-    /// Enqueue `acc[i] += widen(src[i])` for `n` elements (fp32 `acc`, bf16 `src`) on `stream`
-    /// (not waited for); the caller guarantees the sizes as for [`Kernels::add_f32`].
-    pub(crate) fn add_bf16(
-        &self,
-        stream: &CudaStream,
-        acc: sys::CUdeviceptr,
-        src: sys::CUdeviceptr,
-        n: usize,
-    ) -> Result<(), TransportError> {
-        // SAFETY: (float*, const unsigned short*, unsigned long long); sizes as above.
-        unsafe { self.elementwise(stream, "odc_add_bf16", acc, src, n) }
-    }
-
-    /// Enqueue `dst[i] = bf16(src[i])` for `n` elements (bf16 `dst`, fp32 `src`) on `stream` (not
-    /// waited for); the caller guarantees `n` elements at both addresses.
-    pub(crate) fn encode_bf16(
-        &self,
-        stream: &CudaStream,
+        kernel: Elementwise,
         dst: sys::CUdeviceptr,
         src: sys::CUdeviceptr,
         n: usize,
     ) -> Result<(), TransportError> {
-        // SAFETY: (unsigned short*, const float*, unsigned long long); sizes as above.
-        unsafe { self.elementwise(stream, "odc_encode_bf16", dst, src, n) }
-    }
-
-    /// # Safety
-    /// `function` takes (T*, const U*, unsigned long long) and `dst`, `src` hold `n` elements.
-    unsafe fn elementwise(
-        &self,
-        stream: &CudaStream,
-        function: &str,
-        dst: sys::CUdeviceptr,
-        src: sys::CUdeviceptr,
-        n: usize,
-    ) -> Result<(), TransportError> {
-        let args = [
-            KernelArg::address(dst),
-            KernelArg::address(src),
-            KernelArg::u64(n as u64),
-        ];
-        // SAFETY: the caller's guarantee.
-        unsafe { self.module.enqueue(stream, function, n, &args) }
+        let params = [Param::U64(dst), Param::U64(src), Param::U64(n as u64)];
+        // SAFETY: every backend kernel takes (T* dst, const U* src, unsigned long long n); the
+        // caller guarantees `n` elements at both addresses.
+        unsafe { self.module.enqueue(stream, kernel.function(), n, &params) }
     }
 }

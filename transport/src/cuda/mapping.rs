@@ -9,7 +9,8 @@ use std::sync::{Arc, Weak};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 
-use super::driver::{allocation_of, failed, Device, DeviceBuffer};
+use super::driver::{allocation_of, Device, DeviceBuffer};
+use super::library::failed;
 use crate::shm::segment::SegmentReader;
 use crate::{CudaMemory, TransportError};
 

@@ -72,6 +72,7 @@
 
 mod driver;
 mod kernels;
+mod library;
 mod mapping;
 mod owned;
 
@@ -83,21 +84,21 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 
 use self::driver::Waited;
-pub use self::driver::{check_driver, device_count, Device, DeviceBuffer, STAGING_BYTES};
-pub use self::kernels::{ptx_of, KernelArg, Module, BLOCK};
+pub use self::driver::{device_count, Device, DeviceBuffer, KernelArg, STAGING_BYTES};
+pub use self::kernels::{ptx_of, Module, BLOCK};
+pub use self::library::check_driver;
 use self::mapping::{Mapping, Unreached};
 use self::owned::{export, own_memory, DeviceSums, PublishedGuard};
 pub use self::owned::{DeviceAccumulator, DevicePublished};
 use crate::error::wide;
 use crate::remote::{
-    accept_loop, other_backend, serve_connection, Backend, Located, Peers, Remote, RemoteConfig,
-    Served,
+    other_backend, serve_split, Backend, Located, Remote, RemoteConfig, Served, UnixDial,
 };
-use crate::shm::segment::{self, SegmentError, SegmentReader, SegmentWriter};
-use crate::shm::{host_id, same_host_and_job, sweep, UnixDial, NEXT_SEGMENT};
+use crate::shm::segment::{SegmentError, SegmentReader, SegmentWriter};
+use crate::shm::{host_id, same_host_and_job, JobSocket, NEXT_SEGMENT};
 use crate::wire::{ClusterSecret, Target};
 use crate::{
     codec, AccumulatorRegion, CudaMemory, Deadline, Descriptor, Dest, Dtype, EndpointId, Op,
@@ -142,7 +143,7 @@ pub struct Cuda {
     host: String,
     job: String,
     dir: PathBuf,
-    socket: PathBuf,
+    socket: JobSocket,
     /// Published regions this transport has reached, by control segment name.
     mappings: Mutex<HashMap<String, Arc<Mapping>>>,
 }
@@ -152,14 +153,8 @@ impl std::fmt::Debug for Cuda {
         f.debug_struct("Cuda")
             .field("device", &self.device.ordinal())
             .field("job", &self.job)
-            .field("socket", &self.socket)
+            .field("socket", &self.socket.path())
             .finish()
-    }
-}
-
-impl Drop for Cuda {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.socket);
     }
 }
 
@@ -175,36 +170,7 @@ impl Remote<Cuda> {
     /// serve this transport's accumulators and inboxes there.
     pub async fn new(config: CudaConfig) -> Result<Self, TransportError> {
         let device = Device::open(config.device)?;
-        if !segment::job_is_valid(&config.job) {
-            return Err(TransportError::Unsupported {
-                what: format!(
-                    "cuda backend: job id {:?} is not [A-Za-z0-9_.-]{{1,64}}",
-                    config.job
-                ),
-            });
-        }
-        sweep(&config.dir, &config.job);
-        let n = NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed);
-        let socket = config.dir.join(format!(
-            "odc-{}-{}-{n}.sock",
-            config.job,
-            std::process::id()
-        ));
-        let listener = UnixListener::bind(&socket).map_err(|e| TransportError::Unsupported {
-            what: format!("cuda backend cannot listen on {}: {e}", socket.display()),
-        })?;
-        let served = Served::new(config.remote, config.secret);
-        let peers = Peers::new(Box::new(UnixDial), Arc::clone(&served));
-        let serving = Arc::clone(&served);
-        let listener = tokio::spawn(accept_loop(
-            listener,
-            "cuda",
-            move |stream: UnixStream, peer, permit| {
-                let (read, write) = stream.into_split();
-                let deadline = serving.handshake_deadline();
-                serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
-            },
-        ));
+        let (listener, socket) = JobSocket::listen(Cuda::NAME, &config.dir, &config.job)?;
         let cuda = Cuda {
             device,
             host: host_id(),
@@ -213,7 +179,14 @@ impl Remote<Cuda> {
             socket,
             mappings: Mutex::new(HashMap::new()),
         };
-        Ok(Remote::serve(served, peers, listener, cuda))
+        Ok(Remote::start(
+            listener,
+            UnixDial,
+            config.remote,
+            config.secret,
+            cuda,
+            serve_split::<UnixStream>,
+        ))
     }
 
     /// The device this transport owns regions on and reads into.
@@ -223,7 +196,7 @@ impl Remote<Cuda> {
 
     /// The Unix socket this transport serves on.
     pub fn socket(&self) -> &Path {
-        &self.backend.socket
+        self.backend.socket.path()
     }
 }
 
@@ -234,7 +207,7 @@ impl Cuda {
             job: self.job.clone(),
             pid: std::process::id(),
             instance: served.instance,
-            socket: self.socket.to_string_lossy().into_owned(),
+            socket: self.socket.path().to_string_lossy().into_owned(),
             device: self.device.ordinal(),
             memory,
         }
@@ -305,119 +278,6 @@ impl Cuda {
         mappings.retain(|_, m| !m.segment.is_closed());
         mappings.insert(name.to_owned(), Arc::clone(&mapping));
         Ok(mapping)
-    }
-
-    /// A one-sided read of a published region (C1; C4 order after the descriptor).
-    fn read_published(
-        &self,
-        handle: &RegionHandle,
-        located: &Located<'_, Place>,
-        place: &Place,
-        range: Range<usize>,
-        into: Dest<'_>,
-        deadline: Deadline,
-    ) -> Result<u64, TransportError> {
-        let mapping = self.mapping(located, place)?;
-        let memory = &place.memory;
-        let (owner, region, dtype) = (handle.owner, handle.id, handle.dtype);
-        let size = dtype.size();
-        let elements = usize::try_from(memory.len_bytes).unwrap_or(usize::MAX) / size;
-        if handle.len != wide(elements) || memory.len_bytes % size as u64 != 0 {
-            return Err(TransportError::UnknownRegion { owner, region });
-        }
-        if range.start > range.end || range.end > elements {
-            return Err(TransportError::OutOfRange {
-                region,
-                start: wide(range.start),
-                end: wide(range.end),
-                len: wide(elements),
-            });
-        }
-        let bytes = range.len() * size;
-        let src = mapping.data + (range.start * size) as u64;
-        let deadline_error = TransportError::DeadlineExceeded {
-            owner,
-            region,
-            op: Op::Read,
-        };
-        let waited = |w: Waited| match w {
-            Waited::Deadline => deadline_error.clone(),
-            Waited::Failed(e) => e,
-        };
-        let mut into = into;
-        match &mut into {
-            Dest::Device(dest) => {
-                if dest.bytes != wide(bytes) {
-                    return Err(TransportError::BadDestination {
-                        region,
-                        expected: wide(bytes),
-                        got: dest.bytes,
-                    });
-                }
-                self.device.check_dest(dest)?;
-            }
-            other => other.spec().check_host(region, dtype, range.len())?,
-        }
-        let device = &self.device;
-        let mut copy = || -> Result<(), TransportError> {
-            if bytes == 0 {
-                return Ok(());
-            }
-            let mut lane = device.lane()?;
-            match &mut into {
-                Dest::Device(dest) => {
-                    lane.copy(dest.ptr, src, bytes)?;
-                    lane.finish(deadline).map_err(waited)
-                }
-                Dest::Bytes(buf) => lane
-                    .download(src, bytes, deadline, &mut |piece, at| {
-                        buf[at..at + piece.len()].copy_from_slice(piece);
-                        Ok(())
-                    })
-                    .map_err(waited),
-                Dest::F32(out) => lane
-                    .download(src, bytes, deadline, &mut |piece, at| {
-                        let first = at / size;
-                        let out =
-                            out.get_mut(first..first + piece.len() / size)
-                                .ok_or_else(|| TransportError::Unsupported {
-                                    what: format!(
-                                        "read of region {region}: a piece that does not fit"
-                                    ),
-                                })?;
-                        codec::decode_into(dtype, piece, out).map_err(|e| e.for_region(region))
-                    })
-                    .map_err(waited),
-            }
-        };
-        match mapping.segment.read_outside(deadline, &mut copy) {
-            Ok(result) => result,
-            Err(_) if !mapping.segment.owner_alive() => Err(TransportError::Unreachable {
-                owner,
-                reason: format!(
-                    "the owner process of region {region} is gone (it died while publishing)"
-                ),
-            }),
-            Err(_) => Err(deadline_error),
-        }
-    }
-
-    /// An accumulate or a send aimed at a published region: `WrongKind` if it exists, after the
-    /// handle checks.
-    fn wrong_kind_of(
-        &self,
-        located: &Located<'_, Place>,
-        place: &Place,
-        expected: RegionKind,
-    ) -> TransportError {
-        match self.mapping(located, place) {
-            Ok(_) => TransportError::WrongKind {
-                region: located.target.region,
-                expected,
-                actual: RegionKind::Published,
-            },
-            Err(e) => e,
-        }
     }
 }
 
@@ -637,6 +497,7 @@ impl Backend for Cuda {
         ))
     }
 
+    /// A one-sided read of a published region (C1; C4 order after the descriptor).
     async fn read_memory(
         &self,
         _: &Served,
@@ -647,9 +508,93 @@ impl Backend for Cuda {
         into: Dest<'_>,
         deadline: Deadline,
     ) -> Result<u64, TransportError> {
-        self.read_published(handle, located, place, range, into, deadline)
+        let mapping = self.mapping(located, place)?;
+        let memory = &place.memory;
+        let (owner, region, dtype) = (handle.owner, handle.id, handle.dtype);
+        let size = dtype.size();
+        let elements = usize::try_from(memory.len_bytes).unwrap_or(usize::MAX) / size;
+        if handle.len != wide(elements) || memory.len_bytes % size as u64 != 0 {
+            return Err(TransportError::UnknownRegion { owner, region });
+        }
+        if range.start > range.end || range.end > elements {
+            return Err(TransportError::OutOfRange {
+                region,
+                start: wide(range.start),
+                end: wide(range.end),
+                len: wide(elements),
+            });
+        }
+        let bytes = range.len() * size;
+        let src = mapping.data + (range.start * size) as u64;
+        let deadline_error = TransportError::DeadlineExceeded {
+            owner,
+            region,
+            op: Op::Read,
+        };
+        let waited = |w: Waited| match w {
+            Waited::Deadline => deadline_error.clone(),
+            Waited::Failed(e) => e,
+        };
+        let mut into = into;
+        match &mut into {
+            Dest::Device(dest) => {
+                if dest.bytes != wide(bytes) {
+                    return Err(TransportError::BadDestination {
+                        region,
+                        expected: wide(bytes),
+                        got: dest.bytes,
+                    });
+                }
+                self.device.check_dest(dest)?;
+            }
+            other => other.spec().check_host(region, dtype, range.len())?,
+        }
+        let device = &self.device;
+        let mut copy = || -> Result<(), TransportError> {
+            if bytes == 0 {
+                return Ok(());
+            }
+            let mut lane = device.lane()?;
+            match &mut into {
+                Dest::Device(dest) => {
+                    lane.copy(dest.ptr, src, bytes)?;
+                    lane.finish(deadline).map_err(waited)
+                }
+                Dest::Bytes(buf) => lane
+                    .download(src, bytes, deadline, &mut |piece, at| {
+                        buf[at..at + piece.len()].copy_from_slice(piece);
+                        Ok(())
+                    })
+                    .map_err(waited),
+                Dest::F32(out) => lane
+                    .download(src, bytes, deadline, &mut |piece, at| {
+                        let first = at / size;
+                        let out =
+                            out.get_mut(first..first + piece.len() / size)
+                                .ok_or_else(|| TransportError::Unsupported {
+                                    what: format!(
+                                        "read of region {region}: a piece that does not fit"
+                                    ),
+                                })?;
+                        codec::decode_into(dtype, piece, out).map_err(|e| e.for_region(region))
+                    })
+                    .map_err(waited),
+            }
+        };
+        match mapping.segment.read_outside(deadline, &mut copy) {
+            Ok(result) => result,
+            Err(_) if !mapping.segment.owner_alive() => Err(TransportError::Unreachable {
+                owner,
+                reason: format!(
+                    "the owner process of region {region} is gone (it died while publishing)"
+                ),
+            }),
+            Err(_) => Err(deadline_error),
+        }
     }
 
+    /// An accumulate or a send aimed at a published region: `WrongKind` if it exists, after the
+    /// handle checks.
     async fn wrong_kind(
         &self,
         _: &Served,
@@ -660,7 +605,14 @@ impl Backend for Cuda {
         expected: RegionKind,
         _: Deadline,
     ) -> TransportError {
-        self.wrong_kind_of(located, place, expected)
+        match self.mapping(located, place) {
+            Ok(_) => TransportError::WrongKind {
+                region: located.target.region,
+                expected,
+                actual: RegionKind::Published,
+            },
+            Err(e) => e,
+        }
     }
 }
 
@@ -682,6 +634,13 @@ mod tests {
 
     fn device() -> Arc<Device> {
         Device::open(0).unwrap_or_else(|e| panic!("device 0: {e}"))
+    }
+
+    /// A buffer of `device` holding `bytes`.
+    fn holding(device: &Arc<Device>, bytes: &[u8]) -> DeviceBuffer {
+        let buffer = device.alloc(bytes.len()).expect("alloc");
+        device.upload(&buffer, 0, bytes).expect("upload");
+        buffer
     }
 
     #[test]
@@ -741,14 +700,8 @@ mod tests {
             .map(|i| 1.0 + (i % 977) as f32 * 2f32.powi(-20))
             .collect();
         let grad: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * -0.375 + 0.125).collect();
-        let acc_buf = device.alloc(n * 4).expect("alloc");
-        let src_buf = device.alloc(n * 4).expect("alloc");
-        device
-            .upload(&acc_buf, 0, &codec::encode_f32(&acc))
-            .expect("upload");
-        device
-            .upload(&src_buf, 0, &codec::encode_f32(&grad))
-            .expect("upload");
+        let acc_buf = holding(&device, &codec::encode_f32(&acc));
+        let src_buf = holding(&device, &codec::encode_f32(&grad));
         device.add_f32(&acc_buf, &src_buf).expect("add_f32");
         let got = codec::decode_f32(&device.download(&acc_buf).expect("download")).expect("decode");
         assert_eq!(got.len(), n);
@@ -762,8 +715,7 @@ mod tests {
 
         let bf16 = codec::encode(Dtype::Bf16, &grad);
         let widened = codec::decode(Dtype::Bf16, &bf16).expect("decode");
-        let half_buf = device.alloc(n * 2).expect("alloc");
-        device.upload(&half_buf, 0, &bf16).expect("upload");
+        let half_buf = holding(&device, &bf16);
         device.add_bf16(&acc_buf, &half_buf).expect("add_bf16");
         let again =
             codec::decode_f32(&device.download(&acc_buf).expect("download")).expect("decode");
@@ -789,9 +741,8 @@ mod tests {
         let device = device();
         let n = STAGING_BYTES + 4096 + 12;
         let data: Vec<u8> = (0..n).map(|i| (i * 31 % 251) as u8).collect();
-        let a = device.alloc(n).expect("alloc");
+        let a = holding(&device, &data);
         let b = device.alloc(n).expect("alloc");
-        device.upload(&a, 0, &data).expect("upload");
         device.copy(&b, &a).expect("copy");
         assert_eq!(device.download(&b).expect("download"), data);
         device.stage_out(&b).expect("staging out");
@@ -827,6 +778,20 @@ mod tests {
             .unwrap_or_else(|e| panic!("transport: {e}"))
     }
 
+    /// A runtime and a transport on device 0 (its job named after `job`) for `test`, or `None`
+    /// (and why, printed) without a driver.
+    fn runtime_and_transport(
+        test: &str,
+        job: &str,
+    ) -> Option<(tokio::runtime::Runtime, CudaTransport)> {
+        if skip_without_driver(test) {
+            return None;
+        }
+        let runtime = runtime();
+        let transport = transport(&runtime, job);
+        Some((runtime, transport))
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -844,11 +809,11 @@ mod tests {
     /// subnormals, values that round up to infinity, and a million scattered bit patterns.
     #[test]
     fn encode_kernel_is_the_host_codec_bit_for_bit() {
-        if skip_without_driver("encode_kernel_is_the_host_codec_bit_for_bit") {
+        let Some((runtime, t)) =
+            runtime_and_transport("encode_kernel_is_the_host_codec_bit_for_bit", "encode")
+        else {
             return;
-        }
-        let runtime = runtime();
-        let t = transport(&runtime, "encode");
+        };
         let mut bits: Vec<u32> = vec![
             0x3f80_0000,
             0x3f80_8000,
@@ -879,8 +844,7 @@ mod tests {
         let values: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
         let raw: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
         let device = Arc::clone(t.device());
-        let buffer = device.alloc(raw.len()).expect("alloc");
-        device.upload(&buffer, 0, &raw).expect("upload");
+        let buffer = holding(&device, &raw);
         let region = t
             .register_device_published(0, Dtype::Bf16, &buffer, 3)
             .expect("register");
@@ -909,24 +873,18 @@ mod tests {
     /// of the wrong length or of another transport's device are refused and change nothing.
     #[test]
     fn device_publications_are_read_whole_c1() {
-        if skip_without_driver("device_publications_are_read_whole_c1") {
+        let Some((runtime, t)) =
+            runtime_and_transport("device_publications_are_read_whole_c1", "publish")
+        else {
             return;
-        }
-        let runtime = runtime();
-        let t = transport(&runtime, "publish");
+        };
         let other = transport(&runtime, "publish-other");
         let device = Arc::clone(t.device());
         let n = 3 * 256 * 1024 + 5;
         let first: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
         let second: Vec<f32> = (0..n).map(|i| -(i as f32) - 0.5).collect();
-        let a = device.alloc(n * 4).expect("alloc");
-        let b = device.alloc(n * 4).expect("alloc");
-        device
-            .upload(&a, 0, &codec::encode_f32(&first))
-            .expect("upload");
-        device
-            .upload(&b, 0, &codec::encode_f32(&second))
-            .expect("upload");
+        let a = holding(&device, &codec::encode_f32(&first));
+        let b = holding(&device, &codec::encode_f32(&second));
         let region = t
             .register_device_published(7, Dtype::F32, &a, 0)
             .expect("register");
@@ -960,11 +918,11 @@ mod tests {
     /// refused before the epoch moves.
     #[test]
     fn take_into_device_memory_is_atomic_c3() {
-        if skip_without_driver("take_into_device_memory_is_atomic_c3") {
+        let Some((runtime, t)) =
+            runtime_and_transport("take_into_device_memory_is_atomic_c3", "take")
+        else {
             return;
-        }
-        let runtime = runtime();
-        let t = transport(&runtime, "take");
+        };
         let device = Arc::clone(t.device());
         let n = 1000;
         let acc = t.register_device_accumulator(2, n, 0).expect("register");
@@ -1026,10 +984,7 @@ extern "C" __global__ void affine(float* x, unsigned long long n, float a, doubl
         assert!(Arc::ptr_eq(&module, &again), "compiled once per name");
         let n = 5 * 256 * 1024 + 3;
         let x: Vec<f32> = (0..n).map(|i| (i % 101) as f32).collect();
-        let buffer = device.alloc(n * 4).expect("alloc");
-        device
-            .upload(&buffer, 0, &codec::encode_f32(&x))
-            .expect("upload");
+        let buffer = holding(&device, &codec::encode_f32(&x));
         let args = [
             KernelArg::buffer(&buffer),
             KernelArg::u64(n as u64),

@@ -10,10 +10,12 @@ use bytes::Bytes;
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 
-use super::driver::{allocation_of, failed, Device, DeviceBuffer, OWNER_WAIT, STAGING_BYTES};
+use super::driver::{allocation_of, Device, DeviceBuffer, OWNER_WAIT, STAGING_BYTES};
+use super::kernels::Elementwise;
+use super::library::failed;
 use crate::codec;
-use crate::error::wide;
-use crate::local::accumulator::{AccumulatorGuard, Sums};
+use crate::local::accumulator::Sums;
+use crate::local::AccumulatorGuard;
 use crate::shm::segment::SegmentWriter;
 use crate::{
     AccumulatorRegion, Descriptor, Dtype, PublishedRegion, RegionHandle, RegionId, TransportError,
@@ -115,9 +117,13 @@ impl PublishedGuard {
             let mut lane = self.device.lane()?;
             match kernels {
                 None => lane.copy(self.memory.ptr(), values.ptr(), values.len())?,
-                Some(kernels) => {
-                    kernels.encode_bf16(&lane.stream, self.memory.ptr(), values.ptr(), len)?
-                }
+                Some(kernels) => kernels.enqueue(
+                    &lane.stream,
+                    Elementwise::EncodeBf16,
+                    self.memory.ptr(),
+                    values.ptr(),
+                    len,
+                )?,
             }
             lane.finish_owner(&format!("publish of region {region} from device memory"))
         })
@@ -137,15 +143,8 @@ impl PublishedRegion for PublishedGuard {
     /// the control segment's seqlock (C1).
     fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
         let region = self.handle.id;
-        let elements = codec::element_count(self.handle.dtype, data.len())
-            .map_err(|e| e.for_region(region))?;
-        if wide(elements) != self.handle.len {
-            return Err(TransportError::LengthMismatch {
-                region,
-                elements: wide(elements),
-                len: self.handle.len,
-            });
-        }
+        let len = usize::try_from(self.handle.len).unwrap_or(usize::MAX);
+        codec::check_exact(self.handle.dtype, &data, len).map_err(|e| e.for_region(region))?;
         self.writer.publish_outside(version, || {
             self.device
                 .lane()?
@@ -260,7 +259,13 @@ impl Sums for DeviceSums {
             let at = self.values.ptr() + ((offset * 4 + i * STAGING_BYTES) as u64);
             lane.upload(scratch, piece, crate::deadline_in(OWNER_WAIT))
                 .map_err(|w| w.into_error("staging an accumulate"))?;
-            kernels.add_f32(&lane.stream, at, scratch, piece.len() / 4)?;
+            kernels.enqueue(
+                &lane.stream,
+                Elementwise::AddF32,
+                at,
+                scratch,
+                piece.len() / 4,
+            )?;
             lane.finish_owner("accumulate kernel")?;
         }
         Ok(())

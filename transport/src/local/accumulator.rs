@@ -4,21 +4,20 @@
 //!
 //! This is also the owner core of every backend whose accumulates the owner applies (`tcp`, `shm`,
 //! `rdma` through their fabric, `cuda` with its sums in device memory): the checks, the admission
-//! guard, the fencing and the deduplication live here once, so the guard holds for every backend;
-//! where the values live and how a payload is added into them is a [`Sums`] (host memory by
-//! default).
+//! guard, the fencing (its tag check shared with inboxes, [`Identity::fence`]) and the
+//! deduplication live here once, so the guard holds for every backend; where the values live and
+//! how a payload is added into them is a [`Sums`] (host memory by default).
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::registry::Registry;
+use super::identity::Identity;
 use crate::codec;
 use crate::error::wide;
 use crate::{
-    AccumulatorRegion, Descriptor, Dtype, EndpointId, RegionHandle, RegionId, RegionKind,
-    TransportError, WriteGuard, WriteTag, REFUSED_WRITES_METRIC,
+    Dtype, EndpointId, RegionHandle, RegionId, RegionKind, TransportError, WriteGuard, WriteTag,
+    REFUSED_WRITES_METRIC,
 };
 
 /// Where an accumulator's fp32 values live and how a payload is added into them. The
@@ -73,11 +72,9 @@ struct State {
 
 /// State of an accumulator region, shared by the registry (writers) and the owner's guard.
 #[derive(Debug)]
-pub(super) struct Accumulator {
-    owner: EndpointId,
-    id: RegionId,
+pub(crate) struct Accumulator {
+    name: Identity,
     len: usize,
-    descriptor: Descriptor,
     state: Mutex<State>,
     admission: Admission,
 }
@@ -105,19 +102,10 @@ impl Admission {
 impl Accumulator {
     /// An accumulator of `len` elements at `epoch` whose values are `values` (zeroed, `len`
     /// long).
-    pub(super) fn new(
-        owner: EndpointId,
-        id: RegionId,
-        descriptor: Descriptor,
-        len: usize,
-        epoch: u64,
-        values: Box<dyn Sums>,
-    ) -> Self {
+    pub(super) fn new(name: Identity, len: usize, epoch: u64, values: Box<dyn Sums>) -> Self {
         Self {
-            owner,
-            id,
+            name,
             len,
-            descriptor,
             state: Mutex::new(State {
                 epoch,
                 values,
@@ -128,19 +116,16 @@ impl Accumulator {
     }
 
     pub(super) fn owner(&self) -> EndpointId {
-        self.owner
+        self.name.owner
     }
 
     pub(super) fn handle(&self) -> RegionHandle {
-        RegionHandle {
-            owner: self.owner,
-            id: self.id,
-            kind: RegionKind::Accumulator,
-            dtype: Dtype::F32,
-            len: wide(self.len),
-            version: self.epoch(),
-            descriptor: self.descriptor.clone(),
-        }
+        self.name.handle(
+            RegionKind::Accumulator,
+            Dtype::F32,
+            wide(self.len),
+            self.epoch(),
+        )
     }
 
     /// Add the fp32 elements `data` at element `offset`. Checks, in order: whole elements, range in
@@ -155,11 +140,11 @@ impl Accumulator {
         tag: WriteTag,
     ) -> Result<(), TransportError> {
         let elements =
-            codec::element_count(Dtype::F32, data.len()).map_err(|e| e.for_region(self.id))?;
+            codec::element_count(Dtype::F32, data.len()).map_err(|e| e.for_region(self.name.id))?;
         let end = offset.checked_add(elements).filter(|end| *end <= self.len);
         let Some(end) = end else {
             return Err(TransportError::OutOfRange {
-                region: self.id,
+                region: self.name.id,
                 start: wide(offset),
                 end: wide(offset.saturating_add(elements)),
                 len: wide(self.len),
@@ -167,62 +152,49 @@ impl Accumulator {
         };
         if !self.admission.admits(&tag) {
             tracing::warn!(
-                owner = self.owner,
-                region = self.id,
+                owner = self.name.owner,
+                region = self.name.id,
                 epoch = tag.epoch,
                 write_id = format_args!("{:#x}", tag.write_id),
                 "odc transport: refused a write its owner's guard does not admit"
             );
             metrics::counter!(REFUSED_WRITES_METRIC).increment(1);
             return Err(TransportError::RefusedWrite {
-                owner: self.owner,
-                region: self.id,
+                owner: self.name.owner,
+                region: self.name.id,
                 epoch: tag.epoch,
                 write_id: tag.write_id,
             });
         }
         let mut state = self.state.lock();
-        if tag.epoch != state.epoch {
-            return Err(TransportError::StaleEpoch {
-                region: self.id,
-                got: tag.epoch,
-                current: state.epoch,
-            });
-        }
-        if state.applied.contains(&tag.write_id) {
-            return Err(TransportError::DuplicateWrite {
-                region: self.id,
-                epoch: state.epoch,
-                write_id: tag.write_id,
-            });
-        }
+        self.name.fence(&tag, state.epoch, &state.applied)?;
         debug_assert!(end <= self.len);
         state
             .values
             .add(offset, data)
-            .map_err(|e| for_region(e, self.id))?;
+            .map_err(|e| for_region(e, self.name.id))?;
         state.applied.insert(tag.write_id);
         Ok(())
     }
 
-    fn take(&self, next_epoch: u64) -> Vec<f32> {
+    pub(super) fn take(&self, next_epoch: u64) -> Vec<f32> {
         self.take_with(next_epoch, |values| values.take())
     }
 
     /// A take whose values `take` removes (it must leave them zeroed): under the same lock as
     /// every accumulate, moved to `next_epoch` with its write ids forgotten first (C3).
-    fn take_with<R>(&self, next_epoch: u64, take: impl FnOnce(&mut dyn Sums) -> R) -> R {
+    pub(super) fn take_with<R>(&self, next_epoch: u64, take: impl FnOnce(&mut dyn Sums) -> R) -> R {
         let mut state = self.state.lock();
         state.epoch = next_epoch;
         state.applied.clear();
         take(state.values.as_mut())
     }
 
-    fn epoch(&self) -> u64 {
+    pub(super) fn epoch(&self) -> u64 {
         self.state.lock().epoch
     }
 
-    fn admit_only(&self, guard: WriteGuard) {
+    pub(super) fn admit_only(&self, guard: WriteGuard) {
         *self.admission.0.write() = Some(guard);
     }
 }
@@ -249,47 +221,5 @@ fn for_region(error: TransportError, region: RegionId) -> TransportError {
             len,
         },
         other => other,
-    }
-}
-
-/// The owner's guard of an accumulator region; dropping it deregisters the region.
-#[derive(Debug)]
-pub(crate) struct AccumulatorGuard {
-    pub(super) registry: Arc<Registry>,
-    pub(super) region: Arc<Accumulator>,
-}
-
-impl AccumulatorGuard {
-    /// [`AccumulatorRegion::take`] with the caller removing the values: `take` gets the
-    /// region's [`Sums`] under the accumulate lock, after the move to `next_epoch`, and must leave
-    /// them zeroed (the `cuda` backend's take into a device buffer).
-    #[cfg_attr(not(feature = "cuda-code"), allow(dead_code))]
-    pub(crate) fn take_with<R>(&self, next_epoch: u64, take: impl FnOnce(&mut dyn Sums) -> R) -> R {
-        self.region.take_with(next_epoch, take)
-    }
-}
-
-impl AccumulatorRegion for AccumulatorGuard {
-    fn handle(&self) -> RegionHandle {
-        self.region.handle()
-    }
-
-    fn take(&self, next_epoch: u64) -> Vec<f32> {
-        self.region.take(next_epoch)
-    }
-
-    fn epoch(&self) -> u64 {
-        self.region.epoch()
-    }
-
-    fn admit_only(&self, guard: WriteGuard) -> Result<(), TransportError> {
-        self.region.admit_only(guard);
-        Ok(())
-    }
-}
-
-impl Drop for AccumulatorGuard {
-    fn drop(&mut self) {
-        self.registry.remove(self.region.id);
     }
 }

@@ -16,13 +16,10 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::registry::Registry;
+use super::identity::Identity;
 use crate::error::wide;
 use crate::transport::check_deadline;
-use crate::{
-    Deadline, Descriptor, Dtype, EndpointId, InboxRegion, Op, RegionHandle, RegionId, RegionKind,
-    TransportError, WriteTag,
-};
+use crate::{Deadline, Dtype, EndpointId, Op, RegionHandle, RegionKind, TransportError, WriteTag};
 
 /// Everything a send, a recv or an advance reads and writes.
 #[derive(Debug)]
@@ -60,26 +57,16 @@ fn wake_all(waiting: HashMap<u128, Arc<Notify>>) {
 /// State of an inbox region, shared by the registry (senders) and the owner's guard (receiver).
 #[derive(Debug)]
 pub(super) struct Inbox {
-    owner: EndpointId,
-    id: RegionId,
-    descriptor: Descriptor,
-    capacity: usize,
+    name: Identity,
+    pub(super) capacity: usize,
     state: Mutex<State>,
 }
 
 impl Inbox {
     /// An empty inbox at `epoch` holding at most `capacity` messages.
-    pub(super) fn new(
-        owner: EndpointId,
-        id: RegionId,
-        descriptor: Descriptor,
-        capacity: usize,
-        epoch: u64,
-    ) -> Self {
+    pub(super) fn new(name: Identity, capacity: usize, epoch: u64) -> Self {
         Self {
-            owner,
-            id,
-            descriptor,
+            name,
             capacity,
             state: Mutex::new(State {
                 epoch,
@@ -91,22 +78,15 @@ impl Inbox {
     }
 
     pub(super) fn owner(&self) -> EndpointId {
-        self.owner
+        self.name.owner
     }
 
-    fn handle(&self) -> RegionHandle {
-        RegionHandle {
-            owner: self.owner,
-            id: self.id,
-            kind: RegionKind::Inbox,
-            dtype: Dtype::F32,
-            len: 0,
-            version: self.epoch(),
-            descriptor: self.descriptor.clone(),
-        }
+    pub(super) fn handle(&self) -> RegionHandle {
+        self.name
+            .handle(RegionKind::Inbox, Dtype::F32, 0, self.epoch())
     }
 
-    fn epoch(&self) -> u64 {
+    pub(super) fn epoch(&self) -> u64 {
         self.state.lock().epoch
     }
 
@@ -143,23 +123,10 @@ impl Inbox {
         tag: WriteTag,
         data: Bytes,
     ) -> Result<Option<Arc<Notify>>, TransportError> {
-        if tag.epoch != state.epoch {
-            return Err(TransportError::StaleEpoch {
-                region: self.id,
-                got: tag.epoch,
-                current: state.epoch,
-            });
-        }
-        if state.delivered.contains(&tag.write_id) {
-            return Err(TransportError::DuplicateWrite {
-                region: self.id,
-                epoch: state.epoch,
-                write_id: tag.write_id,
-            });
-        }
+        self.name.fence(&tag, state.epoch, &state.delivered)?;
         if state.held.len() >= self.capacity {
             return Err(TransportError::InboxFull {
-                region: self.id,
+                region: self.name.id,
                 held: wide(state.held.len()),
                 capacity: wide(self.capacity),
             });
@@ -174,14 +141,14 @@ impl Inbox {
     fn try_take(&self, state: &mut State, tag: WriteTag) -> Result<Option<Bytes>, TransportError> {
         if tag.epoch < state.epoch {
             return Err(TransportError::Aborted {
-                region: self.id,
+                region: self.name.id,
                 epoch: tag.epoch,
                 current: state.epoch,
             });
         }
         if tag.epoch > state.epoch {
             return Err(TransportError::StaleEpoch {
-                region: self.id,
+                region: self.name.id,
                 got: tag.epoch,
                 current: state.epoch,
             });
@@ -192,7 +159,7 @@ impl Inbox {
         if state.delivered.contains(&tag.write_id) {
             // Delivered and already received: it will never be here again.
             return Err(TransportError::DuplicateWrite {
-                region: self.id,
+                region: self.name.id,
                 epoch: state.epoch,
                 write_id: tag.write_id,
             });
@@ -200,8 +167,12 @@ impl Inbox {
         Ok(None)
     }
 
-    async fn recv(&self, tag: WriteTag, deadline: Deadline) -> Result<Bytes, TransportError> {
-        check_deadline(deadline, self.owner, self.id, Op::Recv)?;
+    pub(super) async fn recv(
+        &self,
+        tag: WriteTag,
+        deadline: Deadline,
+    ) -> Result<Bytes, TransportError> {
+        check_deadline(deadline, self.name.owner, self.name.id, Op::Recv)?;
         loop {
             let notify = {
                 let mut state = self.state.lock();
@@ -228,15 +199,15 @@ impl Inbox {
             if woken.is_err() {
                 self.state.lock().waiting.remove(&tag.write_id);
                 return Err(TransportError::DeadlineExceeded {
-                    owner: self.owner,
-                    region: self.id,
+                    owner: self.name.owner,
+                    region: self.name.id,
                     op: Op::Recv,
                 });
             }
         }
     }
 
-    fn advance(&self, epoch: u64) {
+    pub(super) fn advance(&self, epoch: u64) {
         let (dropped, woken) = {
             let mut state = self.state.lock();
             if epoch <= state.epoch {
@@ -247,42 +218,5 @@ impl Inbox {
         // Freed and woken outside the lock.
         drop(dropped);
         wake_all(woken);
-    }
-}
-
-/// The owner's guard of an inbox region; dropping it deregisters the region. A send racing with
-/// the drop may be acknowledged and then dropped with the inbox.
-#[derive(Debug)]
-pub(super) struct InboxGuard {
-    pub(super) registry: Arc<Registry>,
-    pub(super) region: Arc<Inbox>,
-}
-
-#[async_trait::async_trait]
-impl InboxRegion for InboxGuard {
-    fn handle(&self) -> RegionHandle {
-        self.region.handle()
-    }
-
-    fn epoch(&self) -> u64 {
-        self.region.epoch()
-    }
-
-    fn capacity(&self) -> usize {
-        self.region.capacity
-    }
-
-    fn advance(&self, epoch: u64) {
-        self.region.advance(epoch);
-    }
-
-    async fn recv(&self, tag: WriteTag, deadline: Deadline) -> Result<Bytes, TransportError> {
-        self.region.recv(tag, deadline).await
-    }
-}
-
-impl Drop for InboxGuard {
-    fn drop(&mut self) {
-        self.registry.remove(self.region.id);
     }
 }

@@ -42,6 +42,8 @@
 //!   timer until its deadline. Capacity: [`LocalTransport::with_inbox_capacity`].
 
 pub(crate) mod accumulator;
+mod guard;
+mod identity;
 mod inbox;
 mod published;
 mod registry;
@@ -51,9 +53,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use self::accumulator::{Accumulator, AccumulatorGuard, Sums};
-use self::inbox::{Inbox, InboxGuard};
-use self::published::{Published, PublishedGuard};
+use self::accumulator::{Accumulator, Sums};
+pub(crate) use self::guard::AccumulatorGuard;
+use self::guard::Guard;
+use self::inbox::Inbox;
+use self::published::Published;
 use self::registry::{Region, Registry};
 use crate::transport::check_deadline;
 use crate::{
@@ -152,9 +156,9 @@ impl LocalTransport {
     }
 }
 
-fn wrong_kind(handle: &RegionHandle, expected: RegionKind, actual: &Region) -> TransportError {
+fn wrong_kind(region: RegionId, expected: RegionKind, actual: &Region) -> TransportError {
     TransportError::WrongKind {
-        region: handle.id,
+        region,
         expected,
         actual: actual.kind(),
     }
@@ -196,33 +200,12 @@ impl LocalTransport {
         epoch: u64,
         values: Box<dyn Sums>,
     ) -> Result<AccumulatorGuard, TransportError> {
-        let id = self.registry.next_id();
-        let descriptor = self.registry.descriptor();
-        let region = Arc::new(Accumulator::new(owner, id, descriptor, len, epoch, values));
-        self.registry
-            .insert(id, Region::Accumulator(Arc::clone(&region)));
-        Ok(AccumulatorGuard {
-            registry: Arc::clone(&self.registry),
-            region,
-        })
-    }
-
-    /// The region of `owner` with `id`, of the `expected` kind.
-    fn served(
-        &self,
-        owner: EndpointId,
-        id: RegionId,
-        expected: RegionKind,
-    ) -> Result<Region, TransportError> {
-        let region = self.registry.get(owner, id)?;
-        if region.kind() != expected {
-            return Err(TransportError::WrongKind {
-                region: id,
-                expected,
-                actual: region.kind(),
-            });
-        }
-        Ok(region)
+        Guard::register(
+            &self.registry,
+            owner,
+            |name| Ok(Accumulator::new(name, len, epoch, values)),
+            Region::Accumulator,
+        )
     }
 
     /// A peer's read: the elements `part` of the read of `range` into a destination shaped `dest`,
@@ -235,7 +218,7 @@ impl LocalTransport {
         part: (u64, u64),
         dest: DestSpec,
     ) -> Result<(u64, Dtype, Bytes), TransportError> {
-        match self.served(owner, id, RegionKind::Published)? {
+        match self.registry.get(owner, id)? {
             Region::Published(region) => {
                 let (version, bytes) = region.serve(
                     index(range.0)..index(range.1),
@@ -244,11 +227,7 @@ impl LocalTransport {
                 )?;
                 Ok((version, region.dtype(), bytes))
             }
-            other => Err(TransportError::WrongKind {
-                region: id,
-                expected: RegionKind::Published,
-                actual: other.kind(),
-            }),
+            other => Err(wrong_kind(id, RegionKind::Published, &other)),
         }
     }
 
@@ -261,13 +240,9 @@ impl LocalTransport {
         data: &[u8],
         tag: WriteTag,
     ) -> Result<(), TransportError> {
-        match self.served(owner, id, RegionKind::Accumulator)? {
+        match self.registry.get(owner, id)? {
             Region::Accumulator(region) => region.accumulate(index(offset), data, tag),
-            other => Err(TransportError::WrongKind {
-                region: id,
-                expected: RegionKind::Accumulator,
-                actual: other.kind(),
-            }),
+            other => Err(wrong_kind(id, RegionKind::Accumulator, &other)),
         }
     }
 
@@ -279,13 +254,9 @@ impl LocalTransport {
         tag: WriteTag,
         data: Bytes,
     ) -> Result<(), TransportError> {
-        match self.served(owner, id, RegionKind::Inbox)? {
+        match self.registry.get(owner, id)? {
             Region::Inbox(region) => region.deliver(tag, data),
-            other => Err(TransportError::WrongKind {
-                region: id,
-                expected: RegionKind::Inbox,
-                actual: other.kind(),
-            }),
+            other => Err(wrong_kind(id, RegionKind::Inbox, &other)),
         }
     }
 }
@@ -303,17 +274,13 @@ impl Transport for LocalTransport {
         initial: Bytes,
         version: u64,
     ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        let id = self.registry.next_id();
-        let descriptor = self.registry.descriptor();
-        let region = Arc::new(Published::new(
-            owner, id, descriptor, dtype, initial, version,
-        )?);
-        self.registry
-            .insert(id, Region::Published(Arc::clone(&region)));
-        Ok(Box::new(PublishedGuard {
-            registry: Arc::clone(&self.registry),
-            region,
-        }))
+        let guard = Guard::register(
+            &self.registry,
+            owner,
+            |name| Published::new(name, dtype, initial, version),
+            Region::Published,
+        )?;
+        Ok(Box::new(guard))
     }
 
     fn register_accumulator(
@@ -331,20 +298,14 @@ impl Transport for LocalTransport {
         owner: EndpointId,
         epoch: u64,
     ) -> Result<Box<dyn InboxRegion>, TransportError> {
-        let id = self.registry.next_id();
-        let descriptor = self.registry.descriptor();
-        let region = Arc::new(Inbox::new(
+        let capacity = self.inbox_capacity;
+        let guard = Guard::register(
+            &self.registry,
             owner,
-            id,
-            descriptor,
-            self.inbox_capacity,
-            epoch,
-        ));
-        self.registry.insert(id, Region::Inbox(Arc::clone(&region)));
-        Ok(Box::new(InboxGuard {
-            registry: Arc::clone(&self.registry),
-            region,
-        }))
+            |name| Ok(Inbox::new(name, capacity, epoch)),
+            Region::Inbox,
+        )?;
+        Ok(Box::new(guard))
     }
 
     async fn read(
@@ -357,7 +318,7 @@ impl Transport for LocalTransport {
         check_deadline(deadline, handle.owner, handle.id, Op::Read)?;
         match self.resolve(handle)? {
             Region::Published(region) => region.read_into(range, into),
-            other => Err(wrong_kind(handle, RegionKind::Published, &other)),
+            other => Err(wrong_kind(handle.id, RegionKind::Published, &other)),
         }
     }
 
@@ -372,7 +333,7 @@ impl Transport for LocalTransport {
         check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
         match self.resolve(handle)? {
             Region::Accumulator(region) => region.accumulate(offset, &data, tag),
-            other => Err(wrong_kind(handle, RegionKind::Accumulator, &other)),
+            other => Err(wrong_kind(handle.id, RegionKind::Accumulator, &other)),
         }
     }
 
@@ -386,7 +347,7 @@ impl Transport for LocalTransport {
         check_deadline(deadline, inbox.owner, inbox.id, Op::Send)?;
         match self.resolve(inbox)? {
             Region::Inbox(region) => region.deliver(tag, data),
-            other => Err(wrong_kind(inbox, RegionKind::Inbox, &other)),
+            other => Err(wrong_kind(inbox.id, RegionKind::Inbox, &other)),
         }
     }
 }
@@ -396,15 +357,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::testing::block_on;
     use crate::{codec, deadline_in};
-
-    fn block_on<F: std::future::Future>(future: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("tokio runtime")
-            .block_on(future)
-    }
 
     fn soon() -> Deadline {
         deadline_in(Duration::from_secs(10))

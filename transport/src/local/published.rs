@@ -2,18 +2,14 @@
 //! straight from the current one into their destination.
 
 use std::ops::Range;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::RwLock;
 
-use super::registry::Registry;
+use super::identity::Identity;
 use crate::codec;
 use crate::error::wide;
-use crate::{
-    Descriptor, Dest, DestSpec, Dtype, EndpointId, PublishedRegion, RegionHandle, RegionId,
-    RegionKind, TransportError,
-};
+use crate::{Dest, DestSpec, Dtype, EndpointId, RegionHandle, RegionKind, TransportError};
 
 /// One publication: the bytes of every element and the version they carry.
 #[derive(Debug)]
@@ -25,11 +21,9 @@ struct Publication {
 /// State of a published region, shared by the registry (readers) and the owner's guard.
 #[derive(Debug)]
 pub(super) struct Published {
-    owner: EndpointId,
-    id: RegionId,
+    name: Identity,
     dtype: Dtype,
     len: usize,
-    descriptor: Descriptor,
     /// Swapped whole under the write lock; readers clone the `Bytes` (a reference count) under the
     /// read lock, so a read sees exactly one publication (C1).
     current: RwLock<Publication>,
@@ -38,20 +32,16 @@ pub(super) struct Published {
 impl Published {
     /// A region holding `initial`, which must be whole `dtype` elements.
     pub(super) fn new(
-        owner: EndpointId,
-        id: RegionId,
-        descriptor: Descriptor,
+        name: Identity,
         dtype: Dtype,
         initial: Bytes,
         version: u64,
     ) -> Result<Self, TransportError> {
-        let len = codec::element_count(dtype, initial.len()).map_err(|e| e.for_region(id))?;
+        let len = codec::element_count(dtype, initial.len()).map_err(|e| e.for_region(name.id))?;
         Ok(Self {
-            owner,
-            id,
+            name,
             dtype,
             len,
-            descriptor,
             current: RwLock::new(Publication {
                 version,
                 bytes: initial,
@@ -60,19 +50,16 @@ impl Published {
     }
 
     pub(super) fn owner(&self) -> EndpointId {
-        self.owner
+        self.name.owner
     }
 
     pub(super) fn handle(&self) -> RegionHandle {
-        RegionHandle {
-            owner: self.owner,
-            id: self.id,
-            kind: RegionKind::Published,
-            dtype: self.dtype,
-            len: wide(self.len),
-            version: self.version(),
-            descriptor: self.descriptor.clone(),
-        }
+        self.name.handle(
+            RegionKind::Published,
+            self.dtype,
+            wide(self.len),
+            self.version(),
+        )
     }
 
     /// Write the elements `range` of the current publication into `into`, decoding straight from
@@ -95,19 +82,19 @@ impl Published {
             (current.version, current.bytes.clone())
         };
         let src = publication.get(bytes).ok_or(TransportError::OutOfRange {
-            region: self.id,
+            region: self.name.id,
             start: wide(range.start),
             end: wide(range.end),
             len: wide(self.len),
         })?;
-        into.fill_from_host(self.id, self.dtype, src)?;
+        into.fill_from_host(self.name.id, self.dtype, src)?;
         Ok(version)
     }
 
     fn check_range(&self, range: &Range<usize>) -> Result<(), TransportError> {
         if range.start > range.end || range.end > self.len {
             return Err(TransportError::OutOfRange {
-                region: self.id,
+                region: self.name.id,
                 start: wide(range.start),
                 end: wide(range.end),
                 len: wide(self.len),
@@ -130,10 +117,10 @@ impl Published {
         dest: DestSpec,
     ) -> Result<(u64, Bytes), TransportError> {
         self.check_range(&range)?;
-        dest.check_host(self.id, self.dtype, range.len())?;
+        dest.check_host(self.name.id, self.dtype, range.len())?;
         if part.start > part.end || part.start < range.start || part.end > range.end {
             return Err(TransportError::OutOfRange {
-                region: self.id,
+                region: self.name.id,
                 start: wide(part.start),
                 end: wide(part.end),
                 len: wide(self.len),
@@ -147,16 +134,8 @@ impl Published {
         ))
     }
 
-    fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
-        let elements =
-            codec::element_count(self.dtype, data.len()).map_err(|e| e.for_region(self.id))?;
-        if elements != self.len {
-            return Err(TransportError::LengthMismatch {
-                region: self.id,
-                elements: wide(elements),
-                len: wide(self.len),
-            });
-        }
+    pub(super) fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
+        codec::check_exact(self.dtype, &data, self.len).map_err(|e| e.for_region(self.name.id))?;
         let previous = std::mem::replace(
             &mut *self.current.write(),
             Publication {
@@ -169,34 +148,7 @@ impl Published {
         Ok(())
     }
 
-    fn version(&self) -> u64 {
+    pub(super) fn version(&self) -> u64 {
         self.current.read().version
-    }
-}
-
-/// The owner's guard of a published region; dropping it deregisters the region.
-#[derive(Debug)]
-pub(super) struct PublishedGuard {
-    pub(super) registry: Arc<Registry>,
-    pub(super) region: Arc<Published>,
-}
-
-impl PublishedRegion for PublishedGuard {
-    fn handle(&self) -> RegionHandle {
-        self.region.handle()
-    }
-
-    fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
-        self.region.publish(version, data)
-    }
-
-    fn version(&self) -> u64 {
-        self.region.version()
-    }
-}
-
-impl Drop for PublishedGuard {
-    fn drop(&mut self) {
-        self.registry.remove(self.region.id);
     }
 }

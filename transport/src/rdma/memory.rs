@@ -575,11 +575,11 @@ impl<M: RemoteMemory + ?Sized> seqlock::Phases for Remote<'_, M> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
+    use crate::seqlock::torn::{assert_whole, byte_of, read_while_publishing};
 
     const WHO: Identity = Identity {
         owner: 3,
@@ -883,25 +883,15 @@ mod tests {
     fn torn_reads_are_never_observed_under_a_concurrent_writer() {
         const BYTES: usize = 16 * 1024;
         let layout = Layout::new(4, BYTES / 4, 512).expect("layout"); // 32 chunks
-        let a = vec![0xAAu8; BYTES];
-        let b = vec![0x55u8; BYTES];
-        // Even versions carry A, odd ones B.
-        let memory = Arc::new(RegionMemory::new(layout, WHO, &a, 0).expect("memory"));
-        let stop = Arc::new(AtomicBool::new(false));
-        let writer = {
-            let (memory, stop) = (Arc::clone(&memory), Arc::clone(&stop));
-            std::thread::spawn(move || {
-                let mut version = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    version += 1;
-                    let data = if version % 2 == 0 { &a } else { &b };
-                    memory.publish(version, data).expect("publish");
-                    // Leave windows between publications (a reader of a range never overlapped
-                    // by one must succeed), but many publications per read still.
-                    std::thread::sleep(Duration::from_micros(20));
-                }
-                version
-            })
+        let (a, b) = (vec![byte_of(1); BYTES], vec![byte_of(0); BYTES]);
+        let memory = Arc::new(RegionMemory::new(layout, WHO, &b, 0).expect("memory"));
+        let writer = Arc::clone(&memory);
+        let publish = move |version| {
+            let data = if version % 2 == 1 { &a } else { &b };
+            writer.publish(version, data).expect("publish");
+            // Leave windows between publications (a reader of a range never overlapped by one
+            // must succeed), but many publications per read still.
+            std::thread::sleep(Duration::from_micros(20));
         };
         // Readers yield between phases, widening the windows a publication can fall into.
         struct Slow<'a>(&'a RegionMemory);
@@ -914,14 +904,8 @@ mod tests {
             }
         }
         let e = expect(layout);
-        let started = Instant::now();
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let (mut reads, mut seen) = (0u64, std::collections::BTreeSet::new());
         let mut out = vec![0u8; BYTES];
-        while started.elapsed() < Duration::from_millis(300) {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
+        let seen = read_while_publishing(publish, |reads, rng| {
             let start = (rng as usize % (BYTES / 4)) * 4;
             let len = ((rng >> 32) as usize % (3 * 512 / 4) + 1) * 4;
             let end = (start + len).min(BYTES);
@@ -933,20 +917,9 @@ mod tests {
                 read(&mut Slow(&memory), 0, &e, start..end, dest, soon())
             }
             .expect("read under a live writer");
-            let expected = if version % 2 == 0 { 0xAA } else { 0x55 };
-            assert!(
-                dest.iter().all(|&x| x == expected),
-                "torn read of {start}..{end} at version {version}"
-            );
-            reads += 1;
-            seen.insert(version);
-        }
-        stop.store(true, Ordering::Relaxed);
-        let published = writer.join().expect("writer");
-        assert!(reads > 0);
-        assert!(
-            seen.len() >= 2,
-            "{reads} reads saw only versions {seen:?} of {published} publications"
-        );
+            assert_whole(dest, version, format_args!("{start}..{end}"));
+            version
+        });
+        seen.assert_several();
     }
 }

@@ -94,17 +94,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
-use self::memory::{Expect, Identity, Layout, Local, ReadError, RegionMemory};
+use self::memory::{Expect, Identity, Layout, Local, ReadError, RegionMemory, RemoteMemory};
 use self::nic::{Channel, ChannelError, EmulatedNic, Nic, QpInfo, Reach, Registration};
 use crate::codec;
 use crate::error::wide;
 use crate::remote::{
-    accept_loop, bind_tcp, foreign, other_backend, serve_connection, Backend, Located, Peers,
-    Remote, RemoteConfig, Served,
+    bind_tcp, foreign, other_backend, serve_connection, Accepted, Backend, Located, Remote,
+    RemoteConfig, Served, TcpDial,
 };
-use crate::tcp::TcpDial;
 use crate::wire::frame::FrameReader;
-use crate::wire::gate::Permit;
 use crate::wire::handshake::{self, HANDSHAKE_FRAME_CAP};
 use crate::wire::{write_frame, ClusterSecret, Target};
 use crate::{
@@ -203,42 +201,33 @@ impl Remote<Rdma> {
             port: config.port,
             gid_index: config.gid_index,
         })?;
-        Self::start(config, Arc::new(nic)).await
+        Self::with_nic(config, Arc::new(nic)).await
     }
 
     /// The same backend over an in-process emulated NIC: handles reach only transports of this
     /// process (module doc). For tests, and for running odc's RDMA code path without a NIC.
     pub async fn emulated(config: RdmaConfig) -> Result<Self, TransportError> {
-        Self::start(config, Arc::new(EmulatedNic)).await
+        Self::with_nic(config, Arc::new(EmulatedNic)).await
     }
 
-    async fn start(config: RdmaConfig, nic: Arc<dyn Nic>) -> Result<Self, TransportError> {
+    async fn with_nic(config: RdmaConfig, nic: Arc<dyn Nic>) -> Result<Self, TransportError> {
         let (listener, addr) =
-            bind_tcp("rdma", &config.bind, config.advertise_host.as_deref()).await?;
-        let served = Served::new(config.remote, config.secret);
-        let peers = Peers::new(Box::new(TcpDial), Arc::clone(&served));
-        let (serving, nics) = (Arc::clone(&served), Arc::clone(&nic));
-        let listener = tokio::spawn(accept_loop(
-            listener,
-            "rdma",
-            move |stream, peer, permit| {
-                route(
-                    stream,
-                    Arc::clone(&serving),
-                    Arc::clone(&nics),
-                    peer,
-                    permit,
-                )
-            },
-        ));
+            bind_tcp(Rdma::NAME, &config.bind, config.advertise_host.as_deref()).await?;
         let rdma = Rdma {
             addr,
-            nic,
+            nic: Arc::clone(&nic),
             chunk_bytes: Layout::chunk_size(config.chunk_bytes),
             own: Arc::new(Mutex::new(HashMap::new())),
             links: Mutex::new(HashMap::new()),
         };
-        Ok(Remote::serve(served, peers, listener, rdma))
+        Ok(Remote::start(
+            listener,
+            TcpDial,
+            config.remote,
+            config.secret,
+            rdma,
+            move |stream, accepted| route(stream, Arc::clone(&nic), accepted),
+        ))
     }
 
     /// The control address peers dial (`host:port`).
@@ -354,8 +343,9 @@ impl Rdma {
             if mine.identity() != expect.who || *mine.layout() != expect.layout {
                 return Err(unknown);
             }
-            let mut access = OwnAccess {
-                memory: &mine,
+            let mut access = MemoryAccess {
+                memory: Local(&mine),
+                base: 0,
                 expect,
             };
             return work(&mut access).map_err(|f| f.into_error(owner, region, op, "in-process"));
@@ -384,106 +374,6 @@ impl Rdma {
             ),
         })
     }
-
-    /// A read of a published region (C1, C4 order after the descriptor).
-    #[allow(clippy::too_many_arguments)]
-    async fn read_published(
-        &self,
-        served: &Served,
-        handle: &RegionHandle,
-        located: &Located<'_, RdmaMemory>,
-        memory: &RdmaMemory,
-        range: Range<usize>,
-        into: Dest<'_>,
-        deadline: Deadline,
-    ) -> Result<u64, TransportError> {
-        let region = handle.id;
-        let dtype = handle.dtype;
-        let mut into = Some(into);
-        self.with_memory(
-            served,
-            handle,
-            located,
-            memory,
-            Op::Read,
-            deadline,
-            &mut |access: &mut dyn Access| {
-                let elements = access.expect().layout.elements;
-                if range.start > range.end || range.end > elements {
-                    access.probe()?;
-                    return Err(Failure::Refused(TransportError::OutOfRange {
-                        region,
-                        start: wide(range.start),
-                        end: wide(range.end),
-                        len: wide(elements),
-                    }));
-                }
-                let Some(dest) = into.take() else {
-                    return Err(Failure::Refused(TransportError::Unsupported {
-                        what: format!("read of region {region}: destination already used"),
-                    }));
-                };
-                if let Err(e) = dest.spec().check_host(region, dtype, range.len()) {
-                    access.probe()?;
-                    return Err(Failure::Refused(e));
-                }
-                let size = dtype.size();
-                let bytes = range.start * size..range.end * size;
-                match dest {
-                    Dest::Bytes(buf) => access.read(bytes, buf, deadline),
-                    Dest::F32(out) => {
-                        let mut raw = vec![0u8; bytes.len()];
-                        let version = access.read(bytes, &mut raw, deadline)?;
-                        codec::decode_into(dtype, &raw, out)
-                            .map_err(|e| Failure::Refused(e.for_region(region)))?;
-                        Ok(version)
-                    }
-                    // Refused by `check_host` above.
-                    Dest::Device(device) => Err(Failure::Refused(TransportError::Unsupported {
-                        what: format!(
-                            "read of region {region} into device memory ({} bytes)",
-                            device.bytes
-                        ),
-                    })),
-                }
-            },
-        )
-        .await
-    }
-
-    /// An accumulate or a send aimed at a published region: `WrongKind` if it exists, after the
-    /// handle checks.
-    #[allow(clippy::too_many_arguments)]
-    async fn wrong_kind_of(
-        &self,
-        served: &Served,
-        handle: &RegionHandle,
-        located: &Located<'_, RdmaMemory>,
-        memory: &RdmaMemory,
-        op: Op,
-        expected: RegionKind,
-        deadline: Deadline,
-    ) -> TransportError {
-        let probed = self
-            .with_memory(
-                served,
-                handle,
-                located,
-                memory,
-                op,
-                deadline,
-                &mut |access: &mut dyn Access| access.probe(),
-            )
-            .await;
-        match probed {
-            Ok(()) => TransportError::WrongKind {
-                region: handle.id,
-                expected,
-                actual: RegionKind::Published,
-            },
-            Err(e) => e,
-        }
-    }
 }
 
 /// An operation on one region's memory.
@@ -501,8 +391,8 @@ fn on_link<T>(
     if link.broken.load(Ordering::Acquire) {
         return None;
     }
-    let mut access = LinkAccess {
-        reach: Reach {
+    let mut access = MemoryAccess {
+        memory: Reach {
             channel: &mut **channel,
             rkey: memory.rkey,
             deadline,
@@ -598,48 +488,24 @@ trait Access {
     ) -> Result<u64, Failure>;
 }
 
-struct OwnAccess<'a> {
-    memory: &'a RegionMemory,
-    expect: Expect,
-}
-
-impl Access for OwnAccess<'_> {
-    fn expect(&self) -> &Expect {
-        &self.expect
-    }
-    fn probe(&mut self) -> Result<(), Failure> {
-        memory::probe(&mut Local(self.memory), 0, &self.expect).map_err(Failure::from_read)
-    }
-    fn read(
-        &mut self,
-        bytes: Range<usize>,
-        out: &mut [u8],
-        deadline: Deadline,
-    ) -> Result<u64, Failure> {
-        memory::read(
-            &mut Local(self.memory),
-            0,
-            &self.expect,
-            bytes,
-            out,
-            deadline,
-        )
-        .map_err(Failure::from_read)
-    }
-}
-
-struct LinkAccess<'a> {
-    reach: Reach<'a>,
+/// One region's memory as a reader reaches it (in-process, or through a connection): `memory`
+/// addressed from `base`, and what it must hold.
+struct MemoryAccess<M> {
+    memory: M,
     base: u64,
     expect: Expect,
 }
 
-impl Access for LinkAccess<'_> {
+impl<M> Access for MemoryAccess<M>
+where
+    M: RemoteMemory,
+    M::Error: Into<Failure>,
+{
     fn expect(&self) -> &Expect {
         &self.expect
     }
     fn probe(&mut self) -> Result<(), Failure> {
-        memory::probe(&mut self.reach, self.base, &self.expect).map_err(Failure::from_read)
+        memory::probe(&mut self.memory, self.base, &self.expect).map_err(Failure::from_read)
     }
     fn read(
         &mut self,
@@ -648,7 +514,7 @@ impl Access for LinkAccess<'_> {
         deadline: Deadline,
     ) -> Result<u64, Failure> {
         memory::read(
-            &mut self.reach,
+            &mut self.memory,
             self.base,
             &self.expect,
             bytes,
@@ -708,29 +574,19 @@ async fn exchange(
 }
 
 /// The owner's side of a queue-pair exchange (the preamble was peeked, not read): the handshake
-/// by `deadline`, holding `permit` until it ends.
-async fn serve_exchange(
-    mut stream: TcpStream,
-    served: Arc<Served>,
-    nic: Arc<dyn Nic>,
-    peer: String,
-    permit: Permit,
-    deadline: Deadline,
-) {
+/// by the connection's deadline, holding its permit until it ends.
+async fn serve_exchange(mut stream: TcpStream, nic: Arc<dyn Nic>, accepted: Accepted) {
+    let deadline = accepted.deadline;
     let mut preamble = [0u8; PREAMBLE.len()];
     let read = tokio::time::timeout_at(deadline.into(), stream.read_exact(&mut preamble)).await;
     if !matches!(read, Ok(Ok(_))) || preamble != PREAMBLE {
-        tracing::warn!(%peer, "odc rdma: dropped a connection: bad preamble");
+        tracing::warn!(peer = %accepted.peer, "odc rdma: dropped a connection: bad preamble");
         return;
     }
     let (read, mut write) = stream.into_split();
-    let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
-    let accepted = handshake::accept(&mut reader, &mut write, &served.secret, deadline).await;
-    drop(permit);
-    if let Err(e) = accepted {
-        tracing::warn!(%peer, "odc rdma: refused a connection: {e}");
+    let Some((mut reader, _, peer)) = accepted.authenticate(read, &mut write).await else {
         return;
-    }
+    };
     let theirs = match tokio::time::timeout_at(deadline.into(), reader.next()).await {
         Ok(Ok(body)) => QpInfo::decode(&body),
         Ok(Err(e)) => Err(format!("no queue-pair info: {e}")),
@@ -761,25 +617,18 @@ async fn serve_exchange(
 }
 
 /// Serve one accepted connection: a queue-pair exchange (it starts with the preamble) or the peer
-/// protocol (accumulates, sends, reads of non-published handles). One handshake deadline covers
-/// the wait for the first byte and the handshake; `permit` is held until the handshake ends.
-async fn route(
-    stream: TcpStream,
-    served: Arc<Served>,
-    nic: Arc<dyn Nic>,
-    peer: String,
-    permit: Permit,
-) {
-    let deadline = served.handshake_deadline();
+/// protocol (accumulates, sends, reads of non-published handles). The handshake deadline covers
+/// the wait for the first byte and the handshake; the permit is held until the handshake ends.
+async fn route(stream: TcpStream, nic: Arc<dyn Nic>, accepted: Accepted) {
     let mut first = [0u8; 1];
-    let peeked = tokio::time::timeout_at(deadline.into(), stream.peek(&mut first)).await;
+    let peeked = tokio::time::timeout_at(accepted.deadline.into(), stream.peek(&mut first)).await;
     match peeked {
         Ok(Ok(n)) if n > 0 && first[0] == PREAMBLE[0] => {
-            serve_exchange(stream, served, nic, peer, permit, deadline).await
+            serve_exchange(stream, nic, accepted).await
         }
         Ok(Ok(n)) if n > 0 => {
             let (read, write) = stream.into_split();
-            serve_connection(read, write, served, peer, permit, deadline).await;
+            serve_connection(read, write, accepted).await;
         }
         // Closed, failed, or silent past the handshake timeout.
         _ => {}
@@ -816,16 +665,8 @@ impl PublishedRegion for PublishedGuard {
 
     fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
         let region = self.handle.id;
-        let elements =
-            codec::element_count(self.dtype, data.len()).map_err(|e| e.for_region(region))?;
-        let len = self.memory.layout().elements;
-        if elements != len {
-            return Err(TransportError::LengthMismatch {
-                region,
-                elements: wide(elements),
-                len: wide(len),
-            });
-        }
+        codec::check_exact(self.dtype, &data, self.memory.layout().elements)
+            .map_err(|e| e.for_region(region))?;
         self.memory
             .publish(version, &data)
             .map_err(|what| TransportError::Unsupported {
@@ -930,6 +771,7 @@ impl Backend for Rdma {
         }))
     }
 
+    /// A read of a published region (C1, C4 order after the descriptor).
     async fn read_memory(
         &self,
         served: &Served,
@@ -940,10 +782,62 @@ impl Backend for Rdma {
         into: Dest<'_>,
         deadline: Deadline,
     ) -> Result<u64, TransportError> {
-        self.read_published(served, handle, located, memory, range, into, deadline)
-            .await
+        let region = handle.id;
+        let dtype = handle.dtype;
+        let mut into = Some(into);
+        self.with_memory(
+            served,
+            handle,
+            located,
+            memory,
+            Op::Read,
+            deadline,
+            &mut |access: &mut dyn Access| {
+                let elements = access.expect().layout.elements;
+                if range.start > range.end || range.end > elements {
+                    access.probe()?;
+                    return Err(Failure::Refused(TransportError::OutOfRange {
+                        region,
+                        start: wide(range.start),
+                        end: wide(range.end),
+                        len: wide(elements),
+                    }));
+                }
+                let Some(dest) = into.take() else {
+                    return Err(Failure::Refused(TransportError::Unsupported {
+                        what: format!("read of region {region}: destination already used"),
+                    }));
+                };
+                if let Err(e) = dest.spec().check_host(region, dtype, range.len()) {
+                    access.probe()?;
+                    return Err(Failure::Refused(e));
+                }
+                let size = dtype.size();
+                let bytes = range.start * size..range.end * size;
+                match dest {
+                    Dest::Bytes(buf) => access.read(bytes, buf, deadline),
+                    Dest::F32(out) => {
+                        let mut raw = vec![0u8; bytes.len()];
+                        let version = access.read(bytes, &mut raw, deadline)?;
+                        codec::decode_into(dtype, &raw, out)
+                            .map_err(|e| Failure::Refused(e.for_region(region)))?;
+                        Ok(version)
+                    }
+                    // Refused by `check_host` above.
+                    Dest::Device(device) => Err(Failure::Refused(TransportError::Unsupported {
+                        what: format!(
+                            "read of region {region} into device memory ({} bytes)",
+                            device.bytes
+                        ),
+                    })),
+                }
+            },
+        )
+        .await
     }
 
+    /// An accumulate or a send aimed at a published region: `WrongKind` if it exists, after the
+    /// handle checks.
     async fn wrong_kind(
         &self,
         served: &Served,
@@ -954,7 +848,24 @@ impl Backend for Rdma {
         expected: RegionKind,
         deadline: Deadline,
     ) -> TransportError {
-        self.wrong_kind_of(served, handle, located, memory, op, expected, deadline)
-            .await
+        let probed = self
+            .with_memory(
+                served,
+                handle,
+                located,
+                memory,
+                op,
+                deadline,
+                &mut |access: &mut dyn Access| access.probe(),
+            )
+            .await;
+        match probed {
+            Ok(()) => TransportError::WrongKind {
+                region: handle.id,
+                expected,
+                actual: RegionKind::Published,
+            },
+            Err(e) => e,
+        }
     }
 }

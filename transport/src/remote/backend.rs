@@ -5,6 +5,9 @@
 //! what is its own ([`Backend`]): its descriptor, how a handle of its kind is located, where a
 //! published region's bytes live and how a reader copies them without the owner (a mapped
 //! segment, an RDMA READ, a CUDA IPC copy), or nothing of that kind (`tcp` serves every read).
+//! Its constructor binds its listener and hands it, with its dialer ([`super::dial`]), to
+//! [`Remote::start`], which sets up the fabric, the peers and the accept loop the same way for
+//! every backend.
 //!
 //! Every operation checks its deadline first, then locates the handle (a foreign handle is
 //! [`TransportError::ForeignHandle`] naming why); a published region with memory of its own is
@@ -18,9 +21,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{ops, Peers, Served};
+use super::listen::{accept_loop, Listen};
+use super::service::Accepted;
+use super::{ops, Dial, Peers, RemoteConfig, Renamed, Served};
 use crate::transport::check_deadline;
-use crate::wire::Target;
+use crate::wire::{ClusterSecret, Target};
 use crate::{
     AccumulatorRegion, Deadline, Descriptor, Dest, Dtype, EndpointId, InboxRegion, Op,
     PublishedRegion, RegionHandle, RegionKind, Transport, TransportError, WriteTag,
@@ -55,7 +60,8 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         handle: &'h RegionHandle,
     ) -> Result<Located<'h, Self::Memory>, TransportError>;
 
-    /// The owner side of a published region.
+    /// The owner side of a published region: by default kept in the core's fabric, every read of
+    /// it served by the owner over the connection (`tcp`).
     fn register_published(
         &self,
         served: &Served,
@@ -63,7 +69,15 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         dtype: Dtype,
         initial: Bytes,
         version: u64,
-    ) -> Result<Box<dyn PublishedRegion>, TransportError>;
+    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
+        let inner = served
+            .fabric
+            .register_published(owner, dtype, initial, version)?;
+        Ok(Box::new(Renamed {
+            descriptor: self.descriptor(served),
+            inner,
+        }))
+    }
 
     /// The owner side of an accumulator: by default kept by the core's [`Served`].
     fn register_accumulator(
@@ -114,14 +128,42 @@ pub struct Remote<B> {
 }
 
 impl<B> Remote<B> {
-    /// The core around `backend`, whose owner side `served` is served by `listener` and whose
-    /// reader side dials through `peers`.
-    pub(crate) fn serve(
-        served: Arc<Served>,
-        peers: Peers,
-        listener: tokio::task::JoinHandle<()>,
+    /// The core around `backend`, inside a tokio runtime: a fresh fabric ([`Served`]) under its
+    /// knobs `remote` and `secret`; connections accepted on `listener` by the accept loop
+    /// ([`accept_loop`], its log and metric named `B::NAME`), each handed to `serve` in its own
+    /// task with what it is served with ([`Accepted`], its handshake due from its acceptance);
+    /// and other owners reached through `dial`. Dropping the transport aborts the loop and every
+    /// connection it serves.
+    pub(crate) fn start<L, F, Fut>(
+        listener: L,
+        dial: impl Dial,
+        remote: RemoteConfig,
+        secret: ClusterSecret,
         backend: B,
-    ) -> Self {
+        serve: F,
+    ) -> Self
+    where
+        B: Backend,
+        L: Listen + Sync,
+        F: Fn(L::Stream, Accepted) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let served = Served::new(remote, secret);
+        let peers = Peers::new(Box::new(dial), Arc::clone(&served));
+        let serving = Arc::clone(&served);
+        let listener = tokio::spawn(accept_loop(
+            listener,
+            B::NAME,
+            move |stream, peer, permit| {
+                let accepted = Accepted {
+                    deadline: serving.handshake_deadline(),
+                    served: Arc::clone(&serving),
+                    peer,
+                    permit,
+                };
+                serve(stream, accepted)
+            },
+        ));
         Self {
             served,
             peers,

@@ -10,65 +10,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 
-use super::payload::{Payload, Stream};
+use super::dial::{BoxWrite, Dial};
+use super::payload::{Answer, Payload, Shared, Stream};
 use super::{RemoteConfig, Served};
 use crate::wire::frame::{write_frame, FrameReader};
-use crate::wire::{handshake, ReadOkHead, Request, Response, READ_OK_HEAD};
-use crate::{Deadline, Dtype, EndpointId, Op, RegionId, TransportError};
-
-pub(crate) type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
-pub(crate) type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
-
-/// Opens a byte stream to a peer address (a TCP `host:port`, a Unix socket path).
-#[async_trait::async_trait]
-pub(crate) trait Dial: Send + Sync + 'static {
-    async fn dial(&self, addr: &str) -> std::io::Result<(BoxRead, BoxWrite)>;
-}
-
-/// What a request gets back.
-pub(crate) enum Answer {
-    /// A response without a payload to receive (`Done`, `Failed`).
-    Whole(Response),
-    /// A read's answer: its version and dtype, and its payload, next on the stream.
-    Read {
-        version: u64,
-        dtype: Dtype,
-        payload: Payload,
-    },
-}
-
-type Waiter = oneshot::Sender<Result<Answer, String>>;
-
-/// What a connection's reader task and its callers share.
-#[derive(Default)]
-pub(crate) struct Shared {
-    /// Requests in flight, by request id.
-    pending: Mutex<HashMap<u64, Waiter>>,
-    /// Why the connection failed, once it has.
-    dead: Mutex<Option<String>>,
-}
-
-impl Shared {
-    /// Mark the connection failed (first reason wins) and fail every request in flight.
-    pub(crate) fn fail(&self, reason: String) {
-        let reason = {
-            let mut dead = self.dead.lock();
-            dead.get_or_insert(reason).clone()
-        };
-        let waiters: Vec<Waiter> = self.pending.lock().drain().map(|(_, w)| w).collect();
-        for waiter in waiters {
-            // The caller may have given up already.
-            let _ = waiter.send(Err(reason.clone()));
-        }
-    }
-
-    fn dead(&self) -> Option<String> {
-        self.dead.lock().clone()
-    }
-}
+use crate::wire::{handshake, ReadOkHead, Request, Response, Target, READ_OK_HEAD};
+use crate::{Deadline, EndpointId, Op, RegionId, TransportError};
 
 struct Connection {
     shared: Arc<Shared>,
@@ -118,6 +67,15 @@ pub(crate) struct About {
 }
 
 impl About {
+    /// A call of `op` on the region `target`.
+    pub(crate) fn at(target: &Target, op: Op) -> Self {
+        Self {
+            owner: target.owner,
+            region: target.region,
+            op,
+        }
+    }
+
     pub(crate) fn deadline_error(self) -> TransportError {
         TransportError::DeadlineExceeded {
             owner: self.owner,
@@ -165,16 +123,10 @@ impl Peers {
         let req = conn.next.fetch_add(1, Ordering::Relaxed);
         let request = make(req);
         let (tx, rx) = oneshot::channel();
-        {
-            let mut pending = conn.shared.pending.lock();
-            if let Some(reason) = conn.shared.dead() {
-                return Err(about.unreachable(addr, reason));
-            }
-            pending.insert(req, tx);
+        if let Err(reason) = conn.shared.expect(req, tx) {
+            return Err(about.unreachable(addr, reason));
         }
-        let forget = || {
-            conn.shared.pending.lock().remove(&req);
-        };
+        let forget = || drop(conn.shared.take(req));
         let (head, payload) = request.encode();
         let Ok(mut writer) = tokio::time::timeout_at(deadline.into(), conn.writer.lock()).await
         else {
@@ -303,7 +255,7 @@ async fn read_responses(mut stream: Stream, shared: Arc<Shared>) {
             body.extend_from_slice(&rest);
             match Response::decode(body.freeze()) {
                 Ok(response) => {
-                    let waiter = shared.pending.lock().remove(&response.req());
+                    let waiter = shared.take(response.req());
                     // No waiter: its caller gave up at its deadline; the late answer is dropped.
                     if let Some(waiter) = waiter {
                         let _ = waiter.send(Ok(Answer::Whole(response)));
@@ -313,7 +265,7 @@ async fn read_responses(mut stream: Stream, shared: Arc<Shared>) {
                 Err(e) => break bad(&e),
             }
         };
-        let Some(waiter) = shared.pending.lock().remove(&req) else {
+        let Some(waiter) = shared.take(req) else {
             continue; // the next frame's read discards the payload
         };
         let left = stream.frames.body_left();

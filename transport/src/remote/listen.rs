@@ -1,12 +1,15 @@
 //! The owner's side of accepting: bind a TCP listener and tell peers its address, and accept
 //! connections forever, each served in its own task (all aborted with the loop), at most
-//! [`MAX_UNAUTHENTICATED`] of them in the handshake at once (`wire::gate`).
+//! [`MAX_UNAUTHENTICATED`] of them in the handshake at once (`wire::gate`); a connection that is
+//! only the peer protocol is served on its two halves ([`serve_split`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
 
+use super::service::{serve_connection, Accepted};
 use crate::wire::gate::{Permit, UnauthenticatedGate, MAX_UNAUTHENTICATED, REFUSED_METRIC};
 use crate::TransportError;
 
@@ -66,6 +69,38 @@ impl Listen for UnixListener {
             format!("unix peer {}", PEERS.fetch_add(1, Ordering::Relaxed)),
         ))
     }
+}
+
+/// An accepted stream as its read and write halves.
+pub(crate) trait Split {
+    type Read: AsyncRead + Unpin + Send + 'static;
+    type Write: AsyncWrite + Unpin + Send + 'static;
+    fn split(self) -> (Self::Read, Self::Write);
+}
+
+impl Split for TcpStream {
+    type Read = tcp::OwnedReadHalf;
+    type Write = tcp::OwnedWriteHalf;
+    fn split(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+impl Split for UnixStream {
+    type Read = unix::OwnedReadHalf;
+    type Write = unix::OwnedWriteHalf;
+    fn split(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+/// Serve the peer protocol on an accepted `stream` (the serving of `tcp`, `shm`, `cuda`).
+pub(crate) fn serve_split<S: Split>(
+    stream: S,
+    accepted: Accepted,
+) -> impl Future<Output = ()> + Send + 'static {
+    let (read, write) = stream.split();
+    serve_connection(read, write, accepted)
 }
 
 /// Accept connections on `listener` until aborted, serving each with `serve` in its own task;

@@ -27,6 +27,7 @@
 
 mod backend;
 mod client;
+mod dial;
 mod listen;
 pub(crate) mod ops;
 mod payload;
@@ -36,9 +37,12 @@ use std::time::Duration;
 
 pub use self::backend::Remote;
 pub(crate) use self::backend::{foreign, other_backend, Backend, Located};
-pub(crate) use self::client::{BoxRead, BoxWrite, Dial, Peers};
-pub(crate) use self::listen::{accept_loop, bind_tcp};
-pub(crate) use self::service::{serve_connection, Served};
+pub(crate) use self::client::Peers;
+pub(crate) use self::dial::{Dial, TcpDial, UnixDial};
+pub(crate) use self::listen::{bind_tcp, serve_split};
+pub(crate) use self::service::Served;
+#[cfg(feature = "rdma")]
+pub(crate) use self::service::{serve_connection, Accepted};
 
 /// Knobs of a process-crossing backend's connections.
 #[derive(Debug, Clone)]

@@ -5,8 +5,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
-use super::client::{About, Answer, Peers};
-use super::payload::Payload;
+use super::client::{About, Peers};
+use super::payload::{Answer, Payload};
 use crate::error::wide;
 use crate::wire::{Request, Response, Target};
 use crate::{Deadline, Dest, Op, RegionHandle, Transport, TransportError, WriteTag};
@@ -39,11 +39,7 @@ pub(crate) async fn read(
             .read(&fabric.local_handle(handle), range, into, deadline)
             .await;
     }
-    let about = About {
-        owner: target.owner,
-        region: target.region,
-        op: Op::Read,
-    };
+    let about = About::at(&target, Op::Read);
     let size = handle.dtype.size();
     let per_part = (peers.config().read_part_bytes / size).max(1);
     let spec = into.spec();
@@ -222,11 +218,7 @@ pub(crate) async fn accumulate(
             tag,
         );
     }
-    let about = About {
-        owner: target.owner,
-        region: target.region,
-        op: Op::Accumulate,
-    };
+    let about = About::at(&target, Op::Accumulate);
     acknowledged(peers, addr, about, data.len(), deadline, |req| {
         Request::Accumulate {
             req,
@@ -255,11 +247,7 @@ pub(crate) async fn send(
             .fabric
             .serve_send(target.owner, target.region, tag, data);
     }
-    let about = About {
-        owner: target.owner,
-        region: target.region,
-        op: Op::Send,
-    };
+    let about = About::at(&target, Op::Send);
     acknowledged(peers, addr, about, data.len(), deadline, |req| {
         Request::Send {
             req,

@@ -1,4 +1,6 @@
-//! A read's payload, received straight into the reader's destination.
+//! A connection's answers: what its reader task and the requests waiting on it share (the
+//! requests in flight, and why the connection failed), what a request gets back ([`Answer`]), and
+//! a read's payload, received straight into the reader's destination.
 //!
 //! A connection's responses arrive in request order on one stream. Its reader task reads each
 //! frame's head; for a read's answer (`ReadOk`) with a large payload, it hands the *stream
@@ -22,14 +24,75 @@
 //! - While a request holds the stream, the connection's other answers wait for it: a read must
 //!   be polled to completion or dropped (every one is bounded by its deadline), as any future.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::client::{BoxRead, Shared};
+use super::dial::BoxRead;
 use crate::wire::frame::{FrameError, FrameReader};
+use crate::wire::Response;
 use crate::{codec, Dtype};
+
+/// What a request gets back.
+pub(crate) enum Answer {
+    /// A response without a payload to receive (`Done`, `Failed`).
+    Whole(Response),
+    /// A read's answer: its version and dtype, and its payload, next on the stream.
+    Read {
+        version: u64,
+        dtype: Dtype,
+        payload: Payload,
+    },
+}
+
+type Waiter = oneshot::Sender<Result<Answer, String>>;
+
+/// What a connection's reader task and its callers share.
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// Requests in flight, by request id.
+    pending: Mutex<HashMap<u64, Waiter>>,
+    /// Why the connection failed, once it has.
+    dead: Mutex<Option<String>>,
+}
+
+impl Shared {
+    /// Wait for the answer to request `req` with `waiter`, unless the connection failed (why).
+    pub(crate) fn expect(&self, req: u64, waiter: Waiter) -> Result<(), String> {
+        let mut pending = self.pending.lock();
+        if let Some(reason) = self.dead() {
+            return Err(reason);
+        }
+        pending.insert(req, waiter);
+        Ok(())
+    }
+
+    /// The waiter of request `req`, no longer in flight (none: its caller gave up).
+    pub(crate) fn take(&self, req: u64) -> Option<Waiter> {
+        self.pending.lock().remove(&req)
+    }
+
+    /// Mark the connection failed (first reason wins) and fail every request in flight.
+    pub(crate) fn fail(&self, reason: String) {
+        let reason = {
+            let mut dead = self.dead.lock();
+            dead.get_or_insert(reason).clone()
+        };
+        let waiters: Vec<Waiter> = self.pending.lock().drain().map(|(_, w)| w).collect();
+        for waiter in waiters {
+            // The caller may have given up already.
+            let _ = waiter.send(Err(reason.clone()));
+        }
+    }
+
+    /// Why the connection failed, if it has.
+    pub(crate) fn dead(&self) -> Option<String> {
+        self.dead.lock().clone()
+    }
+}
 
 /// A connection's read side: its frames, and the buffer payloads that need decoding are received
 /// into (kept, so its pages are not faulted in again for every read).

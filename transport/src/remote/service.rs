@@ -73,7 +73,7 @@ impl Served {
         len: usize,
         epoch: u64,
         values: Box<dyn crate::local::accumulator::Sums>,
-    ) -> Result<crate::local::accumulator::AccumulatorGuard, TransportError> {
+    ) -> Result<crate::local::AccumulatorGuard, TransportError> {
         self.fabric
             .register_accumulator_in(owner, len, epoch, values)
     }
@@ -156,27 +156,56 @@ impl Served {
     }
 }
 
-/// Serve one accepted connection until the peer closes it or breaks the protocol. `peer` names it
-/// in the log. The handshake must end by `deadline`; `permit` (the connection's place among the
-/// listener's unauthenticated ones) is given back as soon as it does.
-pub(crate) async fn serve_connection<R, W>(
-    reader: R,
-    mut writer: W,
-    served: Arc<Served>,
-    peer: String,
-    permit: Permit,
-    deadline: Deadline,
-) where
+/// What an accepted connection is served with.
+pub(crate) struct Accepted {
+    /// The regions it reaches.
+    pub(crate) served: Arc<Served>,
+    /// Its name in the log.
+    pub(crate) peer: String,
+    /// Its place among the listener's unauthenticated connections (`wire::gate`).
+    pub(crate) permit: Permit,
+    /// When its handshake must have ended (from its acceptance).
+    pub(crate) deadline: Deadline,
+}
+
+impl Accepted {
+    /// The handshake on `reader` and `writer`, by the connection's deadline; its permit is given
+    /// back as soon as it ends. Authenticated: the connection's frames (at the handshake's cap),
+    /// the regions it reaches and its name; refused: `None`, the reason logged (the caller closes
+    /// the connection).
+    pub(crate) async fn authenticate<R, W>(
+        self,
+        reader: R,
+        writer: &mut W,
+    ) -> Option<(FrameReader<R>, Arc<Served>, String)>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut frames = FrameReader::new(reader, handshake::HANDSHAKE_FRAME_CAP);
+        let result =
+            handshake::accept(&mut frames, writer, &self.served.secret, self.deadline).await;
+        drop(self.permit);
+        match result {
+            Ok(()) => Some((frames, self.served, self.peer)),
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, "odc transport: refused a connection: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// Serve one accepted connection until the peer closes it or breaks the protocol. The handshake
+/// must end by the connection's deadline; its permit is given back as soon as it does.
+pub(crate) async fn serve_connection<R, W>(reader: R, mut writer: W, accepted: Accepted)
+where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut reader = FrameReader::new(reader, handshake::HANDSHAKE_FRAME_CAP);
-    let accepted = handshake::accept(&mut reader, &mut writer, &served.secret, deadline).await;
-    drop(permit);
-    if let Err(e) = accepted {
-        tracing::warn!(%peer, "odc transport: refused a connection: {e}");
+    let Some((mut reader, served, peer)) = accepted.authenticate(reader, &mut writer).await else {
         return;
-    }
+    };
     reader.set_cap(served.config.frame_cap);
     loop {
         let body = match reader.next().await {

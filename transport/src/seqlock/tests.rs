@@ -5,10 +5,10 @@
 //! region).
 
 use std::cell::RefCell;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::torn::read_while_publishing;
 use super::*;
 
 /// A region of `chunks` chunks of `words` data words each, its controls beside it.
@@ -124,28 +124,14 @@ fn a_quiet_region_reads_whole_for_every_range_with_both_readers() {
 fn never_torn(whole_reads: bool, gap: Duration) {
     let region = Arc::new(Region::new(32, 16));
     region.publish(0);
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (region, stop) = (Arc::clone(&region), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            let mut version = 0;
-            while !stop.load(Ordering::Relaxed) {
-                version += 1;
-                region.publish(version);
-                if !gap.is_zero() {
-                    std::thread::sleep(gap);
-                }
-            }
-            version
-        })
+    let writer = Arc::clone(&region);
+    let publish = move |version| {
+        writer.publish(version);
+        if !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
     };
-    let started = Instant::now();
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let (mut reads, mut seen) = (0u64, std::collections::BTreeSet::new());
-    while started.elapsed() < Duration::from_millis(300) {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
+    let seen = read_while_publishing(publish, |_, rng| {
         let start = rng as usize % 32;
         let end = (start + 1 + (rng >> 32) as usize % 6).min(32);
         let mut out = vec![u64::MAX; (end - start) * 16];
@@ -167,15 +153,9 @@ fn never_torn(whole_reads: bool, gap: Duration) {
             out.iter().all(|&w| w == version),
             "torn read of chunks {start}..{end} at version {version}"
         );
-        reads += 1;
-        seen.insert(version);
-    }
-    stop.store(true, Ordering::Relaxed);
-    let published = writer.join().expect("writer");
-    assert!(
-        seen.len() >= 2,
-        "{reads} reads saw only versions {seen:?} of {published} publications"
-    );
+        version
+    });
+    seen.assert_several();
 }
 
 #[test]
@@ -272,7 +252,19 @@ struct Stepped<'a> {
     loads: usize,
 }
 
-impl Stepped<'_> {
+impl<'a> Stepped<'a> {
+    /// The writer of `script` on `region`, its steps run as `schedule` says.
+    fn new(region: &'a Region, script: Vec<Step>, schedule: Vec<usize>) -> Self {
+        Self {
+            region,
+            script,
+            next: 0,
+            odd: [0; 2],
+            schedule,
+            loads: 0,
+        }
+    }
+
     /// A reader load is about to happen: run the writer steps scheduled before it (one per load
     /// once the schedule is used up, so that the writer always finishes).
     fn before_load(&mut self) {
@@ -357,14 +349,7 @@ fn every_interleaving_of_a_whole_range_read_accepts_only_whole_publications() {
     let (mut accepted, mut refused) = (0, 0);
     for schedule in schedules(script.len(), 7) {
         let region = Region::new(2, 1);
-        let writer = RefCell::new(Stepped {
-            region: &region,
-            script: script.clone(),
-            next: 0,
-            odd: [0; 2],
-            schedule,
-            loads: 0,
-        });
+        let writer = RefCell::new(Stepped::new(&region, script.clone(), schedule));
         let mut reader = Interleaved {
             writer: &writer,
             out: [u64::MAX; 2],
@@ -395,14 +380,7 @@ fn every_interleaving_of_a_piecewise_read_ends_in_a_whole_publication() {
     let script = writer_script();
     for schedule in schedules(script.len(), 9) {
         let region = Region::new(2, 1);
-        let writer = RefCell::new(Stepped {
-            region: &region,
-            script: script.clone(),
-            next: 0,
-            odd: [0; 2],
-            schedule,
-            loads: 0,
-        });
+        let writer = RefCell::new(Stepped::new(&region, script.clone(), schedule));
         // Controls whose every word access first runs the scheduled writer steps.
         struct Hooked<'a, 'b>(&'b RefCell<Stepped<'a>>);
         impl Controls for Hooked<'_, '_> {

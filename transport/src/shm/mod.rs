@@ -45,8 +45,7 @@ use self::segment::{SegmentError, SegmentReader, SegmentWriter};
 use crate::codec;
 use crate::error::wide;
 use crate::remote::{
-    accept_loop, foreign, other_backend, serve_connection, Backend, BoxRead, BoxWrite, Dial,
-    Located, Peers, Remote, RemoteConfig, Served,
+    foreign, other_backend, serve_split, Backend, Located, Remote, RemoteConfig, Served, UnixDial,
 };
 use crate::wire::{ClusterSecret, Target};
 use crate::{
@@ -85,18 +84,6 @@ impl ShmConfig {
     }
 }
 
-/// Dials an owner's Unix socket (`shm`, and the `cuda` backend's acknowledged path).
-pub(crate) struct UnixDial;
-
-#[async_trait::async_trait]
-impl Dial for UnixDial {
-    async fn dial(&self, addr: &str) -> std::io::Result<(BoxRead, BoxWrite)> {
-        let stream = UnixStream::connect(addr).await?;
-        let (read, write) = stream.into_split();
-        Ok((Box::new(read), Box::new(write)))
-    }
-}
-
 /// The shared-memory backend: the served core ([`Remote`]) with published regions in segments
 /// that readers map and copy without their owner. Create it inside a tokio runtime
 /// ([`ShmTransport::new`]).
@@ -108,7 +95,7 @@ pub struct Shm {
     job: String,
     dir: PathBuf,
     chunk_bytes: usize,
-    socket: PathBuf,
+    socket: JobSocket,
     /// Segments this process has mapped, by name.
     mapped: Mutex<HashMap<String, Arc<SegmentReader>>>,
 }
@@ -117,14 +104,8 @@ impl std::fmt::Debug for Shm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shm")
             .field("job", &self.job)
-            .field("socket", &self.socket)
+            .field("socket", &self.socket.path())
             .finish()
-    }
-}
-
-impl Drop for Shm {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.socket);
     }
 }
 
@@ -143,37 +124,7 @@ impl Remote<Shm> {
     /// Remove the job's stale files, listen on a fresh socket and serve this transport's
     /// accumulators and inboxes there.
     pub async fn new(config: ShmConfig) -> Result<Self, TransportError> {
-        if !segment::job_is_valid(&config.job) {
-            return Err(unsupported(format!(
-                "shm backend: job id {:?} is not [A-Za-z0-9_.-]{{1,64}}",
-                config.job
-            )));
-        }
-        sweep(&config.dir, &config.job);
-        let n = NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed);
-        let socket = config.dir.join(format!(
-            "odc-{}-{}-{n}.sock",
-            config.job,
-            std::process::id()
-        ));
-        let listener = UnixListener::bind(&socket).map_err(|e| {
-            unsupported(format!(
-                "shm backend cannot listen on {}: {e}",
-                socket.display()
-            ))
-        })?;
-        let served = Served::new(config.remote, config.secret);
-        let peers = Peers::new(Box::new(UnixDial), Arc::clone(&served));
-        let serving = Arc::clone(&served);
-        let listener = tokio::spawn(accept_loop(
-            listener,
-            "shm",
-            move |stream: UnixStream, peer, permit| {
-                let (read, write) = stream.into_split();
-                let deadline = serving.handshake_deadline();
-                serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
-            },
-        ));
+        let (listener, socket) = JobSocket::listen(Shm::NAME, &config.dir, &config.job)?;
         let shm = Shm {
             host: host_id(),
             job: config.job,
@@ -182,12 +133,61 @@ impl Remote<Shm> {
             socket,
             mapped: Mutex::new(HashMap::new()),
         };
-        Ok(Remote::serve(served, peers, listener, shm))
+        Ok(Remote::start(
+            listener,
+            UnixDial,
+            config.remote,
+            config.secret,
+            shm,
+            serve_split::<UnixStream>,
+        ))
     }
 
     /// The Unix socket this transport serves on.
     pub fn socket(&self) -> &Path {
-        &self.backend.socket
+        self.backend.socket.path()
+    }
+}
+
+/// The Unix socket a transport of a job serves on (`odc-{job}-{pid}-{n}.sock`, the `shm` and the
+/// `cuda` backends'); its file is removed when this is dropped.
+#[derive(Debug)]
+pub(crate) struct JobSocket(PathBuf);
+
+impl JobSocket {
+    /// Check the job id, remove the job's stale files in `dir` ([`sweep`]) and listen on a fresh
+    /// socket there for `backend`.
+    pub(crate) fn listen(
+        backend: &str,
+        dir: &Path,
+        job: &str,
+    ) -> Result<(UnixListener, Self), TransportError> {
+        if !segment::job_is_valid(job) {
+            return Err(unsupported(format!(
+                "{backend} backend: job id {job:?} is not [A-Za-z0-9_.-]{{1,64}}"
+            )));
+        }
+        sweep(dir, job);
+        let n = NEXT_SEGMENT.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("odc-{job}-{}-{n}.sock", std::process::id()));
+        let listener = UnixListener::bind(&path).map_err(|e| {
+            unsupported(format!(
+                "{backend} backend cannot listen on {}: {e}",
+                path.display()
+            ))
+        })?;
+        Ok((listener, Self(path)))
+    }
+
+    /// The socket's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for JobSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -197,7 +197,7 @@ impl Shm {
             host: self.host.clone(),
             job: self.job.clone(),
             instance: served.instance,
-            socket: self.socket.to_string_lossy().into_owned(),
+            socket: self.socket.path().to_string_lossy().into_owned(),
             segment,
         }
     }
@@ -402,15 +402,7 @@ impl PublishedRegion for SegmentGuard {
 
     fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
         let region = self.handle.id;
-        let elements =
-            codec::element_count(self.dtype, data.len()).map_err(|e| e.for_region(region))?;
-        if elements != self.len {
-            return Err(TransportError::LengthMismatch {
-                region,
-                elements: wide(elements),
-                len: wide(self.len),
-            });
-        }
+        codec::check_exact(self.dtype, &data, self.len).map_err(|e| e.for_region(region))?;
         self.writer
             .publish(version, &data)
             .map_err(|e| unsupported(format!("publish of region {region}: {e}")))

@@ -1150,9 +1150,15 @@ pub(crate) fn sweep_stale(dir: &Path, job: Option<&str>) -> io::Result<Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::seqlock::torn::{assert_whole, byte_of, read_while_publishing};
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
     use std::time::Duration;
+
+    /// A deadline no test here reaches.
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
 
     /// A private directory for one test (under /dev/shm where it exists), removed at the end.
     struct TestDir(PathBuf);
@@ -1385,40 +1391,13 @@ mod tests {
 
     #[test]
     fn torn_read_never_observed_under_a_publishing_writer() {
-        let dir = TestDir::new("torn_read");
-        let job = "torn_read";
         const BYTES: usize = 32 * 1024; // 8192 u32 in 32 chunks of 1 KiB
         const CHUNK: usize = 1024;
-        let a = vec![0xAAu8; BYTES];
-        let b = vec![0x55u8; BYTES];
-        // Odd versions carry A, even ones B.
-        let writer = Arc::new(
-            SegmentWriter::create(dir.path(), job, 1, 4, BYTES / 4, CHUNK, &b, 0).expect("create"),
-        );
+        let (dir, job) = (TestDir::new("torn_read"), "torn_read");
+        let (writer, publish) = alternating(&dir, job, BYTES, CHUNK);
         let reader = SegmentReader::open(dir.path(), writer.name(), job).expect("open");
-        let stop = Arc::new(AtomicBool::new(false));
-        let publisher = {
-            let (writer, stop) = (Arc::clone(&writer), Arc::clone(&stop));
-            std::thread::spawn(move || {
-                let mut version = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    version += 1;
-                    let data = if version % 2 == 1 { &a } else { &b };
-                    writer.publish(version, data).expect("publish");
-                }
-                version
-            })
-        };
-
-        let started = Instant::now();
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut reads = 0u64;
-        let mut seen = std::collections::BTreeSet::new();
         let mut out = vec![0u8; BYTES];
-        while started.elapsed() < Duration::from_millis(300) {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
+        let seen = read_while_publishing(publish, |_, rng| {
             // Ranges of 1..=6 chunks' worth of elements starting anywhere (mostly unaligned to
             // chunks), so they span several chunks.
             let start = (rng as usize % (BYTES / 4)) * 4;
@@ -1427,27 +1406,34 @@ mod tests {
             let dest = &mut out[..end - start];
             dest.fill(0);
             let version = reader
-                .read(
-                    start..end,
-                    Instant::now() + Duration::from_secs(5),
-                    &mut |src, off| dest[off..off + src.len()].copy_from_slice(src),
-                )
+                .read(start..end, soon(), &mut |src, off| {
+                    dest[off..off + src.len()].copy_from_slice(src)
+                })
                 .expect("read under a live writer");
-            let expected = if version % 2 == 1 { 0xAA } else { 0x55 };
-            assert!(
-                dest.iter().all(|&x| x == expected),
-                "torn read of {start}..{end} at version {version}"
-            );
-            reads += 1;
-            seen.insert(version);
-        }
-        stop.store(true, Ordering::Relaxed);
-        let published = publisher.join().expect("publisher");
-        assert!(reads > 0);
-        assert!(
-            seen.len() >= 2,
-            "{reads} reads saw only versions {seen:?} of {published} publications"
+            assert_whole(dest, version, format_args!("{start}..{end}"));
+            version
+        });
+        seen.assert_several();
+    }
+
+    /// A segment of `bytes` data bytes in chunks of `chunk` in `dir` for `job`, at version 0, and
+    /// the publication of version `v` into it: its data all [`byte_of`]`(v)`.
+    fn alternating(
+        dir: &TestDir,
+        job: &str,
+        bytes: usize,
+        chunk: usize,
+    ) -> (Arc<SegmentWriter>, impl FnMut(u64) + Send + 'static) {
+        let (a, b) = (vec![byte_of(1); bytes], vec![byte_of(0); bytes]);
+        let writer = Arc::new(
+            SegmentWriter::create(dir.path(), job, 1, 4, bytes / 4, chunk, &b, 0).expect("create"),
         );
+        let publishing = Arc::clone(&writer);
+        let publish = move |version| {
+            let data = if version % 2 == 1 { &a } else { &b };
+            publishing.publish(version, data).expect("publish");
+        };
+        (writer, publish)
     }
 
     /// The copies a read made: (offset in range, length) per `copy` call, and the bytes.
@@ -1546,33 +1532,14 @@ mod tests {
 
     #[test]
     fn whole_segment_reads_under_a_publishing_writer_are_never_mixed() {
-        let dir = TestDir::new("whole_torn");
-        let job = "whole_torn";
         const BYTES: usize = 256 * 1024; // 64 chunks of 4 KiB
         const CHUNK: usize = 4096;
-        let (a, b) = (vec![0xAAu8; BYTES], vec![0x55u8; BYTES]);
-        let writer = Arc::new(
-            SegmentWriter::create(dir.path(), job, 1, 4, BYTES / 4, CHUNK, &b, 0).expect("create"),
-        );
+        let (dir, job) = (TestDir::new("whole_torn"), "whole_torn");
+        let (writer, publish) = alternating(&dir, job, BYTES, CHUNK);
         let reader = SegmentReader::open(dir.path(), writer.name(), job).expect("open");
-        let stop = Arc::new(AtomicBool::new(false));
-        let publisher = {
-            let (writer, stop) = (Arc::clone(&writer), Arc::clone(&stop));
-            std::thread::spawn(move || {
-                let mut version = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    version += 1;
-                    let data = if version % 2 == 1 { &a } else { &b };
-                    writer.publish(version, data).expect("publish");
-                }
-                version
-            })
-        };
-        let started = Instant::now();
-        let (mut reads, mut one_copy) = (0u64, 0u64);
-        let mut seen = std::collections::BTreeSet::new();
+        let mut one_copy = 0u64;
         let mut out = vec![0u8; BYTES];
-        while started.elapsed() < Duration::from_millis(300) {
+        let seen = read_while_publishing(publish, |reads, _| {
             // The whole segment, or all of it but the first and last element.
             let range = if reads % 2 == 0 {
                 0..BYTES
@@ -1583,30 +1550,21 @@ mod tests {
             dest.fill(0);
             let mut calls = 0;
             let version = reader
-                .read(
-                    range.clone(),
-                    Instant::now() + Duration::from_secs(5),
-                    &mut |src, off| {
-                        calls += 1;
-                        dest[off..off + src.len()].copy_from_slice(src)
-                    },
-                )
+                .read(range.clone(), soon(), &mut |src, off| {
+                    calls += 1;
+                    dest[off..off + src.len()].copy_from_slice(src)
+                })
                 .expect("read under a live writer");
-            let expected = if version % 2 == 1 { 0xAA } else { 0x55 };
-            assert!(
-                dest.iter().all(|&x| x == expected),
-                "torn read of {range:?} at version {version} ({calls} copies)"
-            );
-            reads += 1;
+            assert_whole(dest, version, format_args!("{range:?} ({calls} copies)"));
             one_copy += u64::from(calls == 1);
-            seen.insert(version);
-        }
-        stop.store(true, Ordering::Relaxed);
-        let published = publisher.join().expect("publisher");
-        assert!(reads > 0);
+            version
+        });
+        assert!(seen.reads > 0);
         println!(
-            "{reads} reads, {one_copy} as one copy, {} versions of {published} publications",
-            seen.len()
+            "{} reads, {one_copy} as one copy, {} versions of {} publications",
+            seen.reads,
+            seen.versions.len(),
+            seen.published
         );
     }
 
@@ -1714,53 +1672,34 @@ mod tests {
             bytes[off..off + value.len()].copy_from_slice(value);
             bytes
         };
-        bad_header(open_with(&patched(OFF_MAGIC, b"ODCSHM99")), "magic");
-        bad_header(
-            open_with(&patched(OFF_LAYOUT, &2u32.to_ne_bytes())),
-            "layout",
-        );
-        bad_header(
-            open_with(&patched(OFF_ELEMENTS, &(u64::MAX / 2).to_ne_bytes())),
-            "too large",
-        );
-        bad_header(
-            open_with(&patched(OFF_ELEMENTS, &(1u64 << 40).to_ne_bytes())),
-            "",
-        );
-        bad_header(open_with(&patched(OFF_ELEMENTS, &101u64.to_ne_bytes())), "");
-        bad_header(
-            open_with(&patched(OFF_ELEM_SIZE, &0u32.to_ne_bytes())),
-            "element size",
-        );
-        bad_header(
-            open_with(&patched(OFF_CHUNK_BYTES, &12u64.to_ne_bytes())),
-            "chunk size",
-        );
-        bad_header(
-            open_with(&patched(OFF_CHUNK_BYTES, &0u64.to_ne_bytes())),
-            "chunk size",
-        );
-        bad_header(
-            open_with(&patched(OFF_CHUNKS, &1u64.to_ne_bytes())),
-            "chunk count",
-        );
-        bad_header(
-            open_with(&patched(OFF_TOTAL, &u64::MAX.to_ne_bytes())),
-            "total length",
-        );
-        bad_header(
-            open_with(&patched(OFF_JOB_LEN, &0u32.to_ne_bytes())),
-            "job id length",
-        );
-        bad_header(
-            open_with(&patched(OFF_JOB_LEN, &u32::MAX.to_ne_bytes())),
-            "job id length",
-        );
-        bad_header(open_with(&patched(OFF_PID, &1u32.to_ne_bytes())), "pid");
-        bad_header(
-            open_with(&patched(OFF_REGION, &2u64.to_ne_bytes())),
-            "region",
-        );
+        // A header field patched to a value no writer writes, and what the error names.
+        let fields: [(usize, Vec<u8>, &str); 14] = [
+            (OFF_MAGIC, b"ODCSHM99".to_vec(), "magic"),
+            (OFF_LAYOUT, 2u32.to_ne_bytes().to_vec(), "layout"),
+            (
+                OFF_ELEMENTS,
+                (u64::MAX / 2).to_ne_bytes().to_vec(),
+                "too large",
+            ),
+            (OFF_ELEMENTS, (1u64 << 40).to_ne_bytes().to_vec(), ""),
+            (OFF_ELEMENTS, 101u64.to_ne_bytes().to_vec(), ""),
+            (OFF_ELEM_SIZE, 0u32.to_ne_bytes().to_vec(), "element size"),
+            (OFF_CHUNK_BYTES, 12u64.to_ne_bytes().to_vec(), "chunk size"),
+            (OFF_CHUNK_BYTES, 0u64.to_ne_bytes().to_vec(), "chunk size"),
+            (OFF_CHUNKS, 1u64.to_ne_bytes().to_vec(), "chunk count"),
+            (OFF_TOTAL, u64::MAX.to_ne_bytes().to_vec(), "total length"),
+            (OFF_JOB_LEN, 0u32.to_ne_bytes().to_vec(), "job id length"),
+            (
+                OFF_JOB_LEN,
+                u32::MAX.to_ne_bytes().to_vec(),
+                "job id length",
+            ),
+            (OFF_PID, 1u32.to_ne_bytes().to_vec(), "pid"),
+            (OFF_REGION, 2u64.to_ne_bytes().to_vec(), "region"),
+        ];
+        for (off, value, what) in &fields {
+            bad_header(open_with(&patched(*off, value)), what);
+        }
         assert!(matches!(
             open_with(&patched(OFF_JOB, b"X")),
             Err(SegmentError::WrongJob { .. })

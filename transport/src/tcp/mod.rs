@@ -26,21 +26,14 @@
 //!   fails its requests in flight with [`TransportError::Unreachable`] naming the owner.
 
 use std::ops::Range;
-use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::net::TcpStream;
 
 use crate::remote::{
-    accept_loop, bind_tcp, other_backend, serve_connection, Backend, BoxRead, BoxWrite, Dial,
-    Located, Peers, Remote, RemoteConfig, Renamed, Served,
+    bind_tcp, other_backend, serve_split, Backend, Located, Remote, RemoteConfig, Served, TcpDial,
 };
 use crate::wire::{ClusterSecret, Target};
-use crate::Transport as _;
-use crate::{
-    Deadline, Descriptor, Dest, Dtype, EndpointId, Op, PublishedRegion, RegionHandle, RegionKind,
-    TransportError,
-};
+use crate::{Deadline, Descriptor, Dest, Op, RegionHandle, RegionKind, TransportError};
 
 /// How a [`TcpTransport`] listens and what it tells peers.
 #[derive(Debug, Clone)]
@@ -67,19 +60,6 @@ impl TcpConfig {
     }
 }
 
-/// Dials an owner's TCP address (`tcp`, and the `rdma` backend's control connection).
-pub(crate) struct TcpDial;
-
-#[async_trait::async_trait]
-impl Dial for TcpDial {
-    async fn dial(&self, addr: &str) -> std::io::Result<(BoxRead, BoxWrite)> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (read, write) = stream.into_split();
-        Ok((Box::new(read), Box::new(write)))
-    }
-}
-
 /// The TCP backend: the served core ([`Remote`]) with every read served by the owner over its
 /// connection. Create it inside a tokio runtime ([`TcpTransport::bind`]); dropping it stops
 /// listening and closes every connection it serves.
@@ -95,20 +75,15 @@ impl Remote<Tcp> {
     /// Listen at `config.bind` and serve this transport's regions there.
     pub async fn bind(config: TcpConfig) -> Result<Self, TransportError> {
         let (listener, addr) =
-            bind_tcp("tcp", &config.bind, config.advertise_host.as_deref()).await?;
-        let served = Served::new(config.remote, config.secret);
-        let peers = Peers::new(Box::new(TcpDial), Arc::clone(&served));
-        let serving = Arc::clone(&served);
-        let listener = tokio::spawn(accept_loop(
+            bind_tcp(Tcp::NAME, &config.bind, config.advertise_host.as_deref()).await?;
+        Ok(Remote::start(
             listener,
-            "tcp",
-            move |stream: TcpStream, peer, permit| {
-                let (read, write) = stream.into_split();
-                let deadline = serving.handshake_deadline();
-                serve_connection(read, write, Arc::clone(&serving), peer, permit, deadline)
-            },
-        ));
-        Ok(Remote::serve(served, peers, listener, Tcp { addr }))
+            TcpDial,
+            config.remote,
+            config.secret,
+            Tcp { addr },
+            serve_split::<TcpStream>,
+        ))
     }
 
     /// The address peers dial (`host:port`).
@@ -147,23 +122,6 @@ impl Backend for Tcp {
             }),
             _ => Err(other_backend(handle, "tcp", "regions served over tcp")),
         }
-    }
-
-    fn register_published(
-        &self,
-        served: &Served,
-        owner: EndpointId,
-        dtype: Dtype,
-        initial: Bytes,
-        version: u64,
-    ) -> Result<Box<dyn PublishedRegion>, TransportError> {
-        let inner = served
-            .fabric
-            .register_published(owner, dtype, initial, version)?;
-        Ok(Box::new(Renamed {
-            descriptor: self.descriptor(served),
-            inner,
-        }))
     }
 
     async fn read_memory(

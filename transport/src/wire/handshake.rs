@@ -203,6 +203,15 @@ pub enum HandshakeFrame {
 }
 
 impl HandshakeFrame {
+    /// This protocol's Hello with the dialer's nonce `nonce`.
+    fn hello(nonce: [u8; NONCE]) -> Self {
+        HandshakeFrame::Hello {
+            magic: MAGIC,
+            protocol: PROTOCOL,
+            nonce,
+        }
+    }
+
     fn name(&self) -> &'static str {
         match self {
             HandshakeFrame::Hello { .. } => "Hello",
@@ -312,6 +321,14 @@ async fn send<W: AsyncWrite + Unpin>(
         .map_err(|e| HandshakeError::Frame(FrameError::Io(e)))
 }
 
+/// A frame other than the `expected` one.
+fn unexpected(expected: &'static str, got: &HandshakeFrame) -> HandshakeError {
+    HandshakeError::Unexpected {
+        expected,
+        got: got.name(),
+    }
+}
+
 /// Receive one frame by `deadline`, reading no byte past it.
 async fn receive<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
@@ -339,21 +356,12 @@ where
 {
     reader.set_cap(HANDSHAKE_FRAME_CAP);
     let mine = nonce();
-    let hello = HandshakeFrame::Hello {
-        magic: MAGIC,
-        protocol: PROTOCOL,
-        nonce: mine,
-    };
+    let hello = HandshakeFrame::hello(mine);
     send(writer, hello, deadline).await?;
     let theirs = match receive(reader, deadline, "Challenge").await? {
         HandshakeFrame::Challenge { nonce } => nonce,
         HandshakeFrame::Refused { reason } => return Err(HandshakeError::Refused(reason)),
-        other => {
-            return Err(HandshakeError::Unexpected {
-                expected: "Challenge",
-                got: other.name(),
-            })
-        }
+        other => return Err(unexpected("Challenge", &other)),
     };
     let proof = secret.mac(DIALER, &mine, &theirs).finalize().into_bytes();
     send(
@@ -368,10 +376,7 @@ where
             .verify_slice(&mac)
             .map_err(|_| HandshakeError::WrongSecret("its welcome MAC does not match")),
         HandshakeFrame::Refused { reason } => Err(HandshakeError::Refused(reason)),
-        other => Err(HandshakeError::Unexpected {
-            expected: "Welcome",
-            got: other.name(),
-        }),
+        other => Err(unexpected("Welcome", &other)),
     }
 }
 
@@ -429,12 +434,7 @@ where
             }
             nonce
         }
-        other => {
-            return Err(HandshakeError::Unexpected {
-                expected: "Hello",
-                got: other.name(),
-            })
-        }
+        other => return Err(unexpected("Hello", &other)),
     };
     let mine = nonce();
     send(writer, HandshakeFrame::Challenge { nonce: mine }, deadline).await?;
@@ -445,12 +445,7 @@ where
                 .verify_slice(&mac)
                 .map_err(|_| HandshakeError::WrongSecret("its proof MAC does not match"))?;
         }
-        other => {
-            return Err(HandshakeError::Unexpected {
-                expected: "Proof",
-                got: other.name(),
-            })
-        }
+        other => return Err(unexpected("Proof", &other)),
     }
     let welcome = secret.mac(LISTENER, &mine, &theirs).finalize().into_bytes();
     send(
@@ -519,22 +514,10 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
     use super::*;
+    use crate::testing::block_on;
 
     const SECRET: &str = "the-right-secret-of-this-job";
     const WRONG: &str = "not-the-secret-of-this-job";
-
-    /// Run a test's future on its own runtime, bounded (every async test has a timeout).
-    fn block_on<F: std::future::Future>(future: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-            .block_on(async {
-                tokio::time::timeout(Duration::from_secs(20), future)
-                    .await
-                    .expect("the test finishes within its bound")
-            })
-    }
 
     fn secret(text: &str) -> ClusterSecret {
         ClusterSecret::new(text).expect("secret")
@@ -610,11 +593,7 @@ mod tests {
                     .map(drop)
             });
             let mine = [5u8; NONCE];
-            let hello = HandshakeFrame::Hello {
-                magic: MAGIC,
-                protocol: PROTOCOL,
-                nonce: mine,
-            };
+            let hello = HandshakeFrame::hello(mine);
             dialer.write_all(&raw(&hello)).await.expect("write");
             let challenge = raw_frame(&mut dialer).await;
             assert_eq!(challenge.len(), 1 + NONCE, "a Challenge is a nonce, no MAC");
@@ -761,11 +740,7 @@ mod tests {
                 authenticate_listener(listener, &secret(SECRET), soon()).await
             });
             let mine = [2u8; NONCE];
-            let hello = HandshakeFrame::Hello {
-                magic: MAGIC,
-                protocol: PROTOCOL,
-                nonce: mine,
-            };
+            let hello = HandshakeFrame::hello(mine);
             dialer.write_all(&raw(&hello)).await.expect("write");
             let theirs: [u8; NONCE] = raw_frame(&mut dialer).await[1..]
                 .try_into()

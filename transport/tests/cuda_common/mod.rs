@@ -14,6 +14,15 @@ pub fn no_cuda() -> Option<String> {
     check_driver().err().map(|e| e.to_string())
 }
 
+/// Whether a device test cannot run here; if so, it says why.
+pub fn skipped() -> bool {
+    let reason = no_cuda();
+    if let Some(reason) = &reason {
+        eprintln!("skipped: {reason}");
+    }
+    reason.is_some()
+}
+
 fn soon() -> odc_transport::Deadline {
     deadline_in(Duration::from_secs(30))
 }
