@@ -19,8 +19,15 @@ mod harness;
 mod model_dir;
 use model_dir::write_model_dir;
 
+/// The `sft.toml` of these tests: a schedule and a small model.
+#[path = "common/sft_toml.rs"]
+mod sft_toml;
+use sft_toml::sft_toml;
+
 /// A model small enough for a debug-profile run, and a short schedule.
-const CONFIG: &str = r#"
+fn sft_config() -> String {
+    sft_toml(
+        r#"
 steps = 6
 batch_size = 4
 token_budget = 700
@@ -30,19 +37,10 @@ max_new_tokens = 12
 no_metrics = true
 lr = 0.01
 warmup_steps = 2
-
-[model]
-vocab_size = 259
-d_model = 32
-n_layers = 1
-n_heads = 2
-d_ff = 64
-max_seq_len = 512
-rope_theta = 10000.0
-rms_eps = 1e-5
-init_std = 0.05
-seed = 3
-"#;
+"#,
+        512,
+    )
+}
 
 /// Runs `sft` with the test's config and `args`; killed (failing the test) past 5 minutes (I6).
 fn run(dir: &Path, args: &[&str]) -> Output {
@@ -79,7 +77,7 @@ fn final_line(stdout: &str) -> (u64, f64, f64) {
 fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     let dir = std::env::temp_dir().join(format!("odc-sft-example-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("sft.toml"), CONFIG).unwrap();
+    std::fs::write(dir.join("sft.toml"), sft_config()).unwrap();
     let ckpt = dir.join("ckpt");
     let ckpt_arg = ckpt.to_str().unwrap();
 
@@ -173,8 +171,9 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     }
     std::fs::write(&model6, &bytes).unwrap();
     let with_resume = format!(
-        "resume = \"auto\"\ncheckpoint_dir = \"{}\"\n{CONFIG}",
-        ckpt.display()
+        "resume = \"auto\"\ncheckpoint_dir = \"{}\"\n{}",
+        ckpt.display(),
+        sft_config()
     );
     std::fs::write(dir.join("sft.toml"), with_resume).unwrap();
     let out = run(&dir, &[]);
@@ -191,7 +190,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     let (step, again, _) = final_line(&stdout);
     assert_eq!(step, 6);
     assert!(((again - loss) / loss).abs() < 1e-4, "{again} vs {loss}");
-    std::fs::write(dir.join("sft.toml"), CONFIG).unwrap();
+    std::fs::write(dir.join("sft.toml"), sft_config()).unwrap();
 
     // A checkpoint at the run's last step (a rank killed after writing it): nothing left to
     // train, and that is a success; the export the killed attempt may not have reached is done.
@@ -253,7 +252,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     // An unknown key in the config file is named.
-    let misspelt = CONFIG.replace("[model]", "stepz = 3\n[model]");
+    let misspelt = sft_config().replace("[model]", "stepz = 3\n[model]");
     std::fs::write(dir.join("sft.toml"), misspelt).unwrap();
     let out = run(&dir, &[]);
     let (_, stderr) = text(&out);
@@ -307,7 +306,7 @@ fn hf_tokenizer_trains_checkpoints_and_mismatches_are_named() {
     let ckpt = dir.join("ckpt");
 
     // A `[model]` table whose vocabulary is smaller than the tokenizer's: both numbers named.
-    std::fs::write(dir.join("sft.toml"), CONFIG).unwrap();
+    std::fs::write(dir.join("sft.toml"), sft_config()).unwrap();
     let out = run(&dir, &["--tokenizer", tokenizer_arg]);
     let (_, stderr) = text(&out);
     assert!(!out.status.success(), "{stderr}");
@@ -318,7 +317,7 @@ fn hf_tokenizer_trains_checkpoints_and_mismatches_are_named() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     // Two steps with the tokenizer, a checkpoint and an evaluation at the end.
-    let config = CONFIG
+    let config = sft_config()
         .replace("vocab_size = 259", "vocab_size = 4096")
         .replace("steps = 6", "steps = 2")
         .replace("eval_every = 3", "eval_every = 0");
