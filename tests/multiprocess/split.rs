@@ -139,15 +139,15 @@ fn a_killed_gang_member_process_is_replayed_and_training_is_unchanged() {
             .map(|s| s.to_string()),
     );
     let secret = "s3cret-gang-kill-0123456789abcdef";
-    let mut ranks = Ranks::start_program(&example("sft"), 3, "tcp", &[secret; 3], &args);
-    let stdout = ranks.take_stdout(0);
-    let (lines, reader) = read_until(stdout, "step    1/");
-    // Step 2 or 3 is computing now: kill the trainer-only rank inside it.
-    std::thread::sleep(Duration::from_millis(60));
-    ranks.kill(2);
-    let results = ranks.wait(Duration::from_secs(150));
-    let stdout0 = rest(reader, lines);
-    let (status0, _, stderr0) = &results[0];
+    let ranks = Ranks::start_program(&example("sft"), 3, "tcp", &[secret; 3], &args);
+    // Step 2 or 3 is computing 60 ms after step 1's line: kill the trainer-only rank inside it.
+    let (_, results) = ranks.kill_during(
+        "step    1/",
+        Duration::from_millis(60),
+        2,
+        Duration::from_secs(150),
+    );
+    let (status0, stdout0, stderr0) = &results[0];
     assert_eq!(*status0, Some(0), "rank 0: {stdout0}\n{stderr0}");
     assert_eq!(results[1].0, Some(0), "rank 1: {}", results[1].2);
     assert_eq!(results[2].0, None, "rank 2 was killed by a signal");
@@ -161,7 +161,7 @@ fn a_killed_gang_member_process_is_replayed_and_training_is_unchanged() {
             .any(|l| l.starts_with("step ") && l.contains("split [")),
         "the run split samples: {stdout0}"
     );
-    let got = final_loss_of(&stdout0, 24);
+    let got = final_loss_of(stdout0, 24);
     eprintln!(
         "a killed gang member: rank 0 logged {:?}; steps {:?}; loss {got} vs {want}",
         stderr0
