@@ -397,16 +397,11 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
         command.args(args);
         harness::run(command, Duration::from_secs(300))
     };
-    let model_arg = model.to_str().unwrap();
-    let (data_arg, out_arg) = (data.to_str().unwrap(), out_dir.to_str().unwrap());
-    let mut args = vec![
-        "--model-dir",
-        model_arg,
-        "--data",
-        data_arg,
-        "--export-hf",
-        out_arg,
-    ];
+    let (model_arg, data_arg) = (model.to_str().unwrap(), data.to_str().unwrap());
+    // The model directory trained on the chat data, then `args`.
+    let on_model =
+        |args: &[&str]| sft(&[&["--model-dir", model_arg, "--data", data_arg][..], args].concat());
+    let mut args = vec!["--export-hf", out_dir.to_str().unwrap()];
     // GSM8K's test split as held-out problems, prompted with the model's template.
     let gsm8k = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/gsm8k/test.jsonl");
     let gsm8k_arg = gsm8k.to_string_lossy().into_owned();
@@ -415,7 +410,7 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     } else {
         eprintln!("no evaluation in the model-directory run: {gsm8k_arg} is absent");
     }
-    let stdout = harness::succeeded(&sft(&args), "fine-tuning the model directory");
+    let stdout = harness::succeeded(&on_model(&args), "fine-tuning the model directory");
     let (step, loss, accuracy) = final_line(&stdout);
     assert_eq!(step, 4);
     assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
@@ -453,33 +448,20 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     // 4 straight steps end (odc's own checkpoint format; the directory gives the config).
     let ckpt = dir.join("ckpt");
     let ckpt_arg = ckpt.to_str().unwrap();
-    let with_checkpoints = [
-        "--model-dir",
-        model_arg,
-        "--data",
-        data_arg,
-        "--checkpoint-every",
-        "2",
-        "--checkpoint-dir",
-        ckpt_arg,
-    ];
-    let stdout = harness::succeeded(&sft(&with_checkpoints), "2 steps, checkpointed");
+    let with_checkpoints = ["--checkpoint-every", "2", "--checkpoint-dir", ckpt_arg];
+    let stdout = harness::succeeded(&on_model(&with_checkpoints), "2 steps, checkpointed");
     let (_, straight, _) = final_line(&stdout);
     let step2 = ckpt.join("step-2");
     let mut resumed_args = with_checkpoints.to_vec();
     resumed_args.extend(["--resume", step2.to_str().unwrap()]);
-    let stdout = harness::succeeded(&sft(&resumed_args), "2 more steps from step 2");
+    let stdout = harness::succeeded(&on_model(&resumed_args), "2 more steps from step 2");
     assert!(stdout.contains("resuming from"), "{stdout}");
     assert_resumed_to(&stdout, 4, straight);
 
     // LoRA: only the adapters train; the export is PEFT's layout, or with --merge-lora the
     // merged model, whose weights moved from the base.
     let adapters = dir.join("adapters");
-    let out = sft(&[
-        "--model-dir",
-        model_arg,
-        "--data",
-        data_arg,
+    let out = on_model(&[
         "--lora-rank",
         "4",
         "--export-hf",
@@ -507,11 +489,7 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     assert!(b.iter().any(|v| *v != 0.0), "B starts at zero and trained");
 
     let merged = dir.join("merged");
-    let out = sft(&[
-        "--model-dir",
-        model_arg,
-        "--data",
-        data_arg,
+    let out = on_model(&[
         "--lora-rank",
         "4",
         "--merge-lora",
