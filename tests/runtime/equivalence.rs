@@ -12,7 +12,8 @@ use std::sync::Arc;
 use odc::transport::Dtype;
 use odc::{DispatchMode, Precision};
 
-use crate::model::{max_abs_diff, minibatches, reference_train, Hooks};
+use crate::model::{minibatches, reference_train, Hooks};
+use crate::params::max_abs_diff;
 use crate::{adamw, model_job, train, within};
 
 const STEPS: usize = 5;

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use odc::transport::Dtype;
 use odc::{Communication, DispatchMode, Error, Job, NonFinite, NonFiniteAt, Precision, SampleMeta};
 
-use crate::model::{max_abs_diff, minibatches, reference_train, Hooks, Poison};
+use crate::model::{minibatches, reference_train, Hooks, Poison};
+use crate::params::max_abs_diff;
 use crate::{adamw, model_job, within};
 
 /// Minibatches trained; the one at index `BAD` is poisoned.
