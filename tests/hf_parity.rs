@@ -210,41 +210,72 @@ fn reference_logits(family: Family, dir: &Path, tokens: &[u32]) -> Tensor {
             .unsqueeze(0)
             .unwrap()
     };
-    let last = |t: Tensor| -> Tensor { t.flatten_all().unwrap().to_dtype(DType::F32).unwrap() };
+    // Every prefix of `tokens` run from an empty cache: the logits of its last position.
+    let each_prefix = |forward: &mut dyn FnMut(&Tensor) -> Tensor| -> Vec<Tensor> {
+        (1..=tokens.len())
+            .map(|n| {
+                let logits = forward(&ids(n));
+                logits.flatten_all().unwrap().to_dtype(DType::F32).unwrap()
+            })
+            .collect()
+    };
     let rows: Vec<Tensor> = match family {
         Family::Llama => {
             let config: llama::LlamaConfig = serde_json::from_value(json).expect("llama config");
             let config = config.into_config(false);
             let model = llama::Llama::load(vb, &config).expect("llama loads");
-            (1..=tokens.len())
-                .map(|n| {
-                    let mut cache = llama::Cache::new(false, DType::F32, &config, &device).unwrap();
-                    last(model.forward(&ids(n), 0, &mut cache).unwrap())
-                })
-                .collect()
+            each_prefix(&mut |ids| {
+                let mut cache = llama::Cache::new(false, DType::F32, &config, &device).unwrap();
+                model.forward(ids, 0, &mut cache).unwrap()
+            })
         }
         Family::Qwen2 => {
             let config: qwen2::Config = serde_json::from_value(json).expect("qwen2 config");
             let mut model = qwen2::ModelForCausalLM::new(&config, vb).expect("qwen2 loads");
-            (1..=tokens.len())
-                .map(|n| {
-                    model.clear_kv_cache();
-                    last(model.forward(&ids(n), 0).unwrap())
-                })
-                .collect()
+            each_prefix(&mut |ids| {
+                model.clear_kv_cache();
+                model.forward(ids, 0).unwrap()
+            })
         }
         Family::Qwen3 => {
             let config: qwen3::Config = serde_json::from_value(json).expect("qwen3 config");
             let mut model = qwen3::ModelForCausalLM::new(&config, vb).expect("qwen3 loads");
-            (1..=tokens.len())
-                .map(|n| {
-                    model.clear_kv_cache();
-                    last(model.forward(&ids(n), 0).unwrap())
-                })
-                .collect()
+            each_prefix(&mut |ids| {
+                model.clear_kv_cache();
+                model.forward(ids, 0).unwrap()
+            })
         }
     };
     Tensor::stack(&rows, 0).unwrap()
+}
+
+/// odc's training forward of `units` on a pack of `before`, then `tokens`: the logits at
+/// `tokens`' positions.
+fn packed_logits(
+    config: &ModelConfig,
+    units: &[Vec<f32>],
+    before: &[u32],
+    tokens: &[u32],
+) -> Tensor {
+    let device = Device::Cpu;
+    let params: Vec<Vec<Tensor>> = units
+        .iter()
+        .enumerate()
+        .map(|(u, v)| {
+            let specs = odc::model::unit_params(config, u).unwrap();
+            odc::model::unit_tensors(v, &specs, &device).unwrap()
+        })
+        .collect();
+    let pack = [
+        Sample::all_loss(before.to_vec()),
+        Sample::all_loss(tokens.to_vec()),
+    ];
+    let batch = PackedBatch::pack(config, &pack, &device).unwrap();
+    let logits = model_forward(config, &params, &batch)
+        .unwrap()
+        .logits
+        .unwrap();
+    logits.narrow(0, before.len(), tokens.len()).unwrap()
 }
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
@@ -282,24 +313,7 @@ fn logits_equal_python_transformers_on_its_own_checkpoints() {
         let checkpoint = HfCheckpoint::open(&dir).expect("odc opens transformers' checkpoint");
         let config = checkpoint.config().clone();
         let units = checkpoint.all_unit_values().unwrap();
-        let params: Vec<Vec<Tensor>> = units
-            .iter()
-            .enumerate()
-            .map(|(u, v)| {
-                let specs = odc::model::unit_params(&config, u).unwrap();
-                odc::model::unit_tensors(v, &specs, &device).unwrap()
-            })
-            .collect();
-        let pack = [
-            Sample::all_loss(vec![11, 12, 13]),
-            Sample::all_loss(tokens.clone()),
-        ];
-        let batch = PackedBatch::pack(&config, &pack, &device).unwrap();
-        let logits = model_forward(&config, &params, &batch)
-            .unwrap()
-            .logits
-            .unwrap();
-        let ours = logits.narrow(0, 3, tokens.len()).unwrap();
+        let ours = packed_logits(&config, &units, &[11, 12, 13], &tokens);
         let diff = max_abs_diff(&ours, &reference);
         eprintln!("{name}: odc vs Python transformers: max |Δ| = {diff:e}");
         assert!(
@@ -426,29 +440,13 @@ fn logits_equal_candle_transformers_at_every_position() {
         );
 
         // Training's forward on a pack: another sample first, then this one.
-        let device = Device::Cpu;
-        let params: Vec<Vec<Tensor>> = (0..unit_count(&read))
-            .map(|u| {
-                let specs = odc::model::unit_params(&read, u).unwrap();
-                odc::model::unit_tensors(&units[u], &specs, &device).unwrap()
-            })
-            .collect();
-        let pack = [
-            Sample::all_loss(before.clone()),
-            Sample::all_loss(tokens.clone()),
-        ];
-        let batch = PackedBatch::pack(&read, &pack, &device).unwrap();
-        let logits = model_forward(&read, &params, &batch)
-            .unwrap()
-            .logits
-            .unwrap();
-        let ours = logits.narrow(0, before.len(), tokens.len()).unwrap();
+        let ours = packed_logits(&read, &units, &before, &tokens);
         let diff = max_abs_diff(&ours, &reference);
         eprintln!("{name}: training forward vs candle-transformers: max |Δ| = {diff:e}");
         assert!(diff < 1e-4, "{name}: max |Δ| = {diff}");
 
         // Cached decoding: a prefix, then a token at a time.
-        let weights = Weights::from_units(&read, &units, &device).unwrap();
+        let weights = Weights::from_units(&read, &units, &Device::Cpu).unwrap();
         let mut cache = KvCache::default();
         let mut rows = vec![forward_cached(&weights, &mut cache, &tokens[..4]).unwrap()];
         for t in &tokens[4..] {

@@ -2,20 +2,39 @@
 //! status, the grace period after a failure, the timeout, restarts (`--max-restarts`,
 //! `ODC_RESTART_COUNT`), and bad input.
 
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn odc() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_odc"))
+/// The multi-process tests' helpers: finding the `odc` binary, waiting under a deadline.
+#[allow(dead_code)]
+#[path = "multiprocess/harness.rs"]
+mod harness;
+
+/// `odc launch`, for its flags to be added.
+fn launch() -> Command {
+    let mut command = harness::odc();
+    command.arg("launch");
+    command
+}
+
+/// `command` run to its end: its output. Killed (failing the test) past a minute (I6).
+fn finished(command: &mut Command) -> Output {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("odc launch runs");
+    harness::wait(child, Duration::from_secs(60))
 }
 
 #[test]
 fn every_rank_gets_its_environment_and_the_worst_status_is_returned() {
-    let out = odc()
-        .args(["launch", "--nprocs", "3", "--transport", "tcp", "--", "sh", "-c"])
-        .arg("echo rank=$ODC_RANK world=$ODC_WORLD_SIZE coord=$ODC_COORDINATOR t=$ODC_TRANSPORT job=$ODC_JOB secret=${#ODC_SECRET}; exit $ODC_RANK")
-        .output()
-        .expect("odc launch runs");
+    let out = finished(
+        launch()
+            .args(["--nprocs", "3", "--transport", "tcp", "--", "sh", "-c"])
+            .arg("echo rank=$ODC_RANK world=$ODC_WORLD_SIZE coord=$ODC_COORDINATOR t=$ODC_TRANSPORT job=$ODC_JOB secret=${#ODC_SECRET}; exit $ODC_RANK"),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -53,20 +72,11 @@ fn every_rank_gets_its_environment_and_the_worst_status_is_returned() {
 #[test]
 fn a_failed_rank_stops_the_others_after_the_grace_period() {
     let started = Instant::now();
-    let out = odc()
-        .args([
-            "launch",
-            "--nprocs",
-            "2",
-            "--grace-secs",
-            "0.3",
-            "--",
-            "sh",
-            "-c",
-        ])
-        .arg("if [ $ODC_RANK = 0 ]; then exit 7; else sleep 60; fi")
-        .output()
-        .expect("odc launch runs");
+    let out = finished(
+        launch()
+            .args(["--nprocs", "2", "--grace-secs", "0.3", "--", "sh", "-c"])
+            .arg("if [ $ODC_RANK = 0 ]; then exit 7; else sleep 60; fi"),
+    );
     assert_eq!(
         out.status.code(),
         Some(7),
@@ -81,30 +91,23 @@ fn a_failed_rank_stops_the_others_after_the_grace_period() {
 
 #[test]
 fn timeout_stops_every_rank_with_124() {
-    let out = odc()
-        .args([
-            "launch",
-            "--nprocs",
-            "2",
-            "--timeout-secs",
-            "0.3",
-            "--grace-secs",
-            "0.3",
-            "--",
-            "sleep",
-            "60",
-        ])
-        .output()
-        .expect("odc launch runs");
+    let out = finished(launch().args([
+        "--nprocs",
+        "2",
+        "--timeout-secs",
+        "0.3",
+        "--grace-secs",
+        "0.3",
+        "--",
+        "sleep",
+        "60",
+    ]));
     assert_eq!(out.status.code(), Some(124));
 }
 
 #[test]
 fn bad_input_is_one_clear_error() {
-    let missing = odc()
-        .args(["launch", "--nprocs", "1", "--", "/nonexistent/program"])
-        .output()
-        .expect("odc launch runs");
+    let missing = finished(launch().args(["--nprocs", "1", "--", "/nonexistent/program"]));
     let stderr = String::from_utf8_lossy(&missing.stderr);
     assert_eq!(missing.status.code(), Some(1));
     assert!(
@@ -113,15 +116,9 @@ fn bad_input_is_one_clear_error() {
     );
     assert_eq!(stderr.lines().count(), 1, "said once: {stderr}");
 
-    let zero = odc()
-        .args(["launch", "--nprocs", "0", "--", "true"])
-        .output()
-        .expect("odc launch runs");
+    let zero = finished(launch().args(["--nprocs", "0", "--", "true"]));
     assert_eq!(zero.status.code(), Some(2), "clap refuses --nprocs 0");
-    let no_program = odc()
-        .args(["launch", "--nprocs", "2"])
-        .output()
-        .expect("odc launch runs");
+    let no_program = finished(launch().args(["--nprocs", "2"]));
     assert_eq!(no_program.status.code(), Some(2));
 }
 
@@ -135,13 +132,13 @@ fn value<'a>(line: &'a str, key: &str) -> &'a str {
 /// Runs `script` under `odc launch --nprocs 3 --max-restarts <restarts>`; the status, the
 /// stdout lines sorted, and stderr.
 fn launch_restarting(restarts: u32, script: &str) -> (Option<i32>, Vec<String>, String) {
-    let out = odc()
-        .args(["launch", "--nprocs", "3", "--transport", "tcp"])
-        .args(["--grace-secs", "0.3", "--max-restarts"])
-        .arg(restarts.to_string())
-        .args(["--", "sh", "-c", script])
-        .output()
-        .expect("odc launch runs");
+    let out = finished(
+        launch()
+            .args(["--nprocs", "3", "--transport", "tcp"])
+            .args(["--grace-secs", "0.3", "--max-restarts"])
+            .arg(restarts.to_string())
+            .args(["--", "sh", "-c", script]),
+    );
     let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_owned)
@@ -205,12 +202,12 @@ fn the_last_attempts_status_is_the_result_and_the_timeout_bounds_every_restart()
 
     // Failing forever with restarts to spare: the timeout ends the whole launch.
     let started = Instant::now();
-    let out = odc()
-        .args(["launch", "--nprocs", "2", "--grace-secs", "0.3"])
-        .args(["--timeout-secs", "1.5", "--max-restarts", "1000"])
-        .args(["--", "sh", "-c", "sleep 0.2; exit 1"])
-        .output()
-        .expect("odc launch runs");
+    let out = finished(
+        launch()
+            .args(["--nprocs", "2", "--grace-secs", "0.3"])
+            .args(["--timeout-secs", "1.5", "--max-restarts", "1000"])
+            .args(["--", "sh", "-c", "sleep 0.2; exit 1"]),
+    );
     assert_eq!(
         out.status.code(),
         Some(124),

@@ -1,8 +1,7 @@
 //! The Prometheus endpoint serves the runtime's `odc_*` metrics over real HTTP. Its own test binary:
 //! the recorder is process-global.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +10,11 @@ use odc::{
     async_trait, Compute, ComputeOutput, Job, MicroBatch, NonFinite, SampleMeta, TrainerContext,
     UnitSpec,
 };
+
+/// Scraping the endpoint over HTTP.
+#[path = "common/prometheus.rs"]
+mod prometheus;
+use prometheus::{free_addr, scrape};
 
 /// Pushes ones; the first micro-batch at parameter version 1 returns a NaN loss (once).
 struct Ones {
@@ -33,32 +37,14 @@ impl Compute for Ones {
     }
 }
 
-fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-fn scrape(addr: SocketAddr) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect to /metrics");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("read response");
-    body
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_endpoint_serves_odc_metrics() {
     // A whole-test timeout: a hang fails the test instead of CI.
     tokio::time::timeout(std::time::Duration::from_secs(120), async {
-        let addr = free_port();
+        let addr = free_addr();
         odc::metrics::serve(addr).expect("serve metrics");
         // A second recorder in the same process is refused with a message naming the address.
-        let again = odc::metrics::serve(free_port()).unwrap_err();
+        let again = odc::metrics::serve(free_addr()).unwrap_err();
         assert!(again.to_string().contains("metrics endpoint"), "{again}");
         let nan_once = Arc::new(AtomicBool::new(true));
         let mut job = Job::builder()

@@ -3,8 +3,7 @@
 //! refused with its name.
 #![cfg(feature = "candle")]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -18,28 +17,15 @@ mod harness;
 #[path = "common/model_dir.rs"]
 mod model_dir;
 
-/// `GET /metrics` from `port` on loopback: the response, headers included.
-fn scrape(port: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("read /metrics");
-    body
-}
+/// Scraping the example's `/metrics` over HTTP.
+#[path = "common/prometheus.rs"]
+mod prometheus;
 
 #[test]
 fn a_short_grpo_run_reports_rewards_groups_and_its_final_line() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
+    let addr = prometheus::free_addr();
     let mut command = Command::new(harness::example("rl_grpo"));
-    command.args(["--metrics-addr", &format!("127.0.0.1:{port}")]);
+    command.args(["--metrics-addr", &addr.to_string()]);
     command.args([
         "--sft-steps",
         "2",
@@ -74,7 +60,7 @@ fn a_short_grpo_run_reports_rewards_groups_and_its_final_line() {
             Err(e) => panic!("no first step within 5 minutes ({e}): {seen:?}"),
         }
     }
-    let metrics = scrape(port);
+    let metrics = prometheus::scrape(addr);
     // Killed (failing the test) past 5 minutes (I6).
     let out = harness::wait(child, Duration::from_secs(300));
     seen.extend(lines.iter());

@@ -19,8 +19,15 @@ mod harness;
 mod model_dir;
 use model_dir::write_model_dir;
 
+/// The `sft.toml` of these tests: a schedule and a small model.
+#[path = "common/sft_toml.rs"]
+mod sft_toml;
+use sft_toml::sft_toml;
+
 /// A model small enough for a debug-profile run, and a short schedule.
-const CONFIG: &str = r#"
+fn sft_config() -> String {
+    sft_toml(
+        r#"
 steps = 6
 batch_size = 4
 token_budget = 700
@@ -30,19 +37,10 @@ max_new_tokens = 12
 no_metrics = true
 lr = 0.01
 warmup_steps = 2
-
-[model]
-vocab_size = 259
-d_model = 32
-n_layers = 1
-n_heads = 2
-d_ff = 64
-max_seq_len = 512
-rope_theta = 10000.0
-rms_eps = 1e-5
-init_std = 0.05
-seed = 3
-"#;
+"#,
+        512,
+    )
+}
 
 /// Runs `sft` with the test's config and `args`; killed (failing the test) past 5 minutes (I6).
 fn run(dir: &Path, args: &[&str]) -> Output {
@@ -56,6 +54,27 @@ fn text(out: &Output) -> (String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `out`'s stderr, after asserting that it exited with a failure (else both streams are shown).
+fn failed(out: &Output) -> String {
+    let (stdout, stderr) = text(out);
+    assert!(
+        !out.status.success(),
+        "succeeded where it must fail:\n{stdout}\n{stderr}"
+    );
+    stderr
+}
+
+/// A resumed run's end: its final line is at `step`, with a loss within 1e-4 relative of
+/// `uninterrupted` (the last loss of the same run never stopped).
+fn assert_resumed_to(stdout: &str, step: u64, uninterrupted: f64) {
+    let (last, loss, _) = final_line(stdout);
+    assert_eq!(last, step, "{stdout}");
+    assert!(
+        ((loss - uninterrupted) / uninterrupted).abs() < 1e-4,
+        "resumed run's last loss {loss} vs uninterrupted {uninterrupted}"
+    );
 }
 
 /// `final step=<n> loss=<f> eval_accuracy=<f>` as (n, loss, accuracy).
@@ -79,7 +98,7 @@ fn final_line(stdout: &str) -> (u64, f64, f64) {
 fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     let dir = std::env::temp_dir().join(format!("odc-sft-example-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("sft.toml"), CONFIG).unwrap();
+    std::fs::write(dir.join("sft.toml"), sft_config()).unwrap();
     let ckpt = dir.join("ckpt");
     let ckpt_arg = ckpt.to_str().unwrap();
 
@@ -88,8 +107,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
         &dir,
         &["--checkpoint-every", "3", "--checkpoint-dir", ckpt_arg],
     );
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = harness::succeeded(&out, "the whole run");
     let (step, loss, accuracy) = final_line(&stdout);
     assert_eq!(step, 6);
     assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
@@ -113,20 +131,13 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     // Resuming at step 3 ends where the uninterrupted run ended.
     let resume = ckpt.join("step-3");
     let out = run(&dir, &["--resume", resume.to_str().unwrap()]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = harness::succeeded(&out, "resuming at step 3");
     assert!(stdout.contains("resuming from"), "{stdout}");
-    let (step, resumed_loss, _) = final_line(&stdout);
-    assert_eq!(step, 6);
-    assert!(
-        ((resumed_loss - loss) / loss).abs() < 1e-4,
-        "resumed run's last loss {resumed_loss} vs uninterrupted {loss}"
-    );
+    assert_resumed_to(&stdout, 6, loss);
 
     // A flag overrides the file.
     let out = run(&dir, &["--steps", "2", "--eval-every", "0"]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = harness::succeeded(&out, "--steps over the file");
     assert_eq!(final_line(&stdout).0, 2);
 
     // `--resume auto`: the newest checkpoint of --checkpoint-dir (one more step after step 6);
@@ -144,8 +155,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
             "0",
         ],
     );
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = harness::succeeded(&out, "--resume auto");
     assert!(
         stdout.contains(&format!(
             "resuming from {} at step 6",
@@ -154,9 +164,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
         "{stdout}"
     );
     assert_eq!(final_line(&stdout).0, 7);
-    let out = run(&dir, &["--resume", "auto"]);
-    let (_, stderr) = text(&out);
-    assert!(!out.status.success());
+    let stderr = failed(&run(&dir, &["--resume", "auto"]));
     assert!(
         stderr.contains("--resume auto") && stderr.contains("--checkpoint-dir"),
         "{stderr}"
@@ -173,8 +181,9 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     }
     std::fs::write(&model6, &bytes).unwrap();
     let with_resume = format!(
-        "resume = \"auto\"\ncheckpoint_dir = \"{}\"\n{CONFIG}",
-        ckpt.display()
+        "resume = \"auto\"\ncheckpoint_dir = \"{}\"\n{}",
+        ckpt.display(),
+        sft_config()
     );
     std::fs::write(dir.join("sft.toml"), with_resume).unwrap();
     let out = run(&dir, &[]);
@@ -188,10 +197,8 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
         stderr.contains("step-6") && stderr.contains("passed over") && stderr.contains("checksum"),
         "{stderr}"
     );
-    let (step, again, _) = final_line(&stdout);
-    assert_eq!(step, 6);
-    assert!(((again - loss) / loss).abs() < 1e-4, "{again} vs {loss}");
-    std::fs::write(dir.join("sft.toml"), CONFIG).unwrap();
+    assert_resumed_to(&stdout, 6, loss);
+    std::fs::write(dir.join("sft.toml"), sft_config()).unwrap();
 
     // A checkpoint at the run's last step (a rank killed after writing it): nothing left to
     // train, and that is a success; the export the killed attempt may not have reached is done.
@@ -207,8 +214,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
             exported.to_str().unwrap(),
         ],
     );
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = harness::succeeded(&out, "resuming at the last step");
     assert!(stdout.contains("nothing left to train"), "{stdout}");
     assert!(stdout.contains("exported: "), "{stdout}");
     assert!(exported.join("config.json").is_file() && exported.join("model.safetensors").is_file());
@@ -226,9 +232,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     ];
     let mut args = args.to_vec();
     args.extend(["--keep-last", "2", "--checkpoint-dir", kept_arg]);
-    let out = run(&dir, &args);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    harness::succeeded(&run(&dir, &args), "--keep-last 2");
     let mut left: Vec<String> = std::fs::read_dir(&kept)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -240,12 +244,7 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     let model = resume.join("shard-00000.safetensors");
     let bytes = std::fs::read(&model).unwrap();
     std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
-    let out = run(&dir, &["--resume", resume.to_str().unwrap()]);
-    let (stdout, stderr) = text(&out);
-    assert!(
-        !out.status.success(),
-        "a truncated checkpoint was accepted: {stdout}"
-    );
+    let stderr = failed(&run(&dir, &["--resume", resume.to_str().unwrap()]));
     assert!(
         stderr.contains("shard-00000.safetensors") && stderr.contains("truncated"),
         "{stderr}"
@@ -253,14 +252,10 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     // An unknown key in the config file is named.
-    let misspelt = CONFIG.replace("[model]", "stepz = 3\n[model]");
+    let misspelt = sft_config().replace("[model]", "stepz = 3\n[model]");
     std::fs::write(dir.join("sft.toml"), misspelt).unwrap();
-    let out = run(&dir, &[]);
-    let (_, stderr) = text(&out);
-    assert!(
-        !out.status.success() && stderr.contains("stepz"),
-        "{stderr}"
-    );
+    let stderr = failed(&run(&dir, &[]));
+    assert!(stderr.contains("stepz"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -307,10 +302,8 @@ fn hf_tokenizer_trains_checkpoints_and_mismatches_are_named() {
     let ckpt = dir.join("ckpt");
 
     // A `[model]` table whose vocabulary is smaller than the tokenizer's: both numbers named.
-    std::fs::write(dir.join("sft.toml"), CONFIG).unwrap();
-    let out = run(&dir, &["--tokenizer", tokenizer_arg]);
-    let (_, stderr) = text(&out);
-    assert!(!out.status.success(), "{stderr}");
+    std::fs::write(dir.join("sft.toml"), sft_config()).unwrap();
+    let stderr = failed(&run(&dir, &["--tokenizer", tokenizer_arg]));
     assert!(
         stderr.contains("vocab_size = 259") && stderr.contains(&format!("{vocab} ids")),
         "{stderr}"
@@ -318,7 +311,7 @@ fn hf_tokenizer_trains_checkpoints_and_mismatches_are_named() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     // Two steps with the tokenizer, a checkpoint and an evaluation at the end.
-    let config = CONFIG
+    let config = sft_config()
         .replace("vocab_size = 259", "vocab_size = 4096")
         .replace("steps = 6", "steps = 2")
         .replace("eval_every = 3", "eval_every = 0");
@@ -334,8 +327,7 @@ fn hf_tokenizer_trains_checkpoints_and_mismatches_are_named() {
             ckpt.to_str().unwrap(),
         ],
     );
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = harness::succeeded(&out, "two steps with the tokenizer");
     let (step, loss, accuracy) = final_line(&stdout);
     assert_eq!(step, 2);
     assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
@@ -344,12 +336,10 @@ fn hf_tokenizer_trains_checkpoints_and_mismatches_are_named() {
 
     // Resuming it with the byte tokenizer: both tokenizers named.
     let resume = ckpt.join("step-2");
-    let out = run(
+    let stderr = failed(&run(
         &dir,
         &["--resume", resume.to_str().unwrap(), "--steps", "3"],
-    );
-    let (_, stderr) = text(&out);
-    assert!(!out.status.success(), "{stderr}");
+    ));
     assert!(
         stderr.contains(&format!(
             "the checkpoint's tokenizer is {}, this run's the byte tokenizer",
@@ -407,16 +397,11 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
         command.args(args);
         harness::run(command, Duration::from_secs(300))
     };
-    let model_arg = model.to_str().unwrap();
-    let (data_arg, out_arg) = (data.to_str().unwrap(), out_dir.to_str().unwrap());
-    let mut args = vec![
-        "--model-dir",
-        model_arg,
-        "--data",
-        data_arg,
-        "--export-hf",
-        out_arg,
-    ];
+    let (model_arg, data_arg) = (model.to_str().unwrap(), data.to_str().unwrap());
+    // The model directory trained on the chat data, then `args`.
+    let on_model =
+        |args: &[&str]| sft(&[&["--model-dir", model_arg, "--data", data_arg][..], args].concat());
+    let mut args = vec!["--export-hf", out_dir.to_str().unwrap()];
     // GSM8K's test split as held-out problems, prompted with the model's template.
     let gsm8k = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/gsm8k/test.jsonl");
     let gsm8k_arg = gsm8k.to_string_lossy().into_owned();
@@ -425,9 +410,7 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     } else {
         eprintln!("no evaluation in the model-directory run: {gsm8k_arg} is absent");
     }
-    let out = sft(&args);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = harness::succeeded(&on_model(&args), "fine-tuning the model directory");
     let (step, loss, accuracy) = final_line(&stdout);
     assert_eq!(step, 4);
     assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
@@ -465,49 +448,26 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     // 4 straight steps end (odc's own checkpoint format; the directory gives the config).
     let ckpt = dir.join("ckpt");
     let ckpt_arg = ckpt.to_str().unwrap();
-    let with_checkpoints = [
-        "--model-dir",
-        model_arg,
-        "--data",
-        data_arg,
-        "--checkpoint-every",
-        "2",
-        "--checkpoint-dir",
-        ckpt_arg,
-    ];
-    let out = sft(&with_checkpoints);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let with_checkpoints = ["--checkpoint-every", "2", "--checkpoint-dir", ckpt_arg];
+    let stdout = harness::succeeded(&on_model(&with_checkpoints), "2 steps, checkpointed");
     let (_, straight, _) = final_line(&stdout);
     let step2 = ckpt.join("step-2");
     let mut resumed_args = with_checkpoints.to_vec();
     resumed_args.extend(["--resume", step2.to_str().unwrap()]);
-    let out = sft(&resumed_args);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = harness::succeeded(&on_model(&resumed_args), "2 more steps from step 2");
     assert!(stdout.contains("resuming from"), "{stdout}");
-    let (step, resumed, _) = final_line(&stdout);
-    assert_eq!(step, 4);
-    assert!(
-        ((resumed - straight) / straight).abs() < 1e-4,
-        "resumed {resumed} vs straight {straight}"
-    );
+    assert_resumed_to(&stdout, 4, straight);
 
     // LoRA: only the adapters train; the export is PEFT's layout, or with --merge-lora the
     // merged model, whose weights moved from the base.
     let adapters = dir.join("adapters");
-    let out = sft(&[
-        "--model-dir",
-        model_arg,
-        "--data",
-        data_arg,
+    let out = on_model(&[
         "--lora-rank",
         "4",
         "--export-hf",
         adapters.to_str().unwrap(),
     ]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = harness::succeeded(&out, "LoRA");
     assert!(stdout.contains("PEFT adapters"), "{stdout}");
     let adapter_config: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(adapters.join("adapter_config.json")).unwrap(),
@@ -529,11 +489,7 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     assert!(b.iter().any(|v| *v != 0.0), "B starts at zero and trained");
 
     let merged = dir.join("merged");
-    let out = sft(&[
-        "--model-dir",
-        model_arg,
-        "--data",
-        data_arg,
+    let out = on_model(&[
         "--lora-rank",
         "4",
         "--merge-lora",
@@ -542,8 +498,7 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
         "--export-hf",
         merged.to_str().unwrap(),
     ]);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    harness::succeeded(&out, "LoRA merged");
     let merged = odc::model::hf::HfCheckpoint::open(&merged).expect("a merged export loads");
     assert!(merged.config().lora.is_none());
     let block = odc::model::unit_params(&config, 1).unwrap();
@@ -584,9 +539,7 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     )]));
     let rewritten = safetensors::serialize(kept, metadata).unwrap();
     std::fs::write(&file, rewritten).unwrap();
-    let out = sft(&["--model-dir", broken.to_str().unwrap()]);
-    let (stdout, stderr) = text(&out);
-    assert!(!out.status.success(), "{stdout}");
+    let stderr = failed(&sft(&["--model-dir", broken.to_str().unwrap()]));
     assert!(
         stderr.contains("model.safetensors")
             && stderr.contains("model.layers.1.mlp.up_proj.weight"),

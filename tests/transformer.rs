@@ -19,6 +19,11 @@ use odc::{
     SplitPolicy, TrainState,
 };
 
+/// Comparing two parameter sets.
+#[path = "common/params.rs"]
+mod params;
+use params::max_abs_diff;
+
 /// Small enough for a debug-profile test; long enough samples to span several micro-batches.
 fn config() -> ModelConfig {
     ModelConfig {
@@ -107,6 +112,30 @@ fn job(
     )
 }
 
+/// odc training `c` on `data` as the tests here run it: 2 trainers and 2 shard servers on
+/// `placement`, fp32 pulls, `optimizer`, the minibatches of [`metas`].
+fn odc_job(
+    c: &ModelConfig,
+    data: &Arc<Vec<Sample>>,
+    placement: Placement,
+    optimizer: OptimizerConfig,
+) -> odc::JobBuilder {
+    let d = data.clone();
+    transformer_job_on(
+        c,
+        None,
+        store(data.clone()),
+        Objective::CrossEntropy,
+        placement,
+    )
+    .unwrap()
+    .trainers(2)
+    .servers(2)
+    .optimizer(optimizer)
+    .pull_precision(Precision::F32)
+    .data(move |step: u64| Ok(metas(&d, step)))
+}
+
 fn job_of(
     config: &ModelConfig,
     communication: Communication,
@@ -120,23 +149,11 @@ fn job_of(
         reshard,
         ..Placement::default()
     };
-    let mut b = transformer_job_on(
-        config,
-        None,
-        store(data.clone()),
-        Objective::CrossEntropy,
-        placement,
-    )
-    .unwrap()
-    .trainers(2)
-    .servers(2)
-    .communication(communication)
-    .optimizer(optimizer)
-    .lr_schedule(schedule)
-    .pull_precision(Precision::F32)
-    // Several micro-batches per trainer per step.
-    .token_budget(400)
-    .data(move |step: u64| Ok(metas(&data, step)));
+    let mut b = odc_job(config, &data, placement, optimizer)
+        .communication(communication)
+        .lr_schedule(schedule)
+        // Several micro-batches per trainer per step.
+        .token_budget(400);
     if let Some(state) = resume {
         b = b.resume(state);
     }
@@ -204,20 +221,6 @@ fn candle_alone(
         }
     }
     (units, losses)
-}
-
-fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    assert_eq!(a.len(), b.len(), "unit counts differ");
-    a.iter()
-        .zip(b)
-        .flat_map(|(x, y)| {
-            assert_eq!(x.len(), y.len(), "unit lengths differ");
-            x.iter().zip(y).map(|(p, q)| {
-                assert!(p.is_finite() && q.is_finite(), "non-finite parameter");
-                (p - q).abs()
-            })
-        })
-        .fold(0.0, f32::max)
 }
 
 /// I3 for a real model: K steps of odc training (2 trainers, 2 servers, several micro-batches each,
@@ -385,22 +388,9 @@ fn split_job(
     placement: Placement,
     optimizer: OptimizerConfig,
 ) -> odc::JobBuilder {
-    let d = data.clone();
-    transformer_job_on(
-        c,
-        None,
-        store(data.clone()),
-        Objective::CrossEntropy,
-        placement,
-    )
-    .unwrap()
-    .trainers(2)
-    .servers(2)
-    .optimizer(optimizer)
-    .pull_precision(Precision::F32)
-    .token_budget(4096)
-    .sequence_parallel(SplitPolicy::Auto)
-    .data(move |step: u64| Ok(metas(&d, step)))
+    odc_job(c, data, placement, optimizer)
+        .token_budget(4096)
+        .sequence_parallel(SplitPolicy::Auto)
 }
 
 /// Sequence splitting is the same training: odc with `SplitPolicy::Auto` (the long sample of

@@ -30,6 +30,18 @@ fn flags(extra: &[&str]) -> Vec<String> {
     args
 }
 
+/// A lost trainer's micro-batches are replayed on the trainers left.
+const DROP: [&str; 2] = ["--on-trainer-failure", "drop"];
+
+/// Rank 3 hosts only trainer 3, so losing it loses a trainer, not a shard: the flags of such a
+/// job (with [`DROP`]), and the failure-free single-process run's parameters and final loss.
+fn lone_trainer_on_rank_3() -> (Vec<String>, Vec<f32>, f64) {
+    let mut args = flags(&["--servers-on", "0,1,2", "--trainers-on", "0,1,2,3"]);
+    args.extend(DROP.map(String::from));
+    let (want, want_loss) = single(4, 3, &DROP);
+    (args, want, want_loss)
+}
+
 /// Rank 0's output shows at least one replayed step, and its final loss and parameters (saved at
 /// `path`) equal the failure-free run's (I2); the number of replays.
 fn replayed_to_the_reference(
@@ -63,18 +75,8 @@ fn replayed_to_the_reference(
 
 #[test]
 fn a_trainer_rank_killed_mid_minibatch_is_replayed_without_it() {
-    // Rank 3 hosts only trainer 3: killing it loses a trainer, not a shard.
-    let roles = [
-        "--servers-on",
-        "0,1,2",
-        "--trainers-on",
-        "0,1,2,3",
-        "--on-trainer-failure",
-        "drop",
-    ];
-    let (want, want_loss) = single(4, 3, &["--on-trainer-failure", "drop"]);
+    let (mut args, want, want_loss) = lone_trainer_on_rank_3();
     let path = temp("killed-trainer.params");
-    let mut args = flags(&roles);
     args.extend([
         "--compute-delay-ms".into(),
         "40".into(),
@@ -82,15 +84,16 @@ fn a_trainer_rank_killed_mid_minibatch_is_replayed_without_it() {
     ]);
     args.push(path.display().to_string());
     let secret = "s3cret-trainer-kill-0123456789";
-    let mut ranks = Ranks::start(4, "tcp", &[secret; 4], &args);
-    let stdout = ranks.take_stdout(0);
-    let (lines, reader) = read_until(stdout, "step   1 ");
-    // Step 2 is computing now (each micro-batch takes 40 ms or more): kill rank 3 inside it.
-    std::thread::sleep(Duration::from_millis(80));
-    let killed_at = ranks.kill(3);
-    let results = ranks.wait(Duration::from_secs(120));
-    let stdout0 = rest(reader, lines);
-    let (status0, _, stderr0) = &results[0];
+    let ranks = Ranks::start(4, "tcp", &[secret; 4], &args);
+    // Step 2 is computing 80 ms after step 1's line (each micro-batch takes 40 ms or more): kill
+    // rank 3 inside it.
+    let (killed_at, results) = ranks.kill_during(
+        "step   1 ",
+        Duration::from_millis(80),
+        3,
+        Duration::from_secs(120),
+    );
+    let (status0, stdout0, stderr0) = &results[0];
     assert_eq!(*status0, Some(0), "rank 0: {stdout0}\n{stderr0}");
     for (rank, (status, _, stderr)) in results.iter().enumerate().take(3).skip(1) {
         assert_eq!(*status, Some(0), "rank {rank}: {stderr}");
@@ -108,7 +111,7 @@ fn a_trainer_rank_killed_mid_minibatch_is_replayed_without_it() {
     );
     // I2: exactly-once accounting; the parameters equal the failure-free run's.
     let replays =
-        replayed_to_the_reference(&stdout0, &path, &want, want_loss, "a killed trainer rank");
+        replayed_to_the_reference(stdout0, &path, &want, want_loss, "a killed trainer rank");
     eprintln!(
         "trainer rank killed: noticed after {:.1} ms, {replays} replay(s)",
         latency * 1e3
@@ -121,19 +124,9 @@ const HEARTBEAT_TIMEOUT_MS: u64 = 2_000;
 
 #[test]
 fn a_stopped_trainer_rank_is_lost_by_its_heartbeat_and_replayed_without_it() {
-    // Rank 3 hosts only trainer 3; SIGSTOP keeps its sockets open, so only the heartbeat can
-    // tell it from a slow rank.
-    let roles = [
-        "--servers-on",
-        "0,1,2",
-        "--trainers-on",
-        "0,1,2,3",
-        "--on-trainer-failure",
-        "drop",
-    ];
-    let (want, want_loss) = single(4, 3, &["--on-trainer-failure", "drop"]);
+    // SIGSTOP keeps rank 3's sockets open, so only the heartbeat can tell it from a slow rank.
+    let (mut args, want, want_loss) = lone_trainer_on_rank_3();
     let path = temp("stopped-trainer.params");
-    let mut args = flags(&roles);
     for (flag, value) in [
         ("--compute-delay-ms", "40".to_string()),
         ("--heartbeat-interval-ms", HEARTBEAT_INTERVAL_MS.to_string()),
@@ -195,14 +188,14 @@ fn a_stopped_trainer_rank_is_lost_by_its_heartbeat_and_replayed_without_it() {
 fn a_server_rank_killed_stops_the_job_naming_the_rank_and_the_shard() {
     let args = flags(&["--compute-delay-ms", "40"]);
     let secret = "s3cret-server-kill-0123456789";
-    let mut ranks = Ranks::start(4, "tcp", &[secret; 4], &args);
-    let stdout = ranks.take_stdout(0);
-    let (lines, reader) = read_until(stdout, "step   1 ");
-    std::thread::sleep(Duration::from_millis(80));
-    ranks.kill(2);
-    let results = ranks.wait(Duration::from_secs(60));
-    let stdout0 = rest(reader, lines);
-    let (status0, _, stderr0) = &results[0];
+    let ranks = Ranks::start(4, "tcp", &[secret; 4], &args);
+    let (_, results) = ranks.kill_during(
+        "step   1 ",
+        Duration::from_millis(80),
+        2,
+        Duration::from_secs(60),
+    );
+    let (status0, stdout0, stderr0) = &results[0];
     assert_ne!(*status0, Some(0), "rank 0 fails: {stdout0}");
     let error = stderr0
         .lines()
@@ -221,7 +214,7 @@ fn a_server_rank_killed_stops_the_job_naming_the_rank_and_the_shard() {
         assert_ne!(*status, Some(0), "rank {rank}: {stderr}");
         assert!(stderr.contains("shard server 2"), "rank {rank}: {stderr}");
     }
-    assert!(finals(&stdout0).is_empty(), "{stdout0}");
+    assert!(finals(stdout0).is_empty(), "{stdout0}");
 }
 
 #[test]

@@ -318,6 +318,24 @@ impl Ranks {
         self.children[rank].as_ref().expect("running").id()
     }
 
+    /// Once rank 0 has printed a line starting with `after`, wait `delay` (into the work that
+    /// follows it) and SIGKILL rank `victim`; then [`Ranks::wait`] for every rank, rank 0's stdout
+    /// whole (the lines before the kill too). When the kill was sent, and the ranks' results.
+    pub fn kill_during(
+        mut self,
+        after: &str,
+        delay: Duration,
+        victim: usize,
+        limit: Duration,
+    ) -> (SystemTime, Vec<(Option<i32>, String, String)>) {
+        let (lines, reader) = read_until(self.take_stdout(0), after);
+        std::thread::sleep(delay);
+        let killed_at = self.kill(victim);
+        let mut results = self.wait(limit);
+        results[0].1 = rest(reader, lines);
+        (killed_at, results)
+    }
+
     /// Wait for every rank, all of them drained at once (one rank's full pipe would otherwise
     /// stall it while another is waited on); (status, stdout, stderr) per rank.
     pub fn wait(mut self, limit: Duration) -> Vec<(Option<i32>, String, String)> {

@@ -27,4 +27,7 @@ mod per_host;
 #[cfg(feature = "candle")]
 mod restart;
 #[cfg(feature = "candle")]
+#[path = "../common/sft_toml.rs"]
+mod sft_toml;
+#[cfg(feature = "candle")]
 mod split;

@@ -20,7 +20,7 @@ use crate::harness::*;
 /// `restart.rs`'s model and schedule, with a constant rate after the warm-up: the first launch's
 /// schedule (8 steps) is then the relaunch's (12; `--steps` overrides the file's 20).
 fn sft_config() -> String {
-    crate::restart::CONFIG.replace("[model]", "min_lr_ratio = 1.0\n\n[model]")
+    crate::restart::config().replace("[model]", "min_lr_ratio = 1.0\n\n[model]")
 }
 
 /// Why a mount namespace cannot be made here, if it cannot.

@@ -15,10 +15,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::harness::*;
+use crate::sft_toml::sft_toml;
 
 /// A model and schedule small enough for a debug build on 2 cores: ~0.1 s per step, so the 16
 /// steps after the first checkpoint leave the kill more than a second (`per_host.rs` too).
-pub(crate) const CONFIG: &str = r#"
+pub(crate) fn config() -> String {
+    sft_toml(
+        r#"
 steps = 20
 batch_size = 4
 token_budget = 700
@@ -27,19 +30,10 @@ eval_problems = 0
 no_metrics = true
 lr = 0.01
 warmup_steps = 2
-
-[model]
-vocab_size = 259
-d_model = 32
-n_layers = 1
-n_heads = 2
-d_ff = 64
-max_seq_len = 512
-rope_theta = 10000.0
-rms_eps = 1e-5
-init_std = 0.05
-seed = 3
-"#;
+"#,
+        512,
+    )
+}
 
 /// The loss of the last `final step=20 loss=<f> ...` line of `stdout`, and how many there are.
 fn final_loss(stdout: &str) -> (f64, usize) {
@@ -106,7 +100,7 @@ fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uni
     let started = Instant::now();
     let dir = temp("restart");
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    std::fs::write(dir.join("sft.toml"), CONFIG).expect("the config file");
+    std::fs::write(dir.join("sft.toml"), config()).expect("the config file");
     let ckpt = dir.join("ckpt");
 
     // The uninterrupted run: one process, 4 trainers and 4 servers.

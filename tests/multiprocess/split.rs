@@ -11,8 +11,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::harness::*;
+use crate::sft_toml::sft_toml;
 
-const CONFIG: &str = r#"
+/// Four steps of minibatches that the long problems fit whole (4,096 tokens).
+fn config() -> String {
+    sft_toml(
+        r#"
 steps = 4
 batch_size = 4
 token_budget = 4096
@@ -21,19 +25,10 @@ eval_problems = 0
 no_metrics = true
 lr = 0.01
 warmup_steps = 1
-
-[model]
-vocab_size = 259
-d_model = 32
-n_layers = 1
-n_heads = 2
-d_ff = 64
-max_seq_len = 4096
-rope_theta = 10000.0
-rms_eps = 1e-5
-init_std = 0.05
-seed = 3
-"#;
+"#,
+        4096,
+    )
+}
 
 /// Sixteen problems; every fourth one's question is ~2,400 bytes (byte tokens) long.
 fn problems() -> String {
@@ -58,7 +53,7 @@ fn problems() -> String {
 fn two_processes_over_tcp_split_long_samples_and_train_as_one_unsplit_process() {
     let dir = temp("split");
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    std::fs::write(dir.join("sft.toml"), CONFIG).expect("the config file");
+    std::fs::write(dir.join("sft.toml"), config()).expect("the config file");
     std::fs::write(dir.join("data.jsonl"), problems()).expect("the data file");
     let sft = |cmd: &mut Command| {
         cmd.arg("--config")
@@ -112,7 +107,7 @@ fn two_processes_over_tcp_split_long_samples_and_train_as_one_unsplit_process() 
 fn a_killed_gang_member_process_is_replayed_and_training_is_unchanged() {
     let dir = temp("split-kill");
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let config = CONFIG.replace("steps = 4", "steps = 24");
+    let config = config().replace("steps = 4", "steps = 24");
     std::fs::write(dir.join("sft.toml"), config).expect("the config file");
     // Every problem of a minibatch of 4: one long (~2,400 tokens), three short.
     std::fs::write(dir.join("data.jsonl"), problems().repeat(8)).expect("the data file");
@@ -144,15 +139,15 @@ fn a_killed_gang_member_process_is_replayed_and_training_is_unchanged() {
             .map(|s| s.to_string()),
     );
     let secret = "s3cret-gang-kill-0123456789abcdef";
-    let mut ranks = Ranks::start_program(&example("sft"), 3, "tcp", &[secret; 3], &args);
-    let stdout = ranks.take_stdout(0);
-    let (lines, reader) = read_until(stdout, "step    1/");
-    // Step 2 or 3 is computing now: kill the trainer-only rank inside it.
-    std::thread::sleep(Duration::from_millis(60));
-    ranks.kill(2);
-    let results = ranks.wait(Duration::from_secs(150));
-    let stdout0 = rest(reader, lines);
-    let (status0, _, stderr0) = &results[0];
+    let ranks = Ranks::start_program(&example("sft"), 3, "tcp", &[secret; 3], &args);
+    // Step 2 or 3 is computing 60 ms after step 1's line: kill the trainer-only rank inside it.
+    let (_, results) = ranks.kill_during(
+        "step    1/",
+        Duration::from_millis(60),
+        2,
+        Duration::from_secs(150),
+    );
+    let (status0, stdout0, stderr0) = &results[0];
     assert_eq!(*status0, Some(0), "rank 0: {stdout0}\n{stderr0}");
     assert_eq!(results[1].0, Some(0), "rank 1: {}", results[1].2);
     assert_eq!(results[2].0, None, "rank 2 was killed by a signal");
@@ -166,7 +161,7 @@ fn a_killed_gang_member_process_is_replayed_and_training_is_unchanged() {
             .any(|l| l.starts_with("step ") && l.contains("split [")),
         "the run split samples: {stdout0}"
     );
-    let got = final_loss_of(&stdout0, 24);
+    let got = final_loss_of(stdout0, 24);
     eprintln!(
         "a killed gang member: rank 0 logged {:?}; steps {:?}; loss {got} vs {want}",
         stderr0

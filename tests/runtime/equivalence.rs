@@ -12,7 +12,8 @@ use std::sync::Arc;
 use odc::transport::Dtype;
 use odc::{DispatchMode, Precision};
 
-use crate::model::{max_abs_diff, minibatches, reference_train, Hooks};
+use crate::model::{minibatches, reference_train, Hooks};
+use crate::params::max_abs_diff;
 use crate::{adamw, model_job, train, within};
 
 const STEPS: usize = 5;
@@ -53,34 +54,27 @@ async fn check(trainers: usize, servers: usize, dispatch: DispatchMode, precisio
     assert!(moved > 20.0 * tol, "moved only {moved}");
 }
 
+/// [`check`] for every trainer count, server count (uneven shards) and dispatch mode.
+async fn check_matrix(precision: Precision) {
+    for trainers in [1, 2, 4, 8] {
+        for servers in [1, 3, 4] {
+            for dispatch in [DispatchMode::Static, DispatchMode::Dynamic] {
+                check(trainers, servers, dispatch, precision).await;
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i3_equivalence_matrix_fp32() {
     // A whole-test timeout: a hang fails the test instead of CI.
-    crate::within(180, async {
-        for trainers in [1, 2, 4, 8] {
-            for servers in [1, 3, 4] {
-                for dispatch in [DispatchMode::Static, DispatchMode::Dynamic] {
-                    check(trainers, servers, dispatch, Precision::F32).await;
-                }
-            }
-        }
-    })
-    .await
+    crate::within(180, check_matrix(Precision::F32)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i3_equivalence_matrix_bf16() {
     // A whole-test timeout: a hang fails the test instead of CI.
-    crate::within(180, async {
-        for trainers in [1, 2, 4, 8] {
-            for servers in [1, 3, 4] {
-                for dispatch in [DispatchMode::Static, DispatchMode::Dynamic] {
-                    check(trainers, servers, dispatch, Precision::Bf16).await;
-                }
-            }
-        }
-    })
-    .await
+    crate::within(180, check_matrix(Precision::Bf16)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,8 @@ use odc::{
     MicroBatch, OptimizerConfig, Precision, SampleMeta, TrainerContext, UnitSpec,
 };
 
-use crate::model::{max_abs_diff, minibatches, reference_train, Hooks};
+use crate::model::{minibatches, reference_train, Hooks};
+use crate::params::max_abs_diff;
 use crate::{adamw, model_job, within};
 
 /// Train every minibatch (each step must survive the injected failure); per-step stats and the

@@ -17,7 +17,8 @@ use odc::layout::UnitOptimizerInit;
 use odc::transport::Dtype;
 use odc::{Communication, DispatchMode, Error, JobBuilder, Precision};
 
-use crate::model::{self, max_abs_diff, minibatches, reference_train, reference_train_frozen};
+use crate::model::{self, minibatches, reference_train, reference_train_frozen};
+use crate::params::max_abs_diff;
 use crate::{adamw, model_job, train, within};
 
 const STEPS: usize = 5;

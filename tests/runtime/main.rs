@@ -13,6 +13,9 @@ mod liveness;
 mod model;
 mod no_inner_barrier;
 mod non_finite;
+/// Comparing two parameter sets.
+#[path = "../common/params.rs"]
+mod params;
 mod sharded_checkpoint;
 mod straggler;
 

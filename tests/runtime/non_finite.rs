@@ -13,7 +13,8 @@ use std::sync::Arc;
 use odc::transport::Dtype;
 use odc::{Communication, DispatchMode, Error, Job, NonFinite, NonFiniteAt, Precision, SampleMeta};
 
-use crate::model::{max_abs_diff, minibatches, reference_train, Hooks, Poison};
+use crate::model::{minibatches, reference_train, Hooks, Poison};
+use crate::params::max_abs_diff;
 use crate::{adamw, model_job, within};
 
 /// Minibatches trained; the one at index `BAD` is poisoned.
@@ -106,6 +107,23 @@ fn check_named(error: &Error, poison: Poison, hooks: &Hooks) {
     }
 }
 
+/// `job`'s parameters equal the single-process loop's after the minibatches of `data` at `steps`,
+/// within 1e-6 (the case: `poison` over `communication`).
+async fn check_parameters(
+    job: &mut Job,
+    data: &[Vec<SampleMeta>],
+    steps: &[usize],
+    poison: Poison,
+    communication: Communication,
+) {
+    let got = job.parameters().await.expect("parameters");
+    let diff = max_abs_diff(&got, &reference(data, steps));
+    assert!(
+        diff <= 1e-6,
+        "{poison:?} {communication:?}: max |Δ| = {diff}"
+    );
+}
+
 /// Every unit's optimizer has taken `steps` steps.
 async fn check_optimizer_steps(job: &mut Job, steps: u64) {
     let state = job.train_state().await.expect("train state");
@@ -148,12 +166,7 @@ async fn non_finite_error_fails_the_step_naming_it_and_changes_nothing() {
                 .expect_err("the poisoned step fails");
             check_named(&error, poison, &hooks);
             // Every parameter finite and equal to a run that never took the step's data.
-            let got = job.parameters().await.expect("parameters");
-            let diff = max_abs_diff(&got, &reference(&data, &[0, 1, 2]));
-            assert!(
-                diff <= 1e-6,
-                "{poison:?} {communication:?}: max |Δ| = {diff}"
-            );
+            check_parameters(&mut job, &data, &[0, 1, 2], poison, communication).await;
             check_optimizer_steps(&mut job, BAD as u64).await;
             assert_eq!(job.steps_done(), BAD as u64, "a failed step is not a step");
             // The job goes on: moments and step count were untouched, so the next step lands
@@ -163,12 +176,7 @@ async fn non_finite_error_fails_the_step_naming_it_and_changes_nothing() {
                 .await
                 .expect("the next step works");
             assert_eq!((stats.step, stats.skipped), (BAD as u64, None));
-            let got = job.parameters().await.expect("parameters");
-            let diff = max_abs_diff(&got, &reference(&data, &[0, 1, 2, 4]));
-            assert!(
-                diff <= 1e-6,
-                "{poison:?} {communication:?}: max |Δ| = {diff}"
-            );
+            check_parameters(&mut job, &data, &[0, 1, 2, 4], poison, communication).await;
             job.shutdown().await;
         }
     })
@@ -198,12 +206,7 @@ async fn non_finite_skip_step_discards_the_step_and_goes_on() {
             if poison == Poison::GradMax {
                 assert_eq!(stats[BAD].grad_norm, f64::INFINITY);
             }
-            let got = job.parameters().await.expect("parameters");
-            let diff = max_abs_diff(&got, &reference(&data, &[0, 1, 2, 4, 5]));
-            assert!(
-                diff <= 1e-6,
-                "{poison:?} {communication:?}: max |Δ| = {diff}"
-            );
+            check_parameters(&mut job, &data, &[0, 1, 2, 4, 5], poison, communication).await;
             check_optimizer_steps(&mut job, (STEPS - 1) as u64).await;
             assert_eq!(job.steps_done(), STEPS as u64);
             job.shutdown().await;
