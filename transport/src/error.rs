@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::region::{Dtype, EndpointId, RegionId, RegionKind};
+use crate::handle::{Dtype, EndpointId, RegionId, RegionKind};
 
 /// The data-plane operation an error is about (carried by [`TransportError::DeadlineExceeded`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -78,8 +78,10 @@ pub mod codec;
 pub mod conformance;
 #[cfg(all(feature = "cuda-code", target_os = "linux"))]
 pub mod cuda;
+mod deadline;
 mod dest;
 mod error;
+mod handle;
 pub mod local;
 pub mod priced;
 #[cfg(feature = "rdma")]
@@ -98,15 +100,17 @@ pub mod wire;
 pub mod wrap;
 
 pub use chunk::chunk_ranges;
+pub use deadline::{check_deadline, deadline_in, now, Deadline};
 pub use dest::{Dest, DestSpec, DeviceDest};
 pub use error::{Op, TransportError};
-pub use region::{
-    AccumulatorRegion, CudaMemory, Descriptor, Dtype, EndpointId, InboxRegion, PublishedRegion,
-    RdmaMemory, RegionHandle, RegionId, RegionKind, WriteGuard, WriteTag,
+pub use handle::{
+    CudaMemory, Descriptor, Dtype, EndpointId, RdmaMemory, RegionHandle, RegionId, RegionKind,
+    WriteGuard, WriteTag,
 };
+pub use region::{AccumulatorRegion, InboxRegion, PublishedRegion};
 pub use remote::RemoteConfig;
 
 /// Accumulates refused by their owner's [`WriteGuard`] (C8), counted at the owner.
 pub const REFUSED_WRITES_METRIC: &str = "odc_refused_writes_total";
-pub use transport::{check_deadline, deadline_in, now, AccumulateOp, Deadline, ReadOp, Transport};
+pub use transport::{AccumulateOp, ReadOp, Transport};
 pub use wire::ClusterSecret;

@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::deadline::now;
 pub use crate::priced::Pace;
 use crate::priced::{Priced, Pricer};
-use crate::transport::now;
 use crate::wrap::Wrapped;
 use crate::{EndpointId, RegionHandle, Transport};
 

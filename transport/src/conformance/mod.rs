@@ -1,4 +1,4 @@
-//! The conformance suite: one generic set of checks of the crate's contract (C1–C7 and the handle
+//! The conformance suite: one generic set of checks of the crate's contract (C1–C8 and the handle
 //! rules) that every backend runs. Compiled with the feature `conformance`.
 //!
 //! **Owner and reader are separate transport instances joined only by serialized handles.** A

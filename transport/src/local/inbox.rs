@@ -17,8 +17,8 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::identity::Identity;
+use crate::deadline::check_deadline;
 use crate::error::wide;
-use crate::transport::check_deadline;
 use crate::{Deadline, Dtype, EndpointId, Op, RegionHandle, RegionKind, TransportError, WriteTag};
 
 /// Everything a send, a recv or an advance reads and writes.

@@ -59,7 +59,7 @@ use self::guard::Guard;
 use self::inbox::Inbox;
 use self::published::Published;
 use self::registry::{Region, Registry};
-use crate::transport::check_deadline;
+use crate::deadline::check_deadline;
 use crate::{
     AccumulatorRegion, Deadline, Descriptor, Dest, DestSpec, Dtype, EndpointId, InboxRegion, Op,
     PublishedRegion, RegionHandle, RegionId, RegionKind, Transport, TransportError, WriteTag,

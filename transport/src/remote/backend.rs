@@ -24,7 +24,7 @@ use bytes::Bytes;
 use super::listen::{accept_loop, Listen};
 use super::service::Accepted;
 use super::{ops, Dial, Peers, RemoteConfig, Renamed, Served};
-use crate::transport::check_deadline;
+use crate::deadline::check_deadline;
 use crate::wire::{ClusterSecret, Target};
 use crate::{
     AccumulatorRegion, Deadline, Descriptor, Dest, Dtype, EndpointId, InboxRegion, Op,
