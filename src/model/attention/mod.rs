@@ -2,6 +2,13 @@
 //! cached decoding ([`mod@crate::model::generate`]): the projections ([`project`]) and the output
 //! ([`AttentionWeights::output`]) are the same code; only what the queries attend to differs.
 //!
+//! The folder, in layers: [`projection`](AttentionWeights) (q, k, v and the output projection),
+//! [`plain`] (the reference: each sample's scores materialised), [`blocked`] (FlashAttention-2's
+//! tiling in candle ops, with the log-sum-exp merge rule), [`ring`] (a sample split over a gang,
+//! merging the blocked partials), and here the dispatch between them ([`packed_attend`], by the
+//! batch's [`AttentionImpl`]) and the training layer ([`causal_self_attention`]). A fused CUDA
+//! kernel is one more implementation behind the same dispatch.
+//!
 //! Layout: hidden states are `[rows · n, d_model]` (a packed micro-batch is one row of `T`
 //! tokens; decoding feeds `rows` sequences of `n` new tokens each); heads are
 //! `[rows, heads, n, head_dim]`.
