@@ -182,10 +182,42 @@ pub fn step_spans(stats: &StepStats, origin: Timestamp, devices: usize) -> Vec<T
     out
 }
 
+/// Where the trainers' time went: the total of each span name over `spans`, in order of first
+/// appearance (the per-phase summary beside a trace: compute, pull wait, push wait, barrier
+/// wait), as `name total_s` pairs joined by commas.
+pub fn phase_totals(spans: &[TraceSpan]) -> String {
+    let mut totals: Vec<(&str, Duration)> = Vec::new();
+    for span in spans {
+        // A gang member's compute carries its gang in the name: the phase is the first words.
+        let phase = span.name.split(" (").next().unwrap_or(&span.name);
+        match totals.iter_mut().find(|(name, _)| *name == phase) {
+            Some((_, total)) => *total += span.duration,
+            None => totals.push((phase, span.duration)),
+        }
+    }
+    totals
+        .iter()
+        .map(|(name, total)| format!("{name} {:.3} s", total.as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    #[test]
+    fn phase_totals_add_up_each_phase_across_trainers_and_gangs() {
+        let spans = vec![
+            span(0, "compute", 0, 1_000_000),
+            span(1, "pull wait", 0, 250_000),
+            span(1, "compute (gang 0 of sample 3: member 1 of 2)", 0, 500_000),
+            span(0, "pull wait", 0, 250_000),
+        ];
+        assert_eq!(phase_totals(&spans), "compute 1.500 s, pull wait 0.500 s");
+        assert_eq!(phase_totals(&[]), "");
+    }
 
     fn span(trainer: usize, name: &str, start_us: u64, dur_us: u64) -> TraceSpan {
         TraceSpan {

@@ -14,14 +14,21 @@
 //!   the loss falls below 0.6 of its start within 12 steps, every loss finite.
 //! - **Ring attention on CUDA** ([`ring_attention_on_cuda_equals_the_blocked_attention`]):
 //!   sequence splitting's gang attention against the whole sample's, within 1e-4.
+//! - **The device-resident data path** ([`device_transfers_equal_host_transfers_and_stage_nothing`]):
+//!   the same fp32 job with its servers on the GPU, gathering into and pushing from device
+//!   memory ([`DeviceTransfers::Device`], the default, which the tests above run too), against
+//!   the path through host memory with host servers ([`DeviceTransfers::Host`]): losses and
+//!   parameters within 1e-5, and 0 bytes through host staging on the device path (the host
+//!   path's count is > 0, so the counter counts).
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use odc::model::{
-    open_device, transformer_job_on, unit_count, unit_init_values, ComputePrecision, DeviceSpec,
-    ModelConfig, Objective, Placement, Sample, SampleStore,
+    host_staging_bytes, open_device, transformer_job_on, unit_count, unit_init_values,
+    ComputePrecision, DeviceSpec, DeviceTransfers, ModelConfig, Objective, Placement, Sample,
+    SampleStore,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{Job, LrSchedule, OptimizerConfig, Precision, SampleMeta, StepStats};
@@ -259,6 +266,54 @@ fn sft_on_cuda_lowers_the_loss() {
         last < 0.6 * first,
         "loss went from {first} to {last}: {losses:?}"
     );
+}
+
+/// The device-resident data path against the one through host memory (see the module docs).
+#[test]
+fn device_transfers_equal_host_transfers_and_stage_nothing() {
+    let Some(device) = cuda() else { return };
+    const STEPS: u64 = 3;
+    let data = samples(32);
+    let adamw = OptimizerConfig::adamw(3e-3);
+    let on = |transfers| Placement {
+        device,
+        precision: ComputePrecision::F32,
+        local_rank: 0,
+        transfers,
+        ..Placement::default()
+    };
+    let before = host_staging_bytes();
+    let (host, host_params) = train(data.clone(), adamw, on(DeviceTransfers::Host), STEPS);
+    let host_staged = host_staging_bytes() - before;
+    let before = host_staging_bytes();
+    let (dev, dev_params) = train(data, adamw, on(DeviceTransfers::Device), STEPS);
+    let dev_staged = host_staging_bytes() - before;
+    let (host_losses, dev_losses) = (losses(&host), losses(&dev));
+    assert_eq!(dev_losses.len(), STEPS as usize, "steps");
+    let worst = host_losses
+        .iter()
+        .zip(&dev_losses)
+        .map(|(h, d)| {
+            assert!(h.is_finite() && d.is_finite(), "{h} vs {d}");
+            ((d - h) / h).abs()
+        })
+        .fold(0.0f64, f64::max);
+    let diff = max_abs_diff(&dev_params, &host_params);
+    println!(
+        "device transfers vs host transfers (fp32, {STEPS} AdamW steps): max loss rel diff \
+         {worst:.3e}, max |Δparam| {diff:.3e}; host staging {dev_staged} bytes on the device \
+         path, {host_staged} on the host path; losses host {host_losses:?} device {dev_losses:?}"
+    );
+    assert!(
+        host_staged > 0,
+        "the host path staged nothing: the counter does not count"
+    );
+    assert_eq!(
+        dev_staged, 0,
+        "the device path staged {dev_staged} bytes through the host"
+    );
+    assert!(worst < 1e-5, "losses differ by {worst:e} (relative)");
+    assert!(diff < 1e-5, "parameters differ by {diff:e}");
 }
 
 /// `max |a − b| / max(1, max |b|)`.

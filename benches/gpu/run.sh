@@ -9,7 +9,8 @@
 # Exit status: 0 when every check passed. A check that was skipped (a test printing "skipped",
 # e.g. because no driver was found) counts as FAIL here: on this machine everything must run.
 # The binaries are stored xz-compressed (NAME.xz) and unpacked into a temporary folder first.
-# QUICK=1 runs only the checks of part 2 (candle on CUDA), for a second run after a fix.
+# QUICK=1 runs only the checks of part 2 (candle on CUDA), for a second run after a fix;
+# MEASURE=0 runs only the correctness checks (no transport bench, SFT, calibration, sft-overhead).
 # The correctness checks (the tests) run side by side first, each with at most CHECK_CAP seconds
 # (default 240); the measurements (transport bench, SFT, sft-overhead, calibrate) then run one at
 # a time, alone on the GPU. DEADLINE=S: every check ends within S seconds of the start (each is
@@ -130,7 +131,7 @@ gpu_test() {
   capped "$CHECK_CAP" "$BIN/gpu_training" "$test" --exact --nocapture --test-threads=1 >"$log" 2>&1
   local rc=$? secs=$((SECONDS - started))
   local said
-  said=$(grep -m1 -E '^(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA)' "$log")
+  said=$(grep -m1 -E '^(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers)' "$log")
   if grep -q '^skipped' "$log"; then
     row "$name" FAIL "skipped: $(grep -m1 '^skipped' "$log"); log $log"
   elif [ "$rc" -eq 0 ] && grep -q 'test result: ok. 1 passed' "$log"; then
@@ -165,6 +166,9 @@ if has gpu_training; then
   next_section
   gpu_test sft_on_cuda_lowers_the_loss "SFT on CUDA in bf16, 12 steps (test)" sft-test.log &
   next_section
+  gpu_test device_transfers_equal_host_transfers_and_stage_nothing \
+    "device-resident path vs host path (fp32; 0 bytes staged)" resident-gpu.log &
+  next_section
   gpu_test ring_attention_on_cuda_equals_the_blocked_attention \
     "sequence splitting: ring attention on CUDA" ring-gpu.log &
 else
@@ -174,6 +178,10 @@ wait
 echo "run.sh: the correctness checks ended after $((SECONDS - run_started)) s"
 
 # --- Phase 2: the measurements, one at a time, alone on the GPU ---------------------------------
+# MEASURE=0 stops here (the correctness rows only, e.g. before benches/gpu/figures.sh).
+if [ "${MEASURE:-1}" = 0 ]; then
+  echo "run.sh: MEASURE=0: the measurements are not run"
+else
 
 # The transport benchmark: one row per measured row (its ratio to the device's own limit), then one
 # per target (met = PASS).
@@ -279,6 +287,7 @@ else
   missing "sft-overhead --device cuda" odc-bench-gpu
 fi
 
+fi # MEASURE
 echo "run.sh: $((SECONDS - run_started)) s in all"
 
 echo

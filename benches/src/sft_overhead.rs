@@ -23,11 +23,12 @@
 //!
 //! - A runs the model on the CUDA device (fp32 `Var`s, matmuls in `--precision`, candle's AdamW
 //!   on the device); B's trainers (in this process, each with its own stream on the same GPU)
-//!   run `TransformerCompute` there, while the shard servers keep master weights, AdamW state and
-//!   accumulation in host memory (servers keep their state on the device only under the `cuda`
-//!   transport, across processes: `odc-actors`' `server/device/`): B pays
-//!   a host-to-device upload per unit per micro-batch, a device-to-host gradient download per
-//!   unit, and the AdamW step on the host.
+//!   run `TransformerCompute` there. By default ([`DeviceTransfers::Device`]) B's shard servers
+//!   keep master weights, AdamW state and accumulators on the same GPU (the `cuda` transport in
+//!   this process, `odc-actors`' `server/device/`), and the trainers gather into and push from
+//!   device memory: no byte crosses the host. With `--host-transfers` the servers keep their
+//!   state in host memory and B pays a host-to-device upload per unit per micro-batch, a
+//!   device-to-host gradient download per unit, and the AdamW step on the host.
 //! - The data are synthetic samples of random byte tokens with lengths spread log-uniformly
 //!   between `min_len` and `max_len` (the arithmetic problems are too short to occupy a GPU).
 //! - Each A block ends with a device synchronisation (candle's kernels are asynchronous); B's
@@ -46,8 +47,8 @@ use candle_core::{Device, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use odc::model::{
     model_forward, open_device, param_count, transformer_job_on, unit_count, unit_init_values,
-    unit_params, unit_vars, ComputePrecision, DeviceSpec, ModelConfig, Objective, PackedBatch,
-    Placement, Reshard, Sample, SampleStore,
+    unit_params, unit_vars, ComputePrecision, DeviceSpec, DeviceTransfers, ModelConfig, Objective,
+    PackedBatch, Placement, Reshard, Sample, SampleStore,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{DispatchMode, Job, OptimizerConfig, Precision, SampleMeta};
@@ -77,6 +78,8 @@ pub struct Settings {
     pub precision: ComputePrecision,
     /// What odc's trainers keep of a unit between forward and backward.
     pub reshard: Reshard,
+    /// On a GPU: device to device with the servers there (the default), or through the host.
+    pub transfers: DeviceTransfers,
     /// The samples: generated arithmetic problems, or synthetic ones.
     pub data: Data,
 }
@@ -337,6 +340,7 @@ fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
         local_rank: 0,
         reshard: settings.reshard,
         kernels: Default::default(),
+        transfers: settings.transfers,
     };
     Ok(transformer_job_on(
         &config,

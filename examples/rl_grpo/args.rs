@@ -102,6 +102,7 @@ impl Args {
                 .parse()
                 .map_err(|e| anyhow::anyhow!("--{e}"))?,
             kernels: Default::default(),
+            transfers: Default::default(),
         })
     }
 }

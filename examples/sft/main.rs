@@ -92,11 +92,11 @@ use odc::launch::{parse_ranks, Roles, World};
 use odc::model::hf::peft;
 use odc::model::hf::{export_hf, ExportOptions, HfCheckpoint};
 use odc::model::{
-    evaluate_prompted, layout_units, open_device, tensor_map, transformer_job_of, Objective,
-    Placement, Sample, SampleStore, Weights,
+    evaluate_prompted, layout_units, open_device, tensor_map, transformer_job_of, DeviceTransfers,
+    Objective, Placement, Sample, SampleStore, Weights,
 };
 use odc::text::{ArithTask, Problem, TextFormat};
-use odc::trace::{step_spans, write_chrome_trace, TraceSpan};
+use odc::trace::{phase_totals, step_spans, write_chrome_trace, TraceSpan};
 use odc::Job;
 use odc::{LrSchedule, OptimizerConfig, Precision, SplitPolicy, Timestamp, DEFAULT_STEP_TIMEOUT};
 
@@ -457,6 +457,10 @@ impl Run {
                 .map_err(|e| anyhow::anyhow!("--{e}"))?,
             local_rank: odc::launch::local_rank(),
             kernels: Default::default(),
+            transfers: match settings.host_transfers {
+                true => DeviceTransfers::Host,
+                false => DeviceTransfers::Device,
+            },
         })
     }
 
@@ -624,6 +628,17 @@ impl Run {
             let rate = trained.tokens as f64 / trained.started.elapsed().as_secs_f64();
             metrics::gauge!("odc_sft_loss").set(loss);
             metrics::gauge!("odc_sft_tokens_per_second").set(rate);
+            if settings.step_stats {
+                print(format!(
+                    "step-stats step={} wall_ms={:.3} tokens={} samples={} micro_batches={} loss={}",
+                    step + 1,
+                    s.wall.as_secs_f64() * 1e3,
+                    s.tokens,
+                    s.samples,
+                    s.micro_batches,
+                    s.loss
+                ));
+            }
             if settings.trace.is_some() {
                 let origin = *origin.get_or_insert(s.started);
                 trained.spans.extend(step_spans(&s, origin, trainers));
@@ -735,6 +750,10 @@ impl Run {
         if let (Some(path), true) = (&settings.trace, self.lead) {
             write_chrome_trace(path, &trained.spans, "odc sft")?;
             self.say(format!("trace: {}", path.display()));
+            self.say(format!(
+                "phases (all trainers, all steps): {}",
+                phase_totals(&trained.spans)
+            ));
         }
         let secs = trained.started.elapsed().as_secs_f64();
         self.say(format!(
@@ -742,6 +761,15 @@ impl Run {
             settings.steps - first,
             trained.tokens as f64 / secs
         ));
+        if settings.device != "cpu" {
+            // This process's parameter and gradient bytes through host memory (0 when they
+            // stayed on the device).
+            self.say(format!(
+                "host staging: {} bytes in {} steps",
+                odc::model::host_staging_bytes(),
+                settings.steps - first
+            ));
+        }
         job.shutdown().await;
         println!(
             "final step={} loss={} eval_accuracy={}",

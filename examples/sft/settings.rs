@@ -40,13 +40,15 @@ pub(crate) struct Opts {
     /// Clip the global gradient norm to this.
     #[arg(long)]
     pub(crate) clip_grad_norm: Option<f64>,
-    /// Trainers and shard servers (in one process; with `odc launch`, one of each per rank by
-    /// default).
+    /// Trainers and shard servers in one process (default 2 of each on the CPU; on CUDA 1 of
+    /// each: the GPU's one trainer, as one rank per GPU; with `odc launch`, one of each per rank
+    /// by default).
     #[arg(long)]
     pub(crate) trainers: Option<usize>,
     #[arg(long)]
     pub(crate) servers: Option<usize>,
-    /// Most tokens in one packed micro-batch.
+    /// Most tokens in one packed micro-batch (default 4,096 on the CPU, 16,384 on CUDA, where a
+    /// micro-batch is a pass of launch-bound kernels over every unit: fewer, larger ones).
     #[arg(long)]
     pub(crate) token_budget: Option<u64>,
     /// Seed of the generated problems.
@@ -88,6 +90,9 @@ pub(crate) struct Opts {
     /// Serve no metrics.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub(crate) no_metrics: Option<bool>,
+    /// Print one machine-readable `step-stats` line per step (for benchmark scripts).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub(crate) step_stats: Option<bool>,
     /// Write the trainers' timelines of every step to this Chrome/Perfetto trace file.
     #[arg(long)]
     pub(crate) trace: Option<PathBuf>,
@@ -134,6 +139,10 @@ pub(crate) struct Opts {
     /// on CUDA).
     #[arg(long)]
     pub(crate) precision: Option<String>,
+    /// On CUDA, move units and gradients through host memory (and keep a one-process job's
+    /// servers there) instead of device to device: the path before the device-resident one.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub(crate) host_transfers: Option<bool>,
     /// What a trainer keeps of a unit between its forward and backward (FSDP2's
     /// `reshard_after_forward`): true (release it; re-gather and recompute in the backward),
     /// false (keep it), N (keep the last N stages), auto (true above 300M parameters).
@@ -188,6 +197,8 @@ pub(crate) struct Settings {
     pub(crate) keep_last: usize,
     pub(crate) metrics_addr: SocketAddr,
     pub(crate) no_metrics: bool,
+    #[serde(default)]
+    pub(crate) step_stats: bool,
     pub(crate) trace: Option<PathBuf>,
     /// `None`: the byte tokenizer (also in checkpoints written before this setting existed).
     #[serde(default)]
@@ -201,6 +212,8 @@ pub(crate) struct Settings {
     pub(crate) device: String,
     #[serde(default = "fp32")]
     pub(crate) precision: String,
+    #[serde(default)]
+    pub(crate) host_transfers: bool,
     #[serde(default = "auto")]
     pub(crate) reshard_after_forward: String,
     /// Seconds (600 in checkpoints written before this setting existed).
@@ -383,9 +396,11 @@ impl Opts {
             min_lr_ratio: self.min_lr_ratio.unwrap_or(0.1),
             weight_decay: self.weight_decay.unwrap_or(0.01),
             clip_grad_norm: self.clip_grad_norm.unwrap_or(1.0),
-            trainers: self.trainers.unwrap_or(2),
-            servers: self.servers.unwrap_or(2),
-            token_budget: self.token_budget.unwrap_or(4096),
+            trainers: self.trainers.unwrap_or(if on_cuda { 1 } else { 2 }),
+            servers: self.servers.unwrap_or(if on_cuda { 1 } else { 2 }),
+            token_budget: self
+                .token_budget
+                .unwrap_or(if on_cuda { 16_384 } else { 4096 }),
             seed: self.seed.unwrap_or(0),
             data: self.data,
             eval_data: self.eval_data,
@@ -401,12 +416,14 @@ impl Opts {
                 .metrics_addr
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 9464))),
             no_metrics: self.no_metrics.unwrap_or(false),
+            step_stats: self.step_stats.unwrap_or(false),
             trace: self.trace,
             tokenizer: self.tokenizer,
             max_value: self.max_value.unwrap_or(DEFAULT_MAX_VALUE),
             model,
             device,
             precision,
+            host_transfers: self.host_transfers.unwrap_or(false),
             reshard_after_forward,
             micro_batch_timeout: self.micro_batch_timeout.unwrap_or_else(ten_minutes),
             model_dir: self.model_dir,

@@ -75,6 +75,7 @@ pub struct JobBuilder {
     data: Option<Box<dyn DataSource>>,
     transport: Option<Arc<dyn Transport>>,
     trainer_transport: Option<TrainerTransport>,
+    servers_on_device: Option<u32>,
     collective_node_size: u32,
     world: Option<World>,
     roles: Option<Roles>,
@@ -101,6 +102,7 @@ impl Default for JobBuilder {
             data: None,
             transport: None,
             trainer_transport: None,
+            servers_on_device: None,
             collective_node_size: 1,
             world: None,
             roles: None,
@@ -340,6 +342,18 @@ impl JobBuilder {
         self
     }
 
+    /// A one-process job without a [`JobBuilder::transport`] of its own keeps its shard servers
+    /// on CUDA device `ordinal` (`None`: in host memory, the default): its data plane is
+    /// odc-transport's `cuda` backend on that device, whose servers hold master weights,
+    /// optimizer state and accumulators in device memory and step with its kernels, and whose
+    /// trainers on that device gather into and push from device memory. A multi-process job's
+    /// transport is the world's (`odc launch --transport cuda` does the same across processes).
+    /// Needs the root crate's `cuda` feature: without it starting the job says so.
+    pub fn servers_on_device(mut self, ordinal: Option<u32>) -> Self {
+        self.servers_on_device = ordinal;
+        self
+    }
+
     /// Give trainer `rank` the transport `make(rank)` instead of the job's (a single-process
     /// job only). A simulation's link model uses it to know which device a read, a push or a
     /// ring message leaves from; each view must move its bytes through the job's transport.
@@ -480,6 +494,7 @@ impl JobBuilder {
                 compute,
                 transport: self.transport,
                 trainer_transport: self.trainer_transport,
+                servers_on_device: self.servers_on_device,
                 collective_node_size: self.collective_node_size,
                 clock: self.clock,
                 multi: world.zip(roles).map(|(world, roles)| Multi {

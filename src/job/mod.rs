@@ -45,6 +45,7 @@ struct Setup {
     compute: SharedComputeFactory,
     transport: Option<Arc<dyn Transport>>,
     trainer_transport: Option<TrainerTransport>,
+    servers_on_device: Option<u32>,
     collective_node_size: u32,
     clock: Arc<dyn Clock>,
     multi: Option<Multi>,
@@ -111,6 +112,7 @@ impl Job {
             compute,
             transport,
             trainer_transport,
+            servers_on_device,
             collective_node_size,
             clock,
             multi,
@@ -118,7 +120,10 @@ impl Job {
         let transport = match (transport, &multi) {
             (Some(t), _) => t,
             (None, Some(m)) => crate::launch::transport(&m.world).await?,
-            (None, None) => Arc::new(LocalTransport::new()),
+            (None, None) => match servers_on_device {
+                Some(ordinal) => crate::launch::device_transport(ordinal).await?,
+                None => Arc::new(LocalTransport::new()),
+            },
         };
         // The group of trainer inboxes: the collective's rings, or (on demand) the gangs of a job
         // that splits samples.

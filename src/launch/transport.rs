@@ -90,6 +90,28 @@ async fn cuda_transport(world: &World) -> Result<Arc<dyn Transport>> {
     Ok(Arc::new(CudaTransport::new(config).await?))
 }
 
+/// A one-process job's `cuda` backend on device `ordinal` (its shard servers on that GPU,
+/// [`crate::JobBuilder::servers_on_device`]): a job name of its own (`odc-<pid>-<n>`) and a fresh
+/// secret, since nothing outside the process reaches it.
+#[cfg(feature = "cuda")]
+pub async fn device_transport(ordinal: u32) -> Result<Arc<dyn Transport>> {
+    use odc_transport::cuda::{CudaConfig, CudaTransport};
+    static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let job = format!("odc-{}-{n}", std::process::id());
+    let config = CudaConfig::new(ordinal, job, ClusterSecret::random());
+    Ok(Arc::new(CudaTransport::new(config).await?))
+}
+
+/// Without the `cuda` feature: the error naming it.
+#[cfg(not(feature = "cuda"))]
+pub async fn device_transport(ordinal: u32) -> Result<Arc<dyn Transport>> {
+    Err(Error::Config(format!(
+        "shard servers on CUDA device {ordinal}: this build of odc has no CUDA backend: build \
+         the program with the root crate's `cuda` feature (see benches/gpu/build.sh)"
+    )))
+}
+
 #[cfg(not(feature = "cuda"))]
 async fn cuda_transport(_world: &World) -> Result<Arc<dyn Transport>> {
     Err(Error::Config(

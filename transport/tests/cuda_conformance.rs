@@ -74,3 +74,17 @@ async fn new_without_a_driver_is_a_clear_error() {
         Ok(transport) => panic!("CudaTransport::new succeeded without a driver: {transport:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_pushes_between_transports_of_one_process_c2_c3() {
+    if cuda_common::skipped() {
+        return;
+    }
+    let (owner, reader) = transports().await;
+    let reader = Arc::new(reader);
+    let pair = Pair {
+        owner: Arc::new(owner),
+        reader: Arc::clone(&reader) as Arc<dyn odc_transport::Transport>,
+    };
+    cuda_common::device_pushes_c2_c3(&pair, &reader).await;
+}

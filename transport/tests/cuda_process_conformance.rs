@@ -3,7 +3,8 @@
 //! here opens the child's device allocations through CUDA IPC and copies device to device (or
 //! through pinned staging into host memory), and reaches its accumulators and inboxes over its
 //! Unix socket. Plus the device-destination and large-transfer checks (`cuda_common`) across the
-//! process boundary. Without a CUDA driver every test prints why and passes.
+//! process boundary, and pushes from the reader's device memory over CUDA IPC
+//! (`device_pushes_over_ipc_c2_c3`). Without a CUDA driver every test prints why and passes.
 #![cfg(all(feature = "cuda", target_os = "linux"))]
 
 mod cuda_common;
@@ -68,4 +69,13 @@ async fn transfers_larger_than_the_staging_over_ipc_c2() {
         return;
     }
     cuda_common::transfers_larger_than_the_staging_c2(&make_pair().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_pushes_over_ipc_c2_c3() {
+    if cuda_common::skipped() {
+        return;
+    }
+    let (pair, reader) = pair_and_reader().await;
+    cuda_common::device_pushes_c2_c3(&pair, &reader).await;
 }

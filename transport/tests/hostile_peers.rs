@@ -590,11 +590,11 @@ async fn an_authenticated_peer_is_answered_until_its_first_bad_frame() {
             ),
             "a typed refusal"
         );
-        write_frame(&mut write, &[0x04], &[]).await.expect("write");
+        write_frame(&mut write, &[0x05], &[]).await.expect("write");
         assert_dropped(
             &mut reader,
             &log,
-            &["dropped a connection", "unknown request type 0x04"],
+            &["dropped a connection", "unknown request type 0x05"],
         )
         .await;
     })

@@ -28,7 +28,9 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use odc_transport::wire::frame::{FrameError, FrameReader, PREFIX};
 use odc_transport::wire::handshake::{HandshakeFrame, HANDSHAKE_FRAME_CAP};
-use odc_transport::wire::{ReadOkHead, Request, Response, Target, WireError, READ_OK_HEAD};
+use odc_transport::wire::{
+    IpcSource, ReadOkHead, Request, Response, Target, WireError, IPC_HANDLE_BYTES, READ_OK_HEAD,
+};
 use odc_transport::{DestSpec, DeviceDest, Dtype, Op, RemoteConfig, TransportError, WriteTag};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -40,7 +42,7 @@ use common::alloc::during as largest_allocation;
 // Decoding with every outcome checked.
 
 /// Type bytes of the layout (`wire::message`, `wire::handshake`).
-const REQUEST_TYPES: [u8; 3] = [0x01, 0x02, 0x03];
+const REQUEST_TYPES: [u8; 4] = [0x01, 0x02, 0x03, 0x04];
 const RESPONSE_TYPES: [u8; 3] = [0x81, 0x82, 0x83];
 const HANDSHAKE_TYPES: [u8; 5] = [0x10, 0x11, 0x12, 0x13, 0x14];
 
@@ -212,6 +214,26 @@ fn request() -> impl Strategy<Value = Request> {
                 data,
             }
         }),
+        (
+            (any::<u64>(), target(), any::<u64>(), tag()),
+            (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<(u64, u64)>())
+        )
+            .prop_map(|((req, target, offset, tag), (lo, hi, (at, bytes)))| {
+                let mut ipc_handle = [0u8; IPC_HANDLE_BYTES];
+                ipc_handle[..32].copy_from_slice(&lo);
+                ipc_handle[32..].copy_from_slice(&hi);
+                Request::AccumulateDevice {
+                    req,
+                    target,
+                    offset,
+                    tag,
+                    source: IpcSource {
+                        ipc_handle,
+                        offset: at,
+                        bytes,
+                    },
+                }
+            }),
     ]
 }
 
@@ -288,7 +310,10 @@ fn encoded() -> impl Strategy<Value = Encoded> {
             Encoded {
                 decoder: Decoder::Request,
                 head: head.len(),
-                free: !matches!(request, Request::Read { .. }),
+                free: !matches!(
+                    request,
+                    Request::Read { .. } | Request::AccumulateDevice { .. }
+                ),
                 bytes: body((head, payload)).to_vec(),
             }
         }),

@@ -421,7 +421,7 @@ impl Inner {
             sent?;
         }
         Ok(Gathered {
-            values: buffer,
+            values: crate::trainer::UnitValues::Host(buffer),
             bytes,
             lease,
         })
@@ -681,9 +681,9 @@ mod tests {
                         .expect("all-gather finishes")
                         .expect("task")
                         .expect("all-gather succeeds");
-                    assert_eq!(got.values.len(), len);
+                    assert_eq!(got.values.as_host().unwrap().len(), len);
                     assert_eq!(
-                        &got.values[..],
+                        &got.values.as_host().unwrap()[..],
                         &want[..],
                         "{dtype:?}, len {len}, {n} trainers in nodes of {g}, {s} servers, rank {rank}"
                     );
@@ -804,7 +804,7 @@ mod tests {
                     .await
                     .expect("the gather is served");
                 assert_eq!(
-                    got.values[..],
+                    got.values.as_host().unwrap()[..],
                     (1..=8).map(|i| i as f32).collect::<Vec<_>>()
                 );
             }

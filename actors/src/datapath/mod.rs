@@ -58,6 +58,7 @@ pub use transfer::{micro_batch_of, write_id};
 use crate::error::Result;
 use crate::layout::UnitId;
 use crate::trainer::buffers::Lease;
+use crate::trainer::device::{DeviceGrad, DeviceMemory, UnitValues};
 
 /// What a collective operation does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -118,7 +119,7 @@ pub struct Op {
 /// A gathered unit: its values, the bytes this trainer moved for it, and the lease that counts the
 /// buffer as held until the context takes it over (I5 accounting).
 pub struct Gathered {
-    pub values: Arc<[f32]>,
+    pub values: UnitValues,
     pub bytes: u64,
     pub lease: Lease,
 }
@@ -140,4 +141,45 @@ pub trait DataPath: Send + Sync + 'static {
     /// Refuses, before anything is sent, a gradient with an element that is not finite (the
     /// first one found, index in the unit), checked in the same pass that encodes or copies it.
     fn push(&self, op: Op, grad: &[f32]) -> Result<Transfer<u64>, NonFiniteElement>;
+
+    /// Whether [`DataPath::gather_device`] can fill device memory (default: no).
+    fn device_gathers(&self) -> bool {
+        false
+    }
+
+    /// [`DataPath::gather`] into a buffer of `len` elements of the published dtype from
+    /// `memory`, device to device (see [`crate::trainer::device`]).
+    fn gather_device(
+        &self,
+        op: Op,
+        len: usize,
+        memory: Arc<dyn DeviceMemory>,
+        lease: Lease,
+    ) -> Transfer<Gathered> {
+        let _ = (len, memory, lease);
+        Box::pin(std::future::ready(Err(device_unsupported(op, "gather"))))
+    }
+
+    /// Whether [`DataPath::push_device`] reaches every owner of `unit` (default: no).
+    fn device_push(&self, unit: UnitId) -> bool {
+        let _ = unit;
+        false
+    }
+
+    /// [`DataPath::push`] from device memory: `grad` (the whole unit, fp32) is added into the
+    /// owners' accumulators once it is [ready](DeviceGrad::ready), device to device. Its
+    /// finiteness is the compute's to check (the servers' barrier refuses a non-finite sum
+    /// anyway).
+    fn push_device(&self, op: Op, grad: Arc<dyn DeviceGrad>) -> Transfer<u64> {
+        let _ = grad;
+        Box::pin(std::future::ready(Err(device_unsupported(op, "push"))))
+    }
+}
+
+/// A device operation on a data path that has none.
+fn device_unsupported(op: Op, what: &str) -> crate::error::Error {
+    crate::error::Error::Internal(format!(
+        "unit {}: this data path cannot {what} device memory",
+        op.key.unit
+    ))
 }

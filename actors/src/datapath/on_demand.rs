@@ -9,6 +9,11 @@
 //!   without which owners refuse the write (transport C8); it resolves when every owner
 //!   acknowledged. The same pass checks every element is finite: a gradient with a NaN or ±inf
 //!   is refused and nothing of it is sent.
+//! - **Device memory** (feature `cuda-code`, the job's transport the `cuda` backend): a gather
+//!   can land in the trainer's device memory (one device-to-device read per shard, in the
+//!   published dtype, the version checked per shard) and a push can come from it (each shard's
+//!   slice added by the owner's kernel, over CUDA IPC for another process's owner, once the
+//!   gradient is ready), with the same tags and fences ([`crate::trainer::device`]).
 //! - Nothing here waits on another trainer (**I4**).
 
 use std::sync::Arc;
@@ -21,6 +26,7 @@ use crate::directory::Directory;
 use crate::error::{Error, Result};
 use crate::metrics::TransferMetrics;
 use crate::trainer::buffers::Lease;
+use crate::trainer::UnitValues;
 
 /// See the [module docs](self).
 pub struct OnDemand {
@@ -72,10 +78,104 @@ impl DataPath for OnDemand {
             .await?;
             metrics.pulled(bytes, started.elapsed());
             Ok(Gathered {
-                values: buffer,
+                values: UnitValues::Host(buffer),
                 bytes,
                 lease,
             })
+        })
+    }
+
+    #[cfg(feature = "cuda-code")]
+    fn device_gathers(&self) -> bool {
+        Self::cuda(&self.transport).is_some()
+    }
+
+    /// One buffer from `memory`, then every shard read into it device to device, one read per
+    /// shard (the version checked per shard, I1).
+    #[cfg(feature = "cuda-code")]
+    fn gather_device(
+        &self,
+        op: Op,
+        len: usize,
+        memory: Arc<dyn crate::trainer::DeviceMemory>,
+        lease: Lease,
+    ) -> Transfer<Gathered> {
+        let (transport, directory) = (self.transport.clone(), self.directory.clone());
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let unit = op.key.unit;
+            let routes = directory.routes(unit)?;
+            let dtype = transfer::published_dtype(routes, unit)?;
+            let started = tokio::time::Instant::now();
+            let buffer = memory.allocate(len, dtype).await?;
+            let bytes = transfer::pull(
+                transport.as_ref(),
+                routes,
+                unit,
+                0..len,
+                op.version,
+                len.max(1),
+                Out::Device(buffer.dest()),
+                op.deadline,
+            )
+            .await?;
+            metrics.pulled(bytes, started.elapsed());
+            Ok(Gathered {
+                values: UnitValues::Device { buffer, dtype },
+                bytes,
+                lease,
+            })
+        })
+    }
+
+    /// Every owner the `cuda` backend reaches (this process's, or another's on this host over
+    /// CUDA IPC) takes a push from device memory.
+    #[cfg(feature = "cuda-code")]
+    fn device_push(&self, _unit: crate::layout::UnitId) -> bool {
+        Self::cuda(&self.transport).is_some()
+    }
+
+    /// Each shard's slice of `grad` added into its accumulator by the owner's kernel, once
+    /// `grad` is ready.
+    #[cfg(feature = "cuda-code")]
+    fn push_device(&self, op: Op, grad: Arc<dyn crate::trainer::DeviceGrad>) -> Transfer<u64> {
+        let (transport, directory) = (self.transport.clone(), self.directory.clone());
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let unit = op.key.unit;
+            let routes = directory.routes(unit)?;
+            transfer::check_pushable(routes, unit)?;
+            grad.ready().await?;
+            let cuda = Self::cuda(&transport)
+                .ok_or_else(|| Error::Internal("a device push without the cuda backend".into()))?;
+            let src = grad.src();
+            let mut bytes = 0;
+            for (shard, route) in routes.iter().enumerate() {
+                let Some(accumulator) = &route.accumulator else {
+                    continue;
+                };
+                let range = route.range();
+                let piece = odc_transport::DeviceDest {
+                    device: src.device,
+                    ptr: src.ptr + range.start as u64 * 4,
+                    bytes: range.len() as u64 * 4,
+                };
+                let tag = WriteTag {
+                    epoch: op.key.epoch,
+                    write_id: transfer::write_id(op.micro_batch, unit, shard as u32, 0),
+                    token: op.token,
+                };
+                cuda.accumulate_device(accumulator, 0, piece, tag, op.deadline)
+                    .await
+                    .map_err(|source| Error::Push {
+                        unit,
+                        owner: route.owner,
+                        source,
+                    })?;
+                bytes += piece.bytes;
+            }
+            metrics.pushed(bytes);
+            Ok(bytes)
         })
     }
 
@@ -115,6 +215,14 @@ impl DataPath for OnDemand {
             metrics.pushed(bytes);
             Ok(bytes)
         }))
+    }
+}
+
+#[cfg(feature = "cuda-code")]
+impl OnDemand {
+    /// The job's transport as odc-transport's `cuda` backend, which reaches device memory.
+    fn cuda(transport: &Arc<dyn Transport>) -> Option<&odc_transport::cuda::CudaTransport> {
+        transport.as_any()?.downcast_ref()
     }
 }
 

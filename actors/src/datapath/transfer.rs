@@ -24,6 +24,10 @@ pub(crate) fn overlap(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
 pub(crate) enum Out<'a> {
     F32(&'a mut [f32]),
     Bytes(&'a mut [u8]),
+    /// Device memory of the published dtype (a transport that reaches it copies device to
+    /// device).
+    #[cfg_attr(not(feature = "cuda-code"), allow(dead_code))]
+    Device(odc_transport::DeviceDest),
 }
 
 /// The dtype every shard of a unit publishes in; a directory mixing dtypes is refused.
@@ -93,6 +97,25 @@ pub(crate) async fn pull(
                 let (head, tail) = std::mem::take(&mut rest).split_at_mut(chunk.len() * size);
                 rest = tail;
                 ops.push(read_op(&routes[*index], chunk, Dest::Bytes(head)));
+            }
+        }
+        Out::Device(dest) => {
+            let size = dtype.size() as u64;
+            if dest.bytes != range.len() as u64 * size {
+                return Err(out_size(
+                    unit,
+                    range.len() * dtype.size(),
+                    dest.bytes as usize,
+                ));
+            }
+            for (index, chunk) in &plan {
+                let at = (chunk.start - range.start) as u64 * size;
+                let piece = odc_transport::DeviceDest {
+                    device: dest.device,
+                    ptr: dest.ptr + at,
+                    bytes: chunk.len() as u64 * size,
+                };
+                ops.push(read_op(&routes[*index], chunk, Dest::Device(piece)));
             }
         }
     }

@@ -9,6 +9,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use super::device::{DeviceUnit, UnitValues};
+
 /// Counts one buffer whose transfer is in flight; dropped when the context takes the buffer over
 /// (or the transfer is cancelled).
 #[derive(Debug)]
@@ -24,7 +26,23 @@ impl Drop for Lease {
 #[derive(Debug, Default)]
 pub struct UnitBuffers {
     leased: Arc<AtomicUsize>,
-    taken: Mutex<Vec<Weak<[f32]>>>,
+    taken: Mutex<Vec<Taken>>,
+}
+
+/// A buffer the context took over, by weak reference.
+#[derive(Debug)]
+enum Taken {
+    Host(Weak<[f32]>),
+    Device(Weak<dyn DeviceUnit>),
+}
+
+impl Taken {
+    fn alive(&self) -> bool {
+        match self {
+            Taken::Host(w) => w.strong_count() > 0,
+            Taken::Device(w) => w.strong_count() > 0,
+        }
+    }
 }
 
 impl UnitBuffers {
@@ -36,17 +54,26 @@ impl UnitBuffers {
         (buffer, Lease(self.leased.clone()))
     }
 
+    /// The lease of a buffer someone else allocates (device memory), counted from now on.
+    pub fn lease(&self) -> Lease {
+        self.leased.fetch_add(1, Ordering::SeqCst);
+        Lease(self.leased.clone())
+    }
+
     /// The context took `buffer` over (its lease is dropped by the caller).
-    pub fn track(&self, buffer: &Arc<[f32]>) {
+    pub fn track(&self, buffer: &UnitValues) {
         let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        taken.retain(|w| w.strong_count() > 0);
-        taken.push(Arc::downgrade(buffer));
+        taken.retain(Taken::alive);
+        taken.push(match buffer {
+            UnitValues::Host(values) => Taken::Host(Arc::downgrade(values)),
+            UnitValues::Device { buffer, .. } => Taken::Device(Arc::downgrade(buffer)),
+        });
     }
 
     /// Buffers alive: in flight, plus taken over and still referenced by anyone.
     pub fn live(&self) -> usize {
         let taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        self.leased.load(Ordering::SeqCst) + taken.iter().filter(|w| w.strong_count() > 0).count()
+        self.leased.load(Ordering::SeqCst) + taken.iter().filter(|t| t.alive()).count()
     }
 }
 
@@ -60,6 +87,7 @@ mod tests {
         let (a, lease_a) = buffers.allocate(4);
         let (b, lease_b) = buffers.allocate(2);
         assert_eq!(buffers.live(), 2, "two transfers in flight");
+        let a = UnitValues::Host(a);
         buffers.track(&a);
         drop(lease_a);
         assert_eq!(buffers.live(), 2, "one taken, one in flight");

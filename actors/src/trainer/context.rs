@@ -37,6 +37,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::buffers::UnitBuffers;
+use super::device::{DeviceGrad, DeviceMemory, UnitValues};
 use crate::batch::MicroBatch;
 use crate::datapath::{DataPath, GangChannel, Gathered, Op, OpKey, OpKind};
 use crate::error::{Error, Result};
@@ -118,7 +119,7 @@ impl PushTicket {
 struct Kept {
     unit: UnitId,
     version: u64,
-    values: Arc<[f32]>,
+    values: UnitValues,
 }
 
 /// The trainer-side API handed to [`Compute::run`](crate::trainer::Compute::run).
@@ -148,9 +149,12 @@ pub struct TrainerContext {
     /// [`Self::backward_from`] said otherwise.
     backward_floor: UnitId,
     first_gather: bool,
-    last_gathered: Option<(UnitId, Arc<[f32]>)>,
+    last_gathered: Option<(UnitId, UnitValues)>,
     kept: Option<Kept>,
-    resident: HashMap<UnitId, Arc<[f32]>>,
+    resident: HashMap<UnitId, UnitValues>,
+    /// The compute's device memory, for gathers into it when the data path can
+    /// ([`TrainerContext::gather_into_device`]).
+    device_memory: Option<Arc<dyn DeviceMemory>>,
     inflight: HashMap<UnitId, JoinHandle<Result<Gathered>>>,
     pushes: Vec<(UnitId, JoinHandle<Result<u64>>)>,
     pushed: HashSet<UnitId>,
@@ -192,6 +196,7 @@ impl TrainerContext {
             last_gathered: None,
             kept: None,
             resident: HashMap::new(),
+            device_memory: None,
             inflight: HashMap::new(),
             pushes: Vec::new(),
             pushed: HashSet::new(),
@@ -348,9 +353,41 @@ impl TrainerContext {
         self.note_held();
     }
 
-    /// The whole unit at this micro-batch's version: already gathered, kept from the previous
-    /// micro-batch, prefetched, or pulled now; then prefetch ahead.
+    /// From now on, gather into `memory` (device memory of the compute) whenever the data path
+    /// can ([`TrainerContext::gathers_into_device`]); [`TrainerContext::gather_values`] then
+    /// returns device buffers. Units gathered before keep their kind; prefetches in flight are
+    /// dropped (the next gather of their unit goes to the device).
+    pub fn gather_into_device(&mut self, memory: Arc<dyn DeviceMemory>) {
+        self.cancel_prefetches();
+        self.device_memory = Some(memory);
+    }
+
+    /// Whether gathers land in device memory (the compute asked for it and the data path can).
+    pub fn gathers_into_device(&self) -> bool {
+        self.device_memory.is_some() && self.path.device_gathers()
+    }
+
+    /// Whether a gradient of `unit` can be pushed from device memory
+    /// ([`TrainerContext::push_grad_device`]): the data path reaches every owner's accumulator.
+    pub fn pushes_from_device(&self, unit: UnitId) -> bool {
+        self.path.device_push(unit)
+    }
+
+    /// The whole unit at this micro-batch's version as host values (see
+    /// [`TrainerContext::gather_values`]); a unit gathered into device memory is an error here.
     pub async fn gather(&mut self, unit: UnitId) -> Result<Arc<[f32]>> {
+        match self.gather_values(unit).await? {
+            UnitValues::Host(values) => Ok(values),
+            UnitValues::Device { .. } => Err(Error::Internal(format!(
+                "unit {unit} was gathered into device memory: use gather_values"
+            ))),
+        }
+    }
+
+    /// The whole unit at this micro-batch's version: already gathered, kept from the previous
+    /// micro-batch, prefetched, or pulled now; then prefetch ahead. In device memory when the
+    /// context gathers there ([`TrainerContext::gather_into_device`]), else host values.
+    pub async fn gather_values(&mut self, unit: UnitId) -> Result<UnitValues> {
         self.layout.unit(unit)?;
         let kept = self.take_kept(unit);
         let cached = self
@@ -414,6 +451,54 @@ impl TrainerContext {
     /// [`Error::FrozenUnit`] and nothing is sent, not even a collective: in collective mode
     /// every trainer skips the unit alike.
     pub fn push_grad(&mut self, unit: UnitId, grad: &[f32]) -> Result<PushTicket> {
+        self.check_push(unit, grad.len() as u64)?;
+        let op = self.op(unit, OpKind::Push);
+        let transfer = match self.path.push(op, grad) {
+            Ok(transfer) => transfer,
+            Err(bad) => {
+                let error = self.non_finite_gradient(unit, Some(bad.index as u64), bad.value);
+                return Err(error);
+            }
+        };
+        Ok(self.spawn_push(unit, transfer))
+    }
+
+    /// [`TrainerContext::push_grad`] of a gradient in device memory (fp32, the whole unit), when
+    /// [`TrainerContext::pushes_from_device`] says the data path reaches every owner: added into
+    /// the accumulators device to device once it is ready. Its finiteness is the compute's to
+    /// check ([`TrainerContext::non_finite_gradient`] fails the micro-batch).
+    pub fn push_grad_device(
+        &mut self,
+        unit: UnitId,
+        grad: Arc<dyn DeviceGrad>,
+    ) -> Result<PushTicket> {
+        self.check_push(unit, grad.src().bytes / 4)?;
+        let op = self.op(unit, OpKind::Push);
+        let transfer = self.path.push_device(op, grad);
+        Ok(self.spawn_push(unit, transfer))
+    }
+
+    /// A non-finite gradient of `unit` (element `element` when known, `value` the first bad one
+    /// seen): the error naming the trainer, micro-batch and samples, which also fails the
+    /// micro-batch at its end whatever the compute does with it.
+    pub fn non_finite_gradient(&mut self, unit: UnitId, element: Option<u64>, value: f32) -> Error {
+        let error = Error::NonFinite(Box::new(NonFiniteAt {
+            what: "gradient".into(),
+            step: self.version,
+            trainer: Some(self.trainer),
+            micro_batch: Some(self.micro_batch),
+            samples: self.samples.clone(),
+            unit: Some(unit),
+            element,
+            value: value.to_string(),
+        }));
+        self.non_finite.get_or_insert_with(|| error.clone());
+        error
+    }
+
+    /// The checks of every push: the unit trains, the gradient is the unit's length, and the
+    /// unit is pushed once per micro-batch.
+    fn check_push(&mut self, unit: UnitId, len: u64) -> Result<()> {
         let spec = self.layout.unit(unit)?;
         if !spec.trainable {
             return Err(Error::FrozenUnit {
@@ -421,12 +506,12 @@ impl TrainerContext {
                 name: spec.name.clone(),
             });
         }
-        if grad.len() != spec.len {
+        if len != spec.len as u64 {
             return Err(Error::GradLength {
                 unit,
                 name: spec.name.clone(),
                 expected: spec.len as u64,
-                got: grad.len() as u64,
+                got: len,
             });
         }
         if !self.pushed.insert(unit) {
@@ -435,24 +520,11 @@ impl TrainerContext {
                 micro_batch: self.micro_batch,
             });
         }
-        let op = self.op(unit, OpKind::Push);
-        let transfer = match self.path.push(op, grad) {
-            Ok(transfer) => transfer,
-            Err(bad) => {
-                let error = Error::NonFinite(Box::new(NonFiniteAt {
-                    what: "gradient".into(),
-                    step: self.version,
-                    trainer: Some(self.trainer),
-                    micro_batch: Some(self.micro_batch),
-                    samples: self.samples.clone(),
-                    unit: Some(unit),
-                    element: Some(bad.index as u64),
-                    value: bad.value.to_string(),
-                }));
-                self.non_finite.get_or_insert_with(|| error.clone());
-                return Err(error);
-            }
-        };
+        Ok(())
+    }
+
+    /// Runs a push's transfer in its own task; its ticket resolves with the acknowledgements.
+    fn spawn_push(&mut self, unit: UnitId, transfer: crate::datapath::Transfer<u64>) -> PushTicket {
         let (tx, rx) = oneshot::channel();
         let handle = tokio::spawn(async move {
             let result = transfer.await;
@@ -460,7 +532,7 @@ impl TrainerContext {
             result
         });
         self.pushes.push((unit, handle));
-        Ok(PushTicket { unit, rx })
+        PushTicket { unit, rx }
     }
 
     /// The next operation on `unit` of `kind`; keys are assigned in call order.
@@ -485,13 +557,17 @@ impl TrainerContext {
 
     fn start_gather(&mut self, unit: UnitId) -> Result<crate::datapath::Transfer<Gathered>> {
         let len = self.layout.unit(unit)?.len;
-        let (buffer, lease) = self.buffers.allocate(len);
         let op = self.op(unit, OpKind::Gather);
+        if let (Some(memory), true) = (&self.device_memory, self.path.device_gathers()) {
+            let lease = self.buffers.lease();
+            return Ok(self.path.gather_device(op, len, memory.clone(), lease));
+        }
+        let (buffer, lease) = self.buffers.allocate(len);
         Ok(self.path.gather(op, buffer, lease))
     }
 
     /// The context takes a gathered buffer over: counted by weak reference from now on.
-    fn take_over(&mut self, gathered: Gathered) -> Arc<[f32]> {
+    fn take_over(&mut self, gathered: Gathered) -> UnitValues {
         let Gathered {
             values,
             bytes,
@@ -506,7 +582,7 @@ impl TrainerContext {
 
     /// The kept unit, if this is the micro-batch's first gather and it asks for that unit at the
     /// version it was gathered at; any other first gather drops it.
-    fn take_kept(&mut self, unit: UnitId) -> Option<Arc<[f32]>> {
+    fn take_kept(&mut self, unit: UnitId) -> Option<UnitValues> {
         if !std::mem::take(&mut self.first_gather) {
             return None;
         }
@@ -553,5 +629,249 @@ impl TrainerContext {
 impl Drop for TrainerContext {
     fn drop(&mut self) {
         self.cancel_prefetches();
+    }
+}
+
+#[cfg(test)]
+mod device_tests {
+    //! The context's device plumbing on the CPU, with a data path that "gathers into device
+    //! memory" by filling fake device buffers: what kind a gather returns, I5 over device
+    //! buffers, the push checks, and a non-finite gradient failing the micro-batch.
+
+    use std::any::Any;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+
+    use odc_transport::{DeviceDest, Dtype};
+
+    use super::*;
+    use crate::datapath::Transfer;
+    use crate::layout::UnitSpec;
+    use crate::policy::batch::{LossWeighting, MicroBatch};
+    use crate::trainer::buffers::Lease;
+    use crate::trainer::device::DeviceUnit;
+
+    /// A "device" buffer: host values behind a made-up address.
+    struct FakeUnit {
+        values: Mutex<Vec<f32>>,
+        ptr: u64,
+    }
+
+    impl DeviceUnit for FakeUnit {
+        fn dest(&self) -> DeviceDest {
+            let len = self.values.lock().unwrap().len();
+            DeviceDest {
+                device: 0,
+                ptr: self.ptr,
+                bytes: (len * 4) as u64,
+            }
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    #[derive(Default)]
+    struct FakeMemory(AtomicU64);
+
+    impl DeviceMemory for FakeMemory {
+        fn allocate(&self, elements: usize, _: Dtype) -> Transfer<Arc<dyn DeviceUnit>> {
+            let ptr = 0x1000 + self.0.fetch_add(1, Ordering::SeqCst) * 0x10_0000;
+            Box::pin(async move {
+                Ok(Arc::new(FakeUnit {
+                    values: Mutex::new(vec![0.0; elements]),
+                    ptr,
+                }) as Arc<dyn DeviceUnit>)
+            })
+        }
+    }
+
+    struct FakeGrad(DeviceDest);
+
+    impl DeviceGrad for FakeGrad {
+        fn src(&self) -> DeviceDest {
+            self.0
+        }
+        fn ready(&self) -> Transfer<()> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// Every unit is gathered with the value `unit + 1`; device pushes are counted.
+    #[derive(Default)]
+    struct FakePath {
+        device_pushes: AtomicU64,
+    }
+
+    impl DataPath for FakePath {
+        fn begin(&self, _: u64) {}
+
+        fn gather(&self, op: Op, mut buffer: Arc<[f32]>, lease: Lease) -> Transfer<Gathered> {
+            let value = op.key.unit as f32 + 1.0;
+            Arc::get_mut(&mut buffer).unwrap().fill(value);
+            Box::pin(async move {
+                Ok(Gathered {
+                    bytes: buffer.len() as u64 * 4,
+                    values: UnitValues::Host(buffer),
+                    lease,
+                })
+            })
+        }
+
+        fn push(
+            &self,
+            _: Op,
+            grad: &[f32],
+        ) -> std::result::Result<Transfer<u64>, crate::datapath::NonFiniteElement> {
+            let bytes = grad.len() as u64 * 4;
+            Ok(Box::pin(async move { Ok(bytes) }))
+        }
+
+        fn device_gathers(&self) -> bool {
+            true
+        }
+
+        fn gather_device(
+            &self,
+            op: Op,
+            len: usize,
+            memory: Arc<dyn DeviceMemory>,
+            lease: Lease,
+        ) -> Transfer<Gathered> {
+            Box::pin(async move {
+                let buffer = memory.allocate(len, Dtype::F32).await?;
+                let unit = buffer.as_any().downcast_ref::<FakeUnit>().unwrap();
+                unit.values.lock().unwrap().fill(op.key.unit as f32 + 1.0);
+                Ok(Gathered {
+                    values: UnitValues::Device {
+                        buffer,
+                        dtype: Dtype::F32,
+                    },
+                    bytes: len as u64 * 4,
+                    lease,
+                })
+            })
+        }
+
+        fn device_push(&self, unit: UnitId) -> bool {
+            unit != 2
+        }
+
+        fn push_device(&self, _: Op, grad: Arc<dyn DeviceGrad>) -> Transfer<u64> {
+            self.device_pushes.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move { Ok(grad.src().bytes) })
+        }
+    }
+
+    fn context(path: Arc<FakePath>) -> TrainerContext {
+        let mut frozen = UnitSpec::with_values("frozen", vec![0.0; 3]);
+        frozen.trainable = false;
+        let layout = ModelLayout::new(vec![
+            UnitSpec::with_values("a", vec![0.0; 4]),
+            UnitSpec::with_values("b", vec![0.0; 8]),
+            frozen,
+        ])
+        .unwrap();
+        TrainerContext::new(0, Arc::new(layout), path, ContextConfig::default())
+    }
+
+    fn micro_batch() -> MicroBatch {
+        MicroBatch {
+            step: 1,
+            id: 0,
+            samples: Vec::new(),
+            tokens: 0,
+            cost: 0.0,
+            weighting: LossWeighting::Tokens,
+            piece: None,
+        }
+    }
+
+    fn device_values(values: &UnitValues) -> Vec<f32> {
+        match values {
+            UnitValues::Device { buffer, .. } => buffer
+                .as_any()
+                .downcast_ref::<FakeUnit>()
+                .unwrap()
+                .values
+                .lock()
+                .unwrap()
+                .clone(),
+            UnitValues::Host(_) => panic!("a host unit where a device one was expected"),
+        }
+    }
+
+    fn grad(len: usize) -> Arc<dyn DeviceGrad> {
+        Arc::new(FakeGrad(DeviceDest {
+            device: 0,
+            ptr: 0x9000,
+            bytes: len as u64 * 4,
+        }))
+    }
+
+    #[tokio::test]
+    async fn gathers_land_in_device_memory_once_given_and_stay_bounded_i5() {
+        let path = Arc::new(FakePath::default());
+        let mut ctx = context(path.clone());
+        ctx.begin(&micro_batch(), 1, 7);
+        assert!(!ctx.gathers_into_device(), "no device memory given yet");
+        assert!(ctx.gather_values(0).await.unwrap().as_host().is_some());
+        ctx.release(0).unwrap();
+        ctx.gather_into_device(Arc::new(FakeMemory::default()));
+        assert!(ctx.gathers_into_device());
+        // The host prefetch of unit 1 was aborted: let the runtime drop it (and its lease).
+        tokio::task::yield_now().await;
+        for unit in 1..3 {
+            let values = ctx.gather_values(unit).await.unwrap();
+            assert_eq!(
+                device_values(&values),
+                vec![unit as f32 + 1.0; [4, 8, 3][unit as usize]]
+            );
+            assert!(
+                ctx.live_unit_buffers() <= 2,
+                "I5: {} live buffers with prefetch 1",
+                ctx.live_unit_buffers()
+            );
+            drop(values);
+            ctx.release(unit).unwrap();
+        }
+        // The host API names what went wrong instead of handing out device memory as host values.
+        let err = ctx.gather(2).await.unwrap_err().to_string();
+        assert!(err.contains("device memory"), "{err}");
+        ctx.finish().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn device_pushes_are_checked_like_host_ones() {
+        let path = Arc::new(FakePath::default());
+        let mut ctx = context(path.clone());
+        ctx.begin(&micro_batch(), 1, 7);
+        assert!(ctx.pushes_from_device(0) && !ctx.pushes_from_device(2));
+        let short = ctx.push_grad_device(0, grad(3)).unwrap_err();
+        assert!(matches!(short, Error::GradLength { .. }), "{short}");
+        ctx.push_grad_device(0, grad(4)).unwrap();
+        let twice = ctx.push_grad_device(0, grad(4)).unwrap_err();
+        assert!(matches!(twice, Error::DuplicatePush { .. }), "{twice}");
+        let frozen = ctx.push_grad_device(2, grad(3)).unwrap_err();
+        assert!(matches!(frozen, Error::FrozenUnit { .. }), "{frozen}");
+        ctx.push_grad_device(1, grad(8))
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        let stats = ctx.finish().await.unwrap();
+        assert_eq!(stats.bytes_pushed, (4 + 8) * 4);
+        assert_eq!(path.device_pushes.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_non_finite_device_gradient_fails_the_micro_batch() {
+        let mut ctx = context(Arc::new(FakePath::default()));
+        ctx.begin(&micro_batch(), 1, 7);
+        ctx.push_grad_device(0, grad(4)).unwrap();
+        let said = ctx.non_finite_gradient(0, None, f32::NAN);
+        assert!(matches!(said, Error::NonFinite(_)), "{said}");
+        let outcome = ctx.finish().await.unwrap_err();
+        assert_eq!(outcome.to_string(), said.to_string());
     }
 }

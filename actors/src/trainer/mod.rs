@@ -20,8 +20,10 @@ mod actor;
 pub mod buffers;
 mod compute;
 mod context;
+pub mod device;
 
 pub use crate::messages::{Assignment, MicroBatchDone, TrainerMsg, TrainerReport, TrainerSpec};
 pub use actor::{Trainer, TrainerArgs};
 pub use compute::{blocking, Compute, ComputeFactory, SharedComputeFactory};
 pub use context::{ContextConfig, Direction, MicroBatchStats, PushTicket, TrainerContext};
+pub use device::{DeviceGrad, DeviceMemory, DeviceUnit, UnitValues};

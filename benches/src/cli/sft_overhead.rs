@@ -21,10 +21,12 @@ pub(crate) struct SftOverheadArgs {
     /// Most tokens per micro-batch.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(512..=1_048_576))]
     pub(crate) token_budget: u64,
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub(crate) trainers: u32,
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub(crate) servers: u32,
+    /// odc's trainers (default 2 on the CPU, 1 on CUDA: one per GPU).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) trainers: Option<u32>,
+    /// odc's shard servers (default as --trainers).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) servers: Option<u32>,
     /// odc's dispatch: `dynamic` (micro-batches of decreasing size, stealing) or `static`.
     #[arg(long, value_enum, default_value = "dynamic")]
     pub(crate) dispatch: Dispatch,
@@ -56,6 +58,11 @@ pub(crate) struct SftOverheadArgs {
     /// last stages, auto). Candle alone keeps everything.
     #[arg(long, default_value = "auto")]
     pub(crate) reshard_after_forward: odc::model::Reshard,
+    /// On CUDA, odc's trainers move units and gradients through host memory, with the servers
+    /// in host memory (the path before the device-resident one), instead of device to device
+    /// with the servers on the GPU.
+    #[arg(long)]
+    pub(crate) host_transfers: bool,
 }
 
 pub(crate) async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
@@ -97,14 +104,21 @@ pub(crate) async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
         rounds: args.rounds,
         batch_size: args.batch_size as usize,
         token_budget: args.token_budget,
-        trainers: args.trainers as usize,
-        servers: args.servers as usize,
+        trainers: args
+            .trainers
+            .unwrap_or(if device.is_cuda() { 1 } else { 2 }) as usize,
+        servers: args.servers.unwrap_or(if device.is_cuda() { 1 } else { 2 }) as usize,
         dispatch: args.dispatch.into(),
         model,
         init,
         device,
         precision,
         reshard: args.reshard_after_forward,
+        transfers: if args.host_transfers {
+            odc::model::DeviceTransfers::Host
+        } else {
+            odc::model::DeviceTransfers::Device
+        },
         data: if device.is_cuda() || args.model_dir.is_some() {
             so::Data::Synthetic {
                 min_len: args.min_len as usize,
@@ -118,13 +132,14 @@ pub(crate) async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
     println!(
         "odc-bench sft-overhead: {model_name} transformer ({} parameters) on {device} in \
          {precision}, {} samples per step ({:?}), budget {} tokens; odc: {} trainers + {} \
-         servers, local transport; ABBA x {} rounds of {} steps; {cores} cores",
+         servers, transfers {:?}; ABBA x {} rounds of {} steps; {cores} cores",
         odc::model::param_count(&settings.model)?,
         settings.batch_size,
         settings.data,
         settings.token_budget,
         settings.trainers,
         settings.servers,
+        settings.transfers,
         settings.rounds,
         settings.steps
     );

@@ -42,13 +42,24 @@
 //! while it computes (a long synchronous section would otherwise hold them on its worker).
 //!
 //! **On a CUDA device** ([`Placement`], [`crate::model::device`]): each trainer opens its own device
-//! (own stream) at its first micro-batch; a gathered unit (host `f32`s) goes up in one
-//! host-to-device copy and becomes the unit's `Var`s on the device, the forward and backward run
-//! there (in fp32 or bf16 mixed precision, [`ComputePrecision`]), and each unit's gradient is
-//! concatenated on the device and comes down in one device-to-host copy (the transport's
-//! accumulate payload is host fp32), pushed once the next unit's backward is enqueued
-//! (`staging`). The loss is read back after the whole backward was enqueued, so nothing
-//! waits for the device before the first gradient copy.
+//! (own stream) at its first micro-batch; the forward and backward run there (in fp32 or bf16
+//! mixed precision, [`ComputePrecision`]), and the loss is read back after the whole backward was
+//! enqueued, so nothing waits for the device before the last gradient. How units and gradients
+//! move is [`DeviceTransfers`]:
+//! - **`Device`** (the default): the context gathers each unit straight into this trainer's
+//!   device memory (`resident`: a buffer of the published dtype that becomes the unit's tensor
+//!   as it is, cast to fp32 on the device), and each unit's gradient, concatenated on the
+//!   device, is added into its owners' accumulators from there by the owner's kernel, wherever
+//!   the data path reaches them (a one-process job whose servers are on the same GPU,
+//!   [`crate::JobBuilder::servers_on_device`]); a gradient is checked for non-finite values by its
+//!   sum, read with the loss. A unit the data path cannot reach from the device (an owner in
+//!   another process) takes the host path below.
+//! - **`Host`**: a gathered unit (host `f32`s) goes up in one host-to-device copy and each
+//!   unit's gradient comes down in one device-to-host copy (the transport's accumulate payload
+//!   is host fp32), pushed once the next unit's backward is enqueued (`staging`), with the
+//!   servers of a one-process job in host memory.
+//!
+//! Bytes that crossed host memory are counted ([`super::host_staging`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,6 +85,7 @@ use crate::{
 };
 use odc_actors::batch::Piece;
 use odc_actors::policy::step::DEFAULT_MICRO_BATCH_TIMEOUT;
+use odc_actors::trainer::UnitValues;
 
 /// Resolves a [`SampleMeta::index`](crate::SampleMeta) of a micro-batch to its tokens (and, for
 /// GRPO, its advantage and reference log-probs).
@@ -119,6 +131,20 @@ pub struct Placement {
     pub reshard: Reshard,
     /// The attention and head implementations (the memory-lean ones by default).
     pub kernels: Kernels,
+    /// How units and gradients move between a GPU trainer and the servers.
+    pub transfers: DeviceTransfers,
+}
+
+/// How a trainer on a CUDA device moves parameters and gradients (the CPU ignores it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceTransfers {
+    /// Device to device wherever the transport reaches the servers' device memory (one process
+    /// on one GPU, whose servers are on that GPU too); through host staging elsewhere.
+    #[default]
+    Device,
+    /// Always through host memory (pinned staging), with the servers in host memory in one
+    /// process: the path before the device-resident one, kept for comparison.
+    Host,
 }
 
 /// The [`Compute`] of the model (see the [module docs](self)).
@@ -143,6 +169,13 @@ pub struct TransformerCompute {
 #[derive(Default)]
 struct Transfers {
     staging: Option<super::staging::Staging>,
+    /// The context was given this trainer's device memory for its gathers.
+    memory_given: bool,
+    /// Per unit: its gradient is pushed from device memory (this micro-batch).
+    from_device: Vec<bool>,
+    /// Per gradient pushed from device memory: its sum, read with the loss (a non-finite one
+    /// fails the micro-batch).
+    checks: Vec<(usize, Tensor)>,
 }
 
 #[cfg(feature = "cuda")]
@@ -224,49 +257,74 @@ impl TransformerCompute {
 
     /// Unit `u`'s gathered values on `device` as the forward's tensors and, when `trainable`,
     /// the `Var`s they are (a frozen unit's tensors are plain constants: no `Var`, no
-    /// gradient). On the CPU one tensor per parameter; on a CUDA device one upload of the whole
-    /// unit, split on the device.
+    /// gradient). On the CPU one tensor per parameter; on a CUDA device the whole unit as one
+    /// flat tensor (gathered into device memory, or uploaded once from the host), split on the
+    /// device.
     fn unit_params(
         &mut self,
         u: usize,
-        values: &[f32],
+        values: &UnitValues,
         trainable: bool,
         device: &Device,
     ) -> Result<(Vec<Tensor>, Option<Vec<Var>>)> {
-        match device {
+        match (device, values) {
             #[cfg(feature = "cuda")]
-            Device::Cuda(_) => {
-                let flat = self.staging(device)?.upload(values)?;
-                let mut offset = 0;
-                let (mut tensors, mut vars) = (Vec::new(), Vec::new());
-                for spec in &self.specs[u] {
-                    let n = spec.numel();
-                    // A view of the staging slot, which the next upload reuses: kept as a copy.
-                    let t = flat.narrow(0, offset, n)?.reshape(spec.shape.as_slice())?;
-                    if trainable {
-                        let var = Var::from_tensor(&t)?;
-                        tensors.push(var.as_tensor().clone());
-                        vars.push(var);
-                    } else {
-                        tensors.push(t.copy()?);
-                    }
-                    offset += n;
-                }
-                if offset != values.len() {
-                    return Err(Error::UnitParams {
-                        what: "values",
-                        expected: offset,
-                        got: values.len(),
-                    });
-                }
-                Ok((tensors, trainable.then_some(vars)))
+            (Device::Cuda(_), _) => {
+                let flat = match values {
+                    UnitValues::Host(values) => self.staging(device)?.upload(values)?,
+                    UnitValues::Device { buffer, .. } => buffer
+                        .as_any()
+                        .downcast_ref::<super::resident::Unit>()
+                        .ok_or_else(|| Error::Device("a device unit of another kind".into()))?
+                        .tensor()
+                        .to_dtype(DType::F32)?,
+                };
+                self.split_flat(u, &flat, trainable)
             }
-            _ if trainable => {
+            (_, UnitValues::Host(values)) if trainable => {
                 let vars = unit_vars(values, &self.specs[u], device)?;
                 Ok((as_tensors(&vars), Some(vars)))
             }
-            _ => Ok((unit_tensors(values, &self.specs[u], device)?, None)),
+            (_, UnitValues::Host(values)) => {
+                Ok((unit_tensors(values, &self.specs[u], device)?, None))
+            }
+            (_, UnitValues::Device { .. }) => Err(Error::Device(format!(
+                "unit {u} was gathered into device memory, the compute runs on {device:?}"
+            ))),
         }
+    }
+
+    /// Unit `u`'s parameters cut from its flat tensor on the device: `Var`s (copies) when
+    /// `trainable`, else copies as constants (the flat buffer is the transfer's).
+    #[cfg(feature = "cuda")]
+    fn split_flat(
+        &self,
+        u: usize,
+        flat: &Tensor,
+        trainable: bool,
+    ) -> Result<(Vec<Tensor>, Option<Vec<Var>>)> {
+        let mut offset = 0;
+        let (mut tensors, mut vars) = (Vec::new(), Vec::new());
+        for spec in &self.specs[u] {
+            let n = spec.numel();
+            let t = flat.narrow(0, offset, n)?.reshape(spec.shape.as_slice())?;
+            if trainable {
+                let var = Var::from_tensor(&t)?;
+                tensors.push(var.as_tensor().clone());
+                vars.push(var);
+            } else {
+                tensors.push(t.copy()?);
+            }
+            offset += n;
+        }
+        if offset != flat.elem_count() {
+            return Err(Error::UnitParams {
+                what: "values",
+                expected: offset,
+                got: flat.elem_count(),
+            });
+        }
+        Ok((tensors, trainable.then_some(vars)))
     }
 
     /// This trainer's staging on `device`, made at first use (slots of the largest unit).
@@ -336,6 +394,10 @@ impl TransformerCompute {
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
         let flat = Tensor::cat(&parts, 0)?;
+        #[cfg(feature = "cuda")]
+        if self.transfers.from_device.get(u) == Some(&true) {
+            return Ok(UnitGrad::Resident(flat));
+        }
         self.download(flat)
     }
 
@@ -357,15 +419,15 @@ impl TransformerCompute {
         ctx: &mut TrainerContext,
         stage: &[usize],
         reverse: bool,
-    ) -> crate::Result<Vec<Arc<[f32]>>> {
-        let mut values: Vec<Option<Arc<[f32]>>> = vec![None; stage.len()];
+    ) -> crate::Result<Vec<UnitValues>> {
+        let mut values: Vec<Option<UnitValues>> = vec![None; stage.len()];
         let order: Vec<usize> = if reverse {
             (0..stage.len()).rev().collect()
         } else {
             (0..stage.len()).collect()
         };
         for i in order {
-            values[i] = Some(ctx.gather(stage[i] as u32).await?);
+            values[i] = Some(ctx.gather_values(stage[i] as u32).await?);
         }
         Ok(values.into_iter().flatten().collect())
     }
@@ -379,7 +441,7 @@ impl TransformerCompute {
     fn stage_forward(
         &mut self,
         stage: &[usize],
-        values: Vec<Arc<[f32]>>,
+        values: Vec<UnitValues>,
         graph: bool,
         input: Option<&Tensor>,
         embedding: &mut Option<Tensor>,
@@ -395,7 +457,7 @@ impl TransformerCompute {
             let trainable = graph && unit_trainable(&self.config, u)?;
             // A frozen unit's tensors are constants of the graph: no gradient is computed for
             // them (the backward still flows through them to the input).
-            let (params, vars) = self.unit_params(u, &values[..], trainable, &device)?;
+            let (params, vars) = self.unit_params(u, &values, trainable, &device)?;
             drop(values);
             if u == 0 && self.config.tie_embeddings {
                 *embedding = params.first().map(Tensor::detach);
@@ -475,6 +537,13 @@ impl TransformerCompute {
                 ctx.push_grad(u as u32, &flat)?;
             }
             #[cfg(feature = "cuda")]
+            UnitGrad::Resident(flat) => {
+                let check = flat.sum_all().map_err(user)?;
+                self.transfers.checks.push((u, check));
+                let grad = super::resident::Grad::new(flat).map_err(user)?;
+                ctx.push_grad_device(u as u32, Arc::new(grad))?;
+            }
+            #[cfg(feature = "cuda")]
             UnitGrad::Device(download) => {
                 let device = self.device().map_err(user)?;
                 let flat = self
@@ -492,6 +561,9 @@ impl TransformerCompute {
 /// A unit's gradient on its way to the push.
 enum UnitGrad {
     Host(Vec<f32>),
+    /// Pushed from device memory as it is (flat fp32).
+    #[cfg(feature = "cuda")]
+    Resident(Tensor),
     #[cfg(feature = "cuda")]
     Device(super::staging::Download),
 }
@@ -502,13 +574,15 @@ impl UnitGrad {
         match self {
             UnitGrad::Host(_) => false,
             #[cfg(feature = "cuda")]
+            UnitGrad::Resident(_) => false,
+            #[cfg(feature = "cuda")]
             UnitGrad::Device(_) => true,
         }
     }
 }
 
 /// The ordinal of a device's location (0 for the CPU).
-fn location_ordinal(device: &Device) -> usize {
+pub(super) fn location_ordinal(device: &Device) -> usize {
     match device.location() {
         candle_core::DeviceLocation::Cuda { gpu_id } => gpu_id,
         candle_core::DeviceLocation::Metal { gpu_id } => gpu_id,
@@ -569,6 +643,8 @@ impl Compute for TransformerCompute {
                 "the transformer's loss is a token sum: use LossWeighting::Tokens".into(),
             ));
         }
+        #[cfg(feature = "cuda")]
+        self.begin_transfers(ctx, &device)?;
         let samples = self.samples_of(mb)?;
         let mut batch = match &mb.piece {
             None => PackedBatch::pack(&self.config, &samples, &device).map_err(user)?,
@@ -604,6 +680,46 @@ struct Backward {
     tied: Option<Tensor>,
     /// A device gradient is pushed once the next unit's backward is enqueued (overlap).
     pending: Option<(usize, UnitGrad)>,
+}
+
+#[cfg(feature = "cuda")]
+impl TransformerCompute {
+    /// A micro-batch's start on `device`: on a CUDA device whose transfers stay there
+    /// ([`DeviceTransfers::Device`]), the context gathers into this trainer's device memory and
+    /// each unit the data path reaches is pushed from it.
+    fn begin_transfers(&mut self, ctx: &mut TrainerContext, device: &Device) -> crate::Result<()> {
+        self.transfers.checks.clear();
+        self.transfers.from_device.clear();
+        if !device.is_cuda() || self.placement.transfers != DeviceTransfers::Device {
+            return Ok(());
+        }
+        if !self.transfers.memory_given {
+            let memory = super::resident::Memory::new(device).map_err(user)?;
+            ctx.gather_into_device(Arc::new(memory));
+            self.transfers.memory_given = true;
+        }
+        self.transfers.from_device = (0..self.specs.len())
+            .map(|u| ctx.pushes_from_device(u as u32))
+            .collect();
+        Ok(())
+    }
+
+    /// The sums of the gradients pushed from device memory, read in one copy: a non-finite one
+    /// fails the micro-batch, naming the unit (its servers' barrier refuses the step anyway).
+    fn check_device_grads(&mut self, ctx: &mut TrainerContext) -> crate::Result<()> {
+        let checks = std::mem::take(&mut self.transfers.checks);
+        if checks.is_empty() {
+            return Ok(());
+        }
+        let sums: Vec<Tensor> = checks.iter().map(|(_, t)| t.clone()).collect();
+        let values = Tensor::stack(&sums, 0)
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(user)?;
+        match checks.iter().zip(values).find(|(_, v)| !v.is_finite()) {
+            Some(((u, _), v)) => Err(ctx.non_finite_gradient(*u as u32, None, v)),
+            None => Ok(()),
+        }
+    }
 }
 
 impl TransformerCompute {
@@ -783,6 +899,8 @@ impl TransformerCompute {
         if let Some((unit, grad)) = state.pending.take() {
             self.push(ctx, unit, grad)?;
         }
+        #[cfg(feature = "cuda")]
+        self.check_device_grads(ctx)?;
         match state.loss {
             Some(l) => Ok(l
                 .to_dtype(DType::F32)

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::compute::{Objective, Placement, SampleStore, TransformerCompute};
+use super::compute::{DeviceTransfers, Objective, Placement, SampleStore, TransformerCompute};
 use crate::model::config::ModelConfig;
 use crate::model::device::open_device;
 use crate::model::error::{Error, Result};
@@ -33,7 +33,9 @@ pub fn transformer_job(
 
 /// [`transformer_job`] with each trainer's compute on `placement`'s device and precision. The
 /// device is opened once here, so a bad `--device` or a missing driver fails before the job is
-/// built; each trainer then opens its own (its own stream) at its first micro-batch.
+/// built; each trainer then opens its own (its own stream) at its first micro-batch. On a CUDA
+/// device with [`DeviceTransfers::Device`] (the default) a one-process job keeps its shard
+/// servers on that device too ([`crate::JobBuilder::servers_on_device`]).
 pub fn transformer_job_on(
     config: &ModelConfig,
     init: Option<Vec<Vec<f32>>>,
@@ -67,9 +69,15 @@ pub fn transformer_job_of(
     objective: Objective,
     placement: Placement,
 ) -> Result<crate::JobBuilder> {
-    if placement.device.is_cuda() {
-        open_device(placement.device, placement.local_rank)?;
-    }
+    // The servers' device: the trainers' own, unless the transfers go through the host.
+    let servers_on = match placement.device.is_cuda() {
+        true => {
+            let device = open_device(placement.device, placement.local_rank)?;
+            (placement.transfers == DeviceTransfers::Device)
+                .then(|| super::compute::location_ordinal(&device) as u32)
+        }
+        false => None,
+    };
     let prototype =
         TransformerCompute::on(config.clone(), placement, samples)?.with_objective(objective);
     check_unit_count(config, units.len())?;
@@ -91,5 +99,6 @@ pub fn transformer_job_of(
     Ok(crate::Job::builder()
         .units(units)
         .micro_batch_min_fill(MICRO_BATCH_MIN_FILL)
+        .servers_on_device(servers_on)
         .compute(move |_trainer| Box::new(prototype.clone()) as Box<dyn Compute>))
 }

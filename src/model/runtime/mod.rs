@@ -7,19 +7,25 @@
 //!   trainer);
 //! - [`reshard`]: what a stage keeps between its forward and its backward;
 //! - [`gang_link`]: a gang's exchange over the trainers' transport ([`TransportLink`]);
-//! - `staging` (feature `cuda`): a trainer's pinned host staging on a CUDA device;
+//! - `staging` (feature `cuda`): a trainer's pinned host staging on a CUDA device, and
+//!   `resident` (feature `cuda`): its device memory as the data path's gather buffers and push
+//!   sources; [`host_staging`] counts what still crossed host memory;
 //! - [`threads`]: each concurrently computing model's share of the host's cores.
 
 pub mod compute;
 pub mod gang_link;
+pub mod host_staging;
 pub mod job;
 pub mod reshard;
+#[cfg(feature = "cuda")]
+pub mod resident;
 #[cfg(feature = "cuda")]
 pub mod staging;
 pub mod threads;
 
-pub use compute::{Objective, Placement, SampleStore, TransformerCompute};
+pub use compute::{DeviceTransfers, Objective, Placement, SampleStore, TransformerCompute};
 pub use gang_link::TransportLink;
+pub use host_staging::{host_staging_bytes, HOST_STAGING_BYTES};
 pub use job::{transformer_job, transformer_job_of, transformer_job_on, MICRO_BATCH_MIN_FILL};
 pub use reshard::Reshard;
 pub use threads::{share_cpu_threads, CpuThreads};

@@ -17,14 +17,9 @@
 //! 4. Pinned memory is `cuMemHostAlloc` (portable, **not** write-combined, since the host reads
 //!    gradients back); it is freed after the stream drained.
 //!
-//! Why not a read straight into device memory: the trainer's [`gather`] returns the unit as host
-//! `f32`s — the data path checks versions per chunk, decodes bf16 pulls, and counts held buffers
-//! for I5 on those host buffers — so a device-destination gather is a second buffer kind through
-//! every data path (on-demand and collective). The candle side is ready for it (a device read
-//! into a `CudaSlice` becomes a tensor as the upload here does); the data path is not, in this
-//! pass.
-//!
-//! [`gather`]: crate::TrainerContext::gather
+//! This is the path of [`DeviceTransfers::Host`](super::DeviceTransfers), and of units whose
+//! owners the trainer's transport cannot reach from device memory; the device-resident path
+//! (`resident`) needs none of it. Every byte staged here is counted ([`super::host_staging`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -223,6 +218,7 @@ impl Staging {
                 .record_event(None)
                 .map_err(|e| failed("cuEventRecord", e))?,
         );
+        super::host_staging::staged("up", (n * 4) as u64);
         let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(dst, self.device.clone()));
         Ok(Tensor::from_storage(storage, n, BackpropOp::none(), false))
     }
@@ -273,6 +269,7 @@ impl Staging {
         );
         slot.source = Some(flat);
         slot.len = n;
+        super::host_staging::staged("down", (n * 4) as u64);
         Ok(Download(index))
     }
 

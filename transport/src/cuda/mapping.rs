@@ -28,6 +28,13 @@ pub(super) struct IpcMapping {
     ordinal: u32,
 }
 
+impl IpcMapping {
+    /// The mapped allocation: its address in this process and its size in bytes.
+    pub(super) fn range(&self) -> (sys::CUdeviceptr, usize) {
+        (self.base, self.size)
+    }
+}
+
 impl Drop for IpcMapping {
     fn drop(&mut self) {
         // Copies out of the mapping are waited for (under the lane) before their read returns, or
@@ -49,7 +56,10 @@ impl Drop for IpcMapping {
 /// Open (or find open) the allocation `handle` names, from `device`'s context, and make it
 /// readable from `device` (peer access where it lives on another device). Errors are the
 /// driver's, for the caller to name.
-fn open_ipc(device: &Arc<Device>, handle: &[u8]) -> Result<Arc<IpcMapping>, TransportError> {
+pub(super) fn open_ipc(
+    device: &Arc<Device>,
+    handle: &[u8],
+) -> Result<Arc<IpcMapping>, TransportError> {
     let mut open = OPEN.lock();
     let table = open.get_or_insert_with(HashMap::new);
     if let Some(mapping) = table.get(handle).and_then(Weak::upgrade) {

@@ -16,9 +16,12 @@
 //!   `odc_add_f32` (`kernels.cu`) into the fp32 accumulator in device memory. Fencing (epoch) and
 //!   deduplication (write id) are the shared owner core's (`local/accumulator.rs`), whose
 //!   [`Sums`](crate::local) here is device memory; the checks and the kernel run under one lock,
-//!   so C2 and C3 hold exactly as for every backend. (A device-side push — the writer copying into
-//!   an owner-exported staging buffer through IPC and asking the owner to add it — needs a device
-//!   source in the contract; it is not there yet.) `odc_add_bf16` adds bf16 chunks; the contract's
+//!   so C2 and C3 hold exactly as for every backend. **From device memory**
+//!   (`CudaTransport::accumulate_device`, beside the contract): into an accumulator of this
+//!   process the owner's kernel reads the writer's memory itself; into another process's, the
+//!   writer copies it device to device into an exportable staging buffer that the owner opens
+//!   through CUDA IPC and adds from (`Request::AccumulateDevice`, `push.rs`) — the same fences,
+//!   no host copy. `odc_add_bf16` adds bf16 chunks; the contract's
 //!   payloads are fp32, so only the benchmark and the kernel tests use it today.
 //! - **Publication.** `publish` takes bytes already encoded in the region's dtype (the caller
 //!   encodes the bf16 copy, as for every backend) and copies them host → device through pinned
@@ -75,6 +78,7 @@ mod kernels;
 mod library;
 mod mapping;
 mod owned;
+mod push;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -146,6 +150,8 @@ pub struct Cuda {
     socket: JobSocket,
     /// Published regions this transport has reached, by control segment name.
     mappings: Mutex<HashMap<String, Arc<Mapping>>>,
+    /// Exportable buffers of its accumulates into other processes ([`push`]).
+    push_staging: push::PushStaging,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -178,15 +184,20 @@ impl Remote<Cuda> {
             dir: config.dir,
             socket,
             mappings: Mutex::new(HashMap::new()),
+            push_staging: push::PushStaging::default(),
         };
-        Ok(Remote::start(
+        let remote = Remote::start(
             listener,
             UnixDial,
             config.remote,
             config.secret,
             cuda,
             serve_split::<UnixStream>,
-        ))
+        );
+        let sources = push::IpcSources::new(Arc::clone(&remote.backend.device));
+        // A fresh fabric: nothing set it before.
+        let _ = remote.served.device_sources.set(Arc::new(sources));
+        Ok(remote)
     }
 
     /// The device this transport owns regions on and reads into.
@@ -318,6 +329,86 @@ impl Remote<Cuda> {
         )?;
         guard.publish_device(version, values)?;
         Ok(DevicePublished { guard })
+    }
+
+    /// Add `src` (fp32 values in memory of this transport's device, complete: nothing still
+    /// writes it) into the accumulator `handle` at element `offset`: a push straight from a
+    /// trainer's device memory, no host staging. Into an accumulator of this process: the
+    /// owner's kernel reads `src` itself. Into another process's on this host: `src` is copied
+    /// device to device into an exportable buffer that the owner opens through CUDA IPC and adds
+    /// from ([`push`]). Otherwise as [`Transport::accumulate`](crate::Transport::accumulate):
+    /// the same range, admission (C8) and fencing checks (C2, C3) under the same lock, `Ok` once
+    /// the owner's kernel finished. A source that is not memory of this device, or not whole
+    /// fp32s, is refused before anything moves.
+    pub async fn accumulate_device(
+        &self,
+        handle: &RegionHandle,
+        offset: usize,
+        src: crate::DeviceDest,
+        tag: crate::WriteTag,
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        crate::check_deadline(deadline, handle.owner, handle.id, Op::Accumulate)?;
+        let located = self.backend.locate(&self.served, handle)?;
+        if located.memory.is_some() {
+            return Err(TransportError::Unsupported {
+                what: format!(
+                    "cuda: an accumulate from device memory into region {} of owner {}, a \
+                     published region",
+                    handle.id, handle.owner
+                ),
+            });
+        }
+        if src.bytes % 4 != 0 {
+            return Err(TransportError::BadDestination {
+                region: handle.id,
+                expected: src.bytes / 4 * 4,
+                got: src.bytes,
+            });
+        }
+        let device = &self.backend.device;
+        device.check_dest(&src)?;
+        let elements = usize::try_from(src.bytes / 4).unwrap_or(usize::MAX);
+        if self.peers.local().owns(&located.target) {
+            return self.peers.local().fabric.serve_accumulate_device(
+                located.target.owner,
+                located.target.region,
+                offset,
+                src.ptr,
+                elements,
+                tag,
+            );
+        }
+        let bytes = elements * 4;
+        let staged = self.backend.push_staging.take(device, bytes)?;
+        {
+            let mut lane = device.lane()?;
+            lane.copy(staged.ptr(), src.ptr, bytes)?;
+            lane.finish(deadline).map_err(|w| match w {
+                Waited::Deadline => TransportError::DeadlineExceeded {
+                    owner: handle.owner,
+                    region: handle.id,
+                    op: Op::Accumulate,
+                },
+                Waited::Failed(e) => e,
+            })?;
+        }
+        let source = staged.source(src.bytes);
+        let done = crate::remote::ops::accumulate_device(
+            &self.peers,
+            located.addr,
+            located.target,
+            offset,
+            tag,
+            source,
+            deadline,
+        )
+        .await;
+        // Only an acknowledged buffer is reused: after a failure the owner may still read it.
+        if done.is_ok() {
+            self.backend.push_staging.give_back(staged);
+        }
+        done
     }
 
     /// Register an accumulator of `len` fp32 elements at `epoch`, in memory of this transport's
@@ -753,11 +844,12 @@ mod tests {
             "the last piece staged out is what the staging held when it came back in"
         );
         // fp32 values decoded piece by piece (a piece boundary inside the values) equal the
-        // bytes' little-endian decoding, and a read past the buffer is refused.
+        // bytes' little-endian decoding, and a read past the buffer is refused. (From `a`: the
+        // staging in above filled every piece of `b` with the staging's last piece.)
         let len = (n - 12) / 4;
-        let floats = device.download_f32(&b, len).expect("download_f32");
+        let floats = device.download_f32(&a, len).expect("download_f32");
         assert_eq!(floats, codec::decode_f32(&data[..len * 4]).expect("decode"));
-        assert!(device.download_f32(&b, n / 4 + 1).is_err(), "past the end");
+        assert!(device.download_f32(&a, n / 4 + 1).is_err(), "past the end");
         let small = device.alloc(n - 4).expect("alloc");
         assert!(matches!(
             device.copy(&small, &a),
@@ -910,6 +1002,76 @@ mod tests {
         ));
         assert_eq!(region.version(), 1);
         assert_eq!(read(&region.handle()), (1, second));
+    }
+
+    /// A push from device memory (`accumulate_device`) adds exactly what a host accumulate adds
+    /// (C2), under the same fences (a repeated write id and a stale epoch are refused, C3), only
+    /// into an accumulator of this process, and only from memory of this device: a source that
+    /// runs past its allocation, or of a size that is not whole fp32s, is refused and adds
+    /// nothing.
+    #[test]
+    fn accumulate_from_device_memory_adds_exactly_and_is_fenced_c2_c3() {
+        let Some((runtime, t)) = runtime_and_transport(
+            "accumulate_from_device_memory_adds_exactly_and_is_fenced_c2_c3",
+            "devpush",
+        ) else {
+            return;
+        };
+        let device = Arc::clone(t.device());
+        let n = 3000;
+        let acc = t.register_device_accumulator(2, n, 0).expect("register");
+        let handle = acc.handle();
+        let tag = |epoch, write_id| WriteTag {
+            epoch,
+            write_id,
+            token: 0,
+        };
+        let ramp: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
+        let src = holding(&device, &codec::encode_f32(&ramp));
+        let whole = crate::DeviceDest {
+            device: device.ordinal(),
+            ptr: src.ptr(),
+            bytes: (n * 4) as u64,
+        };
+        let push = |offset, dest, tag| {
+            runtime.block_on(t.accumulate_device(&handle, offset, dest, tag, deadline()))
+        };
+        push(0, whole, tag(0, 1)).expect("a device push");
+        let host = codec::encode_f32(&ramp[..100]);
+        runtime
+            .block_on(t.accumulate(&handle, 10, host, tag(0, 2), deadline()))
+            .expect("a host push");
+        assert!(matches!(
+            push(0, whole, tag(0, 1)),
+            Err(TransportError::DuplicateWrite { .. })
+        ));
+        let past = crate::DeviceDest {
+            bytes: whole.bytes + 4,
+            ..whole
+        };
+        assert!(
+            push(0, past, tag(0, 3)).is_err(),
+            "a source past its allocation"
+        );
+        let ragged = crate::DeviceDest { bytes: 6, ..whole };
+        assert!(push(0, ragged, tag(0, 4)).is_err(), "half an fp32");
+        assert!(
+            push(n - 1, whole, tag(0, 5)).is_err(),
+            "past the accumulator's end"
+        );
+        let mut want = ramp.clone();
+        for (w, r) in want[10..110].iter_mut().zip(&ramp[..100]) {
+            *w += r;
+        }
+        assert_eq!(
+            acc.take(1),
+            want,
+            "the device push and the host push, nothing else"
+        );
+        assert!(matches!(
+            push(0, whole, tag(0, 6)),
+            Err(TransportError::StaleEpoch { .. })
+        ));
     }
 
     /// C2 and C3 for a take into device memory: the sums of the epoch's writes arrive in the

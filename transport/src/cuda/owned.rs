@@ -271,6 +271,20 @@ impl Sums for DeviceSums {
         Ok(())
     }
 
+    fn add_device(
+        &mut self,
+        offset: usize,
+        src: u64,
+        elements: usize,
+    ) -> Result<(), TransportError> {
+        self.check_intact()?;
+        let kernels = self.device.kernels()?;
+        let mut lane = self.device.lane()?;
+        let at = self.values.ptr() + (offset * 4) as u64;
+        kernels.enqueue(&lane.stream, Elementwise::AddF32, at, src, elements)?;
+        lane.finish_owner("accumulate kernel (device source)")
+    }
+
     /// A device failure here cannot be returned (the trait's `take` is infallible): it is logged
     /// and the values come back as NaN, which the step's non-finite check refuses, so a lost
     /// accumulation never reaches the parameters silently.

@@ -28,6 +28,23 @@ pub(crate) trait Sums: Send + std::fmt::Debug {
     /// element `offset` (`offset + data.len() / 4` is within the length). On error nothing was
     /// added, or (a device failure) the region is beyond use and says so.
     fn add(&mut self, offset: usize, data: &[u8]) -> Result<(), TransportError>;
+    /// Add `elements` fp32 values at device address `src` (memory of the values' own device,
+    /// complete: nothing still writes it) into the values starting at element `offset`. Only
+    /// values in device memory take it; host memory refuses with `Unsupported`.
+    fn add_device(
+        &mut self,
+        offset: usize,
+        src: u64,
+        elements: usize,
+    ) -> Result<(), TransportError> {
+        let _ = (offset, src);
+        Err(TransportError::Unsupported {
+            what: format!(
+                "an accumulate of {elements} elements from device memory into an accumulator \
+                 in host memory"
+            ),
+        })
+    }
     /// Return the values and zero them.
     fn take(&mut self) -> Vec<f32>;
     /// The implementation itself, for an owner-side take that only it offers (the `cuda`
@@ -141,6 +158,32 @@ impl Accumulator {
     ) -> Result<(), TransportError> {
         let elements =
             codec::element_count(Dtype::F32, data.len()).map_err(|e| e.for_region(self.name.id))?;
+        self.admit_and_add(offset, elements, tag, |values| values.add(offset, data))
+    }
+
+    /// [`Accumulator::accumulate`] of `elements` fp32 values at device address `src` (see
+    /// [`Sums::add_device`]): the same checks in the same order, the same fences.
+    pub(super) fn accumulate_device(
+        &self,
+        offset: usize,
+        src: u64,
+        elements: usize,
+        tag: WriteTag,
+    ) -> Result<(), TransportError> {
+        self.admit_and_add(offset, elements, tag, |values| {
+            values.add_device(offset, src, elements)
+        })
+    }
+
+    /// The checks of every accumulate (range, admission, then fences under the lock) around
+    /// `add`, which runs under the same lock; the write id is recorded only if it succeeded.
+    fn admit_and_add(
+        &self,
+        offset: usize,
+        elements: usize,
+        tag: WriteTag,
+        add: impl FnOnce(&mut dyn Sums) -> Result<(), TransportError>,
+    ) -> Result<(), TransportError> {
         let end = offset.checked_add(elements).filter(|end| *end <= self.len);
         let Some(end) = end else {
             return Err(TransportError::OutOfRange {
@@ -169,10 +212,7 @@ impl Accumulator {
         let mut state = self.state.lock();
         self.name.fence(&tag, state.epoch, &state.applied)?;
         debug_assert!(end <= self.len);
-        state
-            .values
-            .add(offset, data)
-            .map_err(|e| for_region(e, self.name.id))?;
+        add(state.values.as_mut()).map_err(|e| for_region(e, self.name.id))?;
         state.applied.insert(tag.write_id);
         Ok(())
     }

@@ -246,6 +246,22 @@ impl LocalTransport {
         }
     }
 
+    /// An accumulate from device memory of this process (see [`accumulator::Sums::add_device`]).
+    pub(crate) fn serve_accumulate_device(
+        &self,
+        owner: EndpointId,
+        id: RegionId,
+        offset: usize,
+        src: u64,
+        elements: usize,
+        tag: WriteTag,
+    ) -> Result<(), TransportError> {
+        match self.registry.get(owner, id)? {
+            Region::Accumulator(region) => region.accumulate_device(offset, src, elements, tag),
+            other => Err(wrong_kind(id, RegionKind::Accumulator, &other)),
+        }
+    }
+
     /// A peer's inbox send.
     pub(crate) fn serve_send(
         &self,

@@ -40,9 +40,10 @@ pub(crate) use self::backend::{foreign, other_backend, Backend, Located};
 pub(crate) use self::client::Peers;
 pub(crate) use self::dial::{Dial, TcpDial, UnixDial};
 pub(crate) use self::listen::{bind_tcp, serve_split};
-pub(crate) use self::service::Served;
 #[cfg(feature = "rdma")]
 pub(crate) use self::service::{serve_connection, Accepted};
+#[cfg_attr(not(feature = "cuda-code"), allow(unused_imports))]
+pub(crate) use self::service::{DeviceSources, Served};
 
 /// Knobs of a process-crossing backend's connections.
 #[derive(Debug, Clone)]

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::client::{About, Peers};
 use super::payload::{Answer, Payload};
 use crate::error::wide;
-use crate::wire::{Request, Response, Target};
+use crate::wire::{IpcSource, Request, Response, Target};
 use crate::{Deadline, Dest, Op, RegionHandle, Transport, TransportError, WriteTag};
 
 fn protocol(about: About, addr: &str, what: String) -> TransportError {
@@ -226,6 +226,32 @@ pub(crate) async fn accumulate(
             offset: wide(offset),
             tag,
             data,
+        }
+    })
+    .await
+}
+
+/// Add `source` (the writer's device memory, opened by the owner through CUDA IPC) into the
+/// accumulator `target` at `addr`, another process of this host; resolves once applied. The
+/// caller checked the deadline and that the owner is not this transport.
+#[cfg_attr(not(feature = "cuda-code"), allow(dead_code))]
+pub(crate) async fn accumulate_device(
+    peers: &Peers,
+    addr: &str,
+    target: Target,
+    offset: usize,
+    tag: WriteTag,
+    source: IpcSource,
+    deadline: Deadline,
+) -> Result<(), TransportError> {
+    let about = About::at(&target, Op::Accumulate);
+    acknowledged(peers, addr, about, 0, deadline, |req| {
+        Request::AccumulateDevice {
+            req,
+            target,
+            offset: wide(offset),
+            tag,
+            source,
         }
     })
     .await

@@ -1,6 +1,6 @@
 //! The owner's side of a connection: handshake, then answer requests in order from the fabric.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -9,7 +9,7 @@ use crate::local::LocalTransport;
 use crate::wire::frame::{write_frame, FrameError, FrameReader};
 use crate::wire::gate::Permit;
 use crate::wire::handshake::{self, ClusterSecret};
-use crate::wire::{Request, Response, Target};
+use crate::wire::{IpcSource, Request, Response, Target};
 use crate::{
     deadline_in, AccumulatorRegion, Deadline, Descriptor, EndpointId, InboxRegion, Transport,
     TransportError,
@@ -23,6 +23,25 @@ pub(crate) struct Served {
     pub(crate) fabric: LocalTransport,
     pub(crate) config: RemoteConfig,
     pub(crate) secret: ClusterSecret,
+    /// How this owner opens a writer's device memory ([`Request::AccumulateDevice`]): set by a
+    /// backend with a device (`cuda`); without it such a request is refused.
+    pub(crate) device_sources: OnceLock<Arc<dyn DeviceSources>>,
+}
+
+/// An owner's way to a writer's device memory on its host.
+pub(crate) trait DeviceSources: Send + Sync {
+    /// `source` mapped into this process: its device address, valid while the returned value
+    /// lives. Memory it cannot reach (no live allocation, a range past its end) is an error.
+    fn open(
+        &self,
+        source: &IpcSource,
+    ) -> Result<(u64, Arc<dyn std::any::Any + Send + Sync>), TransportError>;
+}
+
+impl std::fmt::Debug for dyn DeviceSources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceSources")
+    }
 }
 
 impl Served {
@@ -38,6 +57,7 @@ impl Served {
             fabric: LocalTransport::with_inbox_capacity(config.inbox_capacity),
             config,
             secret,
+            device_sources: OnceLock::new(),
         })
     }
 
@@ -100,6 +120,44 @@ impl Served {
         }
     }
 
+    /// A writer's device memory added into accumulator `target` at `offset`: opened through
+    /// this owner's device, then the fabric's fenced device add (C2, C3, C8 as any accumulate).
+    fn accumulate_device(
+        &self,
+        target: &Target,
+        offset: u64,
+        tag: crate::WriteTag,
+        source: &IpcSource,
+    ) -> Result<(), TransportError> {
+        let sources = self
+            .device_sources
+            .get()
+            .ok_or_else(|| TransportError::Unsupported {
+                what: format!(
+                    "an accumulate into region {} from another process's device memory: this \
+                     owner has no device",
+                    target.region
+                ),
+            })?;
+        if source.bytes % 4 != 0 {
+            return Err(TransportError::BadDestination {
+                region: target.region,
+                expected: source.bytes / 4 * 4,
+                got: source.bytes,
+            });
+        }
+        let (ptr, _mapped) = sources.open(source)?;
+        let index = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        self.fabric.serve_accumulate_device(
+            target.owner,
+            target.region,
+            index(offset),
+            ptr,
+            index(source.bytes / 4),
+            tag,
+        )
+    }
+
     /// Answer one request.
     pub(crate) fn answer(&self, request: Request) -> Response {
         let req = request.req();
@@ -151,6 +209,16 @@ impl Served {
                     .serve_send(target.owner, target.region, tag, data)
                     .map(|()| Response::Done { req })
             }),
+            Request::AccumulateDevice {
+                target,
+                offset,
+                tag,
+                source,
+                ..
+            } => self
+                .check_instance(&target)
+                .and_then(|()| self.accumulate_device(&target, offset, tag, &source))
+                .map(|()| Response::Done { req }),
         };
         outcome.unwrap_or_else(|error| Response::Failed { req, error })
     }

@@ -7,6 +7,7 @@
 //! | 0x01 | `Read` | req u64, target, start u64, end u64, part_start u64, part_end u64, dest |
 //! | 0x02 | `Accumulate` | req u64, target, offset u64, tag, payload… |
 //! | 0x03 | `Send` | req u64, target, tag, payload… |
+//! | 0x04 | `AccumulateDevice` | req u64, target, offset u64, tag, source offset u64, source bytes u64, IPC handle (64 bytes) |
 //! | 0x81 | `ReadOk` | req u64, version u64, dtype u8 (0 f32, 1 bf16), payload… |
 //! | 0x82 | `Done` | req u64 |
 //! | 0x83 | `Failed` | req u64, error as JSON… |
@@ -28,6 +29,7 @@ use crate::{DestSpec, DeviceDest, Dtype, EndpointId, RegionId, TransportError, W
 const READ: u8 = 0x01;
 const ACCUMULATE: u8 = 0x02;
 const SEND: u8 = 0x03;
+const ACCUMULATE_DEVICE: u8 = 0x04;
 const READ_OK: u8 = 0x81;
 const DONE: u8 = 0x82;
 const FAILED: u8 = 0x83;
@@ -76,6 +78,27 @@ pub enum Request {
         tag: WriteTag,
         data: Bytes,
     },
+    /// An accumulate whose fp32 payload lies in the writer's device memory, which an owner on the
+    /// same host opens through CUDA IPC (the `cuda` backend; any other owner refuses it).
+    AccumulateDevice {
+        req: u64,
+        target: Target,
+        offset: u64,
+        tag: WriteTag,
+        source: IpcSource,
+    },
+}
+
+/// Bytes of a CUDA IPC memory handle.
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// Device memory of a writer's process as an owner on the same host opens it: the allocation's
+/// CUDA IPC handle, and the source's byte offset in it and length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpcSource {
+    pub ipc_handle: [u8; IPC_HANDLE_BYTES],
+    pub offset: u64,
+    pub bytes: u64,
 }
 
 /// An owner's answer to the request with the same `req`.
@@ -101,7 +124,8 @@ impl Request {
         match self {
             Request::Read { req, .. }
             | Request::Accumulate { req, .. }
-            | Request::Send { req, .. } => *req,
+            | Request::Send { req, .. }
+            | Request::AccumulateDevice { req, .. } => *req,
         }
     }
 
@@ -168,6 +192,23 @@ impl Request {
                 put_tag(&mut head, tag);
                 (head, data.clone())
             }
+            Request::AccumulateDevice {
+                req,
+                target,
+                offset,
+                tag,
+                source,
+            } => {
+                head.put_u8(ACCUMULATE_DEVICE);
+                head.put_u64_le(*req);
+                put_target(&mut head, target);
+                head.put_u64_le(*offset);
+                put_tag(&mut head, tag);
+                head.put_u64_le(source.offset);
+                head.put_u64_le(source.bytes);
+                head.put_slice(&source.ipc_handle);
+                (head, Bytes::new())
+            }
         }
     }
 
@@ -220,6 +261,24 @@ impl Request {
                 tag: cur.tag()?,
                 data: cur.rest(),
             },
+            ACCUMULATE_DEVICE => {
+                let (req, target) = (cur.u64("request id")?, cur.target()?);
+                let (offset, tag) = (cur.u64("offset")?, cur.tag()?);
+                let (at, bytes) = (cur.u64("source offset")?, cur.u64("source bytes")?);
+                let ipc_handle = cur.take::<IPC_HANDLE_BYTES>("IPC handle")?;
+                cur.finish("device accumulate request")?;
+                Request::AccumulateDevice {
+                    req,
+                    target,
+                    offset,
+                    tag,
+                    source: IpcSource {
+                        ipc_handle,
+                        offset: at,
+                        bytes,
+                    },
+                }
+            }
             code => {
                 return Err(WireError::UnknownType {
                     what: "request",

@@ -27,7 +27,9 @@ pub mod message;
 
 pub use frame::{read_frame, write_frame, FrameReader};
 pub use handshake::{ClusterSecret, HandshakeError, SecretError};
-pub use message::{ReadOkHead, Request, Response, Target, READ_OK_HEAD};
+pub use message::{
+    IpcSource, ReadOkHead, Request, Response, Target, IPC_HANDLE_BYTES, READ_OK_HEAD,
+};
 
 /// A frame from a peer that does not decode. Every variant says what was wrong; none carries the
 /// peer's bytes.

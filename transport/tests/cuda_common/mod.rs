@@ -181,3 +181,77 @@ pub async fn transfers_larger_than_the_staging_c2(pair: &Pair) {
         "an accumulate over several staging pieces differs"
     );
 }
+
+/// A push from the reader's device memory into the owner's accumulator
+/// (`CudaTransport::accumulate_device`: over CUDA IPC when the owner is another process, from the
+/// process's own table when it is another transport of this one) adds exactly what a host
+/// accumulate adds (C2), under the same fences (a repeated write id, a stale epoch: C3); a source
+/// that is not whole fp32s or runs past its allocation, or a range past the accumulator's end, is
+/// refused and adds nothing. Twice, so the second push reuses the first one's staging buffer.
+pub async fn device_pushes_c2_c3(pair: &Pair, reader: &odc_transport::cuda::CudaTransport) {
+    let device = reader.device();
+    let n = 5000;
+    let values = ramp(Dtype::F32, n);
+    let acc = pair
+        .owner
+        .register_accumulator(OWNER, n, 0)
+        .expect("register accumulator");
+    let handle = ship(&acc.handle());
+    let src = device.alloc(n * 4).expect("alloc");
+    device
+        .upload(&src, 0, &codec::encode_f32(&values))
+        .expect("upload");
+    let tag = |epoch, write_id| WriteTag {
+        epoch,
+        write_id,
+        token: 0,
+    };
+    for write_id in [1, 2] {
+        reader
+            .accumulate_device(&handle, 0, src.dest(), tag(0, write_id), soon())
+            .await
+            .expect("a device push");
+    }
+    match reader
+        .accumulate_device(&handle, 0, src.dest(), tag(0, 1), soon())
+        .await
+    {
+        Err(TransportError::DuplicateWrite { .. }) => {}
+        other => panic!("a repeated write id gave {other:?}"),
+    }
+    let ragged = DeviceDest {
+        bytes: 6,
+        ..src.dest()
+    };
+    let past = DeviceDest {
+        bytes: src.dest().bytes + 4,
+        ..src.dest()
+    };
+    for (what, dest, offset) in [
+        ("half an fp32", ragged, 0),
+        ("a source past its allocation", past, 0),
+        ("a range past the accumulator", src.dest(), 1),
+    ] {
+        assert!(
+            reader
+                .accumulate_device(&handle, offset, dest, tag(0, 9), soon())
+                .await
+                .is_err(),
+            "{what} was accepted"
+        );
+    }
+    let sums = acc.take(1);
+    assert!(
+        sums.iter()
+            .zip(&values)
+            .all(|(s, v)| s.to_bits() == (v + v).to_bits()),
+        "two device pushes do not add up to twice the values"
+    );
+    match reader
+        .accumulate_device(&handle, 0, src.dest(), tag(0, 3), soon())
+        .await
+    {
+        Err(TransportError::StaleEpoch { .. }) => {}
+        other => panic!("a push of the old epoch gave {other:?}"),
+    }
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: benches/gpu/run.sh's correctness rows (MEASURE=0), then
+# benches/gpu/figures.sh (odc against the PyTorch peer and candle alone, host bytes per step),
+# each within its share of DEADLINE seconds, with at most 8 files back under $OUT (the device
+# tool's limit): run.txt (run.sh's table), run-logs.tar.gz, figures.txt (the figures' table),
+# figures-run.txt (figures.sh's own output) and figures-logs.tar.gz.
+#
+#   OUT=... DEADLINE=540 CHECKS=150 benches/gpu/lease.sh [BIN_FOLDER]   (default target/gpu-bin)
+#
+# The GSM8K training set is read from target/gpu-data/train.jsonl (or its .xz, unpacked here):
+# copy ../shared/data/gsm8k/train.jsonl there before the call and carry target/gpu-data.
+# SKIP_CHECKS=1 leaves run.sh out; FIGURES_ENV passes more variables to figures.sh (e.g.
+# "SKIP=qwen").
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+FOLDER="${1:-target/gpu-bin}"
+OUT="${OUT:-target/gpu-lease}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+DEADLINE="${DEADLINE:-540}"
+CHECKS="${CHECKS:-150}"
+started=$SECONDS
+scratch="$(mktemp -d "${TMPDIR:-/tmp}/odc-lease.XXXXXX")"
+
+data=target/gpu-data/train.jsonl
+if [ ! -f "$data" ] && [ -f "$data.xz" ]; then
+  xz -dkc "$data.xz" >"$data" 2>/dev/null ||
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+      "$data.xz" "$data"
+fi
+
+if [ "${SKIP_CHECKS:-0}" != 1 ]; then
+  OUT="$scratch/run" MEASURE=0 DEADLINE="$CHECKS" CHECK_CAP=$((CHECKS - 10)) \
+    benches/gpu/run.sh "$FOLDER" >"$OUT/run.txt" 2>&1
+  echo "lease.sh: run.sh exit $? after $((SECONDS - started)) s" >>"$OUT/run.txt"
+  tar -czf "$OUT/run-logs.tar.gz" -C "$scratch" run 2>/dev/null
+fi
+
+left=$((DEADLINE - (SECONDS - started) - 15))
+if [ "$left" -lt 60 ]; then
+  echo "lease.sh: $left s left: figures.sh not run" | tee "$OUT/figures-run.txt"
+else
+  # shellcheck disable=SC2086
+  env ${FIGURES_ENV:-} OUT="$OUT" DEADLINE="$left" benches/gpu/figures.sh "$FOLDER" \
+    >"$OUT/figures-run.txt" 2>&1
+  echo "lease.sh: figures.sh exit $? after $((SECONDS - started)) s" >>"$OUT/figures-run.txt"
+fi
+rm -rf "$scratch"
+grep -E 'PASS|FAIL|every check|some checks' "$OUT/run.txt" 2>/dev/null | tail -40
+cat "$OUT/figures.txt" 2>/dev/null || tail -30 "$OUT/figures-run.txt"
