@@ -25,7 +25,7 @@
 #
 # Knobs (environment): DEADLINE (480; 0 = none), DATA, PYTHON (python3), ODC_STEPS (3 timed),
 # ODC_WARMUP (1), PEER_STEPS (10 timed), PEER_WARMUP (3), SMOL_BATCH (64), QWEN_BATCH (32),
-# LAUNCH_BATCH (32), SO_STEPS (3), SO_ROUNDS (2), SO_BATCH (16), SO_MIN_LEN (128), SO_MAX_LEN
+# LAUNCH_BATCH (32), SO_STEPS (5), SO_ROUNDS (3), SO_BATCH (16), SO_MIN_LEN (128), SO_MAX_LEN
 # (512), ODC_ARGS / PEER_ARGS / SO_ARGS (extra flags), SKIP ("qwen launch sft-overhead host",
 # any of them; host: the SmolLM2 run with --host-transfers after its ABBA), MODELS (where the model directories go: ${TMPDIR:-/tmp}/odc-figures/models),
 # SMOL_SHAPE / QWEN_SHAPE (peer.py's shapes; `tiny` and `tiny-qwen` for a test without a GPU).
@@ -64,8 +64,8 @@ PEER_WARMUP="${PEER_WARMUP:-3}"
 SMOL_BATCH="${SMOL_BATCH:-64}"
 QWEN_BATCH="${QWEN_BATCH:-32}"
 LAUNCH_BATCH="${LAUNCH_BATCH:-32}"
-SO_STEPS="${SO_STEPS:-3}"
-SO_ROUNDS="${SO_ROUNDS:-2}"
+SO_STEPS="${SO_STEPS:-5}"
+SO_ROUNDS="${SO_ROUNDS:-3}"
 SO_BATCH="${SO_BATCH:-16}"
 SO_MIN_LEN="${SO_MIN_LEN:-128}"
 SO_MAX_LEN="${SO_MAX_LEN:-512}"
@@ -238,7 +238,7 @@ abba() { # SHAPE BATCH ODC_CAP
         "$BIN/odc" launch --nprocs 2 --transport cuda --timeout-secs 300 -- \
         "$BIN/sft" --device cuda --model-dir "$MODELS/$SMOL" --data "$DATA" \
         --batch-size "$LAUNCH_BATCH" --steps $((ODC_WARMUP + ODC_STEPS)) --eval-every 0 \
-        --no-metrics "${odc_args[@]}"
+        --no-metrics --step-stats "${odc_args[@]}"
       peer_run "$tag.A" peer-launch "$SMOL" "$LAUNCH_BATCH"
     fi
   fi

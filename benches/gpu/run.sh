@@ -131,7 +131,8 @@ gpu_test() {
   capped "$CHECK_CAP" "$BIN/gpu_training" "$test" --exact --nocapture --test-threads=1 >"$log" 2>&1
   local rc=$? secs=$((SECONDS - started))
   local said
-  said=$(grep -m1 -E '^(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers)' "$log")
+  # The test's line (after libtest's `test NAME ... ` when the output interleaves).
+  said=$(grep -m1 -o -E '(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers|collective vs on demand)[^"]*' "$log" | cut -c1-300)
   if grep -q '^skipped' "$log"; then
     row "$name" FAIL "skipped: $(grep -m1 '^skipped' "$log"); log $log"
   elif [ "$rc" -eq 0 ] && grep -q 'test result: ok. 1 passed' "$log"; then
@@ -168,6 +169,12 @@ if has gpu_training; then
   next_section
   gpu_test device_transfers_equal_host_transfers_and_stage_nothing \
     "device-resident path vs host path (fp32; 0 bytes staged)" resident-gpu.log &
+  next_section
+  gpu_test a_trainer_killed_after_its_device_pushes_replays_to_the_same_result \
+    "device path: a trainer killed after its pushes (I2 replay)" replay-gpu.log &
+  next_section
+  gpu_test collective_equals_on_demand_on_the_device \
+    "device path: on demand = collective" collective-gpu.log &
   next_section
   gpu_test ring_attention_on_cuda_equals_the_blocked_attention \
     "sequence splitting: ring attention on CUDA" ring-gpu.log &
