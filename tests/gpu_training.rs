@@ -25,6 +25,10 @@
 //!   into the GPU servers' accumulators, or still on their way); the attempt is discarded (the
 //!   accumulators fenced by epoch, I2) and replayed, and the run equals the clean one within
 //!   1e-6.
+//! - **Resume on the device path** ([`a_device_job_resumes_from_its_checkpoint_exactly`]): 2
+//!   steps, a sharded checkpoint of the GPU servers' state (masters and AdamW's buffers from
+//!   device memory), a new job resumed from it for the third step: the same parameters as 3
+//!   steps straight, within 1e-6.
 //! - **On demand = collective on the device** ([`collective_equals_on_demand_on_the_device`]):
 //!   the collective data path (which gathers through host memory) and the device-resident
 //!   on-demand one train alike (SGD), within 1e-5.
@@ -408,6 +412,51 @@ fn a_trainer_killed_after_its_device_pushes_replays_to_the_same_result() {
     );
     assert!(replays >= 1, "nothing was replayed");
     assert!(worst < 1e-6, "losses differ by {worst:e}");
+    assert!(diff < 1e-6, "parameters differ by {diff:e}");
+}
+
+/// Resume on the device path (see the module docs).
+#[test]
+fn a_device_job_resumes_from_its_checkpoint_exactly() {
+    let Some(device) = cuda() else { return };
+    let data = samples(32);
+    let adamw = OptimizerConfig::adamw(3e-3);
+    let placement = Placement {
+        device,
+        precision: ComputePrecision::F32,
+        local_rank: 0,
+        ..Placement::default()
+    };
+    let (_, straight) = train(data.clone(), adamw, placement, 3);
+    let dir = std::env::temp_dir().join(format!("odc-gpu-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let map = odc::model::tensor_map(&config()).expect("tensor map");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let resumed = rt.block_on(async {
+        let mut first = job_with(data.clone(), adamw, placement, |b| b);
+        first.run(2).await.expect("2 steps");
+        let step = first
+            .save_checkpoint(&dir, &map, &serde_json::json!({}))
+            .await
+            .expect("checkpoint");
+        first.shutdown().await;
+        let opened = odc::checkpoint::open(&step, &map).expect("open");
+        let mut second = job_with(data, adamw, placement, |b| b.resume_from(opened));
+        let stats = second.run(1).await.expect("the third step");
+        assert_eq!(stats.len(), 1);
+        let params = second.parameters().await.expect("parameters");
+        second.shutdown().await;
+        params
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    let diff = max_abs_diff(&resumed, &straight);
+    println!(
+        "device path resumed after 2 of 3 AdamW steps: max |Δparam| {diff:.3e} against 3 straight"
+    );
     assert!(diff < 1e-6, "parameters differ by {diff:e}");
 }
 

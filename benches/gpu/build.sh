@@ -12,6 +12,7 @@
 #   cuda_conformance           the conformance suite, owner and reader in one process
 #   cuda_process_conformance   the conformance suite, owner in a child process (CUDA IPC)
 #   odc-conformance-owner      that child (run.sh points ODC_CONFORMANCE_OWNER at it)
+#   odc_kernels_device         odc-kernels' device tests: the fused kernels vs their CPU references
 #   odc-bench                  `odc-bench transport --backends cuda`
 #   odc_actors_lib             the odc-actors unit tests with --features cuda (run.sh runs
 #                              `server::device`: the GPU store against the host store)
@@ -77,6 +78,12 @@ add odc_transport_lib test "odc-transport unit tests (run with the filter cuda::
 add cuda_conformance test "conformance suite, owner and reader in one process" "$(lookup cuda_conformance)"
 add cuda_process_conformance test "conformance suite, owner in a child process (CUDA IPC)" \
   "$(lookup cuda_process_conformance)"
+
+echo "build.sh: odc-kernels device tests with --features nvrtc ($PROFILE)"
+tests=$(cargo test "${profile_flag[@]}" -p odc-kernels --features nvrtc,odc-transport/conformance \
+  --test device --no-run --message-format=json | test_executables)
+add odc_kernels_device test "the fused kernels against their CPU references (kernels/tests/device.rs)" \
+  "$(lookup device)"
 
 echo "build.sh: odc-conformance-owner and odc-bench with the cuda feature ($PROFILE)"
 cargo build "${profile_flag[@]}" -p odc-transport --features cuda,conformance --bin odc-conformance-owner

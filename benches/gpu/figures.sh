@@ -26,8 +26,9 @@
 # Knobs (environment): DEADLINE (480; 0 = none), DATA, PYTHON (python3), ODC_STEPS (3 timed),
 # ODC_WARMUP (1), PEER_STEPS (10 timed), PEER_WARMUP (3), SMOL_BATCH (64), QWEN_BATCH (32),
 # LAUNCH_BATCH (32), SO_STEPS (5), SO_ROUNDS (3), SO_BATCH (16), SO_MIN_LEN (128), SO_MAX_LEN
-# (512), ODC_ARGS / PEER_ARGS / SO_ARGS (extra flags), SKIP ("qwen launch sft-overhead host",
-# any of them; host: the SmolLM2 run with --host-transfers after its ABBA), MODELS (where the model directories go: ${TMPDIR:-/tmp}/odc-figures/models),
+# (512), ODC_ARGS / PEER_ARGS / SO_ARGS (extra flags), SKIP ("qwen launch sft-overhead host
+# f32", any of them; host: the SmolLM2 run with --host-transfers after its ABBA; f32: its first
+# loss in fp32 against the peer's without autocast), MODELS (where the model directories go: ${TMPDIR:-/tmp}/odc-figures/models),
 # SMOL_SHAPE / QWEN_SHAPE (peer.py's shapes; `tiny` and `tiny-qwen` for a test without a GPU).
 #
 # Output: the table on stdout and in $OUT/figures.txt (target/gpu-figures when OUT is unset); the
@@ -200,6 +201,19 @@ abba() { # SHAPE BATCH ODC_CAP
   # 1–2. SmolLM2-135M shape.
   make_model "$SMOL"
   abba "$SMOL" "$SMOL_BATCH" 150
+  # The first loss in fp32 against transformers' (no autocast) on the same step: within 1e-4.
+  if ! skipped f32 && [ -f "$MODELS/$SMOL/model.safetensors" ]; then
+    run "$SMOL.f32.A" peer-f32 "$SMOL" "$SMOL_BATCH" 0 90 "$LOGDIR/$SMOL.f32.A.json" -- \
+      "$PYTHON" "$PEER" train --model-dir "$MODELS/$SMOL" --data "$DATA" \
+      --batch-size "$SMOL_BATCH" --steps 1 --warmup 0 --amp off --json "$LOGDIR/$SMOL.f32.A.json" \
+      "${peer_args[@]}"
+    if has sft; then
+      run "$SMOL.f32.B" odc-f32 "$SMOL" "$SMOL_BATCH" 0 90 "" -- \
+        "$BIN/sft" --device cuda --model-dir "$MODELS/$SMOL" --data "$DATA" \
+        --batch-size "$SMOL_BATCH" --steps 1 --precision f32 --eval-every 0 --no-metrics \
+        --step-stats "${odc_args[@]}"
+    fi
+  fi
   # The path before the device-resident one, on the same samples: servers and transfers in host
   # memory (the A/B of this issue's change).
   if ! skipped host && [ -f "$MODELS/$SMOL/model.safetensors" ]; then

@@ -803,6 +803,20 @@ def report(args):
         elif len(peers) >= 2:
             row(f"{label}: control peer / peer", "not run", "1.00 +- 5%", "FAIL",
                 "; ".join(dict.fromkeys(failed(r) or "no result" for r in peers)))
+    for shape in dict.fromkeys(r["shape"] for r in runs if r["kind"] == "odc-f32"):
+        odc = next(r for r in runs if r["kind"] == "odc-f32" and r["shape"] == shape)
+        peer = next((r for r in runs if r["kind"] == "peer-f32" and r["shape"] == shape), None)
+        p = peer_result(peer) if peer else None
+        o = None if failed(odc) else odc_log(odc["log"], 0)
+        if not p or not o or o.get("loss_first") is None:
+            why = "; ".join(x for x in (failed(odc), peer and failed(peer)) if x) or "no first loss"
+            row(f"{shape}: first loss in fp32, odc vs transformers", "not run", "within 1e-4",
+                "FAIL", why)
+            continue
+        rel = o["loss_first"] / p["loss_first"] - 1
+        row(f"{shape}: first loss in fp32, odc vs transformers", f"{rel:+.2e}", "within 1e-4",
+            "ok" if abs(rel) <= 1e-4 else "FAIL",
+            f"odc {o['loss_first']:.7f} (--precision f32), peer {p['loss_first']:.7f} (no autocast)")
     for r in runs:
         if r["kind"] != "sft-overhead":
             continue

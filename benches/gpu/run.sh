@@ -132,7 +132,7 @@ gpu_test() {
   local rc=$? secs=$((SECONDS - started))
   local said
   # The test's line (after libtest's `test NAME ... ` when the output interleaves).
-  said=$(grep -m1 -o -E '(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers|collective vs on demand)[^"]*' "$log" | cut -c1-300)
+  said=$(grep -m1 -o -E '(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers|collective vs on demand|device path resumed)[^"]*' "$log" | cut -c1-300)
   if grep -q '^skipped' "$log"; then
     row "$name" FAIL "skipped: $(grep -m1 '^skipped' "$log"); log $log"
   elif [ "$rc" -eq 0 ] && grep -q 'test result: ok. 1 passed' "$log"; then
@@ -158,6 +158,13 @@ if [ "${QUICK:-0}" != 1 ]; then
   next_section
   check "I3: a job with GPU servers vs host servers" gpu-servers.log -- \
     "$BIN/gpu_servers" --nocapture &
+  next_section
+  if has odc_kernels_device; then
+    check "fused kernels vs CPU references (NVRTC, fresh inputs)" kernels.log -- \
+      "$BIN/odc_kernels_device" --nocapture --test-threads=1 &
+  else
+    missing "fused kernels vs CPU references" odc_kernels_device
+  fi
 fi # QUICK
 next_section
 if has gpu_training; then
@@ -175,6 +182,9 @@ if has gpu_training; then
   next_section
   gpu_test collective_equals_on_demand_on_the_device \
     "device path: on demand = collective" collective-gpu.log &
+  next_section
+  gpu_test a_device_job_resumes_from_its_checkpoint_exactly \
+    "device path: resume from a checkpoint" resume-gpu.log &
   next_section
   gpu_test ring_attention_on_cuda_equals_the_blocked_attention \
     "sequence splitting: ring attention on CUDA" ring-gpu.log &

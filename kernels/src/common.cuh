@@ -1,0 +1,23 @@
+// What every kernel source of odc-kernels starts with (prepended by `lib.rs`): loads and stores
+// of fp32 and bf16 (`unsigned short`, the upper half of an fp32; stored rounded to nearest, ties
+// to even, a NaN kept a NaN: the host codec's `half::bf16::from_f32`), and a warp's sum.
+
+__device__ __forceinline__ float odc_load(const float* p, unsigned long long i) { return p[i]; }
+__device__ __forceinline__ float odc_load(const unsigned short* p, unsigned long long i) {
+    return __uint_as_float(((unsigned int)p[i]) << 16);
+}
+__device__ __forceinline__ unsigned short odc_bf16(float v) {
+    unsigned int x = __float_as_uint(v);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x0040u);
+    if ((x & 0x8000u) != 0u && (x & 0x17fffu) != 0u) return (unsigned short)((x >> 16) + 1u);
+    return (unsigned short)(x >> 16);
+}
+__device__ __forceinline__ void odc_store(float* p, unsigned long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void odc_store(unsigned short* p, unsigned long long i, float v) {
+    p[i] = odc_bf16(v);
+}
+__device__ __forceinline__ float odc_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+

@@ -1,0 +1,99 @@
+//! odc's fused training kernels (issue 41): their CUDA C sources, compiled at run time by NVRTC
+//! for the device at hand, and their CPU references.
+//!
+//! - [`SOURCES`]: one [`Source`] per kernel family — RMSNorm ([`NORM`]), SwiGLU ([`SWIGLU`]),
+//!   rotary embedding ([`ROTARY`]) — each forward and backward, in fp32 and bf16, fp32
+//!   arithmetic. Every source starts with `common.cuh` (bf16 loads and stores rounded as the
+//!   host codec rounds, a warp's sum) and needs no header of a CUDA toolkit, so NVRTC alone
+//!   compiles it (no driver, no device).
+//! - [`reference`]: the same math on the CPU in f64, what every kernel is checked against.
+//! - Feature `nvrtc` (odc-transport's `cuda` backend, which loads NVRTC and the driver at run
+//!   time): `tests/device.rs` compiles every source for compute capabilities 8.0 and 9.0 — CI runs
+//!   it with NVRTC from NVIDIA's wheel and `ODC_REQUIRE_NVRTC=1`, so a kernel that does not compile
+//!   fails CI — and, where a GPU is, runs every kernel on fresh random inputs into poisoned
+//!   outputs against [`reference`].
+//!
+//! Launch contract (each kernel's comment says which `n`): a grid-stride loop over `n` work items
+//! with blocks of a multiple of 32 threads, as odc-transport's `Device::launch` and candle's
+//! launches make them; the norm kernels give each row a warp (`n = rows × 32`).
+//!
+//! Not yet here: the attention (FlashAttention-2 with the log-sum-exp merge rule, varlen, GQA),
+//! the head with cross-entropy in chunks, RMSNorm fused with the residual add, and the model's
+//! use of these kernels on CUDA (candle's op-by-op kernels still run the step).
+
+pub mod reference;
+
+/// One kernel source: its name (NVRTC's and a module's), its CUDA C, and its kernels.
+#[derive(Debug, Clone, Copy)]
+pub struct Source {
+    pub name: &'static str,
+    pub code: &'static str,
+    pub functions: &'static [&'static str],
+}
+
+/// RMSNorm forward and backward, and the column sum that makes the weight's gradient.
+pub const NORM: Source = Source {
+    name: "norm.cu",
+    code: concat!(include_str!("common.cuh"), include_str!("norm.cu")),
+    functions: &[
+        "odc_rms_norm_fwd_f32",
+        "odc_rms_norm_fwd_bf16",
+        "odc_rms_norm_bwd_f32",
+        "odc_rms_norm_bwd_bf16",
+        "odc_column_sum_f32",
+    ],
+};
+
+/// SwiGLU forward and backward.
+pub const SWIGLU: Source = Source {
+    name: "swiglu.cu",
+    code: concat!(include_str!("common.cuh"), include_str!("swiglu.cu")),
+    functions: &[
+        "odc_swiglu_fwd_f32",
+        "odc_swiglu_fwd_bf16",
+        "odc_swiglu_bwd_f32",
+        "odc_swiglu_bwd_bf16",
+    ],
+};
+
+/// Rotary embedding (its backward is the rotation by the opposite angles: `sign = −1`).
+pub const ROTARY: Source = Source {
+    name: "rotary.cu",
+    code: concat!(include_str!("common.cuh"), include_str!("rotary.cu")),
+    functions: &["odc_rope_f32", "odc_rope_bf16"],
+};
+
+/// Every kernel source.
+pub const SOURCES: [Source; 3] = [NORM, SWIGLU, ROTARY];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_kernel_is_defined_once_in_its_source() {
+        for source in SOURCES {
+            for function in source.functions {
+                let definition = format!("__global__ void {function}(");
+                assert_eq!(
+                    source.code.matches(&definition).count(),
+                    1,
+                    "{}: {function}",
+                    source.name
+                );
+            }
+            let defined = source.code.matches("__global__ void").count();
+            assert_eq!(
+                defined,
+                source.functions.len(),
+                "{}: a kernel that is not listed",
+                source.name
+            );
+            assert!(
+                !source.code.contains("#include"),
+                "{}: NVRTC alone must compile it",
+                source.name
+            );
+        }
+    }
+}

@@ -1,0 +1,108 @@
+// RMSNorm over the last dimension, forward and backward, for rows of `cols` values: fp32 or bf16
+// activations (`T`), fp32 weights, fp32 arithmetic. One warp per row: a launch over
+// n = rows * 32 threads, grid-stride, so every lane of a warp works on the same row (n, the block
+// and the stride are multiples of 32) and the row's sums are warp shuffles. No headers (bf16 is
+// the upper half of an fp32, rounded to nearest even as the host codec does: `common.cuh`, put
+// before every source), so NVRTC needs no include path.
+//
+//   forward:  r = 1 / sqrt(mean(x²) + eps),  out = x r w
+//   backward: x̂ = x r,  dx = r (g w − x̂ · mean(g w x̂)),  part = g x̂  (then dw = Σ_rows part,
+//             odc_column_sum_f32)
+
+template <typename T>
+__device__ void odc_rms_norm_fwd(T* __restrict__ out, const T* __restrict__ x,
+                                 const float* __restrict__ w, unsigned long long rows,
+                                 unsigned long long cols, float eps, unsigned long long n) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
+         t += stride) {
+        unsigned long long row = t >> 5;
+        unsigned int lane = (unsigned int)(t & 31u);
+        if (row >= rows) continue;  // a whole warp: n is rows * 32
+        unsigned long long base = row * cols;
+        float ss = 0.0f;
+        for (unsigned long long c = lane; c < cols; c += 32) {
+            float v = odc_load(x, base + c);
+            ss += v * v;
+        }
+        ss = odc_warp_sum(ss);
+        float r = 1.0f / sqrtf(ss / (float)cols + eps);
+        for (unsigned long long c = lane; c < cols; c += 32) {
+            odc_store(out, base + c, odc_load(x, base + c) * r * w[c]);
+        }
+    }
+}
+
+template <typename T>
+__device__ void odc_rms_norm_bwd(T* __restrict__ dx, float* __restrict__ part,
+                                 const T* __restrict__ x, const float* __restrict__ w,
+                                 const T* __restrict__ g, unsigned long long rows,
+                                 unsigned long long cols, float eps, unsigned long long n) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
+         t += stride) {
+        unsigned long long row = t >> 5;
+        unsigned int lane = (unsigned int)(t & 31u);
+        if (row >= rows) continue;
+        unsigned long long base = row * cols;
+        float ss = 0.0f;
+        for (unsigned long long c = lane; c < cols; c += 32) {
+            float v = odc_load(x, base + c);
+            ss += v * v;
+        }
+        ss = odc_warp_sum(ss);
+        float r = 1.0f / sqrtf(ss / (float)cols + eps);
+        float dot = 0.0f;
+        for (unsigned long long c = lane; c < cols; c += 32) {
+            float xhat = odc_load(x, base + c) * r;
+            float gv = odc_load(g, base + c);
+            dot += gv * w[c] * xhat;
+            part[base + c] = gv * xhat;
+        }
+        dot = odc_warp_sum(dot) / (float)cols;
+        for (unsigned long long c = lane; c < cols; c += 32) {
+            float xhat = odc_load(x, base + c) * r;
+            float gw = odc_load(g, base + c) * w[c];
+            odc_store(dx, base + c, r * (gw - xhat * dot));
+        }
+    }
+}
+
+extern "C" __global__ void odc_rms_norm_fwd_f32(float* out, const float* x, const float* w,
+                                                unsigned long long rows, unsigned long long cols,
+                                                float eps, unsigned long long n) {
+    odc_rms_norm_fwd(out, x, w, rows, cols, eps, n);
+}
+extern "C" __global__ void odc_rms_norm_fwd_bf16(unsigned short* out, const unsigned short* x,
+                                                 const float* w, unsigned long long rows,
+                                                 unsigned long long cols, float eps,
+                                                 unsigned long long n) {
+    odc_rms_norm_fwd(out, x, w, rows, cols, eps, n);
+}
+extern "C" __global__ void odc_rms_norm_bwd_f32(float* dx, float* part, const float* x,
+                                                const float* w, const float* g,
+                                                unsigned long long rows, unsigned long long cols,
+                                                float eps, unsigned long long n) {
+    odc_rms_norm_bwd(dx, part, x, w, g, rows, cols, eps, n);
+}
+extern "C" __global__ void odc_rms_norm_bwd_bf16(unsigned short* dx, float* part,
+                                                 const unsigned short* x, const float* w,
+                                                 const unsigned short* g, unsigned long long rows,
+                                                 unsigned long long cols, float eps,
+                                                 unsigned long long n) {
+    odc_rms_norm_bwd(dx, part, x, w, g, rows, cols, eps, n);
+}
+
+// out[c] = Σ_r part[r, c] for c < n (= cols), summed in fp64 in row order (deterministic): the
+// weight gradient of a norm from the backward's per-row parts.
+extern "C" __global__ void odc_column_sum_f32(float* __restrict__ out,
+                                              const float* __restrict__ part,
+                                              unsigned long long rows, unsigned long long n) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    for (unsigned long long c = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; c < n;
+         c += stride) {
+        double sum = 0.0;
+        for (unsigned long long r = 0; r < rows; ++r) sum += (double)part[r * n + c];
+        out[c] = (float)sum;
+    }
+}

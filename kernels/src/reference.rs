@@ -1,0 +1,174 @@
+//! The kernels' math on the CPU, in f64, on fp32 inputs: what each kernel is checked against.
+//! The model's own ops (`odc::model::ops`: `rms_norm`, `rope`, the MLP's SwiGLU) compute the same
+//! functions; the root crate's tests check these references against them.
+
+/// RMSNorm of `rows` rows of `cols`: `x r w`, `r = 1 / sqrt(mean(x²) + eps)`.
+pub fn rms_norm(x: &[f32], w: &[f32], cols: usize, eps: f64) -> Vec<f64> {
+    x.chunks_exact(cols)
+        .flat_map(|row| {
+            let r = inverse_rms(row, eps);
+            row.iter()
+                .zip(w)
+                .map(move |(&v, &wv)| f64::from(v) * r * f64::from(wv))
+        })
+        .collect()
+}
+
+/// RMSNorm's gradients for the output gradient `g`: `(dx, dw)`, with `x̂ = x r`,
+/// `dx = r (g w − x̂ · mean(g w x̂))`, `dw = Σ_rows g x̂`.
+pub fn rms_norm_backward(
+    x: &[f32],
+    w: &[f32],
+    g: &[f32],
+    cols: usize,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut dx = Vec::with_capacity(x.len());
+    let mut dw = vec![0.0; cols];
+    for (row, grow) in x.chunks_exact(cols).zip(g.chunks_exact(cols)) {
+        let r = inverse_rms(row, eps);
+        let xhat: Vec<f64> = row.iter().map(|&v| f64::from(v) * r).collect();
+        let gw: Vec<f64> = grow
+            .iter()
+            .zip(w)
+            .map(|(&gv, &wv)| f64::from(gv) * f64::from(wv))
+            .collect();
+        let dot = gw.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / cols as f64;
+        dx.extend(gw.iter().zip(&xhat).map(|(a, xh)| r * (a - xh * dot)));
+        for ((d, &gv), xh) in dw.iter_mut().zip(grow).zip(&xhat) {
+            *d += f64::from(gv) * xh;
+        }
+    }
+    (dx, dw)
+}
+
+fn inverse_rms(row: &[f32], eps: f64) -> f64 {
+    let mean = row
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        / row.len() as f64;
+    1.0 / (mean + eps).sqrt()
+}
+
+fn sigmoid(a: f64) -> f64 {
+    1.0 / (1.0 + (-a).exp())
+}
+
+/// SwiGLU: `silu(a) b`.
+pub fn swiglu(a: &[f32], b: &[f32]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .map(|(&av, &bv)| {
+            let av = f64::from(av);
+            av * sigmoid(av) * f64::from(bv)
+        })
+        .collect()
+}
+
+/// SwiGLU's gradients for the output gradient `g`: `(da, db)`.
+pub fn swiglu_backward(a: &[f32], b: &[f32], g: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    a.iter()
+        .zip(b)
+        .zip(g)
+        .map(|((&av, &bv), &gv)| {
+            let (av, bv, gv) = (f64::from(av), f64::from(bv), f64::from(gv));
+            let s = sigmoid(av);
+            (gv * bv * s * (1.0 + av * (1.0 - s)), gv * av * s)
+        })
+        .unzip()
+}
+
+/// Rotary embedding ("rotate half") of rows of `dim` values, row `r` at position
+/// `r mod positions`, with `[positions, dim / 2]` tables; `sign = −1` rotates back.
+pub fn rope(
+    x: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    positions: usize,
+    dim: usize,
+    sign: f64,
+) -> Vec<f64> {
+    let half = dim / 2;
+    let mut out = vec![0.0; x.len()];
+    for (r, (row, dst)) in x
+        .chunks_exact(dim)
+        .zip(out.chunks_exact_mut(dim))
+        .enumerate()
+    {
+        let at = (r % positions) * half;
+        for j in 0..half {
+            let (c, s) = (f64::from(cos[at + j]), sign * f64::from(sin[at + j]));
+            let (x1, x2) = (f64::from(row[j]), f64::from(row[half + j]));
+            dst[j] = x1 * c - x2 * s;
+            dst[half + j] = x2 * c + x1 * s;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Central differences of `f` at `x` along `dir`, against the analytic directional
+    /// derivative `grad · dir`.
+    fn check(f: impl Fn(&[f32]) -> f64, x: &[f32], grad: &[f64]) {
+        let h = 1e-3f32;
+        for k in 0..x.len().min(12) {
+            let (mut plus, mut minus) = (x.to_vec(), x.to_vec());
+            plus[k] += h;
+            minus[k] -= h;
+            let numeric = (f(&plus) - f(&minus)) / (2.0 * f64::from(h));
+            assert!(
+                (numeric - grad[k]).abs() < 1e-3 * (1.0 + grad[k].abs()),
+                "element {k}: numeric {numeric}, analytic {}",
+                grad[k]
+            );
+        }
+    }
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn backward_references_match_central_differences() {
+        let (cols, eps) = (7, 1e-6);
+        let (x, w, g) = (values(21, 1), values(7, 2), values(21, 3));
+        let loss = |x: &[f32], w: &[f32]| -> f64 {
+            rms_norm(x, w, cols, eps)
+                .iter()
+                .zip(&g)
+                .map(|(o, &gv)| o * f64::from(gv))
+                .sum()
+        };
+        let (dx, dw) = rms_norm_backward(&x, &w, &g, cols, eps);
+        check(|x| loss(x, &w), &x, &dx);
+        check(|w| loss(&x, w), &w, &dw);
+
+        let (a, b) = (values(30, 4), values(30, 5));
+        let g = values(30, 6);
+        let dot = |o: Vec<f64>| -> f64 { o.iter().zip(&g).map(|(o, &gv)| o * f64::from(gv)).sum() };
+        let (da, db) = swiglu_backward(&a, &b, &g);
+        check(|a| dot(swiglu(a, &b)), &a, &da);
+        check(|b| dot(swiglu(&a, b)), &b, &db);
+    }
+
+    #[test]
+    fn rotating_back_undoes_the_rotation() {
+        let (positions, dim) = (3, 8);
+        let x = values(6 * dim, 7);
+        let angles: Vec<f32> = (0..positions * dim / 2).map(|i| i as f32 * 0.37).collect();
+        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+        let there = rope(&x, &cos, &sin, positions, dim, 1.0);
+        let there32: Vec<f32> = there.iter().map(|&v| v as f32).collect();
+        let back = rope(&there32, &cos, &sin, positions, dim, -1.0);
+        for (b, &v) in back.iter().zip(&x) {
+            assert!((b - f64::from(v)).abs() < 1e-5, "{b} vs {v}");
+        }
+    }
+}

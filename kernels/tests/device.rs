@@ -1,0 +1,328 @@
+//! The kernels through NVRTC and, where a GPU is, on it (feature `nvrtc`).
+//!
+//! - [`every_kernel_compiles_with_nvrtc`]: each source compiles for compute capabilities 8.0 and
+//!   9.0 and its PTX has every listed kernel. Without NVRTC it says it was skipped, unless
+//!   `ODC_REQUIRE_NVRTC=1` (CI), where that fails.
+//! - The device tests run each kernel in fp32 and bf16 on fresh random inputs (the seed is
+//!   printed) into outputs filled with NaN bits first (an element a kernel does not write stays
+//!   NaN and fails), over shapes whose rows are no multiple of a warp, and compare with
+//!   `odc_kernels::reference`: `‖Δ‖ / ‖ref‖ ≤ 1e-5` in fp32 and `≤ 1e-2` in bf16 (inputs rounded to
+//!   bf16 first, so the reference sees what the kernel sees). Without a driver each says it was
+//!   skipped (`benches/gpu/run.sh` counts that as a failure on a GPU machine).
+#![cfg(feature = "nvrtc")]
+
+use std::sync::Arc;
+
+use odc_kernels::{reference, Source, NORM, ROTARY, SOURCES, SWIGLU};
+use odc_transport::cuda::{check_driver, ptx_of, Device, DeviceBuffer, KernelArg, Module};
+use odc_transport::{codec, Dtype, TransportError};
+use rand::{Rng, SeedableRng};
+
+#[test]
+fn every_kernel_compiles_with_nvrtc() {
+    for source in SOURCES {
+        for capability in [(8, 0), (9, 0)] {
+            match ptx_of(source.name, source.code, capability) {
+                Ok(ptx) => {
+                    for function in source.functions {
+                        assert!(
+                            ptx.contains(function),
+                            "{} for {capability:?}: no {function} in the PTX",
+                            source.name
+                        );
+                    }
+                }
+                Err(TransportError::Unsupported { what })
+                    if what.starts_with("no NVRTC")
+                        && std::env::var_os("ODC_REQUIRE_NVRTC").is_none() =>
+                {
+                    eprintln!("skipped: {what}");
+                    return;
+                }
+                Err(e) => panic!("{} does not compile for {capability:?}: {e}", source.name),
+            }
+        }
+    }
+}
+
+/// The device and a seeded generator, or `None` (said) without a driver.
+fn device(test: &str) -> Option<(Arc<Device>, rand::rngs::StdRng)> {
+    if let Err(e) = check_driver() {
+        eprintln!("skipped `{test}`: {e}");
+        return None;
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    eprintln!("{test}: seed {seed}");
+    let device = Device::open(0).unwrap_or_else(|e| panic!("device 0: {e}"));
+    Some((device, rand::rngs::StdRng::seed_from_u64(seed)))
+}
+
+fn module(device: &Device, source: Source) -> Arc<Module> {
+    device
+        .module(source.name, source.code, source.functions)
+        .unwrap_or_else(|e| panic!("{}: {e}", source.name))
+}
+
+fn random(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// `values` as `dtype` would hold them (bf16: rounded as the host codec rounds).
+fn as_dtype(dtype: Dtype, values: &[f32]) -> Vec<f32> {
+    codec::decode(dtype, &codec::encode(dtype, values)).expect("decode")
+}
+
+/// A buffer holding `values` in `dtype`.
+fn upload(device: &Arc<Device>, dtype: Dtype, values: &[f32]) -> DeviceBuffer {
+    let bytes = codec::encode(dtype, values);
+    let buffer = device.alloc(bytes.len()).expect("alloc");
+    device.upload(&buffer, 0, &bytes).expect("upload");
+    buffer
+}
+
+/// A buffer of `n` elements of `dtype`, every bit set (NaN in fp32 and bf16).
+fn poisoned(device: &Arc<Device>, dtype: Dtype, n: usize) -> DeviceBuffer {
+    let bytes = vec![0xffu8; n * dtype.size()];
+    upload_bytes(device, &bytes)
+}
+
+fn upload_bytes(device: &Arc<Device>, bytes: &[u8]) -> DeviceBuffer {
+    let buffer = device.alloc(bytes.len()).expect("alloc");
+    device.upload(&buffer, 0, bytes).expect("upload");
+    buffer
+}
+
+fn download(device: &Device, dtype: Dtype, buffer: &DeviceBuffer) -> Vec<f32> {
+    codec::decode(dtype, &device.download(buffer).expect("download")).expect("decode")
+}
+
+/// `‖got − want‖ / ‖want‖`; a NaN (an unwritten, poisoned element) fails.
+fn relative_error(what: &str, got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("{what}: element {i} is {} (not written?)", got[i]);
+    }
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        diff += (f64::from(g) - w).powi(2);
+        norm += w * w;
+    }
+    (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+fn bound(dtype: Dtype) -> f64 {
+    match dtype {
+        Dtype::F32 => 1e-5,
+        Dtype::Bf16 => 1e-2,
+    }
+}
+
+fn suffix(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::F32 => "f32",
+        Dtype::Bf16 => "bf16",
+    }
+}
+
+#[test]
+fn rms_norm_forward_and_backward_match_the_reference() {
+    let Some((device, mut rng)) = device("rms_norm_forward_and_backward_match_the_reference")
+    else {
+        return;
+    };
+    let norm = module(&device, NORM);
+    let eps = 1e-6f32;
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (rows, cols) in [(1, 33), (37, 576), (130, 896), (5, 4096)] {
+            let n = rows * cols;
+            let x = as_dtype(dtype, &random(&mut rng, n, 2.0));
+            let w = random(&mut rng, cols, 1.5);
+            let g = as_dtype(dtype, &random(&mut rng, n, 1.0));
+            let (xb, wb, gb) = (
+                upload(&device, dtype, &x),
+                upload(&device, Dtype::F32, &w),
+                upload(&device, dtype, &g),
+            );
+            let out = poisoned(&device, dtype, n);
+            let dx = poisoned(&device, dtype, n);
+            let part = poisoned(&device, Dtype::F32, n);
+            let dw = poisoned(&device, Dtype::F32, cols);
+            let shape = [
+                KernelArg::u64(rows as u64),
+                KernelArg::u64(cols as u64),
+                KernelArg::f32(eps),
+                KernelArg::u64((rows * 32) as u64),
+            ];
+            let (rows64, cols64) = (rows as u64, cols as u64);
+            // SAFETY: each kernel's parameters as norm.cu declares them; every buffer holds the
+            // elements the kernel indexes (rows × cols, cols).
+            unsafe {
+                let fwd = format!("odc_rms_norm_fwd_{}", suffix(dtype));
+                let args = [
+                    KernelArg::buffer(&out),
+                    KernelArg::buffer(&xb),
+                    KernelArg::buffer(&wb),
+                ];
+                let args: Vec<KernelArg> = args.into_iter().chain(shape).collect();
+                device
+                    .launch(&norm, &fwd, rows * 32, &args)
+                    .expect("forward");
+                let bwd = format!("odc_rms_norm_bwd_{}", suffix(dtype));
+                let args = [
+                    KernelArg::buffer(&dx),
+                    KernelArg::buffer(&part),
+                    KernelArg::buffer(&xb),
+                    KernelArg::buffer(&wb),
+                    KernelArg::buffer(&gb),
+                ];
+                let args: Vec<KernelArg> = args.into_iter().chain(shape).collect();
+                device
+                    .launch(&norm, &bwd, rows * 32, &args)
+                    .expect("backward");
+                let args = [
+                    KernelArg::buffer(&dw),
+                    KernelArg::buffer(&part),
+                    KernelArg::u64(rows64),
+                    KernelArg::u64(cols64),
+                ];
+                device
+                    .launch(&norm, "odc_column_sum_f32", cols, &args)
+                    .expect("column sum");
+            }
+            let want = reference::rms_norm(&x, &w, cols, f64::from(eps));
+            let (want_dx, want_dw) = reference::rms_norm_backward(&x, &w, &g, cols, f64::from(eps));
+            let what = format!("rms norm {dtype:?} {rows}x{cols}");
+            let errors = [
+                relative_error(&what, &download(&device, dtype, &out), &want),
+                relative_error(&what, &download(&device, dtype, &dx), &want_dx),
+                relative_error(&what, &download(&device, Dtype::F32, &dw), &want_dw),
+            ];
+            println!("{what}: out, dx, dw relative errors {errors:?}");
+            for e in errors {
+                assert!(
+                    e <= bound(dtype),
+                    "{what}: {errors:?} over {}",
+                    bound(dtype)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn swiglu_forward_and_backward_match_the_reference() {
+    let Some((device, mut rng)) = device("swiglu_forward_and_backward_match_the_reference") else {
+        return;
+    };
+    let swiglu = module(&device, SWIGLU);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for n in [1, 1000, 65_537, 1 << 20] {
+            let a = as_dtype(dtype, &random(&mut rng, n, 6.0));
+            let b = as_dtype(dtype, &random(&mut rng, n, 2.0));
+            let g = as_dtype(dtype, &random(&mut rng, n, 1.0));
+            let (ab, bb, gb) = (
+                upload(&device, dtype, &a),
+                upload(&device, dtype, &b),
+                upload(&device, dtype, &g),
+            );
+            let (out, da, db) = (
+                poisoned(&device, dtype, n),
+                poisoned(&device, dtype, n),
+                poisoned(&device, dtype, n),
+            );
+            // SAFETY: the parameters as swiglu.cu declares them; every buffer holds n elements.
+            unsafe {
+                let fwd = format!("odc_swiglu_fwd_{}", suffix(dtype));
+                let args = [
+                    KernelArg::buffer(&out),
+                    KernelArg::buffer(&ab),
+                    KernelArg::buffer(&bb),
+                    KernelArg::u64(n as u64),
+                ];
+                device.launch(&swiglu, &fwd, n, &args).expect("forward");
+                let bwd = format!("odc_swiglu_bwd_{}", suffix(dtype));
+                let args = [
+                    KernelArg::buffer(&da),
+                    KernelArg::buffer(&db),
+                    KernelArg::buffer(&ab),
+                    KernelArg::buffer(&bb),
+                    KernelArg::buffer(&gb),
+                    KernelArg::u64(n as u64),
+                ];
+                device.launch(&swiglu, &bwd, n, &args).expect("backward");
+            }
+            let want = reference::swiglu(&a, &b);
+            let (want_da, want_db) = reference::swiglu_backward(&a, &b, &g);
+            let what = format!("swiglu {dtype:?} n={n}");
+            let errors = [
+                relative_error(&what, &download(&device, dtype, &out), &want),
+                relative_error(&what, &download(&device, dtype, &da), &want_da),
+                relative_error(&what, &download(&device, dtype, &db), &want_db),
+            ];
+            println!("{what}: out, da, db relative errors {errors:?}");
+            for e in errors {
+                assert!(
+                    e <= bound(dtype),
+                    "{what}: {errors:?} over {}",
+                    bound(dtype)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rotary_forward_and_backward_match_the_reference() {
+    let Some((device, mut rng)) = device("rotary_forward_and_backward_match_the_reference") else {
+        return;
+    };
+    let rotary = module(&device, ROTARY);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (heads, positions, dim) in [(1, 3, 64), (14, 37, 64), (9, 129, 96), (2, 300, 128)] {
+            let rows = heads * positions;
+            let n = rows * dim;
+            let x = as_dtype(dtype, &random(&mut rng, n, 2.0));
+            let angles: Vec<f32> = (0..positions * dim / 2)
+                .map(|i| {
+                    let (p, j) = (i / (dim / 2), i % (dim / 2));
+                    p as f32 * 10_000f32.powf(-2.0 * j as f32 / dim as f32)
+                })
+                .collect();
+            let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+            let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+            let (xb, cb, sb) = (
+                upload(&device, dtype, &x),
+                upload(&device, Dtype::F32, &cos),
+                upload(&device, Dtype::F32, &sin),
+            );
+            for sign in [1.0f32, -1.0] {
+                let out = poisoned(&device, dtype, n);
+                // SAFETY: the parameters as rotary.cu declares them; x and out hold rows × dim
+                // elements, the tables positions × dim / 2.
+                unsafe {
+                    let function = format!("odc_rope_{}", suffix(dtype));
+                    let args = [
+                        KernelArg::buffer(&out),
+                        KernelArg::buffer(&xb),
+                        KernelArg::buffer(&cb),
+                        KernelArg::buffer(&sb),
+                        KernelArg::u64(positions as u64),
+                        KernelArg::u64(dim as u64),
+                        KernelArg::f32(sign),
+                        KernelArg::u64((n / 2) as u64),
+                    ];
+                    device
+                        .launch(&rotary, &function, n / 2, &args)
+                        .expect("rope");
+                }
+                let want = reference::rope(&x, &cos, &sin, positions, dim, f64::from(sign));
+                let what = format!("rope {dtype:?} {heads}x{positions}x{dim} sign {sign}");
+                let e = relative_error(&what, &download(&device, dtype, &out), &want);
+                println!("{what}: relative error {e:.3e}");
+                assert!(e <= bound(dtype), "{what}: {e} over {}", bound(dtype));
+            }
+        }
+    }
+}
