@@ -181,6 +181,30 @@ fn losses(stats: &[StepStats]) -> Vec<f64> {
     stats.iter().map(|s| s.loss).collect()
 }
 
+/// The largest `|b − a| / |a|` over two runs' step losses (their lengths must agree); fails on a
+/// non-finite loss.
+fn worst_loss_diff(a: &[StepStats], b: &[StepStats]) -> f64 {
+    assert_eq!(a.len(), b.len(), "step counts differ");
+    losses(a)
+        .iter()
+        .zip(losses(b))
+        .map(|(x, y)| {
+            assert!(x.is_finite() && y.is_finite(), "{x} vs {y}");
+            ((y - x) / x).abs()
+        })
+        .fold(0.0f64, f64::max)
+}
+
+/// `device` in fp32 (the equivalence tests' mode).
+fn fp32_on(device: DeviceSpec) -> Placement {
+    Placement {
+        device,
+        precision: ComputePrecision::F32,
+        local_rank: 0,
+        ..Placement::default()
+    }
+}
+
 /// I3 on the GPU: CUDA fp32 training equals the CPU reference within the stated tolerance.
 #[test]
 fn gpu_fp32_training_equals_the_cpu_reference() {
@@ -192,12 +216,7 @@ fn gpu_fp32_training_equals_the_cpu_reference() {
     let (cpu, cpu_params) = train(data.clone(), sgd, Placement::default(), STEPS);
     let cpu_secs = cpu_started.elapsed().as_secs_f64();
     let gpu_started = Instant::now();
-    let placement = Placement {
-        device,
-        precision: ComputePrecision::F32,
-        local_rank: 0,
-        ..Placement::default()
-    };
+    let placement = fp32_on(device);
     let (gpu, gpu_params) = train(data, sgd, placement, STEPS);
     let gpu_secs = gpu_started.elapsed().as_secs_f64();
     let (cpu_losses, gpu_losses) = (losses(&cpu), losses(&gpu));
@@ -305,11 +324,8 @@ fn device_transfers_equal_host_transfers_and_stage_nothing() {
     let data = samples(32);
     let adamw = OptimizerConfig::adamw(3e-3);
     let on = |transfers| Placement {
-        device,
-        precision: ComputePrecision::F32,
-        local_rank: 0,
         transfers,
-        ..Placement::default()
+        ..fp32_on(device)
     };
     let before = host_staging_bytes();
     let (host, host_params) = train(data.clone(), adamw, on(DeviceTransfers::Host), STEPS);
@@ -319,14 +335,7 @@ fn device_transfers_equal_host_transfers_and_stage_nothing() {
     let dev_staged = host_staging_bytes() - before;
     let (host_losses, dev_losses) = (losses(&host), losses(&dev));
     assert_eq!(dev_losses.len(), STEPS as usize, "steps");
-    let worst = host_losses
-        .iter()
-        .zip(&dev_losses)
-        .map(|(h, d)| {
-            assert!(h.is_finite() && d.is_finite(), "{h} vs {d}");
-            ((d - h) / h).abs()
-        })
-        .fold(0.0f64, f64::max);
+    let worst = worst_loss_diff(&host, &dev);
     let diff = max_abs_diff(&dev_params, &host_params);
     println!(
         "device transfers vs host transfers (fp32, {STEPS} AdamW steps): max loss rel diff \
@@ -374,12 +383,7 @@ fn a_trainer_killed_after_its_device_pushes_replays_to_the_same_result() {
     const STEPS: u64 = 3;
     let data = samples(32);
     let adamw = OptimizerConfig::adamw(3e-3);
-    let placement = Placement {
-        device,
-        precision: ComputePrecision::F32,
-        local_rank: 0,
-        ..Placement::default()
-    };
+    let placement = fp32_on(device);
     let (clean, clean_params) = train(data.clone(), adamw, placement, STEPS);
     let store_data = data.clone();
     let store: Arc<dyn SampleStore> = Arc::new(move |i: u64| {
@@ -401,11 +405,7 @@ fn a_trainer_killed_after_its_device_pushes_replays_to_the_same_result() {
     });
     let replays: u32 = killed.iter().map(|s| s.replays).sum();
     let diff = max_abs_diff(&killed_params, &clean_params);
-    let worst = losses(&clean)
-        .iter()
-        .zip(losses(&killed))
-        .map(|(c, k)| ((k - c) / c).abs())
-        .fold(0.0f64, f64::max);
+    let worst = worst_loss_diff(&clean, &killed);
     println!(
         "device transfers, a trainer killed after its pushes: {replays} replay(s); max loss rel \
          diff {worst:.3e}, max |Δparam| {diff:.3e} against the clean run"
@@ -421,12 +421,7 @@ fn a_device_job_resumes_from_its_checkpoint_exactly() {
     let Some(device) = cuda() else { return };
     let data = samples(32);
     let adamw = OptimizerConfig::adamw(3e-3);
-    let placement = Placement {
-        device,
-        precision: ComputePrecision::F32,
-        local_rank: 0,
-        ..Placement::default()
-    };
+    let placement = fp32_on(device);
     let (_, straight) = train(data.clone(), adamw, placement, 3);
     let dir = std::env::temp_dir().join(format!("odc-gpu-resume-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -470,21 +465,12 @@ fn collective_equals_on_demand_on_the_device() {
     const STEPS: u64 = 3;
     let data = samples(32);
     let sgd = OptimizerConfig::sgd(0.5);
-    let placement = Placement {
-        device,
-        precision: ComputePrecision::F32,
-        local_rank: 0,
-        ..Placement::default()
-    };
+    let placement = fp32_on(device);
     let (on_demand, od_params) = train(data.clone(), sgd, placement, STEPS);
     let (collective, co_params) = train_with(data, sgd, placement, STEPS, |b| {
         b.communication(odc::Communication::Collective)
     });
-    let worst = losses(&on_demand)
-        .iter()
-        .zip(losses(&collective))
-        .map(|(o, c)| ((c - o) / o).abs())
-        .fold(0.0f64, f64::max);
+    let worst = worst_loss_diff(&on_demand, &collective);
     let diff = max_abs_diff(&co_params, &od_params);
     println!(
         "collective vs on demand on the device (fp32, {STEPS} SGD steps): max loss rel diff \

@@ -9,6 +9,18 @@
 //   backward: x̂ = x r,  dx = r (g w − x̂ · mean(g w x̂)),  part = g x̂  (then dw = Σ_rows part,
 //             odc_column_sum_f32)
 
+// 1 / sqrt(mean(x²) + eps) of the row at `base`, summed by the warp (every lane gets it).
+template <typename T>
+__device__ float odc_row_rstd(const T* __restrict__ x, unsigned long long base,
+                              unsigned long long cols, unsigned int lane, float eps) {
+    float ss = 0.0f;
+    for (unsigned long long c = lane; c < cols; c += 32) {
+        float v = odc_load(x, base + c);
+        ss += v * v;
+    }
+    return 1.0f / sqrtf(odc_warp_sum(ss) / (float)cols + eps);
+}
+
 template <typename T>
 __device__ void odc_rms_norm_fwd(T* __restrict__ out, const T* __restrict__ x,
                                  const float* __restrict__ w, unsigned long long rows,
@@ -20,13 +32,7 @@ __device__ void odc_rms_norm_fwd(T* __restrict__ out, const T* __restrict__ x,
         unsigned int lane = (unsigned int)(t & 31u);
         if (row >= rows) continue;  // a whole warp: n is rows * 32
         unsigned long long base = row * cols;
-        float ss = 0.0f;
-        for (unsigned long long c = lane; c < cols; c += 32) {
-            float v = odc_load(x, base + c);
-            ss += v * v;
-        }
-        ss = odc_warp_sum(ss);
-        float r = 1.0f / sqrtf(ss / (float)cols + eps);
+        float r = odc_row_rstd(x, base, cols, lane, eps);
         for (unsigned long long c = lane; c < cols; c += 32) {
             odc_store(out, base + c, odc_load(x, base + c) * r * w[c]);
         }
@@ -45,13 +51,7 @@ __device__ void odc_rms_norm_bwd(T* __restrict__ dx, float* __restrict__ part,
         unsigned int lane = (unsigned int)(t & 31u);
         if (row >= rows) continue;
         unsigned long long base = row * cols;
-        float ss = 0.0f;
-        for (unsigned long long c = lane; c < cols; c += 32) {
-            float v = odc_load(x, base + c);
-            ss += v * v;
-        }
-        ss = odc_warp_sum(ss);
-        float r = 1.0f / sqrtf(ss / (float)cols + eps);
+        float r = odc_row_rstd(x, base, cols, lane, eps);
         float dot = 0.0f;
         for (unsigned long long c = lane; c < cols; c += 32) {
             float xhat = odc_load(x, base + c) * r;

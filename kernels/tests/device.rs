@@ -112,10 +112,19 @@ fn relative_error(what: &str, got: &[f32], want: &[f64]) -> f64 {
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-fn bound(dtype: Dtype) -> f64 {
-    match dtype {
+/// Each `(name, got, want)` within the dtype's bound (1e-5 in fp32, 1e-2 in bf16), printed.
+fn assert_close(what: &str, dtype: Dtype, outputs: &[(&str, Vec<f32>, Vec<f64>)]) {
+    let bound = match dtype {
         Dtype::F32 => 1e-5,
         Dtype::Bf16 => 1e-2,
+    };
+    let errors: Vec<(&str, f64)> = outputs
+        .iter()
+        .map(|(name, got, want)| (*name, relative_error(&format!("{what} {name}"), got, want)))
+        .collect();
+    println!("{what}: relative errors {errors:?}");
+    for (name, e) in &errors {
+        assert!(*e <= bound, "{what} {name}: {e:e} over {bound:e}");
     }
 }
 
@@ -194,19 +203,16 @@ fn rms_norm_forward_and_backward_match_the_reference() {
             let want = reference::rms_norm(&x, &w, cols, f64::from(eps));
             let (want_dx, want_dw) = reference::rms_norm_backward(&x, &w, &g, cols, f64::from(eps));
             let what = format!("rms norm {dtype:?} {rows}x{cols}");
-            let errors = [
-                relative_error(&what, &download(&device, dtype, &out), &want),
-                relative_error(&what, &download(&device, dtype, &dx), &want_dx),
-                relative_error(&what, &download(&device, Dtype::F32, &dw), &want_dw),
-            ];
-            println!("{what}: out, dx, dw relative errors {errors:?}");
-            for e in errors {
-                assert!(
-                    e <= bound(dtype),
-                    "{what}: {errors:?} over {}",
-                    bound(dtype)
-                );
-            }
+            let got = |buffer, of| download(&device, of, buffer);
+            assert_close(
+                &what,
+                dtype,
+                &[
+                    ("out", got(&out, dtype), want),
+                    ("dx", got(&dx, dtype), want_dx),
+                    ("dw", got(&dw, Dtype::F32), want_dw),
+                ],
+            );
         }
     }
 }
@@ -256,19 +262,16 @@ fn swiglu_forward_and_backward_match_the_reference() {
             let want = reference::swiglu(&a, &b);
             let (want_da, want_db) = reference::swiglu_backward(&a, &b, &g);
             let what = format!("swiglu {dtype:?} n={n}");
-            let errors = [
-                relative_error(&what, &download(&device, dtype, &out), &want),
-                relative_error(&what, &download(&device, dtype, &da), &want_da),
-                relative_error(&what, &download(&device, dtype, &db), &want_db),
-            ];
-            println!("{what}: out, da, db relative errors {errors:?}");
-            for e in errors {
-                assert!(
-                    e <= bound(dtype),
-                    "{what}: {errors:?} over {}",
-                    bound(dtype)
-                );
-            }
+            let got = |buffer, of| download(&device, of, buffer);
+            assert_close(
+                &what,
+                dtype,
+                &[
+                    ("out", got(&out, dtype), want),
+                    ("da", got(&da, dtype), want_da),
+                    ("db", got(&db, dtype), want_db),
+                ],
+            );
         }
     }
 }
@@ -319,9 +322,11 @@ fn rotary_forward_and_backward_match_the_reference() {
                 }
                 let want = reference::rope(&x, &cos, &sin, positions, dim, f64::from(sign));
                 let what = format!("rope {dtype:?} {heads}x{positions}x{dim} sign {sign}");
-                let e = relative_error(&what, &download(&device, dtype, &out), &want);
-                println!("{what}: relative error {e:.3e}");
-                assert!(e <= bound(dtype), "{what}: {e} over {}", bound(dtype));
+                assert_close(
+                    &what,
+                    dtype,
+                    &[("out", download(&device, dtype, &out), want)],
+                );
             }
         }
     }
