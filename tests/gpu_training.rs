@@ -29,6 +29,9 @@
 //!   steps, a sharded checkpoint of the GPU servers' state (masters and AdamW's buffers from
 //!   device memory), a new job resumed from it for the third step: the same parameters as 3
 //!   steps straight, within 1e-6.
+//! - **The fused kernels in the model** ([`fused_kernels_train_as_the_cpu_reference`]):
+//!   `ODC_FUSED_KERNELS=1` (RMSNorm and rotary embedding by `odc-kernels`, forward and backward),
+//!   the I3 job in fp32 against the CPU: losses and parameters within 1e-4.
 //! - **On demand = collective on the device** ([`collective_equals_on_demand_on_the_device`]):
 //!   the collective data path (which gathers through host memory) and the device-resident
 //!   on-demand one train alike (SGD), within 1e-5.
@@ -413,6 +416,31 @@ fn a_trainer_killed_after_its_device_pushes_replays_to_the_same_result() {
     assert!(replays >= 1, "nothing was replayed");
     assert!(worst < 1e-6, "losses differ by {worst:e}");
     assert!(diff < 1e-6, "parameters differ by {diff:e}");
+}
+
+/// The fused kernels in the model (see the module docs). The switch is read once per process:
+/// run this test alone (`--exact`, as `benches/gpu/run.sh` does).
+#[test]
+fn fused_kernels_train_as_the_cpu_reference() {
+    std::env::set_var("ODC_FUSED_KERNELS", "1");
+    let Some(device) = cuda() else { return };
+    assert!(
+        odc::model::ops::cuda::enabled(),
+        "the switch was read before it was set"
+    );
+    const STEPS: u64 = 4;
+    let data = samples(32);
+    let sgd = OptimizerConfig::sgd(0.5);
+    let (cpu, cpu_params) = train(data.clone(), sgd, Placement::default(), STEPS);
+    let (gpu, gpu_params) = train(data, sgd, fp32_on(device), STEPS);
+    let worst = worst_loss_diff(&cpu, &gpu);
+    let diff = max_abs_diff(&gpu_params, &cpu_params);
+    println!(
+        "fused kernels on the GPU vs CPU (fp32, {STEPS} SGD steps): max loss rel diff \
+         {worst:.3e}, max |Δparam| {diff:.3e}"
+    );
+    assert!(worst < 1e-4, "losses differ by {worst:e}");
+    assert!(diff < 1e-4, "parameters differ by {diff:e}");
 }
 
 /// Resume on the device path (see the module docs).

@@ -132,7 +132,7 @@ gpu_test() {
   local rc=$? secs=$((SECONDS - started))
   local said
   # The test's line (after libtest's `test NAME ... ` when the output interleaves).
-  said=$(grep -m1 -o -E '(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers|collective vs on demand|device path resumed)[^"]*' "$log" | cut -c1-300)
+  said=$(grep -m1 -o -E '(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers|collective vs on demand|device path resumed|fused kernels on)[^"]*' "$log" | cut -c1-300)
   if grep -q '^skipped' "$log"; then
     row "$name" FAIL "skipped: $(grep -m1 '^skipped' "$log"); log $log"
   elif [ "$rc" -eq 0 ] && grep -q 'test result: ok. 1 passed' "$log"; then
@@ -185,6 +185,9 @@ if has gpu_training; then
   next_section
   gpu_test a_device_job_resumes_from_its_checkpoint_exactly \
     "device path: resume from a checkpoint" resume-gpu.log &
+  next_section
+  gpu_test fused_kernels_train_as_the_cpu_reference \
+    "fused kernels (ODC_FUSED_KERNELS=1): GPU vs CPU (I3)" fused-gpu.log &
   next_section
   gpu_test ring_attention_on_cuda_equals_the_blocked_attention \
     "sequence splitting: ring attention on CUDA" ring-gpu.log &

@@ -31,6 +31,8 @@ use candle_core::{
     D,
 };
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub(crate) mod precomputed;
 
 use precomputed::{precomputed_forwards, Precomputed};
@@ -74,6 +76,10 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
 
 /// [`rms_norm`]'s values (candle's ops, no graph of interest).
 fn rms_norm_values(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if cuda::applies(x) {
+        return cuda::rms_norm(x, weight, eps);
+    }
     let dtype = x.dtype();
     let x = x.to_dtype(DType::F32)?;
     let mean_sq = x.sqr()?.mean_keepdim(D::Minus1)?;
@@ -105,6 +111,17 @@ impl CustomOp2 for LeanRmsNorm {
         _: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        #[cfg(feature = "cuda")]
+        if cuda::applies(x) {
+            let (dx, dw) =
+                cuda::rms_norm_backward(&x.detach(), &weight.detach(), &grad.detach(), self.eps)?;
+            let dx = x.track_op().then_some(dx);
+            let dw = match weight.track_op() {
+                true => Some(dw.to_dtype(weight.dtype())?),
+                false => None,
+            };
+            return Ok((dx, dw));
+        }
         let f32 = |t: &Tensor| t.detach().to_dtype(DType::F32);
         let (x32, w, g) = (f32(x)?, f32(weight)?, f32(grad)?);
         let r = (x32.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?
@@ -194,6 +211,10 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 
 /// [`rope`]'s values.
 fn rope_values(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if cuda::applies(x) {
+        return cuda::rope(x, cos, sin, 1.0);
+    }
     let dtype = x.dtype();
     let x = &x.to_dtype(DType::F32)?;
     let (cos, sin) = (&cos.to_dtype(DType::F32)?, &sin.to_dtype(DType::F32)?);

@@ -1,0 +1,246 @@
+//! The fused kernels of `odc-kernels` on candle's CUDA tensors (feature `cuda`): RMSNorm and
+//! rotary embedding, forward and backward, each one launch on the tensors' own stream where
+//! candle's ops take several kernels and temporaries.
+//!
+//! **Opt-in, not yet verified on a GPU**: [`enabled`] is false unless `ODC_FUSED_KERNELS=1`;
+//! then [`super::rms_norm`] and [`super::rope`] on CUDA tensors run these (their values and
+//! their backward), else candle's ops as before. The kernels themselves are checked against
+//! their CPU references by `kernels/tests/device.rs`; the model with them on by nothing yet.
+//!
+//! Guarantees:
+//! - Sources are compiled by NVRTC once per process (PTX for compute capability 8.0, which the
+//!   driver JIT-compiles for newer devices; `--fmad=false`) and loaded once per device (candle's
+//!   custom-module cache); a source that does not compile is an error naming it, never a panic.
+//! - Inputs are made contiguous; outputs are fresh tensors on the same stream, so candle's
+//!   stream order covers every read and free (one stream per device: no event is needed).
+//! - Launches are grid-stride over the kernel's `n` (blocks of 256 threads, at most 4,096
+//!   blocks), as the kernels' contract asks.
+
+use std::sync::OnceLock;
+
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Error, Result, Storage, Tensor, D};
+use odc_kernels::{Source, NORM, ROTARY};
+
+/// Whether the fused kernels replace candle's ops on CUDA tensors (`ODC_FUSED_KERNELS=1`).
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("ODC_FUSED_KERNELS").is_ok_and(|v| v == "1"))
+}
+
+/// Whether `t` is a CUDA tensor the kernels take (fp32 or bf16) and they are enabled.
+pub fn applies(t: &Tensor) -> bool {
+    enabled() && t.device().is_cuda() && matches!(t.dtype(), DType::F32 | DType::BF16)
+}
+
+/// `source`'s PTX, compiled once per process.
+fn ptx(source: &Source) -> Result<&'static str> {
+    static NORM_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    static ROTARY_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    let cell = match source.name {
+        "norm.cu" => &NORM_PTX,
+        "rotary.cu" => &ROTARY_PTX,
+        other => return Err(Error::Msg(format!("fused kernels: no cache for {other}"))),
+    };
+    cell.get_or_init(|| {
+        let options = CompileOptions {
+            options: vec![
+                "--gpu-architecture=compute_80".into(),
+                "--fmad=false".into(),
+            ],
+            name: Some(source.name.into()),
+            ..CompileOptions::default()
+        };
+        compile_ptx_with_opts(source.code, options)
+            .map(|ptx| ptx.to_src())
+            .map_err(|e| format!("NVRTC could not compile {}: {e:?}", source.name))
+    })
+    .as_deref()
+    .map_err(|e| Error::Msg(e.clone()))
+}
+
+fn cuda_of(t: &Tensor) -> Result<CudaDevice> {
+    Ok(t.device().as_cuda_device()?.clone())
+}
+
+/// `t`'s device address (contiguous fp32 or bf16 on CUDA).
+fn address(t: &Tensor, device: &CudaDevice) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(storage) = &*storage else {
+        return Err(Error::Msg("fused kernels: a tensor not on CUDA".into()));
+    };
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| Error::Msg("fused kernels: a tensor that is not contiguous".into()))?;
+    let stream = device.cuda_stream();
+    Ok(match t.dtype() {
+        DType::F32 => {
+            storage
+                .as_cuda_slice::<f32>()?
+                .slice(start..end)
+                .device_ptr(&stream)
+                .0
+        }
+        DType::BF16 => {
+            storage
+                .as_cuda_slice::<half::bf16>()?
+                .slice(start..end)
+                .device_ptr(&stream)
+                .0
+        }
+        other => return Err(Error::Msg(format!("fused kernels: dtype {other:?}"))),
+    })
+}
+
+/// A fresh tensor of `shape` and `dtype` on `device` (its values written by a kernel).
+fn empty(device: &CudaDevice, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    // SAFETY: every element is written by the kernel the caller launches next on this stream,
+    // before anything reads it.
+    let storage = match dtype {
+        DType::F32 => {
+            CudaStorage::wrap_cuda_slice(unsafe { device.alloc::<f32>(n) }?, device.clone())
+        }
+        DType::BF16 => {
+            CudaStorage::wrap_cuda_slice(unsafe { device.alloc::<half::bf16>(n) }?, device.clone())
+        }
+        other => return Err(Error::Msg(format!("fused kernels: dtype {other:?}"))),
+    };
+    Ok(Tensor::from_storage(
+        Storage::Cuda(storage),
+        shape,
+        BackpropOp::none(),
+        false,
+    ))
+}
+
+/// One value a kernel takes: an address or `unsigned long long` (`U`), or a `float` (`F`).
+enum Arg {
+    U(u64),
+    F(f32),
+}
+
+/// Launch `function` of `source` over `n` work items with `args`, on `device`'s stream.
+fn launch(
+    device: &CudaDevice,
+    source: &Source,
+    function: &str,
+    n: usize,
+    args: &[Arg],
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let func = device.get_or_load_custom_func(function, source.name, ptx(source)?)?;
+    let mut builder = func.builder();
+    for arg in args {
+        match arg {
+            Arg::U(v) => builder.arg(v),
+            Arg::F(v) => builder.arg(v),
+        };
+    }
+    let blocks = n.div_ceil(256).clamp(1, 4096) as u32;
+    let config = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `function`'s parameters are `args` in order (the caller's kernel signature), every
+    // address is memory of this device holding the elements the kernel indexes for `n`.
+    unsafe { builder.launch(config) }
+        .map(|_| ())
+        .map_err(|e| Error::Msg(format!("fused kernels: launching {function}: {e}")))
+}
+
+fn suffix(t: &Tensor) -> &'static str {
+    match t.dtype() {
+        DType::BF16 => "bf16",
+        _ => "f32",
+    }
+}
+
+/// RMSNorm over the last dimension: `x r w` in `x`'s dtype (`w` any float dtype, used as fp32).
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let device = cuda_of(x)?;
+    let x = x.contiguous()?;
+    let w = w.to_dtype(DType::F32)?.contiguous()?;
+    let cols = x.dim(D::Minus1)?;
+    let rows = x.elem_count() / cols.max(1);
+    let out = empty(&device, x.dtype(), x.dims())?;
+    let args = [
+        Arg::U(address(&out, &device)?),
+        Arg::U(address(&x, &device)?),
+        Arg::U(address(&w, &device)?),
+        Arg::U(rows as u64),
+        Arg::U(cols as u64),
+        Arg::F(eps as f32),
+        Arg::U((rows * 32) as u64),
+    ];
+    let function = format!("odc_rms_norm_fwd_{}", suffix(&x));
+    launch(&device, &NORM, &function, rows * 32, &args)?;
+    Ok(out)
+}
+
+/// RMSNorm's gradients for the output gradient `g`: `dx` in `x`'s dtype and `dw` in fp32.
+pub fn rms_norm_backward(x: &Tensor, w: &Tensor, g: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    let device = cuda_of(x)?;
+    let x = x.contiguous()?;
+    let g = g.to_dtype(x.dtype())?.contiguous()?;
+    let w = w.to_dtype(DType::F32)?.contiguous()?;
+    let cols = x.dim(D::Minus1)?;
+    let rows = x.elem_count() / cols.max(1);
+    let dx = empty(&device, x.dtype(), x.dims())?;
+    let part = empty(&device, DType::F32, &[rows, cols])?;
+    let dw = empty(&device, DType::F32, &[cols])?;
+    let args = [
+        Arg::U(address(&dx, &device)?),
+        Arg::U(address(&part, &device)?),
+        Arg::U(address(&x, &device)?),
+        Arg::U(address(&w, &device)?),
+        Arg::U(address(&g, &device)?),
+        Arg::U(rows as u64),
+        Arg::U(cols as u64),
+        Arg::F(eps as f32),
+        Arg::U((rows * 32) as u64),
+    ];
+    let function = format!("odc_rms_norm_bwd_{}", suffix(&x));
+    launch(&device, &NORM, &function, rows * 32, &args)?;
+    let args = [
+        Arg::U(address(&dw, &device)?),
+        Arg::U(address(&part, &device)?),
+        Arg::U(rows as u64),
+        Arg::U(cols as u64),
+    ];
+    launch(&device, &NORM, "odc_column_sum_f32", cols, &args)?;
+    Ok((dx, dw))
+}
+
+/// Rotary embedding of `x: [.., T, head_dim]` with `[T, head_dim / 2]` tables, by `sign` times
+/// the angles (−1: the backward), in `x`'s dtype.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, sign: f32) -> Result<Tensor> {
+    let device = cuda_of(x)?;
+    let x = x.contiguous()?;
+    let (cos, sin) = (
+        cos.to_dtype(DType::F32)?.contiguous()?,
+        sin.to_dtype(DType::F32)?.contiguous()?,
+    );
+    let dim = x.dim(D::Minus1)?;
+    let positions = x.dim(D::Minus2)?;
+    let pairs = x.elem_count() / 2;
+    let out = empty(&device, x.dtype(), x.dims())?;
+    let args = [
+        Arg::U(address(&out, &device)?),
+        Arg::U(address(&x, &device)?),
+        Arg::U(address(&cos, &device)?),
+        Arg::U(address(&sin, &device)?),
+        Arg::U(positions as u64),
+        Arg::U(dim as u64),
+        Arg::F(sign),
+        Arg::U(pairs as u64),
+    ];
+    let function = format!("odc_rope_{}", suffix(&x));
+    launch(&device, &ROTARY, &function, pairs, &args)?;
+    Ok(out)
+}
