@@ -74,7 +74,7 @@ pub fn swiglu(
     for start in (0..t).step_by(chunk) {
         let xc = xd.narrow(0, start, chunk.min(t - start))?;
         let (g, u) = project(&xc, &gud, f)?;
-        outs.push((silu(&g)? * u)?.matmul(&dd.t()?)?);
+        outs.push(activate(&g, &u)?.matmul(&dd.t()?)?);
     }
     let out = if outs.is_empty() {
         xd.zeros_like()?
@@ -93,6 +93,16 @@ pub fn swiglu(
 fn project(x: &Tensor, gate_up: &Tensor, f: usize) -> candle_core::Result<(Tensor, Tensor)> {
     let gu = x.matmul(&gate_up.t()?)?;
     Ok((gu.narrow(1, 0, f)?, gu.narrow(1, f, f)?))
+}
+
+/// `silu(g) ⊙ u`: one fused kernel on CUDA with `ODC_FUSED_KERNELS=1`
+/// ([`crate::model::ops::cuda`]), candle's ops otherwise.
+fn activate(g: &Tensor, u: &Tensor) -> candle_core::Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if crate::model::ops::cuda::applies(g) {
+        return crate::model::ops::cuda::swiglu(g, u);
+    }
+    silu(g)? * u
 }
 
 /// `acc + next` in fp32 (`next` alone when there is no `acc`).
@@ -133,6 +143,27 @@ impl SwiGlu {
             let n = self.chunk.min(t - start);
             let (xc, gc) = (x.narrow(0, start, n)?, grad.narrow(0, start, n)?);
             let (g, u) = project(&xc, &gate_up, f)?;
+            #[cfg(feature = "cuda")]
+            if crate::model::ops::cuda::applies(&g) {
+                // The fused kernels: `h = silu(g) ⊙ u` for `down`, and `(dgate, dup)` in fp32.
+                use crate::model::ops::cuda;
+                if wants.2 {
+                    ddown = Some(accumulate(ddown, gc.t()?.matmul(&cuda::swiglu(&g, &u)?)?)?);
+                }
+                if !(wants.0 || wants.1) {
+                    continue;
+                }
+                let dh = gc.matmul(&down)?.to_dtype(DType::F32)?;
+                let (dgate, dup) = cuda::swiglu_backward(&g.to_dtype(DType::F32)?, &u, &dh)?;
+                let dgu_c = Tensor::cat(&[dgate, dup], 1)?.to_dtype(x.dtype())?;
+                if wants.1 {
+                    dgu = Some(accumulate(dgu, dgu_c.t()?.matmul(&xc)?)?);
+                }
+                if wants.0 {
+                    dxs.push(dgu_c.matmul(&gate_up)?);
+                }
+                continue;
+            }
             let g32 = g.to_dtype(DType::F32)?;
             drop(g);
             let s = candle_nn::ops::sigmoid(&g32)?;

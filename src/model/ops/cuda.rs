@@ -1,10 +1,11 @@
-//! The fused kernels of `odc-kernels` on candle's CUDA tensors (feature `cuda`): RMSNorm and
-//! rotary embedding, forward and backward, each one launch on the tensors' own stream where
+//! The fused kernels of `odc-kernels` on candle's CUDA tensors (feature `cuda`): RMSNorm, rotary
+//! embedding and SwiGLU, forward and backward, each one launch on the tensors' own stream where
 //! candle's ops take several kernels and temporaries.
 //!
 //! **Opt-in, not yet verified on a GPU**: [`enabled`] is false unless `ODC_FUSED_KERNELS=1`;
-//! then [`super::rms_norm`] and [`super::rope`] on CUDA tensors run these (their values and
-//! their backward), else candle's ops as before. The kernels themselves are checked against
+//! then [`super::rms_norm`], [`super::rope`] and the MLP's SwiGLU
+//! ([`crate::model::mlp::swiglu`]) on CUDA tensors run these (their values and their backward),
+//! else candle's ops as before. The kernels themselves are checked against
 //! their CPU references by `kernels/tests/device.rs`; the model with them on by nothing yet.
 //!
 //! Guarantees:
@@ -22,7 +23,7 @@ use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKer
 use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Error, Result, Storage, Tensor, D};
-use odc_kernels::{Source, NORM, ROTARY};
+use odc_kernels::{Source, NORM, ROTARY, SWIGLU};
 
 /// Whether the fused kernels replace candle's ops on CUDA tensors (`ODC_FUSED_KERNELS=1`).
 pub fn enabled() -> bool {
@@ -39,9 +40,11 @@ pub fn applies(t: &Tensor) -> bool {
 fn ptx(source: &Source) -> Result<&'static str> {
     static NORM_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     static ROTARY_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    static SWIGLU_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     let cell = match source.name {
         "norm.cu" => &NORM_PTX,
         "rotary.cu" => &ROTARY_PTX,
+        "swiglu.cu" => &SWIGLU_PTX,
         other => return Err(Error::Msg(format!("fused kernels: no cache for {other}"))),
     };
     cell.get_or_init(|| {
@@ -243,4 +246,45 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, sign: f32) -> Result<Tensor>
     let function = format!("odc_rope_{}", suffix(&x));
     launch(&device, &ROTARY, &function, pairs, &args)?;
     Ok(out)
+}
+
+/// SwiGLU, `silu(a) b`, in `a`'s dtype (`b` cast to it).
+pub fn swiglu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let device = cuda_of(a)?;
+    let a = a.contiguous()?;
+    let b = b.to_dtype(a.dtype())?.contiguous()?;
+    let n = a.elem_count();
+    let out = empty(&device, a.dtype(), a.dims())?;
+    let args = [
+        Arg::U(address(&out, &device)?),
+        Arg::U(address(&a, &device)?),
+        Arg::U(address(&b, &device)?),
+        Arg::U(n as u64),
+    ];
+    let function = format!("odc_swiglu_fwd_{}", suffix(&a));
+    launch(&device, &SWIGLU, &function, n, &args)?;
+    Ok(out)
+}
+
+/// SwiGLU's gradients `(da, db)` for the output gradient `g`, in `a`'s dtype (`b` and `g` cast to
+/// it).
+pub fn swiglu_backward(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
+    let device = cuda_of(a)?;
+    let a = a.contiguous()?;
+    let b = b.to_dtype(a.dtype())?.contiguous()?;
+    let g = g.to_dtype(a.dtype())?.contiguous()?;
+    let n = a.elem_count();
+    let da = empty(&device, a.dtype(), a.dims())?;
+    let db = empty(&device, a.dtype(), a.dims())?;
+    let args = [
+        Arg::U(address(&da, &device)?),
+        Arg::U(address(&db, &device)?),
+        Arg::U(address(&a, &device)?),
+        Arg::U(address(&b, &device)?),
+        Arg::U(address(&g, &device)?),
+        Arg::U(n as u64),
+    ];
+    let function = format!("odc_swiglu_bwd_{}", suffix(&a));
+    launch(&device, &SWIGLU, &function, n, &args)?;
+    Ok((da, db))
 }
