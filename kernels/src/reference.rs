@@ -107,6 +107,57 @@ pub fn rope(
     out
 }
 
+/// Causal attention over packed samples (`cu_seqlens`: token offsets, first 0, last `tokens`)
+/// with grouped-query heads: `q: [tokens, heads, dim]`, `k, v: [tokens, kv_heads, dim]`. Returns
+/// the output `[tokens, heads, dim]` and each row's log-sum-exp `[tokens, heads]` of the scaled
+/// scores over the row's sample, keys up to its own position.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    cu_seqlens: &[usize],
+    heads: usize,
+    kv_heads: usize,
+    dim: usize,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let tokens = cu_seqlens.last().copied().unwrap_or(0);
+    let group = heads / kv_heads;
+    let (mut out, mut lse) = (vec![0.0; tokens * heads * dim], vec![0.0; tokens * heads]);
+    for sample in cu_seqlens.windows(2) {
+        for t in sample[0]..sample[1] {
+            for h in 0..heads {
+                let qrow = &q[(t * heads + h) * dim..][..dim];
+                let kvh = h / group;
+                let scores: Vec<f64> = (sample[0]..=t)
+                    .map(|j| {
+                        let krow = &k[(j * kv_heads + kvh) * dim..][..dim];
+                        scale
+                            * qrow
+                                .iter()
+                                .zip(krow)
+                                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                                .sum::<f64>()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                lse[t * heads + h] = max + sum.ln();
+                let dst = &mut out[(t * heads + h) * dim..][..dim];
+                for (j, s) in (sample[0]..=t).zip(&scores) {
+                    let p = (s - max).exp() / sum;
+                    let vrow = &v[(j * kv_heads + kvh) * dim..][..dim];
+                    for (o, &x) in dst.iter_mut().zip(vrow) {
+                        *o += p * f64::from(x);
+                    }
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +206,28 @@ mod tests {
         let (da, db) = swiglu_backward(&a, &b, &g);
         check(|a| dot(swiglu(a, &b)), &a, &da);
         check(|b| dot(swiglu(&a, b)), &b, &db);
+    }
+
+    #[test]
+    fn attention_of_one_key_is_its_value_and_samples_do_not_mix() {
+        // Two samples of 1 and 2 tokens, 2 query heads sharing 1 kv head, dim 2.
+        let q = values(3 * 2 * 2, 8);
+        let k = values(3 * 2, 9);
+        let v = values(3 * 2, 10);
+        let (out, lse) = attention(&q, &k, &v, &[0, 1, 3], 2, 1, 2, 0.5);
+        // Token 0 and token 1 each see one key (their sample's first): the output is its value,
+        // the log-sum-exp its one score.
+        for (t, key) in [(0usize, 0usize), (1, 1)] {
+            for h in 0..2 {
+                let o = &out[(t * 2 + h) * 2..][..2];
+                assert!((o[0] - f64::from(v[key * 2])).abs() < 1e-12);
+                assert!((o[1] - f64::from(v[key * 2 + 1])).abs() < 1e-12);
+                let s = 0.5
+                    * (f64::from(q[(t * 2 + h) * 2]) * f64::from(k[key * 2])
+                        + f64::from(q[(t * 2 + h) * 2 + 1]) * f64::from(k[key * 2 + 1]));
+                assert!((lse[t * 2 + h] - s).abs() < 1e-12);
+            }
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use odc_kernels::{reference, Source, NORM, ROTARY, SOURCES, SWIGLU};
+use odc_kernels::{reference, Source, ATTENTION, NORM, ROTARY, SOURCES, SWIGLU};
 use odc_transport::cuda::{check_driver, ptx_of, Device, DeviceBuffer, KernelArg, Module};
 use odc_transport::{codec, Dtype, TransportError};
 use rand::{Rng, SeedableRng};
@@ -328,6 +328,78 @@ fn rotary_forward_and_backward_match_the_reference() {
                     &[("out", download(&device, dtype, &out), want)],
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn attention_forward_matches_the_reference() {
+    let Some((device, mut rng)) = device("attention_forward_matches_the_reference") else {
+        return;
+    };
+    let attention = module(&device, ATTENTION);
+    // Packings with lengths that are no multiple of anything, GQA ratios, every head_dim.
+    let cases: [(&[usize], usize, usize, usize); 3] = [
+        (&[1, 37, 130, 7], 14, 2, 64),
+        (&[200, 3], 9, 3, 96),
+        (&[0, 64, 65], 8, 2, 128),
+    ];
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (lengths, heads, kv_heads, dim) in cases {
+            let mut cu = vec![0usize];
+            for len in lengths {
+                cu.push(cu.last().copied().unwrap_or(0) + len);
+            }
+            let tokens = *cu.last().unwrap_or(&0);
+            let q = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
+            let k = as_dtype(dtype, &random(&mut rng, tokens * kv_heads * dim, 1.0));
+            let v = as_dtype(dtype, &random(&mut rng, tokens * kv_heads * dim, 1.0));
+            let scale = 1.0 / (dim as f32).sqrt();
+            let cu64: Vec<u8> = cu.iter().flat_map(|&c| (c as u64).to_le_bytes()).collect();
+            let (qb, kb, vb, cb) = (
+                upload(&device, dtype, &q),
+                upload(&device, dtype, &k),
+                upload(&device, dtype, &v),
+                upload_bytes(&device, &cu64),
+            );
+            let out = poisoned(&device, dtype, tokens * heads * dim);
+            let lse = poisoned(&device, Dtype::F32, tokens * heads);
+            let n = tokens * heads * 32;
+            // SAFETY: the parameters as attention.cu declares them; q and out hold
+            // tokens × heads × dim elements, k and v tokens × kv_heads × dim, cu_seqlens
+            // samples + 1, lse tokens × heads.
+            unsafe {
+                let function = format!("odc_attention_fwd_{}", suffix(dtype));
+                let args = [
+                    KernelArg::buffer(&out),
+                    KernelArg::buffer(&lse),
+                    KernelArg::buffer(&qb),
+                    KernelArg::buffer(&kb),
+                    KernelArg::buffer(&vb),
+                    KernelArg::buffer(&cb),
+                    KernelArg::u64(lengths.len() as u64),
+                    KernelArg::u64(heads as u64),
+                    KernelArg::u64(kv_heads as u64),
+                    KernelArg::u64(dim as u64),
+                    KernelArg::f32(scale),
+                    KernelArg::u64(n as u64),
+                ];
+                device
+                    .launch(&attention, &function, n, &args)
+                    .expect("attention");
+            }
+            let (want, want_lse) =
+                reference::attention(&q, &k, &v, &cu, heads, kv_heads, dim, f64::from(scale));
+            let what =
+                format!("attention {dtype:?} {lengths:?} heads {heads}/{kv_heads} dim {dim}");
+            assert_close(
+                &what,
+                dtype,
+                &[
+                    ("out", download(&device, dtype, &out), want),
+                    ("lse", download(&device, Dtype::F32, &lse), want_lse),
+                ],
+            );
         }
     }
 }

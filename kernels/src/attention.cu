@@ -1,0 +1,92 @@
+// Causal attention over packed samples (varlen) with grouped-query heads, forward: the output and
+// each row's log-sum-exp (the merge rule sequence splitting combines partial attentions with),
+// fp32 arithmetic. A first, plain version: one warp per (token, query head), streaming the
+// sample's earlier keys and values from global memory with an online softmax (FlashAttention's
+// recurrence, without its shared-memory tiles); head_dim at most 128.
+//
+//   q: [tokens, heads, dim], k, v: [tokens, kv_heads, dim] (query head h reads kv head
+//   h / (heads / kv_heads)); cu_seqlens: [samples + 1] token offsets (cu_seqlens[0] = 0, the last
+//   = tokens); out: [tokens, heads, dim]; lse: [tokens, heads] fp32 (natural log).
+//   out[t, h] = Σ_{j in t's sample, j ≤ t} softmax_j(scale q_t · k_j) v_j
+//   n = tokens * heads * 32.
+
+template <typename T>
+__device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
+                                  const T* __restrict__ q, const T* __restrict__ k,
+                                  const T* __restrict__ v,
+                                  const unsigned long long* __restrict__ cu_seqlens,
+                                  unsigned long long samples, unsigned long long heads,
+                                  unsigned long long kv_heads, unsigned long long dim,
+                                  float scale, unsigned long long n) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    unsigned long long group = heads / kv_heads;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
+         t += stride) {
+        unsigned long long warp = t >> 5;
+        unsigned int lane = (unsigned int)(t & 31u);
+        unsigned long long token = warp / heads;
+        unsigned long long h = warp - token * heads;
+        unsigned long long kvh = h / group;
+        // The sample holding `token`: the last s with cu_seqlens[s] <= token.
+        unsigned long long lo = 0, hi = samples;
+        while (lo + 1 < hi) {
+            unsigned long long mid = (lo + hi) / 2;
+            if (cu_seqlens[mid] <= token) lo = mid; else hi = mid;
+        }
+        unsigned long long start = cu_seqlens[lo];
+        unsigned long long qrow = (token * heads + h) * dim;
+        float qv[4], acc[4];
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            qv[r] = c < dim ? odc_load(q, qrow + c) * scale : 0.0f;
+            acc[r] = 0.0f;
+        }
+        float m = -__int_as_float(0x7f800000), l = 0.0f;
+        for (unsigned long long j = start; j <= token; ++j) {
+            unsigned long long krow = (j * kv_heads + kvh) * dim;
+            float s = 0.0f;
+            for (int r = 0; r < 4; ++r) {
+                unsigned long long c = lane + 32u * r;
+                if (c < dim) s += qv[r] * odc_load(k, krow + c);
+            }
+            s = odc_warp_sum(s);
+            float m2 = fmaxf(m, s);
+            float corr = expf(m - m2);
+            float p = expf(s - m2);
+            l = l * corr + p;
+            for (int r = 0; r < 4; ++r) {
+                unsigned long long c = lane + 32u * r;
+                if (c < dim) acc[r] = acc[r] * corr + p * odc_load(v, krow + c);
+            }
+            m = m2;
+        }
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            if (c < dim) odc_store(out, qrow + c, acc[r] / l);
+        }
+        if (lane == 0) lse[token * heads + h] = m + logf(l);
+    }
+}
+
+extern "C" __global__ void odc_attention_fwd_f32(float* out, float* lse, const float* q,
+                                                 const float* k, const float* v,
+                                                 const unsigned long long* cu_seqlens,
+                                                 unsigned long long samples,
+                                                 unsigned long long heads,
+                                                 unsigned long long kv_heads,
+                                                 unsigned long long dim, float scale,
+                                                 unsigned long long n) {
+    odc_attention_fwd(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, dim, scale, n);
+}
+extern "C" __global__ void odc_attention_fwd_bf16(unsigned short* out, float* lse,
+                                                  const unsigned short* q,
+                                                  const unsigned short* k,
+                                                  const unsigned short* v,
+                                                  const unsigned long long* cu_seqlens,
+                                                  unsigned long long samples,
+                                                  unsigned long long heads,
+                                                  unsigned long long kv_heads,
+                                                  unsigned long long dim, float scale,
+                                                  unsigned long long n) {
+    odc_attention_fwd(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, dim, scale, n);
+}
