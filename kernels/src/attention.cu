@@ -1,8 +1,8 @@
-// Causal attention over packed samples (varlen) with grouped-query heads, forward: the output and
-// each row's log-sum-exp (the merge rule sequence splitting combines partial attentions with),
-// fp32 arithmetic. A first, plain version: one warp per (token, query head), streaming the
-// sample's earlier keys and values from global memory with an online softmax (FlashAttention's
-// recurrence, without its shared-memory tiles); head_dim at most 128.
+// Causal attention over packed samples (varlen) with grouped-query heads, forward and backward:
+// the output and each row's log-sum-exp (the merge rule sequence splitting combines partial
+// attentions with), fp32 arithmetic. A first, plain version: one warp per (token, query head),
+// streaming the sample's earlier keys and values from global memory with an online softmax
+// (FlashAttention's recurrence, without its shared-memory tiles); head_dim at most 128.
 //
 //   q: [tokens, heads, dim], k, v: [tokens, kv_heads, dim] (query head h reads kv head
 //   h / (heads / kv_heads)); cu_seqlens: [samples + 1] token offsets (cu_seqlens[0] = 0, the last
@@ -68,6 +68,80 @@ __device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
     }
 }
 
+// The backward from the forward's output and log-sum-exp (FlashAttention-2's recomputation):
+// with s_ij = scale q_i · k_j, p_ij = exp(s_ij − lse_i), D_i = dout_i · out_i,
+// dS_ij = p_ij (dout_i · v_j − D_i):
+//   dq_i = scale Σ_j dS_ij k_j  (written, in T)
+//   dk_j += scale dS_ij q_i,  dv_j += p_ij dout_i  (fp32 accumulators [tokens, kv_heads, dim]
+//   the caller zeroes; atomic adds, so their order, and last bits, vary)
+//   n = tokens * heads * 32.
+template <typename T>
+__device__ void odc_attention_bwd(T* __restrict__ dq, float* __restrict__ dk,
+                                  float* __restrict__ dv, const T* __restrict__ q,
+                                  const T* __restrict__ k, const T* __restrict__ v,
+                                  const T* __restrict__ out, const T* __restrict__ dout,
+                                  const float* __restrict__ lse,
+                                  const unsigned long long* __restrict__ cu_seqlens,
+                                  unsigned long long samples, unsigned long long heads,
+                                  unsigned long long kv_heads, unsigned long long dim,
+                                  float scale, unsigned long long n) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    unsigned long long group = heads / kv_heads;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
+         t += stride) {
+        unsigned long long warp = t >> 5;
+        unsigned int lane = (unsigned int)(t & 31u);
+        unsigned long long token = warp / heads;
+        unsigned long long h = warp - token * heads;
+        unsigned long long kvh = h / group;
+        unsigned long long lo = 0, hi = samples;
+        while (lo + 1 < hi) {
+            unsigned long long mid = (lo + hi) / 2;
+            if (cu_seqlens[mid] <= token) lo = mid; else hi = mid;
+        }
+        unsigned long long start = cu_seqlens[lo];
+        unsigned long long qrow = (token * heads + h) * dim;
+        float qv[4], gv[4], dqa[4];
+        float d = 0.0f;
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            qv[r] = c < dim ? odc_load(q, qrow + c) : 0.0f;
+            gv[r] = c < dim ? odc_load(dout, qrow + c) : 0.0f;
+            d += c < dim ? gv[r] * odc_load(out, qrow + c) : 0.0f;
+            dqa[r] = 0.0f;
+        }
+        d = odc_warp_sum(d);
+        float row_lse = lse[token * heads + h];
+        for (unsigned long long j = start; j <= token; ++j) {
+            unsigned long long krow = (j * kv_heads + kvh) * dim;
+            float s = 0.0f, dp = 0.0f;
+            for (int r = 0; r < 4; ++r) {
+                unsigned long long c = lane + 32u * r;
+                if (c < dim) {
+                    s += qv[r] * odc_load(k, krow + c);
+                    dp += gv[r] * odc_load(v, krow + c);
+                }
+            }
+            s = odc_warp_sum(s) * scale;
+            dp = odc_warp_sum(dp);
+            float p = expf(s - row_lse);
+            float ds = p * (dp - d);
+            for (int r = 0; r < 4; ++r) {
+                unsigned long long c = lane + 32u * r;
+                if (c < dim) {
+                    dqa[r] += scale * ds * odc_load(k, krow + c);
+                    atomicAdd(dk + krow + c, scale * ds * qv[r]);
+                    atomicAdd(dv + krow + c, p * gv[r]);
+                }
+            }
+        }
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            if (c < dim) odc_store(dq, qrow + c, dqa[r]);
+        }
+    }
+}
+
 extern "C" __global__ void odc_attention_fwd_f32(float* out, float* lse, const float* q,
                                                  const float* k, const float* v,
                                                  const unsigned long long* cu_seqlens,
@@ -89,4 +163,32 @@ extern "C" __global__ void odc_attention_fwd_bf16(unsigned short* out, float* ls
                                                   unsigned long long dim, float scale,
                                                   unsigned long long n) {
     odc_attention_fwd(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, dim, scale, n);
+}
+extern "C" __global__ void odc_attention_bwd_f32(float* dq, float* dk, float* dv, const float* q,
+                                                 const float* k, const float* v,
+                                                 const float* out, const float* dout,
+                                                 const float* lse,
+                                                 const unsigned long long* cu_seqlens,
+                                                 unsigned long long samples,
+                                                 unsigned long long heads,
+                                                 unsigned long long kv_heads,
+                                                 unsigned long long dim, float scale,
+                                                 unsigned long long n) {
+    odc_attention_bwd(dq, dk, dv, q, k, v, out, dout, lse, cu_seqlens, samples, heads, kv_heads,
+                      dim, scale, n);
+}
+extern "C" __global__ void odc_attention_bwd_bf16(unsigned short* dq, float* dk, float* dv,
+                                                  const unsigned short* q,
+                                                  const unsigned short* k,
+                                                  const unsigned short* v,
+                                                  const unsigned short* out,
+                                                  const unsigned short* dout, const float* lse,
+                                                  const unsigned long long* cu_seqlens,
+                                                  unsigned long long samples,
+                                                  unsigned long long heads,
+                                                  unsigned long long kv_heads,
+                                                  unsigned long long dim, float scale,
+                                                  unsigned long long n) {
+    odc_attention_bwd(dq, dk, dv, q, k, v, out, dout, lse, cu_seqlens, samples, heads, kv_heads,
+                      dim, scale, n);
 }

@@ -3,8 +3,8 @@
 //!
 //! - [`SOURCES`]: one [`Source`] per kernel family — RMSNorm ([`NORM`]), SwiGLU ([`SWIGLU`]),
 //!   rotary embedding ([`ROTARY`]) — each forward and backward, and causal attention over packed
-//!   samples with grouped-query heads ([`ATTENTION`]: forward only, a plain first version), in
-//!   fp32 and bf16, fp32 arithmetic. Every source starts with `common.cuh` (bf16 loads and stores rounded as the
+//!   samples with grouped-query heads ([`ATTENTION`]: forward and backward, a plain first
+//!   version), in fp32 and bf16, fp32 arithmetic. Every source starts with `common.cuh` (bf16 loads and stores rounded as the
 //!   host codec rounds, a warp's sum) and needs no header of a CUDA toolkit, so NVRTC alone
 //!   compiles it (no driver, no device).
 //! - [`reference`]: the same math on the CPU in f64, what every kernel is checked against.
@@ -18,8 +18,8 @@
 //! with blocks of a multiple of 32 threads, as odc-transport's `Device::launch` and candle's
 //! launches make them; the norm kernels give each row a warp (`n = rows × 32`).
 //!
-//! Not yet here: the attention's backward and its FlashAttention-2 tiling (shared-memory tiles,
-//! tensor cores), the head with cross-entropy in chunks, and RMSNorm fused with the residual add.
+//! Not yet here: the attention's FlashAttention-2 tiling (shared-memory tiles, tensor cores, a
+//! deterministic backward), the head with cross-entropy in chunks, and RMSNorm fused with the residual add.
 //! The model uses NORM, SWIGLU and ROTARY on CUDA only when asked (`ODC_FUSED_KERNELS=1`,
 //! `odc::model::ops::cuda`).
 
@@ -65,11 +65,17 @@ pub const ROTARY: Source = Source {
     functions: &["odc_rope_f32", "odc_rope_bf16"],
 };
 
-/// Causal attention over packed samples, grouped-query heads: the output and the log-sum-exp.
+/// Causal attention over packed samples, grouped-query heads: the output and the log-sum-exp,
+/// and the backward from them.
 pub const ATTENTION: Source = Source {
     name: "attention.cu",
     code: concat!(include_str!("common.cuh"), include_str!("attention.cu")),
-    functions: &["odc_attention_fwd_f32", "odc_attention_fwd_bf16"],
+    functions: &[
+        "odc_attention_fwd_f32",
+        "odc_attention_fwd_bf16",
+        "odc_attention_bwd_f32",
+        "odc_attention_bwd_bf16",
+    ],
 };
 
 /// Every kernel source.

@@ -158,6 +158,50 @@ pub fn attention(
     (out, lse)
 }
 
+/// [`attention`]'s gradients `(dq, dk, dv)` for the output gradient `dout` (same layouts as
+/// `q`, `k`, `v`).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dout: &[f32],
+    cu_seqlens: &[usize],
+    heads: usize,
+    kv_heads: usize,
+    dim: usize,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (out, lse) = attention(q, k, v, cu_seqlens, heads, kv_heads, dim, scale);
+    let group = heads / kv_heads;
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    let at = |x: &[f32], i: usize| f64::from(x[i]);
+    for sample in cu_seqlens.windows(2) {
+        for t in sample[0]..sample[1] {
+            for h in 0..heads {
+                let (row, kvh) = ((t * heads + h) * dim, h / group);
+                let d: f64 = (0..dim).map(|c| at(dout, row + c) * out[row + c]).sum();
+                for j in sample[0]..=t {
+                    let krow = (j * kv_heads + kvh) * dim;
+                    let s = scale
+                        * (0..dim)
+                            .map(|c| at(q, row + c) * at(k, krow + c))
+                            .sum::<f64>();
+                    let p = (s - lse[t * heads + h]).exp();
+                    let dp: f64 = (0..dim).map(|c| at(dout, row + c) * at(v, krow + c)).sum();
+                    let ds = p * (dp - d);
+                    for c in 0..dim {
+                        dq[row + c] += scale * ds * at(k, krow + c);
+                        dk[krow + c] += scale * ds * at(q, row + c);
+                        dv[krow + c] += p * at(dout, row + c);
+                    }
+                }
+            }
+        }
+    }
+    (dq, dk, dv)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +272,21 @@ mod tests {
                 assert!((lse[t * 2 + h] - s).abs() < 1e-12);
             }
         }
+    }
+
+    #[test]
+    fn the_attention_backward_matches_central_differences() {
+        let (cu, heads, kv_heads, dim, scale) = ([0usize, 2, 5], 2, 1, 3, 0.7);
+        let (q, k, v) = (values(5 * 2 * 3, 11), values(5 * 3, 12), values(5 * 3, 13));
+        let g = values(5 * 2 * 3, 14);
+        let loss = |q: &[f32], k: &[f32], v: &[f32]| -> f64 {
+            let (out, _) = attention(q, k, v, &cu, heads, kv_heads, dim, scale);
+            out.iter().zip(&g).map(|(o, &gv)| o * f64::from(gv)).sum()
+        };
+        let (dq, dk, dv) = attention_backward(&q, &k, &v, &g, &cu, heads, kv_heads, dim, scale);
+        check(|q| loss(q, &k, &v), &q, &dq);
+        check(|k| loss(&q, k, &v), &k, &dk);
+        check(|v| loss(&q, &k, v), &v, &dv);
     }
 
     #[test]

@@ -333,8 +333,9 @@ fn rotary_forward_and_backward_match_the_reference() {
 }
 
 #[test]
-fn attention_forward_matches_the_reference() {
-    let Some((device, mut rng)) = device("attention_forward_matches_the_reference") else {
+fn attention_forward_and_backward_match_the_reference() {
+    let Some((device, mut rng)) = device("attention_forward_and_backward_match_the_reference")
+    else {
         return;
     };
     let attention = module(&device, ATTENTION);
@@ -388,6 +389,48 @@ fn attention_forward_matches_the_reference() {
                     .launch(&attention, &function, n, &args)
                     .expect("attention");
             }
+            // The backward from the kernel's own output and log-sum-exp, as a model runs it.
+            let dout = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
+            let gb = upload(&device, dtype, &dout);
+            let dq = poisoned(&device, dtype, tokens * heads * dim);
+            let zeros = vec![0u8; tokens * kv_heads * dim * 4];
+            let (dk, dv) = (upload_bytes(&device, &zeros), upload_bytes(&device, &zeros));
+            // SAFETY: as above; dk and dv hold tokens × kv_heads × dim fp32 zeros.
+            unsafe {
+                let function = format!("odc_attention_bwd_{}", suffix(dtype));
+                let args = [
+                    KernelArg::buffer(&dq),
+                    KernelArg::buffer(&dk),
+                    KernelArg::buffer(&dv),
+                    KernelArg::buffer(&qb),
+                    KernelArg::buffer(&kb),
+                    KernelArg::buffer(&vb),
+                    KernelArg::buffer(&out),
+                    KernelArg::buffer(&gb),
+                    KernelArg::buffer(&lse),
+                    KernelArg::buffer(&cb),
+                    KernelArg::u64(lengths.len() as u64),
+                    KernelArg::u64(heads as u64),
+                    KernelArg::u64(kv_heads as u64),
+                    KernelArg::u64(dim as u64),
+                    KernelArg::f32(scale),
+                    KernelArg::u64(n as u64),
+                ];
+                device
+                    .launch(&attention, &function, n, &args)
+                    .expect("attention backward");
+            }
+            let (want_dq, want_dk, want_dv) = reference::attention_backward(
+                &q,
+                &k,
+                &v,
+                &dout,
+                &cu,
+                heads,
+                kv_heads,
+                dim,
+                f64::from(scale),
+            );
             let (want, want_lse) =
                 reference::attention(&q, &k, &v, &cu, heads, kv_heads, dim, f64::from(scale));
             let what =
@@ -398,6 +441,9 @@ fn attention_forward_matches_the_reference() {
                 &[
                     ("out", download(&device, dtype, &out), want),
                     ("lse", download(&device, Dtype::F32, &lse), want_lse),
+                    ("dq", download(&device, dtype, &dq), want_dq),
+                    ("dk", download(&device, Dtype::F32, &dk), want_dk),
+                    ("dv", download(&device, Dtype::F32, &dv), want_dv),
                 ],
             );
         }
