@@ -10,6 +10,19 @@
 //   out[t, h] = Σ_{j in t's sample, j ≤ t} softmax_j(scale q_t · k_j) v_j
 //   n = tokens * heads * 32.
 
+// The first token of the sample holding `token`: cu_seqlens[s] for the last s < samples with
+// cu_seqlens[s] <= token (binary search; empty samples are skipped over).
+__device__ __forceinline__ unsigned long long odc_sample_start(
+    const unsigned long long* __restrict__ cu_seqlens, unsigned long long samples,
+    unsigned long long token) {
+    unsigned long long lo = 0, hi = samples;
+    while (lo + 1 < hi) {
+        unsigned long long mid = (lo + hi) / 2;
+        if (cu_seqlens[mid] <= token) lo = mid; else hi = mid;
+    }
+    return cu_seqlens[lo];
+}
+
 template <typename T>
 __device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
                                   const T* __restrict__ q, const T* __restrict__ k,
@@ -27,13 +40,7 @@ __device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
         unsigned long long token = warp / heads;
         unsigned long long h = warp - token * heads;
         unsigned long long kvh = h / group;
-        // The sample holding `token`: the last s with cu_seqlens[s] <= token.
-        unsigned long long lo = 0, hi = samples;
-        while (lo + 1 < hi) {
-            unsigned long long mid = (lo + hi) / 2;
-            if (cu_seqlens[mid] <= token) lo = mid; else hi = mid;
-        }
-        unsigned long long start = cu_seqlens[lo];
+        unsigned long long start = odc_sample_start(cu_seqlens, samples, token);
         unsigned long long qrow = (token * heads + h) * dim;
         float qv[4], acc[4];
         for (int r = 0; r < 4; ++r) {
@@ -94,12 +101,7 @@ __device__ void odc_attention_bwd(T* __restrict__ dq, float* __restrict__ dk,
         unsigned long long token = warp / heads;
         unsigned long long h = warp - token * heads;
         unsigned long long kvh = h / group;
-        unsigned long long lo = 0, hi = samples;
-        while (lo + 1 < hi) {
-            unsigned long long mid = (lo + hi) / 2;
-            if (cu_seqlens[mid] <= token) lo = mid; else hi = mid;
-        }
-        unsigned long long start = cu_seqlens[lo];
+        unsigned long long start = odc_sample_start(cu_seqlens, samples, token);
         unsigned long long qrow = (token * heads + h) * dim;
         float qv[4], gv[4], dqa[4];
         float d = 0.0f;

@@ -160,9 +160,8 @@ pub trait DataPath: Send + Sync + 'static {
         Box::pin(std::future::ready(Err(device_unsupported(op, "gather"))))
     }
 
-    /// Whether [`DataPath::push_device`] reaches every owner of `unit` (default: no).
-    fn device_push(&self, unit: UnitId) -> bool {
-        let _ = unit;
+    /// Whether [`DataPath::push_device`] reaches the owners' accumulators (default: no).
+    fn device_pushes(&self) -> bool {
         false
     }
 

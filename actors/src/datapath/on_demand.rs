@@ -131,7 +131,7 @@ impl DataPath for OnDemand {
     /// Every owner the `cuda` backend reaches (this process's, or another's on this host over
     /// CUDA IPC) takes a push from device memory.
     #[cfg(feature = "cuda-code")]
-    fn device_push(&self, _unit: crate::layout::UnitId) -> bool {
+    fn device_pushes(&self) -> bool {
         Self::cuda(&self.transport).is_some()
     }
 

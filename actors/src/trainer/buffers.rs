@@ -48,10 +48,9 @@ impl Taken {
 impl UnitBuffers {
     /// A zeroed buffer of `len` elements, uniquely owned, and its lease.
     pub fn allocate(&self, len: usize) -> (Arc<[f32]>, Lease) {
-        self.leased.fetch_add(1, Ordering::SeqCst);
         // Collected straight into the `Arc`: one allocation, no copy.
         let buffer: Arc<[f32]> = std::iter::repeat_n(0.0, len).collect();
-        (buffer, Lease(self.leased.clone()))
+        (buffer, self.lease())
     }
 
     /// The lease of a buffer someone else allocates (device memory), counted from now on.

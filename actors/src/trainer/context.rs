@@ -367,10 +367,10 @@ impl TrainerContext {
         self.device_memory.is_some() && self.path.device_gathers()
     }
 
-    /// Whether a gradient of `unit` can be pushed from device memory
-    /// ([`TrainerContext::push_grad_device`]): the data path reaches every owner's accumulator.
-    pub fn pushes_from_device(&self, unit: UnitId) -> bool {
-        self.path.device_push(unit)
+    /// Whether gradients can be pushed from device memory ([`TrainerContext::push_grad_device`]):
+    /// the data path reaches the owners' accumulators from there.
+    pub fn pushes_from_device(&self) -> bool {
+        self.path.device_pushes()
     }
 
     /// The whole unit at this micro-batch's version as host values (see
@@ -464,7 +464,7 @@ impl TrainerContext {
     }
 
     /// [`TrainerContext::push_grad`] of a gradient in device memory (fp32, the whole unit), when
-    /// [`TrainerContext::pushes_from_device`] says the data path reaches every owner: added into
+    /// [`TrainerContext::pushes_from_device`] says the data path reaches the owners: added into
     /// the accumulators device to device once it is ready. Its finiteness is the compute's to
     /// check ([`TrainerContext::non_finite_gradient`] fails the micro-batch).
     pub fn push_grad_device(
@@ -753,8 +753,8 @@ mod device_tests {
             })
         }
 
-        fn device_push(&self, unit: UnitId) -> bool {
-            unit != 2
+        fn device_pushes(&self) -> bool {
+            true
         }
 
         fn push_device(&self, _: Op, grad: Arc<dyn DeviceGrad>) -> Transfer<u64> {
@@ -846,7 +846,7 @@ mod device_tests {
         let path = Arc::new(FakePath::default());
         let mut ctx = context(path.clone());
         ctx.begin(&micro_batch(), 1, 7);
-        assert!(ctx.pushes_from_device(0) && !ctx.pushes_from_device(2));
+        assert!(ctx.pushes_from_device());
         let short = ctx.push_grad_device(0, grad(3)).unwrap_err();
         assert!(matches!(short, Error::GradLength { .. }), "{short}");
         ctx.push_grad_device(0, grad(4)).unwrap();

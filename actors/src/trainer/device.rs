@@ -13,7 +13,7 @@
 //! - **A gradient is read only once computed.** [`DeviceGrad::ready`] resolves once the device
 //!   finished writing it; its memory stays alive as long as the value does.
 //! - Host bytes never stand in for device ones: a data path that cannot reach device memory says
-//!   so ([`crate::datapath::DataPath::device_gathers`], `device_push`), and the compute keeps
+//!   so ([`crate::datapath::DataPath::device_gathers`], `device_pushes`), and the compute keeps
 //!   the host path for it.
 
 use std::any::Any;

@@ -49,11 +49,11 @@
 //! - **`Device`** (the default): the context gathers each unit straight into this trainer's
 //!   device memory (`resident`: a buffer of the published dtype that becomes the unit's tensor
 //!   as it is, cast to fp32 on the device), and each unit's gradient, concatenated on the
-//!   device, is added into its owners' accumulators from there by the owner's kernel, wherever
-//!   the data path reaches them (a one-process job whose servers are on the same GPU,
-//!   [`crate::JobBuilder::servers_on_device`]); a gradient is checked for non-finite values by its
-//!   sum, read with the loss. A unit the data path cannot reach from the device (an owner in
-//!   another process) takes the host path below.
+//!   device, is added into its owners' accumulators from there by the owner's kernel, when the
+//!   data path reaches them (the `cuda` transport: a one-process job whose servers are on the
+//!   same GPU, [`crate::JobBuilder::servers_on_device`], or `odc launch --transport cuda`, over
+//!   CUDA IPC); a gradient is checked for non-finite values by its sum, read with the loss. On
+//!   any other data path the trainer takes the host path below.
 //! - **`Host`**: a gathered unit (host `f32`s) goes up in one host-to-device copy and each
 //!   unit's gradient comes down in one device-to-host copy (the transport's accumulate payload
 //!   is host fp32), pushed once the next unit's backward is enqueued (`staging`), with the
@@ -171,8 +171,8 @@ struct Transfers {
     staging: Option<super::staging::Staging>,
     /// The context was given this trainer's device memory for its gathers.
     memory_given: bool,
-    /// Per unit: its gradient is pushed from device memory (this micro-batch).
-    from_device: Vec<bool>,
+    /// Gradients are pushed from device memory (this micro-batch).
+    from_device: bool,
     /// Per gradient pushed from device memory: its sum, read with the loss (a non-finite one
     /// fails the micro-batch).
     checks: Vec<(usize, Tensor)>,
@@ -395,7 +395,7 @@ impl TransformerCompute {
             .collect::<candle_core::Result<Vec<_>>>()?;
         let flat = Tensor::cat(&parts, 0)?;
         #[cfg(feature = "cuda")]
-        if self.transfers.from_device.get(u) == Some(&true) {
+        if self.transfers.from_device {
             return Ok(UnitGrad::Resident(flat));
         }
         self.download(flat)
@@ -686,10 +686,10 @@ struct Backward {
 impl TransformerCompute {
     /// A micro-batch's start on `device`: on a CUDA device whose transfers stay there
     /// ([`DeviceTransfers::Device`]), the context gathers into this trainer's device memory and
-    /// each unit the data path reaches is pushed from it.
+    /// gradients are pushed from it, when the data path can.
     fn begin_transfers(&mut self, ctx: &mut TrainerContext, device: &Device) -> crate::Result<()> {
         self.transfers.checks.clear();
-        self.transfers.from_device.clear();
+        self.transfers.from_device = false;
         if !device.is_cuda() || self.placement.transfers != DeviceTransfers::Device {
             return Ok(());
         }
@@ -698,9 +698,7 @@ impl TransformerCompute {
             ctx.gather_into_device(Arc::new(memory));
             self.transfers.memory_given = true;
         }
-        self.transfers.from_device = (0..self.specs.len())
-            .map(|u| ctx.pushes_from_device(u as u32))
-            .collect();
+        self.transfers.from_device = ctx.pushes_from_device();
         Ok(())
     }
 
