@@ -27,6 +27,14 @@ pub(crate) struct Args {
     pub(crate) group_size: usize,
     #[arg(long, default_value_t = 1.0)]
     pub(crate) temperature: f64,
+    /// Top-p (nucleus) sampling: draw among the most likely tokens whose mass reaches it, in
+    /// (0, 1]; 1 keeps them all.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) top_p: f64,
+    /// Prompts decoded together, each with its group (`--group-size` rows each): one batched
+    /// decode on the sampling device. Ranks share the step's prompts in whole batches.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) decode_batch: u64,
     /// Longest response, in tokens (also bounded by the model's `max_seq_len`).
     #[arg(long, default_value_t = 320)]
     pub(crate) max_new_tokens: usize,

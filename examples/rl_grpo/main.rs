@@ -18,9 +18,10 @@
 //! Llama 3's `<|eot_id|>`), and the reward is the exact match of the final number.
 //!
 //! Per step: `--prompts` problems (those whose sample fits the model) × `--group-size` responses
-//! sampled from the current policy at `--temperature` (KV cache, each group decoded as one batch;
-//! at most `--max-new-tokens`) by one thread per trainer while the trainers wait, each response
-//! from its own seeded RNG (so the responses do not depend on the thread count); rewards and
+//! sampled from the current policy at `--temperature` and `--top-p` (KV cache; `--decode-batch`
+//! prompts and their groups decoded as one batch; at most `--max-new-tokens`) by one thread per
+//! trainer while the trainers wait, each response from its own seeded RNG and the batches cut
+//! from the step's whole list (so the responses do not depend on the thread count); rewards and
 //! group-normalised advantages. A group whose responses all scored alike has zero advantages and
 //! is not trained on (DAPO's dynamic sampling, without refilling); the others get the reference's
 //! log-probs and go into one odc step. Printed per step: reward, accuracy (exact match), response
@@ -32,7 +33,8 @@
 //!
 //! Under `odc launch` every process is one trainer and one shard server, and every rank samples
 //! its share of each step's groups (and of the held-out problems) with the current policy: the
-//! ranks list the same prompts, rank `r` of `n` takes the `r`-th contiguous share, and
+//! ranks list the same prompts, rank `r` of `n` takes the `r`-th contiguous share of whole
+//! batches (`batch_share_range`: the batches one process would decode), and
 //! [`Job::all_gather`](odc::Job::all_gather) gives every rank all the groups (their tokens,
 //! rewards and reference log-probs, a few hundred KB a step) before rank 0 steps. A response's
 //! RNG depends on its problem only, so the responses, rewards and lines printed are the
@@ -46,8 +48,9 @@
 //!
 //! `--device cuda[:N]` (a build with the root crate's `cuda` feature) runs the trainers' forward
 //! and backward (the warm start's and RL's) on a CUDA device, `--precision bf16` in mixed
-//! precision (see the `sft` example); sampling and evaluation stay on the CPU (the tiny model's
-//! decoding is launch-bound on a GPU).
+//! precision (see the `sft` example); sampling and evaluation run there too, in fp32, in batches
+//! (`--decode-batch` prompts with their groups, held-out problems in batches of
+//! [`EVAL_BATCH`]).
 //!
 //! Prometheus metrics at `--metrics-addr` (off with `--no-metrics`): the runtime's `odc_*` and, per
 //! RL step, `odc_grpo_reward`, `odc_grpo_accuracy_ratio`, `odc_grpo_response_tokens` (mean) and
@@ -70,8 +73,9 @@ use odc::checkpoint;
 use odc::launch::World;
 use odc::model::hf::HfCheckpoint;
 use odc::model::{
-    evaluate_prompted, group_advantages, share_range, tensor_map, transformer_job_on, GrpoConfig,
-    ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights,
+    batch_share_range, evaluate_prompted, group_advantages, open_device, tensor_map,
+    transformer_job_on, GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore,
+    Sampling, Weights, EVAL_BATCH,
 };
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat, Tokenizer};
 use odc::{Job, OptimizerConfig, Precision, SampleMeta};
@@ -366,7 +370,9 @@ struct Grpo {
     /// RNGs), scored before and after (greedy, and sampled with the same seeds): a step's
     /// sampled rewards are too noisy to compare two steps.
     eval_prompts: Vec<(u64, Problem)>,
-    /// Sampling and evaluation run while the trainers wait: one thread per trainer here.
+    /// Where sampling and evaluation run while the trainers wait: the trainers' device (in fp32),
+    /// with one thread per trainer here on the CPU, one on a GPU (its batches are the parallelism).
+    device: Device,
     workers: usize,
 }
 
@@ -413,9 +419,15 @@ impl Grpo {
         let max_len = model
             .max_seq_len
             .min(usize::try_from(args.token_budget).unwrap_or(usize::MAX));
-        let reference = Weights::from_units(&model, init, &Device::Cpu)?;
+        let placement = args.placement()?;
+        let (device, workers) = match placement.device.is_cuda() {
+            true => (open_device(placement.device, placement.local_rank)?, 1),
+            false => (Device::Cpu, trainers_here.max(1)),
+        };
+        let reference = Weights::from_units(&model, init, &device)?;
         let sampling = Sampling {
             temperature: args.temperature,
+            top_p: args.top_p,
             max_new_tokens: args.max_new_tokens,
             stop: format.tokenizer().stop_ids(),
         };
@@ -438,7 +450,8 @@ impl Grpo {
             sampling,
             reference,
             responses: Arc::new(Responses::default()),
-            workers: trainers_here.max(1),
+            device,
+            workers,
         })
     }
 
@@ -493,9 +506,15 @@ impl Grpo {
             format: &self.format,
             sampling: &self.sampling,
             group_size: self.args.group_size,
+            batch: self.decode_batch(),
             seed,
             format_weight: self.args.format_reward,
         }
+    }
+
+    /// Prompts per batched decode.
+    fn decode_batch(&self) -> usize {
+        usize::try_from(self.args.decode_batch).unwrap_or(usize::MAX)
     }
 
     /// The job's current parameters scored on the held-out problems, every rank its share.
@@ -507,13 +526,16 @@ impl Grpo {
 
     /// This rank's share of the held-out scores of `params`.
     fn held_out_share(&self, params: &[Vec<f32>]) -> anyhow::Result<HeldOutCounts> {
-        let share = share_range(self.eval_prompts.len(), self.rank, self.ranks);
-        let weights = Weights::from_units(&self.model, params, &Device::Cpu)?;
+        // Each rank's share in whole batches of each decoder, so that every batch is the one a
+        // single process decodes (the scores do not depend on the number of ranks).
+        let (len, rank, ranks) = (self.eval_prompts.len(), self.rank, self.ranks);
+        let weights = Weights::from_units(&self.model, params, &self.device)?;
         let prompt = |p: &Problem| self.format.prompt(&p.question);
-        let problems: Vec<Problem> = self.eval_prompts[share.clone()]
-            .iter()
-            .map(|(_, p)| p.clone())
-            .collect();
+        let problems: Vec<Problem> = self.eval_prompts
+            [batch_share_range(len, EVAL_BATCH, rank, ranks)]
+        .iter()
+        .map(|(_, p)| p.clone())
+        .collect();
         let greedy = evaluate_prompted(
             &weights,
             &*self.format.tokenizer(),
@@ -523,9 +545,10 @@ impl Grpo {
             &prompt,
         )?;
         // The same draws before and after (a fixed seed per problem): a paired comparison.
+        let sampled = batch_share_range(len, self.decode_batch(), rank, ranks);
         let groups = sample_groups(
             &self.sampler(&weights, None, self.args.seed ^ HELD_OUT_SEED),
-            &self.eval_prompts[share],
+            &self.eval_prompts[sampled],
             self.workers,
         )?;
         let responses: Vec<&Response> = groups.iter().flatten().collect();
@@ -550,7 +573,7 @@ impl Grpo {
             accuracy: f64::NAN,
         };
         for step in 0..self.args.steps {
-            let policy = Weights::from_units(&self.model, &job.parameters().await?, &Device::Cpu)?;
+            let policy = Weights::from_units(&self.model, &job.parameters().await?, &self.device)?;
             let t = Instant::now();
             // The step's problems: the next ones that fit the model with their reference answer.
             let mut prompts = Vec::with_capacity(self.args.prompts);
@@ -593,7 +616,7 @@ impl Grpo {
     ) -> anyhow::Result<Vec<Vec<Response>>> {
         let mine = sample_groups(
             &self.sampler(policy, Some(&self.reference), self.args.seed),
-            &prompts[share_range(prompts.len(), self.rank, self.ranks)],
+            &prompts[batch_share_range(prompts.len(), self.decode_batch(), self.rank, self.ranks)],
             self.workers,
         )?;
         if self.ranks == 1 {

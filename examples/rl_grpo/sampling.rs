@@ -3,7 +3,8 @@
 //! to it.
 
 use odc::model::{
-    generate_group_with_log_probs, map_in_shares, sequence_log_probs, Sampling, Weights,
+    batch_log_probs, generate_batch_with_log_probs, map_batches_in_shares, Prompt, Sampling,
+    Weights,
 };
 use odc::text::{exact_match, weighted_reward, Problem, TextFormat};
 use rand::rngs::StdRng;
@@ -18,6 +19,9 @@ pub(crate) struct Sampler<'a> {
     pub(crate) format: &'a TextFormat,
     pub(crate) sampling: &'a Sampling,
     pub(crate) group_size: usize,
+    /// Prompts decoded together (each with its group): one batched decode, and the reference's
+    /// log-probs of its trained groups in one batched forward.
+    pub(crate) batch: usize,
     pub(crate) seed: u64,
     pub(crate) format_weight: f64,
 }
@@ -38,59 +42,99 @@ pub(crate) struct Response {
 }
 
 /// Each prompt's group of responses, sampled by `workers` threads at once (contiguous shares of
-/// the prompts), a group decoded as one batch. Each response draws from its own RNG, seeded from
-/// `seed` and the problem's index, so the responses do not depend on the number of workers.
+/// the batches of `sampler.batch` prompts), a batch decoded together. Each response draws from its
+/// own RNG, seeded from `seed` and the problem's index, and the batches are cut from the whole
+/// list, so the responses do not depend on the number of workers (nor of ranks, each sampling
+/// a [`batch_share_range`](odc::model::batch_share_range)).
 pub(crate) fn sample_groups(
     sampler: &Sampler<'_>,
     prompts: &[(u64, Problem)],
     workers: usize,
 ) -> anyhow::Result<Vec<Vec<Response>>> {
-    map_in_shares(prompts, workers, |(index, problem)| {
-        sample_group(sampler, *index, problem)
+    map_batches_in_shares(prompts, workers, sampler.batch, |batch| {
+        sample_batch(sampler, batch)
     })
 }
 
-/// `group_size` responses to one problem, and the reference's log-probs and the KL to it when
-/// their rewards differ (only such a group is trained on).
-fn sample_group(s: &Sampler<'_>, index: u64, problem: &Problem) -> anyhow::Result<Vec<Response>> {
-    let mut rng = StdRng::seed_from_u64(s.seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut rngs: Vec<StdRng> = (0..s.group_size)
-        .map(|_| StdRng::seed_from_u64(rng.random()))
+/// `group_size` responses to each problem of `batch`, and the reference's log-probs and the KL to
+/// it for the groups whose rewards differ (only such a group is trained on).
+fn sample_batch(s: &Sampler<'_>, batch: &[(u64, Problem)]) -> anyhow::Result<Vec<Vec<Response>>> {
+    let mut rngs: Vec<StdRng> = Vec::with_capacity(batch.len() * s.group_size);
+    for (index, _) in batch {
+        let mut rng = StdRng::seed_from_u64(s.seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        rngs.extend((0..s.group_size).map(|_| StdRng::seed_from_u64(rng.random())));
+    }
+    let texts = batch
+        .iter()
+        .map(|(_, problem)| s.format.prompt(&problem.question))
+        .collect::<Result<Vec<_>, _>>()?;
+    let prompts: Vec<Prompt<'_>> = texts
+        .iter()
+        .map(|t| Prompt::new(t).samples(s.group_size))
         .collect();
-    let prompt = s.format.prompt(&problem.question)?;
+    let generated = generate_batch_with_log_probs(s.policy, &prompts, s.sampling, &mut rngs)?;
     let tokenizer = s.format.tokenizer();
-    let mut group = Vec::with_capacity(s.group_size);
-    let mut policy_log_probs = Vec::with_capacity(s.group_size);
-    for generated in generate_group_with_log_probs(s.policy, &prompt, s.sampling, &mut rngs)? {
-        let response = generated.tokens;
-        let text = tokenizer.decode(&response)?;
-        group.push(Response {
-            tokens: prompt.iter().chain(&response).copied().collect(),
-            reward: weighted_reward(&text, &problem.answer, s.format_weight),
-            correct: exact_match(&text, &problem.answer),
-            response,
-            ref_log_probs: Vec::new(),
-            kl_sum: 0.0,
-        });
-        policy_log_probs.push(generated.log_probs);
+    let mut groups = Vec::with_capacity(batch.len());
+    let mut policy_log_probs = Vec::with_capacity(generated.len());
+    let mut generated = generated.into_iter();
+    for ((_, problem), prompt) in batch.iter().zip(&texts) {
+        let mut group = Vec::with_capacity(s.group_size);
+        for g in generated.by_ref().take(s.group_size) {
+            let text = tokenizer.decode(&g.tokens)?;
+            group.push(Response {
+                tokens: prompt.iter().chain(&g.tokens).copied().collect(),
+                reward: weighted_reward(&text, &problem.answer, s.format_weight),
+                correct: exact_match(&text, &problem.answer),
+                response: g.tokens,
+                ref_log_probs: Vec::new(),
+                kl_sum: 0.0,
+            });
+            policy_log_probs.push(g.log_probs);
+        }
+        groups.push(group);
     }
     if let Some(reference) = s.reference {
-        if group.iter().any(|r| r.reward != group[0].reward) {
-            for (r, policy) in group.iter_mut().zip(&policy_log_probs) {
-                r.ref_log_probs = sequence_log_probs(reference, &r.tokens)?;
-                // The KL term the loss weighs, at the sampled tokens (the policy's log-probs
-                // come from the decoder: no extra forward).
-                let first = r.tokens.len() - r.response.len();
-                r.kl_sum = r.ref_log_probs[first..]
-                    .iter()
-                    .zip(policy)
-                    .map(|(&reference, &policy)| {
-                        let d = f64::from(reference) - f64::from(policy);
-                        d.exp() - d - 1.0
-                    })
-                    .sum();
+        score_against(reference, &mut groups, &policy_log_probs)?;
+    }
+    Ok(groups)
+}
+
+/// The reference's log-probs of every response of the groups whose rewards differ (one batched
+/// forward of them all), and each one's KL to it at the sampled tokens (`policy`: the decoder's
+/// log-probs of every response, group-major: no extra forward of the policy).
+fn score_against(
+    reference: &Weights,
+    groups: &mut [Vec<Response>],
+    policy: &[Vec<f32>],
+) -> anyhow::Result<()> {
+    let trained = |g: &Vec<Response>| g.iter().any(|r| r.reward != g[0].reward);
+    let sequences: Vec<&[u32]> = groups
+        .iter()
+        .filter(|g| trained(g))
+        .flatten()
+        .map(|r| r.tokens.as_slice())
+        .collect();
+    let mut scored = batch_log_probs(reference, &sequences)?.into_iter();
+    let mut policy = policy.iter();
+    for group in groups.iter_mut() {
+        let kept = trained(group);
+        for r in group.iter_mut() {
+            let policy = policy.next().map(Vec::as_slice).unwrap_or_default();
+            if !kept {
+                continue;
             }
+            r.ref_log_probs = scored.next().unwrap_or_default();
+            // The KL term the loss weighs, at the sampled tokens.
+            let first = r.tokens.len() - r.response.len();
+            r.kl_sum = r.ref_log_probs[first..]
+                .iter()
+                .zip(policy)
+                .map(|(&reference, &policy)| {
+                    let d = f64::from(reference) - f64::from(policy);
+                    d.exp() - d - 1.0
+                })
+                .sum();
         }
     }
-    Ok(group)
+    Ok(())
 }

@@ -469,8 +469,8 @@ impl Run {
         })
     }
 
-    /// Evaluation (on the lead) runs while its trainers wait, on their device in fp32: one
-    /// thread per trainer it holds on the CPU, one answer at a time on a GPU.
+    /// Evaluation (on the lead) runs while its trainers wait, on their device in fp32, in batches
+    /// of `EVAL_BATCH` problems: one thread per trainer it holds on the CPU, one on a GPU.
     fn evaluator(&self, placement: &Placement) -> anyhow::Result<Evaluator> {
         if placement.device.is_cuda() {
             return Ok(Evaluator {

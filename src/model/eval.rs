@@ -1,14 +1,20 @@
 //! Exact-match accuracy of greedy answers on held-out problems (GSM8K's metric): the model
 //! continues each problem's prompt ([`prompt_tokens`]) greedily until EOS or a token limit, and an
-//! answer counts when its number after `####` equals the reference's.
+//! answer counts when its number after `####` equals the reference's. Problems are answered in
+//! batches of [`EVAL_BATCH`] (one batched decode each, [`generate_batch`]).
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::error::Result;
-use super::generate::{generate, Sampling, Weights};
-use super::shares::map_in_shares;
+use super::generate::{generate_batch, Prompt, Sampling, Weights};
+use super::shares::map_batches_in_shares;
 use crate::text::{exact_match, prompt_tokens, Problem, TextError, Tokenizer};
+
+/// Problems answered together in one batched decode: the batches are cut from the whole list, so
+/// a result does not depend on the number of workers (nor, with
+/// [`batch_share_range`](super::batch_share_range), of ranks).
+pub const EVAL_BATCH: usize = 16;
 
 /// What an evaluation measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,8 +41,8 @@ impl Evaluation {
 
 /// Greedy answers of `weights` to `problems`, each at most `max_new_tokens` long (and within the
 /// model's `max_seq_len`); prompts that leave no room count as wrong. `workers` threads (at least
-/// one) answer contiguous shares of the problems at once — greedy decoding is deterministic, so
-/// the result does not depend on their number. A tokenizer's error is
+/// one) answer contiguous shares of the batches of [`EVAL_BATCH`] problems at once — greedy
+/// decoding is deterministic, so the result does not depend on their number. A tokenizer's error is
 /// [`Error::Text`](super::Error::Text).
 pub fn evaluate(
     weights: &Weights,
@@ -67,18 +73,27 @@ pub fn evaluate_prompted(
     workers: usize,
     prompt: &(dyn Fn(&Problem) -> std::result::Result<Vec<u32>, TextError> + Sync),
 ) -> Result<Evaluation> {
-    let sampling = Sampling {
-        temperature: 0.0,
-        max_new_tokens,
-        stop: tokenizer.stop_ids(),
-    };
-    let answers = map_in_shares(problems, workers, |problem| -> Result<(String, usize)> {
-        // Greedy decoding draws nothing; the generator still takes an RNG.
-        let mut rng = StdRng::seed_from_u64(0);
-        let prompt = prompt(problem)?;
-        let answer = generate(weights, &prompt, &sampling, &mut rng)?;
-        Ok((tokenizer.decode(&answer)?, answer.len()))
-    })?;
+    let sampling = Sampling::greedy(max_new_tokens, tokenizer.stop_ids());
+    let answers = map_batches_in_shares(
+        problems,
+        workers,
+        EVAL_BATCH,
+        |batch| -> Result<Vec<(String, usize)>> {
+            let texts: Vec<Vec<u32>> = batch
+                .iter()
+                .map(prompt)
+                .collect::<std::result::Result<_, _>>()?;
+            let prompts: Vec<Prompt<'_>> = texts.iter().map(|p| Prompt::new(p)).collect();
+            // Greedy decoding draws nothing; the decoder still takes a generator per answer.
+            let mut rngs: Vec<StdRng> =
+                (0..batch.len()).map(|_| StdRng::seed_from_u64(0)).collect();
+            let answers = generate_batch(weights, &prompts, &sampling, &mut rngs)?;
+            answers
+                .into_iter()
+                .map(|answer| Ok((tokenizer.decode(&answer)?, answer.len())))
+                .collect()
+        },
+    )?;
     let correct = answers
         .iter()
         .zip(problems)

@@ -72,10 +72,11 @@ pub use config::{
 };
 pub use device::{cuda_ordinal, open_device, ComputePrecision, DeviceSpec};
 pub use error::{Error, Result};
-pub use eval::{evaluate, evaluate_prompted, Evaluation};
+pub use eval::{evaluate, evaluate_prompted, Evaluation, EVAL_BATCH};
 pub use generate::{
-    forward_cached, forward_cached_rows, generate, generate_group, generate_group_with_log_probs,
-    sequence_log_probs, Generated, KvCache, Sampling, Weights,
+    batch_log_probs, forward_cached, forward_cached_rows, generate, generate_batch,
+    generate_batch_with_log_probs, generate_group, generate_group_with_log_probs, prefill,
+    sequence_log_probs, Generated, KvCache, Prompt, Sampling, Weights,
 };
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
@@ -84,7 +85,7 @@ pub use runtime::{
     CpuThreads, DeviceTransfers, Objective, Placement, Reshard, SampleStore, TransformerCompute,
     HOST_STAGING_BYTES,
 };
-pub use shares::{map_in_shares, share_range};
+pub use shares::{batch_share_range, map_batches_in_shares, map_in_shares, share_range};
 pub use transformer::{
     head_forward_with, head_log_probs, head_logits, head_target_log_probs,
     head_target_log_probs_with, head_tensors, layout_units, model_forward, param_count, tensor_map,

@@ -36,6 +36,43 @@ where
     Ok(out)
 }
 
+/// `f` of every batch of `batch` consecutive items (at least one; the last batch may be
+/// shorter), on `workers` threads, the results in the items' order: `f` returns one result per
+/// item of its batch. The batches are cut from the whole list before it is shared out, so what
+/// each call of `f` sees does not depend on the number of workers (a batched decoder's float
+/// rounding depends on its batch).
+pub fn map_batches_in_shares<T, R, E>(
+    items: &[T],
+    workers: usize,
+    batch: usize,
+    f: impl Fn(&[T]) -> Result<Vec<R>, E> + Sync,
+) -> Result<Vec<R>, E>
+where
+    T: Sync,
+    R: Send,
+    E: Send,
+{
+    let batches: Vec<&[T]> = items.chunks(batch.max(1)).collect();
+    Ok(map_in_shares(&batches, workers, |b| f(b))?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// [`share_range`] in whole batches of `batch` items: part `part` of `parts` of `0..len`, cut at
+/// multiples of `batch` (the batches shared out as evenly as they go), so a rank that decodes its
+/// share in batches of `batch` forms the same batches as one process decoding all of it.
+pub fn batch_share_range(
+    len: usize,
+    batch: usize,
+    part: usize,
+    parts: usize,
+) -> std::ops::Range<usize> {
+    let batch = batch.max(1);
+    let batches = share_range(len.div_ceil(batch), part, parts);
+    (batches.start * batch).min(len)..(batches.end * batch).min(len)
+}
+
 /// Part `part` of `parts` contiguous, balanced parts of `0..len` (sizes differ by at most one;
 /// the parts in order cover `0..len` once): a rank's share of the prompts or problems every rank
 /// of an SPMD program lists alike.
@@ -84,5 +121,28 @@ mod tests {
         let items: Vec<u32> = (0..10).collect();
         let out = map_in_shares(&items, 3, |&x| if x >= 4 { Err(x) } else { Ok(x) });
         assert_eq!(out, Err(4));
+    }
+
+    #[test]
+    fn batches_are_the_same_for_any_worker_count_and_any_rank_split() {
+        let items: Vec<u32> = (0..23).collect();
+        // Each result records its batch's first item: the batch it was decoded in.
+        let batched = |items: &[u32], workers| {
+            map_batches_in_shares(items, workers, 4, |b| Ok::<_, ()>(vec![b[0]; b.len()])).unwrap()
+        };
+        let one = batched(&items, 1);
+        assert_eq!(&one[..9], &[0, 0, 0, 0, 4, 4, 4, 4, 8]);
+        for workers in [0, 2, 3, 9] {
+            assert_eq!(batched(&items, workers), one, "{workers} workers");
+        }
+        for parts in [1, 2, 3, 4, 8] {
+            let mut joined = Vec::new();
+            for part in 0..parts {
+                let r = batch_share_range(items.len(), 4, part, parts);
+                assert!(r.start % 4 == 0 || r.is_empty(), "{r:?}");
+                joined.extend(batched(&items[r], 2));
+            }
+            assert_eq!(joined, one, "{parts} parts");
+        }
     }
 }

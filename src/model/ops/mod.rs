@@ -211,8 +211,10 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 
 /// [`rope`]'s values.
 fn rope_values(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    // The kernel takes angles shared by every row (`[positions, head_dim / 2]`); a padded
+    // decoding batch's per-row angles take candle's ops.
     #[cfg(feature = "cuda")]
-    if cuda::applies(x) {
+    if cuda::applies(x) && cos.rank() == 2 {
         return cuda::rope(x, cos, sin, 1.0);
     }
     let dtype = x.dtype();

@@ -1,31 +1,41 @@
 //! Sampling from the model with a key–value cache, so a response of `n` tokens costs `n` one-token
-//! forwards, not `n` forwards of a growing sequence.
+//! forwards, not `n` forwards of a growing sequence; many prompts and their groups decode as one
+//! batch ([`generate_batch`]).
+//!
+//! - `cache`: the [`KvCache`] and the cached forward ([`forward_cached_rows`], [`prefill`] of
+//!   prompts of different lengths, [`batch_log_probs`]);
+//! - `decode`: the batched decoder every `generate*` function runs.
 //!
 //! Guarantees (tested):
 //! 1. **cache equivalence**: the logits of a prompt fed at once, or token by token through the
 //!    cache, equal the training forward's logits of the same sequence (within 1e-4);
 //! 2. greedy decoding (`temperature == 0`) is deterministic; sampling at `temperature > 0` draws
-//!    from `softmax(logits / temperature)` with the caller's seeded RNG, so a run is reproducible;
-//! 3. a response stops at the stop token (kept as its last token) or at `max_new_tokens`, and never
+//!    from `softmax(logits / temperature)` (cut to its top-p nucleus when `top_p < 1`) with the
+//!    caller's seeded RNG, so a run is reproducible;
+//! 3. a response stops at a stop id (kept as its last token) or at `max_new_tokens`, and never
 //!    runs past `max_seq_len` positions;
-//! 4. **group equivalence**: [`generate_group`] decodes a group of responses to one prompt as one
-//!    batch (the prompt fed once, finished responses leaving the batch), and each response is the
-//!    one [`generate`] draws with the same RNG; the batched logits equal each row's own;
-//! 5. [`generate_group_with_log_probs`] also gives each sampled token's log-probability under the
+//! 4. **batch equivalence**: [`generate_batch`] decodes prompts of different lengths, each
+//!    continued `samples` times, as one batch (each prompt fed once, finished responses leaving
+//!    the batch), and each response is the one [`generate`] draws alone with the same RNG and
+//!    stop ids: token for token in greedy decoding ([`generate_group`] is one prompt's group);
+//! 5. [`generate_batch_with_log_probs`] also gives each sampled token's log-probability under the
 //!    model (temperature 1), read off the logits the decoder computes anyway: they equal
-//!    [`sequence_log_probs`] of prompt and response (within 1e-4).
+//!    [`sequence_log_probs`] of prompt and response (within 1e-4), and so do
+//!    [`batch_log_probs`]' of many sequences at once.
 
-use candle_core::{DType, Device, Tensor, D};
+mod cache;
+mod decode;
+
+pub use cache::{batch_log_probs, forward_cached, forward_cached_rows, prefill, KvCache};
+
+use candle_core::{Device, Tensor};
 use rand::Rng;
 
-use super::attention::{attend, repeat_kv};
-use super::batch::MASKED;
-use super::block::{block_forward_with, BlockWeights};
-use super::config::{MlpImpl, ModelConfig};
+use super::config::ModelConfig;
 use super::error::{Error, Result};
-use super::ops::{log_softmax_last_dim, rms_norm, rope_cos_sin, softmax_last_dim};
+use super::ops::log_softmax_last_dim;
 use super::params::unit_tensors;
-use super::transformer::{check_unit_count, head_tensors, unit_count, unit_params, Unit};
+use super::transformer::{check_unit_count, unit_params, Unit};
 
 /// The model's weights as plain tensors (no gradients), for inference.
 #[derive(Debug, Clone)]
@@ -68,189 +78,6 @@ impl Weights {
     }
 }
 
-/// Keys and values of every block for the tokens fed so far: `rows` sequences at the same
-/// positions (one, or a group of responses to one prompt). Each block's keys and values live in
-/// buffers of `[rows, kv_heads, capacity, head_dim]` (capacity: the positions fed so far rounded
-/// up to a power of two, at least 64, at most `max_seq_len`; grown by copying when a feed passes
-/// it); a feed writes its
-/// positions in place and attention reads the filled prefix as a view, so a token costs no copy of
-/// the cache (not `Clone`: a copy would share the buffers).
-#[derive(Debug, Default)]
-pub struct KvCache {
-    layers: Vec<(Tensor, Tensor)>,
-    len: usize,
-    rows: usize,
-}
-
-impl KvCache {
-    /// Tokens fed so far (per row).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Sequences in the cache (0 before the first feed).
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Copies a one-row cache into `rows` identical rows: a prompt fed once, then continued by
-    /// a group of responses.
-    pub fn repeat_rows(&mut self, rows: usize) -> Result<()> {
-        if self.rows != 1 || rows == 0 {
-            return Err(Error::Batch(format!(
-                "only a one-row cache can be repeated (into at least one row); it has {} rows",
-                self.rows
-            )));
-        }
-        for (k, v) in self.layers.iter_mut() {
-            let repeat = |t: &Tensor| -> Result<Tensor> {
-                let mut dims = t.dims().to_vec();
-                dims[0] = rows;
-                Ok(t.broadcast_as(dims)?.contiguous()?)
-            };
-            (*k, *v) = (repeat(k)?, repeat(v)?);
-        }
-        self.rows = rows;
-        Ok(())
-    }
-
-    /// Keeps only the rows `keep` (indices of the current rows), in that order: the
-    /// responses still being generated.
-    pub fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
-        if keep.is_empty() || keep.iter().any(|&r| r >= self.rows) {
-            return Err(Error::Batch(format!(
-                "rows {keep:?} to keep are not a non-empty subset of the cache's {}",
-                self.rows
-            )));
-        }
-        if keep.len() == self.rows {
-            return Ok(());
-        }
-        let device = match self.layers.first() {
-            Some((k, _)) => k.device().clone(),
-            None => return Err(Error::Batch("an empty cache has no rows to keep".into())),
-        };
-        let index: Vec<u32> = keep.iter().map(|&r| r as u32).collect();
-        let index = Tensor::from_vec(index, keep.len(), &device)?;
-        for (k, v) in self.layers.iter_mut() {
-            (*k, *v) = (k.index_select(&index, 0)?, v.index_select(&index, 0)?);
-        }
-        self.rows = keep.len();
-        Ok(())
-    }
-}
-
-/// Feeds `tokens` after those in `cache` and returns their logits, `[tokens.len(), vocab]`.
-pub fn forward_cached(w: &Weights, cache: &mut KvCache, tokens: &[u32]) -> Result<Tensor> {
-    forward_cached_rows(w, cache, 1, tokens)
-}
-
-/// Feeds `rows` sequences of `tokens.len() / rows` tokens each (row-major) after those in `cache`,
-/// all at the same positions, and returns their logits, `[tokens.len(), vocab]` (row-major). A
-/// cache that already holds tokens must hold `rows` rows.
-pub fn forward_cached_rows(
-    w: &Weights,
-    cache: &mut KvCache,
-    rows: usize,
-    tokens: &[u32],
-) -> Result<Tensor> {
-    let c = &w.config;
-    if tokens.is_empty() || rows == 0 || tokens.len() % rows != 0 {
-        return Err(Error::Batch(format!(
-            "{} tokens do not make {rows} non-empty rows",
-            tokens.len()
-        )));
-    }
-    if !cache.is_empty() && cache.rows != rows {
-        return Err(Error::Batch(format!(
-            "{rows} rows fed to a cache of {}",
-            cache.rows
-        )));
-    }
-    let n = tokens.len() / rows;
-    let start = cache.len;
-    if start + n > c.max_seq_len {
-        return Err(Error::Batch(format!(
-            "{} positions are past max_seq_len {}",
-            start + n,
-            c.max_seq_len
-        )));
-    }
-    if let Some(t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-        return Err(Error::Batch(format!(
-            "token {t} is past vocab_size {}",
-            c.vocab_size
-        )));
-    }
-    let device = w.units[0][0].device();
-    let (kv_heads, hd) = (c.kv_heads(), c.head_dim());
-    // Capacity for the positions used so far, doubled as they grow (at most max_seq_len): a
-    // model whose config allows 128K positions does not allocate them for a 300-token answer.
-    let total = start + n;
-    let capacity = cache
-        .layers
-        .first()
-        .map_or(0, |(k, _)| k.dim(2).unwrap_or(0));
-    if total > capacity {
-        let grown = total
-            .next_power_of_two()
-            .max(64)
-            .min(c.max_seq_len.max(total));
-        let buffer = || Tensor::zeros((rows, kv_heads, grown, hd), DType::F32, device);
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for layer in 0..c.n_layers {
-            let (k, v) = (buffer()?, buffer()?);
-            if let (Some((old_k, old_v)), true) = (cache.layers.get(layer), start > 0) {
-                k.slice_set(&old_k.narrow(2, 0, start)?.contiguous()?, 2, 0)?;
-                v.slice_set(&old_v.narrow(2, 0, start)?.contiguous()?, 2, 0)?;
-            }
-            layers.push((k, v));
-        }
-        cache.layers = layers;
-    }
-    // candle's CPU matmul reads strided views; other backends want them contiguous.
-    let view =
-        |t: Tensor| -> Result<Tensor> { Ok(if device.is_cpu() { t } else { t.contiguous()? }) };
-    let ids = Tensor::from_slice(tokens, tokens.len(), device)?;
-    let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
-    let positions = Tensor::from_vec(positions, n, device)?;
-    let (cos, sin) = rope_cos_sin(&positions, &c.rope_inv_freq())?;
-    // New token i (position start + i) sees keys 0..=start + i of its own row.
-    let mask: Vec<f32> = (0..n)
-        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { MASKED }))
-        .collect();
-    let mask = Tensor::from_vec(mask, (n, total), device)?;
-    let groups = c.n_heads / kv_heads;
-
-    // Hidden states stay `[rows * n, d_model]`; only attention sees `[rows, heads, n, head_dim]`.
-    let mut x = w.units[0][0].index_select(&ids, 0)?;
-    for layer in 0..c.n_layers {
-        let params = w.block_tensors(layer);
-        let block = BlockWeights::new(c, &params)?;
-        let (k_buf, v_buf) = &cache.layers[layer];
-        // The block's attention: the new keys and values go into the cache in place, and the
-        // queries read the filled prefix.
-        let mut cached = |q: &Tensor, k_new: &Tensor, v_new: &Tensor| -> Result<Tensor> {
-            k_buf.slice_set(k_new, 2, start)?;
-            v_buf.slice_set(v_new, 2, start)?;
-            let k = view(repeat_kv(&k_buf.narrow(2, 0, total)?, groups)?)?;
-            let v = view(repeat_kv(&v_buf.narrow(2, 0, total)?, groups)?)?;
-            attend(q, &k, &v, &mask)
-        };
-        // Decoding keeps no graph: candle's ops (the chunked MLP would copy gate and up per call).
-        let mlp = MlpImpl::Full;
-        x = block_forward_with(c, &block, &x, rows, (&cos, &sin), &mut cached, mlp)?;
-    }
-    cache.len = total;
-    cache.rows = rows;
-    let head = head_tensors(c, &w.units[unit_count(c) - 1], &w.units[0][0]);
-    Ok(rms_norm(&x, &head[0], c.rms_eps)?.matmul(&head[1].t()?)?)
-}
-
 /// Per token `t` of `tokens`, `log p(token t | tokens < t)` under `w` (entry 0, which nothing
 /// predicts, is 0): one cached forward over the sequence.
 pub fn sequence_log_probs(w: &Weights, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -270,12 +97,74 @@ pub fn sequence_log_probs(w: &Weights, tokens: &[u32]) -> Result<Vec<f32>> {
 pub struct Sampling {
     /// 0: greedy (the most likely token); otherwise the softmax temperature.
     pub temperature: f64,
+    /// Top-p (nucleus) sampling at `temperature > 0`: draw among the most likely tokens whose
+    /// mass reaches `top_p`, in `(0, 1]`; 1 keeps them all (Hugging Face's default).
+    pub top_p: f64,
     /// Most tokens generated after the prompt.
     pub max_new_tokens: usize,
     /// The tokens that end a response (the one drawn is kept as its last token): the
     /// tokenizer's [`stop_ids`](crate::text::Tokenizer::stop_ids), e.g. Llama 3's `<|eot_id|>`
     /// and `<|end_of_text|>`.
     pub stop: Vec<u32>,
+}
+
+impl Sampling {
+    /// Greedy decoding of at most `max_new_tokens`, ending at `stop`.
+    pub fn greedy(max_new_tokens: usize, stop: Vec<u32>) -> Self {
+        Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            max_new_tokens,
+            stop,
+        }
+    }
+
+    /// An error naming the setting that is out of range.
+    fn check(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(Error::Batch(format!(
+                "temperature must be finite and >= 0, got {}",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::Batch(format!(
+                "top_p must be in (0, 1], got {}",
+                self.top_p
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A prompt of a batch: continued `samples` times (a GRPO group; 1 for an answer), each
+/// continuation ending at a stop id of [`Sampling::stop`] or at one of its own `stop`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prompt<'a> {
+    pub tokens: &'a [u32],
+    pub samples: usize,
+    pub stop: &'a [u32],
+}
+
+impl<'a> Prompt<'a> {
+    /// `tokens`, continued once, with no stop ids of its own.
+    pub fn new(tokens: &'a [u32]) -> Self {
+        Prompt {
+            tokens,
+            samples: 1,
+            stop: &[],
+        }
+    }
+
+    /// Continued `samples` times.
+    pub fn samples(self, samples: usize) -> Self {
+        Prompt { samples, ..self }
+    }
+
+    /// Ending also at `stop`.
+    pub fn stop(self, stop: &'a [u32]) -> Self {
+        Prompt { stop, ..self }
+    }
 }
 
 /// The response to `prompt`: generated tokens only (ending with a stop token if one was drawn).
@@ -299,10 +188,8 @@ pub fn generate_group<R: Rng>(
     sampling: &Sampling,
     rngs: &mut [R],
 ) -> Result<Vec<Vec<u32>>> {
-    Ok(decode_group(w, prompt, sampling, rngs, false)?
-        .into_iter()
-        .map(|g| g.tokens)
-        .collect())
+    let prompt = Prompt::new(prompt).samples(rngs.len());
+    generate_batch(w, &[prompt], sampling, rngs)
 }
 
 /// A sampled response and the log-probability of each of its tokens under the model that drew
@@ -322,98 +209,34 @@ pub fn generate_group_with_log_probs<R: Rng>(
     sampling: &Sampling,
     rngs: &mut [R],
 ) -> Result<Vec<Generated>> {
-    decode_group(w, prompt, sampling, rngs, true)
+    let prompt = Prompt::new(prompt).samples(rngs.len());
+    generate_batch_with_log_probs(w, &[prompt], sampling, rngs)
 }
 
-/// The group decoder; the log-probs only when `scored` (else left empty).
-fn decode_group<R: Rng>(
+/// The responses to every prompt of `prompts` (`samples` each, prompt-major: response `i` draws
+/// from `rngs[i]`, one generator per response), decoded as one batch: the prompts prefilled
+/// together (left-padded to the longest), then one forward of every unfinished response per
+/// token. A prompt that leaves no room under `max_seq_len` gets empty responses.
+pub fn generate_batch<R: Rng>(
     w: &Weights,
-    prompt: &[u32],
+    prompts: &[Prompt<'_>],
     sampling: &Sampling,
     rngs: &mut [R],
-    scored: bool,
-) -> Result<Vec<Generated>> {
-    if !(sampling.temperature.is_finite() && sampling.temperature >= 0.0) {
-        return Err(Error::Batch(format!(
-            "temperature must be finite and >= 0, got {}",
-            sampling.temperature
-        )));
-    }
-    let group = rngs.len();
-    let room = w.config.max_seq_len.saturating_sub(prompt.len());
-    let budget = sampling.max_new_tokens.min(room);
-    let mut out: Vec<Generated> = vec![
-        Generated {
-            tokens: Vec::with_capacity(budget),
-            log_probs: Vec::with_capacity(if scored { budget } else { 0 }),
-        };
-        group
-    ];
-    if budget == 0 || group == 0 {
-        return Ok(out);
-    }
-    let mut cache = KvCache::default();
-    let logits = forward_cached(w, &mut cache, prompt)?;
-    // Every response starts from the prompt's last logits.
-    let last = logits.narrow(0, logits.dim(0)? - 1, 1)?;
-    let mut logits = last.broadcast_as((group, last.dim(1)?))?.contiguous()?;
-    cache.repeat_rows(group)?;
-    let mut active: Vec<usize> = (0..group).collect();
-    loop {
-        let next = pick_rows(&logits, sampling.temperature, &active, rngs)?;
-        if scored {
-            let rows: Vec<Vec<f32>> = log_softmax_last_dim(&logits)?.to_vec2()?;
-            for ((&row, &token), lp) in active.iter().zip(&next).zip(&rows) {
-                out[row].log_probs.push(lp[token as usize]);
-            }
-        }
-        let mut keep = Vec::with_capacity(active.len());
-        for (slot, (&row, &token)) in active.iter().zip(&next).enumerate() {
-            out[row].tokens.push(token);
-            if !sampling.stop.contains(&token) && out[row].tokens.len() < budget {
-                keep.push(slot);
-            }
-        }
-        if keep.is_empty() {
-            return Ok(out);
-        }
-        cache.keep_rows(&keep)?;
-        let fed: Vec<u32> = keep.iter().map(|&slot| next[slot]).collect();
-        active = keep.iter().map(|&slot| active[slot]).collect();
-        logits = forward_cached_rows(w, &mut cache, active.len(), &fed)?;
-    }
-}
-
-/// A token per row of `logits: [rows, vocab]` (row `slot` belongs to response `active[slot]`,
-/// which draws from `rngs[active[slot]]`): argmax at temperature 0, else a draw.
-fn pick_rows<R: Rng>(
-    logits: &Tensor,
-    temperature: f64,
-    active: &[usize],
-    rngs: &mut [R],
-) -> Result<Vec<u32>> {
-    if temperature == 0.0 {
-        return Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?);
-    }
-    let probs: Vec<Vec<f32>> = softmax_last_dim(&(logits / temperature)?)?.to_vec2()?;
-    Ok(probs
-        .iter()
-        .zip(active)
-        .map(|(p, &row)| draw(p, &mut rngs[row]))
+) -> Result<Vec<Vec<u32>>> {
+    Ok(decode::decode(w, prompts, sampling, rngs, false)?
+        .into_iter()
+        .map(|g| g.tokens)
         .collect())
 }
 
-/// A token index drawn from the distribution `probs`.
-fn draw(probs: &[f32], rng: &mut impl Rng) -> u32 {
-    let mut u: f32 = rng.random();
-    for (i, p) in probs.iter().enumerate() {
-        if u < *p {
-            return i as u32;
-        }
-        u -= p;
-    }
-    // Rounding left u just above the total: the last token with any mass.
-    probs.iter().rposition(|p| *p > 0.0).unwrap_or(0) as u32
+/// [`generate_batch`], with each token's log-probability ([`Generated`]).
+pub fn generate_batch_with_log_probs<R: Rng>(
+    w: &Weights,
+    prompts: &[Prompt<'_>],
+    sampling: &Sampling,
+    rngs: &mut [R],
+) -> Result<Vec<Generated>> {
+    decode::decode(w, prompts, sampling, rngs, true)
 }
 
 #[cfg(test)]
@@ -421,7 +244,7 @@ mod tests {
     use super::*;
     use crate::model::batch::{PackedBatch, Sample};
     use crate::model::test_util::max_abs_diff;
-    use crate::model::transformer::{model_forward, unit_init_values};
+    use crate::model::transformer::{model_forward, unit_count, unit_init_values};
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
@@ -522,6 +345,7 @@ mod tests {
         let w = weights(&c);
         let s = Sampling {
             temperature: 0.0,
+            top_p: 1.0,
             max_new_tokens: 50,
             stop: vec![15],
         };
@@ -542,6 +366,7 @@ mod tests {
         let w = weights(&c);
         let s = Sampling {
             temperature: 1.5,
+            top_p: 1.0,
             max_new_tokens: 12,
             stop: vec![99],
         };
@@ -623,6 +448,7 @@ mod tests {
         let w = weights(&c);
         let s = Sampling {
             temperature: 1.5,
+            top_p: 1.0,
             max_new_tokens: 15,
             stop: vec![7],
         };
@@ -661,6 +487,7 @@ mod tests {
         // Drawn at 1.5; the log-probs are the model's own (temperature 1).
         let s = Sampling {
             temperature: 1.5,
+            top_p: 1.0,
             max_new_tokens: 12,
             stop: vec![7],
         };
@@ -707,9 +534,184 @@ mod tests {
         assert!(forward_cached(&w, &mut cache, &[1; 25]).is_err());
         let s = Sampling {
             temperature: f64::NAN,
+            top_p: 1.0,
             max_new_tokens: 1,
             stop: vec![0],
         };
         assert!(generate(&w, &[1], &s, &mut StdRng::seed_from_u64(0)).is_err());
+    }
+
+    /// Guarantee 2 of `cache`: each prompt of a left-padded batch gets the logits it gets alone,
+    /// at its last token and (through the cache) at the tokens fed after it.
+    #[test]
+    fn a_padded_batch_gives_each_prompt_its_own_logits() {
+        for c in [config(), real_layout()] {
+            let w = weights(&c);
+            let prompts: [&[u32]; 3] = [&[3], &[1, 5, 9, 2, 14, 3, 3], &[7, 7, 0]];
+            let mut cache = KvCache::default();
+            let last = prefill(&w, &mut cache, &prompts).unwrap();
+            assert_eq!((cache.rows(), cache.len(), cache.padding(0)), (3, 7, 6));
+            let next = forward_cached_rows(&w, &mut cache, 3, &[4, 11, 2]).unwrap();
+            for (i, (prompt, fed)) in prompts.iter().zip([4u32, 11, 2]).enumerate() {
+                let mut alone = KvCache::default();
+                let own = forward_cached(&w, &mut alone, prompt).unwrap();
+                let own_last = own.narrow(0, prompt.len() - 1, 1).unwrap();
+                let got = last.narrow(0, i, 1).unwrap();
+                assert!(max_abs_diff(&got, &own_last) < 1e-4, "prompt {i}");
+                let own_next = forward_cached(&w, &mut alone, &[fed]).unwrap();
+                let got = next.narrow(0, i, 1).unwrap();
+                assert!(
+                    max_abs_diff(&got, &own_next) < 1e-4,
+                    "prompt {i}, next token"
+                );
+            }
+        }
+    }
+
+    /// Guarantee 4, greedy: a batch of prompts of different lengths, with stop ids of their own,
+    /// decodes each prompt token for token as it decodes alone.
+    #[test]
+    fn batched_greedy_decoding_equals_one_at_a_time() {
+        for c in [config(), real_layout()] {
+            let w = weights(&c);
+            let s = Sampling::greedy(14, vec![15]);
+            let texts: [&[u32]; 5] = [&[1, 2, 3], &[4], &[9, 8, 7, 6, 5, 4, 3], &[2, 2], &[11; 20]];
+            let stops: [&[u32]; 5] = [&[], &[6, 13], &[], &[1], &[]];
+            let prompts: Vec<Prompt<'_>> = texts
+                .iter()
+                .zip(stops)
+                .map(|(t, stop)| Prompt::new(t).stop(stop))
+                .collect();
+            let mut rngs: Vec<StdRng> = (0..5).map(StdRng::seed_from_u64).collect();
+            let batch = generate_batch(&w, &prompts, &s, &mut rngs).unwrap();
+            let mut ended = 0;
+            for (i, (prompt, response)) in prompts.iter().zip(&batch).enumerate() {
+                let own = Sampling {
+                    stop: [s.stop.as_slice(), prompt.stop].concat(),
+                    ..s.clone()
+                };
+                let alone = generate(&w, prompt.tokens, &own, &mut StdRng::seed_from_u64(0));
+                assert_eq!(response, &alone.unwrap(), "prompt {i}");
+                // Within the budget and the model's positions.
+                let room = c.max_seq_len - prompt.tokens.len();
+                assert!(response.len() <= s.max_new_tokens.min(room), "prompt {i}");
+                ended += usize::from(response.last().is_some_and(|t| own.stop.contains(t)));
+            }
+            // The 20-token prompt has 4 positions left: its budget, not 14.
+            assert!(batch[4].len() <= 4);
+            assert!(
+                batch
+                    .iter()
+                    .map(Vec::len)
+                    .collect::<std::collections::HashSet<_>>()
+                    .len()
+                    > 1
+            );
+            assert!(ended > 0, "no response ended at a stop id: {batch:?}");
+        }
+    }
+
+    /// Guarantee 4, sampling: groups of several prompts in one batch draw what each draws alone
+    /// with the same generators; top-p at a tiny mass is greedy.
+    #[test]
+    fn batched_groups_draw_what_each_prompt_draws_alone() {
+        let c = real_layout();
+        let w = weights(&c);
+        let s = Sampling {
+            temperature: 1.2,
+            top_p: 0.9,
+            max_new_tokens: 10,
+            stop: vec![7],
+        };
+        let texts: [&[u32]; 3] = [&[1, 2, 3], &[4], &[9, 8, 7, 6, 5]];
+        let prompts: Vec<Prompt<'_>> = texts.iter().map(|t| Prompt::new(t).samples(3)).collect();
+        let seeds = |p: usize| (0..3).map(move |i| StdRng::seed_from_u64((10 * p + i) as u64));
+        let mut rngs: Vec<StdRng> = (0..3).flat_map(seeds).collect();
+        let batch = generate_batch_with_log_probs(&w, &prompts, &s, &mut rngs).unwrap();
+        assert_eq!(batch.len(), 9);
+        for (p, text) in texts.iter().enumerate() {
+            let mut rngs: Vec<StdRng> = seeds(p).collect();
+            let alone = generate_group_with_log_probs(&w, text, &s, &mut rngs).unwrap();
+            for (i, own) in alone.iter().enumerate() {
+                let got = &batch[3 * p + i];
+                assert_eq!(got.tokens, own.tokens, "prompt {p}, response {i}");
+                for (a, b) in got.log_probs.iter().zip(&own.log_probs) {
+                    assert!((a - b).abs() < 1e-4, "prompt {p}, response {i}: {a} vs {b}");
+                }
+            }
+        }
+        let distinct: std::collections::HashSet<&Vec<u32>> =
+            batch.iter().map(|g| &g.tokens).collect();
+        assert!(distinct.len() > 3, "the draws hardly differ");
+        // A nucleus of almost no mass holds the most likely token only.
+        let nucleus = Sampling {
+            top_p: 1e-6,
+            ..s.clone()
+        };
+        let greedy = Sampling {
+            temperature: 0.0,
+            ..s.clone()
+        };
+        let mut rngs: Vec<StdRng> = (0..9).map(|i| StdRng::seed_from_u64(i as u64)).collect();
+        let drawn = generate_batch(&w, &prompts, &nucleus, &mut rngs).unwrap();
+        let mut rngs: Vec<StdRng> = (0..9).map(|i| StdRng::seed_from_u64(i as u64)).collect();
+        assert_eq!(
+            drawn,
+            generate_batch(&w, &prompts, &greedy, &mut rngs).unwrap()
+        );
+    }
+
+    /// Guarantee 5: many sequences' log-probs at once are each one's own.
+    #[test]
+    fn batch_log_probs_are_each_sequences_own() {
+        let c = real_layout();
+        let w = weights(&c);
+        let sequences: [&[u32]; 4] = [
+            &[3, 1, 4, 1, 5, 9],
+            &[2],
+            &[7, 7],
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9],
+        ];
+        let batch = batch_log_probs(&w, &sequences).unwrap();
+        for (tokens, got) in sequences.iter().zip(&batch) {
+            let want = sequence_log_probs(&w, tokens).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-4, "{tokens:?}: {a} vs {b}");
+            }
+        }
+        assert!(batch_log_probs(&w, &[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn bad_batches_are_errors_naming_what_was_wrong() {
+        let c = config();
+        let w = weights(&c);
+        let s = Sampling::greedy(4, vec![]);
+        let mut two: Vec<StdRng> = (0..2).map(StdRng::seed_from_u64).collect();
+        let prompts = [Prompt::new(&[1, 2]).samples(3)];
+        let e = generate_batch(&w, &prompts, &s, &mut two).unwrap_err();
+        assert!(
+            e.to_string().contains("2 generators for 3 responses"),
+            "{e}"
+        );
+        let empty = [Prompt::new(&[1]), Prompt::new(&[])];
+        let e = generate_batch(&w, &empty, &s, &mut two).unwrap_err();
+        assert!(
+            e.to_string().contains("prompt 1 of the batch is empty"),
+            "{e}"
+        );
+        let bad = Sampling {
+            top_p: 0.0,
+            ..s.clone()
+        };
+        let e = generate_batch(&w, &[Prompt::new(&[1])], &bad, &mut two[..1]).unwrap_err();
+        assert!(e.to_string().contains("top_p"), "{e}");
+        let past = [Prompt::new(&[1]), Prompt::new(&[16])];
+        assert!(generate_batch(&w, &past, &s, &mut two).is_err());
+        // A prompt with no room left gets an empty response beside the others.
+        let full = [Prompt::new(&[1; 24]), Prompt::new(&[1])];
+        let out = generate_batch(&w, &full, &s, &mut two).unwrap();
+        assert!(out[0].is_empty() && !out[1].is_empty());
     }
 }

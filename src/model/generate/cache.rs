@@ -1,0 +1,366 @@
+//! The key–value cache and the forward that feeds tokens through it.
+//!
+//! Guarantees (tested in `super::tests`):
+//! 1. a row's logits are the training forward's of the same sequence, whether its tokens are fed
+//!    at once, one at a time, or beside other rows (within 1e-4);
+//! 2. **left padding is invisible**: a batch of prompts of different lengths ([`prefill`]) ends
+//!    every prompt on the same column; a row's padding is masked from every query and its
+//!    positions (rotary angles) start at 0 after it, so each row's logits are its own alone;
+//! 3. the cache holds the columns used (capacity doubled as they grow, never `max_seq_len` up
+//!    front), and a row's positions never pass `max_seq_len`.
+
+use candle_core::{DType, Tensor};
+
+use super::Weights;
+use crate::model::attention::{attend, repeat_kv};
+use crate::model::batch::MASKED;
+use crate::model::block::{block_forward_with, BlockWeights};
+use crate::model::config::MlpImpl;
+use crate::model::error::{Error, Result};
+use crate::model::ops::{rms_norm, rope_cos_sin};
+use crate::model::transformer::{head_tensors, unit_count};
+
+/// The token that fills a row's left padding (any id in the vocabulary: it is never attended to).
+const PAD: u32 = 0;
+
+/// Keys and values of every block for the tokens fed so far: `rows` sequences, fed column by
+/// column (one sequence, a group of responses to one prompt, or prompts of different lengths
+/// left-padded to end on the same column). Each block's keys and values live in buffers of
+/// `[rows, kv_heads, capacity, head_dim]` (capacity: the columns fed so far rounded up to a power
+/// of two, at least 64; grown by copying when a feed passes it); a feed writes its columns in
+/// place and attention reads the filled prefix as a view, so a token costs no copy of the cache
+/// (not `Clone`: a copy would share the buffers).
+#[derive(Debug, Default)]
+pub struct KvCache {
+    pub(super) layers: Vec<(Tensor, Tensor)>,
+    /// Columns fed so far (the same for every row).
+    len: usize,
+    rows: usize,
+    /// Per row, the columns of left padding before its first token (empty: none).
+    pads: Vec<usize>,
+}
+
+impl KvCache {
+    /// Columns fed so far; row `r` holds `len() - padding(r)` tokens of its own.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Sequences in the cache (0 before the first feed).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Row `row`'s left padding in columns (0 for rows fed alike, and for a row out of range).
+    pub fn padding(&self, row: usize) -> usize {
+        self.pads.get(row).copied().unwrap_or(0)
+    }
+
+    /// Copies a one-row cache into `rows` identical rows: a prompt fed once, then continued by
+    /// a group of responses.
+    pub fn repeat_rows(&mut self, rows: usize) -> Result<()> {
+        if self.rows != 1 || rows == 0 {
+            return Err(Error::Batch(format!(
+                "only a one-row cache can be repeated (into at least one row); it has {} rows",
+                self.rows
+            )));
+        }
+        self.select_rows(&vec![0; rows])
+    }
+
+    /// Keeps only the rows `keep` (indices of the current rows), in that order: the
+    /// responses still being generated.
+    pub fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
+        if keep.iter().copied().eq(0..self.rows) {
+            return Ok(());
+        }
+        self.select_rows(keep)
+    }
+
+    /// The rows `index` of the current ones, in that order and as often as named: a prompt
+    /// repeated for its group, or the responses still going.
+    pub fn select_rows(&mut self, index: &[usize]) -> Result<()> {
+        if index.is_empty() || index.iter().any(|&r| r >= self.rows) {
+            return Err(Error::Batch(format!(
+                "rows {index:?} to keep are not a non-empty list of the cache's {}",
+                self.rows
+            )));
+        }
+        let device = match self.layers.first() {
+            Some((k, _)) => k.device().clone(),
+            None => return Err(Error::Batch("an empty cache has no rows to keep".into())),
+        };
+        let picks: Vec<u32> = index.iter().map(|&r| r as u32).collect();
+        let picks = Tensor::from_vec(picks, index.len(), &device)?;
+        for (k, v) in self.layers.iter_mut() {
+            (*k, *v) = (k.index_select(&picks, 0)?, v.index_select(&picks, 0)?);
+        }
+        if !self.pads.is_empty() {
+            self.pads = index.iter().map(|&r| self.pads[r]).collect();
+        }
+        self.rows = index.len();
+        Ok(())
+    }
+}
+
+/// Feeds `tokens` after those in `cache` and returns their logits, `[tokens.len(), vocab]`.
+pub fn forward_cached(w: &Weights, cache: &mut KvCache, tokens: &[u32]) -> Result<Tensor> {
+    forward_cached_rows(w, cache, 1, tokens)
+}
+
+/// Feeds `rows` sequences of `tokens.len() / rows` tokens each (row-major) after those in `cache`,
+/// one column per token, and returns their logits, `[tokens.len(), vocab]` (row-major). A cache
+/// that already holds tokens must hold `rows` rows.
+pub fn forward_cached_rows(
+    w: &Weights,
+    cache: &mut KvCache,
+    rows: usize,
+    tokens: &[u32],
+) -> Result<Tensor> {
+    head_logits(w, &feed(w, cache, rows, tokens, &[])?)
+}
+
+/// Feeds `prompts` (of any lengths, at least one token each) into the empty `cache` as one batch,
+/// each left-padded to end on the longest one's last column, and returns each prompt's last
+/// logits, `[prompts.len(), vocab]`: what the first generated token of each is drawn from.
+pub fn prefill(w: &Weights, cache: &mut KvCache, prompts: &[&[u32]]) -> Result<Tensor> {
+    let (hidden, width) = feed_padded(w, cache, prompts)?;
+    let d = hidden.dim(1)?;
+    let last = hidden
+        .reshape((prompts.len(), width, d))?
+        .narrow(1, width - 1, 1)?
+        .reshape((prompts.len(), d))?;
+    head_logits(w, &last)
+}
+
+/// Per sequence of `sequences` and per token `t`, `log p(token t | tokens < t)` under `w` (entry 0,
+/// which nothing predicts, is 0): one padded forward of them all, then the head row by row, so
+/// at most one sequence's logits exist at a time.
+pub fn batch_log_probs(w: &Weights, sequences: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+    if sequences.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut cache = KvCache::default();
+    let (hidden, width) = feed_padded(w, &mut cache, sequences)?;
+    let device = hidden.device().clone();
+    let mut out = Vec::with_capacity(sequences.len());
+    for (row, tokens) in sequences.iter().enumerate() {
+        let mut log_probs = vec![0.0f32];
+        if tokens.len() > 1 {
+            let pad = width - tokens.len();
+            // Positions 0..len − 1 predict tokens 1..len.
+            let h = hidden.narrow(0, row * width + pad, tokens.len() - 1)?;
+            let logits = head_logits(w, &h)?;
+            let targets = Tensor::from_slice(&tokens[1..], (tokens.len() - 1, 1), &device)?;
+            let picked = crate::model::ops::log_softmax_last_dim(&logits)?.gather(&targets, 1)?;
+            log_probs.extend(picked.flatten_all()?.to_vec1::<f32>()?);
+        }
+        out.push(log_probs);
+    }
+    Ok(out)
+}
+
+/// `sequences` left-padded to the longest and fed into the empty `cache`: the hidden states
+/// `[rows · width, d_model]` and the width.
+fn feed_padded(w: &Weights, cache: &mut KvCache, sequences: &[&[u32]]) -> Result<(Tensor, usize)> {
+    if !cache.is_empty() {
+        return Err(Error::Batch(
+            "prompts are prefilled into an empty cache".into(),
+        ));
+    }
+    if let Some(i) = sequences.iter().position(|p| p.is_empty()) {
+        return Err(Error::Batch(format!("prompt {i} of the batch is empty")));
+    }
+    let width = sequences.iter().map(|p| p.len()).max().unwrap_or(0);
+    let pads: Vec<usize> = sequences.iter().map(|p| width - p.len()).collect();
+    let tokens: Vec<u32> = sequences
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(PAD, width - p.len()).chain(p.iter().copied()))
+        .collect();
+    Ok((feed(w, cache, sequences.len(), &tokens, &pads)?, width))
+}
+
+/// The final norm and the head: `[n, d_model]` → logits `[n, vocab]`.
+fn head_logits(w: &Weights, hidden: &Tensor) -> Result<Tensor> {
+    let c = &w.config;
+    let head = head_tensors(c, &w.units[unit_count(c) - 1], &w.units[0][0]);
+    Ok(rms_norm(hidden, &head[0], c.rms_eps)?.matmul(&head[1].t()?)?)
+}
+
+/// Feeds `rows × n` tokens (row-major) after the cache's columns and returns the last block's
+/// hidden states, `[rows · n, d_model]`. `pads` (only into an empty cache; empty: none) gives each
+/// row's left padding.
+fn feed(
+    w: &Weights,
+    cache: &mut KvCache,
+    rows: usize,
+    tokens: &[u32],
+    pads: &[usize],
+) -> Result<Tensor> {
+    let c = &w.config;
+    if tokens.is_empty() || rows == 0 || tokens.len() % rows != 0 {
+        return Err(Error::Batch(format!(
+            "{} tokens do not make {rows} non-empty rows",
+            tokens.len()
+        )));
+    }
+    if !cache.is_empty() && cache.rows != rows {
+        return Err(Error::Batch(format!(
+            "{rows} rows fed to a cache of {}",
+            cache.rows
+        )));
+    }
+    if cache.is_empty() {
+        cache.pads = pads.to_vec();
+    }
+    if !cache.pads.is_empty() && cache.pads.len() != rows {
+        return Err(Error::Batch(format!(
+            "{} paddings for {rows} rows",
+            cache.pads.len()
+        )));
+    }
+    let n = tokens.len() / rows;
+    let start = cache.len;
+    let total = start + n;
+    let least_pad = cache.pads.iter().copied().min().unwrap_or(0);
+    if total - least_pad > c.max_seq_len {
+        return Err(Error::Batch(format!(
+            "{} positions are past max_seq_len {}",
+            total - least_pad,
+            c.max_seq_len
+        )));
+    }
+    if let Some(t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+        return Err(Error::Batch(format!(
+            "token {t} is past vocab_size {}",
+            c.vocab_size
+        )));
+    }
+    let device = w.units[0][0].device();
+    grow(w, cache, rows, start, total)?;
+    // candle's CPU matmul reads strided views; other backends want them contiguous.
+    let view =
+        |t: Tensor| -> Result<Tensor> { Ok(if device.is_cpu() { t } else { t.contiguous()? }) };
+    let ids = Tensor::from_slice(tokens, tokens.len(), device)?;
+    let (cos, sin, mask) = angles_and_mask(w, &cache.pads, rows, start, n)?;
+    let groups = c.n_heads / c.kv_heads();
+
+    // Hidden states stay `[rows * n, d_model]`; only attention sees `[rows, heads, n, head_dim]`.
+    let mut x = w.units[0][0].index_select(&ids, 0)?;
+    for layer in 0..c.n_layers {
+        let params = w.block_tensors(layer);
+        let block = BlockWeights::new(c, &params)?;
+        let (k_buf, v_buf) = &cache.layers[layer];
+        // The block's attention: the new keys and values go into the cache in place, and the
+        // queries read the filled prefix.
+        let mut cached = |q: &Tensor, k_new: &Tensor, v_new: &Tensor| -> Result<Tensor> {
+            k_buf.slice_set(k_new, 2, start)?;
+            v_buf.slice_set(v_new, 2, start)?;
+            let k = view(repeat_kv(&k_buf.narrow(2, 0, total)?, groups)?)?;
+            let v = view(repeat_kv(&v_buf.narrow(2, 0, total)?, groups)?)?;
+            attend(q, &k, &v, &mask)
+        };
+        // Decoding keeps no graph: candle's ops (the chunked MLP would copy gate and up per call).
+        let mlp = MlpImpl::Full;
+        x = block_forward_with(c, &block, &x, rows, (&cos, &sin), &mut cached, mlp)?;
+    }
+    cache.len = total;
+    cache.rows = rows;
+    Ok(x)
+}
+
+/// Grows the cache's buffers to hold `total` columns (doubling; at least 64), keeping the
+/// `start` columns it holds.
+fn grow(w: &Weights, cache: &mut KvCache, rows: usize, start: usize, total: usize) -> Result<()> {
+    let c = &w.config;
+    let capacity = cache
+        .layers
+        .first()
+        .map_or(0, |(k, _)| k.dim(2).unwrap_or(0));
+    if total <= capacity {
+        return Ok(());
+    }
+    // A model whose config allows 128K positions does not allocate them for a 300-token answer.
+    let grown = total
+        .next_power_of_two()
+        .max(64)
+        .min(c.max_seq_len.max(total));
+    let device = w.units[0][0].device();
+    let buffer = || {
+        Tensor::zeros(
+            (rows, c.kv_heads(), grown, c.head_dim()),
+            DType::F32,
+            device,
+        )
+    };
+    let mut layers = Vec::with_capacity(c.n_layers);
+    for layer in 0..c.n_layers {
+        let (k, v) = (buffer()?, buffer()?);
+        if let (Some((old_k, old_v)), true) = (cache.layers.get(layer), start > 0) {
+            k.slice_set(&old_k.narrow(2, 0, start)?.contiguous()?, 2, 0)?;
+            v.slice_set(&old_v.narrow(2, 0, start)?.contiguous()?, 2, 0)?;
+        }
+        layers.push((k, v));
+    }
+    cache.layers = layers;
+    Ok(())
+}
+
+/// The rotary angles and the attention mask of `n` new columns after `start`: shared by every
+/// row (`cos, sin: [n, head_dim / 2]`, mask `[n, start + n]`) when no row is padded, else per row
+/// (`[rows, 1, n, head_dim / 2]` and `[rows, 1, n, start + n]`): a row's positions count from its
+/// first token, and its padding columns are masked from every query (a padding column's own query
+/// sees nothing: its output is never read).
+fn angles_and_mask(
+    w: &Weights,
+    pads: &[usize],
+    rows: usize,
+    start: usize,
+    n: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let device = w.units[0][0].device();
+    let inv_freq = w.config.rope_inv_freq();
+    let total = start + n;
+    if pads.iter().all(|&p| p == 0) {
+        let positions: Vec<u32> = (start as u32..total as u32).collect();
+        let (cos, sin) = rope_cos_sin(&Tensor::from_vec(positions, n, device)?, &inv_freq)?;
+        // New token i (column start + i) sees columns 0..=start + i.
+        let mask: Vec<f32> = (0..n)
+            .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { MASKED }))
+            .collect();
+        return Ok((cos, sin, Tensor::from_vec(mask, (n, total), device)?));
+    }
+    let positions: Vec<u32> = pads
+        .iter()
+        .flat_map(|&pad| (start..total).map(move |col| col.saturating_sub(pad) as u32))
+        .collect();
+    let (cos, sin) = rope_cos_sin(&Tensor::from_vec(positions, rows * n, device)?, &inv_freq)?;
+    let half = inv_freq.len();
+    let (cos, sin) = (
+        cos.reshape((rows, 1, n, half))?,
+        sin.reshape((rows, 1, n, half))?,
+    );
+    let mask: Vec<f32> = pads
+        .iter()
+        .flat_map(|&pad| {
+            (0..n).flat_map(move |i| {
+                (0..total).map(move |j| {
+                    if pad <= j && j <= start + i {
+                        0.0
+                    } else {
+                        MASKED
+                    }
+                })
+            })
+        })
+        .collect();
+    Ok((
+        cos,
+        sin,
+        Tensor::from_vec(mask, (rows, 1, n, total), device)?,
+    ))
+}
