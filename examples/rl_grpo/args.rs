@@ -80,6 +80,20 @@ pub(crate) struct Args {
     /// formats the prompts and its stop ids end the responses; no warm start.
     #[arg(long)]
     pub(crate) model_dir: Option<PathBuf>,
+    /// Write a checkpoint after every N RL steps and after the last (0: none): the policy's
+    /// parameters and AdamW state, sharded and verified as `sft` writes them, and the run's
+    /// position. Needs `--init` or `--model-dir` (the reference is read from there on resume).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) checkpoint_every: u64,
+    #[arg(long, default_value = "rl-checkpoints")]
+    pub(crate) checkpoint_dir: PathBuf,
+    /// Keep only the newest N checkpoints (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) keep_last: usize,
+    /// Continue from a checkpoint: a `step-<N>` directory, or `auto` for the newest complete one
+    /// in `--checkpoint-dir` (from scratch when there is none).
+    #[arg(long)]
+    pub(crate) resume: Option<String>,
     /// Prometheus endpoint (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:9464")]
     pub(crate) metrics_addr: SocketAddr,

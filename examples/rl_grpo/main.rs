@@ -52,6 +52,12 @@
 //! (`--decode-batch` prompts with their groups, held-out problems in batches of
 //! [`EVAL_BATCH`]).
 //!
+//! Checkpoints (`checkpoints.rs`): `--checkpoint-every N --checkpoint-dir DIR [--keep-last K]`
+//! writes the policy's parameters and AdamW state as `sft` does, with the run's position (RL
+//! steps done, next problem and sample); `--resume auto` (or a `step-<N>` directory) continues the
+//! same prompts and draws, so a killed run resumed ends as the uninterrupted one. Both need
+//! `--init` or `--model-dir`, where the reference is read again.
+//!
 //! Prometheus metrics at `--metrics-addr` (off with `--no-metrics`): the runtime's `odc_*` and, per
 //! RL step, `odc_grpo_reward`, `odc_grpo_accuracy_ratio`, `odc_grpo_response_tokens` (mean) and
 //! `odc_grpo_response_tokens_max`, `odc_grpo_kl`, `odc_grpo_sampling_tokens_per_second`
@@ -59,6 +65,7 @@
 //! `odc_grpo_groups_total` and `odc_grpo_groups_trained_total`.
 
 mod args;
+mod checkpoints;
 mod sampling;
 mod warm_start;
 
@@ -82,6 +89,7 @@ use odc::{Job, OptimizerConfig, Precision, SampleMeta};
 use serde::{Deserialize, Serialize};
 
 use args::Args;
+use checkpoints::Position;
 use sampling::{sample_groups, Response, Sampler};
 use warm_start::warm_start;
 
@@ -240,8 +248,10 @@ async fn run(
         say(format!("metrics: http://{addr}/metrics"));
     }
     check_args(&args)?;
+    checkpoints::check(&args)?;
     let (format, model, checkpoint) = load_model(&args)?;
     let (init, max_value) = initial_policy(&args, &model, checkpoint, &format, &say).await?;
+    let resumed = checkpoints::resume(&args, &tensor_map(&model)?, max_value, lead)?;
     let grpo = Grpo::new(
         args,
         rank,
@@ -252,11 +262,17 @@ async fn run(
         &init,
         max_value,
     )?;
-    let mut job = grpo.build_job(init, world)?;
-    let before = grpo.held_out(&mut job).await?;
+    let (opened, position) = match resumed {
+        Some(r) => (Some(r.opened), r.position),
+        None => (None, Position::default()),
+    };
+    let mut job = grpo.build_job(init, world, opened)?;
+    // Scored on the reference (the starting weights): the same before a resumed run.
+    let before = grpo.held_out(&mut job, &grpo.reference).await?;
     grpo.say_held_out("before", &before, None);
-    let trained = grpo.train(&mut job).await?;
-    let after = grpo.held_out(&mut job).await?;
+    let trained = grpo.train(&mut job, position).await?;
+    let policy = Weights::from_units(&grpo.model, &job.parameters().await?, &grpo.device)?;
+    let after = grpo.held_out(&mut job, &policy).await?;
     job.shutdown().await;
     grpo.report(&trained, &before, &after);
     Ok(())
@@ -463,9 +479,14 @@ impl Grpo {
     }
 
     /// The job: the policy's units from `init`, GRPO's objective, AdamW.
-    fn build_job(&self, init: Vec<Vec<f32>>, world: World) -> anyhow::Result<Job> {
+    fn build_job(
+        &self,
+        init: Vec<Vec<f32>>,
+        world: World,
+        resumed: Option<checkpoint::Opened>,
+    ) -> anyhow::Result<Job> {
         let args = &self.args;
-        let builder = transformer_job_on(
+        let mut builder = transformer_job_on(
             &self.model,
             Some(init),
             self.responses.clone(),
@@ -484,13 +505,16 @@ impl Grpo {
         })
         .clip_grad_norm(1.0)
         .token_budget(args.token_budget)
-        .pull_precision(Precision::F32);
-        Ok(if self.ranks > 1 {
-            builder.world(world)
-        } else {
-            builder.trainers(args.trainers).servers(args.servers)
+        .pull_precision(Precision::F32)
+        .keep_last_checkpoints(args.keep_last);
+        builder = match self.ranks > 1 {
+            true => builder.world(world),
+            false => builder.trainers(args.trainers).servers(args.servers),
+        };
+        if let Some(opened) = resumed {
+            builder = builder.resume_from(opened);
         }
-        .build()?)
+        Ok(builder.build()?)
     }
 
     /// What sampling `policy` needs: with the reference for training, without for scoring.
@@ -517,19 +541,17 @@ impl Grpo {
         usize::try_from(self.args.decode_batch).unwrap_or(usize::MAX)
     }
 
-    /// The job's current parameters scored on the held-out problems, every rank its share.
-    async fn held_out(&self, job: &mut Job) -> anyhow::Result<HeldOut> {
-        let params = job.parameters().await?;
-        let mine = self.held_out_share(&params)?;
+    /// `weights` scored on the held-out problems, every rank its share.
+    async fn held_out(&self, job: &mut Job, weights: &Weights) -> anyhow::Result<HeldOut> {
+        let mine = self.held_out_share(weights)?;
         held_out(job, mine).await
     }
 
-    /// This rank's share of the held-out scores of `params`.
-    fn held_out_share(&self, params: &[Vec<f32>]) -> anyhow::Result<HeldOutCounts> {
+    /// This rank's share of the held-out scores of `weights`.
+    fn held_out_share(&self, weights: &Weights) -> anyhow::Result<HeldOutCounts> {
         // Each rank's share in whole batches of each decoder, so that every batch is the one a
         // single process decodes (the scores do not depend on the number of ranks).
         let (len, rank, ranks) = (self.eval_prompts.len(), self.rank, self.ranks);
-        let weights = Weights::from_units(&self.model, params, &self.device)?;
         let prompt = |p: &Problem| self.format.prompt(&p.question);
         let problems: Vec<Problem> = self.eval_prompts
             [batch_share_range(len, EVAL_BATCH, rank, ranks)]
@@ -537,7 +559,7 @@ impl Grpo {
         .map(|(_, p)| p.clone())
         .collect();
         let greedy = evaluate_prompted(
-            &weights,
+            weights,
             &*self.format.tokenizer(),
             &problems,
             self.args.max_new_tokens,
@@ -547,7 +569,7 @@ impl Grpo {
         // The same draws before and after (a fixed seed per problem): a paired comparison.
         let sampled = batch_share_range(len, self.decode_batch(), rank, ranks);
         let groups = sample_groups(
-            &self.sampler(&weights, None, self.args.seed ^ HELD_OUT_SEED),
+            &self.sampler(weights, None, self.args.seed ^ HELD_OUT_SEED),
             &self.eval_prompts[sampled],
             self.workers,
         )?;
@@ -563,29 +585,31 @@ impl Grpo {
 
     /// The RL steps: sample the step's groups (each rank its share), keep the groups whose
     /// rewards differ, train on them.
-    async fn train(&self, job: &mut Job) -> anyhow::Result<Trained> {
+    async fn train(&self, job: &mut Job, from: Position) -> anyhow::Result<Trained> {
         let task = ArithTask::train(self.args.seed.wrapping_add(1)).with_max_value(self.max_value);
-        let (mut problem, mut next_index) = (0u64, 0u64);
+        let mut at = from;
         let mut trained = Trained {
             started: Instant::now(),
-            step_rewards: Vec::new(),
-            reward: f64::NAN,
-            accuracy: f64::NAN,
+            reward: at.step_rewards.last().copied().unwrap_or(f64::NAN),
+            accuracy: at.last_accuracy.unwrap_or(f64::NAN),
+            step_rewards: at.step_rewards.clone(),
         };
-        for step in 0..self.args.steps {
+        // The optimizer step of the newest checkpoint (none written for a step without update).
+        let mut checkpointed = job.steps_done();
+        for step in at.steps_done..self.args.steps {
             let policy = Weights::from_units(&self.model, &job.parameters().await?, &self.device)?;
             let t = Instant::now();
             // The step's problems: the next ones that fit the model with their reference answer.
             let mut prompts = Vec::with_capacity(self.args.prompts);
             while prompts.len() < self.args.prompts {
-                let p = task.problem(problem);
+                let p = task.problem(at.problem);
                 if self.format.problem_sample(&p)?.len() <= self.max_len {
-                    prompts.push((problem, p));
+                    prompts.push((at.problem, p));
                 }
-                problem += 1;
+                at.problem += 1;
             }
             let groups = self.sample_step(job, &policy, &prompts, step).await?;
-            let samples = StepSamples::of(groups, &mut next_index);
+            let samples = StepSamples::of(groups, &mut at.next_index);
             let sample_secs = t.elapsed().as_secs_f64();
             let (reward, accuracy, kl) = samples.record(sample_secs);
             trained.reward = reward;
@@ -602,6 +626,22 @@ impl Grpo {
                 self.args.steps,
                 prompts.len(),
             ));
+            at.steps_done = step + 1;
+            at.step_rewards.clone_from(&trained.step_rewards);
+            at.last_accuracy = Some(accuracy);
+            let updated = job.steps_done() != checkpointed;
+            if self.rank == 0 && updated && checkpoints::due(&self.args, at.steps_done) {
+                let extra = checkpoints::extra(&self.args, self.max_value, &at)?;
+                let tensors = tensor_map(&self.model)?;
+                let dir = &self.args.checkpoint_dir;
+                if let Some(written) = job.checkpoint_async(dir, &tensors, &extra).await? {
+                    self.say(format!("checkpoint: {}", written.display()));
+                }
+                checkpointed = job.steps_done();
+            }
+        }
+        if let Some(written) = job.wait_checkpoint().await? {
+            self.say(format!("checkpoint: {}", written.display()));
         }
         Ok(trained)
     }

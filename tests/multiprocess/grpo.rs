@@ -112,5 +112,78 @@ fn grpo_samples_a_share_on_every_rank_and_matches_one_process() {
         want.iter().any(|(_, loss)| loss.is_some()),
         "no step trained a group (the warm start taught nothing?):\n{one}"
     );
+
+    // RL checkpoints: the one-process run again, checkpointing after every step, SIGKILLed during
+    // step 3, then resumed with `--resume auto`: it continues the same prompts and draws from
+    // the newest complete checkpoint and ends as the uninterrupted run did.
+    let checkpoints = dir.join("rl");
+    let resumable = |resume: bool| {
+        let mut command = Command::new(example("rl_grpo"));
+        command
+            .args(args(&init))
+            .args([
+                "--trainers",
+                "2",
+                "--servers",
+                "2",
+                "--checkpoint-every",
+                "1",
+            ])
+            .arg("--checkpoint-dir")
+            .arg(&checkpoints);
+        if resume {
+            command.args(["--resume", "auto"]);
+        }
+        command
+    };
+    let mut first = resumable(false)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("rl_grpo starts");
+    let pid = first.id() as i32;
+    // I6: the run is killed (and the read below ends) past its deadline whatever happens; the
+    // watchdog stands down (its channel closed) once the run has been reaped.
+    let (reaped, deadline) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let late = deadline.recv_timeout(Duration::from_secs(300));
+        if matches!(late, Err(std::sync::mpsc::RecvTimeoutError::Timeout)) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let stdout = first.stdout.take().expect("piped stdout");
+    let (seen, _) = super::harness::read_until(stdout, "step   2/3");
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = first.wait();
+    drop(reaped);
+    let _ = watchdog.join();
+    let resumed = succeeded(
+        &run(resumable(true), Duration::from_secs(300)),
+        "the resumed run",
+    );
+    assert!(
+        resumed.contains("resuming from "),
+        "no checkpoint was resumed from (written before the kill: {seen:?}):\n{resumed}"
+    );
+    let got = report(&resumed);
+    assert!(
+        got.iter().any(|(line, _)| line.starts_with("step   3/3")),
+        "{resumed}"
+    );
+    for (got_line, got_loss) in &got {
+        let key: String = got_line.chars().take(12).collect();
+        let (want_line, want_loss) = want
+            .iter()
+            .find(|(line, _)| line.starts_with(&key))
+            .unwrap_or_else(|| panic!("{got_line:?} is not in the uninterrupted run:\n{one}"));
+        assert_eq!(
+            got_line, want_line,
+            "\nresumed:\n{resumed}\nuninterrupted:\n{one}"
+        );
+        match (want_loss, got_loss) {
+            (Some(w), Some(g)) => assert!((w - g).abs() <= 2e-4, "loss {g} resumed vs {w}"),
+            (None, None) => {}
+            _ => panic!("an update in one run only: {want_line}"),
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
