@@ -72,6 +72,7 @@ fn a_short_grpo_run_reports_rewards_groups_and_its_final_line() {
         ("odc_grpo_response_tokens_max", "gauge"),
         ("odc_grpo_kl", "gauge"),
         ("odc_grpo_sampling_tokens_per_second", "gauge"),
+        ("odc_grpo_timing_seconds", "gauge"),
         ("odc_grpo_groups_total", "counter"),
         ("odc_grpo_groups_trained_total", "counter"),
     ] {
@@ -86,6 +87,12 @@ fn a_short_grpo_run_reports_rewards_groups_and_its_final_line() {
             || metrics.contains("\nodc_grpo_groups_total 6\n"),
         "{metrics}"
     );
+    for stage in ["gen", "reward", "ref", "gather", "update_actor"] {
+        assert!(
+            metrics.contains(&format!("odc_grpo_timing_seconds{{stage=\"{stage}\"}} ")),
+            "stage {stage} in {metrics}"
+        );
+    }
     assert!(
         metrics.contains("# TYPE odc_tokens_total counter"),
         "{metrics}"
@@ -117,6 +124,10 @@ fn a_short_grpo_run_reports_rewards_groups_and_its_final_line() {
         assert!(
             line.contains("groups trained") && line.contains("/3"),
             "{line}"
+        );
+        assert!(
+            line.contains("(gen ") && line.contains(", reward ") && line.contains(", ref "),
+            "the step's time split by stage: {line}"
         );
     }
     let last = stdout.lines().last().unwrap_or_default();

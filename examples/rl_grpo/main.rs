@@ -26,7 +26,8 @@
 //! is not trained on (DAPO's dynamic sampling, without refilling); the others get the reference's
 //! log-probs and go into one odc step. Printed per step: reward, accuracy (exact match), response
 //! length (mean, max), the KL to the reference (k3 per response token, over the trained groups:
-//! the term the loss weighs by `--kl-coef`), groups trained, loss. Before and after RL, `--eval-problems` held-out
+//! the term the loss weighs by `--kl-coef`), groups trained, loss. Before and after RL,
+//! `--eval-problems` held-out
 //! problems are answered greedily and sampled `--group-size` times each with fixed seeds (a paired
 //! comparison). The last line is `final step=<n> reward=<f> accuracy=<f>`. `--max-value`
 //! defaults to the `--init` checkpoint's (the SFT run's setting).
@@ -62,7 +63,9 @@
 //! RL step, `odc_grpo_reward`, `odc_grpo_accuracy_ratio`, `odc_grpo_response_tokens` (mean) and
 //! `odc_grpo_response_tokens_max`, `odc_grpo_kl`, `odc_grpo_sampling_tokens_per_second`
 //! (response tokens over the sampling phase's wall time), and the counters
-//! `odc_grpo_groups_total` and `odc_grpo_groups_trained_total`.
+//! `odc_grpo_groups_total` and `odc_grpo_groups_trained_total`, and each stage's wall seconds
+//! `odc_grpo_timing_seconds{stage}` (verl's `timing_s/<stage>`: `gen`, `reward`, `ref`, `gather`,
+//! `update_actor`; the step line prints the sampling ones after `sampling N s`).
 
 mod args;
 mod checkpoints;
@@ -90,7 +93,7 @@ use serde::{Deserialize, Serialize};
 
 use args::Args;
 use checkpoints::Position;
-use sampling::{sample_groups, Response, Sampler};
+use sampling::{sample_groups, Response, Sampler, Timings};
 use warm_start::warm_start;
 
 /// The example's metrics (besides the runtime's `odc_*`), set after every RL step.
@@ -110,6 +113,10 @@ mod names {
     /// Groups sampled, and those trained on (responses not all scored alike).
     pub const GROUPS: &str = "odc_grpo_groups_total";
     pub const GROUPS_TRAINED: &str = "odc_grpo_groups_trained_total";
+    /// Wall seconds of each stage of the last RL step on this rank, label `stage` (verl's
+    /// `timing_s/<stage>`): `gen` (decoding), `reward`, `ref` (the reference's log-probs),
+    /// `gather` (waiting for the other ranks' groups) and `update_actor` (the odc step).
+    pub const TIMING: &str = "odc_grpo_timing_seconds";
 
     pub fn describe() {
         use metrics::{describe_counter, describe_gauge};
@@ -133,6 +140,10 @@ mod names {
         describe_gauge!(
             SAMPLING_TOKENS_PER_SECOND,
             "Response tokens sampled per second in the last RL step"
+        );
+        describe_gauge!(
+            TIMING,
+            "Wall seconds of each stage of the last RL step (label stage)"
         );
         describe_counter!(GROUPS, "Groups of responses sampled");
         describe_counter!(GROUPS_TRAINED, "Groups trained on (their rewards differ)");
@@ -568,7 +579,7 @@ impl Grpo {
         )?;
         // The same draws before and after (a fixed seed per problem): a paired comparison.
         let sampled = batch_share_range(len, self.decode_batch(), rank, ranks);
-        let groups = sample_groups(
+        let (groups, _) = sample_groups(
             &self.sampler(weights, None, self.args.seed ^ HELD_OUT_SEED),
             &self.eval_prompts[sampled],
             self.workers,
@@ -608,7 +619,7 @@ impl Grpo {
                 }
                 at.problem += 1;
             }
-            let groups = self.sample_step(job, &policy, &prompts, step).await?;
+            let (groups, timings, gather) = self.sample_step(job, &policy, &prompts, step).await?;
             let samples = StepSamples::of(groups, &mut at.next_index);
             let sample_secs = t.elapsed().as_secs_f64();
             let (reward, accuracy, kl) = samples.record(sample_secs);
@@ -619,9 +630,25 @@ impl Grpo {
             let mean_len = lengths.iter().sum::<usize>() as f64 / lengths.len() as f64;
             let max_len = lengths.iter().copied().max().unwrap_or(0);
             let kept = samples.kept;
+            let t = Instant::now();
             let update = self.update(job, samples, step).await?;
+            let stages = [
+                ("gen", timings.gen),
+                ("reward", timings.reward),
+                ("ref", timings.reference),
+                ("gather", gather),
+                ("update_actor", t.elapsed().as_secs_f64()),
+            ];
+            for (stage, secs) in stages {
+                metrics::gauge!(names::TIMING, "stage" => stage).set(secs);
+            }
+            let split = stages[..4]
+                .iter()
+                .map(|(stage, secs)| format!("{stage} {secs:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ");
             self.say(format!(
-                "step {:3}/{}  reward {reward:.3}  accuracy {accuracy:.3}  response mean {mean_len:.0} max {max_len} tokens  kl {kl:.5}  groups trained {kept}/{}  sampling {sample_secs:.1} s  {update}",
+                "step {:3}/{}  reward {reward:.3}  accuracy {accuracy:.3}  response mean {mean_len:.0} max {max_len} tokens  kl {kl:.5}  groups trained {kept}/{}  sampling {sample_secs:.1} s ({split})  {update}",
                 step + 1,
                 self.args.steps,
                 prompts.len(),
@@ -646,29 +673,33 @@ impl Grpo {
         Ok(trained)
     }
 
-    /// This rank's share of the step's groups, then every rank's (in prompt order).
+    /// This rank's share of the step's groups, then every rank's (in prompt order); this rank's
+    /// stage times, and the wait for the others' groups.
     async fn sample_step(
         &self,
         job: &mut Job,
         policy: &Weights,
         prompts: &[(u64, Problem)],
         step: u64,
-    ) -> anyhow::Result<Vec<Vec<Response>>> {
-        let mine = sample_groups(
+    ) -> anyhow::Result<(Vec<Vec<Response>>, Timings, f64)> {
+        let share = batch_share_range(prompts.len(), self.decode_batch(), self.rank, self.ranks);
+        let (mine, timings) = sample_groups(
             &self.sampler(policy, Some(&self.reference), self.args.seed),
-            &prompts[batch_share_range(prompts.len(), self.decode_batch(), self.rank, self.ranks)],
+            &prompts[share],
             self.workers,
         )?;
         if self.ranks == 1 {
-            return Ok(mine);
+            return Ok((mine, timings, 0.0));
         }
-        Ok(job
+        let t = Instant::now();
+        let all = job
             .all_gather(&mine, GATHER_TIMEOUT)
             .await
             .with_context(|| format!("gathering the groups of RL step {}", step + 1))?
             .into_iter()
             .flatten()
-            .collect())
+            .collect();
+        Ok((all, timings, t.elapsed().as_secs_f64()))
     }
 
     /// One optimizer step on the kept groups' responses (none when every group scored alike).

@@ -1,9 +1,13 @@
-//! Sampling a step's groups: `--group-size` responses to each prompt from the current policy,
-//! each scored, and for a group that is trained on the reference's log-probabilities and the KL
-//! to it.
+//! Sampling a step's groups in three timed stages (verl's `timing_s/gen`, `reward`, `ref`):
+//! `--group-size` responses to each prompt from the current policy (batches of `--decode-batch`
+//! prompts, each decoded together), each response scored, and for a group that is trained on the
+//! reference's log-probabilities and the KL to it (the trained responses of each decoding batch
+//! in one batched forward).
+
+use std::time::Instant;
 
 use odc::model::{
-    batch_log_probs, generate_batch_with_log_probs, map_batches_in_shares, Prompt, Sampling,
+    batch_log_probs, generate_batch_with_log_probs, map_in_shares, Generated, Prompt, Sampling,
     Weights,
 };
 use odc::text::{exact_match, weighted_reward, Problem, TextFormat};
@@ -41,24 +45,72 @@ pub(crate) struct Response {
     pub(crate) kl_sum: f64,
 }
 
-/// Each prompt's group of responses, sampled by `workers` threads at once (contiguous shares of
-/// the batches of `sampler.batch` prompts), a batch decoded together. Each response draws from its
-/// own RNG, seeded from `seed` and the problem's index, and the batches are cut from the whole
-/// list, so the responses do not depend on the number of workers (nor of ranks, each sampling
-/// a [`batch_share_range`](odc::model::batch_share_range)).
-pub(crate) fn sample_groups(
-    sampler: &Sampler<'_>,
-    prompts: &[(u64, Problem)],
-    workers: usize,
-) -> anyhow::Result<Vec<Vec<Response>>> {
-    map_batches_in_shares(prompts, workers, sampler.batch, |batch| {
-        sample_batch(sampler, batch)
-    })
+/// Wall seconds of each sampling stage on this rank.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Timings {
+    /// Decoding the responses.
+    pub(crate) gen: f64,
+    /// Decoding their text and scoring it.
+    pub(crate) reward: f64,
+    /// The reference's log-probs of the trained groups.
+    pub(crate) reference: f64,
 }
 
-/// `group_size` responses to each problem of `batch`, and the reference's log-probs and the KL to
-/// it for the groups whose rewards differ (only such a group is trained on).
-fn sample_batch(s: &Sampler<'_>, batch: &[(u64, Problem)]) -> anyhow::Result<Vec<Vec<Response>>> {
+/// A batch's groups of scored responses, and the decoder's log-probs of each response
+/// (group-major).
+type Scored = (Vec<Vec<Response>>, Vec<Vec<f32>>);
+
+/// One decoding batch: its prompts' tokens and every response (prompt-major).
+struct Decoded {
+    prompts: Vec<Vec<u32>>,
+    generated: Vec<Generated>,
+}
+
+/// Each prompt's group of responses, sampled by `workers` threads at once (contiguous shares of
+/// the batches of `sampler.batch` prompts), a batch decoded together, with each stage's time.
+/// Each response draws from its own RNG, seeded from `seed` and the problem's index, and the
+/// batches are cut from the whole list, so the responses do not depend on the number of workers
+/// (nor of ranks, each sampling a [`batch_share_range`](odc::model::batch_share_range)).
+pub(crate) fn sample_groups(
+    s: &Sampler<'_>,
+    prompts: &[(u64, Problem)],
+    workers: usize,
+) -> anyhow::Result<(Vec<Vec<Response>>, Timings)> {
+    let batches: Vec<&[(u64, Problem)]> = prompts.chunks(s.batch.max(1)).collect();
+    let t = Instant::now();
+    let decoded = map_in_shares(&batches, workers, |batch| decode(s, batch))?;
+    let gen = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mut scored = Vec::with_capacity(batches.len());
+    for (batch, decoded) in batches.iter().zip(decoded) {
+        scored.push(score(s, batch, decoded)?);
+    }
+    let reward = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    if let Some(reference) = s.reference {
+        let kl = map_in_shares(&scored, workers, |(groups, policy)| {
+            against_reference(reference, groups, policy)
+        })?;
+        for ((groups, _), kl) in scored.iter_mut().zip(kl) {
+            for (r, (ref_log_probs, kl_sum)) in groups.iter_mut().flatten().zip(kl) {
+                (r.ref_log_probs, r.kl_sum) = (ref_log_probs, kl_sum);
+            }
+        }
+    }
+    let reference = t.elapsed().as_secs_f64();
+    let groups = scored.into_iter().flat_map(|(groups, _)| groups).collect();
+    Ok((
+        groups,
+        Timings {
+            gen,
+            reward,
+            reference,
+        },
+    ))
+}
+
+/// `group_size` responses to each problem of `batch`, decoded together.
+fn decode(s: &Sampler<'_>, batch: &[(u64, Problem)]) -> anyhow::Result<Decoded> {
     let mut rngs: Vec<StdRng> = Vec::with_capacity(batch.len() * s.group_size);
     for (index, _) in batch {
         let mut rng = StdRng::seed_from_u64(s.seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -73,11 +125,20 @@ fn sample_batch(s: &Sampler<'_>, batch: &[(u64, Problem)]) -> anyhow::Result<Vec
         .map(|t| Prompt::new(t).samples(s.group_size))
         .collect();
     let generated = generate_batch_with_log_probs(s.policy, &prompts, s.sampling, &mut rngs)?;
+    Ok(Decoded {
+        prompts: texts,
+        generated,
+    })
+}
+
+/// A batch's responses as groups, each response's text scored; and the decoder's log-probs of
+/// each (group-major).
+fn score(s: &Sampler<'_>, batch: &[(u64, Problem)], decoded: Decoded) -> anyhow::Result<Scored> {
     let tokenizer = s.format.tokenizer();
     let mut groups = Vec::with_capacity(batch.len());
-    let mut policy_log_probs = Vec::with_capacity(generated.len());
-    let mut generated = generated.into_iter();
-    for ((_, problem), prompt) in batch.iter().zip(&texts) {
+    let mut policy_log_probs = Vec::with_capacity(decoded.generated.len());
+    let mut generated = decoded.generated.into_iter();
+    for ((_, problem), prompt) in batch.iter().zip(&decoded.prompts) {
         let mut group = Vec::with_capacity(s.group_size);
         for g in generated.by_ref().take(s.group_size) {
             let text = tokenizer.decode(&g.tokens)?;
@@ -93,20 +154,18 @@ fn sample_batch(s: &Sampler<'_>, batch: &[(u64, Problem)]) -> anyhow::Result<Vec
         }
         groups.push(group);
     }
-    if let Some(reference) = s.reference {
-        score_against(reference, &mut groups, &policy_log_probs)?;
-    }
-    Ok(groups)
+    Ok((groups, policy_log_probs))
 }
 
-/// The reference's log-probs of every response of the groups whose rewards differ (one batched
-/// forward of them all), and each one's KL to it at the sampled tokens (`policy`: the decoder's
-/// log-probs of every response, group-major: no extra forward of the policy).
-fn score_against(
+/// Per response of `groups` (group-major), the reference's log-probs and the KL to it at the
+/// sampled tokens, for the groups whose rewards differ (one batched forward of them all; empty
+/// and 0 for the others). `policy`: the decoder's log-probs of every response (no extra
+/// forward of the policy).
+fn against_reference(
     reference: &Weights,
-    groups: &mut [Vec<Response>],
+    groups: &[Vec<Response>],
     policy: &[Vec<f32>],
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<(Vec<f32>, f64)>> {
     let trained = |g: &Vec<Response>| g.iter().any(|r| r.reward != g[0].reward);
     let sequences: Vec<&[u32]> = groups
         .iter()
@@ -116,17 +175,20 @@ fn score_against(
         .collect();
     let mut scored = batch_log_probs(reference, &sequences)?.into_iter();
     let mut policy = policy.iter();
-    for group in groups.iter_mut() {
+    let mut out = Vec::new();
+    for group in groups {
         let kept = trained(group);
-        for r in group.iter_mut() {
+        for r in group {
             let policy = policy.next().map(Vec::as_slice).unwrap_or_default();
             if !kept {
+                out.push((Vec::new(), 0.0));
                 continue;
             }
-            r.ref_log_probs = scored.next().unwrap_or_default();
-            // The KL term the loss weighs, at the sampled tokens.
+            let ref_log_probs = scored.next().unwrap_or_default();
             let first = r.tokens.len() - r.response.len();
-            r.kl_sum = r.ref_log_probs[first..]
+            let kl: f64 = ref_log_probs
+                .get(first..)
+                .unwrap_or_default()
                 .iter()
                 .zip(policy)
                 .map(|(&reference, &policy)| {
@@ -134,7 +196,8 @@ fn score_against(
                     d.exp() - d - 1.0
                 })
                 .sum();
+            out.push((ref_log_probs, kl));
         }
     }
-    Ok(())
+    Ok(out)
 }
