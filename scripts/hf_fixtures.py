@@ -13,6 +13,9 @@ odc did not write.
                                                    # the fixture's (`tests/hf_parity.rs` writes
                                                    # odc's exports of the fixtures under
                                                    # target/tmp/hf-exports/)
+    python3 scripts/hf_fixtures.py --generate       # adds generate.json to each case: greedy
+                                                   # `generate` of PROMPTS, one at a time, and
+                                                   # batched with left padding (they agree)
     python3 scripts/hf_fixtures.py --check-peft BASE ADAPTERS MERGED
                                                    # PEFT's LoRA on BASE with odc's adapters vs
                                                    # odc's merged export (pip install peft)
@@ -30,6 +33,10 @@ import transformers
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 TOKENS = [5, 17, 3, 88, 42, 42, 9, 60, 1, 33, 71, 2]
+
+# Prompts of different lengths for `--generate`, each continued greedily by NEW_TOKENS tokens.
+PROMPTS = [[7], [5, 17, 3, 88, 42], [60, 1, 33, 71, 2, 9, 9, 14, 80, 3, 3, 51], [90, 4, 4]]
+NEW_TOKENS = 40
 
 COMMON = dict(
     vocab_size=96,
@@ -90,6 +97,36 @@ def make(out: pathlib.Path):
         print(f"{directory}: {sum(p.numel() for p in model.parameters())} parameters")
 
 
+def generate(out: pathlib.Path):
+    """`generate.json` in every case: `transformers`' greedy continuation of each prompt alone,
+    checked equal to a batched, left-padded `generate` of them all."""
+    for name in cases():
+        directory = out / name
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        alone = []
+        with torch.no_grad():
+            for prompt in PROMPTS:
+                ids = model.generate(
+                    torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS,
+                    min_new_tokens=NEW_TOKENS, pad_token_id=0,
+                )[0, len(prompt):].tolist()
+                alone.append(ids)
+            width = max(map(len, PROMPTS))
+            padded = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+            batched = model.generate(
+                padded, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS, pad_token_id=0,
+            )[:, width:].tolist()
+        assert batched == alone, f"{name}: batched {batched} != alone {alone}"
+        (directory / "generate.json").write_text(json.dumps({
+            "made_by": f"transformers {transformers.__version__}, torch {torch.__version__}",
+            "prompts": PROMPTS,
+            "greedy": alone,
+        }) + "\n")
+        print(f"{directory}/generate.json")
+
+
 def check_export(directory: str, tokens, against):
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -133,10 +170,14 @@ if __name__ == "__main__":
     parser.add_argument("--check-export")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     parser.add_argument("--against", help="a logits.json to compare with (prints the max |diff|)")
+    parser.add_argument("--generate", action="store_true",
+                        help="add generate.json (greedy continuations) to the existing cases")
     parser.add_argument("--check-peft", nargs=3, metavar=("BASE", "ADAPTERS", "MERGED"),
                         help="PEFT applying odc's adapters to BASE vs odc's MERGED export")
     args = parser.parse_args()
-    if args.check_peft:
+    if args.generate:
+        generate(pathlib.Path(args.out))
+    elif args.check_peft:
         check_peft(*args.check_peft, [int(t) for t in args.tokens.split(",")])
     elif args.check_export:
         check_export(args.check_export, [int(t) for t in args.tokens.split(",")], args.against)

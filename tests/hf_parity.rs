@@ -4,7 +4,9 @@
 //!   Qwen3 models saved by `transformers`' own `save_pretrained` (config in transformers 5's
 //!   layout, `rope_parameters` included) with the logits it computed for a fixed sequence
 //!   (`scripts/hf_fixtures.py` makes them); odc opens each directory and must give the same
-//!   logits — a checkpoint odc did not write, read and run by odc.
+//!   logits — a checkpoint odc did not write, read and run by odc. With each case's
+//!   `generate.json` (`--generate`: `transformers`' greedy `generate` of prompts of different
+//!   lengths, 40 tokens each), odc's batched decoder must give the same tokens, token for token.
 //! - **candle-transformers**: its `llama`, `qwen2` and `qwen3` read the same Hugging Face
 //!   directory as odc (its `config.json` and safetensors, through their own serde configs and
 //!   `VarBuilder`).
@@ -28,8 +30,8 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::{llama, qwen2, qwen3};
 use odc::model::hf::{export_hf, ExportDtype, ExportOptions, HfCheckpoint};
 use odc::model::{
-    forward_cached, model_forward, unit_count, unit_init_values, KvCache, ModelConfig, PackedBatch,
-    RopeScaling, Sample, Weights,
+    forward_cached, generate, generate_batch, model_forward, unit_count, unit_init_values, KvCache,
+    ModelConfig, PackedBatch, Prompt, RopeScaling, Sample, Sampling, Weights,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -288,6 +290,40 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 fn spread(t: &Tensor) -> f32 {
     let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
     v.iter().fold(0.0, |m, x| m.max(x.abs()))
+}
+
+/// `scripts/hf_fixtures.py --generate`: `transformers`' greedy `generate` of prompts of different
+/// lengths (40 new tokens each, f32, one at a time; its batched, left-padded run agreed) equals
+/// odc's batched decoder on the same checkpoints, all prompts in one left-padded batch, and each
+/// prompt alone: token for token.
+#[test]
+fn greedy_generation_equals_python_transformers_generate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let mut cases = 0;
+    for entry in std::fs::read_dir(&root).expect("tests/fixtures/hf") {
+        let dir = entry.expect("an entry").path();
+        let Ok(text) = std::fs::read_to_string(dir.join("generate.json")) else {
+            continue;
+        };
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let prompts: Vec<Vec<u32>> = serde_json::from_value(fixture["prompts"].clone()).unwrap();
+        let want: Vec<Vec<u32>> = serde_json::from_value(fixture["greedy"].clone()).unwrap();
+        let checkpoint = HfCheckpoint::open(&dir).expect("odc opens transformers' checkpoint");
+        let units = checkpoint.all_unit_values().unwrap();
+        let weights = Weights::from_units(checkpoint.config(), &units, &Device::Cpu).unwrap();
+        let sampling = Sampling::greedy(want[0].len(), Vec::new());
+        let batch: Vec<Prompt<'_>> = prompts.iter().map(|p| Prompt::new(p)).collect();
+        let mut rngs: Vec<StdRng> = (0..batch.len()).map(|_| StdRng::seed_from_u64(0)).collect();
+        let got = generate_batch(&weights, &batch, &sampling, &mut rngs).unwrap();
+        assert_eq!(got, want, "{name}: the batch");
+        for (prompt, want) in prompts.iter().zip(&want) {
+            let alone = generate(&weights, prompt, &sampling, &mut StdRng::seed_from_u64(0));
+            assert_eq!(&alone.unwrap(), want, "{name}: {prompt:?} alone");
+        }
+        cases += 1;
+    }
+    assert_eq!(cases, 4, "every case has its generate.json");
 }
 
 /// The fixtures of `scripts/hf_fixtures.py`: each directory's logits by Python `transformers`.
