@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: benches/gpu/run.sh's correctness rows (MEASURE=0), then
 # benches/gpu/figures.sh (odc against the PyTorch peer and candle alone, host bytes per step),
-# each within its share of DEADLINE seconds, with at most 8 files back under $OUT (the device
-# tool's limit): run.txt (run.sh's table), run-logs.tar.gz, figures.txt (the figures' table),
-# figures-run.txt (figures.sh's own output) and figures-logs.tar.gz.
+# then benches/gpu/sampling.sh (odc's batched sampler against transformers' generate, greedy
+# parity), each within its share of DEADLINE seconds, with at most 8 files back under $OUT (the
+# device tool's limit): run.txt (run.sh's table), run-logs.tar.gz, figures.txt (the figures'
+# table), figures-run.txt (figures.sh's own output), figures-logs.tar.gz, sampling.txt and
+# sampling-logs.tar.gz.
 #
 #   OUT=... DEADLINE=540 CHECKS=150 benches/gpu/lease.sh [BIN_FOLDER]   (default target/gpu-bin)
 #
 # The GSM8K training set is read from target/gpu-data/train.jsonl (or its .xz, unpacked here):
 # copy ../shared/data/gsm8k/train.jsonl there before the call and carry target/gpu-data.
-# SKIP_CHECKS=1 leaves run.sh out; FIGURES_ENV passes more variables to figures.sh (e.g.
-# "SKIP=qwen").
+# SKIP_CHECKS=1 leaves run.sh out, SKIP_FIGURES=1 figures.sh, SKIP_SAMPLING=1 sampling.sh;
+# FIGURES_ENV and SAMPLING_ENV pass more variables to them (e.g. "SKIP=qwen", "SHAPES=smollm2-135m");
+# SAMPLING_SHARE (120) is the seconds kept for sampling.sh when it runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 FOLDER="${1:-target/gpu-bin}"
@@ -36,8 +39,12 @@ if [ "${SKIP_CHECKS:-0}" != 1 ]; then
   tar -czf "$OUT/run-logs.tar.gz" -C "$scratch" run 2>/dev/null
 fi
 
-left=$((DEADLINE - (SECONDS - started) - 15))
-if [ "$left" -lt 60 ]; then
+keep=0
+[ "${SKIP_SAMPLING:-0}" != 1 ] && keep="${SAMPLING_SHARE:-120}"
+left=$((DEADLINE - (SECONDS - started) - 15 - keep))
+if [ "${SKIP_FIGURES:-0}" = 1 ]; then
+  :
+elif [ "$left" -lt 60 ]; then
   echo "lease.sh: $left s left: figures.sh not run" | tee "$OUT/figures-run.txt"
 else
   # shellcheck disable=SC2086
@@ -45,6 +52,18 @@ else
     >"$OUT/figures-run.txt" 2>&1
   echo "lease.sh: figures.sh exit $? after $((SECONDS - started)) s" >>"$OUT/figures-run.txt"
 fi
+left=$((DEADLINE - (SECONDS - started) - 15))
+if [ "${SKIP_SAMPLING:-0}" = 1 ]; then
+  :
+elif [ "$left" -lt 60 ]; then
+  echo "lease.sh: $left s left: sampling.sh not run" | tee "$OUT/sampling.txt"
+else
+  # shellcheck disable=SC2086
+  env ${SAMPLING_ENV:-} OUT="$OUT" DEADLINE="$left" benches/gpu/sampling.sh "$FOLDER" \
+    >/dev/null 2>"$OUT/sampling-run.err"
+  [ -s "$OUT/sampling-run.err" ] || rm -f "$OUT/sampling-run.err"
+fi
 rm -rf "$scratch"
 grep -E 'PASS|FAIL|every check|some checks' "$OUT/run.txt" 2>/dev/null | tail -40
-cat "$OUT/figures.txt" 2>/dev/null || tail -30 "$OUT/figures-run.txt"
+cat "$OUT/figures.txt" 2>/dev/null || tail -30 "$OUT/figures-run.txt" 2>/dev/null
+cat "$OUT/sampling.txt" 2>/dev/null

@@ -7,6 +7,17 @@ odc's `sft`, on the same model directory and the same GSM8K chat samples, plus t
     peer.py train --model-dir DIR --data TRAIN.jsonl --batch-size N --steps S --warmup W [--json OUT]
     peer.py odc-log LOG --warmup W [--peer-json J]      (what figures.sh reads from odc's output)
     peer.py report --runs RUNS.tsv [--gpu-name NAME]     (figures.sh's table)
+    peer.py generate --model-dir DIR --prompts P.json --json OUT [--dtype bf16|f32]
+    peer.py generate-report --odc A.json,B.json --peer C.json,D.json [--greedy-odc G --greedy-peer H]
+
+generate: transformers' batched `generate` (left-padded prompts with their attention mask,
+SDPA, `num_return_sequences`, sampling at the odc run's temperature and top-p with top-k off, its
+stop ids as `eos_token_id`) on the prompts `odc-bench generate --prompts-out P.json` wrote (the
+same token ids, GSM8K questions in the directory's chat template); `--rounds` timed rounds
+between torch.cuda.synchronize() calls; a response's tokens counted as odc counts them (up to
+and including its first stop id). At temperature 0 the responses go into the JSON (`greedy`).
+generate-report: the sampled tokens/s of odc over the peer's (the mean of each side's best
+rounds, ABBA runs), the peer/peer control, and the greedy responses compared token for token.
 
 make-model: a Hugging Face directory with seeded RANDOM weights in a public model's shape
 (benches/src/hf.rs's table: SmolLM2-135M as LlamaForCausalLM, Qwen2.5-0.5B as
@@ -867,6 +878,104 @@ def report(args):
     return 1 if any(r[3] == "FAIL" for r in rows) else 0
 
 
+# --- generate -----------------------------------------------------------------------------------
+
+
+def generate(args):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    spec = json.loads(Path(args.prompts).read_text())
+    prompts, stop, samples = spec["prompts"], spec["stop"], spec["samples"]
+    temperature, top_p = spec["temperature"], spec["top_p"]
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    pad = stop[0] if stop else 0
+    batch = args.decode_batch or len(prompts)
+    options = dict(max_new_tokens=spec["max_new_tokens"], eos_token_id=stop or None,
+                   pad_token_id=pad, num_return_sequences=samples, do_sample=temperature > 0)
+    if temperature > 0:
+        options.update(temperature=temperature, top_p=top_p, top_k=0)
+
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    rounds, responses = [], []
+    for r in range(args.rounds):
+        torch.manual_seed(args.seed)
+        sync()
+        started = time.time()
+        responses = []
+        for i in range(0, len(prompts), batch):
+            chunk = prompts[i:i + batch]
+            width = max(map(len, chunk))
+            ids = torch.tensor([[pad] * (width - len(q)) + q for q in chunk], device=device)
+            mask = torch.tensor([[0] * (width - len(q)) + [1] * len(q) for q in chunk],
+                                device=device)
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=mask, **options)[:, width:].tolist()
+            for row in out:
+                n = next((j + 1 for j, t in enumerate(row) if t in stop), len(row))
+                responses.append(row[:n])
+        sync()
+        secs = time.time() - started
+        tokens = sum(map(len, responses))
+        rounds.append({"tokens": tokens, "seconds": secs})
+        print(f"peer generate: round {r + 1}: {len(prompts)} prompts x {samples} samples, "
+              f"{tokens} tokens in {secs:.2f} s: {tokens / secs:.0f} tokens/s ({args.dtype})")
+    result = {"model_dir": args.model_dir, "device": device, "dtype": args.dtype,
+              "prompts": len(prompts), "samples": samples, "decode_batch": batch,
+              "rounds": rounds}
+    if temperature == 0:
+        result["greedy"] = responses
+    Path(args.json).write_text(json.dumps(result) + "\n")
+
+
+def best_rate(path):
+    """The best round's tokens/s of a generate JSON (odc's or the peer's); None when unreadable."""
+    try:
+        rounds = json.loads(Path(path).read_text())["rounds"]
+        return max(r["tokens"] / r["seconds"] for r in rounds if r["seconds"] > 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def generate_report(args):
+    odc = [best_rate(p) for p in args.odc.split(",") if p]
+    peer = [best_rate(p) for p in args.peer.split(",") if p]
+    mean = lambda xs: sum(xs) / len(xs)
+    lines = []
+    if odc and peer and None not in odc + peer:
+        lines.append(f"sampled tokens/s, odc / transformers generate: {mean(odc) / mean(peer):.2f}x "
+                     f"(odc {mean(odc):.0f}, peer {mean(peer):.0f}; target >= 2x)")
+        if len(peer) >= 2:
+            lines.append(f"control peer / peer: {peer[-1] / peer[0]:.2f}")
+    else:
+        lines.append(f"sampled tokens/s: not measured (odc {odc}, peer {peer})")
+    if args.greedy_odc and args.greedy_peer:
+        try:
+            a = json.loads(Path(args.greedy_odc).read_text())["greedy"]
+            b = json.loads(Path(args.greedy_peer).read_text())["greedy"]
+            same = sum(x == y for x, y in zip(a, b))
+            first = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+                     for x, y in zip(a, b) if x != y]
+            verdict = "PASS" if same == len(a) == len(b) and a else "FAIL"
+            lines.append(f"greedy f32, odc vs transformers: {same}/{len(a)} responses equal "
+                         f"token for token {verdict}"
+                         + (f" (first differences at tokens {first[:8]})" if first else ""))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            lines.append(f"greedy f32, odc vs transformers: not compared ({e})")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -912,8 +1021,27 @@ def main():
     r.add_argument("--runs", required=True)
     r.add_argument("--gpu-name", default="")
     r.add_argument("--out")
+    g = sub.add_parser("generate", help="time transformers' batched generate on odc's prompts")
+    g.add_argument("--model-dir", required=True)
+    g.add_argument("--prompts", required=True, help="odc-bench generate --prompts-out's JSON")
+    g.add_argument("--json", required=True)
+    g.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    g.add_argument("--device", help="cuda (default when available) or cpu")
+    g.add_argument("--decode-batch", type=int, default=0, help="prompts per generate (0: all)")
+    g.add_argument("--rounds", type=int, default=2)
+    g.add_argument("--seed", type=int, default=0)
+    gr = sub.add_parser("generate-report", help="sampling.sh's rows")
+    gr.add_argument("--odc", required=True, help="odc-bench generate JSONs, comma-separated")
+    gr.add_argument("--peer", required=True, help="peer.py generate JSONs, comma-separated")
+    gr.add_argument("--greedy-odc")
+    gr.add_argument("--greedy-peer")
+    gr.add_argument("--out")
     args = p.parse_args()
-    if args.cmd == "make-model":
+    if args.cmd == "generate":
+        generate(args)
+    elif args.cmd == "generate-report":
+        generate_report(args)
+    elif args.cmd == "make-model":
         if not args.data and not args.tokenizer_from:
             die("make-model needs --data (or --tokenizer-from)")
         make_model(args)

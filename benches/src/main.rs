@@ -70,6 +70,10 @@ enum Command {
     /// (smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, llama3.2-1b, qwen2.5-1.5b), for `hf-load` and
     /// `sft-overhead --model-dir`.
     HfMake(HfMakeArgs),
+    /// Sampled tokens/s of odc's batched sampler (KV cache, prompts left-padded together) on a
+    /// Hugging Face model directory over GSM8K chat prompts; writes the prompts for the
+    /// `transformers` peer (`benches/gpu/peer.py generate`).
+    Generate(GenerateArgs),
     /// Loading a Hugging Face checkpoint: opening (every header checked) and converting every
     /// unit to f32 as the shard servers do, seconds and peak memory against the file size.
     HfLoad(HfLoadArgs),
@@ -113,6 +117,7 @@ fn main() -> ExitCode {
             Command::Sim(args) => runtime.block_on(sim(args)),
             Command::HfMake(args) => hf_make(args),
             Command::HfLoad(args) => hf_load(args),
+            Command::Generate(args) => generate(args),
             Command::LoraTraffic(args) => runtime.block_on(lora_traffic(args)),
             Command::Memory(args) => runtime.block_on(memory(args)),
             Command::Gang(args) => gang(args),

@@ -12,7 +12,7 @@
 use candle_core::{DType, Tensor};
 
 use super::Weights;
-use crate::model::attention::{attend, repeat_kv};
+use crate::model::attention::attend;
 use crate::model::batch::MASKED;
 use crate::model::block::{block_forward_with, BlockWeights};
 use crate::model::config::MlpImpl;
@@ -247,7 +247,13 @@ fn feed(
         |t: Tensor| -> Result<Tensor> { Ok(if device.is_cpu() { t } else { t.contiguous()? }) };
     let ids = Tensor::from_slice(tokens, tokens.len(), device)?;
     let (cos, sin, mask) = angles_and_mask(w, &cache.pads, rows, start, n)?;
-    let groups = c.n_heads / c.kv_heads();
+    // Grouped-query heads without repeating the cache: each key–value head's `groups` query
+    // heads become `groups × n` query rows of it (the mask repeated for each).
+    let (kv_heads, groups) = (c.kv_heads(), c.n_heads / c.kv_heads());
+    let mask = match mask.rank() {
+        2 => mask.repeat((groups, 1))?,
+        _ => mask.repeat((1, 1, groups, 1))?,
+    };
 
     // Hidden states stay `[rows * n, d_model]`; only attention sees `[rows, heads, n, head_dim]`.
     let mut x = w.units[0][0].index_select(&ids, 0)?;
@@ -260,9 +266,11 @@ fn feed(
         let mut cached = |q: &Tensor, k_new: &Tensor, v_new: &Tensor| -> Result<Tensor> {
             k_buf.slice_set(k_new, 2, start)?;
             v_buf.slice_set(v_new, 2, start)?;
-            let k = view(repeat_kv(&k_buf.narrow(2, 0, total)?, groups)?)?;
-            let v = view(repeat_kv(&v_buf.narrow(2, 0, total)?, groups)?)?;
-            attend(q, &k, &v, &mask)
+            let k = view(k_buf.narrow(2, 0, total)?)?;
+            let v = view(v_buf.narrow(2, 0, total)?)?;
+            let (_, heads, _, hd) = q.dims4()?;
+            let q = q.reshape((rows, kv_heads, groups * n, hd))?;
+            Ok(attend(&q, &k, &v, &mask)?.reshape((rows, heads, n, hd))?)
         };
         // Decoding keeps no graph: candle's ops (the chunked MLP would copy gate and up per call).
         let mlp = MlpImpl::Full;
@@ -310,7 +318,8 @@ fn grow(w: &Weights, cache: &mut KvCache, rows: usize, start: usize, total: usiz
     Ok(())
 }
 
-/// The rotary angles and the attention mask of `n` new columns after `start`: shared by every
+/// The rotary angles and the attention mask of `n` new columns after `start` (for one query head
+/// of each key–value head; the caller repeats it for the group): shared by every
 /// row (`cos, sin: [n, head_dim / 2]`, mask `[n, start + n]`) when no row is padded, else per row
 /// (`[rows, 1, n, head_dim / 2]` and `[rows, 1, n, start + n]`): a row's positions count from its
 /// first token, and its padding columns are masked from every query (a padding column's own query
