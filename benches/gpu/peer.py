@@ -957,6 +957,13 @@ def generate_report(args):
             lines.append(f"control peer / peer: {peer[-1] / peer[0]:.2f}")
     else:
         lines.append(f"sampled tokens/s: not measured (odc {odc}, peer {peer})")
+    try:
+        r = json.loads(Path(args.odc.split(",")[0]).read_text())
+        lines.append(f"odc's KV cache at its largest: {r['peak_cache_bytes'] / 1e6:.1f} MB for "
+                     f"{r['tokens_at_peak']} tokens, {r['peak_cache_bytes'] / max(1, r['analytical_cache_bytes']):.2f}x "
+                     f"the analytical {r['analytical_cache_bytes'] / 1e6:.1f} MB")
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        pass
     if args.greedy_odc and args.greedy_peer:
         try:
             a = json.loads(Path(args.greedy_odc).read_text())["greedy"]

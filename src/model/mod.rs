@@ -75,8 +75,9 @@ pub use error::{Error, Result};
 pub use eval::{evaluate, evaluate_prompted, Evaluation, EVAL_BATCH};
 pub use generate::{
     batch_log_probs, forward_cached, forward_cached_rows, generate, generate_batch,
-    generate_batch_with_log_probs, generate_group, generate_group_with_log_probs, prefill,
-    sequence_log_probs, Generated, KvCache, Prompt, Sampling, Weights,
+    generate_batch_measured, generate_batch_with_log_probs, generate_group,
+    generate_group_with_log_probs, prefill, sequence_log_probs, DecodeStats, Generated, KvCache,
+    Prompt, Sampling, Weights,
 };
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};

@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use odc::model::hf::HfCheckpoint;
-use odc::model::{generate_batch, open_device, Prompt, Sampling, Weights};
+use odc::model::{generate_batch_measured, open_device, DecodeStats, Prompt, Sampling, Weights};
 use odc::text::{HfTokenizer, TextFormat, Tokenizer};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -106,6 +106,7 @@ pub(crate) fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     };
     let mut rounds = Vec::new();
     let mut responses = Vec::new();
+    let mut peak = DecodeStats::default();
     for round in 0..args.rounds {
         let started = Instant::now();
         responses.clear();
@@ -119,7 +120,11 @@ pub(crate) fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             let mut rngs: Vec<StdRng> = (0..(chunk.len() * samples) as u64)
                 .map(|i| StdRng::seed_from_u64(args.seed ^ (first + i).wrapping_mul(0x9E37_79B9)))
                 .collect();
-            responses.extend(generate_batch(&weights, &batch, &sampling, &mut rngs)?);
+            let (out, stats) = generate_batch_measured(&weights, &batch, &sampling, &mut rngs)?;
+            responses.extend(out);
+            if stats.peak_cache_bytes > peak.peak_cache_bytes {
+                peak = stats;
+            }
         }
         let secs = started.elapsed().as_secs_f64();
         let tokens: usize = responses.iter().map(Vec::len).sum();
@@ -133,12 +138,27 @@ pub(crate) fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         );
         rounds.push(serde_json::json!({"tokens": tokens, "seconds": secs}));
     }
+    // The cache against the analytical bytes of the tokens it held then (fp32 keys and values).
+    let c = checkpoint.config();
+    let analytical = 2 * c.n_layers * c.kv_heads() * c.head_dim() * 4 * peak.tokens_at_peak;
+    println!(
+        "odc-bench generate: KV cache at its largest {:.1} MB for {} tokens; analytical \
+         (2 x {} layers x {} KV heads x {} head_dim x tokens x 4 bytes) {:.1} MB: {:.2}x",
+        peak.peak_cache_bytes as f64 / 1e6,
+        peak.tokens_at_peak,
+        c.n_layers,
+        c.kv_heads(),
+        c.head_dim(),
+        analytical as f64 / 1e6,
+        peak.peak_cache_bytes as f64 / analytical.max(1) as f64
+    );
     if let Some(path) = &args.json {
         let mut json = serde_json::json!({
             "model_dir": args.model_dir, "device": args.device, "prompts": prompts.len(),
             "samples": samples, "max_new_tokens": args.max_new_tokens,
             "temperature": args.temperature, "top_p": args.top_p, "decode_batch": batch,
-            "rounds": rounds,
+            "rounds": rounds, "peak_cache_bytes": peak.peak_cache_bytes,
+            "tokens_at_peak": peak.tokens_at_peak, "analytical_cache_bytes": analytical,
         });
         if args.temperature == 0.0 {
             json["greedy"] = serde_json::json!(responses);

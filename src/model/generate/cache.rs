@@ -55,6 +55,15 @@ impl KvCache {
         self.rows
     }
 
+    /// Bytes of device (or host) memory the cache's buffers hold: 2 × layers × rows × KV heads ×
+    /// capacity × head_dim × 4 (fp32).
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
+    }
+
     /// Row `row`'s left padding in columns (0 for rows fed alike, and for a row out of range).
     pub fn padding(&self, row: usize) -> usize {
         self.pads.get(row).copied().unwrap_or(0)

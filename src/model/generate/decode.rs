@@ -17,6 +17,17 @@ use super::{forward_cached_rows, Generated, Prompt, Sampling, Weights};
 use crate::model::error::{Error, Result};
 use crate::model::ops::{log_softmax_last_dim, softmax_last_dim};
 
+/// What a batched decode held: its key–value cache at its largest, against the tokens the
+/// responses then had (prompt and generated, every response still in the batch).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DecodeStats {
+    /// The cache's bytes at their largest ([`KvCache::bytes`]).
+    pub peak_cache_bytes: usize,
+    /// The tokens of the responses in the batch at that moment: the analytical cache is
+    /// `2 × layers × KV heads × head_dim × tokens × 4` bytes.
+    pub tokens_at_peak: usize,
+}
+
 /// Decodes `prompts` (response `i`, prompt-major, from `rngs[i]`); the log-probs only when
 /// `scored` (else left empty).
 pub(super) fn decode<R: Rng>(
@@ -25,7 +36,7 @@ pub(super) fn decode<R: Rng>(
     sampling: &Sampling,
     rngs: &mut [R],
     scored: bool,
-) -> Result<Vec<Generated>> {
+) -> Result<(Vec<Generated>, DecodeStats)> {
     sampling.check()?;
     let owner: Vec<usize> = prompts
         .iter()
@@ -61,8 +72,9 @@ pub(super) fn decode<R: Rng>(
     let mut active: Vec<usize> = (0..owner.len()).filter(|&r| budgets[r] > 0).collect();
     let mut fed: Vec<usize> = active.iter().map(|&r| owner[r]).collect();
     fed.dedup();
+    let mut stats = DecodeStats::default();
     if fed.is_empty() {
-        return Ok(out);
+        return Ok((out, stats));
     }
     let mut cache = KvCache::default();
     let texts: Vec<&[u32]> = fed.iter().map(|&p| prompts[p].tokens).collect();
@@ -75,6 +87,14 @@ pub(super) fn decode<R: Rng>(
     cache.keep_rows(&rows)?;
     let mut logits = select(&last, &rows)?;
     loop {
+        // The cache now holds every active response's tokens but the one about to be drawn.
+        if cache.bytes() > stats.peak_cache_bytes {
+            stats.peak_cache_bytes = cache.bytes();
+            stats.tokens_at_peak = active
+                .iter()
+                .map(|&r| prompts[owner[r]].tokens.len() + out[r].tokens.len())
+                .sum();
+        }
         let next = pick_rows(&logits, sampling, &active, rngs)?;
         if scored {
             let rows: Vec<Vec<f32>> = log_softmax_last_dim(&logits)?.to_vec2()?;
@@ -91,7 +111,7 @@ pub(super) fn decode<R: Rng>(
             }
         }
         if keep.is_empty() {
-            return Ok(out);
+            return Ok((out, stats));
         }
         cache.keep_rows(&keep)?;
         let fed: Vec<u32> = keep.iter().map(|&slot| next[slot]).collect();

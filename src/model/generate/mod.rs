@@ -27,6 +27,7 @@ mod cache;
 mod decode;
 
 pub use cache::{batch_log_probs, forward_cached, forward_cached_rows, prefill, KvCache};
+pub use decode::DecodeStats;
 
 use candle_core::{Device, Tensor};
 use rand::Rng;
@@ -223,10 +224,18 @@ pub fn generate_batch<R: Rng>(
     sampling: &Sampling,
     rngs: &mut [R],
 ) -> Result<Vec<Vec<u32>>> {
-    Ok(decode::decode(w, prompts, sampling, rngs, false)?
-        .into_iter()
-        .map(|g| g.tokens)
-        .collect())
+    Ok(generate_batch_measured(w, prompts, sampling, rngs)?.0)
+}
+
+/// [`generate_batch`], and what its cache held ([`DecodeStats`]).
+pub fn generate_batch_measured<R: Rng>(
+    w: &Weights,
+    prompts: &[Prompt<'_>],
+    sampling: &Sampling,
+    rngs: &mut [R],
+) -> Result<(Vec<Vec<u32>>, DecodeStats)> {
+    let (generated, stats) = decode::decode(w, prompts, sampling, rngs, false)?;
+    Ok((generated.into_iter().map(|g| g.tokens).collect(), stats))
 }
 
 /// [`generate_batch`], with each token's log-probability ([`Generated`]).
@@ -236,7 +245,7 @@ pub fn generate_batch_with_log_probs<R: Rng>(
     sampling: &Sampling,
     rngs: &mut [R],
 ) -> Result<Vec<Generated>> {
-    decode::decode(w, prompts, sampling, rngs, true)
+    Ok(decode::decode(w, prompts, sampling, rngs, true)?.0)
 }
 
 #[cfg(test)]
@@ -713,5 +722,27 @@ mod tests {
         let full = [Prompt::new(&[1; 24]), Prompt::new(&[1])];
         let out = generate_batch(&w, &full, &s, &mut two).unwrap();
         assert!(out[0].is_empty() && !out[1].is_empty());
+    }
+
+    /// What the batch's cache holds: every row at the capacity its longest column needs (64 at
+    /// least, doubled), fp32 keys and values per KV head, against the analytical bytes of the
+    /// tokens in it.
+    #[test]
+    fn the_cache_holds_rows_times_its_capacity() {
+        let c = ModelConfig {
+            max_seq_len: 4096,
+            ..real_layout()
+        };
+        let w = weights(&c);
+        let texts: [&[u32]; 2] = [&[1, 2, 3], &[4]];
+        let prompts: Vec<Prompt<'_>> = texts.iter().map(|t| Prompt::new(t).samples(2)).collect();
+        let mut rngs: Vec<StdRng> = (0..4).map(StdRng::seed_from_u64).collect();
+        let s = Sampling::greedy(5, vec![]);
+        let (out, stats) = generate_batch_measured(&w, &prompts, &s, &mut rngs).unwrap();
+        assert!(out.iter().all(|r| r.len() == 5));
+        let per_token = 2 * c.n_layers * c.kv_heads() * c.head_dim() * 4;
+        // Four rows of 64 columns; at the first draw they held the prompts' 3 + 3 + 1 + 1 tokens.
+        assert_eq!(stats.peak_cache_bytes, 4 * 64 * per_token);
+        assert_eq!(stats.tokens_at_peak, 8);
     }
 }
