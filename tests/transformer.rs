@@ -8,16 +8,18 @@ use std::sync::Arc;
 use candle_core::{Device, Var};
 use odc::checkpoint::{self, TensorMap};
 use odc::model::{
-    as_tensors, group_advantages, model_forward, sequence_log_probs, tensor_map, transformer_job,
-    transformer_job_on, unit_count, unit_init_values, unit_params, unit_vars, GrpoConfig,
-    ModelConfig, Objective, PackedBatch, Placement, Reshard, RlSample, Sample, SampleStore,
-    Weights,
+    as_tensors, generate_batch, group_advantages, model_forward, sequence_log_probs, tensor_map,
+    transformer_job, transformer_job_on, unit_count, unit_init_values, unit_params, unit_vars,
+    GrpoConfig, ModelConfig, Objective, PackedBatch, Placement, Prompt, Reshard, RlSample, Sample,
+    SampleStore, Sampling, Weights,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{
     Communication, Job, LrSchedule, OptimizerConfig, OptimizerState, Precision, SampleMeta,
     SplitPolicy, TrainState,
 };
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 /// Comparing two parameter sets.
 #[path = "common/params.rs"]
@@ -844,4 +846,42 @@ fn grpo_with_a_split_sample_equals_grpo_without() {
     );
     assert!(moved > 1e-4, "the step moved the parameters: {moved}");
     assert!(diff < 1e-5, "GRPO split vs unsplit: max |Δ| = {diff}");
+}
+
+/// The sampler reads the step's version (issue 42): weights built from `Job::parameters` after
+/// three SGD steps (as `rl_grpo` builds its policy every step) decode greedily what candle
+/// alone's weights after the same steps decode, and not what the initial weights decode: the
+/// update changed the greedy response, and the sampler saw the change.
+#[test]
+fn a_sampler_built_after_a_step_decodes_with_the_new_weights() {
+    let c = config();
+    let data = Arc::new(samples(18));
+    let optimizer = OptimizerConfig::sgd(0.5);
+    let trained = runtime().block_on(async {
+        let mut job = job(data.clone(), optimizer, LrSchedule::Constant, None);
+        for _ in 0..STEPS {
+            job.step().await.unwrap();
+        }
+        let params = job.parameters().await.unwrap();
+        job.shutdown().await;
+        params
+    });
+    let (alone, _) = candle_alone(&c, &data, optimizer, STEPS);
+    let init: Vec<Vec<f32>> = (0..unit_count(&c))
+        .map(|u| unit_init_values(&c, u).unwrap())
+        .collect();
+    let greedy = |units: &[Vec<f32>]| {
+        let w = Weights::from_units(&c, units, &Device::Cpu).unwrap();
+        let prompts: Vec<&[u32]> = data[..3].iter().map(|s| &s.tokens[..24]).collect();
+        let batch: Vec<Prompt<'_>> = prompts.iter().map(|p| Prompt::new(p)).collect();
+        let mut rngs: Vec<StdRng> = (0..3).map(StdRng::seed_from_u64).collect();
+        generate_batch(&w, &batch, &Sampling::greedy(24, vec![]), &mut rngs).unwrap()
+    };
+    let (before, after) = (greedy(&init), greedy(&trained));
+    assert_ne!(before, after, "three steps changed no greedy response");
+    assert_eq!(
+        after,
+        greedy(&alone),
+        "the sampler's weights are not the trained ones"
+    );
 }
