@@ -110,14 +110,20 @@ pub struct Sampling {
 }
 
 impl Sampling {
-    /// Greedy decoding of at most `max_new_tokens`, ending at `stop`.
-    pub fn greedy(max_new_tokens: usize, stop: Vec<u32>) -> Self {
+    /// Sampling at `temperature` (0: greedy) from the whole distribution (`top_p` 1), at most
+    /// `max_new_tokens`, ending at `stop`.
+    pub fn new(temperature: f64, max_new_tokens: usize, stop: Vec<u32>) -> Self {
         Sampling {
-            temperature: 0.0,
+            temperature,
             top_p: 1.0,
             max_new_tokens,
             stop,
         }
+    }
+
+    /// Greedy decoding of at most `max_new_tokens`, ending at `stop`.
+    pub fn greedy(max_new_tokens: usize, stop: Vec<u32>) -> Self {
+        Sampling::new(0.0, max_new_tokens, stop)
     }
 
     /// An error naming the setting that is out of range.
@@ -352,12 +358,7 @@ mod tests {
     fn greedy_is_deterministic_and_stops_within_bounds() {
         let c = config();
         let w = weights(&c);
-        let s = Sampling {
-            temperature: 0.0,
-            top_p: 1.0,
-            max_new_tokens: 50,
-            stop: vec![15],
-        };
+        let s = Sampling::new(0.0, 50, vec![15]);
         let mut rng = StdRng::seed_from_u64(1);
         let a = generate(&w, &[1, 2, 3], &s, &mut rng).unwrap();
         let b = generate(&w, &[1, 2, 3], &s, &mut rng).unwrap();
@@ -373,12 +374,7 @@ mod tests {
     fn sampling_is_reproducible_per_seed_and_varies_across_seeds() {
         let c = config();
         let w = weights(&c);
-        let s = Sampling {
-            temperature: 1.5,
-            top_p: 1.0,
-            max_new_tokens: 12,
-            stop: vec![99],
-        };
+        let s = Sampling::new(1.5, 12, vec![99]);
         let draw = |seed| generate(&w, &[4], &s, &mut StdRng::seed_from_u64(seed)).unwrap();
         assert_eq!(draw(3), draw(3));
         let distinct: std::collections::HashSet<Vec<u32>> = (0..8).map(draw).collect();
@@ -455,12 +451,7 @@ mod tests {
     fn a_group_decodes_each_response_as_generate_does_with_its_rng() {
         let c = config();
         let w = weights(&c);
-        let s = Sampling {
-            temperature: 1.5,
-            top_p: 1.0,
-            max_new_tokens: 15,
-            stop: vec![7],
-        };
+        let s = Sampling::new(1.5, 15, vec![7]);
         let prompt = [1u32, 2, 3];
         let mut rngs: Vec<StdRng> = (0..6).map(StdRng::seed_from_u64).collect();
         let group = generate_group(&w, &prompt, &s, &mut rngs).unwrap();
@@ -494,12 +485,7 @@ mod tests {
         let c = config();
         let w = weights(&c);
         // Drawn at 1.5; the log-probs are the model's own (temperature 1).
-        let s = Sampling {
-            temperature: 1.5,
-            top_p: 1.0,
-            max_new_tokens: 12,
-            stop: vec![7],
-        };
+        let s = Sampling::new(1.5, 12, vec![7]);
         let prompt = [4u32, 2, 9];
         let mut rngs: Vec<StdRng> = (0..4).map(StdRng::seed_from_u64).collect();
         let scored = generate_group_with_log_probs(&w, &prompt, &s, &mut rngs).unwrap();
@@ -541,12 +527,7 @@ mod tests {
         assert!(forward_cached(&w, &mut cache, &[]).is_err());
         assert!(forward_cached(&w, &mut cache, &[16]).is_err());
         assert!(forward_cached(&w, &mut cache, &[1; 25]).is_err());
-        let s = Sampling {
-            temperature: f64::NAN,
-            top_p: 1.0,
-            max_new_tokens: 1,
-            stop: vec![0],
-        };
+        let s = Sampling::new(f64::NAN, 1, vec![0]);
         assert!(generate(&w, &[1], &s, &mut StdRng::seed_from_u64(0)).is_err());
     }
 
