@@ -97,9 +97,11 @@ pub(super) fn decode<R: Rng>(
         }
         let next = pick_rows(&logits, sampling, &active, rngs)?;
         if scored {
-            let rows: Vec<Vec<f32>> = log_softmax_last_dim(&logits)?.to_vec2()?;
-            for ((&r, &token), lp) in active.iter().zip(&next).zip(&rows) {
-                out[r].log_probs.push(lp[token as usize]);
+            // Only the drawn tokens' log-probs leave the device.
+            let picked = Tensor::from_slice(&next, (next.len(), 1), logits.device())?;
+            let lp = log_softmax_last_dim(&logits)?.gather(&picked, 1)?;
+            for (&r, lp) in active.iter().zip(lp.flatten_all()?.to_vec1::<f32>()?) {
+                out[r].log_probs.push(lp);
             }
         }
         let mut keep = Vec::with_capacity(active.len());
@@ -142,23 +144,73 @@ fn pick_rows<R: Rng>(
     if sampling.temperature == 0.0 {
         return Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?);
     }
-    let probs: Vec<Vec<f32>> = softmax_last_dim(&(logits / sampling.temperature)?)?.to_vec2()?;
+    let probs = softmax_last_dim(&(logits / sampling.temperature)?)?;
+    if sampling.top_p >= 1.0 {
+        return draw_rows(&probs, active, rngs);
+    }
+    let probs: Vec<Vec<f32>> = probs.to_vec2()?;
     Ok(probs
         .iter()
         .zip(active)
-        .map(|(p, &row)| {
-            if sampling.top_p < 1.0 {
-                draw_nucleus(p, sampling.top_p, &mut rngs[row])
-            } else {
-                draw(p, &mut rngs[row])
-            }
-        })
+        .map(|(p, &row)| draw_nucleus(p, sampling.top_p, &mut rngs[row]))
         .collect())
 }
 
-/// A token index drawn from the distribution `probs`.
+/// Columns per block of [`draw_rows`]' two-level draw.
+const DRAW_BLOCK: usize = 256;
+
+/// A token per row of `probs: [rows, vocab]`, each drawn with one uniform of its response's
+/// generator, reading little of the distribution back from the device: the mass of each block
+/// of [`DRAW_BLOCK`] columns (`rows × vocab / 256` values), then the block the uniform falls in
+/// (`rows × 256`), where [`draw_at`] finishes. A row's draw depends on its own probabilities and
+/// uniform only, so it is the same in any batch.
+fn draw_rows<R: Rng>(probs: &Tensor, active: &[usize], rngs: &mut [R]) -> Result<Vec<u32>> {
+    let (rows, vocab) = probs.dims2()?;
+    let blocks = vocab.div_ceil(DRAW_BLOCK);
+    let padded = match blocks * DRAW_BLOCK - vocab {
+        0 => probs.clone(),
+        pad => {
+            let zeros = Tensor::zeros((rows, pad), probs.dtype(), probs.device())?;
+            Tensor::cat(&[probs, &zeros], 1)?
+        }
+    };
+    let mass: Vec<Vec<f32>> = padded
+        .reshape((rows, blocks, DRAW_BLOCK))?
+        .sum(2)?
+        .to_vec2()?;
+    let mut at = Vec::with_capacity(rows);
+    for (row_mass, &r) in mass.iter().zip(active) {
+        let mut u: f32 = rngs[r].random();
+        // Rounding may leave `u` past the whole mass: then the last token with any, as `draw_at`.
+        let last = row_mass.iter().rposition(|m| *m > 0.0).unwrap_or(0);
+        let mut block = 0;
+        while block < last && u >= row_mass[block] {
+            u -= row_mass[block];
+            block += 1;
+        }
+        at.push((block, u));
+    }
+    let columns: Vec<u32> = at
+        .iter()
+        .flat_map(|&(block, _)| (0..DRAW_BLOCK).map(move |j| (block * DRAW_BLOCK + j) as u32))
+        .collect();
+    let columns = Tensor::from_vec(columns, (rows, DRAW_BLOCK), probs.device())?;
+    let within: Vec<Vec<f32>> = padded.gather(&columns, 1)?.to_vec2()?;
+    Ok(at
+        .iter()
+        .zip(&within)
+        .map(|(&(block, u), p)| (block * DRAW_BLOCK) as u32 + draw_at(p, u))
+        .collect())
+}
+
+/// A token index drawn from the distribution `probs` with the uniform `u`.
+#[cfg(test)]
 fn draw(probs: &[f32], rng: &mut impl Rng) -> u32 {
-    let mut u: f32 = rng.random();
+    draw_at(probs, rng.random())
+}
+
+/// The index where `u` (in `[0, 1)` of the mass) falls in `probs`, walked in order.
+fn draw_at(probs: &[f32], mut u: f32) -> u32 {
     for (i, p) in probs.iter().enumerate() {
         if u < *p {
             return i as u32;
@@ -217,5 +269,40 @@ mod tests {
             .map(|_| draw_nucleus(&probs, 1.0, &mut rng))
             .collect();
         assert_eq!(drawn, [0, 1, 2, 3].into());
+    }
+
+    /// The two-level draw picks what one walk over the whole row picks with the same uniform
+    /// (probabilities in multiples of 2^-20, whose sums are exact in f32), over rows of a vocabulary
+    /// that is not a multiple of the block, in one batch.
+    #[test]
+    fn the_blocked_draw_equals_the_walk_over_the_whole_row() {
+        let vocab = 3 * DRAW_BLOCK + 77;
+        let mut rng = StdRng::seed_from_u64(9);
+        let rows: Vec<Vec<f32>> = (0..6)
+            .map(|_| {
+                let weights: Vec<u32> = (0..vocab).map(|_| rng.random_range(0..64)).collect();
+                let total: u32 = weights.iter().sum();
+                // Scaled to multiples of 2^-20 that sum to at most 1.
+                let unit = (1u32 << 20) / total;
+                weights
+                    .iter()
+                    .map(|&w| (w * unit) as f32 / (1u32 << 20) as f32)
+                    .collect()
+            })
+            .collect();
+        let flat: Vec<f32> = rows.concat();
+        let probs = Tensor::from_vec(flat, (6, vocab), &candle_core::Device::Cpu).unwrap();
+        let active: Vec<usize> = (0..6).collect();
+        for seed in 0..40u64 {
+            let mut blocked: Vec<StdRng> = (0..6)
+                .map(|r| StdRng::seed_from_u64(seed * 7 + r))
+                .collect();
+            let got = draw_rows(&probs, &active, &mut blocked).unwrap();
+            for (r, row) in rows.iter().enumerate() {
+                let mut one = StdRng::seed_from_u64(seed * 7 + r as u64);
+                assert_eq!(got[r], draw(row, &mut one), "seed {seed}, row {r}");
+                assert!((got[r] as usize) < vocab);
+            }
+        }
     }
 }
