@@ -146,33 +146,6 @@ pub fn prefill(w: &Weights, cache: &mut KvCache, prompts: &[&[u32]]) -> Result<T
     head_logits(w, &last)
 }
 
-/// Per sequence of `sequences` and per token `t`, `log p(token t | tokens < t)` under `w` (entry 0,
-/// which nothing predicts, is 0): one padded forward of them all, then the head row by row, so
-/// at most one sequence's logits exist at a time.
-pub fn batch_log_probs(w: &Weights, sequences: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
-    if sequences.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut cache = KvCache::default();
-    let (hidden, width) = feed_padded(w, &mut cache, sequences)?;
-    let device = hidden.device().clone();
-    let mut out = Vec::with_capacity(sequences.len());
-    for (row, tokens) in sequences.iter().enumerate() {
-        let mut log_probs = vec![0.0f32];
-        if tokens.len() > 1 {
-            let pad = width - tokens.len();
-            // Positions 0..len − 1 predict tokens 1..len.
-            let h = hidden.narrow(0, row * width + pad, tokens.len() - 1)?;
-            let logits = head_logits(w, &h)?;
-            let targets = Tensor::from_slice(&tokens[1..], (tokens.len() - 1, 1), &device)?;
-            let picked = crate::model::ops::log_softmax_last_dim(&logits)?.gather(&targets, 1)?;
-            log_probs.extend(picked.flatten_all()?.to_vec1::<f32>()?);
-        }
-        out.push(log_probs);
-    }
-    Ok(out)
-}
-
 /// `sequences` left-padded to the longest and fed into the empty `cache`: the hidden states
 /// `[rows · width, d_model]` and the width.
 fn feed_padded(w: &Weights, cache: &mut KvCache, sequences: &[&[u32]]) -> Result<(Tensor, usize)> {

@@ -3,7 +3,7 @@
 //! batch ([`generate_batch`]).
 //!
 //! - `cache`: the [`KvCache`] and the cached forward ([`forward_cached_rows`], [`prefill`] of
-//!   prompts of different lengths, [`batch_log_probs`]);
+//!   prompts of different lengths);
 //! - `decode`: the batched decoder every `generate*` function runs.
 //!
 //! Guarantees (tested):
@@ -26,17 +26,21 @@
 mod cache;
 mod decode;
 
-pub use cache::{batch_log_probs, forward_cached, forward_cached_rows, prefill, KvCache};
+pub use cache::{forward_cached, forward_cached_rows, prefill, KvCache};
 pub use decode::DecodeStats;
 
 use candle_core::{Device, Tensor};
 use rand::Rng;
 
+use super::batch::{PackedBatch, Sample};
+use super::block::block_forward;
 use super::config::ModelConfig;
 use super::error::{Error, Result};
 use super::ops::log_softmax_last_dim;
 use super::params::unit_tensors;
-use super::transformer::{check_unit_count, unit_params, Unit};
+use super::transformer::{
+    check_unit_count, head_target_log_probs, head_tensors, unit_count, unit_params, Unit,
+};
 
 /// The model's weights as plain tensors (no gradients), for inference.
 #[derive(Debug, Clone)]
@@ -89,6 +93,43 @@ pub fn sequence_log_probs(w: &Weights, tokens: &[u32]) -> Result<Vec<f32>> {
     out.push(0.0);
     for t in 1..tokens.len() {
         out.push(log_probs[t - 1][tokens[t] as usize]);
+    }
+    Ok(out)
+}
+
+/// Per sequence of `sequences` and per token `t`, `log p(token t | tokens < t)` under `w` (entry 0,
+/// which nothing predicts, is 0): one training forward of them all packed (no padding, each
+/// attending within itself, the blocked attention and the chunked head: memory linear in the
+/// tokens), not the decoder's cache.
+pub fn batch_log_probs(w: &Weights, sequences: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+    if sequences.is_empty() {
+        return Ok(Vec::new());
+    }
+    if let Some(i) = sequences.iter().position(|s| s.is_empty()) {
+        return Err(Error::Batch(format!("sequence {i} of the batch is empty")));
+    }
+    let c = &w.config;
+    let device = w.units[0][0].device();
+    let samples: Vec<Sample> = sequences
+        .iter()
+        .map(|s| Sample::all_loss(s.to_vec()))
+        .collect();
+    let batch = PackedBatch::pack(c, &samples, device)?;
+    let mut h = w.units[0][0].index_select(&batch.tokens, 0)?;
+    for layer in 0..c.n_layers {
+        h = block_forward(c, &w.block_tensors(layer), &h, &batch)?;
+    }
+    let head = head_tensors(c, &w.units[unit_count(c) - 1], &w.units[0][0]);
+    // Position t's log-probability of the token after it (a sample's last position: none).
+    let per: Vec<f32> = head_target_log_probs(c, &head, &h, &batch)?.to_vec1()?;
+    let mut start = 0;
+    let mut out = Vec::with_capacity(sequences.len());
+    for s in sequences {
+        let mut log_probs = Vec::with_capacity(s.len());
+        log_probs.push(0.0);
+        log_probs.extend_from_slice(&per[start..start + s.len() - 1]);
+        out.push(log_probs);
+        start += s.len();
     }
     Ok(out)
 }
