@@ -790,10 +790,10 @@ impl StepSamples {
             s.rewards.extend(group.iter().map(|r| r.reward));
             s.correct += group.iter().filter(|r| r.correct).count();
             s.lengths.extend(group.iter().map(|r| r.response.len()));
-            let rewards: Vec<f64> = group.iter().map(|r| r.reward).collect();
-            if rewards.iter().all(|&r| r == rewards[0]) {
+            if !sampling::trained(&group) {
                 continue;
             }
+            let rewards: Vec<f64> = group.iter().map(|r| r.reward).collect();
             s.kept += 1;
             s.kl_sum += group.iter().map(|r| r.kl_sum).sum::<f64>();
             s.kl_tokens += group.iter().map(|r| r.response.len()).sum::<usize>();

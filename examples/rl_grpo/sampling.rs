@@ -45,6 +45,12 @@ pub(crate) struct Response {
     pub(crate) kl_sum: f64,
 }
 
+/// Whether a group is trained on: its rewards differ (a group that scored alike has zero
+/// advantages, nothing to learn but the KL term: DAPO's dynamic sampling, without refill).
+pub(crate) fn trained(group: &[Response]) -> bool {
+    group.iter().any(|r| r.reward != group[0].reward)
+}
+
 /// Wall seconds of each sampling stage on this rank.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Timings {
@@ -166,7 +172,6 @@ fn against_reference(
     groups: &[Vec<Response>],
     policy: &[Vec<f32>],
 ) -> anyhow::Result<Vec<(Vec<f32>, f64)>> {
-    let trained = |g: &Vec<Response>| g.iter().any(|r| r.reward != g[0].reward);
     let sequences: Vec<&[u32]> = groups
         .iter()
         .filter(|g| trained(g))

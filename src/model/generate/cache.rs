@@ -69,35 +69,18 @@ impl KvCache {
         self.pads.get(row).copied().unwrap_or(0)
     }
 
-    /// Copies a one-row cache into `rows` identical rows: a prompt fed once, then continued by
-    /// a group of responses.
-    pub fn repeat_rows(&mut self, rows: usize) -> Result<()> {
-        if self.rows != 1 || rows == 0 {
-            return Err(Error::Batch(format!(
-                "only a one-row cache can be repeated (into at least one row); it has {} rows",
-                self.rows
-            )));
-        }
-        self.select_rows(&vec![0; rows])
-    }
-
-    /// Keeps only the rows `keep` (indices of the current rows), in that order: the
-    /// responses still being generated.
-    pub fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
-        if keep.iter().copied().eq(0..self.rows) {
-            return Ok(());
-        }
-        self.select_rows(keep)
-    }
-
-    /// The rows `index` of the current ones, in that order and as often as named: a prompt
-    /// repeated for its group, or the responses still going.
-    pub fn select_rows(&mut self, index: &[usize]) -> Result<()> {
+    /// Keeps the rows `index` of the current ones, in that order and as often as named: a
+    /// prompt repeated for its group, or the responses still going (nothing is copied when
+    /// `index` is every row in order).
+    pub fn keep_rows(&mut self, index: &[usize]) -> Result<()> {
         if index.is_empty() || index.iter().any(|&r| r >= self.rows) {
             return Err(Error::Batch(format!(
                 "rows {index:?} to keep are not a non-empty list of the cache's {}",
                 self.rows
             )));
+        }
+        if index.iter().copied().eq(0..self.rows) {
+            return Ok(());
         }
         let device = match self.layers.first() {
             Some((k, _)) => k.device().clone(),

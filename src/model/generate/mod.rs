@@ -554,7 +554,6 @@ mod tests {
         assert!(forward_cached_rows(&w, &mut cache, 0, &[1]).is_err());
         forward_cached_rows(&w, &mut cache, 2, &[1, 2]).unwrap();
         assert!(forward_cached_rows(&w, &mut cache, 3, &[1, 2, 3]).is_err());
-        assert!(cache.repeat_rows(4).is_err());
         assert!(cache.keep_rows(&[]).is_err());
         assert!(cache.keep_rows(&[2]).is_err());
         assert!(KvCache::default().keep_rows(&[0]).is_err());
