@@ -164,9 +164,11 @@ impl Compute for SimCompute {
         // A gang's piece: its member's share of the sample, a `k`-th of its linear work and of
         // its causal attention (the zig-zag cut). The members are not synchronised here: the
         // ring's waits are not emulated (in one process the exchange itself is nearly free).
-        let piece = mb.piece.as_ref().map_or(0.0, |p| {
-            dev.seconds(&[p.sample.tokens]) / f64::from(p.members.max(1))
-        });
+        let piece: f64 = mb
+            .pieces
+            .iter()
+            .map(|p| dev.seconds(&[p.sample.tokens]) / f64::from(p.members.max(1)))
+            .sum();
         let total =
             (dev.seconds(&tokens) + piece) / dev.speeds.speed(self.trainer as usize, mb.step);
         let units = dev.units.max(1) as UnitId;

@@ -144,11 +144,18 @@ pub fn step_spans(stats: &StepStats, origin: Timestamp, devices: usize) -> Vec<T
     let mut out = Vec::new();
     for r in &stats.micro_batch_log {
         // A gang member's compute names its gang, so the members line up in the trace.
-        let gang = r.piece.as_ref().map(|p| {
-            format!(
-                " (gang {} of sample {}: member {} of {})",
-                p.gang, p.sample.index, p.member, p.members
-            )
+        let gang = (!r.pieces.is_empty()).then(|| {
+            let each: Vec<String> = r
+                .pieces
+                .iter()
+                .map(|p| {
+                    format!(
+                        "gang {} of sample {}: member {} of {}",
+                        p.gang, p.sample.index, p.member, p.members
+                    )
+                })
+                .collect();
+            format!(" ({})", each.join("; "))
         });
         for s in &r.spans {
             let mut name = s.kind.name().to_string();
@@ -251,7 +258,7 @@ mod tests {
     #[test]
     fn a_gang_members_compute_names_its_gang() {
         let t = |us: u64| Timestamp::from_nanos(us * 1000);
-        let record = |trainer: u32, piece| crate::MicroBatchRecord {
+        let record = |trainer: u32, pieces| crate::MicroBatchRecord {
             micro_batch: trainer,
             trainer,
             started: t(0),
@@ -270,7 +277,7 @@ mod tests {
                     end: t(10),
                 },
             ],
-            piece,
+            pieces,
         };
         let piece = |member| odc_actors::batch::Piece {
             sample: crate::SampleMeta::new(7, 9000),
@@ -291,7 +298,7 @@ mod tests {
             started: t(0),
             wall: Duration::from_micros(12),
             trainers: Vec::new(),
-            micro_batch_log: vec![record(0, Some(piece(0))), record(1, None)],
+            micro_batch_log: vec![record(0, vec![piece(0)]), record(1, Vec::new())],
             skipped: None,
             gangs: vec![2],
         };

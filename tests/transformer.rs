@@ -15,8 +15,8 @@ use odc::model::{
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{
-    Communication, Job, LrSchedule, OptimizerConfig, OptimizerState, Precision, SampleMeta,
-    SplitPolicy, TrainState,
+    Communication, ContextParallel, Job, LrSchedule, OptimizerConfig, OptimizerState, Precision,
+    SampleMeta, SplitPolicy, TrainState,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -473,6 +473,55 @@ fn split_training_equals_candle_alone() {
     }
 }
 
+/// Context parallelism as collective training runs it is the same training too: static CP (every
+/// sample split over its fixed group of 2 of the 4 trainers, each lockstep micro-batch holding
+/// several pieces) and dynamic CP (a group size per sample) equal candle alone on the whole
+/// minibatch after two AdamW steps, within the split-equals-unsplit tolerance.
+#[test]
+fn context_parallel_training_equals_candle_alone() {
+    let data = Arc::new(long_tail_samples());
+    let c = long_context(config());
+    for cp in [ContextParallel::Static(2), ContextParallel::Dynamic] {
+        let optimizer = adamw_for_equivalence();
+        let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
+        let rt = runtime();
+        let (got, stats) = rt.block_on(async {
+            let mut job = odc_job(&c, &data, Placement::default(), optimizer)
+                .trainers(4)
+                .communication(Communication::Collective)
+                .token_budget(4096)
+                .context_parallel(cp)
+                .build()
+                .unwrap();
+            let stats = job.run(2).await.unwrap();
+            let params = job.parameters().await.unwrap();
+            job.shutdown().await;
+            (params, stats)
+        });
+        for (s, (st, want)) in stats.iter().zip(&losses).enumerate() {
+            assert!(!st.gangs.is_empty(), "{cp} step {s}: something is split");
+            if cp == ContextParallel::Static(2) {
+                assert_eq!(
+                    st.gangs.len() as u64,
+                    st.samples,
+                    "{cp}: every sample split"
+                );
+            }
+            assert!(
+                ((st.loss - want) / want).abs() < 1e-5,
+                "{cp} step {s}: loss {} vs candle {want}",
+                st.loss
+            );
+        }
+        let diff = max_abs_diff(&got, &expected);
+        eprintln!(
+            "{cp} odc vs candle alone after 2 steps: max |Δ| = {diff:e} (gangs {:?})",
+            stats[0].gangs
+        );
+        assert!(diff < 2e-5, "{cp} odc vs candle alone: max |Δ| = {diff}");
+    }
+}
+
 /// The transformer's compute whose first piece of gang member 1 dies before it computes: its
 /// peer is then blocked on a K/V block that never comes.
 struct KillsMemberOne {
@@ -487,7 +536,7 @@ impl odc::Compute for KillsMemberOne {
         ctx: &mut odc::TrainerContext,
         mb: &odc::MicroBatch,
     ) -> odc::Result<odc::ComputeOutput> {
-        if mb.piece.as_ref().is_some_and(|p| p.member == 1)
+        if mb.pieces.iter().any(|p| p.member == 1)
             && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
         {
             panic!("injected: gang member 1 dies before its piece");

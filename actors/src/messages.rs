@@ -365,14 +365,14 @@ mod tests {
             tokens: 305,
             cost: 0.25,
             weighting: LossWeighting::Samples,
-            piece: Some(crate::batch::Piece {
+            pieces: vec![crate::batch::Piece {
                 sample: SampleMeta::new(13, 9000),
                 epoch: 3,
                 gang: 1,
                 member: 2,
                 members: 4,
                 ranks: vec![5, 1, 7, 2],
-            }),
+            }],
         }
     }
 

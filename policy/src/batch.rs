@@ -82,9 +82,12 @@ pub struct MicroBatch {
     /// Estimated cost (cost model units).
     pub cost: f64,
     pub weighting: LossWeighting,
-    /// This trainer's piece of a split sample, computed after `samples` with the gang's other
-    /// members at the same time; never stolen.
-    pub piece: Option<Piece>,
+    /// This trainer's pieces of split samples, computed after `samples` in this order (gangs
+    /// ascending, the same order on every member, so no two gangs wait on each other) with each
+    /// gang's other members at the same time; never stolen. One piece on demand; several in a
+    /// context-parallel collective round ([`crate::split::plan_cp`]).
+    #[serde(default)]
+    pub pieces: Vec<Piece>,
 }
 
 /// What a micro-batch's compute returns.

@@ -74,7 +74,7 @@ pub struct MicroBatchRecord {
     pub spans: Vec<Span>,
     /// A gang member's piece of a split sample (sequence splitting).
     #[serde(default)]
-    pub piece: Option<crate::batch::Piece>,
+    pub pieces: Vec<crate::batch::Piece>,
 }
 
 /// What one optimizer step did.

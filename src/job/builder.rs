@@ -14,7 +14,7 @@ use odc_actors::policy::dispatch::{Communication, DispatchMode};
 use odc_actors::policy::membership::HeartbeatConfig;
 use odc_actors::policy::recovery::FailurePolicy;
 use odc_actors::policy::schedule::LrSchedule;
-use odc_actors::policy::split::SplitPolicy;
+use odc_actors::policy::split::{ContextParallel, SplitPolicy};
 use odc_actors::policy::step::{NonFinite, StepConfig};
 use odc_actors::server::optimizer::OptimizerConfig;
 use odc_actors::trainer::{ComputeFactory, ContextConfig};
@@ -214,6 +214,17 @@ impl JobBuilder {
     /// one process or across processes and hosts.
     pub fn sequence_parallel(mut self, policy: SplitPolicy) -> Self {
         self.policy.split = policy;
+        self
+    }
+
+    /// Context parallelism as collective training runs it (collective mode only, the baselines
+    /// of `odc-bench ab` and `sim`): [`ContextParallel::Static`] splits every sample over fixed
+    /// groups of trainers (TransformerEngine's and Megatron's CP size), [`ContextParallel::Dynamic`]
+    /// picks a group size per sample (Megatron-Core's hybrid CP); each round's micro-batches hold
+    /// several pieces, exchanged over the same ring as `sequence_parallel`'s gangs
+    /// ([`odc_actors::policy::split::plan_cp`]).
+    pub fn context_parallel(mut self, cp: ContextParallel) -> Self {
+        self.policy.context_parallel = cp;
         self
     }
 

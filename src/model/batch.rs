@@ -15,7 +15,8 @@
 //!   asks [`PackedBatch::causal_mask`] for a sample's additive `[len, len]` mask (0 where query
 //!   `i` may attend to key `j <= i`, [`MASKED`] elsewhere), made then: a pack holds no `len²`
 //!   tensor, which would cap a sample's length (4 GiB at 32K tokens).
-//! - A **gang's piece** ([`PackedBatch::pack_with_piece`], sequence splitting) is packed last: one
+//! - A **gang's piece** ([`PackedBatch::pack_with_pieces`], sequence splitting) is packed last (a
+//!   context-parallel round's several pieces, in gang order, after the whole samples): one
 //!   member's tokens of a sample split over a gang, in the member's order ([`GangLayout`]), at
 //!   their positions in the whole sample; each predicts the sample's next token (its target is
 //!   taken from the whole sample, so a chunk's last token predicts the first of the next chunk,
@@ -87,8 +88,9 @@ pub struct PackedBatch {
     pub rope_cos: Tensor,
     /// `[T, head_dim / 2]` rotary sines at each token's position.
     pub rope_sin: Tensor,
-    /// A gang's piece, packed last ([`PackedBatch::pack_with_piece`]).
-    pub piece: Option<GangPiece>,
+    /// Gangs' pieces, packed last in this order ([`PackedBatch::pack_with_pieces`]): the last
+    /// `pieces.len()` spans.
+    pub pieces: Vec<GangPiece>,
     len: usize,
 }
 
@@ -147,51 +149,31 @@ impl PackedBatch {
         piece: GangPiece,
         device: &Device,
     ) -> Result<Self> {
+        Self::pack_with_pieces(config, samples, vec![(whole, piece)], device)
+    }
+
+    /// Packs `samples` in order, then each piece's tokens of its split sample, in order: what one
+    /// member of one or more gangs trains on (a context-parallel round holds several).
+    pub fn pack_with_pieces(
+        config: &ModelConfig,
+        samples: &[Sample],
+        pieces: Vec<(&Sample, GangPiece)>,
+        device: &Device,
+    ) -> Result<Self> {
         config.validate()?;
         let mut c = Columns::of(samples)?;
         let (mut targets, mut weights) = next_token_targets(&c.tokens, &c.segments, &c.loss_mask);
-        let t_whole = whole.tokens.len();
-        if whole.loss_mask.len() != t_whole {
-            return Err(Error::Batch(format!(
-                "the split sample: {t_whole} tokens but a loss mask of {}",
-                whole.loss_mask.len()
-            )));
-        }
-        // Every token of the sample: a member's targets come from other members' chunks too.
-        if let Some(i) = whole
-            .tokens
-            .iter()
-            .position(|&x| x as usize >= config.vocab_size)
-        {
-            return Err(Error::Batch(format!(
-                "token {i} of the split sample is {} but vocab_size is {}",
-                whole.tokens[i], config.vocab_size
-            )));
-        }
-        let expected: usize = (0..piece.layout.members())
-            .map(|m| piece.layout.len_of(m))
-            .sum();
-        if expected != t_whole {
-            return Err(Error::Batch(format!(
-                "the split sample has {t_whole} tokens, its gang's layout cuts {expected}"
-            )));
-        }
-        let segment = samples.len() as u32;
-        for p in piece.layout.positions() {
-            c.tokens.push(whole.tokens[p]);
-            c.positions.push(p as u32);
-            c.segments.push(segment);
-            let next = p + 1;
-            targets.push(if next < t_whole {
-                whole.tokens[next]
-            } else {
-                0
-            });
-            weights.push(if next < t_whole && whole.loss_mask[next] {
-                1.0
-            } else {
-                0.0
-            });
+        for (n, (whole, piece)) in pieces.iter().enumerate() {
+            let segment = (samples.len() + n) as u32;
+            append_piece(
+                config,
+                &mut c,
+                &mut targets,
+                &mut weights,
+                whole,
+                piece,
+                segment,
+            )?;
         }
         let mut batch = Self::from_columns(
             config,
@@ -202,7 +184,7 @@ impl PackedBatch {
             weights,
             device,
         )?;
-        batch.piece = Some(piece);
+        batch.pieces = pieces.into_iter().map(|(_, p)| p).collect();
         Ok(batch)
     }
 
@@ -295,7 +277,7 @@ impl PackedBatch {
             kernels: Kernels::default(),
             rope_cos,
             rope_sin,
-            piece: None,
+            pieces: Vec::new(),
             len: t,
         })
     }
@@ -372,6 +354,62 @@ pub fn causal_mask(len: usize, device: &Device) -> Result<Tensor> {
     let zeros = Tensor::zeros((len, len), DType::F32, device)?;
     let masked = Tensor::full(MASKED, (len, len), device)?;
     Ok(allowed.where_cond(&zeros, &masked)?)
+}
+
+/// Appends `piece`'s tokens of the split sample `whole` to the columns as sample `segment`, each
+/// with the whole sample's next token as its target (see the module docs).
+fn append_piece(
+    config: &ModelConfig,
+    c: &mut Columns,
+    targets: &mut Vec<u32>,
+    weights: &mut Vec<f32>,
+    whole: &Sample,
+    piece: &GangPiece,
+    segment: u32,
+) -> Result<()> {
+    let t_whole = whole.tokens.len();
+    if whole.loss_mask.len() != t_whole {
+        return Err(Error::Batch(format!(
+            "the split sample: {t_whole} tokens but a loss mask of {}",
+            whole.loss_mask.len()
+        )));
+    }
+    // Every token of the sample: a member's targets come from other members' chunks too.
+    if let Some(i) = whole
+        .tokens
+        .iter()
+        .position(|&x| x as usize >= config.vocab_size)
+    {
+        return Err(Error::Batch(format!(
+            "token {i} of the split sample is {} but vocab_size is {}",
+            whole.tokens[i], config.vocab_size
+        )));
+    }
+    let expected: usize = (0..piece.layout.members())
+        .map(|m| piece.layout.len_of(m))
+        .sum();
+    if expected != t_whole {
+        return Err(Error::Batch(format!(
+            "the split sample has {t_whole} tokens, its gang's layout cuts {expected}"
+        )));
+    }
+    for p in piece.layout.positions() {
+        c.tokens.push(whole.tokens[p]);
+        c.positions.push(p as u32);
+        c.segments.push(segment);
+        let next = p + 1;
+        targets.push(if next < t_whole {
+            whole.tokens[next]
+        } else {
+            0
+        });
+        weights.push(if next < t_whole && whole.loss_mask[next] {
+            1.0
+        } else {
+            0.0
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -82,18 +82,18 @@ pub fn rl_targets(
     rl: &[RlSample],
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
-    rl_targets_with_piece(samples, rl, None, device)
+    rl_targets_with_pieces(samples, rl, &[], device)
 }
 
-/// [`rl_targets`] for a gang member's pack ([`PackedBatch::pack_with_piece`](super::PackedBatch)):
-/// the whole `samples`, then the split sample's tokens at `positions` (its RL data `piece.0`): each
+/// [`rl_targets`] for a gang member's pack ([`PackedBatch::pack_with_pieces`](super::PackedBatch)):
+/// the whole `samples`, then each split sample's tokens at its `positions` (its RL data): each
 /// gets the sample's advantage and the reference log-probability of the token after it in the
 /// whole sample (0 after its last), as the unsplit pack gives the same token. GRPO's loss is a sum
 /// over response tokens, so the members' sums add up to the whole sample's.
-pub fn rl_targets_with_piece(
+pub fn rl_targets_with_pieces(
     samples: &[Sample],
     rl: &[RlSample],
-    piece: Option<(&RlSample, &[usize])>,
+    pieces: &[(&RlSample, &[usize])],
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
     if samples.len() != rl.len() {
@@ -104,7 +104,7 @@ pub fn rl_targets_with_piece(
         )));
     }
     let whole: usize = samples.iter().map(|s| s.tokens.len()).sum();
-    let total = whole + piece.map_or(0, |(_, p)| p.len());
+    let total = whole + pieces.iter().map(|(_, p)| p.len()).sum::<usize>();
     let (mut adv, mut reference) = (Vec::with_capacity(total), Vec::with_capacity(total));
     for (i, (s, r)) in samples.iter().zip(rl).enumerate() {
         let n = s.tokens.len();
@@ -118,7 +118,7 @@ pub fn rl_targets_with_piece(
         reference.extend(r.ref_log_probs.iter().skip(1));
         reference.push(0.0);
     }
-    if let Some((r, positions)) = piece {
+    for &(r, positions) in pieces {
         let n = r.ref_log_probs.len();
         for &p in positions {
             if p >= n {
@@ -329,9 +329,9 @@ mod tests {
             advantage: 2.0,
             ref_log_probs: vec![0.0, -0.1, -0.2, -0.3, -0.4],
         };
-        let piece = Some((&split, &[3usize, 0, 4][..]));
+        let piece = [(&split, &[3usize, 0, 4][..])];
         let (adv, reference) =
-            rl_targets_with_piece(&samples[1..], &rl[1..], piece, &Device::Cpu).unwrap();
+            rl_targets_with_pieces(&samples[1..], &rl[1..], &piece, &Device::Cpu).unwrap();
         assert_eq!(
             adv.to_vec1::<f32>().unwrap(),
             vec![-1.0, -1.0, 2.0, 2.0, 2.0]
@@ -340,8 +340,8 @@ mod tests {
             reference.to_vec1::<f32>().unwrap(),
             vec![-3.0, 0.0, -0.4, -0.1, 0.0]
         );
-        let beyond = Some((&split, &[5usize][..]));
-        let e = rl_targets_with_piece(&[], &[], beyond, &Device::Cpu).unwrap_err();
+        let beyond = [(&split, &[5usize][..])];
+        let e = rl_targets_with_pieces(&[], &[], &beyond, &Device::Cpu).unwrap_err();
         assert!(e.to_string().contains("position 5"), "{e}");
     }
 }

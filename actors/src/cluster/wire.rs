@@ -325,7 +325,7 @@ mod tests {
                 tokens: 4,
                 cost: 0.1 + 0.2,
                 weighting: LossWeighting::Tokens,
-                piece: None,
+                pieces: Vec::new(),
             },
             epoch: 6,
             token: 1 << 90,

@@ -783,7 +783,7 @@ mod device_tests {
             tokens: 0,
             cost: 0.0,
             weighting: LossWeighting::Tokens,
-            piece: None,
+            pieces: Vec::new(),
         }
     }
 

@@ -6,19 +6,25 @@
 //!   runtime and by `odc-bench sim`), and the ring-attention cost of one sample over a gang.
 //! - [`plan`]: the planner — which samples to split, over how many members and on which
 //!   trainers, the rest packed whole; never a split that lengthens the modelled step.
+//! - [`plan_cp`] and [`ContextParallel`]: context parallelism as collective training runs it
+//!   (static and dynamic CP), the baselines splitting is measured against.
 //! - [`SplitPolicy`]: the user's switch; [`CostModelCosts`]: the runtime's prices.
 //!
 //! Pure: no actor, no clock, no I/O; each file's invariants are tested beside it.
 
 mod cost;
+mod cp;
 mod plan;
 mod policy;
 mod zigzag;
 
 #[cfg(test)]
+mod cp_tests;
+#[cfg(test)]
 mod tests;
 
 pub use cost::{micro_batch_s, piece_cost, transfer_s, Link, PieceCost, SplitCosts};
+pub use cp::{plan_cp, ContextParallel, CpCell, CpGang, CpPlan};
 pub use plan::{
     gang_sizes, plan, DeviceAssignment, Gang, SplitOptions, SplitPlan, DEFAULT_TOKEN_BUDGET,
 };
@@ -43,6 +49,11 @@ pub enum SplitError {
     NoDevices,
     #[error("a split plan needs at least one trainer per node")]
     NoDevicesPerNode,
+    #[error(
+        "a context-parallel group of {size} trainers does not divide the {devices} trainers \
+         (static CP needs groups of equal size)"
+    )]
+    CpGroup { size: u32, devices: u32 },
     #[error("the micro-batch token budget must be positive")]
     NoBudget,
     #[error(

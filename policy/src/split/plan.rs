@@ -120,7 +120,11 @@ pub fn gang_sizes(d: u32, g: u32) -> impl Iterator<Item = u32> {
 }
 
 /// Checks that a cost is a finite, non-negative number.
-fn checked(what: &'static str, at: Option<usize>, value: f64) -> Result<f64, SplitError> {
+pub(super) fn checked(
+    what: &'static str,
+    at: Option<usize>,
+    value: f64,
+) -> Result<f64, SplitError> {
     if value.is_finite() && value >= 0.0 {
         Ok(value)
     } else {

@@ -7,23 +7,23 @@ use super::*;
 
 /// `sample(s) = a·s² + b·s` (the `a` part is attention, spread over `layers`).
 #[derive(Debug, Clone)]
-struct Toy {
-    devices: u32,
-    per_node: u32,
-    fixed: f64,
-    a: f64,
-    b: f64,
-    layers: u32,
-    kv_bytes: u64,
-    intra: Link,
-    inter: Link,
-    pull: f64,
-    push: f64,
+pub(super) struct Toy {
+    pub(super) devices: u32,
+    pub(super) per_node: u32,
+    pub(super) fixed: f64,
+    pub(super) a: f64,
+    pub(super) b: f64,
+    pub(super) layers: u32,
+    pub(super) kv_bytes: u64,
+    pub(super) intra: Link,
+    pub(super) inter: Link,
+    pub(super) pull: f64,
+    pub(super) push: f64,
 }
 
 impl Toy {
     /// Seconds-ish figures of a 7B-like model on H100s: 32K tokens ≈ 5.5 s of compute.
-    fn h100(devices: u32) -> Self {
+    pub(super) fn h100(devices: u32) -> Self {
         Toy {
             devices,
             per_node: 8,

@@ -68,6 +68,11 @@ pub struct StepConfig {
     pub split: SplitPolicy,
     /// The most trainers one gang may have (0: no limit).
     pub max_gang: u32,
+    /// Collective mode only: context parallelism as TransformerEngine, Megatron-Core (static)
+    /// or its hybrid CP (dynamic) run it ([`crate::split::plan_cp`]); the baselines on-demand
+    /// splitting is measured against. Excludes `split`.
+    #[serde(default)]
+    pub context_parallel: ContextParallel,
 }
 
 impl Default for StepConfig {
@@ -89,6 +94,7 @@ impl Default for StepConfig {
             non_finite: NonFinite::Error,
             split: SplitPolicy::Off,
             max_gang: 0,
+            context_parallel: ContextParallel::Off,
         }
     }
 }
@@ -121,6 +127,22 @@ impl StepConfig {
             return Err(StepError::Config(
                 "the micro-batch timeout must be positive".into(),
             ));
+        }
+        if self.context_parallel != ContextParallel::Off {
+            if self.communication != Communication::Collective {
+                return Err(StepError::Config(format!(
+                    "context parallelism ({}) is a collective-mode baseline; on demand, long \
+                     samples are split by sequence_parallel",
+                    self.context_parallel
+                )));
+            }
+            if self.split != SplitPolicy::Off {
+                return Err(StepError::Config(format!(
+                    "context parallelism ({}) and sequence splitting ({:?}) exclude each other: \
+                     choose one",
+                    self.context_parallel, self.split
+                )));
+            }
         }
         if self.communication == Communication::Collective && self.failure == FailurePolicy::Drop {
             return Err(StepError::Config(

@@ -167,10 +167,9 @@ impl<E: Failure> StepMachine<E> {
         if let Err(refusal) = a.ledger.complete(mb, slot) {
             return self.refused(refusal);
         }
-        let (tokens, cost, piece) = a
-            .micro_batches
-            .get(mb)
-            .map_or((0, 0.0, None), |m| (m.tokens, m.cost, m.piece.clone()));
+        let (tokens, cost, pieces) = a.micro_batches.get(mb).map_or((0, 0.0, Vec::new()), |m| {
+            (m.tokens, m.cost, m.pieces.clone())
+        });
         a.loss_sum += output.loss_sum;
         let busy = report.finished.saturating_duration_since(report.started);
         self.speeds.observe(slot, cost, busy.as_secs_f64());
@@ -191,7 +190,7 @@ impl<E: Failure> StepMachine<E> {
             tokens,
             cost,
             spans: io.spans,
-            piece,
+            pieces,
         });
         if !a.ledger.is_complete() {
             return self.dispatch(now);

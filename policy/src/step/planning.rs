@@ -4,8 +4,8 @@
 use super::*;
 use crate::balancer::{Plan, PlannedMicroBatch};
 
-/// A plan with gangs: the plan, and per micro-batch its piece (`None`: whole samples).
-type SplitAttempt = (Plan, Vec<Option<Piece>>);
+/// A plan with gangs: the plan, and per micro-batch its pieces (none: whole samples only).
+type SplitAttempt = (Plan, Vec<Vec<Piece>>);
 
 impl<E: Failure> StepMachine<E> {
     /// Plan `samples` for the live slots: a fresh attempt.
@@ -35,7 +35,10 @@ impl<E: Failure> StepMachine<E> {
                 live.len()
             )));
         }
-        let split = self.plan_split(samples, &tokens, &live)?;
+        let split = match c.context_parallel {
+            ContextParallel::Off => self.plan_split(samples, &tokens, &live)?,
+            cp => Some(self.plan_context_parallel(samples, &tokens, cp)?),
+        };
         // Splitting only where it shortens the step the whole-sample plan would take, both
         // priced by the job's cost model (the split planner's own unsplit placement is LPT, not
         // this plan's partition), or where no whole-sample plan exists (a sample over the
@@ -45,8 +48,12 @@ impl<E: Failure> StepMachine<E> {
             Communication::OnDemand => plan.trainer_costs().into_iter().fold(0.0, f64::max),
             Communication::Collective => lockstep_s(plan),
         };
+        // Context parallelism is the job's choice, not a price's: its plan runs as planned.
+        let chosen = c.context_parallel != ContextParallel::Off;
         let (plan, pieces) = match (split, whole) {
-            (Some((step_s, _)), Ok(whole)) if step_s >= whole_s(&whole) => (whole, Vec::new()),
+            (Some((step_s, _)), Ok(whole)) if !chosen && step_s >= whole_s(&whole) => {
+                (whole, Vec::new())
+            }
             (Some((_, split)), _) => split,
             (None, whole) => (whole?, Vec::new()),
         };
@@ -66,12 +73,12 @@ impl<E: Failure> StepMachine<E> {
                 tokens: mb.tokens,
                 cost: mb.cost,
                 weighting: c.weighting,
-                piece: pieces.get(id).cloned().flatten(),
+                pieces: pieces.get(id).cloned().unwrap_or_default(),
             })
             .collect();
         let mut queue = WorkQueue::new(&plan, &live, self.slots.len());
-        for (id, piece) in pieces.iter().enumerate() {
-            if piece.is_some() {
+        for (id, pieces) in pieces.iter().enumerate() {
+            if !pieces.is_empty() {
                 queue.pin(id);
             }
         }
@@ -217,9 +224,9 @@ impl<E: Failure> StepMachine<E> {
                     match at {
                         Some((g, m)) => {
                             let (_, mb, piece) = &members[*g][*m];
-                            out.push(device, mb.clone(), Some(piece.clone()));
+                            out.push(device, mb.clone(), vec![piece.clone()]);
                         }
-                        None => out.push(device, empty.clone(), None),
+                        None => out.push(device, empty.clone(), Vec::new()),
                     }
                 }
             }
@@ -239,7 +246,7 @@ impl<E: Failure> StepMachine<E> {
                                 samples,
                                 ..mb.clone()
                             },
-                            None,
+                            Vec::new(),
                         );
                     }
                 }
@@ -249,7 +256,7 @@ impl<E: Failure> StepMachine<E> {
         }
         for gang in members {
             for (device, mb, piece) in gang {
-                out.push(device, mb, Some(piece));
+                out.push(device, mb, vec![piece]);
             }
         }
         for (device, assignment) in split.devices.iter().enumerate() {
@@ -260,10 +267,65 @@ impl<E: Failure> StepMachine<E> {
                     tokens: mb.iter().map(|&i| tokens[i]).sum(),
                     cost: c.cost.micro_batch(compute),
                 };
-                out.push(device, planned, None);
+                out.push(device, planned, Vec::new());
             }
         }
         Ok(Some((split.step_s, (out.plan, out.pieces))))
+    }
+
+    /// The lockstep plan of collective training with context parallelism `cp`
+    /// ([`crate::split::plan_cp`]): round `r` is every trainer's `r`-th micro-batch, each holding
+    /// its whole samples and its pieces (gangs ascending), with the planner's modelled step.
+    fn plan_context_parallel(
+        &self,
+        samples: &[SampleMeta],
+        tokens: &[u64],
+        cp: ContextParallel,
+    ) -> Result<(f64, SplitAttempt), StepError> {
+        let c = &self.config;
+        let d = self.slots.len();
+        let d32 = u32::try_from(d).unwrap_or(u32::MAX);
+        let costs = CostModelCosts {
+            cost: c.cost,
+            devices: d32,
+            per_node: match c.max_gang {
+                0 => d32,
+                n => n.min(d32),
+            },
+        };
+        let plan = crate::split::plan_cp(tokens, &costs, cp, c.token_budget, c.max_gang)
+            .map_err(|e| StepError::Config(format!("context parallelism ({cp}): {e}")))?;
+        let mut out = Assembly::new(d);
+        for round in &plan.rounds {
+            for (device, cell) in round.iter().enumerate() {
+                let mut pieces = Vec::with_capacity(cell.pieces.len());
+                let mut piece_tokens = 0;
+                for &(g, member) in &cell.pieces {
+                    let gang = &plan.gangs[g];
+                    let cut = crate::split::zigzag(gang.tokens, gang.cost.k)
+                        .map_err(|e| StepError::Config(format!("context parallelism: {e}")))?;
+                    piece_tokens += cut[member as usize]
+                        .iter()
+                        .map(|r| r.end - r.start)
+                        .sum::<u64>();
+                    pieces.push(Piece {
+                        sample: samples[gang.sample],
+                        epoch: self.epoch,
+                        gang: g as u32,
+                        member,
+                        members: gang.cost.k,
+                        ranks: gang.devices.clone(),
+                    });
+                }
+                let planned = PlannedMicroBatch {
+                    samples: cell.samples.clone(),
+                    tokens: cell.samples.iter().map(|&i| tokens[i]).sum::<u64>() + piece_tokens,
+                    cost: cell.cost_s,
+                };
+                out.push(device, planned, pieces);
+            }
+        }
+        Ok((plan.step_s, (out.plan, out.pieces)))
     }
 
     /// Whether idle trainers steal (dynamic dispatch, on-demand mode).
@@ -404,7 +466,7 @@ impl<E: Failure> StepMachine<E> {
 /// A plan under construction with its pieces, in step.
 struct Assembly {
     plan: Plan,
-    pieces: Vec<Option<Piece>>,
+    pieces: Vec<Vec<Piece>>,
 }
 
 impl Assembly {
@@ -418,11 +480,11 @@ impl Assembly {
         }
     }
 
-    /// Appends `mb` (with its piece, if any) to `device`'s list.
-    fn push(&mut self, device: usize, mb: PlannedMicroBatch, piece: Option<Piece>) {
+    /// Appends `mb` (with its pieces) to `device`'s list.
+    fn push(&mut self, device: usize, mb: PlannedMicroBatch, pieces: Vec<Piece>) {
         self.plan.per_trainer[device].push(self.plan.micro_batches.len());
         self.plan.micro_batches.push(mb);
-        self.pieces.push(piece);
+        self.pieces.push(pieces);
     }
 }
 

@@ -109,7 +109,7 @@ impl<E> Run<E> {
         let gangs = attempt
             .micro_batches
             .iter()
-            .filter_map(|mb| mb.piece.as_ref())
+            .flat_map(|mb| &mb.pieces)
             .filter(|p| p.member == 0)
             .map(|p| p.members)
             .collect();

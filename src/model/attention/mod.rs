@@ -75,7 +75,7 @@ pub fn causal_self_attention(
 
 /// Queries `[1, H, T, hd]`, keys and values `[1, KV, T, hd]` of `batch` attended with
 /// `attention`, each sample causally within itself: `[1, H, T, hd]`. A gang's piece (packed last)
-/// attends over its gang's ring ([`ring`]), the samples before it as usual.
+/// attends over its gang's ring ([`ring`]), each piece in turn, the samples before them as usual.
 pub fn packed_attend(
     attention: AttentionImpl,
     config: &ModelConfig,
@@ -84,39 +84,47 @@ pub fn packed_attend(
     v: &Tensor,
     batch: &PackedBatch,
 ) -> Result<Tensor> {
-    let Some(piece) = &batch.piece else {
+    if batch.pieces.is_empty() {
         return attend_spans(attention, config, q, k, v, &batch.spans);
-    };
-    let (&(start, len), rest) = batch
+    }
+    let whole = batch
         .spans
-        .split_last()
-        .ok_or_else(|| Error::Batch("a gang's piece in a pack without spans".into()))?;
+        .len()
+        .checked_sub(batch.pieces.len())
+        .ok_or_else(|| Error::Batch("more gang pieces than spans in a pack".into()))?;
+    let (rest, pieces) = batch.spans.split_at(whole);
     let blocks = match attention {
         AttentionImpl::Blocked(blocks) => blocks,
         AttentionImpl::Plain | AttentionImpl::Auto => Blocks::for_device(q.device()),
     };
     let at = |x: &Tensor, from: usize, n: usize| x.narrow(2, from, n);
-    let piece_out = gang_attend(
-        &at(q, start, len)?,
-        &at(k, start, len)?,
-        &at(v, start, len)?,
-        &piece.layout,
-        piece.link.clone(),
-        piece.next_call(),
-        blocks,
-    )?;
-    if rest.is_empty() {
-        return Ok(piece_out);
+    let mut outs = Vec::with_capacity(pieces.len() + 1);
+    if let Some(&(start, _)) = pieces.first().filter(|_| !rest.is_empty()) {
+        outs.push(attend_spans(
+            attention,
+            config,
+            &at(q, 0, start)?,
+            &at(k, 0, start)?,
+            &at(v, 0, start)?,
+            rest,
+        )?);
     }
-    let rest_out = attend_spans(
-        attention,
-        config,
-        &at(q, 0, start)?,
-        &at(k, 0, start)?,
-        &at(v, 0, start)?,
-        rest,
-    )?;
-    Ok(Tensor::cat(&[&rest_out, &piece_out], 2)?)
+    // In gang order: every member of every gang attends its pieces in the same order.
+    for (&(start, len), piece) in pieces.iter().zip(&batch.pieces) {
+        outs.push(gang_attend(
+            &at(q, start, len)?,
+            &at(k, start, len)?,
+            &at(v, start, len)?,
+            &piece.layout,
+            piece.link.clone(),
+            piece.next_call(),
+            blocks,
+        )?);
+    }
+    if outs.len() == 1 {
+        return Ok(outs.remove(0));
+    }
+    Ok(Tensor::cat(&outs, 2)?)
 }
 
 /// The samples at `spans` (tiling the `T` positions of `q`), each causally within itself.

@@ -73,7 +73,7 @@ use crate::model::config::{HeadImpl, Kernels, ModelConfig};
 use crate::model::device::{open_device, ComputePrecision, DeviceSpec};
 use crate::model::error::{Error, Result};
 use crate::model::gang::GangLayout;
-use crate::model::grpo::{grpo_loss_sum, rl_targets_with_piece, GrpoConfig, RlSample};
+use crate::model::grpo::{grpo_loss_sum, rl_targets_with_pieces, GrpoConfig, RlSample};
 use crate::model::head::WeightGrad;
 use crate::model::params::{as_tensors, unit_tensors, unit_vars, ParamSpec};
 use crate::model::transformer::{
@@ -646,9 +646,10 @@ impl Compute for TransformerCompute {
         #[cfg(feature = "cuda")]
         self.begin_transfers(ctx, &device)?;
         let samples = self.samples_of(mb)?;
-        let mut batch = match &mb.piece {
-            None => PackedBatch::pack(&self.config, &samples, &device).map_err(user)?,
-            Some(piece) => self.pack_with_piece(ctx, &samples, piece, &device)?,
+        let mut batch = if mb.pieces.is_empty() {
+            PackedBatch::pack(&self.config, &samples, &device).map_err(user)?
+        } else {
+            self.pack_with_pieces(ctx, &samples, &mb.pieces, &device)?
         };
         batch.kernels = self.placement.kernels;
         let rl = self.rl_inputs(mb, &samples, &batch, &device)?;
@@ -769,12 +770,15 @@ impl TransformerCompute {
             .iter()
             .map(|s| rl_of(s.index))
             .collect::<crate::Result<Vec<_>>>()?;
-        let piece = match (&mb.piece, &batch.piece) {
-            (Some(p), Some(packed)) => Some((rl_of(p.sample.index)?, packed.layout.positions())),
-            _ => None,
-        };
-        let piece = piece.as_ref().map(|(d, p)| (d, p.as_slice()));
-        let (adv, reference) = rl_targets_with_piece(samples, &rl, piece, device).map_err(user)?;
+        let pieces = mb
+            .pieces
+            .iter()
+            .zip(&batch.pieces)
+            .map(|(p, packed)| Ok((rl_of(p.sample.index)?, packed.layout.positions())))
+            .collect::<crate::Result<Vec<_>>>()?;
+        let pieces: Vec<_> = pieces.iter().map(|(d, p)| (d, p.as_slice())).collect();
+        let (adv, reference) =
+            rl_targets_with_pieces(samples, &rl, &pieces, device).map_err(user)?;
         Ok(Some((config, adv, reference)))
     }
 
@@ -1009,60 +1013,60 @@ impl TransformerCompute {
 }
 
 impl TransformerCompute {
-    /// The pack of a gang member: its whole `samples`, then its piece of the split sample
-    /// (resolved whole, its end of the gang from this process's registry).
-    fn pack_with_piece(
+    /// The pack of a gang member: its whole `samples`, then its pieces of split samples in order
+    /// (each resolved whole, its end of the gang from this process's registry).
+    fn pack_with_pieces(
         &self,
         ctx: &TrainerContext,
         samples: &[Sample],
-        piece: &Piece,
+        pieces: &[Piece],
         device: &Device,
     ) -> crate::Result<PackedBatch> {
-        let index = piece.sample.index;
-        let whole = self.samples.sample(index).map_err(|e| crate::Error::User {
-            message: format!("sample {index}: {e}"),
-        })?;
-        if whole.tokens.len() as u64 != piece.sample.tokens {
-            return Err(crate::Error::User {
-                message: format!(
-                    "sample {index} has {} tokens, the balancer was told {}",
-                    whole.tokens.len(),
-                    piece.sample.tokens
-                ),
-            });
-        }
-        let layout = GangLayout::zigzag(
-            whole.tokens.len(),
-            piece.members as usize,
-            piece.member as usize,
-        )
-        .map_err(user)?;
         // Every trainer of a job that splits has its gang channel (its inbox on the transport).
         let channel = ctx.gang().ok_or_else(|| {
             crate::Error::Config(format!(
                 "trainer {} got a piece of a split sample but has no gang channel: a job splits \
-                 samples only through JobBuilder::sequence_parallel",
+                 samples only through JobBuilder::sequence_parallel or context parallelism",
                 ctx.trainer()
             ))
         })?;
-        let link = TransportLink::new(
-            channel,
-            piece.epoch,
-            piece.gang,
-            piece.member as usize,
-            piece.ranks.clone(),
-            self.gang_timeout,
-            device.clone(),
-        )
-        .map_err(user)?;
-        PackedBatch::pack_with_piece(
-            &self.config,
-            samples,
-            &whole,
-            GangPiece::new(layout, Arc::new(link)),
-            device,
-        )
-        .map_err(user)
+        let mut wholes = Vec::with_capacity(pieces.len());
+        let mut gangs = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let index = piece.sample.index;
+            let whole = self.samples.sample(index).map_err(|e| crate::Error::User {
+                message: format!("sample {index}: {e}"),
+            })?;
+            if whole.tokens.len() as u64 != piece.sample.tokens {
+                return Err(crate::Error::User {
+                    message: format!(
+                        "sample {index} has {} tokens, the balancer was told {}",
+                        whole.tokens.len(),
+                        piece.sample.tokens
+                    ),
+                });
+            }
+            let layout = GangLayout::zigzag(
+                whole.tokens.len(),
+                piece.members as usize,
+                piece.member as usize,
+            )
+            .map_err(user)?;
+            let link = TransportLink::new(
+                channel.clone(),
+                piece.epoch,
+                piece.gang,
+                piece.member as usize,
+                piece.ranks.clone(),
+                self.gang_timeout,
+                device.clone(),
+            )
+            .map_err(user)?;
+            wholes.push(whole);
+            gangs.push(GangPiece::new(layout, Arc::new(link)));
+        }
+        let pieces = wholes.iter().zip(gangs).collect();
+        PackedBatch::pack_with_pieces(&self.config, samples, pieces, device).map_err(user)
     }
 }
 

@@ -45,12 +45,12 @@ fn a_long_sample_runs_as_one_piece_on_each_member_of_its_gang_and_counts_once() 
         let runs = assignments(&w.log);
         let pieces: Vec<_> = runs
             .iter()
-            .filter(|(_, mb, _)| mb.piece.is_some())
+            .filter(|(_, mb, _)| !mb.pieces.is_empty())
             .collect();
         assert_eq!(pieces.len(), k as usize);
         let mut members: Vec<u32> = pieces
             .iter()
-            .map(|(_, mb, _)| mb.piece.as_ref().unwrap().member)
+            .map(|(_, mb, _)| mb.pieces[0].member)
             .collect();
         members.sort_unstable();
         assert_eq!(members, (0..k).collect::<Vec<_>>());
@@ -59,7 +59,7 @@ fn a_long_sample_runs_as_one_piece_on_each_member_of_its_gang_and_counts_once() 
         slots.dedup();
         assert_eq!(slots.len(), k as usize, "members on distinct trainers");
         for (slot, mb, reason) in &pieces {
-            let p = mb.piece.clone().unwrap();
+            let p = mb.pieces[0].clone();
             // Each member's trainer, as every member sees the gang: where its exchange goes.
             assert_eq!(p.ranks.len(), k as usize);
             assert_eq!(p.ranks[p.member as usize], *slot);
@@ -139,7 +139,7 @@ fn collective_mode_runs_a_gangs_pieces_in_one_lockstep_round() {
     assert!(lists.iter().all(|l| l.len() == rounds), "lockstep counts");
     let round_of_pieces: Vec<usize> = lists
         .iter()
-        .filter_map(|l| l.iter().position(|mb| mb.piece.is_some()))
+        .filter_map(|l| l.iter().position(|mb| !mb.pieces.is_empty()))
         .collect();
     assert_eq!(round_of_pieces.len(), stats.gangs[0] as usize);
     assert!(
@@ -148,7 +148,7 @@ fn collective_mode_runs_a_gangs_pieces_in_one_lockstep_round() {
     );
     let r = round_of_pieces[0];
     for l in &lists {
-        if l[r].piece.is_none() {
+        if l[r].pieces.is_empty() {
             assert!(
                 l[r].samples.is_empty() && l[r].tokens == 0,
                 "an empty micro-batch"
@@ -174,7 +174,7 @@ fn a_lost_gang_member_replays_the_whole_gang_under_a_new_epoch() {
         .enumerate()
         .find_map(|(s, r)| {
             r.as_ref()
-                .and_then(|(a, _, _)| a.micro_batch.piece.clone().map(|p| (s, p)))
+                .and_then(|(a, _, _)| a.micro_batch.pieces.first().cloned().map(|p| (s, p)))
         })
         .expect("a member is running its piece");
     assert_eq!(piece.epoch, 0);
@@ -191,7 +191,7 @@ fn a_lost_gang_member_replays_the_whole_gang_under_a_new_epoch() {
         .collect();
     let pieces: Vec<Piece> = replayed
         .iter()
-        .filter_map(|(_, a)| a.micro_batch.piece.clone())
+        .flat_map(|(_, a)| a.micro_batch.pieces.clone())
         .collect();
     assert_eq!(pieces.len(), stats.gangs.iter().sum::<u32>() as usize);
     assert!(!pieces.is_empty());
@@ -229,4 +229,82 @@ fn a_sample_over_the_budget_runs_as_a_gang_whose_pieces_fit_it() {
             .unwrap_err();
         assert!(e.to_string().contains(wanted), "{e}");
     }
+}
+
+/// Context parallelism in collective mode: lockstep rounds whose micro-batches hold several
+/// pieces; every piece's members run it in the same round, gangs ascending in each micro-batch;
+/// every sample counts once; static CP splits every sample over its fixed group.
+#[test]
+fn context_parallel_rounds_run_each_gang_together_and_every_sample_once() {
+    for cp in [ContextParallel::Static(2), ContextParallel::Dynamic] {
+        let config = StepConfig {
+            communication: Communication::Collective,
+            dispatch: DispatchMode::Static,
+            context_parallel: cp,
+            ..split_config(SplitPolicy::Off)
+        };
+        config.validate().unwrap();
+        let mut w = World::new(config, &[1.0; 4]);
+        let samples = long_tail(60_000, 30);
+        let total: u64 = samples.iter().map(|s| s.tokens).sum();
+        let stats = w.step(samples).expect("finished").expect("ok");
+        let runs = assignments(&w.log);
+        let mut lists: Vec<Vec<MicroBatch>> = vec![Vec::new(); 4];
+        for (slot, mb, _) in &runs {
+            lists[*slot as usize].push(mb.clone());
+        }
+        let rounds = lists[0].len();
+        assert!(lists.iter().all(|l| l.len() == rounds), "{cp}: lockstep");
+        // (gang → the round and slot of each member).
+        let mut members: std::collections::BTreeMap<u32, Vec<(usize, u32, u32)>> =
+            Default::default();
+        for (slot, list) in lists.iter().enumerate() {
+            for (r, mb) in list.iter().enumerate() {
+                assert!(mb.pieces.windows(2).all(|p| p[0].gang < p[1].gang));
+                for p in &mb.pieces {
+                    assert_eq!(p.ranks[p.member as usize], slot as u32);
+                    members
+                        .entry(p.gang)
+                        .or_default()
+                        .push((r, p.member, p.members));
+                }
+            }
+        }
+        assert!(!members.is_empty(), "{cp}: the long sample is split");
+        for (g, m) in &members {
+            assert_eq!(m.len(), m[0].2 as usize, "{cp}: gang {g} {m:?}");
+            assert!(
+                m.iter().all(|x| x.0 == m[0].0),
+                "{cp}: gang {g} in one round"
+            );
+        }
+        if cp == ContextParallel::Static(2) {
+            assert_eq!(members.len(), 31, "every sample split");
+            assert!(runs.iter().all(|(_, mb, _)| mb.samples.is_empty()));
+        }
+        assert_eq!(runs.iter().map(|(_, mb, _)| mb.tokens).sum::<u64>(), total);
+        assert!((stats.loss - 1.0).abs() < 1e-12, "{}", stats.loss);
+        assert_eq!(
+            stats.gangs.len(),
+            members.len(),
+            "{cp}: each gang counted once"
+        );
+    }
+}
+
+#[test]
+fn context_parallel_is_a_collective_baseline_apart_from_splitting() {
+    let on_demand = StepConfig {
+        context_parallel: ContextParallel::Static(2),
+        ..split_config(SplitPolicy::Off)
+    };
+    let e = on_demand.validate().unwrap_err().to_string();
+    assert!(e.contains("collective-mode baseline"), "{e}");
+    let both = StepConfig {
+        communication: Communication::Collective,
+        context_parallel: ContextParallel::Dynamic,
+        ..split_config(SplitPolicy::Auto)
+    };
+    let e = both.validate().unwrap_err().to_string();
+    assert!(e.contains("exclude each other"), "{e}");
 }
