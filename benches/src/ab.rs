@@ -36,8 +36,8 @@ use odc::transport::local::LocalTransport;
 use odc::transport::throttle::Throttled;
 use odc::transport::Transport;
 use odc::{
-    Communication, DispatchMode, Error, Job, OptimizerConfig, Precision, Result, SampleMeta,
-    SpanKind, SplitPolicy,
+    Communication, ContextParallel, DispatchMode, Error, Job, OptimizerConfig, Precision, Result,
+    SampleMeta, SpanKind, SplitPolicy,
 };
 
 use crate::floor::EmulationFloor;
@@ -52,6 +52,9 @@ pub struct Side {
     pub dispatch: DispatchMode,
     /// Speed-aware dispatch and plans (runtime straggler rebalancing).
     pub rebalance: bool,
+    /// The collective baseline's context parallelism: the collective run's own, and on an
+    /// on-demand side the baseline it is compared against (`Off`: FSDP with LB-Micro).
+    pub context_parallel: ContextParallel,
 }
 
 impl Side {
@@ -59,6 +62,7 @@ impl Side {
         communication: Communication::Collective,
         dispatch: DispatchMode::Static,
         rebalance: false,
+        context_parallel: ContextParallel::Off,
     };
 
     pub fn on_demand(dispatch: DispatchMode, rebalance: bool) -> Side {
@@ -66,6 +70,23 @@ impl Side {
             communication: Communication::OnDemand,
             dispatch,
             rebalance,
+            context_parallel: ContextParallel::Off,
+        }
+    }
+
+    /// This side compared against the collective with context parallelism `cp`.
+    pub fn against(self, cp: ContextParallel) -> Side {
+        Side {
+            context_parallel: cp,
+            ..self
+        }
+    }
+
+    /// The collective run this side is compared with.
+    pub fn baseline(&self) -> Side {
+        Side {
+            context_parallel: self.context_parallel,
+            ..Side::COLLECTIVE
         }
     }
 
@@ -74,6 +95,15 @@ impl Side {
         match self.communication {
             Communication::Collective => "collective",
             Communication::OnDemand => "on-demand",
+        }
+    }
+
+    /// The dispatch and, against a context-parallel baseline, ` vs <baseline>` (as
+    /// [`BenchRow::sides`] shows a row).
+    pub fn names(&self) -> String {
+        match self.context_parallel {
+            ContextParallel::Off => self.dispatch_name(),
+            cp => format!("{} vs {}", self.dispatch_name(), cp.name()),
         }
     }
 
@@ -158,7 +188,8 @@ pub struct Settings {
     pub links: Option<LinksConfig>,
     /// What trainers pull (and the collective all-gathers) parameters as.
     pub pull_precision: Precision,
-    /// Sequence splitting on the on-demand side (the collective baseline never splits).
+    /// Sequence splitting on the on-demand side (the collective side splits as its
+    /// [`Side::context_parallel`] says).
     pub split: SplitPolicy,
     /// With `links`, give the job's cost model each micro-batch's transfers
     /// ([`LinksConfig::transfer_s`], [`odc::CostModel::transfer`]).
@@ -425,6 +456,10 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
             Communication::OnDemand => settings.split,
             Communication::Collective => SplitPolicy::Off,
         })
+        .context_parallel(match side.communication {
+            Communication::OnDemand => ContextParallel::Off,
+            Communication::Collective => side.context_parallel,
+        })
         .token_budget(token_budget(case, settings))
         .pull_precision(settings.pull_precision)
         .prefetch(settings.prefetch as u32)
@@ -546,7 +581,7 @@ pub async fn compare(
     let (mut a, mut b) = (Measure::default(), Measure::default());
     let order: Vec<bool> = (0..reps).flat_map(run_order).collect();
     let one = |collective: bool| {
-        let side = if collective { Side::COLLECTIVE } else { side };
+        let side = if collective { side.baseline() } else { side };
         run(case, side, settings, false)
     };
     if settings.clock == ClockMode::Virtual {
@@ -583,6 +618,7 @@ pub async fn compare(
         devices: case.devices,
         minibatch_per_device: case.minibatch_per_device,
         dispatch: side.dispatch_name(),
+        baseline: side.context_parallel.name(),
         collective_tokens_per_s: coll,
         ondemand_tokens_per_s: od,
         speedup,
@@ -625,11 +661,16 @@ pub struct Entry {
     pub control: bool,
 }
 
-/// The control key of a row: devices, minibatch per device, dispatch name.
-type ControlKey = (usize, usize, String);
+/// The control key of a row: devices, minibatch per device, dispatch name, baseline.
+type ControlKey = (usize, usize, String, String);
 
 fn key(devices: usize, minibatch_per_device: usize, side: Side) -> ControlKey {
-    (devices, minibatch_per_device, side.dispatch_name())
+    (
+        devices,
+        minibatch_per_device,
+        side.dispatch_name(),
+        side.context_parallel.name(),
+    )
 }
 
 /// The rows of a matrix in the order to run them: balanced controls first (the matrix's own
@@ -795,6 +836,7 @@ mod tests {
             devices: 8,
             minibatch_per_device: 4,
             dispatch: String::new(),
+            baseline: "fsdp".into(),
             collective_tokens_per_s: 1.0,
             ondemand_tokens_per_s: speedup,
             speedup,

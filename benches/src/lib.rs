@@ -1,7 +1,7 @@
 //! # odc-bench — the evidence for odc
 //!
 //! Everything that produces evidence and nothing that users embed: the on-demand vs collective A/B
-//! harness ([`ab`]), the sequence-length workloads ([`workload`]), the measured cost of the
+//! harness ([`ab`]) and its collective baselines ([`baselines`]), the sequence-length workloads ([`workload`]), the measured cost of the
 //! emulation itself ([`floor`]), the limits on user input ([`input`]) and the reports (table, JSON,
 //! SVG; [`report`]), the transport pull benchmark with its owner processes ([`transport`]) and the cost of
 //! running a job as several processes ([`processes`]), model checkpoints in Hugging Face layout
@@ -14,6 +14,7 @@
 //! [`odc::StepStats`]); it measures whatever the runtime does.
 
 pub mod ab;
+pub mod baselines;
 pub mod calibrate;
 pub mod floor;
 pub mod gang;
@@ -68,6 +69,7 @@ pub(crate) mod test_util {
             devices,
             minibatch_per_device: 4,
             dispatch: "dynamic".into(),
+            baseline: "fsdp".into(),
             collective_tokens_per_s: 100.0,
             ondemand_tokens_per_s: 100.0 * speedup,
             speedup,

@@ -61,6 +61,10 @@ pub struct BenchRow {
     pub minibatch_per_device: usize,
     /// Dispatch of the on-demand mode (for example `static` or `dynamic`).
     pub dispatch: String,
+    /// The collective baseline: `fsdp` (LB-Micro, no context parallelism), `cp2`, `cp4`, `cp8`
+    /// (static context parallelism) or `dcp` (dynamic, Megatron-Core's hybrid CP).
+    #[serde(default = "fsdp")]
+    pub baseline: String,
     /// Throughput of the collective baseline.
     pub collective_tokens_per_s: f64,
     /// Throughput of on-demand mode.
@@ -87,13 +91,32 @@ pub struct BenchRow {
     pub emulation_warning: Option<String>,
 }
 
+/// The baseline of a row written before baselines existed.
+fn fsdp() -> String {
+    "fsdp".into()
+}
+
 impl BenchRow {
-    /// Short label `workload/devices/minibatch_per_device/dispatch` used on plot axes.
+    /// Short label `workload/devices/minibatch_per_device/dispatch` used on plot axes (with
+    /// ` vs <baseline>` against a context-parallel baseline).
     pub fn label(&self) -> String {
         format!(
             "{}/{}/{}/{}",
-            self.workload, self.devices, self.minibatch_per_device, self.dispatch
+            self.workload,
+            self.devices,
+            self.minibatch_per_device,
+            self.sides()
         )
+    }
+
+    /// The dispatch column: the on-demand dispatch, and ` vs <baseline>` when the collective
+    /// baseline is not plain FSDP.
+    pub fn sides(&self) -> String {
+        if self.baseline == "fsdp" || self.baseline.is_empty() {
+            self.dispatch.clone()
+        } else {
+            format!("{} vs {}", self.dispatch, self.baseline)
+        }
     }
 
     /// On-demand throughput as a fraction of the perfect-balance bound; `None` when the bound is
@@ -264,7 +287,7 @@ pub fn bound_tokens_per_s(total_tokens: u64, total_cost_seconds: f64, devices: u
 /// use odc_bench::report::{format_table, BenchRow};
 /// let row = BenchRow {
 ///     workload: "longalign".into(), devices: 8, minibatch_per_device: 4, dispatch: "dynamic".into(),
-///     collective_tokens_per_s: 100_000.0, ondemand_tokens_per_s: 152_000.0, speedup: 1.52,
+///     baseline: "fsdp".into(), collective_tokens_per_s: 100_000.0, ondemand_tokens_per_s: 152_000.0, speedup: 1.52,
 ///     collective_utilization: 0.61, ondemand_utilization: 0.97, bound_tokens_per_s: 160_000.0,
 ///     achievable_bound_tokens_per_s: 155_000.0, ondemand_over_achievable: 152.0 / 155.0,
 ///     control_speedup: Some(1.01), emulation_warning: None,
@@ -274,10 +297,7 @@ pub fn bound_tokens_per_s(total_tokens: u64, total_cost_seconds: f64, devices: u
 /// assert!(table.contains("1.01x") && table.contains("0.981"));
 /// ```
 pub fn format_table(rows: &[BenchRow]) -> String {
-    let layout = TableLayout::fit(
-        rows.iter()
-            .map(|r| (r.workload.as_str(), r.dispatch.as_str())),
-    );
+    let layout = TableLayout::fit(rows.iter().map(|r| (r.workload.clone(), r.sides())));
     let mut out = layout.header();
     for row in rows {
         out.push_str(&layout.line(row));
@@ -312,14 +332,16 @@ pub struct TableLayout {
 impl TableLayout {
     /// Widths that fit the headers, the given (workload, dispatch) names and numbers up to the
     /// headers' widths.
-    pub fn fit<'a>(names: impl IntoIterator<Item = (&'a str, &'a str)>) -> TableLayout {
+    pub fn fit<W: AsRef<str>, D: AsRef<str>>(
+        names: impl IntoIterator<Item = (W, D)>,
+    ) -> TableLayout {
         let mut widths = HEADERS.map(|h| h.chars().count());
         // Room for up to 99,999 devices and samples per device.
         widths[1] = widths[1].max(6);
         widths[2] = widths[2].max(6);
         for (workload, dispatch) in names {
-            widths[0] = widths[0].max(workload.chars().count());
-            widths[3] = widths[3].max(dispatch.chars().count());
+            widths[0] = widths[0].max(workload.as_ref().chars().count());
+            widths[3] = widths[3].max(dispatch.as_ref().chars().count());
         }
         TableLayout { widths }
     }
@@ -340,7 +362,7 @@ impl TableLayout {
             r.workload.clone(),
             r.devices.to_string(),
             r.minibatch_per_device.to_string(),
-            r.dispatch.clone(),
+            r.sides(),
             thousands(r.collective_tokens_per_s),
             thousands(r.ondemand_tokens_per_s),
             finite(r.speedup, |v| format!("{v:.2}x")),
@@ -716,6 +738,7 @@ mod tests {
             devices,
             minibatch_per_device: 4,
             dispatch: "dynamic".into(),
+            baseline: "fsdp".into(),
             collective_tokens_per_s: 100_000.0,
             ondemand_tokens_per_s: 100_000.0 * speedup,
             speedup,
@@ -777,6 +800,7 @@ mod tests {
             "ondemand_over_achievable",
             "control_speedup",
             "emulation_warning",
+            "baseline",
         ];
         expected.sort_unstable();
         assert_eq!(keys, expected);

@@ -33,7 +33,7 @@ impl ClockRatio {
     /// use odc_bench::validate::ClockRatio;
     /// let wall = BenchRow {
     ///     workload: "rl".into(), devices: 4, minibatch_per_device: 2, dispatch: "static".into(),
-    ///     collective_tokens_per_s: 100.0, ondemand_tokens_per_s: 120.0, speedup: 1.2,
+    ///     baseline: "fsdp".into(), collective_tokens_per_s: 100.0, ondemand_tokens_per_s: 120.0, speedup: 1.2,
     ///     collective_utilization: 0.5, ondemand_utilization: 0.6, bound_tokens_per_s: 200.0,
     ///     achievable_bound_tokens_per_s: 150.0, ondemand_over_achievable: 0.8,
     ///     control_speedup: None, emulation_warning: None,

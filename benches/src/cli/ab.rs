@@ -115,10 +115,17 @@ pub(crate) struct AbArgs {
     #[arg(long)]
     pub(crate) no_control: bool,
     /// Sequence splitting on the on-demand side: off (default), auto, or N (auto for samples of
-    /// at least N tokens). The collective baseline never splits; a gang's piece is emulated as
-    /// its sample's compute over the gang's size (the ring's waits are not).
+    /// at least N tokens). The collective side splits only as `--baselines` says; a piece is
+    /// emulated as its sample's compute over the gang's size (the ring's waits are not).
     #[arg(long, default_value = "off", value_parser = split_policy)]
     pub(crate) split: odc::SplitPolicy,
+    /// The collective baselines, each with rows (and balanced controls) of its own: `fsdp`
+    /// (LB-Micro over whole samples, the default), `cp2`, `cp4`, `cp8` (static context
+    /// parallelism, TransformerEngine's and Megatron's CP size: every sample split over a fixed
+    /// group) and `dcp` (dynamic CP, Megatron-Core's hybrid CP: a group size per sample). With
+    /// more than one, a last table sets on-demand against the best of them.
+    #[arg(long, value_delimiter = ',', default_value = "fsdp", value_parser = context_parallel)]
+    pub(crate) baselines: Vec<odc::ContextParallel>,
     /// Write the rows as JSON.
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
@@ -230,6 +237,12 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
     print_controls(&runs);
     print_emulation_warnings(&runs.rows);
     print_communication(&args, &plan.settings, &runs, started);
+    let best = odc_bench::baselines::against_best(&runs.rows);
+    if !best.is_empty() {
+        println!();
+        println!("On-demand against the best collective baseline (the smallest speedup of each cell's rows, each measured in its own A/B; controls in parentheses):");
+        print!("{}", odc_bench::baselines::table(&best));
+    }
     if let Some(paths) = &outputs.trace {
         write_traces(paths, &plan).await?;
     }
@@ -294,7 +307,10 @@ fn plan_matrix(args: &AbArgs, devices: Vec<usize>, per_device: &[usize]) -> anyh
     let sides: Vec<Side> = args
         .dispatch
         .iter()
-        .map(|&d| Side::on_demand(d.into(), false))
+        .flat_map(|&d| {
+            let side = Side::on_demand(d.into(), false);
+            args.baselines.iter().map(move |&b| side.against(b))
+        })
         .collect();
     let mut cases = Vec::new();
     for w in &workloads {
@@ -529,9 +545,9 @@ async fn run_rows(
     let names: Vec<(String, String)> = plan
         .entries
         .iter()
-        .map(|e| (e.case.name.clone(), e.side.dispatch_name()))
+        .map(|e| (e.case.name.clone(), e.side.names()))
         .collect();
-    let layout = TableLayout::fit(names.iter().map(|(w, d)| (w.as_str(), d.as_str())));
+    let layout = TableLayout::fit(names);
     print!("{}", layout.header());
     let wall_settings = Settings {
         clock: ClockMode::Wall,
@@ -564,7 +580,7 @@ async fn run_rows(
                 e.case.name,
                 e.case.devices,
                 e.case.minibatch_per_device,
-                e.side.dispatch_name()
+                e.side.names()
             )
         };
         let wall_row = if wall_too {
@@ -743,5 +759,9 @@ fn write_outputs(args: &AbArgs, outputs: &Outputs, runs: Runs) -> anyhow::Result
 }
 
 pub(crate) fn split_policy(s: &str) -> Result<odc::SplitPolicy, String> {
+    s.parse()
+}
+
+pub(crate) fn context_parallel(s: &str) -> Result<odc::ContextParallel, String> {
     s.parse()
 }

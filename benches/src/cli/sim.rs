@@ -16,6 +16,10 @@ pub(crate) struct SimArgs {
     /// `ab --split`); the long-sequence table always plans both ways.
     #[arg(long, default_value = "off", value_parser = super::ab::split_policy)]
     pub(crate) split: odc::SplitPolicy,
+    /// The runtime rows' collective baselines (see `ab --baselines`); the long-sequence table
+    /// always plans FSDP, static CP of 2, 4 and 8, and dynamic CP.
+    #[arg(long, value_delimiter = ',', default_value = "fsdp", value_parser = super::ab::context_parallel)]
+    pub(crate) baselines: Vec<odc::ContextParallel>,
     /// Device counts (nodes of 8 GPUs in the long-sequence table).
     #[arg(long, value_delimiter = ',', value_parser = devices, default_value = "8,64,256,1024")]
     pub(crate) devices: Vec<usize>,
@@ -176,7 +180,7 @@ pub(crate) fn gpus_per_node(s: &str) -> Result<u32, String> {
 /// long-sequence table of `odc_bench::sim::report`.
 pub(crate) async fn sim(args: SimArgs) -> anyhow::Result<()> {
     use odc_bench::sim::profile::{DeviceProfile, ModelShape};
-    use odc_bench::sim::report::{join, joined_table, split_rows, split_table};
+    use odc_bench::sim::report::{baseline_table, join, joined_table, split_rows, split_table};
 
     let profile = match &args.profile {
         Some(path) => DeviceProfile::from_file(path, &args.model, args.layers)?,
@@ -243,6 +247,11 @@ pub(crate) async fn sim(args: SimArgs) -> anyhow::Result<()> {
         )?);
     }
     print!("{}", split_table(&rows));
+    println!();
+    println!(
+        "Against collectives that split too (modelled, lockstep rounds, the same prices): FSDP with LB-Micro, static CP (the best of 2, 4, …, 64: every sample over a fixed group), dynamic CP (a group size per sample); each baseline's step over on-demand's split step"
+    );
+    print!("{}", baseline_table(&rows));
     if !runtime.is_empty() {
         println!();
         println!(
@@ -296,5 +305,6 @@ pub(crate) fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>
         cluster: args.cluster.clone(),
         bytes_scale: 1.0,
         split: args.split,
+        baselines: args.baselines.clone(),
     }
 }

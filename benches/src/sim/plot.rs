@@ -339,9 +339,14 @@ mod tests {
             achievable_unsplit_s: unsplit_s,
             unsplit_s,
             split_s,
+            placement: "gangs".into(),
+            gangs_s: split_s,
             splits: 1,
             shortest_split_tokens: Some(32_768),
             widest_split: Some(2),
+            fsdp_s: None,
+            static_cp: None,
+            dynamic_cp_s: None,
         }
     }
 

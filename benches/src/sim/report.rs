@@ -14,10 +14,11 @@
 //! not finite shows as `n/a`, a row the other side lacks as `–`.
 
 use super::profile::DeviceProfile;
-use super::split::{plan, SplitError, SplitOptions};
+use super::split::{plan, plan_cp, plan_on_demand, SplitError, SplitOptions};
 use super::topology::Topology;
 use crate::report::BenchRow;
 use crate::workload::Workload;
+use odc_policy::split::{ContextParallel, OnDemandPlan};
 
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -31,14 +32,25 @@ pub struct SplitRow {
     pub achievable_unsplit_s: f64,
     /// Planned step without splitting, seconds.
     pub unsplit_s: f64,
-    /// Planned step with splitting, seconds.
+    /// Planned step with splitting, seconds: on-demand's choice between its gangs and a CP
+    /// placement run without lockstep ([`plan_on_demand`]).
     pub split_s: f64,
+    /// What that plan is: `gangs`, or the CP placement (`cp8`, `dcp`, …).
+    pub placement: String,
+    /// Planned step with the gangs alone (what the runtime plans today), seconds.
+    pub gangs_s: f64,
     /// Samples split.
     pub splits: usize,
     /// Shortest split sample, tokens.
     pub shortest_split_tokens: Option<u64>,
     /// Widest split (devices of one sample).
     pub widest_split: Option<u32>,
+    /// The collective baselines' planned lockstep steps, seconds: FSDP with LB-Micro (no CP;
+    /// `None` where a sample exceeds the budget), the best static CP size of 2 to 64 (those that
+    /// divide the devices) with its step, and dynamic CP ([`plan_cp`]).
+    pub fsdp_s: Option<f64>,
+    pub static_cp: Option<(u32, f64)>,
+    pub dynamic_cp_s: Option<f64>,
 }
 
 impl SplitRow {
@@ -55,6 +67,20 @@ impl SplitRow {
     /// Unsplit step over split step.
     pub fn speedup(&self) -> f64 {
         ratio(self.unsplit_s, self.split_s)
+    }
+
+    /// The best collective baseline's step (the shortest of FSDP, static and dynamic CP) over
+    /// the split step: on-demand with splitting against the best CP collective.
+    pub fn over_best_collective(&self) -> Option<f64> {
+        let best = [
+            self.fsdp_s,
+            self.static_cp.map(|(_, s)| s),
+            self.dynamic_cp_s,
+        ]
+        .into_iter()
+        .flatten()
+        .fold(f64::INFINITY, f64::min);
+        best.is_finite().then(|| ratio(best, self.split_s))
     }
 }
 
@@ -87,18 +113,46 @@ pub fn split_rows(
                 ..SplitOptions::default()
             };
             let without = plan(&lengths, profile, &topology, options(false))?;
-            let with = plan(&lengths, profile, &topology, options(true))?;
+            let gangs_s = plan(&lengths, profile, &topology, options(true))?.step_s;
+            let chosen = plan_on_demand(&lengths, profile, &topology, options(true))?;
+            let (split_s, placement, pieces): (f64, String, Vec<(u64, u32)>) = match &chosen {
+                OnDemandPlan::Gangs(p) => (
+                    p.step_s,
+                    "gangs".into(),
+                    p.gangs.iter().map(|g| (g.tokens, g.cost.k)).collect(),
+                ),
+                OnDemandPlan::Rounds { cp, plan, step_s } => (
+                    *step_s,
+                    cp.name(),
+                    plan.gangs.iter().map(|g| (g.tokens, g.cost.k)).collect(),
+                ),
+            };
+            let cp = |cp| {
+                plan_cp(&lengths, profile, &topology, cp, token_budget)
+                    .ok()
+                    .map(|p| p.step_s)
+            };
+            let static_cp = [2, 4, 8, 16, 32, 64]
+                .into_iter()
+                .filter(|c| d % c == 0)
+                .filter_map(|c| cp(ContextParallel::Static(c)).map(|s| (c, s)))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
             Ok(SplitRow {
                 workload: workload.name(),
                 devices: d,
                 samples: lengths.len(),
-                perfect_s: with.perfect_s,
-                achievable_unsplit_s: with.achievable_unsplit_s,
+                perfect_s: without.perfect_s,
+                achievable_unsplit_s: without.achievable_unsplit_s,
                 unsplit_s: without.step_s,
-                split_s: with.step_s,
-                splits: with.gangs.len(),
-                shortest_split_tokens: with.gangs.iter().map(|g| g.tokens).min(),
-                widest_split: with.gangs.iter().map(|g| g.cost.k).max(),
+                split_s,
+                placement,
+                gangs_s,
+                splits: pieces.len(),
+                shortest_split_tokens: pieces.iter().map(|p| p.0).min(),
+                widest_split: pieces.iter().map(|p| p.1).max(),
+                fsdp_s: cp(ContextParallel::Off),
+                static_cp,
+                dynamic_cp_s: cp(ContextParallel::Dynamic),
             })
         })
         .collect()
@@ -126,6 +180,45 @@ pub fn split_table(rows: &[SplitRow]) -> String {
             r.splits,
             opt(r.shortest_split_tokens.map(|t| t.to_string())),
             opt(r.widest_split.map(|k| k.to_string())),
+        ));
+    }
+    out
+}
+
+/// The rows against the collective baselines, as a Markdown table: on-demand's split step (the
+/// planner's, no lockstep) beside FSDP (LB-Micro), the best static CP size and dynamic CP (lockstep
+/// rounds), and each baseline's step over the split step.
+pub fn baseline_table(rows: &[SplitRow]) -> String {
+    let mut out = String::from(
+        "| workload | devices | split (s) | on-demand plan | fsdp (s) | static CP (s) | dynamic CP (s) | vs fsdp | vs static CP | vs dynamic CP | vs best | gangs only (s) | gangs vs best |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let secs = |x: Option<f64>| x.map_or_else(|| "–".into(), |s| format!("{s:.2}"));
+    let over = |x: Option<f64>, split: f64| {
+        x.map_or_else(|| "–".into(), |s| format!("{:.2}x", ratio(s, split)))
+    };
+    for r in rows {
+        let stat = r.static_cp.map(|(_, s)| s);
+        out.push_str(&format!(
+            "| {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} |\n",
+            r.workload,
+            r.devices,
+            r.split_s,
+            r.placement,
+            secs(r.fsdp_s),
+            r.static_cp
+                .map_or_else(|| "–".into(), |(c, s)| format!("{s:.2} (cp{c})")),
+            secs(r.dynamic_cp_s),
+            over(r.fsdp_s, r.split_s),
+            over(stat, r.split_s),
+            over(r.dynamic_cp_s, r.split_s),
+            r.over_best_collective()
+                .map_or_else(|| "–".into(), |x| format!("{x:.2}x")),
+            r.gangs_s,
+            r.over_best_collective().map_or_else(
+                || "–".into(),
+                |x| format!("{:.2}x", x * ratio(r.split_s, r.gangs_s))
+            ),
         ));
     }
     out

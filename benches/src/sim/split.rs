@@ -134,6 +134,44 @@ pub fn context_parallel_cost(
     piece_cost(&Modelled { profile, topology }, tokens, k)
 }
 
+/// Plans one lockstep step of `lengths` over the devices of `topology` as collective training
+/// with context parallelism `cp` runs it (the baselines, [`odc_policy::split::plan_cp`]), priced
+/// by the same model as [`plan`]. Dynamic CP's groups may span nodes (Megatron-Core's hybrid CP
+/// builds groups up to the whole data-parallel world); a ring across nodes is priced on the NIC.
+pub fn plan_cp(
+    lengths: &[u64],
+    profile: &DeviceProfile,
+    topology: &Topology,
+    cp: odc_policy::split::ContextParallel,
+    token_budget: u64,
+) -> Result<odc_policy::split::CpPlan, SplitError> {
+    topology.validate()?;
+    Ok(odc_policy::split::plan_cp(
+        lengths,
+        &Modelled { profile, topology },
+        cp,
+        token_budget,
+        0,
+    )?)
+}
+
+/// On-demand's plan for one step of `lengths` over the devices of `topology`: the runtime's
+/// choice between its gangs and the CP placements run without lockstep
+/// ([`odc_policy::split::plan_on_demand`]).
+pub fn plan_on_demand(
+    lengths: &[u64],
+    profile: &DeviceProfile,
+    topology: &Topology,
+    options: SplitOptions,
+) -> Result<odc_policy::split::OnDemandPlan, SplitError> {
+    topology.validate()?;
+    Ok(odc_policy::split::plan_on_demand(
+        lengths,
+        &Modelled { profile, topology },
+        options,
+    )?)
+}
+
 /// Plans one step of `lengths` over the devices of `topology` with the runtime's planner.
 pub fn plan(
     lengths: &[u64],

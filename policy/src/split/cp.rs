@@ -304,16 +304,22 @@ fn plan_dynamic<C: SplitCosts + ?Sized>(
     let d = costs.devices();
     let cap = if max_cp == 0 { d } else { max_cp.min(d) };
     // The largest power of two of at most `cap` trainers.
-    let kmax = 1u32 << (31 - cap.max(1).leading_zeros());
+    let pow2 = |n: u32| 1u32 << (31 - n.max(1).leading_zeros());
+    let kmax = pow2(cap);
+    // Groups grow past a node only where the budget needs it, or in a second pass everywhere.
+    let mut softs = vec![pow2(costs.devices_per_node().min(kmax)), kmax];
+    softs.dedup();
     let budget = prices.budget;
     let mut best: Option<CpPlan> = None;
-    let mut target = budget;
-    loop {
+    for (soft, target) in softs.into_iter().flat_map(|s| {
+        std::iter::successors(Some(budget), |&t| (t > 256).then_some(t / 2)).map(move |t| (s, t))
+    }) {
         let mut items = Vec::with_capacity(lengths.len());
         for (i, &s) in lengths.iter().enumerate() {
             let mut k = 1u32;
             while k < kmax
-                && (s.div_ceil(u64::from(k)) > target || 2 * s.div_ceil(2 * u64::from(k)) > budget)
+                && ((k < soft && s.div_ceil(u64::from(k)) > target)
+                    || 2 * s.div_ceil(2 * u64::from(k)) > budget)
             {
                 k *= 2;
             }
@@ -351,14 +357,6 @@ fn plan_dynamic<C: SplitCosts + ?Sized>(
                 break;
             }
         }
-        if target <= 256
-            || items
-                .iter()
-                .all(|it| it.k == kmax || it.tokens < 4 * u64::from(it.k))
-        {
-            break;
-        }
-        target /= 2;
     }
     // `rounds = items.len()` always fits: one item per round, each within the budget.
     Ok(best.unwrap_or_else(|| Cells::new(1, d as usize, prices).finish()))
@@ -483,4 +481,52 @@ fn over_budget(it: &Item, budget: u64) -> SplitError {
         tokens: it.tokens,
         budget,
     }
+}
+
+/// The step of `plan` run on demand, without lockstep: each trainer runs its cells in round order
+/// (an empty cell is no micro-batch at all); the trainers a round's gangs tie together (directly
+/// or through a chain of gangs) start that round's cells when the last of them is free and, their
+/// rings pacing each other layer by layer, finish together after the costliest of those cells; a
+/// trainer tied to no gang runs its cell as soon as it is free. At most the lockstep step.
+pub fn unlocked_step_s(plan: &CpPlan) -> f64 {
+    let d = plan.rounds.first().map_or(0, Vec::len);
+    let mut free = vec![0.0f64; d];
+    for (r, round) in plan.rounds.iter().enumerate() {
+        // Union-find over the trainers tied by this round's gangs.
+        let mut parent: Vec<usize> = (0..d).collect();
+        fn root(parent: &mut [usize], mut x: usize) -> usize {
+            while parent[x] != x {
+                parent[x] = parent[parent[x]];
+                x = parent[x];
+            }
+            x
+        }
+        for gang in plan.gangs.iter().filter(|g| g.round == r) {
+            for w in gang.devices.windows(2) {
+                let (a, b) = (
+                    root(&mut parent, w[0] as usize),
+                    root(&mut parent, w[1] as usize),
+                );
+                parent[a] = b;
+            }
+        }
+        let mut start = vec![0.0f64; d];
+        let mut cost = vec![0.0f64; d];
+        for (device, cell) in round.iter().enumerate() {
+            if cell.samples.is_empty() && cell.pieces.is_empty() {
+                continue;
+            }
+            let g = root(&mut parent, device);
+            start[g] = start[g].max(free[device]);
+            cost[g] = cost[g].max(cell.cost_s);
+        }
+        for (device, cell) in round.iter().enumerate() {
+            if cell.samples.is_empty() && cell.pieces.is_empty() {
+                continue;
+            }
+            let g = root(&mut parent, device);
+            free[device] = start[g] + cost[g];
+        }
+    }
+    free.into_iter().fold(0.0, f64::max)
 }

@@ -162,3 +162,116 @@ fn bad_inputs_are_errors_naming_what_was_wrong() {
     assert!("cp0".parse::<ContextParallel>().is_err());
     assert!("ring".parse::<ContextParallel>().is_err());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// On demand a CP placement runs without lockstep: never longer than its lockstep step, and
+    /// the on-demand plan is never longer than the gangs' plan (a placement only below the margin).
+    #[test]
+    fn on_demand_runs_a_placement_without_lockstep_and_never_loses_to_its_gangs(
+        lengths in lengths(),
+        nodes in 1u32..3,
+    ) {
+        let d = 8 * nodes;
+        let costs = Toy::h100(d);
+        for cp in [ContextParallel::Static(4), ContextParallel::Dynamic] {
+            let plan = plan_cp(&lengths, &costs, cp, 65_536, 0).unwrap();
+            prop_assert!(unlocked_step_s(&plan) <= plan.step_s * (1.0 + 1e-12));
+        }
+        let options = SplitOptions::default();
+        let gangs = super::plan(&lengths, &costs, options).unwrap();
+        let chosen = plan_on_demand(&lengths, &costs, options).unwrap();
+        prop_assert!(chosen.step_s() <= gangs.step_s);
+        if let OnDemandPlan::Rounds { plan, step_s, .. } = &chosen {
+            prop_assert!(*step_s < gangs.step_s * (1.0 - CP_MARGIN));
+            prop_assert_eq!(*step_s, unlocked_step_s(plan));
+            assert_valid(plan, &lengths, d, 65_536);
+        }
+        // Only whole samples where a sample must stay whole.
+        let kept = SplitOptions { min_tokens: 1, ..options };
+        prop_assert!(matches!(plan_on_demand(&lengths, &costs, kept).unwrap(), OnDemandPlan::Gangs(_)));
+        // And where the ring exchange is not priced (the runtime's costs).
+        let unpriced = Toy { kv_bytes: 0, ..costs };
+        prop_assert!(matches!(plan_on_demand(&lengths, &unpriced, options).unwrap(), OnDemandPlan::Gangs(_)));
+    }
+}
+
+#[test]
+fn unlocked_rounds_wait_only_for_the_trainers_their_gangs_tie() {
+    // Two trainers, two rounds: round 0 trainer 0 is long alone, round 1 a gang of both. In
+    // lockstep round 1 starts after the long cell on both; on demand too (the gang ties them),
+    // but a trainer with no gang in round 1 would not wait.
+    let costs = CostModelCosts {
+        cost: CostModel::linear(),
+        devices: 2,
+        per_node: 2,
+    };
+    let plan = plan_cp(
+        &[8_000, 100, 4_000],
+        &costs,
+        ContextParallel::Dynamic,
+        65_536,
+        0,
+    )
+    .unwrap();
+    assert!(unlocked_step_s(&plan) <= plan.step_s);
+    let mut tied = plan.clone();
+    tied.rounds = vec![
+        vec![
+            CpCell {
+                samples: vec![0],
+                cost_s: 8.0,
+                ..CpCell::default()
+            },
+            CpCell {
+                samples: vec![1],
+                cost_s: 1.0,
+                ..CpCell::default()
+            },
+        ],
+        vec![
+            CpCell {
+                pieces: vec![(0, 0)],
+                cost_s: 2.0,
+                ..CpCell::default()
+            },
+            CpCell {
+                pieces: vec![(0, 1)],
+                cost_s: 2.0,
+                ..CpCell::default()
+            },
+        ],
+    ];
+    tied.gangs = vec![CpGang {
+        sample: 2,
+        tokens: 4_000,
+        cost: plan_cp(&[4_000], &costs, ContextParallel::Static(2), 65_536, 0)
+            .unwrap()
+            .gangs[0]
+            .cost,
+        devices: vec![0, 1],
+        round: 1,
+    }];
+    assert_eq!(unlocked_step_s(&tied), 10.0);
+    let mut loose = tied.clone();
+    loose.gangs.clear();
+    loose.rounds[1][0].pieces.clear();
+    loose.rounds[1][1] = CpCell {
+        samples: vec![2],
+        cost_s: 2.0,
+        ..CpCell::default()
+    };
+    loose.rounds[1][0] = CpCell {
+        samples: vec![2],
+        cost_s: 2.0,
+        ..CpCell::default()
+    };
+    // Trainer 1 runs its two cells back to back: 1 + 2; trainer 0: 8 + 2.
+    assert_eq!(unlocked_step_s(&loose), 10.0);
+    loose.rounds[0].swap(0, 1);
+    assert_eq!(unlocked_step_s(&loose), 10.0);
+    loose.rounds[1][1].cost_s = 0.5;
+    loose.rounds[0][1].cost_s = 9.0;
+    assert_eq!(unlocked_step_s(&loose), 9.5);
+}

@@ -8,10 +8,13 @@
 //!   trainers, the rest packed whole; never a split that lengthens the modelled step.
 //! - [`plan_cp`] and [`ContextParallel`]: context parallelism as collective training runs it
 //!   (static and dynamic CP), the baselines splitting is measured against.
+//! - [`plan_on_demand`]: on-demand's plan, the best of the gangs and the CP placements run
+//!   without lockstep.
 //! - [`SplitPolicy`]: the user's switch; [`CostModelCosts`]: the runtime's prices.
 //!
 //! Pure: no actor, no clock, no I/O; each file's invariants are tested beside it.
 
+mod best;
 mod cost;
 mod cp;
 mod plan;
@@ -23,8 +26,9 @@ mod cp_tests;
 #[cfg(test)]
 mod tests;
 
+pub use best::{plan_on_demand, OnDemandPlan, CP_MARGIN};
 pub use cost::{micro_batch_s, piece_cost, transfer_s, Link, PieceCost, SplitCosts};
-pub use cp::{plan_cp, ContextParallel, CpCell, CpGang, CpPlan};
+pub use cp::{plan_cp, unlocked_step_s, ContextParallel, CpCell, CpGang, CpPlan};
 pub use plan::{
     gang_sizes, plan, DeviceAssignment, Gang, SplitOptions, SplitPlan, DEFAULT_TOKEN_BUDGET,
 };
