@@ -522,6 +522,55 @@ fn context_parallel_training_equals_candle_alone() {
     }
 }
 
+/// On demand with a priced ring (here free, as the emulated device's) the step weighs the CP
+/// placements too and runs the shortest without lockstep: it splits samples its gangs alone would
+/// keep whole, over trainers that need not wait for each other, and trains as candle alone.
+#[test]
+fn on_demand_with_cp_placements_equals_candle_alone() {
+    let data = Arc::new(long_tail_samples());
+    let c = long_context(config());
+    let optimizer = adamw_for_equivalence();
+    let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
+    let run = |ring: Option<odc::RingPrice>| {
+        runtime().block_on(async {
+            let mut builder = odc_job(&c, &data, Placement::default(), optimizer)
+                .trainers(4)
+                .token_budget(4096)
+                .sequence_parallel(SplitPolicy::Auto);
+            if let Some(ring) = ring {
+                builder = builder.ring_price(ring);
+            }
+            let mut job = builder.build().unwrap();
+            let stats = job.run(2).await.unwrap();
+            let params = job.parameters().await.unwrap();
+            job.shutdown().await;
+            (params, stats)
+        })
+    };
+    let (_, gangs_only) = run(None);
+    let (got, stats) = run(Some(odc::RingPrice::free()));
+    for (s, ((st, gangs), want)) in stats.iter().zip(&gangs_only).zip(&losses).enumerate() {
+        eprintln!(
+            "step {s}: gangs {:?}, gangs only {:?}",
+            st.gangs, gangs.gangs
+        );
+        assert!(
+            st.gangs.len() > gangs.gangs.len(),
+            "step {s}: a CP placement splits more samples ({:?} vs {:?})",
+            st.gangs,
+            gangs.gangs
+        );
+        assert!(
+            ((st.loss - want) / want).abs() < 1e-5,
+            "step {s}: loss {} vs candle {want}",
+            st.loss
+        );
+    }
+    let diff = max_abs_diff(&got, &expected);
+    eprintln!("on demand, CP placement, vs candle alone after 2 steps: max |Δ| = {diff:e}");
+    assert!(diff < 2e-5, "odc vs candle alone: max |Δ| = {diff}");
+}
+
 /// The transformer's compute whose first piece of gang member 1 dies before it computes: its
 /// peer is then blocked on a K/V block that never comes.
 struct KillsMemberOne {
@@ -555,48 +604,65 @@ fn a_killed_gang_member_replays_its_gang_and_training_is_unchanged() {
     let c = long_context(config());
     let optimizer = adamw_for_equivalence();
     let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
-    let rt = runtime();
-    let (got, stats, took) = rt.block_on(async {
-        let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let prototype = odc::model::TransformerCompute::on(
-            c.clone(),
-            Placement::default(),
-            store(data.clone()),
-        )
-        .unwrap()
-        .with_gang_timeout(std::time::Duration::from_secs(300));
-        let mut job = split_job(&c, &data, Placement::default(), optimizer)
-            .compute(move |_trainer| {
-                Box::new(KillsMemberOne {
-                    inner: prototype.clone(),
-                    armed: armed.clone(),
-                }) as Box<dyn odc::Compute>
-            })
-            .build()
-            .unwrap();
-        let started = std::time::Instant::now();
-        let stats = job.run(2).await.unwrap();
-        let took = started.elapsed();
-        let params = job.parameters().await.unwrap();
-        job.shutdown().await;
-        (params, stats, took)
-    });
-    assert_eq!(stats[0].replays, 1, "step 0 was replayed once");
-    assert_eq!(stats[1].replays, 0);
-    assert!(
-        took < std::time::Duration::from_secs(120),
-        "member 0 waited for its deadline: {took:?}"
-    );
-    for (s, (st, want)) in stats.iter().zip(&losses).enumerate() {
-        assert_eq!(st.gangs, vec![2], "step {s}");
+    // Gangs alone (one gang of 2), and with a priced ring the CP placement (cp2: every sample a
+    // gang, several pieces to a micro-batch).
+    for ring in [None, Some(odc::RingPrice::free())] {
+        let rt = runtime();
+        let (got, stats, took) = rt.block_on(async {
+            let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            let prototype = odc::model::TransformerCompute::on(
+                c.clone(),
+                Placement::default(),
+                store(data.clone()),
+            )
+            .unwrap()
+            .with_gang_timeout(std::time::Duration::from_secs(300));
+            let mut builder =
+                split_job(&c, &data, Placement::default(), optimizer).compute(move |_trainer| {
+                    Box::new(KillsMemberOne {
+                        inner: prototype.clone(),
+                        armed: armed.clone(),
+                    }) as Box<dyn odc::Compute>
+                });
+            if let Some(ring) = ring {
+                builder = builder.ring_price(ring);
+            }
+            let mut job = builder.build().unwrap();
+            let started = std::time::Instant::now();
+            let stats = job.run(2).await.unwrap();
+            let took = started.elapsed();
+            let params = job.parameters().await.unwrap();
+            job.shutdown().await;
+            (params, stats, took)
+        });
+        assert_eq!(stats[0].replays, 1, "{ring:?}: step 0 was replayed once");
+        assert_eq!(stats[1].replays, 0);
         assert!(
-            ((st.loss - want) / want).abs() < 1e-5,
-            "step {s}: {} vs {want}",
-            st.loss
+            took < std::time::Duration::from_secs(120),
+            "{ring:?}: member 0 waited for its deadline: {took:?}"
+        );
+        for (s, (st, want)) in stats.iter().zip(&losses).enumerate() {
+            if ring.is_none() {
+                assert_eq!(st.gangs, vec![2], "step {s}");
+            } else {
+                assert!(
+                    st.gangs.len() > 1,
+                    "step {s}: a CP placement: {:?}",
+                    st.gangs
+                );
+            }
+            assert!(
+                ((st.loss - want) / want).abs() < 1e-5,
+                "{ring:?} step {s}: {} vs {want}",
+                st.loss
+            );
+        }
+        let diff = max_abs_diff(&got, &expected);
+        assert!(
+            diff < 2e-5,
+            "{ring:?}: after a killed member: max |Δ| = {diff}"
         );
     }
-    let diff = max_abs_diff(&got, &expected);
-    assert!(diff < 2e-5, "after a killed member: max |Δ| = {diff}");
 }
 
 #[test]

@@ -461,6 +461,9 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
             Communication::Collective => side.context_parallel,
         })
         .token_budget(token_budget(case, settings))
+        // The emulated device computes a piece as its sample's cost over the gang's size and
+        // does not emulate the ring's waits: its ring is free, and priced so.
+        .ring_price(odc::RingPrice::free())
         .pull_precision(settings.pull_precision)
         .prefetch(settings.prefetch as u32)
         .chunk_elems(settings.chunk_elems as u64)

@@ -14,7 +14,7 @@ use odc_actors::policy::dispatch::{Communication, DispatchMode};
 use odc_actors::policy::membership::HeartbeatConfig;
 use odc_actors::policy::recovery::FailurePolicy;
 use odc_actors::policy::schedule::LrSchedule;
-use odc_actors::policy::split::{ContextParallel, SplitPolicy};
+use odc_actors::policy::split::{ContextParallel, RingPrice, SplitPolicy};
 use odc_actors::policy::step::{NonFinite, StepConfig};
 use odc_actors::server::optimizer::OptimizerConfig;
 use odc_actors::trainer::{ComputeFactory, ContextConfig};
@@ -225,6 +225,17 @@ impl JobBuilder {
     /// ([`odc_actors::policy::split::plan_cp`]).
     pub fn context_parallel(mut self, cp: ContextParallel) -> Self {
         self.policy.context_parallel = cp;
+        self
+    }
+
+    /// The price of a gang's K/V ring: per attention layer, the bytes a token's keys and values
+    /// take and the links a hop crosses. With one, an on-demand step with splitting weighs, beside
+    /// its gangs, every placement a context-parallel collective could run (static CP of 2 to 64,
+    /// dynamic CP), run without lockstep, and takes the shortest
+    /// ([`odc_actors::policy::split::plan_on_demand`]); without one (the default) it plans gangs
+    /// only, since with an unpriced ring splitting every sample would look free.
+    pub fn ring_price(mut self, price: RingPrice) -> Self {
+        self.policy.ring_price = Some(price);
         self
     }
 

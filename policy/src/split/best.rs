@@ -5,20 +5,19 @@
 //! On demand a trainer never waits for a round: a CP placement runs as each trainer's list of
 //! cells, and only the trainers a gang ties together meet. So whatever a CP collective can plan,
 //! on-demand training can run at least as fast, and the planner takes it where it is shorter
-//! than its own gangs: static CP of every group size of at most a node (and `max_gang`) that
-//! divides the trainers, and dynamic CP — where it shortens the step by more than [`CP_MARGIN`],
+//! than its own gangs: static CP of every group size of 2 to 64 (at most `max_gang`) that
+//! divides the trainers, and dynamic CP with groups of up to `max_gang` — where it shortens the step by more than [`CP_MARGIN`],
 //! so that a placement that only evens out the rounding of whole samples stays out. Splitting
 //! every sample is only worth weighing where its exchange has a price: with costs that price no
-//! ring ([`SplitCosts::kv_bytes_per_token`] 0, as the runtime's [`super::CostModelCosts`]) every
-//! split would look free, and only the gangs' plan is made; so too with
+//! ring ([`SplitCosts::prices_ring`]: a job without a [`super::RingPrice`]) every split would look
+//! free, and only the gangs' plan is made; so too with
 //! [`SplitOptions::min_tokens`] above 0 (a sample under it must stay whole) or splitting off.
 //!
 //! Guarantees (tested): the chosen step is never above the gangs' plan's, and a CP placement is
 //! chosen only below `(1 − CP_MARGIN)` of it, and never with an unpriced ring; deterministic.
 //!
-//! Not used by the runtime yet: its costs price no ring, so its step machine plans gangs only
-//! ([`super::plan`]); `odc-bench sim`'s long-sequence table reports what these placements would
-//! gain under the modelled cluster's prices.
+//! The runtime's on-demand steps plan with it (`StepMachine`'s splitting), the CP placement's
+//! trainers being the live ones.
 
 use super::cost::SplitCosts;
 use super::cp::{plan_cp, unlocked_step_s, ContextParallel, CpPlan};
@@ -58,27 +57,29 @@ pub fn plan_on_demand<C: SplitCosts + ?Sized>(
     options: SplitOptions,
 ) -> Result<OnDemandPlan, SplitError> {
     let gangs = plan(lengths, costs, options)?;
-    if !options.split || options.min_tokens > 0 || costs.kv_bytes_per_token() == 0 {
+    if !options.split || options.min_tokens > 0 || !costs.prices_ring() {
         return Ok(OnDemandPlan::Gangs(gangs));
     }
     let d = costs.devices();
-    let node = costs.devices_per_node().min(match options.max_gang {
+    let cap = match options.max_gang {
         0 => d,
-        m => m,
-    });
+        m => m.min(d),
+    };
+    // The collective baselines' own candidates (`odc-bench`'s): static CP of 2 to 64 trainers
+    // that divide them, and dynamic CP with groups up to the cap.
     let mut candidates: Vec<ContextParallel> = [2, 4, 8, 16, 32, 64]
         .into_iter()
-        .filter(|&c| c <= node && d % c == 0)
+        .filter(|&c| c <= cap && d % c == 0)
         .map(ContextParallel::Static)
         .collect();
-    if node >= 2 {
+    if cap >= 2 {
         candidates.push(ContextParallel::Dynamic);
     }
     let bar = gangs.step_s * (1.0 - CP_MARGIN);
     let mut best = OnDemandPlan::Gangs(gangs);
     for cp in candidates {
         // A placement the budget does not allow is no candidate.
-        let Ok(plan) = plan_cp(lengths, costs, cp, options.token_budget, node) else {
+        let Ok(plan) = plan_cp(lengths, costs, cp, options.token_budget, cap) else {
             continue;
         };
         let step_s = unlocked_step_s(&plan);

@@ -28,7 +28,7 @@
 //! is never cheaper than its pulls or its pushes.
 
 /// One direction of a link: what one message of `bytes` costs.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Link {
     /// Bytes per second.
     pub bytes_per_s: f64,
@@ -69,6 +69,11 @@ pub trait SplitCosts {
     /// backward). Zero where pushes are not priced.
     fn push_s(&self) -> f64 {
         0.0
+    }
+    /// Whether the ring exchange has a price here (even a zero one): where it has none, splitting
+    /// every sample would look free ([`super::plan_on_demand`] then plans gangs only).
+    fn prices_ring(&self) -> bool {
+        true
     }
 }
 

@@ -76,7 +76,7 @@ proptest! {
         transfer in prop::sample::select(vec![0.0, 0.5, 4.0]),
     ) {
         let cost = CostModel::quadratic(1.0, 1.0).with_transfer(transfer);
-        let costs = CostModelCosts { cost, devices: d, per_node: d };
+        let costs = CostModelCosts { cost, devices: d, per_node: d, ring: None };
         let budget = 32_768;
         let plan = plan_cp(&lengths, &costs, ContextParallel::Off, budget, 0).unwrap();
         let lb = plan_equal_count(&lengths, &cost, d as usize, budget).unwrap();
@@ -191,9 +191,13 @@ proptest! {
         // Only whole samples where a sample must stay whole.
         let kept = SplitOptions { min_tokens: 1, ..options };
         prop_assert!(matches!(plan_on_demand(&lengths, &costs, kept).unwrap(), OnDemandPlan::Gangs(_)));
-        // And where the ring exchange is not priced (the runtime's costs).
-        let unpriced = Toy { kv_bytes: 0, ..costs };
-        prop_assert!(matches!(plan_on_demand(&lengths, &unpriced, options).unwrap(), OnDemandPlan::Gangs(_)));
+        // And where the ring exchange has no price (a job without a RingPrice); with one, the
+        // runtime's costs weigh the placements too.
+        let runtime = |ring| CostModelCosts { cost: CostModel::quadratic(1.0, 1.0), devices: d, per_node: 8, ring };
+        prop_assert!(matches!(plan_on_demand(&lengths, &runtime(None), options).unwrap(), OnDemandPlan::Gangs(_)));
+        let priced = plan_on_demand(&lengths, &runtime(Some(RingPrice::free())), options).unwrap();
+        let gangs = super::plan(&lengths, &runtime(Some(RingPrice::free())), options).unwrap();
+        prop_assert!(priced.step_s() <= gangs.step_s);
     }
 }
 
@@ -206,6 +210,7 @@ fn unlocked_rounds_wait_only_for_the_trainers_their_gangs_tie() {
         cost: CostModel::linear(),
         devices: 2,
         per_node: 2,
+        ring: None,
     };
     let plan = plan_cp(
         &[8_000, 100, 4_000],

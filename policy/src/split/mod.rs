@@ -32,7 +32,7 @@ pub use cp::{plan_cp, unlocked_step_s, ContextParallel, CpCell, CpGang, CpPlan};
 pub use plan::{
     gang_sizes, plan, DeviceAssignment, Gang, SplitOptions, SplitPlan, DEFAULT_TOKEN_BUDGET,
 };
-pub use policy::{CostModelCosts, SplitPolicy};
+pub use policy::{CostModelCosts, RingPrice, SplitPolicy};
 pub use zigzag::{causal_pairs, zigzag};
 
 /// Why a sample cannot be cut, or a step not planned.

@@ -25,7 +25,9 @@
 //! 4. **Step** = the latest trainer's finish. Splitting the costliest `j` of the samples worth
 //!    splitting is tried for `j ∈ {0, 1, 2, 4, …, all}` and the shortest step kept, ties to fewer
 //!    splits: with about one sample per trainer, gangs crowd each other and splitting all of them
-//!    can lose to splitting a few.
+//!    can lose to splitting a few. The whole search runs again with the pieces' target doubled
+//!    (2×, 4×, … the balanced step, while a whole sample costs more): where one sample dwarfs the
+//!    rest, a smaller gang for it that leaves trainers to the others beats the widest gang.
 //!
 //! # Guarantees (tested, as properties)
 //!
@@ -238,51 +240,63 @@ pub fn plan<C: SplitCosts + ?Sized>(
         }
     }
     let mandatory = candidates.len();
-    candidates.extend(
-        order
-            .iter()
-            .filter(|&&i| {
-                options.split
-                    && !must(i)
-                    && lengths[i] >= options.min_tokens
-                    && whole(i) > perfect_s
-            })
-            .filter_map(|&i| {
-                choose(
-                    costs,
-                    lengths[i],
-                    whole_mb(i),
-                    perfect_s,
-                    options.max_gang,
-                    None,
-                )
-                .map(|c| (i, c))
-            }),
-    );
+    let costliest = (0..lengths.len()).map(whole).fold(0.0f64, f64::max);
     let mut best: Option<(f64, Vec<DeviceAssignment>, Vec<Gang>)> = None;
-    let mut j = mandatory;
+    // Targets for the pieces: the balanced step, then twice it, four times, … while a whole
+    // sample is above it (a smaller gang for the longest samples leaves trainers to the rest).
+    let mut target = perfect_s;
     loop {
-        let (devices, gangs) = place(
-            lengths,
-            &order,
-            &candidates[..j],
-            &marginal,
-            Packing {
-                fixed,
-                transfer,
-                budget: options.token_budget,
-            },
-            d,
-            costs.devices_per_node(),
+        let mut candidates = candidates[..mandatory].to_vec();
+        candidates.extend(
+            order
+                .iter()
+                .filter(|&&i| {
+                    options.split
+                        && !must(i)
+                        && lengths[i] >= options.min_tokens
+                        && whole(i) > perfect_s
+                })
+                .filter_map(|&i| {
+                    choose(
+                        costs,
+                        lengths[i],
+                        whole_mb(i),
+                        target,
+                        options.max_gang,
+                        None,
+                    )
+                    .map(|c| (i, c))
+                }),
         );
-        let step = devices.iter().map(|a| a.finish_s).fold(0.0f64, f64::max);
-        if best.as_ref().is_none_or(|b| step < b.0) {
-            best = Some((step, devices, gangs));
+        let mut j = mandatory;
+        loop {
+            let (devices, gangs) = place(
+                lengths,
+                &order,
+                &candidates[..j],
+                &marginal,
+                Packing {
+                    fixed,
+                    transfer,
+                    budget: options.token_budget,
+                },
+                d,
+                costs.devices_per_node(),
+            );
+            let step = devices.iter().map(|a| a.finish_s).fold(0.0f64, f64::max);
+            if best.as_ref().is_none_or(|b| step < b.0) {
+                best = Some((step, devices, gangs));
+            }
+            if j == candidates.len() {
+                break;
+            }
+            j = (mandatory + 2 * (j - mandatory)).clamp(mandatory + 1, candidates.len());
         }
-        if j == candidates.len() {
+        target *= 2.0;
+        // At most log2(D) + 1 rounds: no whole sample costs more than D × the balanced step.
+        if target >= costliest || candidates.len() == mandatory {
             break;
         }
-        j = (mandatory + 2 * (j - mandatory)).clamp(mandatory + 1, candidates.len());
     }
     let (step_s, devices, gangs) = best.unwrap_or_default();
     Ok(SplitPlan {

@@ -44,15 +44,47 @@ impl std::str::FromStr for SplitPolicy {
     }
 }
 
+/// The price of a gang's K/V ring in a job: what each attention layer's exchange sends per token
+/// and over which links. A job that sets none prices no ring (its on-demand steps then plan gangs
+/// only, [`super::plan_on_demand`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RingPrice {
+    /// Attention layers, each exchanging K/V in a gang.
+    pub layers: u32,
+    /// Bytes of one token's keys and values in one layer.
+    pub kv_bytes_per_token: u64,
+    /// One ring hop inside a node, and across nodes.
+    pub intra: Link,
+    pub inter: Link,
+}
+
+impl RingPrice {
+    /// A ring that costs nothing (an emulated device that does not emulate the exchange).
+    pub fn free() -> Self {
+        let link = Link {
+            bytes_per_s: f64::INFINITY,
+            latency_s: 0.0,
+        };
+        RingPrice {
+            layers: 1,
+            kv_bytes_per_token: 0,
+            intra: link,
+            inter: link,
+        }
+    }
+}
+
 /// The runtime's prices: the job's cost model for compute (its quadratic part is attention) and
 /// for a micro-batch's transfers ([`CostModel::transfer`], pulls and pushes together: a piece, like
 /// any micro-batch, lasts at least that long); gangs of up to `per_node` trainers count as within
-/// one node. The ring exchange and a per-micro-batch fixed compute are not priced.
+/// one node; the ring as the job's [`RingPrice`] says (none: not priced). A per-micro-batch fixed
+/// compute is not priced.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModelCosts {
     pub cost: CostModel,
     pub devices: u32,
     pub per_node: u32,
+    pub ring: Option<RingPrice>,
 }
 
 impl SplitCosts for CostModelCosts {
@@ -70,21 +102,25 @@ impl SplitCosts for CostModelCosts {
     }
     fn layer_attention_s(&self, tokens: u64) -> f64 {
         let s = tokens as f64 / self.cost.scale;
-        self.cost.a * s * s
+        self.cost.a * s * s / f64::from(self.attention_layers())
     }
     fn attention_layers(&self) -> u32 {
-        1
+        self.ring.map_or(1, |r| r.layers.max(1))
     }
     fn kv_bytes_per_token(&self) -> u64 {
-        0
+        self.ring.map_or(0, |r| r.kv_bytes_per_token)
     }
-    fn ring_link(&self, _inter_node: bool) -> Link {
-        Link {
-            bytes_per_s: f64::INFINITY,
-            latency_s: 0.0,
+    fn ring_link(&self, inter_node: bool) -> Link {
+        match self.ring {
+            Some(r) if inter_node => r.inter,
+            Some(r) => r.intra,
+            None => RingPrice::free().intra,
         }
     }
     fn pull_s(&self) -> f64 {
         self.cost.transfer
+    }
+    fn prices_ring(&self) -> bool {
+        self.ring.is_some()
     }
 }

@@ -73,6 +73,11 @@ pub struct StepConfig {
     /// splitting is measured against. Excludes `split`.
     #[serde(default)]
     pub context_parallel: ContextParallel,
+    /// The price of a gang's K/V ring ([`crate::split::RingPrice`]). With one, an on-demand step
+    /// weighs the context-parallel placements as well as its gangs
+    /// ([`crate::split::plan_on_demand`]); without, it plans gangs only.
+    #[serde(default)]
+    pub ring_price: Option<RingPrice>,
 }
 
 impl Default for StepConfig {
@@ -95,6 +100,7 @@ impl Default for StepConfig {
             split: SplitPolicy::Off,
             max_gang: 0,
             context_parallel: ContextParallel::Off,
+            ring_price: None,
         }
     }
 }

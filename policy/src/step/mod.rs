@@ -114,7 +114,7 @@ use crate::error::NonFiniteAt;
 use crate::ledger::{Ledger, LedgerError};
 use crate::recovery::{may_replay, must_replay, slot_fate, FailurePolicy, SlotFate};
 use crate::schedule::LrSchedule;
-use crate::split::{ContextParallel, CostModelCosts, SplitOptions, SplitPolicy};
+use crate::split::{ContextParallel, CostModelCosts, RingPrice, SplitOptions, SplitPolicy};
 use crate::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
 use crate::straggler::SpeedEstimator;
 use crate::token::JobKey;

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::balancer::{Plan, PlannedMicroBatch};
+use crate::split::OnDemandPlan;
 
 /// A plan with gangs: the plan, and per micro-batch its pieces (none: whole samples only).
 type SplitAttempt = (Plan, Vec<Vec<Piece>>);
@@ -147,6 +148,7 @@ impl<E: Failure> StepMachine<E> {
             cost: c.cost,
             devices: live32,
             per_node,
+            ring: c.ring_price,
         };
         let options = SplitOptions {
             token_budget: c.token_budget,
@@ -155,8 +157,24 @@ impl<E: Failure> StepMachine<E> {
             max_gang: per_node,
             pieces_within_budget: true,
         };
-        let split = crate::split::plan(tokens, &costs, options)
-            .map_err(|e| StepError::Config(format!("sequence splitting: {e}")))?;
+        let err = |e| StepError::Config(format!("sequence splitting: {e}"));
+        let split = if c.communication == Communication::OnDemand {
+            // On demand the CP placements are candidates too (where the job prices the ring),
+            // run without lockstep; their trainers are the live slots, in order.
+            match crate::split::plan_on_demand(tokens, &costs, options).map_err(err)? {
+                OnDemandPlan::Gangs(split) => split,
+                OnDemandPlan::Rounds { plan, step_s, .. } => {
+                    let (plan, mut pieces) = self.cells(samples, tokens, &plan, false)?;
+                    for p in pieces.iter_mut().flatten() {
+                        let slot = |d: &u32| slots.get(*d as usize).copied().unwrap_or(0) as u32;
+                        p.ranks = p.ranks.iter().map(slot).collect();
+                    }
+                    return Ok(Some((step_s, (plan, pieces))));
+                }
+            }
+        } else {
+            crate::split::plan(tokens, &costs, options).map_err(err)?
+        };
         if split.gangs.is_empty() {
             return Ok(None);
         }
@@ -292,12 +310,30 @@ impl<E: Failure> StepMachine<E> {
                 0 => d32,
                 n => n.min(d32),
             },
+            ring: c.ring_price,
         };
         let plan = crate::split::plan_cp(tokens, &costs, cp, c.token_budget, c.max_gang)
             .map_err(|e| StepError::Config(format!("context parallelism ({cp}): {e}")))?;
+        Ok((plan.step_s, self.cells(samples, tokens, &plan, true)?))
+    }
+
+    /// The micro-batches of a context-parallel placement: each trainer's cells in round order,
+    /// each holding its whole samples and its pieces (gangs ascending); with `keep_empty` (a
+    /// collective's lockstep) an empty cell is an empty micro-batch, otherwise none.
+    fn cells(
+        &self,
+        samples: &[SampleMeta],
+        tokens: &[u64],
+        plan: &crate::split::CpPlan,
+        keep_empty: bool,
+    ) -> Result<SplitAttempt, StepError> {
+        let d = plan.rounds.first().map_or(self.slots.len(), Vec::len);
         let mut out = Assembly::new(d);
         for round in &plan.rounds {
             for (device, cell) in round.iter().enumerate() {
+                if !keep_empty && cell.samples.is_empty() && cell.pieces.is_empty() {
+                    continue;
+                }
                 let mut pieces = Vec::with_capacity(cell.pieces.len());
                 let mut piece_tokens = 0;
                 for &(g, member) in &cell.pieces {
@@ -325,7 +361,7 @@ impl<E: Failure> StepMachine<E> {
                 out.push(device, planned, pieces);
             }
         }
-        Ok((plan.step_s, (out.plan, out.pieces)))
+        Ok((out.plan, out.pieces))
     }
 
     /// Whether idle trainers steal (dynamic dispatch, on-demand mode).
