@@ -452,25 +452,38 @@ fn split_training_equals_candle_alone() {
             job.shutdown().await;
             (params, stats)
         });
-        for (s, (st, want)) in stats.iter().zip(&losses).enumerate() {
+        for (s, st) in stats.iter().enumerate() {
             assert_eq!(
                 st.gangs,
                 vec![2],
                 "step {s}: the long sample split over both trainers"
             );
-            assert!(
-                ((st.loss - want) / want).abs() < 1e-5,
-                "step {s}: loss {} vs candle {want} ({reshard:?}, {communication:?}, {budget})",
-                st.loss
-            );
         }
-        let diff = max_abs_diff(&got, &expected);
-        eprintln!(
-            "split odc ({reshard:?}, {communication:?}, budget {budget}) vs candle alone after 2 \
-             steps: max |Δ| = {diff:e}"
-        );
-        assert!(diff < 2e-5, "split odc vs candle alone: max |Δ| = {diff}");
+        let what = format!("split odc ({reshard:?}, {communication:?}, budget {budget})");
+        assert_trains_as_candle_alone(&what, &stats, &losses, &got, &expected);
     }
+}
+
+/// Candle alone's training (I3): each step's loss within 1e-5 (relative) of `losses`, and the
+/// parameters within 2e-5 of `expected` after the run; prints the parameters' max |Δ| as `what`.
+fn assert_trains_as_candle_alone(
+    what: &str,
+    stats: &[odc::StepStats],
+    losses: &[f64],
+    got: &[Vec<f32>],
+    expected: &[Vec<f32>],
+) {
+    assert_eq!(stats.len(), losses.len(), "{what}: steps on each side");
+    for (s, (st, want)) in stats.iter().zip(losses).enumerate() {
+        assert!(
+            ((st.loss - want) / want).abs() < 1e-5,
+            "{what} step {s}: loss {} vs candle {want}",
+            st.loss
+        );
+    }
+    let diff = max_abs_diff(got, expected);
+    eprintln!("{what} vs candle alone: max |Δ| = {diff:e}");
+    assert!(diff < 2e-5, "{what} vs candle alone: max |Δ| = {diff}");
 }
 
 /// Context parallelism as collective training runs it is the same training too: static CP (every
@@ -498,7 +511,7 @@ fn context_parallel_training_equals_candle_alone() {
             job.shutdown().await;
             (params, stats)
         });
-        for (s, (st, want)) in stats.iter().zip(&losses).enumerate() {
+        for (s, st) in stats.iter().enumerate() {
             assert!(!st.gangs.is_empty(), "{cp} step {s}: something is split");
             if cp == ContextParallel::Static(2) {
                 assert_eq!(
@@ -507,18 +520,9 @@ fn context_parallel_training_equals_candle_alone() {
                     "{cp}: every sample split"
                 );
             }
-            assert!(
-                ((st.loss - want) / want).abs() < 1e-5,
-                "{cp} step {s}: loss {} vs candle {want}",
-                st.loss
-            );
         }
-        let diff = max_abs_diff(&got, &expected);
-        eprintln!(
-            "{cp} odc vs candle alone after 2 steps: max |Δ| = {diff:e} (gangs {:?})",
-            stats[0].gangs
-        );
-        assert!(diff < 2e-5, "{cp} odc vs candle alone: max |Δ| = {diff}");
+        let what = format!("{cp} odc (gangs {:?})", stats[0].gangs);
+        assert_trains_as_candle_alone(&what, &stats, &losses, &got, &expected);
     }
 }
 
@@ -549,7 +553,7 @@ fn on_demand_with_cp_placements_equals_candle_alone() {
     };
     let (_, gangs_only) = run(None);
     let (got, stats) = run(Some(odc::RingPrice::free()));
-    for (s, ((st, gangs), want)) in stats.iter().zip(&gangs_only).zip(&losses).enumerate() {
+    for (s, (st, gangs)) in stats.iter().zip(&gangs_only).enumerate() {
         eprintln!(
             "step {s}: gangs {:?}, gangs only {:?}",
             st.gangs, gangs.gangs
@@ -560,15 +564,8 @@ fn on_demand_with_cp_placements_equals_candle_alone() {
             st.gangs,
             gangs.gangs
         );
-        assert!(
-            ((st.loss - want) / want).abs() < 1e-5,
-            "step {s}: loss {} vs candle {want}",
-            st.loss
-        );
     }
-    let diff = max_abs_diff(&got, &expected);
-    eprintln!("on demand, CP placement, vs candle alone after 2 steps: max |Δ| = {diff:e}");
-    assert!(diff < 2e-5, "odc vs candle alone: max |Δ| = {diff}");
+    assert_trains_as_candle_alone("on demand, CP placement", &stats, &losses, &got, &expected);
 }
 
 /// The transformer's compute whose first piece of gang member 1 dies before it computes: its
@@ -641,7 +638,7 @@ fn a_killed_gang_member_replays_its_gang_and_training_is_unchanged() {
             took < std::time::Duration::from_secs(120),
             "{ring:?}: member 0 waited for its deadline: {took:?}"
         );
-        for (s, (st, want)) in stats.iter().zip(&losses).enumerate() {
+        for (s, st) in stats.iter().enumerate() {
             if ring.is_none() {
                 assert_eq!(st.gangs, vec![2], "step {s}");
             } else {
@@ -651,17 +648,9 @@ fn a_killed_gang_member_replays_its_gang_and_training_is_unchanged() {
                     st.gangs
                 );
             }
-            assert!(
-                ((st.loss - want) / want).abs() < 1e-5,
-                "{ring:?} step {s}: {} vs {want}",
-                st.loss
-            );
         }
-        let diff = max_abs_diff(&got, &expected);
-        assert!(
-            diff < 2e-5,
-            "{ring:?}: after a killed member: max |Δ| = {diff}"
-        );
+        let what = format!("after a killed member ({ring:?})");
+        assert_trains_as_candle_alone(&what, &stats, &losses, &got, &expected);
     }
 }
 
