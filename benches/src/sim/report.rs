@@ -229,6 +229,8 @@ pub fn baseline_table(rows: &[SplitRow]) -> String {
 pub struct JoinedRow {
     pub workload: String,
     pub devices: usize,
+    /// The collective side (`fsdp`, `cp8`, `dcp`, …).
+    pub baseline: String,
     /// On-demand over collective tokens/s (runtime).
     pub speedup: f64,
     /// On-demand over the achievable bound (runtime).
@@ -246,6 +248,7 @@ pub fn join(runtime: &[BenchRow], split: &[SplitRow]) -> Vec<JoinedRow> {
         .map(|r| JoinedRow {
             workload: r.workload.clone(),
             devices: r.devices,
+            baseline: r.baseline.clone(),
             speedup: r.speedup,
             ondemand_of_achievable: r.ondemand_of_achievable(),
             ondemand_of_perfect: r.ondemand_of_bound(),
@@ -260,8 +263,8 @@ pub fn join(runtime: &[BenchRow], split: &[SplitRow]) -> Vec<JoinedRow> {
 /// The joined rows as a Markdown table (see the module docs).
 pub fn joined_table(rows: &[JoinedRow]) -> String {
     let mut out = String::from(
-        "| workload | devices | on-demand/collective | on-demand/achievable | on-demand/perfect | unsplit/perfect (model) | split/perfect (model) | split speedup (model) |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| workload | devices | collective | on-demand/collective | on-demand/achievable | on-demand/perfect | unsplit/perfect (model) | split/perfect (model) | split speedup (model) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
     let num = |v: f64, suffix: &str| {
         if v.is_finite() {
@@ -278,9 +281,10 @@ pub fn joined_table(rows: &[JoinedRow]) -> String {
                 .map_or_else(|| "–".into(), |s| num(f(s), suffix))
         };
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.workload,
             r.devices,
+            r.baseline,
             num(r.speedup, "x"),
             opt(r.ondemand_of_achievable),
             opt(r.ondemand_of_perfect),
@@ -376,7 +380,7 @@ mod tests {
         assert_eq!(
             lines[2],
             format!(
-                "| longalign | 64 | 1.44x | 0.80 | 0.72 | {:.2} | {:.2} | {:.2}x |",
+                "| longalign | 64 | fsdp | 1.44x | 0.80 | 0.72 | {:.2} | {:.2} | {:.2}x |",
                 s.unsplit_efficiency(),
                 s.split_efficiency(),
                 s.speedup()
@@ -384,11 +388,11 @@ mod tests {
         );
         assert_eq!(
             lines[3],
-            "| balanced | 64 | 1.00x | 0.56 | 0.50 | – | – | – |"
+            "| balanced | 64 | fsdp | 1.00x | 0.56 | 0.50 | – | – | – |"
         );
         // NaN tokens/s: n/a, never a panic.
         assert!(
-            lines[4].starts_with("| longalign | 8 | n/a | n/a | n/a |"),
+            lines[4].starts_with("| longalign | 8 | fsdp | n/a | n/a | n/a |"),
             "{table}"
         );
         assert_eq!(joined_table(&[]).lines().count(), 2);
