@@ -262,14 +262,14 @@ fn sim_projects_runtime_rows_and_the_split_table() {
     // The joined table: one line per runtime row, the control without model columns.
     let joined: Vec<&str> = stdout
         .lines()
-        .skip_while(|l| !l.starts_with("| workload | devices | on-demand/collective"))
+        .skip_while(|l| !l.starts_with("| workload | devices | collective | on-demand/collective"))
         .take_while(|l| l.starts_with('|'))
         .collect();
     assert_eq!(joined.len(), 2 + rows.len(), "{stdout}");
     assert!(
         joined
             .iter()
-            .any(|l| l.starts_with("| balanced | 8 |") && l.ends_with("| – | – | – |")),
+            .any(|l| l.starts_with("| balanced | 8 | fsdp |") && l.ends_with("| – | – | – |")),
         "{stdout}"
     );
     // sim's own plot: speedup against devices, every workload named.
