@@ -6,12 +6,12 @@
 //! cells, and only the trainers a gang ties together meet. So whatever a CP collective can plan,
 //! on-demand training can run at least as fast, and the planner takes it where it is shorter
 //! than its own gangs: static CP of every group size of 2 to 64 (at most `max_gang`) that
-//! divides the trainers, and dynamic CP with groups of up to `max_gang` — where it shortens the step by more than [`CP_MARGIN`],
-//! so that a placement that only evens out the rounding of whole samples stays out. Splitting
-//! every sample is only worth weighing where its exchange has a price: with costs that price no
-//! ring ([`SplitCosts::prices_ring`]: a job without a [`super::RingPrice`]) every split would look
-//! free, and only the gangs' plan is made; so too with
-//! [`SplitOptions::min_tokens`] above 0 (a sample under it must stay whole) or splitting off.
+//! divides the trainers, and dynamic CP with groups of up to `max_gang` — where it shortens the
+//! step by more than [`CP_MARGIN`], so that a placement that only evens out the rounding of whole
+//! samples stays out. Splitting every sample is only worth weighing where its exchange has a
+//! price: with costs that price no ring ([`SplitCosts::prices_ring`]: a job without a
+//! [`super::RingPrice`]) every split would look free, and only the gangs' plan is made; so too
+//! with [`SplitOptions::min_tokens`] above 0 (a sample under it must stay whole) or splitting off.
 //!
 //! Guarantees (tested): the chosen step is never above the gangs' plan's, and a CP placement is
 //! chosen only below `(1 − CP_MARGIN)` of it, and never with an unpriced ring; deterministic.
