@@ -18,7 +18,7 @@ use super::split::{plan, plan_cp, plan_on_demand, SplitError, SplitOptions};
 use super::topology::Topology;
 use crate::report::BenchRow;
 use crate::workload::Workload;
-use odc_policy::split::{ContextParallel, OnDemandPlan};
+use odc_policy::split::{static_cp_sizes, ContextParallel, OnDemandPlan};
 
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -113,8 +113,9 @@ pub fn split_rows(
                 ..SplitOptions::default()
             };
             let without = plan(&lengths, profile, &topology, options(false))?;
-            let gangs_s = plan(&lengths, profile, &topology, options(true))?.step_s;
-            let chosen = plan_on_demand(&lengths, profile, &topology, options(true))?;
+            let gangs = plan(&lengths, profile, &topology, options(true))?;
+            let gangs_s = gangs.step_s;
+            let chosen = plan_on_demand(gangs, &lengths, profile, &topology, options(true))?;
             let (split_s, placement, pieces): (f64, String, Vec<(u64, u32)>) = match &chosen {
                 OnDemandPlan::Gangs(p) => (
                     p.step_s,
@@ -132,9 +133,7 @@ pub fn split_rows(
                     .ok()
                     .map(|p| p.step_s)
             };
-            let static_cp = [2, 4, 8, 16, 32, 64]
-                .into_iter()
-                .filter(|c| d % c == 0)
+            let static_cp = static_cp_sizes(d, d)
                 .filter_map(|c| cp(ContextParallel::Static(c)).map(|s| (c, s)))
                 .min_by(|a, b| a.1.total_cmp(&b.1));
             Ok(SplitRow {

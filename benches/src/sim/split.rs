@@ -134,6 +134,15 @@ pub fn context_parallel_cost(
     piece_cost(&Modelled { profile, topology }, tokens, k)
 }
 
+/// The modelled cluster's prices, once `topology` is checked.
+fn modelled<'a>(
+    profile: &'a DeviceProfile,
+    topology: &'a Topology,
+) -> Result<Modelled<'a>, SplitError> {
+    topology.validate()?;
+    Ok(Modelled { profile, topology })
+}
+
 /// Plans one lockstep step of `lengths` over the devices of `topology` as collective training
 /// with context parallelism `cp` runs it (the baselines, [`odc_policy::split::plan_cp`]), priced
 /// by the same model as [`plan`]. Dynamic CP's groups may span nodes (Megatron-Core's hybrid CP
@@ -145,30 +154,29 @@ pub fn plan_cp(
     cp: odc_policy::split::ContextParallel,
     token_budget: u64,
 ) -> Result<odc_policy::split::CpPlan, SplitError> {
-    topology.validate()?;
+    let costs = modelled(profile, topology)?;
     Ok(odc_policy::split::plan_cp(
         lengths,
-        &Modelled { profile, topology },
+        &costs,
         cp,
         token_budget,
         0,
     )?)
 }
 
-/// On-demand's plan for one step of `lengths` over the devices of `topology`: the runtime's
-/// choice between its gangs and the CP placements run without lockstep
-/// ([`odc_policy::split::plan_on_demand`]).
+/// On-demand's plan for one step of `lengths` over the devices of `topology`, from the gangs'
+/// plan [`plan`] made with the same `options`: the runtime's choice between its gangs and the CP
+/// placements run without lockstep ([`odc_policy::split::weigh_placements`]).
 pub fn plan_on_demand(
+    gangs: SplitPlan,
     lengths: &[u64],
     profile: &DeviceProfile,
     topology: &Topology,
     options: SplitOptions,
 ) -> Result<odc_policy::split::OnDemandPlan, SplitError> {
-    topology.validate()?;
-    Ok(odc_policy::split::plan_on_demand(
-        lengths,
-        &Modelled { profile, topology },
-        options,
+    let costs = modelled(profile, topology)?;
+    Ok(odc_policy::split::weigh_placements(
+        gangs, lengths, &costs, options,
     )?)
 }
 
@@ -179,12 +187,8 @@ pub fn plan(
     topology: &Topology,
     options: SplitOptions,
 ) -> Result<SplitPlan, SplitError> {
-    topology.validate()?;
-    Ok(odc_policy::split::plan(
-        lengths,
-        &Modelled { profile, topology },
-        options,
-    )?)
+    let costs = modelled(profile, topology)?;
+    Ok(odc_policy::split::plan(lengths, &costs, options)?)
 }
 
 #[cfg(test)]

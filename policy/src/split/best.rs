@@ -20,7 +20,7 @@
 //! trainers being the live ones.
 
 use super::cost::SplitCosts;
-use super::cp::{plan_cp, unlocked_step_s, ContextParallel, CpPlan};
+use super::cp::{plan_cp, static_cp_sizes, unlocked_step_s, ContextParallel, CpPlan};
 use super::plan::{plan, SplitOptions, SplitPlan};
 use super::SplitError;
 
@@ -56,7 +56,17 @@ pub fn plan_on_demand<C: SplitCosts + ?Sized>(
     costs: &C,
     options: SplitOptions,
 ) -> Result<OnDemandPlan, SplitError> {
-    let gangs = plan(lengths, costs, options)?;
+    weigh_placements(plan(lengths, costs, options)?, lengths, costs, options)
+}
+
+/// [`plan_on_demand`] from the gangs' plan already made for `lengths` ([`super::plan`] with the
+/// same costs and options): `gangs`, or the CP placement that beats it.
+pub fn weigh_placements<C: SplitCosts + ?Sized>(
+    gangs: SplitPlan,
+    lengths: &[u64],
+    costs: &C,
+    options: SplitOptions,
+) -> Result<OnDemandPlan, SplitError> {
     if !options.split || options.min_tokens > 0 || !costs.prices_ring() {
         return Ok(OnDemandPlan::Gangs(gangs));
     }
@@ -65,11 +75,9 @@ pub fn plan_on_demand<C: SplitCosts + ?Sized>(
         0 => d,
         m => m.min(d),
     };
-    // The collective baselines' own candidates (`odc-bench`'s): static CP of 2 to 64 trainers
-    // that divide them, and dynamic CP with groups up to the cap.
-    let mut candidates: Vec<ContextParallel> = [2, 4, 8, 16, 32, 64]
-        .into_iter()
-        .filter(|&c| c <= cap && d % c == 0)
+    // The collective baselines' own candidates (`odc-bench`'s): static CP of the sizes that
+    // divide the trainers, and dynamic CP with groups up to the cap.
+    let mut candidates: Vec<ContextParallel> = static_cp_sizes(d, cap)
         .map(ContextParallel::Static)
         .collect();
     if cap >= 2 {

@@ -483,6 +483,14 @@ fn over_budget(it: &Item, budget: u64) -> SplitError {
     }
 }
 
+/// The static CP group sizes weighed for `devices` trainers with groups of at most `cap`: 2, 4,
+/// …, 64, those that divide the trainers (TransformerEngine's and Megatron's sizes).
+pub fn static_cp_sizes(devices: u32, cap: u32) -> impl Iterator<Item = u32> {
+    [2, 4, 8, 16, 32, 64]
+        .into_iter()
+        .filter(move |&c| c <= cap && devices % c == 0)
+}
+
 /// The step of `plan` run on demand, without lockstep: each trainer runs its cells in round order
 /// (an empty cell is no micro-batch at all); the trainers a round's gangs tie together (directly
 /// or through a chain of gangs) start that round's cells when the last of them is free and, their

@@ -26,9 +26,9 @@ mod cp_tests;
 #[cfg(test)]
 mod tests;
 
-pub use best::{plan_on_demand, OnDemandPlan, CP_MARGIN};
+pub use best::{plan_on_demand, weigh_placements, OnDemandPlan, CP_MARGIN};
 pub use cost::{micro_batch_s, piece_cost, transfer_s, Link, PieceCost, SplitCosts};
-pub use cp::{plan_cp, unlocked_step_s, ContextParallel, CpCell, CpGang, CpPlan};
+pub use cp::{plan_cp, static_cp_sizes, unlocked_step_s, ContextParallel, CpCell, CpGang, CpPlan};
 pub use plan::{
     gang_sizes, plan, DeviceAssignment, Gang, SplitOptions, SplitPlan, DEFAULT_TOKEN_BUDGET,
 };

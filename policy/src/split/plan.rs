@@ -241,64 +241,71 @@ pub fn plan<C: SplitCosts + ?Sized>(
     }
     let mandatory = candidates.len();
     let costliest = (0..lengths.len()).map(whole).fold(0.0f64, f64::max);
-    let mut best: Option<(f64, Vec<DeviceAssignment>, Vec<Gang>)> = None;
-    // Targets for the pieces: the balanced step, then twice it, four times, … while a whole
-    // sample is above it (a smaller gang for the longest samples leaves trainers to the rest).
+    // The samples worth splitting, costliest first, each with its gang for a piece target.
+    let worth = |target: f64| -> Vec<(usize, PieceCost)> {
+        order
+            .iter()
+            .filter(|&&i| {
+                options.split
+                    && !must(i)
+                    && lengths[i] >= options.min_tokens
+                    && whole(i) > perfect_s
+            })
+            .filter_map(|&i| {
+                let c = choose(
+                    costs,
+                    lengths[i],
+                    whole_mb(i),
+                    target,
+                    options.max_gang,
+                    None,
+                );
+                c.map(|c| (i, c))
+            })
+            .collect()
+    };
+    let packing = Packing {
+        fixed,
+        transfer,
+        budget: options.token_budget,
+    };
+    let placed = |splits: &[(usize, PieceCost)]| {
+        let (devices, gangs) = place(
+            lengths,
+            &order,
+            splits,
+            &marginal,
+            packing,
+            d,
+            costs.devices_per_node(),
+        );
+        let step = devices.iter().map(|a| a.finish_s).fold(0.0f64, f64::max);
+        (step, devices, gangs)
+    };
+    // Only what must be split, then the costliest 1, 2, 4, … of those worth it for each target:
+    // the balanced step, then twice it, four times, … while a whole sample is above it (a smaller
+    // gang for the longest samples leaves trainers to the rest).
+    let mut best = placed(&candidates);
     let mut target = perfect_s;
     loop {
-        let mut candidates = candidates[..mandatory].to_vec();
-        candidates.extend(
-            order
-                .iter()
-                .filter(|&&i| {
-                    options.split
-                        && !must(i)
-                        && lengths[i] >= options.min_tokens
-                        && whole(i) > perfect_s
-                })
-                .filter_map(|&i| {
-                    choose(
-                        costs,
-                        lengths[i],
-                        whole_mb(i),
-                        target,
-                        options.max_gang,
-                        None,
-                    )
-                    .map(|c| (i, c))
-                }),
-        );
+        let optional = worth(target);
+        candidates.truncate(mandatory);
+        candidates.extend_from_slice(&optional);
         let mut j = mandatory;
-        loop {
-            let (devices, gangs) = place(
-                lengths,
-                &order,
-                &candidates[..j],
-                &marginal,
-                Packing {
-                    fixed,
-                    transfer,
-                    budget: options.token_budget,
-                },
-                d,
-                costs.devices_per_node(),
-            );
-            let step = devices.iter().map(|a| a.finish_s).fold(0.0f64, f64::max);
-            if best.as_ref().is_none_or(|b| step < b.0) {
-                best = Some((step, devices, gangs));
-            }
-            if j == candidates.len() {
-                break;
-            }
+        while j < candidates.len() {
             j = (mandatory + 2 * (j - mandatory)).clamp(mandatory + 1, candidates.len());
+            let tried = placed(&candidates[..j]);
+            if tried.0 < best.0 {
+                best = tried;
+            }
         }
         target *= 2.0;
         // At most log2(D) + 1 rounds: no whole sample costs more than D × the balanced step.
-        if target >= costliest || candidates.len() == mandatory {
+        if target >= costliest || optional.is_empty() {
             break;
         }
     }
-    let (step_s, devices, gangs) = best.unwrap_or_default();
+    let (step_s, devices, gangs) = best;
     Ok(SplitPlan {
         devices,
         gangs,
