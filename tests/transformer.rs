@@ -989,3 +989,188 @@ fn a_sampler_built_after_a_step_decodes_with_the_new_weights() {
         "the sampler's weights are not the trained ones"
     );
 }
+
+/// Gradient bytes that cross between nodes, counted per writer: a trainer's or a server's view
+/// of the job's local transport that knows which node it sits on and which node each server is
+/// on (a region's owner is its server's endpoint).
+struct CrossNode {
+    inner: Arc<dyn odc::transport::Transport>,
+    node: u32,
+    server_nodes: Arc<Vec<u32>>,
+    crossed: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[odc::async_trait]
+impl odc::transport::wrap::Wrap for CrossNode {
+    fn inner(&self) -> &dyn odc::transport::Transport {
+        self.inner.as_ref()
+    }
+
+    async fn accumulate(
+        &self,
+        handle: &odc::transport::RegionHandle,
+        offset: usize,
+        data: bytes::Bytes,
+        tag: odc::transport::WriteTag,
+        deadline: odc::transport::Deadline,
+    ) -> Result<(), odc::transport::TransportError> {
+        let len = data.len() as u64;
+        let result = self
+            .inner
+            .accumulate(handle, offset, data, tag, deadline)
+            .await;
+        let to = self.server_nodes.get(handle.owner as usize).copied();
+        if result.is_ok() && to != Some(self.node) {
+            self.crossed
+                .fetch_add(len, std::sync::atomic::Ordering::SeqCst);
+        }
+        result
+    }
+}
+
+/// Pushes relayed through the node (issue 43): 4 trainers and 4 servers on 2 nodes of 2. With
+/// relays, training equals candle alone on demand and in collective mode (the same tolerance as
+/// without), no trainer writes across nodes, and the gradient bytes crossing nodes fall by at
+/// least the node size on demand (each node's relays cross once per step instead of every
+/// micro-batch's pushes).
+#[test]
+fn relayed_pushes_train_as_candle_alone_and_cross_nodes_once_per_step() {
+    let data = Arc::new(samples(12));
+    let c = config();
+    let optimizer = adamw_for_equivalence();
+    let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
+    let server_nodes = Arc::new(vec![0, 0, 1, 1]);
+    for communication in [Communication::OnDemand, Communication::Collective] {
+        let mut crossed = Vec::new();
+        for relay in [false, true] {
+            let rt = runtime();
+            let by_trainers = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let by_servers = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let (got, stats) = rt.block_on(async {
+                let local: Arc<dyn odc::transport::Transport> =
+                    Arc::new(odc::transport::local::LocalTransport::new());
+                let view = |node: u32, counter: &Arc<std::sync::atomic::AtomicU64>| {
+                    Arc::new(odc::transport::wrap::Wrapped(CrossNode {
+                        inner: local.clone(),
+                        node,
+                        server_nodes: server_nodes.clone(),
+                        crossed: counter.clone(),
+                    })) as Arc<dyn odc::transport::Transport>
+                };
+                let trainer_views: Vec<_> = (0..4).map(|t| view(t / 2, &by_trainers)).collect();
+                let server_views: Vec<_> = (0..4)
+                    .map(|s| view(server_nodes[s as usize], &by_servers))
+                    .collect();
+                let mut builder = odc_job(&c, &data, Placement::default(), optimizer)
+                    .trainers(4)
+                    .servers(4)
+                    .communication(communication)
+                    .token_budget(400)
+                    .transport(local.clone())
+                    .trainer_transport(move |rank| trainer_views[rank as usize].clone())
+                    .server_transport(move |s| server_views[s as usize].clone());
+                if relay {
+                    builder = builder.relay_pushes(2);
+                }
+                let mut job = builder.build().unwrap();
+                let stats = job.run(2).await.unwrap();
+                let params = job.parameters().await.unwrap();
+                job.shutdown().await;
+                (params, stats)
+            });
+            let what = format!("{communication:?}, relayed {relay}");
+            assert_trains_as_candle_alone(&what, &stats, &losses, &got, &expected);
+            let (t, s) = (
+                by_trainers.load(std::sync::atomic::Ordering::SeqCst),
+                by_servers.load(std::sync::atomic::Ordering::SeqCst),
+            );
+            eprintln!("{what}: bytes across nodes, trainers {t}, relays {s}");
+            if relay {
+                assert_eq!(t, 0, "{what}: a trainer wrote across nodes");
+            } else {
+                assert_eq!(s, 0, "{what}: nothing is relayed");
+            }
+            crossed.push(t + s);
+        }
+        if communication == Communication::OnDemand {
+            assert!(
+                crossed[1] > 0 && crossed[1] * 2 <= crossed[0],
+                "on demand: relays cross {} bytes, direct pushes {}",
+                crossed[1],
+                crossed[0]
+            );
+        }
+    }
+}
+
+/// The transformer's compute that dies on one trainer after its first micro-batch computed and
+/// pushed its gradients (into the relays), before the trainer reports it.
+struct KillsAfterPushing {
+    inner: odc::model::TransformerCompute,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[odc::async_trait]
+impl odc::Compute for KillsAfterPushing {
+    async fn run(
+        &mut self,
+        ctx: &mut odc::TrainerContext,
+        mb: &odc::MicroBatch,
+    ) -> odc::Result<odc::ComputeOutput> {
+        let out = self.inner.run(ctx, mb).await;
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            panic!("injected: trainer dies after pushing, before it reports");
+        }
+        out
+    }
+}
+
+/// I2 with relays: a trainer lost mid-step, after its micro-batch's gradients went into the
+/// relays, discards the attempt, relays included, and the replay ends equal to candle alone
+/// (a relay that kept them would count that micro-batch twice).
+#[test]
+fn a_trainer_lost_while_pushes_are_relayed_replays_and_training_is_unchanged() {
+    let data = Arc::new(samples(12));
+    let c = config();
+    let optimizer = adamw_for_equivalence();
+    let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
+    let rt = runtime();
+    let (got, stats) = rt.block_on(async {
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let prototype = odc::model::TransformerCompute::on(
+            c.clone(),
+            Placement::default(),
+            store(data.clone()),
+        )
+        .unwrap();
+        let mut job = odc_job(&c, &data, Placement::default(), optimizer)
+            .trainers(4)
+            .servers(4)
+            .token_budget(400)
+            .relay_pushes(2)
+            .compute(move |trainer| {
+                Box::new(KillsAfterPushing {
+                    inner: prototype.clone(),
+                    armed: if trainer == 3 {
+                        armed.clone()
+                    } else {
+                        Arc::new(std::sync::atomic::AtomicBool::new(false))
+                    },
+                }) as Box<dyn odc::Compute>
+            })
+            .build()
+            .unwrap();
+        let stats = job.run(2).await.unwrap();
+        let params = job.parameters().await.unwrap();
+        job.shutdown().await;
+        (params, stats)
+    });
+    assert_eq!(stats[0].replays, 1, "step 0 was replayed once");
+    assert_trains_as_candle_alone(
+        "relayed, after a lost trainer",
+        &stats,
+        &losses,
+        &got,
+        &expected,
+    );
+}

@@ -23,6 +23,7 @@ use crate::directory::{Directory, ShardRoute};
 use crate::error::Result;
 use crate::layout::UnitId;
 use crate::policy::dispatch::Communication;
+use crate::policy::relay::RelayPlan;
 use crate::policy::stats::StepStats;
 use crate::policy::step::StepConfig;
 use crate::policy::token::JobKey;
@@ -77,6 +78,43 @@ pub struct ApplyCmd {
     pub clip: f64,
     pub lr_scale: f64,
     pub version: u64,
+}
+
+/// Setup of relayed pushes ([`crate::policy::relay`]): the owners' routes of the shards this
+/// server relays for its node (trainable ones), and the chunk size of its flushes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenRelaysCmd {
+    pub targets: Vec<ShardRoute>,
+    pub chunk_elems: u64,
+}
+
+/// One relay: a node-local fp32 accumulator that takes its node's pushes for one owner's shard
+/// of one unit (the same elements), and flushes them to the owner at the barrier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RelayRoute {
+    /// The relaying server.
+    pub relay: EndpointId,
+    pub unit: UnitId,
+    /// The shard's owner.
+    pub owner: EndpointId,
+    /// Where the node's trainers push that shard instead of the owner's accumulator.
+    pub accumulator: RegionHandle,
+}
+
+/// Barrier phase 0 with relayed pushes: take every relay (moving it to `next_epoch`) and add it
+/// into its owner's accumulator under `epoch`, within `timeout_ms`; sent to every server, and
+/// `Reduce` only once all have acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushCmd {
+    pub epoch: u64,
+    pub next_epoch: u64,
+    pub timeout_ms: u64,
+}
+
+/// The reply to [`FlushCmd`]: the gradient bytes this server's relays sent to owners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushAck {
+    pub bytes: u64,
 }
 
 /// Drop everything accumulated in this attempt and move to `next_epoch`.
@@ -155,6 +193,10 @@ impl ShardSnapshot {
 pub enum ServerMsg {
     /// Routes of this server's non-empty shards, in unit order.
     Routes(RpcReplyPort<Vec<ShardRoute>>),
+    /// Register a relay for each target and return their routes (once, at the job's start).
+    OpenRelays(OpenRelaysCmd, RpcReplyPort<Result<Vec<RelayRoute>>>),
+    /// Flush every relay into its owner (relayed pushes only, before `Reduce`).
+    Flush(FlushCmd, RpcReplyPort<Result<FlushAck>>),
     Reduce(ReduceCmd, RpcReplyPort<Result<ReduceAck>>),
     Apply(ApplyCmd, RpcReplyPort<Result<()>>),
     Discard(DiscardCmd, RpcReplyPort<Result<()>>),
@@ -205,6 +247,9 @@ pub struct SupervisorSpec {
     pub pull_dtype: Dtype,
     pub context: ContextConfig,
     pub step: StepConfig,
+    /// Relayed pushes: where every trainer and server sits, by node (`None`: every trainer
+    /// pushes straight to the owners).
+    pub relay: Option<RelayPlan>,
 }
 
 /// Outcome of a barrier or discard call to every server (sent by the supervisor's own task).
@@ -411,6 +456,22 @@ mod tests {
             version: 8,
         });
         round_trip(DiscardCmd { next_epoch: 4 });
+        round_trip(OpenRelaysCmd {
+            targets: vec![route.clone()],
+            chunk_elems: 1 << 16,
+        });
+        round_trip::<Result<Vec<RelayRoute>>>(Ok(vec![RelayRoute {
+            relay: 1,
+            unit: 2,
+            owner: 3,
+            accumulator: handle(),
+        }]));
+        round_trip(FlushCmd {
+            epoch: 3,
+            next_epoch: 4,
+            timeout_ms: 50_000,
+        });
+        round_trip::<Result<FlushAck>>(Ok(FlushAck { bytes: 12 }));
         round_trip::<Result<Vec<ShardSnapshot>>>(Ok(vec![ShardSnapshot {
             unit: 0,
             start: 0,
@@ -499,6 +560,7 @@ mod tests {
                 non_finite: crate::policy::step::NonFinite::SkipStep,
                 ..StepConfig::default()
             },
+            relay: Some(crate::policy::relay::RelayPlan::even(4, 2, 2).expect("plan")),
         });
         round_trip(vec![SampleMeta::new(1, 2)]);
         round_trip(ServerOutcome::Reduced(Err(Error::Deadline {

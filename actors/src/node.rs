@@ -34,9 +34,14 @@ pub struct Node {
     /// simulation's link model gives each trainer a view that knows which device it runs on.
     /// `None` (every real job): every trainer uses [`Node::transport`].
     pub trainer_transport: Option<TrainerTransport>,
+    /// The transport shard server `endpoint` flushes its relays through, where it differs from
+    /// [`Node::transport`]: a simulation prices the flush from the relay's devices. `None`
+    /// (every real job): [`Node::transport`].
+    pub server_transport: Option<TrainerTransport>,
 }
 
-/// Makes the transport of trainer `rank` (see [`Node::trainer_transport`]).
+/// Makes the transport of trainer `rank` or server `endpoint` (see [`Node::trainer_transport`],
+/// [`Node::server_transport`]).
 pub type TrainerTransport = Arc<dyn Fn(u32) -> Arc<dyn Transport> + Send + Sync>;
 
 impl Node {
@@ -44,6 +49,14 @@ impl Node {
     pub fn transport_of_trainer(&self, rank: u32) -> Arc<dyn Transport> {
         match &self.trainer_transport {
             Some(make) => make(rank),
+            None => self.transport.clone(),
+        }
+    }
+
+    /// The transport shard server `endpoint` flushes its relays through.
+    pub fn transport_of_server(&self, endpoint: u32) -> Arc<dyn Transport> {
+        match &self.server_transport {
+            Some(make) => make(endpoint),
             None => self.transport.clone(),
         }
     }

@@ -140,6 +140,7 @@ async fn run(transport: Arc<dyn Transport>, pull_dtype: Dtype) -> Result<Outcome
         collective: None,
         clock: Arc::new(odc_actors::policy::clock::SystemClock),
         trainer_transport: None,
+        server_transport: None,
     });
     let spec = SupervisorSpec {
         trainers: 2,
@@ -166,6 +167,7 @@ async fn run(transport: Arc<dyn Transport>, pull_dtype: Dtype) -> Result<Outcome
             },
             ..StepConfig::default()
         },
+        relay: None,
     };
     let args = SupervisorArgs {
         spec,

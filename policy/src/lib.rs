@@ -13,6 +13,7 @@
 //! - [`straggler`]: per-trainer speed estimates;
 //! - [`schedule`]: the learning rate's factor per global step (warm-up, cosine decay);
 //! - [`recovery`]: what a trainer failure means (respawn or drop, replay or not, how often);
+//! - [`relay`]: which server of a node relays its gradient pushes to an owner on another node;
 //! - [`step`]: the supervisor's decisions as a state machine (plan, dispatch, ledger, barrier,
 //!   replay, deadlines): events in, commands with reasons out;
 //! - [`token`]: the assignment tokens that bind reports and gradient writes to assignments;
@@ -53,6 +54,7 @@ pub mod ledger;
 pub mod membership;
 pub mod optimizer;
 pub mod recovery;
+pub mod relay;
 pub mod schedule;
 pub mod split;
 pub mod stats;

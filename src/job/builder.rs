@@ -13,6 +13,7 @@ use odc_actors::policy::clock::{Clock, SystemClock};
 use odc_actors::policy::dispatch::{Communication, DispatchMode};
 use odc_actors::policy::membership::HeartbeatConfig;
 use odc_actors::policy::recovery::FailurePolicy;
+use odc_actors::policy::relay::RelayPlan;
 use odc_actors::policy::schedule::LrSchedule;
 use odc_actors::policy::split::{ContextParallel, RingPrice, SplitPolicy};
 use odc_actors::policy::step::{NonFinite, StepConfig};
@@ -75,6 +76,8 @@ pub struct JobBuilder {
     data: Option<Box<dyn DataSource>>,
     transport: Option<Arc<dyn Transport>>,
     trainer_transport: Option<TrainerTransport>,
+    server_transport: Option<TrainerTransport>,
+    relay_node_size: Option<u32>,
     servers_on_device: Option<u32>,
     collective_node_size: u32,
     world: Option<World>,
@@ -102,6 +105,8 @@ impl Default for JobBuilder {
             data: None,
             transport: None,
             trainer_transport: None,
+            server_transport: None,
+            relay_node_size: None,
             servers_on_device: None,
             collective_node_size: 1,
             world: None,
@@ -387,6 +392,28 @@ impl JobBuilder {
         self
     }
 
+    /// Give shard server `endpoint` the transport `make(endpoint)` for its relays' flushes
+    /// instead of the job's (a single-process job only; see [`JobBuilder::trainer_transport`]).
+    pub fn server_transport(
+        mut self,
+        make: impl Fn(u32) -> Arc<dyn Transport> + Send + Sync + 'static,
+    ) -> Self {
+        self.server_transport = Some(Arc::new(make));
+        self
+    }
+
+    /// Relay gradient pushes through the node (`odc_actors::policy::relay`): `node_size`
+    /// devices a node, trainer slot (or, in a multi-process job, rank) `i` on node
+    /// `i / node_size`, and the shard servers spread evenly over the trainers' devices (in a
+    /// multi-process job: on their ranks' nodes). A trainer pushes the shards whose owner is on
+    /// another node into its node's relay for that owner, and each relay crosses to its owner
+    /// once per step, at the barrier. Default: off (every push straight to its owner). Not built
+    /// for the `cuda` transport (starting the job says so).
+    pub fn relay_pushes(mut self, node_size: u32) -> Self {
+        self.relay_node_size = Some(node_size);
+        self
+    }
+
     /// The learning rate's schedule: the optimizer's rate times `schedule`'s factor of each global
     /// step (default: constant).
     pub fn lr_schedule(mut self, schedule: LrSchedule) -> Self {
@@ -489,6 +516,10 @@ impl JobBuilder {
             pull_dtype: self.precision.dtype(),
             context: self.context,
             step: self.policy,
+            relay: match self.relay_node_size {
+                None => None,
+                Some(size) => Some(relay_plan(roles.as_ref(), trainers, servers, size)?),
+            },
         };
         spec.validate()?;
         let first_step = spec.step.first_step;
@@ -501,11 +532,14 @@ impl JobBuilder {
             .ok_or_else(|| Error::Config("no compute given (JobBuilder::compute)".into()))?;
         if let (Some(w), true) = (
             &world,
-            self.transport.is_some() || self.trainer_transport.is_some(),
+            self.transport.is_some()
+                || self.trainer_transport.is_some()
+                || self.server_transport.is_some(),
         ) {
             return Err(Error::Config(format!(
                 "rank {}: a multi-process job makes its transport from the world \
-                 (ODC_TRANSPORT), not JobBuilder::transport or trainer_transport",
+                 (ODC_TRANSPORT), not JobBuilder::transport, trainer_transport or \
+                 server_transport",
                 w.rank
             )));
         }
@@ -516,6 +550,7 @@ impl JobBuilder {
                 compute,
                 transport: self.transport,
                 trainer_transport: self.trainer_transport,
+                server_transport: self.server_transport,
                 servers_on_device: self.servers_on_device,
                 collective_node_size: self.collective_node_size,
                 clock: self.clock,
@@ -538,6 +573,31 @@ impl JobBuilder {
             keep_last: self.keep_last,
         })
     }
+}
+
+/// Where relayed pushes place each trainer and server: slots on devices in nodes of
+/// `node_size` in one process; in a multi-process job, ranks in nodes of `node_size` (as
+/// torchrun numbers them, host by host).
+fn relay_plan(
+    roles: Option<&Roles>,
+    trainers: usize,
+    servers: usize,
+    node_size: u32,
+) -> Result<RelayPlan> {
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let plan = match roles {
+        None => RelayPlan::even(count(trainers), count(servers), node_size),
+        Some(_) if node_size == 0 => RelayPlan::even(0, 0, 0),
+        Some(r) => Ok(RelayPlan {
+            server_nodes: r.server_ranks.iter().map(|rank| rank / node_size).collect(),
+            trainer_nodes: r
+                .trainer_ranks
+                .iter()
+                .map(|rank| rank / node_size)
+                .collect(),
+        }),
+    };
+    plan.map_err(|e| Error::Config(e.to_string()))
 }
 
 /// `units` starting from `state`: its values replace the units' initial values, its optimizer

@@ -45,6 +45,7 @@ struct Setup {
     compute: SharedComputeFactory,
     transport: Option<Arc<dyn Transport>>,
     trainer_transport: Option<TrainerTransport>,
+    server_transport: Option<TrainerTransport>,
     servers_on_device: Option<u32>,
     collective_node_size: u32,
     clock: Arc<dyn Clock>,
@@ -112,6 +113,7 @@ impl Job {
             compute,
             transport,
             trainer_transport,
+            server_transport,
             servers_on_device,
             collective_node_size,
             clock,
@@ -138,6 +140,7 @@ impl Job {
             }),
             clock,
             trainer_transport,
+            server_transport,
         });
         self.node = Some(node.clone());
         let mut placement = None;

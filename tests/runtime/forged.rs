@@ -235,6 +235,7 @@ async fn train(forgery: Arc<Forgery>) -> (Vec<f32>, u64) {
         collective: None,
         clock: Arc::new(odc::SystemClock),
         trainer_transport: None,
+        server_transport: None,
     });
     let spec = SupervisorSpec {
         trainers: TRAINERS,
@@ -248,6 +249,7 @@ async fn train(forgery: Arc<Forgery>) -> (Vec<f32>, u64) {
             token_budget: 2,
             ..StepConfig::default()
         },
+        relay: None,
     };
     let args = SupervisorArgs {
         spec,

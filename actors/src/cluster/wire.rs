@@ -17,6 +17,8 @@ impl Message for ServerMsg {
     fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
         match self {
             ServerMsg::Routes(reply) => call("Routes", &(), reply),
+            ServerMsg::OpenRelays(cmd, reply) => call("OpenRelays", &cmd, reply),
+            ServerMsg::Flush(cmd, reply) => call("Flush", &cmd, reply),
             ServerMsg::Reduce(cmd, reply) => call("Reduce", &cmd, reply),
             ServerMsg::Apply(cmd, reply) => call("Apply", &cmd, reply),
             ServerMsg::Discard(cmd, reply) => call("Discard", &cmd, reply),
@@ -37,6 +39,11 @@ impl Message for ServerMsg {
                 decode::<()>("Routes", &args)?;
                 ServerMsg::Routes(reply_port("Routes", reply))
             }
+            "OpenRelays" => ServerMsg::OpenRelays(
+                decode("OpenRelays", &args)?,
+                reply_port("OpenRelays", reply),
+            ),
+            "Flush" => ServerMsg::Flush(decode("Flush", &args)?, reply_port("Flush", reply)),
             "Reduce" => ServerMsg::Reduce(decode("Reduce", &args)?, reply_port("Reduce", reply)),
             "Apply" => ServerMsg::Apply(decode("Apply", &args)?, reply_port("Apply", reply)),
             "Discard" => {
@@ -201,8 +208,8 @@ mod tests {
     use crate::batch::{LossWeighting, MicroBatch, SampleMeta};
     use crate::error::{Error, Result};
     use crate::messages::{
-        ApplyCmd, Assignment, Contribution, Gathered, InboxUpdate, ReduceAck, ReduceCmd,
-        StepOutcome, TrainerReport,
+        ApplyCmd, Assignment, Contribution, FlushAck, FlushCmd, Gathered, InboxUpdate,
+        OpenRelaysCmd, ReduceAck, ReduceCmd, StepOutcome, TrainerReport,
     };
     use crate::policy::clock::Timestamp;
 
@@ -248,6 +255,35 @@ mod tests {
                 _ => None,
             },
             Ok(ReduceAck { sum_sq: 1.0 / 3.0 }),
+        )
+        .await;
+        let flush = FlushCmd {
+            epoch: 2,
+            next_epoch: 3,
+            timeout_ms: 9,
+        };
+        call_across(
+            |r| ServerMsg::Flush(flush, r),
+            |m| match m {
+                ServerMsg::Flush(cmd, r) if cmd == flush => Some((r, Ok(FlushAck { bytes: 7 }))),
+                _ => None,
+            },
+            Ok(FlushAck { bytes: 7 }),
+        )
+        .await;
+        call_across(
+            |r| {
+                let cmd = OpenRelaysCmd {
+                    targets: Vec::new(),
+                    chunk_elems: 5,
+                };
+                ServerMsg::OpenRelays(cmd, r)
+            },
+            |m| match m {
+                ServerMsg::OpenRelays(cmd, r) if cmd.chunk_elems == 5 => Some((r, Ok(Vec::new()))),
+                _ => None,
+            },
+            Ok(Vec::<crate::messages::RelayRoute>::new()),
         )
         .await;
         call_across(

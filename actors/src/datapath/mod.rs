@@ -41,7 +41,7 @@
 pub mod collective;
 pub mod gang;
 pub mod on_demand;
-mod transfer;
+pub(crate) mod transfer;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -8,6 +8,7 @@ use odc_transport::{WriteGuard, WriteTag};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::optimizer::{OptimizerConfig, OptimizerState};
+use super::relay::{self, Relays};
 use super::shard::{Captured, Context, HostShard, ShardStore};
 use super::{
     shard_file, step_dir, ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
@@ -17,7 +18,7 @@ use crate::datapath::micro_batch_of;
 use crate::directory::ShardRoute;
 use crate::error::{Error, Result};
 use crate::layout::{shard_range, UnitId};
-use crate::messages::WrittenShards;
+use crate::messages::{FlushAck, FlushCmd, WrittenShards};
 use crate::node::Node;
 use crate::policy::token::JobKey;
 
@@ -39,6 +40,8 @@ pub struct ServerState {
     node: Arc<Node>,
     shards: Vec<Shard>,
     version: u64,
+    /// Node-local accumulators for owners on other nodes (relayed pushes only).
+    relays: Relays,
     /// The checkpoint write started by the last [`ServerMsg::WriteShards`]: its file once done.
     writing: Option<tokio::sync::watch::Receiver<Option<Result<WrittenShards>>>>,
 }
@@ -97,6 +100,7 @@ impl Actor for ShardServer {
             node,
             shards,
             version: 0,
+            relays: Relays::default(),
             writing: None,
         })
     }
@@ -123,6 +127,28 @@ impl Actor for ShardServer {
                     .collect();
                 let _ = reply.send(routes);
             }
+            ServerMsg::OpenRelays(cmd, reply) => {
+                let opened = if state.relays.is_empty() {
+                    Relays::open(
+                        state.node.transport.as_ref(),
+                        state.spec.endpoint,
+                        state.spec.epoch,
+                        admission(state.spec.key),
+                        cmd,
+                    )
+                    .map(|(relays, routes)| {
+                        state.relays = relays;
+                        routes
+                    })
+                } else {
+                    Err(Error::Config(format!(
+                        "shard server {}: its relays are already open",
+                        state.spec.endpoint
+                    )))
+                };
+                let _ = reply.send(opened);
+            }
+            ServerMsg::Flush(cmd, reply) => flush_relays(state, cmd, reply).await?,
             ServerMsg::Reduce(cmd, reply) => {
                 let result = off_runtime(state, move |shards, _| reduce(shards, cmd)).await?;
                 let _ = reply.send(result);
@@ -136,7 +162,12 @@ impl Actor for ShardServer {
                 let _ = reply.send(result);
             }
             ServerMsg::Discard(cmd, reply) => {
-                let result = off_runtime(state, move |shards, _| discard(shards, cmd)).await?;
+                let relays = state.relays.clone();
+                let result = off_runtime(state, move |shards, _| {
+                    relays.discard(cmd.next_epoch);
+                    discard(shards, cmd)
+                })
+                .await?;
                 let _ = reply.send(result);
             }
             ServerMsg::Snapshot(cmd, reply) => {
@@ -261,6 +292,38 @@ fn new_store(
     Ok(Box::new(HostShard::new(
         node, spec, master, optimizer, admission,
     )?))
+}
+
+/// Take every relay on a blocking thread (I6), then flush the sums to their owners off the
+/// mailbox and reply with the bytes sent (see [`relay`]).
+async fn flush_relays(
+    state: &mut ServerState,
+    cmd: FlushCmd,
+    reply: ractor::RpcReplyPort<Result<FlushAck>>,
+) -> std::result::Result<(), ActorProcessingErr> {
+    if state.relays.is_empty() {
+        let _ = reply.send(Ok(FlushAck { bytes: 0 }));
+        return Ok(());
+    }
+    let relays = state.relays.clone();
+    let taken = tokio::task::spawn_blocking(move || relays.take(cmd.next_epoch))
+        .await
+        .map_err(|e| format!("shard server {}: {e}", state.spec.endpoint))?;
+    let transport = state.node.transport_of_server(state.spec.endpoint);
+    let (endpoint, key, chunk) = (
+        state.spec.endpoint,
+        state.spec.key,
+        state.relays.chunk_elems(),
+    );
+    tokio::spawn(async move {
+        let timeout = std::time::Duration::from_millis(cmd.timeout_ms);
+        let sent = relay::flush(transport, endpoint, key, taken, chunk, cmd.epoch, timeout).await;
+        if let Ok(bytes) = sent {
+            metrics::counter!(crate::metrics::RELAY_FLUSHED_BYTES).increment(bytes);
+        }
+        let _ = reply.send(sent.map(|bytes| FlushAck { bytes }));
+    });
+    Ok(())
 }
 
 /// The accumulators' admission guard (transport C8): a write must carry the token of the
@@ -429,6 +492,7 @@ mod tests {
             collective: None,
             clock: Arc::new(crate::policy::clock::SystemClock),
             trainer_transport: None,
+            server_transport: None,
         })
     }
 

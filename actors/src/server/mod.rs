@@ -32,6 +32,7 @@ mod actor;
 mod device;
 /// The update rule, a pure core (`odc_policy::optimizer`).
 pub use odc_policy::optimizer;
+mod relay;
 mod shard;
 pub mod shard_file;
 pub mod step_dir;

@@ -18,7 +18,7 @@
 //! every shard server gets it in its [`ServerSpec`] to check gradient writes. Trainers never get
 //! it. A trainer's metrics are recorded from its report only once the machine admitted it.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,16 +27,20 @@ use ractor::concurrency::JoinHandle;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
+use odc_transport::RegionHandle;
+
 use crate::directory::Directory;
 use crate::error::{Error, Result};
+use crate::layout::UnitId;
 use crate::messages::{
-    ApplyCmd, DiscardCmd, ReduceCmd, ServerMsg, ServerOutcome, ServerSpec, SupervisorMsg,
-    SupervisorSpec, TrainerMsg, TrainerSpec,
+    ApplyCmd, DiscardCmd, FlushCmd, OpenRelaysCmd, ReduceCmd, ServerMsg, ServerOutcome, ServerSpec,
+    SupervisorMsg, SupervisorSpec, TrainerMsg, TrainerSpec,
 };
 use crate::metrics::{self as m, TrainerMetrics};
 use crate::node::Node;
 use crate::policy::clock::Clock;
 use crate::policy::dispatch::Communication;
+use crate::policy::relay::RelayPlan;
 use crate::policy::stats::StepStats;
 use crate::policy::step::{self, Reason};
 use crate::policy::token::JobKey;
@@ -54,6 +58,8 @@ type Command = step::Command<Error>;
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest a server may take to write its shards of a checkpoint (`ShardsWritten`).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Longest a server's relays may take to flush into their owners (within [`CALL_TIMEOUT`]).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(50);
 
 /// How to start the supervisor (it spawns the servers and trainers, linked): the job's
 /// serializable spec and this process's resources.
@@ -69,6 +75,8 @@ pub struct SupervisorState {
     spec: SupervisorSpec,
     node: Arc<Node>,
     directory: Directory,
+    /// Every relay's handle by (relay server, unit, owner) (relayed pushes only).
+    relays: HashMap<(u32, UnitId, u32), RegionHandle>,
     servers: Vec<ActorRef<ServerMsg>>,
     /// The trainer actor of every slot (`None`: lost, killed or not respawned).
     trainers: Vec<Option<ActorRef<TrainerMsg>>>,
@@ -147,6 +155,10 @@ impl Actor for Supervisor {
             routes.extend(call(server, ServerMsg::Routes, &what).await?);
         }
         let directory = Directory::from_routes(node.layout.len(), routes)?;
+        let relays = match &spec.relay {
+            Some(plan) => open_relays(plan, &directory, &servers, spec.context.chunk_elems).await?,
+            None => HashMap::new(),
+        };
         let clock = node.clock.clone();
         let mut state = SupervisorState {
             machine: StepMachine::new(spec.step, spec.trainers, key),
@@ -154,6 +166,7 @@ impl Actor for Supervisor {
             spec,
             node,
             directory,
+            relays,
             servers,
             trainers: Vec::new(),
             clock,
@@ -440,9 +453,26 @@ async fn execute(
             }
             Command::Reduce { scale, next_epoch } => {
                 let cmd = ReduceCmd { scale, next_epoch };
+                // The machine moves one epoch per attempt: the flushed one is the one before.
+                let flush = FlushCmd {
+                    epoch: next_epoch.saturating_sub(1),
+                    next_epoch,
+                    timeout_ms: FLUSH_TIMEOUT.as_millis() as u64,
+                };
+                let flushes = state.spec.relay.is_some().then(|| {
+                    each_server(state, "relay flush", move |reply| {
+                        ServerMsg::Flush(flush, reply)
+                    })
+                });
                 let calls =
                     each_server(state, "reduce", move |reply| ServerMsg::Reduce(cmd, reply));
                 report_back(myself, async move {
+                    // Every relay's flush acknowledged by its owners before any owner reduces.
+                    if let Some(flushes) = flushes {
+                        if let Err(e) = all_servers(flushes).await {
+                            return ServerOutcome::Reduced(Err(e));
+                        }
+                    }
                     let acks = all_servers(calls).await;
                     ServerOutcome::Reduced(acks.map(|acks| acks.iter().map(|a| a.sum_sq).sum()))
                 });
@@ -686,7 +716,7 @@ async fn spawn_trainer(
         rank,
         communication: state.spec.step.communication,
         context: state.spec.context,
-        directory: state.directory.clone(),
+        directory: directory_of(state, rank),
     };
     if let Some(remote) = state.remote.as_mut() {
         return Ok(remote.spawn_trainer(&myself.get_cell(), spec).await?);
@@ -698,6 +728,61 @@ async fn spawn_trainer(
     };
     let (actor, _) = Actor::spawn_linked(None, Trainer, args, myself.get_cell()).await?;
     Ok(actor)
+}
+
+/// Open every server's relays (`plan.relays_of`, each for every unit's shard of its owners) and
+/// key their handles by (relay server, unit, owner).
+async fn open_relays(
+    plan: &RelayPlan,
+    directory: &Directory,
+    servers: &[ActorRef<ServerMsg>],
+    chunk_elems: u64,
+) -> Result<HashMap<(u32, UnitId, u32), RegionHandle>> {
+    let mut relays = HashMap::new();
+    for (endpoint, server) in (0u32..).zip(servers) {
+        let owners = plan.relays_of(endpoint);
+        let targets: Vec<_> = directory
+            .units
+            .iter()
+            .flatten()
+            .filter(|route| owners.contains(&route.owner))
+            .cloned()
+            .collect();
+        if targets.is_empty() {
+            continue;
+        }
+        let cmd = OpenRelaysCmd {
+            targets,
+            chunk_elems,
+        };
+        let what = format!("shard server {endpoint} relays");
+        let routes = call(server, |reply| ServerMsg::OpenRelays(cmd, reply), &what).await??;
+        for route in routes {
+            relays.insert((route.relay, route.unit, route.owner), route.accumulator);
+        }
+    }
+    Ok(relays)
+}
+
+/// The directory trainer `slot` pushes by: the owners' accumulators, with every shard whose
+/// owner is on another node replaced by its node's relay (relayed pushes), else the job's.
+fn directory_of(state: &SupervisorState, slot: u32) -> Directory {
+    let mut directory = state.directory.clone();
+    let Some(plan) = &state.spec.relay else {
+        return directory;
+    };
+    let Some(node) = plan.trainer_node(slot) else {
+        return directory;
+    };
+    for route in directory.units.iter_mut().flatten() {
+        let Some(relay) = plan.relay(node, route.owner) else {
+            continue;
+        };
+        if let Some(handle) = state.relays.get(&(relay, route.unit, route.owner)) {
+            route.accumulator = Some(handle.clone());
+        }
+    }
+    directory
 }
 
 /// Ask every server for its fp32 snapshot handles, in a task that answers `reply` directly (the

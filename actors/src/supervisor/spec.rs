@@ -24,6 +24,10 @@ impl SupervisorSpec {
             )));
         }
         self.optimizer.validate()?;
+        if let Some(plan) = &self.relay {
+            plan.check(self.trainers, self.servers)
+                .map_err(|e| Error::Config(e.to_string()))?;
+        }
         self.step.validate()?;
         self.context.validate()
     }
@@ -50,6 +54,7 @@ mod tests {
             pull_dtype: Dtype::F32,
             context: ContextConfig::default(),
             step: StepConfig::default(),
+            relay: None,
         }
     }
 
@@ -92,6 +97,12 @@ mod tests {
                 "collective mode needs every trainer",
             ),
             (Box::new(|s| s.context.chunk_elems = 0), "chunk size"),
+            (
+                Box::new(|s| {
+                    s.relay = Some(crate::policy::relay::RelayPlan::even(3, 2, 2).unwrap());
+                }),
+                "relayed pushes: the plan places 3 trainers, the job has 2",
+            ),
             (
                 Box::new(|s| s.context.transfer_timeout = Duration::ZERO),
                 "transfer timeout",

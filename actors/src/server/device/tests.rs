@@ -162,6 +162,7 @@ impl Server {
             collective: None,
             clock: Arc::new(crate::policy::clock::SystemClock),
             trainer_transport: None,
+            server_transport: None,
         });
         let (actor, _) = Actor::spawn(None, ShardServer, ServerArgs { spec, node })
             .await

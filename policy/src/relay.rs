@@ -1,0 +1,209 @@
+//! Gradient pushes relayed through the node: which shard server of a node takes that node's
+//! pushes for a shard whose owner sits on another node (issue 43, item 2).
+//!
+//! Without relays every trainer pushes each unit's gradient straight into every owner's
+//! accumulator, so a node of `g` trainers sends `g` copies of its off-node gradient over its NICs
+//! per micro-batch. With them, a trainer pushes an off-node shard into its own node's **relay**
+//! for that shard (over NVLink or shared memory), and the relay crosses the NIC once per step:
+//! its flush at the barrier.
+//!
+//! Guarantees (tested):
+//! - **one relay per (node, off-node owner)**, on the relaying node ([`RelayPlan::relay`]); none
+//!   for an owner on the trainer's own node, and none on a node without servers (its trainers
+//!   push straight to the owners, as without relays);
+//! - **rail-aligned**: the relay of owner `m` is the server at `m`'s position among its node's
+//!   servers (modulo the relaying node's count), so with one server per GPU each flush stays on
+//!   one rail, as NCCL's PXN does;
+//! - [`RelayPlan::relays_of`] is the inverse: the owners a server relays for.
+//!
+//! Exactly once (I2) is the data path's: a relay admits and deduplicates writes as the owner
+//! would (same epoch fence, write ids and tokens), and its flush is one write per chunk under a
+//! write id of its own ([`RELAY_MICRO_BATCH_BASE`]), so every admitted gradient is counted once
+//! at the relay and its sum once at the owner; a discarded attempt discards the relays too.
+
+use serde::{Deserialize, Serialize};
+
+/// Micro-batch numbers from here up name relays, not micro-batches: relay `s`'s flush writes
+/// carry micro-batch `RELAY_MICRO_BATCH_BASE + s` in their write ids and that number's token.
+/// A micro-batch number is an index into one minibatch's micro-batches, far below this (each
+/// holds at least one token of a sample the job holds in memory).
+pub const RELAY_MICRO_BATCH_BASE: u32 = 1 << 31;
+
+/// Where every trainer and shard server of a job sits, by node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayPlan {
+    /// The node of each shard server, by endpoint.
+    pub server_nodes: Vec<u32>,
+    /// The node of each trainer slot.
+    pub trainer_nodes: Vec<u32>,
+}
+
+/// A plan that does not fit its job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RelayError {
+    #[error("relayed pushes: the plan places {planned} {what}, the job has {job}")]
+    Count {
+        what: &'static str,
+        planned: usize,
+        job: usize,
+    },
+    #[error("relayed pushes: a node of 0 devices")]
+    EmptyNode,
+}
+
+impl RelayPlan {
+    /// `trainers` devices in nodes of `node_size`, trainer `t` on device `t`, and `servers`
+    /// servers spread evenly over the devices (server `s` on device `s · ⌈trainers/servers⌉`, as
+    /// the benchmark's modelled cluster places them).
+    ///
+    /// ```
+    /// use odc_policy::relay::RelayPlan;
+    /// let plan = RelayPlan::even(16, 2, 8).unwrap();
+    /// assert_eq!(plan.server_nodes, vec![0, 1]);
+    /// assert_eq!(plan.relay(0, 1), Some(0), "node 0 relays server 1's shards on server 0");
+    /// assert_eq!(plan.relay(0, 0), None, "server 0 is on node 0");
+    /// ```
+    pub fn even(trainers: u32, servers: u32, node_size: u32) -> Result<Self, RelayError> {
+        if node_size == 0 {
+            return Err(RelayError::EmptyNode);
+        }
+        let per_server = trainers.max(1).div_ceil(servers.max(1));
+        Ok(RelayPlan {
+            server_nodes: (0..servers)
+                .map(|s| s.saturating_mul(per_server) / node_size)
+                .collect(),
+            trainer_nodes: (0..trainers).map(|t| t / node_size).collect(),
+        })
+    }
+
+    /// The plan fits a job of `trainers` and `servers`.
+    pub fn check(&self, trainers: u32, servers: u32) -> Result<(), RelayError> {
+        let fits = |what, planned: usize, job: u32| {
+            if planned == job as usize {
+                Ok(())
+            } else {
+                Err(RelayError::Count {
+                    what,
+                    planned,
+                    job: job as usize,
+                })
+            }
+        };
+        fits("trainers", self.trainer_nodes.len(), trainers)?;
+        fits("shard servers", self.server_nodes.len(), servers)
+    }
+
+    /// The node of trainer `slot` (`None`: outside the plan).
+    pub fn trainer_node(&self, slot: u32) -> Option<u32> {
+        self.trainer_nodes.get(slot as usize).copied()
+    }
+
+    /// The servers on `node`, in endpoint order.
+    fn servers_on(&self, node: u32) -> impl Iterator<Item = u32> + '_ {
+        (0u32..)
+            .zip(&self.server_nodes)
+            .filter(move |(_, n)| **n == node)
+            .map(|(s, _)| s)
+    }
+
+    /// The server of `node` that takes `node`'s pushes for owner `owner`'s shards: `None` when
+    /// the owner is on `node` (or unknown), or `node` has no server.
+    pub fn relay(&self, node: u32, owner: u32) -> Option<u32> {
+        let owner_node = *self.server_nodes.get(owner as usize)?;
+        if owner_node == node {
+            return None;
+        }
+        let position = self.servers_on(owner_node).position(|s| s == owner)?;
+        let here: Vec<u32> = self.servers_on(node).collect();
+        here.get(position % here.len().max(1)).copied()
+    }
+
+    /// The owners whose shards `server` relays for its node, in endpoint order.
+    pub fn relays_of(&self, server: u32) -> Vec<u32> {
+        let Some(&node) = self.server_nodes.get(server as usize) else {
+            return Vec::new();
+        };
+        (0..self.server_nodes.len() as u32)
+            .filter(|&owner| self.relay(node, owner) == Some(server))
+            .collect()
+    }
+
+    /// The relay micro-batch number of server `server`'s flushes.
+    pub fn flush_micro_batch(server: u32) -> u32 {
+        RELAY_MICRO_BATCH_BASE | (server & !RELAY_MICRO_BATCH_BASE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_relay_per_node_and_off_node_owner_on_the_owners_rail() {
+        // 4 nodes of 2 servers each.
+        let plan = RelayPlan {
+            server_nodes: vec![0, 0, 1, 1, 2, 2, 3, 3],
+            trainer_nodes: vec![0; 8],
+        };
+        for node in 0..4 {
+            for owner in 0..8u32 {
+                let relay = plan.relay(node, owner);
+                if owner / 2 == node {
+                    assert_eq!(relay, None, "owner {owner} is on node {node}");
+                } else {
+                    // Same position within its node: the rail.
+                    assert_eq!(
+                        relay,
+                        Some(node * 2 + owner % 2),
+                        "node {node} owner {owner}"
+                    );
+                }
+            }
+        }
+        assert_eq!(plan.relays_of(0), vec![2, 4, 6]);
+        assert_eq!(plan.relays_of(3), vec![1, 5, 7]);
+        for server in 0..8 {
+            for owner in plan.relays_of(server) {
+                assert_eq!(
+                    plan.relay(plan.server_nodes[server as usize], owner),
+                    Some(server)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn uneven_nodes_fold_positions_and_a_node_without_servers_relays_nothing() {
+        let plan = RelayPlan {
+            server_nodes: vec![0, 1, 1, 1],
+            trainer_nodes: vec![0, 1, 2],
+        };
+        // Node 0 has one server: it relays every owner of node 1.
+        assert_eq!(plan.relays_of(0), vec![1, 2, 3]);
+        assert_eq!(plan.relay(1, 0), Some(1));
+        assert_eq!(plan.relay(2, 1), None, "node 2 has no server");
+        assert_eq!(plan.relay(0, 9), None, "no such owner");
+        assert_eq!(plan.trainer_node(2), Some(2));
+        assert_eq!(plan.trainer_node(3), None);
+    }
+
+    #[test]
+    fn even_plans_place_servers_as_the_modelled_cluster_and_are_checked() {
+        let plan = RelayPlan::even(64, 8, 8).unwrap();
+        assert_eq!(plan.server_nodes, (0..8).collect::<Vec<_>>());
+        assert_eq!(plan.trainer_nodes[9], 1);
+        assert!(plan.check(64, 8).is_ok());
+        assert!(matches!(
+            plan.check(63, 8),
+            Err(RelayError::Count {
+                what: "trainers",
+                ..
+            })
+        ));
+        // One server per device.
+        let fine = RelayPlan::even(16, 16, 8).unwrap();
+        assert_eq!(fine.relay(1, 3), Some(11));
+        assert_eq!(RelayPlan::even(4, 1, 0), Err(RelayError::EmptyNode));
+        assert_eq!(RelayPlan::flush_micro_batch(5), RELAY_MICRO_BATCH_BASE + 5);
+    }
+}
