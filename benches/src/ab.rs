@@ -399,6 +399,44 @@ pub async fn run(case: &Case, side: Side, settings: &Settings, trace: bool) -> R
     }
 }
 
+impl Settings {
+    /// Relayed pushes (if asked for) fit the servers' placement: see [`check_relay`].
+    pub fn check_relay(&self) -> Result<()> {
+        match &self.links {
+            Some(config) if config.relay => check_relay(config, self.devices_per_server),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Relayed pushes need every shard server inside a node: its devices divide the node's.
+fn check_relay(config: &LinksConfig, devices_per_server: usize) -> Result<()> {
+    let g = config.gpus_per_node.max(1);
+    if devices_per_server == 0 || g as usize % devices_per_server != 0 {
+        return Err(Error::Config(format!(
+            "relayed pushes need every shard server inside a node: {devices_per_server} devices \
+             per server do not divide nodes of {g} (--devices-per-server)"
+        )));
+    }
+    Ok(())
+}
+
+/// `builder` with its on-demand pushes relayed through the node, each server's flushes priced
+/// from its devices. The servers must sit inside nodes (`devices_per_server` divides the node).
+fn relayed(
+    builder: odc::JobBuilder,
+    links: &Arc<Links>,
+    config: &LinksConfig,
+    devices_per_server: usize,
+) -> Result<odc::JobBuilder> {
+    check_relay(config, devices_per_server)?;
+    let g = config.gpus_per_node.max(1);
+    let servers = links.clone();
+    Ok(builder
+        .relay_pushes(g)
+        .server_transport(move |server| servers.server_view(server)))
+}
+
 /// [`run`] on the caller's runtime, which must be a paused one for [`ClockMode::Virtual`].
 async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> Result<Measure> {
     let mode = settings.clock;
@@ -435,9 +473,14 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
             )
             .map_err(|e| Error::Config(format!("links: {e}")))?;
             let trainers = links.clone();
-            Job::builder()
+            let builder = Job::builder()
                 .transport(links.view(None))
-                .trainer_transport(move |rank| trainers.view(Some(rank)))
+                .trainer_transport(move |rank| trainers.view(Some(rank)));
+            if config.relay && side.communication == Communication::OnDemand {
+                relayed(builder, &links, config, settings.devices_per_server)?
+            } else {
+                builder
+            }
         }
     };
     // On a modelled cluster the collective runs as NCCL does across nodes: a ring over the nodes
@@ -995,6 +1038,7 @@ mod tests {
                 hpz: true,
                 // 64 KiB units stand for ~3 GB of parameters.
                 bytes_scale: 50_000.0,
+                relay: false,
             }),
             ..free.clone()
         };

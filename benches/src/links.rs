@@ -66,6 +66,9 @@ pub struct LinksConfig {
     pub hpz: bool,
     /// Modelled bytes per real byte moved.
     pub bytes_scale: f64,
+    /// Gradient pushes relayed through the node (`JobBuilder::relay_pushes`): a trainer's
+    /// pushes stay in its node, each node's relays cross once per step.
+    pub relay: bool,
 }
 
 /// The shared state of every view: the ports and the mapping of endpoints to devices.
@@ -128,13 +131,33 @@ impl Links {
     /// The transport of a trainer on `device`, or (`None`) an unpriced one for servers, the
     /// supervisor and the job's own reads.
     pub fn view(self: &Arc<Self>, device: Option<u32>) -> Arc<dyn Transport> {
+        self.priced(device.map_or(Source::Unpriced, Source::Device))
+    }
+
+    /// The transport shard server `server` flushes its relays through: each stripe of a relay
+    /// leaves from the server's device on the owner's stripe's rail (its position in its node).
+    pub fn server_view(self: &Arc<Self>, server: u32) -> Arc<dyn Transport> {
+        self.priced(Source::Server(server))
+    }
+
+    fn priced(self: &Arc<Self>, source: Source) -> Arc<dyn Transport> {
         Arc::new(Wrapped(Priced::new(
             Arc::clone(&self.inner),
             DevicePricer {
                 links: Arc::clone(self),
-                device,
+                source,
             },
         )))
+    }
+
+    /// The devices of server `server`: its first and how many.
+    fn server_devices(&self, server: EndpointId) -> (u32, u32) {
+        let first = server.saturating_mul(self.devices_per_server);
+        let k = self
+            .devices
+            .saturating_sub(first)
+            .clamp(1, self.devices_per_server);
+        (first.min(self.devices - 1), k)
     }
 
     /// Modelled seconds since the origin.
@@ -160,11 +183,7 @@ impl Links {
             let device = (owner - TRAINER_ENDPOINT_BASE).min(self.devices - 1);
             return vec![(device, range.end.saturating_sub(range.start))];
         }
-        let first = owner.saturating_mul(self.devices_per_server);
-        let k = self
-            .devices
-            .saturating_sub(first)
-            .clamp(1, self.devices_per_server);
+        let (first, k) = self.server_devices(owner);
         (0..k)
             .filter_map(|j| {
                 let stripe = shard_range(len as usize, k as usize, j as usize);
@@ -201,11 +220,31 @@ enum Kind {
     Ring,
 }
 
-/// One device's pricing of the [`Links`] (`None`: unpriced), for the one priced wrapper.
+/// Where a view's transfers leave from.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    /// Servers' and the supervisor's own calls, the job's reads: free.
+    Unpriced,
+    /// A trainer's device.
+    Device(u32),
+    /// A shard server flushing its relays (its reads are free).
+    Server(u32),
+}
+
+/// One view's pricing of the [`Links`], for the one priced wrapper.
 #[derive(Debug)]
 struct DevicePricer {
     links: Arc<Links>,
-    device: Option<u32>,
+    source: Source,
+}
+
+impl DevicePricer {
+    fn device(&self) -> Option<u32> {
+        match self.source {
+            Source::Device(d) => Some(d),
+            Source::Unpriced | Source::Server(_) => None,
+        }
+    }
 }
 
 impl Pricer for DevicePricer {
@@ -214,7 +253,7 @@ impl Pricer for DevicePricer {
     }
 
     fn read(&self, handle: &RegionHandle, range: Range<usize>, version: u64) -> Option<Instant> {
-        let reader = self.device?;
+        let reader = self.device()?;
         let f = &self.links;
         let (start, end) = (range.start as u64, range.end as u64);
         let size = handle.dtype.size();
@@ -239,24 +278,35 @@ impl Pricer for DevicePricer {
     }
 
     fn accumulate(&self, handle: &RegionHandle, offset: usize, bytes: usize) -> Option<Instant> {
-        let writer = self.device?;
         let f = &self.links;
+        let src = |dst: u32| match self.source {
+            Source::Device(writer) => Some(writer),
+            // The relay's stripe on the owner's stripe's rail.
+            Source::Server(server) => {
+                let ((first, k), (owner_first, _)) =
+                    (f.server_devices(server), f.server_devices(handle.owner));
+                Some(first + dst.saturating_sub(owner_first) % k)
+            }
+            Source::Unpriced => None,
+        };
         let elems = (bytes / 4) as u64;
         let start = offset as u64;
         let pieces: Vec<Piece> = f
             .holders(handle.owner, handle.len, start..start.saturating_add(elems))
             .into_iter()
-            .map(|(dst, elems)| Piece {
-                src: writer,
-                dst,
-                bytes: f.bytes(elems, 4),
+            .map(|(dst, elems)| {
+                Some(Piece {
+                    src: src(dst)?,
+                    dst,
+                    bytes: f.bytes(elems, 4),
+                })
             })
-            .collect();
+            .collect::<Option<_>>()?;
         Some(f.instant(f.schedule(Kind::Write, &pieces)))
     }
 
     fn send(&self, inbox: &RegionHandle, bytes: usize) -> Option<Instant> {
-        let sender = self.device?;
+        let sender = self.device()?;
         let f = &self.links;
         let (dst, _) = f
             .holders(inbox.owner, 0, 0..0)
@@ -281,7 +331,9 @@ impl LinksConfig {
     ///
     /// - **Pushes** leave on the trainer's egress: `(d − g)/d` of the model to owners in other
     ///   nodes (striped over the node's NICs, which its `g` trainers share: one NIC's worth
-    ///   each) and `(g − 1)/d` over NVLink; the slower of the two.
+    ///   each) and `(g − 1)/d` over NVLink; the slower of the two. With relays
+    ///   ([`LinksConfig::relay`]) every push stays in the node: `(g − 1)/g` of it over NVLink
+    ///   (the relays' flushes cross once per step, at the barrier, not per micro-batch).
     /// - **Pulls** arrive on its ingress: without HPZ as the pushes; with HPZ the node's copy
     ///   crosses the NICs once (`1/g` of the remote part per GPU) and every trainer reads
     ///   `(g − 1)/g` of it over NVLink.
@@ -310,7 +362,11 @@ impl LinksConfig {
         let spread = |b: f64| {
             (remote * b / t.nic.bytes_per_s).max((gf - 1.0) / df * b / t.nvlink.bytes_per_s)
         };
-        let push = spread(bytes(push_bytes));
+        let push = if self.relay {
+            (gf - 1.0) / gf * bytes(push_bytes) / t.nvlink.bytes_per_s
+        } else {
+            spread(bytes(push_bytes))
+        };
         let pull = if self.hpz {
             let b = bytes(pull_bytes);
             (remote * b / gf / t.nic.bytes_per_s).max((gf - 1.0) / gf * b / t.nvlink.bytes_per_s)
@@ -333,6 +389,7 @@ mod tests {
             routing: Routing::Striped,
             hpz: true,
             bytes_scale: 1.0,
+            relay: false,
         };
         // 7B-like: 1e9 elements, bf16 pulls, fp32 pushes, 64 devices: the pushes send 7/8 of
         // 4 GB over one NIC's worth (50 GB/s).
@@ -345,6 +402,18 @@ mod tests {
         config.hpz = false;
         let plain = config.transfer_s(64, 1_000_000_000, 4, 4).unwrap();
         assert!((plain - t).abs() < 1e-12);
+        // Relayed: the pushes stay on NVLink, 7/8 of them; bf16 pulls with HPZ are then the
+        // slower direction (1/8 of the remote 7/8 of 2 GB over the NIC).
+        config.hpz = true;
+        config.relay = true;
+        let relayed = config.transfer_s(64, 1_000_000_000, 2, 4).unwrap();
+        let pull: f64 = 2e9 * 56.0 / 64.0 / 8.0 / 50e9;
+        assert!(
+            (relayed - pull.max(4e9 * 7.0 / 8.0 / 450e9)).abs() < 1e-12,
+            "{relayed}"
+        );
+        assert!(relayed < t / 4.0, "{relayed} vs {t}");
+        config.relay = false;
         config.gpus_per_node = 0;
         assert!(config.transfer_s(0, 1, 2, 4).unwrap().is_finite());
     }
@@ -355,6 +424,7 @@ mod tests {
             routing: Routing::Direct,
             hpz: false,
             bytes_scale: 2.0,
+            relay: false,
         };
         let local: Arc<dyn Transport> = Arc::new(LocalTransport::new());
         Links::new(local, &config, devices, per_server, ClockMode::Virtual).unwrap()
@@ -387,6 +457,7 @@ mod tests {
             routing: Routing::Striped,
             hpz: true,
             bytes_scale: f64::NAN,
+            relay: false,
         };
         let local: Arc<dyn Transport> = Arc::new(LocalTransport::new());
         let f = Links::new(local, &config, 12, 1, ClockMode::Virtual).unwrap();

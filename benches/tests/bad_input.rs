@@ -188,6 +188,13 @@ fn bad_cluster_shapes_of_sim_are_refused_before_it_runs() {
         &["invalid value 'ring'", "--routing"],
     );
     refused(
+        &["sim", "--relay-pushes", "--devices-per-server", "3"],
+        &[
+            "relayed pushes need every shard server inside a node",
+            "--devices-per-server",
+        ],
+    );
+    refused(
         &["sim", "--pull-precision", "fp8"],
         &["invalid value 'fp8'", "--pull-precision"],
     );

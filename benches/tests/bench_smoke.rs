@@ -293,3 +293,33 @@ fn sim_projects_runtime_rows_and_the_split_table() {
         let _ = std::fs::remove_file(p);
     }
 }
+
+/// `odc-bench sim --relay-pushes`: the on-demand side relays its pushes through the node (one
+/// shard server per node by default), says so, and its balanced control stays near 1.00.
+#[test]
+fn sim_relays_pushes_through_the_node() {
+    let json = temp("sim-relay.json");
+    let stdout = odc_bench_ok(&[
+        "sim",
+        "--devices",
+        "16",
+        "--workloads",
+        "rl",
+        "--steps",
+        "1",
+        "--relay-pushes",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(stdout.contains("relayed through the node"), "{stdout}");
+    assert!(stdout.contains("8 devices per shard server"), "{stdout}");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for row in rows {
+        let control = f64_of(row, "control_speedup");
+        assert!((control - 1.0).abs() <= 0.02, "control {control}: {row}");
+        assert!(f64_of(row, "ondemand_over_achievable") > 0.8, "{row}");
+    }
+}

@@ -58,8 +58,6 @@ type Command = step::Command<Error>;
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest a server may take to write its shards of a checkpoint (`ShardsWritten`).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(3600);
-/// Longest a server's relays may take to flush into their owners (within [`CALL_TIMEOUT`]).
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(50);
 
 /// How to start the supervisor (it spawns the servers and trainers, linked): the job's
 /// serializable spec and this process's resources.
@@ -454,13 +452,16 @@ async fn execute(
             Command::Reduce { scale, next_epoch } => {
                 let cmd = ReduceCmd { scale, next_epoch };
                 // The machine moves one epoch per attempt: the flushed one is the one before.
+                // A flush moves what a push does: it has the trainers' transfer timeout.
+                let timeout = state.spec.context.transfer_timeout;
                 let flush = FlushCmd {
                     epoch: next_epoch.saturating_sub(1),
                     next_epoch,
-                    timeout_ms: FLUSH_TIMEOUT.as_millis() as u64,
+                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
                 };
                 let flushes = state.spec.relay.is_some().then(|| {
-                    each_server(state, "relay flush", move |reply| {
+                    let within = timeout.saturating_add(CALL_TIMEOUT);
+                    each_server_within(state, "relay flush", within, move |reply| {
                         ServerMsg::Flush(flush, reply)
                     })
                 });

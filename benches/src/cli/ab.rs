@@ -225,6 +225,7 @@ pub(crate) async fn ab(args: AbArgs) -> anyhow::Result<BenchReport> {
     input::check_sizes(&devices, &per_device, args.units, args.unit_elems)?;
     let outputs = Outputs::check(&args)?;
     let plan = plan_matrix(&args, devices, &per_device)?;
+    plan.settings.check_relay()?;
 
     print_setup(&args, &plan.settings);
     let floor = emulation_floor(args.clock, &plan.devices).await?;
@@ -466,13 +467,18 @@ fn print_setup(args: &AbArgs, settings: &Settings) {
     );
     if let Some(f) = &settings.links {
         println!(
-            "links: nodes of {} H100s, NVLink 450 GB/s and 3 µs per GPU and direction inside a node, a 400 Gb/s NIC (10 µs) per GPU across nodes, FIFO ports; {} routing{}; pulls in {:?}, gradients in fp32; 1 emulated byte = {:.0} modelled bytes",
+            "links: nodes of {} H100s, NVLink 450 GB/s and 3 µs per GPU and direction inside a node, a 400 Gb/s NIC (10 µs) per GPU across nodes, FIFO ports; {} routing{}{}; pulls in {:?}, gradients in fp32; 1 emulated byte = {:.0} modelled bytes",
             f.gpus_per_node,
             match f.routing {
                 odc_bench::sim::topology::Routing::Direct => "direct",
                 odc_bench::sim::topology::Routing::Striped => "striped (Zeppelin)",
             },
             if f.hpz { ", HPZ (a copy per node)" } else { "" },
+            if f.relay {
+                ", on-demand pushes relayed through the node (flushed at the barrier)"
+            } else {
+                ""
+            },
             settings.pull_precision,
             f.bytes_scale,
         );

@@ -111,6 +111,12 @@ pub(crate) struct ClusterArgs {
     /// `LinksConfig::transfer_s`): the planner then prices compute only.
     #[arg(long)]
     pub(crate) no_transfer_price: bool,
+    /// Relay on-demand gradient pushes through the node (`JobBuilder::relay_pushes`): a
+    /// trainer pushes an off-node shard into its node's relay over NVLink, and each relay
+    /// crosses the NIC once per step, at the barrier. Needs shard servers inside nodes (`sim`
+    /// then defaults `--devices-per-server` to `--gpus-per-node`).
+    #[arg(long)]
+    pub(crate) relay_pushes: bool,
 }
 
 impl ClusterArgs {
@@ -125,6 +131,7 @@ impl ClusterArgs {
             },
             hpz: !self.no_hpz,
             bytes_scale,
+            relay: self.relay_pushes,
         })
     }
 
@@ -298,9 +305,13 @@ pub(crate) fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>
         trace: None,
         clock: ClockArg::Virtual,
         // One server for every row by default: the largest row's device count.
-        devices_per_server: args
-            .devices_per_server
-            .unwrap_or_else(|| args.devices.iter().copied().max().unwrap_or(1)),
+        devices_per_server: args.devices_per_server.unwrap_or_else(|| {
+            if args.cluster.relay_pushes {
+                args.cluster.gpus_per_node as usize
+            } else {
+                args.devices.iter().copied().max().unwrap_or(1)
+            }
+        }),
         cost,
         cluster: args.cluster.clone(),
         bytes_scale: 1.0,
