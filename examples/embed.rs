@@ -97,6 +97,10 @@ struct Args {
     dispatch: Dispatch,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Relay gradient pushes through the node: ranks (in one process: trainer slots) in nodes
+    /// of this many (`JobBuilder::relay_pushes`).
+    #[arg(long)]
+    relay_pushes: Option<u32>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -311,6 +315,9 @@ async fn main() -> anyhow::Result<()> {
         builder = builder
             .trainers(args.trainers.unwrap_or(4))
             .servers(args.servers.unwrap_or(2));
+    }
+    if let Some(node_size) = args.relay_pushes {
+        builder = builder.relay_pushes(node_size);
     }
     let mut job = builder.build().context("building the job")?;
     let started = Instant::now();

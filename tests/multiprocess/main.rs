@@ -5,7 +5,9 @@
 //! `examples/sft --model-dir` on a Hugging Face directory every rank opens (`model_dir.rs`);
 //! `examples/rl_grpo` sampling a share of the groups on every rank (`grpo.rs`); `examples/sft`
 //! checkpointing into per-host directories and resuming from them (`per_host.rs`); `examples/sft
-//! --split auto` splitting long samples over trainers in two processes (`split.rs`).
+//! --split auto` splitting long samples over trainers in two processes (`split.rs`); pushes
+//! relayed through the node over `shm` (`parity.rs`) and between two namespaces standing for
+//! hosts (`netns.rs`).
 //!
 //! Tolerance (I3): a multi-process job sums the same per-micro-batch gradients as one process,
 //! in whatever order they arrive, in fp32; every final parameter must equal the single-process

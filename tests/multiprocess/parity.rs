@@ -21,6 +21,7 @@ fn four_processes_equal_one(transport: &str, extra: &[&str]) {
     ])
     .arg(embed())
     .args(common_args())
+    .args(extra)
     .arg("--save-params")
     .arg(&path);
     let out = run(cmd, Duration::from_secs(180));
@@ -55,4 +56,10 @@ fn four_processes_over_shm_train_to_the_single_process_parameters() {
 #[test]
 fn four_processes_in_collective_mode_train_to_the_single_process_parameters() {
     four_processes_equal_one("shm", &["--communication", "collective"]);
+}
+
+/// Pushes relayed through the node (ranks 0–1 and 2–3 as two nodes) over `shm`.
+#[test]
+fn four_processes_relaying_pushes_train_to_the_single_process_parameters() {
+    four_processes_equal_one("shm", &["--relay-pushes", "2"]);
 }
