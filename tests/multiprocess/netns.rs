@@ -97,39 +97,7 @@ fn four_processes_in_their_own_network_namespaces_train_to_the_single_process_pa
     let path = temp("netns.params");
     let coordinator = format!("{}:29517", net.addr(0));
     let job = format!("ns{}", net.tag);
-    let children: Vec<_> = (0..world)
-        .map(|rank| {
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", &net.ns(rank)]).arg(embed());
-            rank_env(
-                &mut cmd,
-                rank,
-                world,
-                &coordinator,
-                "netns-secret-of-this-job",
-                &job,
-                "tcp",
-            );
-            cmd.args(common_args()).arg("--save-params").arg(&path);
-            cmd.stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped());
-            cmd.spawn().expect("a rank starts in its namespace")
-        })
-        .collect();
-    let outs: Vec<_> = children
-        .into_iter()
-        .map(|c| wait(c, Duration::from_secs(150)))
-        .collect();
-    let mut all_finals = Vec::new();
-    for (rank, out) in outs.iter().enumerate() {
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "rank {rank}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        all_finals.extend(finals(&stdout));
-    }
+    let all_finals = net.run(world, |rank| rank, &coordinator, &job, &[], &path);
     assert_eq!(all_finals.len(), 4, "{all_finals:?}");
     assert!(all_finals.iter().all(|f| f == &all_finals[0]));
     assert!(((all_finals[0].0 - want_loss) / want_loss).abs() <= 1e-6);
@@ -137,6 +105,47 @@ fn four_processes_in_their_own_network_namespaces_train_to_the_single_process_pa
 }
 
 impl Net {
+    /// `embed` as ranks `0..world` over `tcp`, rank `r` in namespace `ns_of(r)`, with the shared
+    /// flags and `extra`; every rank's final line once all succeeded.
+    fn run(
+        &self,
+        world: u32,
+        ns_of: impl Fn(u32) -> u32,
+        coordinator: &str,
+        job: &str,
+        extra: &[&str],
+        path: &std::path::Path,
+    ) -> Vec<(f64, f64)> {
+        let children: Vec<_> = (0..world)
+            .map(|rank| {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", &self.ns(ns_of(rank))])
+                    .arg(embed());
+                let secret = "netns-secret-of-this-job";
+                rank_env(&mut cmd, rank, world, coordinator, secret, job, "tcp");
+                cmd.args(common_args())
+                    .args(extra)
+                    .arg("--save-params")
+                    .arg(path);
+                cmd.stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
+                cmd.spawn().expect("a rank starts in its namespace")
+            })
+            .collect();
+        let mut all_finals = Vec::new();
+        for (rank, child) in children.into_iter().enumerate() {
+            let out = wait(child, Duration::from_secs(150));
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{extra:?}, rank {rank}: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            all_finals.extend(finals(&stdout));
+        }
+        all_finals
+    }
+
     /// Bytes that crossed namespace `r`'s link, both ways, so far (its host end's counters).
     fn link_bytes(&self, r: u32) -> u64 {
         ["rx_bytes", "tx_bytes"]
@@ -174,42 +183,8 @@ fn relayed_pushes_over_a_namespace_pair_train_equal_and_cross_between_hosts_less
         let coordinator = format!("{}:{}", net.addr(0), 29_520 + u32::from(relay));
         let job = format!("nsr{}{relay}", net.tag);
         let before = net.link_bytes(0) + net.link_bytes(1);
-        let children: Vec<_> = (0..world)
-            .map(|rank| {
-                let mut cmd = Command::new("ip");
-                cmd.args(["netns", "exec", &net.ns(rank / 2)]).arg(embed());
-                rank_env(
-                    &mut cmd,
-                    rank,
-                    world,
-                    &coordinator,
-                    "netns-relay-secret",
-                    &job,
-                    "tcp",
-                );
-                cmd.args(common_args()).arg("--save-params").arg(&path);
-                if relay {
-                    cmd.args(["--relay-pushes", "2"]);
-                }
-                cmd.stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped());
-                cmd.spawn().expect("a rank starts in its namespace")
-            })
-            .collect();
-        let outs: Vec<_> = children
-            .into_iter()
-            .map(|c| wait(c, Duration::from_secs(150)))
-            .collect();
-        let mut all_finals = Vec::new();
-        for (rank, out) in outs.iter().enumerate() {
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "relayed {relay}, rank {rank}: {stdout}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            all_finals.extend(finals(&stdout));
-        }
+        let extra: &[&str] = if relay { &["--relay-pushes", "2"] } else { &[] };
+        let all_finals = net.run(world, |rank| rank / 2, &coordinator, &job, extra, &path);
         assert_eq!(all_finals.len(), 4, "{all_finals:?}");
         assert!(all_finals.iter().all(|f| f == &all_finals[0]));
         assert!(((all_finals[0].0 - want_loss) / want_loss).abs() <= 1e-6);
