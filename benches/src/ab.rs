@@ -242,13 +242,24 @@ impl Default for Settings {
     }
 }
 
-/// The cost model of a run of `devices`: the device's, with each micro-batch's transfers on the
-/// modelled cluster when there is one and `price_transfers` (in cost units).
-pub fn job_cost_model(settings: &Settings, devices: usize) -> Result<odc::CostModel> {
+/// The cost model of a run of `devices` in `communication` mode: the device's, with each
+/// micro-batch's transfers on the modelled cluster when there is one and `price_transfers` (in
+/// cost units; relayed pushes priced as such on the on-demand side only).
+pub fn job_cost_model(
+    settings: &Settings,
+    devices: usize,
+    communication: Communication,
+) -> Result<odc::CostModel> {
     let device = &settings.device;
     let Some(links) = settings.links.as_ref().filter(|_| settings.price_transfers) else {
         return Ok(device.cost);
     };
+    // Only on-demand pushes are relayed (`relayed`): the collective's price stays its own.
+    let relayed = LinksConfig {
+        relay: links.relay && communication == Communication::OnDemand,
+        ..links.clone()
+    };
+    let links = &relayed;
     let pull_bytes = match settings.pull_precision {
         Precision::Bf16 => 2,
         Precision::F32 => 4,
@@ -494,7 +505,7 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
         .communication(side.communication)
         .dispatch(side.dispatch)
         .rebalance(side.rebalance)
-        .cost_model(job_cost_model(settings, case.devices)?)
+        .cost_model(job_cost_model(settings, case.devices, side.communication)?)
         .sequence_parallel(match side.communication {
             Communication::OnDemand => settings.split,
             Communication::Collective => SplitPolicy::Off,
