@@ -578,7 +578,7 @@ impl JobBuilder {
 /// Where relayed pushes place each trainer and server: slots on devices in nodes of
 /// `node_size` in one process; in a multi-process job, ranks in nodes of `node_size` (as
 /// torchrun numbers them, host by host).
-fn relay_plan(
+pub(super) fn relay_plan(
     roles: Option<&Roles>,
     trainers: usize,
     servers: usize,

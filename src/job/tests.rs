@@ -78,6 +78,16 @@ fn every_refusal_names_what_was_wrong() {
             "heartbeat",
         ),
         (valid().chunk_elems(0), "chunk size"),
+        (
+            valid().relay_pushes(0),
+            "relayed pushes: a node of 0 devices",
+        ),
+        (
+            valid()
+                .world(world(Some("127.0.0.1:29500")))
+                .relay_pushes(0),
+            "relayed pushes: a node of 0 devices",
+        ),
         (valid().token_budget(0), "token budget"),
         (valid().micro_batch_min_fill(1.5), "fill floor"),
         (valid().clip_grad_norm(-1.0), "clip norm"),
@@ -150,4 +160,21 @@ fn every_refusal_names_what_was_wrong() {
         let message = refused(builder, names);
         assert!(message.contains(names), "{message:?} should name {names:?}");
     }
+}
+
+#[test]
+fn relayed_pushes_place_slots_in_one_process_and_ranks_in_a_world() {
+    let one = super::builder::relay_plan(None, 16, 2, 8).expect("plan");
+    assert_eq!(one.server_nodes, vec![0, 1]);
+    assert_eq!(one.trainer_node(9), Some(1));
+    // Ranks 0–3 on host 0, 4–7 on host 1; servers on ranks 1 and 6, trainers on 0, 5 and 7.
+    let roles = Roles::explicit(vec![1, 6], vec![0, 5, 7]);
+    let world = super::builder::relay_plan(Some(&roles), 3, 2, 4).expect("plan");
+    assert_eq!(world.server_nodes, vec![0, 1]);
+    assert_eq!(world.trainer_nodes, vec![0, 1, 1]);
+    assert_eq!(
+        world.relay(0, 1),
+        Some(0),
+        "host 0 relays server 1's shards on server 0"
+    );
 }
