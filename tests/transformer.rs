@@ -1028,18 +1028,20 @@ impl odc::transport::wrap::Wrap for CrossNode {
     }
 }
 
-/// Pushes relayed through the node (issue 43): 4 trainers and 4 servers on 2 nodes of 2. With
-/// relays, training equals candle alone on demand and in collective mode (the same tolerance as
-/// without), no trainer writes across nodes, and the gradient bytes crossing nodes fall by at
-/// least the node size on demand (each node's relays cross once per step instead of every
-/// micro-batch's pushes).
+/// Pushes relayed through the node (issue 43): 4 trainers on 2 nodes of 2 and 3 servers, one
+/// per node and one on a third node without trainers (so the collective's reduced pieces cross
+/// nodes too). With relays, training equals candle alone on demand and in collective mode (the
+/// same tolerance as without), no trainer writes across nodes and the relays do, and on demand
+/// the gradient bytes crossing nodes fall by at least the node size (each node's relays cross
+/// once per step instead of every micro-batch's pushes).
 #[test]
 fn relayed_pushes_train_as_candle_alone_and_cross_nodes_once_per_step() {
     let data = Arc::new(samples(12));
     let c = config();
     let optimizer = adamw_for_equivalence();
     let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
-    let server_nodes = Arc::new(vec![0, 0, 1, 1]);
+    // `RelayPlan::even(4, 3, 2)`: servers on devices 0, 2 and 4.
+    let server_nodes = Arc::new(vec![0, 1, 2]);
     for communication in [Communication::OnDemand, Communication::Collective] {
         let mut crossed = Vec::new();
         for relay in [false, true] {
@@ -1058,12 +1060,12 @@ fn relayed_pushes_train_as_candle_alone_and_cross_nodes_once_per_step() {
                     })) as Arc<dyn odc::transport::Transport>
                 };
                 let trainer_views: Vec<_> = (0..4).map(|t| view(t / 2, &by_trainers)).collect();
-                let server_views: Vec<_> = (0..4)
+                let server_views: Vec<_> = (0..3)
                     .map(|s| view(server_nodes[s as usize], &by_servers))
                     .collect();
                 let mut builder = odc_job(&c, &data, Placement::default(), optimizer)
                     .trainers(4)
-                    .servers(4)
+                    .servers(3)
                     .communication(communication)
                     .token_budget(400)
                     .transport(local.clone())
@@ -1085,16 +1087,17 @@ fn relayed_pushes_train_as_candle_alone_and_cross_nodes_once_per_step() {
                 by_servers.load(std::sync::atomic::Ordering::SeqCst),
             );
             eprintln!("{what}: bytes across nodes, trainers {t}, relays {s}");
-            if relay {
-                assert_eq!(t, 0, "{what}: a trainer wrote across nodes");
-            } else {
-                assert_eq!(s, 0, "{what}: nothing is relayed");
-            }
+            let (across, by) = if relay { (s, t) } else { (t, s) };
+            assert!(across > 0, "{what}: nothing crossed nodes");
+            assert_eq!(by, 0, "{what}: the other side wrote across nodes");
             crossed.push(t + s);
         }
+        // In collective mode each reduced piece already crosses once, and a relay flushes its
+        // whole shard: relays do not pay there (measured: more bytes), so only on demand is
+        // the fall asserted.
         if communication == Communication::OnDemand {
             assert!(
-                crossed[1] > 0 && crossed[1] * 2 <= crossed[0],
+                crossed[1] * 2 <= crossed[0],
                 "on demand: relays cross {} bytes, direct pushes {}",
                 crossed[1],
                 crossed[0]
