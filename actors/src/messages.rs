@@ -23,7 +23,7 @@ use crate::directory::{Directory, ShardRoute};
 use crate::error::Result;
 use crate::layout::UnitId;
 use crate::policy::dispatch::Communication;
-use crate::policy::relay::RelayPlan;
+use crate::policy::relay::{Combined, RelayPlan};
 use crate::policy::stats::StepStats;
 use crate::policy::step::StepConfig;
 use crate::policy::token::JobKey;
@@ -111,10 +111,13 @@ pub struct FlushCmd {
     pub timeout_ms: u64,
 }
 
-/// The reply to [`FlushCmd`]: the gradient bytes this server's relays sent to owners.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The reply to [`FlushCmd`]: the gradient bytes this server's relays sent to owners, and what
+/// each relay combined (every relay of the server, in the order it opened them), which the
+/// supervisor checks against its ledger before any owner reduces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlushAck {
     pub bytes: u64,
+    pub combined: Vec<Combined>,
 }
 
 /// Drop everything accumulated in this attempt and move to `next_epoch`.
@@ -255,6 +258,8 @@ pub struct SupervisorSpec {
 /// Outcome of a barrier or discard call to every server (sent by the supervisor's own task).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ServerOutcome {
+    /// What every server's relays combined.
+    Flushed(Result<Vec<Combined>>),
     /// Sum over servers of their sums of squares.
     Reduced(Result<f64>),
     Applied(Result<()>),
@@ -471,7 +476,15 @@ mod tests {
             next_epoch: 4,
             timeout_ms: 50_000,
         });
-        round_trip::<Result<FlushAck>>(Ok(FlushAck { bytes: 12 }));
+        round_trip::<Result<FlushAck>>(Ok(FlushAck {
+            bytes: 12,
+            combined: vec![Combined {
+                server: 1,
+                unit: 2,
+                owner: 0,
+                micro_batches: vec![0, 3, 5],
+            }],
+        }));
         round_trip::<Result<Vec<ShardSnapshot>>>(Ok(vec![ShardSnapshot {
             unit: 0,
             start: 0,

@@ -576,6 +576,9 @@ impl Run {
                 .trainers(settings.trainers)
                 .servers(settings.servers);
         }
+        if let Some(node_size) = settings.relay_pushes {
+            builder = builder.relay_pushes(node_size);
+        }
         if let Some(state) = resumed {
             builder = builder.resume_from(state);
         }

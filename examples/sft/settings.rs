@@ -169,6 +169,11 @@ pub(crate) struct Opts {
     /// (the job goes on without it).
     #[arg(long)]
     pub(crate) on_trainer_failure: Option<String>,
+    /// Relay gradient pushes through nodes of this many devices (`JobBuilder::relay_pushes`):
+    /// under `odc launch` rank r is on node r / N, as torchrun numbers them; each node's pushes
+    /// for another node's shards cross once per step. Default: off.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) relay_pushes: Option<u32>,
 }
 
 /// The settings with defaults filled in.
@@ -239,6 +244,9 @@ pub(crate) struct Settings {
     /// `respawn` or `drop` (`respawn` in checkpoints written before this setting existed).
     #[serde(default = "respawn")]
     pub(crate) on_trainer_failure: String,
+    /// Off in checkpoints written before this setting existed.
+    #[serde(default)]
+    pub(crate) relay_pushes: Option<u32>,
 }
 
 fn respawn() -> String {
@@ -434,6 +442,7 @@ impl Opts {
             servers_on: self.servers_on,
             trainers_on: self.trainers_on,
             on_trainer_failure,
+            relay_pushes: self.relay_pushes,
         })
     }
 }

@@ -20,6 +20,13 @@
 //! would (same epoch fence, write ids and tokens), and its flush is one write per chunk under a
 //! write id of its own ([`RELAY_MICRO_BATCH_BASE`]), so every admitted gradient is counted once
 //! at the relay and its sum once at the owner; a discarded attempt discards the relays too.
+//!
+//! **The ledger's count travels with the flush** ([`Combined`], [`RelayPlan::check_combined`]):
+//! each flush names the micro-batches whose writes its relay combined, and before any owner
+//! reduces, the supervisor checks them against the ledger: every one done in this attempt by a
+//! trainer of the relay's node and, on demand (where every micro-batch pushes every shard),
+//! every such micro-batch present. A relay that lost, gained or misplaced one fails the check
+//! ([`FlushMismatch`]) and the attempt is discarded and replayed (`crate::step`).
 
 use serde::{Deserialize, Serialize};
 
@@ -134,6 +141,130 @@ impl RelayPlan {
     }
 }
 
+/// What one relay combined in the attempt it flushed: the micro-batches whose writes it applied
+/// (from their write ids), ascending. A flush reports every relay of its server, also one that
+/// took nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Combined {
+    /// The relay's shard server (its endpoint).
+    pub server: u32,
+    pub unit: u32,
+    /// The owner it flushed into.
+    pub owner: u32,
+    pub micro_batches: Vec<u32>,
+}
+
+/// A flush whose count disagrees with the ledger: a gradient lost, counted twice or relayed by the
+/// wrong node. Names the relay and the micro-batch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlushMismatch {
+    #[error(
+        "the relay of unit {unit} for owner {owner} on server {server} combined micro-batch \
+         {micro_batch}, which the ledger does not count as done"
+    )]
+    NotDone {
+        server: u32,
+        unit: u32,
+        owner: u32,
+        micro_batch: u32,
+    },
+    #[error(
+        "the relay of unit {unit} for owner {owner} on server {server} (node {node}) combined \
+         micro-batch {micro_batch}, which trainer {trainer} of node {trainer_node} did"
+    )]
+    OtherNode {
+        server: u32,
+        unit: u32,
+        owner: u32,
+        micro_batch: u32,
+        node: u32,
+        trainer: u32,
+        trainer_node: u32,
+    },
+    #[error(
+        "the relay of unit {unit} for owner {owner} on server {server} misses micro-batch \
+         {micro_batch}, which trainer {trainer} of its node did"
+    )]
+    Missing {
+        server: u32,
+        unit: u32,
+        owner: u32,
+        micro_batch: u32,
+        trainer: u32,
+    },
+    #[error("server {server} flushed a relay for owner {owner}, which the plan does not give it")]
+    NotARelay { server: u32, owner: u32 },
+}
+
+impl RelayPlan {
+    /// Check what the relays combined against the ledger (module docs): `done_by` gives the
+    /// trainer that completed each of the attempt's `micro_batches` (`None`: not done). With
+    /// `every_micro_batch_pushes` (on demand: each micro-batch pushes every shard of every unit)
+    /// a relay must hold exactly its node's micro-batches; otherwise (collective mode: a
+    /// trainer pushes only the pieces it reduced) only a subset of them. The first disagreement
+    /// is the error.
+    pub fn check_combined(
+        &self,
+        micro_batches: u32,
+        done_by: impl Fn(u32) -> Option<u32>,
+        combined: &[Combined],
+        every_micro_batch_pushes: bool,
+    ) -> Result<(), FlushMismatch> {
+        let node_of = |mb: u32| done_by(mb).map(|t| (t, self.trainer_node(t)));
+        for relay in combined {
+            let (server, unit, owner) = (relay.server, relay.unit, relay.owner);
+            let Some(&node) = self.server_nodes.get(server as usize) else {
+                return Err(FlushMismatch::NotARelay { server, owner });
+            };
+            if self.relay(node, owner) != Some(server) {
+                return Err(FlushMismatch::NotARelay { server, owner });
+            }
+            for &micro_batch in &relay.micro_batches {
+                match node_of(micro_batch) {
+                    None => {
+                        return Err(FlushMismatch::NotDone {
+                            server,
+                            unit,
+                            owner,
+                            micro_batch,
+                        })
+                    }
+                    Some((trainer, trainer_node)) if trainer_node != Some(node) => {
+                        return Err(FlushMismatch::OtherNode {
+                            server,
+                            unit,
+                            owner,
+                            micro_batch,
+                            node,
+                            trainer,
+                            trainer_node: trainer_node.unwrap_or(u32::MAX),
+                        })
+                    }
+                    Some(_) => {}
+                }
+            }
+            if !every_micro_batch_pushes {
+                continue;
+            }
+            for micro_batch in 0..micro_batches {
+                let Some((trainer, Some(n))) = node_of(micro_batch) else {
+                    continue;
+                };
+                if n == node && relay.micro_batches.binary_search(&micro_batch).is_err() {
+                    return Err(FlushMismatch::Missing {
+                        server,
+                        unit,
+                        owner,
+                        micro_batch,
+                        trainer,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,5 +336,80 @@ mod tests {
         assert_eq!(fine.relay(1, 3), Some(11));
         assert_eq!(RelayPlan::even(4, 1, 0), Err(RelayError::EmptyNode));
         assert_eq!(RelayPlan::flush_micro_batch(5), RELAY_MICRO_BATCH_BASE + 5);
+    }
+
+    /// Two nodes of two trainers, one server each; micro-batches 0–3 done by trainers 0–3.
+    fn two_nodes() -> (RelayPlan, impl Fn(u32) -> Option<u32>) {
+        let plan = RelayPlan {
+            server_nodes: vec![0, 1],
+            trainer_nodes: vec![0, 0, 1, 1],
+        };
+        (plan, |mb: u32| (mb < 4).then_some(mb))
+    }
+
+    fn combined(server: u32, owner: u32, micro_batches: &[u32]) -> Combined {
+        Combined {
+            server,
+            unit: 7,
+            owner,
+            micro_batches: micro_batches.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_flush_that_combined_exactly_its_nodes_micro_batches_passes() {
+        let (plan, done_by) = two_nodes();
+        let flushed = [combined(0, 1, &[0, 1]), combined(1, 0, &[2, 3])];
+        assert_eq!(plan.check_combined(4, &done_by, &flushed, true), Ok(()));
+        // Collective mode: a subset is what a trainer's reduced pieces give.
+        let partial = [combined(0, 1, &[1]), combined(1, 0, &[])];
+        assert_eq!(plan.check_combined(4, &done_by, &partial, false), Ok(()));
+    }
+
+    #[test]
+    fn a_lost_doubled_or_misplaced_micro_batch_fails_the_check_naming_it() {
+        let (plan, done_by) = two_nodes();
+        let check = |flushed: &[Combined], all| plan.check_combined(4, &done_by, flushed, all);
+        // Lost: node 0's relay misses micro-batch 1 (on demand every micro-batch pushes).
+        assert_eq!(
+            check(&[combined(0, 1, &[0])], true),
+            Err(FlushMismatch::Missing {
+                server: 0,
+                unit: 7,
+                owner: 1,
+                micro_batch: 1,
+                trainer: 1
+            })
+        );
+        // Relayed by the wrong node: micro-batch 2 was trainer 2's, on node 1 (its gradient
+        // would reach owner 1 twice).
+        assert!(matches!(
+            check(&[combined(0, 1, &[0, 1, 2])], false),
+            Err(FlushMismatch::OtherNode {
+                micro_batch: 2,
+                trainer: 2,
+                trainer_node: 1,
+                node: 0,
+                ..
+            })
+        ));
+        // Not in the ledger at all (another attempt's, or never run).
+        assert!(matches!(
+            check(&[combined(1, 0, &[2, 3, 9])], false),
+            Err(FlushMismatch::NotDone { micro_batch: 9, .. })
+        ));
+        // A relay the plan does not have: server 0 relaying its own node's owner.
+        assert_eq!(
+            check(&[combined(0, 0, &[])], false),
+            Err(FlushMismatch::NotARelay {
+                server: 0,
+                owner: 0
+            })
+        );
+        assert!(check(&[combined(5, 0, &[])], false).is_err(), "no server 5");
+        let text = check(&[combined(0, 1, &[0])], true)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("misses micro-batch 1"), "{text}");
     }
 }

@@ -1,7 +1,8 @@
 //! Multi-process jobs as users run them: `examples/embed` in real processes (started by
 //! `odc launch`, or by hand here to kill one of them), over real transports (`tcp`, `shm`), each
 //! rank in its own network namespace where the machine allows it; `examples/sft` restarted by
-//! `odc launch --max-restarts` after a rank is killed (`restart.rs`, its own tolerance);
+//! `odc launch --max-restarts` after a rank is killed, also during a relay's flush (`restart.rs`,
+//! its own tolerance);
 //! `examples/sft --model-dir` on a Hugging Face directory every rank opens (`model_dir.rs`);
 //! `examples/rl_grpo` sampling a share of the groups on every rank (`grpo.rs`); `examples/sft`
 //! checkpointing into per-host directories and resuming from them (`per_host.rs`); `examples/sft

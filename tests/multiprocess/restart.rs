@@ -3,7 +3,8 @@
 //! with `--checkpoint-every 4 --resume auto`; rank 2, which hosts shard server 2, is SIGKILLed
 //! after the first checkpoint exists and before the end. Every rank stops on the lost shard, the
 //! launcher starts them again (`ODC_RESTART_COUNT=1`), they resume from the newest checkpoint and
-//! the launch ends with status 0 and the uninterrupted run's final line.
+//! the launch ends with status 0 and the uninterrupted run's final line. The same with pushes
+//! relayed through the node, rank 2 killed while it holds a relay's taken sums (issue 43).
 //!
 //! Tolerance (I3): the final loss within `1e-5` relative of one process training the same data
 //! uninterrupted (4 trainers, 4 servers). A checkpoint round trip is bit-exact and resuming from
@@ -212,6 +213,147 @@ fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uni
     eprintln!(
         "restart: resumed at step {resumed} of 20; final loss {got} vs {want} uninterrupted \
          ({relative:e} relative); {:.1} s in all",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// A rank killed during a relay's flush (issue 43): the same 4-process `sft` relaying its pushes
+/// through nodes of 2 ranks (`--relay-pushes 2`: ranks 0–1 and 2–3). Every relay flush holds
+/// 1.5 s after its sums are taken and before they are sent (`ODC_RELAY_FLUSH_DELAY_MS`), and
+/// rank 2 (shard server 2, which relays node 1's pushes for owner 0) is SIGKILLed while it holds
+/// one after the first checkpoint: its node's gradients for owner 0 existed nowhere but in that
+/// process. Its shard is lost, every rank stops, `odc launch --max-restarts 1` starts them again,
+/// the step is replayed from the newest checkpoint, and the launch ends at the uninterrupted
+/// run's final loss (one process, no relays: relays only reorder fp32 sums).
+#[test]
+fn a_rank_killed_during_a_relay_flush_restarts_and_replays_to_the_uninterrupted_loss() {
+    use std::sync::mpsc;
+
+    let started = Instant::now();
+    let dir = temp("relay-kill");
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    std::fs::write(dir.join("sft.toml"), config()).expect("the config file");
+    let ckpt = dir.join("ckpt");
+
+    let mut cmd = Command::new(example("sft"));
+    cmd.arg("--config")
+        .arg(dir.join("sft.toml"))
+        .args(["--trainers", "4", "--servers", "4"]);
+    let stdout = succeeded(&run(cmd, Duration::from_secs(120)), "the uninterrupted run");
+    let (want, _) = final_loss(&stdout);
+
+    let mut cmd = odc();
+    cmd.args(["launch", "--nprocs", "4", "--transport", "tcp"])
+        .args([
+            "--max-restarts",
+            "1",
+            "--grace-secs",
+            "5",
+            "--timeout-secs",
+            "170",
+        ])
+        .env("ODC_RELAY_FLUSH_DELAY_MS", "1500")
+        .arg("--")
+        .arg(example("sft"))
+        .arg("--config")
+        .arg(dir.join("sft.toml"))
+        .args(["--relay-pushes", "2", "--checkpoint-every", "4"])
+        .args(["--resume", "auto", "--checkpoint-dir"])
+        .arg(&ckpt)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut launcher = Launcher(Some(cmd.spawn().expect("odc launch starts")));
+    let child = launcher.0.as_mut().expect("the launcher");
+    let launcher_pid = child.id();
+    // Every stderr line, as it comes, to this thread; all of them at the end.
+    let (lines_tx, lines_rx) = mpsc::channel::<String>();
+    let mut stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+    let stderr = std::thread::spawn(move || {
+        let mut all = String::new();
+        let mut line = String::new();
+        while stderr.read_line(&mut line).unwrap_or(0) > 0 {
+            let _ = lines_tx.send(line.clone());
+            all.push_str(&line);
+            line.clear();
+        }
+        all
+    });
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut lines = String::new();
+    while !lines.contains("checkpoint: ") {
+        let n = stdout.read_line(&mut lines).expect("the launcher's stdout");
+        assert!(n > 0, "the launch ended before a checkpoint: {lines}");
+    }
+    // Lines written before the checkpoint are stale: wait for a hold that starts after it.
+    while lines_rx.try_recv().is_ok() {}
+    let holding = "shard server 2: relay flush of epoch ";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let held = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines_rx
+            .recv_timeout(left)
+            .expect("rank 2 holds a relay flush after the first checkpoint");
+        if line.contains(holding) && line.contains(" held for ") {
+            break line;
+        }
+    };
+    let rank2 = child_with_env(launcher_pid, &["ODC_RANK=2", "ODC_RESTART_COUNT=0"])
+        .expect("rank 2 of the first attempt is running");
+    // SAFETY: plain FFI call on a pid found as a child of the launcher this test started.
+    let rc = unsafe { libc::kill(rank2 as i32, libc::SIGKILL) };
+    assert_eq!(rc, 0, "SIGKILL rank 2 (pid {rank2})");
+    let epoch = held
+        .split(holding)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string();
+    stdout
+        .read_to_string(&mut lines)
+        .expect("the launcher's stdout");
+    let out = wait(
+        launcher.0.take().expect("the launcher"),
+        Duration::from_secs(200),
+    );
+    let stderr = stderr.join().expect("the stderr reader");
+    assert_eq!(out.status.code(), Some(0), "{lines}\n{stderr}");
+    // The kill landed inside the hold: that flush of rank 2 was never released.
+    let first_attempt = stderr
+        .split("restarting every rank (restart 1 of 1)")
+        .next()
+        .unwrap_or_default();
+    assert!(
+        !first_attempt.contains(&format!("{holding}{epoch} released")),
+        "rank 2's flush of epoch {epoch} finished before the kill: {first_attempt}"
+    );
+    assert!(stderr.contains("rank 2 exited with status 137"), "{stderr}");
+    assert!(
+        stderr.contains("restarting every rank (restart 1 of 1)"),
+        "{stderr}"
+    );
+    let resumed: u64 = lines
+        .lines()
+        .find_map(|l| l.strip_prefix("resuming from "))
+        .and_then(|l| l.split(" at step ").nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("the second attempt resumed: {lines}"));
+    assert!(
+        (4..20).contains(&resumed),
+        "resumed at step {resumed}: {lines}"
+    );
+    let (got, finals) = final_loss(&lines);
+    assert_eq!(finals, 4, "one final line per rank of the last attempt");
+    let relative = ((got - want) / want).abs();
+    assert!(
+        relative <= 1e-5,
+        "final loss {got} after the restart vs {want} uninterrupted: {relative:e} relative"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!(
+        "relay kill: rank 2 killed holding the flush of epoch {epoch}; resumed at step \
+         {resumed} of 20; final loss {got} vs {want} uninterrupted ({relative:e} relative); \
+         {:.1} s in all",
         started.elapsed().as_secs_f64()
     );
 }

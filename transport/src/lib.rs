@@ -30,7 +30,8 @@
 //!   refused ([`TransportError::StaleEpoch`]); a `tag.write_id` already applied in the current epoch is
 //!   refused ([`TransportError::DuplicateWrite`]). Taking the accumulator and moving to the next
 //!   epoch happen atomically with respect to accumulates, so a late write from a failed peer can
-//!   never land in the next epoch. `conformance/c3_fencing.rs`.
+//!   never land in the next epoch. A take may also return the write ids the ended epoch applied
+//!   ([`AccumulatorRegion::take_applied`]: what its sum combined). `conformance/c3_fencing.rs`.
 //! - **C4 bounds**: unknown regions, out-of-range element ranges, payloads that are not whole
 //!   elements, publications of the wrong length, wrong region kinds and destinations of the wrong
 //!   size ([`TransportError::BadDestination`]) are typed errors, never panics, and leave the region
@@ -107,7 +108,7 @@ pub use handle::{
     CudaMemory, Descriptor, Dtype, EndpointId, RdmaMemory, RegionHandle, RegionId, RegionKind,
     WriteGuard, WriteTag,
 };
-pub use region::{AccumulatorRegion, InboxRegion, PublishedRegion};
+pub use region::{AccumulatorRegion, Applied, InboxRegion, PublishedRegion};
 pub use remote::RemoteConfig;
 
 /// Accumulates refused by their owner's [`WriteGuard`] (C8), counted at the owner.

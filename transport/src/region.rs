@@ -17,12 +17,25 @@ pub trait PublishedRegion: Send + Sync {
     fn version(&self) -> u64;
 }
 
+/// What [`AccumulatorRegion::take_applied`] returns: the sums and the write ids they combined.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Applied {
+    /// The accumulated values (the region is zeroed).
+    pub values: Vec<f32>,
+    /// Every write id applied in the epoch the take ended, ascending.
+    pub write_ids: Vec<u128>,
+}
+
 /// Owner side of an accumulator region. Dropping it deregisters the region.
 pub trait AccumulatorRegion: Send + Sync {
     fn handle(&self) -> RegionHandle;
     /// Atomically return the accumulated values, zero the accumulator, forget applied write ids and
     /// move to `next_epoch` (C3).
     fn take(&self, next_epoch: u64) -> Vec<f32>;
+    /// [`take`](Self::take), also returning the write ids applied in the epoch it ends,
+    /// ascending: what the sum combined (a relay's flush names its micro-batches by them). A
+    /// backend whose owner cannot say answers [`TransportError::Unsupported`] and takes nothing.
+    fn take_applied(&self, next_epoch: u64) -> Result<Applied, TransportError>;
     /// The current epoch.
     fn epoch(&self) -> u64;
     /// From now on apply only writes whose tag `guard` admits (C8); any other accumulate is

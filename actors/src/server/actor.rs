@@ -8,7 +8,7 @@ use odc_transport::{WriteGuard, WriteTag};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::optimizer::{OptimizerConfig, OptimizerState};
-use super::relay::{self, Relays};
+use super::relay::{self, Relays, Taken};
 use super::shard::{Captured, Context, HostShard, ShardStore};
 use super::{
     shard_file, step_dir, ApplyCmd, DiscardCmd, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
@@ -204,7 +204,9 @@ impl Actor for ShardServer {
                     .name(format!("odc-ckpt-{}", state.spec.endpoint))
                     .spawn(move || {
                         lower_priority();
-                        fault_delay();
+                        if let Some(delay) = fault_delay("ODC_CHECKPOINT_WRITE_DELAY_MS") {
+                            std::thread::sleep(delay);
+                        }
                         let dir = std::path::Path::new(&cmd.dir);
                         // The lead's staging directory where this host shares it, else this
                         // host's own (per-host checkpoint directories).
@@ -295,33 +297,56 @@ fn new_store(
 }
 
 /// Take every relay on a blocking thread (I6), then flush the sums to their owners off the
-/// mailbox and reply with the bytes sent (see [`relay`]).
+/// mailbox and reply with the bytes sent and what each relay combined (see [`relay`]).
 async fn flush_relays(
     state: &mut ServerState,
     cmd: FlushCmd,
     reply: ractor::RpcReplyPort<Result<FlushAck>>,
 ) -> std::result::Result<(), ActorProcessingErr> {
+    let endpoint = state.spec.endpoint;
     if state.relays.is_empty() {
-        let _ = reply.send(Ok(FlushAck { bytes: 0 }));
+        let _ = reply.send(Ok(FlushAck {
+            bytes: 0,
+            combined: Vec::new(),
+        }));
         return Ok(());
     }
     let relays = state.relays.clone();
-    let taken = tokio::task::spawn_blocking(move || relays.take(cmd.next_epoch))
+    let taken = tokio::task::spawn_blocking(move || relays.take(endpoint, cmd.next_epoch))
         .await
-        .map_err(|e| format!("shard server {}: {e}", state.spec.endpoint))?;
+        .map_err(|e| format!("shard server {endpoint}: {e}"))?;
+    let Taken { sums, combined } = match taken {
+        Ok(taken) => taken,
+        Err(e) => {
+            let _ = reply.send(Err(e));
+            return Ok(());
+        }
+    };
     let transport = state.node.transport_of_server(state.spec.endpoint);
-    let (endpoint, key, chunk) = (
-        state.spec.endpoint,
-        state.spec.key,
-        state.relays.chunk_elems(),
-    );
+    let (key, chunk) = (state.spec.key, state.relays.chunk_elems());
     tokio::spawn(async move {
         let timeout = std::time::Duration::from_millis(cmd.timeout_ms);
-        let sent = relay::flush(transport, endpoint, key, taken, chunk, cmd.epoch, timeout).await;
+        let held = fault_delay("ODC_RELAY_FLUSH_DELAY_MS");
+        if let Some(delay) = held {
+            tracing::warn!(
+                "shard server {endpoint}: relay flush of epoch {} held for {} ms \
+                 (ODC_RELAY_FLUSH_DELAY_MS): its sums are taken, not yet sent",
+                cmd.epoch,
+                delay.as_millis()
+            );
+            tokio::time::sleep(delay).await;
+        }
+        let sent = relay::flush(transport, endpoint, key, sums, chunk, cmd.epoch, timeout).await;
         if let Ok(bytes) = sent {
             metrics::counter!(crate::metrics::RELAY_FLUSHED_BYTES).increment(bytes);
         }
-        let _ = reply.send(sent.map(|bytes| FlushAck { bytes }));
+        if held.is_some() {
+            tracing::warn!(
+                "shard server {endpoint}: relay flush of epoch {} released: {sent:?}",
+                cmd.epoch
+            );
+        }
+        let _ = reply.send(sent.map(|bytes| FlushAck { bytes, combined }));
     });
     Ok(())
 }
@@ -410,16 +435,13 @@ fn lower_priority() {
     }
 }
 
-/// Fault injection for tests: `ODC_CHECKPOINT_WRITE_DELAY_MS` holds every checkpoint write that
-/// long after its copy is taken, so a test can kill a process while its write is in flight.
-/// Unset (the normal case), nothing waits.
-fn fault_delay() {
-    let delay = std::env::var("ODC_CHECKPOINT_WRITE_DELAY_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
-    if let Some(ms) = delay {
-        std::thread::sleep(std::time::Duration::from_millis(ms.min(60_000)));
-    }
+/// Fault injection for tests, a delay in milliseconds (at most a minute) read from `var`, so a
+/// test can kill a process at a known point: `ODC_CHECKPOINT_WRITE_DELAY_MS` holds every
+/// checkpoint write after its copy is taken, `ODC_RELAY_FLUSH_DELAY_MS` every relay flush after
+/// its sums are taken and before they are sent. Unset (the normal case), nothing waits.
+fn fault_delay(var: &str) -> Option<std::time::Duration> {
+    let ms = std::env::var(var).ok()?.parse::<u64>().ok()?;
+    Some(std::time::Duration::from_millis(ms.min(60_000)))
 }
 
 /// Every shard's values, copied to host memory (what a checkpoint writes).

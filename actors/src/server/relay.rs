@@ -6,13 +6,15 @@
 //!   (epoch fence, write ids, the assignment's token: transport C3, C8). A trainer's write into
 //!   it is the write it would have made into the owner's accumulator, only addressed to its node:
 //!   so a late, duplicated or forged write is refused here exactly as the owner would refuse it.
-//! - [`Relays::take`] moves every relay to the next epoch atomically and returns its sum;
-//!   [`flush`] adds each sum into its owner's accumulator under the flushed epoch, in chunks,
-//!   each write id `(relay micro-batch of this server, unit, owner, chunk)` and the token of that
-//!   relay micro-batch (`RelayPlan::flush_micro_batch`), which the owner's admission checks like
-//!   any other. A sum of zeros is not sent (it would add nothing). The owner knows nothing is
-//!   missing by the supervisor's order of the barrier (every flush acknowledged before
-//!   `Reduce`), as it knows a direct push arrived by the ledger.
+//! - [`Relays::take`] moves every relay to the next epoch atomically and returns its sum and
+//!   the micro-batches whose writes it applied (from their write ids: transport
+//!   `take_applied`); [`flush`] adds each sum into its owner's accumulator under the flushed
+//!   epoch, in chunks, each write id `(relay micro-batch of this server, unit, owner, chunk)`
+//!   and the token of that relay micro-batch (`RelayPlan::flush_micro_batch`), which the owner's
+//!   admission checks like any other. A sum of zeros is not sent (it would add nothing).
+//! - **The ledger's count travels with the flush**: the server's reply names what every relay
+//!   combined ([`Combined`]), and the supervisor checks it against the ledger before any owner
+//!   reduces (`RelayPlan::check_combined`); a disagreement discards the attempt and replays it.
 //! - **I2**: a discarded attempt discards the relays with the accumulators ([`Relays::discard`]),
 //!   and a flush of an attempt whose owners have moved on is refused by their epoch fence.
 //! - **I6**: the take runs on a blocking thread (the actor's `off_runtime` for shards, here a
@@ -23,11 +25,11 @@ use std::time::Duration;
 
 use odc_transport::{codec, AccumulatorRegion, Transport, WriteGuard, WriteTag};
 
-use crate::datapath::transfer;
+use crate::datapath::{micro_batch_of, transfer};
 use crate::directory::ShardRoute;
 use crate::error::{Error, Result};
 use crate::messages::{OpenRelaysCmd, RelayRoute};
-use crate::policy::relay::RelayPlan;
+use crate::policy::relay::{Combined, RelayPlan};
 use crate::policy::token::JobKey;
 
 /// One relay: the owner's route it flushes into and its own region.
@@ -43,8 +45,12 @@ pub(super) struct Relays {
     chunk_elems: usize,
 }
 
-/// What one flush sends: each relay's target and its sum.
-pub(super) type Taken = Vec<(ShardRoute, Vec<f32>)>;
+/// What one take gives: the sums a flush sends (each relay's target and its sum, none all
+/// zeros) and what every relay combined.
+pub(super) struct Taken {
+    pub(super) sums: Vec<(ShardRoute, Vec<f32>)>,
+    pub(super) combined: Vec<Combined>,
+}
 
 impl Relays {
     /// Register a relay for every target with an accumulator, at `epoch`, admitting what
@@ -93,15 +99,35 @@ impl Relays {
         self.relays.is_empty()
     }
 
-    /// Every relay's sum that is not all zeros, each relay moved to `next_epoch` (run it on a
-    /// blocking thread). A sum of zeros (no trainer of the node pushed it, or what they pushed
-    /// cancelled exactly) would add nothing at its owner, so it does not cross the NIC.
-    pub(super) fn take(&self, next_epoch: u64) -> Taken {
-        self.relays
-            .iter()
-            .map(|r| (r.target.clone(), r.region.take(next_epoch)))
-            .filter(|(_, sum)| sum.iter().any(|v| *v != 0.0))
-            .collect()
+    /// Every relay of `server` moved to `next_epoch` (run it on a blocking thread): what each
+    /// combined, and each sum that is not all zeros. A sum of zeros (no trainer of the node
+    /// pushed it, or what they pushed cancelled exactly) would add nothing at its owner, so it
+    /// does not cross the NIC; what it combined is still reported.
+    pub(super) fn take(&self, server: u32, next_epoch: u64) -> Result<Taken> {
+        let mut taken = Taken {
+            sums: Vec::new(),
+            combined: Vec::with_capacity(self.relays.len()),
+        };
+        for r in self.relays.iter() {
+            let applied = r.region.take_applied(next_epoch)?;
+            // Ascending write ids, the micro-batch in their top bits: ascending micro-batches.
+            let mut micro_batches: Vec<u32> = applied
+                .write_ids
+                .iter()
+                .map(|id| micro_batch_of(*id))
+                .collect();
+            micro_batches.dedup();
+            taken.combined.push(Combined {
+                server,
+                unit: r.target.unit,
+                owner: r.target.owner,
+                micro_batches,
+            });
+            if applied.values.iter().any(|v| *v != 0.0) {
+                taken.sums.push((r.target.clone(), applied.values));
+            }
+        }
+        Ok(taken)
     }
 
     /// Drop every relay's values, moving it to `next_epoch`.
@@ -123,7 +149,7 @@ pub(super) async fn flush(
     transport: Arc<dyn Transport>,
     endpoint: u32,
     key: JobKey,
-    taken: Taken,
+    taken: Vec<(ShardRoute, Vec<f32>)>,
     chunk_elems: usize,
     epoch: u64,
     timeout: Duration,

@@ -159,7 +159,7 @@ impl Actor for Supervisor {
         };
         let clock = node.clock.clone();
         let mut state = SupervisorState {
-            machine: StepMachine::new(spec.step, spec.trainers, key),
+            machine: StepMachine::new(spec.step, spec.trainers, key).with_relay(spec.relay.clone()),
             metrics: (0..spec.trainers).map(TrainerMetrics::new).collect(),
             spec,
             node,
@@ -278,6 +278,9 @@ impl Actor for Supervisor {
                 return Ok(());
             }
             SupervisorMsg::Tick => (state.machine.on_tick(now), None),
+            SupervisorMsg::Servers(ServerOutcome::Flushed(r)) => {
+                (state.machine.on_flushed(r, now), None)
+            }
             SupervisorMsg::Servers(ServerOutcome::Reduced(r)) => {
                 (state.machine.on_reduced(r, now), None)
             }
@@ -449,31 +452,31 @@ async fn execute(
                     }
                 }
             }
-            Command::Reduce { scale, next_epoch } => {
-                let cmd = ReduceCmd { scale, next_epoch };
-                // The machine moves one epoch per attempt: the flushed one is the one before.
+            Command::Flush { epoch, next_epoch } => {
                 // A flush moves what a push does: it has the trainers' transfer timeout.
                 let timeout = state.spec.context.transfer_timeout;
                 let flush = FlushCmd {
-                    epoch: next_epoch.saturating_sub(1),
+                    epoch,
                     next_epoch,
                     timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
                 };
-                let flushes = state.spec.relay.is_some().then(|| {
-                    let within = timeout.saturating_add(CALL_TIMEOUT);
-                    each_server_within(state, "relay flush", within, move |reply| {
-                        ServerMsg::Flush(flush, reply)
-                    })
+                let within = timeout.saturating_add(CALL_TIMEOUT);
+                let calls = each_server_within(state, "relay flush", within, move |reply| {
+                    ServerMsg::Flush(flush, reply)
                 });
+                report_back(myself, async move {
+                    let acks = all_servers(calls).await;
+                    ServerOutcome::Flushed(
+                        acks.map(|acks| acks.into_iter().flat_map(|a| a.combined).collect()),
+                    )
+                });
+                Vec::new()
+            }
+            Command::Reduce { scale, next_epoch } => {
+                let cmd = ReduceCmd { scale, next_epoch };
                 let calls =
                     each_server(state, "reduce", move |reply| ServerMsg::Reduce(cmd, reply));
                 report_back(myself, async move {
-                    // Every relay's flush acknowledged by its owners before any owner reduces.
-                    if let Some(flushes) = flushes {
-                        if let Err(e) = all_servers(flushes).await {
-                            return ServerOutcome::Reduced(Err(e));
-                        }
-                    }
                     let acks = all_servers(calls).await;
                     ServerOutcome::Reduced(acks.map(|acks| acks.iter().map(|a| a.sum_sq).sum()))
                 });

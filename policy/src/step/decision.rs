@@ -19,6 +19,10 @@ pub enum Command<E> {
     /// Every server: take the accumulators (moving to `next_epoch`), scale, reply the sum of
     /// squares → [`StepMachine::on_reduced`] with the sum over all servers.
     Reduce { scale: f64, next_epoch: u64 },
+    /// Relayed pushes only ([`crate::relay`]), before `Reduce`: every server flushes its relays
+    /// of `epoch` into their owners (moving them to `next_epoch`) and replies what each relay
+    /// combined → [`StepMachine::on_flushed`] with every server's relays.
+    Flush { epoch: u64, next_epoch: u64 },
     /// Every server: clip, optimizer step at `lr_scale` times the base learning rate, publish
     /// `version` → [`StepMachine::on_applied`].
     Apply {
@@ -53,6 +57,7 @@ impl<E> Command<E> {
         match self {
             Command::Assign { .. } => "assign",
             Command::Reduce { .. } => "reduce",
+            Command::Flush { .. } => "flush",
             Command::Apply { .. } => "apply",
             Command::Discard { .. } => "discard",
             Command::Respawn { .. } => "respawn",
@@ -79,6 +84,11 @@ pub enum Reason {
     },
     /// Every micro-batch of the step is in the ledger.
     LedgerComplete { micro_batches: u32 },
+    /// Every relay flushed into its owners, and what each combined agrees with the ledger.
+    RelaysFlushed { relays: u32 },
+    /// A relay's flush disagrees with the ledger ([`FlushMismatch`]): the attempt is discarded
+    /// and replayed.
+    RelayMismatch { mismatch: FlushMismatch },
     /// The servers reduced; global norm of the scaled gradient and the clip factor it gave.
     GradientsReduced { grad_norm: f64, clip: f64 },
     /// Every server applied and published `version`.
@@ -184,6 +194,12 @@ impl std::fmt::Display for Reason {
             ),
             Reason::LedgerComplete { micro_batches } => {
                 write!(f, "all {micro_batches} micro-batches in the ledger")
+            }
+            Reason::RelaysFlushed { relays } => {
+                write!(f, "{relays} relays flushed, each as the ledger counts")
+            }
+            Reason::RelayMismatch { mismatch } => {
+                write!(f, "a relay's flush disagrees with the ledger: {mismatch}")
             }
             Reason::GradientsReduced { grad_norm, clip } => {
                 write!(f, "gradients reduced: norm {grad_norm}, clip factor {clip}")

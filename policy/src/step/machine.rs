@@ -25,7 +25,15 @@ impl<E: Failure> StepMachine<E> {
             epoch: 0,
             run: None,
             stopped: None,
+            relay: None,
         }
+    }
+
+    /// Pushes relayed through the node as `plan` places trainers and servers: every barrier
+    /// flushes the relays and checks what they combined before it reduces.
+    pub fn with_relay(mut self, plan: Option<RelayPlan>) -> Self {
+        self.relay = plan;
+        self
     }
 
     pub fn config(&self) -> &StepConfig {
@@ -196,14 +204,25 @@ impl<E: Failure> StepMachine<E> {
             return self.dispatch(now);
         }
         let micro_batches = a.ledger.len() as u32;
+        let epoch = a.epoch;
         // The barrier: I1, every micro-batch of step v is in; nobody has step-v work.
-        run.phase = Phase::Reducing;
         let scale = if run.total_weight > 0.0 {
             1.0 / run.total_weight
         } else {
             0.0
         };
         self.epoch += 1;
+        if self.relay.is_some() {
+            run.phase = Phase::Flushing { scale };
+            return vec![decision(
+                Command::Flush {
+                    epoch,
+                    next_epoch: self.epoch,
+                },
+                Reason::LedgerComplete { micro_batches },
+            )];
+        }
+        run.phase = Phase::Reducing;
         vec![decision(
             Command::Reduce {
                 scale,
@@ -261,6 +280,57 @@ impl<E: Failure> StepMachine<E> {
         s.presence = Presence::Live;
         s.busy = None;
         self.dispatch(now)
+    }
+
+    /// Every server flushed its relays (`Ok`: what each relay combined) or one failed. Counts
+    /// that agree with the ledger lead to `Reduce`; a disagreement discards the attempt and
+    /// replays it (module docs); a failed flush fails the step, as a failed reduce does.
+    pub fn on_flushed(
+        &mut self,
+        result: Result<Vec<Combined>, E>,
+        now: Timestamp,
+    ) -> Vec<Decision<E>> {
+        let _ = now;
+        let Some(run) = self.run.as_mut() else {
+            return Vec::new();
+        };
+        let Phase::Flushing { scale } = run.phase else {
+            return Vec::new();
+        };
+        let combined = match result {
+            Ok(combined) => combined,
+            Err(e) => return vec![self.finish(Err(e), Reason::ServerCallFailed { call: "flush" })],
+        };
+        let ledger = &run.attempt.ledger;
+        let every_micro_batch_pushes = self.config.communication == Communication::OnDemand;
+        let checked = self.relay.as_ref().map_or(Ok(()), |plan| {
+            plan.check_combined(
+                ledger.len() as u32,
+                |mb| ledger.done_by(mb as usize).map(|t| t as u32),
+                &combined,
+                every_micro_batch_pushes,
+            )
+        });
+        match checked {
+            Ok(()) => {
+                run.phase = Phase::Reducing;
+                vec![decision(
+                    Command::Reduce {
+                        scale,
+                        next_epoch: self.epoch,
+                    },
+                    Reason::RelaysFlushed {
+                        relays: combined.len() as u32,
+                    },
+                )]
+            }
+            Err(mismatch) => {
+                let why = Reason::RelayMismatch { mismatch };
+                self.discard(AfterDiscard::Replay, why)
+                    .into_iter()
+                    .collect()
+            }
+        }
     }
 
     /// Every server reduced (`Ok`: the sum over servers of their sums of squares) or one failed.

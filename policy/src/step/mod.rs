@@ -10,10 +10,14 @@
 //!
 //! ## One step
 //! `start` plans the minibatch for the live trainers and assigns every idle trainer its first
-//! micro-batch. Phases: **Computing** → (ledger complete) **Reducing** → **Applying** → `Finish`.
+//! micro-batch. Phases: **Computing** → (ledger complete) [**Flushing** →] **Reducing** → **Applying** → `Finish`.
 //! - *Computing*: each admitted report (see below) goes into the ledger and the reporting trainer
 //!   gets its next micro-batch: the front of its own list, or (dynamic dispatch) a steal
 //!   ([`WorkQueue::steal`]).
+//! - *Flushing* (relayed pushes only, [`crate::relay`]): `Flush { epoch, next_epoch }`; the
+//!   servers reply what each relay combined ([`Combined`]). Checked against the ledger
+//!   ([`RelayPlan::check_combined`]): agreeing, `Reduce`; disagreeing (a relayed gradient lost,
+//!   doubled or from the wrong node), `Discard` and replay, as for a lost trainer.
 //! - *Reducing*: `Reduce { scale = 1 / total weight, next_epoch }`; the servers reply the sum of
 //!   squares of the scaled gradient; the norm gives the clip factor.
 //! - *Applying*: `Apply { clip, version }`; when every server applied, `Finish(Ok(stats))`.
@@ -38,8 +42,9 @@
 //! - A trainer lost while *Computing*: `Discard` (every owner drops the attempt and moves to a new
 //!   epoch), then re-plan for the live trainers and replay the whole minibatch; after
 //!   `max_replays` replays, `TooManyReplays`. The trainer is respawned (`FailurePolicy::Respawn`,
-//!   at most `max_respawns` per slot) or dropped. Lost while *Reducing* / *Applying*: only
-//!   respawned, every gradient of the step already landed.
+//!   at most `max_respawns` per slot) or dropped. Lost while *Flushing* / *Reducing* /
+//!   *Applying*: only respawned, every gradient of the step already landed (in a relay, if not
+//!   at its owner).
 //! - A micro-batch returning an error: `Discard`, then `Finish(Err(e))` with the report's error
 //!   `e` wrapped by [`Failure::in_micro_batch`] (`odc_actors::Error::MicroBatch`; a non-finite
 //!   one: see above).
@@ -75,7 +80,7 @@
 //!   own report; nothing waits for another trainer before the barrier.
 //! - **I6 liveness**: every step ends (`Finish`) — through the barrier, a typed error, or a
 //!   deadline; no refusal drops work. At most one server command is outstanding at a time: the
-//!   machine waits for its outcome in the `Discarding`, `Reducing` or `Applying` phase.
+//!   machine waits for its outcome in the `Discarding`, `Flushing`, `Reducing` or `Applying` phase.
 //!
 //! ```
 //! use odc_policy::batch::SampleMeta;
@@ -113,6 +118,7 @@ use crate::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
 use crate::error::NonFiniteAt;
 use crate::ledger::{Ledger, LedgerError};
 use crate::recovery::{may_replay, must_replay, slot_fate, FailurePolicy, SlotFate};
+use crate::relay::{Combined, FlushMismatch, RelayPlan};
 use crate::schedule::LrSchedule;
 use crate::split::{ContextParallel, CostModelCosts, RingPrice, SplitOptions, SplitPolicy};
 use crate::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
@@ -148,6 +154,9 @@ pub struct StepMachine<E> {
     epoch: u64,
     run: Option<Run<E>>,
     stopped: Option<E>,
+    /// Where trainers and servers sit when pushes are relayed through the node: the barrier
+    /// flushes the relays and checks their counts first.
+    relay: Option<RelayPlan>,
 }
 
 fn decision<E>(command: Command<E>, reason: Reason) -> Decision<E> {

@@ -48,8 +48,15 @@ pub(super) enum AfterDiscard<E> {
 pub(super) enum Phase<E> {
     Computing,
     Discarding(AfterDiscard<E>),
+    /// The relays are flushing; `Reduce` with `scale` follows.
+    Flushing {
+        scale: f64,
+    },
     Reducing,
-    Applying { grad_norm: f64, version: u64 },
+    Applying {
+        grad_norm: f64,
+        version: u64,
+    },
 }
 
 /// One planned attempt at a minibatch.

@@ -77,6 +77,45 @@ pub async fn duplicate_write_refused_c3(pair: Pair) {
     );
 }
 
+/// C3: `take_applied` returns what `take` would and the write ids applied in the epoch it
+/// ends, ascending: a refused write (a duplicate, another epoch) is not among them, and the next
+/// epoch starts with none. An owner in another process may answer `Unsupported` (skipped, said).
+pub async fn take_applied_names_the_applied_writes_c3(pair: Pair) {
+    let b = pair.reader.backend();
+    let acc = register_accumulator(&pair, 2, 3);
+    let handle = ship(&acc.handle());
+    for write_id in [7, 3, u128::MAX] {
+        must_accumulate(&pair, &handle, 0, &[1.0, 2.0], tag(3, write_id)).await;
+    }
+    let again = accumulate(&pair, &handle, 0, &[9.0; 2], tag(3, 3)).await;
+    assert!(again.is_err(), "{b}: a repeated write id is refused");
+    let stale = accumulate(&pair, &handle, 0, &[9.0; 2], tag(2, 5)).await;
+    assert!(stale.is_err(), "{b}: a write of another epoch is refused");
+    let applied = match acc.take_applied(4) {
+        Ok(applied) => applied,
+        Err(TransportError::Unsupported { what }) => {
+            eprintln!("{b}: take_applied skipped: unsupported ({what})");
+            return;
+        }
+        Err(e) => panic!("{b}: take_applied: {e}"),
+    };
+    assert_eq!(
+        applied.values,
+        [3.0, 6.0],
+        "{b}: the sums, as take returns them"
+    );
+    assert_eq!(
+        applied.write_ids,
+        [3, 7, u128::MAX],
+        "{b}: the applied write ids, ascending, no refused one"
+    );
+    assert_eq!(acc.epoch(), 4, "{b}: moved to the next epoch");
+    must_accumulate(&pair, &handle, 1, &[1.0], tag(4, 7)).await;
+    let next = acc.take_applied(5).expect("a second take_applied");
+    assert_eq!(next.values, [0.0, 1.0], "{b}: zeroed by the first");
+    assert_eq!(next.write_ids, [7], "{b}: only the new epoch's write");
+}
+
 /// C3: 4 tasks issue 1024 single-element epoch-0 accumulates while the owner takes the
 /// accumulator into epoch 1. Every accumulate acknowledged `Ok` is in the taken values, every
 /// other one was refused as stale and left no trace: re-sent in epoch 1 under the same write id,

@@ -429,6 +429,16 @@ impl AccumulatorRegion for RemoteGuard {
             other => panic!("{}: unexpected reply {other:?}", self.channel.backend),
         }
     }
+    /// The child answers takes with values only: the process-crossing suite skips the write
+    /// ids (the in-process one of the same backend checks them).
+    fn take_applied(&self, _next_epoch: u64) -> Result<crate::Applied, TransportError> {
+        Err(TransportError::Unsupported {
+            what: format!(
+                "the write ids of a region owned by another process ({} owner child)",
+                self.channel.backend
+            ),
+        })
+    }
     fn epoch(&self) -> u64 {
         self.number(Cmd::Epoch { guard: self.guard })
     }

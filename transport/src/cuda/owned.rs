@@ -412,6 +412,10 @@ impl AccumulatorRegion for DeviceAccumulator {
         self.guard.take(next_epoch)
     }
 
+    fn take_applied(&self, next_epoch: u64) -> Result<crate::Applied, TransportError> {
+        self.guard.take_applied(next_epoch)
+    }
+
     fn epoch(&self) -> u64 {
         self.guard.epoch()
     }

@@ -221,13 +221,35 @@ impl Accumulator {
         self.take_with(next_epoch, |values| values.take())
     }
 
+    /// [`take`](Self::take) with the write ids applied in the epoch it ends, ascending.
+    pub(super) fn take_applied(&self, next_epoch: u64) -> crate::Applied {
+        self.end_epoch(next_epoch, |values, applied| {
+            let mut write_ids: Vec<u128> = applied.into_iter().collect();
+            write_ids.sort_unstable();
+            crate::Applied {
+                values: values.take(),
+                write_ids,
+            }
+        })
+    }
+
     /// A take whose values `take` removes (it must leave them zeroed): under the same lock as
     /// every accumulate, moved to `next_epoch` with its write ids forgotten first (C3).
     pub(super) fn take_with<R>(&self, next_epoch: u64, take: impl FnOnce(&mut dyn Sums) -> R) -> R {
+        self.end_epoch(next_epoch, |values, _| take(values))
+    }
+
+    /// Move to `next_epoch` under the accumulate lock and hand `take` the values and the write
+    /// ids the ended epoch applied (the region keeps none).
+    fn end_epoch<R>(
+        &self,
+        next_epoch: u64,
+        take: impl FnOnce(&mut dyn Sums, HashSet<u128>) -> R,
+    ) -> R {
         let mut state = self.state.lock();
         state.epoch = next_epoch;
-        state.applied.clear();
-        take(state.values.as_mut())
+        let applied = std::mem::take(&mut state.applied);
+        take(state.values.as_mut(), applied)
     }
 
     pub(super) fn epoch(&self) -> u64 {

@@ -94,6 +94,10 @@ impl AccumulatorRegion for Guard<Accumulator> {
         self.region.take(next_epoch)
     }
 
+    fn take_applied(&self, next_epoch: u64) -> Result<crate::Applied, TransportError> {
+        Ok(self.region.take_applied(next_epoch))
+    }
+
     fn epoch(&self) -> u64 {
         self.region.epoch()
     }

@@ -124,6 +124,9 @@ impl crate::AccumulatorRegion for Renamed<dyn crate::AccumulatorRegion> {
     fn take(&self, next_epoch: u64) -> Vec<f32> {
         self.inner.take(next_epoch)
     }
+    fn take_applied(&self, next_epoch: u64) -> Result<crate::Applied, crate::TransportError> {
+        self.inner.take_applied(next_epoch)
+    }
     fn epoch(&self) -> u64 {
         self.inner.epoch()
     }

@@ -110,6 +110,8 @@ fn assigned(ds: &[Decision]) -> Vec<(u32, Assignment)> {
 }
 
 enum Pending {
+    /// The relays of this epoch flushed.
+    Flushed(u64),
     Reduced,
     Applied,
     Discarded,
@@ -129,6 +131,11 @@ struct World {
     log: Vec<Decision>,
     finished: Option<Result<StepStats, TestError>>,
     stopped: bool,
+    /// Relayed pushes: where trainers and servers sit, every (epoch, micro-batch, slot) reported
+    /// done, and what the next flushes do to the relays' honest answers.
+    relay: Option<RelayPlan>,
+    done: Vec<(u64, u32, u32)>,
+    tamper: VecDeque<fn(&mut Vec<Combined>)>,
 }
 
 impl World {
@@ -143,7 +150,45 @@ impl World {
             log: Vec::new(),
             finished: None,
             stopped: false,
+            relay: None,
+            done: Vec::new(),
+            tamper: VecDeque::new(),
         }
+    }
+
+    /// The same world with pushes relayed as `plan` places trainers and servers.
+    fn relayed(mut self, plan: RelayPlan) -> Self {
+        self.m = self.m.clone().with_relay(Some(plan.clone()));
+        self.relay = Some(plan);
+        self
+    }
+
+    /// What every relay of the plan combined in `epoch`, as honest servers answer: one entry
+    /// per relay (unit 0), holding every micro-batch its node's trainers reported done.
+    fn combined(&self, epoch: u64) -> Vec<Combined> {
+        let Some(plan) = &self.relay else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for server in 0..plan.server_nodes.len() as u32 {
+            let node = plan.server_nodes[server as usize];
+            for owner in plan.relays_of(server) {
+                let mut micro_batches: Vec<u32> = self
+                    .done
+                    .iter()
+                    .filter(|&&(e, _, slot)| e == epoch && plan.trainer_node(slot) == Some(node))
+                    .map(|&(_, mb, _)| mb)
+                    .collect();
+                micro_batches.sort_unstable();
+                out.push(Combined {
+                    server,
+                    unit: 0,
+                    owner,
+                    micro_batches,
+                });
+            }
+        }
+        out
     }
 
     fn apply(&mut self, ds: Vec<Decision>) {
@@ -160,6 +205,7 @@ impl World {
                     };
                     self.running[s] = Some((assignment.clone(), self.now, end));
                 }
+                Command::Flush { epoch, .. } => self.pending.push_back(Pending::Flushed(*epoch)),
                 Command::Reduce { .. } => self.pending.push_back(Pending::Reduced),
                 Command::Apply { .. } => self.pending.push_back(Pending::Applied),
                 Command::Discard { .. } => self.pending.push_back(Pending::Discarded),
@@ -179,6 +225,13 @@ impl World {
         let now = self.now;
         if let Some(p) = self.pending.pop_front() {
             let ds = match p {
+                Pending::Flushed(epoch) => {
+                    let mut combined = self.combined(epoch);
+                    if let Some(tamper) = self.tamper.pop_front() {
+                        tamper(&mut combined);
+                    }
+                    self.m.on_flushed(Ok(combined), now)
+                }
                 Pending::Reduced => self.m.on_reduced(Ok(4.0), now),
                 Pending::Applied => self.m.on_applied(Ok(()), now),
                 Pending::Discarded => self.m.on_discarded(Ok(()), now),
@@ -201,6 +254,7 @@ impl World {
         let Some((a, since, end)) = self.running[slot].take() else {
             return false;
         };
+        self.done.push((a.epoch, a.micro_batch.id, slot as u32));
         let ds = self
             .m
             .on_report(ok_report(slot as u32, &a, since, end), end);
@@ -231,5 +285,6 @@ mod deadlines;
 mod dispatch;
 mod failures;
 mod non_finite;
+mod relay;
 mod reports;
 mod split;
