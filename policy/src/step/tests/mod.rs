@@ -109,6 +109,9 @@ fn assigned(ds: &[Decision]) -> Vec<(u32, Assignment)> {
         .collect()
 }
 
+/// What a test does to the relays' honest answer to one flush.
+type Tamper = fn(&mut Vec<Combined>);
+
 enum Pending {
     /// The relays of this epoch flushed.
     Flushed(u64),
@@ -135,7 +138,7 @@ struct World {
     /// done, and what the next flushes do to the relays' honest answers.
     relay: Option<RelayPlan>,
     done: Vec<(u64, u32, u32)>,
-    tamper: VecDeque<fn(&mut Vec<Combined>)>,
+    tamper: VecDeque<Tamper>,
 }
 
 impl World {

@@ -51,7 +51,7 @@ fn the_barrier_flushes_the_relays_then_reduces_when_their_counts_agree() {
 
 #[test]
 fn a_relay_that_lost_doubled_or_misplaced_a_micro_batch_discards_the_attempt_and_replays() {
-    let tampers: [(fn(&mut Vec<Combined>), &str); 3] = [
+    let tampers: [(Tamper, &str); 3] = [
         (|c| c[0].micro_batches.truncate(1), "misses micro-batch"),
         (
             |c| {
