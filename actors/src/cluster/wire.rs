@@ -262,13 +262,23 @@ mod tests {
             next_epoch: 3,
             timeout_ms: 9,
         };
+        let ack = FlushAck {
+            bytes: 7,
+            combined: vec![crate::policy::relay::Combined {
+                server: 1,
+                unit: 3,
+                owner: 0,
+                micro_batches: vec![2, 5],
+            }],
+        };
+        let answer = ack.clone();
         call_across(
             |r| ServerMsg::Flush(flush, r),
             |m| match m {
-                ServerMsg::Flush(cmd, r) if cmd == flush => Some((r, Ok(FlushAck { bytes: 7 }))),
+                ServerMsg::Flush(cmd, r) if cmd == flush => Some((r, Ok(answer))),
                 _ => None,
             },
-            Ok(FlushAck { bytes: 7 }),
+            Ok(ack),
         )
         .await;
         call_across(
