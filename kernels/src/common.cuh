@@ -1,6 +1,7 @@
 // What every kernel source of odc-kernels starts with (prepended by `lib.rs`): loads and stores
 // of fp32 and bf16 (`unsigned short`, the upper half of an fp32; stored rounded to nearest, ties
-// to even, a NaN kept a NaN: the host codec's `half::bf16::from_f32`), and a warp's sum.
+// to even, a NaN kept a NaN: the host codec's `half::bf16::from_f32`), a value as a store of it
+// reads back, and a warp's sum and maximum.
 
 __device__ __forceinline__ float odc_load(const float* p, unsigned long long i) { return p[i]; }
 __device__ __forceinline__ float odc_load(const unsigned short* p, unsigned long long i) {
@@ -15,6 +16,15 @@ __device__ __forceinline__ unsigned short odc_bf16(float v) {
 __device__ __forceinline__ void odc_store(float* p, unsigned long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void odc_store(unsigned short* p, unsigned long long i, float v) {
     p[i] = odc_bf16(v);
+}
+// `v` as a store into a `T` array would read back (bf16: rounded).
+__device__ __forceinline__ float odc_rounded(const float*, float v) { return v; }
+__device__ __forceinline__ float odc_rounded(const unsigned short*, float v) {
+    return __uint_as_float(((unsigned int)odc_bf16(v)) << 16);
+}
+__device__ __forceinline__ float odc_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
 }
 __device__ __forceinline__ float odc_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

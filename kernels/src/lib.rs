@@ -1,10 +1,11 @@
 //! odc's fused training kernels (issue 41): their CUDA C sources, compiled at run time by NVRTC
 //! for the device at hand, and their CPU references.
 //!
-//! - [`SOURCES`]: one [`Source`] per kernel family — RMSNorm ([`NORM`]), SwiGLU ([`SWIGLU`]),
-//!   rotary embedding ([`ROTARY`]) — each forward and backward, and causal attention over packed
-//!   samples with grouped-query heads ([`ATTENTION`]: forward and backward, a plain first
-//!   version), in fp32 and bf16, fp32 arithmetic. Every source starts with `common.cuh` (bf16 loads and stores rounded as the
+//! - [`SOURCES`]: one [`Source`] per kernel family — RMSNorm, also fused with the residual add
+//!   before it ([`NORM`]), SwiGLU ([`SWIGLU`]), rotary embedding ([`ROTARY`]) — each forward and
+//!   backward, causal attention over packed samples with grouped-query heads ([`ATTENTION`]:
+//!   forward and backward, a plain first version), and cross-entropy with its gradient in one
+//!   kernel for a chunk of the head's rows ([`LOSS`]), in fp32 and bf16, fp32 arithmetic. Every source starts with `common.cuh` (bf16 loads and stores rounded as the
 //!   host codec rounds, a warp's sum) and needs no header of a CUDA toolkit, so NVRTC alone
 //!   compiles it (no driver, no device).
 //! - [`reference`]: the same math on the CPU in f64, what every kernel is checked against.
@@ -19,7 +20,7 @@
 //! launches make them; the norm kernels give each row a warp (`n = rows × 32`).
 //!
 //! Not yet here: the attention's FlashAttention-2 tiling (shared-memory tiles, tensor cores, a
-//! deterministic backward), the head with cross-entropy in chunks, and RMSNorm fused with the residual add.
+//! deterministic backward), and the head's chunk loop around [`LOSS`] (cuBLAS for its matmuls).
 //! The model uses NORM, SWIGLU and ROTARY on CUDA only when asked (`ODC_FUSED_KERNELS=1`,
 //! `odc::model::ops::cuda`).
 
@@ -33,7 +34,8 @@ pub struct Source {
     pub functions: &'static [&'static str],
 }
 
-/// RMSNorm forward and backward, and the column sum that makes the weight's gradient.
+/// RMSNorm forward and backward, alone and fused with the residual add before it, and the column
+/// sum that makes the weight's gradient.
 pub const NORM: Source = Source {
     name: "norm.cu",
     code: concat!(include_str!("common.cuh"), include_str!("norm.cu")),
@@ -42,6 +44,10 @@ pub const NORM: Source = Source {
         "odc_rms_norm_fwd_bf16",
         "odc_rms_norm_bwd_f32",
         "odc_rms_norm_bwd_bf16",
+        "odc_add_rms_norm_fwd_f32",
+        "odc_add_rms_norm_fwd_bf16",
+        "odc_add_rms_norm_bwd_f32",
+        "odc_add_rms_norm_bwd_bf16",
         "odc_column_sum_f32",
     ],
 };
@@ -78,8 +84,16 @@ pub const ATTENTION: Source = Source {
     ],
 };
 
+/// Cross-entropy of a chunk of the head's rows, each row's loss, log-sum-exp and logit gradient
+/// in one kernel (in place if asked), targets below 0 ignored.
+pub const LOSS: Source = Source {
+    name: "loss.cu",
+    code: concat!(include_str!("common.cuh"), include_str!("loss.cu")),
+    functions: &["odc_cross_entropy_f32", "odc_cross_entropy_bf16"],
+};
+
 /// Every kernel source.
-pub const SOURCES: [Source; 4] = [NORM, SWIGLU, ROTARY, ATTENTION];
+pub const SOURCES: [Source; 5] = [NORM, SWIGLU, ROTARY, ATTENTION, LOSS];
 
 #[cfg(test)]
 mod tests {

@@ -42,6 +42,78 @@ pub fn rms_norm_backward(
     (dx, dw)
 }
 
+/// The residual add fused with the RMSNorm after it: `(s, out)`, `s = a + b`, `out` the norm of
+/// `s` (as [`rms_norm`] computes it from `s` rounded to fp32).
+pub fn add_rms_norm(
+    a: &[f32],
+    b: &[f32],
+    w: &[f32],
+    cols: usize,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let s: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) + f64::from(y))
+        .collect();
+    let s32: Vec<f32> = s.iter().map(|&v| v as f32).collect();
+    let out = rms_norm(&s32, w, cols, eps);
+    (s, out)
+}
+
+/// The fused add-and-norm's gradients, from the stored sum `s`, the norm's output gradient `g`
+/// and the residual stream's own gradient `g_res`: `(ds, dw)`, `ds = g_res + dx` (what `a` and
+/// `b` each receive), `dx` and `dw` as [`rms_norm_backward`] gives them.
+pub fn add_rms_norm_backward(
+    s: &[f32],
+    w: &[f32],
+    g: &[f32],
+    g_res: &[f32],
+    cols: usize,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (dx, dw) = rms_norm_backward(s, w, g, cols, eps);
+    let ds = dx
+        .iter()
+        .zip(g_res)
+        .map(|(d, &r)| d + f64::from(r))
+        .collect();
+    (ds, dw)
+}
+
+/// Cross-entropy of rows of `vocab` logits: `(loss, lse, dlogits)` per row `r` with weight
+/// `w_r`: `lse_r = log Σ_c exp(x_rc)`, `loss_r = w_r (lse_r − x_r,t)` and `dlogits_rc =
+/// w_r (softmax_r(c) − [c = t])` for target `t`; a target below 0 or past the vocabulary is
+/// ignored (loss 0, zero gradient; `lse` still computed).
+pub fn cross_entropy(
+    logits: &[f32],
+    targets: &[i64],
+    weights: &[f32],
+    vocab: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut loss, mut lse, mut grad) = (Vec::new(), Vec::new(), Vec::with_capacity(logits.len()));
+    for ((row, &target), &weight) in logits.chunks_exact(vocab).zip(targets).zip(weights) {
+        let top = row
+            .iter()
+            .fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
+        let sum: f64 = row.iter().map(|&x| (f64::from(x) - top).exp()).sum();
+        let l = top + sum.ln();
+        let target = usize::try_from(target).ok().filter(|&t| t < vocab);
+        let w = if target.is_some() {
+            f64::from(weight)
+        } else {
+            0.0
+        };
+        lse.push(l);
+        loss.push(target.map_or(0.0, |t| w * (l - f64::from(row[t]))));
+        grad.extend(row.iter().enumerate().map(|(c, &x)| {
+            let hit = if Some(c) == target { 1.0 } else { 0.0 };
+            w * ((f64::from(x) - l).exp() - hit)
+        }));
+    }
+    (loss, lse, grad)
+}
+
 fn inverse_rms(row: &[f32], eps: f64) -> f64 {
     let mean = row
         .iter()
@@ -250,6 +322,64 @@ mod tests {
         let (da, db) = swiglu_backward(&a, &b, &g);
         check(|a| dot(swiglu(a, &b)), &a, &da);
         check(|b| dot(swiglu(&a, b)), &b, &db);
+    }
+
+    #[test]
+    fn the_fused_add_norm_is_the_norm_of_the_sum_and_its_backward_matches_differences() {
+        let (cols, eps) = (5, 1e-6);
+        let (a, b, w) = (values(15, 20), values(15, 21), values(5, 22));
+        let (g, g_res) = (values(15, 23), values(15, 24));
+        let (s, out) = add_rms_norm(&a, &b, &w, cols, eps);
+        let s32: Vec<f32> = s.iter().map(|&v| v as f32).collect();
+        assert_eq!(out, rms_norm(&s32, &w, cols, eps));
+        // The loss both outputs feed: g · norm(a + b) + g_res · (a + b).
+        let loss = |a: &[f32], w: &[f32]| -> f64 {
+            let (s, out) = add_rms_norm(a, &b, w, cols, eps);
+            let norm: f64 = out.iter().zip(&g).map(|(o, &gv)| o * f64::from(gv)).sum();
+            norm + s
+                .iter()
+                .zip(&g_res)
+                .map(|(v, &r)| v * f64::from(r))
+                .sum::<f64>()
+        };
+        let (ds, dw) = add_rms_norm_backward(&s32, &w, &g, &g_res, cols, eps);
+        check(|a| loss(a, &w), &a, &ds);
+        check(|w| loss(&a, w), &w, &dw);
+    }
+
+    #[test]
+    fn cross_entropy_is_the_negative_log_softmax_and_its_gradient_matches_differences() {
+        let vocab = 6;
+        let logits: Vec<f32> = values(3 * vocab, 30).iter().map(|v| v * 4.0).collect();
+        let (targets, weights) = ([2i64, -100, 5], [0.5f32, 1.0, 2.0]);
+        let (loss, lse, grad) = cross_entropy(&logits, &targets, &weights, vocab);
+        // Row 0 by hand: −w log softmax(x)_t.
+        let row = &logits[..vocab];
+        let z: f64 = row.iter().map(|&x| f64::from(x).exp()).sum();
+        let want = -0.5 * (f64::from(row[2]).exp() / z).ln();
+        assert!((loss[0] - want).abs() < 1e-12, "{} vs {want}", loss[0]);
+        assert!((lse[0] - z.ln()).abs() < 1e-12);
+        // The ignored row: no loss, no gradient; a gradient row sums to 0 (softmax − one-hot).
+        assert_eq!(loss[1], 0.0);
+        assert!(grad[vocab..2 * vocab].iter().all(|&d| d == 0.0));
+        assert!(grad[..vocab].iter().sum::<f64>().abs() < 1e-12);
+        let total = |x: &[f32]| {
+            cross_entropy(x, &targets, &weights, vocab)
+                .0
+                .iter()
+                .sum::<f64>()
+        };
+        check(total, &logits, &grad);
+        let tail: Vec<f64> = grad[2 * vocab..].to_vec();
+        check(
+            |x| {
+                let mut all = logits.clone();
+                all[2 * vocab..].copy_from_slice(x);
+                total(&all)
+            },
+            &logits[2 * vocab..],
+            &tail,
+        );
     }
 
     #[test]

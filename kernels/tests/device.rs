@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use odc_kernels::{reference, Source, ATTENTION, NORM, ROTARY, SOURCES, SWIGLU};
+use odc_kernels::{reference, Source, ATTENTION, LOSS, NORM, ROTARY, SOURCES, SWIGLU};
 use odc_transport::cuda::{check_driver, ptx_of, Device, DeviceBuffer, KernelArg, Module};
 use odc_transport::{codec, Dtype, TransportError};
 use rand::{Rng, SeedableRng};
@@ -444,6 +444,167 @@ fn attention_forward_and_backward_match_the_reference() {
                     ("dq", download(&device, dtype, &dq), want_dq),
                     ("dk", download(&device, Dtype::F32, &dk), want_dk),
                     ("dv", download(&device, Dtype::F32, &dv), want_dv),
+                ],
+            );
+        }
+    }
+}
+
+#[test]
+fn the_residual_add_fused_with_rms_norm_matches_the_reference() {
+    let Some((device, mut rng)) =
+        device("the_residual_add_fused_with_rms_norm_matches_the_reference")
+    else {
+        return;
+    };
+    let norm = module(&device, NORM);
+    let eps = 1e-6f32;
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (rows, cols) in [(1, 33), (37, 576), (130, 896)] {
+            let n = rows * cols;
+            let a = as_dtype(dtype, &random(&mut rng, n, 2.0));
+            let b = as_dtype(dtype, &random(&mut rng, n, 2.0));
+            let w = random(&mut rng, cols, 1.5);
+            let g = as_dtype(dtype, &random(&mut rng, n, 1.0));
+            let g_res = as_dtype(dtype, &random(&mut rng, n, 1.0));
+            let (ab, bb, wb, gb, rb) = (
+                upload(&device, dtype, &a),
+                upload(&device, dtype, &b),
+                upload(&device, Dtype::F32, &w),
+                upload(&device, dtype, &g),
+                upload(&device, dtype, &g_res),
+            );
+            let (sum, out, ds) = (
+                poisoned(&device, dtype, n),
+                poisoned(&device, dtype, n),
+                poisoned(&device, dtype, n),
+            );
+            let part = poisoned(&device, Dtype::F32, n);
+            let dw = poisoned(&device, Dtype::F32, cols);
+            let shape = [
+                KernelArg::u64(rows as u64),
+                KernelArg::u64(cols as u64),
+                KernelArg::f32(eps),
+                KernelArg::u64((rows * 32) as u64),
+            ];
+            // SAFETY: each kernel's parameters as norm.cu declares them; every buffer holds the
+            // elements the kernel indexes (rows × cols, cols).
+            unsafe {
+                let fwd = format!("odc_add_rms_norm_fwd_{}", suffix(dtype));
+                let args = [&sum, &out, &ab, &bb, &wb].map(KernelArg::buffer);
+                let args: Vec<KernelArg> = args.into_iter().chain(shape).collect();
+                device
+                    .launch(&norm, &fwd, rows * 32, &args)
+                    .expect("forward");
+                // The backward reads the stored sum, as a model's would.
+                let bwd = format!("odc_add_rms_norm_bwd_{}", suffix(dtype));
+                let args = [&ds, &part, &sum, &wb, &gb, &rb].map(KernelArg::buffer);
+                let args: Vec<KernelArg> = args.into_iter().chain(shape).collect();
+                device
+                    .launch(&norm, &bwd, rows * 32, &args)
+                    .expect("backward");
+                let args = [
+                    KernelArg::buffer(&dw),
+                    KernelArg::buffer(&part),
+                    KernelArg::u64(rows as u64),
+                    KernelArg::u64(cols as u64),
+                ];
+                device
+                    .launch(&norm, "odc_column_sum_f32", cols, &args)
+                    .expect("column sum");
+            }
+            let (want_sum, want_out) = reference::add_rms_norm(&a, &b, &w, cols, f64::from(eps));
+            let stored = download(&device, dtype, &sum);
+            let (want_ds, want_dw) =
+                reference::add_rms_norm_backward(&stored, &w, &g, &g_res, cols, f64::from(eps));
+            let what = format!("add + rms norm {dtype:?} {rows}x{cols}");
+            assert_close(
+                &what,
+                dtype,
+                &[
+                    ("sum", stored, want_sum),
+                    ("out", download(&device, dtype, &out), want_out),
+                    ("ds", download(&device, dtype, &ds), want_ds),
+                    ("dw", download(&device, Dtype::F32, &dw), want_dw),
+                ],
+            );
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_with_its_gradient_matches_the_reference_also_in_place() {
+    let Some((device, mut rng)) =
+        device("cross_entropy_with_its_gradient_matches_the_reference_also_in_place")
+    else {
+        return;
+    };
+    let loss_module = module(&device, LOSS);
+    // Vocabularies of SmolLM2 (49,152) and Qwen2.5 (151,936), and sizes no multiple of a warp.
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (rows, vocab, in_place) in [(1, 33, false), (37, 1000, true), (9, 49_152, false)]
+            .into_iter()
+            .chain([(3, 151_936, true)])
+        {
+            let logits = as_dtype(dtype, &random(&mut rng, rows * vocab, 8.0));
+            // Every fifth row ignored (−100), the others a random class; weights as a loss
+            // over tokens gives them.
+            let targets: Vec<i64> = (0..rows)
+                .map(|r| {
+                    if r % 5 == 4 {
+                        -100
+                    } else {
+                        rng.random_range(0..vocab as i64)
+                    }
+                })
+                .collect();
+            let weights = random(&mut rng, rows, 1.0);
+            let target_bytes: Vec<u8> = targets.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let (xb, tb, wb) = (
+                upload(&device, dtype, &logits),
+                upload_bytes(&device, &target_bytes),
+                upload(&device, Dtype::F32, &weights),
+            );
+            let grad = if in_place {
+                None
+            } else {
+                Some(poisoned(&device, dtype, rows * vocab))
+            };
+            let (loss, lse) = (
+                poisoned(&device, Dtype::F32, rows),
+                poisoned(&device, Dtype::F32, rows),
+            );
+            let dlogits = grad.as_ref().unwrap_or(&xb);
+            // SAFETY: the parameters as loss.cu declares them; logits and dlogits hold
+            // rows × vocab elements (the same buffer in place, which the kernel allows),
+            // targets rows i64s, weights, loss and lse rows fp32s.
+            unsafe {
+                let function = format!("odc_cross_entropy_{}", suffix(dtype));
+                let args = [
+                    KernelArg::buffer(&loss),
+                    KernelArg::buffer(&lse),
+                    KernelArg::buffer(dlogits),
+                    KernelArg::buffer(&xb),
+                    KernelArg::buffer(&tb),
+                    KernelArg::buffer(&wb),
+                    KernelArg::u64(rows as u64),
+                    KernelArg::u64(vocab as u64),
+                    KernelArg::u64((rows * 32) as u64),
+                ];
+                device
+                    .launch(&loss_module, &function, rows * 32, &args)
+                    .expect("cross-entropy");
+            }
+            let (want_loss, want_lse, want_grad) =
+                reference::cross_entropy(&logits, &targets, &weights, vocab);
+            let what = format!("cross-entropy {dtype:?} {rows}x{vocab} in place {in_place}");
+            assert_close(
+                &what,
+                dtype,
+                &[
+                    ("loss", download(&device, Dtype::F32, &loss), want_loss),
+                    ("lse", download(&device, Dtype::F32, &lse), want_lse),
+                    ("dlogits", download(&device, dtype, dlogits), want_grad),
                 ],
             );
         }
