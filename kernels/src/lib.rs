@@ -20,9 +20,8 @@
 //! launches make them; the norm kernels give each row a warp (`n = rows × 32`).
 //!
 //! Not yet here: the attention's FlashAttention-2 tiling (shared-memory tiles, tensor cores, a
-//! deterministic backward), and the head's chunk loop around [`LOSS`] (cuBLAS for its matmuls).
-//! The model uses NORM, SWIGLU and ROTARY on CUDA only when asked (`ODC_FUSED_KERNELS=1`,
-//! `odc::model::ops::cuda`).
+//! deterministic backward). The model uses NORM's plain RMSNorm, SWIGLU, ROTARY and LOSS (the
+//! chunked head) on CUDA only when asked (`ODC_FUSED_KERNELS=1`, `odc::model::ops::cuda`).
 
 pub mod reference;
 
@@ -85,11 +84,17 @@ pub const ATTENTION: Source = Source {
 };
 
 /// Cross-entropy of a chunk of the head's rows, each row's loss, log-sum-exp and logit gradient
-/// in one kernel (in place if asked), targets below 0 ignored.
+/// in one kernel (in place if asked), targets below 0 ignored; and the logit gradient of a block
+/// of classes from saved log-sum-exps (the head's `dw` pass).
 pub const LOSS: Source = Source {
     name: "loss.cu",
     code: concat!(include_str!("common.cuh"), include_str!("loss.cu")),
-    functions: &["odc_cross_entropy_f32", "odc_cross_entropy_bf16"],
+    functions: &[
+        "odc_cross_entropy_f32",
+        "odc_cross_entropy_bf16",
+        "odc_softmax_grad_f32",
+        "odc_softmax_grad_bf16",
+    ],
 };
 
 /// Every kernel source.

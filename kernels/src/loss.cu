@@ -11,6 +11,12 @@
 // or past `vocab` is the caller's to refuse (the kernel reads no logit for it and treats it as
 // ignored). `dlogits` may be `logits` (in place): every element is read before the lane that
 // reads it writes it, and the target's logit is read before any write of the row.
+//
+// The head's backward a block of classes at a time (its `dw` pass, where a row is never whole)
+// takes each row's saved log-sum-exp instead (`odc_softmax_grad_*`, fp32 logits in, `T` out):
+//   dlogits[r, c] = weight[r] (exp(x[r, c] − lse[r]) − [first + c = target[r]])
+// over a block of `cols` classes starting at class `first`; n = rows * cols, one thread per
+// element.
 
 template <typename T>
 __device__ void odc_cross_entropy(float* __restrict__ loss, float* __restrict__ lse,
@@ -67,4 +73,35 @@ extern "C" __global__ void odc_cross_entropy_bf16(float* loss, float* lse, unsig
                                                   unsigned long long rows,
                                                   unsigned long long vocab, unsigned long long n) {
     odc_cross_entropy(loss, lse, dlogits, logits, targets, weights, rows, vocab, n);
+}
+
+template <typename T>
+__device__ void odc_softmax_grad(T* __restrict__ dlogits, const float* __restrict__ logits,
+                                 const float* __restrict__ lse,
+                                 const long long* __restrict__ targets,
+                                 const float* __restrict__ weights, unsigned long long cols,
+                                 unsigned long long first, unsigned long long n) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
+        unsigned long long row = i / cols;
+        unsigned long long c = i - row * cols;
+        long long target = targets[row];
+        float hit = target >= 0 && (unsigned long long)target == first + c ? 1.0f : 0.0f;
+        odc_store(dlogits, i, weights[row] * (expf(logits[i] - lse[row]) - hit));
+    }
+}
+
+extern "C" __global__ void odc_softmax_grad_f32(float* dlogits, const float* logits,
+                                                const float* lse, const long long* targets,
+                                                const float* weights, unsigned long long cols,
+                                                unsigned long long first, unsigned long long n) {
+    odc_softmax_grad(dlogits, logits, lse, targets, weights, cols, first, n);
+}
+extern "C" __global__ void odc_softmax_grad_bf16(unsigned short* dlogits, const float* logits,
+                                                 const float* lse, const long long* targets,
+                                                 const float* weights, unsigned long long cols,
+                                                 unsigned long long first,
+                                                 unsigned long long n) {
+    odc_softmax_grad(dlogits, logits, lse, targets, weights, cols, first, n);
 }

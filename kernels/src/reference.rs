@@ -114,6 +114,32 @@ pub fn cross_entropy(
     (loss, lse, grad)
 }
 
+/// The logit gradient of the classes `first .. first + cols` of each row from its saved
+/// log-sum-exp: `w_r (exp(x_rc − lse_r) − [first + c = t_r])` (a target below 0 matches none).
+pub fn softmax_grad(
+    logits: &[f32],
+    lse: &[f32],
+    targets: &[i64],
+    weights: &[f32],
+    cols: usize,
+    first: usize,
+) -> Vec<f64> {
+    logits
+        .chunks_exact(cols)
+        .zip(lse.iter().zip(targets).zip(weights))
+        .flat_map(|(row, ((&l, &t), &w))| {
+            row.iter().enumerate().map(move |(c, &x)| {
+                let hit = if usize::try_from(t).ok() == Some(first + c) {
+                    1.0
+                } else {
+                    0.0
+                };
+                f64::from(w) * ((f64::from(x) - f64::from(l)).exp() - hit)
+            })
+        })
+        .collect()
+}
+
 fn inverse_rms(row: &[f32], eps: f64) -> f64 {
     let mean = row
         .iter()
@@ -380,6 +406,27 @@ mod tests {
             &logits[2 * vocab..],
             &tail,
         );
+    }
+
+    #[test]
+    fn a_block_of_classes_from_the_saved_lse_is_that_block_of_the_whole_gradient() {
+        let vocab = 7;
+        let logits = values(2 * vocab, 40);
+        let (targets, weights) = ([4i64, 1], [1.5f32, -0.5]);
+        let (_, lse, whole) = cross_entropy(&logits, &targets, &weights, vocab);
+        let lse: Vec<f32> = lse.iter().map(|&v| v as f32).collect();
+        let (first, cols) = (3, 3);
+        let block: Vec<f32> = logits
+            .chunks_exact(vocab)
+            .flat_map(|row| row[first..first + cols].to_vec())
+            .collect();
+        let got = softmax_grad(&block, &lse, &targets, &weights, cols, first);
+        for r in 0..2 {
+            for c in 0..cols {
+                let want = whole[r * vocab + first + c];
+                assert!((got[r * cols + c] - want).abs() < 1e-6, "{r},{c}");
+            }
+        }
     }
 
     #[test]

@@ -610,3 +610,65 @@ fn cross_entropy_with_its_gradient_matches_the_reference_also_in_place() {
         }
     }
 }
+
+#[test]
+fn the_logit_gradient_of_a_block_of_classes_matches_the_reference() {
+    let Some((device, mut rng)) =
+        device("the_logit_gradient_of_a_block_of_classes_matches_the_reference")
+    else {
+        return;
+    };
+    let loss_module = module(&device, LOSS);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        // (rows, the block's classes, its first class, the vocabulary the targets come from)
+        for (rows, cols, first, vocab) in
+            [(1, 33, 0, 33), (37, 1000, 4000, 151_936), (300, 77, 5, 90)]
+        {
+            let logits = random(&mut rng, rows * cols, 8.0);
+            let lse: Vec<f32> = (0..rows).map(|_| rng.random_range(5.0f32..15.0)).collect();
+            // Some targets inside the block, some outside, some ignored.
+            let targets: Vec<i64> = (0..rows)
+                .map(|r| match r % 3 {
+                    0 => (first + r % cols) as i64,
+                    1 => rng.random_range(0..vocab as i64),
+                    _ => -100,
+                })
+                .collect();
+            let weights = random(&mut rng, rows, 1.0);
+            let target_bytes: Vec<u8> = targets.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let (xb, lb, tb, wb) = (
+                upload(&device, Dtype::F32, &logits),
+                upload(&device, Dtype::F32, &lse),
+                upload_bytes(&device, &target_bytes),
+                upload(&device, Dtype::F32, &weights),
+            );
+            let dlogits = poisoned(&device, dtype, rows * cols);
+            let n = rows * cols;
+            // SAFETY: the parameters as loss.cu declares them; logits and dlogits hold
+            // rows × cols elements, lse, targets and weights rows each.
+            unsafe {
+                let function = format!("odc_softmax_grad_{}", suffix(dtype));
+                let args = [
+                    KernelArg::buffer(&dlogits),
+                    KernelArg::buffer(&xb),
+                    KernelArg::buffer(&lb),
+                    KernelArg::buffer(&tb),
+                    KernelArg::buffer(&wb),
+                    KernelArg::u64(cols as u64),
+                    KernelArg::u64(first as u64),
+                    KernelArg::u64(n as u64),
+                ];
+                device
+                    .launch(&loss_module, &function, n, &args)
+                    .expect("softmax gradient");
+            }
+            let want = reference::softmax_grad(&logits, &lse, &targets, &weights, cols, first);
+            let what = format!("softmax grad {dtype:?} {rows}x{cols} from class {first}");
+            assert_close(
+                &what,
+                dtype,
+                &[("dlogits", download(&device, dtype, &dlogits), want)],
+            );
+        }
+    }
+}

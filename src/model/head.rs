@@ -24,6 +24,10 @@
 //! 4. **Mixed precision** as the full head: the matmuls in `h`'s dtype (bf16 under
 //!    [`super::ComputePrecision::Bf16`]), the log-softmax and its gradient in fp32, each input's
 //!    gradient in its dtype.
+//!
+//! On CUDA with `ODC_FUSED_KERNELS=1` ([`super::ops::cuda`]) a chunk's log-softmax is one launch
+//! of `odc-kernels`' loss kernel and each block's logit gradient one more, where candle's ops take
+//! several kernels and temporaries (not yet run on a GPU).
 
 use std::sync::{Arc, Mutex};
 
@@ -103,6 +107,14 @@ pub fn target_log_probs_with(
     for start in (0..t).step_by(chunk) {
         let n = chunk.min(t - start);
         let logits = chunk_logits(&hd.narrow(0, start, n)?, &wd)?;
+        #[cfg(feature = "cuda")]
+        if super::ops::cuda::applies(&logits) {
+            let chunk_targets = targets.narrow(0, start, n)?;
+            let (out, lse) = super::ops::cuda::target_log_probs(logits, &chunk_targets)?;
+            outs.push(out);
+            lses.push(lse);
+            continue;
+        }
         let max = logits.max_keepdim(D::Minus1)?;
         let shifted = logits.broadcast_sub(&max)?;
         let log_den = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
@@ -197,10 +209,20 @@ impl TargetLogProbs {
         (first, m): (usize, usize),
     ) -> candle_core::Result<Tensor> {
         let hc = h.narrow(0, start, n)?;
+        let logits = chunk_logits(&hc, &w.narrow(0, first, m)?)?;
+        #[cfg(feature = "cuda")]
+        if super::ops::cuda::applies(&logits) && matches!(h.dtype(), DType::F32 | DType::BF16) {
+            return super::ops::cuda::softmax_grad(
+                &logits,
+                &self.lse.narrow(0, start, n)?,
+                &self.targets.narrow(0, start, n)?,
+                &g.narrow(0, start, n)?,
+                first,
+                h.dtype(),
+            );
+        }
         let lse = self.lse.narrow(0, start, n)?.unsqueeze(1)?;
-        let softmax = chunk_logits(&hc, &w.narrow(0, first, m)?)?
-            .broadcast_sub(&lse)?
-            .exp()?;
+        let softmax = logits.broadcast_sub(&lse)?.exp()?;
         let classes = Tensor::arange(first as u32, (first + m) as u32, h.device())?.unsqueeze(0)?;
         let onehot = self
             .targets

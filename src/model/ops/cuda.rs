@@ -1,11 +1,12 @@
 //! The fused kernels of `odc-kernels` on candle's CUDA tensors (feature `cuda`): RMSNorm, rotary
-//! embedding and SwiGLU, forward and backward, each one launch on the tensors' own stream where
-//! candle's ops take several kernels and temporaries.
+//! embedding and SwiGLU, forward and backward, and the chunked head's log-softmax and its logit
+//! gradient, each one launch on the tensors' own stream where candle's ops take several kernels
+//! and temporaries.
 //!
 //! **Opt-in, not yet verified on a GPU**: [`enabled`] is false unless `ODC_FUSED_KERNELS=1`;
-//! then [`super::rms_norm`], [`super::rope`] and the MLP's SwiGLU
-//! ([`crate::model::mlp::swiglu`]) on CUDA tensors run these (their values and their backward),
-//! else candle's ops as before. The kernels themselves are checked against
+//! then [`super::rms_norm`], [`super::rope`], the MLP's SwiGLU
+//! ([`crate::model::mlp::swiglu`]) and the chunked head ([`crate::model::head`]) on CUDA tensors
+//! run these (their values and their backward), else candle's ops as before. The kernels themselves are checked against
 //! their CPU references by `kernels/tests/device.rs`; the model with them on by nothing yet.
 //!
 //! Guarantees:
@@ -23,7 +24,7 @@ use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKer
 use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Error, Result, Storage, Tensor, D};
-use odc_kernels::{Source, NORM, ROTARY, SWIGLU};
+use odc_kernels::{Source, LOSS, NORM, ROTARY, SWIGLU};
 
 /// Whether the fused kernels replace candle's ops on CUDA tensors (`ODC_FUSED_KERNELS=1`).
 pub fn enabled() -> bool {
@@ -41,10 +42,12 @@ fn ptx(source: &Source) -> Result<&'static str> {
     static NORM_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     static ROTARY_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     static SWIGLU_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    static LOSS_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     let cell = match source.name {
         "norm.cu" => &NORM_PTX,
         "rotary.cu" => &ROTARY_PTX,
         "swiglu.cu" => &SWIGLU_PTX,
+        "loss.cu" => &LOSS_PTX,
         other => return Err(Error::Msg(format!("fused kernels: no cache for {other}"))),
     };
     cell.get_or_init(|| {
@@ -68,7 +71,7 @@ fn cuda_of(t: &Tensor) -> Result<CudaDevice> {
     Ok(t.device().as_cuda_device()?.clone())
 }
 
-/// `t`'s device address (contiguous fp32 or bf16 on CUDA).
+/// `t`'s device address (contiguous fp32, bf16 or i64 on CUDA).
 fn address(t: &Tensor, device: &CudaDevice) -> Result<u64> {
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cuda(storage) = &*storage else {
@@ -89,6 +92,13 @@ fn address(t: &Tensor, device: &CudaDevice) -> Result<u64> {
         DType::BF16 => {
             storage
                 .as_cuda_slice::<half::bf16>()?
+                .slice(start..end)
+                .device_ptr(&stream)
+                .0
+        }
+        DType::I64 => {
+            storage
+                .as_cuda_slice::<i64>()?
                 .slice(start..end)
                 .device_ptr(&stream)
                 .0
@@ -287,4 +297,69 @@ pub fn swiglu_backward(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<(Tensor, Te
     let function = format!("odc_swiglu_bwd_{}", suffix(&a));
     launch(&device, &SWIGLU, &function, n, &args)?;
     Ok((da, db))
+}
+
+/// Each row's log-probability of its target and its log-sum-exp, fp32 `[n]` each, from fp32
+/// `logits: [n, vocab]` and u32 `targets: [n]`: one launch of the loss kernel with every row's
+/// weight −1 (its loss is then `x_target − lse`). The kernel writes its gradient over `logits`,
+/// which this takes by value: the caller's chunk, read by nothing else.
+pub fn target_log_probs(logits: Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
+    let device = cuda_of(&logits)?;
+    let logits = logits.to_dtype(DType::F32)?.contiguous()?;
+    let (rows, vocab) = logits.dims2()?;
+    let targets = targets.to_dtype(DType::I64)?.contiguous()?;
+    let weights = Tensor::full(-1f32, rows, logits.device())?;
+    let (out, lse) = (
+        empty(&device, DType::F32, &[rows])?,
+        empty(&device, DType::F32, &[rows])?,
+    );
+    let at = address(&logits, &device)?;
+    let args = [
+        Arg::U(address(&out, &device)?),
+        Arg::U(address(&lse, &device)?),
+        Arg::U(at),
+        Arg::U(at),
+        Arg::U(address(&targets, &device)?),
+        Arg::U(address(&weights, &device)?),
+        Arg::U(rows as u64),
+        Arg::U(vocab as u64),
+        Arg::U((rows * 32) as u64),
+    ];
+    launch(&device, &LOSS, "odc_cross_entropy_f32", rows * 32, &args)?;
+    Ok((out, lse))
+}
+
+/// The chunked head's logit gradient `g ⊙ (onehot(target) − softmax)` of the classes
+/// `first .. first + cols` of fp32 `logits: [n, cols]`, from each row's saved `lse: [n]`, u32
+/// `targets: [n]` and the result's gradient `g: [n]`, in `dtype` (fp32 or bf16).
+pub fn softmax_grad(
+    logits: &Tensor,
+    lse: &Tensor,
+    targets: &Tensor,
+    g: &Tensor,
+    first: usize,
+    dtype: DType,
+) -> Result<Tensor> {
+    let device = cuda_of(logits)?;
+    let logits = logits.to_dtype(DType::F32)?.contiguous()?;
+    let (rows, cols) = logits.dims2()?;
+    let lse = lse.to_dtype(DType::F32)?.contiguous()?;
+    let targets = targets.to_dtype(DType::I64)?.contiguous()?;
+    // The kernel's weight times (softmax − onehot): the weight is −g.
+    let weights = g.to_dtype(DType::F32)?.neg()?.contiguous()?;
+    let out = empty(&device, dtype, &[rows, cols])?;
+    let n = rows * cols;
+    let args = [
+        Arg::U(address(&out, &device)?),
+        Arg::U(address(&logits, &device)?),
+        Arg::U(address(&lse, &device)?),
+        Arg::U(address(&targets, &device)?),
+        Arg::U(address(&weights, &device)?),
+        Arg::U(cols as u64),
+        Arg::U(first as u64),
+        Arg::U(n as u64),
+    ];
+    let function = format!("odc_softmax_grad_{}", suffix(&out));
+    launch(&device, &LOSS, &function, n, &args)?;
+    Ok(out)
 }
