@@ -30,8 +30,8 @@
 //!   device memory), a new job resumed from it for the third step: the same parameters as 3
 //!   steps straight, within 1e-6.
 //! - **The fused kernels in the model** ([`fused_kernels_train_as_the_cpu_reference`]):
-//!   `ODC_FUSED_KERNELS=1` (RMSNorm, rotary embedding, SwiGLU and the chunked head's
-//!   log-softmax by `odc-kernels`, forward and backward),
+//!   `ODC_FUSED_KERNELS=1` (RMSNorm, rotary embedding, SwiGLU, the packed attention and the
+//!   chunked head's log-softmax by `odc-kernels`, forward and backward),
 //!   the I3 job in fp32 against the CPU: losses and parameters within 1e-4.
 //! - **On demand = collective on the device** ([`collective_equals_on_demand_on_the_device`]):
 //!   the collective data path (which gathers through host memory) and the device-resident

@@ -20,8 +20,9 @@
 //! launches make them; the norm kernels give each row a warp (`n = rows × 32`).
 //!
 //! Not yet here: the attention's FlashAttention-2 tiling (shared-memory tiles, tensor cores, a
-//! deterministic backward). The model uses NORM's plain RMSNorm, SWIGLU, ROTARY and LOSS (the
-//! chunked head) on CUDA only when asked (`ODC_FUSED_KERNELS=1`, `odc::model::ops::cuda`).
+//! deterministic backward). The model uses NORM's plain RMSNorm, SWIGLU, ROTARY, ATTENTION (the
+//! packed attention) and LOSS (the chunked head) on CUDA only when asked (`ODC_FUSED_KERNELS=1`,
+//! `odc::model::ops::cuda`).
 
 pub mod reference;
 

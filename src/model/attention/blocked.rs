@@ -412,7 +412,42 @@ pub fn blocked_packed_attend(
     spans: &[(usize, usize)],
     blocks: Blocks,
 ) -> Result<Tensor> {
-    let (rows, heads, t, hd) = q.dims4()?;
+    check_packed(q, k, v, spans)?;
+    let (_, heads, t, hd) = q.dims4()?;
+    let (qd, kd, vd) = (q.detach().get(0)?, k.detach().get(0)?, v.detach().get(0)?);
+    let mut outs = Vec::with_capacity(spans.len());
+    let mut lses = Vec::with_capacity(spans.len());
+    for &(start, len) in spans {
+        let p = attend_partial(
+            &qd.narrow(1, start, len)?,
+            0,
+            &kd.narrow(1, start, len)?,
+            &vd.narrow(1, start, len)?,
+            0,
+            blocks,
+        )?;
+        outs.push(p.out.to_dtype(v.dtype())?);
+        lses.push(p.lse);
+    }
+    let out = Tensor::cat(&outs, 1)?.reshape((1, heads, t, hd))?;
+    let op = BlockedAttention {
+        spans: spans.to_vec(),
+        blocks,
+        out: Precomputed::new("blocked attention", out),
+        lse: Tensor::cat(&lses, 1)?,
+    };
+    Ok(q.apply_op3(k, v, op)?)
+}
+
+/// Packed attention's inputs: `q [1, H, T, hd]`, `k, v [1, KV, T, hd]` and `spans` (each
+/// `(start, len)`, in order, non-empty) tiling `0..T`.
+pub(super) fn check_packed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spans: &[(usize, usize)],
+) -> Result<()> {
+    let (rows, _, t, hd) = q.dims4()?;
     let (_, kv, _, _) = k.dims4()?;
     if rows != 1 || k.dims4()? != (1, kv, t, hd) || v.dims4()? != (1, kv, t, hd) {
         return Err(Error::Batch(format!(
@@ -437,29 +472,7 @@ pub fn blocked_packed_attend(
             "spans {spans:?} do not tile the pack's {t} tokens"
         )));
     }
-    let (qd, kd, vd) = (q.detach().get(0)?, k.detach().get(0)?, v.detach().get(0)?);
-    let mut outs = Vec::with_capacity(spans.len());
-    let mut lses = Vec::with_capacity(spans.len());
-    for &(start, len) in spans {
-        let p = attend_partial(
-            &qd.narrow(1, start, len)?,
-            0,
-            &kd.narrow(1, start, len)?,
-            &vd.narrow(1, start, len)?,
-            0,
-            blocks,
-        )?;
-        outs.push(p.out.to_dtype(v.dtype())?);
-        lses.push(p.lse);
-    }
-    let out = Tensor::cat(&outs, 1)?.reshape((1, heads, t, hd))?;
-    let op = BlockedAttention {
-        spans: spans.to_vec(),
-        blocks,
-        out: Precomputed::new("blocked attention", out),
-        lse: Tensor::cat(&lses, 1)?,
-    };
-    Ok(q.apply_op3(k, v, op)?)
+    Ok(())
 }
 
 /// The graph node of [`blocked_packed_attend`]: its forward hands candle the precomputed output,

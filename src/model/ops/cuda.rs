@@ -1,6 +1,6 @@
 //! The fused kernels of `odc-kernels` on candle's CUDA tensors (feature `cuda`): RMSNorm, rotary
-//! embedding and SwiGLU, forward and backward, and the chunked head's log-softmax and its logit
-//! gradient, each one launch on the tensors' own stream where candle's ops take several kernels
+//! embedding and SwiGLU, forward and backward, the chunked head's log-softmax and its logit
+//! gradient, and causal attention over packed samples (the plain kernel), each one launch on the tensors' own stream where candle's ops take several kernels
 //! and temporaries.
 //!
 //! **Opt-in, not yet verified on a GPU**: [`enabled`] is false unless `ODC_FUSED_KERNELS=1`;
@@ -24,7 +24,7 @@ use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKer
 use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Error, Result, Storage, Tensor, D};
-use odc_kernels::{Source, LOSS, NORM, ROTARY, SWIGLU};
+use odc_kernels::{Source, ATTENTION, LOSS, NORM, ROTARY, SWIGLU};
 
 /// Whether the fused kernels replace candle's ops on CUDA tensors (`ODC_FUSED_KERNELS=1`).
 pub fn enabled() -> bool {
@@ -43,7 +43,9 @@ fn ptx(source: &Source) -> Result<&'static str> {
     static ROTARY_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     static SWIGLU_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     static LOSS_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    static ATTENTION_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     let cell = match source.name {
+        "attention.cu" => &ATTENTION_PTX,
         "norm.cu" => &NORM_PTX,
         "rotary.cu" => &ROTARY_PTX,
         "swiglu.cu" => &SWIGLU_PTX,
@@ -362,4 +364,102 @@ pub fn softmax_grad(
     let function = format!("odc_softmax_grad_{}", suffix(&out));
     launch(&device, &LOSS, &function, n, &args)?;
     Ok(out)
+}
+
+/// The head widths the attention kernel takes (a warp holds a row in 4 registers per lane).
+pub const MAX_ATTENTION_HEAD_DIM: usize = 128;
+
+/// Causal attention over packed samples with grouped-query heads: token-major `q: [T, H, hd]`,
+/// `k, v: [T, KV, hd]` in one dtype, `cu_seqlens` i64 `[samples + 1]` (0, each sample's end);
+/// `(out [T, H, hd]` in `q`'s dtype, `lse [T, H]` fp32), scores scaled by `scale`.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_seqlens: &Tensor,
+    scale: f32,
+) -> Result<(Tensor, Tensor)> {
+    let device = cuda_of(q)?;
+    let (tokens, heads, dim) = q.dims3()?;
+    let kv_heads = k.dim(1)?;
+    let (q, k, v) = (
+        q.contiguous()?,
+        k.to_dtype(q.dtype())?.contiguous()?,
+        v.to_dtype(q.dtype())?.contiguous()?,
+    );
+    let cu = cu_seqlens.contiguous()?;
+    let samples = cu.elem_count().saturating_sub(1);
+    let out = empty(&device, q.dtype(), &[tokens, heads, dim])?;
+    let lse = empty(&device, DType::F32, &[tokens, heads])?;
+    let n = tokens * heads * 32;
+    let args = [
+        Arg::U(address(&out, &device)?),
+        Arg::U(address(&lse, &device)?),
+        Arg::U(address(&q, &device)?),
+        Arg::U(address(&k, &device)?),
+        Arg::U(address(&v, &device)?),
+        Arg::U(address(&cu, &device)?),
+        Arg::U(samples as u64),
+        Arg::U(heads as u64),
+        Arg::U(kv_heads as u64),
+        Arg::U(dim as u64),
+        Arg::F(scale),
+        Arg::U(n as u64),
+    ];
+    let function = format!("odc_attention_fwd_{}", suffix(&q));
+    launch(&device, &ATTENTION, &function, n, &args)?;
+    Ok((out, lse))
+}
+
+/// [`attention`]'s gradients from its output `out`, `lse` and the output's gradient `dout`
+/// (token-major as there): `dq` in `q`'s dtype, `dk` and `dv` fp32 (summed by atomic adds).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    dout: &Tensor,
+    lse: &Tensor,
+    cu_seqlens: &Tensor,
+    scale: f32,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let device = cuda_of(q)?;
+    let (tokens, heads, dim) = q.dims3()?;
+    let kv_heads = k.dim(1)?;
+    let dtype = q.dtype();
+    let (q, k, v, out, dout) = (
+        q.contiguous()?,
+        k.to_dtype(dtype)?.contiguous()?,
+        v.to_dtype(dtype)?.contiguous()?,
+        out.to_dtype(dtype)?.contiguous()?,
+        dout.to_dtype(dtype)?.contiguous()?,
+    );
+    let (lse, cu) = (lse.contiguous()?, cu_seqlens.contiguous()?);
+    let samples = cu.elem_count().saturating_sub(1);
+    let dq = empty(&device, dtype, &[tokens, heads, dim])?;
+    let dk = Tensor::zeros((tokens, kv_heads, dim), DType::F32, q.device())?;
+    let dv = Tensor::zeros((tokens, kv_heads, dim), DType::F32, q.device())?;
+    let n = tokens * heads * 32;
+    let args = [
+        Arg::U(address(&dq, &device)?),
+        Arg::U(address(&dk, &device)?),
+        Arg::U(address(&dv, &device)?),
+        Arg::U(address(&q, &device)?),
+        Arg::U(address(&k, &device)?),
+        Arg::U(address(&v, &device)?),
+        Arg::U(address(&out, &device)?),
+        Arg::U(address(&dout, &device)?),
+        Arg::U(address(&lse, &device)?),
+        Arg::U(address(&cu, &device)?),
+        Arg::U(samples as u64),
+        Arg::U(heads as u64),
+        Arg::U(kv_heads as u64),
+        Arg::U(dim as u64),
+        Arg::F(scale),
+        Arg::U(n as u64),
+    ];
+    let function = format!("odc_attention_bwd_{}", suffix(&q));
+    launch(&device, &ATTENTION, &function, n, &args)?;
+    Ok((dq, dk, dv))
 }

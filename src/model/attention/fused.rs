@@ -1,0 +1,114 @@
+//! Training's packed attention as one kernel of `odc-kernels` on CUDA (feature `cuda`, opt-in
+//! with `ODC_FUSED_KERNELS=1`, [`crate::model::ops::cuda`]): the same signature and result as
+//! [`super::blocked_packed_attend`] (queries `[1, H, T, hd]`, keys and values `[1, KV, T, hd]`,
+//! each sample attending causally within itself; `[1, H, T, hd]`).
+//!
+//! - The kernel is token-major (`[T, H, hd]`): the inputs are transposed into it and the output
+//!   back, each a copy on the device.
+//! - Its graph node keeps q, k, v, the output, each row's log-sum-exp and the samples' offsets
+//!   (O(T · head_dim), as the blocked path); the backward is the kernel's (FlashAttention-2's
+//!   recomputation, `dk` and `dv` by atomic adds).
+//! - Head widths up to [`MAX_ATTENTION_HEAD_DIM`]; a wider head takes the blocked path.
+//! - **Not yet run on a GPU**: `tests/gpu_training.rs`'s fused-kernel job and the kernel's own
+//!   device test (`kernels/tests/device.rs`) check it where one is.
+
+use candle_core::{CustomOp3, Tensor};
+
+use super::super::ops::cuda::{self, MAX_ATTENTION_HEAD_DIM};
+use super::super::ops::precomputed::{precomputed_forwards, Precomputed};
+use crate::model::error::Result;
+
+/// Whether the fused kernel takes `q` (CUDA, fp32 or bf16, enabled, a head it holds).
+pub fn applies(q: &Tensor) -> bool {
+    cuda::applies(q) && q.dim(3).is_ok_and(|hd| hd <= MAX_ATTENTION_HEAD_DIM)
+}
+
+/// The samples at `spans` (each `(start, len)`, in order, tiling `0..T`) attended by the kernel.
+pub fn packed_attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spans: &[(usize, usize)],
+) -> Result<Tensor> {
+    super::blocked::check_packed(q, k, v, spans)?;
+    let (_, heads, t, hd) = q.dims4()?;
+    let mut cu = vec![0i64];
+    for &(_, len) in spans {
+        cu.push(cu.last().copied().unwrap_or(0) + len as i64);
+    }
+    let cu = Tensor::from_vec(cu, spans.len() + 1, q.device())?;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let (qt, kt, vt) = (
+        token_major(q)?,
+        token_major(k)?,
+        token_major(&v.to_dtype(k.dtype())?)?,
+    );
+    let (out, lse) = cuda::attention(&qt, &kt, &vt, &cu, scale)?;
+    let op = FusedAttention {
+        cu,
+        scale,
+        out: Precomputed::new("fused attention", head_major(&out)?),
+        out_tokens: out,
+        lse,
+    };
+    debug_assert_eq!(op.out_tokens.dims(), &[t, heads, hd]);
+    Ok(q.apply_op3(k, v, op)?)
+}
+
+/// `[1, H, T, hd]` → contiguous `[T, H, hd]`.
+fn token_major(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.detach().get(0)?.transpose(0, 1)?.contiguous()
+}
+
+/// `[T, H, hd]` → contiguous `[1, H, T, hd]`.
+fn head_major(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.transpose(0, 1)?.contiguous()?.unsqueeze(0)
+}
+
+/// The graph node of [`packed_attend`]: its forward hands candle the kernel's output, its
+/// backward is the kernel's.
+struct FusedAttention {
+    /// i64 `[samples + 1]`: the samples' offsets.
+    cu: Tensor,
+    scale: f32,
+    /// The output `[1, H, T, hd]`, taken (and copied) by the forward.
+    out: Precomputed,
+    /// The same output token-major, `[T, H, hd]`, for the backward.
+    out_tokens: Tensor,
+    /// fp32 `[T, H]`.
+    lse: Tensor,
+}
+
+impl CustomOp3 for FusedAttention {
+    fn name(&self) -> &'static str {
+        "fused-causal-attention"
+    }
+
+    precomputed_forwards!(3);
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _out: &Tensor,
+        grad_out: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dout = token_major(&grad_out.to_dtype(q.dtype())?)?;
+        let (dq, dk, dv) = cuda::attention_backward(
+            &token_major(q)?,
+            &token_major(&k.to_dtype(q.dtype())?)?,
+            &token_major(&v.to_dtype(q.dtype())?)?,
+            &self.out_tokens,
+            &dout,
+            &self.lse,
+            &self.cu,
+            self.scale,
+        )?;
+        Ok((
+            Some(head_major(&dq)?),
+            Some(head_major(&dk)?.to_dtype(k.dtype())?),
+            Some(head_major(&dv)?.to_dtype(v.dtype())?),
+        ))
+    }
+}
