@@ -10,11 +10,13 @@
 # Per shape of SHAPES: peer.py make-model when MODELS has no such directory (figures.sh's, when
 # it ran first); the prompts; ABBA: peer, odc, odc, peer (`--rounds 2` each; each side's best
 # round counts); then the parity row: GREEDY_PROMPTS prompts, one greedy response of GREEDY_NEW
-# tokens each, odc and the peer both in fp32.
+# tokens each, odc and the peer both in fp32. With FUSED=1 (the default), last and only if the
+# deadline leaves time: odc again with ODC_FUSED_KERNELS=1 (decoding's fused attention over the
+# KV cache), one sampled run and the greedy row, reported against the same peer runs.
 #
 # Knobs: DEADLINE (240; 0 = none), DATA (target/gpu-data/train.jsonl), PYTHON, SHAPES
 # ("smollm2-135m qwen2.5-0.5b"; "tiny" for a CPU smoke test with DEVICE=cpu), DEVICE (cuda),
-# PROMPTS (64), SAMPLES (8), MAX_NEW (256), GREEDY_PROMPTS (8), GREEDY_NEW (64), PEER_DTYPE (bf16),
+# PROMPTS (64), SAMPLES (8), MAX_NEW (256), GREEDY_PROMPTS (8), GREEDY_NEW (64), FUSED (1), PEER_DTYPE (bf16),
 # MODELS (${TMPDIR:-/tmp}/odc-figures/models). The odc side is odc-bench-gpu from the folder
 # (odc-bench on the CPU, when DEVICE=cpu).
 # Output: the table on stdout and in $OUT/sampling.txt (target/gpu-sampling when OUT is unset),
@@ -44,6 +46,7 @@ SAMPLES="${SAMPLES:-8}"
 MAX_NEW="${MAX_NEW:-256}"
 GREEDY_PROMPTS="${GREEDY_PROMPTS:-8}"
 GREEDY_NEW="${GREEDY_NEW:-64}"
+FUSED="${FUSED:-1}"
 PEER_DTYPE="${PEER_DTYPE:-bf16}"
 MODELS="${MODELS:-${TMPDIR:-/tmp}/odc-figures/models}"
 mkdir -p "$MODELS"
@@ -121,6 +124,23 @@ for shape in $SHAPES; do
     --greedy-odc "$LOGDIR/$shape.greedy.odc.json" --greedy-peer "$LOGDIR/$shape.greedy.peer.json" \
     >>"$DEST/sampling.txt" 2>&1
 done
+if [ "$FUSED" = 1 ]; then
+  for shape in $SHAPES; do
+    [ -x "$ODC" ] && [ -f "$LOGDIR/$shape.A1.json" ] || continue
+    gen=("$ODC" generate --model-dir "$MODELS/$shape" --data "$DATA" --device "$DEVICE")
+    sampled=(--prompts "$PROMPTS" --samples "$SAMPLES" --max-new-tokens "$MAX_NEW")
+    greedy=(--prompts "$GREEDY_PROMPTS" --samples 1 --max-new-tokens "$GREEDY_NEW" --temperature 0)
+    step "$shape.F1" 150 env ODC_FUSED_KERNELS=1 "${gen[@]}" "${sampled[@]}" \
+      --json "$LOGDIR/$shape.F1.json" || continue
+    step "$shape.greedy.fused" 90 env ODC_FUSED_KERNELS=1 "${gen[@]}" "${greedy[@]}" --rounds 1 \
+      --json "$LOGDIR/$shape.greedy.fused.json"
+    echo "== $shape, odc with ODC_FUSED_KERNELS=1 (decoding's fused attention)" >>"$DEST/sampling.txt"
+    "$PYTHON" "$PEER" generate-report --odc "$LOGDIR/$shape.F1.json" \
+      --peer "$LOGDIR/$shape.A1.json,$LOGDIR/$shape.A2.json" \
+      --greedy-odc "$LOGDIR/$shape.greedy.fused.json" \
+      --greedy-peer "$LOGDIR/$shape.greedy.peer.json" >>"$DEST/sampling.txt" 2>&1
+  done
+fi
 echo "sampling.sh: $((SECONDS - started)) s in all" | tee -a "$DEST/sampling.txt"
 tar -czf "$DEST/sampling-logs.tar.gz" -C "$SCRATCH" sampling 2>/dev/null
 cat "$DEST/sampling.txt"

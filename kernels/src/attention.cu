@@ -194,3 +194,87 @@ extern "C" __global__ void odc_attention_bwd_bf16(unsigned short* dq, float* dk,
     odc_attention_bwd(dq, dk, dv, q, k, v, out, dout, lse, cu_seqlens, samples, heads, kv_heads,
                       dim, scale, n);
 }
+
+// Decoding's attention: one new query per sequence against its cached keys and values (a batch of
+// sequences left-padded to end on the same column), fp32 arithmetic, one warp per (sequence,
+// query head), the online softmax over the filled columns; no backward (sampling keeps no graph).
+//
+//   q: [rows, heads, dim]; k, v: [rows, kv_heads, capacity, dim] (the cache's buffers, filled up
+//   to column len); pads: [rows] i64, the columns of left padding before each row's first token;
+//   out: [rows, heads, dim].
+//   out[r, h] = Σ_{pads[r] <= j < len} softmax_j(scale q_rh · k_r,g,j) v_r,g,j   (g = h / group)
+//   n = rows * heads * 32. A row with nothing to attend (pads[r] >= len) gets zeros.
+template <typename T>
+__device__ void odc_decode_attention(T* __restrict__ out, const T* __restrict__ q,
+                                     const T* __restrict__ k, const T* __restrict__ v,
+                                     const long long* __restrict__ pads, unsigned long long heads,
+                                     unsigned long long kv_heads, unsigned long long capacity,
+                                     unsigned long long len, unsigned long long dim, float scale,
+                                     unsigned long long n) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    unsigned long long group = heads / kv_heads;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
+         t += stride) {
+        unsigned long long warp = t >> 5;
+        unsigned int lane = (unsigned int)(t & 31u);
+        unsigned long long row = warp / heads;
+        unsigned long long h = warp - row * heads;
+        unsigned long long kvh = h / group;
+        unsigned long long qrow = (row * heads + h) * dim;
+        unsigned long long cache = (row * kv_heads + kvh) * capacity;
+        long long pad = pads[row];
+        unsigned long long first = pad > 0 ? (unsigned long long)pad : 0ull;
+        float qv[4], acc[4];
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            qv[r] = c < dim ? odc_load(q, qrow + c) * scale : 0.0f;
+            acc[r] = 0.0f;
+        }
+        float m = -__int_as_float(0x7f800000), l = 0.0f;
+        for (unsigned long long j = first; j < len; ++j) {
+            unsigned long long krow = (cache + j) * dim;
+            float s = 0.0f;
+            for (int r = 0; r < 4; ++r) {
+                unsigned long long c = lane + 32u * r;
+                if (c < dim) s += qv[r] * odc_load(k, krow + c);
+            }
+            s = odc_warp_sum(s);
+            float m2 = fmaxf(m, s);
+            float corr = expf(m - m2);
+            float p = expf(s - m2);
+            l = l * corr + p;
+            for (int r = 0; r < 4; ++r) {
+                unsigned long long c = lane + 32u * r;
+                if (c < dim) acc[r] = acc[r] * corr + p * odc_load(v, krow + c);
+            }
+            m = m2;
+        }
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            if (c < dim) odc_store(out, qrow + c, l > 0.0f ? acc[r] / l : 0.0f);
+        }
+    }
+}
+
+extern "C" __global__ void odc_decode_attention_f32(float* out, const float* q, const float* k,
+                                                    const float* v, const long long* pads,
+                                                    unsigned long long heads,
+                                                    unsigned long long kv_heads,
+                                                    unsigned long long capacity,
+                                                    unsigned long long len,
+                                                    unsigned long long dim, float scale,
+                                                    unsigned long long n) {
+    odc_decode_attention(out, q, k, v, pads, heads, kv_heads, capacity, len, dim, scale, n);
+}
+extern "C" __global__ void odc_decode_attention_bf16(unsigned short* out, const unsigned short* q,
+                                                     const unsigned short* k,
+                                                     const unsigned short* v,
+                                                     const long long* pads,
+                                                     unsigned long long heads,
+                                                     unsigned long long kv_heads,
+                                                     unsigned long long capacity,
+                                                     unsigned long long len,
+                                                     unsigned long long dim, float scale,
+                                                     unsigned long long n) {
+    odc_decode_attention(out, q, k, v, pads, heads, kv_heads, capacity, len, dim, scale, n);
+}

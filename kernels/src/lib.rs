@@ -72,7 +72,8 @@ pub const ROTARY: Source = Source {
 };
 
 /// Causal attention over packed samples, grouped-query heads: the output and the log-sum-exp,
-/// and the backward from them.
+/// and the backward from them; and decoding's attention, one new query per sequence against the
+/// KV cache's filled, left-padded columns.
 pub const ATTENTION: Source = Source {
     name: "attention.cu",
     code: concat!(include_str!("common.cuh"), include_str!("attention.cu")),
@@ -81,6 +82,8 @@ pub const ATTENTION: Source = Source {
         "odc_attention_fwd_bf16",
         "odc_attention_bwd_f32",
         "odc_attention_bwd_bf16",
+        "odc_decode_attention_f32",
+        "odc_decode_attention_bf16",
     ],
 };
 

@@ -140,6 +140,54 @@ pub fn softmax_grad(
         .collect()
 }
 
+/// Decoding's attention: each row's one query `q: [rows, heads, dim]` against the cache's
+/// columns `pads[r] .. len` of `k, v: [rows, kv_heads, capacity, dim]`, query head `h` on KV head
+/// `h / (heads / kv_heads)`; `[rows, heads, dim]` (zeros for a row with no column).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    pads: &[usize],
+    heads: usize,
+    kv_heads: usize,
+    capacity: usize,
+    len: usize,
+    dim: usize,
+    scale: f64,
+) -> Vec<f64> {
+    let group = heads / kv_heads;
+    let mut out = Vec::with_capacity(q.len());
+    for (row, &pad) in pads.iter().enumerate() {
+        for h in 0..heads {
+            let query = &q[(row * heads + h) * dim..][..dim];
+            let cache = (row * kv_heads + h / group) * capacity;
+            let scores: Vec<f64> = (pad..len)
+                .map(|j| {
+                    let key = &k[(cache + j) * dim..][..dim];
+                    scale
+                        * query
+                            .iter()
+                            .zip(key)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum::<f64>()
+                })
+                .collect();
+            let top = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
+            let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for c in 0..dim {
+                let value: f64 = (pad..len)
+                    .zip(&weights)
+                    .map(|(j, w)| w * f64::from(v[(cache + j) * dim + c]))
+                    .sum();
+                out.push(if total > 0.0 { value / total } else { 0.0 });
+            }
+        }
+    }
+    out
+}
+
 fn inverse_rms(row: &[f32], eps: f64) -> f64 {
     let mean = row
         .iter()
@@ -425,6 +473,44 @@ mod tests {
             for c in 0..cols {
                 let want = whole[r * vocab + first + c];
                 assert!((got[r * cols + c] - want).abs() < 1e-6, "{r},{c}");
+            }
+        }
+    }
+
+    #[test]
+    fn decoding_attends_as_the_training_attention_does_for_a_samples_last_token() {
+        // Two rows of a cache with capacity 6 and 5 columns filled, row 1 padded by 2: each
+        // row's query attends as the last token of its sample does in training's attention.
+        let (heads, kv_heads, dim, capacity, len) = (4, 2, 3, 6, 5);
+        let pads = [0usize, 2];
+        let k = values(2 * kv_heads * capacity * dim, 50);
+        let v = values(2 * kv_heads * capacity * dim, 51);
+        let q = values(2 * heads * dim, 52);
+        let got = decode_attention(&q, &k, &v, &pads, heads, kv_heads, capacity, len, dim, 0.6);
+        for (row, &pad) in pads.iter().enumerate() {
+            let n = len - pad;
+            // The row's sample, token-major, its last query the decoding one.
+            let mut tq = vec![0f32; n * heads * dim];
+            let (mut tk, mut tv) = (
+                vec![0f32; n * kv_heads * dim],
+                vec![0f32; n * kv_heads * dim],
+            );
+            for t in 0..n {
+                for g in 0..kv_heads {
+                    let from = ((row * kv_heads + g) * capacity + pad + t) * dim;
+                    let to = (t * kv_heads + g) * dim;
+                    tk[to..to + dim].copy_from_slice(&k[from..from + dim]);
+                    tv[to..to + dim].copy_from_slice(&v[from..from + dim]);
+                }
+            }
+            let last = (n - 1) * heads * dim;
+            tq[last..].copy_from_slice(&q[row * heads * dim..(row + 1) * heads * dim]);
+            let (want, _) = attention(&tq, &tk, &tv, &[0, n], heads, kv_heads, dim, 0.6);
+            for (a, b) in got[row * heads * dim..(row + 1) * heads * dim]
+                .iter()
+                .zip(&want[last..])
+            {
+                assert!((a - b).abs() < 1e-12, "row {row}: {a} vs {b}");
             }
         }
     }

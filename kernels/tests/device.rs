@@ -672,3 +672,95 @@ fn the_logit_gradient_of_a_block_of_classes_matches_the_reference() {
         }
     }
 }
+
+#[test]
+fn decoding_attention_matches_the_reference() {
+    let Some((device, mut rng)) = device("decoding_attention_matches_the_reference") else {
+        return;
+    };
+    let attention = module(&device, ATTENTION);
+    // (rows, heads, kv_heads, dim, capacity, filled columns); paddings drawn per row, one row
+    // with nothing to attend where the shape allows it.
+    let cases = [
+        (1, 2, 2, 64, 64, 1),
+        (8, 14, 2, 64, 128, 97),
+        (5, 9, 3, 96, 256, 200),
+        (3, 8, 2, 128, 64, 64),
+    ];
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (rows, heads, kv_heads, dim, capacity, len) in cases {
+            let pads: Vec<usize> = (0..rows)
+                .map(|r| match r {
+                    0 => 0,
+                    1 if len > 1 => len,
+                    _ => rng.random_range(0..len),
+                })
+                .collect();
+            let q = as_dtype(dtype, &random(&mut rng, rows * heads * dim, 1.0));
+            let k = as_dtype(
+                dtype,
+                &random(&mut rng, rows * kv_heads * capacity * dim, 1.0),
+            );
+            let v = as_dtype(
+                dtype,
+                &random(&mut rng, rows * kv_heads * capacity * dim, 1.0),
+            );
+            let pad_bytes: Vec<u8> = pads
+                .iter()
+                .flat_map(|&p| (p as i64).to_le_bytes())
+                .collect();
+            let (qb, kb, vb, pb) = (
+                upload(&device, dtype, &q),
+                upload(&device, dtype, &k),
+                upload(&device, dtype, &v),
+                upload_bytes(&device, &pad_bytes),
+            );
+            let out = poisoned(&device, dtype, rows * heads * dim);
+            let scale = 1.0 / (dim as f32).sqrt();
+            let n = rows * heads * 32;
+            // SAFETY: the parameters as attention.cu declares them; q and out hold
+            // rows × heads × dim elements, k and v rows × kv_heads × capacity × dim, pads rows.
+            unsafe {
+                let function = format!("odc_decode_attention_{}", suffix(dtype));
+                let args = [
+                    KernelArg::buffer(&out),
+                    KernelArg::buffer(&qb),
+                    KernelArg::buffer(&kb),
+                    KernelArg::buffer(&vb),
+                    KernelArg::buffer(&pb),
+                    KernelArg::u64(heads as u64),
+                    KernelArg::u64(kv_heads as u64),
+                    KernelArg::u64(capacity as u64),
+                    KernelArg::u64(len as u64),
+                    KernelArg::u64(dim as u64),
+                    KernelArg::f32(scale),
+                    KernelArg::u64(n as u64),
+                ];
+                device
+                    .launch(&attention, &function, n, &args)
+                    .expect("decoding attention");
+            }
+            let want = reference::decode_attention(
+                &q,
+                &k,
+                &v,
+                &pads,
+                heads,
+                kv_heads,
+                capacity,
+                len,
+                dim,
+                f64::from(scale),
+            );
+            let what = format!(
+                "decoding attention {dtype:?} {rows} rows, heads {heads}/{kv_heads}, dim {dim}, \
+                 {len} of {capacity} columns, pads {pads:?}"
+            );
+            assert_close(
+                &what,
+                dtype,
+                &[("out", download(&device, dtype, &out), want)],
+            );
+        }
+    }
+}

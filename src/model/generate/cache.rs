@@ -220,6 +220,21 @@ fn feed(
         _ => mask.repeat((1, 1, groups, 1))?,
     };
 
+    // One new token per row on CUDA with the fused kernels: decoding's kernel reads the cache's
+    // buffers in place (each row's padding as i64 offsets), where the mask path copies the
+    // filled prefix of every layer's keys and values.
+    #[cfg(feature = "cuda")]
+    let fused_pads = if n == 1
+        && crate::model::ops::cuda::enabled()
+        && device.is_cuda()
+        && c.head_dim() <= crate::model::ops::cuda::MAX_ATTENTION_HEAD_DIM
+    {
+        let pads: Vec<i64> = (0..rows).map(|r| cache.padding(r) as i64).collect();
+        Some(Tensor::from_vec(pads, rows, device)?)
+    } else {
+        None
+    };
+
     // Hidden states stay `[rows * n, d_model]`; only attention sees `[rows, heads, n, head_dim]`.
     let mut x = w.units[0][0].index_select(&ids, 0)?;
     for layer in 0..c.n_layers {
@@ -231,6 +246,12 @@ fn feed(
         let mut cached = |q: &Tensor, k_new: &Tensor, v_new: &Tensor| -> Result<Tensor> {
             k_buf.slice_set(k_new, 2, start)?;
             v_buf.slice_set(v_new, 2, start)?;
+            #[cfg(feature = "cuda")]
+            if let Some(pads) = &fused_pads {
+                let q = q.to_dtype(k_buf.dtype())?;
+                let out = crate::model::ops::cuda::decode_attention(&q, k_buf, v_buf, pads, total)?;
+                return Ok(out);
+            }
             let k = view(k_buf.narrow(2, 0, total)?)?;
             let v = view(v_buf.narrow(2, 0, total)?)?;
             let (_, heads, _, hd) = q.dims4()?;

@@ -1,6 +1,7 @@
 //! The fused kernels of `odc-kernels` on candle's CUDA tensors (feature `cuda`): RMSNorm, rotary
 //! embedding and SwiGLU, forward and backward, the chunked head's log-softmax and its logit
-//! gradient, and causal attention over packed samples (the plain kernel), each one launch on the tensors' own stream where candle's ops take several kernels
+//! gradient, causal attention over packed samples (the plain kernel) and decoding's attention
+//! over the KV cache, each one launch on the tensors' own stream where candle's ops take several kernels
 //! and temporaries.
 //!
 //! **Opt-in, not yet verified on a GPU**: [`enabled`] is false unless `ODC_FUSED_KERNELS=1`;
@@ -462,4 +463,47 @@ pub fn attention_backward(
     let function = format!("odc_attention_bwd_{}", suffix(&q));
     launch(&device, &ATTENTION, &function, n, &args)?;
     Ok((dq, dk, dv))
+}
+
+/// Decoding's attention: each row's one new query `q: [rows, H, 1, hd]` against columns
+/// `pads[r] .. len` of the cache's buffers `k, v: [rows, KV, capacity, hd]` (read in place, no
+/// copy of the filled prefix), i64 `pads: [rows]`; `[rows, H, 1, hd]` in `q`'s dtype.
+pub fn decode_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pads: &Tensor,
+    len: usize,
+) -> Result<Tensor> {
+    let device = cuda_of(q)?;
+    let (rows, heads, one, dim) = q.dims4()?;
+    let (_, kv_heads, capacity, _) = k.dims4()?;
+    if one != 1 || len > capacity || v.dims() != k.dims() || k.dtype() != q.dtype() {
+        return Err(Error::Msg(format!(
+            "fused decoding attention: q {:?}, k {:?}, v {:?}, {len} columns",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )));
+    }
+    let q = q.contiguous()?;
+    let out = empty(&device, q.dtype(), &[rows, heads, 1, dim])?;
+    let n = rows * heads * 32;
+    let args = [
+        Arg::U(address(&out, &device)?),
+        Arg::U(address(&q, &device)?),
+        Arg::U(address(k, &device)?),
+        Arg::U(address(v, &device)?),
+        Arg::U(address(pads, &device)?),
+        Arg::U(heads as u64),
+        Arg::U(kv_heads as u64),
+        Arg::U(capacity as u64),
+        Arg::U(len as u64),
+        Arg::U(dim as u64),
+        Arg::F(1.0 / (dim as f32).sqrt()),
+        Arg::U(n as u64),
+    ];
+    let function = format!("odc_decode_attention_{}", suffix(&q));
+    launch(&device, &ATTENTION, &function, n, &args)?;
+    Ok(out)
 }
