@@ -301,6 +301,7 @@ mod tests {
             micro_batch_log: vec![record(0, vec![piece(0)]), record(1, Vec::new())],
             skipped: None,
             gangs: vec![2],
+            early_relay_flushes: 0,
         };
         let names: Vec<String> = step_spans(&stats, t(0), 2)
             .into_iter()

@@ -1030,10 +1030,11 @@ impl odc::transport::wrap::Wrap for CrossNode {
 
 /// Pushes relayed through the node (issue 43): 4 trainers on 2 nodes of 2 and 3 servers, one
 /// per node and one on a third node without trainers (so the collective's reduced pieces cross
-/// nodes too). With relays, training equals candle alone on demand and in collective mode (the
-/// same tolerance as without), no trainer writes across nodes and the relays do, and on demand
-/// the gradient bytes crossing nodes fall by at least the node size (each node's relays cross
-/// once per step instead of every micro-batch's pushes).
+/// nodes too). With relays, training equals candle alone on demand (dynamic and static plans,
+/// whose relays flush early) and in collective mode (the same tolerance as without), no trainer
+/// writes across nodes and the relays do, and on demand the gradient bytes crossing nodes fall
+/// by at least the node size (each node's relays cross once per step instead of every
+/// micro-batch's pushes).
 #[test]
 fn relayed_pushes_train_as_candle_alone_and_cross_nodes_once_per_step() {
     let data = Arc::new(samples(12));
@@ -1042,7 +1043,12 @@ fn relayed_pushes_train_as_candle_alone_and_cross_nodes_once_per_step() {
     let (expected, losses) = candle_alone(&c, &data, optimizer, 2);
     // `RelayPlan::even(4, 3, 2)`: servers on devices 0, 2 and 4.
     let server_nodes = Arc::new(vec![0, 1, 2]);
-    for communication in [Communication::OnDemand, Communication::Collective] {
+    let modes = [
+        (Communication::OnDemand, odc::DispatchMode::Dynamic),
+        (Communication::OnDemand, odc::DispatchMode::Static),
+        (Communication::Collective, odc::DispatchMode::Static),
+    ];
+    for (communication, dispatch) in modes {
         let mut crossed = Vec::new();
         for relay in [false, true] {
             let rt = runtime();
@@ -1067,6 +1073,7 @@ fn relayed_pushes_train_as_candle_alone_and_cross_nodes_once_per_step() {
                     .trainers(4)
                     .servers(3)
                     .communication(communication)
+                    .dispatch(dispatch)
                     .token_budget(400)
                     .transport(local.clone())
                     .trainer_transport(move |rank| trainer_views[rank as usize].clone())
@@ -1080,8 +1087,21 @@ fn relayed_pushes_train_as_candle_alone_and_cross_nodes_once_per_step() {
                 job.shutdown().await;
                 (params, stats)
             });
-            let what = format!("{communication:?}, relayed {relay}");
+            let what = format!("{communication:?}, {dispatch:?}, relayed {relay}");
             assert_trains_as_candle_alone(&what, &stats, &losses, &got, &expected);
+            // A static plan on demand tells each node's relays what to expect: they flush as
+            // soon as their writes are in, before the barrier (the one that finishes last may
+            // lose the race to it); otherwise every relay flushes at the barrier.
+            let early: Vec<u32> = stats.iter().map(|s| s.early_relay_flushes).collect();
+            eprintln!("{what}: relays flushed early per step {early:?}");
+            if relay
+                && communication == Communication::OnDemand
+                && dispatch == odc::DispatchMode::Static
+            {
+                assert!(early.iter().all(|&e| e > 0), "{what}: {early:?}");
+            } else {
+                assert!(early.iter().all(|&e| e == 0), "{what}: {early:?}");
+            }
             let (t, s) = (
                 by_trainers.load(std::sync::atomic::Ordering::SeqCst),
                 by_servers.load(std::sync::atomic::Ordering::SeqCst),

@@ -111,6 +111,16 @@ pub struct FlushCmd {
     pub timeout_ms: u64,
 }
 
+/// Relayed pushes with a static plan, as an attempt starts: the micro-batches this server's
+/// node runs in `epoch`. A relay that has every write of them flushes at once, while the step
+/// runs (moving to `epoch + 1`, as the barrier's flush would), each write within `timeout_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpectRelaysCmd {
+    pub epoch: u64,
+    pub micro_batches: u32,
+    pub timeout_ms: u64,
+}
+
 /// The reply to [`FlushCmd`]: the gradient bytes this server's relays sent to owners, and what
 /// each relay combined (every relay of the server, in the order it opened them), which the
 /// supervisor checks against its ledger before any owner reduces.
@@ -200,6 +210,7 @@ pub enum ServerMsg {
     OpenRelays(OpenRelaysCmd, RpcReplyPort<Result<Vec<RelayRoute>>>),
     /// Flush every relay into its owner (relayed pushes only, before `Reduce`).
     Flush(FlushCmd, RpcReplyPort<Result<FlushAck>>),
+    ExpectRelays(ExpectRelaysCmd, RpcReplyPort<Result<()>>),
     Reduce(ReduceCmd, RpcReplyPort<Result<ReduceAck>>),
     Apply(ApplyCmd, RpcReplyPort<Result<()>>),
     Discard(DiscardCmd, RpcReplyPort<Result<()>>),
@@ -476,6 +487,11 @@ mod tests {
             next_epoch: 4,
             timeout_ms: 50_000,
         });
+        round_trip(ExpectRelaysCmd {
+            epoch: 4,
+            micro_batches: 9,
+            timeout_ms: 1_000,
+        });
         round_trip::<Result<FlushAck>>(Ok(FlushAck {
             bytes: 12,
             combined: vec![Combined {
@@ -483,6 +499,7 @@ mod tests {
                 unit: 2,
                 owner: 0,
                 micro_batches: vec![0, 3, 5],
+                early: true,
             }],
         }));
         round_trip::<Result<Vec<ShardSnapshot>>>(Ok(vec![ShardSnapshot {

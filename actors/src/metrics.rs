@@ -18,6 +18,8 @@ pub const PULLED_BYTES: &str = "odc_pulled_bytes_total";
 pub const PUSHED_BYTES: &str = "odc_pushed_bytes_total";
 /// Gradient bytes shard servers' relays flushed to owners on other nodes (relayed pushes).
 pub const RELAY_FLUSHED_BYTES: &str = "odc_relay_flushed_bytes_total";
+/// Relays flushed before the barrier, as soon as their node's writes were all in (static plans).
+pub const RELAY_EARLY_FLUSHES: &str = "odc_relay_early_flushes_total";
 /// Latency of gathering one whole unit (all shards, all chunks), label `transport`.
 pub const PULL_SECONDS: &str = "odc_pull_seconds";
 /// Units gathered over the data plane (demand pulls and prefetches, not a unit served from the

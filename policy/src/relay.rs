@@ -152,6 +152,9 @@ pub struct Combined {
     /// The owner it flushed into.
     pub owner: u32,
     pub micro_batches: Vec<u32>,
+    /// It flushed before the barrier, as soon as its node's writes were in.
+    #[serde(default)]
+    pub early: bool,
 }
 
 /// A flush whose count disagrees with the ledger: a gradient lost, counted twice or relayed by the
@@ -353,6 +356,7 @@ mod tests {
             unit: 7,
             owner,
             micro_batches: micro_batches.to_vec(),
+            early: false,
         }
     }
 

@@ -108,6 +108,10 @@ pub struct StepStats {
     /// when nothing was split).
     #[serde(default)]
     pub gangs: Vec<u32>,
+    /// Relayed pushes: the relays that flushed before the barrier, as soon as their node's
+    /// writes were in (static plans; 0 without relays).
+    #[serde(default)]
+    pub early_relay_flushes: u32,
 }
 
 /// What one micro-batch's data path did.

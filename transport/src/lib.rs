@@ -108,7 +108,7 @@ pub use handle::{
     CudaMemory, Descriptor, Dtype, EndpointId, RdmaMemory, RegionHandle, RegionId, RegionKind,
     WriteGuard, WriteTag,
 };
-pub use region::{AccumulatorRegion, Applied, InboxRegion, PublishedRegion};
+pub use region::{AccumulatorRegion, Applied, InboxRegion, Progress, PublishedRegion};
 pub use remote::RemoteConfig;
 
 /// Accumulates refused by their owner's [`WriteGuard`] (C8), counted at the owner.

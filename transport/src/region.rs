@@ -26,6 +26,13 @@ pub struct Applied {
     pub write_ids: Vec<u128>,
 }
 
+/// An accumulator's epoch and the writes it applied in it ([`AccumulatorRegion::progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Progress {
+    pub epoch: u64,
+    pub applied: usize,
+}
+
 /// Owner side of an accumulator region. Dropping it deregisters the region.
 pub trait AccumulatorRegion: Send + Sync {
     fn handle(&self) -> RegionHandle;
@@ -36,6 +43,12 @@ pub trait AccumulatorRegion: Send + Sync {
     /// ascending: what the sum combined (a relay's flush names its micro-batches by them). A
     /// backend whose owner cannot say answers [`TransportError::Unsupported`] and takes nothing.
     fn take_applied(&self, next_epoch: u64) -> Result<Applied, TransportError>;
+    /// The accumulator's progress as it happens: its epoch and how many writes it applied in it,
+    /// sent after every applied write and every take. `None`: a backend whose owner cannot say
+    /// (a relay then flushes only when told to).
+    fn progress(&self) -> Option<tokio::sync::watch::Receiver<Progress>> {
+        None
+    }
     /// The current epoch.
     fn epoch(&self) -> u64;
     /// From now on apply only writes whose tag `guard` admits (C8); any other accumulate is

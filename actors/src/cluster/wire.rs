@@ -19,6 +19,7 @@ impl Message for ServerMsg {
             ServerMsg::Routes(reply) => call("Routes", &(), reply),
             ServerMsg::OpenRelays(cmd, reply) => call("OpenRelays", &cmd, reply),
             ServerMsg::Flush(cmd, reply) => call("Flush", &cmd, reply),
+            ServerMsg::ExpectRelays(cmd, reply) => call("ExpectRelays", &cmd, reply),
             ServerMsg::Reduce(cmd, reply) => call("Reduce", &cmd, reply),
             ServerMsg::Apply(cmd, reply) => call("Apply", &cmd, reply),
             ServerMsg::Discard(cmd, reply) => call("Discard", &cmd, reply),
@@ -44,6 +45,10 @@ impl Message for ServerMsg {
                 reply_port("OpenRelays", reply),
             ),
             "Flush" => ServerMsg::Flush(decode("Flush", &args)?, reply_port("Flush", reply)),
+            "ExpectRelays" => ServerMsg::ExpectRelays(
+                decode("ExpectRelays", &args)?,
+                reply_port("ExpectRelays", reply),
+            ),
             "Reduce" => ServerMsg::Reduce(decode("Reduce", &args)?, reply_port("Reduce", reply)),
             "Apply" => ServerMsg::Apply(decode("Apply", &args)?, reply_port("Apply", reply)),
             "Discard" => {
@@ -269,6 +274,7 @@ mod tests {
                 unit: 3,
                 owner: 0,
                 micro_batches: vec![2, 5],
+                early: false,
             }],
         };
         let answer = ack.clone();

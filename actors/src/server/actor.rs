@@ -149,6 +149,10 @@ impl Actor for ShardServer {
                 let _ = reply.send(opened);
             }
             ServerMsg::Flush(cmd, reply) => flush_relays(state, cmd, reply).await?,
+            ServerMsg::ExpectRelays(cmd, reply) => {
+                state.relays.expect(&flusher(state), cmd);
+                let _ = reply.send(Ok(()));
+            }
             ServerMsg::Reduce(cmd, reply) => {
                 let result = off_runtime(state, move |shards, _| reduce(shards, cmd)).await?;
                 let _ = reply.send(result);
@@ -296,8 +300,9 @@ fn new_store(
     )?))
 }
 
-/// Take every relay on a blocking thread (I6), then flush the sums to their owners off the
-/// mailbox and reply with the bytes sent and what each relay combined (see [`relay`]).
+/// Take every relay on a blocking thread (I6), then, off the mailbox, flush the sums to their
+/// owners, collect the early flushes' outcomes and reply with the bytes sent and what each relay
+/// combined (see [`relay`]).
 async fn flush_relays(
     state: &mut ServerState,
     cmd: FlushCmd,
@@ -312,18 +317,23 @@ async fn flush_relays(
         return Ok(());
     }
     let relays = state.relays.clone();
-    let taken = tokio::task::spawn_blocking(move || relays.take(endpoint, cmd.next_epoch))
-        .await
-        .map_err(|e| format!("shard server {endpoint}: {e}"))?;
-    let Taken { sums, combined } = match taken {
+    let taken =
+        tokio::task::spawn_blocking(move || relays.take(endpoint, cmd.epoch, cmd.next_epoch))
+            .await
+            .map_err(|e| format!("shard server {endpoint}: {e}"))?;
+    let Taken {
+        sums,
+        mut combined,
+        early,
+    } = match taken {
         Ok(taken) => taken,
         Err(e) => {
             let _ = reply.send(Err(e));
             return Ok(());
         }
     };
-    let transport = state.node.transport_of_server(state.spec.endpoint);
-    let (key, chunk) = (state.spec.key, state.relays.chunk_elems());
+    let flusher = flusher(state);
+    let chunk = state.relays.chunk_elems();
     tokio::spawn(async move {
         let timeout = std::time::Duration::from_millis(cmd.timeout_ms);
         let held = fault_delay("ODC_RELAY_FLUSH_DELAY_MS");
@@ -336,7 +346,7 @@ async fn flush_relays(
             );
             tokio::time::sleep(delay).await;
         }
-        let sent = relay::flush(transport, endpoint, key, sums, chunk, cmd.epoch, timeout).await;
+        let mut sent = relay::flush(&flusher, sums, chunk, cmd.epoch, timeout).await;
         if let Ok(bytes) = sent {
             metrics::counter!(crate::metrics::RELAY_FLUSHED_BYTES).increment(bytes);
         }
@@ -346,9 +356,33 @@ async fn flush_relays(
                 cmd.epoch
             );
         }
+        // The early flushes: each already sent (or failing) on its own.
+        for outcome in early {
+            let outcome = outcome.await.unwrap_or_else(|_| {
+                Err(Error::Internal(format!(
+                    "shard server {endpoint}: an early relay flush ended without an outcome"
+                )))
+            });
+            sent = match (sent, outcome) {
+                (Ok(total), Ok((bytes, relay))) => {
+                    combined.push(relay);
+                    Ok(total + bytes)
+                }
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
         let _ = reply.send(sent.map(|bytes| FlushAck { bytes, combined }));
     });
     Ok(())
+}
+
+/// What this server's relays flush with.
+fn flusher(state: &ServerState) -> relay::Flusher {
+    relay::Flusher {
+        transport: state.node.transport_of_server(state.spec.endpoint),
+        endpoint: state.spec.endpoint,
+        key: state.spec.key,
+    }
 }
 
 /// The accumulators' admission guard (transport C8): a write must carry the token of the

@@ -15,27 +15,83 @@
 //! - **The ledger's count travels with the flush**: the server's reply names what every relay
 //!   combined ([`Combined`]), and the supervisor checks it against the ledger before any owner
 //!   reduces (`RelayPlan::check_combined`); a disagreement discards the attempt and replays it.
+//! - **Early flushes** ([`Relays::expect`]): with a static plan the supervisor says, as an
+//!   attempt starts, how many micro-batches this server's node runs. A relay whose region has
+//!   applied all their writes (each micro-batch writes every chunk of the shard once: transport
+//!   `progress`) flushes at once, while other nodes still compute, so the barrier waits only for
+//!   the last ones. Exactly one of the early flush and the barrier's takes a relay's sum of an
+//!   epoch (its claim, under one lock with the take and with the discard); the barrier then
+//!   collects the early flush's outcome and reports what it combined with the rest.
 //! - **I2**: a discarded attempt discards the relays with the accumulators ([`Relays::discard`]),
-//!   and a flush of an attempt whose owners have moved on is refused by their epoch fence.
+//!   and a flush of an attempt whose owners have moved on is refused by their epoch fence. An
+//!   early flush takes a relay only while its region is still in the expected epoch, so it never
+//!   takes a replay's writes.
 //! - **I6**: the take runs on a blocking thread (the actor's `off_runtime` for shards, here a
 //!   `spawn_blocking`), the flush's writes have one deadline.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use odc_transport::{codec, AccumulatorRegion, Transport, WriteGuard, WriteTag};
+use odc_transport::{chunk_ranges, codec, AccumulatorRegion, Transport, WriteGuard, WriteTag};
+use tokio::sync::oneshot;
 
 use crate::datapath::{micro_batch_of, transfer};
 use crate::directory::ShardRoute;
 use crate::error::{Error, Result};
-use crate::messages::{OpenRelaysCmd, RelayRoute};
+use crate::messages::{ExpectRelaysCmd, OpenRelaysCmd, RelayRoute};
 use crate::policy::relay::{Combined, RelayPlan};
 use crate::policy::token::JobKey;
 
-/// One relay: the owner's route it flushes into and its own region.
+/// One relay: the owner's route it flushes into, its own region and who took its sum.
 struct Relay {
     target: ShardRoute,
     region: Box<dyn AccumulatorRegion>,
+    claim: Mutex<Claim>,
+}
+
+/// Who took a relay's sum of which epoch.
+enum Claim {
+    /// Nobody since the relay opened or was discarded.
+    Open,
+    /// The barrier's flush.
+    Barrier(u64),
+    /// An early flush; its outcome (bytes sent, what it combined) comes on the receiver, which
+    /// the barrier takes.
+    Early(u64, Option<oneshot::Receiver<Result<(u64, Combined)>>>),
+}
+
+/// What taking one relay gives: what it combined and its sum, unless all zeros.
+struct TakenOne {
+    combined: Combined,
+    sum: Option<(ShardRoute, Vec<f32>)>,
+}
+
+impl Relay {
+    /// The relay's sum and the micro-batches it combined, moving it to `next_epoch` (its claim's
+    /// lock held by the caller).
+    fn take(&self, server: u32, next_epoch: u64) -> Result<TakenOne> {
+        let applied = self.region.take_applied(next_epoch)?;
+        // Ascending write ids, the micro-batch in their top bits: ascending micro-batches.
+        let mut micro_batches: Vec<u32> = applied
+            .write_ids
+            .iter()
+            .map(|id| micro_batch_of(*id))
+            .collect();
+        micro_batches.dedup();
+        let combined = Combined {
+            server,
+            unit: self.target.unit,
+            owner: self.target.owner,
+            micro_batches,
+            early: false,
+        };
+        let sum = applied
+            .values
+            .iter()
+            .any(|v| *v != 0.0)
+            .then(|| (self.target.clone(), applied.values));
+        Ok(TakenOne { combined, sum })
+    }
 }
 
 /// Every relay of one server (none without relayed pushes).
@@ -45,11 +101,20 @@ pub(super) struct Relays {
     chunk_elems: usize,
 }
 
-/// What one take gives: the sums a flush sends (each relay's target and its sum, none all
-/// zeros) and what every relay combined.
+/// What the barrier's take gives: the sums it sends itself (none all zeros), what those relays
+/// combined, and the outcomes of the relays an early flush took.
 pub(super) struct Taken {
     pub(super) sums: Vec<(ShardRoute, Vec<f32>)>,
     pub(super) combined: Vec<Combined>,
+    pub(super) early: Vec<oneshot::Receiver<Result<(u64, Combined)>>>,
+}
+
+/// Where a server's flushes go and under which key: what an early flush needs of its server.
+#[derive(Clone)]
+pub(super) struct Flusher {
+    pub(super) transport: Arc<dyn Transport>,
+    pub(super) endpoint: u32,
+    pub(super) key: JobKey,
 }
 
 impl Relays {
@@ -83,7 +148,11 @@ impl Relays {
                 owner: target.owner,
                 accumulator: region.handle(),
             });
-            relays.push(Relay { target, region });
+            relays.push(Relay {
+                target,
+                region,
+                claim: Mutex::new(Claim::Open),
+            });
         }
         let relays = Relays {
             relays: Arc::new(relays),
@@ -99,33 +168,27 @@ impl Relays {
         self.relays.is_empty()
     }
 
-    /// Every relay of `server` moved to `next_epoch` (run it on a blocking thread): what each
-    /// combined, and each sum that is not all zeros. A sum of zeros (no trainer of the node
-    /// pushed it, or what they pushed cancelled exactly) would add nothing at its owner, so it
-    /// does not cross the NIC; what it combined is still reported.
-    pub(super) fn take(&self, server: u32, next_epoch: u64) -> Result<Taken> {
+    /// The barrier's take of `epoch` (run it on a blocking thread): every relay no early flush
+    /// took is moved to `next_epoch` and reported (its sum sent by the caller unless all
+    /// zeros, which would add nothing at its owner); an early flush's outcome is handed over.
+    pub(super) fn take(&self, server: u32, epoch: u64, next_epoch: u64) -> Result<Taken> {
         let mut taken = Taken {
             sums: Vec::new(),
             combined: Vec::with_capacity(self.relays.len()),
+            early: Vec::new(),
         };
-        for r in self.relays.iter() {
-            let applied = r.region.take_applied(next_epoch)?;
-            // Ascending write ids, the micro-batch in their top bits: ascending micro-batches.
-            let mut micro_batches: Vec<u32> = applied
-                .write_ids
-                .iter()
-                .map(|id| micro_batch_of(*id))
-                .collect();
-            micro_batches.dedup();
-            taken.combined.push(Combined {
-                server,
-                unit: r.target.unit,
-                owner: r.target.owner,
-                micro_batches,
-            });
-            if applied.values.iter().any(|v| *v != 0.0) {
-                taken.sums.push((r.target.clone(), applied.values));
+        for relay in self.relays.iter() {
+            let mut claim = lock(&relay.claim);
+            if let Claim::Early(e, outcome) = &mut *claim {
+                if *e == epoch {
+                    taken.early.extend(outcome.take());
+                    continue;
+                }
             }
+            *claim = Claim::Barrier(epoch);
+            let one = relay.take(server, next_epoch)?;
+            taken.combined.push(one.combined);
+            taken.sums.extend(one.sum);
         }
         Ok(taken)
     }
@@ -133,6 +196,8 @@ impl Relays {
     /// Drop every relay's values, moving it to `next_epoch`.
     pub(super) fn discard(&self, next_epoch: u64) {
         for relay in self.relays.iter() {
+            let mut claim = lock(&relay.claim);
+            *claim = Claim::Open;
             drop(relay.region.take(next_epoch));
         }
     }
@@ -141,22 +206,115 @@ impl Relays {
     pub(super) fn chunk_elems(&self) -> usize {
         self.chunk_elems
     }
+
+    /// Flush each relay of this server as soon as its region has applied every write of the
+    /// `cmd.micro_batches` micro-batches its node runs in `cmd.epoch` (module docs). Returns at
+    /// once; one task per relay waits (and gives up when the relay leaves the epoch).
+    pub(super) fn expect(&self, flusher: &Flusher, cmd: ExpectRelaysCmd) {
+        let per_micro_batch =
+            |relay: &Relay| chunk_ranges(relay.target.range(), self.chunk_elems).count();
+        for index in 0..self.relays.len() {
+            let relay = &self.relays[index];
+            let want = per_micro_batch(relay).saturating_mul(cmd.micro_batches as usize);
+            let Some(progress) = relay.region.progress().filter(|_| want > 0) else {
+                continue;
+            };
+            let (relays, flusher) = (self.clone(), flusher.clone());
+            tokio::spawn(async move {
+                relays
+                    .flush_early(index, progress, want, &flusher, cmd)
+                    .await;
+            });
+        }
+    }
+
+    /// Relay `index`'s early flush (see [`Relays::expect`]).
+    async fn flush_early(
+        self,
+        index: usize,
+        mut progress: tokio::sync::watch::Receiver<odc_transport::Progress>,
+        want: usize,
+        flusher: &Flusher,
+        cmd: ExpectRelaysCmd,
+    ) {
+        let epoch = cmd.epoch;
+        loop {
+            let now = *progress.borrow_and_update();
+            if now.epoch != epoch {
+                return;
+            }
+            if now.applied >= want {
+                break;
+            }
+            if progress.changed().await.is_err() {
+                return;
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        let (relays, server) = (self.clone(), flusher.endpoint);
+        let taken = tokio::task::spawn_blocking(move || {
+            let relay = &relays.relays[index];
+            let mut claim = lock(&relay.claim);
+            let claimed = match &*claim {
+                Claim::Barrier(e) | Claim::Early(e, _) => *e == epoch,
+                Claim::Open => false,
+            };
+            // A discard moved the region on: its writes are a replay's, not this attempt's.
+            if claimed || relay.region.epoch() != epoch {
+                return None;
+            }
+            *claim = Claim::Early(epoch, Some(rx));
+            Some(relay.take(server, epoch + 1))
+        })
+        .await;
+        let one = match taken {
+            Ok(Some(one)) => one,
+            Ok(None) | Err(_) => return,
+        };
+        let outcome = match one {
+            Ok(TakenOne { combined, sum }) => {
+                let timeout = Duration::from_millis(cmd.timeout_ms);
+                let sums = sum.into_iter().collect();
+                flush(flusher, sums, self.chunk_elems, epoch, timeout)
+                    .await
+                    .map(|bytes| {
+                        (
+                            bytes,
+                            Combined {
+                                early: true,
+                                ..combined
+                            },
+                        )
+                    })
+            }
+            Err(e) => Err(e),
+        };
+        if let Ok((bytes, _)) = &outcome {
+            metrics::counter!(crate::metrics::RELAY_FLUSHED_BYTES).increment(*bytes);
+            metrics::counter!(crate::metrics::RELAY_EARLY_FLUSHES).increment(1);
+        }
+        let _ = tx.send(outcome);
+    }
+}
+
+/// `mutex`'s guard, also after a panic elsewhere (a claim is plain data, consistent at every
+/// store).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Add every taken sum into its owner's accumulator under `epoch` (see the module docs); the
 /// bytes sent once every owner acknowledged.
 pub(super) async fn flush(
-    transport: Arc<dyn Transport>,
-    endpoint: u32,
-    key: JobKey,
+    flusher: &Flusher,
     taken: Vec<(ShardRoute, Vec<f32>)>,
     chunk_elems: usize,
     epoch: u64,
     timeout: Duration,
 ) -> Result<u64> {
     let deadline = odc_transport::now() + timeout;
-    let micro_batch = RelayPlan::flush_micro_batch(endpoint);
-    let token = key.token(epoch, micro_batch);
+    let micro_batch = RelayPlan::flush_micro_batch(flusher.endpoint);
+    let token = flusher.key.token(epoch, micro_batch);
     let mut sends = Vec::with_capacity(taken.len());
     for (target, sum) in &taken {
         let (unit, owner) = (target.unit, target.owner);
@@ -177,7 +335,7 @@ pub(super) async fn flush(
             Ok(writes) => writes,
             Err((_, never)) => match never {},
         };
-        let transport = transport.clone();
+        let transport = flusher.transport.clone();
         sends.push(async move {
             transfer::send_writes(transport.as_ref(), unit, writes, deadline).await
         });

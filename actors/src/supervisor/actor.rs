@@ -33,8 +33,8 @@ use crate::directory::Directory;
 use crate::error::{Error, Result};
 use crate::layout::UnitId;
 use crate::messages::{
-    ApplyCmd, DiscardCmd, FlushCmd, OpenRelaysCmd, ReduceCmd, ServerMsg, ServerOutcome, ServerSpec,
-    SupervisorMsg, SupervisorSpec, TrainerMsg, TrainerSpec,
+    ApplyCmd, DiscardCmd, ExpectRelaysCmd, FlushCmd, OpenRelaysCmd, ReduceCmd, ServerMsg,
+    ServerOutcome, ServerSpec, SupervisorMsg, SupervisorSpec, TrainerMsg, TrainerSpec,
 };
 use crate::metrics::{self as m, TrainerMetrics};
 use crate::node::Node;
@@ -452,6 +452,10 @@ async fn execute(
                     }
                 }
             }
+            Command::ExpectRelays { epoch, per_node } => {
+                expect_relays(state, epoch, &per_node);
+                Vec::new()
+            }
             Command::Flush { epoch, next_epoch } => {
                 // A flush moves what a push does: it has the trainers' transfer timeout.
                 let timeout = state.spec.context.transfer_timeout;
@@ -617,6 +621,36 @@ fn each_server_within<T: Send + 'static>(
             }
         })
         .collect()
+}
+
+/// Tell every server how many micro-batches its node runs in `epoch` (`per_node`, by node), so
+/// its relays can flush as soon as their writes are in; nothing waits for the answers (a server
+/// that cannot flushes at the barrier, as without them).
+fn expect_relays(state: &SupervisorState, epoch: u64, per_node: &[u32]) {
+    let Some(plan) = &state.spec.relay else {
+        return;
+    };
+    let timeout_ms =
+        u64::try_from(state.spec.context.transfer_timeout.as_millis()).unwrap_or(u64::MAX);
+    for (endpoint, server) in state.servers.iter().enumerate() {
+        let node = plan.server_nodes.get(endpoint).copied().unwrap_or(u32::MAX);
+        let cmd = ExpectRelaysCmd {
+            epoch,
+            micro_batches: per_node.get(node as usize).copied().unwrap_or(0),
+            timeout_ms,
+        };
+        let server = server.clone();
+        tokio::spawn(async move {
+            let what = format!("shard server {endpoint} expect relays");
+            let msg = move |reply| ServerMsg::ExpectRelays(cmd, reply);
+            if let Err(e) = call_within(&server, msg, &what, CALL_TIMEOUT)
+                .await
+                .and_then(|r| r)
+            {
+                tracing::warn!("{what}: {e} (its relays flush at the barrier)");
+            }
+        });
+    }
 }
 
 /// Every server's answer, in server order, or the first error (of the call or of the answer).

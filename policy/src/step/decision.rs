@@ -19,6 +19,11 @@ pub enum Command<E> {
     /// Every server: take the accumulators (moving to `next_epoch`), scale, reply the sum of
     /// squares → [`StepMachine::on_reduced`] with the sum over all servers.
     Reduce { scale: f64, next_epoch: u64 },
+    /// Relayed pushes with static on-demand dispatch, as an attempt starts: how many
+    /// micro-batches each node's trainers run in `epoch` (by node). Every server may then flush
+    /// a relay as soon as all of its node's writes are in, while the step still runs; no outcome
+    /// comes back (the barrier's `Flush` collects them).
+    ExpectRelays { epoch: u64, per_node: Vec<u32> },
     /// Relayed pushes only ([`crate::relay`]), before `Reduce`: every server flushes its relays
     /// of `epoch` into their owners (moving them to `next_epoch`) and replies what each relay
     /// combined → [`StepMachine::on_flushed`] with every server's relays.
@@ -58,6 +63,7 @@ impl<E> Command<E> {
             Command::Assign { .. } => "assign",
             Command::Reduce { .. } => "reduce",
             Command::Flush { .. } => "flush",
+            Command::ExpectRelays { .. } => "expect-relays",
             Command::Apply { .. } => "apply",
             Command::Discard { .. } => "discard",
             Command::Respawn { .. } => "respawn",
@@ -84,6 +90,8 @@ pub enum Reason {
     },
     /// Every micro-batch of the step is in the ledger.
     LedgerComplete { micro_batches: u32 },
+    /// An attempt's plan, for relays that flush early.
+    Planned { epoch: u64 },
     /// Every relay flushed into its owners, and what each combined agrees with the ledger.
     RelaysFlushed { relays: u32 },
     /// A relay's flush disagrees with the ledger ([`FlushMismatch`]): the attempt is discarded
@@ -195,6 +203,7 @@ impl std::fmt::Display for Reason {
             Reason::LedgerComplete { micro_batches } => {
                 write!(f, "all {micro_batches} micro-batches in the ledger")
             }
+            Reason::Planned { epoch } => write!(f, "the plan of epoch {epoch}"),
             Reason::RelaysFlushed { relays } => {
                 write!(f, "{relays} relays flushed, each as the ledger counts")
             }

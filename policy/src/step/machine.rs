@@ -107,7 +107,7 @@ impl<E: Failure> StepMachine<E> {
             replays: 0,
             started: now,
         });
-        self.dispatch(now)
+        self.planned(now)
     }
 
     /// A trainer's report of a micro-batch, success or error. A report that is not admitted
@@ -314,6 +314,8 @@ impl<E: Failure> StepMachine<E> {
         match checked {
             Ok(()) => {
                 run.phase = Phase::Reducing;
+                run.attempt.early_relay_flushes =
+                    combined.iter().filter(|c| c.early).count() as u32;
                 vec![decision(
                     Command::Reduce {
                         scale,
@@ -643,6 +645,38 @@ impl<E: Failure> StepMachine<E> {
         };
         run.phase = Phase::Computing;
         self.run = Some(run);
-        self.dispatch(now)
+        self.planned(now)
+    }
+
+    /// An attempt was planned: tell the relays what to expect where they can flush early
+    /// ([`Command::ExpectRelays`]), then the first assignments.
+    fn planned(&mut self, now: Timestamp) -> Vec<Decision<E>> {
+        let mut out: Vec<Decision<E>> = self.expect_relays().into_iter().collect();
+        out.extend(self.dispatch(now));
+        out
+    }
+
+    /// With relays, static dispatch on demand (every trainer runs exactly its list: nothing is
+    /// stolen, so each node's count is final) and a running attempt: its micro-batches per node.
+    fn expect_relays(&self) -> Option<Decision<E>> {
+        let plan = self.relay.as_ref()?;
+        let fixed = self.config.dispatch == DispatchMode::Static
+            && self.config.communication == Communication::OnDemand;
+        let run = self.run.as_ref().filter(|_| fixed)?;
+        let nodes = plan
+            .trainer_nodes
+            .iter()
+            .copied()
+            .max()
+            .map_or(0, |n| n + 1);
+        let mut per_node = vec![0u32; nodes as usize];
+        for (slot, node) in plan.trainer_nodes.iter().enumerate() {
+            per_node[*node as usize] += run.attempt.queue.own(slot).count() as u32;
+        }
+        let epoch = run.attempt.epoch;
+        Some(decision(
+            Command::ExpectRelays { epoch, per_node },
+            Reason::Planned { epoch },
+        ))
     }
 }

@@ -91,6 +91,7 @@ impl<E: Failure> StepMachine<E> {
             loss_sum: 0.0,
             trainers: vec![TrainerStepStats::default(); self.slots.len()],
             log: Vec::new(),
+            early_relay_flushes: 0,
         })
     }
 

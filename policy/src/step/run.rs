@@ -71,6 +71,8 @@ pub(super) struct Attempt {
     /// Indexed by slot.
     pub(super) trainers: Vec<TrainerStepStats>,
     pub(super) log: Vec<MicroBatchRecord>,
+    /// Relays that flushed early, as the barrier's `Flush` reported them.
+    pub(super) early_relay_flushes: u32,
 }
 
 /// One minibatch in flight.
@@ -134,6 +136,7 @@ impl<E> Run<E> {
             micro_batch_log: attempt.log,
             skipped: None,
             gangs,
+            early_relay_flushes: attempt.early_relay_flushes,
         }
     }
 }

@@ -116,6 +116,49 @@ pub async fn take_applied_names_the_applied_writes_c3(pair: Pair) {
     assert_eq!(next.write_ids, [7], "{b}: only the new epoch's write");
 }
 
+/// C3: `progress`, where the owner offers it, counts the writes applied in the current epoch
+/// (not a refused one) and starts again at 0 in the epoch a take moves to.
+pub async fn progress_counts_the_applied_writes_c3(pair: Pair) {
+    let b = pair.reader.backend();
+    let acc = register_accumulator(&pair, 2, 7);
+    let handle = ship(&acc.handle());
+    let Some(mut progress) = acc.progress() else {
+        eprintln!("{b}: progress skipped: the owner does not offer it");
+        return;
+    };
+    assert_eq!(
+        *progress.borrow_and_update(),
+        crate::Progress {
+            epoch: 7,
+            applied: 0
+        },
+        "{b}: a fresh accumulator"
+    );
+    for write_id in [1, 2, 3] {
+        must_accumulate(&pair, &handle, 0, &[1.0], tag(7, write_id)).await;
+    }
+    let again = accumulate(&pair, &handle, 0, &[1.0], tag(7, 2)).await;
+    assert!(again.is_err(), "{b}: a repeated write id is refused");
+    assert!(progress.has_changed().unwrap_or(false), "{b}: changed");
+    assert_eq!(
+        *progress.borrow_and_update(),
+        crate::Progress {
+            epoch: 7,
+            applied: 3
+        },
+        "{b}: three applied writes, the refused one not counted"
+    );
+    drop(acc.take(8));
+    assert_eq!(
+        *progress.borrow_and_update(),
+        crate::Progress {
+            epoch: 8,
+            applied: 0
+        },
+        "{b}: a take starts the next epoch at 0"
+    );
+}
+
 /// C3: 4 tasks issue 1024 single-element epoch-0 accumulates while the owner takes the
 /// accumulator into epoch 1. Every accumulate acknowledged `Ok` is in the taken values, every
 /// other one was refused as stale and left no trace: re-sent in epoch 1 under the same write id,

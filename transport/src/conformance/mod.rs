@@ -187,6 +187,7 @@ macro_rules! __odc_conformance_checks {
             duplicate_write_refused_c3,
             take_moves_epoch_atomically_c3,
             take_applied_names_the_applied_writes_c3,
+            progress_counts_the_applied_writes_c3,
             bad_requests_are_typed_errors_c4,
             bad_destination_is_refused_c4,
             device_destination_is_unsupported_c4,

@@ -416,6 +416,10 @@ impl AccumulatorRegion for DeviceAccumulator {
         self.guard.take_applied(next_epoch)
     }
 
+    fn progress(&self) -> Option<tokio::sync::watch::Receiver<crate::Progress>> {
+        self.guard.progress()
+    }
+
     fn epoch(&self) -> u64 {
         self.guard.epoch()
     }

@@ -94,6 +94,8 @@ pub(crate) struct Accumulator {
     len: usize,
     state: Mutex<State>,
     admission: Admission,
+    /// The epoch and the count of `state.applied`, sent under `state`'s lock at every change.
+    progress: tokio::sync::watch::Sender<crate::Progress>,
 }
 
 /// The owner's guard, if it installed one (C8).
@@ -129,6 +131,7 @@ impl Accumulator {
                 applied: HashSet::new(),
             }),
             admission: Admission::default(),
+            progress: tokio::sync::watch::Sender::new(crate::Progress { epoch, applied: 0 }),
         }
     }
 
@@ -214,6 +217,10 @@ impl Accumulator {
         debug_assert!(end <= self.len);
         add(state.values.as_mut()).map_err(|e| for_region(e, self.name.id))?;
         state.applied.insert(tag.write_id);
+        self.progress.send_replace(crate::Progress {
+            epoch: state.epoch,
+            applied: state.applied.len(),
+        });
         Ok(())
     }
 
@@ -249,7 +256,16 @@ impl Accumulator {
         let mut state = self.state.lock();
         state.epoch = next_epoch;
         let applied = std::mem::take(&mut state.applied);
+        self.progress.send_replace(crate::Progress {
+            epoch: next_epoch,
+            applied: 0,
+        });
         take(state.values.as_mut(), applied)
+    }
+
+    /// A receiver of [`crate::Progress`], current at once.
+    pub(super) fn progress(&self) -> tokio::sync::watch::Receiver<crate::Progress> {
+        self.progress.subscribe()
     }
 
     pub(super) fn epoch(&self) -> u64 {

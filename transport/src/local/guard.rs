@@ -98,6 +98,10 @@ impl AccumulatorRegion for Guard<Accumulator> {
         Ok(self.region.take_applied(next_epoch))
     }
 
+    fn progress(&self) -> Option<tokio::sync::watch::Receiver<crate::Progress>> {
+        Some(self.region.progress())
+    }
+
     fn epoch(&self) -> u64 {
         self.region.epoch()
     }

@@ -127,6 +127,9 @@ impl crate::AccumulatorRegion for Renamed<dyn crate::AccumulatorRegion> {
     fn take_applied(&self, next_epoch: u64) -> Result<crate::Applied, crate::TransportError> {
         self.inner.take_applied(next_epoch)
     }
+    fn progress(&self) -> Option<tokio::sync::watch::Receiver<crate::Progress>> {
+        self.inner.progress()
+    }
     fn epoch(&self) -> u64 {
         self.inner.epoch()
     }

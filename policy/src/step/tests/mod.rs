@@ -188,6 +188,7 @@ impl World {
                     unit: 0,
                     owner,
                     micro_batches,
+                    early: false,
                 });
             }
         }
@@ -215,7 +216,7 @@ impl World {
                 Command::Respawn { slot } => self.pending.push_back(Pending::Started(*slot)),
                 Command::Kill { slot } => self.running[*slot as usize] = None,
                 Command::Finish(r) => self.finished = Some(r.clone()),
-                Command::Reject(_) | Command::Ignore => {}
+                Command::Reject(_) | Command::Ignore | Command::ExpectRelays { .. } => {}
                 Command::Stop(_) => self.stopped = true,
             }
             self.log.push(d);

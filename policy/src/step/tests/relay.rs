@@ -20,13 +20,13 @@ fn the_barrier_flushes_the_relays_then_reduces_when_their_counts_agree() {
     let mut w = world(config());
     let stats = w.step(samples(8, 100)).expect("finishes").expect("ok");
     assert_eq!(
-        names(&w.log)[8..],
+        names(&w.log)[9..],
         ["flush", "reduce", "apply", "finish"],
         "{:?}",
         names(&w.log)
     );
     assert!(matches!(
-        w.log[8],
+        w.log[9],
         Decision {
             command: Command::Flush {
                 epoch: 0,
@@ -36,7 +36,7 @@ fn the_barrier_flushes_the_relays_then_reduces_when_their_counts_agree() {
         }
     ));
     assert!(matches!(
-        w.log[9],
+        w.log[10],
         Decision {
             command: Command::Reduce { next_epoch: 1, .. },
             reason: Reason::RelaysFlushed { relays: 2 },
@@ -129,4 +129,57 @@ fn a_failed_flush_fails_the_step_and_a_trainer_lost_while_flushing_is_only_respa
     );
     // An outcome for no flush changes nothing.
     assert!(m.on_flushed(Ok(Vec::new()), ms(4)).is_empty());
+}
+
+#[test]
+fn a_static_plan_tells_the_relays_each_nodes_micro_batches_before_any_assignment() {
+    let mut w = world(config());
+    w.step(samples(8, 100)).expect("finishes").expect("ok");
+    match &w.log[0] {
+        Decision {
+            command: Command::ExpectRelays { epoch: 0, per_node },
+            reason: Reason::Planned { epoch: 0 },
+        } => assert_eq!(
+            per_node,
+            &[4, 4],
+            "8 micro-batches over 2 nodes of 2 trainers"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // A replay plans again: the relays hear the new epoch's counts.
+    let mut w = world(config());
+    w.tamper.push_back(|c| c[0].micro_batches.clear());
+    w.step(samples(8, 100)).expect("finishes").expect("ok");
+    let expected: Vec<u64> = w
+        .log
+        .iter()
+        .filter_map(|d| match &d.command {
+            Command::ExpectRelays { epoch, per_node } => {
+                assert_eq!(per_node.iter().sum::<u32>(), 8);
+                Some(*epoch)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(expected, [0, 2], "the first attempt and its replay");
+    // Dynamic dispatch steals across nodes, and collective mode pushes reduced pieces: neither
+    // knows a node's writes in advance, so their relays flush at the barrier only.
+    for config in [
+        StepConfig {
+            dispatch: DispatchMode::Dynamic,
+            ..config()
+        },
+        StepConfig {
+            communication: Communication::Collective,
+            ..config()
+        },
+    ] {
+        let mut w = world(config);
+        w.step(samples(8, 100)).expect("finishes").expect("ok");
+        assert!(
+            !names(&w.log).contains(&"expect-relays"),
+            "{:?}",
+            names(&w.log)
+        );
+    }
 }
