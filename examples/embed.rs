@@ -332,8 +332,13 @@ async fn main() -> anyhow::Result<()> {
         }
         let busy: f64 = s.trainers.iter().map(|t| t.busy.as_secs_f64()).sum();
         let utilization = busy / (s.trainers.len() as f64 * s.wall.as_secs_f64());
+        // Relayed pushes: how many relays flushed before the barrier (static plans).
+        let early = match args.relay_pushes {
+            Some(_) => format!("  early relay flushes {}", s.early_relay_flushes),
+            None => String::new(),
+        };
         println!(
-            "step {:3}  loss {:.4}  tokens {:6}  micro-batches {:3}  replays {}  wall {:6.1} ms  utilization {:.2}",
+            "step {:3}  loss {:.4}  tokens {:6}  micro-batches {:3}  replays {}  wall {:6.1} ms  utilization {:.2}{early}",
             s.step,
             s.loss,
             s.tokens,

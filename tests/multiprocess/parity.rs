@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use crate::harness::*;
 
-fn four_processes_equal_one(transport: &str, extra: &[&str]) {
+/// Four processes over `transport` with `extra` flags train to one process's parameters; rank
+/// 0's output.
+fn four_processes_equal_one(transport: &str, extra: &[&str]) -> String {
     let (want, want_loss) = single(4, 4, extra);
     let path = temp(&format!("{transport}.params"));
     let mut cmd = odc();
@@ -41,6 +43,7 @@ fn four_processes_equal_one(transport: &str, extra: &[&str]) {
     let steps = stdout.lines().filter(|l| l.starts_with("step ")).count();
     assert_eq!(steps.to_string(), STEPS, "{stdout}");
     assert_same_params(&params(&path), &want, transport);
+    stdout.into_owned()
 }
 
 #[test]
@@ -58,8 +61,20 @@ fn four_processes_in_collective_mode_train_to_the_single_process_parameters() {
     four_processes_equal_one("shm", &["--communication", "collective"]);
 }
 
-/// Pushes relayed through the node (ranks 0–1 and 2–3 as two nodes) over `shm`.
+/// Pushes relayed through the node (ranks 0–1 and 2–3 as two nodes) over `shm`, with a static
+/// plan, so relays flush as soon as their node's writes are in (the expectation crosses
+/// processes; every step reports some; `netns.rs` relays under dynamic dispatch, at the barrier).
 #[test]
 fn four_processes_relaying_pushes_train_to_the_single_process_parameters() {
-    four_processes_equal_one("shm", &["--relay-pushes", "2"]);
+    let stdout = four_processes_equal_one("shm", &["--relay-pushes", "2", "--dispatch", "static"]);
+    let early: Vec<u32> = stdout
+        .lines()
+        .filter(|l| l.starts_with("step "))
+        .filter_map(|l| l.split("early relay flushes ").nth(1)?.trim().parse().ok())
+        .collect();
+    assert_eq!(early.len().to_string(), STEPS, "{stdout}");
+    assert!(
+        early.iter().all(|&e| e > 0),
+        "early flushes per step {early:?}"
+    );
 }
