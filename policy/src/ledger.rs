@@ -117,6 +117,14 @@ impl Ledger {
         }
     }
 
+    /// The trainer that holds `micro_batch`: running it or done with it.
+    pub fn trainer_of(&self, micro_batch: usize) -> Option<usize> {
+        match self.entries.get(micro_batch) {
+            Some(Entry::Assigned(trainer) | Entry::Done(trainer)) => Some(*trainer),
+            _ => None,
+        }
+    }
+
     /// True when every micro-batch is done: the barrier may run.
     pub fn is_complete(&self) -> bool {
         self.done == self.entries.len()

@@ -336,25 +336,9 @@ async fn flush_relays(
     let chunk = state.relays.chunk_elems();
     tokio::spawn(async move {
         let timeout = std::time::Duration::from_millis(cmd.timeout_ms);
-        let held = fault_delay("ODC_RELAY_FLUSH_DELAY_MS");
-        if let Some(delay) = held {
-            tracing::warn!(
-                "shard server {endpoint}: relay flush of epoch {} held for {} ms \
-                 (ODC_RELAY_FLUSH_DELAY_MS): its sums are taken, not yet sent",
-                cmd.epoch,
-                delay.as_millis()
-            );
-            tokio::time::sleep(delay).await;
-        }
         let mut sent = relay::flush(&flusher, sums, chunk, cmd.epoch, timeout).await;
         if let Ok(bytes) = sent {
             metrics::counter!(crate::metrics::RELAY_FLUSHED_BYTES).increment(bytes);
-        }
-        if held.is_some() {
-            tracing::warn!(
-                "shard server {endpoint}: relay flush of epoch {} released: {sent:?}",
-                cmd.epoch
-            );
         }
         // The early flushes: each already sent (or failing) on its own.
         for outcome in early {
@@ -471,9 +455,10 @@ fn lower_priority() {
 
 /// Fault injection for tests, a delay in milliseconds (at most a minute) read from `var`, so a
 /// test can kill a process at a known point: `ODC_CHECKPOINT_WRITE_DELAY_MS` holds every
-/// checkpoint write after its copy is taken, `ODC_RELAY_FLUSH_DELAY_MS` every relay flush after
-/// its sums are taken and before they are sent. Unset (the normal case), nothing waits.
-fn fault_delay(var: &str) -> Option<std::time::Duration> {
+/// checkpoint write after its copy is taken, `ODC_RELAY_FLUSH_DELAY_MS` every relay flush (early
+/// or at the barrier) after its sums are taken and before they are sent. Unset (the normal
+/// case), nothing waits.
+pub(super) fn fault_delay(var: &str) -> Option<std::time::Duration> {
     let ms = std::env::var(var).ok()?.parse::<u64>().ok()?;
     Some(std::time::Duration::from_millis(ms.min(60_000)))
 }

@@ -312,11 +312,36 @@ pub(super) async fn flush(
     epoch: u64,
     timeout: Duration,
 ) -> Result<u64> {
+    let endpoint = flusher.endpoint;
+    let held = super::actor::fault_delay("ODC_RELAY_FLUSH_DELAY_MS").filter(|_| !taken.is_empty());
+    if let Some(delay) = held {
+        tracing::warn!(
+            "shard server {endpoint}: relay flush of epoch {epoch} held for {} ms \
+             (ODC_RELAY_FLUSH_DELAY_MS): its sums are taken, not yet sent",
+            delay.as_millis()
+        );
+        tokio::time::sleep(delay).await;
+    }
+    let sent = send(flusher, &taken, chunk_elems, epoch, timeout).await;
+    if held.is_some() {
+        tracing::warn!("shard server {endpoint}: relay flush of epoch {epoch} released: {sent:?}");
+    }
+    sent
+}
+
+/// [`flush`]'s writes, one batch per relay, all within `timeout`.
+async fn send(
+    flusher: &Flusher,
+    taken: &[(ShardRoute, Vec<f32>)],
+    chunk_elems: usize,
+    epoch: u64,
+    timeout: Duration,
+) -> Result<u64> {
     let deadline = odc_transport::now() + timeout;
     let micro_batch = RelayPlan::flush_micro_batch(flusher.endpoint);
     let token = flusher.key.token(epoch, micro_batch);
     let mut sends = Vec::with_capacity(taken.len());
-    for (target, sum) in &taken {
+    for (target, sum) in taken {
         let (unit, owner) = (target.unit, target.owner);
         let tag = |_shard: u32, chunk: u32| WriteTag {
             epoch,

@@ -19,10 +19,11 @@ pub enum Command<E> {
     /// Every server: take the accumulators (moving to `next_epoch`), scale, reply the sum of
     /// squares → [`StepMachine::on_reduced`] with the sum over all servers.
     Reduce { scale: f64, next_epoch: u64 },
-    /// Relayed pushes with static on-demand dispatch, as an attempt starts: how many
-    /// micro-batches each node's trainers run in `epoch` (by node). Every server may then flush
-    /// a relay as soon as all of its node's writes are in, while the step still runs; no outcome
-    /// comes back (the barrier's `Flush` collects them).
+    /// Relayed pushes on demand, once each node's micro-batches are final (a static plan at
+    /// once, a dynamic one when nothing is left to hand out): how many each node's trainers run
+    /// in `epoch` (by node). Every server may then flush a relay as soon as all of its node's
+    /// writes are in, while the step still runs; no outcome comes back (the barrier's `Flush`
+    /// collects them).
     ExpectRelays { epoch: u64, per_node: Vec<u32> },
     /// Relayed pushes only ([`crate::relay`]), before `Reduce`: every server flushes its relays
     /// of `epoch` into their owners (moving them to `next_epoch`) and replies what each relay
@@ -90,8 +91,8 @@ pub enum Reason {
     },
     /// Every micro-batch of the step is in the ledger.
     LedgerComplete { micro_batches: u32 },
-    /// An attempt's plan, for relays that flush early.
-    Planned { epoch: u64 },
+    /// Each node's micro-batches of the attempt in `epoch` are final (relays may flush early).
+    NodeCountsFinal { epoch: u64 },
     /// Every relay flushed into its owners, and what each combined agrees with the ledger.
     RelaysFlushed { relays: u32 },
     /// A relay's flush disagrees with the ledger ([`FlushMismatch`]): the attempt is discarded
@@ -203,7 +204,9 @@ impl std::fmt::Display for Reason {
             Reason::LedgerComplete { micro_batches } => {
                 write!(f, "all {micro_batches} micro-batches in the ledger")
             }
-            Reason::Planned { epoch } => write!(f, "the plan of epoch {epoch}"),
+            Reason::NodeCountsFinal { epoch } => {
+                write!(f, "each node's micro-batches of epoch {epoch} are final")
+            }
             Reason::RelaysFlushed { relays } => {
                 write!(f, "{relays} relays flushed, each as the ledger counts")
             }

@@ -107,7 +107,7 @@ impl<E: Failure> StepMachine<E> {
             replays: 0,
             started: now,
         });
-        self.planned(now)
+        self.dispatch(now)
     }
 
     /// A trainer's report of a micro-batch, success or error. A report that is not admitted
@@ -645,24 +645,25 @@ impl<E: Failure> StepMachine<E> {
         };
         run.phase = Phase::Computing;
         self.run = Some(run);
-        self.planned(now)
+        self.dispatch(now)
     }
 
-    /// An attempt was planned: tell the relays what to expect where they can flush early
-    /// ([`Command::ExpectRelays`]), then the first assignments.
-    fn planned(&mut self, now: Timestamp) -> Vec<Decision<E>> {
-        let mut out: Vec<Decision<E>> = self.expect_relays().into_iter().collect();
-        out.extend(self.dispatch(now));
-        out
-    }
-
-    /// With relays, static dispatch on demand (every trainer runs exactly its list: nothing is
-    /// stolen, so each node's count is final) and a running attempt: its micro-batches per node.
-    fn expect_relays(&self) -> Option<Decision<E>> {
+    /// With relays on demand, once each node's micro-batches of the running attempt are final
+    /// (a static plan: at once, nothing is stolen; a dynamic one: when nothing is left to hand
+    /// out or steal), tell the servers how many each node runs ([`Command::ExpectRelays`]),
+    /// once per attempt: its relays may then flush as soon as their writes are in.
+    pub(super) fn expect_relays(&mut self) -> Option<Decision<E>> {
         let plan = self.relay.as_ref()?;
-        let fixed = self.config.dispatch == DispatchMode::Static
-            && self.config.communication == Communication::OnDemand;
-        let run = self.run.as_ref().filter(|_| fixed)?;
+        if self.config.communication != Communication::OnDemand {
+            return None;
+        }
+        let run = self.run.as_mut()?;
+        let a = &mut run.attempt;
+        let last = self.config.dispatch == DispatchMode::Static || a.queue.remaining() == 0;
+        if a.relays_expected || !last || !matches!(run.phase, Phase::Computing) {
+            return None;
+        }
+        a.relays_expected = true;
         let nodes = plan
             .trainer_nodes
             .iter()
@@ -670,13 +671,21 @@ impl<E: Failure> StepMachine<E> {
             .max()
             .map_or(0, |n| n + 1);
         let mut per_node = vec![0u32; nodes as usize];
-        for (slot, node) in plan.trainer_nodes.iter().enumerate() {
-            per_node[*node as usize] += run.attempt.queue.own(slot).count() as u32;
+        let node_of = |slot: usize| plan.trainer_nodes.get(slot).map(|&n| n as usize);
+        for slot in 0..plan.trainer_nodes.len() {
+            if let Some(node) = node_of(slot) {
+                per_node[node] += a.queue.own(slot).count() as u32;
+            }
         }
-        let epoch = run.attempt.epoch;
+        for mb in 0..a.ledger.len() {
+            if let Some(node) = a.ledger.trainer_of(mb).and_then(node_of) {
+                per_node[node] += 1;
+            }
+        }
+        let epoch = a.epoch;
         Some(decision(
             Command::ExpectRelays { epoch, per_node },
-            Reason::Planned { epoch },
+            Reason::NodeCountsFinal { epoch },
         ))
     }
 }

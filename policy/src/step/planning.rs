@@ -92,6 +92,7 @@ impl<E: Failure> StepMachine<E> {
             trainers: vec![TrainerStepStats::default(); self.slots.len()],
             log: Vec::new(),
             early_relay_flushes: 0,
+            relays_expected: false,
         })
     }
 
@@ -476,6 +477,7 @@ impl<E: Failure> StepMachine<E> {
                 reason,
             ));
         }
+        out.extend(self.expect_relays());
         out
     }
 

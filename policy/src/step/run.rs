@@ -73,6 +73,8 @@ pub(super) struct Attempt {
     pub(super) log: Vec<MicroBatchRecord>,
     /// Relays that flushed early, as the barrier's `Flush` reported them.
     pub(super) early_relay_flushes: u32,
+    /// `ExpectRelays` went out for this attempt.
+    pub(super) relays_expected: bool,
 }
 
 /// One minibatch in flight.

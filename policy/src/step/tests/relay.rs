@@ -131,55 +131,83 @@ fn a_failed_flush_fails_the_step_and_a_trainer_lost_while_flushing_is_only_respa
     assert!(m.on_flushed(Ok(Vec::new()), ms(4)).is_empty());
 }
 
+/// Every `ExpectRelays` of the log: (epoch, per node).
+fn expected(log: &[Decision]) -> Vec<(u64, Vec<u32>)> {
+    log.iter()
+        .filter_map(|d| match &d.command {
+            Command::ExpectRelays { epoch, per_node } => Some((*epoch, per_node.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
-fn a_static_plan_tells_the_relays_each_nodes_micro_batches_before_any_assignment() {
+fn relays_hear_each_nodes_micro_batches_once_they_are_final() {
+    // A static plan: at once, beside the first assignments (nothing is ever stolen).
     let mut w = world(config());
     w.step(samples(8, 100)).expect("finishes").expect("ok");
-    match &w.log[0] {
-        Decision {
-            command: Command::ExpectRelays { epoch: 0, per_node },
-            reason: Reason::Planned { epoch: 0 },
-        } => assert_eq!(
-            per_node,
-            &[4, 4],
-            "8 micro-batches over 2 nodes of 2 trainers"
-        ),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(
+        expected(&w.log),
+        [(0, vec![4, 4])],
+        "8 over 2 nodes of 2 trainers"
+    );
+    let first = names(&w.log).iter().position(|n| *n == "expect-relays");
+    assert_eq!(
+        first,
+        Some(4),
+        "after the 4 first assignments: {:?}",
+        names(&w.log)
+    );
+    assert!(matches!(
+        w.log[4].reason,
+        Reason::NodeCountsFinal { epoch: 0 }
+    ));
     // A replay plans again: the relays hear the new epoch's counts.
     let mut w = world(config());
     w.tamper.push_back(|c| c[0].micro_batches.clear());
     w.step(samples(8, 100)).expect("finishes").expect("ok");
-    let expected: Vec<u64> = w
-        .log
-        .iter()
-        .filter_map(|d| match &d.command {
-            Command::ExpectRelays { epoch, per_node } => {
-                assert_eq!(per_node.iter().sum::<u32>(), 8);
-                Some(*epoch)
-            }
-            _ => None,
-        })
-        .collect();
-    assert_eq!(expected, [0, 2], "the first attempt and its replay");
-    // Dynamic dispatch steals across nodes, and collective mode pushes reduced pieces: neither
-    // knows a node's writes in advance, so their relays flush at the barrier only.
-    for config in [
+    let epochs: Vec<u64> = expected(&w.log).iter().map(|(e, _)| *e).collect();
+    assert_eq!(epochs, [0, 2], "the first attempt and its replay");
+    // Dynamic dispatch: only once nothing is left to hand out or steal, counting what each
+    // node's trainers ran and run (a trainer twice as fast takes more).
+    let mut w = World::new(
         StepConfig {
             dispatch: DispatchMode::Dynamic,
             ..config()
         },
-        StepConfig {
-            communication: Communication::Collective,
-            ..config()
-        },
-    ] {
-        let mut w = world(config);
-        w.step(samples(8, 100)).expect("finishes").expect("ok");
-        assert!(
-            !names(&w.log).contains(&"expect-relays"),
-            "{:?}",
-            names(&w.log)
-        );
-    }
+        &[2.0, 1.0, 1.0, 1.0],
+    )
+    .relayed(plan());
+    w.step(samples(12, 100)).expect("finishes").expect("ok");
+    let heard = expected(&w.log);
+    assert_eq!(heard.len(), 1, "{:?}", names(&w.log));
+    assert_eq!(heard[0].1.iter().sum::<u32>(), 12);
+    let at = names(&w.log)
+        .iter()
+        .position(|n| *n == "expect-relays")
+        .unwrap();
+    let assigned_after = names(&w.log)[at..]
+        .iter()
+        .filter(|n| **n == "assign")
+        .count();
+    assert_eq!(
+        assigned_after,
+        0,
+        "every micro-batch was handed out before: {:?}",
+        names(&w.log)
+    );
+    let done_by = |node: u32| -> u32 {
+        w.log
+            .iter()
+            .filter(|d| matches!(&d.command, Command::Assign { slot, .. } if plan().trainer_node(*slot) == Some(node)))
+            .count() as u32
+    };
+    assert_eq!(heard[0].1, [done_by(0), done_by(1)]);
+    // Collective mode pushes reduced pieces: its relays flush at the barrier only.
+    let mut w = world(StepConfig {
+        communication: Communication::Collective,
+        ..config()
+    });
+    w.step(samples(8, 100)).expect("finishes").expect("ok");
+    assert!(expected(&w.log).is_empty(), "{:?}", names(&w.log));
 }
