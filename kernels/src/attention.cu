@@ -23,6 +23,55 @@ __device__ __forceinline__ unsigned long long odc_sample_start(
     return cu_seqlens[lo];
 }
 
+// One query row of a warp under FlashAttention's online softmax: each lane holds up to 4 of its
+// `dim` columns (lane, lane + 32, ...; dim at most 128) of the scaled query and of the output's
+// running sum, with the running maximum `m` and normaliser `l` (every lane the same).
+struct OdcOnline {
+    float qv[4], acc[4], m, l;
+    unsigned long long dim;
+    unsigned int lane;
+
+    template <typename T>
+    __device__ OdcOnline(const T* q, unsigned long long qrow, unsigned long long dim_,
+                         unsigned int lane_, float scale)
+        : m(-__int_as_float(0x7f800000)), l(0.0f), dim(dim_), lane(lane_) {
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            qv[r] = c < dim ? odc_load(q, qrow + c) * scale : 0.0f;
+            acc[r] = 0.0f;
+        }
+    }
+
+    // Attend the key and value at `krow` (the whole warp: the score is a warp sum).
+    template <typename T>
+    __device__ void key(const T* k, const T* v, unsigned long long krow) {
+        float s = 0.0f;
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            if (c < dim) s += qv[r] * odc_load(k, krow + c);
+        }
+        s = odc_warp_sum(s);
+        float m2 = fmaxf(m, s);
+        float corr = expf(m - m2);
+        float p = expf(s - m2);
+        l = l * corr + p;
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            if (c < dim) acc[r] = acc[r] * corr + p * odc_load(v, krow + c);
+        }
+        m = m2;
+    }
+
+    // The output row at `orow`: the sum over the normaliser (zeros when no key was attended).
+    template <typename T>
+    __device__ void store(T* out, unsigned long long orow) const {
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            if (c < dim) odc_store(out, orow + c, l > 0.0f ? acc[r] / l : 0.0f);
+        }
+    }
+};
+
 template <typename T>
 __device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
                                   const T* __restrict__ q, const T* __restrict__ k,
@@ -42,36 +91,12 @@ __device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
         unsigned long long kvh = h / group;
         unsigned long long start = odc_sample_start(cu_seqlens, samples, token);
         unsigned long long qrow = (token * heads + h) * dim;
-        float qv[4], acc[4];
-        for (int r = 0; r < 4; ++r) {
-            unsigned long long c = lane + 32u * r;
-            qv[r] = c < dim ? odc_load(q, qrow + c) * scale : 0.0f;
-            acc[r] = 0.0f;
-        }
-        float m = -__int_as_float(0x7f800000), l = 0.0f;
+        OdcOnline query(q, qrow, dim, lane, scale);
         for (unsigned long long j = start; j <= token; ++j) {
-            unsigned long long krow = (j * kv_heads + kvh) * dim;
-            float s = 0.0f;
-            for (int r = 0; r < 4; ++r) {
-                unsigned long long c = lane + 32u * r;
-                if (c < dim) s += qv[r] * odc_load(k, krow + c);
-            }
-            s = odc_warp_sum(s);
-            float m2 = fmaxf(m, s);
-            float corr = expf(m - m2);
-            float p = expf(s - m2);
-            l = l * corr + p;
-            for (int r = 0; r < 4; ++r) {
-                unsigned long long c = lane + 32u * r;
-                if (c < dim) acc[r] = acc[r] * corr + p * odc_load(v, krow + c);
-            }
-            m = m2;
+            query.key(k, v, (j * kv_heads + kvh) * dim);
         }
-        for (int r = 0; r < 4; ++r) {
-            unsigned long long c = lane + 32u * r;
-            if (c < dim) odc_store(out, qrow + c, acc[r] / l);
-        }
-        if (lane == 0) lse[token * heads + h] = m + logf(l);
+        query.store(out, qrow);
+        if (lane == 0) lse[token * heads + h] = query.m + logf(query.l);
     }
 }
 
@@ -224,35 +249,9 @@ __device__ void odc_decode_attention(T* __restrict__ out, const T* __restrict__ 
         unsigned long long cache = (row * kv_heads + kvh) * capacity;
         long long pad = pads[row];
         unsigned long long first = pad > 0 ? (unsigned long long)pad : 0ull;
-        float qv[4], acc[4];
-        for (int r = 0; r < 4; ++r) {
-            unsigned long long c = lane + 32u * r;
-            qv[r] = c < dim ? odc_load(q, qrow + c) * scale : 0.0f;
-            acc[r] = 0.0f;
-        }
-        float m = -__int_as_float(0x7f800000), l = 0.0f;
-        for (unsigned long long j = first; j < len; ++j) {
-            unsigned long long krow = (cache + j) * dim;
-            float s = 0.0f;
-            for (int r = 0; r < 4; ++r) {
-                unsigned long long c = lane + 32u * r;
-                if (c < dim) s += qv[r] * odc_load(k, krow + c);
-            }
-            s = odc_warp_sum(s);
-            float m2 = fmaxf(m, s);
-            float corr = expf(m - m2);
-            float p = expf(s - m2);
-            l = l * corr + p;
-            for (int r = 0; r < 4; ++r) {
-                unsigned long long c = lane + 32u * r;
-                if (c < dim) acc[r] = acc[r] * corr + p * odc_load(v, krow + c);
-            }
-            m = m2;
-        }
-        for (int r = 0; r < 4; ++r) {
-            unsigned long long c = lane + 32u * r;
-            if (c < dim) odc_store(out, qrow + c, l > 0.0f ? acc[r] / l : 0.0f);
-        }
+        OdcOnline query(q, qrow, dim, lane, scale);
+        for (unsigned long long j = first; j < len; ++j) query.key(k, v, (cache + j) * dim);
+        query.store(out, qrow);
     }
 }
 

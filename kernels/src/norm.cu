@@ -44,11 +44,13 @@ __device__ void odc_rms_norm_fwd(T* __restrict__ out, const T* __restrict__ x,
     }
 }
 
+// The backward of both: `g_res` (the residual stream's own gradient, added to dx) may be null.
 template <typename T>
 __device__ void odc_rms_norm_bwd(T* __restrict__ dx, float* __restrict__ part,
                                  const T* __restrict__ x, const float* __restrict__ w,
-                                 const T* __restrict__ g, unsigned long long rows,
-                                 unsigned long long cols, float eps, unsigned long long n) {
+                                 const T* __restrict__ g, const T* __restrict__ g_res,
+                                 unsigned long long rows, unsigned long long cols, float eps,
+                                 unsigned long long n) {
     unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
     for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
          t += stride) {
@@ -68,7 +70,8 @@ __device__ void odc_rms_norm_bwd(T* __restrict__ dx, float* __restrict__ part,
         for (unsigned long long c = lane; c < cols; c += 32) {
             float xhat = odc_load(x, base + c) * r;
             float gw = odc_load(g, base + c) * w[c];
-            odc_store(dx, base + c, r * (gw - xhat * dot));
+            float res = g_res != nullptr ? odc_load(g_res, base + c) : 0.0f;
+            odc_store(dx, base + c, res + r * (gw - xhat * dot));
         }
     }
 }
@@ -88,14 +91,14 @@ extern "C" __global__ void odc_rms_norm_bwd_f32(float* dx, float* part, const fl
                                                 const float* w, const float* g,
                                                 unsigned long long rows, unsigned long long cols,
                                                 float eps, unsigned long long n) {
-    odc_rms_norm_bwd(dx, part, x, w, g, rows, cols, eps, n);
+    odc_rms_norm_bwd(dx, part, x, w, g, (const float*)nullptr, rows, cols, eps, n);
 }
 extern "C" __global__ void odc_rms_norm_bwd_bf16(unsigned short* dx, float* part,
                                                  const unsigned short* x, const float* w,
                                                  const unsigned short* g, unsigned long long rows,
                                                  unsigned long long cols, float eps,
                                                  unsigned long long n) {
-    odc_rms_norm_bwd(dx, part, x, w, g, rows, cols, eps, n);
+    odc_rms_norm_bwd(dx, part, x, w, g, (const unsigned short*)nullptr, rows, cols, eps, n);
 }
 
 template <typename T>
@@ -124,36 +127,6 @@ __device__ void odc_add_rms_norm_fwd(T* __restrict__ sum, T* __restrict__ out,
     }
 }
 
-template <typename T>
-__device__ void odc_add_rms_norm_bwd(T* __restrict__ ds, float* __restrict__ part,
-                                     const T* __restrict__ s, const float* __restrict__ w,
-                                     const T* __restrict__ g, const T* __restrict__ g_res,
-                                     unsigned long long rows, unsigned long long cols, float eps,
-                                     unsigned long long n) {
-    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
-    for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
-         t += stride) {
-        unsigned long long row = t >> 5;
-        unsigned int lane = (unsigned int)(t & 31u);
-        if (row >= rows) continue;
-        unsigned long long base = row * cols;
-        float r = odc_row_rstd(s, base, cols, lane, eps);
-        float dot = 0.0f;
-        for (unsigned long long c = lane; c < cols; c += 32) {
-            float xhat = odc_load(s, base + c) * r;
-            float gv = odc_load(g, base + c);
-            dot += gv * w[c] * xhat;
-            part[base + c] = gv * xhat;
-        }
-        dot = odc_warp_sum(dot) / (float)cols;
-        for (unsigned long long c = lane; c < cols; c += 32) {
-            float xhat = odc_load(s, base + c) * r;
-            float gw = odc_load(g, base + c) * w[c];
-            odc_store(ds, base + c, odc_load(g_res, base + c) + r * (gw - xhat * dot));
-        }
-    }
-}
-
 extern "C" __global__ void odc_add_rms_norm_fwd_f32(float* sum, float* out, const float* a,
                                                     const float* b, const float* w,
                                                     unsigned long long rows,
@@ -174,7 +147,7 @@ extern "C" __global__ void odc_add_rms_norm_bwd_f32(float* ds, float* part, cons
                                                     const float* g_res, unsigned long long rows,
                                                     unsigned long long cols, float eps,
                                                     unsigned long long n) {
-    odc_add_rms_norm_bwd(ds, part, s, w, g, g_res, rows, cols, eps, n);
+    odc_rms_norm_bwd(ds, part, s, w, g, g_res, rows, cols, eps, n);
 }
 extern "C" __global__ void odc_add_rms_norm_bwd_bf16(unsigned short* ds, float* part,
                                                      const unsigned short* s, const float* w,
@@ -183,7 +156,7 @@ extern "C" __global__ void odc_add_rms_norm_bwd_bf16(unsigned short* ds, float* 
                                                      unsigned long long rows,
                                                      unsigned long long cols, float eps,
                                                      unsigned long long n) {
-    odc_add_rms_norm_bwd(ds, part, s, w, g, g_res, rows, cols, eps, n);
+    odc_rms_norm_bwd(ds, part, s, w, g, g_res, rows, cols, eps, n);
 }
 
 // out[c] = Σ_r part[r, c] for c < n (= cols), summed in fp64 in row order (deterministic): the

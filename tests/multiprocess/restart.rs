@@ -83,6 +83,52 @@ fn child_with_env(parent: u32, env: &[&str]) -> Option<u32> {
     None
 }
 
+/// A fresh directory holding [`config`] as `sft.toml`, and the final loss of one process (4
+/// trainers, 4 servers) training it uninterrupted.
+fn uninterrupted(name: &str) -> (std::path::PathBuf, f64) {
+    let dir = temp(name);
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    std::fs::write(dir.join("sft.toml"), config()).expect("the config file");
+    let mut cmd = Command::new(example("sft"));
+    cmd.arg("--config")
+        .arg(dir.join("sft.toml"))
+        .args(["--trainers", "4", "--servers", "4"]);
+    let stdout = succeeded(&run(cmd, Duration::from_secs(120)), "the uninterrupted run");
+    (dir, final_loss(&stdout).0)
+}
+
+/// `odc launch` of 4 `sft` ranks over tcp on `dir`'s config, restarting once, within
+/// `timeout_secs`, with `env` and the extra sft `args`, checkpointing every 4 steps into
+/// `dir/ckpt` and resuming from there; stdout and stderr piped.
+fn launch_sft(
+    dir: &std::path::Path,
+    timeout_secs: u32,
+    env: (&str, &str),
+    args: &[&str],
+) -> Launcher {
+    let mut cmd = odc();
+    cmd.args(["launch", "--nprocs", "4", "--transport", "tcp"])
+        .args(["--max-restarts", "1", "--grace-secs", "5", "--timeout-secs"])
+        .arg(timeout_secs.to_string())
+        .env(env.0, env.1)
+        .arg("--")
+        .arg(example("sft"))
+        .arg("--config")
+        .arg(dir.join("sft.toml"))
+        .args(args)
+        .args([
+            "--checkpoint-every",
+            "4",
+            "--resume",
+            "auto",
+            "--checkpoint-dir",
+        ])
+        .arg(dir.join("ckpt"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Launcher(Some(cmd.spawn().expect("odc launch starts")))
+}
+
 /// The launcher, stopped (SIGTERM: it stops its ranks) if the test ends early.
 struct Launcher(Option<Child>);
 
@@ -99,47 +145,11 @@ impl Drop for Launcher {
 #[test]
 fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uninterrupted_run() {
     let started = Instant::now();
-    let dir = temp("restart");
-    std::fs::create_dir_all(&dir).expect("a temporary directory");
-    std::fs::write(dir.join("sft.toml"), config()).expect("the config file");
+    let (dir, want) = uninterrupted("restart");
     let ckpt = dir.join("ckpt");
-
-    // The uninterrupted run: one process, 4 trainers and 4 servers.
-    let mut cmd = Command::new(example("sft"));
-    cmd.arg("--config")
-        .arg(dir.join("sft.toml"))
-        .args(["--trainers", "4", "--servers", "4"]);
-    let stdout = succeeded(&run(cmd, Duration::from_secs(120)), "the uninterrupted run");
-    let (want, _) = final_loss(&stdout);
-
-    let mut cmd = odc();
-    cmd.args(["launch", "--nprocs", "4", "--transport", "tcp"])
-        .args([
-            "--max-restarts",
-            "1",
-            "--grace-secs",
-            "5",
-            "--timeout-secs",
-            "150",
-        ])
-        // Every checkpoint write waits 3 s after its copy is taken, so the kill below lands
-        // while step 8's write is in flight.
-        .env("ODC_CHECKPOINT_WRITE_DELAY_MS", "3000")
-        .arg("--")
-        .arg(example("sft"))
-        .arg("--config")
-        .arg(dir.join("sft.toml"))
-        .args([
-            "--checkpoint-every",
-            "4",
-            "--resume",
-            "auto",
-            "--checkpoint-dir",
-        ])
-        .arg(&ckpt)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut launcher = Launcher(Some(cmd.spawn().expect("odc launch starts")));
+    // Every checkpoint write waits 3 s after its copy is taken, so the kill below lands while
+    // step 8's write is in flight.
+    let mut launcher = launch_sft(&dir, 150, ("ODC_CHECKPOINT_WRITE_DELAY_MS", "3000"), &[]);
     let child = launcher.0.as_mut().expect("the launcher");
     let launcher_pid = child.id();
     let mut stderr = child.stderr.take().expect("piped stderr");
@@ -230,39 +240,9 @@ fn a_rank_killed_during_a_relay_flush_restarts_and_replays_to_the_uninterrupted_
     use std::sync::mpsc;
 
     let started = Instant::now();
-    let dir = temp("relay-kill");
-    std::fs::create_dir_all(&dir).expect("a temporary directory");
-    std::fs::write(dir.join("sft.toml"), config()).expect("the config file");
-    let ckpt = dir.join("ckpt");
-
-    let mut cmd = Command::new(example("sft"));
-    cmd.arg("--config")
-        .arg(dir.join("sft.toml"))
-        .args(["--trainers", "4", "--servers", "4"]);
-    let stdout = succeeded(&run(cmd, Duration::from_secs(120)), "the uninterrupted run");
-    let (want, _) = final_loss(&stdout);
-
-    let mut cmd = odc();
-    cmd.args(["launch", "--nprocs", "4", "--transport", "tcp"])
-        .args([
-            "--max-restarts",
-            "1",
-            "--grace-secs",
-            "5",
-            "--timeout-secs",
-            "170",
-        ])
-        .env("ODC_RELAY_FLUSH_DELAY_MS", "1500")
-        .arg("--")
-        .arg(example("sft"))
-        .arg("--config")
-        .arg(dir.join("sft.toml"))
-        .args(["--relay-pushes", "2", "--checkpoint-every", "4"])
-        .args(["--resume", "auto", "--checkpoint-dir"])
-        .arg(&ckpt)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut launcher = Launcher(Some(cmd.spawn().expect("odc launch starts")));
+    let (dir, want) = uninterrupted("relay-kill");
+    let relayed = ["--relay-pushes", "2"];
+    let mut launcher = launch_sft(&dir, 170, ("ODC_RELAY_FLUSH_DELAY_MS", "1500"), &relayed);
     let child = launcher.0.as_mut().expect("the launcher");
     let launcher_pid = child.id();
     // Every stderr line, as it comes, to this thread; all of them at the end.
