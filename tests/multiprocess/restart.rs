@@ -129,6 +129,39 @@ fn launch_sft(
     Launcher(Some(cmd.spawn().expect("odc launch starts")))
 }
 
+/// After a launch whose rank 2 was SIGKILLed once: the launcher restarted every rank, and the
+/// step the second attempt resumed from (rank 0's `resuming from DIR at step N`).
+fn restarted_and_resumed(lines: &str, stderr: &str) -> u64 {
+    assert!(stderr.contains("rank 2 exited with status 137"), "{stderr}");
+    assert!(
+        stderr.contains("restarting every rank (restart 1 of 1)"),
+        "{stderr}"
+    );
+    lines
+        .lines()
+        .find_map(|l| l.strip_prefix("resuming from "))
+        .and_then(|l| l.split(" at step ").nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("the second attempt resumed: {lines}"))
+}
+
+/// The launch's last line is the uninterrupted run's (`want`) within 1e-5 relative, printed by
+/// each of the last attempt's four ranks: the final loss and its relative difference.
+fn ends_as_uninterrupted(lines: &str, want: f64) -> (f64, f64) {
+    let (got, finals) = final_loss(lines);
+    assert_eq!(
+        finals, 4,
+        "one final line per rank of the last attempt: {lines}"
+    );
+    let relative = ((got - want) / want).abs();
+    assert!(
+        relative <= 1e-5,
+        "final loss {got} after the restart vs {want} uninterrupted: {relative:e} relative"
+    );
+    (got, relative)
+}
+
 /// The launcher, stopped (SIGTERM: it stops its ranks) if the test ends early.
 struct Launcher(Option<Child>);
 
@@ -189,18 +222,7 @@ fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uni
     );
     // Rank 2's SIGKILL ended the first attempt; the second resumed from a checkpoint before the
     // end (the kill came before step 20 was trained).
-    assert!(stderr.contains("rank 2 exited with status 137"), "{stderr}");
-    assert!(
-        stderr.contains("restarting every rank (restart 1 of 1)"),
-        "{stderr}"
-    );
-    let resumed: u64 = lines
-        .lines()
-        .find_map(|l| l.strip_prefix("resuming from "))
-        .and_then(|l| l.split(" at step ").nth(1))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("the second attempt resumed: {lines}"));
+    let resumed = restarted_and_resumed(&lines, &stderr);
     // Step 4's checkpoint was complete when rank 0 said so; step 8's was being written when rank
     // 2 died: it was never published, and the relaunch resumed from step 4.
     assert_eq!(resumed, 4, "resumed at step {resumed}: {lines}");
@@ -209,16 +231,7 @@ fn a_killed_server_rank_restarts_from_the_newest_checkpoint_and_ends_like_an_uni
         "from the newest checkpoint's directory: {lines}"
     );
     // Only the second attempt's four ranks finished; the last line equals the uninterrupted run's.
-    let (got, finals) = final_loss(&lines);
-    assert_eq!(
-        finals, 4,
-        "one final line per rank of the last attempt: {lines}"
-    );
-    let relative = ((got - want) / want).abs();
-    assert!(
-        relative <= 1e-5,
-        "final loss {got} after the restart vs {want} uninterrupted: {relative:e} relative"
-    );
+    let (got, relative) = ends_as_uninterrupted(&lines, want);
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
         "restart: resumed at step {resumed} of 20; final loss {got} vs {want} uninterrupted \
@@ -312,29 +325,12 @@ fn a_rank_killed_during_a_relay_flush_restarts_and_replays_to_the_uninterrupted_
         last.contains(" held for "),
         "rank 2's last relay flush was released before the kill: {last}"
     );
-    assert!(stderr.contains("rank 2 exited with status 137"), "{stderr}");
-    assert!(
-        stderr.contains("restarting every rank (restart 1 of 1)"),
-        "{stderr}"
-    );
-    let resumed: u64 = lines
-        .lines()
-        .find_map(|l| l.strip_prefix("resuming from "))
-        .and_then(|l| l.split(" at step ").nth(1))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("the second attempt resumed: {lines}"));
+    let resumed = restarted_and_resumed(&lines, &stderr);
     assert!(
         (4..20).contains(&resumed),
         "resumed at step {resumed}: {lines}"
     );
-    let (got, finals) = final_loss(&lines);
-    assert_eq!(finals, 4, "one final line per rank of the last attempt");
-    let relative = ((got - want) / want).abs();
-    assert!(
-        relative <= 1e-5,
-        "final loss {got} after the restart vs {want} uninterrupted: {relative:e} relative"
-    );
+    let (got, relative) = ends_as_uninterrupted(&lines, want);
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
         "relay kill: rank 2 killed holding the flush of epoch {epoch}; resumed at step \
