@@ -475,7 +475,7 @@ fn print_setup(args: &AbArgs, settings: &Settings) {
             },
             if f.hpz { ", HPZ (a copy per node)" } else { "" },
             if f.relay {
-                ", on-demand pushes relayed through the node (flushed at the barrier)"
+                ", on-demand pushes relayed through the node (each relay flushed once its node's writes are in)"
             } else {
                 ""
             },
