@@ -13,6 +13,7 @@
 //!   `#[rpc]` form).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use odc_transport::{Dtype, EndpointId, RegionHandle};
 use ractor::RpcReplyPort;
@@ -239,8 +240,27 @@ pub struct TrainerSpec {
     pub rank: u32,
     pub communication: Communication,
     pub context: ContextConfig,
-    /// Where every shard lives.
-    pub directory: Directory,
+    /// Where every shard lives: one directory shared by every trainer that pushes alike (a
+    /// node's, with relayed pushes), not a copy each (its routes grow with units × servers).
+    #[serde(with = "shared_directory")]
+    pub directory: Arc<Directory>,
+}
+
+/// A shared [`Directory`] on the wire: its value (each process shares what it decoded).
+mod shared_directory {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::directory::Directory;
+
+    pub fn serialize<S: Serializer>(directory: &Arc<Directory>, s: S) -> Result<S::Ok, S::Error> {
+        directory.as_ref().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Directory>, D::Error> {
+        Directory::deserialize(d).map(Arc::new)
+    }
 }
 
 /// Messages of a trainer.
@@ -519,7 +539,7 @@ mod tests {
             rank: 2,
             communication: Communication::Collective,
             context: ContextConfig::default(),
-            directory,
+            directory: Arc::new(directory),
         });
         round_trip(Assignment {
             micro_batch: micro_batch(),

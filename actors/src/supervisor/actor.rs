@@ -73,6 +73,9 @@ pub struct SupervisorState {
     spec: SupervisorSpec,
     node: Arc<Node>,
     directory: Directory,
+    /// The directories trainers push by, one per node (relayed pushes; without them, one for
+    /// all), shared: [`directory_of`].
+    trainer_directories: HashMap<u32, Arc<Directory>>,
     /// Every relay's handle by (relay server, unit, owner) (relayed pushes only).
     relays: HashMap<(u32, UnitId, u32), RegionHandle>,
     servers: Vec<ActorRef<ServerMsg>>,
@@ -164,6 +167,7 @@ impl Actor for Supervisor {
             spec,
             node,
             directory,
+            trainer_directories: HashMap::new(),
             relays,
             servers,
             trainers: Vec::new(),
@@ -803,24 +807,33 @@ async fn open_relays(
 }
 
 /// The directory trainer `slot` pushes by: the owners' accumulators, with every shard whose
-/// owner is on another node replaced by its node's relay (relayed pushes), else the job's.
-fn directory_of(state: &SupervisorState, slot: u32) -> Directory {
+/// owner is on another node replaced by its node's relay (relayed pushes), else the job's. Made
+/// once per node and shared by its trainers (every trainer's own copy made memory grow with
+/// trainers × servers × units: 40% of a 128-device simulation's peak).
+fn directory_of(state: &mut SupervisorState, slot: u32) -> Arc<Directory> {
+    let node = state
+        .spec
+        .relay
+        .as_ref()
+        .and_then(|plan| plan.trainer_node(slot))
+        .unwrap_or(u32::MAX);
+    if let Some(shared) = state.trainer_directories.get(&node) {
+        return shared.clone();
+    }
     let mut directory = state.directory.clone();
-    let Some(plan) = &state.spec.relay else {
-        return directory;
-    };
-    let Some(node) = plan.trainer_node(slot) else {
-        return directory;
-    };
-    for route in directory.units.iter_mut().flatten() {
-        let Some(relay) = plan.relay(node, route.owner) else {
-            continue;
-        };
-        if let Some(handle) = state.relays.get(&(relay, route.unit, route.owner)) {
-            route.accumulator = Some(handle.clone());
+    if let Some(plan) = state.spec.relay.as_ref().filter(|_| node != u32::MAX) {
+        for route in directory.units.iter_mut().flatten() {
+            let Some(relay) = plan.relay(node, route.owner) else {
+                continue;
+            };
+            if let Some(handle) = state.relays.get(&(relay, route.unit, route.owner)) {
+                route.accumulator = Some(handle.clone());
+            }
         }
     }
-    directory
+    let shared = Arc::new(directory);
+    state.trainer_directories.insert(node, shared.clone());
+    shared
 }
 
 /// Ask every server for its fp32 snapshot handles, in a task that answers `reply` directly (the

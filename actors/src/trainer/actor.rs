@@ -47,7 +47,7 @@ impl Actor for Trainer {
             node,
             supervisor,
         } = args;
-        let directory = Arc::new(spec.directory);
+        let directory = spec.directory;
         let chunk_elems = usize::try_from(spec.context.chunk_elems).unwrap_or(usize::MAX);
         let transport = node.transport_of_trainer(spec.rank);
         // On demand, a node with a group of trainer inboxes is a job that splits samples: each
