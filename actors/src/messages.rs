@@ -122,12 +122,11 @@ pub struct ExpectRelaysCmd {
     pub timeout_ms: u64,
 }
 
-/// The reply to [`FlushCmd`]: the gradient bytes this server's relays sent to owners, and what
-/// each relay combined (every relay of the server, in the order it opened them), which the
-/// supervisor checks against its ledger before any owner reduces.
+/// The reply to [`FlushCmd`], once every relay of the server reached its owner (at the barrier
+/// or earlier): what each combined, which the supervisor checks against its ledger before any
+/// owner reduces. (The bytes sent are the server's metric, `odc_relay_flushed_bytes_total`.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlushAck {
-    pub bytes: u64,
     pub combined: Vec<Combined>,
 }
 
@@ -513,7 +512,6 @@ mod tests {
             timeout_ms: 1_000,
         });
         round_trip::<Result<FlushAck>>(Ok(FlushAck {
-            bytes: 12,
             combined: vec![Combined {
                 server: 1,
                 unit: 2,

@@ -28,6 +28,8 @@
 //! every such micro-batch present. A relay that lost, gained or misplaced one fails the check
 //! ([`FlushMismatch`]) and the attempt is discarded and replayed (`crate::step`).
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Micro-batch numbers from here up name relays, not micro-batches: relay `s`'s flush writes
@@ -197,6 +199,11 @@ pub enum FlushMismatch {
     },
     #[error("server {server} flushed a relay for owner {owner}, which the plan does not give it")]
     NotARelay { server: u32, owner: u32 },
+    #[error(
+        "the relay of unit {unit} for owner {owner} on server {server} reported micro-batches \
+         that are not strictly ascending"
+    )]
+    Unordered { server: u32, unit: u32, owner: u32 },
 }
 
 impl RelayPlan {
@@ -213,47 +220,65 @@ impl RelayPlan {
         combined: &[Combined],
         every_micro_batch_pushes: bool,
     ) -> Result<(), FlushMismatch> {
-        let node_of = |mb: u32| done_by(mb).map(|t| (t, self.trainer_node(t)));
-        for relay in combined {
-            let (server, unit, owner) = (relay.server, relay.unit, relay.owner);
-            let Some(&node) = self.server_nodes.get(server as usize) else {
-                return Err(FlushMismatch::NotARelay { server, owner });
-            };
-            if self.relay(node, owner) != Some(server) {
-                return Err(FlushMismatch::NotARelay { server, owner });
-            }
-            for &micro_batch in &relay.micro_batches {
-                match node_of(micro_batch) {
-                    None => {
-                        return Err(FlushMismatch::NotDone {
-                            server,
-                            unit,
-                            owner,
-                            micro_batch,
-                        })
-                    }
-                    Some((trainer, trainer_node)) if trainer_node != Some(node) => {
-                        return Err(FlushMismatch::OtherNode {
-                            server,
-                            unit,
-                            owner,
-                            micro_batch,
-                            node,
-                            trainer,
-                            trainer_node: trainer_node.unwrap_or(u32::MAX),
-                        })
-                    }
-                    Some(_) => {}
+        // Each node's done micro-batches, ascending, with their trainers: once, not per relay.
+        let mut by_node: HashMap<u32, Vec<(u32, u32)>> = HashMap::new();
+        for micro_batch in 0..micro_batches {
+            if let Some(trainer) = done_by(micro_batch) {
+                if let Some(node) = self.trainer_node(trainer) {
+                    by_node
+                        .entry(node)
+                        .or_default()
+                        .push((micro_batch, trainer));
                 }
             }
-            if !every_micro_batch_pushes {
-                continue;
+        }
+        // Whether `server` relays for `owner`: once per pair, not per unit.
+        let mut relays: HashMap<(u32, u32), bool> = HashMap::new();
+        for relay in combined {
+            let (server, unit, owner) = (relay.server, relay.unit, relay.owner);
+            let node = self.server_nodes.get(server as usize).copied();
+            let valid = *relays.entry((server, owner)).or_insert_with(|| {
+                node.is_some_and(|node| self.relay(node, owner) == Some(server))
+            });
+            let Some(node) = node.filter(|_| valid) else {
+                return Err(FlushMismatch::NotARelay { server, owner });
+            };
+            if relay.micro_batches.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(FlushMismatch::Unordered {
+                    server,
+                    unit,
+                    owner,
+                });
             }
-            for micro_batch in 0..micro_batches {
-                let Some((trainer, Some(n))) = node_of(micro_batch) else {
-                    continue;
+            for &micro_batch in &relay.micro_batches {
+                let Some(trainer) = done_by(micro_batch) else {
+                    return Err(FlushMismatch::NotDone {
+                        server,
+                        unit,
+                        owner,
+                        micro_batch,
+                    });
                 };
-                if n == node && relay.micro_batches.binary_search(&micro_batch).is_err() {
+                let trainer_node = self.trainer_node(trainer);
+                if trainer_node != Some(node) {
+                    return Err(FlushMismatch::OtherNode {
+                        server,
+                        unit,
+                        owner,
+                        micro_batch,
+                        node,
+                        trainer,
+                        trainer_node: trainer_node.unwrap_or(u32::MAX),
+                    });
+                }
+            }
+            // Distinct and all the node's (above): complete exactly when as many.
+            let node_done = by_node.get(&node).map_or(&[][..], Vec::as_slice);
+            if every_micro_batch_pushes && relay.micro_batches.len() != node_done.len() {
+                let missing = node_done
+                    .iter()
+                    .find(|(mb, _)| relay.micro_batches.binary_search(mb).is_err());
+                if let Some(&(micro_batch, trainer)) = missing {
                     return Err(FlushMismatch::Missing {
                         server,
                         unit,
@@ -411,6 +436,11 @@ mod tests {
             })
         );
         assert!(check(&[combined(5, 0, &[])], false).is_err(), "no server 5");
+        // A repeated micro-batch would pass for the missing one by count alone.
+        assert!(matches!(
+            check(&[combined(0, 1, &[0, 0])], true),
+            Err(FlushMismatch::Unordered { server: 0, .. })
+        ));
         let text = check(&[combined(0, 1, &[0])], true)
             .unwrap_err()
             .to_string();

@@ -268,7 +268,6 @@ mod tests {
             timeout_ms: 9,
         };
         let ack = FlushAck {
-            bytes: 7,
             combined: vec![crate::policy::relay::Combined {
                 server: 1,
                 unit: 3,

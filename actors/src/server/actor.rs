@@ -311,7 +311,6 @@ async fn flush_relays(
     let endpoint = state.spec.endpoint;
     if state.relays.is_empty() {
         let _ = reply.send(Ok(FlushAck {
-            bytes: 0,
             combined: Vec::new(),
         }));
         return Ok(());
@@ -337,9 +336,6 @@ async fn flush_relays(
     tokio::spawn(async move {
         let timeout = std::time::Duration::from_millis(cmd.timeout_ms);
         let mut sent = relay::flush(&flusher, sums, chunk, cmd.epoch, timeout).await;
-        if let Ok(bytes) = sent {
-            metrics::counter!(crate::metrics::RELAY_FLUSHED_BYTES).increment(bytes);
-        }
         // The early flushes: each already sent (or failing) on its own.
         for outcome in early {
             let outcome = outcome.await.unwrap_or_else(|_| {
@@ -347,15 +343,9 @@ async fn flush_relays(
                     "shard server {endpoint}: an early relay flush ended without an outcome"
                 )))
             });
-            sent = match (sent, outcome) {
-                (Ok(total), Ok((bytes, relay))) => {
-                    combined.push(relay);
-                    Ok(total + bytes)
-                }
-                (Err(e), _) | (_, Err(e)) => Err(e),
-            };
+            sent = sent.and(outcome.map(|relay| combined.push(relay)));
         }
-        let _ = reply.send(sent.map(|bytes| FlushAck { bytes, combined }));
+        let _ = reply.send(sent.map(|()| FlushAck { combined }));
     });
     Ok(())
 }

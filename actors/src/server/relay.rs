@@ -55,9 +55,9 @@ enum Claim {
     Open,
     /// The barrier's flush.
     Barrier(u64),
-    /// An early flush; its outcome (bytes sent, what it combined) comes on the receiver, which
+    /// An early flush; its outcome (what it combined, once sent) comes on the receiver, which
     /// the barrier takes.
-    Early(u64, Option<oneshot::Receiver<Result<(u64, Combined)>>>),
+    Early(u64, Option<oneshot::Receiver<Result<Combined>>>),
 }
 
 /// What taking one relay gives: what it combined and its sum, unless all zeros.
@@ -106,7 +106,7 @@ pub(super) struct Relays {
 pub(super) struct Taken {
     pub(super) sums: Vec<(ShardRoute, Vec<f32>)>,
     pub(super) combined: Vec<Combined>,
-    pub(super) early: Vec<oneshot::Receiver<Result<(u64, Combined)>>>,
+    pub(super) early: Vec<oneshot::Receiver<Result<Combined>>>,
 }
 
 /// Where a server's flushes go and under which key: what an early flush needs of its server.
@@ -277,20 +277,14 @@ impl Relays {
                 let sums = sum.into_iter().collect();
                 flush(flusher, sums, self.chunk_elems, epoch, timeout)
                     .await
-                    .map(|bytes| {
-                        (
-                            bytes,
-                            Combined {
-                                early: true,
-                                ..combined
-                            },
-                        )
+                    .map(|()| Combined {
+                        early: true,
+                        ..combined
                     })
             }
             Err(e) => Err(e),
         };
-        if let Ok((bytes, _)) = &outcome {
-            metrics::counter!(crate::metrics::RELAY_FLUSHED_BYTES).increment(*bytes);
+        if outcome.is_ok() {
             metrics::counter!(crate::metrics::RELAY_EARLY_FLUSHES).increment(1);
         }
         let _ = tx.send(outcome);
@@ -303,15 +297,15 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Add every taken sum into its owner's accumulator under `epoch` (see the module docs); the
-/// bytes sent once every owner acknowledged.
+/// Add every taken sum into its owner's accumulator under `epoch` (see the module docs); done
+/// once every owner acknowledged (the bytes counted in `odc_relay_flushed_bytes_total`).
 pub(super) async fn flush(
     flusher: &Flusher,
     taken: Vec<(ShardRoute, Vec<f32>)>,
     chunk_elems: usize,
     epoch: u64,
     timeout: Duration,
-) -> Result<u64> {
+) -> Result<()> {
     let endpoint = flusher.endpoint;
     let held = super::actor::fault_delay("ODC_RELAY_FLUSH_DELAY_MS").filter(|_| !taken.is_empty());
     if let Some(delay) = held {
@@ -326,7 +320,9 @@ pub(super) async fn flush(
     if held.is_some() {
         tracing::warn!("shard server {endpoint}: relay flush of epoch {epoch} released: {sent:?}");
     }
-    sent
+    let bytes = sent?;
+    metrics::counter!(crate::metrics::RELAY_FLUSHED_BYTES).increment(bytes);
+    Ok(())
 }
 
 /// [`flush`]'s writes, one batch per relay, all within `timeout`.

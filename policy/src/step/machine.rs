@@ -659,8 +659,10 @@ impl<E: Failure> StepMachine<E> {
         }
         let run = self.run.as_mut()?;
         let a = &mut run.attempt;
-        let last = self.config.dispatch == DispatchMode::Static || a.queue.remaining() == 0;
-        if a.relays_expected || !last || !matches!(run.phase, Phase::Computing) {
+        if a.relays_expected || !matches!(run.phase, Phase::Computing) {
+            return None;
+        }
+        if self.config.dispatch == DispatchMode::Dynamic && a.queue.remaining() > 0 {
             return None;
         }
         a.relays_expected = true;

@@ -94,8 +94,9 @@ pub(crate) struct Accumulator {
     len: usize,
     state: Mutex<State>,
     admission: Admission,
-    /// The epoch and the count of `state.applied`, sent under `state`'s lock at every change.
-    progress: tokio::sync::watch::Sender<crate::Progress>,
+    /// The epoch and the count of `state.applied`, sent under `state`'s lock at every change
+    /// once someone asked for it (most accumulators never are: their writes pay one check).
+    progress: std::sync::OnceLock<tokio::sync::watch::Sender<crate::Progress>>,
 }
 
 /// The owner's guard, if it installed one (C8).
@@ -131,7 +132,7 @@ impl Accumulator {
                 applied: HashSet::new(),
             }),
             admission: Admission::default(),
-            progress: tokio::sync::watch::Sender::new(crate::Progress { epoch, applied: 0 }),
+            progress: std::sync::OnceLock::new(),
         }
     }
 
@@ -217,10 +218,7 @@ impl Accumulator {
         debug_assert!(end <= self.len);
         add(state.values.as_mut()).map_err(|e| for_region(e, self.name.id))?;
         state.applied.insert(tag.write_id);
-        self.progress.send_replace(crate::Progress {
-            epoch: state.epoch,
-            applied: state.applied.len(),
-        });
+        self.report(&state);
         Ok(())
     }
 
@@ -256,16 +254,24 @@ impl Accumulator {
         let mut state = self.state.lock();
         state.epoch = next_epoch;
         let applied = std::mem::take(&mut state.applied);
-        self.progress.send_replace(crate::Progress {
-            epoch: next_epoch,
-            applied: 0,
-        });
+        self.report(&state);
         take(state.values.as_mut(), applied)
     }
 
-    /// A receiver of [`crate::Progress`], current at once.
+    /// A receiver of [`crate::Progress`], current at once (made under the accumulate lock, so
+    /// no write falls between its first value and the next report).
     pub(super) fn progress(&self) -> tokio::sync::watch::Receiver<crate::Progress> {
-        self.progress.subscribe()
+        let state = self.state.lock();
+        self.progress
+            .get_or_init(|| tokio::sync::watch::Sender::new(progress_of(&state)))
+            .subscribe()
+    }
+
+    /// Send `state`'s progress to its receivers, if anyone ever asked (`state` locked).
+    fn report(&self, state: &State) {
+        if let Some(progress) = self.progress.get() {
+            progress.send_replace(progress_of(state));
+        }
     }
 
     pub(super) fn epoch(&self) -> u64 {
@@ -274,6 +280,14 @@ impl Accumulator {
 
     pub(super) fn admit_only(&self, guard: WriteGuard) {
         *self.admission.0.write() = Some(guard);
+    }
+}
+
+/// The epoch and the count of writes applied in it.
+fn progress_of(state: &State) -> crate::Progress {
+    crate::Progress {
+        epoch: state.epoch,
+        applied: state.applied.len(),
     }
 }
 
