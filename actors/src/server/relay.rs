@@ -209,47 +209,45 @@ impl Relays {
 
     /// Flush each relay of this server as soon as its region has applied every write of the
     /// `cmd.micro_batches` micro-batches its node runs in `cmd.epoch` (module docs). Returns at
-    /// once; one task per relay waits (and gives up when the relay leaves the epoch).
+    /// once. One task waits for all of them (a small future per relay: a server relays every
+    /// off-node owner's shard of every unit, thousands at a thousand devices) and starts each
+    /// relay's flush as its region completes; a relay that leaves the epoch is given up.
     pub(super) fn expect(&self, flusher: &Flusher, cmd: ExpectRelaysCmd) {
-        let per_micro_batch =
-            |relay: &Relay| chunk_ranges(relay.target.range(), self.chunk_elems).count();
-        for index in 0..self.relays.len() {
-            let relay = &self.relays[index];
-            let want = per_micro_batch(relay).saturating_mul(cmd.micro_batches as usize);
-            let Some(progress) = relay.region.progress().filter(|_| want > 0) else {
+        let epoch = cmd.epoch;
+        let mut waits = futures::stream::FuturesUnordered::new();
+        for (index, relay) in self.relays.iter().enumerate() {
+            let per_micro_batch = chunk_ranges(relay.target.range(), self.chunk_elems).count();
+            let want = per_micro_batch.saturating_mul(cmd.micro_batches as usize);
+            let Some(mut progress) = relay.region.progress().filter(|_| want > 0) else {
                 continue;
             };
-            let (relays, flusher) = (self.clone(), flusher.clone());
-            tokio::spawn(async move {
-                relays
-                    .flush_early(index, progress, want, &flusher, cmd)
-                    .await;
+            waits.push(async move {
+                let ready = progress
+                    .wait_for(|now| now.epoch != epoch || now.applied >= want)
+                    .await
+                    .is_ok_and(|now| now.epoch == epoch);
+                (index, ready)
             });
         }
+        if waits.is_empty() {
+            return;
+        }
+        let (relays, flusher) = (self.clone(), flusher.clone());
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            while let Some((index, ready)) = waits.next().await {
+                if ready {
+                    let (relays, flusher) = (relays.clone(), flusher.clone());
+                    tokio::spawn(async move { relays.flush_early(index, &flusher, cmd).await });
+                }
+            }
+        });
     }
 
-    /// Relay `index`'s early flush (see [`Relays::expect`]).
-    async fn flush_early(
-        self,
-        index: usize,
-        mut progress: tokio::sync::watch::Receiver<odc_transport::Progress>,
-        want: usize,
-        flusher: &Flusher,
-        cmd: ExpectRelaysCmd,
-    ) {
+    /// Relay `index`'s early flush, once its region holds its node's whole sum of `cmd.epoch`
+    /// (see [`Relays::expect`]).
+    async fn flush_early(self, index: usize, flusher: &Flusher, cmd: ExpectRelaysCmd) {
         let epoch = cmd.epoch;
-        loop {
-            let now = *progress.borrow_and_update();
-            if now.epoch != epoch {
-                return;
-            }
-            if now.applied >= want {
-                break;
-            }
-            if progress.changed().await.is_err() {
-                return;
-            }
-        }
         let (tx, rx) = oneshot::channel();
         let (relays, server) = (self.clone(), flusher.endpoint);
         let taken = tokio::task::spawn_blocking(move || {

@@ -8,11 +8,10 @@
 //! deduplication live here once, so the guard holds for every backend; where the values live and
 //! how a payload is added into them is a [`Sums`] (host memory by default).
 
-use std::collections::HashSet;
-
 use parking_lot::{Mutex, RwLock};
 
 use super::identity::Identity;
+use super::ids::IdSet;
 use crate::codec;
 use crate::error::wide;
 use crate::{
@@ -84,7 +83,7 @@ impl Sums for Vec<f32> {
 struct State {
     epoch: u64,
     values: Box<dyn Sums>,
-    applied: HashSet<u128>,
+    applied: IdSet,
 }
 
 /// State of an accumulator region, shared by the registry (writers) and the owner's guard.
@@ -129,7 +128,7 @@ impl Accumulator {
             state: Mutex::new(State {
                 epoch,
                 values,
-                applied: HashSet::new(),
+                applied: IdSet::default(),
             }),
             admission: Admission::default(),
             progress: std::sync::OnceLock::new(),
@@ -228,13 +227,9 @@ impl Accumulator {
 
     /// [`take`](Self::take) with the write ids applied in the epoch it ends, ascending.
     pub(super) fn take_applied(&self, next_epoch: u64) -> crate::Applied {
-        self.end_epoch(next_epoch, |values, applied| {
-            let mut write_ids: Vec<u128> = applied.into_iter().collect();
-            write_ids.sort_unstable();
-            crate::Applied {
-                values: values.take(),
-                write_ids,
-            }
+        self.end_epoch(next_epoch, |values, applied| crate::Applied {
+            values: values.take(),
+            write_ids: applied.iter().collect(),
         })
     }
 
@@ -246,11 +241,7 @@ impl Accumulator {
 
     /// Move to `next_epoch` under the accumulate lock and hand `take` the values and the write
     /// ids the ended epoch applied (the region keeps none).
-    fn end_epoch<R>(
-        &self,
-        next_epoch: u64,
-        take: impl FnOnce(&mut dyn Sums, HashSet<u128>) -> R,
-    ) -> R {
+    fn end_epoch<R>(&self, next_epoch: u64, take: impl FnOnce(&mut dyn Sums, IdSet) -> R) -> R {
         let mut state = self.state.lock();
         state.epoch = next_epoch;
         let applied = std::mem::take(&mut state.applied);

@@ -2,8 +2,6 @@
 //! descriptor its handles carry), and, for accumulators and inboxes, how a write is fenced by its
 //! tag ([`Identity::fence`]: C3, C7).
 
-use std::collections::HashSet;
-
 use crate::{
     Descriptor, Dtype, EndpointId, RegionHandle, RegionId, RegionKind, TransportError, WriteTag,
 };
@@ -44,7 +42,7 @@ impl Identity {
         &self,
         tag: &WriteTag,
         epoch: u64,
-        seen: &HashSet<u128>,
+        seen: &super::ids::IdSet,
     ) -> Result<(), TransportError> {
         if tag.epoch != epoch {
             return Err(TransportError::StaleEpoch {
@@ -53,7 +51,7 @@ impl Identity {
                 current: epoch,
             });
         }
-        if seen.contains(&tag.write_id) {
+        if seen.contains(tag.write_id) {
             return Err(TransportError::DuplicateWrite {
                 region: self.id,
                 epoch,

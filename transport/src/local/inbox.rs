@@ -9,7 +9,7 @@
 //! is for, however many other receives the inbox has pending (one per ring step of every
 //! collective in flight).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::identity::Identity;
+use super::ids::IdSet;
 use crate::deadline::check_deadline;
 use crate::error::wide;
 use crate::{Deadline, Dtype, EndpointId, Op, RegionHandle, RegionKind, TransportError, WriteTag};
@@ -29,7 +30,7 @@ struct State {
     held: HashMap<u128, Bytes>,
     /// Every write id delivered in the current epoch, received or not, so a retransmit is refused
     /// even after its first copy was received.
-    delivered: HashSet<u128>,
+    delivered: IdSet,
     /// The receive waiting for each write id of the current epoch.
     waiting: HashMap<u128, Arc<Notify>>,
 }
@@ -71,7 +72,7 @@ impl Inbox {
             state: Mutex::new(State {
                 epoch,
                 held: HashMap::new(),
-                delivered: HashSet::new(),
+                delivered: IdSet::default(),
                 waiting: HashMap::new(),
             }),
         }
@@ -156,7 +157,7 @@ impl Inbox {
         if let Some(data) = state.held.remove(&tag.write_id) {
             return Ok(Some(data));
         }
-        if state.delivered.contains(&tag.write_id) {
+        if state.delivered.contains(tag.write_id) {
             // Delivered and already received: it will never be here again.
             return Err(TransportError::DuplicateWrite {
                 region: self.name.id,

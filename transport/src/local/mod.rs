@@ -44,6 +44,7 @@
 pub(crate) mod accumulator;
 mod guard;
 mod identity;
+mod ids;
 mod inbox;
 mod published;
 mod registry;
