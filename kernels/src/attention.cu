@@ -2,7 +2,8 @@
 // the output and each row's log-sum-exp (the merge rule sequence splitting combines partial
 // attentions with), fp32 arithmetic. A first, plain version: one warp per (token, query head),
 // streaming the sample's earlier keys and values from global memory with an online softmax
-// (FlashAttention's recurrence, without its shared-memory tiles); head_dim at most 128.
+// (FlashAttention's recurrence, without its shared-memory tiles); head_dim at most 128. The
+// backward is FlashAttention-2's split: dq per query, dk and dv per key, no atomics.
 //
 //   q: [tokens, heads, dim], k, v: [tokens, kv_heads, dim] (query head h reads kv head
 //   h / (heads / kv_heads)); cu_seqlens: [samples + 1] token offsets (cu_seqlens[0] = 0, the last
@@ -10,17 +11,20 @@
 //   out[t, h] = Σ_{j in t's sample, j ≤ t} softmax_j(scale q_t · k_j) v_j
 //   n = tokens * heads * 32.
 
-// The first token of the sample holding `token`: cu_seqlens[s] for the last s < samples with
-// cu_seqlens[s] <= token (binary search; empty samples are skipped over).
-__device__ __forceinline__ unsigned long long odc_sample_start(
-    const unsigned long long* __restrict__ cu_seqlens, unsigned long long samples,
-    unsigned long long token) {
+// The first and one-past-last token of the sample holding `token` (binary search for the last
+// sample s with cu_seqlens[s] <= token; empty samples are skipped over).
+__device__ __forceinline__ void odc_sample_bounds(const unsigned long long* __restrict__ cu_seqlens,
+                                                  unsigned long long samples,
+                                                  unsigned long long token,
+                                                  unsigned long long* start,
+                                                  unsigned long long* end) {
     unsigned long long lo = 0, hi = samples;
     while (lo + 1 < hi) {
         unsigned long long mid = (lo + hi) / 2;
         if (cu_seqlens[mid] <= token) lo = mid; else hi = mid;
     }
-    return cu_seqlens[lo];
+    *start = cu_seqlens[lo];
+    *end = cu_seqlens[lo + 1];
 }
 
 // One query row of a warp under FlashAttention's online softmax: each lane holds up to 4 of its
@@ -89,7 +93,8 @@ __device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
         unsigned long long token = warp / heads;
         unsigned long long h = warp - token * heads;
         unsigned long long kvh = h / group;
-        unsigned long long start = odc_sample_start(cu_seqlens, samples, token);
+        unsigned long long start, end;
+        odc_sample_bounds(cu_seqlens, samples, token, &start, &end);
         unsigned long long qrow = (token * heads + h) * dim;
         OdcOnline query(q, qrow, dim, lane, scale);
         for (unsigned long long j = start; j <= token; ++j) {
@@ -100,23 +105,76 @@ __device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
     }
 }
 
-// The backward from the forward's output and log-sum-exp (FlashAttention-2's recomputation):
-// with s_ij = scale q_i · k_j, p_ij = exp(s_ij − lse_i), D_i = dout_i · out_i,
-// dS_ij = p_ij (dout_i · v_j − D_i):
-//   dq_i = scale Σ_j dS_ij k_j  (written, in T)
-//   dk_j += scale dS_ij q_i,  dv_j += p_ij dout_i  (fp32 accumulators [tokens, kv_heads, dim]
-//   the caller zeroes; atomic adds, so their order, and last bits, vary)
-//   n = tokens * heads * 32.
+// The backward from the forward's output and log-sum-exp (FlashAttention-2's recomputation),
+// deterministic: every gradient element is written by one warp, summed in one order (no atomic
+// adds). With s_ij = scale q_i · k_j, p_ij = exp(s_ij − lse_i), D_i = dout_i · out_i and
+// dS_ij = p_ij (dout_i · v_j − D_i), three kernels, launched in this order:
+//   prep:  D_i for every (token, head) into delta: [tokens, heads] fp32; n = tokens * heads * 32
+//   dq:    dq_i = scale Σ_{j ≤ i, same sample} dS_ij k_j, in T; n = tokens * heads * 32
+//   dkdv:  dk_j = scale Σ_{i ≥ j, same sample, h in j's group} dS_ij q_i,
+//          dv_j = Σ_{same i, h} p_ij dout_i, fp32 [tokens, kv_heads, dim], written (not added);
+//          one warp per (token, kv head); n = tokens * kv_heads * 32.
+
+// A warp's row of `dim` columns (at most 128), four per lane (lane, lane + 32, ...).
+struct OdcRow {
+    float v[4];
+
+    template <typename T>
+    __device__ void load(const T* p, unsigned long long row, unsigned long long dim,
+                         unsigned int lane) {
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            v[r] = c < dim ? odc_load(p, row + c) : 0.0f;
+        }
+    }
+
+    // The warp's dot product with the row at `row` of `p` (every lane gets it).
+    template <typename T>
+    __device__ float dot(const T* p, unsigned long long row, unsigned long long dim,
+                         unsigned int lane) const {
+        float s = 0.0f;
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            if (c < dim) s += v[r] * odc_load(p, row + c);
+        }
+        return odc_warp_sum(s);
+    }
+
+    template <typename T>
+    __device__ void store(T* p, unsigned long long row, unsigned long long dim,
+                          unsigned int lane) const {
+        for (int r = 0; r < 4; ++r) {
+            unsigned long long c = lane + 32u * r;
+            if (c < dim) odc_store(p, row + c, v[r]);
+        }
+    }
+};
+
 template <typename T>
-__device__ void odc_attention_bwd(T* __restrict__ dq, float* __restrict__ dk,
-                                  float* __restrict__ dv, const T* __restrict__ q,
-                                  const T* __restrict__ k, const T* __restrict__ v,
-                                  const T* __restrict__ out, const T* __restrict__ dout,
-                                  const float* __restrict__ lse,
-                                  const unsigned long long* __restrict__ cu_seqlens,
-                                  unsigned long long samples, unsigned long long heads,
-                                  unsigned long long kv_heads, unsigned long long dim,
-                                  float scale, unsigned long long n) {
+__device__ void odc_attention_bwd_prep(float* __restrict__ delta, const T* __restrict__ out,
+                                       const T* __restrict__ dout, unsigned long long dim,
+                                       unsigned long long n) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
+         t += stride) {
+        unsigned long long row = t >> 5;
+        unsigned int lane = (unsigned int)(t & 31u);
+        OdcRow g;
+        g.load(dout, row * dim, dim, lane);
+        float d = g.dot(out, row * dim, dim, lane);
+        if (lane == 0) delta[row] = d;
+    }
+}
+
+template <typename T>
+__device__ void odc_attention_bwd_dq(T* __restrict__ dq, const T* __restrict__ q,
+                                     const T* __restrict__ k, const T* __restrict__ v,
+                                     const T* __restrict__ dout, const float* __restrict__ lse,
+                                     const float* __restrict__ delta,
+                                     const unsigned long long* __restrict__ cu_seqlens,
+                                     unsigned long long samples, unsigned long long heads,
+                                     unsigned long long kv_heads, unsigned long long dim,
+                                     float scale, unsigned long long n) {
     unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
     unsigned long long group = heads / kv_heads;
     for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
@@ -126,46 +184,69 @@ __device__ void odc_attention_bwd(T* __restrict__ dq, float* __restrict__ dk,
         unsigned long long token = warp / heads;
         unsigned long long h = warp - token * heads;
         unsigned long long kvh = h / group;
-        unsigned long long start = odc_sample_start(cu_seqlens, samples, token);
+        unsigned long long start, end;
+        odc_sample_bounds(cu_seqlens, samples, token, &start, &end);
         unsigned long long qrow = (token * heads + h) * dim;
-        float qv[4], gv[4], dqa[4];
-        float d = 0.0f;
-        for (int r = 0; r < 4; ++r) {
-            unsigned long long c = lane + 32u * r;
-            qv[r] = c < dim ? odc_load(q, qrow + c) : 0.0f;
-            gv[r] = c < dim ? odc_load(dout, qrow + c) : 0.0f;
-            d += c < dim ? gv[r] * odc_load(out, qrow + c) : 0.0f;
-            dqa[r] = 0.0f;
-        }
-        d = odc_warp_sum(d);
+        OdcRow qi, gi, acc;
+        qi.load(q, qrow, dim, lane);
+        gi.load(dout, qrow, dim, lane);
+        for (int r = 0; r < 4; ++r) acc.v[r] = 0.0f;
         float row_lse = lse[token * heads + h];
+        float d = delta[token * heads + h];
         for (unsigned long long j = start; j <= token; ++j) {
             unsigned long long krow = (j * kv_heads + kvh) * dim;
-            float s = 0.0f, dp = 0.0f;
+            float p = expf(qi.dot(k, krow, dim, lane) * scale - row_lse);
+            float ds = p * (gi.dot(v, krow, dim, lane) - d);
             for (int r = 0; r < 4; ++r) {
                 unsigned long long c = lane + 32u * r;
-                if (c < dim) {
-                    s += qv[r] * odc_load(k, krow + c);
-                    dp += gv[r] * odc_load(v, krow + c);
-                }
+                if (c < dim) acc.v[r] += scale * ds * odc_load(k, krow + c);
             }
-            s = odc_warp_sum(s) * scale;
-            dp = odc_warp_sum(dp);
-            float p = expf(s - row_lse);
-            float ds = p * (dp - d);
-            for (int r = 0; r < 4; ++r) {
-                unsigned long long c = lane + 32u * r;
-                if (c < dim) {
-                    dqa[r] += scale * ds * odc_load(k, krow + c);
-                    atomicAdd(dk + krow + c, scale * ds * qv[r]);
-                    atomicAdd(dv + krow + c, p * gv[r]);
+        }
+        acc.store(dq, qrow, dim, lane);
+    }
+}
+
+template <typename T>
+__device__ void odc_attention_bwd_dkdv(float* __restrict__ dk, float* __restrict__ dv,
+                                       const T* __restrict__ q, const T* __restrict__ k,
+                                       const T* __restrict__ v, const T* __restrict__ dout,
+                                       const float* __restrict__ lse,
+                                       const float* __restrict__ delta,
+                                       const unsigned long long* __restrict__ cu_seqlens,
+                                       unsigned long long samples, unsigned long long heads,
+                                       unsigned long long kv_heads, unsigned long long dim,
+                                       float scale, unsigned long long n) {
+    unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
+    unsigned long long group = heads / kv_heads;
+    for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
+         t += stride) {
+        unsigned long long warp = t >> 5;
+        unsigned int lane = (unsigned int)(t & 31u);
+        unsigned long long token = warp / kv_heads;
+        unsigned long long g = warp - token * kv_heads;
+        unsigned long long start, end;
+        odc_sample_bounds(cu_seqlens, samples, token, &start, &end);
+        unsigned long long krow = (token * kv_heads + g) * dim;
+        OdcRow kj, vj, dka, dva;
+        kj.load(k, krow, dim, lane);
+        vj.load(v, krow, dim, lane);
+        for (int r = 0; r < 4; ++r) dka.v[r] = dva.v[r] = 0.0f;
+        for (unsigned long long h = g * group; h < (g + 1) * group; ++h) {
+            for (unsigned long long i = token; i < end; ++i) {
+                unsigned long long qrow = (i * heads + h) * dim;
+                float p = expf(kj.dot(q, qrow, dim, lane) * scale - lse[i * heads + h]);
+                float ds = p * (vj.dot(dout, qrow, dim, lane) - delta[i * heads + h]);
+                for (int r = 0; r < 4; ++r) {
+                    unsigned long long c = lane + 32u * r;
+                    if (c < dim) {
+                        dka.v[r] += scale * ds * odc_load(q, qrow + c);
+                        dva.v[r] += p * odc_load(dout, qrow + c);
+                    }
                 }
             }
         }
-        for (int r = 0; r < 4; ++r) {
-            unsigned long long c = lane + 32u * r;
-            if (c < dim) odc_store(dq, qrow + c, dqa[r]);
-        }
+        dka.store(dk, krow, dim, lane);
+        dva.store(dv, krow, dim, lane);
     }
 }
 
@@ -191,33 +272,47 @@ extern "C" __global__ void odc_attention_fwd_bf16(unsigned short* out, float* ls
                                                   unsigned long long n) {
     odc_attention_fwd(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, dim, scale, n);
 }
-extern "C" __global__ void odc_attention_bwd_f32(float* dq, float* dk, float* dv, const float* q,
-                                                 const float* k, const float* v,
-                                                 const float* out, const float* dout,
-                                                 const float* lse,
-                                                 const unsigned long long* cu_seqlens,
-                                                 unsigned long long samples,
-                                                 unsigned long long heads,
-                                                 unsigned long long kv_heads,
-                                                 unsigned long long dim, float scale,
-                                                 unsigned long long n) {
-    odc_attention_bwd(dq, dk, dv, q, k, v, out, dout, lse, cu_seqlens, samples, heads, kv_heads,
-                      dim, scale, n);
+extern "C" __global__ void odc_attention_bwd_prep_f32(float* delta, const float* out,
+                                                       const float* dout, unsigned long long dim,
+                                                       unsigned long long n) {
+    odc_attention_bwd_prep(delta, out, dout, dim, n);
 }
-extern "C" __global__ void odc_attention_bwd_bf16(unsigned short* dq, float* dk, float* dv,
-                                                  const unsigned short* q,
-                                                  const unsigned short* k,
-                                                  const unsigned short* v,
-                                                  const unsigned short* out,
-                                                  const unsigned short* dout, const float* lse,
-                                                  const unsigned long long* cu_seqlens,
-                                                  unsigned long long samples,
-                                                  unsigned long long heads,
-                                                  unsigned long long kv_heads,
-                                                  unsigned long long dim, float scale,
-                                                  unsigned long long n) {
-    odc_attention_bwd(dq, dk, dv, q, k, v, out, dout, lse, cu_seqlens, samples, heads, kv_heads,
-                      dim, scale, n);
+extern "C" __global__ void odc_attention_bwd_dq_f32(
+    float* dq, const float* q, const float* k, const float* v, const float* dout, const float* lse,
+    const float* delta, const unsigned long long* cu_seqlens, unsigned long long samples,
+    unsigned long long heads, unsigned long long kv_heads, unsigned long long dim, float scale,
+    unsigned long long n) {
+    odc_attention_bwd_dq(dq, q, k, v, dout, lse, delta, cu_seqlens, samples, heads, kv_heads, dim,
+                         scale, n);
+}
+extern "C" __global__ void odc_attention_bwd_dkdv_f32(
+    float* dk, float* dv, const float* q, const float* k, const float* v, const float* dout,
+    const float* lse, const float* delta, const unsigned long long* cu_seqlens,
+    unsigned long long samples, unsigned long long heads, unsigned long long kv_heads,
+    unsigned long long dim, float scale, unsigned long long n) {
+    odc_attention_bwd_dkdv(dk, dv, q, k, v, dout, lse, delta, cu_seqlens, samples, heads,
+                           kv_heads, dim, scale, n);
+}
+extern "C" __global__ void odc_attention_bwd_prep_bf16(float* delta, const unsigned short* out,
+                                                       const unsigned short* dout, unsigned long long dim,
+                                                       unsigned long long n) {
+    odc_attention_bwd_prep(delta, out, dout, dim, n);
+}
+extern "C" __global__ void odc_attention_bwd_dq_bf16(
+    unsigned short* dq, const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout, const float* lse,
+    const float* delta, const unsigned long long* cu_seqlens, unsigned long long samples,
+    unsigned long long heads, unsigned long long kv_heads, unsigned long long dim, float scale,
+    unsigned long long n) {
+    odc_attention_bwd_dq(dq, q, k, v, dout, lse, delta, cu_seqlens, samples, heads, kv_heads, dim,
+                         scale, n);
+}
+extern "C" __global__ void odc_attention_bwd_dkdv_bf16(
+    float* dk, float* dv, const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,
+    const float* lse, const float* delta, const unsigned long long* cu_seqlens,
+    unsigned long long samples, unsigned long long heads, unsigned long long kv_heads,
+    unsigned long long dim, float scale, unsigned long long n) {
+    odc_attention_bwd_dkdv(dk, dv, q, k, v, dout, lse, delta, cu_seqlens, samples, heads,
+                           kv_heads, dim, scale, n);
 }
 
 // Decoding's attention: one new query per sequence against its cached keys and values (a batch of

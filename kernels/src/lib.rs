@@ -19,8 +19,8 @@
 //! with blocks of a multiple of 32 threads, as odc-transport's `Device::launch` and candle's
 //! launches make them; the norm kernels give each row a warp (`n = rows × 32`).
 //!
-//! Not yet here: the attention's FlashAttention-2 tiling (shared-memory tiles, tensor cores, a
-//! deterministic backward). The model uses NORM's plain RMSNorm, SWIGLU, ROTARY, ATTENTION (the
+//! Not yet here: the attention's FlashAttention-2 tiling (shared-memory tiles, tensor cores); its
+//! backward is already FlashAttention-2's split into a dq pass and a dk/dv pass (deterministic). The model uses NORM's plain RMSNorm, SWIGLU, ROTARY, ATTENTION (the
 //! packed attention) and LOSS (the chunked head) on CUDA only when asked (`ODC_FUSED_KERNELS=1`,
 //! `odc::model::ops::cuda`).
 
@@ -80,8 +80,12 @@ pub const ATTENTION: Source = Source {
     functions: &[
         "odc_attention_fwd_f32",
         "odc_attention_fwd_bf16",
-        "odc_attention_bwd_f32",
-        "odc_attention_bwd_bf16",
+        "odc_attention_bwd_prep_f32",
+        "odc_attention_bwd_prep_bf16",
+        "odc_attention_bwd_dq_f32",
+        "odc_attention_bwd_dq_bf16",
+        "odc_attention_bwd_dkdv_f32",
+        "odc_attention_bwd_dkdv_bf16",
         "odc_decode_attention_f32",
         "odc_decode_attention_bf16",
     ],

@@ -393,32 +393,55 @@ fn attention_forward_and_backward_match_the_reference() {
             let dout = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
             let gb = upload(&device, dtype, &dout);
             let dq = poisoned(&device, dtype, tokens * heads * dim);
-            let zeros = vec![0u8; tokens * kv_heads * dim * 4];
-            let (dk, dv) = (upload_bytes(&device, &zeros), upload_bytes(&device, &zeros));
-            // SAFETY: as above; dk and dv hold tokens × kv_heads × dim fp32 zeros.
+            let (dk, dv) = (
+                poisoned(&device, Dtype::F32, tokens * kv_heads * dim),
+                poisoned(&device, Dtype::F32, tokens * kv_heads * dim),
+            );
+            let delta = poisoned(&device, Dtype::F32, tokens * heads);
+            let keys = tokens * kv_heads * 32;
+            // SAFETY: as above; delta holds tokens × heads fp32, dq tokens × heads × dim of the
+            // dtype, dk and dv tokens × kv_heads × dim fp32; each launch's `n` as attention.cu
+            // says (a warp per (token, head), then per (token, kv head)).
             unsafe {
-                let function = format!("odc_attention_bwd_{}", suffix(dtype));
-                let args = [
-                    KernelArg::buffer(&dq),
-                    KernelArg::buffer(&dk),
-                    KernelArg::buffer(&dv),
+                let prep = [
+                    KernelArg::buffer(&delta),
+                    KernelArg::buffer(&out),
+                    KernelArg::buffer(&gb),
+                    KernelArg::u64(dim as u64),
+                    KernelArg::u64(n as u64),
+                ];
+                let function = format!("odc_attention_bwd_prep_{}", suffix(dtype));
+                device
+                    .launch(&attention, &function, n, &prep)
+                    .expect("attention backward: prep");
+                let shared = [
                     KernelArg::buffer(&qb),
                     KernelArg::buffer(&kb),
                     KernelArg::buffer(&vb),
-                    KernelArg::buffer(&out),
                     KernelArg::buffer(&gb),
                     KernelArg::buffer(&lse),
+                    KernelArg::buffer(&delta),
                     KernelArg::buffer(&cb),
                     KernelArg::u64(lengths.len() as u64),
                     KernelArg::u64(heads as u64),
                     KernelArg::u64(kv_heads as u64),
                     KernelArg::u64(dim as u64),
                     KernelArg::f32(scale),
-                    KernelArg::u64(n as u64),
                 ];
+                let mut args = vec![KernelArg::buffer(&dq)];
+                args.extend(shared.iter().copied());
+                args.push(KernelArg::u64(n as u64));
+                let function = format!("odc_attention_bwd_dq_{}", suffix(dtype));
                 device
                     .launch(&attention, &function, n, &args)
-                    .expect("attention backward");
+                    .expect("attention backward: dq");
+                let mut args = vec![KernelArg::buffer(&dk), KernelArg::buffer(&dv)];
+                args.extend(shared.iter().copied());
+                args.push(KernelArg::u64(keys as u64));
+                let function = format!("odc_attention_bwd_dkdv_{}", suffix(dtype));
+                device
+                    .launch(&attention, &function, keys, &args)
+                    .expect("attention backward: dk, dv");
             }
             let (want_dq, want_dk, want_dv) = reference::attention_backward(
                 &q,

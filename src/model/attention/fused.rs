@@ -7,7 +7,8 @@
 //!   back, each a copy on the device.
 //! - Its graph node keeps q, k, v, the output, each row's log-sum-exp and the samples' offsets
 //!   (O(T · head_dim), as the blocked path); the backward is the kernel's (FlashAttention-2's
-//!   recomputation, `dk` and `dv` by atomic adds).
+//!   recomputation, split as FlashAttention-2 splits it: `dq` per query, `dk` and `dv` per key,
+//!   no atomic adds, so a step's gradients are the same bits every run).
 //! - Head widths up to [`MAX_ATTENTION_HEAD_DIM`]; a wider head takes the blocked path.
 //! - **Not yet run on a GPU**: `tests/gpu_training.rs`'s fused-kernel job and the kernel's own
 //!   device test (`kernels/tests/device.rs`) check it where one is.

@@ -133,6 +133,7 @@ fn empty(device: &CudaDevice, dtype: DType, shape: &[usize]) -> Result<Tensor> {
 }
 
 /// One value a kernel takes: an address or `unsigned long long` (`U`), or a `float` (`F`).
+#[derive(Clone, Copy)]
 enum Arg {
     U(u64),
     F(f32),
@@ -413,7 +414,9 @@ pub fn attention(
 }
 
 /// [`attention`]'s gradients from its output `out`, `lse` and the output's gradient `dout`
-/// (token-major as there): `dq` in `q`'s dtype, `dk` and `dv` fp32 (summed by atomic adds).
+/// (token-major as there): `dq` in `q`'s dtype, `dk` and `dv` fp32. Three launches
+/// (`attention.cu`: each row's `dout · out`, then `dq` per query and `dk`, `dv` per key), no
+/// atomic adds: the same inputs give the same bits.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward(
     q: &Tensor,
@@ -438,30 +441,64 @@ pub fn attention_backward(
     );
     let (lse, cu) = (lse.contiguous()?, cu_seqlens.contiguous()?);
     let samples = cu.elem_count().saturating_sub(1);
-    let dq = empty(&device, dtype, &[tokens, heads, dim])?;
-    let dk = Tensor::zeros((tokens, kv_heads, dim), DType::F32, q.device())?;
-    let dv = Tensor::zeros((tokens, kv_heads, dim), DType::F32, q.device())?;
-    let n = tokens * heads * 32;
-    let args = [
-        Arg::U(address(&dq, &device)?),
-        Arg::U(address(&dk, &device)?),
-        Arg::U(address(&dv, &device)?),
+    let delta = empty(&device, DType::F32, &[tokens, heads])?;
+    let rows = tokens * heads * 32;
+    let prep = [
+        Arg::U(address(&delta, &device)?),
+        Arg::U(address(&out, &device)?),
+        Arg::U(address(&dout, &device)?),
+        Arg::U(dim as u64),
+        Arg::U(rows as u64),
+    ];
+    launch(
+        &device,
+        &ATTENTION,
+        &format!("odc_attention_bwd_prep_{}", suffix(&q)),
+        rows,
+        &prep,
+    )?;
+    // The arguments both passes share after their outputs.
+    let shared = [
         Arg::U(address(&q, &device)?),
         Arg::U(address(&k, &device)?),
         Arg::U(address(&v, &device)?),
-        Arg::U(address(&out, &device)?),
         Arg::U(address(&dout, &device)?),
         Arg::U(address(&lse, &device)?),
+        Arg::U(address(&delta, &device)?),
         Arg::U(address(&cu, &device)?),
         Arg::U(samples as u64),
         Arg::U(heads as u64),
         Arg::U(kv_heads as u64),
         Arg::U(dim as u64),
         Arg::F(scale),
-        Arg::U(n as u64),
     ];
-    let function = format!("odc_attention_bwd_{}", suffix(&q));
-    launch(&device, &ATTENTION, &function, n, &args)?;
+    let dq = empty(&device, dtype, &[tokens, heads, dim])?;
+    let mut args = vec![Arg::U(address(&dq, &device)?)];
+    args.extend_from_slice(&shared);
+    args.push(Arg::U(rows as u64));
+    launch(
+        &device,
+        &ATTENTION,
+        &format!("odc_attention_bwd_dq_{}", suffix(&q)),
+        rows,
+        &args,
+    )?;
+    let dk = empty(&device, DType::F32, &[tokens, kv_heads, dim])?;
+    let dv = empty(&device, DType::F32, &[tokens, kv_heads, dim])?;
+    let keys = tokens * kv_heads * 32;
+    let mut args = vec![
+        Arg::U(address(&dk, &device)?),
+        Arg::U(address(&dv, &device)?),
+    ];
+    args.extend_from_slice(&shared);
+    args.push(Arg::U(keys as u64));
+    launch(
+        &device,
+        &ATTENTION,
+        &format!("odc_attention_bwd_dkdv_{}", suffix(&q)),
+        keys,
+        &args,
+    )?;
     Ok((dq, dk, dv))
 }
 
