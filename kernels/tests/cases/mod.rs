@@ -1,0 +1,819 @@
+//! The kernels' checks, run by two backends: `device.rs` on a GPU (feature `nvrtc`) and
+//! `emulated.rs` on this CPU (the same CUDA C compiled as C++, each warp's lanes run as fibers).
+//!
+//! Each check runs a kernel in fp32 and bf16 on fresh random inputs (the seed is printed) into
+//! outputs filled with NaN bits first (an element a kernel does not write stays NaN and fails),
+//! over shapes whose rows are no multiple of a warp, and compares with
+//! `odc_kernels::reference`: `‖Δ‖ / ‖ref‖ ≤ 1e-5` in fp32 and `≤ 1e-2` in bf16 (inputs rounded to
+//! bf16 first, so the reference sees what the kernel sees).
+
+use odc_kernels::{reference, Source, ATTENTION, LOSS, NORM, ROTARY, SWIGLU};
+use odc_transport::{codec, Dtype};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+/// Where kernels run: buffers of bytes, modules compiled from a [`Source`], launches over `n`
+/// work items (the grid-stride contract of `odc_kernels`).
+pub trait Backend {
+    type Buffer;
+    type Module;
+
+    fn module(&self, source: Source) -> Self::Module;
+    fn upload_bytes(&self, bytes: &[u8]) -> Self::Buffer;
+    fn download_bytes(&self, buffer: &Self::Buffer) -> Vec<u8>;
+    /// Run `function` of `module` over `n` work items.
+    ///
+    /// # Safety
+    /// `args` are `function`'s parameters in order, each buffer holding every element the kernel
+    /// indexes for `n`.
+    unsafe fn launch(
+        &self,
+        module: &Self::Module,
+        function: &str,
+        n: usize,
+        args: &[Arg<'_, Self::Buffer>],
+    ) -> Result<(), String>;
+
+    /// A buffer holding `values` in `dtype`.
+    fn upload(&self, dtype: Dtype, values: &[f32]) -> Self::Buffer {
+        self.upload_bytes(&codec::encode(dtype, values))
+    }
+
+    /// A buffer of `n` elements of `dtype`, every bit set (NaN in fp32 and bf16).
+    fn poisoned(&self, dtype: Dtype, n: usize) -> Self::Buffer {
+        self.upload_bytes(&vec![0xffu8; n * dtype.size()])
+    }
+
+    fn download(&self, dtype: Dtype, buffer: &Self::Buffer) -> Vec<f32> {
+        codec::decode(dtype, &self.download_bytes(buffer)).expect("decode")
+    }
+}
+
+/// One parameter of a launch: a buffer (its address) or an `unsigned long long` or a `float`.
+pub enum Arg<'a, B> {
+    Buffer(&'a B),
+    U64(u64),
+    F32(f32),
+}
+
+impl<'a, B> Arg<'a, B> {
+    pub fn buffer(buffer: &'a B) -> Self {
+        Arg::Buffer(buffer)
+    }
+    pub fn u64(value: u64) -> Self {
+        Arg::U64(value)
+    }
+    pub fn f32(value: f32) -> Self {
+        Arg::F32(value)
+    }
+}
+
+impl<B> Clone for Arg<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for Arg<'_, B> {}
+
+/// A `#[test]` per check, each calling `$setup(name)` for a backend and a seeded generator (or
+/// `None`, said, where the backend cannot run) and then the check.
+#[macro_export]
+macro_rules! every_case {
+    ($setup:ident) => {
+        #[test]
+        fn rms_norm_forward_and_backward_match_the_reference() {
+            if let Some((backend, rng)) = $setup(stringify!(
+                rms_norm_forward_and_backward_match_the_reference
+            )) {
+                cases::rms_norm_forward_and_backward_match_the_reference(&backend, rng);
+            }
+        }
+        #[test]
+        fn swiglu_forward_and_backward_match_the_reference() {
+            if let Some((backend, rng)) =
+                $setup(stringify!(swiglu_forward_and_backward_match_the_reference))
+            {
+                cases::swiglu_forward_and_backward_match_the_reference(&backend, rng);
+            }
+        }
+        #[test]
+        fn rotary_forward_and_backward_match_the_reference() {
+            if let Some((backend, rng)) =
+                $setup(stringify!(rotary_forward_and_backward_match_the_reference))
+            {
+                cases::rotary_forward_and_backward_match_the_reference(&backend, rng);
+            }
+        }
+        #[test]
+        fn attention_forward_and_backward_match_the_reference() {
+            if let Some((backend, rng)) = $setup(stringify!(
+                attention_forward_and_backward_match_the_reference
+            )) {
+                cases::attention_forward_and_backward_match_the_reference(&backend, rng);
+            }
+        }
+        #[test]
+        fn the_residual_add_fused_with_rms_norm_matches_the_reference() {
+            if let Some((backend, rng)) = $setup(stringify!(
+                the_residual_add_fused_with_rms_norm_matches_the_reference
+            )) {
+                cases::the_residual_add_fused_with_rms_norm_matches_the_reference(&backend, rng);
+            }
+        }
+        #[test]
+        fn cross_entropy_with_its_gradient_matches_the_reference_also_in_place() {
+            if let Some((backend, rng)) = $setup(stringify!(
+                cross_entropy_with_its_gradient_matches_the_reference_also_in_place
+            )) {
+                cases::cross_entropy_with_its_gradient_matches_the_reference_also_in_place(
+                    &backend, rng,
+                );
+            }
+        }
+        #[test]
+        fn the_logit_gradient_of_a_block_of_classes_matches_the_reference() {
+            if let Some((backend, rng)) = $setup(stringify!(
+                the_logit_gradient_of_a_block_of_classes_matches_the_reference
+            )) {
+                cases::the_logit_gradient_of_a_block_of_classes_matches_the_reference(
+                    &backend, rng,
+                );
+            }
+        }
+        #[test]
+        fn decoding_attention_matches_the_reference() {
+            if let Some((backend, rng)) =
+                $setup(stringify!(decoding_attention_matches_the_reference))
+            {
+                cases::decoding_attention_matches_the_reference(&backend, rng);
+            }
+        }
+    };
+}
+
+/// A generator seeded from the clock, its seed printed for `test`.
+pub fn seeded(test: &str) -> StdRng {
+    use rand::SeedableRng;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    eprintln!("{test}: seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+fn random(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// `values` as `dtype` would hold them (bf16: rounded as the host codec rounds).
+fn as_dtype(dtype: Dtype, values: &[f32]) -> Vec<f32> {
+    codec::decode(dtype, &codec::encode(dtype, values)).expect("decode")
+}
+
+/// `‖got − want‖ / ‖want‖`; a NaN (an unwritten, poisoned element) fails.
+fn relative_error(what: &str, got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("{what}: element {i} is {} (not written?)", got[i]);
+    }
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        diff += (f64::from(g) - w).powi(2);
+        norm += w * w;
+    }
+    (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// Each `(name, got, want)` within the dtype's bound (1e-5 in fp32, 1e-2 in bf16), printed.
+fn assert_close(what: &str, dtype: Dtype, outputs: &[(&str, Vec<f32>, Vec<f64>)]) {
+    let bound = match dtype {
+        Dtype::F32 => 1e-5,
+        Dtype::Bf16 => 1e-2,
+    };
+    let errors: Vec<(&str, f64)> = outputs
+        .iter()
+        .map(|(name, got, want)| (*name, relative_error(&format!("{what} {name}"), got, want)))
+        .collect();
+    println!("{what}: relative errors {errors:?}");
+    for (name, e) in &errors {
+        assert!(*e <= bound, "{what} {name}: {e:e} over {bound:e}");
+    }
+}
+
+fn suffix(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::F32 => "f32",
+        Dtype::Bf16 => "bf16",
+    }
+}
+
+pub fn rms_norm_forward_and_backward_match_the_reference<B: Backend>(device: &B, mut rng: StdRng) {
+    let norm = device.module(NORM);
+    let eps = 1e-6f32;
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (rows, cols) in [(1, 33), (37, 576), (130, 896), (5, 4096)] {
+            let n = rows * cols;
+            let x = as_dtype(dtype, &random(&mut rng, n, 2.0));
+            let w = random(&mut rng, cols, 1.5);
+            let g = as_dtype(dtype, &random(&mut rng, n, 1.0));
+            let (xb, wb, gb) = (
+                device.upload(dtype, &x),
+                device.upload(Dtype::F32, &w),
+                device.upload(dtype, &g),
+            );
+            let out = device.poisoned(dtype, n);
+            let dx = device.poisoned(dtype, n);
+            let part = device.poisoned(Dtype::F32, n);
+            let dw = device.poisoned(Dtype::F32, cols);
+            let shape = [
+                Arg::u64(rows as u64),
+                Arg::u64(cols as u64),
+                Arg::f32(eps),
+                Arg::u64((rows * 32) as u64),
+            ];
+            let (rows64, cols64) = (rows as u64, cols as u64);
+            // SAFETY: each kernel's parameters as norm.cu declares them; every buffer holds the
+            // elements the kernel indexes (rows × cols, cols).
+            unsafe {
+                let fwd = format!("odc_rms_norm_fwd_{}", suffix(dtype));
+                let args = [Arg::buffer(&out), Arg::buffer(&xb), Arg::buffer(&wb)];
+                let args: Vec<_> = args.into_iter().chain(shape).collect();
+                device
+                    .launch(&norm, &fwd, rows * 32, &args)
+                    .expect("forward");
+                let bwd = format!("odc_rms_norm_bwd_{}", suffix(dtype));
+                let args = [
+                    Arg::buffer(&dx),
+                    Arg::buffer(&part),
+                    Arg::buffer(&xb),
+                    Arg::buffer(&wb),
+                    Arg::buffer(&gb),
+                ];
+                let args: Vec<_> = args.into_iter().chain(shape).collect();
+                device
+                    .launch(&norm, &bwd, rows * 32, &args)
+                    .expect("backward");
+                let args = [
+                    Arg::buffer(&dw),
+                    Arg::buffer(&part),
+                    Arg::u64(rows64),
+                    Arg::u64(cols64),
+                ];
+                device
+                    .launch(&norm, "odc_column_sum_f32", cols, &args)
+                    .expect("column sum");
+            }
+            let want = reference::rms_norm(&x, &w, cols, f64::from(eps));
+            let (want_dx, want_dw) = reference::rms_norm_backward(&x, &w, &g, cols, f64::from(eps));
+            let what = format!("rms norm {dtype:?} {rows}x{cols}");
+            let got = |buffer, of| device.download(of, buffer);
+            assert_close(
+                &what,
+                dtype,
+                &[
+                    ("out", got(&out, dtype), want),
+                    ("dx", got(&dx, dtype), want_dx),
+                    ("dw", got(&dw, Dtype::F32), want_dw),
+                ],
+            );
+        }
+    }
+}
+
+pub fn swiglu_forward_and_backward_match_the_reference<B: Backend>(device: &B, mut rng: StdRng) {
+    let swiglu = device.module(SWIGLU);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for n in [1, 1000, 65_537, 1 << 20] {
+            let a = as_dtype(dtype, &random(&mut rng, n, 6.0));
+            let b = as_dtype(dtype, &random(&mut rng, n, 2.0));
+            let g = as_dtype(dtype, &random(&mut rng, n, 1.0));
+            let (ab, bb, gb) = (
+                device.upload(dtype, &a),
+                device.upload(dtype, &b),
+                device.upload(dtype, &g),
+            );
+            let (out, da, db) = (
+                device.poisoned(dtype, n),
+                device.poisoned(dtype, n),
+                device.poisoned(dtype, n),
+            );
+            // SAFETY: the parameters as swiglu.cu declares them; every buffer holds n elements.
+            unsafe {
+                let fwd = format!("odc_swiglu_fwd_{}", suffix(dtype));
+                let args = [
+                    Arg::buffer(&out),
+                    Arg::buffer(&ab),
+                    Arg::buffer(&bb),
+                    Arg::u64(n as u64),
+                ];
+                device.launch(&swiglu, &fwd, n, &args).expect("forward");
+                let bwd = format!("odc_swiglu_bwd_{}", suffix(dtype));
+                let args = [
+                    Arg::buffer(&da),
+                    Arg::buffer(&db),
+                    Arg::buffer(&ab),
+                    Arg::buffer(&bb),
+                    Arg::buffer(&gb),
+                    Arg::u64(n as u64),
+                ];
+                device.launch(&swiglu, &bwd, n, &args).expect("backward");
+            }
+            let want = reference::swiglu(&a, &b);
+            let (want_da, want_db) = reference::swiglu_backward(&a, &b, &g);
+            let what = format!("swiglu {dtype:?} n={n}");
+            let got = |buffer, of| device.download(of, buffer);
+            assert_close(
+                &what,
+                dtype,
+                &[
+                    ("out", got(&out, dtype), want),
+                    ("da", got(&da, dtype), want_da),
+                    ("db", got(&db, dtype), want_db),
+                ],
+            );
+        }
+    }
+}
+
+pub fn rotary_forward_and_backward_match_the_reference<B: Backend>(device: &B, mut rng: StdRng) {
+    let rotary = device.module(ROTARY);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (heads, positions, dim) in [(1, 3, 64), (14, 37, 64), (9, 129, 96), (2, 300, 128)] {
+            let rows = heads * positions;
+            let n = rows * dim;
+            let x = as_dtype(dtype, &random(&mut rng, n, 2.0));
+            let angles: Vec<f32> = (0..positions * dim / 2)
+                .map(|i| {
+                    let (p, j) = (i / (dim / 2), i % (dim / 2));
+                    p as f32 * 10_000f32.powf(-2.0 * j as f32 / dim as f32)
+                })
+                .collect();
+            let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+            let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+            let (xb, cb, sb) = (
+                device.upload(dtype, &x),
+                device.upload(Dtype::F32, &cos),
+                device.upload(Dtype::F32, &sin),
+            );
+            for sign in [1.0f32, -1.0] {
+                let out = device.poisoned(dtype, n);
+                // SAFETY: the parameters as rotary.cu declares them; x and out hold rows × dim
+                // elements, the tables positions × dim / 2.
+                unsafe {
+                    let function = format!("odc_rope_{}", suffix(dtype));
+                    let args = [
+                        Arg::buffer(&out),
+                        Arg::buffer(&xb),
+                        Arg::buffer(&cb),
+                        Arg::buffer(&sb),
+                        Arg::u64(positions as u64),
+                        Arg::u64(dim as u64),
+                        Arg::f32(sign),
+                        Arg::u64((n / 2) as u64),
+                    ];
+                    device
+                        .launch(&rotary, &function, n / 2, &args)
+                        .expect("rope");
+                }
+                let want = reference::rope(&x, &cos, &sin, positions, dim, f64::from(sign));
+                let what = format!("rope {dtype:?} {heads}x{positions}x{dim} sign {sign}");
+                assert_close(&what, dtype, &[("out", device.download(dtype, &out), want)]);
+            }
+        }
+    }
+}
+
+pub fn attention_forward_and_backward_match_the_reference<B: Backend>(device: &B, mut rng: StdRng) {
+    let attention = device.module(ATTENTION);
+    // Packings with lengths that are no multiple of anything, GQA ratios, every head_dim.
+    let cases: [(&[usize], usize, usize, usize); 3] = [
+        (&[1, 37, 130, 7], 14, 2, 64),
+        (&[200, 3], 9, 3, 96),
+        (&[0, 64, 65], 8, 2, 128),
+    ];
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (lengths, heads, kv_heads, dim) in cases {
+            let mut cu = vec![0usize];
+            for len in lengths {
+                cu.push(cu.last().copied().unwrap_or(0) + len);
+            }
+            let tokens = *cu.last().unwrap_or(&0);
+            let q = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
+            let k = as_dtype(dtype, &random(&mut rng, tokens * kv_heads * dim, 1.0));
+            let v = as_dtype(dtype, &random(&mut rng, tokens * kv_heads * dim, 1.0));
+            let scale = 1.0 / (dim as f32).sqrt();
+            let cu64: Vec<u8> = cu.iter().flat_map(|&c| (c as u64).to_le_bytes()).collect();
+            let (qb, kb, vb, cb) = (
+                device.upload(dtype, &q),
+                device.upload(dtype, &k),
+                device.upload(dtype, &v),
+                device.upload_bytes(&cu64),
+            );
+            let out = device.poisoned(dtype, tokens * heads * dim);
+            let lse = device.poisoned(Dtype::F32, tokens * heads);
+            let n = tokens * heads * 32;
+            // SAFETY: the parameters as attention.cu declares them; q and out hold
+            // tokens × heads × dim elements, k and v tokens × kv_heads × dim, cu_seqlens
+            // samples + 1, lse tokens × heads.
+            unsafe {
+                let function = format!("odc_attention_fwd_{}", suffix(dtype));
+                let args = [
+                    Arg::buffer(&out),
+                    Arg::buffer(&lse),
+                    Arg::buffer(&qb),
+                    Arg::buffer(&kb),
+                    Arg::buffer(&vb),
+                    Arg::buffer(&cb),
+                    Arg::u64(lengths.len() as u64),
+                    Arg::u64(heads as u64),
+                    Arg::u64(kv_heads as u64),
+                    Arg::u64(dim as u64),
+                    Arg::f32(scale),
+                    Arg::u64(n as u64),
+                ];
+                device
+                    .launch(&attention, &function, n, &args)
+                    .expect("attention");
+            }
+            // The backward from the kernel's own output and log-sum-exp, as a model runs it.
+            let dout = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
+            let gb = device.upload(dtype, &dout);
+            let dq = device.poisoned(dtype, tokens * heads * dim);
+            let (dk, dv) = (
+                device.poisoned(Dtype::F32, tokens * kv_heads * dim),
+                device.poisoned(Dtype::F32, tokens * kv_heads * dim),
+            );
+            let delta = device.poisoned(Dtype::F32, tokens * heads);
+            let keys = tokens * kv_heads * 32;
+            // SAFETY: as above; delta holds tokens × heads fp32, dq tokens × heads × dim of the
+            // dtype, dk and dv tokens × kv_heads × dim fp32; each launch's `n` as attention.cu
+            // says (a warp per (token, head), then per (token, kv head)).
+            unsafe {
+                let prep = [
+                    Arg::buffer(&delta),
+                    Arg::buffer(&out),
+                    Arg::buffer(&gb),
+                    Arg::u64(dim as u64),
+                    Arg::u64(n as u64),
+                ];
+                let function = format!("odc_attention_bwd_prep_{}", suffix(dtype));
+                device
+                    .launch(&attention, &function, n, &prep)
+                    .expect("attention backward: prep");
+                let shared = [
+                    Arg::buffer(&qb),
+                    Arg::buffer(&kb),
+                    Arg::buffer(&vb),
+                    Arg::buffer(&gb),
+                    Arg::buffer(&lse),
+                    Arg::buffer(&delta),
+                    Arg::buffer(&cb),
+                    Arg::u64(lengths.len() as u64),
+                    Arg::u64(heads as u64),
+                    Arg::u64(kv_heads as u64),
+                    Arg::u64(dim as u64),
+                    Arg::f32(scale),
+                ];
+                let mut args = vec![Arg::buffer(&dq)];
+                args.extend(shared.iter().copied());
+                args.push(Arg::u64(n as u64));
+                let function = format!("odc_attention_bwd_dq_{}", suffix(dtype));
+                device
+                    .launch(&attention, &function, n, &args)
+                    .expect("attention backward: dq");
+                let mut args = vec![Arg::buffer(&dk), Arg::buffer(&dv)];
+                args.extend(shared.iter().copied());
+                args.push(Arg::u64(keys as u64));
+                let function = format!("odc_attention_bwd_dkdv_{}", suffix(dtype));
+                device
+                    .launch(&attention, &function, keys, &args)
+                    .expect("attention backward: dk, dv");
+            }
+            let (want_dq, want_dk, want_dv) = reference::attention_backward(
+                &q,
+                &k,
+                &v,
+                &dout,
+                &cu,
+                heads,
+                kv_heads,
+                dim,
+                f64::from(scale),
+            );
+            let (want, want_lse) =
+                reference::attention(&q, &k, &v, &cu, heads, kv_heads, dim, f64::from(scale));
+            let what =
+                format!("attention {dtype:?} {lengths:?} heads {heads}/{kv_heads} dim {dim}");
+            assert_close(
+                &what,
+                dtype,
+                &[
+                    ("out", device.download(dtype, &out), want),
+                    ("lse", device.download(Dtype::F32, &lse), want_lse),
+                    ("dq", device.download(dtype, &dq), want_dq),
+                    ("dk", device.download(Dtype::F32, &dk), want_dk),
+                    ("dv", device.download(Dtype::F32, &dv), want_dv),
+                ],
+            );
+        }
+    }
+}
+
+pub fn the_residual_add_fused_with_rms_norm_matches_the_reference<B: Backend>(
+    device: &B,
+    mut rng: StdRng,
+) {
+    let norm = device.module(NORM);
+    let eps = 1e-6f32;
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (rows, cols) in [(1, 33), (37, 576), (130, 896)] {
+            let n = rows * cols;
+            let a = as_dtype(dtype, &random(&mut rng, n, 2.0));
+            let b = as_dtype(dtype, &random(&mut rng, n, 2.0));
+            let w = random(&mut rng, cols, 1.5);
+            let g = as_dtype(dtype, &random(&mut rng, n, 1.0));
+            let g_res = as_dtype(dtype, &random(&mut rng, n, 1.0));
+            let (ab, bb, wb, gb, rb) = (
+                device.upload(dtype, &a),
+                device.upload(dtype, &b),
+                device.upload(Dtype::F32, &w),
+                device.upload(dtype, &g),
+                device.upload(dtype, &g_res),
+            );
+            let (sum, out, ds) = (
+                device.poisoned(dtype, n),
+                device.poisoned(dtype, n),
+                device.poisoned(dtype, n),
+            );
+            let part = device.poisoned(Dtype::F32, n);
+            let dw = device.poisoned(Dtype::F32, cols);
+            let shape = [
+                Arg::u64(rows as u64),
+                Arg::u64(cols as u64),
+                Arg::f32(eps),
+                Arg::u64((rows * 32) as u64),
+            ];
+            // SAFETY: each kernel's parameters as norm.cu declares them; every buffer holds the
+            // elements the kernel indexes (rows × cols, cols).
+            unsafe {
+                let fwd = format!("odc_add_rms_norm_fwd_{}", suffix(dtype));
+                let args = [&sum, &out, &ab, &bb, &wb].map(Arg::buffer);
+                let args: Vec<_> = args.into_iter().chain(shape).collect();
+                device
+                    .launch(&norm, &fwd, rows * 32, &args)
+                    .expect("forward");
+                // The backward reads the stored sum, as a model's would.
+                let bwd = format!("odc_add_rms_norm_bwd_{}", suffix(dtype));
+                let args = [&ds, &part, &sum, &wb, &gb, &rb].map(Arg::buffer);
+                let args: Vec<_> = args.into_iter().chain(shape).collect();
+                device
+                    .launch(&norm, &bwd, rows * 32, &args)
+                    .expect("backward");
+                let args = [
+                    Arg::buffer(&dw),
+                    Arg::buffer(&part),
+                    Arg::u64(rows as u64),
+                    Arg::u64(cols as u64),
+                ];
+                device
+                    .launch(&norm, "odc_column_sum_f32", cols, &args)
+                    .expect("column sum");
+            }
+            let (want_sum, want_out) = reference::add_rms_norm(&a, &b, &w, cols, f64::from(eps));
+            let stored = device.download(dtype, &sum);
+            let (want_ds, want_dw) =
+                reference::add_rms_norm_backward(&stored, &w, &g, &g_res, cols, f64::from(eps));
+            let what = format!("add + rms norm {dtype:?} {rows}x{cols}");
+            assert_close(
+                &what,
+                dtype,
+                &[
+                    ("sum", stored, want_sum),
+                    ("out", device.download(dtype, &out), want_out),
+                    ("ds", device.download(dtype, &ds), want_ds),
+                    ("dw", device.download(Dtype::F32, &dw), want_dw),
+                ],
+            );
+        }
+    }
+}
+
+pub fn cross_entropy_with_its_gradient_matches_the_reference_also_in_place<B: Backend>(
+    device: &B,
+    mut rng: StdRng,
+) {
+    let loss_module = device.module(LOSS);
+    // Vocabularies of SmolLM2 (49,152) and Qwen2.5 (151,936), and sizes no multiple of a warp.
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (rows, vocab, in_place) in [(1, 33, false), (37, 1000, true), (9, 49_152, false)]
+            .into_iter()
+            .chain([(3, 151_936, true)])
+        {
+            let logits = as_dtype(dtype, &random(&mut rng, rows * vocab, 8.0));
+            // Every fifth row ignored (−100), the others a random class; weights as a loss
+            // over tokens gives them.
+            let targets: Vec<i64> = (0..rows)
+                .map(|r| {
+                    if r % 5 == 4 {
+                        -100
+                    } else {
+                        rng.random_range(0..vocab as i64)
+                    }
+                })
+                .collect();
+            let weights = random(&mut rng, rows, 1.0);
+            let target_bytes: Vec<u8> = targets.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let (xb, tb, wb) = (
+                device.upload(dtype, &logits),
+                device.upload_bytes(&target_bytes),
+                device.upload(Dtype::F32, &weights),
+            );
+            let grad = if in_place {
+                None
+            } else {
+                Some(device.poisoned(dtype, rows * vocab))
+            };
+            let (loss, lse) = (
+                device.poisoned(Dtype::F32, rows),
+                device.poisoned(Dtype::F32, rows),
+            );
+            let dlogits = grad.as_ref().unwrap_or(&xb);
+            // SAFETY: the parameters as loss.cu declares them; logits and dlogits hold
+            // rows × vocab elements (the same buffer in place, which the kernel allows),
+            // targets rows i64s, weights, loss and lse rows fp32s.
+            unsafe {
+                let function = format!("odc_cross_entropy_{}", suffix(dtype));
+                let args = [
+                    Arg::buffer(&loss),
+                    Arg::buffer(&lse),
+                    Arg::buffer(dlogits),
+                    Arg::buffer(&xb),
+                    Arg::buffer(&tb),
+                    Arg::buffer(&wb),
+                    Arg::u64(rows as u64),
+                    Arg::u64(vocab as u64),
+                    Arg::u64((rows * 32) as u64),
+                ];
+                device
+                    .launch(&loss_module, &function, rows * 32, &args)
+                    .expect("cross-entropy");
+            }
+            let (want_loss, want_lse, want_grad) =
+                reference::cross_entropy(&logits, &targets, &weights, vocab);
+            let what = format!("cross-entropy {dtype:?} {rows}x{vocab} in place {in_place}");
+            assert_close(
+                &what,
+                dtype,
+                &[
+                    ("loss", device.download(Dtype::F32, &loss), want_loss),
+                    ("lse", device.download(Dtype::F32, &lse), want_lse),
+                    ("dlogits", device.download(dtype, dlogits), want_grad),
+                ],
+            );
+        }
+    }
+}
+
+pub fn the_logit_gradient_of_a_block_of_classes_matches_the_reference<B: Backend>(
+    device: &B,
+    mut rng: StdRng,
+) {
+    let loss_module = device.module(LOSS);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        // (rows, the block's classes, its first class, the vocabulary the targets come from)
+        for (rows, cols, first, vocab) in
+            [(1, 33, 0, 33), (37, 1000, 4000, 151_936), (300, 77, 5, 90)]
+        {
+            let logits = random(&mut rng, rows * cols, 8.0);
+            let lse: Vec<f32> = (0..rows).map(|_| rng.random_range(5.0f32..15.0)).collect();
+            // Some targets inside the block, some outside, some ignored.
+            let targets: Vec<i64> = (0..rows)
+                .map(|r| match r % 3 {
+                    0 => (first + r % cols) as i64,
+                    1 => rng.random_range(0..vocab as i64),
+                    _ => -100,
+                })
+                .collect();
+            let weights = random(&mut rng, rows, 1.0);
+            let target_bytes: Vec<u8> = targets.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let (xb, lb, tb, wb) = (
+                device.upload(Dtype::F32, &logits),
+                device.upload(Dtype::F32, &lse),
+                device.upload_bytes(&target_bytes),
+                device.upload(Dtype::F32, &weights),
+            );
+            let dlogits = device.poisoned(dtype, rows * cols);
+            let n = rows * cols;
+            // SAFETY: the parameters as loss.cu declares them; logits and dlogits hold
+            // rows × cols elements, lse, targets and weights rows each.
+            unsafe {
+                let function = format!("odc_softmax_grad_{}", suffix(dtype));
+                let args = [
+                    Arg::buffer(&dlogits),
+                    Arg::buffer(&xb),
+                    Arg::buffer(&lb),
+                    Arg::buffer(&tb),
+                    Arg::buffer(&wb),
+                    Arg::u64(cols as u64),
+                    Arg::u64(first as u64),
+                    Arg::u64(n as u64),
+                ];
+                device
+                    .launch(&loss_module, &function, n, &args)
+                    .expect("softmax gradient");
+            }
+            let want = reference::softmax_grad(&logits, &lse, &targets, &weights, cols, first);
+            let what = format!("softmax grad {dtype:?} {rows}x{cols} from class {first}");
+            assert_close(
+                &what,
+                dtype,
+                &[("dlogits", device.download(dtype, &dlogits), want)],
+            );
+        }
+    }
+}
+
+pub fn decoding_attention_matches_the_reference<B: Backend>(device: &B, mut rng: StdRng) {
+    let attention = device.module(ATTENTION);
+    // (rows, heads, kv_heads, dim, capacity, filled columns); paddings drawn per row, one row
+    // with nothing to attend where the shape allows it.
+    let cases = [
+        (1, 2, 2, 64, 64, 1),
+        (8, 14, 2, 64, 128, 97),
+        (5, 9, 3, 96, 256, 200),
+        (3, 8, 2, 128, 64, 64),
+    ];
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for (rows, heads, kv_heads, dim, capacity, len) in cases {
+            let pads: Vec<usize> = (0..rows)
+                .map(|r| match r {
+                    0 => 0,
+                    1 if len > 1 => len,
+                    _ => rng.random_range(0..len),
+                })
+                .collect();
+            let q = as_dtype(dtype, &random(&mut rng, rows * heads * dim, 1.0));
+            let k = as_dtype(
+                dtype,
+                &random(&mut rng, rows * kv_heads * capacity * dim, 1.0),
+            );
+            let v = as_dtype(
+                dtype,
+                &random(&mut rng, rows * kv_heads * capacity * dim, 1.0),
+            );
+            let pad_bytes: Vec<u8> = pads
+                .iter()
+                .flat_map(|&p| (p as i64).to_le_bytes())
+                .collect();
+            let (qb, kb, vb, pb) = (
+                device.upload(dtype, &q),
+                device.upload(dtype, &k),
+                device.upload(dtype, &v),
+                device.upload_bytes(&pad_bytes),
+            );
+            let out = device.poisoned(dtype, rows * heads * dim);
+            let scale = 1.0 / (dim as f32).sqrt();
+            let n = rows * heads * 32;
+            // SAFETY: the parameters as attention.cu declares them; q and out hold
+            // rows × heads × dim elements, k and v rows × kv_heads × capacity × dim, pads rows.
+            unsafe {
+                let function = format!("odc_decode_attention_{}", suffix(dtype));
+                let args = [
+                    Arg::buffer(&out),
+                    Arg::buffer(&qb),
+                    Arg::buffer(&kb),
+                    Arg::buffer(&vb),
+                    Arg::buffer(&pb),
+                    Arg::u64(heads as u64),
+                    Arg::u64(kv_heads as u64),
+                    Arg::u64(capacity as u64),
+                    Arg::u64(len as u64),
+                    Arg::u64(dim as u64),
+                    Arg::f32(scale),
+                    Arg::u64(n as u64),
+                ];
+                device
+                    .launch(&attention, &function, n, &args)
+                    .expect("decoding attention");
+            }
+            let want = reference::decode_attention(
+                &q,
+                &k,
+                &v,
+                &pads,
+                heads,
+                kv_heads,
+                capacity,
+                len,
+                dim,
+                f64::from(scale),
+            );
+            let what = format!(
+                "decoding attention {dtype:?} {rows} rows, heads {heads}/{kv_heads}, dim {dim}, \
+                 {len} of {capacity} columns, pads {pads:?}"
+            );
+            assert_close(&what, dtype, &[("out", device.download(dtype, &out), want)]);
+        }
+    }
+}
