@@ -130,7 +130,10 @@ impl Cpu {
 }
 
 type Caller = unsafe extern "C" fn(*const u64);
-type Launcher = unsafe extern "C" fn(Caller, *const u64) -> i32;
+type Launcher = unsafe extern "C" fn(Caller, *const u64, u32, i32) -> i32;
+
+/// Threads per block, as odc's launches make them (`odc_transport::cuda` and the model's).
+const BLOCK: u32 = 256;
 
 /// The emulation runs one warp at a time on static state: one launch at a time per process.
 static LAUNCH: Mutex<()> = Mutex::new(());
@@ -196,13 +199,43 @@ impl Backend for Cpu {
                 .get::<Launcher>(b"odc_emu_launch")
                 .map_err(|e| format!("{}: {e}", module.name))?;
             let _one = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());
-            match launcher(caller, words.as_ptr()) {
-                0 => Ok(()),
-                _ => Err(format!(
-                    "{function}: the lanes of a warp parted at a shuffle (some ended or were at \
-                     another one while others waited)"
-                )),
+            // Twice, from the same inputs: threads resumed in ascending, then descending order.
+            // A kernel whose result depends on that order reads what another thread writes
+            // without a barrier between.
+            let buffers: Vec<&HostBuffer> = args
+                .iter()
+                .filter_map(|arg| match *arg {
+                    Arg::Buffer(buffer) => Some(buffer),
+                    Arg::U64(_) | Arg::F32(_) => None,
+                })
+                .collect();
+            let inputs: Vec<Vec<u64>> = buffers.iter().map(|b| (*b.words.get()).clone()).collect();
+            let parted = |order: &str| {
+                format!(
+                    "{function} ({order}): threads wait for one another forever (a warp's lanes \
+                     parted at a shuffle, or a barrier some thread never reached)"
+                )
+            };
+            if launcher(caller, words.as_ptr(), BLOCK, 0) != 0 {
+                return Err(parted("ascending"));
             }
+            let ascending: Vec<Vec<u64>> =
+                buffers.iter().map(|b| (*b.words.get()).clone()).collect();
+            for (buffer, input) in buffers.iter().zip(&inputs) {
+                (*buffer.words.get()).copy_from_slice(input);
+            }
+            if launcher(caller, words.as_ptr(), BLOCK, 1) != 0 {
+                return Err(parted("descending"));
+            }
+            for (index, (buffer, want)) in buffers.iter().zip(&ascending).enumerate() {
+                if *buffer.words.get() != *want {
+                    return Err(format!(
+                        "{function}: buffer {index} differs when the threads run in another \
+                         order (a shared-memory read without a barrier after its write?)"
+                    ));
+                }
+            }
+            Ok(())
         }
     }
 }
@@ -269,7 +302,7 @@ fn a_warp_whose_lanes_part_at_a_shuffle_is_reported() {
             include_str!("../src/common.cuh"),
             "extern \"C\" __global__ void odc_test_sum(float* out, unsigned long long skip) {\n",
             "    unsigned int lane = threadIdx.x;\n",
-            "    float v = (float)lane;\n",
+            "    float v = (float)(lane & 31u);\n",
             "    if (lane != skip) v = odc_warp_sum(v);\n",
             "    out[lane] = v;\n",
             "}\n"
@@ -280,23 +313,69 @@ fn a_warp_whose_lanes_part_at_a_shuffle_is_reported() {
         return;
     };
     let module = cpu.module(SHUFFLES);
-    let out = cpu.poisoned(odc_transport::Dtype::F32, 32);
+    let out = cpu.poisoned(odc_transport::Dtype::F32, BLOCK as usize);
     let run = |skip: u64| {
-        // SAFETY: `odc_test_sum(float* out, unsigned long long skip)`, `out` of 32 floats.
+        // SAFETY: `odc_test_sum(float* out, unsigned long long skip)`, `out` of a block's floats.
         unsafe {
             cpu.launch(
                 &module,
                 "odc_test_sum",
-                32,
+                BLOCK as usize,
                 &[Arg::buffer(&out), Arg::u64(skip)],
             )
         }
     };
-    run(32).expect("every lane at the shuffle");
+    run(u64::from(BLOCK)).expect("every lane at the shuffle");
     assert_eq!(
         cpu.download(odc_transport::Dtype::F32, &out),
-        vec![496.0; 32]
+        vec![496.0; BLOCK as usize]
     );
     let parted = run(3).expect_err("lane 3 skips the shuffle");
     assert!(parted.contains("parted at a shuffle"), "{parted}");
+}
+
+/// A block that reads shared memory another thread wrote without a barrier between: its result
+/// depends on the order the threads run, which is reported; with the barrier it is not. (Shared
+/// memory keeps the last launch's values here: the run without the barrier writes others, so
+/// the ascending order reads stale cells.)
+#[test]
+fn a_shared_memory_race_is_reported() {
+    const RACE: Source = Source {
+        name: "race.cu",
+        code: concat!(
+            include_str!("../src/common.cuh"),
+            "extern \"C\" __global__ void odc_test_neighbour(float* out, unsigned long long sync) {\n",
+            "    __shared__ float cell[1024];\n",
+            "    unsigned int i = threadIdx.x;\n",
+            "    cell[i] = (float)i + (sync ? 1000.0f : 0.0f);\n",
+            "    if (sync) __syncthreads();\n",
+            "    out[i] = cell[(i + 1) % blockDim.x];\n",
+            "}\n"
+        ),
+        functions: &["odc_test_neighbour"],
+    };
+    let Some((cpu, _)) = cpu("a_shared_memory_race_is_reported") else {
+        return;
+    };
+    let module = cpu.module(RACE);
+    let out = cpu.poisoned(odc_transport::Dtype::F32, BLOCK as usize);
+    let run = |sync: u64| {
+        // SAFETY: `odc_test_neighbour(float* out, unsigned long long sync)`, `out` of a block's
+        // floats.
+        unsafe {
+            cpu.launch(
+                &module,
+                "odc_test_neighbour",
+                BLOCK as usize,
+                &[Arg::buffer(&out), Arg::u64(sync)],
+            )
+        }
+    };
+    run(1).expect("with the barrier");
+    let want: Vec<f32> = (0..BLOCK)
+        .map(|i| ((i + 1) % BLOCK) as f32 + 1000.0)
+        .collect();
+    assert_eq!(cpu.download(odc_transport::Dtype::F32, &out), want);
+    let raced = run(0).expect_err("without the barrier");
+    assert!(raced.contains("another order"), "{raced}");
 }
