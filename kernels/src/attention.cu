@@ -11,22 +11,6 @@
 //   out[t, h] = Σ_{j in t's sample, j ≤ t} softmax_j(scale q_t · k_j) v_j
 //   n = tokens * heads * 32.
 
-// The first and one-past-last token of the sample holding `token` (binary search for the last
-// sample s with cu_seqlens[s] <= token; empty samples are skipped over).
-__device__ __forceinline__ void odc_sample_bounds(const unsigned long long* __restrict__ cu_seqlens,
-                                                  unsigned long long samples,
-                                                  unsigned long long token,
-                                                  unsigned long long* start,
-                                                  unsigned long long* end) {
-    unsigned long long lo = 0, hi = samples;
-    while (lo + 1 < hi) {
-        unsigned long long mid = (lo + hi) / 2;
-        if (cu_seqlens[mid] <= token) lo = mid; else hi = mid;
-    }
-    *start = cu_seqlens[lo];
-    *end = cu_seqlens[lo + 1];
-}
-
 // One query row of a warp under FlashAttention's online softmax: each lane holds up to 4 of its
 // `dim` columns (lane, lane + 32, ...; dim at most 128) of the scaled query and of the output's
 // running sum, with the running maximum `m` and normaliser `l` (every lane the same).

@@ -1,7 +1,7 @@
 // What every kernel source of odc-kernels starts with (prepended by `lib.rs`): loads and stores
 // of fp32 and bf16 (`unsigned short`, the upper half of an fp32; stored rounded to nearest, ties
 // to even, a NaN kept a NaN: the host codec's `half::bf16::from_f32`), a value as a store of it
-// reads back, and a warp's sum and maximum.
+// reads back, a warp's sum and maximum, and the bounds of a packed sample.
 
 __device__ __forceinline__ float odc_load(const float* p, unsigned long long i) { return p[i]; }
 __device__ __forceinline__ float odc_load(const unsigned short* p, unsigned long long i) {
@@ -31,3 +31,18 @@ __device__ __forceinline__ float odc_warp_sum(float v) {
     return v;
 }
 
+// The first and one-past-last token of the sample holding `token` (binary search for the last
+// sample s with cu_seqlens[s] <= token; empty samples are skipped over).
+__device__ __forceinline__ void odc_sample_bounds(const unsigned long long* __restrict__ cu_seqlens,
+                                                  unsigned long long samples,
+                                                  unsigned long long token,
+                                                  unsigned long long* start,
+                                                  unsigned long long* end) {
+    unsigned long long lo = 0, hi = samples;
+    while (lo + 1 < hi) {
+        unsigned long long mid = (lo + hi) / 2;
+        if (cu_seqlens[mid] <= token) lo = mid; else hi = mid;
+    }
+    *start = cu_seqlens[lo];
+    *end = cu_seqlens[lo + 1];
+}

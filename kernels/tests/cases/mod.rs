@@ -7,7 +7,7 @@
 //! `odc_kernels::reference`: `‖Δ‖ / ‖ref‖ ≤ 1e-5` in fp32 and `≤ 1e-2` in bf16 (inputs rounded to
 //! bf16 first, so the reference sees what the kernel sees).
 
-use odc_kernels::{reference, Source, ATTENTION, LOSS, NORM, ROTARY, SWIGLU};
+use odc_kernels::{reference, Source, ATTENTION, FLASH, LOSS, NORM, ROTARY, SWIGLU};
 use odc_transport::{codec, Dtype};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -103,6 +103,14 @@ macro_rules! every_case {
                 $setup(stringify!(rotary_forward_and_backward_match_the_reference))
             {
                 cases::rotary_forward_and_backward_match_the_reference(&backend, rng);
+            }
+        }
+        #[test]
+        fn the_flash_attention_forward_matches_the_reference() {
+            if let Some((backend, rng)) = $setup(stringify!(
+                the_flash_attention_forward_matches_the_reference
+            )) {
+                cases::the_flash_attention_forward_matches_the_reference(&backend, rng);
             }
         }
         #[test]
@@ -815,5 +823,72 @@ pub fn decoding_attention_matches_the_reference<B: Backend>(device: &B, mut rng:
             );
             assert_close(&what, dtype, &[("out", device.download(dtype, &out), want)]);
         }
+    }
+}
+
+/// FlashAttention-2's tiled forward (bf16): tiles of 128 query rows (8 warps) and 64 keys,
+/// so these packings put sample boundaries inside tiles, rows of a tile past the last token, and
+/// samples longer than a tile of either; every head width it takes, GQA ratios.
+pub fn the_flash_attention_forward_matches_the_reference<B: Backend>(device: &B, mut rng: StdRng) {
+    let flash = device.module(FLASH);
+    let cases: [(&[usize], usize, usize, usize); 4] = [
+        (&[1, 37, 130, 7], 14, 2, 64),
+        (&[200, 3], 9, 3, 96),
+        (&[0, 64, 65], 8, 2, 128),
+        (&[300, 1, 90], 4, 1, 64),
+    ];
+    let dtype = Dtype::Bf16;
+    for (lengths, heads, kv_heads, dim) in cases {
+        let mut cu = vec![0usize];
+        for len in lengths {
+            cu.push(cu.last().copied().unwrap_or(0) + len);
+        }
+        let tokens = *cu.last().unwrap_or(&0);
+        let q = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
+        let k = as_dtype(dtype, &random(&mut rng, tokens * kv_heads * dim, 1.0));
+        let v = as_dtype(dtype, &random(&mut rng, tokens * kv_heads * dim, 1.0));
+        let scale = 1.0 / (dim as f32).sqrt();
+        let cu64: Vec<u8> = cu.iter().flat_map(|&c| (c as u64).to_le_bytes()).collect();
+        let (qb, kb, vb, cb) = (
+            device.upload(dtype, &q),
+            device.upload(dtype, &k),
+            device.upload(dtype, &v),
+            device.upload_bytes(&cu64),
+        );
+        let out = device.poisoned(dtype, tokens * heads * dim);
+        let lse = device.poisoned(Dtype::F32, tokens * heads);
+        let items = tokens.div_ceil(128) * heads;
+        let n = items * 256;
+        // SAFETY: the parameters as flash.cu declares them; q and out hold tokens × heads × dim
+        // bf16, k and v tokens × kv_heads × dim, cu_seqlens samples + 1, lse tokens × heads.
+        unsafe {
+            let args = [
+                Arg::buffer(&out),
+                Arg::buffer(&lse),
+                Arg::buffer(&qb),
+                Arg::buffer(&kb),
+                Arg::buffer(&vb),
+                Arg::buffer(&cb),
+                Arg::u64(lengths.len() as u64),
+                Arg::u64(heads as u64),
+                Arg::u64(kv_heads as u64),
+                Arg::u64(dim as u64),
+                Arg::f32(scale),
+                Arg::u64(n as u64),
+            ];
+            device
+                .launch(&flash, "odc_flash_attention_fwd_bf16", n, &args)
+                .expect("flash attention");
+        }
+        let (want, want_lse) =
+            reference::attention(&q, &k, &v, &cu, heads, kv_heads, dim, f64::from(scale));
+        assert_close(
+            &format!("flash attention {lengths:?} heads {heads}/{kv_heads} dim {dim}"),
+            dtype,
+            &[
+                ("out", device.download(dtype, &out), want),
+                ("lse", device.download(Dtype::F32, &lse), want_lse),
+            ],
+        );
     }
 }

@@ -25,7 +25,7 @@ use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKer
 use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Error, Result, Storage, Tensor, D};
-use odc_kernels::{Source, ATTENTION, LOSS, NORM, ROTARY, SWIGLU};
+use odc_kernels::{Source, ATTENTION, FLASH, LOSS, NORM, ROTARY, SWIGLU};
 
 /// Whether the fused kernels replace candle's ops on CUDA tensors (`ODC_FUSED_KERNELS=1`).
 pub fn enabled() -> bool {
@@ -45,8 +45,10 @@ fn ptx(source: &Source) -> Result<&'static str> {
     static SWIGLU_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     static LOSS_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     static ATTENTION_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    static FLASH_PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     let cell = match source.name {
         "attention.cu" => &ATTENTION_PTX,
+        "flash.cu" => &FLASH_PTX,
         "norm.cu" => &NORM_PTX,
         "rotary.cu" => &ROTARY_PTX,
         "swiglu.cu" => &SWIGLU_PTX,
@@ -373,7 +375,9 @@ pub const MAX_ATTENTION_HEAD_DIM: usize = 128;
 
 /// Causal attention over packed samples with grouped-query heads: token-major `q: [T, H, hd]`,
 /// `k, v: [T, KV, hd]` in one dtype, `cu_seqlens` i64 `[samples + 1]` (0, each sample's end);
-/// `(out [T, H, hd]` in `q`'s dtype, `lse [T, H]` fp32), scores scaled by `scale`.
+/// `(out [T, H, hd]` in `q`'s dtype, `lse [T, H]` fp32), scores scaled by `scale`. In bf16 with
+/// head widths 64, 96 or 128 FlashAttention-2's tiled forward on tensor cores (`flash.cu`), else
+/// the plain kernel; the backward takes either's output.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -393,7 +397,13 @@ pub fn attention(
     let samples = cu.elem_count().saturating_sub(1);
     let out = empty(&device, q.dtype(), &[tokens, heads, dim])?;
     let lse = empty(&device, DType::F32, &[tokens, heads])?;
-    let n = tokens * heads * 32;
+    // bf16 at the head widths FlashAttention-2's tiles take: the tensor-core kernel (tiles of 16
+    // query rows per warp, 8 warps a block: `launch`'s 256 threads); otherwise the plain one.
+    let flash = q.dtype() == DType::BF16 && matches!(dim, 64 | 96 | 128);
+    let n = match flash {
+        true => tokens.div_ceil(128) * heads * 256,
+        false => tokens * heads * 32,
+    };
     let args = [
         Arg::U(address(&out, &device)?),
         Arg::U(address(&lse, &device)?),
@@ -408,8 +418,13 @@ pub fn attention(
         Arg::F(scale),
         Arg::U(n as u64),
     ];
-    let function = format!("odc_attention_fwd_{}", suffix(&q));
-    launch(&device, &ATTENTION, &function, n, &args)?;
+    match flash {
+        true => launch(&device, &FLASH, "odc_flash_attention_fwd_bf16", n, &args)?,
+        false => {
+            let function = format!("odc_attention_fwd_{}", suffix(&q));
+            launch(&device, &ATTENTION, &function, n, &args)?;
+        }
+    }
     Ok((out, lse))
 }
 
