@@ -41,6 +41,99 @@ __device__ __forceinline__ unsigned int odc_pair(unsigned short lo, unsigned sho
     return (unsigned int)lo | ((unsigned int)hi << 16);
 }
 
+// The warp's 16 rows `row[0..2)` of `x` (row-major, `stride` elements a row, columns `col0 ..
+// col0 + D`) as mma A fragments, one per 16 columns; rows at or past `rows` are zeros.
+template <int D>
+__device__ __forceinline__ void odc_flash_rows_a(unsigned int a[D / 16][4],
+                                                 const unsigned short* __restrict__ x,
+                                                 const unsigned long long row[2],
+                                                 unsigned long long rows,
+                                                 unsigned long long stride, unsigned long long col0,
+                                                 unsigned int t) {
+    for (int kk = 0; kk < D / 16; ++kk) {
+        for (int i = 0; i < 4; ++i) {
+            unsigned long long r = row[i & 1];
+            unsigned long long at = r * stride + col0 + 16u * kk + 2u * t + ((i & 2) ? 8u : 0u);
+            a[kk][i] = r < rows ? odc_pair(x[at], x[at + 1]) : 0u;
+        }
+    }
+}
+
+// acc[nt] = A · Bᵀ for 8-column blocks nt < N, B's rows `nt * 8 + g` of `bs` ([n][D] in shared
+// memory): the warp's 16 rows against N * 8 rows of a tile, over D.
+template <int D, int N>
+__device__ __forceinline__ void odc_flash_abt(float acc[N][4], const unsigned int a[D / 16][4],
+                                              const unsigned short* bs, unsigned int g,
+                                              unsigned int t) {
+    for (int nt = 0; nt < N; ++nt) {
+        for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
+        const unsigned short* br = bs + (nt * 8u + g) * D + 2u * t;
+        for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned int b[2] = {odc_pair(br[16 * kk], br[16 * kk + 1]),
+                                 odc_pair(br[16 * kk + 8], br[16 * kk + 9])};
+            odc_mma_bf16(acc[nt], a[kk], b, acc[nt]);
+        }
+    }
+}
+
+// out[dt] += P · X for a warp's accumulators `p` (16 rows × N * 8 columns, rounded to bf16 here)
+// and X transposed in shared memory (`xt`: [D][N * 8 + 8], its columns the tile's N * 8 rows).
+template <int D, int N>
+__device__ __forceinline__ void odc_flash_px(float out[D / 8][4], const float p[N][4],
+                                             const unsigned short* xt, unsigned int g,
+                                             unsigned int t) {
+    for (int kk = 0; kk < N / 2; ++kk) {
+        unsigned int a[4] = {odc_pair(odc_bf16(p[2 * kk][0]), odc_bf16(p[2 * kk][1])),
+                             odc_pair(odc_bf16(p[2 * kk][2]), odc_bf16(p[2 * kk][3])),
+                             odc_pair(odc_bf16(p[2 * kk + 1][0]), odc_bf16(p[2 * kk + 1][1])),
+                             odc_pair(odc_bf16(p[2 * kk + 1][2]), odc_bf16(p[2 * kk + 1][3]))};
+        for (int dt = 0; dt < D / 8; ++dt) {
+            const unsigned short* xr = xt + (8u * dt + g) * (8u * N + 8u) + 16u * kk + 2u * t;
+            unsigned int b[2] = {odc_pair(xr[0], xr[1]), odc_pair(xr[8], xr[9])};
+            odc_mma_bf16(out[dt], a, b, out[dt]);
+        }
+    }
+}
+
+// Stage rows `first .. first + TILE` (zeros at or past `last`) of `x` (`stride` elements a row,
+// head offset `col0`) as [row][D] in `xs` (if not null) and transposed, [D][TILE + 8], in `xt` (if
+// not null). The whole block takes part.
+template <int D, unsigned int TILE>
+__device__ __forceinline__ void odc_flash_stage(unsigned short* xs, unsigned short* xt,
+                                                const unsigned short* __restrict__ x,
+                                                unsigned long long first, unsigned long long last,
+                                                unsigned long long stride,
+                                                unsigned long long col0) {
+    for (unsigned int idx = threadIdx.x; idx < TILE * D; idx += blockDim.x) {
+        unsigned int r = idx / D, c = idx - r * D;
+        unsigned long long j = first + r;
+        unsigned short val = j < last ? x[j * stride + col0 + c] : (unsigned short)0;
+        if (xs) xs[r * D + c] = val;
+        if (xt) xt[c * (TILE + 8u) + r] = val;
+    }
+}
+
+// A query tile's rows as one lane sees them: its two rows (g and g + 8 of its warp's 16), the
+// first key each may see (its sample's start), and the keys any row of the tile sees: from the
+// first row's sample start to the last row.
+struct OdcFlashRows {
+    unsigned long long row[2], first[2], kfirst, klast;
+
+    __device__ OdcFlashRows(const unsigned long long* __restrict__ cu_seqlens,
+                            unsigned long long samples, unsigned long long tokens,
+                            unsigned long long q0, unsigned long long tile_rows, unsigned int warp,
+                            unsigned int g) {
+        unsigned long long end;
+        for (int r = 0; r < 2; ++r) {
+            row[r] = q0 + 16ull * warp + g + 8u * r;
+            first[r] = 0;
+            if (row[r] < tokens) odc_sample_bounds(cu_seqlens, samples, row[r], &first[r], &end);
+        }
+        odc_sample_bounds(cu_seqlens, samples, q0 < tokens ? q0 : tokens - 1, &kfirst, &end);
+        klast = q0 + tile_rows < tokens ? q0 + tile_rows : tokens;
+    }
+};
+
 template <int D>
 __device__ void odc_flash_fwd(unsigned short* __restrict__ out, float* __restrict__ lse,
                               const unsigned short* __restrict__ q,
@@ -60,26 +153,13 @@ __device__ void odc_flash_fwd(unsigned short* __restrict__ out, float* __restric
     const unsigned int g = lane >> 2, t = lane & 3u;
     for (unsigned long long item = blockIdx.x; item < items; item += gridDim.x) {
         const unsigned long long tile = item / heads, h = item - tile * heads, kvh = h / group;
-        const unsigned long long q0 = tile * tile_rows;
-        // This lane's two rows, and the first key each may see.
-        const unsigned long long row[2] = {q0 + 16ull * warp + g, q0 + 16ull * warp + g + 8};
-        unsigned long long first[2] = {0, 0}, end;
-        for (int r = 0; r < 2; ++r) {
-            if (row[r] < tokens) odc_sample_bounds(cu_seqlens, samples, row[r], &first[r], &end);
-        }
-        // The keys any row of the tile sees: from its first row's sample start to its last row.
-        unsigned long long kfirst;
-        odc_sample_bounds(cu_seqlens, samples, q0 < tokens ? q0 : tokens - 1, &kfirst, &end);
-        const unsigned long long klast = q0 + tile_rows < tokens ? q0 + tile_rows : tokens;
+        const OdcFlashRows rows(cu_seqlens, samples, tokens, tile * tile_rows, tile_rows, warp, g);
+        const unsigned long long* row = rows.row;
+        const unsigned long long* first = rows.first;
+        const unsigned long long kfirst = rows.kfirst, klast = rows.klast;
         // The warp's queries as A fragments, one per 16 columns.
         unsigned int qa[D / 16][4];
-        for (int kk = 0; kk < D / 16; ++kk) {
-            for (int i = 0; i < 4; ++i) {
-                unsigned long long r = row[i & 1];
-                unsigned long long at = (r * heads + h) * D + 16u * kk + 2u * t + ((i & 2) ? 8u : 0u);
-                qa[kk][i] = r < tokens ? odc_pair(q[at], q[at + 1]) : 0u;
-            }
-        }
+        odc_flash_rows_a<D>(qa, q, row, tokens, heads * D, h * D, t);
         float o[D / 8][4];
         for (int dt = 0; dt < D / 8; ++dt) {
             for (int i = 0; i < 4; ++i) o[dt][i] = 0.0f;
@@ -87,30 +167,12 @@ __device__ void odc_flash_fwd(unsigned short* __restrict__ out, float* __restric
         float m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
         for (unsigned long long kt = kfirst; kt < klast; kt += ODC_FLASH_KEYS) {
             __syncthreads();  // the previous tile's reads are done
-            for (unsigned int idx = threadIdx.x; idx < ODC_FLASH_KEYS * D; idx += blockDim.x) {
-                unsigned int key = idx / D, c = idx - key * D;
-                unsigned long long j = kt + key;
-                unsigned short kv = 0, vv = 0;
-                if (j < klast) {
-                    unsigned long long at = (j * kv_heads + kvh) * D + c;
-                    kv = k[at];
-                    vv = v[at];
-                }
-                ks[key * D + c] = kv;
-                vt[c * ODC_FLASH_VT + key] = vv;
-            }
+            odc_flash_stage<D, ODC_FLASH_KEYS>(ks, nullptr, k, kt, klast, kv_heads * D, kvh * D);
+            odc_flash_stage<D, ODC_FLASH_KEYS>(nullptr, vt, v, kt, klast, kv_heads * D, kvh * D);
             __syncthreads();
             // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys (8 blocks of 8 keys).
             float s[ODC_FLASH_KEYS / 8][4];
-            for (unsigned int nt = 0; nt < ODC_FLASH_KEYS / 8; ++nt) {
-                for (int i = 0; i < 4; ++i) s[nt][i] = 0.0f;
-                const unsigned short* kr = ks + (nt * 8u + g) * D + 2u * t;
-                for (int kk = 0; kk < D / 16; ++kk) {
-                    unsigned int b[2] = {odc_pair(kr[16 * kk], kr[16 * kk + 1]),
-                                         odc_pair(kr[16 * kk + 8], kr[16 * kk + 9])};
-                    odc_mma_bf16(s[nt], qa[kk], b, s[nt]);
-                }
-            }
+            odc_flash_abt<D, ODC_FLASH_KEYS / 8>(s, qa, ks, g, t);
             // Mask, scale, and each row's maximum over the tile (its 4 lanes together).
             float mx[2] = {-inf, -inf};
             for (unsigned int nt = 0; nt < ODC_FLASH_KEYS / 8; ++nt) {
@@ -134,28 +196,15 @@ __device__ void odc_flash_fwd(unsigned short* __restrict__ out, float* __restric
             for (int dt = 0; dt < D / 8; ++dt) {
                 for (int i = 0; i < 4; ++i) o[dt][i] *= corr[i >> 1];
             }
-            // P, rounded to bf16 as the mma reads it (the sums count what the mma adds).
-            unsigned short p[ODC_FLASH_KEYS / 8][4];
+            // P (the sums count it rounded to bf16, as the mma reads it), then O += P V.
             for (unsigned int nt = 0; nt < ODC_FLASH_KEYS / 8; ++nt) {
                 for (int i = 0; i < 4; ++i) {
                     int r = i >> 1;
-                    float e = s[nt][i] == -inf ? 0.0f : expf(s[nt][i] - m[r]);
-                    p[nt][i] = odc_bf16(e);
-                    l[r] += __uint_as_float(((unsigned int)p[nt][i]) << 16);
+                    s[nt][i] = s[nt][i] == -inf ? 0.0f : expf(s[nt][i] - m[r]);
+                    l[r] += __uint_as_float(((unsigned int)odc_bf16(s[nt][i])) << 16);
                 }
             }
-            // O += P V, 16 keys at a time: blocks 2kk and 2kk + 1 of P are the A fragment.
-            for (unsigned int kk = 0; kk < ODC_FLASH_KEYS / 16; ++kk) {
-                unsigned int a[4] = {odc_pair(p[2 * kk][0], p[2 * kk][1]),
-                                     odc_pair(p[2 * kk][2], p[2 * kk][3]),
-                                     odc_pair(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                                     odc_pair(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-                for (int dt = 0; dt < D / 8; ++dt) {
-                    const unsigned short* vr = vt + (8u * dt + g) * ODC_FLASH_VT + 16u * kk + 2u * t;
-                    unsigned int b[2] = {odc_pair(vr[0], vr[1]), odc_pair(vr[8], vr[9])};
-                    odc_mma_bf16(o[dt], a, b, o[dt]);
-                }
-            }
+            odc_flash_px<D, ODC_FLASH_KEYS / 8>(o, s, vt, g, t);
         }
         for (int r = 0; r < 2; ++r) {
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -196,5 +245,212 @@ extern "C" __global__ void odc_flash_attention_fwd_bf16(unsigned short* out, flo
         odc_flash_fwd<96>(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, scale, ks, vt);
     } else if (dim == 128) {
         odc_flash_fwd<128>(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, scale, ks, vt);
+    }
+}
+
+// FlashAttention-2's backward on tensor cores, bf16, deterministic: the same three passes as
+// `attention.cu`'s backward (its `prep` gives D_i = dout_i · out_i), the dq and the dk/dv passes
+// tiled. Both recompute P = exp(scale S − lse) per tile; dS = P (dP − D) is rounded to bf16 for
+// its mma as P is. Same parameters and outputs as the plain passes (dq in bf16, dk and dv fp32
+// written, not added), so a caller switches per head width.
+//
+//   dq pass: as the forward, a block of W warps per 16 W query rows of one head, walking key tiles
+//     of 32 (K as [key][dim] and transposed, V as [key][dim] in shared memory): S = Q Kᵀ,
+//     dP = dO Vᵀ (Q and dO as A fragments in registers), dQ += dS K. n = ⌈tokens / 16 W⌉ · heads ·
+//     blockDim.x.
+//   dk/dv pass: a block of W warps per 16 W keys of one KV head, walking, for each query head of
+//     its group, the query tiles of 32 that see its keys (Q and dO as [query][dim] and transposed):
+//     Sᵀ = K Qᵀ, dV += Pᵀ dO, dPᵀ = V dOᵀ (K and V as A fragments in registers), dK += dSᵀ Q.
+//     n = ⌈tokens / 16 W⌉ · kv_heads · blockDim.x.
+
+#define ODC_FLASH_BWD_TILE 32u
+// A row of a transposed tile, padded.
+#define ODC_FLASH_BWD_T (ODC_FLASH_BWD_TILE + 8u)
+
+template <int D>
+__device__ void odc_flash_bwd_dq(unsigned short* __restrict__ dq,
+                                 const unsigned short* __restrict__ q,
+                                 const unsigned short* __restrict__ k,
+                                 const unsigned short* __restrict__ v,
+                                 const unsigned short* __restrict__ dout,
+                                 const float* __restrict__ lse, const float* __restrict__ delta,
+                                 const unsigned long long* __restrict__ cu_seqlens,
+                                 unsigned long long samples, unsigned long long heads,
+                                 unsigned long long kv_heads, float scale, unsigned short* ks,
+                                 unsigned short* kt_, unsigned short* vs) {
+    const unsigned long long tokens = cu_seqlens[samples];
+    const unsigned int warps = blockDim.x / 32u;
+    const unsigned long long tile_rows = 16ull * warps;
+    const unsigned long long items = (tokens + tile_rows - 1) / tile_rows * heads;
+    const unsigned long long group = heads / kv_heads;
+    const unsigned int warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const unsigned int g = lane >> 2, t = lane & 3u;
+    const int N = ODC_FLASH_BWD_TILE / 8;
+    for (unsigned long long item = blockIdx.x; item < items; item += gridDim.x) {
+        const unsigned long long tile = item / heads, h = item - tile * heads, kvh = h / group;
+        const OdcFlashRows rows(cu_seqlens, samples, tokens, tile * tile_rows, tile_rows, warp, g);
+        const unsigned long long* row = rows.row;
+        const unsigned long long* first = rows.first;
+        const unsigned long long kfirst = rows.kfirst, klast = rows.klast;
+        float row_lse[2] = {0.0f, 0.0f}, row_d[2] = {0.0f, 0.0f};
+        for (int r = 0; r < 2; ++r) {
+            if (row[r] >= tokens) continue;
+            row_lse[r] = lse[row[r] * heads + h];
+            row_d[r] = delta[row[r] * heads + h];
+        }
+        unsigned int qa[D / 16][4], ga[D / 16][4];
+        odc_flash_rows_a<D>(qa, q, row, tokens, heads * D, h * D, t);
+        odc_flash_rows_a<D>(ga, dout, row, tokens, heads * D, h * D, t);
+        float acc[D / 8][4];
+        for (int dt = 0; dt < D / 8; ++dt) {
+            for (int i = 0; i < 4; ++i) acc[dt][i] = 0.0f;
+        }
+        for (unsigned long long kt = kfirst; kt < klast; kt += ODC_FLASH_BWD_TILE) {
+            __syncthreads();
+            odc_flash_stage<D, ODC_FLASH_BWD_TILE>(ks, kt_, k, kt, klast, kv_heads * D, kvh * D);
+            odc_flash_stage<D, ODC_FLASH_BWD_TILE>(vs, nullptr, v, kt, klast, kv_heads * D, kvh * D);
+            __syncthreads();
+            float s[N][4], dp[N][4];
+            odc_flash_abt<D, N>(s, qa, ks, g, t);
+            odc_flash_abt<D, N>(dp, ga, vs, g, t);
+            for (int nt = 0; nt < N; ++nt) {
+                for (int i = 0; i < 4; ++i) {
+                    int r = i >> 1;
+                    unsigned long long key = kt + nt * 8u + 2u * t + (unsigned int)(i & 1);
+                    bool seen = row[r] < tokens && key < klast && key >= first[r] && key <= row[r];
+                    float p = seen ? expf(s[nt][i] * scale - row_lse[r]) : 0.0f;
+                    s[nt][i] = p * (dp[nt][i] - row_d[r]);  // dS
+                }
+            }
+            odc_flash_px<D, N>(acc, s, kt_, g, t);
+        }
+        for (int dt = 0; dt < D / 8; ++dt) {
+            for (int i = 0; i < 4; ++i) {
+                int r = i >> 1;
+                if (row[r] >= tokens) continue;
+                unsigned long long at = (row[r] * heads + h) * D + 8u * dt + 2u * t + (i & 1);
+                odc_store(dq, at, scale * acc[dt][i]);
+            }
+        }
+    }
+}
+
+template <int D>
+__device__ void odc_flash_bwd_dkdv(float* __restrict__ dk, float* __restrict__ dv,
+                                   const unsigned short* __restrict__ q,
+                                   const unsigned short* __restrict__ k,
+                                   const unsigned short* __restrict__ v,
+                                   const unsigned short* __restrict__ dout,
+                                   const float* __restrict__ lse,
+                                   const float* __restrict__ delta,
+                                   const unsigned long long* __restrict__ cu_seqlens,
+                                   unsigned long long samples, unsigned long long heads,
+                                   unsigned long long kv_heads, float scale, unsigned short* qs,
+                                   unsigned short* qt, unsigned short* gs, unsigned short* gt) {
+    const unsigned long long tokens = cu_seqlens[samples];
+    const unsigned int warps = blockDim.x / 32u;
+    const unsigned long long tile_keys = 16ull * warps;
+    const unsigned long long items = (tokens + tile_keys - 1) / tile_keys * kv_heads;
+    const unsigned long long group = heads / kv_heads;
+    const unsigned int warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const unsigned int g = lane >> 2, t = lane & 3u;
+    const int N = ODC_FLASH_BWD_TILE / 8;
+    for (unsigned long long item = blockIdx.x; item < items; item += gridDim.x) {
+        const unsigned long long tile = item / kv_heads, kvh = item - tile * kv_heads;
+        const unsigned long long k0 = tile * tile_keys;
+        const unsigned long long key[2] = {k0 + 16ull * warp + g, k0 + 16ull * warp + g + 8};
+        unsigned long long stop[2] = {0, 0}, start;
+        for (int r = 0; r < 2; ++r) {
+            if (key[r] < tokens) odc_sample_bounds(cu_seqlens, samples, key[r], &start, &stop[r]);
+        }
+        // The queries any key of the tile is seen by: from its first key to its last key's
+        // sample end.
+        const unsigned long long kend = k0 + tile_keys < tokens ? k0 + tile_keys : tokens;
+        unsigned long long qend;
+        odc_sample_bounds(cu_seqlens, samples, kend > 0 ? kend - 1 : 0, &start, &qend);
+        unsigned int ka[D / 16][4], va[D / 16][4];
+        odc_flash_rows_a<D>(ka, k, key, tokens, kv_heads * D, kvh * D, t);
+        odc_flash_rows_a<D>(va, v, key, tokens, kv_heads * D, kvh * D, t);
+        float dka[D / 8][4], dva[D / 8][4];
+        for (int dt = 0; dt < D / 8; ++dt) {
+            for (int i = 0; i < 4; ++i) dka[dt][i] = dva[dt][i] = 0.0f;
+        }
+        for (unsigned long long h = kvh * group; h < (kvh + 1) * group; ++h) {
+            for (unsigned long long qt0 = k0; qt0 < qend; qt0 += ODC_FLASH_BWD_TILE) {
+                __syncthreads();
+                odc_flash_stage<D, ODC_FLASH_BWD_TILE>(qs, qt, q, qt0, qend, heads * D, h * D);
+                odc_flash_stage<D, ODC_FLASH_BWD_TILE>(gs, gt, dout, qt0, qend, heads * D, h * D);
+                __syncthreads();
+                float s[N][4], dp[N][4];
+                odc_flash_abt<D, N>(s, ka, qs, g, t);   // Sᵀ: keys × queries
+                odc_flash_abt<D, N>(dp, va, gs, g, t);  // dPᵀ
+                float p[N][4];
+                for (int nt = 0; nt < N; ++nt) {
+                    for (int i = 0; i < 4; ++i) {
+                        int r = i >> 1;
+                        unsigned long long query = qt0 + nt * 8u + 2u * t + (unsigned int)(i & 1);
+                        bool seen = key[r] < tokens && query < qend && query >= key[r] &&
+                                    query < stop[r];
+                        float e = seen ? expf(s[nt][i] * scale - lse[query * heads + h]) : 0.0f;
+                        p[nt][i] = e;
+                        s[nt][i] = seen ? e * (dp[nt][i] - delta[query * heads + h]) : 0.0f;
+                    }
+                }
+                odc_flash_px<D, N>(dva, p, gt, g, t);
+                odc_flash_px<D, N>(dka, s, qt, g, t);
+            }
+        }
+        for (int dt = 0; dt < D / 8; ++dt) {
+            for (int i = 0; i < 4; ++i) {
+                int r = i >> 1;
+                if (key[r] >= tokens) continue;
+                unsigned long long at = (key[r] * kv_heads + kvh) * D + 8u * dt + 2u * t + (i & 1);
+                dk[at] = scale * dka[dt][i];
+                dv[at] = dva[dt][i];
+            }
+        }
+    }
+}
+
+extern "C" __global__ void odc_flash_attention_bwd_dq_bf16(
+    unsigned short* dq, const unsigned short* q, const unsigned short* k, const unsigned short* v,
+    const unsigned short* dout, const float* lse, const float* delta,
+    const unsigned long long* cu_seqlens, unsigned long long samples, unsigned long long heads,
+    unsigned long long kv_heads, unsigned long long dim, float scale, unsigned long long n) {
+    __shared__ unsigned short ks[ODC_FLASH_BWD_TILE * ODC_FLASH_MAX_DIM];
+    __shared__ unsigned short kt[ODC_FLASH_MAX_DIM * ODC_FLASH_BWD_T];
+    __shared__ unsigned short vs[ODC_FLASH_BWD_TILE * ODC_FLASH_MAX_DIM];
+    (void)n;
+    if (dim == 64) {
+        odc_flash_bwd_dq<64>(dq, q, k, v, dout, lse, delta, cu_seqlens, samples, heads, kv_heads,
+                             scale, ks, kt, vs);
+    } else if (dim == 96) {
+        odc_flash_bwd_dq<96>(dq, q, k, v, dout, lse, delta, cu_seqlens, samples, heads, kv_heads,
+                             scale, ks, kt, vs);
+    } else if (dim == 128) {
+        odc_flash_bwd_dq<128>(dq, q, k, v, dout, lse, delta, cu_seqlens, samples, heads, kv_heads,
+                              scale, ks, kt, vs);
+    }
+}
+
+extern "C" __global__ void odc_flash_attention_bwd_dkdv_bf16(
+    float* dk, float* dv, const unsigned short* q, const unsigned short* k,
+    const unsigned short* v, const unsigned short* dout, const float* lse, const float* delta,
+    const unsigned long long* cu_seqlens, unsigned long long samples, unsigned long long heads,
+    unsigned long long kv_heads, unsigned long long dim, float scale, unsigned long long n) {
+    __shared__ unsigned short qs[ODC_FLASH_BWD_TILE * ODC_FLASH_MAX_DIM];
+    __shared__ unsigned short qt[ODC_FLASH_MAX_DIM * ODC_FLASH_BWD_T];
+    __shared__ unsigned short gs[ODC_FLASH_BWD_TILE * ODC_FLASH_MAX_DIM];
+    __shared__ unsigned short gt[ODC_FLASH_MAX_DIM * ODC_FLASH_BWD_T];
+    (void)n;
+    if (dim == 64) {
+        odc_flash_bwd_dkdv<64>(dk, dv, q, k, v, dout, lse, delta, cu_seqlens, samples, heads,
+                               kv_heads, scale, qs, qt, gs, gt);
+    } else if (dim == 96) {
+        odc_flash_bwd_dkdv<96>(dk, dv, q, k, v, dout, lse, delta, cu_seqlens, samples, heads,
+                               kv_heads, scale, qs, qt, gs, gt);
+    } else if (dim == 128) {
+        odc_flash_bwd_dkdv<128>(dk, dv, q, k, v, dout, lse, delta, cu_seqlens, samples, heads,
+                                kv_heads, scale, qs, qt, gs, gt);
     }
 }

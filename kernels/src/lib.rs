@@ -4,8 +4,8 @@
 //! - [`SOURCES`]: one [`Source`] per kernel family — RMSNorm, also fused with the residual add
 //!   before it ([`NORM`]), SwiGLU ([`SWIGLU`]), rotary embedding ([`ROTARY`]) — each forward and
 //!   backward, causal attention over packed samples with grouped-query heads ([`ATTENTION`]:
-//!   forward and backward, a plain first version; [`FLASH`]: FlashAttention-2's tiled forward on
-//!   tensor cores, bf16), and cross-entropy with its gradient in one
+//!   forward and backward, a plain first version; [`FLASH`]: FlashAttention-2's tiles on tensor
+//!   cores, forward and backward, bf16), and cross-entropy with its gradient in one
 //!   kernel for a chunk of the head's rows ([`LOSS`]), in fp32 and bf16, fp32 arithmetic. Every source starts with `common.cuh` (bf16 loads and stores rounded as the
 //!   host codec rounds, a warp's sum) and needs no header of a CUDA toolkit, so NVRTC alone
 //!   compiles it (no driver, no device).
@@ -25,8 +25,8 @@
 //! with blocks of a multiple of 32 threads, as odc-transport's `Device::launch` and candle's
 //! launches make them; the norm kernels give each row a warp (`n = rows × 32`).
 //!
-//! Not yet here: FlashAttention-2's tiled backward (the backward is FlashAttention-2's split into
-//! a dq pass and a dk/dv pass, deterministic, but one warp per row, not yet tiles). The model uses NORM's plain RMSNorm, SWIGLU, ROTARY, ATTENTION (the
+//! Not yet here: tensor-core tiles for fp32 (fp32 takes the plain kernels), and Hopper's
+//! asynchronous copies and `wgmma`. The model uses NORM's plain RMSNorm, SWIGLU, ROTARY, ATTENTION (the
 //! packed attention) and LOSS (the chunked head) on CUDA only when asked (`ODC_FUSED_KERNELS=1`,
 //! `odc::model::ops::cuda`).
 
@@ -112,13 +112,18 @@ pub const LOSS: Source = Source {
 };
 
 /// Every kernel source.
-/// FlashAttention-2's forward on tensor cores (bf16, head widths 64, 96 and 128): the same output
-/// and log-sum-exp as [`ATTENTION`]'s forward, tiled through shared memory, `mma.sync` for
-/// `Q Kᵀ` and `P V` (compute capability 8.0 and up).
+/// FlashAttention-2 on tensor cores (bf16, head widths 64, 96 and 128): the forward, with the same
+/// output and log-sum-exp as [`ATTENTION`]'s, and the backward's dq and dk/dv passes (after
+/// [`ATTENTION`]'s `prep`), tiled through shared memory, `mma.sync` for every product (compute
+/// capability 8.0 and up).
 pub const FLASH: Source = Source {
     name: "flash.cu",
     code: concat!(include_str!("common.cuh"), include_str!("flash.cu")),
-    functions: &["odc_flash_attention_fwd_bf16"],
+    functions: &[
+        "odc_flash_attention_fwd_bf16",
+        "odc_flash_attention_bwd_dq_bf16",
+        "odc_flash_attention_bwd_dkdv_bf16",
+    ],
 };
 
 pub const SOURCES: [Source; 6] = [NORM, SWIGLU, ROTARY, ATTENTION, FLASH, LOSS];

@@ -106,11 +106,11 @@ macro_rules! every_case {
             }
         }
         #[test]
-        fn the_flash_attention_forward_matches_the_reference() {
+        fn flash_attention_forward_and_backward_match_the_reference() {
             if let Some((backend, rng)) = $setup(stringify!(
-                the_flash_attention_forward_matches_the_reference
+                flash_attention_forward_and_backward_match_the_reference
             )) {
-                cases::the_flash_attention_forward_matches_the_reference(&backend, rng);
+                cases::flash_attention_forward_and_backward_match_the_reference(&backend, rng);
             }
         }
         #[test]
@@ -826,10 +826,14 @@ pub fn decoding_attention_matches_the_reference<B: Backend>(device: &B, mut rng:
     }
 }
 
-/// FlashAttention-2's tiled forward (bf16): tiles of 128 query rows (8 warps) and 64 keys,
-/// so these packings put sample boundaries inside tiles, rows of a tile past the last token, and
-/// samples longer than a tile of either; every head width it takes, GQA ratios.
-pub fn the_flash_attention_forward_matches_the_reference<B: Backend>(device: &B, mut rng: StdRng) {
+/// FlashAttention-2's tiled forward and backward (bf16): tiles of 128 query rows or keys (8
+/// warps) against 64 keys (forward) or 32 (backward), so these packings put sample boundaries
+/// inside tiles, rows of a tile past the last token, and samples longer than a tile; every head
+/// width it takes, GQA ratios.
+pub fn flash_attention_forward_and_backward_match_the_reference<B: Backend>(
+    device: &B,
+    mut rng: StdRng,
+) {
     let flash = device.module(FLASH);
     let cases: [(&[usize], usize, usize, usize); 4] = [
         (&[1, 37, 130, 7], 14, 2, 64),
@@ -880,14 +884,81 @@ pub fn the_flash_attention_forward_matches_the_reference<B: Backend>(device: &B,
                 .launch(&flash, "odc_flash_attention_fwd_bf16", n, &args)
                 .expect("flash attention");
         }
+        // The backward from the flash forward's own output, as a model runs it: the plain
+        // kernels' `prep`, then the tiled dq and dk/dv passes.
+        let dout = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
+        let gb = device.upload(dtype, &dout);
+        let delta = device.poisoned(Dtype::F32, tokens * heads);
+        let dq = device.poisoned(dtype, tokens * heads * dim);
+        let (dk, dv) = (
+            device.poisoned(Dtype::F32, tokens * kv_heads * dim),
+            device.poisoned(Dtype::F32, tokens * kv_heads * dim),
+        );
+        let plain = device.module(ATTENTION);
+        let (rows, keys) = (tokens * heads * 32, tokens.div_ceil(128) * kv_heads * 256);
+        // SAFETY: the parameters as attention.cu's prep and flash.cu's passes declare them;
+        // delta holds tokens × heads fp32, dq tokens × heads × dim bf16, dk and dv
+        // tokens × kv_heads × dim fp32.
+        unsafe {
+            let prep = [
+                Arg::buffer(&delta),
+                Arg::buffer(&out),
+                Arg::buffer(&gb),
+                Arg::u64(dim as u64),
+                Arg::u64(rows as u64),
+            ];
+            device
+                .launch(&plain, "odc_attention_bwd_prep_bf16", rows, &prep)
+                .expect("prep");
+            let shared = [
+                Arg::buffer(&qb),
+                Arg::buffer(&kb),
+                Arg::buffer(&vb),
+                Arg::buffer(&gb),
+                Arg::buffer(&lse),
+                Arg::buffer(&delta),
+                Arg::buffer(&cb),
+                Arg::u64(lengths.len() as u64),
+                Arg::u64(heads as u64),
+                Arg::u64(kv_heads as u64),
+                Arg::u64(dim as u64),
+                Arg::f32(scale),
+            ];
+            let mut args = vec![Arg::buffer(&dq)];
+            args.extend(shared.iter().copied());
+            args.push(Arg::u64(n as u64));
+            device
+                .launch(&flash, "odc_flash_attention_bwd_dq_bf16", n, &args)
+                .expect("flash dq");
+            let mut args = vec![Arg::buffer(&dk), Arg::buffer(&dv)];
+            args.extend(shared.iter().copied());
+            args.push(Arg::u64(keys as u64));
+            device
+                .launch(&flash, "odc_flash_attention_bwd_dkdv_bf16", keys, &args)
+                .expect("flash dk, dv");
+        }
         let (want, want_lse) =
             reference::attention(&q, &k, &v, &cu, heads, kv_heads, dim, f64::from(scale));
+        let (want_dq, want_dk, want_dv) = reference::attention_backward(
+            &q,
+            &k,
+            &v,
+            &dout,
+            &cu,
+            heads,
+            kv_heads,
+            dim,
+            f64::from(scale),
+        );
         assert_close(
             &format!("flash attention {lengths:?} heads {heads}/{kv_heads} dim {dim}"),
             dtype,
             &[
                 ("out", device.download(dtype, &out), want),
                 ("lse", device.download(Dtype::F32, &lse), want_lse),
+                ("dq", device.download(dtype, &dq), want_dq),
+                ("dk", device.download(Dtype::F32, &dk), want_dk),
+                ("dv", device.download(Dtype::F32, &dv), want_dv),
             ],
         );
     }

@@ -373,6 +373,18 @@ pub fn softmax_grad(
 /// The head widths the attention kernel takes (a warp holds a row in 4 registers per lane).
 pub const MAX_ATTENTION_HEAD_DIM: usize = 128;
 
+/// Whether FlashAttention-2's tensor-core kernels (`flash.cu`) take `q: [T, H, hd]`: bf16 at the
+/// head widths their tiles take.
+fn flash_applies(q: &Tensor) -> bool {
+    q.dtype() == DType::BF16 && matches!(q.dim(2), Ok(64 | 96 | 128))
+}
+
+/// Threads of a `flash.cu` launch over `tokens` rows (or keys) of `heads` heads: a block of
+/// `launch`'s 256 threads (8 warps of 16 rows) per 128 rows and head.
+fn flash_threads(tokens: usize, heads: usize) -> usize {
+    tokens.div_ceil(128) * heads * 256
+}
+
 /// Causal attention over packed samples with grouped-query heads: token-major `q: [T, H, hd]`,
 /// `k, v: [T, KV, hd]` in one dtype, `cu_seqlens` i64 `[samples + 1]` (0, each sample's end);
 /// `(out [T, H, hd]` in `q`'s dtype, `lse [T, H]` fp32), scores scaled by `scale`. In bf16 with
@@ -397,11 +409,9 @@ pub fn attention(
     let samples = cu.elem_count().saturating_sub(1);
     let out = empty(&device, q.dtype(), &[tokens, heads, dim])?;
     let lse = empty(&device, DType::F32, &[tokens, heads])?;
-    // bf16 at the head widths FlashAttention-2's tiles take: the tensor-core kernel (tiles of 16
-    // query rows per warp, 8 warps a block: `launch`'s 256 threads); otherwise the plain one.
-    let flash = q.dtype() == DType::BF16 && matches!(dim, 64 | 96 | 128);
+    let flash = flash_applies(&q);
     let n = match flash {
-        true => tokens.div_ceil(128) * heads * 256,
+        true => flash_threads(tokens, heads),
         false => tokens * heads * 32,
     };
     let args = [
@@ -429,9 +439,10 @@ pub fn attention(
 }
 
 /// [`attention`]'s gradients from its output `out`, `lse` and the output's gradient `dout`
-/// (token-major as there): `dq` in `q`'s dtype, `dk` and `dv` fp32. Three launches
-/// (`attention.cu`: each row's `dout · out`, then `dq` per query and `dk`, `dv` per key), no
-/// atomic adds: the same inputs give the same bits.
+/// (token-major as there): `dq` in `q`'s dtype, `dk` and `dv` fp32. Three launches (each row's
+/// `dout · out`, then `dq` per query and `dk`, `dv` per key: `flash.cu`'s tiles where
+/// [`attention`] takes them, `attention.cu`'s warps otherwise), no atomic adds: the same inputs
+/// give the same bits.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward(
     q: &Tensor,
@@ -487,33 +498,37 @@ pub fn attention_backward(
         Arg::U(dim as u64),
         Arg::F(scale),
     ];
+    // The dq and dk/dv passes: FlashAttention-2's tiles where they apply, else the plain ones.
+    let (source, prefix, queries, keys) = match flash_applies(&q) {
+        true => (
+            &FLASH,
+            "odc_flash_attention_bwd",
+            flash_threads(tokens, heads),
+            flash_threads(tokens, kv_heads),
+        ),
+        false => (
+            &ATTENTION,
+            "odc_attention_bwd",
+            rows,
+            tokens * kv_heads * 32,
+        ),
+    };
     let dq = empty(&device, dtype, &[tokens, heads, dim])?;
     let mut args = vec![Arg::U(address(&dq, &device)?)];
     args.extend_from_slice(&shared);
-    args.push(Arg::U(rows as u64));
-    launch(
-        &device,
-        &ATTENTION,
-        &format!("odc_attention_bwd_dq_{}", suffix(&q)),
-        rows,
-        &args,
-    )?;
+    args.push(Arg::U(queries as u64));
+    let function = format!("{prefix}_dq_{}", suffix(&q));
+    launch(&device, source, &function, queries, &args)?;
     let dk = empty(&device, DType::F32, &[tokens, kv_heads, dim])?;
     let dv = empty(&device, DType::F32, &[tokens, kv_heads, dim])?;
-    let keys = tokens * kv_heads * 32;
     let mut args = vec![
         Arg::U(address(&dk, &device)?),
         Arg::U(address(&dv, &device)?),
     ];
     args.extend_from_slice(&shared);
     args.push(Arg::U(keys as u64));
-    launch(
-        &device,
-        &ATTENTION,
-        &format!("odc_attention_bwd_dkdv_{}", suffix(&q)),
-        keys,
-        &args,
-    )?;
+    let function = format!("{prefix}_dkdv_{}", suffix(&q));
+    launch(&device, source, &function, keys, &args)?;
     Ok((dq, dk, dv))
 }
 
