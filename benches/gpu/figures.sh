@@ -27,7 +27,8 @@
 # ODC_WARMUP (1), PEER_STEPS (10 timed), PEER_WARMUP (3), SMOL_BATCH (64), QWEN_BATCH (32),
 # LAUNCH_BATCH (32), SO_STEPS (5), SO_ROUNDS (3), SO_BATCH (16), SO_MIN_LEN (128), SO_MAX_LEN
 # (512), ODC_ARGS / PEER_ARGS / SO_ARGS (extra flags), SKIP ("qwen launch sft-overhead host
-# f32", any of them; host: the SmolLM2 run with --host-transfers after its ABBA; f32: its first
+# f32 fused", any of them; host: the SmolLM2 run with --host-transfers after its ABBA; fused: each
+# shape's run with ODC_FUSED_KERNELS=1 after its ABBA; f32: its first
 # loss in fp32 against the peer's without autocast), MODELS (where the model directories go: ${TMPDIR:-/tmp}/odc-figures/models),
 # SMOL_SHAPE / QWEN_SHAPE (peer.py's shapes; `tiny` and `tiny-qwen` for a test without a GPU).
 #
@@ -165,15 +166,18 @@ peer_run() { # KEY KIND SHAPE BATCH
     --json "$LOGDIR/$key.json" "${peer_args[@]}"
 }
 
-odc_run() { # KEY SHAPE BATCH CAP [KIND [FLAGS...]]: odc's sft (KIND odc-host: --host-transfers)
+odc_run() { # KEY SHAPE BATCH CAP [KIND [FLAGS...]]: odc's sft (KIND odc-host: --host-transfers;
+  # odc-fused: with ODC_FUSED_KERNELS=1)
   local key="$1" shape="$2" batch="$3" cap="$4" kind="${5:-odc}"
   shift 5 2>/dev/null || shift $#
+  local envs=(env)
+  [ "$kind" = odc-fused ] && envs=(env ODC_FUSED_KERNELS=1)
   if ! has sft; then
     not_run "$key" "$kind" "$shape" "$batch" "not built: sft is not in $FOLDER (build.sh with part 2)"
     return
   fi
   run "$key" "$kind" "$shape" "$batch" "$ODC_WARMUP" "$cap" "" -- \
-    "$BIN/sft" --device cuda --model-dir "$MODELS/$shape" --data "$DATA" --batch-size "$batch" \
+    "${envs[@]}" "$BIN/sft" --device cuda --model-dir "$MODELS/$shape" --data "$DATA" --batch-size "$batch" \
     --steps $((ODC_WARMUP + ODC_STEPS)) --eval-every 0 --no-metrics --step-stats \
     --trace "$LOGDIR/$key.trace.json" "$@" "${odc_args[@]}"
 }
@@ -214,6 +218,11 @@ abba() { # SHAPE BATCH ODC_CAP
         --step-stats "${odc_args[@]}"
     fi
   fi
+  # Issue 41's fused kernels (ODC_FUSED_KERNELS=1: norms, rotary, SwiGLU, the head's loss and
+  # FlashAttention-2 on tensor cores in bf16) on the same samples, after the ABBA.
+  if ! skipped fused && [ -f "$MODELS/$SMOL/model.safetensors" ]; then
+    odc_run "$SMOL.x$SMOL_BATCH.F" "$SMOL" "$SMOL_BATCH" 150 odc-fused
+  fi
   # The path before the device-resident one, on the same samples: servers and transfers in host
   # memory (the A/B of this issue's change).
   if ! skipped host && [ -f "$MODELS/$SMOL/model.safetensors" ]; then
@@ -238,6 +247,9 @@ abba() { # SHAPE BATCH ODC_CAP
   if ! skipped qwen; then
     make_model "$QWEN" "$MODELS/$SMOL"
     abba "$QWEN" "$QWEN_BATCH" 200
+    if ! skipped fused && [ -f "$MODELS/$QWEN/model.safetensors" ]; then
+      odc_run "$QWEN.x$QWEN_BATCH.F" "$QWEN" "$QWEN_BATCH" 200 odc-fused
+    fi
   fi
 
   # 5. Two processes on the GPU under odc launch, and the peer at the same batch.

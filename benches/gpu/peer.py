@@ -789,6 +789,32 @@ def report(args):
         if odc_ok and odc_ok[0][1].get("phases"):
             row(f"{label}: where odc's step goes", "", "", "",
                 f"sum over trainers and steps: {odc_ok[0][1]['phases']} ({odc_ok[0][0]['key']})")
+        fused = [r for r in runs if (r["shape"], r["batch"]) == (shape, batch)
+                 and r["kind"] == "odc-fused" and not launched]
+        for r in fused:
+            o = None if failed(r) else odc_log(r["log"], r["warmup"], peer_json)
+            if not o or not o.get("ms_per_step"):
+                row(f"{label}: odc with ODC_FUSED_KERNELS=1", "not run", "", "FAIL",
+                    failed(r) or "its log has no step timing")
+                continue
+            row(f"{label}: odc with ODC_FUSED_KERNELS=1", f"{o['ms_per_step']:.0f} ms/step", "", "",
+                f"{o['tokens_per_s']:,.0f} tokens/s, {mfu(params, o['tokens_per_s'])}; "
+                f"{o.get('phases', 'no phases line')}")
+            if peer_ok:
+                ptps = sum(p["tokens_per_s"] for _, p in peer_ok) / len(peer_ok)
+                row(f"{label}: odc fused / peer (tokens/s)", f"{o['tokens_per_s'] / ptps:.2f}x",
+                    ">= 1.0x, reach for 2x (part 2)", "",
+                    "one run after the ABBA against the peer runs' mean (no control of its own)")
+                if o.get("loss_first") is not None:
+                    rel = o["loss_first"] / peer_ok[0][1]["loss_first"] - 1
+                    row(f"{label}: first loss, odc fused vs peer", f"{rel:+.2%}",
+                        "within 1% (bf16)", "ok" if abs(rel) <= 0.01 else "FAIL",
+                        f"odc {o['loss_first']:.4f}, peer {peer_ok[0][1]['loss_first']:.4f}")
+            if odc_ok:
+                tps = sum(x["tokens_per_s"] for _, x in odc_ok) / len(odc_ok)
+                row(f"{label}: fused kernels / candle's ops (tokens/s)",
+                    f"{o['tokens_per_s'] / tps:.2f}x", "> 1", "",
+                    "the same samples and settings; only ODC_FUSED_KERNELS differs")
         hosts = [r for r in runs if (r["shape"], r["batch"]) == (shape, batch)
                  and r["kind"] == "odc-host" and not launched]
         for r in hosts:
