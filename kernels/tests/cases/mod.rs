@@ -393,7 +393,6 @@ pub fn rotary_forward_and_backward_match_the_reference<B: Backend>(device: &B, m
 }
 
 pub fn attention_forward_and_backward_match_the_reference<B: Backend>(device: &B, mut rng: StdRng) {
-    let attention = device.module(ATTENTION);
     // Packings with lengths that are no multiple of anything, GQA ratios, every head_dim.
     let cases: [(&[usize], usize, usize, usize); 3] = [
         (&[1, 37, 130, 7], 14, 2, 64),
@@ -401,129 +400,8 @@ pub fn attention_forward_and_backward_match_the_reference<B: Backend>(device: &B
         (&[0, 64, 65], 8, 2, 128),
     ];
     for dtype in [Dtype::F32, Dtype::Bf16] {
-        for (lengths, heads, kv_heads, dim) in cases {
-            let mut cu = vec![0usize];
-            for len in lengths {
-                cu.push(cu.last().copied().unwrap_or(0) + len);
-            }
-            let tokens = *cu.last().unwrap_or(&0);
-            let q = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
-            let k = as_dtype(dtype, &random(&mut rng, tokens * kv_heads * dim, 1.0));
-            let v = as_dtype(dtype, &random(&mut rng, tokens * kv_heads * dim, 1.0));
-            let scale = 1.0 / (dim as f32).sqrt();
-            let cu64: Vec<u8> = cu.iter().flat_map(|&c| (c as u64).to_le_bytes()).collect();
-            let (qb, kb, vb, cb) = (
-                device.upload(dtype, &q),
-                device.upload(dtype, &k),
-                device.upload(dtype, &v),
-                device.upload_bytes(&cu64),
-            );
-            let out = device.poisoned(dtype, tokens * heads * dim);
-            let lse = device.poisoned(Dtype::F32, tokens * heads);
-            let n = tokens * heads * 32;
-            // SAFETY: the parameters as attention.cu declares them; q and out hold
-            // tokens × heads × dim elements, k and v tokens × kv_heads × dim, cu_seqlens
-            // samples + 1, lse tokens × heads.
-            unsafe {
-                let function = format!("odc_attention_fwd_{}", suffix(dtype));
-                let args = [
-                    Arg::buffer(&out),
-                    Arg::buffer(&lse),
-                    Arg::buffer(&qb),
-                    Arg::buffer(&kb),
-                    Arg::buffer(&vb),
-                    Arg::buffer(&cb),
-                    Arg::u64(lengths.len() as u64),
-                    Arg::u64(heads as u64),
-                    Arg::u64(kv_heads as u64),
-                    Arg::u64(dim as u64),
-                    Arg::f32(scale),
-                    Arg::u64(n as u64),
-                ];
-                device
-                    .launch(&attention, &function, n, &args)
-                    .expect("attention");
-            }
-            // The backward from the kernel's own output and log-sum-exp, as a model runs it.
-            let dout = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
-            let gb = device.upload(dtype, &dout);
-            let dq = device.poisoned(dtype, tokens * heads * dim);
-            let (dk, dv) = (
-                device.poisoned(Dtype::F32, tokens * kv_heads * dim),
-                device.poisoned(Dtype::F32, tokens * kv_heads * dim),
-            );
-            let delta = device.poisoned(Dtype::F32, tokens * heads);
-            let keys = tokens * kv_heads * 32;
-            // SAFETY: as above; delta holds tokens × heads fp32, dq tokens × heads × dim of the
-            // dtype, dk and dv tokens × kv_heads × dim fp32; each launch's `n` as attention.cu
-            // says (a warp per (token, head), then per (token, kv head)).
-            unsafe {
-                let prep = [
-                    Arg::buffer(&delta),
-                    Arg::buffer(&out),
-                    Arg::buffer(&gb),
-                    Arg::u64(dim as u64),
-                    Arg::u64(n as u64),
-                ];
-                let function = format!("odc_attention_bwd_prep_{}", suffix(dtype));
-                device
-                    .launch(&attention, &function, n, &prep)
-                    .expect("attention backward: prep");
-                let shared = [
-                    Arg::buffer(&qb),
-                    Arg::buffer(&kb),
-                    Arg::buffer(&vb),
-                    Arg::buffer(&gb),
-                    Arg::buffer(&lse),
-                    Arg::buffer(&delta),
-                    Arg::buffer(&cb),
-                    Arg::u64(lengths.len() as u64),
-                    Arg::u64(heads as u64),
-                    Arg::u64(kv_heads as u64),
-                    Arg::u64(dim as u64),
-                    Arg::f32(scale),
-                ];
-                let mut args = vec![Arg::buffer(&dq)];
-                args.extend(shared.iter().copied());
-                args.push(Arg::u64(n as u64));
-                let function = format!("odc_attention_bwd_dq_{}", suffix(dtype));
-                device
-                    .launch(&attention, &function, n, &args)
-                    .expect("attention backward: dq");
-                let mut args = vec![Arg::buffer(&dk), Arg::buffer(&dv)];
-                args.extend(shared.iter().copied());
-                args.push(Arg::u64(keys as u64));
-                let function = format!("odc_attention_bwd_dkdv_{}", suffix(dtype));
-                device
-                    .launch(&attention, &function, keys, &args)
-                    .expect("attention backward: dk, dv");
-            }
-            let (want_dq, want_dk, want_dv) = reference::attention_backward(
-                &q,
-                &k,
-                &v,
-                &dout,
-                &cu,
-                heads,
-                kv_heads,
-                dim,
-                f64::from(scale),
-            );
-            let (want, want_lse) =
-                reference::attention(&q, &k, &v, &cu, heads, kv_heads, dim, f64::from(scale));
-            let what =
-                format!("attention {dtype:?} {lengths:?} heads {heads}/{kv_heads} dim {dim}");
-            assert_close(
-                &what,
-                dtype,
-                &[
-                    ("out", device.download(dtype, &out), want),
-                    ("lse", device.download(Dtype::F32, &lse), want_lse),
-                    ("dq", device.download(dtype, &dq), want_dq),
-                    ("dk", device.download(Dtype::F32, &dk), want_dk),
-                    ("dv", device.download(Dtype::F32, &dv), want_dv),
-                ],
-            );
+        for case in cases {
+            check_attention(device, &mut rng, Kernels::Plain, dtype, case);
         }
     }
 }
@@ -834,132 +712,157 @@ pub fn flash_attention_forward_and_backward_match_the_reference<B: Backend>(
     device: &B,
     mut rng: StdRng,
 ) {
-    let flash = device.module(FLASH);
     let cases: [(&[usize], usize, usize, usize); 4] = [
         (&[1, 37, 130, 7], 14, 2, 64),
         (&[200, 3], 9, 3, 96),
         (&[0, 64, 65], 8, 2, 128),
         (&[300, 1, 90], 4, 1, 64),
     ];
-    let dtype = Dtype::Bf16;
-    for (lengths, heads, kv_heads, dim) in cases {
-        let mut cu = vec![0usize];
-        for len in lengths {
-            cu.push(cu.last().copied().unwrap_or(0) + len);
-        }
-        let tokens = *cu.last().unwrap_or(&0);
-        let q = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
-        let k = as_dtype(dtype, &random(&mut rng, tokens * kv_heads * dim, 1.0));
-        let v = as_dtype(dtype, &random(&mut rng, tokens * kv_heads * dim, 1.0));
-        let scale = 1.0 / (dim as f32).sqrt();
-        let cu64: Vec<u8> = cu.iter().flat_map(|&c| (c as u64).to_le_bytes()).collect();
-        let (qb, kb, vb, cb) = (
-            device.upload(dtype, &q),
-            device.upload(dtype, &k),
-            device.upload(dtype, &v),
-            device.upload_bytes(&cu64),
-        );
-        let out = device.poisoned(dtype, tokens * heads * dim);
-        let lse = device.poisoned(Dtype::F32, tokens * heads);
-        let items = tokens.div_ceil(128) * heads;
-        let n = items * 256;
-        // SAFETY: the parameters as flash.cu declares them; q and out hold tokens × heads × dim
-        // bf16, k and v tokens × kv_heads × dim, cu_seqlens samples + 1, lse tokens × heads.
-        unsafe {
-            let args = [
-                Arg::buffer(&out),
-                Arg::buffer(&lse),
-                Arg::buffer(&qb),
-                Arg::buffer(&kb),
-                Arg::buffer(&vb),
-                Arg::buffer(&cb),
-                Arg::u64(lengths.len() as u64),
-                Arg::u64(heads as u64),
-                Arg::u64(kv_heads as u64),
-                Arg::u64(dim as u64),
-                Arg::f32(scale),
-                Arg::u64(n as u64),
-            ];
-            device
-                .launch(&flash, "odc_flash_attention_fwd_bf16", n, &args)
-                .expect("flash attention");
-        }
-        // The backward from the flash forward's own output, as a model runs it: the plain
-        // kernels' `prep`, then the tiled dq and dk/dv passes.
-        let dout = as_dtype(dtype, &random(&mut rng, tokens * heads * dim, 1.0));
-        let gb = device.upload(dtype, &dout);
-        let delta = device.poisoned(Dtype::F32, tokens * heads);
-        let dq = device.poisoned(dtype, tokens * heads * dim);
-        let (dk, dv) = (
-            device.poisoned(Dtype::F32, tokens * kv_heads * dim),
-            device.poisoned(Dtype::F32, tokens * kv_heads * dim),
-        );
-        let plain = device.module(ATTENTION);
-        let (rows, keys) = (tokens * heads * 32, tokens.div_ceil(128) * kv_heads * 256);
-        // SAFETY: the parameters as attention.cu's prep and flash.cu's passes declare them;
-        // delta holds tokens × heads fp32, dq tokens × heads × dim bf16, dk and dv
-        // tokens × kv_heads × dim fp32.
-        unsafe {
-            let prep = [
-                Arg::buffer(&delta),
-                Arg::buffer(&out),
-                Arg::buffer(&gb),
-                Arg::u64(dim as u64),
-                Arg::u64(rows as u64),
-            ];
-            device
-                .launch(&plain, "odc_attention_bwd_prep_bf16", rows, &prep)
-                .expect("prep");
-            let shared = [
-                Arg::buffer(&qb),
-                Arg::buffer(&kb),
-                Arg::buffer(&vb),
-                Arg::buffer(&gb),
-                Arg::buffer(&lse),
-                Arg::buffer(&delta),
-                Arg::buffer(&cb),
-                Arg::u64(lengths.len() as u64),
-                Arg::u64(heads as u64),
-                Arg::u64(kv_heads as u64),
-                Arg::u64(dim as u64),
-                Arg::f32(scale),
-            ];
-            let mut args = vec![Arg::buffer(&dq)];
-            args.extend(shared.iter().copied());
-            args.push(Arg::u64(n as u64));
-            device
-                .launch(&flash, "odc_flash_attention_bwd_dq_bf16", n, &args)
-                .expect("flash dq");
-            let mut args = vec![Arg::buffer(&dk), Arg::buffer(&dv)];
-            args.extend(shared.iter().copied());
-            args.push(Arg::u64(keys as u64));
-            device
-                .launch(&flash, "odc_flash_attention_bwd_dkdv_bf16", keys, &args)
-                .expect("flash dk, dv");
-        }
-        let (want, want_lse) =
-            reference::attention(&q, &k, &v, &cu, heads, kv_heads, dim, f64::from(scale));
-        let (want_dq, want_dk, want_dv) = reference::attention_backward(
-            &q,
-            &k,
-            &v,
-            &dout,
-            &cu,
-            heads,
-            kv_heads,
-            dim,
-            f64::from(scale),
-        );
-        assert_close(
-            &format!("flash attention {lengths:?} heads {heads}/{kv_heads} dim {dim}"),
-            dtype,
-            &[
-                ("out", device.download(dtype, &out), want),
-                ("lse", device.download(Dtype::F32, &lse), want_lse),
-                ("dq", device.download(dtype, &dq), want_dq),
-                ("dk", device.download(Dtype::F32, &dk), want_dk),
-                ("dv", device.download(Dtype::F32, &dv), want_dv),
-            ],
-        );
+    for case in cases {
+        check_attention(device, &mut rng, Kernels::Flash, Dtype::Bf16, case);
     }
+}
+
+/// Which attention kernels a check runs: `attention.cu`'s warps, or `flash.cu`'s tiles (bf16)
+/// with `attention.cu`'s `prep`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kernels {
+    Plain,
+    Flash,
+}
+
+/// The forward on random inputs packed as `lengths`, then the backward from the kernel's own
+/// output and log-sum-exp (as a model runs it), against the reference; every output poisoned
+/// first.
+fn check_attention<B: Backend>(
+    device: &B,
+    rng: &mut StdRng,
+    kernels: Kernels,
+    dtype: Dtype,
+    (lengths, heads, kv_heads, dim): (&[usize], usize, usize, usize),
+) {
+    let attention = device.module(ATTENTION);
+    let flash = device.module(FLASH);
+    let mut cu = vec![0usize];
+    for len in lengths {
+        cu.push(cu.last().copied().unwrap_or(0) + len);
+    }
+    let tokens = *cu.last().unwrap_or(&0);
+    let q = as_dtype(dtype, &random(rng, tokens * heads * dim, 1.0));
+    let k = as_dtype(dtype, &random(rng, tokens * kv_heads * dim, 1.0));
+    let v = as_dtype(dtype, &random(rng, tokens * kv_heads * dim, 1.0));
+    let dout = as_dtype(dtype, &random(rng, tokens * heads * dim, 1.0));
+    let scale = 1.0 / (dim as f32).sqrt();
+    let cu64: Vec<u8> = cu.iter().flat_map(|&c| (c as u64).to_le_bytes()).collect();
+    let (qb, kb, vb, gb, cb) = (
+        device.upload(dtype, &q),
+        device.upload(dtype, &k),
+        device.upload(dtype, &v),
+        device.upload(dtype, &dout),
+        device.upload_bytes(&cu64),
+    );
+    let out = device.poisoned(dtype, tokens * heads * dim);
+    let lse = device.poisoned(Dtype::F32, tokens * heads);
+    let delta = device.poisoned(Dtype::F32, tokens * heads);
+    let dq = device.poisoned(dtype, tokens * heads * dim);
+    let dk = device.poisoned(Dtype::F32, tokens * kv_heads * dim);
+    let dv = device.poisoned(Dtype::F32, tokens * kv_heads * dim);
+    // Work items: a warp per row (plain), a block of 256 threads per 128 rows (flash).
+    let rows = tokens * heads * 32;
+    let (module, prefix, queries, keys) = match kernels {
+        Kernels::Plain => (&attention, "odc_attention", rows, tokens * kv_heads * 32),
+        Kernels::Flash => (
+            &flash,
+            "odc_flash_attention",
+            tokens.div_ceil(128) * heads * 256,
+            tokens.div_ceil(128) * kv_heads * 256,
+        ),
+    };
+    let sfx = suffix(dtype);
+    // SAFETY: every kernel's parameters as attention.cu and flash.cu declare them; q, out, dout
+    // and dq hold tokens × heads × dim elements of the dtype, k and v tokens × kv_heads × dim,
+    // dk and dv tokens × kv_heads × dim fp32, lse and delta tokens × heads fp32, cu_seqlens
+    // samples + 1; each launch's `n` as its source's comment says.
+    unsafe {
+        let args = [
+            Arg::buffer(&out),
+            Arg::buffer(&lse),
+            Arg::buffer(&qb),
+            Arg::buffer(&kb),
+            Arg::buffer(&vb),
+            Arg::buffer(&cb),
+            Arg::u64(lengths.len() as u64),
+            Arg::u64(heads as u64),
+            Arg::u64(kv_heads as u64),
+            Arg::u64(dim as u64),
+            Arg::f32(scale),
+            Arg::u64(queries as u64),
+        ];
+        device
+            .launch(module, &format!("{prefix}_fwd_{sfx}"), queries, &args)
+            .expect("attention");
+        let prep = [
+            Arg::buffer(&delta),
+            Arg::buffer(&out),
+            Arg::buffer(&gb),
+            Arg::u64(dim as u64),
+            Arg::u64(rows as u64),
+        ];
+        let function = format!("odc_attention_bwd_prep_{sfx}");
+        device
+            .launch(&attention, &function, rows, &prep)
+            .expect("attention backward: prep");
+        let shared = [
+            Arg::buffer(&qb),
+            Arg::buffer(&kb),
+            Arg::buffer(&vb),
+            Arg::buffer(&gb),
+            Arg::buffer(&lse),
+            Arg::buffer(&delta),
+            Arg::buffer(&cb),
+            Arg::u64(lengths.len() as u64),
+            Arg::u64(heads as u64),
+            Arg::u64(kv_heads as u64),
+            Arg::u64(dim as u64),
+            Arg::f32(scale),
+        ];
+        let mut args = vec![Arg::buffer(&dq)];
+        args.extend(shared.iter().copied());
+        args.push(Arg::u64(queries as u64));
+        device
+            .launch(module, &format!("{prefix}_bwd_dq_{sfx}"), queries, &args)
+            .expect("attention backward: dq");
+        let mut args = vec![Arg::buffer(&dk), Arg::buffer(&dv)];
+        args.extend(shared.iter().copied());
+        args.push(Arg::u64(keys as u64));
+        device
+            .launch(module, &format!("{prefix}_bwd_dkdv_{sfx}"), keys, &args)
+            .expect("attention backward: dk, dv");
+    }
+    let (want, want_lse) =
+        reference::attention(&q, &k, &v, &cu, heads, kv_heads, dim, f64::from(scale));
+    let (want_dq, want_dk, want_dv) = reference::attention_backward(
+        &q,
+        &k,
+        &v,
+        &dout,
+        &cu,
+        heads,
+        kv_heads,
+        dim,
+        f64::from(scale),
+    );
+    assert_close(
+        &format!(
+            "attention ({kernels:?}) {dtype:?} {lengths:?} heads {heads}/{kv_heads} dim {dim}"
+        ),
+        dtype,
+        &[
+            ("out", device.download(dtype, &out), want),
+            ("lse", device.download(Dtype::F32, &lse), want_lse),
+            ("dq", device.download(dtype, &dq), want_dq),
+            ("dk", device.download(Dtype::F32, &dk), want_dk),
+            ("dv", device.download(Dtype::F32, &dv), want_dv),
+        ],
+    );
 }
