@@ -81,82 +81,28 @@ impl<B> Copy for Arg<'_, B> {}
 #[macro_export]
 macro_rules! every_case {
     ($setup:ident) => {
-        #[test]
-        fn rms_norm_forward_and_backward_match_the_reference() {
-            if let Some((backend, rng)) = $setup(stringify!(
-                rms_norm_forward_and_backward_match_the_reference
-            )) {
-                cases::rms_norm_forward_and_backward_match_the_reference(&backend, rng);
+        $crate::every_case!(
+            $setup:
+            rms_norm_forward_and_backward_match_the_reference,
+            swiglu_forward_and_backward_match_the_reference,
+            rotary_forward_and_backward_match_the_reference,
+            flash_attention_forward_and_backward_match_the_reference,
+            attention_forward_and_backward_match_the_reference,
+            the_residual_add_fused_with_rms_norm_matches_the_reference,
+            cross_entropy_with_its_gradient_matches_the_reference_also_in_place,
+            the_logit_gradient_of_a_block_of_classes_matches_the_reference,
+            decoding_attention_matches_the_reference,
+        );
+    };
+    ($setup:ident: $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                if let Some((backend, rng)) = $setup(stringify!($name)) {
+                    cases::$name(&backend, rng);
+                }
             }
-        }
-        #[test]
-        fn swiglu_forward_and_backward_match_the_reference() {
-            if let Some((backend, rng)) =
-                $setup(stringify!(swiglu_forward_and_backward_match_the_reference))
-            {
-                cases::swiglu_forward_and_backward_match_the_reference(&backend, rng);
-            }
-        }
-        #[test]
-        fn rotary_forward_and_backward_match_the_reference() {
-            if let Some((backend, rng)) =
-                $setup(stringify!(rotary_forward_and_backward_match_the_reference))
-            {
-                cases::rotary_forward_and_backward_match_the_reference(&backend, rng);
-            }
-        }
-        #[test]
-        fn flash_attention_forward_and_backward_match_the_reference() {
-            if let Some((backend, rng)) = $setup(stringify!(
-                flash_attention_forward_and_backward_match_the_reference
-            )) {
-                cases::flash_attention_forward_and_backward_match_the_reference(&backend, rng);
-            }
-        }
-        #[test]
-        fn attention_forward_and_backward_match_the_reference() {
-            if let Some((backend, rng)) = $setup(stringify!(
-                attention_forward_and_backward_match_the_reference
-            )) {
-                cases::attention_forward_and_backward_match_the_reference(&backend, rng);
-            }
-        }
-        #[test]
-        fn the_residual_add_fused_with_rms_norm_matches_the_reference() {
-            if let Some((backend, rng)) = $setup(stringify!(
-                the_residual_add_fused_with_rms_norm_matches_the_reference
-            )) {
-                cases::the_residual_add_fused_with_rms_norm_matches_the_reference(&backend, rng);
-            }
-        }
-        #[test]
-        fn cross_entropy_with_its_gradient_matches_the_reference_also_in_place() {
-            if let Some((backend, rng)) = $setup(stringify!(
-                cross_entropy_with_its_gradient_matches_the_reference_also_in_place
-            )) {
-                cases::cross_entropy_with_its_gradient_matches_the_reference_also_in_place(
-                    &backend, rng,
-                );
-            }
-        }
-        #[test]
-        fn the_logit_gradient_of_a_block_of_classes_matches_the_reference() {
-            if let Some((backend, rng)) = $setup(stringify!(
-                the_logit_gradient_of_a_block_of_classes_matches_the_reference
-            )) {
-                cases::the_logit_gradient_of_a_block_of_classes_matches_the_reference(
-                    &backend, rng,
-                );
-            }
-        }
-        #[test]
-        fn decoding_attention_matches_the_reference() {
-            if let Some((backend, rng)) =
-                $setup(stringify!(decoding_attention_matches_the_reference))
-            {
-                cases::decoding_attention_matches_the_reference(&backend, rng);
-            }
-        }
+        )*
     };
 }
 
