@@ -132,7 +132,7 @@ gpu_test() {
   local rc=$? secs=$((SECONDS - started))
   local said
   # The test's line (after libtest's `test NAME ... ` when the output interleaves).
-  said=$(grep -m1 -o -E '(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers|collective vs on demand|device path resumed|fused kernels on)[^"]*' "$log" | cut -c1-300)
+  said=$(grep -o -E '(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers|collective vs on demand|device path resumed|fused kernels on|fused kernels in bf16)[^"]*' "$log" | head -2 | tr '\n' ' ' | cut -c1-400)
   if grep -q '^skipped' "$log"; then
     row "$name" FAIL "skipped: $(grep -m1 '^skipped' "$log"); log $log"
   elif [ "$rc" -eq 0 ] && grep -q 'test result: ok. 1 passed' "$log"; then
