@@ -30,6 +30,8 @@
 //! packed attention) and LOSS (the chunked head) on CUDA only when asked (`ODC_FUSED_KERNELS=1`,
 //! `odc::model::ops::cuda`).
 
+#[cfg(feature = "emulate")]
+pub mod emulate;
 pub mod reference;
 
 /// One kernel source: its name (NVRTC's and a module's), its CUDA C, and its kernels.

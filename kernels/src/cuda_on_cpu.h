@@ -1,4 +1,4 @@
-// What odc-kernels' CUDA C uses of CUDA, for the host's C++ compiler (`emulated.rs`): one block of
+// What odc's CUDA C uses of CUDA, for the host's C++ compiler (`odc_kernels::emulate`): one block of
 // `blockDim.x` threads (a grid-stride loop covers the grid), every thread a fiber on one thread of
 // the host. A fiber runs until it reaches a warp collective (`__shfl_xor_sync`, `odc_mma_bf16`:
 // it deposits its operands) or `__syncthreads()`, and yields; it is resumed once every lane of its
@@ -254,4 +254,9 @@ extern "C" int odc_emu_launch(void (*call)(const unsigned long long*),
 
 static inline float odc_emu_f32(unsigned long long word) {
     return __uint_as_float((unsigned int)word);
+}
+static inline double odc_emu_f64(unsigned long long word) {
+    double d;
+    memcpy(&d, &word, sizeof d);
+    return d;
 }
