@@ -11,11 +11,11 @@
 //!   compiles it (no driver, no device).
 //! - [`reference`]: the same math on the CPU in f64, what every kernel is checked against.
 //! - `tests/cases/`: every kernel on fresh random inputs into poisoned outputs against
-//!   [`reference`], run by two backends. `tests/emulated.rs` runs them on the CPU: each source
-//!   compiled as C++ by the host's compiler with `tests/cases/cuda_on_cpu.h` (one warp, its 32
-//!   lanes as fibers that meet at every shuffle; a warp whose lanes part is reported), so CI
-//!   checks a kernel's arithmetic, indexing and written elements where no GPU is
-//!   (`ODC_REQUIRE_EMULATION=1`: a missing C++ compiler fails).
+//!   [`reference`], run by two backends. `tests/emulated.rs` runs them on the CPU through
+//!   `emulate` (feature `emulate`: each source compiled as C++ by the host's compiler with
+//!   `cuda_on_cpu.h`, a block's threads as fibers that meet at every shuffle, `mma.sync` and
+//!   barrier, each launch in two thread orders), so CI checks a kernel's arithmetic, indexing and
+//!   written elements where no GPU is (`ODC_REQUIRE_EMULATION=1`: a missing C++ compiler fails).
 //! - Feature `nvrtc` (odc-transport's `cuda` backend, which loads NVRTC and the driver at run
 //!   time): `tests/device.rs` compiles every source for compute capabilities 8.0 and 9.0 — CI runs
 //!   it with NVRTC from NVIDIA's wheel and `ODC_REQUIRE_NVRTC=1`, so a kernel that does not compile
