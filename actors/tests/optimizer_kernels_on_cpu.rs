@@ -21,16 +21,7 @@ const LEN: usize = 3 * 256 + 37;
 
 /// The kernels compiled for the CPU and a seeded generator, or `None` (said) without a compiler.
 fn setup(test: &str) -> Option<(Arc<Module>, rand::rngs::StdRng)> {
-    let Some(emulator) = Emulator::find() else {
-        assert!(
-            std::env::var_os("ODC_REQUIRE_EMULATION").is_none(),
-            "`{test}`: no C++ compiler ($CXX, c++, g++) and ODC_REQUIRE_EMULATION is set"
-        );
-        eprintln!(
-            "skipped `{test}`: no C++ compiler ($CXX, c++, g++) to run the kernels on the CPU"
-        );
-        return None;
-    };
+    let emulator = Emulator::for_test(test)?;
     let module = emulator
         .compile("optimizer.cu", SOURCE)
         .unwrap_or_else(|e| panic!("{e}"));

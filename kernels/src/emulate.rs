@@ -171,6 +171,22 @@ impl Emulator {
         None
     }
 
+    /// [`Emulator::find`] for test `test`: without a compiler it says the test is skipped and
+    /// returns `None`, unless `ODC_REQUIRE_EMULATION` is set (CI), where it panics.
+    pub fn for_test(test: &str) -> Option<Emulator> {
+        let found = Emulator::find();
+        if found.is_none() {
+            assert!(
+                std::env::var_os("ODC_REQUIRE_EMULATION").is_none(),
+                "`{test}`: no C++ compiler ($CXX, c++, g++) and ODC_REQUIRE_EMULATION is set"
+            );
+            eprintln!(
+                "skipped `{test}`: no C++ compiler ($CXX, c++, g++) to run kernels on the CPU"
+            );
+        }
+        found
+    }
+
     /// `code` (CUDA C with `extern "C" __global__` kernels, no header) compiled and loaded, once
     /// per process; the compiler's complaint if it does not compile.
     pub fn compile(&self, name: &str, code: &str) -> Result<Arc<Module>, String> {

@@ -61,16 +61,7 @@ impl Backend for Cpu {
 
 /// The CPU and a seeded generator, or `None` (said) without a C++ compiler.
 fn cpu(test: &str) -> Option<(Cpu, StdRng)> {
-    let Some(emulator) = Emulator::find() else {
-        assert!(
-            std::env::var_os("ODC_REQUIRE_EMULATION").is_none(),
-            "`{test}`: no C++ compiler ($CXX, c++, g++) and ODC_REQUIRE_EMULATION is set"
-        );
-        eprintln!(
-            "skipped `{test}`: no C++ compiler ($CXX, c++, g++) to run the kernels on the CPU"
-        );
-        return None;
-    };
+    let emulator = Emulator::for_test(test)?;
     Some((Cpu(emulator), cases::seeded(test)))
 }
 

@@ -17,16 +17,7 @@ const SOURCE: &str = include_str!("../src/cuda/kernels.cu");
 const LEN: usize = 3 * 256 + 29;
 
 fn setup(test: &str) -> Option<Arc<Module>> {
-    let Some(emulator) = Emulator::find() else {
-        assert!(
-            std::env::var_os("ODC_REQUIRE_EMULATION").is_none(),
-            "`{test}`: no C++ compiler ($CXX, c++, g++) and ODC_REQUIRE_EMULATION is set"
-        );
-        eprintln!(
-            "skipped `{test}`: no C++ compiler ($CXX, c++, g++) to run the kernels on the CPU"
-        );
-        return None;
-    };
+    let emulator = Emulator::for_test(test)?;
     Some(
         emulator
             .compile("kernels.cu", SOURCE)
