@@ -368,9 +368,8 @@ __device__ void odc_flash_bwd_dkdv(float* __restrict__ dk, float* __restrict__ d
         const unsigned long long kend = k0 + tile_keys < tokens ? k0 + tile_keys : tokens;
         unsigned long long qend;
         odc_sample_bounds(cu_seqlens, samples, kend > 0 ? kend - 1 : 0, &start, &qend);
-        unsigned int ka[D / 16][4], va[D / 16][4];
+        unsigned int ka[D / 16][4];
         odc_flash_rows_a<D>(ka, k, key, tokens, kv_heads * D, kvh * D, t);
-        odc_flash_rows_a<D>(va, v, key, tokens, kv_heads * D, kvh * D, t);
         float dka[D / 8][4], dva[D / 8][4];
         for (int dt = 0; dt < D / 8; ++dt) {
             for (int i = 0; i < 4; ++i) dka[dt][i] = dva[dt][i] = 0.0f;
@@ -383,7 +382,13 @@ __device__ void odc_flash_bwd_dkdv(float* __restrict__ dk, float* __restrict__ d
                 __syncthreads();
                 float s[N][4], dp[N][4];
                 odc_flash_abt<D, N>(s, ka, qs, g, t);   // Sᵀ: keys × queries
-                odc_flash_abt<D, N>(dp, va, gs, g, t);  // dPᵀ
+                {
+                    // V's fragments are read again for each tile (from L2) rather than held:
+                    // held with K's and both accumulators they spill.
+                    unsigned int va[D / 16][4];
+                    odc_flash_rows_a<D>(va, v, key, tokens, kv_heads * D, kvh * D, t);
+                    odc_flash_abt<D, N>(dp, va, gs, g, t);  // dPᵀ
+                }
                 float p[N][4];
                 for (int nt = 0; nt < N; ++nt) {
                     for (int i = 0; i < 4; ++i) {
