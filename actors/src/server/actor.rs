@@ -343,7 +343,11 @@ async fn flush_relays(
                     "shard server {endpoint}: an early relay flush ended without an outcome"
                 )))
             });
-            sent = sent.and(outcome.map(|relay| combined.push(relay)));
+            match outcome {
+                Ok(relay) => combined.push(relay),
+                // The first failure is the flush's.
+                Err(e) => sent = sent.and(Err(e)),
+            }
         }
         let _ = reply.send(sent.map(|()| FlushAck { combined }));
     });

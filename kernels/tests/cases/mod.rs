@@ -687,8 +687,9 @@ fn check_attention<B: Backend>(
     dtype: Dtype,
     (lengths, heads, kv_heads, dim): (&[usize], usize, usize, usize),
 ) {
+    // The plain source always (its `prep`); flash's only where it runs (it needs sm_80).
     let attention = device.module(ATTENTION);
-    let flash = device.module(FLASH);
+    let flash;
     let mut cu = vec![0usize];
     for len in lengths {
         cu.push(cu.last().copied().unwrap_or(0) + len);
@@ -717,12 +718,15 @@ fn check_attention<B: Backend>(
     let rows = tokens * heads * 32;
     let (module, prefix, queries, keys) = match kernels {
         Kernels::Plain => (&attention, "odc_attention", rows, tokens * kv_heads * 32),
-        Kernels::Flash => (
-            &flash,
-            "odc_flash_attention",
-            tokens.div_ceil(128) * heads * 256,
-            tokens.div_ceil(128) * kv_heads * 256,
-        ),
+        Kernels::Flash => {
+            flash = device.module(FLASH);
+            (
+                &flash,
+                "odc_flash_attention",
+                tokens.div_ceil(128) * heads * 256,
+                tokens.div_ceil(128) * kv_heads * 256,
+            )
+        }
     };
     let sfx = suffix(dtype);
     // SAFETY: every kernel's parameters as attention.cu and flash.cu declare them; q, out, dout
