@@ -428,7 +428,7 @@ fn fused_kernels_train_as_the_cpu_reference() {
     std::env::set_var("ODC_FUSED_KERNELS", "1");
     let Some(device) = cuda() else { return };
     assert!(
-        odc::model::ops::cuda::enabled(),
+        odc::model::ops::fused::enabled(),
         "the switch was read before it was set"
     );
     const STEPS: u64 = 4;

@@ -26,9 +26,10 @@
 //! launches make them; the norm kernels give each row a warp (`n = rows × 32`).
 //!
 //! Not yet here: tensor-core tiles for fp32 (fp32 takes the plain kernels), and Hopper's
-//! asynchronous copies and `wgmma`. The model uses NORM's plain RMSNorm, SWIGLU, ROTARY, ATTENTION (the
-//! packed attention) and LOSS (the chunked head) on CUDA only when asked (`ODC_FUSED_KERNELS=1`,
-//! `odc::model::ops::cuda`).
+//! asynchronous copies and `wgmma`. The model uses NORM's plain RMSNorm, SWIGLU, ROTARY, ATTENTION
+//! and FLASH (the packed attention, decoding's) and LOSS (the chunked head) on CUDA only when asked
+//! (`ODC_FUSED_KERNELS=1`), and on the CPU through `emulate` in its own tests
+//! (`odc::model::ops::fused`).
 
 #[cfg(feature = "emulate")]
 pub mod emulate;

@@ -25,13 +25,15 @@
 //!    [`super::ComputePrecision::Bf16`]), the log-softmax and its gradient in fp32, each input's
 //!    gradient in its dtype.
 //!
-//! On CUDA with `ODC_FUSED_KERNELS=1` ([`super::ops::cuda`]) a chunk's log-softmax is one launch
-//! of `odc-kernels`' loss kernel and each block's logit gradient one more, where candle's ops take
+//! Where the fused kernels run ([`super::ops::fused`]) a chunk's log-softmax is one launch of
+//! `odc-kernels`' loss kernel and each block's logit gradient one more, where candle's ops take
 //! several kernels and temporaries (not yet run on a GPU).
 
 use std::sync::{Arc, Mutex};
 
 use candle_core::{CustomOp2, DType, Tensor, D};
+
+use super::ops::fused;
 
 use super::error::{Error, Result};
 use super::ops::precomputed::{precomputed_forwards, Precomputed};
@@ -107,10 +109,9 @@ pub fn target_log_probs_with(
     for start in (0..t).step_by(chunk) {
         let n = chunk.min(t - start);
         let logits = chunk_logits(&hd.narrow(0, start, n)?, &wd)?;
-        #[cfg(feature = "cuda")]
-        if super::ops::cuda::applies(&logits) {
+        if fused::applies(&logits) {
             let chunk_targets = targets.narrow(0, start, n)?;
-            let (out, lse) = super::ops::cuda::target_log_probs(logits, &chunk_targets)?;
+            let (out, lse) = fused::target_log_probs(logits, &chunk_targets)?;
             outs.push(out);
             lses.push(lse);
             continue;
@@ -210,9 +211,8 @@ impl TargetLogProbs {
     ) -> candle_core::Result<Tensor> {
         let hc = h.narrow(0, start, n)?;
         let logits = chunk_logits(&hc, &w.narrow(0, first, m)?)?;
-        #[cfg(feature = "cuda")]
-        if super::ops::cuda::applies(&logits) && matches!(h.dtype(), DType::F32 | DType::BF16) {
-            return super::ops::cuda::softmax_grad(
+        if fused::applies(&logits) && matches!(h.dtype(), DType::F32 | DType::BF16) {
+            return fused::softmax_grad(
                 &logits,
                 &self.lse.narrow(0, start, n)?,
                 &self.targets.narrow(0, start, n)?,

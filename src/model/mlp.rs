@@ -27,7 +27,7 @@ use candle_core::{CustomOp3, DType, Tensor};
 
 use super::error::{Error, Result};
 use super::ops::precomputed::{precomputed_forwards, Precomputed};
-use super::ops::silu;
+use super::ops::{fused, silu};
 
 /// The most bytes one chunk's `[rows, d_ff]` fp32 tensor takes: 32 MiB (1,724 tokens of
 /// Qwen2.5-0.5B's 4,864).
@@ -95,12 +95,11 @@ fn project(x: &Tensor, gate_up: &Tensor, f: usize) -> candle_core::Result<(Tenso
     Ok((gu.narrow(1, 0, f)?, gu.narrow(1, f, f)?))
 }
 
-/// `silu(g) ⊙ u`: one fused kernel on CUDA with `ODC_FUSED_KERNELS=1`
-/// ([`crate::model::ops::cuda`]), candle's ops otherwise.
+/// `silu(g) ⊙ u`: one fused kernel where they run ([`crate::model::ops::fused`]), candle's ops
+/// otherwise.
 fn activate(g: &Tensor, u: &Tensor) -> candle_core::Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if crate::model::ops::cuda::applies(g) {
-        return crate::model::ops::cuda::swiglu(g, u);
+    if fused::applies(g) {
+        return fused::swiglu(g, u);
     }
     silu(g)? * u
 }
@@ -143,18 +142,16 @@ impl SwiGlu {
             let n = self.chunk.min(t - start);
             let (xc, gc) = (x.narrow(0, start, n)?, grad.narrow(0, start, n)?);
             let (g, u) = project(&xc, &gate_up, f)?;
-            #[cfg(feature = "cuda")]
-            if crate::model::ops::cuda::applies(&g) {
+            if fused::applies(&g) {
                 // The fused kernels: `h = silu(g) ⊙ u` for `down`, and `(dgate, dup)` in fp32.
-                use crate::model::ops::cuda;
                 if wants.2 {
-                    ddown = Some(accumulate(ddown, gc.t()?.matmul(&cuda::swiglu(&g, &u)?)?)?);
+                    ddown = Some(accumulate(ddown, gc.t()?.matmul(&fused::swiglu(&g, &u)?)?)?);
                 }
                 if !(wants.0 || wants.1) {
                     continue;
                 }
                 let dh = gc.matmul(&down)?.to_dtype(DType::F32)?;
-                let (dgate, dup) = cuda::swiglu_backward(&g.to_dtype(DType::F32)?, &u, &dh)?;
+                let (dgate, dup) = fused::swiglu_backward(&g.to_dtype(DType::F32)?, &u, &dh)?;
                 let dgu_c = Tensor::cat(&[dgate, dup], 1)?.to_dtype(x.dtype())?;
                 if wants.1 {
                     dgu = Some(accumulate(dgu, dgu_c.t()?.matmul(&xc)?)?);

@@ -1,5 +1,5 @@
-//! Training's packed attention as one kernel of `odc-kernels` on CUDA (feature `cuda`, opt-in
-//! with `ODC_FUSED_KERNELS=1`, [`crate::model::ops::cuda`]): the same signature and result as
+//! Training's packed attention as one kernel of `odc-kernels` where the fused kernels run
+//! ([`crate::model::ops::fused`]): the same signature and result as
 //! [`super::blocked_packed_attend`] (queries `[1, H, T, hd]`, keys and values `[1, KV, T, hd]`,
 //! each sample attending causally within itself; `[1, H, T, hd]`).
 //!
@@ -10,18 +10,20 @@
 //!   recomputation, split as FlashAttention-2 splits it: `dq` per query, `dk` and `dv` per key,
 //!   no atomic adds, so a step's gradients are the same bits every run).
 //! - Head widths up to [`MAX_ATTENTION_HEAD_DIM`]; a wider head takes the blocked path.
-//! - **Not yet run on a GPU**: `tests/gpu_training.rs`'s fused-kernel job and the kernel's own
-//!   device test (`kernels/tests/device.rs`) check it where one is.
+//! - Checked on the CPU through the emulated kernels (`tests/fused_kernels_on_cpu.rs`: a
+//!   training job equals candle's ops, fp32 and bf16). **Not yet run on a GPU**:
+//!   `tests/gpu_training.rs`'s fused-kernel job and the kernel's own device test
+//!   (`kernels/tests/device.rs`) check it where one is.
 
 use candle_core::{CustomOp3, Tensor};
 
-use super::super::ops::cuda::{self, MAX_ATTENTION_HEAD_DIM};
+use super::super::ops::fused::{self, MAX_ATTENTION_HEAD_DIM};
 use super::super::ops::precomputed::{precomputed_forwards, Precomputed};
 use crate::model::error::Result;
 
 /// Whether the fused kernel takes `q` (CUDA, fp32 or bf16, enabled, a head it holds).
 pub fn applies(q: &Tensor) -> bool {
-    cuda::applies(q) && q.dim(3).is_ok_and(|hd| hd <= MAX_ATTENTION_HEAD_DIM)
+    fused::applies(q) && q.dim(3).is_ok_and(|hd| hd <= MAX_ATTENTION_HEAD_DIM)
 }
 
 /// The samples at `spans` (each `(start, len)`, in order, tiling `0..T`) attended by the kernel.
@@ -44,7 +46,7 @@ pub fn packed_attend(
         token_major(k)?,
         token_major(&v.to_dtype(k.dtype())?)?,
     );
-    let (out, lse) = cuda::attention(&qt, &kt, &vt, &cu, scale)?;
+    let (out, lse) = fused::attention(&qt, &kt, &vt, &cu, scale)?;
     let op = FusedAttention {
         cu,
         scale,
@@ -96,7 +98,7 @@ impl CustomOp3 for FusedAttention {
         grad_out: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dout = token_major(&grad_out.to_dtype(q.dtype())?)?;
-        let (dq, dk, dv) = cuda::attention_backward(
+        let (dq, dk, dv) = fused::attention_backward(
             &token_major(q)?,
             &token_major(&k.to_dtype(q.dtype())?)?,
             &token_major(&v.to_dtype(q.dtype())?)?,

@@ -6,9 +6,9 @@
 //! [`plain`] (the reference: each sample's scores materialised), [`blocked`] (FlashAttention-2's
 //! tiling in candle ops, with the log-sum-exp merge rule), [`ring`] (a sample split over a gang,
 //! merging the blocked partials), and here the dispatch between them ([`packed_attend`], by the
-//! batch's [`AttentionImpl`]) and the training layer ([`causal_self_attention`]). A fused CUDA
-//! kernel (`fused`, feature `cuda`, opt-in with `ODC_FUSED_KERNELS=1`) is one more
-//! implementation behind the same dispatch, taking the blocked path's place.
+//! batch's [`AttentionImpl`]) and the training layer ([`causal_self_attention`]). The fused
+//! kernel ([`fused`]: on CUDA opt-in with `ODC_FUSED_KERNELS=1`, on the CPU emulated for tests)
+//! is one more implementation behind the same dispatch, taking the blocked path's place.
 //!
 //! Layout: hidden states are `[rows · n, d_model]` (a packed micro-batch is one row of `T`
 //! tokens; decoding feeds `rows` sequences of `n` new tokens each); heads are
@@ -36,7 +36,6 @@
 //!    ([`mod@crate::model::generate`]) keeps its own attention: one new token's scores per step.
 
 pub mod blocked;
-#[cfg(feature = "cuda")]
 pub mod fused;
 pub mod plain;
 mod projection;
@@ -139,7 +138,6 @@ fn attend_spans(
     v: &Tensor,
     spans: &[(usize, usize)],
 ) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
     if attention != AttentionImpl::Plain && fused::applies(q) {
         return fused::packed_attend(q, k, v, spans);
     }

@@ -17,7 +17,7 @@ use crate::model::batch::MASKED;
 use crate::model::block::{block_forward_with, BlockWeights};
 use crate::model::config::MlpImpl;
 use crate::model::error::{Error, Result};
-use crate::model::ops::{rms_norm, rope_cos_sin};
+use crate::model::ops::{fused, rms_norm, rope_cos_sin};
 use crate::model::transformer::{head_tensors, unit_count};
 
 /// The token that fills a row's left padding (any id in the vocabulary: it is never attended to).
@@ -220,20 +220,16 @@ fn feed(
         _ => mask.repeat((1, 1, groups, 1))?,
     };
 
-    // One new token per row on CUDA with the fused kernels: decoding's kernel reads the cache's
-    // buffers in place (each row's padding as i64 offsets), where the mask path copies the
-    // filled prefix of every layer's keys and values.
-    #[cfg(feature = "cuda")]
-    let fused_pads = if n == 1
-        && crate::model::ops::cuda::enabled()
-        && device.is_cuda()
-        && c.head_dim() <= crate::model::ops::cuda::MAX_ATTENTION_HEAD_DIM
-    {
-        let pads: Vec<i64> = (0..rows).map(|r| cache.padding(r) as i64).collect();
-        Some(Tensor::from_vec(pads, rows, device)?)
-    } else {
-        None
-    };
+    // One new token per row with the fused kernels: decoding's kernel reads the cache's
+    // buffers in place on CUDA (each row's padding as i64 offsets), where the mask path copies
+    // the filled prefix of every layer's keys and values.
+    let fused_pads =
+        if n == 1 && fused::runs_on(device) && c.head_dim() <= fused::MAX_ATTENTION_HEAD_DIM {
+            let pads: Vec<i64> = (0..rows).map(|r| cache.padding(r) as i64).collect();
+            Some(Tensor::from_vec(pads, rows, device)?)
+        } else {
+            None
+        };
 
     // Hidden states stay `[rows * n, d_model]`; only attention sees `[rows, heads, n, head_dim]`.
     let mut x = w.units[0][0].index_select(&ids, 0)?;
@@ -246,10 +242,9 @@ fn feed(
         let mut cached = |q: &Tensor, k_new: &Tensor, v_new: &Tensor| -> Result<Tensor> {
             k_buf.slice_set(k_new, 2, start)?;
             v_buf.slice_set(v_new, 2, start)?;
-            #[cfg(feature = "cuda")]
             if let Some(pads) = &fused_pads {
                 let q = q.to_dtype(k_buf.dtype())?;
-                let out = crate::model::ops::cuda::decode_attention(&q, k_buf, v_buf, pads, total)?;
+                let out = fused::decode_attention(&q, k_buf, v_buf, pads, total)?;
                 return Ok(out);
             }
             let k = view(k_buf.narrow(2, 0, total)?)?;

@@ -31,8 +31,7 @@ use candle_core::{
     D,
 };
 
-#[cfg(feature = "cuda")]
-pub mod cuda;
+pub mod fused;
 pub(crate) mod precomputed;
 
 use precomputed::{precomputed_forwards, Precomputed};
@@ -76,9 +75,8 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
 
 /// [`rms_norm`]'s values (candle's ops, no graph of interest).
 fn rms_norm_values(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if cuda::applies(x) {
-        return cuda::rms_norm(x, weight, eps);
+    if fused::applies(x) {
+        return fused::rms_norm(x, weight, eps);
     }
     let dtype = x.dtype();
     let x = x.to_dtype(DType::F32)?;
@@ -111,10 +109,9 @@ impl CustomOp2 for LeanRmsNorm {
         _: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        #[cfg(feature = "cuda")]
-        if cuda::applies(x) {
+        if fused::applies(x) {
             let (dx, dw) =
-                cuda::rms_norm_backward(&x.detach(), &weight.detach(), &grad.detach(), self.eps)?;
+                fused::rms_norm_backward(&x.detach(), &weight.detach(), &grad.detach(), self.eps)?;
             let dx = x.track_op().then_some(dx);
             let dw = match weight.track_op() {
                 true => Some(dw.to_dtype(weight.dtype())?),
@@ -213,9 +210,8 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 fn rope_values(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     // The kernel takes angles shared by every row (`[positions, head_dim / 2]`); a padded
     // decoding batch's per-row angles take candle's ops.
-    #[cfg(feature = "cuda")]
-    if cuda::applies(x) && cos.rank() == 2 {
-        return cuda::rope(x, cos, sin, 1.0);
+    if fused::applies(x) && cos.rank() == 2 {
+        return fused::rope(x, cos, sin, 1.0);
     }
     let dtype = x.dtype();
     let x = &x.to_dtype(DType::F32)?;

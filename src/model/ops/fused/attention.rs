@@ -1,0 +1,205 @@
+//! The attention kernels in the model: training's causal attention over packed samples
+//! (forward and backward) and decoding's one query per row over the KV cache.
+
+use candle_core::{DType, Error, Result, Tensor};
+use odc_kernels::{ATTENTION, FLASH};
+
+use super::launch::{Arg, Kernels};
+use super::suffix;
+
+/// The head widths the attention kernel takes (a warp holds a row in 4 registers per lane).
+pub const MAX_ATTENTION_HEAD_DIM: usize = 128;
+
+/// Whether FlashAttention-2's tensor-core kernels (`flash.cu`) take `q: [T, H, hd]`: bf16 at the
+/// head widths their tiles take.
+fn flash_applies(q: &Tensor) -> bool {
+    q.dtype() == DType::BF16 && matches!(q.dim(2), Ok(64 | 96 | 128))
+}
+
+/// Threads of a `flash.cu` launch over `tokens` rows (or keys) of `heads` heads: a block of
+/// `launch`'s 256 threads (8 warps of 16 rows) per 128 rows and head.
+fn flash_threads(tokens: usize, heads: usize) -> usize {
+    tokens.div_ceil(128) * heads * 256
+}
+
+/// Causal attention over packed samples with grouped-query heads: token-major `q: [T, H, hd]`,
+/// `k, v: [T, KV, hd]` in one dtype, `cu_seqlens` i64 `[samples + 1]` (0, each sample's end);
+/// `(out [T, H, hd]` in `q`'s dtype, `lse [T, H]` fp32), scores scaled by `scale`. In bf16 with
+/// head widths 64, 96 or 128 FlashAttention-2's tiled forward on tensor cores (`flash.cu`), else
+/// the plain kernel; the backward takes either's output.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_seqlens: &Tensor,
+    scale: f32,
+) -> Result<(Tensor, Tensor)> {
+    let kn = Kernels::of(q)?;
+    let (tokens, heads, dim) = q.dims3()?;
+    let kv_heads = k.dim(1)?;
+    let samples = cu_seqlens.elem_count().saturating_sub(1);
+    let (qb, kb, vb, cu) = (
+        kn.input(q)?,
+        kn.input(&k.to_dtype(q.dtype())?)?,
+        kn.input(&v.to_dtype(q.dtype())?)?,
+        kn.input(cu_seqlens)?,
+    );
+    let out = kn.output(q.dtype(), &[tokens, heads, dim])?;
+    let lse = kn.output(DType::F32, &[tokens, heads])?;
+    let flash = flash_applies(q);
+    let n = match flash {
+        true => flash_threads(tokens, heads),
+        false => tokens * heads * 32,
+    };
+    let args = [
+        Arg::B(&out),
+        Arg::B(&lse),
+        Arg::B(&qb),
+        Arg::B(&kb),
+        Arg::B(&vb),
+        Arg::B(&cu),
+        Arg::U(samples as u64),
+        Arg::U(heads as u64),
+        Arg::U(kv_heads as u64),
+        Arg::U(dim as u64),
+        Arg::F(scale),
+        Arg::U(n as u64),
+    ];
+    match flash {
+        true => kn.launch(&FLASH, "odc_flash_attention_fwd_bf16", n, &args)?,
+        false => {
+            let function = format!("odc_attention_fwd_{}", suffix(q.dtype()));
+            kn.launch(&ATTENTION, &function, n, &args)?;
+        }
+    }
+    Ok((kn.tensor(out)?, kn.tensor(lse)?))
+}
+
+/// [`attention`]'s gradients from its output `out`, `lse` and the output's gradient `dout`
+/// (token-major as there): `dq` in `q`'s dtype, `dk` and `dv` fp32. Three launches (each row's
+/// `dout · out`, then `dq` per query and `dk`, `dv` per key: `flash.cu`'s tiles where
+/// [`attention`] takes them, `attention.cu`'s warps otherwise), no atomic adds: the same inputs
+/// give the same bits.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    dout: &Tensor,
+    lse: &Tensor,
+    cu_seqlens: &Tensor,
+    scale: f32,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let kn = Kernels::of(q)?;
+    let (tokens, heads, dim) = q.dims3()?;
+    let kv_heads = k.dim(1)?;
+    let dtype = q.dtype();
+    let samples = cu_seqlens.elem_count().saturating_sub(1);
+    let (qb, kb, vb, ob, db) = (
+        kn.input(q)?,
+        kn.input(&k.to_dtype(dtype)?)?,
+        kn.input(&v.to_dtype(dtype)?)?,
+        kn.input(&out.to_dtype(dtype)?)?,
+        kn.input(&dout.to_dtype(dtype)?)?,
+    );
+    let (lb, cu) = (kn.input(lse)?, kn.input(cu_seqlens)?);
+    let delta = kn.output(DType::F32, &[tokens, heads])?;
+    let rows = tokens * heads * 32;
+    let prep = [
+        Arg::B(&delta),
+        Arg::B(&ob),
+        Arg::B(&db),
+        Arg::U(dim as u64),
+        Arg::U(rows as u64),
+    ];
+    let function = format!("odc_attention_bwd_prep_{}", suffix(dtype));
+    kn.launch(&ATTENTION, &function, rows, &prep)?;
+    // The arguments both passes share after their outputs.
+    let shared = [
+        Arg::B(&qb),
+        Arg::B(&kb),
+        Arg::B(&vb),
+        Arg::B(&db),
+        Arg::B(&lb),
+        Arg::B(&delta),
+        Arg::B(&cu),
+        Arg::U(samples as u64),
+        Arg::U(heads as u64),
+        Arg::U(kv_heads as u64),
+        Arg::U(dim as u64),
+        Arg::F(scale),
+    ];
+    // The dq and dk/dv passes: FlashAttention-2's tiles where they apply, else the plain ones.
+    let (source, prefix, queries, keys) = match flash_applies(q) {
+        true => (
+            &FLASH,
+            "odc_flash_attention_bwd",
+            flash_threads(tokens, heads),
+            flash_threads(tokens, kv_heads),
+        ),
+        false => (
+            &ATTENTION,
+            "odc_attention_bwd",
+            rows,
+            tokens * kv_heads * 32,
+        ),
+    };
+    let dq = kn.output(dtype, &[tokens, heads, dim])?;
+    let mut args = vec![Arg::B(&dq)];
+    args.extend_from_slice(&shared);
+    args.push(Arg::U(queries as u64));
+    let function = format!("{prefix}_dq_{}", suffix(dtype));
+    kn.launch(source, &function, queries, &args)?;
+    let dk = kn.output(DType::F32, &[tokens, kv_heads, dim])?;
+    let dv = kn.output(DType::F32, &[tokens, kv_heads, dim])?;
+    let mut args = vec![Arg::B(&dk), Arg::B(&dv)];
+    args.extend_from_slice(&shared);
+    args.push(Arg::U(keys as u64));
+    let function = format!("{prefix}_dkdv_{}", suffix(dtype));
+    kn.launch(source, &function, keys, &args)?;
+    Ok((kn.tensor(dq)?, kn.tensor(dk)?, kn.tensor(dv)?))
+}
+
+/// Decoding's attention: each row's one new query `q: [rows, H, 1, hd]` against columns
+/// `pads[r] .. len` of the cache's buffers `k, v: [rows, KV, capacity, hd]` (read in place on
+/// CUDA, no copy of the filled prefix), i64 `pads: [rows]`; `[rows, H, 1, hd]` in `q`'s dtype.
+pub fn decode_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pads: &Tensor,
+    len: usize,
+) -> Result<Tensor> {
+    let kn = Kernels::of(q)?;
+    let (rows, heads, one, dim) = q.dims4()?;
+    let (_, kv_heads, capacity, _) = k.dims4()?;
+    if one != 1 || len > capacity || v.dims() != k.dims() || k.dtype() != q.dtype() {
+        return Err(Error::Msg(format!(
+            "fused decoding attention: q {:?}, k {:?}, v {:?}, {len} columns",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )));
+    }
+    let (qb, kb, vb, pb) = (kn.input(q)?, kn.input(k)?, kn.input(v)?, kn.input(pads)?);
+    let out = kn.output(q.dtype(), &[rows, heads, 1, dim])?;
+    let n = rows * heads * 32;
+    let args = [
+        Arg::B(&out),
+        Arg::B(&qb),
+        Arg::B(&kb),
+        Arg::B(&vb),
+        Arg::B(&pb),
+        Arg::U(heads as u64),
+        Arg::U(kv_heads as u64),
+        Arg::U(capacity as u64),
+        Arg::U(len as u64),
+        Arg::U(dim as u64),
+        Arg::F(1.0 / (dim as f32).sqrt()),
+        Arg::U(n as u64),
+    ];
+    let function = format!("odc_decode_attention_{}", suffix(q.dtype()));
+    kn.launch(&ATTENTION, &function, n, &args)?;
+    kn.tensor(out)
+}

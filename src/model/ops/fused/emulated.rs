@@ -1,0 +1,120 @@
+//! The fused kernels on this CPU (feature `emulate`): the same CUDA C compiled as C++ by the
+//! host's compiler and run by `odc_kernels::emulate` (a block's threads as fibers, every launch
+//! in two thread orders that must agree), so the model's fused path — its layouts, launches and
+//! backward wiring — is checked where no GPU is (`tests/fused_kernels_on_cpu.rs`).
+//!
+//! Guarantees:
+//! - Off until [`emulate_on_cpu`] gives it an emulator; then every CPU tensor the ops take
+//!   (fp32, bf16) runs the kernels, as CUDA tensors do with `ODC_FUSED_KERNELS=1`.
+//! - Inputs are copied into host buffers, outputs start as NaNs (an element no kernel writes
+//!   shows), and each becomes a CPU tensor after its op's launches.
+//! - A kernel that does not compile, parts a warp, or depends on its threads' order is an error
+//!   naming it.
+
+use std::sync::Mutex;
+
+use candle_core::{DType, Device, Error, Result, Tensor};
+use odc_kernels::emulate::{self, Emulator, HostBuffer};
+use odc_kernels::Source;
+
+use super::launch::{Arg, Buf};
+
+static EMULATOR: Mutex<Option<Emulator>> = Mutex::new(None);
+
+/// Runs the fused kernels on CPU tensors through `emulator` from now on (`None`: candle's ops
+/// again). For tests: a process-wide switch, so a test binary that flips it runs one test at a
+/// time through it.
+pub fn emulate_on_cpu(emulator: Option<Emulator>) {
+    *EMULATOR.lock().unwrap_or_else(|e| e.into_inner()) = emulator;
+}
+
+/// The emulator while [`emulate_on_cpu`] holds one.
+pub(super) fn emulator() -> Option<Emulator> {
+    EMULATOR.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// A CPU tensor's elements in a buffer a kernel addresses.
+pub(super) struct HostTensor {
+    buffer: HostBuffer,
+    dtype: DType,
+    shape: Vec<usize>,
+}
+
+impl HostTensor {
+    /// A copy of `t` (fp32, bf16 or i64).
+    pub(super) fn of(t: &Tensor) -> Result<HostTensor> {
+        let flat = t.flatten_all()?;
+        let bytes: Vec<u8> = match t.dtype() {
+            DType::F32 => flat
+                .to_vec1::<f32>()?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            DType::BF16 => flat
+                .to_vec1::<half::bf16>()?
+                .iter()
+                .flat_map(|v| v.to_bits().to_le_bytes())
+                .collect(),
+            DType::I64 => flat
+                .to_vec1::<i64>()?
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            other => return Err(Error::Msg(format!("fused kernels: dtype {other:?}"))),
+        };
+        Ok(HostTensor {
+            buffer: HostBuffer::from_bytes(&bytes),
+            dtype: t.dtype(),
+            shape: t.dims().to_vec(),
+        })
+    }
+
+    /// `shape` elements of `dtype`, every byte 0xff (a NaN in fp32 and bf16).
+    pub(super) fn poisoned(dtype: DType, shape: &[usize]) -> Result<HostTensor> {
+        if !matches!(dtype, DType::F32 | DType::BF16) {
+            return Err(Error::Msg(format!("fused kernels: an output of {dtype:?}")));
+        }
+        let n: usize = shape.iter().product();
+        Ok(HostTensor {
+            buffer: HostBuffer::from_bytes(&vec![0xff; n * dtype.size_in_bytes()]),
+            dtype,
+            shape: shape.to_vec(),
+        })
+    }
+
+    /// Its elements now, as a CPU tensor.
+    pub(super) fn tensor(&self) -> Result<Tensor> {
+        Tensor::from_raw_buffer(
+            &self.buffer.to_bytes(),
+            self.dtype,
+            &self.shape,
+            &Device::Cpu,
+        )
+    }
+}
+
+/// Runs `function` of `source` with `args` (compiled once per process by the emulator).
+pub(super) fn launch(
+    emulator: &Emulator,
+    source: &Source,
+    function: &str,
+    args: &[Arg<'_>],
+) -> Result<()> {
+    let module = emulator
+        .compile(source.name, source.code)
+        .map_err(|e| Error::Msg(format!("fused kernels on the CPU: {e}")))?;
+    let mut words = Vec::with_capacity(args.len());
+    for arg in args {
+        words.push(match *arg {
+            Arg::B(Buf::Host(host)) => emulate::Arg::Buffer(&host.buffer),
+            #[allow(unreachable_patterns)]
+            Arg::B(_) => return Err(Error::Msg("fused kernels: a CUDA tensor on the CPU".into())),
+            Arg::U(v) => emulate::Arg::U64(v),
+            Arg::F(v) => emulate::Arg::F32(v),
+        });
+    }
+    // SAFETY: the ops pass `function`'s parameters in order and of their types, each buffer
+    // holding every element the kernel indexes for its `n`, as on CUDA.
+    unsafe { module.launch(function, &words) }
+        .map_err(|e| Error::Msg(format!("fused kernels on the CPU: {e}")))
+}
