@@ -191,6 +191,11 @@ if has gpu_training; then
   next_section
   gpu_test ring_attention_on_cuda_equals_the_blocked_attention \
     "sequence splitting: ring attention on CUDA" ring-gpu.log &
+  next_section
+  # The same with the fused kernels: each pair of chunks one launch of the varlen kernels (the
+  # whole sample stays candle's blocked attention).
+  ODC_FUSED_KERNELS=1 gpu_test ring_attention_on_cuda_equals_the_blocked_attention \
+    "sequence splitting with the fused kernels (ring attention)" ring-fused-gpu.log &
 else
   missing "I3: GPU fp32 vs CPU" gpu_training
 fi

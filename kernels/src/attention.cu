@@ -1,15 +1,17 @@
-// Causal attention over packed samples (varlen) with grouped-query heads, forward and backward:
-// the output and each row's log-sum-exp (the merge rule sequence splitting combines partial
-// attentions with), fp32 arithmetic. A first, plain version: one warp per (token, query head),
-// streaming the sample's earlier keys and values from global memory with an online softmax
+// Attention over samples of different lengths (varlen) with grouped-query heads, causal or not,
+// forward and backward: the output and each row's log-sum-exp (the merge rule sequence splitting
+// combines partial attentions with), fp32 arithmetic. A first, plain version: one warp per
+// (query, head), streaming the query's keys and values from global memory with an online softmax
 // (FlashAttention's recurrence, without its shared-memory tiles); head_dim at most 128. The
 // backward is FlashAttention-2's split: dq per query, dk and dv per key, no atomics.
 //
-//   q: [tokens, heads, dim], k, v: [tokens, kv_heads, dim] (query head h reads kv head
-//   h / (heads / kv_heads)); cu_seqlens: [samples + 1] token offsets (cu_seqlens[0] = 0, the last
-//   = tokens); out: [tokens, heads, dim]; lse: [tokens, heads] fp32 (natural log).
-//   out[t, h] = Σ_{j in t's sample, j ≤ t} softmax_j(scale q_t · k_j) v_j
-//   n = tokens * heads * 32.
+//   q: [q_tokens, heads, dim], k, v: [k_tokens, kv_heads, dim] (query head h reads kv head
+//   h / (heads / kv_heads)); cu_q, cu_k: [samples + 1] row offsets of each sample's queries and
+//   keys (first 0, last q_tokens and k_tokens; the same array for packed self-attention); causal:
+//   0 or 1 (`common.cuh`: which keys a query sees); out: [q_tokens, heads, dim]; lse:
+//   [q_tokens, heads] fp32 (natural log; −inf, and a zero output, for a query that sees no key).
+//   out[t, h] = Σ_{j among t's keys} softmax_j(scale q_t · k_j) v_j
+//   n = q_tokens * heads * 32.
 
 // One query row of a warp under FlashAttention's online softmax: each lane holds up to 4 of its
 // `dim` columns (lane, lane + 32, ...; dim at most 128) of the scaled query and of the output's
@@ -64,10 +66,11 @@ template <typename T>
 __device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
                                   const T* __restrict__ q, const T* __restrict__ k,
                                   const T* __restrict__ v,
-                                  const unsigned long long* __restrict__ cu_seqlens,
-                                  unsigned long long samples, unsigned long long heads,
-                                  unsigned long long kv_heads, unsigned long long dim,
-                                  float scale, unsigned long long n) {
+                                  const unsigned long long* __restrict__ cu_q,
+                                  const unsigned long long* __restrict__ cu_k,
+                                  unsigned long long samples, unsigned long long causal,
+                                  unsigned long long heads, unsigned long long kv_heads,
+                                  unsigned long long dim, float scale, unsigned long long n) {
     unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
     unsigned long long group = heads / kv_heads;
     for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
@@ -77,11 +80,11 @@ __device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
         unsigned long long token = warp / heads;
         unsigned long long h = warp - token * heads;
         unsigned long long kvh = h / group;
-        unsigned long long start, end;
-        odc_sample_bounds(cu_seqlens, samples, token, &start, &end);
+        unsigned long long lo, hi;
+        odc_query_keys(cu_q, cu_k, samples, causal, token, &lo, &hi);
         unsigned long long qrow = (token * heads + h) * dim;
         OdcOnline query(q, qrow, dim, lane, scale);
-        for (unsigned long long j = start; j <= token; ++j) {
+        for (unsigned long long j = lo; j < hi; ++j) {
             query.key(k, v, (j * kv_heads + kvh) * dim);
         }
         query.store(out, qrow);
@@ -94,10 +97,11 @@ __device__ void odc_attention_fwd(T* __restrict__ out, float* __restrict__ lse,
 // adds). With s_ij = scale q_i · k_j, p_ij = exp(s_ij − lse_i), D_i = dout_i · out_i and
 // dS_ij = p_ij (dout_i · v_j − D_i), three kernels, launched in this order:
 //   prep:  D_i for every (token, head) into delta: [tokens, heads] fp32; n = tokens * heads * 32
-//   dq:    dq_i = scale Σ_{j ≤ i, same sample} dS_ij k_j, in T; n = tokens * heads * 32
-//   dkdv:  dk_j = scale Σ_{i ≥ j, same sample, h in j's group} dS_ij q_i,
-//          dv_j = Σ_{same i, h} p_ij dout_i, fp32 [tokens, kv_heads, dim], written (not added);
-//          one warp per (token, kv head); n = tokens * kv_heads * 32.
+//   dq:    dq_i = scale Σ_{j among i's keys} dS_ij k_j, in T; n = q_tokens * heads * 32
+//   dkdv:  dk_j = scale Σ_{i among j's queries, h in j's group} dS_ij q_i,
+//          dv_j = Σ_{same i, h} p_ij dout_i, fp32 [k_tokens, kv_heads, dim], written (not added);
+//          one warp per (key, kv head); n = k_tokens * kv_heads * 32.
+// A query that sees no key (lse −inf) gets a zero dq and adds to no dk, dv.
 
 // A warp's row of `dim` columns (at most 128), four per lane (lane, lane + 32, ...).
 struct OdcRow {
@@ -155,10 +159,11 @@ __device__ void odc_attention_bwd_dq(T* __restrict__ dq, const T* __restrict__ q
                                      const T* __restrict__ k, const T* __restrict__ v,
                                      const T* __restrict__ dout, const float* __restrict__ lse,
                                      const float* __restrict__ delta,
-                                     const unsigned long long* __restrict__ cu_seqlens,
-                                     unsigned long long samples, unsigned long long heads,
-                                     unsigned long long kv_heads, unsigned long long dim,
-                                     float scale, unsigned long long n) {
+                                     const unsigned long long* __restrict__ cu_q,
+                                     const unsigned long long* __restrict__ cu_k,
+                                     unsigned long long samples, unsigned long long causal,
+                                     unsigned long long heads, unsigned long long kv_heads,
+                                     unsigned long long dim, float scale, unsigned long long n) {
     unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
     unsigned long long group = heads / kv_heads;
     for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
@@ -168,8 +173,8 @@ __device__ void odc_attention_bwd_dq(T* __restrict__ dq, const T* __restrict__ q
         unsigned long long token = warp / heads;
         unsigned long long h = warp - token * heads;
         unsigned long long kvh = h / group;
-        unsigned long long start, end;
-        odc_sample_bounds(cu_seqlens, samples, token, &start, &end);
+        unsigned long long lo, hi;
+        odc_query_keys(cu_q, cu_k, samples, causal, token, &lo, &hi);
         unsigned long long qrow = (token * heads + h) * dim;
         OdcRow qi, gi, acc;
         qi.load(q, qrow, dim, lane);
@@ -177,7 +182,7 @@ __device__ void odc_attention_bwd_dq(T* __restrict__ dq, const T* __restrict__ q
         for (int r = 0; r < 4; ++r) acc.v[r] = 0.0f;
         float row_lse = lse[token * heads + h];
         float d = delta[token * heads + h];
-        for (unsigned long long j = start; j <= token; ++j) {
+        for (unsigned long long j = lo; j < hi; ++j) {
             unsigned long long krow = (j * kv_heads + kvh) * dim;
             float p = expf(qi.dot(k, krow, dim, lane) * scale - row_lse);
             float ds = p * (gi.dot(v, krow, dim, lane) - d);
@@ -196,10 +201,12 @@ __device__ void odc_attention_bwd_dkdv(float* __restrict__ dk, float* __restrict
                                        const T* __restrict__ v, const T* __restrict__ dout,
                                        const float* __restrict__ lse,
                                        const float* __restrict__ delta,
-                                       const unsigned long long* __restrict__ cu_seqlens,
-                                       unsigned long long samples, unsigned long long heads,
-                                       unsigned long long kv_heads, unsigned long long dim,
-                                       float scale, unsigned long long n) {
+                                       const unsigned long long* __restrict__ cu_q,
+                                       const unsigned long long* __restrict__ cu_k,
+                                       unsigned long long samples, unsigned long long causal,
+                                       unsigned long long heads, unsigned long long kv_heads,
+                                       unsigned long long dim, float scale,
+                                       unsigned long long n) {
     unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
     unsigned long long group = heads / kv_heads;
     for (unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; t < n;
@@ -208,15 +215,15 @@ __device__ void odc_attention_bwd_dkdv(float* __restrict__ dk, float* __restrict
         unsigned int lane = (unsigned int)(t & 31u);
         unsigned long long token = warp / kv_heads;
         unsigned long long g = warp - token * kv_heads;
-        unsigned long long start, end;
-        odc_sample_bounds(cu_seqlens, samples, token, &start, &end);
+        unsigned long long lo, hi;
+        odc_key_queries(cu_q, cu_k, samples, causal, token, &lo, &hi);
         unsigned long long krow = (token * kv_heads + g) * dim;
         OdcRow kj, vj, dka, dva;
         kj.load(k, krow, dim, lane);
         vj.load(v, krow, dim, lane);
         for (int r = 0; r < 4; ++r) dka.v[r] = dva.v[r] = 0.0f;
         for (unsigned long long h = g * group; h < (g + 1) * group; ++h) {
-            for (unsigned long long i = token; i < end; ++i) {
+            for (unsigned long long i = lo; i < hi; ++i) {
                 unsigned long long qrow = (i * heads + h) * dim;
                 float p = expf(kj.dot(q, qrow, dim, lane) * scale - lse[i * heads + h]);
                 float ds = p * (vj.dot(dout, qrow, dim, lane) - delta[i * heads + h]);
@@ -234,48 +241,44 @@ __device__ void odc_attention_bwd_dkdv(float* __restrict__ dk, float* __restrict
     }
 }
 
-extern "C" __global__ void odc_attention_fwd_f32(float* out, float* lse, const float* q,
-                                                 const float* k, const float* v,
-                                                 const unsigned long long* cu_seqlens,
-                                                 unsigned long long samples,
-                                                 unsigned long long heads,
-                                                 unsigned long long kv_heads,
-                                                 unsigned long long dim, float scale,
-                                                 unsigned long long n) {
-    odc_attention_fwd(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, dim, scale, n);
-}
-extern "C" __global__ void odc_attention_fwd_bf16(unsigned short* out, float* lse,
-                                                  const unsigned short* q,
-                                                  const unsigned short* k,
-                                                  const unsigned short* v,
-                                                  const unsigned long long* cu_seqlens,
-                                                  unsigned long long samples,
-                                                  unsigned long long heads,
-                                                  unsigned long long kv_heads,
-                                                  unsigned long long dim, float scale,
-                                                  unsigned long long n) {
-    odc_attention_fwd(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, dim, scale, n);
+extern "C" __global__ void odc_attention_fwd_f32(
+    float* out, float* lse, const float* q, const float* k, const float* v,
+    const unsigned long long* cu_q, const unsigned long long* cu_k, unsigned long long samples,
+    unsigned long long causal, unsigned long long heads, unsigned long long kv_heads,
+    unsigned long long dim, float scale, unsigned long long n) {
+    odc_attention_fwd(out, lse, q, k, v, cu_q, cu_k, samples, causal, heads, kv_heads, dim, scale,
+                      n);
 }
 extern "C" __global__ void odc_attention_bwd_prep_f32(float* delta, const float* out,
-                                                       const float* dout, unsigned long long dim,
-                                                       unsigned long long n) {
+                                                      const float* dout, unsigned long long dim,
+                                                      unsigned long long n) {
     odc_attention_bwd_prep(delta, out, dout, dim, n);
 }
 extern "C" __global__ void odc_attention_bwd_dq_f32(
-    float* dq, const float* q, const float* k, const float* v, const float* dout, const float* lse,
-    const float* delta, const unsigned long long* cu_seqlens, unsigned long long samples,
+    float* dq, const float* q, const float* k, const float* v, const float* dout,
+    const float* lse, const float* delta, const unsigned long long* cu_q,
+    const unsigned long long* cu_k, unsigned long long samples, unsigned long long causal,
     unsigned long long heads, unsigned long long kv_heads, unsigned long long dim, float scale,
     unsigned long long n) {
-    odc_attention_bwd_dq(dq, q, k, v, dout, lse, delta, cu_seqlens, samples, heads, kv_heads, dim,
-                         scale, n);
+    odc_attention_bwd_dq(dq, q, k, v, dout, lse, delta, cu_q, cu_k, samples, causal, heads,
+                         kv_heads, dim, scale, n);
 }
 extern "C" __global__ void odc_attention_bwd_dkdv_f32(
     float* dk, float* dv, const float* q, const float* k, const float* v, const float* dout,
-    const float* lse, const float* delta, const unsigned long long* cu_seqlens,
-    unsigned long long samples, unsigned long long heads, unsigned long long kv_heads,
-    unsigned long long dim, float scale, unsigned long long n) {
-    odc_attention_bwd_dkdv(dk, dv, q, k, v, dout, lse, delta, cu_seqlens, samples, heads,
+    const float* lse, const float* delta, const unsigned long long* cu_q,
+    const unsigned long long* cu_k, unsigned long long samples, unsigned long long causal,
+    unsigned long long heads, unsigned long long kv_heads, unsigned long long dim, float scale,
+    unsigned long long n) {
+    odc_attention_bwd_dkdv(dk, dv, q, k, v, dout, lse, delta, cu_q, cu_k, samples, causal, heads,
                            kv_heads, dim, scale, n);
+}
+extern "C" __global__ void odc_attention_fwd_bf16(
+    unsigned short* out, float* lse, const unsigned short* q, const unsigned short* k, const unsigned short* v,
+    const unsigned long long* cu_q, const unsigned long long* cu_k, unsigned long long samples,
+    unsigned long long causal, unsigned long long heads, unsigned long long kv_heads,
+    unsigned long long dim, float scale, unsigned long long n) {
+    odc_attention_fwd(out, lse, q, k, v, cu_q, cu_k, samples, causal, heads, kv_heads, dim, scale,
+                      n);
 }
 extern "C" __global__ void odc_attention_bwd_prep_bf16(float* delta, const unsigned short* out,
                                                        const unsigned short* dout, unsigned long long dim,
@@ -283,19 +286,21 @@ extern "C" __global__ void odc_attention_bwd_prep_bf16(float* delta, const unsig
     odc_attention_bwd_prep(delta, out, dout, dim, n);
 }
 extern "C" __global__ void odc_attention_bwd_dq_bf16(
-    unsigned short* dq, const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout, const float* lse,
-    const float* delta, const unsigned long long* cu_seqlens, unsigned long long samples,
+    unsigned short* dq, const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,
+    const float* lse, const float* delta, const unsigned long long* cu_q,
+    const unsigned long long* cu_k, unsigned long long samples, unsigned long long causal,
     unsigned long long heads, unsigned long long kv_heads, unsigned long long dim, float scale,
     unsigned long long n) {
-    odc_attention_bwd_dq(dq, q, k, v, dout, lse, delta, cu_seqlens, samples, heads, kv_heads, dim,
-                         scale, n);
+    odc_attention_bwd_dq(dq, q, k, v, dout, lse, delta, cu_q, cu_k, samples, causal, heads,
+                         kv_heads, dim, scale, n);
 }
 extern "C" __global__ void odc_attention_bwd_dkdv_bf16(
     float* dk, float* dv, const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,
-    const float* lse, const float* delta, const unsigned long long* cu_seqlens,
-    unsigned long long samples, unsigned long long heads, unsigned long long kv_heads,
-    unsigned long long dim, float scale, unsigned long long n) {
-    odc_attention_bwd_dkdv(dk, dv, q, k, v, dout, lse, delta, cu_seqlens, samples, heads,
+    const float* lse, const float* delta, const unsigned long long* cu_q,
+    const unsigned long long* cu_k, unsigned long long samples, unsigned long long causal,
+    unsigned long long heads, unsigned long long kv_heads, unsigned long long dim, float scale,
+    unsigned long long n) {
+    odc_attention_bwd_dkdv(dk, dv, q, k, v, dout, lse, delta, cu_q, cu_k, samples, causal, heads,
                            kv_heads, dim, scale, n);
 }
 

@@ -31,18 +31,56 @@ __device__ __forceinline__ float odc_warp_sum(float v) {
     return v;
 }
 
-// The first and one-past-last token of the sample holding `token` (binary search for the last
-// sample s with cu_seqlens[s] <= token; empty samples are skipped over).
-__device__ __forceinline__ void odc_sample_bounds(const unsigned long long* __restrict__ cu_seqlens,
-                                                  unsigned long long samples,
-                                                  unsigned long long token,
-                                                  unsigned long long* start,
-                                                  unsigned long long* end) {
+// Attention's varlen layout: sample s's queries are rows cu_q[s] .. cu_q[s + 1] and its keys rows
+// cu_k[s] .. cu_k[s + 1] (cu_k = cu_q for packed self-attention). A query sees its own sample's
+// keys; under `causal` only those at or before it, aligned at the sample's ends as FlashAttention
+// aligns them (the i-th query sees the j-th key iff j <= i + nk - nq; with nk = nq, j <= i), so
+// a sequence's chunk of queries against the same chunk of keys is causal and against an earlier
+// chunk (non-causal) sees it all: ring attention's two cases.
+
+// The sample holding row `row` under offsets `cu` (the last s with cu[s] <= row; empty samples
+// are skipped over).
+__device__ __forceinline__ unsigned long long odc_sample_of(const unsigned long long* __restrict__ cu,
+                                                            unsigned long long samples,
+                                                            unsigned long long row) {
     unsigned long long lo = 0, hi = samples;
     while (lo + 1 < hi) {
         unsigned long long mid = (lo + hi) / 2;
-        if (cu_seqlens[mid] <= token) lo = mid; else hi = mid;
+        if (cu[mid] <= row) lo = mid; else hi = mid;
     }
-    *start = cu_seqlens[lo];
-    *end = cu_seqlens[lo + 1];
+    return lo;
+}
+
+// Query `i`'s keys: rows [*lo, *hi) of k (*hi = *lo when it sees none).
+__device__ __forceinline__ void odc_query_keys(const unsigned long long* __restrict__ cu_q,
+                                               const unsigned long long* __restrict__ cu_k,
+                                               unsigned long long samples, unsigned long long causal,
+                                               unsigned long long i, unsigned long long* lo,
+                                               unsigned long long* hi) {
+    unsigned long long s = odc_sample_of(cu_q, samples, i);
+    unsigned long long qs = cu_q[s], qe = cu_q[s + 1], ks = cu_k[s], ke = cu_k[s + 1];
+    *lo = ks;
+    *hi = ke;
+    if (causal) {
+        long long last = (long long)(i - qs) + (long long)(ke - ks) - (long long)(qe - qs);
+        long long stop = (long long)ks + last + 1;
+        if (stop < (long long)ke) *hi = stop > (long long)ks ? (unsigned long long)stop : ks;
+    }
+}
+
+// Key `j`'s queries: rows [*lo, *hi) of q (the transpose of `odc_query_keys`).
+__device__ __forceinline__ void odc_key_queries(const unsigned long long* __restrict__ cu_q,
+                                                const unsigned long long* __restrict__ cu_k,
+                                                unsigned long long samples, unsigned long long causal,
+                                                unsigned long long j, unsigned long long* lo,
+                                                unsigned long long* hi) {
+    unsigned long long s = odc_sample_of(cu_k, samples, j);
+    unsigned long long qs = cu_q[s], qe = cu_q[s + 1], ks = cu_k[s], ke = cu_k[s + 1];
+    *lo = qs;
+    *hi = qe;
+    if (causal) {
+        long long first =
+            (long long)qs + (long long)(j - ks) - ((long long)(ke - ks) - (long long)(qe - qs));
+        if (first > (long long)qs) *lo = first < (long long)qe ? (unsigned long long)first : qe;
+    }
 }

@@ -1,20 +1,22 @@
-// FlashAttention-2's forward on tensor cores, bf16: causal attention over packed samples (varlen)
-// with grouped-query heads, the output and each row's log-sum-exp, as `attention.cu`'s forward
-// computes them (same layouts, same `lse`, so its backward and a gang's merge take either).
+// FlashAttention-2's forward on tensor cores, bf16: attention over samples of different lengths
+// (varlen), causal or not, with grouped-query heads, the output and each row's log-sum-exp, as
+// `attention.cu`'s forward computes them (same parameters, layouts and `lse`, so its backward and
+// a gang's merge take either).
 //
-//   q: [tokens, heads, dim], k, v: [tokens, kv_heads, dim] bf16; cu_seqlens: [samples + 1];
-//   out: [tokens, heads, dim] bf16; lse: [tokens, heads] fp32; dim 64, 96 or 128.
+//   q: [q_tokens, heads, dim], k, v: [k_tokens, kv_heads, dim] bf16; cu_q, cu_k: [samples + 1];
+//   causal: 0 or 1 (`common.cuh`); out: [q_tokens, heads, dim] bf16; lse: [q_tokens, heads]
+//   fp32; dim 64, 96 or 128.
 //
 // Tiling (FlashAttention-2, Dao 2023): a block of W warps takes 16 W consecutive query rows of one
-// head (a tile may hold rows of several samples: each row attends to its own sample's keys at or
-// before it, the rest masked); each warp keeps its 16 rows' queries in registers as mma
+// head (a tile may hold rows of several samples: each row attends to its own keys, the rest
+// masked); each warp keeps its 16 rows' queries in registers as mma
 // fragments and their output in fp32 accumulators. The block walks the keys its rows can see in
 // tiles of 64: K is staged in shared memory as [key][dim], V transposed as [dim][key]; each warp
 // computes S = Q Kᵀ by mma.sync m16n8k16 (bf16 in, fp32 accumulate), masks it, scales it, updates
 // its rows' running maximum and sum (the online softmax, reduced over the 4 lanes sharing a row),
 // rescales its output and adds P V, P rounded to bf16 (its accumulator layout is the next mma's
 // A fragment, so P never leaves registers). Items (row tile, head) in a grid-stride loop over
-// blocks: n = items * blockDim.x, items = ⌈tokens / (16 W)⌉ · heads.
+// blocks: n = items * blockDim.x, items = ⌈q_tokens / (16 W)⌉ · heads.
 
 #ifndef ODC_EMULATED
 // D = A·B + C for the warp: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (lane 4 g + t
@@ -114,23 +116,25 @@ __device__ __forceinline__ void odc_flash_stage(unsigned short* xs, unsigned sho
 }
 
 // A query tile's rows as one lane sees them: its two rows (g and g + 8 of its warp's 16), the
-// first key each may see (its sample's start), and the keys any row of the tile sees: from the
-// first row's sample start to the last row.
+// keys each sees ([lo, hi)), and the keys any row of the tile sees ([kfirst, klast): a row's
+// keys never start before the previous row's, nor end before them).
 struct OdcFlashRows {
-    unsigned long long row[2], first[2], kfirst, klast;
+    unsigned long long row[2], lo[2], hi[2], kfirst, klast;
 
-    __device__ OdcFlashRows(const unsigned long long* __restrict__ cu_seqlens,
-                            unsigned long long samples, unsigned long long tokens,
-                            unsigned long long q0, unsigned long long tile_rows, unsigned int warp,
-                            unsigned int g) {
-        unsigned long long end;
+    __device__ OdcFlashRows(const unsigned long long* __restrict__ cu_q,
+                            const unsigned long long* __restrict__ cu_k,
+                            unsigned long long samples, unsigned long long causal,
+                            unsigned long long q_tokens, unsigned long long q0,
+                            unsigned long long tile_rows, unsigned int warp, unsigned int g) {
         for (int r = 0; r < 2; ++r) {
             row[r] = q0 + 16ull * warp + g + 8u * r;
-            first[r] = 0;
-            if (row[r] < tokens) odc_sample_bounds(cu_seqlens, samples, row[r], &first[r], &end);
+            lo[r] = hi[r] = 0;
+            if (row[r] < q_tokens) odc_query_keys(cu_q, cu_k, samples, causal, row[r], &lo[r], &hi[r]);
         }
-        odc_sample_bounds(cu_seqlens, samples, q0 < tokens ? q0 : tokens - 1, &kfirst, &end);
-        klast = q0 + tile_rows < tokens ? q0 + tile_rows : tokens;
+        unsigned long long last = (q0 + tile_rows < q_tokens ? q0 + tile_rows : q_tokens) - 1, x;
+        odc_query_keys(cu_q, cu_k, samples, causal, q0, &kfirst, &x);
+        odc_query_keys(cu_q, cu_k, samples, causal, last, &x, &klast);
+        if (klast < kfirst) klast = kfirst;
     }
 };
 
@@ -139,12 +143,13 @@ __device__ void odc_flash_fwd(unsigned short* __restrict__ out, float* __restric
                               const unsigned short* __restrict__ q,
                               const unsigned short* __restrict__ k,
                               const unsigned short* __restrict__ v,
-                              const unsigned long long* __restrict__ cu_seqlens,
-                              unsigned long long samples, unsigned long long heads,
-                              unsigned long long kv_heads, float scale, unsigned short* ks,
-                              unsigned short* vt) {
+                              const unsigned long long* __restrict__ cu_q,
+                              const unsigned long long* __restrict__ cu_k,
+                              unsigned long long samples, unsigned long long causal,
+                              unsigned long long heads, unsigned long long kv_heads, float scale,
+                              unsigned short* ks, unsigned short* vt) {
     const float inf = __int_as_float(0x7f800000);
-    const unsigned long long tokens = cu_seqlens[samples];
+    const unsigned long long tokens = cu_q[samples];
     const unsigned int warps = blockDim.x / 32u;
     const unsigned long long tile_rows = 16ull * warps;
     const unsigned long long items = (tokens + tile_rows - 1) / tile_rows * heads;
@@ -153,9 +158,10 @@ __device__ void odc_flash_fwd(unsigned short* __restrict__ out, float* __restric
     const unsigned int g = lane >> 2, t = lane & 3u;
     for (unsigned long long item = blockIdx.x; item < items; item += gridDim.x) {
         const unsigned long long tile = item / heads, h = item - tile * heads, kvh = h / group;
-        const OdcFlashRows rows(cu_seqlens, samples, tokens, tile * tile_rows, tile_rows, warp, g);
+        const OdcFlashRows rows(cu_q, cu_k, samples, causal, tokens, tile * tile_rows, tile_rows,
+                                warp, g);
         const unsigned long long* row = rows.row;
-        const unsigned long long* first = rows.first;
+        const unsigned long long *lo = rows.lo, *hi = rows.hi;
         const unsigned long long kfirst = rows.kfirst, klast = rows.klast;
         // The warp's queries as A fragments, one per 16 columns.
         unsigned int qa[D / 16][4];
@@ -179,7 +185,7 @@ __device__ void odc_flash_fwd(unsigned short* __restrict__ out, float* __restric
                 for (int i = 0; i < 4; ++i) {
                     int r = i >> 1;
                     unsigned long long key = kt + nt * 8u + 2u * t + (unsigned int)(i & 1);
-                    bool seen = row[r] < tokens && key < klast && key >= first[r] && key <= row[r];
+                    bool seen = row[r] < tokens && key >= lo[r] && key < hi[r];
                     s[nt][i] = seen ? s[nt][i] * scale : -inf;
                     mx[r] = fmaxf(mx[r], s[nt][i]);
                 }
@@ -230,8 +236,10 @@ extern "C" __global__ void odc_flash_attention_fwd_bf16(unsigned short* out, flo
                                                         const unsigned short* q,
                                                         const unsigned short* k,
                                                         const unsigned short* v,
-                                                        const unsigned long long* cu_seqlens,
+                                                        const unsigned long long* cu_q,
+                                                        const unsigned long long* cu_k,
                                                         unsigned long long samples,
+                                                        unsigned long long causal,
                                                         unsigned long long heads,
                                                         unsigned long long kv_heads,
                                                         unsigned long long dim, float scale,
@@ -240,11 +248,14 @@ extern "C" __global__ void odc_flash_attention_fwd_bf16(unsigned short* out, flo
     __shared__ unsigned short vt[ODC_FLASH_MAX_DIM * ODC_FLASH_VT];
     (void)n;
     if (dim == 64) {
-        odc_flash_fwd<64>(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, scale, ks, vt);
+        odc_flash_fwd<64>(out, lse, q, k, v, cu_q, cu_k, samples, causal, heads, kv_heads, scale, ks,
+                          vt);
     } else if (dim == 96) {
-        odc_flash_fwd<96>(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, scale, ks, vt);
+        odc_flash_fwd<96>(out, lse, q, k, v, cu_q, cu_k, samples, causal, heads, kv_heads, scale, ks,
+                          vt);
     } else if (dim == 128) {
-        odc_flash_fwd<128>(out, lse, q, k, v, cu_seqlens, samples, heads, kv_heads, scale, ks, vt);
+        odc_flash_fwd<128>(out, lse, q, k, v, cu_q, cu_k, samples, causal, heads, kv_heads, scale, ks,
+                           vt);
     }
 }
 
@@ -256,12 +267,12 @@ extern "C" __global__ void odc_flash_attention_fwd_bf16(unsigned short* out, flo
 //
 //   dq pass: as the forward, a block of W warps per 16 W query rows of one head, walking key tiles
 //     of 32 (K as [key][dim] and transposed, V as [key][dim] in shared memory): S = Q Kᵀ,
-//     dP = dO Vᵀ (Q and dO as A fragments in registers), dQ += dS K. n = ⌈tokens / 16 W⌉ · heads ·
-//     blockDim.x.
+//     dP = dO Vᵀ (Q and dO as A fragments in registers), dQ += dS K. n = ⌈q_tokens / 16 W⌉ ·
+//     heads · blockDim.x.
 //   dk/dv pass: a block of W warps per 16 W keys of one KV head, walking, for each query head of
 //     its group, the query tiles of 32 that see its keys (Q and dO as [query][dim] and transposed):
 //     Sᵀ = K Qᵀ, dV += Pᵀ dO, dPᵀ = V dOᵀ (K and V as A fragments in registers), dK += dSᵀ Q.
-//     n = ⌈tokens / 16 W⌉ · kv_heads · blockDim.x.
+//     n = ⌈k_tokens / 16 W⌉ · kv_heads · blockDim.x.
 
 #define ODC_FLASH_BWD_TILE 32u
 // A row of a transposed tile, padded.
@@ -274,11 +285,13 @@ __device__ void odc_flash_bwd_dq(unsigned short* __restrict__ dq,
                                  const unsigned short* __restrict__ v,
                                  const unsigned short* __restrict__ dout,
                                  const float* __restrict__ lse, const float* __restrict__ delta,
-                                 const unsigned long long* __restrict__ cu_seqlens,
-                                 unsigned long long samples, unsigned long long heads,
-                                 unsigned long long kv_heads, float scale, unsigned short* ks,
-                                 unsigned short* kt_, unsigned short* vs) {
-    const unsigned long long tokens = cu_seqlens[samples];
+                                 const unsigned long long* __restrict__ cu_q,
+                                 const unsigned long long* __restrict__ cu_k,
+                                 unsigned long long samples, unsigned long long causal,
+                                 unsigned long long heads, unsigned long long kv_heads,
+                                 float scale, unsigned short* ks, unsigned short* kt_,
+                                 unsigned short* vs) {
+    const unsigned long long tokens = cu_q[samples];
     const unsigned int warps = blockDim.x / 32u;
     const unsigned long long tile_rows = 16ull * warps;
     const unsigned long long items = (tokens + tile_rows - 1) / tile_rows * heads;
@@ -288,9 +301,10 @@ __device__ void odc_flash_bwd_dq(unsigned short* __restrict__ dq,
     const int N = ODC_FLASH_BWD_TILE / 8;
     for (unsigned long long item = blockIdx.x; item < items; item += gridDim.x) {
         const unsigned long long tile = item / heads, h = item - tile * heads, kvh = h / group;
-        const OdcFlashRows rows(cu_seqlens, samples, tokens, tile * tile_rows, tile_rows, warp, g);
+        const OdcFlashRows rows(cu_q, cu_k, samples, causal, tokens, tile * tile_rows, tile_rows,
+                                warp, g);
         const unsigned long long* row = rows.row;
-        const unsigned long long* first = rows.first;
+        const unsigned long long *lo = rows.lo, *hi = rows.hi;
         const unsigned long long kfirst = rows.kfirst, klast = rows.klast;
         float row_lse[2] = {0.0f, 0.0f}, row_d[2] = {0.0f, 0.0f};
         for (int r = 0; r < 2; ++r) {
@@ -317,7 +331,7 @@ __device__ void odc_flash_bwd_dq(unsigned short* __restrict__ dq,
                 for (int i = 0; i < 4; ++i) {
                     int r = i >> 1;
                     unsigned long long key = kt + nt * 8u + 2u * t + (unsigned int)(i & 1);
-                    bool seen = row[r] < tokens && key < klast && key >= first[r] && key <= row[r];
+                    bool seen = row[r] < tokens && key >= lo[r] && key < hi[r];
                     float p = seen ? expf(s[nt][i] * scale - row_lse[r]) : 0.0f;
                     s[nt][i] = p * (dp[nt][i] - row_d[r]);  // dS
                 }
@@ -343,11 +357,13 @@ __device__ void odc_flash_bwd_dkdv(float* __restrict__ dk, float* __restrict__ d
                                    const unsigned short* __restrict__ dout,
                                    const float* __restrict__ lse,
                                    const float* __restrict__ delta,
-                                   const unsigned long long* __restrict__ cu_seqlens,
-                                   unsigned long long samples, unsigned long long heads,
-                                   unsigned long long kv_heads, float scale, unsigned short* qs,
-                                   unsigned short* qt, unsigned short* gs, unsigned short* gt) {
-    const unsigned long long tokens = cu_seqlens[samples];
+                                   const unsigned long long* __restrict__ cu_q,
+                                   const unsigned long long* __restrict__ cu_k,
+                                   unsigned long long samples, unsigned long long causal,
+                                   unsigned long long heads, unsigned long long kv_heads,
+                                   float scale, unsigned short* qs, unsigned short* qt,
+                                   unsigned short* gs, unsigned short* gt) {
+    const unsigned long long tokens = cu_k[samples];
     const unsigned int warps = blockDim.x / 32u;
     const unsigned long long tile_keys = 16ull * warps;
     const unsigned long long items = (tokens + tile_keys - 1) / tile_keys * kv_heads;
@@ -359,15 +375,17 @@ __device__ void odc_flash_bwd_dkdv(float* __restrict__ dk, float* __restrict__ d
         const unsigned long long tile = item / kv_heads, kvh = item - tile * kv_heads;
         const unsigned long long k0 = tile * tile_keys;
         const unsigned long long key[2] = {k0 + 16ull * warp + g, k0 + 16ull * warp + g + 8};
-        unsigned long long stop[2] = {0, 0}, start;
+        unsigned long long qlo[2] = {0, 0}, qhi[2] = {0, 0}, x;
         for (int r = 0; r < 2; ++r) {
-            if (key[r] < tokens) odc_sample_bounds(cu_seqlens, samples, key[r], &start, &stop[r]);
+            if (key[r] < tokens) odc_key_queries(cu_q, cu_k, samples, causal, key[r], &qlo[r], &qhi[r]);
         }
-        // The queries any key of the tile is seen by: from its first key to its last key's
-        // sample end.
+        // The queries any key of the tile is seen by: from its first key's first query to its
+        // last key's last (a key's queries never start before the previous key's, nor end before
+        // them).
         const unsigned long long kend = k0 + tile_keys < tokens ? k0 + tile_keys : tokens;
-        unsigned long long qend;
-        odc_sample_bounds(cu_seqlens, samples, kend > 0 ? kend - 1 : 0, &start, &qend);
+        unsigned long long qfirst, qend;
+        odc_key_queries(cu_q, cu_k, samples, causal, k0, &qfirst, &x);
+        odc_key_queries(cu_q, cu_k, samples, causal, kend - 1, &x, &qend);
         unsigned int ka[D / 16][4];
         odc_flash_rows_a<D>(ka, k, key, tokens, kv_heads * D, kvh * D, t);
         float dka[D / 8][4], dva[D / 8][4];
@@ -375,7 +393,7 @@ __device__ void odc_flash_bwd_dkdv(float* __restrict__ dk, float* __restrict__ d
             for (int i = 0; i < 4; ++i) dka[dt][i] = dva[dt][i] = 0.0f;
         }
         for (unsigned long long h = kvh * group; h < (kvh + 1) * group; ++h) {
-            for (unsigned long long qt0 = k0; qt0 < qend; qt0 += ODC_FLASH_BWD_TILE) {
+            for (unsigned long long qt0 = qfirst; qt0 < qend; qt0 += ODC_FLASH_BWD_TILE) {
                 __syncthreads();
                 odc_flash_stage<D, ODC_FLASH_BWD_TILE>(qs, qt, q, qt0, qend, heads * D, h * D);
                 odc_flash_stage<D, ODC_FLASH_BWD_TILE>(gs, gt, dout, qt0, qend, heads * D, h * D);
@@ -394,8 +412,7 @@ __device__ void odc_flash_bwd_dkdv(float* __restrict__ dk, float* __restrict__ d
                     for (int i = 0; i < 4; ++i) {
                         int r = i >> 1;
                         unsigned long long query = qt0 + nt * 8u + 2u * t + (unsigned int)(i & 1);
-                        bool seen = key[r] < tokens && query < qend && query >= key[r] &&
-                                    query < stop[r];
+                        bool seen = key[r] < tokens && query >= qlo[r] && query < qhi[r];
                         float e = seen ? expf(s[nt][i] * scale - lse[query * heads + h]) : 0.0f;
                         p[nt][i] = e;
                         s[nt][i] = seen ? e * (dp[nt][i] - delta[query * heads + h]) : 0.0f;
@@ -419,43 +436,45 @@ __device__ void odc_flash_bwd_dkdv(float* __restrict__ dk, float* __restrict__ d
 
 extern "C" __global__ void odc_flash_attention_bwd_dq_bf16(
     unsigned short* dq, const unsigned short* q, const unsigned short* k, const unsigned short* v,
-    const unsigned short* dout, const float* lse, const float* delta,
-    const unsigned long long* cu_seqlens, unsigned long long samples, unsigned long long heads,
-    unsigned long long kv_heads, unsigned long long dim, float scale, unsigned long long n) {
+    const unsigned short* dout, const float* lse, const float* delta, const unsigned long long* cu_q,
+    const unsigned long long* cu_k, unsigned long long samples, unsigned long long causal,
+    unsigned long long heads, unsigned long long kv_heads, unsigned long long dim, float scale,
+    unsigned long long n) {
     __shared__ unsigned short ks[ODC_FLASH_BWD_TILE * ODC_FLASH_MAX_DIM];
     __shared__ unsigned short kt[ODC_FLASH_MAX_DIM * ODC_FLASH_BWD_T];
     __shared__ unsigned short vs[ODC_FLASH_BWD_TILE * ODC_FLASH_MAX_DIM];
     (void)n;
     if (dim == 64) {
-        odc_flash_bwd_dq<64>(dq, q, k, v, dout, lse, delta, cu_seqlens, samples, heads, kv_heads,
-                             scale, ks, kt, vs);
+        odc_flash_bwd_dq<64>(dq, q, k, v, dout, lse, delta, cu_q, cu_k, samples, causal,
+                             heads, kv_heads, scale, ks, kt, vs);
     } else if (dim == 96) {
-        odc_flash_bwd_dq<96>(dq, q, k, v, dout, lse, delta, cu_seqlens, samples, heads, kv_heads,
-                             scale, ks, kt, vs);
+        odc_flash_bwd_dq<96>(dq, q, k, v, dout, lse, delta, cu_q, cu_k, samples, causal,
+                             heads, kv_heads, scale, ks, kt, vs);
     } else if (dim == 128) {
-        odc_flash_bwd_dq<128>(dq, q, k, v, dout, lse, delta, cu_seqlens, samples, heads, kv_heads,
-                              scale, ks, kt, vs);
+        odc_flash_bwd_dq<128>(dq, q, k, v, dout, lse, delta, cu_q, cu_k, samples, causal,
+                              heads, kv_heads, scale, ks, kt, vs);
     }
 }
 
 extern "C" __global__ void odc_flash_attention_bwd_dkdv_bf16(
     float* dk, float* dv, const unsigned short* q, const unsigned short* k,
     const unsigned short* v, const unsigned short* dout, const float* lse, const float* delta,
-    const unsigned long long* cu_seqlens, unsigned long long samples, unsigned long long heads,
-    unsigned long long kv_heads, unsigned long long dim, float scale, unsigned long long n) {
+    const unsigned long long* cu_q, const unsigned long long* cu_k, unsigned long long samples,
+    unsigned long long causal, unsigned long long heads, unsigned long long kv_heads,
+    unsigned long long dim, float scale, unsigned long long n) {
     __shared__ unsigned short qs[ODC_FLASH_BWD_TILE * ODC_FLASH_MAX_DIM];
     __shared__ unsigned short qt[ODC_FLASH_MAX_DIM * ODC_FLASH_BWD_T];
     __shared__ unsigned short gs[ODC_FLASH_BWD_TILE * ODC_FLASH_MAX_DIM];
     __shared__ unsigned short gt[ODC_FLASH_MAX_DIM * ODC_FLASH_BWD_T];
     (void)n;
     if (dim == 64) {
-        odc_flash_bwd_dkdv<64>(dk, dv, q, k, v, dout, lse, delta, cu_seqlens, samples, heads,
-                               kv_heads, scale, qs, qt, gs, gt);
+        odc_flash_bwd_dkdv<64>(dk, dv, q, k, v, dout, lse, delta, cu_q, cu_k, samples,
+                               causal, heads, kv_heads, scale, qs, qt, gs, gt);
     } else if (dim == 96) {
-        odc_flash_bwd_dkdv<96>(dk, dv, q, k, v, dout, lse, delta, cu_seqlens, samples, heads,
-                               kv_heads, scale, qs, qt, gs, gt);
+        odc_flash_bwd_dkdv<96>(dk, dv, q, k, v, dout, lse, delta, cu_q, cu_k, samples,
+                               causal, heads, kv_heads, scale, qs, qt, gs, gt);
     } else if (dim == 128) {
-        odc_flash_bwd_dkdv<128>(dk, dv, q, k, v, dout, lse, delta, cu_seqlens, samples, heads,
-                                kv_heads, scale, qs, qt, gs, gt);
+        odc_flash_bwd_dkdv<128>(dk, dv, q, k, v, dout, lse, delta, cu_q, cu_k, samples,
+                                causal, heads, kv_heads, scale, qs, qt, gs, gt);
     }
 }

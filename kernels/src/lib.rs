@@ -3,9 +3,10 @@
 //!
 //! - [`SOURCES`]: one [`Source`] per kernel family — RMSNorm, also fused with the residual add
 //!   before it ([`NORM`]), SwiGLU ([`SWIGLU`]), rotary embedding ([`ROTARY`]) — each forward and
-//!   backward, causal attention over packed samples with grouped-query heads ([`ATTENTION`]:
+//!   backward, attention over samples of different lengths with grouped-query heads ([`ATTENTION`]:
 //!   forward and backward, a plain first version; [`FLASH`]: FlashAttention-2's tiles on tensor
-//!   cores, forward and backward, bf16), and cross-entropy with its gradient in one
+//!   cores, forward and backward, bf16; both varlen as FlashAttention's interface is, queries and
+//!   keys of their own lengths, causal or not), and cross-entropy with its gradient in one
 //!   kernel for a chunk of the head's rows ([`LOSS`]), in fp32 and bf16, fp32 arithmetic. Every source starts with `common.cuh` (bf16 loads and stores rounded as the
 //!   host codec rounds, a warp's sum) and needs no header of a CUDA toolkit, so NVRTC alone
 //!   compiles it (no driver, no device).

@@ -253,50 +253,92 @@ pub fn rope(
     out
 }
 
-/// Causal attention over packed samples (`cu_seqlens`: token offsets, first 0, last `tokens`)
-/// with grouped-query heads: `q: [tokens, heads, dim]`, `k, v: [tokens, kv_heads, dim]`. Returns
-/// the output `[tokens, heads, dim]` and each row's log-sum-exp `[tokens, heads]` of the scaled
-/// scores over the row's sample, keys up to its own position.
+/// Which keys each query of a varlen attention sees (`common.cuh`'s rule): sample `s`'s queries
+/// are rows `cu_q[s] .. cu_q[s + 1]` and its keys rows `cu_k[s] .. cu_k[s + 1]`; a query sees its
+/// sample's keys, under `causal` only those at or before it with the sample's ends aligned (the
+/// i-th query sees the j-th key iff `j <= i + nk − nq`).
+#[derive(Debug, Clone, Copy)]
+pub struct Varlen<'a> {
+    pub cu_q: &'a [usize],
+    pub cu_k: &'a [usize],
+    pub causal: bool,
+}
+
+impl<'a> Varlen<'a> {
+    /// Causal self-attention over packed samples (`cu`: token offsets, first 0, last `tokens`).
+    pub fn packed(cu: &'a [usize]) -> Self {
+        Varlen {
+            cu_q: cu,
+            cu_k: cu,
+            causal: true,
+        }
+    }
+
+    /// Each query row with the key rows it sees, sample by sample.
+    pub fn rows(&self) -> Vec<(usize, std::ops::Range<usize>)> {
+        let mut rows = Vec::new();
+        for (q, k) in self.cu_q.windows(2).zip(self.cu_k.windows(2)) {
+            let (nq, nk) = ((q[1] - q[0]) as i64, (k[1] - k[0]) as i64);
+            for i in q[0]..q[1] {
+                let last = (i - q[0]) as i64 + nk - nq; // the last key seen, from the sample's first
+                let hi = match self.causal {
+                    true => (k[0] as i64 + last + 1).clamp(k[0] as i64, k[1] as i64) as usize,
+                    false => k[1],
+                };
+                rows.push((i, k[0]..hi));
+            }
+        }
+        rows
+    }
+}
+
+/// Attention over `varlen`'s samples with grouped-query heads: `q: [q_tokens, heads, dim]`,
+/// `k, v: [k_tokens, kv_heads, dim]`. Returns the output `[q_tokens, heads, dim]` and each row's
+/// log-sum-exp `[q_tokens, heads]` of the scaled scores over the keys it sees (−inf and a zero
+/// output for a row that sees none).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    cu_seqlens: &[usize],
+    varlen: Varlen<'_>,
     heads: usize,
     kv_heads: usize,
     dim: usize,
     scale: f64,
 ) -> (Vec<f64>, Vec<f64>) {
-    let tokens = cu_seqlens.last().copied().unwrap_or(0);
+    let tokens = varlen.cu_q.last().copied().unwrap_or(0);
     let group = heads / kv_heads;
     let (mut out, mut lse) = (vec![0.0; tokens * heads * dim], vec![0.0; tokens * heads]);
-    for sample in cu_seqlens.windows(2) {
-        for t in sample[0]..sample[1] {
-            for h in 0..heads {
-                let qrow = &q[(t * heads + h) * dim..][..dim];
-                let kvh = h / group;
-                let scores: Vec<f64> = (sample[0]..=t)
-                    .map(|j| {
-                        let krow = &k[(j * kv_heads + kvh) * dim..][..dim];
-                        scale
-                            * qrow
-                                .iter()
-                                .zip(krow)
-                                .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                                .sum::<f64>()
-                    })
-                    .collect();
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
-                lse[t * heads + h] = max + sum.ln();
-                let dst = &mut out[(t * heads + h) * dim..][..dim];
-                for (j, s) in (sample[0]..=t).zip(&scores) {
-                    let p = (s - max).exp() / sum;
-                    let vrow = &v[(j * kv_heads + kvh) * dim..][..dim];
-                    for (o, &x) in dst.iter_mut().zip(vrow) {
-                        *o += p * f64::from(x);
-                    }
+    for (t, keys) in varlen.rows() {
+        for h in 0..heads {
+            let qrow = &q[(t * heads + h) * dim..][..dim];
+            let kvh = h / group;
+            let scores: Vec<f64> = keys
+                .clone()
+                .map(|j| {
+                    let krow = &k[(j * kv_heads + kvh) * dim..][..dim];
+                    scale
+                        * qrow
+                            .iter()
+                            .zip(krow)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum::<f64>()
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            if scores.is_empty() {
+                lse[t * heads + h] = f64::NEG_INFINITY;
+                continue;
+            }
+            let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+            lse[t * heads + h] = max + sum.ln();
+            let dst = &mut out[(t * heads + h) * dim..][..dim];
+            for (j, s) in keys.clone().zip(&scores) {
+                let p = (s - max).exp() / sum;
+                let vrow = &v[(j * kv_heads + kvh) * dim..][..dim];
+                for (o, &x) in dst.iter_mut().zip(vrow) {
+                    *o += p * f64::from(x);
                 }
             }
         }
@@ -312,35 +354,33 @@ pub fn attention_backward(
     k: &[f32],
     v: &[f32],
     dout: &[f32],
-    cu_seqlens: &[usize],
+    varlen: Varlen<'_>,
     heads: usize,
     kv_heads: usize,
     dim: usize,
     scale: f64,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let (out, lse) = attention(q, k, v, cu_seqlens, heads, kv_heads, dim, scale);
+    let (out, lse) = attention(q, k, v, varlen, heads, kv_heads, dim, scale);
     let group = heads / kv_heads;
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
     let at = |x: &[f32], i: usize| f64::from(x[i]);
-    for sample in cu_seqlens.windows(2) {
-        for t in sample[0]..sample[1] {
-            for h in 0..heads {
-                let (row, kvh) = ((t * heads + h) * dim, h / group);
-                let d: f64 = (0..dim).map(|c| at(dout, row + c) * out[row + c]).sum();
-                for j in sample[0]..=t {
-                    let krow = (j * kv_heads + kvh) * dim;
-                    let s = scale
-                        * (0..dim)
-                            .map(|c| at(q, row + c) * at(k, krow + c))
-                            .sum::<f64>();
-                    let p = (s - lse[t * heads + h]).exp();
-                    let dp: f64 = (0..dim).map(|c| at(dout, row + c) * at(v, krow + c)).sum();
-                    let ds = p * (dp - d);
-                    for c in 0..dim {
-                        dq[row + c] += scale * ds * at(k, krow + c);
-                        dk[krow + c] += scale * ds * at(q, row + c);
-                        dv[krow + c] += p * at(dout, row + c);
-                    }
+    for (t, keys) in varlen.rows() {
+        for h in 0..heads {
+            let (row, kvh) = ((t * heads + h) * dim, h / group);
+            let d: f64 = (0..dim).map(|c| at(dout, row + c) * out[row + c]).sum();
+            for j in keys.clone() {
+                let krow = (j * kv_heads + kvh) * dim;
+                let s = scale
+                    * (0..dim)
+                        .map(|c| at(q, row + c) * at(k, krow + c))
+                        .sum::<f64>();
+                let p = (s - lse[t * heads + h]).exp();
+                let dp: f64 = (0..dim).map(|c| at(dout, row + c) * at(v, krow + c)).sum();
+                let ds = p * (dp - d);
+                for c in 0..dim {
+                    dq[row + c] += scale * ds * at(k, krow + c);
+                    dk[krow + c] += scale * ds * at(q, row + c);
+                    dv[krow + c] += p * at(dout, row + c);
                 }
             }
         }
@@ -505,7 +545,16 @@ mod tests {
             }
             let last = (n - 1) * heads * dim;
             tq[last..].copy_from_slice(&q[row * heads * dim..(row + 1) * heads * dim]);
-            let (want, _) = attention(&tq, &tk, &tv, &[0, n], heads, kv_heads, dim, 0.6);
+            let (want, _) = attention(
+                &tq,
+                &tk,
+                &tv,
+                Varlen::packed(&[0, n]),
+                heads,
+                kv_heads,
+                dim,
+                0.6,
+            );
             for (a, b) in got[row * heads * dim..(row + 1) * heads * dim]
                 .iter()
                 .zip(&want[last..])
@@ -521,7 +570,7 @@ mod tests {
         let q = values(3 * 2 * 2, 8);
         let k = values(3 * 2, 9);
         let v = values(3 * 2, 10);
-        let (out, lse) = attention(&q, &k, &v, &[0, 1, 3], 2, 1, 2, 0.5);
+        let (out, lse) = attention(&q, &k, &v, Varlen::packed(&[0, 1, 3]), 2, 1, 2, 0.5);
         // Token 0 and token 1 each see one key (their sample's first): the output is its value,
         // the log-sum-exp its one score.
         for (t, key) in [(0usize, 0usize), (1, 1)] {
@@ -537,16 +586,106 @@ mod tests {
         }
     }
 
+    /// Ring attention's two cases and the end alignment: the last 4 queries of a 7-token sample
+    /// against all its keys (causal, nk > nq) are the whole sample's rows 3..7; and so is the
+    /// merge (log-sum-exp rule) of those queries against their own chunk (causal, nk = nq) and
+    /// against the earlier chunk (not causal).
+    #[test]
+    fn a_suffix_of_queries_and_merged_chunks_equal_the_whole_sample() {
+        let (heads, kv_heads, dim, scale) = (2, 1, 3, 0.7);
+        let (q, k, v) = (values(7 * 2 * 3, 21), values(7 * 3, 22), values(7 * 3, 23));
+        let (whole, whole_lse) = attention(
+            &q,
+            &k,
+            &v,
+            Varlen::packed(&[0, 7]),
+            heads,
+            kv_heads,
+            dim,
+            scale,
+        );
+        let (q_late, k_early, v_early) = (&q[3 * 6..], &k[..3 * 3], &v[..3 * 3]);
+        let close = |got: &[f64], want: &[f64]| {
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+            }
+        };
+        let suffix = Varlen {
+            cu_q: &[0, 4],
+            cu_k: &[0, 7],
+            causal: true,
+        };
+        let (out, lse) = attention(q_late, &k, &v, suffix, heads, kv_heads, dim, scale);
+        close(&out, &whole[3 * 6..]);
+        close(&lse, &whole_lse[3 * 2..]);
+        let (diag, diag_lse) = attention(
+            q_late,
+            &k[3 * 3..],
+            &v[3 * 3..],
+            Varlen::packed(&[0, 4]),
+            heads,
+            kv_heads,
+            dim,
+            scale,
+        );
+        let earlier = Varlen {
+            cu_q: &[0, 4],
+            cu_k: &[0, 3],
+            causal: false,
+        };
+        let (full, full_lse) = attention(
+            q_late, k_early, v_early, earlier, heads, kv_heads, dim, scale,
+        );
+        let lse: Vec<f64> = diag_lse
+            .iter()
+            .zip(&full_lse)
+            .map(|(a, b)| a.max(*b) + ((a - a.max(*b)).exp() + (b - a.max(*b)).exp()).ln())
+            .collect();
+        let out: Vec<f64> = (0..diag.len())
+            .map(|i| {
+                let row = i / dim;
+                (diag_lse[row] - lse[row]).exp() * diag[i]
+                    + (full_lse[row] - lse[row]).exp() * full[i]
+            })
+            .collect();
+        close(&out, &whole[3 * 6..]);
+        close(&lse, &whole_lse[3 * 2..]);
+        // A query before its keys' end alignment sees none: 4 queries against 2 keys, causal.
+        let short = Varlen {
+            cu_q: &[0, 4],
+            cu_k: &[0, 2],
+            causal: true,
+        };
+        let (out, lse) = attention(q_late, k_early, v_early, short, heads, kv_heads, dim, scale);
+        assert!(
+            lse[..2 * 2].iter().all(|l| *l == f64::NEG_INFINITY),
+            "{lse:?}"
+        );
+        assert!(out[..2 * 2 * dim].iter().all(|o| *o == 0.0));
+        assert!(lse[2 * 2..].iter().all(|l| l.is_finite()));
+    }
+
     #[test]
     fn the_attention_backward_matches_central_differences() {
         let (cu, heads, kv_heads, dim, scale) = ([0usize, 2, 5], 2, 1, 3, 0.7);
         let (q, k, v) = (values(5 * 2 * 3, 11), values(5 * 3, 12), values(5 * 3, 13));
         let g = values(5 * 2 * 3, 14);
         let loss = |q: &[f32], k: &[f32], v: &[f32]| -> f64 {
-            let (out, _) = attention(q, k, v, &cu, heads, kv_heads, dim, scale);
+            let (out, _) = attention(q, k, v, Varlen::packed(&cu), heads, kv_heads, dim, scale);
             out.iter().zip(&g).map(|(o, &gv)| o * f64::from(gv)).sum()
         };
-        let (dq, dk, dv) = attention_backward(&q, &k, &v, &g, &cu, heads, kv_heads, dim, scale);
+        let (dq, dk, dv) = attention_backward(
+            &q,
+            &k,
+            &v,
+            &g,
+            Varlen::packed(&cu),
+            heads,
+            kv_heads,
+            dim,
+            scale,
+        );
         check(|q| loss(q, &k, &v), &q, &dq);
         check(|k| loss(&q, k, &v), &k, &dk);
         check(|v| loss(&q, &k, v), &v, &dv);

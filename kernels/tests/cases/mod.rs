@@ -339,11 +339,15 @@ pub fn rotary_forward_and_backward_match_the_reference<B: Backend>(device: &B, m
 }
 
 pub fn attention_forward_and_backward_match_the_reference<B: Backend>(device: &B, mut rng: StdRng) {
-    // Packings with lengths that are no multiple of anything, GQA ratios, every head_dim.
-    let cases: [(&[usize], usize, usize, usize); 3] = [
-        (&[1, 37, 130, 7], 14, 2, 64),
-        (&[200, 3], 9, 3, 96),
-        (&[0, 64, 65], 8, 2, 128),
+    // Packings with lengths that are no multiple of anything, GQA ratios, every head_dim; then
+    // queries and keys of their own lengths: causal with more keys than queries and fewer (its
+    // first queries see none), and not causal with a sample that has no keys.
+    let cases = [
+        Shape::packed(&[1, 37, 130, 7], 14, 2, 64),
+        Shape::packed(&[200, 3], 9, 3, 96),
+        Shape::packed(&[0, 64, 65], 8, 2, 128),
+        Shape::cross(&[4, 37, 50], &[9, 20, 70], true, 6, 2, 64),
+        Shape::cross(&[33, 5], &[40, 0], false, 4, 4, 96),
     ];
     for dtype in [Dtype::F32, Dtype::Bf16] {
         for case in cases {
@@ -653,16 +657,21 @@ pub fn decoding_attention_matches_the_reference<B: Backend>(device: &B, mut rng:
 /// FlashAttention-2's tiled forward and backward (bf16): tiles of 128 query rows or keys (8
 /// warps) against 64 keys (forward) or 32 (backward), so these packings put sample boundaries
 /// inside tiles, rows of a tile past the last token, and samples longer than a tile; every head
-/// width it takes, GQA ratios.
+/// width it takes, GQA ratios; and queries and keys of their own lengths, as ring attention
+/// takes them (a chunk against itself, causal; against an earlier chunk, not causal), and with
+/// the ends aligned (causal, more keys than queries and fewer).
 pub fn flash_attention_forward_and_backward_match_the_reference<B: Backend>(
     device: &B,
     mut rng: StdRng,
 ) {
-    let cases: [(&[usize], usize, usize, usize); 4] = [
-        (&[1, 37, 130, 7], 14, 2, 64),
-        (&[200, 3], 9, 3, 96),
-        (&[0, 64, 65], 8, 2, 128),
-        (&[300, 1, 90], 4, 1, 64),
+    let cases = [
+        Shape::packed(&[1, 37, 130, 7], 14, 2, 64),
+        Shape::packed(&[200, 3], 9, 3, 96),
+        Shape::packed(&[0, 64, 65], 8, 2, 128),
+        Shape::packed(&[300, 1, 90], 4, 1, 64),
+        Shape::cross(&[130], &[70], false, 4, 2, 64),
+        Shape::cross(&[100, 29], &[300, 9], false, 2, 1, 128),
+        Shape::cross(&[150, 40], &[100, 200], true, 4, 2, 96),
     ];
     for case in cases {
         check_attention(device, &mut rng, Kernels::Flash, Dtype::Bf16, case);
@@ -677,62 +686,123 @@ enum Kernels {
     Flash,
 }
 
-/// The forward on random inputs packed as `lengths`, then the backward from the kernel's own
+/// An attention check's samples: each one's queries and keys, causal or not, and the heads.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    queries: &'static [usize],
+    keys: &'static [usize],
+    causal: bool,
+    heads: usize,
+    kv_heads: usize,
+    dim: usize,
+}
+
+impl Shape {
+    /// Causal self-attention over samples packed as `lengths`.
+    fn packed(lengths: &'static [usize], heads: usize, kv_heads: usize, dim: usize) -> Self {
+        Shape::cross(lengths, lengths, true, heads, kv_heads, dim)
+    }
+
+    fn cross(
+        queries: &'static [usize],
+        keys: &'static [usize],
+        causal: bool,
+        heads: usize,
+        kv_heads: usize,
+        dim: usize,
+    ) -> Self {
+        Shape {
+            queries,
+            keys,
+            causal,
+            heads,
+            kv_heads,
+            dim,
+        }
+    }
+}
+
+/// Offsets `[0, l0, l0 + l1, ..]` of samples of `lengths`.
+fn offsets(lengths: &[usize]) -> Vec<usize> {
+    let mut cu = vec![0usize];
+    for len in lengths {
+        cu.push(cu.last().copied().unwrap_or(0) + len);
+    }
+    cu
+}
+
+/// The forward on random inputs laid out as `shape`, then the backward from the kernel's own
 /// output and log-sum-exp (as a model runs it), against the reference; every output poisoned
-/// first.
+/// first. A query that sees no key must get a log-sum-exp of −inf (and zeros).
 fn check_attention<B: Backend>(
     device: &B,
     rng: &mut StdRng,
     kernels: Kernels,
     dtype: Dtype,
-    (lengths, heads, kv_heads, dim): (&[usize], usize, usize, usize),
+    shape: Shape,
 ) {
+    let Shape {
+        heads,
+        kv_heads,
+        dim,
+        ..
+    } = shape;
     // The plain source always (its `prep`); flash's only where it runs (it needs sm_80).
     let attention = device.module(ATTENTION);
     let flash;
-    let mut cu = vec![0usize];
-    for len in lengths {
-        cu.push(cu.last().copied().unwrap_or(0) + len);
-    }
-    let tokens = *cu.last().unwrap_or(&0);
+    let (cu_q, cu_k) = (offsets(shape.queries), offsets(shape.keys));
+    let varlen = reference::Varlen {
+        cu_q: &cu_q,
+        cu_k: &cu_k,
+        causal: shape.causal,
+    };
+    let tokens = *cu_q.last().unwrap_or(&0);
+    let key_tokens = *cu_k.last().unwrap_or(&0);
     let q = as_dtype(dtype, &random(rng, tokens * heads * dim, 1.0));
-    let k = as_dtype(dtype, &random(rng, tokens * kv_heads * dim, 1.0));
-    let v = as_dtype(dtype, &random(rng, tokens * kv_heads * dim, 1.0));
+    let k = as_dtype(dtype, &random(rng, key_tokens * kv_heads * dim, 1.0));
+    let v = as_dtype(dtype, &random(rng, key_tokens * kv_heads * dim, 1.0));
     let dout = as_dtype(dtype, &random(rng, tokens * heads * dim, 1.0));
     let scale = 1.0 / (dim as f32).sqrt();
-    let cu64: Vec<u8> = cu.iter().flat_map(|&c| (c as u64).to_le_bytes()).collect();
-    let (qb, kb, vb, gb, cb) = (
+    let bytes =
+        |cu: &[usize]| -> Vec<u8> { cu.iter().flat_map(|&c| (c as u64).to_le_bytes()).collect() };
+    let (qb, kb, vb, gb, cqb, ckb) = (
         device.upload(dtype, &q),
         device.upload(dtype, &k),
         device.upload(dtype, &v),
         device.upload(dtype, &dout),
-        device.upload_bytes(&cu64),
+        device.upload_bytes(&bytes(&cu_q)),
+        device.upload_bytes(&bytes(&cu_k)),
     );
     let out = device.poisoned(dtype, tokens * heads * dim);
     let lse = device.poisoned(Dtype::F32, tokens * heads);
     let delta = device.poisoned(Dtype::F32, tokens * heads);
     let dq = device.poisoned(dtype, tokens * heads * dim);
-    let dk = device.poisoned(Dtype::F32, tokens * kv_heads * dim);
-    let dv = device.poisoned(Dtype::F32, tokens * kv_heads * dim);
+    let dk = device.poisoned(Dtype::F32, key_tokens * kv_heads * dim);
+    let dv = device.poisoned(Dtype::F32, key_tokens * kv_heads * dim);
     // Work items: a warp per row (plain), a block of 256 threads per 128 rows (flash).
     let rows = tokens * heads * 32;
     let (module, prefix, queries, keys) = match kernels {
-        Kernels::Plain => (&attention, "odc_attention", rows, tokens * kv_heads * 32),
+        Kernels::Plain => (
+            &attention,
+            "odc_attention",
+            rows,
+            key_tokens * kv_heads * 32,
+        ),
         Kernels::Flash => {
             flash = device.module(FLASH);
             (
                 &flash,
                 "odc_flash_attention",
                 tokens.div_ceil(128) * heads * 256,
-                tokens.div_ceil(128) * kv_heads * 256,
+                key_tokens.div_ceil(128) * kv_heads * 256,
             )
         }
     };
     let sfx = suffix(dtype);
     // SAFETY: every kernel's parameters as attention.cu and flash.cu declare them; q, out, dout
-    // and dq hold tokens × heads × dim elements of the dtype, k and v tokens × kv_heads × dim,
-    // dk and dv tokens × kv_heads × dim fp32, lse and delta tokens × heads fp32, cu_seqlens
-    // samples + 1; each launch's `n` as its source's comment says.
+    // and dq hold tokens × heads × dim elements of the dtype, k and v key_tokens × kv_heads ×
+    // dim, dk and dv key_tokens × kv_heads × dim fp32, lse and delta tokens × heads fp32, cu_q
+    // and cu_k samples + 1; each launch's `n` as its source's comment says.
     unsafe {
         let args = [
             Arg::buffer(&out),
@@ -740,8 +810,10 @@ fn check_attention<B: Backend>(
             Arg::buffer(&qb),
             Arg::buffer(&kb),
             Arg::buffer(&vb),
-            Arg::buffer(&cb),
-            Arg::u64(lengths.len() as u64),
+            Arg::buffer(&cqb),
+            Arg::buffer(&ckb),
+            Arg::u64(shape.queries.len() as u64),
+            Arg::u64(u64::from(shape.causal)),
             Arg::u64(heads as u64),
             Arg::u64(kv_heads as u64),
             Arg::u64(dim as u64),
@@ -769,8 +841,10 @@ fn check_attention<B: Backend>(
             Arg::buffer(&gb),
             Arg::buffer(&lse),
             Arg::buffer(&delta),
-            Arg::buffer(&cb),
-            Arg::u64(lengths.len() as u64),
+            Arg::buffer(&cqb),
+            Arg::buffer(&ckb),
+            Arg::u64(shape.queries.len() as u64),
+            Arg::u64(u64::from(shape.causal)),
             Arg::u64(heads as u64),
             Arg::u64(kv_heads as u64),
             Arg::u64(dim as u64),
@@ -789,27 +863,37 @@ fn check_attention<B: Backend>(
             .launch(module, &format!("{prefix}_bwd_dkdv_{sfx}"), keys, &args)
             .expect("attention backward: dk, dv");
     }
-    let (want, want_lse) =
-        reference::attention(&q, &k, &v, &cu, heads, kv_heads, dim, f64::from(scale));
+    let (want, mut want_lse) =
+        reference::attention(&q, &k, &v, varlen, heads, kv_heads, dim, f64::from(scale));
     let (want_dq, want_dk, want_dv) = reference::attention_backward(
         &q,
         &k,
         &v,
         &dout,
-        &cu,
+        varlen,
         heads,
         kv_heads,
         dim,
         f64::from(scale),
     );
+    let what = format!("attention ({kernels:?}) {dtype:?} {shape:?}");
+    // Rows that see no key: −inf on both sides (a NaN, unwritten, fails), then left out.
+    let mut got_lse = device.download(Dtype::F32, &lse);
+    for (i, (got, want)) in got_lse.iter_mut().zip(&mut want_lse).enumerate() {
+        if *want == f64::NEG_INFINITY {
+            assert!(
+                *got == f32::NEG_INFINITY,
+                "{what}: lse {i} is {got}, not −inf"
+            );
+            (*got, *want) = (0.0, 0.0);
+        }
+    }
     assert_close(
-        &format!(
-            "attention ({kernels:?}) {dtype:?} {lengths:?} heads {heads}/{kv_heads} dim {dim}"
-        ),
+        &what,
         dtype,
         &[
             ("out", device.download(dtype, &out), want),
-            ("lse", device.download(Dtype::F32, &lse), want_lse),
+            ("lse", got_lse, want_lse),
             ("dq", device.download(dtype, &dq), want_dq),
             ("dk", device.download(Dtype::F32, &dk), want_dk),
             ("dv", device.download(Dtype::F32, &dv), want_dv),

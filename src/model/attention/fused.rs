@@ -17,8 +17,9 @@
 
 use candle_core::{CustomOp3, Tensor};
 
-use super::super::ops::fused::{self, MAX_ATTENTION_HEAD_DIM};
+use super::super::ops::fused::{self, Varlen, MAX_ATTENTION_HEAD_DIM};
 use super::super::ops::precomputed::{precomputed_forwards, Precomputed};
+use super::blocked::Partial;
 use crate::model::error::Result;
 
 /// Whether the fused kernel takes `q` (CUDA, fp32 or bf16, enabled, a head it holds).
@@ -46,7 +47,7 @@ pub fn packed_attend(
         token_major(k)?,
         token_major(&v.to_dtype(k.dtype())?)?,
     );
-    let (out, lse) = fused::attention(&qt, &kt, &vt, &cu, scale)?;
+    let (out, lse) = fused::attention(&qt, &kt, &vt, Varlen::packed(&cu), scale)?;
     let op = FusedAttention {
         cu,
         scale,
@@ -105,7 +106,7 @@ impl CustomOp3 for FusedAttention {
             &self.out_tokens,
             &dout,
             &self.lse,
-            &self.cu,
+            Varlen::packed(&self.cu),
             self.scale,
         )?;
         Ok((
@@ -114,4 +115,114 @@ impl CustomOp3 for FusedAttention {
             Some(head_major(&dv)?.to_dtype(v.dtype())?),
         ))
     }
+}
+
+/// Whether the kernel takes ring attention's pair of `n` queries at positions `q_pos..` and `m`
+/// keys at `k_pos..` of one sample, and causally or not: the same range (causal) or an earlier
+/// one, wholly seen (not causal). Other overlaps take the blocked path.
+fn pair(q_pos: usize, n: usize, k_pos: usize, m: usize) -> Option<bool> {
+    match (q_pos == k_pos && n == m, k_pos + m <= q_pos) {
+        (true, _) => Some(true),
+        (false, true) => Some(false),
+        _ => None,
+    }
+}
+
+/// Ring attention's partial ([`super::blocked::attend_partial`]'s arguments and result: queries
+/// `q: [H, n, hd]` at `q_pos..` against `k, v: [KV, m, hd]` at `k_pos..`; fp32 output and
+/// log-sum-exp) by the kernel, where it takes the pair ([`takes`], [`pair`]); `None` otherwise.
+pub fn partial(
+    q: &Tensor,
+    q_pos: usize,
+    k: &Tensor,
+    v: &Tensor,
+    k_pos: usize,
+) -> Result<Option<Partial>> {
+    let ((heads, n, hd), m) = (q.dims3()?, k.dim(1)?);
+    let Some(causal) = pair(q_pos, n, k_pos, m).filter(|_| takes(q)) else {
+        return Ok(None);
+    };
+    let (cu_q, cu_k) = offsets(n, m, q.device())?;
+    let varlen = Varlen {
+        cu_q: &cu_q,
+        cu_k: &cu_k,
+        causal,
+    };
+    let (qt, kt, vt) = (
+        tokens(q)?,
+        tokens(&k.to_dtype(q.dtype())?)?,
+        tokens(&v.to_dtype(q.dtype())?)?,
+    );
+    let (out, lse) = fused::attention(&qt, &kt, &vt, varlen, 1.0 / (hd as f32).sqrt())?;
+    debug_assert_eq!(lse.dims(), &[n, heads]);
+    Ok(Some(Partial {
+        out: heads_first(&out)?.to_dtype(candle_core::DType::F32)?,
+        lse: lse.t()?.contiguous()?,
+    }))
+}
+
+/// [`super::blocked::attend_partial_backward`] by the kernel where [`partial`] takes the pair:
+/// fp32 `(dq [H, n, hd], dk [KV, m, hd], dv [KV, m, hd])`, this pair's share given the merged
+/// rows' `lse` and `dd` (fp32 `[H, n]`); `None` otherwise.
+#[allow(clippy::too_many_arguments)]
+pub fn partial_backward(
+    q: &Tensor,
+    q_pos: usize,
+    k: &Tensor,
+    v: &Tensor,
+    k_pos: usize,
+    d_o: &Tensor,
+    lse: &Tensor,
+    dd: &Tensor,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    let ((_, n, hd), m) = (q.dims3()?, k.dim(1)?);
+    let Some(causal) = pair(q_pos, n, k_pos, m).filter(|_| takes(q)) else {
+        return Ok(None);
+    };
+    let (cu_q, cu_k) = offsets(n, m, q.device())?;
+    let varlen = Varlen {
+        cu_q: &cu_q,
+        cu_k: &cu_k,
+        causal,
+    };
+    let dtype = q.dtype();
+    let (dq, dk, dv) = fused::attention_backward_from(
+        &tokens(q)?,
+        &tokens(&k.to_dtype(dtype)?)?,
+        &tokens(&v.to_dtype(dtype)?)?,
+        &tokens(&d_o.to_dtype(dtype)?)?,
+        &lse.t()?.contiguous()?,
+        &dd.t()?.contiguous()?,
+        varlen,
+        1.0 / (hd as f32).sqrt(),
+    )?;
+    let f32 = candle_core::DType::F32;
+    Ok(Some((
+        heads_first(&dq)?.to_dtype(f32)?,
+        heads_first(&dk)?,
+        heads_first(&dv)?,
+    )))
+}
+
+/// Whether the kernels take queries `q: [H, n, hd]` (as [`applies`] for `[1, H, n, hd]`).
+fn takes(q: &Tensor) -> bool {
+    fused::applies(q) && q.dim(2).is_ok_and(|hd| hd <= MAX_ATTENTION_HEAD_DIM)
+}
+
+/// One sample's offsets `[0, n]` and `[0, m]` (i64).
+fn offsets(n: usize, m: usize, device: &candle_core::Device) -> Result<(Tensor, Tensor)> {
+    Ok((
+        Tensor::from_vec(vec![0i64, n as i64], 2, device)?,
+        Tensor::from_vec(vec![0i64, m as i64], 2, device)?,
+    ))
+}
+
+/// `[H, n, hd]` → contiguous `[n, H, hd]`.
+fn tokens(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.transpose(0, 1)?.contiguous()
+}
+
+/// `[n, H, hd]` → contiguous `[H, n, hd]`.
+fn heads_first(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.transpose(0, 1)?.contiguous()
 }

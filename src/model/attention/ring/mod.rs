@@ -10,7 +10,9 @@
 //! rule ([`super::blocked::merge`]: output and per-row log-sum-exp). The backward passes each block
 //! around once more with its dK/dV accumulators, each member adding its queries' share
 //! ([`super::blocked::attend_partial_backward`]); after `k` hops the block is home with its whole
-//! gradient.
+//! gradient. Where the fused kernels run ([`super::fused`]) each pair of chunks is one kernel
+//! launch (a chunk against itself causally, against an earlier chunk wholly: the varlen kernels'
+//! two cases), forward and backward, with the same merge rule.
 //!
 //! Guarantees (tested in `tests`, each named after it):
 //! 1. **Split equals unsplit**: the members' outputs and the gradients of their q, k and v, put
@@ -29,6 +31,7 @@ use std::sync::Arc;
 use candle_core::{CustomOp3, DType, Tensor, D};
 
 use super::blocked::{attend_partial, merge, partial_backward, Partial};
+use super::fused;
 use crate::model::config::Blocks;
 use crate::model::error::{Error, Result};
 use crate::model::gang::{GangLayout, GangLink, Pass, Tag};
@@ -182,14 +185,12 @@ impl Ring {
                 self.local_chunks(&held.v, held.owner)?,
             );
             for (qi, ki) in self.visible(held.owner) {
-                let p = attend_partial(
-                    &qc[qi],
-                    mine[qi].start,
-                    &kc[ki],
-                    &vc[ki],
-                    theirs[ki].start,
-                    self.blocks,
-                )?;
+                let (q, q_pos) = (&qc[qi], mine[qi].start);
+                let (k, v, k_pos) = (&kc[ki], &vc[ki], theirs[ki].start);
+                let p = match fused::partial(q, q_pos, k, v, k_pos)? {
+                    Some(p) => p,
+                    None => attend_partial(q, q_pos, k, v, k_pos, self.blocks)?,
+                };
                 acc[qi] = Some(match acc[qi].take() {
                     None => p,
                     Some(a) => merge(&a, &p)?,
@@ -260,17 +261,14 @@ impl Ring {
             let mut dkc: [Option<Tensor>; 2] = [None, None];
             let mut dvc: [Option<Tensor>; 2] = [None, None];
             for (qi, ki) in self.visible(held.owner) {
-                let (dq_p, dk_p, dv_p) = partial_backward(
-                    &qc[qi],
-                    mine[qi].start,
-                    &kc[ki],
-                    &vc[ki],
-                    theirs[ki].start,
-                    &doc[qi],
-                    &lsec[qi],
-                    &ddc[qi],
-                    self.blocks,
-                )?;
+                let (q, q_pos) = (&qc[qi], mine[qi].start);
+                let (k, v, k_pos) = (&kc[ki], &vc[ki], theirs[ki].start);
+                let (d_o, lse, dd) = (&doc[qi], &lsec[qi], &ddc[qi]);
+                let (dq_p, dk_p, dv_p) =
+                    match fused::partial_backward(q, q_pos, k, v, k_pos, d_o, lse, dd)? {
+                        Some(grads) => grads,
+                        None => partial_backward(q, q_pos, k, v, k_pos, d_o, lse, dd, self.blocks)?,
+                    };
                 for (acc, d) in [
                     (&mut dq[qi], dq_p),
                     (&mut dkc[ki], dk_p),

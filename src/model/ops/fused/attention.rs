@@ -22,27 +22,54 @@ fn flash_threads(tokens: usize, heads: usize) -> usize {
     tokens.div_ceil(128) * heads * 256
 }
 
-/// Causal attention over packed samples with grouped-query heads: token-major `q: [T, H, hd]`,
-/// `k, v: [T, KV, hd]` in one dtype, `cu_seqlens` i64 `[samples + 1]` (0, each sample's end);
-/// `(out [T, H, hd]` in `q`'s dtype, `lse [T, H]` fp32), scores scaled by `scale`. In bf16 with
-/// head widths 64, 96 or 128 FlashAttention-2's tiled forward on tensor cores (`flash.cu`), else
-/// the plain kernel; the backward takes either's output.
+/// Which keys each query sees: sample `s`'s queries are rows `cu_q[s] .. cu_q[s + 1]`, its keys
+/// rows `cu_k[s] .. cu_k[s + 1]` (both i64 `[samples + 1]`, from 0; the same tensor for packed
+/// self-attention); under `causal` a query sees only the keys at or before it, the sample's ends
+/// aligned (`kernels/src/common.cuh`). A sequence's chunk of queries against the same chunk of
+/// keys is causal, against an earlier chunk not: ring attention's two cases.
+#[derive(Debug, Clone, Copy)]
+pub struct Varlen<'a> {
+    pub cu_q: &'a Tensor,
+    pub cu_k: &'a Tensor,
+    pub causal: bool,
+}
+
+impl<'a> Varlen<'a> {
+    /// Causal self-attention over samples packed at offsets `cu`.
+    pub fn packed(cu: &'a Tensor) -> Self {
+        Varlen {
+            cu_q: cu,
+            cu_k: cu,
+            causal: true,
+        }
+    }
+
+    fn samples(&self) -> usize {
+        self.cu_q.elem_count().saturating_sub(1)
+    }
+}
+
+/// Attention over `varlen`'s samples with grouped-query heads: token-major `q: [Tq, H, hd]`,
+/// `k, v: [Tk, KV, hd]` in one dtype; `(out [Tq, H, hd]` in `q`'s dtype, `lse [Tq, H]` fp32: −inf,
+/// and zeros out, for a query that sees no key), scores scaled by `scale`. In bf16 with head
+/// widths 64, 96 or 128 FlashAttention-2's tiled forward on tensor cores (`flash.cu`), else the
+/// plain kernel; the backward takes either's output.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    cu_seqlens: &Tensor,
+    varlen: Varlen<'_>,
     scale: f32,
 ) -> Result<(Tensor, Tensor)> {
     let kn = Kernels::of(q)?;
     let (tokens, heads, dim) = q.dims3()?;
     let kv_heads = k.dim(1)?;
-    let samples = cu_seqlens.elem_count().saturating_sub(1);
-    let (qb, kb, vb, cu) = (
+    let (qb, kb, vb, cu_q, cu_k) = (
         kn.input(q)?,
         kn.input(&k.to_dtype(q.dtype())?)?,
         kn.input(&v.to_dtype(q.dtype())?)?,
-        kn.input(cu_seqlens)?,
+        kn.input(varlen.cu_q)?,
+        kn.input(varlen.cu_k)?,
     );
     let out = kn.output(q.dtype(), &[tokens, heads, dim])?;
     let lse = kn.output(DType::F32, &[tokens, heads])?;
@@ -57,8 +84,10 @@ pub fn attention(
         Arg::B(&qb),
         Arg::B(&kb),
         Arg::B(&vb),
-        Arg::B(&cu),
-        Arg::U(samples as u64),
+        Arg::B(&cu_q),
+        Arg::B(&cu_k),
+        Arg::U(varlen.samples() as u64),
+        Arg::U(u64::from(varlen.causal)),
         Arg::U(heads as u64),
         Arg::U(kv_heads as u64),
         Arg::U(dim as u64),
@@ -88,22 +117,16 @@ pub fn attention_backward(
     out: &Tensor,
     dout: &Tensor,
     lse: &Tensor,
-    cu_seqlens: &Tensor,
+    varlen: Varlen<'_>,
     scale: f32,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let kn = Kernels::of(q)?;
     let (tokens, heads, dim) = q.dims3()?;
-    let kv_heads = k.dim(1)?;
     let dtype = q.dtype();
-    let samples = cu_seqlens.elem_count().saturating_sub(1);
-    let (qb, kb, vb, ob, db) = (
-        kn.input(q)?,
-        kn.input(&k.to_dtype(dtype)?)?,
-        kn.input(&v.to_dtype(dtype)?)?,
+    let (ob, db) = (
         kn.input(&out.to_dtype(dtype)?)?,
         kn.input(&dout.to_dtype(dtype)?)?,
     );
-    let (lb, cu) = (kn.input(lse)?, kn.input(cu_seqlens)?);
     let delta = kn.output(DType::F32, &[tokens, heads])?;
     let rows = tokens * heads * 32;
     let prep = [
@@ -115,6 +138,40 @@ pub fn attention_backward(
     ];
     let function = format!("odc_attention_bwd_prep_{}", suffix(dtype));
     kn.launch(&ATTENTION, &function, rows, &prep)?;
+    let delta = kn.tensor(delta)?;
+    attention_backward_from(q, k, v, dout, lse, &delta, varlen, scale)
+}
+
+/// [`attention_backward`] given each row's `delta = dout · out` (fp32 `[Tq, H]`) instead of the
+/// output. For one part of a split attention (ring attention) `lse` and `delta` are the whole
+/// attention's (merged) rows: the gradients are then this part's share.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_from(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    dout: &Tensor,
+    lse: &Tensor,
+    delta: &Tensor,
+    varlen: Varlen<'_>,
+    scale: f32,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let kn = Kernels::of(q)?;
+    let (tokens, heads, dim) = q.dims3()?;
+    let (key_tokens, kv_heads, _) = k.dims3()?;
+    let dtype = q.dtype();
+    let (qb, kb, vb, db) = (
+        kn.input(q)?,
+        kn.input(&k.to_dtype(dtype)?)?,
+        kn.input(&v.to_dtype(dtype)?)?,
+        kn.input(&dout.to_dtype(dtype)?)?,
+    );
+    let (lb, eb, cu_q, cu_k) = (
+        kn.input(&lse.to_dtype(DType::F32)?)?,
+        kn.input(&delta.to_dtype(DType::F32)?)?,
+        kn.input(varlen.cu_q)?,
+        kn.input(varlen.cu_k)?,
+    );
     // The arguments both passes share after their outputs.
     let shared = [
         Arg::B(&qb),
@@ -122,9 +179,11 @@ pub fn attention_backward(
         Arg::B(&vb),
         Arg::B(&db),
         Arg::B(&lb),
-        Arg::B(&delta),
-        Arg::B(&cu),
-        Arg::U(samples as u64),
+        Arg::B(&eb),
+        Arg::B(&cu_q),
+        Arg::B(&cu_k),
+        Arg::U(varlen.samples() as u64),
+        Arg::U(u64::from(varlen.causal)),
         Arg::U(heads as u64),
         Arg::U(kv_heads as u64),
         Arg::U(dim as u64),
@@ -136,13 +195,13 @@ pub fn attention_backward(
             &FLASH,
             "odc_flash_attention_bwd",
             flash_threads(tokens, heads),
-            flash_threads(tokens, kv_heads),
+            flash_threads(key_tokens, kv_heads),
         ),
         false => (
             &ATTENTION,
             "odc_attention_bwd",
-            rows,
-            tokens * kv_heads * 32,
+            tokens * heads * 32,
+            key_tokens * kv_heads * 32,
         ),
     };
     let dq = kn.output(dtype, &[tokens, heads, dim])?;
@@ -151,8 +210,8 @@ pub fn attention_backward(
     args.push(Arg::U(queries as u64));
     let function = format!("{prefix}_dq_{}", suffix(dtype));
     kn.launch(source, &function, queries, &args)?;
-    let dk = kn.output(DType::F32, &[tokens, kv_heads, dim])?;
-    let dv = kn.output(DType::F32, &[tokens, kv_heads, dim])?;
+    let dk = kn.output(DType::F32, &[key_tokens, kv_heads, dim])?;
+    let dv = kn.output(DType::F32, &[key_tokens, kv_heads, dim])?;
     let mut args = vec![Arg::B(&dk), Arg::B(&dv)];
     args.extend_from_slice(&shared);
     args.push(Arg::U(keys as u64));

@@ -33,7 +33,10 @@ mod cuda;
 mod emulated;
 mod launch;
 
-pub use attention::{attention, attention_backward, decode_attention, MAX_ATTENTION_HEAD_DIM};
+pub use attention::{
+    attention, attention_backward, attention_backward_from, decode_attention, Varlen,
+    MAX_ATTENTION_HEAD_DIM,
+};
 #[cfg(feature = "emulate")]
 pub use emulated::emulate_on_cpu;
 use launch::{Arg, Kernels};
