@@ -9,7 +9,7 @@
 //! 3. the cache holds the columns used (capacity doubled as they grow, never `max_seq_len` up
 //!    front), and a row's positions never pass `max_seq_len`.
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::Weights;
 use crate::model::attention::attend;
@@ -220,16 +220,22 @@ fn feed(
         _ => mask.repeat((1, 1, groups, 1))?,
     };
 
-    // One new token per row with the fused kernels: decoding's kernel reads the cache's
-    // buffers in place on CUDA (each row's padding as i64 offsets), where the mask path copies
-    // the filled prefix of every layer's keys and values.
-    let fused_pads =
-        if n == 1 && fused::runs_on(device) && c.head_dim() <= fused::MAX_ATTENTION_HEAD_DIM {
-            let pads: Vec<i64> = (0..rows).map(|r| cache.padding(r) as i64).collect();
-            Some(Tensor::from_vec(pads, rows, device)?)
-        } else {
-            None
-        };
+    // With the fused kernels: one new token per row reads the cache's buffers in place on CUDA
+    // (each row's padding as i64 offsets), where the mask path copies the filled prefix of every
+    // layer's keys and values; the prompts' prefill into an empty cache is one launch of
+    // training's varlen attention, each row's padding and tokens a sample of their own.
+    let fused_here = fused::runs_on(device) && c.head_dim() <= fused::MAX_ATTENTION_HEAD_DIM;
+    let prefill_offsets = if fused_here && start == 0 && n > 1 {
+        Some(prefill_offsets(&cache.pads, rows, n, device)?)
+    } else {
+        None
+    };
+    let fused_pads = if n == 1 && fused_here {
+        let pads: Vec<i64> = (0..rows).map(|r| cache.padding(r) as i64).collect();
+        Some(Tensor::from_vec(pads, rows, device)?)
+    } else {
+        None
+    };
 
     // Hidden states stay `[rows * n, d_model]`; only attention sees `[rows, heads, n, head_dim]`.
     let mut x = w.units[0][0].index_select(&ids, 0)?;
@@ -242,6 +248,10 @@ fn feed(
         let mut cached = |q: &Tensor, k_new: &Tensor, v_new: &Tensor| -> Result<Tensor> {
             k_buf.slice_set(k_new, 2, start)?;
             v_buf.slice_set(v_new, 2, start)?;
+            if let Some(cu) = &prefill_offsets {
+                let q = q.to_dtype(k_buf.dtype())?;
+                return Ok(prefill_attention(&q, k_new, v_new, cu)?);
+            }
             if let Some(pads) = &fused_pads {
                 let q = q.to_dtype(k_buf.dtype())?;
                 let out = fused::decode_attention(&q, k_buf, v_buf, pads, total)?;
@@ -260,6 +270,44 @@ fn feed(
     cache.len = total;
     cache.rows = rows;
     Ok(x)
+}
+
+/// The prefill's samples for [`prefill_attention`]: each row's padding (if any) and then its
+/// tokens, as offsets into the `rows × n` token-major rows (i64 `[samples + 1]`).
+fn prefill_offsets(pads: &[usize], rows: usize, n: usize, device: &Device) -> Result<Tensor> {
+    let mut cu = vec![0i64];
+    for r in 0..rows {
+        let pad = pads.get(r).copied().unwrap_or(0).min(n);
+        if pad > 0 {
+            cu.push((r * n + pad) as i64);
+        }
+        cu.push(((r + 1) * n) as i64);
+    }
+    let len = cu.len();
+    Ok(Tensor::from_vec(cu, len, device)?)
+}
+
+/// The prompts' causal attention in one launch of training's varlen kernel: `q: [rows, H, n,
+/// hd]`, `k, v: [rows, KV, n, hd]` (an empty cache's first `n` columns), every row's padding a
+/// sample of its own (its output is never read: no query of the row's tokens sees it).
+fn prefill_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let (rows, heads, n, hd) = q.dims4()?;
+    let tokens = |x: &Tensor| -> candle_core::Result<Tensor> {
+        let (rows, h, n, hd) = x.dims4()?;
+        x.transpose(1, 2)?.contiguous()?.reshape((rows * n, h, hd))
+    };
+    let dtype = q.dtype();
+    let (kt, vt) = (tokens(&k.to_dtype(dtype)?)?, tokens(&v.to_dtype(dtype)?)?);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let (out, _) = fused::attention(&tokens(q)?, &kt, &vt, fused::Varlen::packed(cu), scale)?;
+    out.reshape((rows, n, heads, hd))?
+        .transpose(1, 2)?
+        .contiguous()
 }
 
 /// Grows the cache's buffers to hold `total` columns (doubling; at least 64), keeping the
