@@ -49,7 +49,7 @@
 //!
 //! `--device cuda[:N]` (a build with the root crate's `cuda` feature) runs the trainers' forward
 //! and backward (the warm start's and RL's) on a CUDA device, `--precision bf16` in mixed
-//! precision (see the `sft` example); sampling and evaluation run there too, in fp32, in batches
+//! precision (see the `sft` example); sampling and evaluation run there too, in the same precision, in batches
 //! (`--decode-batch` prompts with their groups, held-out problems in batches of
 //! [`EVAL_BATCH`]).
 //!
@@ -84,8 +84,8 @@ use odc::launch::World;
 use odc::model::hf::HfCheckpoint;
 use odc::model::{
     batch_share_range, evaluate_prompted, group_advantages, open_device, tensor_map,
-    transformer_job_on, GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore,
-    Sampling, Weights, EVAL_BATCH,
+    transformer_job_on, ComputePrecision, GrpoConfig, ModelConfig, Objective, RlSample, Sample,
+    SampleStore, Sampling, Weights, EVAL_BATCH,
 };
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat, Tokenizer};
 use odc::{Job, OptimizerConfig, Precision, SampleMeta};
@@ -282,7 +282,7 @@ async fn run(
     let before = grpo.held_out(&mut job, &grpo.reference).await?;
     grpo.say_held_out("before", &before, None);
     let trained = grpo.train(&mut job, position).await?;
-    let policy = Weights::from_units(&grpo.model, &job.parameters().await?, &grpo.device)?;
+    let policy = grpo.weights(&job.parameters().await?)?;
     let after = grpo.held_out(&mut job, &policy).await?;
     job.shutdown().await;
     grpo.report(&trained, &before, &after);
@@ -397,9 +397,12 @@ struct Grpo {
     /// RNGs), scored before and after (greedy, and sampled with the same seeds): a step's
     /// sampled rewards are too noisy to compare two steps.
     eval_prompts: Vec<(u64, Problem)>,
-    /// Where sampling and evaluation run while the trainers wait: the trainers' device (in fp32),
-    /// with one thread per trainer here on the CPU, one on a GPU (its batches are the parallelism).
+    /// Where sampling and evaluation run while the trainers wait: the trainers' device in their
+    /// precision (bf16's matrices and cache under `--precision bf16`, as the trainers' forward
+    /// the log-probs are compared with), with one thread per trainer here on the CPU, one on a
+    /// GPU (its batches are the parallelism).
     device: Device,
+    precision: ComputePrecision,
     workers: usize,
 }
 
@@ -451,7 +454,8 @@ impl Grpo {
             true => (open_device(placement.device, placement.local_rank)?, 1),
             false => (Device::Cpu, trainers_here.max(1)),
         };
-        let reference = Weights::from_units(&model, init, &device)?;
+        let reference =
+            Weights::from_units(&model, init, &device)?.in_precision(placement.precision)?;
         let sampling = Sampling {
             temperature: args.temperature,
             top_p: args.top_p,
@@ -478,8 +482,14 @@ impl Grpo {
             reference,
             responses: Arc::new(Responses::default()),
             device,
+            precision: placement.precision,
             workers,
         })
+    }
+
+    /// The policy's units as the sampler computes with them (its device and precision).
+    fn weights(&self, units: &[Vec<f32>]) -> anyhow::Result<Weights> {
+        Ok(Weights::from_units(&self.model, units, &self.device)?.in_precision(self.precision)?)
     }
 
     /// Prints `line` on the lead.
@@ -608,7 +618,7 @@ impl Grpo {
         // The optimizer step of the newest checkpoint (none written for a step without update).
         let mut checkpointed = job.steps_done();
         for step in at.steps_done..self.args.steps {
-            let policy = Weights::from_units(&self.model, &job.parameters().await?, &self.device)?;
+            let policy = self.weights(&job.parameters().await?)?;
             let t = Instant::now();
             // The step's problems: the next ones that fit the model with their reference answer.
             let mut prompts = Vec::with_capacity(self.args.prompts);

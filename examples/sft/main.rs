@@ -72,7 +72,7 @@
 //! (`cuda:N` names one), `--precision bf16` (the default on CUDA) runs matmuls and activations
 //! in bf16 with fp32 norms, softmax, loss and gradients (`odc::model::device`), `--model
 //! gpu-100m` picks the ~100M-parameter preset (samples up to 2,048 tokens on a shared 80 GB GPU;
-//! see `ModelConfig::gpu_100m`); evaluation then runs on the same device in fp32. On CUDA the
+//! see `ModelConfig::gpu_100m`); evaluation then runs on the same device in the same precision. On CUDA the
 //! defaults are one trainer and one shard server per process (the GPU's), 16,384-token
 //! micro-batches, and the device-resident data path: the servers keep their state on the GPU and
 //! units and gradients move device to device (`--host-transfers`: through host memory, with host
@@ -97,8 +97,8 @@ use odc::launch::{parse_ranks, Roles, World};
 use odc::model::hf::peft;
 use odc::model::hf::{export_hf, ExportOptions, HfCheckpoint};
 use odc::model::{
-    evaluate_prompted, layout_units, open_device, tensor_map, transformer_job_of, DeviceTransfers,
-    Objective, Placement, Sample, SampleStore, Weights,
+    evaluate_prompted, layout_units, open_device, tensor_map, transformer_job_of, ComputePrecision,
+    DeviceTransfers, Objective, Placement, Sample, SampleStore, Weights,
 };
 use odc::text::{ArithTask, Problem, TextFormat};
 use odc::trace::{phase_totals, step_spans, write_chrome_trace, TraceSpan};
@@ -294,10 +294,11 @@ struct Data {
     eval_set: Vec<Problem>,
 }
 
-/// Where the lead answers the held-out problems: the trainers' device (in fp32), and how many
-/// threads answer at once.
+/// Where the lead answers the held-out problems: the trainers' device and precision, and how
+/// many threads answer at once.
 struct Evaluator {
     device: Device,
+    precision: ComputePrecision,
     workers: usize,
 }
 
@@ -469,17 +470,20 @@ impl Run {
         })
     }
 
-    /// Evaluation (on the lead) runs while its trainers wait, on their device in fp32, in batches
-    /// of `EVAL_BATCH` problems: one thread per trainer it holds on the CPU, one on a GPU.
+    /// Evaluation (on the lead) runs while its trainers wait, on their device in their precision
+    /// (bf16's matrices and cache under `--precision bf16`), in batches of `EVAL_BATCH`
+    /// problems: one thread per trainer it holds on the CPU, one on a GPU.
     fn evaluator(&self, placement: &Placement) -> anyhow::Result<Evaluator> {
         if placement.device.is_cuda() {
             return Ok(Evaluator {
                 device: open_device(placement.device, placement.local_rank)?,
+                precision: placement.precision,
                 workers: 1,
             });
         }
         Ok(Evaluator {
             device: Device::Cpu,
+            precision: placement.precision,
             workers: if self.world_size > 1 {
                 1
             } else {
@@ -698,7 +702,8 @@ impl Run {
         print: &dyn Fn(String),
     ) -> anyhow::Result<f64> {
         let params = job.parameters().await?;
-        let weights = Weights::from_units(&self.settings.model, &params, &eval.device)?;
+        let weights = Weights::from_units(&self.settings.model, &params, &eval.device)?
+            .in_precision(eval.precision)?;
         let t = Instant::now();
         let prompt = |p: &Problem| self.format.prompt(&p.question);
         let tokenizer = self.format.tokenizer();

@@ -56,7 +56,7 @@ impl KvCache {
     }
 
     /// Bytes of device (or host) memory the cache's buffers hold: 2 × layers × rows × KV heads ×
-    /// capacity × head_dim × 4 (fp32).
+    /// capacity × head_dim × 4 in fp32, × 2 in bf16 ([`Weights::in_precision`]).
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()
@@ -153,7 +153,8 @@ fn feed_padded(w: &Weights, cache: &mut KvCache, sequences: &[&[u32]]) -> Result
 fn head_logits(w: &Weights, hidden: &Tensor) -> Result<Tensor> {
     let c = &w.config;
     let head = head_tensors(c, &w.units[unit_count(c) - 1], &w.units[0][0]);
-    Ok(rms_norm(hidden, &head[0], c.rms_eps)?.matmul(&head[1].t()?)?)
+    let logits = rms_norm(hidden, &head[0], c.rms_eps)?.matmul(&head[1].t()?)?;
+    Ok(logits.to_dtype(DType::F32)?)
 }
 
 /// Feeds `rows × n` tokens (row-major) after the cache's columns and returns the last block's
@@ -327,13 +328,7 @@ fn grow(w: &Weights, cache: &mut KvCache, rows: usize, start: usize, total: usiz
         .max(64)
         .min(c.max_seq_len.max(total));
     let device = w.units[0][0].device();
-    let buffer = || {
-        Tensor::zeros(
-            (rows, c.kv_heads(), grown, c.head_dim()),
-            DType::F32,
-            device,
-        )
-    };
+    let buffer = || Tensor::zeros((rows, c.kv_heads(), grown, c.head_dim()), w.dtype(), device);
     let mut layers = Vec::with_capacity(c.n_layers);
     for layer in 0..c.n_layers {
         let (k, v) = (buffer()?, buffer()?);

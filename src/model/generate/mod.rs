@@ -29,12 +29,13 @@ mod decode;
 pub use cache::{forward_cached, forward_cached_rows, prefill, KvCache};
 pub use decode::DecodeStats;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand::Rng;
 
 use super::batch::{PackedBatch, Sample};
 use super::block::block_forward;
 use super::config::ModelConfig;
+use super::device::ComputePrecision;
 use super::error::{Error, Result};
 use super::ops::log_softmax_last_dim;
 use super::params::unit_tensors;
@@ -63,6 +64,27 @@ impl Weights {
             config: config.clone(),
             units,
         })
+    }
+
+    /// The same weights for computing in `precision`, as a trainer computes: under
+    /// [`ComputePrecision::Bf16`] every matrix (embedding, projections, MLP, head) in bf16 and
+    /// the norms' weights in fp32; the decoder's activations and its cache then follow the
+    /// embedding's dtype (bf16: half the cache), its logits are read in fp32.
+    pub fn in_precision(self, precision: ComputePrecision) -> Result<Self> {
+        let units = self
+            .units
+            .iter()
+            .map(|unit| precision.cast(unit))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Weights {
+            config: self.config,
+            units,
+        })
+    }
+
+    /// The dtype the decoder computes and caches in (the embedding's).
+    pub fn dtype(&self) -> DType {
+        self.units[0][0].dtype()
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -743,6 +765,61 @@ mod tests {
         let full = [Prompt::new(&[1; 24]), Prompt::new(&[1])];
         let out = generate_batch(&w, &full, &s, &mut two).unwrap();
         assert!(out[0].is_empty() && !out[1].is_empty());
+    }
+
+    /// Decoding in bf16 ([`Weights::in_precision`]): the sampled tokens' log-probs are the
+    /// training forward's in bf16 on the same tokens within bf16's tolerance (GRPO's ratio
+    /// assumes it), and the cache holds half the bytes of fp32's.
+    #[test]
+    fn bf16_decoding_scores_as_the_bf16_training_forward_in_half_the_cache() {
+        let c = ModelConfig {
+            max_seq_len: 64,
+            ..real_layout()
+        };
+        let w32 = weights(&c);
+        let w16 = w32.clone().in_precision(ComputePrecision::Bf16).unwrap();
+        assert_eq!(w16.dtype(), DType::BF16);
+        let texts: [&[u32]; 2] = [&[1, 2, 3, 9], &[4]];
+        let prompts: Vec<Prompt<'_>> = texts.iter().map(|t| Prompt::new(t).samples(2)).collect();
+        let s = Sampling::new(1.0, 10, vec![]);
+        let rngs = || -> Vec<StdRng> { (0..4).map(StdRng::seed_from_u64).collect() };
+        let scored = generate_batch_with_log_probs(&w16, &prompts, &s, &mut rngs()).unwrap();
+        let owners = [0, 0, 1, 1];
+        let sequences: Vec<Vec<u32>> = scored
+            .iter()
+            .zip(owners)
+            .map(|(g, p)| texts[p].iter().chain(&g.tokens).copied().collect())
+            .collect();
+        let views: Vec<&[u32]> = sequences.iter().map(|s| s.as_slice()).collect();
+        let forward = batch_log_probs(&w16, &views).unwrap();
+        let exact = batch_log_probs(&w32, &views).unwrap();
+        let (mut worst, mut bf16_itself) = (0f32, 0f32);
+        for (((g, want), fp32), p) in scored.iter().zip(&forward).zip(&exact).zip(owners) {
+            let from = texts[p].len();
+            for ((got, want), fp32) in g.log_probs.iter().zip(&want[from..]).zip(&fp32[from..]) {
+                assert!(got.is_finite() && *got <= 0.0, "{got}");
+                worst = worst.max((got - want).abs());
+                bf16_itself = bf16_itself.max((want - fp32).abs());
+            }
+        }
+        println!(
+            "bf16 decoding vs the bf16 training forward: max |Δ log p| {worst}; the bf16 forward \
+             vs fp32's: {bf16_itself}"
+        );
+        // bf16's own error (its forward against fp32's) is the scale: the sampler's log-probs
+        // agree with the trainer's within twice it (and a plain bound).
+        assert!(
+            worst <= 2.0 * bf16_itself + 1e-3 && worst < 0.1,
+            "log-probs differ by {worst}"
+        );
+        let bytes = |w: &Weights| {
+            let s = Sampling::greedy(5, vec![]);
+            generate_batch_measured(w, &prompts, &s, &mut rngs())
+                .unwrap()
+                .1
+                .peak_cache_bytes
+        };
+        assert_eq!(2 * bytes(&w16), bytes(&w32));
     }
 
     /// What the batch's cache holds: every row at the capacity its longest column needs (64 at
