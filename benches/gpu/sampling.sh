@@ -17,6 +17,7 @@
 # Knobs: DEADLINE (240; 0 = none), DATA (target/gpu-data/train.jsonl), PYTHON, SHAPES
 # ("smollm2-135m qwen2.5-0.5b"; "tiny" for a CPU smoke test with DEVICE=cpu), DEVICE (cuda),
 # PROMPTS (64), SAMPLES (8), MAX_NEW (256), GREEDY_PROMPTS (8), GREEDY_NEW (64), FUSED (1), PEER_DTYPE (bf16),
+# ODC_PRECISION (PEER_DTYPE's),
 # MODELS (${TMPDIR:-/tmp}/odc-figures/models). The odc side is odc-bench-gpu from the folder
 # (odc-bench on the CPU, when DEVICE=cpu).
 # Output: the table on stdout and in $OUT/sampling.txt (target/gpu-sampling when OUT is unset),
@@ -48,6 +49,8 @@ GREEDY_PROMPTS="${GREEDY_PROMPTS:-8}"
 GREEDY_NEW="${GREEDY_NEW:-64}"
 FUSED="${FUSED:-1}"
 PEER_DTYPE="${PEER_DTYPE:-bf16}"
+# odc's sampled rows in the peer's precision (f32 or bf16); the greedy parity rows stay fp32.
+ODC_PRECISION="${ODC_PRECISION:-$PEER_DTYPE}"
 MODELS="${MODELS:-${TMPDIR:-/tmp}/odc-figures/models}"
 mkdir -p "$MODELS"
 
@@ -110,15 +113,18 @@ for shape in $SHAPES; do
     --prompts-out "$LOGDIR/$shape.greedy-prompts.json"
   peer=("$PYTHON" "$PEER" generate --model-dir "$dir" --prompts "$LOGDIR/$shape.prompts.json")
   step "$shape.A1" 150 "${peer[@]}" --dtype "$PEER_DTYPE" --json "$LOGDIR/$shape.A1.json"
-  step "$shape.B1" 150 "${gen[@]}" "${sampled[@]}" --json "$LOGDIR/$shape.B1.json"
-  step "$shape.B2" 150 "${gen[@]}" "${sampled[@]}" --json "$LOGDIR/$shape.B2.json"
+  step "$shape.B1" 150 "${gen[@]}" "${sampled[@]}" --precision "$ODC_PRECISION" \
+    --json "$LOGDIR/$shape.B1.json"
+  step "$shape.B2" 150 "${gen[@]}" "${sampled[@]}" --precision "$ODC_PRECISION" \
+    --json "$LOGDIR/$shape.B2.json"
   step "$shape.A2" 150 "${peer[@]}" --dtype "$PEER_DTYPE" --json "$LOGDIR/$shape.A2.json"
   step "$shape.greedy.odc" 90 "${gen[@]}" "${greedy[@]}" --rounds 1 \
     --json "$LOGDIR/$shape.greedy.odc.json"
   step "$shape.greedy.peer" 90 "$PYTHON" "$PEER" generate --model-dir "$dir" \
     --prompts "$LOGDIR/$shape.greedy-prompts.json" --dtype f32 --rounds 1 \
     --json "$LOGDIR/$shape.greedy.peer.json"
-  echo "== $shape (peer in $PEER_DTYPE; odc in fp32)" >>"$DEST/sampling.txt"
+  echo "== $shape (sampled: peer in $PEER_DTYPE, odc in $ODC_PRECISION; greedy: both fp32)" \
+    >>"$DEST/sampling.txt"
   "$PYTHON" "$PEER" generate-report --odc "$LOGDIR/$shape.B1.json,$LOGDIR/$shape.B2.json" \
     --peer "$LOGDIR/$shape.A1.json,$LOGDIR/$shape.A2.json" \
     --greedy-odc "$LOGDIR/$shape.greedy.odc.json" --greedy-peer "$LOGDIR/$shape.greedy.peer.json" \
@@ -131,7 +137,7 @@ if [ "$FUSED" = 1 ]; then
     sampled=(--prompts "$PROMPTS" --samples "$SAMPLES" --max-new-tokens "$MAX_NEW")
     greedy=(--prompts "$GREEDY_PROMPTS" --samples 1 --max-new-tokens "$GREEDY_NEW" --temperature 0)
     step "$shape.F1" 150 env ODC_FUSED_KERNELS=1 "${gen[@]}" "${sampled[@]}" \
-      --json "$LOGDIR/$shape.F1.json" || continue
+      --precision "$ODC_PRECISION" --json "$LOGDIR/$shape.F1.json" || continue
     step "$shape.greedy.fused" 90 env ODC_FUSED_KERNELS=1 "${gen[@]}" "${greedy[@]}" --rounds 1 \
       --json "$LOGDIR/$shape.greedy.fused.json"
     echo "== $shape, odc with ODC_FUSED_KERNELS=1 (decoding's fused attention)" >>"$DEST/sampling.txt"

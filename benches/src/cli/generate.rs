@@ -41,9 +41,13 @@ pub(crate) struct GenerateArgs {
     /// Prompts per batched decode (0: all of them in one).
     #[arg(long, default_value_t = 0)]
     pub(crate) decode_batch: usize,
-    /// cpu, cuda or cuda:N (a build with the `gpu` feature); the weights and cache in fp32.
+    /// cpu, cuda or cuda:N (a build with the `gpu` feature).
     #[arg(long, default_value = "cpu")]
     pub(crate) device: String,
+    /// f32, or bf16 (the matrices and the cache in bf16, the norms fp32, as a bf16 trainer
+    /// computes: `Weights::in_precision`).
+    #[arg(long, default_value = "f32")]
+    pub(crate) precision: String,
     /// Timed rounds over the same prompts (each response from the same seed every round); 0:
     /// only write `--prompts-out`.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(0..=100))]
@@ -99,7 +103,10 @@ pub(crate) fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let spec: odc::model::DeviceSpec = args.device.parse()?;
     let device = open_device(spec, odc::launch::local_rank())?;
     let units = checkpoint.all_unit_values()?;
-    let weights = Weights::from_units(checkpoint.config(), &units, &device)?;
+    let precision: odc::model::ComputePrecision = args.precision.parse()?;
+    let weights =
+        Weights::from_units(checkpoint.config(), &units, &device)?.in_precision(precision)?;
+    let element = weights.dtype().size_in_bytes();
     let batch = match args.decode_batch {
         0 => prompts.len(),
         n => n,
@@ -138,12 +145,13 @@ pub(crate) fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         );
         rounds.push(serde_json::json!({"tokens": tokens, "seconds": secs}));
     }
-    // The cache against the analytical bytes of the tokens it held then (fp32 keys and values).
+    // The cache against the analytical bytes of the tokens it held then (keys and values in the
+    // cache's dtype).
     let c = checkpoint.config();
-    let analytical = 2 * c.n_layers * c.kv_heads() * c.head_dim() * 4 * peak.tokens_at_peak;
+    let analytical = 2 * c.n_layers * c.kv_heads() * c.head_dim() * element * peak.tokens_at_peak;
     println!(
         "odc-bench generate: KV cache at its largest {:.1} MB for {} tokens; analytical \
-         (2 x {} layers x {} KV heads x {} head_dim x tokens x 4 bytes) {:.1} MB: {:.2}x",
+         (2 x {} layers x {} KV heads x {} head_dim x tokens x {element} bytes) {:.1} MB: {:.2}x",
         peak.peak_cache_bytes as f64 / 1e6,
         peak.tokens_at_peak,
         c.n_layers,
@@ -154,7 +162,8 @@ pub(crate) fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     );
     if let Some(path) = &args.json {
         let mut json = serde_json::json!({
-            "model_dir": args.model_dir, "device": args.device, "prompts": prompts.len(),
+            "model_dir": args.model_dir, "device": args.device, "precision": args.precision,
+            "prompts": prompts.len(),
             "samples": samples, "max_new_tokens": args.max_new_tokens,
             "temperature": args.temperature, "top_p": args.top_p, "decode_batch": batch,
             "rounds": rounds, "peak_cache_bytes": peak.peak_cache_bytes,
