@@ -10,6 +10,10 @@
 //!   logits of a packed batch within 1e-4 of `transformers`' (as `tests/hf_parity.rs` without the
 //!   kernels), and greedy decoding of the prompts as one batch token for token equal to its
 //!   `generate` (decoding's attention kernel over the KV cache).
+//! - **Every gradient on the checkpoints' layouts** ([`gradients_on_the_checkpoints_layouts_equal_candles_ops`]):
+//!   the same four models' loss on a packed batch and the gradient of every parameter (biases,
+//!   q/k norms, tied and untied heads, rope scaling) with the kernels and with candle's ops,
+//!   within 1e-5 relative (fp32).
 //! - **Training** ([`training_with_the_fused_kernels_equals_candles_ops`]): the I3 job of
 //!   `tests/gpu_training.rs` (2 trainers, 2 servers, several micro-batches, SGD) in fp32 with
 //!   the kernels and with candle's ops: per-step losses within 1e-5 relative and every parameter
@@ -154,6 +158,82 @@ fn logits_and_greedy_tokens_equal_transformers_with_the_fused_kernels() {
             want[0].len()
         );
         assert_eq!(got, want, "{name}: greedy tokens with the fused kernels");
+    }
+}
+
+/// The loss of `tokens` packed after `[11, 12, 13]` and the gradient of every parameter (unit by
+/// unit, in `unit_params` order), fp32.
+fn loss_and_gradients(
+    config: &ModelConfig,
+    units: &[Vec<f32>],
+    tokens: &[u32],
+) -> (f32, Vec<Tensor>) {
+    let device = Device::Cpu;
+    let vars: Vec<Vec<Var>> = units
+        .iter()
+        .enumerate()
+        .map(|(u, v)| {
+            let specs = odc::model::unit_params(config, u).unwrap();
+            odc::model::unit_vars(v, &specs, &device).unwrap()
+        })
+        .collect();
+    let params: Vec<Vec<Tensor>> = vars
+        .iter()
+        .map(|unit| unit.iter().map(|v| v.as_tensor().clone()).collect())
+        .collect();
+    let pack = [
+        Sample::all_loss(vec![11, 12, 13]),
+        Sample::all_loss(tokens.to_vec()),
+    ];
+    let batch = PackedBatch::pack(config, &pack, &device).unwrap();
+    let loss = model_forward(config, &params, &batch).unwrap().loss;
+    let grads = loss.backward().unwrap();
+    let gradients = vars
+        .iter()
+        .flatten()
+        .map(|v| {
+            grads
+                .get(v.as_tensor())
+                .expect("every parameter has a gradient")
+                .clone()
+        })
+        .collect();
+    (loss.to_scalar::<f32>().unwrap(), gradients)
+}
+
+/// Every gradient on the checkpoints' layouts (see the module docs).
+#[test]
+fn gradients_on_the_checkpoints_layouts_equal_candles_ops() {
+    let test = "gradients_on_the_checkpoints_layouts_equal_candles_ops";
+    let Some((_lock, emulator)) = emulation(test) else {
+        return;
+    };
+    for dir in fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let checkpoint = HfCheckpoint::open(&dir).expect("odc opens transformers' checkpoint");
+        let config = checkpoint.config().clone();
+        let units = checkpoint.all_unit_values().unwrap();
+        let fixture = json(&dir.join("logits.json"));
+        let tokens: Vec<u32> = serde_json::from_value(fixture["tokens"].clone()).unwrap();
+        let (loss, want) = loss_and_gradients(&config, &units, &tokens);
+        let ((fused_loss, got), launches) =
+            with_kernels(&emulator, || loss_and_gradients(&config, &units, &tokens));
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| relative(g, w))
+            .fold(0f64, f64::max);
+        eprintln!(
+            "{name}: loss {fused_loss} with the kernels, {loss} without; {} gradients, worst \
+             relative error {worst:.1e}, {launches} launches",
+            got.len()
+        );
+        assert!(launches > 0, "{name}: no fused kernel ran");
+        assert!(
+            ((fused_loss - loss) / loss).abs() < 1e-6,
+            "{name}: loss {fused_loss} vs {loss}"
+        );
+        assert!(worst < 1e-5, "{name}: a gradient {worst:e} off");
     }
 }
 
@@ -430,7 +510,7 @@ fn relative(a: &Tensor, b: &Tensor) -> f64 {
         .map(|(x, y)| f64::from(x - y).powi(2))
         .sum();
     let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-    (diff / norm).sqrt()
+    (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 /// Splitting with the kernels (see the module docs).
