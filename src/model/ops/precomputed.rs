@@ -55,15 +55,21 @@ impl Precomputed {
     }
 }
 
-/// A fresh, contiguous copy of the storage `layout` reads (candle wants an owned storage).
+/// A fresh, contiguous copy of the storage `layout` reads (candle wants an owned storage): one
+/// copy into uninitialised memory (on CUDA one device-to-device copy, not a memset and a copy).
 fn fresh<S>(storage: &S, layout: &Layout) -> candle_core::Result<S>
 where
     S: BackendStorage,
     S::Device: BackendDevice<Storage = S>,
 {
-    let mut copy = storage
-        .device()
-        .zeros_impl(layout.shape(), storage.dtype())?;
+    // SAFETY: `copy_strided_src` writes every element of the new storage (`layout`'s shape, from
+    // offset 0, contiguous) before anything reads it: the copy is enqueued first on the device's
+    // stream, and on the CPU it runs before this returns.
+    let mut copy = unsafe {
+        storage
+            .device()
+            .alloc_uninit(layout.shape(), storage.dtype())?
+    };
     storage.copy_strided_src(&mut copy, 0, layout)?;
     Ok(copy)
 }
