@@ -18,15 +18,23 @@ use crate::model::error::{Error, Result};
 use crate::model::ops::{log_softmax_last_dim, softmax_last_dim};
 
 /// What a batched decode held: its key–value cache at its largest, against the tokens the
-/// responses then had (prompt and generated, every response still in the batch).
+/// responses then had (prompt and generated, every response still in the batch), and how often
+/// it dropped finished responses' rows.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct DecodeStats {
     /// The cache's bytes at their largest ([`KvCache::bytes`]).
     pub peak_cache_bytes: usize,
     /// The tokens of the responses in the batch at that moment: the analytical cache is
-    /// `2 × layers × KV heads × head_dim × tokens × 4` bytes.
+    /// `2 × layers × KV heads × head_dim × tokens × 4` bytes (× 2 in bf16).
     pub tokens_at_peak: usize,
+    /// Times the cache dropped finished responses' rows (each a copy of the rows it keeps).
+    pub compactions: usize,
 }
+
+/// A finished response's row stays in the cache (fed a token whose result nothing reads) until
+/// at least this fraction of the rows are finished: then one copy drops them all, instead of a
+/// copy of the whole cache each time a response ends.
+const FINISHED_ROWS_KEPT: f64 = 0.25;
 
 /// Decodes `prompts` (response `i`, prompt-major, from `rngs[i]`); the log-probs only when
 /// `scored` (else left empty).
@@ -86,6 +94,9 @@ pub(super) fn decode<R: Rng>(
         .collect();
     cache.keep_rows(&rows)?;
     let mut logits = select(&last, &rows)?;
+    // The cache's rows: each a response still drawing, or `None` once it finished (its row kept
+    // until enough are finished: `FINISHED_ROWS_KEPT`).
+    let mut slots: Vec<Option<usize>> = active.iter().copied().map(Some).collect();
     loop {
         // The cache now holds every active response's tokens but the one about to be drawn.
         if cache.bytes() > stats.peak_cache_bytes {
@@ -95,32 +106,56 @@ pub(super) fn decode<R: Rng>(
                 .map(|&r| prompts[owner[r]].tokens.len() + out[r].tokens.len())
                 .sum();
         }
-        let next = pick_rows(&logits, sampling, &active, rngs)?;
+        // The live rows' logits (all of them while no row is finished).
+        let live: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].is_some()).collect();
+        let live_logits = select(&logits, &live)?;
+        let next = pick_rows(&live_logits, sampling, &active, rngs)?;
         if scored {
             // Only the drawn tokens' log-probs leave the device.
             let picked = Tensor::from_slice(&next, (next.len(), 1), logits.device())?;
-            let lp = log_softmax_last_dim(&logits)?.gather(&picked, 1)?;
+            let lp = log_softmax_last_dim(&live_logits)?.gather(&picked, 1)?;
             for (&r, lp) in active.iter().zip(lp.flatten_all()?.to_vec1::<f32>()?) {
                 out[r].log_probs.push(lp);
             }
         }
-        let mut keep = Vec::with_capacity(active.len());
-        for (slot, (&r, &token)) in active.iter().zip(&next).enumerate() {
+        // Each row's next token: a live row's draw, a finished row its last token again.
+        let mut fed: Vec<u32> = slots
+            .iter()
+            .map(|s| {
+                s.map_or(PAD_FED, |r| {
+                    out[r].tokens.last().copied().unwrap_or(PAD_FED)
+                })
+            })
+            .collect();
+        for ((&slot, &r), &token) in live.iter().zip(&active).zip(&next) {
             out[r].tokens.push(token);
+            fed[slot] = token;
             let stop = sampling.stop.contains(&token) || prompts[owner[r]].stop.contains(&token);
-            if !stop && out[r].tokens.len() < budgets[r] {
-                keep.push(slot);
+            if stop || out[r].tokens.len() >= budgets[r] {
+                slots[slot] = None;
             }
         }
-        if keep.is_empty() {
+        active = slots.iter().flatten().copied().collect();
+        if active.is_empty() {
             return Ok((out, stats));
         }
-        cache.keep_rows(&keep)?;
-        let fed: Vec<u32> = keep.iter().map(|&slot| next[slot]).collect();
-        active = keep.iter().map(|&slot| active[slot]).collect();
-        logits = forward_cached_rows(w, &mut cache, active.len(), &fed)?;
+        let finished = slots.len() - active.len();
+        // A finished row at the model's last position has no room for another column.
+        let full = (0..slots.len())
+            .any(|i| slots[i].is_none() && cache.len() + 1 - cache.padding(i) > max_seq_len);
+        if full || finished as f64 >= FINISHED_ROWS_KEPT * slots.len() as f64 {
+            let keep: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].is_some()).collect();
+            cache.keep_rows(&keep)?;
+            fed = keep.iter().map(|&i| fed[i]).collect();
+            slots = active.iter().copied().map(Some).collect();
+            stats.compactions += 1;
+        }
+        logits = forward_cached_rows(w, &mut cache, slots.len(), &fed)?;
     }
 }
+
+/// What a finished row is fed when it has no token of its own (any id the vocabulary holds).
+const PAD_FED: u32 = 0;
 
 /// Rows `rows` of `t` (in that order, repeats allowed).
 fn select(t: &Tensor, rows: &[usize]) -> Result<Tensor> {

@@ -16,7 +16,8 @@
 //!    runs past `max_seq_len` positions;
 //! 4. **batch equivalence**: [`generate_batch`] decodes prompts of different lengths, each
 //!    continued `samples` times, as one batch (each prompt fed once, finished responses leaving
-//!    the batch), and each response is the one [`generate`] draws alone with the same RNG and
+//!    the batch: their cache rows dropped in one copy once a quarter of the rows are finished),
+//!    and each response is the one [`generate`] draws alone with the same RNG and
 //!    stop ids: token for token in greedy decoding ([`generate_group`] is one prompt's group);
 //! 5. [`generate_batch_with_log_probs`] also gives each sampled token's log-probability under the
 //!    model (temperature 1), read off the logits the decoder computes anyway: they equal
@@ -661,6 +662,39 @@ mod tests {
             );
             assert!(ended > 0, "no response ended at a stop id: {batch:?}");
         }
+    }
+
+    /// Finished responses leave the cache in few copies: their rows stay (fed, unread) until a
+    /// quarter of the rows are finished, then one copy drops them all. Every response is still
+    /// the one drawn alone, and the copies are fewer than one per step in which some response
+    /// finished (what dropping rows as they finish costs).
+    #[test]
+    fn finished_rows_leave_the_cache_in_few_copies() {
+        let c = ModelConfig {
+            max_seq_len: 64,
+            ..real_layout()
+        };
+        let w = weights(&c);
+        let s = Sampling::new(1.0, 24, vec![3, 5]);
+        let texts: [&[u32]; 4] = [&[1, 2], &[4], &[9, 8, 7], &[6, 6, 6, 6]];
+        let prompts: Vec<Prompt<'_>> = texts.iter().map(|t| Prompt::new(t).samples(4)).collect();
+        let mut rngs: Vec<StdRng> = (0..16).map(StdRng::seed_from_u64).collect();
+        let (batch, stats) = generate_batch_measured(&w, &prompts, &s, &mut rngs).unwrap();
+        for (i, response) in batch.iter().enumerate() {
+            let alone = generate(&w, texts[i / 4], &s, &mut StdRng::seed_from_u64(i as u64));
+            assert_eq!(response, &alone.unwrap(), "response {i}");
+        }
+        // Steps in which a response finished, the last (every remaining one) aside.
+        let ends: std::collections::BTreeSet<usize> = batch.iter().map(Vec::len).collect();
+        let eager = ends.len() - 1;
+        println!(
+            "{} ends over {} steps: {} copies, {eager} dropping rows as they finish",
+            batch.len(),
+            ends.len(),
+            stats.compactions
+        );
+        assert!(eager >= 4, "too few staggered ends to tell: {ends:?}");
+        assert!(stats.compactions < eager, "{} copies", stats.compactions);
     }
 
     /// Guarantee 4, sampling: groups of several prompts in one batch draw what each draws alone
