@@ -34,7 +34,6 @@
 //! so the tests take turns ([`LOCK`]). Without a C++ compiler each test says it is skipped
 //! (CI sets `ODC_REQUIRE_EMULATION=1`: there that fails).
 
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -51,6 +50,13 @@ use odc::model::{
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, StepStats};
 use odc_kernels::emulate::Emulator;
+
+#[path = "common/hf_fixtures.rs"]
+mod hf_fixtures;
+#[path = "common/params.rs"]
+mod params;
+use hf_fixtures::{fixtures, json, packed_logits};
+use params::{max_abs_diff, worst_loss_diff};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -72,53 +78,6 @@ fn with_kernels<T>(emulator: &Emulator, f: impl FnOnce() -> T) -> (T, u64) {
     (out, fused::launches() - before)
 }
 
-fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
-        .expect("tests/fixtures/hf")
-        .map(|e| e.expect("an entry").path())
-        .filter(|p| p.is_dir())
-        .collect();
-    cases.sort();
-    assert_eq!(cases.len(), 4, "{cases:?}");
-    cases
-}
-
-fn json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).expect("a fixture")).expect("json")
-}
-
-/// The logits of `tokens` packed after a sample of 3 other tokens (so the attention sees two
-/// samples).
-fn packed_logits(config: &ModelConfig, units: &[Vec<f32>], tokens: &[u32]) -> Tensor {
-    let device = Device::Cpu;
-    let params: Vec<Vec<Tensor>> = units
-        .iter()
-        .enumerate()
-        .map(|(u, v)| {
-            let specs = odc::model::unit_params(config, u).unwrap();
-            odc::model::unit_tensors(v, &specs, &device).unwrap()
-        })
-        .collect();
-    let pack = [
-        Sample::all_loss(vec![11, 12, 13]),
-        Sample::all_loss(tokens.to_vec()),
-    ];
-    let batch = PackedBatch::pack(config, &pack, &device).unwrap();
-    let logits = model_forward(config, &params, &batch)
-        .unwrap()
-        .logits
-        .unwrap();
-    logits.narrow(0, 3, tokens.len()).unwrap()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims(), "shapes differ");
-    let diff: Vec<f32> = (a - b).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    assert!(diff.iter().all(|d| d.is_finite()), "a non-finite logit");
-    diff.iter().fold(0f32, |m, d| m.max(d.abs()))
-}
-
 /// Against `transformers` (see the module docs).
 #[test]
 fn logits_and_greedy_tokens_equal_transformers_with_the_fused_kernels() {
@@ -136,8 +95,10 @@ fn logits_and_greedy_tokens_equal_transformers_with_the_fused_kernels() {
         let tokens: Vec<u32> = serde_json::from_value(fixture["tokens"].clone()).unwrap();
         let rows: Vec<Vec<f32>> = serde_json::from_value(fixture["logits"].clone()).unwrap();
         let reference = Tensor::new(rows, &Device::Cpu).unwrap();
-        let (ours, launches) = with_kernels(&emulator, || packed_logits(&config, &units, &tokens));
-        let diff = max_abs_diff(&ours, &reference);
+        let (ours, launches) = with_kernels(&emulator, || {
+            packed_logits(&config, &units, &[11, 12, 13], &tokens)
+        });
+        let diff = hf_fixtures::max_abs_diff(&ours, &reference);
         eprintln!("{name}: fused kernels vs transformers: max |Δ| = {diff:e}, {launches} launches");
         assert!(launches > 0, "{name}: no fused kernel ran");
         assert!(diff < 1e-4, "{name}: max |Δ| = {diff}");
@@ -333,33 +294,6 @@ fn train(precision: ComputePrecision, budget: u64) -> (Vec<StepStats>, Vec<Vec<f
     })
 }
 
-/// The largest `|b − a| / |a|` over two runs' step losses.
-fn worst_loss_diff(a: &[StepStats], b: &[StepStats]) -> f64 {
-    assert_eq!(a.len(), b.len(), "step counts differ");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            assert!(x.loss.is_finite() && y.loss.is_finite(), "{x:?} vs {y:?}");
-            ((y.loss - x.loss) / x.loss).abs()
-        })
-        .fold(0.0, f64::max)
-}
-
-/// `max |a − b|` over every parameter; fails on a mismatch or a non-finite value.
-fn max_param_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    assert_eq!(a.len(), b.len(), "unit counts differ");
-    a.iter()
-        .zip(b)
-        .flat_map(|(x, y)| {
-            assert_eq!(x.len(), y.len(), "unit lengths differ");
-            x.iter().zip(y).map(|(p, q)| {
-                assert!(p.is_finite() && q.is_finite(), "non-finite parameter");
-                (p - q).abs()
-            })
-        })
-        .fold(0.0, f32::max)
-}
-
 /// Training in fp32 (see the module docs).
 #[test]
 fn training_with_the_fused_kernels_equals_candles_ops() {
@@ -373,7 +307,7 @@ fn training_with_the_fused_kernels_equals_candles_ops() {
     let ((fused, fused_params), launches) =
         with_kernels(&emulator, || train(ComputePrecision::F32, 200));
     let worst = worst_loss_diff(&ops, &fused);
-    let diff = max_param_diff(&ops_params, &fused_params);
+    let diff = max_abs_diff(&ops_params, &fused_params);
     eprintln!(
         "fp32, {STEPS} SGD steps, fused kernels ({launches} launches) vs candle's ops: max loss \
          rel diff {worst:.3e}, max |Δparam| {diff:.3e}"

@@ -51,6 +51,10 @@ use odc::model::{
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{Job, LrSchedule, OptimizerConfig, Precision, SampleMeta, StepStats};
 
+#[path = "common/params.rs"]
+mod params;
+use params::{max_abs_diff, worst_loss_diff};
+
 /// Small enough to run in seconds, wide enough for real GEMMs; samples span several
 /// micro-batches. Heads of 64 (SmolLM2's width), one FlashAttention-2's tiles take in bf16.
 fn config() -> ModelConfig {
@@ -168,37 +172,8 @@ fn train_with(
     })
 }
 
-/// `max |a − b|` over every parameter; fails on a length mismatch or a non-finite value.
-fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    assert_eq!(a.len(), b.len(), "unit counts differ");
-    a.iter()
-        .zip(b)
-        .flat_map(|(x, y)| {
-            assert_eq!(x.len(), y.len(), "unit lengths differ");
-            x.iter().zip(y).map(|(p, q)| {
-                assert!(p.is_finite() && q.is_finite(), "non-finite parameter");
-                (p - q).abs()
-            })
-        })
-        .fold(0.0, f32::max)
-}
-
 fn losses(stats: &[StepStats]) -> Vec<f64> {
     stats.iter().map(|s| s.loss).collect()
-}
-
-/// The largest `|b − a| / |a|` over two runs' step losses (their lengths must agree); fails on a
-/// non-finite loss.
-fn worst_loss_diff(a: &[StepStats], b: &[StepStats]) -> f64 {
-    assert_eq!(a.len(), b.len(), "step counts differ");
-    losses(a)
-        .iter()
-        .zip(losses(b))
-        .map(|(x, y)| {
-            assert!(x.is_finite() && y.is_finite(), "{x} vs {y}");
-            ((y - x) / x).abs()
-        })
-        .fold(0.0f64, f64::max)
 }
 
 /// `device` in fp32 (the equivalence tests' mode).

@@ -36,6 +36,10 @@ use odc::model::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+#[path = "common/hf_fixtures.rs"]
+mod hf_fixtures;
+use hf_fixtures::{fixtures, json, max_abs_diff, packed_logits};
+
 /// A directory of its own under the system's temp dir, removed on drop.
 struct TempDir(PathBuf);
 
@@ -251,42 +255,6 @@ fn reference_logits(family: Family, dir: &Path, tokens: &[u32]) -> Tensor {
     Tensor::stack(&rows, 0).unwrap()
 }
 
-/// odc's training forward of `units` on a pack of `before`, then `tokens`: the logits at
-/// `tokens`' positions.
-fn packed_logits(
-    config: &ModelConfig,
-    units: &[Vec<f32>],
-    before: &[u32],
-    tokens: &[u32],
-) -> Tensor {
-    let device = Device::Cpu;
-    let params: Vec<Vec<Tensor>> = units
-        .iter()
-        .enumerate()
-        .map(|(u, v)| {
-            let specs = odc::model::unit_params(config, u).unwrap();
-            odc::model::unit_tensors(v, &specs, &device).unwrap()
-        })
-        .collect();
-    let pack = [
-        Sample::all_loss(before.to_vec()),
-        Sample::all_loss(tokens.to_vec()),
-    ];
-    let batch = PackedBatch::pack(config, &pack, &device).unwrap();
-    let logits = model_forward(config, &params, &batch)
-        .unwrap()
-        .logits
-        .unwrap();
-    logits.narrow(0, before.len(), tokens.len()).unwrap()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.dims(), b.dims(), "shapes differ");
-    let diff: Vec<f32> = (a - b).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    assert!(diff.iter().all(|d| d.is_finite()), "a non-finite logit");
-    diff.iter().fold(0.0, |m, d| m.max(d.abs()))
-}
-
 fn spread(t: &Tensor) -> f32 {
     let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
     v.iter().fold(0.0, |m, x| m.max(x.abs()))
@@ -298,15 +266,10 @@ fn spread(t: &Tensor) -> f32 {
 /// prompt alone: token for token.
 #[test]
 fn greedy_generation_equals_python_transformers_generate() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
     let mut cases = 0;
-    for entry in std::fs::read_dir(&root).expect("tests/fixtures/hf") {
-        let dir = entry.expect("an entry").path();
-        let Ok(text) = std::fs::read_to_string(dir.join("generate.json")) else {
-            continue;
-        };
+    for dir in fixtures() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let fixture = json(&dir.join("generate.json"));
         let prompts: Vec<Vec<u32>> = serde_json::from_value(fixture["prompts"].clone()).unwrap();
         let want: Vec<Vec<u32>> = serde_json::from_value(fixture["greedy"].clone()).unwrap();
         let checkpoint = HfCheckpoint::open(&dir).expect("odc opens transformers' checkpoint");
@@ -329,20 +292,11 @@ fn greedy_generation_equals_python_transformers_generate() {
 /// The fixtures of `scripts/hf_fixtures.py`: each directory's logits by Python `transformers`.
 #[test]
 fn logits_equal_python_transformers_on_its_own_checkpoints() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
-        .expect("tests/fixtures/hf")
-        .map(|e| e.expect("an entry").path())
-        .filter(|p| p.is_dir())
-        .collect();
-    cases.sort();
-    assert_eq!(cases.len(), 4, "{cases:?}");
+    let cases = fixtures();
     let device = Device::Cpu;
     for dir in cases {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let fixture: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap())
-                .unwrap();
+        let fixture = json(&dir.join("logits.json"));
         let tokens: Vec<u32> = serde_json::from_value(fixture["tokens"].clone()).unwrap();
         let rows: Vec<Vec<f32>> = serde_json::from_value(fixture["logits"].clone()).unwrap();
         let reference = Tensor::new(rows, &device).unwrap();

@@ -23,6 +23,25 @@ pub fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     max
 }
 
+/// The largest `|b − a| / |a|` over two runs' step losses; fails on different step counts or a
+/// loss that is not finite.
+#[allow(dead_code)] // not every binary that includes this compares losses
+pub fn worst_loss_diff(a: &[odc::StepStats], b: &[odc::StepStats]) -> f64 {
+    assert_eq!(a.len(), b.len(), "step counts differ");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            assert!(
+                x.loss.is_finite() && y.loss.is_finite(),
+                "{} vs {}",
+                x.loss,
+                y.loss
+            );
+            ((y.loss - x.loss) / x.loss).abs()
+        })
+        .fold(0.0, f64::max)
+}
+
 #[test]
 fn max_abs_diff_refuses_mismatches_and_nan() {
     let a = vec![vec![1.0, 2.0]];

@@ -117,20 +117,49 @@ impl CustomOp3 for FusedAttention {
     }
 }
 
-/// Whether the kernel takes ring attention's pair of `n` queries at positions `q_pos..` and `m`
-/// keys at `k_pos..` of one sample, and causally or not: the same range (causal) or an earlier
-/// one, wholly seen (not causal). Other overlaps take the blocked path.
-fn pair(q_pos: usize, n: usize, k_pos: usize, m: usize) -> Option<bool> {
-    match (q_pos == k_pos && n == m, k_pos + m <= q_pos) {
-        (true, _) => Some(true),
-        (false, true) => Some(false),
-        _ => None,
+/// Ring attention's pair of queries `q: [H, n, hd]` at positions `q_pos..` and `m` keys at
+/// `k_pos..` of one sample, as the kernel takes it: one sample's offsets `[0, n]`, `[0, m]` and
+/// whether it is causal — the same range (causal) or an earlier one, wholly seen (not causal).
+/// `None` for other overlaps, or where the kernels do not run: the blocked path takes those.
+struct Pair {
+    cu_q: Tensor,
+    cu_k: Tensor,
+    causal: bool,
+    scale: f32,
+}
+
+impl Pair {
+    fn of(q: &Tensor, q_pos: usize, k: &Tensor, k_pos: usize) -> Result<Option<Pair>> {
+        let ((_, n, hd), m) = (q.dims3()?, k.dim(1)?);
+        let causal = match (q_pos == k_pos && n == m, k_pos + m <= q_pos) {
+            (true, _) => true,
+            (false, true) => false,
+            _ => return Ok(None),
+        };
+        if !(fused::applies(q) && hd <= MAX_ATTENTION_HEAD_DIM) {
+            return Ok(None);
+        }
+        let offsets = |len: usize| Tensor::from_vec(vec![0i64, len as i64], 2, q.device());
+        Ok(Some(Pair {
+            cu_q: offsets(n)?,
+            cu_k: offsets(m)?,
+            causal,
+            scale: 1.0 / (hd as f32).sqrt(),
+        }))
+    }
+
+    fn varlen(&self) -> Varlen<'_> {
+        Varlen {
+            cu_q: &self.cu_q,
+            cu_k: &self.cu_k,
+            causal: self.causal,
+        }
     }
 }
 
 /// Ring attention's partial ([`super::blocked::attend_partial`]'s arguments and result: queries
 /// `q: [H, n, hd]` at `q_pos..` against `k, v: [KV, m, hd]` at `k_pos..`; fp32 output and
-/// log-sum-exp) by the kernel, where it takes the pair ([`takes`], [`pair`]); `None` otherwise.
+/// log-sum-exp) by the kernel, where it takes the pair ([`Pair`]); `None` otherwise.
 pub fn partial(
     q: &Tensor,
     q_pos: usize,
@@ -138,23 +167,16 @@ pub fn partial(
     v: &Tensor,
     k_pos: usize,
 ) -> Result<Option<Partial>> {
-    let ((heads, n, hd), m) = (q.dims3()?, k.dim(1)?);
-    let Some(causal) = pair(q_pos, n, k_pos, m).filter(|_| takes(q)) else {
+    let Some(pair) = Pair::of(q, q_pos, k, k_pos)? else {
         return Ok(None);
     };
-    let (cu_q, cu_k) = offsets(n, m, q.device())?;
-    let varlen = Varlen {
-        cu_q: &cu_q,
-        cu_k: &cu_k,
-        causal,
-    };
+    let dtype = q.dtype();
     let (qt, kt, vt) = (
         tokens(q)?,
-        tokens(&k.to_dtype(q.dtype())?)?,
-        tokens(&v.to_dtype(q.dtype())?)?,
+        tokens(&k.to_dtype(dtype)?)?,
+        tokens(&v.to_dtype(dtype)?)?,
     );
-    let (out, lse) = fused::attention(&qt, &kt, &vt, varlen, 1.0 / (hd as f32).sqrt())?;
-    debug_assert_eq!(lse.dims(), &[n, heads]);
+    let (out, lse) = fused::attention(&qt, &kt, &vt, pair.varlen(), pair.scale)?;
     Ok(Some(Partial {
         out: heads_first(&out)?.to_dtype(candle_core::DType::F32)?,
         lse: lse.t()?.contiguous()?,
@@ -175,15 +197,8 @@ pub fn partial_backward(
     lse: &Tensor,
     dd: &Tensor,
 ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
-    let ((_, n, hd), m) = (q.dims3()?, k.dim(1)?);
-    let Some(causal) = pair(q_pos, n, k_pos, m).filter(|_| takes(q)) else {
+    let Some(pair) = Pair::of(q, q_pos, k, k_pos)? else {
         return Ok(None);
-    };
-    let (cu_q, cu_k) = offsets(n, m, q.device())?;
-    let varlen = Varlen {
-        cu_q: &cu_q,
-        cu_k: &cu_k,
-        causal,
     };
     let dtype = q.dtype();
     let (dq, dk, dv) = fused::attention_backward_from(
@@ -193,8 +208,8 @@ pub fn partial_backward(
         &tokens(&d_o.to_dtype(dtype)?)?,
         &lse.t()?.contiguous()?,
         &dd.t()?.contiguous()?,
-        varlen,
-        1.0 / (hd as f32).sqrt(),
+        pair.varlen(),
+        pair.scale,
     )?;
     let f32 = candle_core::DType::F32;
     Ok(Some((
@@ -202,19 +217,6 @@ pub fn partial_backward(
         heads_first(&dk)?,
         heads_first(&dv)?,
     )))
-}
-
-/// Whether the kernels take queries `q: [H, n, hd]` (as [`applies`] for `[1, H, n, hd]`).
-fn takes(q: &Tensor) -> bool {
-    fused::applies(q) && q.dim(2).is_ok_and(|hd| hd <= MAX_ATTENTION_HEAD_DIM)
-}
-
-/// One sample's offsets `[0, n]` and `[0, m]` (i64).
-fn offsets(n: usize, m: usize, device: &candle_core::Device) -> Result<(Tensor, Tensor)> {
-    Ok((
-        Tensor::from_vec(vec![0i64, n as i64], 2, device)?,
-        Tensor::from_vec(vec![0i64, m as i64], 2, device)?,
-    ))
 }
 
 /// `[H, n, hd]` → contiguous `[n, H, hd]`.

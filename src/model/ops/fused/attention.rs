@@ -4,7 +4,7 @@
 use candle_core::{DType, Error, Result, Tensor};
 use odc_kernels::{ATTENTION, FLASH};
 
-use super::launch::{Arg, Kernels};
+use super::launch::{Arg, Buf, Kernels};
 use super::suffix;
 
 /// The head widths the attention kernel takes (a warp holds a row in 4 registers per lane).
@@ -49,6 +49,41 @@ impl<'a> Varlen<'a> {
     }
 }
 
+/// What every attention kernel takes after its tensors: the samples' offsets and count, causal,
+/// the heads, the head width and the scale.
+struct Shared {
+    cu_q: Buf,
+    cu_k: Buf,
+    numbers: [u64; 5],
+    scale: f32,
+}
+
+impl Shared {
+    fn new(kn: &Kernels, varlen: Varlen<'_>, q: &Tensor, k: &Tensor, scale: f32) -> Result<Self> {
+        let ((_, heads, dim), kv_heads) = (q.dims3()?, k.dim(1)?);
+        let (samples, causal) = (varlen.samples(), u64::from(varlen.causal));
+        Ok(Shared {
+            cu_q: kn.input(varlen.cu_q)?,
+            cu_k: kn.input(varlen.cu_k)?,
+            numbers: [
+                samples as u64,
+                causal,
+                heads as u64,
+                kv_heads as u64,
+                dim as u64,
+            ],
+            scale,
+        })
+    }
+
+    fn args(&self) -> Vec<Arg<'_>> {
+        let mut args = vec![Arg::B(&self.cu_q), Arg::B(&self.cu_k)];
+        args.extend(self.numbers.iter().map(|&n| Arg::U(n)));
+        args.push(Arg::F(self.scale));
+        args
+    }
+}
+
 /// Attention over `varlen`'s samples with grouped-query heads: token-major `q: [Tq, H, hd]`,
 /// `k, v: [Tk, KV, hd]` in one dtype; `(out [Tq, H, hd]` in `q`'s dtype, `lse [Tq, H]` fp32: −inf,
 /// and zeros out, for a query that sees no key), scores scaled by `scale`. In bf16 with head
@@ -63,14 +98,12 @@ pub fn attention(
 ) -> Result<(Tensor, Tensor)> {
     let kn = Kernels::of(q)?;
     let (tokens, heads, dim) = q.dims3()?;
-    let kv_heads = k.dim(1)?;
-    let (qb, kb, vb, cu_q, cu_k) = (
+    let (qb, kb, vb) = (
         kn.input(q)?,
         kn.input(&k.to_dtype(q.dtype())?)?,
         kn.input(&v.to_dtype(q.dtype())?)?,
-        kn.input(varlen.cu_q)?,
-        kn.input(varlen.cu_k)?,
     );
+    let shared = Shared::new(&kn, varlen, q, k, scale)?;
     let out = kn.output(q.dtype(), &[tokens, heads, dim])?;
     let lse = kn.output(DType::F32, &[tokens, heads])?;
     let flash = flash_applies(q);
@@ -78,22 +111,15 @@ pub fn attention(
         true => flash_threads(tokens, heads),
         false => tokens * heads * 32,
     };
-    let args = [
+    let mut args = vec![
         Arg::B(&out),
         Arg::B(&lse),
         Arg::B(&qb),
         Arg::B(&kb),
         Arg::B(&vb),
-        Arg::B(&cu_q),
-        Arg::B(&cu_k),
-        Arg::U(varlen.samples() as u64),
-        Arg::U(u64::from(varlen.causal)),
-        Arg::U(heads as u64),
-        Arg::U(kv_heads as u64),
-        Arg::U(dim as u64),
-        Arg::F(scale),
-        Arg::U(n as u64),
     ];
+    args.extend(shared.args());
+    args.push(Arg::U(n as u64));
     match flash {
         true => kn.launch(&FLASH, "odc_flash_attention_fwd_bf16", n, &args)?,
         false => {
@@ -166,29 +192,21 @@ pub fn attention_backward_from(
         kn.input(&v.to_dtype(dtype)?)?,
         kn.input(&dout.to_dtype(dtype)?)?,
     );
-    let (lb, eb, cu_q, cu_k) = (
+    let (lb, eb) = (
         kn.input(&lse.to_dtype(DType::F32)?)?,
         kn.input(&delta.to_dtype(DType::F32)?)?,
-        kn.input(varlen.cu_q)?,
-        kn.input(varlen.cu_k)?,
     );
+    let tail = Shared::new(&kn, varlen, q, k, scale)?;
     // The arguments both passes share after their outputs.
-    let shared = [
+    let mut shared = vec![
         Arg::B(&qb),
         Arg::B(&kb),
         Arg::B(&vb),
         Arg::B(&db),
         Arg::B(&lb),
         Arg::B(&eb),
-        Arg::B(&cu_q),
-        Arg::B(&cu_k),
-        Arg::U(varlen.samples() as u64),
-        Arg::U(u64::from(varlen.causal)),
-        Arg::U(heads as u64),
-        Arg::U(kv_heads as u64),
-        Arg::U(dim as u64),
-        Arg::F(scale),
     ];
+    shared.extend(tail.args());
     // The dq and dk/dv passes: FlashAttention-2's tiles where they apply, else the plain ones.
     let (source, prefix, queries, keys) = match flash_applies(q) {
         true => (
