@@ -35,12 +35,9 @@
 //! (CI sets `ODC_REQUIRE_EMULATION=1`: there that fails).
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor, Var};
-use odc::model::attention::{blocked_packed_attend, gang_attend};
 use odc::model::config::Blocks;
-use odc::model::gang::{GangLayout, GangLink, InProcessGang};
 use odc::model::hf::HfCheckpoint;
 use odc::model::ops::fused;
 use odc::model::{
@@ -51,6 +48,8 @@ use odc::text::{ArithTask, ByteTokenizer};
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, StepStats};
 use odc_kernels::emulate::Emulator;
 
+#[path = "common/gang.rs"]
+mod gang;
 #[path = "common/hf_fixtures.rs"]
 mod hf_fixtures;
 #[path = "common/params.rs"]
@@ -346,90 +345,6 @@ fn bf16_training_with_flash_attention_tracks_fp32() {
     assert!(worst < 3e-2, "bf16 losses differ by {worst:e} (relative)");
 }
 
-/// The attention's output and its inputs' gradients for the output gradient `r`: `[out, dq, dk,
-/// dv]` in fp32, each `[1, heads, t, hd]` (`[1, kv, t, hd]`) in the sample's order.
-type Attended = [Tensor; 4];
-
-fn gradients(vars: &[Var; 3], out: &Tensor, r: &Tensor) -> Attended {
-    let loss = out
-        .to_dtype(DType::F32)
-        .unwrap()
-        .mul(r)
-        .unwrap()
-        .sum_all()
-        .unwrap();
-    let grads = loss.backward().unwrap();
-    let g = |i: usize| {
-        grads
-            .get(vars[i].as_tensor())
-            .expect("a gradient")
-            .to_dtype(DType::F32)
-            .unwrap()
-    };
-    [out.to_dtype(DType::F32).unwrap(), g(0), g(1), g(2)]
-}
-
-/// The whole sample by candle's blocked attention (fp32).
-fn whole(qkv: &[Tensor; 3], r: &Tensor) -> Attended {
-    let t = qkv[0].dim(2).unwrap();
-    let vars = qkv.clone().map(|x| Var::from_tensor(&x).unwrap());
-    let [q, k, v] = vars.each_ref().map(|v| v.as_tensor());
-    let out = blocked_packed_attend(q, k, v, &[(0, t)], Blocks::default()).unwrap();
-    gradients(&vars, &out, r)
-}
-
-/// The same sample through a gang of `members` threads in `dtype`, each holding its zig-zag
-/// chunks; the members' results put back in the sample's order.
-fn split(qkv: &[Tensor; 3], r: &Tensor, members: usize, dtype: DType) -> Attended {
-    let t = qkv[0].dim(2).unwrap();
-    let links = InProcessGang::links(members, Duration::from_secs(60));
-    let parts: Vec<(Vec<usize>, Attended)> = std::thread::scope(|s| {
-        let handles: Vec<_> = links
-            .into_iter()
-            .enumerate()
-            .map(|(m, link)| {
-                s.spawn(move || {
-                    let layout = GangLayout::zigzag(t, members, m).unwrap();
-                    let positions = layout.positions();
-                    let index: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
-                    let index = Tensor::new(index, &Device::Cpu).unwrap();
-                    let local = |x: &Tensor| x.index_select(&index, 2).unwrap();
-                    let vars = qkv
-                        .clone()
-                        .map(|x| Var::from_tensor(&local(&x).to_dtype(dtype).unwrap()).unwrap());
-                    let [q, k, v] = vars.each_ref().map(|v| v.as_tensor());
-                    let link: Arc<dyn GangLink> = link;
-                    let out = gang_attend(q, k, v, &layout, link, 3, Blocks::default()).unwrap();
-                    (positions, gradients(&vars, &out, &local(r)))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a member"))
-            .collect()
-    });
-    let mut positions = Vec::new();
-    let mut pieces: [Vec<Tensor>; 4] = Default::default();
-    for (p, xs) in parts {
-        positions.extend(p);
-        for (i, x) in xs.into_iter().enumerate() {
-            pieces[i].push(x);
-        }
-    }
-    let mut inverse = vec![0u32; t];
-    for (local, &p) in positions.iter().enumerate() {
-        inverse[p] = local as u32;
-    }
-    let inverse = Tensor::new(inverse, &Device::Cpu).unwrap();
-    pieces.map(|xs| {
-        Tensor::cat(&xs, 2)
-            .unwrap()
-            .index_select(&inverse, 2)
-            .unwrap()
-    })
-}
-
 /// `‖a − b‖ / ‖b‖`; fails on a non-finite element.
 fn relative(a: &Tensor, b: &Tensor) -> f64 {
     let (a, b): (Vec<f32>, Vec<f32>) = (
@@ -482,8 +397,10 @@ fn a_sample_split_over_a_gang_equals_the_whole_sample() {
             random(&[1, kv, t, hd], seed + 2),
         ];
         let r = random(&[1, heads, t, hd], seed + 3);
-        let want = whole(&qkv, &r);
-        let (got, launches) = with_kernels(&emulator, || split(&qkv, &r, members, dtype));
+        let want = gang::whole(&qkv, &r, Blocks::default());
+        let (got, launches) = with_kernels(&emulator, || {
+            gang::split(&qkv, &r, members, dtype, Blocks::default())
+        });
         let errors: Vec<f64> = got.iter().zip(&want).map(|(g, w)| relative(g, w)).collect();
         let shown: Vec<String> = errors.iter().map(|e| format!("{e:.1e}")).collect();
         eprintln!(

@@ -51,6 +51,8 @@ use odc::model::{
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{Job, LrSchedule, OptimizerConfig, Precision, SampleMeta, StepStats};
 
+#[path = "common/gang.rs"]
+mod gang;
 #[path = "common/params.rs"]
 mod params;
 use params::{max_abs_diff, worst_loss_diff};
@@ -535,10 +537,7 @@ fn rel_err(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
 /// the chunks do not divide) within 1e-4.
 #[test]
 fn ring_attention_on_cuda_equals_the_blocked_attention() {
-    use candle_core::{Tensor, Var};
-    use odc::model::attention::blocked_packed_attend;
-    use odc::model::attention::gang_attend;
-    use odc::model::gang::{GangLayout, GangLink, InProcessGang};
+    use candle_core::Tensor;
     use odc::model::Blocks;
     let Some(spec) = cuda() else {
         return;
@@ -554,83 +553,14 @@ fn ring_attention_on_cuda_equals_the_blocked_attention() {
     ];
     let r = randn((1, heads, t, hd));
     let blocks = Blocks::for_device(&device);
-    let vars = qkv.clone().map(|x| Var::from_tensor(&x).unwrap());
-    let out = blocked_packed_attend(
-        vars[0].as_tensor(),
-        vars[1].as_tensor(),
-        vars[2].as_tensor(),
-        &[(0, t)],
-        blocks,
-    )
-    .unwrap();
-    let grads = (&out * &r).unwrap().sum_all().unwrap().backward().unwrap();
-    let g = |i: usize| grads.get(vars[i].as_tensor()).unwrap().clone();
-    let reference = [out, g(0), g(1), g(2)];
+    let reference = gang::whole(&qkv, &r, blocks);
     for members in [2usize, 3] {
         let started = Instant::now();
-        let links = InProcessGang::links(members, std::time::Duration::from_secs(120));
-        let results: Vec<(Vec<usize>, [Tensor; 4])> = std::thread::scope(|s| {
-            let handles: Vec<_> = links
-                .into_iter()
-                .enumerate()
-                .map(|(m, link)| {
-                    let (qkv, r, device) = (&qkv, &r, &device);
-                    s.spawn(move || {
-                        let layout = GangLayout::zigzag(t, members, m).unwrap();
-                        let positions = layout.positions();
-                        let index: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
-                        let index = Tensor::new(index, device).unwrap();
-                        let local = |x: &Tensor| x.index_select(&index, 2).unwrap();
-                        let vars = [
-                            Var::from_tensor(&local(&qkv[0])).unwrap(),
-                            Var::from_tensor(&local(&qkv[1])).unwrap(),
-                            Var::from_tensor(&local(&qkv[2])).unwrap(),
-                        ];
-                        let link: Arc<dyn GangLink> = link;
-                        let out = gang_attend(
-                            vars[0].as_tensor(),
-                            vars[1].as_tensor(),
-                            vars[2].as_tensor(),
-                            &layout,
-                            link,
-                            0,
-                            blocks,
-                        )
-                        .unwrap();
-                        let grads = (&out * local(r))
-                            .unwrap()
-                            .sum_all()
-                            .unwrap()
-                            .backward()
-                            .unwrap();
-                        let g = |i: usize| grads.get(vars[i].as_tensor()).unwrap().clone();
-                        (positions, [out, g(0), g(1), g(2)])
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let mut positions = Vec::new();
-        let mut parts: [Vec<Tensor>; 4] = Default::default();
-        for (p, xs) in results {
-            positions.extend(p);
-            for (i, x) in xs.into_iter().enumerate() {
-                parts[i].push(x);
-            }
-        }
-        let mut inverse = vec![0u32; t];
-        for (local, &p) in positions.iter().enumerate() {
-            inverse[p] = local as u32;
-        }
-        let inverse = Tensor::new(inverse, &device).unwrap();
-        let errs: Vec<f32> = (0..4)
-            .map(|i| {
-                let got = Tensor::cat(&parts[i], 2)
-                    .unwrap()
-                    .index_select(&inverse, 2)
-                    .unwrap();
-                rel_err(&got, &reference[i])
-            })
+        let got = gang::split(&qkv, &r, members, candle_core::DType::F32, blocks);
+        let errs: Vec<f32> = got
+            .iter()
+            .zip(&reference)
+            .map(|(g, w)| rel_err(g, w))
             .collect();
         eprintln!(
             "ring attention on CUDA (gang of {members}, {t} tokens): out, dq, dk, dv errors \
