@@ -6,8 +6,9 @@
 //! 2. **left padding is invisible**: a batch of prompts of different lengths ([`prefill`]) ends
 //!    every prompt on the same column; a row's padding is masked from every query and its
 //!    positions (rotary angles) start at 0 after it, so each row's logits are its own alone;
-//! 3. the cache holds the columns used (capacity doubled as they grow, never `max_seq_len` up
-//!    front), and a row's positions never pass `max_seq_len`.
+//! 3. the cache holds the columns used (the whole decode's, reserved at once by the batched
+//!    decoder, or doubled as they grow; never `max_seq_len` up front), and a row's positions never
+//!    pass `max_seq_len`.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -38,6 +39,9 @@ pub struct KvCache {
     rows: usize,
     /// Per row, the columns of left padding before its first token (empty: none).
     pads: Vec<usize>,
+    /// Columns the buffers are made for when first needed ([`KvCache::reserve`]; 0: doubled
+    /// as they fill).
+    reserved: usize,
 }
 
 impl KvCache {
@@ -48,6 +52,13 @@ impl KvCache {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Makes the buffers, when first needed, `columns` wide (the longest prompt and the most
+    /// tokens a response may add: the batch's whole decode) instead of doubling them as they fill,
+    /// each doubling a copy of the cache. Past `columns` they double again.
+    pub fn reserve(&mut self, columns: usize) {
+        self.reserved = columns;
     }
 
     /// Sequences in the cache (0 before the first feed).
@@ -311,8 +322,8 @@ fn prefill_attention(
         .contiguous()
 }
 
-/// Grows the cache's buffers to hold `total` columns (doubling; at least 64), keeping the
-/// `start` columns it holds.
+/// Grows the cache's buffers to hold `total` columns (to the columns reserved, else doubling; at
+/// least 64), keeping the `start` columns it holds.
 fn grow(w: &Weights, cache: &mut KvCache, rows: usize, start: usize, total: usize) -> Result<()> {
     let c = &w.config;
     let capacity = cache
@@ -323,10 +334,11 @@ fn grow(w: &Weights, cache: &mut KvCache, rows: usize, start: usize, total: usiz
         return Ok(());
     }
     // A model whose config allows 128K positions does not allocate them for a 300-token answer.
-    let grown = total
-        .next_power_of_two()
-        .max(64)
-        .min(c.max_seq_len.max(total));
+    let grown = match cache.reserved >= total {
+        true => cache.reserved,
+        false => total.next_power_of_two().max(64),
+    };
+    let grown = grown.min(c.max_seq_len.max(total));
     let device = w.units[0][0].device();
     let buffer = || Tensor::zeros((rows, c.kv_heads(), grown, c.head_dim()), w.dtype(), device);
     let mut layers = Vec::with_capacity(c.n_layers);

@@ -86,6 +86,9 @@ pub(super) fn decode<R: Rng>(
     }
     let mut cache = KvCache::default();
     let texts: Vec<&[u32]> = fed.iter().map(|&p| prompts[p].tokens).collect();
+    // Every column the decode can fill, made at once: no copy of the cache as it grows.
+    let longest = texts.iter().map(|t| t.len()).max().unwrap_or(0);
+    cache.reserve(longest + active.iter().map(|&r| budgets[r]).max().unwrap_or(0));
     let last = prefill(w, &mut cache, &texts)?;
     // One row per response: its prompt's row, repeated for a group.
     let rows: Vec<usize> = active

@@ -856,9 +856,10 @@ mod tests {
         assert_eq!(2 * bytes(&w16), bytes(&w32));
     }
 
-    /// What the batch's cache holds: every row at the capacity its longest column needs (64 at
-    /// least, doubled), fp32 keys and values per KV head, against the analytical bytes of the
-    /// tokens in it.
+    /// What the batch's cache holds: every row as wide as the whole decode can fill (the longest
+    /// prompt and `max_new_tokens`, made once: no copy as it grows), fp32 keys and values per KV
+    /// head, against the analytical bytes of the tokens in it; a cache fed without a reservation
+    /// doubles (64 columns at least).
     #[test]
     fn the_cache_holds_rows_times_its_capacity() {
         let c = ModelConfig {
@@ -873,8 +874,14 @@ mod tests {
         let (out, stats) = generate_batch_measured(&w, &prompts, &s, &mut rngs).unwrap();
         assert!(out.iter().all(|r| r.len() == 5));
         let per_token = 2 * c.n_layers * c.kv_heads() * c.head_dim() * 4;
-        // Four rows of 64 columns; at the first draw they held the prompts' 3 + 3 + 1 + 1 tokens.
-        assert_eq!(stats.peak_cache_bytes, 4 * 64 * per_token);
+        // Four rows of 3 + 5 columns; at the first draw they held the prompts' 3 + 3 + 1 + 1
+        // tokens.
+        assert_eq!(stats.peak_cache_bytes, 4 * 8 * per_token);
         assert_eq!(stats.tokens_at_peak, 8);
+        let mut cache = KvCache::default();
+        forward_cached(&w, &mut cache, &[1, 2, 3]).unwrap();
+        assert_eq!(cache.bytes(), 64 * per_token);
+        forward_cached(&w, &mut cache, &[1; 62]).unwrap();
+        assert_eq!(cache.bytes(), 128 * per_token);
     }
 }
