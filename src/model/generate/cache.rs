@@ -27,8 +27,9 @@ const PAD: u32 = 0;
 /// Keys and values of every block for the tokens fed so far: `rows` sequences, fed column by
 /// column (one sequence, a group of responses to one prompt, or prompts of different lengths
 /// left-padded to end on the same column). Each block's keys and values live in buffers of
-/// `[rows, kv_heads, capacity, head_dim]` (capacity: the columns fed so far rounded up to a power
-/// of two, at least 64; grown by copying when a feed passes it); a feed writes its columns in
+/// `[rows, kv_heads, capacity, head_dim]` (capacity: the columns [reserved](KvCache::reserve),
+/// or the columns fed so far rounded up to a power of two, at least 64; grown by copying when a
+/// feed passes it); a feed writes its columns in
 /// place and attention reads the filled prefix as a view, so a token costs no copy of the cache
 /// (not `Clone`: a copy would share the buffers).
 #[derive(Debug, Default)]
