@@ -63,6 +63,9 @@ ODC_STEPS="${ODC_STEPS:-3}"
 ODC_WARMUP="${ODC_WARMUP:-1}"
 PEER_STEPS="${PEER_STEPS:-10}"
 PEER_WARMUP="${PEER_WARMUP:-3}"
+# The fused run's steps: the peer's warm-up and timed steps, so the two loss curves share their
+# steps and their learning-rate schedule (issue 41 compares them).
+CURVE_STEPS="${CURVE_STEPS:-$((PEER_WARMUP + PEER_STEPS))}"
 SMOL_BATCH="${SMOL_BATCH:-64}"
 QWEN_BATCH="${QWEN_BATCH:-32}"
 LAUNCH_BATCH="${LAUNCH_BATCH:-32}"
@@ -162,7 +165,8 @@ peer_run() { # KEY KIND SHAPE BATCH
   local key="$1" kind="$2" shape="$3" batch="$4"
   run "$key" "$kind" "$shape" "$batch" "$PEER_WARMUP" 150 "$LOGDIR/$key.json" -- \
     "$PYTHON" "$PEER" train --model-dir "$MODELS/$shape" --data "$DATA" --batch-size "$batch" \
-    --steps "$PEER_STEPS" --warmup "$PEER_WARMUP" --count-steps $((ODC_WARMUP + ODC_STEPS)) \
+    --steps "$PEER_STEPS" --warmup "$PEER_WARMUP" \
+    --count-steps $((ODC_WARMUP + ODC_STEPS > CURVE_STEPS ? ODC_WARMUP + ODC_STEPS : CURVE_STEPS)) \
     --json "$LOGDIR/$key.json" "${peer_args[@]}"
 }
 
@@ -170,15 +174,15 @@ odc_run() { # KEY SHAPE BATCH CAP [KIND [FLAGS...]]: odc's sft (KIND odc-host: -
   # odc-fused: with ODC_FUSED_KERNELS=1)
   local key="$1" shape="$2" batch="$3" cap="$4" kind="${5:-odc}"
   shift 5 2>/dev/null || shift $#
-  local envs=(env)
-  [ "$kind" = odc-fused ] && envs=(env ODC_FUSED_KERNELS=1)
+  local envs=(env) steps=$((ODC_WARMUP + ODC_STEPS))
+  [ "$kind" = odc-fused ] && envs=(env ODC_FUSED_KERNELS=1) && steps="$CURVE_STEPS"
   if ! has sft; then
     not_run "$key" "$kind" "$shape" "$batch" "not built: sft is not in $FOLDER (build.sh with part 2)"
     return
   fi
   run "$key" "$kind" "$shape" "$batch" "$ODC_WARMUP" "$cap" "" -- \
     "${envs[@]}" "$BIN/sft" --device cuda --model-dir "$MODELS/$shape" --data "$DATA" --batch-size "$batch" \
-    --steps $((ODC_WARMUP + ODC_STEPS)) --eval-every 0 --no-metrics --step-stats \
+    --steps "$steps" --eval-every 0 --no-metrics --step-stats \
     --trace "$LOGDIR/$key.trace.json" "$@" "${odc_args[@]}"
 }
 

@@ -613,6 +613,7 @@ def odc_log(path, warmup, peer_json=None):
                  r"^step +(\d+)/\d+ +loss ([-+0-9.eE]+|NaN|inf) .*? ([0-9.]+) tok/s +([0-9.]+) ms/step",
                  text, re.M)}
     m = re.search(r"^(\d+) steps in ([0-9.]+) s: ([0-9.]+) tokens/s", text, re.M)
+    out["losses"] = {k: s["loss"] for k, s in stats.items() if s["loss"] is not None}
     if 1 in stats:
         out["loss_first"] = stats[1]["loss"]
     elif 1 in lines:
@@ -648,6 +649,18 @@ def odc_log(path, warmup, peer_json=None):
         out["note"] = (f"no per-step lines: step 1 excluded{' only' if warmup > 1 else ''}, "
                        f"the rest from '{n} steps in {secs} s'; {how}")
     return out
+
+
+def loss_curve(odc_losses, peer_log):
+    """(the largest relative difference of odc's step losses from the peer's, its step, the steps
+    compared) over the steps both logged, or None when they share none."""
+    peer = {int(r["step"]): float(r["loss"]) for r in peer_log if "loss" in r}
+    common = sorted(k for k in odc_losses if k in peer and peer[k] != 0)
+    if not common:
+        return None
+    diffs = [(odc_losses[k] / peer[k] - 1, k) for k in common]
+    worst, at = max(diffs, key=lambda d: abs(d[0]))
+    return worst, at, len(common)
 
 
 def report(args):
@@ -810,6 +823,14 @@ def report(args):
                     row(f"{label}: first loss, odc fused vs peer", f"{rel:+.2%}",
                         "within 1% (bf16)", "ok" if abs(rel) <= 0.01 else "FAIL",
                         f"odc {o['loss_first']:.4f}, peer {peer_ok[0][1]['loss_first']:.4f}")
+            if peer_ok and o.get("losses"):
+                curve = loss_curve(o["losses"], peer_ok[0][1].get("steps_log", []))
+                if curve:
+                    worst, at, n = curve
+                    row(f"{label}: loss curve, odc fused vs peer", f"{worst:+.2%} at step {at}",
+                        "within 2% over 20 steps (part 2)", "ok" if abs(worst) <= 0.02 else "FAIL",
+                        f"the largest relative difference over the {n} steps both ran (the same "
+                        f"samples, order and learning-rate schedule)")
             if odc_ok:
                 tps = sum(x["tokens_per_s"] for _, x in odc_ok) / len(odc_ok)
                 row(f"{label}: fused kernels / candle's ops (tokens/s)",
