@@ -30,6 +30,11 @@
 //!   v within 1e-5 relative in fp32 (the plain kernels), 1e-2 in bf16 (FlashAttention-2's tiles,
 //!   heads of 64 and 128).
 //!
+//! - **bf16 sampling** ([`bf16_sampling_scores_as_the_training_forward_with_the_kernels`]): the
+//!   decoder in bf16 (the prompts' prefill by FlashAttention-2's tiles, heads of 64; each token by
+//!   decoding's kernel over a bf16 cache) draws responses whose per-token log-probs equal the
+//!   training forward's by candle's ops in bf16 on the same tokens within bf16's tolerance.
+//!
 //! Each test checks that kernels ran (`fused::launches()` grew). The switch is one per process,
 //! so the tests take turns ([`LOCK`]). Without a C++ compiler each test says it is skipped
 //! (CI sets `ODC_REQUIRE_EMULATION=1`: there that fails).
@@ -41,7 +46,8 @@ use odc::model::config::Blocks;
 use odc::model::hf::HfCheckpoint;
 use odc::model::ops::fused;
 use odc::model::{
-    generate_batch, model_forward, transformer_job_on, ComputePrecision, ModelConfig, Objective,
+    batch_log_probs, generate_batch, generate_batch_with_log_probs, model_forward,
+    transformer_job_on, unit_count, unit_init_values, ComputePrecision, ModelConfig, Objective,
     PackedBatch, Placement, Prompt, Sample, SampleStore, Sampling, Weights,
 };
 use odc::text::{ArithTask, ByteTokenizer};
@@ -413,4 +419,56 @@ fn a_sample_split_over_a_gang_equals_the_whole_sample() {
             assert!(*e <= bound, "{name}: {e:e} over {bound:e}");
         }
     }
+}
+
+/// bf16 sampling with the kernels (see the module docs).
+#[test]
+fn bf16_sampling_scores_as_the_training_forward_with_the_kernels() {
+    let test = "bf16_sampling_scores_as_the_training_forward_with_the_kernels";
+    let Some((_lock, emulator)) = emulation(test) else {
+        return;
+    };
+    let c = config();
+    let units: Vec<Vec<f32>> = (0..unit_count(&c))
+        .map(|u| unit_init_values(&c, u).unwrap())
+        .collect();
+    let w = Weights::from_units(&c, &units, &Device::Cpu)
+        .unwrap()
+        .in_precision(ComputePrecision::Bf16)
+        .unwrap();
+    // Prompts of different lengths (left padding), one longer than a 128-row tile.
+    let texts: Vec<Vec<u32>> = [150usize, 40, 7]
+        .iter()
+        .map(|&n| {
+            (0..n as u32)
+                .map(|i| (i * 7 + n as u32) % 200 + 1)
+                .collect()
+        })
+        .collect();
+    let prompts: Vec<Prompt<'_>> = texts.iter().map(|t| Prompt::new(t).samples(2)).collect();
+    let s = Sampling::new(1.0, 12, vec![]);
+    let mut rngs: Vec<StdRng> = (0..6).map(StdRng::seed_from_u64).collect();
+    let (scored, launches) = with_kernels(&emulator, || {
+        generate_batch_with_log_probs(&w, &prompts, &s, &mut rngs).unwrap()
+    });
+    let sequences: Vec<Vec<u32>> = scored
+        .iter()
+        .enumerate()
+        .map(|(i, g)| texts[i / 2].iter().chain(&g.tokens).copied().collect())
+        .collect();
+    let views: Vec<&[u32]> = sequences.iter().map(|s| s.as_slice()).collect();
+    let forward = batch_log_probs(&w, &views).unwrap();
+    let mut worst = 0f32;
+    for (i, (g, want)) in scored.iter().zip(&forward).enumerate() {
+        for (got, want) in g.log_probs.iter().zip(&want[texts[i / 2].len()..]) {
+            assert!(got.is_finite() && *got <= 0.0, "{got}");
+            worst = worst.max((got - want).abs());
+        }
+    }
+    eprintln!(
+        "bf16 sampling with the kernels ({launches} launches) vs the bf16 training forward by \
+         candle's ops: max |Δ log p| {worst}"
+    );
+    assert!(launches > 0, "no fused kernel ran");
+    assert!(worst < 0.1, "log-probs differ by {worst}");
 }
