@@ -51,7 +51,8 @@ pub fn packed_attend(
     let op = FusedAttention {
         cu,
         scale,
-        out: Precomputed::new("fused attention", head_major(&out)?),
+        // A view: the op's forward copies it once into its own (contiguous) output.
+        out: Precomputed::new("fused attention", out.transpose(0, 1)?.unsqueeze(0)?),
         out_tokens: out,
         lse,
     };
