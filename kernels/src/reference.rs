@@ -226,12 +226,13 @@ pub fn swiglu_backward(a: &[f32], b: &[f32], g: &[f32]) -> (Vec<f64>, Vec<f64>) 
 }
 
 /// Rotary embedding ("rotate half") of rows of `dim` values, row `r` at position
-/// `r mod positions`, with `[positions, dim / 2]` tables; `sign = −1` rotates back.
+/// `(r / group) mod positions` (group 1: heads first; the heads: tokens first), with
+/// `[positions, dim / 2]` tables; `sign = −1` rotates back.
 pub fn rope(
     x: &[f32],
     cos: &[f32],
     sin: &[f32],
-    positions: usize,
+    (positions, group): (usize, usize),
     dim: usize,
     sign: f64,
 ) -> Vec<f64> {
@@ -242,7 +243,7 @@ pub fn rope(
         .zip(out.chunks_exact_mut(dim))
         .enumerate()
     {
-        let at = (r % positions) * half;
+        let at = ((r / group) % positions) * half;
         for j in 0..half {
             let (c, s) = (f64::from(cos[at + j]), sign * f64::from(sin[at + j]));
             let (x1, x2) = (f64::from(row[j]), f64::from(row[half + j]));
@@ -698,9 +699,9 @@ mod tests {
         let angles: Vec<f32> = (0..positions * dim / 2).map(|i| i as f32 * 0.37).collect();
         let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
         let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
-        let there = rope(&x, &cos, &sin, positions, dim, 1.0);
+        let there = rope(&x, &cos, &sin, (positions, 1), dim, 1.0);
         let there32: Vec<f32> = there.iter().map(|&v| v as f32).collect();
-        let back = rope(&there32, &cos, &sin, positions, dim, -1.0);
+        let back = rope(&there32, &cos, &sin, (positions, 1), dim, -1.0);
         for (b, &v) in back.iter().zip(&x) {
             assert!((b - f64::from(v)).abs() < 1e-5, "{b} vs {v}");
         }

@@ -1,5 +1,6 @@
 // Rotary embedding, Hugging Face's "rotate half" layout (Llama, Qwen): x is rows of `dim` values,
-// row r at position r mod `positions` (x is [.., positions, dim], contiguous); cos and sin are
+// row r at position (r / group) mod `positions` — group 1 for heads first ([.., positions, dim]),
+// the heads for tokens first ([positions, heads, dim]), contiguous; cos and sin are
 // [positions, dim / 2] fp32 tables (any scaling, Llama 3's included, is in the tables). One
 // thread per (row, pair), n = rows * dim / 2, grid-stride, fp32 arithmetic:
 //
@@ -12,15 +13,15 @@
 template <typename T>
 __device__ void odc_rope(T* __restrict__ out, const T* __restrict__ x,
                          const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-                         unsigned long long positions, unsigned long long dim, float sign,
-                         unsigned long long n) {
+                         unsigned long long positions, unsigned long long group,
+                         unsigned long long dim, float sign, unsigned long long n) {
     unsigned long long half = dim / 2;
     unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += stride) {
         unsigned long long row = i / half;
         unsigned long long j = i - row * half;
-        unsigned long long at = (row % positions) * half + j;
+        unsigned long long at = ((row / group) % positions) * half + j;
         float c = cos_t[at];
         float s = sign * sin_t[at];
         float x1 = odc_load(x, row * dim + j);
@@ -32,12 +33,14 @@ __device__ void odc_rope(T* __restrict__ out, const T* __restrict__ x,
 
 extern "C" __global__ void odc_rope_f32(float* out, const float* x, const float* cos_t,
                                         const float* sin_t, unsigned long long positions,
-                                        unsigned long long dim, float sign, unsigned long long n) {
-    odc_rope(out, x, cos_t, sin_t, positions, dim, sign, n);
+                                        unsigned long long group, unsigned long long dim,
+                                        float sign, unsigned long long n) {
+    odc_rope(out, x, cos_t, sin_t, positions, group, dim, sign, n);
 }
 extern "C" __global__ void odc_rope_bf16(unsigned short* out, const unsigned short* x,
                                          const float* cos_t, const float* sin_t,
-                                         unsigned long long positions, unsigned long long dim,
-                                         float sign, unsigned long long n) {
-    odc_rope(out, x, cos_t, sin_t, positions, dim, sign, n);
+                                         unsigned long long positions, unsigned long long group,
+                                         unsigned long long dim, float sign,
+                                         unsigned long long n) {
+    odc_rope(out, x, cos_t, sin_t, positions, group, dim, sign, n);
 }

@@ -20,7 +20,7 @@
 
 use candle_core::Tensor;
 
-use super::attention::{packed_attend, project, AttentionWeights};
+use super::attention::{fused, packed_attend, project, project_tokens, AttentionWeights};
 use super::batch::PackedBatch;
 use super::config::{AttentionImpl, LoraTarget, MlpImpl, ModelConfig};
 use super::error::{Error, Result};
@@ -179,10 +179,32 @@ pub fn block_forward_using(
     attention: AttentionImpl,
 ) -> Result<Tensor> {
     let w = BlockWeights::new(config, params)?;
+    if attention != AttentionImpl::Plain
+        && batch.pieces.is_empty()
+        && fused::applies_tokens(x, config)
+    {
+        return block_forward_tokens(config, &w, x, batch);
+    }
     let rope = (&batch.rope_cos, &batch.rope_sin);
     let attend =
         &mut |q: &Tensor, k: &Tensor, v: &Tensor| packed_attend(attention, config, q, k, v, batch);
     block_forward_with(config, &w, x, 1, rope, attend, batch.kernels.mlp)
+}
+
+/// [`block_forward_using`] where the fused kernels take the attention: q, k and v stay tokens
+/// first, as the projections make them and the kernels read them, and so does the attention's
+/// output into the output projection (no transpose, no copy either way).
+fn block_forward_tokens(
+    config: &ModelConfig,
+    w: &BlockWeights<'_>,
+    x: &Tensor,
+    batch: &PackedBatch,
+) -> Result<Tensor> {
+    let n = rms_norm(x, w.input_norm, config.rms_eps)?;
+    let (q, k, v) = project_tokens(config, &w.attention, &n, &batch.rope_cos, &batch.rope_sin)?;
+    let attended = fused::packed_attend_tokens(&q, &k, &v, &batch.spans)?;
+    let h = (x + w.attention.output_tokens(&attended)?)?;
+    mlp_residual(config, w, &h, batch.kernels.mlp)
 }
 
 /// `h + down(silu(gate n) * up n)`, `n = rms_norm(h, post_attention_layernorm)`: the block's

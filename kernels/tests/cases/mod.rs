@@ -293,7 +293,10 @@ pub fn swiglu_forward_and_backward_match_the_reference<B: Backend>(device: &B, m
 pub fn rotary_forward_and_backward_match_the_reference<B: Backend>(device: &B, mut rng: StdRng) {
     let rotary = device.module(ROTARY);
     for dtype in [Dtype::F32, Dtype::Bf16] {
-        for (heads, positions, dim) in [(1, 3, 64), (14, 37, 64), (9, 129, 96), (2, 300, 128)] {
+        // Heads first (group 1) and tokens first (group = the heads).
+        let shapes = [(1, 3, 64), (14, 37, 64), (9, 129, 96), (2, 300, 128)];
+        for ((heads, positions, dim), group) in shapes.into_iter().flat_map(|s| [(s, 1), (s, s.0)])
+        {
             let rows = heads * positions;
             let n = rows * dim;
             let x = as_dtype(dtype, &random(&mut rng, n, 2.0));
@@ -322,6 +325,7 @@ pub fn rotary_forward_and_backward_match_the_reference<B: Backend>(device: &B, m
                         Arg::buffer(&cb),
                         Arg::buffer(&sb),
                         Arg::u64(positions as u64),
+                        Arg::u64(group as u64),
                         Arg::u64(dim as u64),
                         Arg::f32(sign),
                         Arg::u64((n / 2) as u64),
@@ -330,8 +334,10 @@ pub fn rotary_forward_and_backward_match_the_reference<B: Backend>(device: &B, m
                         .launch(&rotary, &function, n / 2, &args)
                         .expect("rope");
                 }
-                let want = reference::rope(&x, &cos, &sin, positions, dim, f64::from(sign));
-                let what = format!("rope {dtype:?} {heads}x{positions}x{dim} sign {sign}");
+                let want =
+                    reference::rope(&x, &cos, &sin, (positions, group), dim, f64::from(sign));
+                let what =
+                    format!("rope {dtype:?} {heads}x{positions}x{dim} group {group} sign {sign}");
                 assert_close(&what, dtype, &[("out", device.download(dtype, &out), want)]);
             }
         }

@@ -27,6 +27,12 @@ pub fn applies(q: &Tensor) -> bool {
     fused::applies(q) && q.dim(3).is_ok_and(|hd| hd <= MAX_ATTENTION_HEAD_DIM)
 }
 
+/// Whether a block computing on `x: [T, d_model]` attends by the kernel tokens first
+/// ([`packed_attend_tokens`]): the kernels run on `x`'s device and dtype, and hold its heads.
+pub fn applies_tokens(x: &Tensor, config: &crate::model::ModelConfig) -> bool {
+    fused::applies(x) && config.head_dim() <= MAX_ATTENTION_HEAD_DIM
+}
+
 /// The samples at `spans` (each `(start, len)`, in order, tiling `0..T`) attended by the kernel.
 pub fn packed_attend(
     q: &Tensor,
@@ -35,7 +41,84 @@ pub fn packed_attend(
     spans: &[(usize, usize)],
 ) -> Result<Tensor> {
     super::blocked::check_packed(q, k, v, spans)?;
-    let (_, heads, t, hd) = q.dims4()?;
+    let tokens = |x: &Tensor| x.detach().get(0)?.transpose(0, 1);
+    attend(
+        q,
+        k,
+        v,
+        (&tokens(q)?, &tokens(k)?, &tokens(v)?),
+        spans,
+        Layout::HeadsFirst,
+    )
+}
+
+/// [`packed_attend`] tokens first, the kernel's own layout (no transpose either way): queries
+/// `[T, H, hd]`, keys and values `[T, KV, hd]`; `[T, H, hd]`.
+pub fn packed_attend_tokens(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spans: &[(usize, usize)],
+) -> Result<Tensor> {
+    let (t, heads, hd) = q.dims3()?;
+    let (tk, kv, _) = k.dims3()?;
+    let covered: usize = spans.iter().map(|&(_, len)| len).sum();
+    if tk != t || v.dims3()? != (t, kv, hd) || kv == 0 || heads % kv != 0 || covered != t {
+        return Err(crate::model::error::Error::Batch(format!(
+            "attention shapes: q {:?}, k {:?}, v {:?}, spans of {covered} tokens",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )));
+    }
+    attend(
+        q,
+        k,
+        v,
+        (&q.detach(), &k.detach(), &v.detach()),
+        spans,
+        Layout::TokensFirst,
+    )
+}
+
+/// Where the graph's q, k, v and output keep heads and tokens (the kernel's are tokens first).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Layout {
+    /// `[1, heads, T, hd]`.
+    HeadsFirst,
+    /// `[T, heads, hd]`.
+    TokensFirst,
+}
+
+impl Layout {
+    /// `x` (this layout) as the kernel reads it, contiguous `[T, heads, hd]`.
+    fn tokens(self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Layout::HeadsFirst => x.get(0)?.transpose(0, 1)?.contiguous(),
+            Layout::TokensFirst => x.contiguous(),
+        }
+    }
+
+    /// The kernel's `[T, heads, hd]` in this layout (a view).
+    fn of_tokens(self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Layout::HeadsFirst => x.transpose(0, 1)?.unsqueeze(0),
+            Layout::TokensFirst => Ok(x.clone()),
+        }
+    }
+}
+
+/// The kernel on `tokens` (q, k, v tokens first, detached) as the graph node of `q, k, v` in
+/// `layout`.
+fn attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    (qt, kt, vt): (&Tensor, &Tensor, &Tensor),
+    spans: &[(usize, usize)],
+    layout: Layout,
+) -> Result<Tensor> {
+    let hd = qt.dim(2)?;
     let mut cu = vec![0i64];
     for &(_, len) in spans {
         cu.push(cu.last().copied().unwrap_or(0) + len as i64);
@@ -43,42 +126,34 @@ pub fn packed_attend(
     let cu = Tensor::from_vec(cu, spans.len() + 1, q.device())?;
     let scale = 1.0 / (hd as f32).sqrt();
     let (qt, kt, vt) = (
-        token_major(q)?,
-        token_major(k)?,
-        token_major(&v.to_dtype(k.dtype())?)?,
+        qt.contiguous()?,
+        kt.contiguous()?,
+        vt.to_dtype(kt.dtype())?.contiguous()?,
     );
     let (out, lse) = fused::attention(&qt, &kt, &vt, Varlen::packed(&cu), scale)?;
     let op = FusedAttention {
         cu,
         scale,
-        // A view: the op's forward copies it once into its own (contiguous) output.
-        out: Precomputed::new("fused attention", out.transpose(0, 1)?.unsqueeze(0)?),
+        layout,
+        // A view in the graph's layout: the op's forward copies it once into its own output.
+        out: Precomputed::new("fused attention", layout.of_tokens(&out)?),
         out_tokens: out,
         lse,
     };
-    debug_assert_eq!(op.out_tokens.dims(), &[t, heads, hd]);
     Ok(q.apply_op3(k, v, op)?)
 }
 
-/// `[1, H, T, hd]` → contiguous `[T, H, hd]`.
-fn token_major(x: &Tensor) -> candle_core::Result<Tensor> {
-    x.detach().get(0)?.transpose(0, 1)?.contiguous()
-}
-
-/// `[T, H, hd]` → contiguous `[1, H, T, hd]`.
-fn head_major(x: &Tensor) -> candle_core::Result<Tensor> {
-    x.transpose(0, 1)?.contiguous()?.unsqueeze(0)
-}
-
-/// The graph node of [`packed_attend`]: its forward hands candle the kernel's output, its
-/// backward is the kernel's.
+/// The graph node of [`packed_attend`] and [`packed_attend_tokens`]: its forward hands candle
+/// the kernel's output, its backward is the kernel's.
 struct FusedAttention {
     /// i64 `[samples + 1]`: the samples' offsets.
     cu: Tensor,
     scale: f32,
-    /// The output `[1, H, T, hd]`, taken (and copied) by the forward.
+    /// The graph's q, k, v and output layout.
+    layout: Layout,
+    /// The output in `layout`, taken (and copied) by the forward.
     out: Precomputed,
-    /// The same output token-major, `[T, H, hd]`, for the backward.
+    /// The same output tokens first, `[T, H, hd]`, for the backward.
     out_tokens: Tensor,
     /// fp32 `[T, H]`.
     lse: Tensor,
@@ -99,21 +174,23 @@ impl CustomOp3 for FusedAttention {
         _out: &Tensor,
         grad_out: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dout = token_major(&grad_out.to_dtype(q.dtype())?)?;
+        let dtype = q.dtype();
+        let tokens = |x: &Tensor| self.layout.tokens(&x.detach().to_dtype(dtype)?);
         let (dq, dk, dv) = fused::attention_backward(
-            &token_major(q)?,
-            &token_major(&k.to_dtype(q.dtype())?)?,
-            &token_major(&v.to_dtype(q.dtype())?)?,
+            &tokens(q)?,
+            &tokens(k)?,
+            &tokens(v)?,
             &self.out_tokens,
-            &dout,
+            &tokens(grad_out)?,
             &self.lse,
             Varlen::packed(&self.cu),
             self.scale,
         )?;
+        let back = |x: &Tensor, like: &Tensor| self.layout.of_tokens(&x.to_dtype(like.dtype())?);
         Ok((
-            Some(head_major(&dq)?),
-            Some(head_major(&dk)?.to_dtype(k.dtype())?),
-            Some(head_major(&dv)?.to_dtype(v.dtype())?),
+            Some(back(&dq, q)?),
+            Some(back(&dk, k)?),
+            Some(back(&dv, v)?),
         ))
     }
 }

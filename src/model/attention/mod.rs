@@ -48,7 +48,7 @@ pub use blocked::{
     Partial,
 };
 pub use plain::{attend, repeat_kv};
-pub use projection::{project, AttentionWeights};
+pub use projection::{project, project_tokens, AttentionWeights};
 pub use ring::gang_attend;
 
 use crate::model::batch::PackedBatch;

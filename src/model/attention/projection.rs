@@ -7,7 +7,7 @@ use candle_core::Tensor;
 use crate::model::config::{LoraTarget, ModelConfig};
 use crate::model::error::{Error, Result};
 use crate::model::lora::AdapterWeights;
-use crate::model::ops::{linear, rms_norm, rope};
+use crate::model::ops::{linear, rms_norm, rope, rope_tokens};
 
 /// One attention layer's parameters (linear weights `[out, in]`).
 #[derive(Debug, Clone, Copy)]
@@ -40,43 +40,74 @@ pub fn project(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (tokens, _) = x.dims2()?;
     let n = tokens / rows.max(1);
-    let hd = config.head_dim();
-    let heads = |m: &Tensor,
-                 target: LoraTarget,
-                 bias: Option<&Tensor>,
-                 count: usize,
-                 norm: Option<&Tensor>| {
-        let bias = bias.map(|b| b.to_dtype(x.dtype())).transpose()?;
-        let y = w.adapt(target, x, linear(x, m, bias.as_ref())?)?;
-        let mut y = y.reshape((rows, n, count, hd))?;
-        if let Some(weight) = norm {
-            y = rms_norm(&y, weight, config.rms_eps)?;
-        }
-        Ok::<_, Error>(y.transpose(1, 2)?.contiguous()?)
-    };
-    let (bq, bk, bv) = match w.bias {
-        Some([q, k, v]) => (Some(q), Some(k), Some(v)),
-        None => (None, None, None),
-    };
-    let (nq, nk) = match w.qk_norm {
-        Some([q, k]) => (Some(q), Some(k)),
-        None => (None, None),
-    };
-    let q = rope(
-        &heads(w.wq, LoraTarget::Q, bq, config.n_heads, nq)?,
-        cos,
-        sin,
-    )?;
-    let k = rope(
-        &heads(w.wk, LoraTarget::K, bk, config.kv_heads(), nk)?,
-        cos,
-        sin,
-    )?;
-    let v = heads(w.wv, LoraTarget::V, bv, config.kv_heads(), None)?;
-    Ok((q, k, v))
+    let [q, k, v] = w
+        .projections(config, x, (rows, n))?
+        .map(|y| Ok::<_, Error>(y.transpose(1, 2)?.contiguous()?));
+    Ok((rope(&q?, cos, sin)?, rope(&k?, cos, sin)?, v?))
+}
+
+/// [`project`] of one packed row, tokens first (the projections' own layout, no transpose):
+/// queries `[T, n_heads, head_dim]`, keys and values `[T, n_kv_heads, head_dim]`.
+pub fn project_tokens(
+    config: &ModelConfig,
+    w: &AttentionWeights<'_>,
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (tokens, _) = x.dims2()?;
+    let [q, k, v] = w
+        .projections(config, x, (1, tokens))?
+        .map(|y| Ok::<_, Error>(y.squeeze(0)?));
+    Ok((rope_tokens(&q?, cos, sin)?, rope_tokens(&k?, cos, sin)?, v?))
 }
 
 impl AttentionWeights<'_> {
+    /// q, k and v of `x: [rows · n, d_model]` as `[rows, n, heads, head_dim]` (biases, LoRA
+    /// adapters and q/k norms applied; no rotary angles yet).
+    fn projections(
+        &self,
+        config: &ModelConfig,
+        x: &Tensor,
+        (rows, n): (usize, usize),
+    ) -> Result<[Tensor; 3]> {
+        let hd = config.head_dim();
+        let heads = |m: &Tensor,
+                     target: LoraTarget,
+                     bias: Option<&Tensor>,
+                     count: usize,
+                     norm: Option<&Tensor>| {
+            let bias = bias.map(|b| b.to_dtype(x.dtype())).transpose()?;
+            let y = self.adapt(target, x, linear(x, m, bias.as_ref())?)?;
+            let mut y = y.reshape((rows, n, count, hd))?;
+            if let Some(weight) = norm {
+                y = rms_norm(&y, weight, config.rms_eps)?;
+            }
+            Ok::<_, Error>(y)
+        };
+        let (bq, bk, bv) = match self.bias {
+            Some([q, k, v]) => (Some(q), Some(k), Some(v)),
+            None => (None, None, None),
+        };
+        let (nq, nk) = match self.qk_norm {
+            Some([q, k]) => (Some(q), Some(k)),
+            None => (None, None),
+        };
+        Ok([
+            heads(self.wq, LoraTarget::Q, bq, config.n_heads, nq)?,
+            heads(self.wk, LoraTarget::K, bk, config.kv_heads(), nk)?,
+            heads(self.wv, LoraTarget::V, bv, config.kv_heads(), None)?,
+        ])
+    }
+
+    /// [`Self::output`] of tokens first: `[T, n_heads, head_dim]` -> `[T, d_model]` (a view, no
+    /// copy, before the projection).
+    pub fn output_tokens(&self, attended: &Tensor) -> Result<Tensor> {
+        let (tokens, heads, hd) = attended.dims3()?;
+        let x = attended.reshape((tokens, heads * hd))?;
+        self.adapt(LoraTarget::O, &x, linear(&x, self.wo, None)?)
+    }
+
     /// `[rows, n_heads, n, head_dim]` -> `[rows · n, d_model]`: the heads concatenated and
     /// projected.
     pub fn output(&self, attended: &Tensor) -> Result<Tensor> {

@@ -194,28 +194,45 @@ impl CustomOp1 for LeanSilu {
 /// Computed in fp32, returned in `x`'s dtype. One graph node ([`LeanRope`]) whose backward is the
 /// rotation by the opposite angles: the graph keeps no intermediate.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let out = rope_values(&x.detach(), cos, sin)?;
+    rope_in(x, cos, sin, false)
+}
+
+/// [`rope`] of tokens first: `x: [T, heads, head_dim]`, every head of token `t` at its angles.
+pub fn rope_tokens(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    rope_in(x, cos, sin, true)
+}
+
+/// [`rope`] (heads first) or [`rope_tokens`] (`tokens_first`).
+fn rope_in(x: &Tensor, cos: &Tensor, sin: &Tensor, tokens_first: bool) -> Result<Tensor> {
+    let out = rope_values(&x.detach(), cos, sin, tokens_first)?;
     if !x.track_op() {
         return Ok(out);
     }
     let op = LeanRope {
         cos: cos.detach(),
         sin: sin.detach(),
+        tokens_first,
         out: Precomputed::new("rotary embedding", out),
     };
     x.apply_op1(op)
 }
 
-/// [`rope`]'s values.
-fn rope_values(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+/// [`rope_in`]'s values.
+fn rope_values(x: &Tensor, cos: &Tensor, sin: &Tensor, tokens_first: bool) -> Result<Tensor> {
     // The kernel takes angles shared by every row (`[positions, head_dim / 2]`); a padded
     // decoding batch's per-row angles take candle's ops.
     if fused::applies(x) && cos.rank() == 2 {
-        return fused::rope(x, cos, sin, 1.0);
+        let group = if tokens_first { x.dim(1)? } else { 1 };
+        return fused::rope(x, cos, sin, group, 1.0);
     }
     let dtype = x.dtype();
     let x = &x.to_dtype(DType::F32)?;
     let (cos, sin) = (&cos.to_dtype(DType::F32)?, &sin.to_dtype(DType::F32)?);
+    // Tokens first: each token's angles over its heads.
+    let (cos, sin) = match tokens_first {
+        true => (&cos.unsqueeze(1)?, &sin.unsqueeze(1)?),
+        false => (cos, sin),
+    };
     let half = x.dim(D::Minus1)? / 2;
     let (x1, x2) = (
         x.narrow(D::Minus1, 0, half)?,
@@ -231,6 +248,7 @@ fn rope_values(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 struct LeanRope {
     cos: Tensor,
     sin: Tensor,
+    tokens_first: bool,
     out: Precomputed,
 }
 
@@ -247,6 +265,7 @@ impl CustomOp1 for LeanRope {
             &grad.detach(),
             &self.cos,
             &self.sin.neg()?,
+            self.tokens_first,
         )?))
     }
 }
@@ -457,6 +476,25 @@ mod tests {
         assert!(max_abs_diff(&rms_norm(&x, &w, 1e-5).unwrap(), &fused) < 1e-5);
     }
 
+    /// Tokens first (`[T, H, hd]`) is heads first transposed, forward and backward.
+    #[test]
+    fn rope_tokens_is_rope_of_the_transposed_layout() {
+        let (h, t, hd) = (3, 7, 8);
+        let (cos, sin) = cos_sin(t, hd, 2);
+        let x = Var::from_tensor(&random(&[1, h, t, hd], 4)).unwrap();
+        let r = random(&[1, h, t, hd], 5);
+        let heads_first = rope(x.as_tensor(), &cos, &sin).unwrap();
+        let tokens = x.as_tensor().get(0).unwrap().transpose(0, 1).unwrap();
+        let tokens_first = rope_tokens(&tokens, &cos, &sin).unwrap();
+        let back = tokens_first.transpose(0, 1).unwrap().unsqueeze(0).unwrap();
+        assert!(max_abs_diff(&back, &heads_first) < 1e-6);
+        let grad = |y: &Tensor| {
+            let g = (y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            g.get(x.as_tensor()).unwrap().clone()
+        };
+        assert!(max_abs_diff(&grad(&back), &grad(&heads_first)) < 1e-6);
+    }
+
     #[test]
     fn rope_matches_fused_forward() {
         let (t, hd) = (9, 16);
@@ -523,7 +561,7 @@ mod tests {
                 (0, true) => rms_norm(xt, wt, 1e-5),
                 (0, false) => rms_norm_values(xt, wt, 1e-5),
                 (1, true) => rope(xt, &cos, &sin),
-                (1, false) => rope_values(xt, &cos, &sin),
+                (1, false) => rope_values(xt, &cos, &sin, false),
                 (2, true) => silu(xt),
                 (2, false) => xt.silu(),
                 (_, lean) => {

@@ -128,12 +128,13 @@ pub fn rms_norm_backward(x: &Tensor, w: &Tensor, g: &Tensor, eps: f64) -> Result
     Ok((k.tensor(dx)?, k.tensor(dw)?))
 }
 
-/// Rotary embedding of `x: [.., T, head_dim]` with `[T, head_dim / 2]` tables, by `sign` times
-/// the angles (−1: the backward), in `x`'s dtype.
-pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, sign: f32) -> Result<Tensor> {
+/// Rotary embedding of `x` with `[T, head_dim / 2]` tables, by `sign` times the angles (−1: the
+/// backward), in `x`'s dtype: heads first (`x: [.., T, head_dim]`, `group` 1) or tokens first
+/// (`x: [T, group, head_dim]`, `group` the heads).
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, group: usize, sign: f32) -> Result<Tensor> {
     let k = Kernels::of(x)?;
     let dim = x.dim(D::Minus1)?;
-    let positions = x.dim(D::Minus2)?;
+    let positions = cos.dim(0)?;
     let pairs = x.elem_count() / 2;
     let (xb, cb, sb) = (
         k.input(x)?,
@@ -147,6 +148,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, sign: f32) -> Result<Tensor>
         Arg::B(&cb),
         Arg::B(&sb),
         Arg::U(positions as u64),
+        Arg::U(group.max(1) as u64),
         Arg::U(dim as u64),
         Arg::F(sign),
         Arg::U(pairs as u64),
