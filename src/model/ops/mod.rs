@@ -65,11 +65,15 @@ pub fn log_softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 /// temporaries are freed as it goes (candle's ops would keep the square, the quotient and the
 /// product, and each accumulated gradient's zero tensor and partial sums).
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    let out = rms_norm_values(&x.detach(), &weight.detach(), eps)?;
+    let (xd, wd) = (x.detach(), weight.detach());
     if !(x.track_op() || weight.track_op()) {
-        return Ok(out);
+        return rms_norm_values(&xd, &wd, eps);
     }
-    let out = Precomputed::new("rms norm", out);
+    // A fused kernel's output becomes the node's own, no copy.
+    let out = match fused::applies(x) {
+        true => Precomputed::owned("rms norm", fused::rms_norm_output(&xd, &wd, eps)?),
+        false => Precomputed::new("rms norm", rms_norm_values(&xd, &wd, eps)?),
+    };
     x.apply_op2(weight, LeanRmsNorm { eps, out })
 }
 
@@ -204,25 +208,42 @@ pub fn rope_tokens(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 
 /// [`rope`] (heads first) or [`rope_tokens`] (`tokens_first`).
 fn rope_in(x: &Tensor, cos: &Tensor, sin: &Tensor, tokens_first: bool) -> Result<Tensor> {
-    let out = rope_values(&x.detach(), cos, sin, tokens_first)?;
+    let xd = x.detach();
     if !x.track_op() {
-        return Ok(out);
+        return rope_values(&xd, cos, sin, tokens_first);
     }
+    // A fused kernel's output becomes the node's own, no copy.
+    let out = match fused_rope_group(&xd, cos, tokens_first)? {
+        Some(group) => {
+            let out = fused::rope_output(&xd, cos, sin, group, 1.0)?;
+            Precomputed::owned("rotary embedding", out)
+        }
+        None => Precomputed::new(
+            "rotary embedding",
+            rope_values(&xd, cos, sin, tokens_first)?,
+        ),
+    };
     let op = LeanRope {
         cos: cos.detach(),
         sin: sin.detach(),
         tokens_first,
-        out: Precomputed::new("rotary embedding", out),
+        out,
     };
     x.apply_op1(op)
 }
 
+/// The rows sharing a position, where the rotary kernel takes `x` (its angles shared by every
+/// row: `[positions, head_dim / 2]`; a padded decoding batch's per-row angles take candle's ops).
+fn fused_rope_group(x: &Tensor, cos: &Tensor, tokens_first: bool) -> Result<Option<usize>> {
+    if !(fused::applies(x) && cos.rank() == 2) {
+        return Ok(None);
+    }
+    Ok(Some(if tokens_first { x.dim(1)? } else { 1 }))
+}
+
 /// [`rope_in`]'s values.
 fn rope_values(x: &Tensor, cos: &Tensor, sin: &Tensor, tokens_first: bool) -> Result<Tensor> {
-    // The kernel takes angles shared by every row (`[positions, head_dim / 2]`); a padded
-    // decoding batch's per-row angles take candle's ops.
-    if fused::applies(x) && cos.rank() == 2 {
-        let group = if tokens_first { x.dim(1)? } else { 1 };
+    if let Some(group) = fused_rope_group(x, cos, tokens_first)? {
         return fused::rope(x, cos, sin, group, 1.0);
     }
     let dtype = x.dtype();

@@ -1,6 +1,7 @@
 //! The forward half of a custom op whose result is computed beforehand with tensor ops on
 //! detached inputs (the blocked attention, the chunked head): the op holds that result and hands
-//! candle an owned copy of it once, on the CPU or a CUDA device; its backward is the op's own.
+//! candle an owned copy of it once, on the CPU or a CUDA device — or, for a fused kernel's output
+//! ([`Precomputed::owned`]), the kernel's storage itself, no copy; its backward is the op's own.
 //! So a memory-lean algorithm written in candle ops runs on both devices without kernels, and the
 //! graph records one node with its custom backward instead of every intermediate.
 
@@ -13,19 +14,35 @@ use candle_core::{CpuStorage, CudaStorage, Layout, Shape, Storage, Tensor};
 pub(crate) struct Precomputed {
     /// The op's name, for errors.
     what: &'static str,
-    out: Mutex<Option<Tensor>>,
+    out: Mutex<Option<Held>>,
+}
+
+/// What a [`Precomputed`] holds: a tensor (copied into the op's output), or a kernel's own
+/// output storage (the op's output as it is).
+enum Held {
+    Tensor(Tensor),
+    Owned(Storage, Shape),
 }
 
 impl Precomputed {
     pub(crate) fn new(what: &'static str, out: Tensor) -> Self {
         Precomputed {
             what,
-            out: Mutex::new(Some(out)),
+            out: Mutex::new(Some(Held::Tensor(out))),
+        }
+    }
+
+    /// A fused kernel's output, handed to candle as the op's output without a copy.
+    pub(crate) fn owned(what: &'static str, out: super::fused::Output) -> Self {
+        let (storage, shape) = out.into_parts();
+        Precomputed {
+            what,
+            out: Mutex::new(Some(Held::Owned(storage, shape))),
         }
     }
 
     /// The result, once: a second forward of the same op is an error.
-    fn take(&self) -> candle_core::Result<Tensor> {
+    fn take(&self) -> candle_core::Result<Held> {
         let what = self.what;
         self.out
             .lock()
@@ -36,7 +53,11 @@ impl Precomputed {
 
     /// The result as a CPU op's output.
     pub(crate) fn cpu(&self) -> candle_core::Result<(CpuStorage, Shape)> {
-        let out = self.take()?;
+        let out = match self.take()? {
+            Held::Owned(Storage::Cpu(s), shape) => return Ok((s, shape)),
+            Held::Owned(..) => candle_core::bail!("{}: the result is not on the CPU", self.what),
+            Held::Tensor(t) => t,
+        };
         let (storage, layout) = out.storage_and_layout();
         match &*storage {
             Storage::Cpu(s) => Ok((fresh(s, layout)?, layout.shape().clone())),
@@ -46,7 +67,13 @@ impl Precomputed {
 
     /// The result as a CUDA op's output.
     pub(crate) fn cuda(&self) -> candle_core::Result<(CudaStorage, Shape)> {
-        let out = self.take()?;
+        let out = match self.take()? {
+            Held::Owned(Storage::Cuda(s), shape) => return Ok((s, shape)),
+            Held::Owned(..) => {
+                candle_core::bail!("{}: the result is not on the CUDA device", self.what)
+            }
+            Held::Tensor(t) => t,
+        };
         let (storage, layout) = out.storage_and_layout();
         match &*storage {
             Storage::Cuda(s) => Ok((fresh(s, layout)?, layout.shape().clone())),

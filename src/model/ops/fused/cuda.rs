@@ -9,9 +9,9 @@
 
 use std::sync::OnceLock;
 
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Error, Result, Storage, Tensor};
 use odc_kernels::Source;
 
@@ -60,8 +60,18 @@ fn address(t: &Tensor, device: &CudaDevice) -> Result<u64> {
     let (start, end) = layout
         .contiguous_offsets()
         .ok_or_else(|| Error::Msg("fused kernels: a tensor that is not contiguous".into()))?;
+    storage_address(storage, start..end, device)
+}
+
+/// The device address of elements `range` of `storage` (fp32, bf16 or i64).
+fn storage_address(
+    storage: &CudaStorage,
+    range: std::ops::Range<usize>,
+    device: &CudaDevice,
+) -> Result<u64> {
+    let (start, end) = (range.start, range.end);
     let stream = device.cuda_stream();
-    Ok(match t.dtype() {
+    Ok(match storage.dtype() {
         DType::F32 => {
             storage
                 .as_cuda_slice::<f32>()?
@@ -87,12 +97,12 @@ fn address(t: &Tensor, device: &CudaDevice) -> Result<u64> {
     })
 }
 
-/// A fresh tensor of `shape` and `dtype` on `device` (its values written by a kernel).
-pub(super) fn empty(device: &CudaDevice, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+/// A fresh allocation of `shape` elements of `dtype` on `device` (its values written by a kernel).
+pub(super) fn empty(device: &CudaDevice, dtype: DType, shape: &[usize]) -> Result<CudaStorage> {
     let n: usize = shape.iter().product();
     // SAFETY: every element is written by the kernel the caller launches next on this stream,
     // before anything reads it.
-    let storage = match dtype {
+    Ok(match dtype {
         DType::F32 => {
             CudaStorage::wrap_cuda_slice(unsafe { device.alloc::<f32>(n) }?, device.clone())
         }
@@ -100,13 +110,7 @@ pub(super) fn empty(device: &CudaDevice, dtype: DType, shape: &[usize]) -> Resul
             CudaStorage::wrap_cuda_slice(unsafe { device.alloc::<half::bf16>(n) }?, device.clone())
         }
         other => return Err(Error::Msg(format!("fused kernels: dtype {other:?}"))),
-    };
-    Ok(Tensor::from_storage(
-        Storage::Cuda(storage),
-        shape,
-        BackpropOp::none(),
-        false,
-    ))
+    })
 }
 
 /// Launch `function` of `source` over `n` work items with `args`, on `device`'s stream.
@@ -123,6 +127,9 @@ pub(super) fn launch(
     for arg in args {
         words.push(match *arg {
             Arg::B(Buf::Cuda(t)) => Word::U(address(t, device)?),
+            Arg::B(Buf::CudaOut(storage, shape)) => {
+                Word::U(storage_address(storage, 0..shape.iter().product(), device)?)
+            }
             #[allow(unreachable_patterns)]
             Arg::B(_) => return Err(Error::Msg("fused kernels: a host buffer on CUDA".into())),
             Arg::U(v) => Word::U(v),

@@ -13,7 +13,7 @@
 
 use std::sync::Mutex;
 
-use candle_core::{DType, Device, Error, Result, Tensor};
+use candle_core::{CpuStorage, DType, Error, Result, Shape, Storage, Tensor};
 use odc_kernels::emulate::{self, Emulator, HostBuffer};
 use odc_kernels::Source;
 
@@ -82,14 +82,25 @@ impl HostTensor {
         })
     }
 
-    /// Its elements now, as a CPU tensor.
-    pub(super) fn tensor(&self) -> Result<Tensor> {
-        Tensor::from_raw_buffer(
-            &self.buffer.to_bytes(),
-            self.dtype,
-            &self.shape,
-            &Device::Cpu,
-        )
+    /// Its elements now, as an owned CPU storage of its shape.
+    pub(super) fn owned(&self) -> Result<(Storage, Shape)> {
+        let bytes = self.buffer.to_bytes();
+        let storage = match self.dtype {
+            DType::F32 => CpuStorage::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            ),
+            DType::BF16 => CpuStorage::BF16(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+                    .collect(),
+            ),
+            other => return Err(Error::Msg(format!("fused kernels: an output of {other:?}"))),
+        };
+        Ok((Storage::Cpu(storage), Shape::from(self.shape.clone())))
     }
 }
 

@@ -14,7 +14,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use candle_core::{DType, Device, Error, Result, Tensor};
+use candle_core::op::BackpropOp;
+use candle_core::{DType, Device, Error, Result, Shape, Storage, Tensor};
 use odc_kernels::Source;
 
 /// The backend of one op's launches.
@@ -27,9 +28,13 @@ pub(super) enum Kernels {
 
 /// A tensor's memory as a kernel addresses it: contiguous, `shape` elements of `dtype`.
 pub(super) enum Buf {
-    /// A contiguous CUDA tensor (an input, or a fresh output the kernel fills).
+    /// A contiguous CUDA tensor (an input).
     #[cfg(feature = "cuda")]
     Cuda(Tensor),
+    /// A fresh CUDA allocation of `shape` elements the kernel fills (an output: it becomes a
+    /// tensor, or a graph node's output, without a copy).
+    #[cfg(feature = "cuda")]
+    CudaOut(candle_core::CudaStorage, Vec<usize>),
     /// A copy of a CPU tensor, or an output poisoned with NaNs until a kernel writes it.
     #[cfg(feature = "emulate")]
     Host(super::emulated::HostTensor),
@@ -102,7 +107,10 @@ impl Kernels {
     pub(super) fn output(&self, dtype: DType, shape: &[usize]) -> Result<Buf> {
         match *self {
             #[cfg(feature = "cuda")]
-            Kernels::Cuda(ref device) => Ok(Buf::Cuda(super::cuda::empty(device, dtype, shape)?)),
+            Kernels::Cuda(ref device) => Ok(Buf::CudaOut(
+                super::cuda::empty(device, dtype, shape)?,
+                shape.to_vec(),
+            )),
             #[cfg(feature = "emulate")]
             Kernels::Emulated(_) => Ok(Buf::Host(super::emulated::HostTensor::poisoned(
                 dtype, shape,
@@ -134,11 +142,32 @@ impl Kernels {
 
     /// `buf` as a tensor on this backend's device.
     pub(super) fn tensor(&self, buf: Buf) -> Result<Tensor> {
+        let (storage, shape) = self.owned(buf)?;
+        Ok(Tensor::from_storage(
+            storage,
+            shape,
+            BackpropOp::none(),
+            false,
+        ))
+    }
+
+    /// `buf` as an [`super::Output`] (no copy on CUDA).
+    pub(super) fn output_of(&self, buf: Buf) -> Result<super::Output> {
+        let (storage, shape) = self.owned(buf)?;
+        Ok(super::Output { storage, shape })
+    }
+
+    /// `buf`'s memory as an owned storage of its shape (an output's: no copy on CUDA).
+    pub(super) fn owned(&self, buf: Buf) -> Result<(Storage, Shape)> {
         match buf {
             #[cfg(feature = "cuda")]
-            Buf::Cuda(t) => Ok(t),
+            Buf::Cuda(_) => Err(Error::Msg(
+                "fused kernels: an input taken as an output".into(),
+            )),
+            #[cfg(feature = "cuda")]
+            Buf::CudaOut(storage, shape) => Ok((Storage::Cuda(storage), Shape::from(shape))),
             #[cfg(feature = "emulate")]
-            Buf::Host(host) => host.tensor(),
+            Buf::Host(host) => host.owned(),
         }
     }
 }

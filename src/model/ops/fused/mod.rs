@@ -23,7 +23,8 @@
 
 use std::sync::OnceLock;
 
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::op::BackpropOp;
+use candle_core::{DType, Device, Result, Shape, Storage, Tensor, D};
 use odc_kernels::{LOSS, NORM, ROTARY, SWIGLU};
 
 mod attention;
@@ -71,8 +72,30 @@ fn suffix(dtype: DType) -> &'static str {
     }
 }
 
+/// A kernel's output before it is a tensor: a graph node takes it as its own output without a
+/// copy (`ops::precomputed::Precomputed::owned`), or it becomes a tensor ([`Output::tensor`]).
+pub struct Output {
+    storage: Storage,
+    shape: Shape,
+}
+
+impl Output {
+    pub fn tensor(self) -> Tensor {
+        Tensor::from_storage(self.storage, self.shape, BackpropOp::none(), false)
+    }
+
+    pub(crate) fn into_parts(self) -> (Storage, Shape) {
+        (self.storage, self.shape)
+    }
+}
+
 /// RMSNorm over the last dimension: `x r w` in `x`'s dtype (`w` any float dtype, used as fp32).
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    Ok(rms_norm_output(x, w, eps)?.tensor())
+}
+
+/// [`rms_norm`] as an [`Output`].
+pub fn rms_norm_output(x: &Tensor, w: &Tensor, eps: f64) -> Result<Output> {
     let k = Kernels::of(x)?;
     let cols = x.dim(D::Minus1)?;
     let rows = x.elem_count() / cols.max(1);
@@ -89,7 +112,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     ];
     let function = format!("odc_rms_norm_fwd_{}", suffix(x.dtype()));
     k.launch(&NORM, &function, rows * 32, &args)?;
-    k.tensor(out)
+    k.output_of(out)
 }
 
 /// RMSNorm's gradients for the output gradient `g`: `dx` in `x`'s dtype and `dw` in fp32.
@@ -132,6 +155,17 @@ pub fn rms_norm_backward(x: &Tensor, w: &Tensor, g: &Tensor, eps: f64) -> Result
 /// backward), in `x`'s dtype: heads first (`x: [.., T, head_dim]`, `group` 1) or tokens first
 /// (`x: [T, group, head_dim]`, `group` the heads).
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, group: usize, sign: f32) -> Result<Tensor> {
+    Ok(rope_output(x, cos, sin, group, sign)?.tensor())
+}
+
+/// [`rope`] as an [`Output`].
+pub fn rope_output(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    group: usize,
+    sign: f32,
+) -> Result<Output> {
     let k = Kernels::of(x)?;
     let dim = x.dim(D::Minus1)?;
     let positions = cos.dim(0)?;
@@ -155,7 +189,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, group: usize, sign: f32) -> 
     ];
     let function = format!("odc_rope_{}", suffix(x.dtype()));
     k.launch(&ROTARY, &function, pairs, &args)?;
-    k.tensor(out)
+    k.output_of(out)
 }
 
 /// SwiGLU, `silu(a) b`, in `a`'s dtype (`b` cast to it).
