@@ -11,7 +11,7 @@
 //! - A kernel that does not compile, parts a warp, or depends on its threads' order is an error
 //!   naming it.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use candle_core::{CpuStorage, DType, Error, Result, Shape, Storage, Tensor};
 use odc_kernels::emulate::{self, Emulator, HostBuffer};
@@ -28,9 +28,27 @@ pub fn emulate_on_cpu(emulator: Option<Emulator>) {
     *EMULATOR.lock().unwrap_or_else(|e| e.into_inner()) = emulator;
 }
 
-/// The emulator while [`emulate_on_cpu`] holds one.
+/// The emulator while [`emulate_on_cpu`] holds one; else, with `ODC_FUSED_KERNELS=emulate`, the
+/// host's compiler (found once per process): a whole program (`sft`, `rl_grpo`) built with the
+/// `emulate` feature then runs the GPU's fused path on the CPU.
 pub(super) fn emulator() -> Option<Emulator> {
-    EMULATOR.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    static FROM_ENV: OnceLock<Option<Emulator>> = OnceLock::new();
+    let set = EMULATOR.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    set.or_else(|| {
+        FROM_ENV
+            .get_or_init(|| {
+                let asked = std::env::var("ODC_FUSED_KERNELS").is_ok_and(|v| v == "emulate");
+                let found = asked.then(Emulator::find).flatten();
+                if asked && found.is_none() {
+                    eprintln!(
+                        "ODC_FUSED_KERNELS=emulate: no C++ compiler ($CXX, c++, g++) to run the \
+                         kernels on the CPU; candle's ops run instead"
+                    );
+                }
+                found
+            })
+            .clone()
+    })
 }
 
 /// A CPU tensor's elements in a buffer a kernel addresses.
