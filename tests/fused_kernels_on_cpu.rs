@@ -43,7 +43,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use candle_core::{DType, Device, Tensor, Var};
 use odc::model::config::Blocks;
-use odc::model::hf::HfCheckpoint;
 use odc::model::ops::fused;
 use odc::model::{
     batch_log_probs, generate_batch, generate_batch_with_log_probs, model_forward,
@@ -91,13 +90,8 @@ fn logits_and_greedy_tokens_equal_transformers_with_the_fused_kernels() {
         return;
     };
     for dir in fixtures() {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let checkpoint = HfCheckpoint::open(&dir).expect("odc opens transformers' checkpoint");
-        let config = checkpoint.config().clone();
-        let units = checkpoint.all_unit_values().unwrap();
-
+        let (name, config, units, tokens) = hf_fixtures::open(&dir);
         let fixture = json(&dir.join("logits.json"));
-        let tokens: Vec<u32> = serde_json::from_value(fixture["tokens"].clone()).unwrap();
         let rows: Vec<Vec<f32>> = serde_json::from_value(fixture["logits"].clone()).unwrap();
         let reference = Tensor::new(rows, &Device::Cpu).unwrap();
         let (ours, launches) = with_kernels(&emulator, || {
@@ -175,12 +169,7 @@ fn gradients_on_the_checkpoints_layouts_equal_candles_ops() {
         return;
     };
     for dir in fixtures() {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let checkpoint = HfCheckpoint::open(&dir).expect("odc opens transformers' checkpoint");
-        let config = checkpoint.config().clone();
-        let units = checkpoint.all_unit_values().unwrap();
-        let fixture = json(&dir.join("logits.json"));
-        let tokens: Vec<u32> = serde_json::from_value(fixture["tokens"].clone()).unwrap();
+        let (name, config, units, tokens) = hf_fixtures::open(&dir);
         let (loss, want) = loss_and_gradients(&config, &units, &tokens);
         let ((fused_loss, got), launches) =
             with_kernels(&emulator, || loss_and_gradients(&config, &units, &tokens));

@@ -19,6 +19,18 @@ pub fn fixtures() -> Vec<PathBuf> {
     cases
 }
 
+/// A case as odc opens it: its name, its model's config, every unit's values, and the tokens of
+/// its `logits.json`.
+#[allow(dead_code)] // not every binary that includes this opens a case whole
+pub fn open(dir: &Path) -> (String, ModelConfig, Vec<Vec<f32>>, Vec<u32>) {
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let checkpoint = odc::model::hf::HfCheckpoint::open(dir).expect("odc opens the checkpoint");
+    let units = checkpoint.all_unit_values().unwrap();
+    let fixture = json(&dir.join("logits.json"));
+    let tokens: Vec<u32> = serde_json::from_value(fixture["tokens"].clone()).unwrap();
+    (name, checkpoint.config().clone(), units, tokens)
+}
+
 /// A case's JSON file.
 pub fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("a fixture")).expect("json")
