@@ -810,12 +810,8 @@ fn check_attention<B: Backend>(
     // dim, dk and dv key_tokens × kv_heads × dim fp32, lse and delta tokens × heads fp32, cu_q
     // and cu_k samples + 1; each launch's `n` as its source's comment says.
     unsafe {
-        let args = [
-            Arg::buffer(&out),
-            Arg::buffer(&lse),
-            Arg::buffer(&qb),
-            Arg::buffer(&kb),
-            Arg::buffer(&vb),
+        // What every attention kernel takes after its tensors.
+        let tail = [
             Arg::buffer(&cqb),
             Arg::buffer(&ckb),
             Arg::u64(shape.queries.len() as u64),
@@ -824,8 +820,16 @@ fn check_attention<B: Backend>(
             Arg::u64(kv_heads as u64),
             Arg::u64(dim as u64),
             Arg::f32(scale),
-            Arg::u64(queries as u64),
         ];
+        let mut args = vec![
+            Arg::buffer(&out),
+            Arg::buffer(&lse),
+            Arg::buffer(&qb),
+            Arg::buffer(&kb),
+            Arg::buffer(&vb),
+        ];
+        args.extend(tail.iter().copied());
+        args.push(Arg::u64(queries as u64));
         device
             .launch(module, &format!("{prefix}_fwd_{sfx}"), queries, &args)
             .expect("attention");
@@ -840,22 +844,15 @@ fn check_attention<B: Backend>(
         device
             .launch(&attention, &function, rows, &prep)
             .expect("attention backward: prep");
-        let shared = [
+        let mut shared = vec![
             Arg::buffer(&qb),
             Arg::buffer(&kb),
             Arg::buffer(&vb),
             Arg::buffer(&gb),
             Arg::buffer(&lse),
             Arg::buffer(&delta),
-            Arg::buffer(&cqb),
-            Arg::buffer(&ckb),
-            Arg::u64(shape.queries.len() as u64),
-            Arg::u64(u64::from(shape.causal)),
-            Arg::u64(heads as u64),
-            Arg::u64(kv_heads as u64),
-            Arg::u64(dim as u64),
-            Arg::f32(scale),
         ];
+        shared.extend(tail.iter().copied());
         let mut args = vec![Arg::buffer(&dq)];
         args.extend(shared.iter().copied());
         args.push(Arg::u64(queries as u64));

@@ -41,15 +41,7 @@ pub fn packed_attend(
     spans: &[(usize, usize)],
 ) -> Result<Tensor> {
     super::blocked::check_packed(q, k, v, spans)?;
-    let tokens = |x: &Tensor| x.detach().get(0)?.transpose(0, 1);
-    attend(
-        q,
-        k,
-        v,
-        (&tokens(q)?, &tokens(k)?, &tokens(v)?),
-        spans,
-        Layout::HeadsFirst,
-    )
+    attend(q, k, v, spans, Layout::HeadsFirst)
 }
 
 /// [`packed_attend`] tokens first, the kernel's own layout (no transpose either way): queries
@@ -71,14 +63,7 @@ pub fn packed_attend_tokens(
             v.dims()
         )));
     }
-    attend(
-        q,
-        k,
-        v,
-        (&q.detach(), &k.detach(), &v.detach()),
-        spans,
-        Layout::TokensFirst,
-    )
+    attend(q, k, v, spans, Layout::TokensFirst)
 }
 
 /// Where the graph's q, k, v and output keep heads and tokens (the kernel's are tokens first).
@@ -108,16 +93,16 @@ impl Layout {
     }
 }
 
-/// The kernel on `tokens` (q, k, v tokens first, detached) as the graph node of `q, k, v` in
-/// `layout`.
+/// The kernel on `q, k, v` (in `layout`) as their graph node.
 fn attend(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    (qt, kt, vt): (&Tensor, &Tensor, &Tensor),
     spans: &[(usize, usize)],
     layout: Layout,
 ) -> Result<Tensor> {
+    let tokens = |x: &Tensor| layout.tokens(&x.detach());
+    let (qt, kt, vt) = (tokens(q)?, tokens(k)?, tokens(&v.to_dtype(k.dtype())?)?);
     let hd = qt.dim(2)?;
     let mut cu = vec![0i64];
     for &(_, len) in spans {
@@ -125,11 +110,6 @@ fn attend(
     }
     let cu = Tensor::from_vec(cu, spans.len() + 1, q.device())?;
     let scale = 1.0 / (hd as f32).sqrt();
-    let (qt, kt, vt) = (
-        qt.contiguous()?,
-        kt.contiguous()?,
-        vt.to_dtype(kt.dtype())?.contiguous()?,
-    );
     let (out, lse) = fused::attention(&qt, &kt, &vt, Varlen::packed(&cu), scale)?;
     let op = FusedAttention {
         cu,

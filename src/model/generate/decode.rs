@@ -121,15 +121,8 @@ pub(super) fn decode<R: Rng>(
                 out[r].log_probs.push(lp);
             }
         }
-        // Each row's next token: a live row's draw, a finished row its last token again.
-        let mut fed: Vec<u32> = slots
-            .iter()
-            .map(|s| {
-                s.map_or(PAD_FED, |r| {
-                    out[r].tokens.last().copied().unwrap_or(PAD_FED)
-                })
-            })
-            .collect();
+        // Each row's next token: a live row's draw; a finished row's is never read.
+        let mut fed = vec![PAD_FED; slots.len()];
         for ((&slot, &r), &token) in live.iter().zip(&active).zip(&next) {
             out[r].tokens.push(token);
             fed[slot] = token;
@@ -157,7 +150,7 @@ pub(super) fn decode<R: Rng>(
     }
 }
 
-/// What a finished row is fed when it has no token of its own (any id the vocabulary holds).
+/// What a finished row is fed (any id the vocabulary holds: its results are never read).
 const PAD_FED: u32 = 0;
 
 /// Rows `rows` of `t` (in that order, repeats allowed).

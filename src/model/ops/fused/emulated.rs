@@ -32,22 +32,28 @@ pub fn emulate_on_cpu(emulator: Option<Emulator>) {
 /// host's compiler (found once per process): a whole program (`sft`, `rl_grpo`) built with the
 /// `emulate` feature then runs the GPU's fused path on the CPU.
 pub(super) fn emulator() -> Option<Emulator> {
-    static FROM_ENV: OnceLock<Option<Emulator>> = OnceLock::new();
     let set = EMULATOR.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    set.or_else(|| {
-        FROM_ENV
-            .get_or_init(|| {
-                let asked = std::env::var("ODC_FUSED_KERNELS").is_ok_and(|v| v == "emulate");
-                let found = asked.then(Emulator::find).flatten();
-                if asked && found.is_none() {
-                    eprintln!(
-                        "ODC_FUSED_KERNELS=emulate: no C++ compiler ($CXX, c++, g++) to run the \
-                         kernels on the CPU; candle's ops run instead"
-                    );
-                }
-                found
-            })
-            .clone()
+    set.or_else(|| from_env().clone())
+}
+
+/// Whether [`emulator`] has one (asked for every op on a CPU tensor: no clone).
+pub(super) fn emulating() -> bool {
+    EMULATOR.lock().unwrap_or_else(|e| e.into_inner()).is_some() || from_env().is_some()
+}
+
+/// The host's compiler when `ODC_FUSED_KERNELS=emulate`, found once per process.
+fn from_env() -> &'static Option<Emulator> {
+    static FROM_ENV: OnceLock<Option<Emulator>> = OnceLock::new();
+    FROM_ENV.get_or_init(|| {
+        let asked = std::env::var("ODC_FUSED_KERNELS").is_ok_and(|v| v == "emulate");
+        let found = asked.then(Emulator::find).flatten();
+        if asked && found.is_none() {
+            eprintln!(
+                "ODC_FUSED_KERNELS=emulate: no C++ compiler ($CXX, c++, g++) to run the \
+                 kernels on the CPU; candle's ops run instead"
+            );
+        }
+        found
     })
 }
 

@@ -63,7 +63,7 @@ pub(super) fn runs_on(device: &Device) -> bool {
         #[cfg(feature = "cuda")]
         Device::Cuda(_) => super::enabled(),
         #[cfg(feature = "emulate")]
-        Device::Cpu => super::emulated::emulator().is_some(),
+        Device::Cpu => super::emulated::emulating(),
         _ => false,
     }
 }
