@@ -35,6 +35,11 @@
 //!   the I3 job in fp32 against the CPU: losses and parameters within 1e-4; then in bf16, where
 //!   the attention is FlashAttention-2's tensor-core kernels (heads of 64), losses within 3% of
 //!   the CPU's fp32 run.
+//! - **The sampler's weights device to device** ([`the_samplers_weights_come_device_to_device`]):
+//!   after a step, `published_weights` on the GPU reads the servers' published copies device to
+//!   device (0 bytes through host staging) and scores a sequence as weights made from
+//!   `Job::parameters` do (within 1e-5); a job whose servers are on the host reads them through
+//!   the host (> 0 bytes, counted).
 //! - **On demand = collective on the device** ([`collective_equals_on_demand_on_the_device`]):
 //!   the collective data path (which gathers through host memory) and the device-resident
 //!   on-demand one train alike (SGD), within 1e-5.
@@ -44,9 +49,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use odc::model::{
-    host_staging_bytes, open_device, transformer_job_on, unit_count, unit_init_values,
-    ComputePrecision, DeviceSpec, DeviceTransfers, ModelConfig, Objective, Placement, Sample,
-    SampleStore,
+    host_staging_bytes, open_device, published_weights, sequence_log_probs, transformer_job_on,
+    unit_count, unit_init_values, ComputePrecision, DeviceSpec, DeviceTransfers, ModelConfig,
+    Objective, Placement, Sample, SampleStore, Weights,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{Job, LrSchedule, OptimizerConfig, Precision, SampleMeta, StepStats};
@@ -571,5 +576,56 @@ fn ring_attention_on_cuda_equals_the_blocked_attention() {
             errs.iter().all(|e| *e < 1e-4),
             "gang of {members}: {errs:?}"
         );
+    }
+}
+
+/// The sampler's weights on the device path (see the module docs).
+#[test]
+fn the_samplers_weights_come_device_to_device() {
+    let Some(spec) = cuda() else { return };
+    let device = open_device(spec, 0).expect("device");
+    let data = samples(16);
+    let tokens = data[0].tokens.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    for transfers in [DeviceTransfers::Device, DeviceTransfers::Host] {
+        let placement = Placement {
+            transfers,
+            ..fp32_on(spec)
+        };
+        let (staged, got, want) = rt.block_on(async {
+            let mut job = job_with(data.clone(), OptimizerConfig::adamw(3e-3), placement, |b| b);
+            job.run(1).await.expect("a step");
+            let before = host_staging_bytes();
+            let published = published_weights(&mut job, &config(), &device, ComputePrecision::F32)
+                .await
+                .expect("published weights");
+            let staged = host_staging_bytes() - before;
+            let params = job.parameters().await.expect("parameters");
+            job.shutdown().await;
+            let host = Weights::from_units(&config(), &params, &device).expect("weights");
+            let got = sequence_log_probs(&published, &tokens).expect("scored");
+            let want = sequence_log_probs(&host, &tokens).expect("scored");
+            (staged, got, want)
+        });
+        let diff = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        println!(
+            "sampler's weights, {transfers:?} transfers: {staged} bytes through host staging, \
+             log-probs within {diff:.3e} of Job::parameters'"
+        );
+        assert!(diff < 1e-5, "{transfers:?}: log-probs differ by {diff:e}");
+        match transfers {
+            DeviceTransfers::Device => {
+                assert_eq!(staged, 0, "the device path staged {staged} bytes")
+            }
+            DeviceTransfers::Host => assert!(staged > 0, "the host path staged nothing"),
+        }
     }
 }

@@ -246,7 +246,7 @@ pub struct TrainerSpec {
 }
 
 /// A shared [`Directory`] on the wire: its value (each process shares what it decoded).
-mod shared_directory {
+pub(crate) mod shared_directory {
     use std::sync::Arc;
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -305,6 +305,10 @@ pub enum SupervisorMsg {
     /// Where to read the fp32 master parameters (and, when asked, the optimizer state) of every
     /// shard over the data plane.
     Parameters(SnapshotCmd, RpcReplyPort<Result<Vec<ShardSnapshot>>>),
+    /// Where the published copies are and their version, for a reader outside the trainers
+    /// (RL's sampler); [`Error::Busy`](crate::Error::Busy) while a step runs (its version is
+    /// about to change).
+    Published(RpcReplyPort<Result<crate::datapath::Published>>),
     /// Every server copies its shards and starts writing them into the command's directory (a
     /// sharded checkpoint); replies once every copy is taken.
     WriteShards(WriteShardsCmd, RpcReplyPort<Result<()>>),
@@ -532,12 +536,16 @@ mod tests {
             }),
         }]));
         round_trip(SnapshotCmd { optimizer: true });
-        let directory = Directory::from_routes(3, vec![route]).expect("directory");
+        let directory = Arc::new(Directory::from_routes(3, vec![route]).expect("directory"));
+        round_trip::<Result<crate::datapath::Published>>(Ok(crate::datapath::Published {
+            version: 6,
+            directory: directory.clone(),
+        }));
         round_trip(TrainerSpec {
             rank: 2,
             communication: Communication::Collective,
             context: ContextConfig::default(),
-            directory: Arc::new(directory),
+            directory,
         });
         round_trip(Assignment {
             micro_batch: micro_batch(),

@@ -186,6 +186,9 @@ if has gpu_training; then
   gpu_test a_device_job_resumes_from_its_checkpoint_exactly \
     "device path: resume from a checkpoint" resume-gpu.log &
   next_section
+  gpu_test the_samplers_weights_come_device_to_device \
+    "RL sampler's weights device to device (0 bytes staged)" sampler-weights-gpu.log &
+  next_section
   gpu_test fused_kernels_train_as_the_cpu_reference \
     "fused kernels (ODC_FUSED_KERNELS=1): GPU vs CPU (I3)" fused-gpu.log &
   next_section

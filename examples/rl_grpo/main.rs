@@ -83,9 +83,9 @@ use odc::checkpoint;
 use odc::launch::World;
 use odc::model::hf::HfCheckpoint;
 use odc::model::{
-    batch_share_range, evaluate_prompted, group_advantages, open_device, tensor_map,
-    transformer_job_on, ComputePrecision, GrpoConfig, ModelConfig, Objective, RlSample, Sample,
-    SampleStore, Sampling, Weights, EVAL_BATCH,
+    batch_share_range, evaluate_prompted, group_advantages, open_device, published_weights,
+    tensor_map, transformer_job_on, ComputePrecision, GrpoConfig, ModelConfig, Objective, RlSample,
+    Sample, SampleStore, Sampling, Weights, EVAL_BATCH,
 };
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat, Tokenizer};
 use odc::{Job, OptimizerConfig, Precision, SampleMeta};
@@ -282,7 +282,7 @@ async fn run(
     let before = grpo.held_out(&mut job, &grpo.reference).await?;
     grpo.say_held_out("before", &before, None);
     let trained = grpo.train(&mut job, position).await?;
-    let policy = grpo.weights(&job.parameters().await?)?;
+    let policy = grpo.policy(&mut job).await?;
     let after = grpo.held_out(&mut job, &policy).await?;
     job.shutdown().await;
     grpo.report(&trained, &before, &after);
@@ -487,9 +487,11 @@ impl Grpo {
         })
     }
 
-    /// The policy's units as the sampler computes with them (its device and precision).
-    fn weights(&self, units: &[Vec<f32>]) -> anyhow::Result<Weights> {
-        Ok(Weights::from_units(&self.model, units, &self.device)?.in_precision(self.precision)?)
+    /// The policy at the job's current version as the sampler computes with it (its device and
+    /// precision): read from the servers' published copies, device to device where the job's
+    /// transport reaches the sampler's GPU.
+    async fn policy(&self, job: &mut Job) -> anyhow::Result<Weights> {
+        Ok(published_weights(job, &self.model, &self.device, self.precision).await?)
     }
 
     /// Prints `line` on the lead.
@@ -618,7 +620,7 @@ impl Grpo {
         // The optimizer step of the newest checkpoint (none written for a step without update).
         let mut checkpointed = job.steps_done();
         for step in at.steps_done..self.args.steps {
-            let policy = self.weights(&job.parameters().await?)?;
+            let policy = self.policy(job).await?;
             let t = Instant::now();
             // The step's problems: the next ones that fit the model with their reference answer.
             let mut prompts = Vec::with_capacity(self.args.prompts);

@@ -97,8 +97,9 @@ use odc::launch::{parse_ranks, Roles, World};
 use odc::model::hf::peft;
 use odc::model::hf::{export_hf, ExportOptions, HfCheckpoint};
 use odc::model::{
-    evaluate_prompted, layout_units, open_device, tensor_map, transformer_job_of, ComputePrecision,
-    DeviceTransfers, Objective, Placement, Sample, SampleStore, Weights,
+    evaluate_prompted, layout_units, open_device, published_weights, tensor_map,
+    transformer_job_of, ComputePrecision, DeviceTransfers, Objective, Placement, Sample,
+    SampleStore,
 };
 use odc::text::{ArithTask, Problem, TextFormat};
 use odc::trace::{phase_totals, step_spans, write_chrome_trace, TraceSpan};
@@ -701,9 +702,8 @@ impl Run {
         done: u64,
         print: &dyn Fn(String),
     ) -> anyhow::Result<f64> {
-        let params = job.parameters().await?;
-        let weights = Weights::from_units(&self.settings.model, &params, &eval.device)?
-            .in_precision(eval.precision)?;
+        let weights =
+            published_weights(job, &self.settings.model, &eval.device, eval.precision).await?;
         let t = Instant::now();
         let prompt = |p: &Problem| self.format.prompt(&p.question);
         let tokenizer = self.format.tokenizer();

@@ -27,6 +27,96 @@ impl Job {
         read_snapshots(node.as_ref(), &snapshots, deadline, self.step, timeout).await
     }
 
+    /// Every unit's published copy at the current version, decoded to `f32`, in layout order:
+    /// the values the trainers compute with (under bf16 pulls the masters rounded to bf16), read
+    /// as a trainer's gather reads them — every shard at once, one-sided, each chunk checked
+    /// against the version (I1). RL's sampler decodes with these. Any rank may ask, between
+    /// steps ([`Error::Busy`] during one); waits at most the parameters timeout.
+    pub async fn published_units(&mut self) -> Result<Vec<Vec<f32>>> {
+        let (node, published, deadline) = self.published().await?;
+        let (units, _) = odc_actors::datapath::published::read_all_host(
+            &published,
+            node.transport.as_ref(),
+            deadline,
+        )
+        .await
+        .map_err(|e| self.past_deadline(e, "published parameters"))?;
+        Ok(units)
+    }
+
+    /// [`Job::published_units`] into device memory from `memory`, in the published dtype (bf16
+    /// stays bf16): one device-to-device read per shard, through no host memory. Needs the `cuda`
+    /// transport (a one-process job whose servers are on the GPU, or `odc launch --transport
+    /// cuda`); any other fails saying so.
+    #[cfg(feature = "cuda")]
+    pub async fn published_units_into(
+        &mut self,
+        memory: &dyn odc_actors::trainer::DeviceMemory,
+    ) -> Result<Vec<odc_actors::trainer::UnitValues>> {
+        let (node, published, deadline) = self.published().await?;
+        let (units, _) = odc_actors::datapath::published::read_all_device(
+            &published,
+            node.transport.as_ref(),
+            memory,
+            deadline,
+        )
+        .await
+        .map_err(|e| self.past_deadline(e, "published parameters"))?;
+        Ok(units)
+    }
+
+    /// Whether this process's transport reads the published copies straight into device memory
+    /// ([`Job::published_units_into`]): the `cuda` backend.
+    #[cfg(feature = "cuda")]
+    pub async fn reads_device_memory(&mut self) -> Result<bool> {
+        self.start().await?;
+        Ok(self.node.as_ref().is_some_and(|node| {
+            node.transport
+                .as_any()
+                .is_some_and(|t| t.is::<odc_transport::cuda::CudaTransport>())
+        }))
+    }
+
+    /// Where the published copies are, from the supervisor, with this process's node and the
+    /// read's deadline.
+    async fn published(
+        &mut self,
+    ) -> Result<(
+        Arc<Node>,
+        odc_actors::datapath::Published,
+        std::time::Instant,
+    )> {
+        let supervisor = self.supervisor().await?;
+        let timeout = self.parameters_timeout;
+        let deadline = odc_transport::deadline_in(timeout);
+        let reply = supervisor
+            .call(SupervisorMsg::Published, Some(timeout))
+            .await;
+        let published = unwrap_call(reply, "published parameters", self.step, timeout)??;
+        let node = self
+            .node
+            .clone()
+            .ok_or_else(|| Error::Internal("a started job without a node".into()))?;
+        Ok((node, published, deadline))
+    }
+
+    /// `e`, or [`Error::Deadline`] naming `what` when it is the transport's deadline.
+    fn past_deadline(&self, e: Error, what: &str) -> Error {
+        match e {
+            Error::Pull {
+                source: odc_transport::TransportError::DeadlineExceeded { .. },
+                ..
+            } => Error::Deadline {
+                what: what.into(),
+                step: self.step,
+                trainer: None,
+                micro_batch: None,
+                after_ms: u64::try_from(self.parameters_timeout.as_millis()).unwrap_or(u64::MAX),
+            },
+            e => e,
+        }
+    }
+
     /// Everything a checkpoint holds, read like [`Job::parameters`]: the global step, the fp32
     /// master values and the optimizer state of every unit (a frozen unit's: 0 steps, no
     /// buffers). A job built with [`JobBuilder::resume`] from it continues exactly where this one

@@ -136,16 +136,19 @@ impl ComputePrecision {
         self.cast(&super::params::as_tensors(vars))
     }
 
-    /// [`Self::unit_inputs`] of a unit's tensors, `Var`s or not (a frozen unit's constants).
+    /// [`Self::unit_inputs`] of a unit's tensors, `Var`s or not (a frozen unit's constants); a
+    /// vector in another dtype (a unit read in bf16) is widened to fp32. A tensor already in its
+    /// dtype is itself, not a copy.
     pub fn cast(self, params: &[Tensor]) -> Result<Vec<Tensor>> {
         params
             .iter()
             .map(|t| {
-                if t.rank() >= 2 {
-                    Ok(t.to_dtype(self.dtype())?)
+                let dtype = if t.rank() >= 2 {
+                    self.dtype()
                 } else {
-                    Ok(t.clone())
-                }
+                    DType::F32
+                };
+                Ok(t.to_dtype(dtype)?)
             })
             .collect()
     }

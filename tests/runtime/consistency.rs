@@ -61,3 +61,41 @@ async fn i1_late_reader_sees_the_step_version_not_the_next() {
     })
     .await
 }
+
+/// What a reader outside the trainers (RL's sampler) gets from `Job::published_units`: every
+/// unit as the trainers read it at the step's version — the masters themselves under fp32 pulls,
+/// the masters rounded to bf16 under bf16 pulls — before the first step and after each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i1_published_units_are_what_the_trainers_read_at_the_steps_version() {
+    crate::within(180, async {
+        let data = minibatches(3, 4, 8, 20);
+        for (precision, dtype) in [(Precision::F32, Dtype::F32), (Precision::Bf16, Dtype::Bf16)] {
+            let mut job = model_job(2, 3, DispatchMode::Dynamic, precision, Arc::default())
+                .build()
+                .unwrap();
+            let mut first = None;
+            for step in 0..=data.len() {
+                let masters = job.parameters().await.expect("parameters");
+                first.get_or_insert_with(|| masters.clone());
+                let published = job.published_units().await.expect("published units");
+                assert_eq!(published.len(), masters.len(), "{precision:?} step {step}");
+                for (unit, (got, master)) in published.iter().zip(&masters).enumerate() {
+                    let want = odc::transport::codec::decode(
+                        dtype,
+                        &odc::transport::codec::encode(dtype, master),
+                    )
+                    .unwrap();
+                    assert_eq!(got, &want, "{precision:?} step {step} unit {unit}");
+                }
+                if let Some(mb) = data.get(step) {
+                    job.step_with(mb.clone()).await.expect("step");
+                }
+            }
+            // The last read is of the trained values, not the initial ones.
+            let last = job.published_units().await.unwrap();
+            assert_ne!(last[0][..4], first.unwrap()[0][..4], "{precision:?}");
+            job.shutdown().await;
+        }
+    })
+    .await
+}

@@ -103,6 +103,7 @@ impl Message for SupervisorMsg {
             SupervisorMsg::Step(samples, reply) => call("Step", &samples, reply),
             SupervisorMsg::Done(report) => cast("Done", &report),
             SupervisorMsg::Parameters(cmd, reply) => call("Parameters", &cmd, reply),
+            SupervisorMsg::Published(reply) => call("Published", &(), reply),
             SupervisorMsg::WriteShards(cmd, reply) => call("WriteShards", &cmd, reply),
             SupervisorMsg::ShardsWritten(reply) => call("ShardsWritten", &(), reply),
             SupervisorMsg::PublishShards(cmds, reply) => call("PublishShards", &cmds, reply),
@@ -121,6 +122,10 @@ impl Message for SupervisorMsg {
                 decode("Parameters", &args)?,
                 reply_port("Parameters", reply),
             ),
+            ("Published", Some(reply)) => {
+                decode::<()>("Published", &args)?;
+                SupervisorMsg::Published(reply_port("Published", reply))
+            }
             ("WriteShards", Some(reply)) => SupervisorMsg::WriteShards(
                 decode("WriteShards", &args)?,
                 reply_port("WriteShards", reply),

@@ -41,6 +41,7 @@
 pub mod collective;
 pub mod gang;
 pub mod on_demand;
+pub mod published;
 pub(crate) mod transfer;
 
 use std::sync::Arc;
@@ -53,6 +54,7 @@ use serde::{Deserialize, Serialize};
 pub use collective::{Collective, CollectiveGroup};
 pub use gang::GangChannel;
 pub use on_demand::OnDemand;
+pub use published::Published;
 pub use transfer::{micro_batch_of, write_id};
 
 use crate::error::Result;

@@ -236,6 +236,17 @@ impl Actor for Supervisor {
                 snapshots(state, cmd, reply);
                 return Ok(());
             }
+            SupervisorMsg::Published(reply) => {
+                let published = match state.machine.is_running() {
+                    true => Err(Error::Busy),
+                    false => Ok(crate::datapath::Published {
+                        version: state.machine.version(),
+                        directory: published_directory(state),
+                    }),
+                };
+                let _ = reply.send(published);
+                return Ok(());
+            }
             SupervisorMsg::WriteShards(cmd, reply) => {
                 let calls = each_server(state, "write shards", move |reply| {
                     ServerMsg::WriteShards(cmd.clone(), reply)
@@ -810,6 +821,15 @@ async fn open_relays(
 /// owner is on another node replaced by its node's relay (relayed pushes), else the job's. Made
 /// once per node and shared by its trainers (every trainer's own copy made memory grow with
 /// trainers × servers × units: 40% of a 128-device simulation's peak).
+/// The directory of the published copies (the shards' own routes, relays aside), shared.
+fn published_directory(state: &mut SupervisorState) -> Arc<Directory> {
+    state
+        .trainer_directories
+        .entry(u32::MAX)
+        .or_insert_with(|| Arc::new(state.directory.clone()))
+        .clone()
+}
+
 fn directory_of(state: &mut SupervisorState, slot: u32) -> Arc<Directory> {
     let node = state
         .spec

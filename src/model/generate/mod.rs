@@ -67,6 +67,44 @@ impl Weights {
         })
     }
 
+    /// From each unit's flat tensor (any dtype, any device: e.g. a unit read into device memory
+    /// by [`Job::published_units_into`](crate::Job::published_units_into)), each parameter a
+    /// view of it, no copy; [`Error::UnitParams`] when a unit's length is not the model's.
+    pub fn from_flat(config: &ModelConfig, units: &[Tensor]) -> Result<Self> {
+        config.validate()?;
+        check_unit_count(config, units.len())?;
+        let units = units
+            .iter()
+            .enumerate()
+            .map(|(u, flat)| {
+                let specs = unit_params(config, u)?;
+                let expected: usize = specs.iter().map(|s| s.numel()).sum();
+                if flat.elem_count() != expected || flat.rank() != 1 {
+                    return Err(Error::UnitParams {
+                        what: "values",
+                        expected,
+                        got: flat.elem_count(),
+                    });
+                }
+                let mut at = 0;
+                specs
+                    .iter()
+                    .map(|spec| {
+                        let t = flat
+                            .narrow(0, at, spec.numel())?
+                            .reshape(spec.shape.as_slice())?;
+                        at += spec.numel();
+                        Ok(t)
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Weights {
+            config: config.clone(),
+            units,
+        })
+    }
+
     /// The same weights for computing in `precision`, as a trainer computes: under
     /// [`ComputePrecision::Bf16`] every matrix (embedding, projections, MLP, head) in bf16 and
     /// the norms' weights in fp32; the decoder's activations and its cache then follow the
@@ -357,6 +395,43 @@ mod tests {
             qk_norm: true,
             tie_embeddings: true,
             ..config()
+        }
+    }
+
+    /// Weights cut as views from each unit's flat tensor (a bf16 one too, as a bf16 pull lands)
+    /// score exactly as weights built from the same values; a unit of the wrong length is
+    /// refused.
+    #[test]
+    fn weights_from_flat_units_score_as_weights_from_values() {
+        let c = real_layout();
+        let tokens = [1, 5, 9, 2, 14, 3];
+        for dtype in [DType::F32, DType::BF16] {
+            let flat: Vec<Tensor> = (0..unit_count(&c))
+                .map(|u| {
+                    let values = unit_init_values(&c, u).unwrap();
+                    Tensor::new(values.as_slice(), &Device::Cpu)?.to_dtype(dtype)
+                })
+                .collect::<candle_core::Result<_>>()
+                .unwrap();
+            // The same values (rounded to `dtype`) through the host path.
+            let values: Vec<Vec<f32>> = flat
+                .iter()
+                .map(|t| t.to_dtype(DType::F32)?.to_vec1())
+                .collect::<candle_core::Result<_>>()
+                .unwrap();
+            let want = Weights::from_units(&c, &values, &Device::Cpu).unwrap();
+            let got = Weights::from_flat(&c, &flat)
+                .and_then(|w| w.in_precision(ComputePrecision::F32))
+                .unwrap();
+            assert_eq!(
+                sequence_log_probs(&got, &tokens).unwrap(),
+                sequence_log_probs(&want, &tokens).unwrap(),
+                "{dtype:?}"
+            );
+            let mut short = flat.clone();
+            short[1] = short[1].narrow(0, 1, short[1].elem_count() - 1).unwrap();
+            let e = Weights::from_flat(&c, &short).unwrap_err();
+            assert!(matches!(e, Error::UnitParams { .. }), "{e}");
         }
     }
 

@@ -272,12 +272,9 @@ impl TransformerCompute {
             (Device::Cuda(_), _) => {
                 let flat = match values {
                     UnitValues::Host(values) => self.staging(device)?.upload(values)?,
-                    UnitValues::Device { buffer, .. } => buffer
-                        .as_any()
-                        .downcast_ref::<super::resident::Unit>()
-                        .ok_or_else(|| Error::Device("a device unit of another kind".into()))?
-                        .tensor()
-                        .to_dtype(DType::F32)?,
+                    UnitValues::Device { .. } => {
+                        super::resident::flat_tensor(values)?.to_dtype(DType::F32)?
+                    }
                 };
                 self.split_flat(u, &flat, trainable)
             }

@@ -10,6 +10,7 @@
 //! - `staging` (feature `cuda`): a trainer's pinned host staging on a CUDA device, and
 //!   `resident` (feature `cuda`): its device memory as the data path's gather buffers and push
 //!   sources; [`host_staging`] counts what still crossed host memory;
+//! - [`sampler`]: the sampler's weights, read from the servers' published copies;
 //! - [`threads`]: each concurrently computing model's share of the host's cores.
 
 pub mod compute;
@@ -19,6 +20,7 @@ pub mod job;
 pub mod reshard;
 #[cfg(feature = "cuda")]
 pub mod resident;
+pub mod sampler;
 #[cfg(feature = "cuda")]
 pub mod staging;
 pub mod threads;
@@ -28,4 +30,5 @@ pub use gang_link::TransportLink;
 pub use host_staging::{host_staging_bytes, HOST_STAGING_BYTES};
 pub use job::{transformer_job, transformer_job_of, transformer_job_on, MICRO_BATCH_MIN_FILL};
 pub use reshard::Reshard;
+pub use sampler::published_weights;
 pub use threads::{share_cpu_threads, CpuThreads};

@@ -30,7 +30,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Device, Storage, Tensor};
 use odc_actors::datapath::Transfer;
-use odc_actors::trainer::{DeviceGrad, DeviceMemory, DeviceUnit};
+use odc_actors::trainer::{DeviceGrad, DeviceMemory, DeviceUnit, UnitValues};
 use odc_transport::{DeviceDest, Dtype};
 
 use super::staging::WAIT;
@@ -149,6 +149,23 @@ impl Unit {
     /// The unit's values (flat, the published dtype).
     pub fn tensor(&self) -> &Tensor {
         &self.tensor
+    }
+}
+
+/// The flat tensor (published dtype) of a unit gathered into device memory by [`Memory`];
+/// [`crate::model::Error::Device`] for host values or another kind of device buffer.
+pub fn flat_tensor(values: &UnitValues) -> crate::model::error::Result<&Tensor> {
+    match values {
+        UnitValues::Device { buffer, .. } => buffer
+            .as_any()
+            .downcast_ref::<Unit>()
+            .map(Unit::tensor)
+            .ok_or_else(|| {
+                crate::model::error::Error::Device("a device unit of another kind".into())
+            }),
+        UnitValues::Host(_) => Err(crate::model::error::Error::Device(
+            "a unit in host memory where device memory was expected".into(),
+        )),
     }
 }
 

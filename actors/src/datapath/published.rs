@@ -1,0 +1,146 @@
+//! The servers' published copies read from outside the trainers: what RL's sampler decodes with.
+//! verl and TRL hand the trainer's weights to their generation engine each step; odc's sampler
+//! reads them where the trainers do, from the published copies, at the step's version.
+//!
+//! [`Published`] is where every shard's published copy is and the version they hold (the
+//! supervisor's answer between steps, [`crate::messages::SupervisorMsg::Published`]). A unit is
+//! read as a trainer's gather reads it ([`super::on_demand`]): every shard at once, one-sided,
+//! each chunk checked against the version (**I1**: one of another version fails the read with
+//! [`crate::Error::VersionMismatch`], so a sampler never mixes two steps' weights), decoded into
+//! host `f32`s or, with the `cuda` backend, copied device to device in the published dtype.
+//!
+//! Nothing here is counted for I5 (no trainer's buffers) or pushed: the reader only reads.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use odc_transport::Transport;
+use serde::{Deserialize, Serialize};
+
+use super::transfer::{self, Out};
+use crate::directory::Directory;
+use crate::error::Result;
+use crate::layout::UnitId;
+#[cfg(feature = "cuda-code")]
+use crate::trainer::UnitValues;
+
+/// Where the published copies are and their version (see the [module docs](self)).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Published {
+    /// The version every published chunk holds: the optimizer steps applied.
+    pub version: u64,
+    #[serde(with = "crate::messages::shared_directory")]
+    pub directory: Arc<Directory>,
+}
+
+impl Published {
+    /// The units' count.
+    pub fn units(&self) -> usize {
+        self.directory.units.len()
+    }
+
+    /// Unit `unit`'s elements, decoded to `f32`, at [`Published::version`]; returns them and the
+    /// bytes moved.
+    pub async fn read_host(
+        &self,
+        transport: &dyn Transport,
+        unit: UnitId,
+        deadline: Instant,
+    ) -> Result<(Vec<f32>, u64)> {
+        let routes = self.directory.routes(unit)?;
+        let len = routes.iter().map(|r| r.range().end).max().unwrap_or(0);
+        let mut values = vec![0.0; len];
+        let bytes = transfer::pull(
+            transport,
+            routes,
+            unit,
+            0..len,
+            self.version,
+            len.max(1),
+            Out::F32(&mut values),
+            deadline,
+        )
+        .await?;
+        Ok((values, bytes))
+    }
+
+    /// Unit `unit` in device memory from `memory`, in the published dtype, one device-to-device
+    /// read per shard (the `cuda` backend; any other transport cannot reach device memory and
+    /// the read fails saying so).
+    #[cfg(feature = "cuda-code")]
+    pub async fn read_device(
+        &self,
+        transport: &dyn Transport,
+        unit: UnitId,
+        memory: &dyn crate::trainer::DeviceMemory,
+        deadline: Instant,
+    ) -> Result<(UnitValues, u64)> {
+        let routes = self.directory.routes(unit)?;
+        if transport
+            .as_any()
+            .and_then(|t| t.downcast_ref::<odc_transport::cuda::CudaTransport>())
+            .is_none()
+        {
+            return Err(crate::Error::Config(format!(
+                "unit {unit}: the job's {} transport cannot read into device memory",
+                transport.backend()
+            )));
+        }
+        let len = routes.iter().map(|r| r.range().end).max().unwrap_or(0);
+        let dtype = transfer::published_dtype(routes, unit)?;
+        let buffer = memory.allocate(len, dtype).await?;
+        let bytes = transfer::pull(
+            transport,
+            routes,
+            unit,
+            0..len,
+            self.version,
+            len.max(1),
+            Out::Device(buffer.dest()),
+            deadline,
+        )
+        .await?;
+        Ok((UnitValues::Device { buffer, dtype }, bytes))
+    }
+}
+
+/// Every unit's host values from `published`, all units read at once; the values in unit order
+/// and the bytes moved.
+pub async fn read_all_host(
+    published: &Published,
+    transport: &dyn Transport,
+    deadline: Instant,
+) -> Result<(Vec<Vec<f32>>, u64)> {
+    each_unit(published, |u| published.read_host(transport, u, deadline)).await
+}
+
+/// Every unit in device memory from `memory` (see [`Published::read_device`]), all units read at
+/// once; the values in unit order and the bytes moved.
+#[cfg(feature = "cuda-code")]
+pub async fn read_all_device(
+    published: &Published,
+    transport: &dyn Transport,
+    memory: &dyn crate::trainer::DeviceMemory,
+    deadline: Instant,
+) -> Result<(Vec<UnitValues>, u64)> {
+    each_unit(published, |u| {
+        published.read_device(transport, u, memory, deadline)
+    })
+    .await
+}
+
+/// `read` of every unit at once: the values in unit order and the bytes moved in all.
+async fn each_unit<T, F>(published: &Published, read: impl Fn(UnitId) -> F) -> Result<(Vec<T>, u64)>
+where
+    F: std::future::Future<Output = Result<(T, u64)>>,
+{
+    let reads = (0..published.units() as UnitId).map(read);
+    let mut units = Vec::with_capacity(published.units());
+    let mut bytes = 0;
+    for result in futures::future::join_all(reads).await {
+        let (values, moved) = result?;
+        units.push(values);
+        bytes += moved;
+    }
+    Ok((units, bytes))
+}
