@@ -600,9 +600,10 @@ fn the_samplers_weights_come_device_to_device() {
             let mut job = job_with(data.clone(), OptimizerConfig::adamw(3e-3), placement, |b| b);
             job.run(1).await.expect("a step");
             let before = host_staging_bytes();
-            let published = published_weights(&mut job, &config(), &device, ComputePrecision::F32)
-                .await
-                .expect("published weights");
+            let published =
+                published_weights(&mut job, &config(), 0, &device, ComputePrecision::F32)
+                    .await
+                    .expect("published weights");
             let staged = host_staging_bytes() - before;
             let params = job.parameters().await.expect("parameters");
             job.shutdown().await;

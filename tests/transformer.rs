@@ -952,10 +952,11 @@ fn grpo_with_a_split_sample_equals_grpo_without() {
     assert!(diff < 1e-5, "GRPO split vs unsplit: max |Δ| = {diff}");
 }
 
-/// The sampler reads the step's version (issue 42): weights built from `Job::parameters` after
-/// three SGD steps (as `rl_grpo` builds its policy every step) decode greedily what candle
-/// alone's weights after the same steps decode, and not what the initial weights decode: the
-/// update changed the greedy response, and the sampler saw the change.
+/// The sampler reads the step's version (issue 42): its weights read from the servers'
+/// published copies after three SGD steps (`published_weights`, as `rl_grpo` reads its policy
+/// every step) decode greedily what candle alone's weights after the same steps decode, and not
+/// what the initial weights decode: the update changed the greedy response, and the sampler saw
+/// the change.
 #[test]
 fn a_sampler_built_after_a_step_decodes_with_the_new_weights() {
     let c = config();
@@ -966,26 +967,34 @@ fn a_sampler_built_after_a_step_decodes_with_the_new_weights() {
         for _ in 0..STEPS {
             job.step().await.unwrap();
         }
-        let params = job.parameters().await.unwrap();
+        let weights = odc::model::published_weights(
+            &mut job,
+            &c,
+            0,
+            &Device::Cpu,
+            odc::model::ComputePrecision::F32,
+        )
+        .await
+        .unwrap();
         job.shutdown().await;
-        params
+        weights
     });
     let (alone, _) = candle_alone(&c, &data, optimizer, STEPS);
     let init: Vec<Vec<f32>> = (0..unit_count(&c))
         .map(|u| unit_init_values(&c, u).unwrap())
         .collect();
-    let greedy = |units: &[Vec<f32>]| {
-        let w = Weights::from_units(&c, units, &Device::Cpu).unwrap();
+    let weights = |units: &[Vec<f32>]| Weights::from_units(&c, units, &Device::Cpu).unwrap();
+    let greedy = |w: &Weights| {
         let prompts: Vec<&[u32]> = data[..3].iter().map(|s| &s.tokens[..24]).collect();
         let batch: Vec<Prompt<'_>> = prompts.iter().map(|p| Prompt::new(p)).collect();
         let mut rngs: Vec<StdRng> = (0..3).map(StdRng::seed_from_u64).collect();
-        generate_batch(&w, &batch, &Sampling::greedy(24, vec![]), &mut rngs).unwrap()
+        generate_batch(w, &batch, &Sampling::greedy(24, vec![]), &mut rngs).unwrap()
     };
-    let (before, after) = (greedy(&init), greedy(&trained));
+    let (before, after) = (greedy(&weights(&init)), greedy(&trained));
     assert_ne!(before, after, "three steps changed no greedy response");
     assert_eq!(
         after,
-        greedy(&alone),
+        greedy(&weights(&alone)),
         "the sampler's weights are not the trained ones"
     );
 }

@@ -6,8 +6,8 @@
 //! during a step and resumed ends as the uninterrupted one (`tests/multiprocess/grpo.rs`).
 //!
 //! - The reference (the starting weights the KL is measured against, and the held-out scores
-//!   "before") is not in the checkpoint: it is re-read from `--init` or `--model-dir`, which
-//!   checkpointing therefore requires.
+//!   "before") is served by the job but not in the checkpoint (served units never are): it is
+//!   re-read from `--init` or `--model-dir`, which checkpointing therefore requires.
 //! - A step that trained nothing (every group scored alike) leaves the parameters at the last
 //!   checkpoint's version, so none is written for it (its directory would be that step's); a
 //!   resumed run replays it: the same prompts and draws, again nothing to train.

@@ -24,7 +24,12 @@
 //! from the step's whole list (so the responses do not depend on the thread count); rewards and
 //! group-normalised advantages. A group whose responses all scored alike has zero advantages and
 //! is not trained on (DAPO's dynamic sampling, without refilling); the others get the reference's
-//! log-probs and go into one odc step. Printed per step: reward, accuracy (exact match), response
+//! log-probs and go into one odc step. The sampler reads the policy each step from the shard
+//! servers' published copies at the step's version (`odc::model::published_weights`; device to
+//! device where the transport reaches the GPU), and the reference the same way once decoding is
+//! done: the job serves it as frozen units after the policy's, sharded over the servers like
+//! them (`odc::model::units_with_reference`, `UnitSpec::served`), so no rank keeps a whole copy
+//! of it, and the policy with its cache and the reference are never held together. Printed per step: reward, accuracy (exact match), response
 //! length (mean, max), the KL to the reference (k3 per response token, over the trained groups:
 //! the term the loss weighs by `--kl-coef`), groups trained, loss. Before and after RL,
 //! `--eval-problems` held-out
@@ -57,7 +62,8 @@
 //! writes the policy's parameters and AdamW state as `sft` does, with the run's position (RL
 //! steps done, next problem and sample); `--resume auto` (or a `step-<N>` directory) continues the
 //! same prompts and draws, so a killed run resumed ends as the uninterrupted one. Both need
-//! `--init` or `--model-dir`, where the reference is read again.
+//! `--init` or `--model-dir`, where the reference is read again (served units stay out of
+//! checkpoints).
 //!
 //! Prometheus metrics at `--metrics-addr` (off with `--no-metrics`): the runtime's `odc_*` and, per
 //! RL step, `odc_grpo_reward`, `odc_grpo_accuracy_ratio`, `odc_grpo_response_tokens` (mean) and
@@ -84,8 +90,8 @@ use odc::launch::World;
 use odc::model::hf::HfCheckpoint;
 use odc::model::{
     batch_share_range, evaluate_prompted, group_advantages, open_device, published_weights,
-    tensor_map, transformer_job_on, ComputePrecision, GrpoConfig, ModelConfig, Objective, RlSample,
-    Sample, SampleStore, Sampling, Weights, EVAL_BATCH,
+    tensor_map, transformer_job_of, unit_count, units_with_reference, ComputePrecision, GrpoConfig,
+    ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights, EVAL_BATCH,
 };
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat, Tokenizer};
 use odc::{Job, OptimizerConfig, Precision, SampleMeta};
@@ -263,23 +269,16 @@ async fn run(
     let (format, model, checkpoint) = load_model(&args)?;
     let (init, max_value) = initial_policy(&args, &model, checkpoint, &format, &say).await?;
     let resumed = checkpoints::resume(&args, &tensor_map(&model)?, max_value, lead)?;
-    let grpo = Grpo::new(
-        args,
-        rank,
-        ranks,
-        trainers_here,
-        format,
-        model,
-        &init,
-        max_value,
-    )?;
+    let grpo = Grpo::new(args, rank, ranks, trainers_here, format, model, max_value)?;
     let (opened, position) = match resumed {
         Some(r) => (Some(r.opened), r.position),
         None => (None, Position::default()),
     };
     let mut job = grpo.build_job(init, world, opened)?;
     // Scored on the reference (the starting weights): the same before a resumed run.
-    let before = grpo.held_out(&mut job, &grpo.reference).await?;
+    let reference = grpo.reference(&mut job).await?;
+    let before = grpo.held_out(&mut job, &reference).await?;
+    drop(reference);
     grpo.say_held_out("before", &before, None);
     let trained = grpo.train(&mut job, position).await?;
     let policy = grpo.policy(&mut job).await?;
@@ -389,8 +388,6 @@ struct Grpo {
     max_len: usize,
     max_value: u64,
     sampling: Sampling,
-    /// The frozen reference (the starting policy).
-    reference: Weights,
     /// The current step's responses, which the trainers' compute resolves.
     responses: Arc<Responses>,
     /// Held-out problems that fit the model, with their index (the sampled score's per-problem
@@ -443,7 +440,6 @@ impl Grpo {
         trainers_here: usize,
         format: TextFormat,
         model: ModelConfig,
-        init: &[Vec<f32>],
         max_value: u64,
     ) -> anyhow::Result<Self> {
         let max_len = model
@@ -454,8 +450,6 @@ impl Grpo {
             true => (open_device(placement.device, placement.local_rank)?, 1),
             false => (Device::Cpu, trainers_here.max(1)),
         };
-        let reference =
-            Weights::from_units(&model, init, &device)?.in_precision(placement.precision)?;
         let sampling = Sampling {
             temperature: args.temperature,
             top_p: args.top_p,
@@ -479,7 +473,6 @@ impl Grpo {
             max_len,
             max_value,
             sampling,
-            reference,
             responses: Arc::new(Responses::default()),
             device,
             precision: placement.precision,
@@ -491,7 +484,14 @@ impl Grpo {
     /// precision): read from the servers' published copies, device to device where the job's
     /// transport reaches the sampler's GPU.
     async fn policy(&self, job: &mut Job) -> anyhow::Result<Weights> {
-        Ok(published_weights(job, &self.model, &self.device, self.precision).await?)
+        Ok(published_weights(job, &self.model, 0, &self.device, self.precision).await?)
+    }
+
+    /// The frozen reference (the starting weights), read as the policy is from the job's
+    /// served units after the policy's ([`Grpo::build_job`]).
+    async fn reference(&self, job: &mut Job) -> anyhow::Result<Weights> {
+        let first = unit_count(&self.model);
+        Ok(published_weights(job, &self.model, first, &self.device, self.precision).await?)
     }
 
     /// Prints `line` on the lead.
@@ -509,9 +509,11 @@ impl Grpo {
         resumed: Option<checkpoint::Opened>,
     ) -> anyhow::Result<Job> {
         let args = &self.args;
-        let mut builder = transformer_job_on(
+        // The reference is served after the policy's units, sharded as they are.
+        let (policy, reference) = units_with_reference(&self.model, init)?;
+        let mut builder = transformer_job_of(
             &self.model,
-            Some(init),
+            policy,
             self.responses.clone(),
             Objective::Grpo(GrpoConfig {
                 clip_eps: args.clip_eps,
@@ -530,6 +532,7 @@ impl Grpo {
         .token_budget(args.token_budget)
         .pull_precision(Precision::F32)
         .keep_last_checkpoints(args.keep_last);
+        builder = reference.into_iter().fold(builder, odc::JobBuilder::unit);
         builder = match self.ranks > 1 {
             true => builder.world(world),
             false => builder.trainers(args.trainers).servers(args.servers),
@@ -540,16 +543,10 @@ impl Grpo {
         Ok(builder.build()?)
     }
 
-    /// What sampling `policy` needs: with the reference for training, without for scoring.
-    fn sampler<'a>(
-        &'a self,
-        policy: &'a Weights,
-        reference: Option<&'a Weights>,
-        seed: u64,
-    ) -> Sampler<'a> {
+    /// What sampling `policy` needs.
+    fn sampler<'a>(&'a self, policy: &'a Weights, seed: u64) -> Sampler<'a> {
         Sampler {
             policy,
-            reference,
             format: &self.format,
             sampling: &self.sampling,
             group_size: self.args.group_size,
@@ -591,11 +588,12 @@ impl Grpo {
         )?;
         // The same draws before and after (a fixed seed per problem): a paired comparison.
         let sampled = batch_share_range(len, self.decode_batch(), rank, ranks);
-        let (groups, _) = sample_groups(
-            &self.sampler(weights, None, self.args.seed ^ HELD_OUT_SEED),
+        let groups = sample_groups(
+            &self.sampler(weights, self.args.seed ^ HELD_OUT_SEED),
             &self.eval_prompts[sampled],
             self.workers,
-        )?;
+        )?
+        .groups();
         let responses: Vec<&Response> = groups.iter().flatten().collect();
         Ok(HeldOutCounts {
             problems: greedy.problems as u64,
@@ -631,7 +629,7 @@ impl Grpo {
                 }
                 at.problem += 1;
             }
-            let (groups, timings, gather) = self.sample_step(job, &policy, &prompts, step).await?;
+            let (groups, timings, gather) = self.sample_step(job, policy, &prompts, step).await?;
             let samples = StepSamples::of(groups, &mut at.next_index);
             let sample_secs = t.elapsed().as_secs_f64();
             let (reward, accuracy, kl) = samples.record(sample_secs);
@@ -686,20 +684,30 @@ impl Grpo {
     }
 
     /// This rank's share of the step's groups, then every rank's (in prompt order); this rank's
-    /// stage times, and the wait for the others' groups.
+    /// stage times, and the wait for the others' groups. The policy (and its cache) is dropped
+    /// once decoding is done, before the reference is read for its stage.
     async fn sample_step(
         &self,
         job: &mut Job,
-        policy: &Weights,
+        policy: Weights,
         prompts: &[(u64, Problem)],
         step: u64,
     ) -> anyhow::Result<(Vec<Vec<Response>>, Timings, f64)> {
         let share = batch_share_range(prompts.len(), self.decode_batch(), self.rank, self.ranks);
-        let (mine, timings) = sample_groups(
-            &self.sampler(policy, Some(&self.reference), self.args.seed),
+        let mut sampled = sample_groups(
+            &self.sampler(&policy, self.args.seed),
             &prompts[share],
             self.workers,
         )?;
+        drop(policy);
+        let t = Instant::now();
+        if sampled.trains_any() {
+            let reference = self.reference(job).await?;
+            sampled.against_reference(&reference, self.workers)?;
+        }
+        sampled.timings.reference = t.elapsed().as_secs_f64();
+        let timings = sampled.timings;
+        let mine = sampled.groups();
         if self.ranks == 1 {
             return Ok((mine, timings, 0.0));
         }

@@ -1,8 +1,9 @@
 //! Sampling a step's groups in three timed stages (verl's `timing_s/gen`, `reward`, `ref`):
 //! `--group-size` responses to each prompt from the current policy (batches of `--decode-batch`
-//! prompts, each decoded together), each response scored, and for a group that is trained on the
-//! reference's log-probabilities and the KL to it (the trained responses of each decoding batch
-//! in one batched forward).
+//! prompts, each decoded together), each response scored ([`sample_groups`]), and for a group
+//! that is trained on the reference's log-probabilities and the KL to it (the trained responses
+//! of each decoding batch in one batched forward, [`Sampled::against_reference`]) — once the
+//! decoding is over, so that the policy, its cache and the reference are never held together.
 
 use std::time::Instant;
 
@@ -18,8 +19,6 @@ use serde::{Deserialize, Serialize};
 /// What sampling a step's groups needs.
 pub(crate) struct Sampler<'a> {
     pub(crate) policy: &'a Weights,
-    /// The reference whose log-probs a trained group needs (none when only scoring).
-    pub(crate) reference: Option<&'a Weights>,
     pub(crate) format: &'a TextFormat,
     pub(crate) sampling: &'a Sampling,
     pub(crate) group_size: usize,
@@ -49,6 +48,12 @@ pub(crate) struct Response {
 /// advantages, nothing to learn but the KL term: DAPO's dynamic sampling, without refill).
 pub(crate) fn trained(group: &[Response]) -> bool {
     group.iter().any(|r| r.reward != group[0].reward)
+}
+
+/// A step's sampled and scored groups, before the reference's stage.
+pub(crate) struct Sampled {
+    batches: Vec<Scored>,
+    pub(crate) timings: Timings,
 }
 
 /// Wall seconds of each sampling stage on this rank.
@@ -81,7 +86,7 @@ pub(crate) fn sample_groups(
     s: &Sampler<'_>,
     prompts: &[(u64, Problem)],
     workers: usize,
-) -> anyhow::Result<(Vec<Vec<Response>>, Timings)> {
+) -> anyhow::Result<Sampled> {
     let batches: Vec<&[(u64, Problem)]> = prompts.chunks(s.batch.max(1)).collect();
     let t = Instant::now();
     let decoded = map_in_shares(&batches, workers, |batch| decode(s, batch))?;
@@ -91,28 +96,49 @@ pub(crate) fn sample_groups(
     for (batch, decoded) in batches.iter().zip(decoded) {
         scored.push(score(s, batch, decoded)?);
     }
-    let reward = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    if let Some(reference) = s.reference {
-        let kl = map_in_shares(&scored, workers, |(groups, policy)| {
+    Ok(Sampled {
+        batches: scored,
+        timings: Timings {
+            gen,
+            reward: t.elapsed().as_secs_f64(),
+            reference: 0.0,
+        },
+    })
+}
+
+impl Sampled {
+    /// Each trained group's reference log-probs and KL to it, `workers` batches at once.
+    pub(crate) fn against_reference(
+        &mut self,
+        reference: &Weights,
+        workers: usize,
+    ) -> anyhow::Result<()> {
+        let kl = map_in_shares(&self.batches, workers, |(groups, policy)| {
             against_reference(reference, groups, policy)
         })?;
-        for ((groups, _), kl) in scored.iter_mut().zip(kl) {
+        for ((groups, _), kl) in self.batches.iter_mut().zip(kl) {
             for (r, (ref_log_probs, kl_sum)) in groups.iter_mut().flatten().zip(kl) {
                 (r.ref_log_probs, r.kl_sum) = (ref_log_probs, kl_sum);
             }
         }
+        Ok(())
     }
-    let reference = t.elapsed().as_secs_f64();
-    let groups = scored.into_iter().flat_map(|(groups, _)| groups).collect();
-    Ok((
-        groups,
-        Timings {
-            gen,
-            reward,
-            reference,
-        },
-    ))
+
+    /// Whether any group is trained on (needs the reference's stage).
+    pub(crate) fn trains_any(&self) -> bool {
+        self.batches
+            .iter()
+            .flat_map(|(groups, _)| groups)
+            .any(|g| trained(g))
+    }
+
+    /// The groups, in prompt order.
+    pub(crate) fn groups(self) -> Vec<Vec<Response>> {
+        self.batches
+            .into_iter()
+            .flat_map(|(groups, _)| groups)
+            .collect()
+    }
 }
 
 /// `group_size` responses to each problem of `batch`, decoded together.

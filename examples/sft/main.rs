@@ -703,7 +703,7 @@ impl Run {
         print: &dyn Fn(String),
     ) -> anyhow::Result<f64> {
         let weights =
-            published_weights(job, &self.settings.model, &eval.device, eval.precision).await?;
+            published_weights(job, &self.settings.model, 0, &eval.device, eval.precision).await?;
         let t = Instant::now();
         let prompt = |p: &Problem| self.format.prompt(&p.question);
         let tokenizer = self.format.tokenizer();

@@ -123,6 +123,9 @@ pub struct UnitSpec {
     /// [module docs](self)). [`UnitSpec::with_values`] and [`UnitSpec::constant`] make trainable
     /// units; [`UnitSpec::frozen`] freezes one.
     pub trainable: bool,
+    /// `true`: a frozen unit served for readers outside the trainers ([`UnitSpec::served`]),
+    /// not part of the job's parameters or checkpoints.
+    pub served: bool,
 }
 
 impl UnitSpec {
@@ -133,6 +136,7 @@ impl UnitSpec {
             len: values.len(),
             init: UnitInit::Values(values.into()),
             trainable: true,
+            served: false,
         }
     }
 
@@ -143,6 +147,7 @@ impl UnitSpec {
             len,
             init: UnitInit::Constant(value),
             trainable: true,
+            served: false,
         }
     }
 
@@ -161,6 +166,28 @@ impl UnitSpec {
     /// ```
     pub fn frozen(mut self) -> Self {
         self.trainable = false;
+        self
+    }
+
+    /// The same unit, frozen and **served**: kept by the shard servers and read like any frozen
+    /// unit (RL's reference model, which the sampler reads as the policy's units are read), but
+    /// not part of the model the job trains — its parameters, its train state and its
+    /// checkpoints leave it out, and a resumed job takes it from its initial values. Served
+    /// units come after every other unit ([`ModelLayout::new`]).
+    ///
+    /// ```
+    /// use odc_policy::layout::{ModelLayout, UnitSpec};
+    /// let layout = ModelLayout::new(vec![
+    ///     UnitSpec::constant("policy", 10, 0.5),
+    ///     UnitSpec::constant("reference.policy", 10, 0.5).served(),
+    /// ])
+    /// .unwrap();
+    /// assert_eq!(layout.model_units(), 1);
+    /// assert!(!layout.units()[1].trainable);
+    /// ```
+    pub fn served(mut self) -> Self {
+        self.trainable = false;
+        self.served = true;
         self
     }
 }
@@ -216,6 +243,13 @@ impl ModelLayout {
             ));
         }
         let mut names = std::collections::HashSet::new();
+        let model_units = units.iter().take_while(|u| !u.served).count();
+        if let Some(u) = units[model_units..].iter().find(|u| !u.served) {
+            return Err(LayoutError::Invalid(format!(
+                "unit {} comes after a served unit: served units come last",
+                u.name
+            )));
+        }
         for (id, u) in units.iter().enumerate() {
             if u.len == 0 {
                 return Err(LayoutError::Invalid(format!(
@@ -297,6 +331,12 @@ impl ModelLayout {
         &self.units
     }
 
+    /// The units of the model the job trains: every unit before the served ones
+    /// ([`UnitSpec::served`]), whose values are the job's parameters and checkpoints.
+    pub fn model_units(&self) -> usize {
+        self.units.iter().take_while(|u| !u.served).count()
+    }
+
     pub fn len(&self) -> usize {
         self.units.len()
     }
@@ -356,7 +396,7 @@ impl ModelLayout {
         for u in &self.units {
             h.bytes(u.name.as_bytes());
             h.bytes(&(u.len as u64).to_le_bytes());
-            h.bytes(&[u8::from(u.trainable)]);
+            h.bytes(&[u8::from(u.trainable), u8::from(u.served)]);
             u.init.digest(&mut h);
         }
         for state in self.optimizer.iter().flat_map(|s| s.iter()) {
@@ -431,6 +471,24 @@ mod tests {
         assert_ne!(resumed.digest(), layout().digest());
         assert_ne!(resumed.digest(), other.digest());
     }
+
+    #[test]
+    fn served_units_come_last_and_count_apart_in_the_digest() {
+        let a = || UnitSpec::constant("a", 3, 1.0);
+        let r = || UnitSpec::constant("ref", 3, 1.0);
+        let served = ModelLayout::new(vec![a(), r().served()]).unwrap();
+        assert_eq!(served.model_units(), 1);
+        assert!(!served.units()[1].trainable);
+        let frozen = ModelLayout::new(vec![a(), r().frozen()]).unwrap();
+        assert_eq!(frozen.model_units(), 2);
+        assert_ne!(served.digest(), frozen.digest());
+        let err = ModelLayout::new(vec![r().served(), a()]).unwrap_err();
+        assert!(
+            err.to_string().contains("unit a comes after a served unit"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn frozen_units_count_apart_in_the_digest_and_drop_optimizer_state() {
         let units = |frozen: bool| {
@@ -539,6 +597,7 @@ mod tests {
             len: 10,
             init,
             trainable: true,
+            served: false,
         };
         let layout = ModelLayout::new(vec![unit]).unwrap();
         let spec = layout.unit(0).unwrap();
@@ -561,6 +620,7 @@ mod tests {
             len: 10,
             init: UnitInit::Fn(Arc::new(|i| i as f32)),
             trainable: true,
+            served: false,
         };
         assert_ne!(
             layout.digest(),

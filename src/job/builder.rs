@@ -600,17 +600,18 @@ pub(super) fn relay_plan(
     plan.map_err(|e| Error::Config(e.to_string()))
 }
 
-/// `units` starting from `state`: its values replace the units' initial values, its optimizer
-/// state is where the servers start.
+/// `units` starting from `state`: its values replace the model's units' initial values, its
+/// optimizer state is where the servers start. Served units ([`UnitSpec::served`]) are not in
+/// a checkpoint: they keep their initial values.
 fn resumed_layout(mut units: Vec<UnitSpec>, state: Opened) -> Result<ModelLayout> {
     let (params, optimizer) = (state.params(), state.optimizer());
-    if params.len() != units.len() || optimizer.len() != units.len() {
+    let model_units = units.iter().take_while(|u| !u.served).count();
+    if params.len() != model_units || optimizer.len() != model_units {
         return Err(Error::Config(format!(
             "the state to resume holds {} units of values and {} of optimizer state, the model \
-             has {} units",
+             has {model_units} units",
             params.len(),
             optimizer.len(),
-            units.len()
         )));
     }
     for (id, (unit, init)) in units.iter_mut().zip(params).enumerate() {
@@ -623,5 +624,7 @@ fn resumed_layout(mut units: Vec<UnitSpec>, state: Opened) -> Result<ModelLayout
         }
         unit.init = init.clone();
     }
-    Ok(ModelLayout::new(units)?.with_optimizer_init(optimizer.to_vec())?)
+    let mut optimizer = optimizer.to_vec();
+    optimizer.resize_with(units.len(), Default::default);
+    Ok(ModelLayout::new(units)?.with_optimizer_init(optimizer)?)
 }

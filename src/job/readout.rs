@@ -1,9 +1,11 @@
 //! Reading a job's state out over the data plane: its parameters and its whole train state
 //! (every shard's fp32 masters and optimizer state, read as one batch of reads).
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use odc_actors::datapath::published;
 use odc_actors::layout::{UnitId, UnitOptimizerInit};
 use odc_actors::messages::{ShardSnapshot, SnapshotCmd};
 use odc_actors::node::Node;
@@ -16,7 +18,8 @@ use crate::checkpoint::TrainState;
 use super::*;
 
 impl Job {
-    /// fp32 master parameters of every unit, in layout order, read over the data plane: the
+    /// fp32 master parameters of every unit of the model (served units left out:
+    /// [`Job::model_units`]), in layout order, read over the data plane: the
     /// servers publish fp32 snapshots of their shards and the job reads them with one batch of
     /// reads (no tensor bytes in control messages); any rank of a multi-process job may ask.
     /// Waits at most the parameters timeout ([`JobBuilder::parameters_timeout`]); past it
@@ -27,42 +30,48 @@ impl Job {
         read_snapshots(node.as_ref(), &snapshots, deadline, self.step, timeout).await
     }
 
-    /// Every unit's published copy at the current version, decoded to `f32`, in layout order:
-    /// the values the trainers compute with (under bf16 pulls the masters rounded to bf16), read
-    /// as a trainer's gather reads them — every shard at once, one-sided, each chunk checked
-    /// against the version (I1). RL's sampler decodes with these. Any rank may ask, between
-    /// steps ([`Error::Busy`] during one); waits at most the parameters timeout.
-    pub async fn published_units(&mut self) -> Result<Vec<Vec<f32>>> {
+    /// Units `units`' published copies at the current version, decoded to `f32`, in layout
+    /// order: the values the trainers compute with (under bf16 pulls the masters rounded to
+    /// bf16), read as a trainer's gather reads them — every shard at once, one-sided, each chunk
+    /// checked against the version (I1). RL's sampler decodes with these: the policy's units, and
+    /// the reference's where the job serves it ([`UnitSpec::served`](odc_actors::layout::UnitSpec::served)).
+    /// Any rank may ask, between steps ([`Error::Busy`] during one); waits at most the parameters
+    /// timeout.
+    pub async fn published_units(&mut self, units: Range<UnitId>) -> Result<Vec<Vec<f32>>> {
         let (node, published, deadline) = self.published().await?;
-        let (units, _) = odc_actors::datapath::published::read_all_host(
-            &published,
-            node.transport.as_ref(),
-            deadline,
-        )
-        .await
-        .map_err(|e| self.past_deadline(e, "published parameters"))?;
-        Ok(units)
+        let transport = node.transport.as_ref();
+        let (values, _) = published::read_host(&published, transport, units, deadline)
+            .await
+            .map_err(|e| self.past_deadline(e, "published parameters"))?;
+        Ok(values)
     }
 
     /// [`Job::published_units`] into device memory from `memory`, in the published dtype (bf16
     /// stays bf16): one device-to-device read per shard, through no host memory. Needs the `cuda`
     /// transport (a one-process job whose servers are on the GPU, or `odc launch --transport
-    /// cuda`); any other fails saying so.
+    /// cuda`; [`Job::reads_device_memory`]); any other fails saying so.
     #[cfg(feature = "cuda")]
     pub async fn published_units_into(
         &mut self,
+        units: Range<UnitId>,
         memory: &dyn odc_actors::trainer::DeviceMemory,
     ) -> Result<Vec<odc_actors::trainer::UnitValues>> {
         let (node, published, deadline) = self.published().await?;
-        let (units, _) = odc_actors::datapath::published::read_all_device(
-            &published,
-            node.transport.as_ref(),
-            memory,
-            deadline,
-        )
-        .await
-        .map_err(|e| self.past_deadline(e, "published parameters"))?;
-        Ok(units)
+        let transport = node.transport.as_ref();
+        let (values, _) = published::read_device(&published, transport, units, memory, deadline)
+            .await
+            .map_err(|e| self.past_deadline(e, "published parameters"))?;
+        Ok(values)
+    }
+
+    /// The units of the model the job trains: every unit before the served ones, whose values
+    /// [`Job::parameters`] returns and checkpoints hold.
+    pub fn model_units(&self) -> usize {
+        match (&self.setup, &self.node) {
+            (Some(setup), _) => setup.layout.model_units(),
+            (None, Some(node)) => node.layout.model_units(),
+            (None, None) => 0,
+        }
     }
 
     /// Whether this process's transport reads the published copies straight into device memory
@@ -251,6 +260,12 @@ async fn read_tiled(
     Ok(units)
 }
 
+/// The lengths of the model's units (served units are not the job's parameters).
+fn model_lens(node: &Node) -> Vec<usize> {
+    let units = &node.layout.units()[..node.layout.model_units()];
+    units.iter().map(|u| u.len).collect()
+}
+
 /// The master values of every unit from the servers' snapshots.
 async fn read_snapshots(
     node: &Node,
@@ -259,7 +274,7 @@ async fn read_snapshots(
     step: u64,
     timeout: Duration,
 ) -> Result<Vec<Vec<f32>>> {
-    let lens: Vec<usize> = node.layout.units().iter().map(|u| u.len).collect();
+    let lens = model_lens(node);
     let pieces = snapshots
         .iter()
         .map(|s| Tile {
@@ -286,7 +301,7 @@ async fn read_optimizer_snapshots(
     step: u64,
     timeout: Duration,
 ) -> Result<Vec<UnitOptimizerInit>> {
-    let lens: Vec<usize> = node.layout.units().iter().map(|u| u.len).collect();
+    let lens = model_lens(node);
     // Per unit: steps and buffer names, equal across its shards.
     let mut meta: Vec<Option<(u64, Vec<String>)>> = vec![None; lens.len()];
     for s in snapshots {

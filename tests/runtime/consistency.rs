@@ -64,38 +64,125 @@ async fn i1_late_reader_sees_the_step_version_not_the_next() {
 
 /// What a reader outside the trainers (RL's sampler) gets from `Job::published_units`: every
 /// unit as the trainers read it at the step's version — the masters themselves under fp32 pulls,
-/// the masters rounded to bf16 under bf16 pulls — before the first step and after each.
+/// the masters rounded to bf16 under bf16 pulls — before the first step and after each; and a
+/// served copy of the initial units (RL's reference), read the same way, never changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn i1_published_units_are_what_the_trainers_read_at_the_steps_version() {
     crate::within(180, async {
         let data = minibatches(3, 4, 8, 20);
+        let model = crate::model::units();
+        let n = model.len() as u32;
         for (precision, dtype) in [(Precision::F32, Dtype::F32), (Precision::Bf16, Dtype::Bf16)] {
-            let mut job = model_job(2, 3, DispatchMode::Dynamic, precision, Arc::default())
-                .build()
-                .unwrap();
+            let mut job = model_job(2, 3, DispatchMode::Dynamic, precision, Arc::default());
+            for unit in served_copies() {
+                job = job.unit(unit);
+            }
+            let mut job = job.build().unwrap();
+            assert_eq!(job.model_units(), model.len());
+            let rounded = |values: &[f32]| {
+                odc::transport::codec::decode(dtype, &odc::transport::codec::encode(dtype, values))
+                    .unwrap()
+            };
             let mut first = None;
             for step in 0..=data.len() {
                 let masters = job.parameters().await.expect("parameters");
+                assert_eq!(
+                    masters.len(),
+                    model.len(),
+                    "served units are not parameters"
+                );
                 first.get_or_insert_with(|| masters.clone());
-                let published = job.published_units().await.expect("published units");
-                assert_eq!(published.len(), masters.len(), "{precision:?} step {step}");
+                let published = job.published_units(0..n).await.expect("published units");
                 for (unit, (got, master)) in published.iter().zip(&masters).enumerate() {
-                    let want = odc::transport::codec::decode(
-                        dtype,
-                        &odc::transport::codec::encode(dtype, master),
-                    )
-                    .unwrap();
-                    assert_eq!(got, &want, "{precision:?} step {step} unit {unit}");
+                    assert_eq!(
+                        got,
+                        &rounded(master),
+                        "{precision:?} step {step} unit {unit}"
+                    );
+                }
+                let served = job.published_units(n..2 * n).await.expect("served units");
+                for (unit, (got, initial)) in served.iter().zip(first.as_ref().unwrap()).enumerate()
+                {
+                    assert_eq!(
+                        got,
+                        &rounded(initial),
+                        "{precision:?} step {step} served {unit}"
+                    );
                 }
                 if let Some(mb) = data.get(step) {
                     job.step_with(mb.clone()).await.expect("step");
                 }
             }
             // The last read is of the trained values, not the initial ones.
-            let last = job.published_units().await.unwrap();
+            let last = job.published_units(0..1).await.unwrap();
             assert_ne!(last[0][..4], first.unwrap()[0][..4], "{precision:?}");
+            let beyond = job.published_units(0..2 * n + 1).await.unwrap_err();
+            assert!(beyond.to_string().contains("unit"), "{beyond}");
             job.shutdown().await;
         }
+    })
+    .await
+}
+
+/// A served, frozen copy of each of the test model's units, named `reference.<name>`.
+fn served_copies() -> Vec<odc::UnitSpec> {
+    crate::model::units()
+        .into_iter()
+        .map(|u| {
+            odc::UnitSpec {
+                name: format!("reference.{}", u.name),
+                ..u
+            }
+            .served()
+        })
+        .collect()
+}
+
+/// Served units stay out of a checkpoint: the job's train state and its checkpoint hold the
+/// model's units only, and a job resumed from it (with the served units again) continues with
+/// the same parameters and serves the same copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_units_stay_out_of_checkpoints_and_come_back_on_resume() {
+    crate::within(180, async {
+        let data = minibatches(5, 2, 8, 20);
+        let n = crate::model::units().len();
+        let with_served =
+            |job: odc::JobBuilder| served_copies().into_iter().fold(job, odc::JobBuilder::unit);
+        let job = || model_job(2, 3, DispatchMode::Static, Precision::F32, Arc::default());
+        let mut trained = with_served(job()).build().unwrap();
+        for mb in &data {
+            trained.step_with(mb.clone()).await.expect("step");
+        }
+        let state = trained.train_state().await.expect("train state");
+        assert_eq!(state.params.len(), n, "served units are not train state");
+        let names: Vec<(String, usize)> = crate::model::units()
+            .iter()
+            .map(|u| (u.name.clone(), u.len))
+            .collect();
+        let map = odc::checkpoint::TensorMap::flat(&names).expect("tensor map");
+        let dir = std::env::temp_dir().join(format!("odc-served-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let step = trained
+            .save_checkpoint(&dir, &map, &serde_json::json!({}))
+            .await
+            .expect("checkpoint");
+        let served = trained
+            .published_units(n as u32..2 * n as u32)
+            .await
+            .unwrap();
+        trained.shutdown().await;
+        let opened = odc::checkpoint::open(&step, &map).expect("opens with the model's map");
+        let mut resumed = with_served(job()).resume_from(opened).build().unwrap();
+        assert_eq!(resumed.parameters().await.unwrap(), state.params);
+        assert_eq!(
+            resumed
+                .published_units(n as u32..2 * n as u32)
+                .await
+                .unwrap(),
+            served
+        );
+        resumed.shutdown().await;
+        let _ = std::fs::remove_dir_all(&dir);
     })
     .await
 }

@@ -11,10 +11,10 @@
 //!
 //! Nothing here is counted for I5 (no trainer's buffers) or pushed: the reader only reads.
 
+use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
 
-use odc_transport::Transport;
+use odc_transport::{Deadline, Transport};
 use serde::{Deserialize, Serialize};
 
 use super::transfer::{self, Out};
@@ -34,18 +34,13 @@ pub struct Published {
 }
 
 impl Published {
-    /// The units' count.
-    pub fn units(&self) -> usize {
-        self.directory.units.len()
-    }
-
     /// Unit `unit`'s elements, decoded to `f32`, at [`Published::version`]; returns them and the
     /// bytes moved.
     pub async fn read_host(
         &self,
         transport: &dyn Transport,
         unit: UnitId,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<(Vec<f32>, u64)> {
         let routes = self.directory.routes(unit)?;
         let len = routes.iter().map(|r| r.range().end).max().unwrap_or(0);
@@ -73,7 +68,7 @@ impl Published {
         transport: &dyn Transport,
         unit: UnitId,
         memory: &dyn crate::trainer::DeviceMemory,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<(UnitValues, u64)> {
         let routes = self.directory.routes(unit)?;
         if transport
@@ -104,43 +99,44 @@ impl Published {
     }
 }
 
-/// Every unit's host values from `published`, all units read at once; the values in unit order
-/// and the bytes moved.
-pub async fn read_all_host(
+/// Units `units`' host values from `published`, all read at once; the values in unit order and
+/// the bytes moved.
+pub async fn read_host(
     published: &Published,
     transport: &dyn Transport,
-    deadline: Instant,
+    units: Range<UnitId>,
+    deadline: Deadline,
 ) -> Result<(Vec<Vec<f32>>, u64)> {
-    each_unit(published, |u| published.read_host(transport, u, deadline)).await
+    each_unit(units, |u| published.read_host(transport, u, deadline)).await
 }
 
-/// Every unit in device memory from `memory` (see [`Published::read_device`]), all units read at
+/// Units `units` in device memory from `memory` (see [`Published::read_device`]), all read at
 /// once; the values in unit order and the bytes moved.
 #[cfg(feature = "cuda-code")]
-pub async fn read_all_device(
+pub async fn read_device(
     published: &Published,
     transport: &dyn Transport,
+    units: Range<UnitId>,
     memory: &dyn crate::trainer::DeviceMemory,
-    deadline: Instant,
+    deadline: Deadline,
 ) -> Result<(Vec<UnitValues>, u64)> {
-    each_unit(published, |u| {
+    each_unit(units, |u| {
         published.read_device(transport, u, memory, deadline)
     })
     .await
 }
 
-/// `read` of every unit at once: the values in unit order and the bytes moved in all.
-async fn each_unit<T, F>(published: &Published, read: impl Fn(UnitId) -> F) -> Result<(Vec<T>, u64)>
+/// `read` of every unit of `units` at once: the values in unit order and the bytes moved in all.
+async fn each_unit<T, F>(units: Range<UnitId>, read: impl Fn(UnitId) -> F) -> Result<(Vec<T>, u64)>
 where
     F: std::future::Future<Output = Result<(T, u64)>>,
 {
-    let reads = (0..published.units() as UnitId).map(read);
-    let mut units = Vec::with_capacity(published.units());
+    let mut values = Vec::with_capacity(units.len());
     let mut bytes = 0;
-    for result in futures::future::join_all(reads).await {
-        let (values, moved) = result?;
-        units.push(values);
+    for result in futures::future::join_all(units.map(read)).await {
+        let (unit, moved) = result?;
+        values.push(unit);
         bytes += moved;
     }
-    Ok((units, bytes))
+    Ok((values, bytes))
 }

@@ -423,7 +423,7 @@ fn snapshot(
     cmd: SnapshotCmd,
 ) -> Result<Vec<ShardSnapshot>> {
     let mut out = Vec::with_capacity(shards.len());
-    for shard in shards {
+    for shard in model_shards(shards, context) {
         let (region, optimizer) = shard.store.snapshot(context, cmd.optimizer)?;
         out.push(ShardSnapshot {
             unit: shard.unit,
@@ -457,10 +457,21 @@ pub(super) fn fault_delay(var: &str) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_millis(ms.min(60_000)))
 }
 
+/// The shards of the model's units: what the job's parameters and checkpoints hold (a served
+/// unit's, [`crate::layout::UnitSpec::served`], are left out).
+fn model_shards<'a>(
+    shards: &'a mut [Shard],
+    context: &Context,
+) -> impl Iterator<Item = &'a mut Shard> {
+    let model_units = context.node.layout.model_units();
+    shards
+        .iter_mut()
+        .filter(move |shard| (shard.unit as usize) < model_units)
+}
+
 /// Every shard's values, copied to host memory (what a checkpoint writes).
 fn copy_shards(shards: &mut [Shard], context: &Context) -> Result<Vec<CapturedShard>> {
-    shards
-        .iter()
+    model_shards(shards, context)
         .map(|shard| {
             Ok(CapturedShard {
                 unit: shard.unit,

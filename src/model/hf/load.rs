@@ -242,6 +242,7 @@ impl HfCheckpoint {
                         reader.read(range).map_err(|e| e.to_string())
                     })),
                     trainable: true,
+                    served: false,
                 }
             })
             .collect()

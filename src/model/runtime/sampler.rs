@@ -3,6 +3,9 @@
 //! trainer's weights to their generation engine each step; here the sampler reads them as a
 //! trainer gathers them ([`Job::published_units`]).
 //!
+//! The policy is the job's first units; a reference the job serves
+//! ([`UnitSpec::served`](odc_actors::layout::UnitSpec::served)) follows them, read the same way.
+//!
 //! Guarantees:
 //! - **On policy**: the weights are the published copies of the job's current version, every
 //!   chunk checked against it (I1), in the published dtype: what the trainers compute with
@@ -18,8 +21,9 @@ use candle_core::Device;
 
 use crate::model::device::ComputePrecision;
 use crate::model::generate::Weights;
-use crate::model::ModelConfig;
+use crate::model::{unit_count, ModelConfig};
 use crate::Job;
+use odc_actors::layout::UnitId;
 
 fn user(e: impl std::fmt::Display) -> crate::Error {
     crate::Error::User {
@@ -27,18 +31,21 @@ fn user(e: impl std::fmt::Display) -> crate::Error {
     }
 }
 
-/// `job`'s policy at its current version on `device` in `precision` (see the
+/// The model of `config` whose units are `job`'s from `first` on (0: the policy; a served
+/// reference after it), at the job's current version, on `device` in `precision` (see the
 /// [module docs](self)). Between steps only ([`crate::Error::Busy`] during one).
 pub async fn published_weights(
     job: &mut Job,
     config: &ModelConfig,
+    first: usize,
     device: &Device,
     precision: ComputePrecision,
 ) -> crate::Result<Weights> {
+    let units = first as UnitId..(first + unit_count(config)) as UnitId;
     #[cfg(feature = "cuda")]
     if device.is_cuda() && job.reads_device_memory().await? {
         let memory = super::resident::Memory::new(device).map_err(user)?;
-        let units = job.published_units_into(&memory).await?;
+        let units = job.published_units_into(units, &memory).await?;
         let flat = units
             .iter()
             .map(|u| super::resident::flat_tensor(u).cloned())
@@ -47,7 +54,7 @@ pub async fn published_weights(
         let weights = Weights::from_flat(config, &flat).map_err(user)?;
         return weights.in_precision(precision).map_err(user);
     }
-    let units = job.published_units().await?;
+    let units = job.published_units(units).await?;
     if !device.is_cpu() {
         let bytes: usize = units.iter().map(|u| u.len() * 4).sum();
         super::host_staging::staged("up", bytes as u64);
