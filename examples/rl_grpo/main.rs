@@ -90,11 +90,12 @@ use odc::launch::World;
 use odc::model::hf::HfCheckpoint;
 use odc::model::{
     batch_share_range, evaluate_prompted, group_advantages, open_device, published_weights,
-    tensor_map, transformer_job_of, unit_count, units_with_reference, ComputePrecision, GrpoConfig,
-    ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights, EVAL_BATCH,
+    tensor_map, transformer_job_of, unit_count, unit_name, units_with_reference, ComputePrecision,
+    GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights,
+    EVAL_BATCH,
 };
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat, Tokenizer};
-use odc::{Job, OptimizerConfig, Precision, SampleMeta};
+use odc::{Job, OptimizerConfig, Precision, SampleMeta, UnitSpec};
 use serde::{Deserialize, Serialize};
 
 use args::Args;
@@ -332,19 +333,22 @@ fn load_model(args: &Args) -> anyhow::Result<(TextFormat, ModelConfig, Option<Hf
     Ok((TextFormat::Plain(tokenizer), model, None))
 }
 
-/// The policy's (and the reference's) starting weights and the problems' bound: an `--init`
-/// checkpoint's, a model directory's, or a short SFT warm start's.
+/// The policy's (and the reference's) starting units and the problems' bound: an `--init`
+/// checkpoint's or a model directory's (each unit read from the mapped files, by each shard
+/// server its own range: no process holds a whole copy), or a short SFT warm start's.
 async fn initial_policy(
     args: &Args,
     model: &ModelConfig,
     checkpoint: Option<HfCheckpoint>,
     format: &TextFormat,
     say: &dyn Fn(String),
-) -> anyhow::Result<(Vec<Vec<f32>>, u64)> {
+) -> anyhow::Result<(Vec<UnitSpec>, u64)> {
     match (&args.init, checkpoint) {
         (Some(dir), _) => {
-            let (state, extra) = checkpoint::load(dir, &tensor_map(model)?)
-                .with_context(|| format!("loading the SFT checkpoint {}", dir.display()))?;
+            let tensors = tensor_map(model)?;
+            let opened = checkpoint::open(dir, &tensors)
+                .with_context(|| format!("opening the SFT checkpoint {}", dir.display()))?;
+            let extra = opened.extra();
             // The SFT example saves its settings beside the state; its bound is this run's default.
             let trained_on = extra
                 .pointer("/settings/max_value")
@@ -353,9 +357,14 @@ async fn initial_policy(
             say(format!(
                 "policy and reference from {} (step {}); problems up to {max_value}",
                 dir.display(),
-                state.step
+                opened.step()
             ));
-            Ok((state.params, max_value))
+            let units = (opened.params().iter().enumerate())
+                .map(|(u, init)| {
+                    UnitSpec::from_init(unit_name(model, u), tensors.unit_len(u), init.clone())
+                })
+                .collect();
+            Ok((units, max_value))
         }
         (None, Some(checkpoint)) => {
             let max_value = args.max_value.unwrap_or(DEFAULT_MAX_VALUE);
@@ -363,7 +372,7 @@ async fn initial_policy(
                 "policy and reference from {}; problems up to {max_value}",
                 checkpoint.dir().display()
             ));
-            Ok((checkpoint.all_unit_values()?, max_value))
+            Ok((checkpoint.unit_specs(), max_value))
         }
         (None, None) => {
             let max_value = args.max_value.unwrap_or(DEFAULT_MAX_VALUE);
@@ -372,7 +381,10 @@ async fn initial_policy(
                 args.sft_steps
             );
             let params = warm_start(args, max_value, model, format.tokenizer()).await?;
-            Ok((params, max_value))
+            let units = (params.into_iter().enumerate())
+                .map(|(u, values)| UnitSpec::with_values(unit_name(model, u), values))
+                .collect();
+            Ok((units, max_value))
         }
     }
 }
@@ -504,7 +516,7 @@ impl Grpo {
     /// The job: the policy's units from `init`, GRPO's objective, AdamW.
     fn build_job(
         &self,
-        init: Vec<Vec<f32>>,
+        init: Vec<UnitSpec>,
         world: World,
         resumed: Option<checkpoint::Opened>,
     ) -> anyhow::Result<Job> {

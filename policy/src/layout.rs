@@ -129,26 +129,25 @@ pub struct UnitSpec {
 }
 
 impl UnitSpec {
-    /// A trainable unit with explicit initial values.
-    pub fn with_values(name: impl Into<String>, values: Vec<f32>) -> Self {
+    /// A trainable unit of `len` elements starting from `init`.
+    pub fn from_init(name: impl Into<String>, len: usize, init: UnitInit) -> Self {
         UnitSpec {
             name: name.into(),
-            len: values.len(),
-            init: UnitInit::Values(values.into()),
+            len,
+            init,
             trainable: true,
             served: false,
         }
     }
 
+    /// A trainable unit with explicit initial values.
+    pub fn with_values(name: impl Into<String>, values: Vec<f32>) -> Self {
+        Self::from_init(name, values.len(), UnitInit::Values(values.into()))
+    }
+
     /// A trainable unit of `len` elements all equal to `value`.
     pub fn constant(name: impl Into<String>, len: usize, value: f32) -> Self {
-        UnitSpec {
-            name: name.into(),
-            len,
-            init: UnitInit::Constant(value),
-            trainable: true,
-            served: false,
-        }
+        Self::from_init(name, len, UnitInit::Constant(value))
     }
 
     /// The same unit, frozen: its shard servers keep no gradient accumulator and no optimizer

@@ -233,17 +233,16 @@ impl HfCheckpoint {
             .enumerate()
             .map(|(u, source)| {
                 let reader = Arc::clone(source);
-                UnitSpec {
-                    name: crate::model::unit_name(&self.config.model, u),
-                    len: source.len,
-                    // Every tensor's bytes were checked against its map at open (a map's
-                    // length does not change): only a range outside the unit fails.
-                    init: UnitInit::Slice(Arc::new(move |range| {
-                        reader.read(range).map_err(|e| e.to_string())
-                    })),
-                    trainable: true,
-                    served: false,
-                }
+                // Every tensor's bytes were checked against its map at open (a map's length does
+                // not change): only a range outside the unit fails.
+                let init = UnitInit::Slice(Arc::new(move |range| {
+                    reader.read(range).map_err(|e| e.to_string())
+                }));
+                UnitSpec::from_init(
+                    crate::model::unit_name(&self.config.model, u),
+                    source.len,
+                    init,
+                )
             })
             .collect()
     }

@@ -9,7 +9,7 @@ use crate::model::device::open_device;
 use crate::model::error::{Error, Result};
 use crate::model::params::ParamSpec;
 use crate::model::transformer::{check_unit_count, layout_units, unit_name, unit_trainable};
-use crate::{Compute, UnitInit, UnitSpec};
+use crate::{Compute, UnitSpec};
 
 /// [`transformer_job`]'s fill floor of a micro-batch, as a fraction of the token budget.
 pub const MICRO_BATCH_MIN_FILL: f64 = 0.5;
@@ -57,29 +57,23 @@ pub fn transformer_job_on(
     transformer_job_of(config, units, samples, objective, placement)
 }
 
-/// The model's units starting from `values` (one flat buffer per unit), and a frozen copy of
-/// them to serve after them ([`UnitSpec::served`]), named `reference.<unit>`: RL's reference
-/// model, which the sampler reads as it reads the policy
-/// ([`published_weights`](super::published_weights) from [`unit_count`](crate::model::unit_count) on). Both share the
-/// values: no second copy in this process's memory.
+/// The model's units `policy` (each starting from its own values: given, a checkpoint's, a
+/// model directory's mapped files) and a frozen copy of them to serve after them
+/// ([`UnitSpec::served`]), named `reference.<unit>`: RL's reference model, which the sampler reads
+/// as it reads the policy ([`published_weights`](super::published_weights) from
+/// [`unit_count`](crate::model::unit_count) on). The copy shares each unit's initial values (no
+/// second copy in this process's memory).
 pub fn units_with_reference(
     config: &ModelConfig,
-    values: Vec<Vec<f32>>,
+    policy: Vec<UnitSpec>,
 ) -> Result<(Vec<UnitSpec>, Vec<UnitSpec>)> {
-    check_unit_count(config, values.len())?;
-    let unit = |name: String, values: &Arc<[f32]>| UnitSpec {
-        name,
-        len: values.len(),
-        init: UnitInit::Values(values.clone()),
-        trainable: true,
-        served: false,
-    };
-    let values: Vec<Arc<[f32]>> = values.into_iter().map(Arc::from).collect();
-    let policy = (values.iter().enumerate())
-        .map(|(u, v)| unit(unit_name(config, u), v))
-        .collect();
-    let reference = (values.iter().enumerate())
-        .map(|(u, v)| unit(format!("reference.{}", unit_name(config, u)), v).served())
+    check_unit_count(config, policy.len())?;
+    let reference = policy
+        .iter()
+        .map(|u| {
+            let name = format!("reference.{}", u.name);
+            UnitSpec::from_init(name, u.len, u.init.clone()).served()
+        })
         .collect();
     Ok((policy, reference))
 }
