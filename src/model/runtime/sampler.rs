@@ -14,10 +14,11 @@
 //! - **No host round trip on a GPU** where the job's transport reaches device memory (a
 //!   one-process job whose servers are on the GPU, or `odc launch --transport cuda`): one
 //!   device-to-device read per shard into the sampler's device, each unit one buffer whose
-//!   parameters are views of it. Otherwise the values come through host memory, and on a GPU
-//!   those bytes are counted in [`super::host_staging`] (`up`).
+//!   parameters are views of it. Otherwise the values come through host memory (on the CPU each
+//!   unit's values become its tensor without a copy), and on a GPU those bytes are counted in
+//!   [`super::host_staging`] (`up`).
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 
 use crate::model::device::ComputePrecision;
 use crate::model::generate::Weights;
@@ -59,7 +60,17 @@ pub async fn published_weights(
         let bytes: usize = units.iter().map(|u| u.len() * 4).sum();
         super::host_staging::staged("up", bytes as u64);
     }
-    Weights::from_units(config, &units, device)
+    // Each unit's values become its tensor (moved, not copied, on the CPU), its parameters
+    // views of it.
+    let flat = units
+        .into_iter()
+        .map(|values| {
+            let len = values.len();
+            Tensor::from_vec(values, len, device)
+        })
+        .collect::<candle_core::Result<Vec<_>>>()
+        .map_err(user)?;
+    Weights::from_flat(config, &flat)
         .and_then(|w| w.in_precision(precision))
         .map_err(user)
 }
