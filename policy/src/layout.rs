@@ -171,7 +171,8 @@ impl UnitSpec {
     /// The same unit, frozen and **served**: kept by the shard servers and read like any frozen
     /// unit (RL's reference model, which the sampler reads as the policy's units are read), but
     /// not part of the model the job trains — its parameters, its train state and its
-    /// checkpoints leave it out, and a resumed job takes it from its initial values. Served
+    /// checkpoints leave it out, and a resumed job takes it from its initial values; a shard
+    /// server keeps only its published copy (no master values, which nothing reads). Served
     /// units come after every other unit ([`ModelLayout::new`]).
     ///
     /// ```

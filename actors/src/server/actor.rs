@@ -88,7 +88,8 @@ impl Actor for ShardServer {
                         .map_err(|e| in_unit(e.into()))?
                 }),
             };
-            let store = new_store(&node, &spec, master, optimizer, admission(spec.key))?;
+            let served = unit_spec.served;
+            let store = new_store(&node, &spec, master, optimizer, admission(spec.key), served)?;
             shards.push(Shard {
                 unit: unit as UnitId,
                 range,
@@ -280,6 +281,7 @@ fn new_store(
     master: Vec<f32>,
     optimizer: Option<OptimizerState>,
     admission: WriteGuard,
+    served: bool,
 ) -> Result<Box<dyn ShardStore>> {
     #[cfg(all(feature = "cuda-code", target_os = "linux"))]
     if let Some(cuda) = super::device::cuda_transport(node) {
@@ -296,7 +298,7 @@ fn new_store(
         );
     }
     Ok(Box::new(HostShard::new(
-        node, spec, master, optimizer, admission,
+        node, spec, master, optimizer, admission, served,
     )?))
 }
 
@@ -786,7 +788,7 @@ mod tests {
     /// AdamW with weight decay its values are bit-identical to the initial ones, published at
     /// every step's version (I1) with the same bytes — while the trainable unit beside it moves.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn frozen_unit_keeps_no_training_state_and_never_changes() {
+    async fn frozen_and_served_units_keep_no_training_state_and_never_change() {
         tokio::time::timeout(Duration::from_secs(30), async {
             for pull_dtype in [Dtype::F32, Dtype::Bf16] {
                 let initial: Vec<f32> = (0..10).map(|i| i as f32 * 0.37 - 1.1).collect();
@@ -794,6 +796,7 @@ mod tests {
                 let units = vec![
                     UnitSpec::with_values("base", initial.clone()).frozen(),
                     UnitSpec::constant("adapter", 4, 1.0),
+                    UnitSpec::with_values("reference.base", initial.clone()).served(),
                 ];
                 let args = ServerArgs {
                     spec: ServerSpec {
@@ -811,9 +814,10 @@ mod tests {
                 };
                 let actor = Actor::spawn(None, ShardServer, args).await.unwrap().0;
                 let routes = ask(&actor, ServerMsg::Routes).await;
-                assert_eq!(routes.len(), 2);
+                assert_eq!(routes.len(), 3);
                 assert_eq!(routes[0].accumulator, None, "no accumulator region");
                 assert!(routes[1].accumulator.is_some());
+                assert_eq!(routes[2].accumulator, None, "a served unit is frozen");
                 let bytes = codec::encode(pull_dtype, &initial);
                 for version in 1..=3u64 {
                     let epoch = version - 1;
@@ -832,21 +836,24 @@ mod tests {
                         version,
                     };
                     ask(&actor, |r| ServerMsg::Apply(apply, r)).await.unwrap();
-                    let mut published = vec![0u8; bytes.len()];
-                    let got = transport
-                        .read(
-                            &routes[0].published,
-                            0..10,
-                            Dest::Bytes(&mut published),
-                            deadline_in(Duration::from_secs(5)),
-                        )
-                        .await
-                        .unwrap();
-                    assert_eq!(got, version, "I1: published at every step's version");
-                    assert_eq!(published, bytes.to_vec(), "{pull_dtype:?}: the same bytes");
+                    for route in [&routes[0], &routes[2]] {
+                        let mut published = vec![0u8; bytes.len()];
+                        let got = transport
+                            .read(
+                                &route.published,
+                                0..10,
+                                Dest::Bytes(&mut published),
+                                deadline_in(Duration::from_secs(5)),
+                            )
+                            .await
+                            .unwrap();
+                        assert_eq!(got, version, "I1: published at every step's version");
+                        assert_eq!(published, bytes.to_vec(), "{pull_dtype:?}: the same bytes");
+                    }
                 }
                 let cmd = SnapshotCmd { optimizer: true };
                 let snapshots = ask(&actor, |r| ServerMsg::Snapshot(cmd, r)).await.unwrap();
+                assert_eq!(snapshots.len(), 2, "a served unit is not the model's");
                 assert_eq!(snapshots[0].optimizer, Some(OptimizerSnapshot::default()));
                 let trained = snapshots[1].optimizer.as_ref().unwrap();
                 assert_eq!((trained.steps, trained.buffers.len()), (3, 2));

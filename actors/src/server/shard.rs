@@ -22,7 +22,7 @@ use odc_transport::{codec, AccumulatorRegion, Dtype, PublishedRegion, RegionHand
 
 use super::optimizer::{OptimizerConfig, OptimizerState};
 use super::{OptimizerSnapshot, ServerSpec};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::node::Node;
 
 /// What blocking work may read of the server besides its shards.
@@ -96,7 +96,10 @@ impl Captured {
 /// A shard in host memory: `Vec<f32>`s, the host optimizer loops, host-encoded publications.
 pub(super) struct HostShard {
     pull_dtype: Dtype,
+    /// The fp32 master values; empty for a served shard, whose published bytes are all it keeps
+    /// (nothing reads a served unit's masters: [`crate::layout::UnitSpec::served`]).
     master: Vec<f32>,
+    served: bool,
     published: Box<dyn PublishedRegion>,
     /// What a trainable shard has besides; `None` for a frozen one.
     training: Option<HostTraining>,
@@ -122,18 +125,23 @@ impl HostShard {
     /// Register the shard's regions with `node`'s transport: the published copy of `master` at
     /// version 0 and, for a trainable shard (`optimizer` given), a zeroed accumulator at the
     /// spec's epoch that admits only what `admission` admits. A frozen shard (`optimizer`
-    /// `None`) registers no accumulator.
+    /// `None`) registers no accumulator; a `served` one (frozen) keeps only its published bytes.
     pub(super) fn new(
         node: &Node,
         spec: &ServerSpec,
-        master: Vec<f32>,
+        mut master: Vec<f32>,
         optimizer: Option<OptimizerState>,
         admission: WriteGuard,
+        served: bool,
     ) -> Result<Self> {
         let bytes = codec::encode(spec.pull_dtype, &master);
         let published =
             node.transport
                 .register_published(spec.endpoint, spec.pull_dtype, bytes.clone(), 0)?;
+        let served = served && optimizer.is_none();
+        if served {
+            master = Vec::new();
+        }
         let (training, frozen_bytes) = match optimizer {
             None => (None, bytes),
             Some(optimizer) => {
@@ -152,12 +160,25 @@ impl HostShard {
         Ok(Self {
             pull_dtype: spec.pull_dtype,
             master,
+            served,
             published,
             training,
             frozen_bytes,
             snapshot: None,
             optimizer_snapshots: Vec::new(),
         })
+    }
+}
+
+impl HostShard {
+    /// A served shard has no master values to read out.
+    fn not_served(&self) -> Result<()> {
+        match self.served {
+            true => Err(Error::Internal(
+                "a served shard keeps no master values to read out".into(),
+            )),
+            false => Ok(()),
+        }
     }
 }
 
@@ -219,6 +240,7 @@ impl ShardStore for HostShard {
         context: &Context,
         optimizer: bool,
     ) -> Result<(RegionHandle, Option<OptimizerSnapshot>)> {
+        self.not_served()?;
         let region = if context.spec.pull_dtype == Dtype::F32 {
             self.published.handle()
         } else {
@@ -249,6 +271,7 @@ impl ShardStore for HostShard {
     }
 
     fn values(&self, _context: &Context) -> Result<StoreValues> {
+        self.not_served()?;
         let (steps, buffers) = match &self.training {
             None => (0, Vec::new()),
             Some(t) => (
