@@ -21,6 +21,7 @@
 # time, ~11 minutes on 2 cores the first time, and link stubs for the CUDA libraries):
 #   gpu_training               tests/gpu_training.rs: I3 GPU vs CPU (fp32), bf16 vs fp32, SFT on CUDA
 #   sft                        examples/sft (--device cuda, --model gpu-100m)
+#   rl_grpo                    examples/rl_grpo (--device cuda; benches/gpu/grpo.sh)
 #   odc                        `odc launch` (run.sh: --transport cuda, 2 processes on one GPU)
 #   odc-bench-gpu              odc-bench with feature `gpu`: sft-overhead --device cuda, calibrate
 # The toolchain for part 2: CUDA_ROOT (etc.) already exported, or the folder
@@ -125,8 +126,10 @@ folder made by make-cuda-toolkit.sh (not found at $maker); SKIP_CANDLE=1 builds 
   add gpu_training test "I3 GPU vs CPU (fp32), bf16 vs fp32, SFT on CUDA (tests/gpu_training.rs)" \
     "$(echo "$gpu_tests" | awk '$1 == "gpu_training" { print $2 }' | tail -1)"
   cargo build "${profile_flag[@]}" -p odc -p odc-bench --features odc/cuda,odc/cli,odc-bench/gpu \
-    --example sft --bin odc --bin odc-bench
+    --example sft --example rl_grpo --bin odc --bin odc-bench
   add sft example "examples/sft with --device cuda" "$target_dir/$profile_dir/examples/sft"
+  add rl_grpo example "examples/rl_grpo with --device cuda (benches/gpu/grpo.sh)" \
+    "$target_dir/$profile_dir/examples/rl_grpo"
   add odc bin "odc launch (--transport cuda)" "$target_dir/$profile_dir/odc"
   add odc-bench-gpu bin "odc-bench with feature gpu: sft-overhead --device cuda, calibrate" \
     "$target_dir/$profile_dir/odc-bench"

@@ -12,7 +12,9 @@
 # round counts); then the parity row: GREEDY_PROMPTS prompts, one greedy response of GREEDY_NEW
 # tokens each, odc and the peer both in fp32. With FUSED=1 (the default), last and only if the
 # deadline leaves time: odc again with ODC_FUSED_KERNELS=1 (decoding's fused attention over the
-# KV cache), one sampled run and the greedy row, reported against the same peer runs.
+# KV cache), one sampled run and the greedy row, reported against the same peer runs. Then, with
+# GRPO=1 (the default) and what the deadline leaves, benches/gpu/grpo.sh: a GRPO step's stages
+# (gen, reward, ref, gather, update) on the GPU against the same run on the CPU.
 #
 # Knobs: DEADLINE (240; 0 = none), DATA (target/gpu-data/train.jsonl), PYTHON, SHAPES
 # ("smollm2-135m qwen2.5-0.5b"; "tiny" for a CPU smoke test with DEVICE=cpu), DEVICE (cuda),
@@ -146,6 +148,18 @@ if [ "$FUSED" = 1 ]; then
       --greedy-odc "$LOGDIR/$shape.greedy.fused.json" \
       --greedy-peer "$LOGDIR/$shape.greedy.peer.json" >>"$DEST/sampling.txt" 2>&1
   done
+fi
+# Last, with what the deadline leaves: a GRPO step's stages on the GPU and on the CPU (grpo.sh).
+if [ "${GRPO:-1}" = 1 ]; then
+  left=0
+  [ "$DEADLINE" -gt 0 ] && left=$((DEADLINE - (SECONDS - started) - 10))
+  if [ "$DEADLINE" -gt 0 ] && [ "$left" -lt 60 ]; then
+    echo "GRPO stages: not run ($left s left of DEADLINE=$DEADLINE)" >>"$DEST/sampling.txt"
+  else
+    echo "sampling.sh: [$((SECONDS - started)) s] grpo"
+    DEADLINE="$left" LOGDIR="$LOGDIR" GPU_DEVICE="$DEVICE" PRECISION="$ODC_PRECISION" \
+      bash benches/gpu/grpo.sh - "$FOLDER" >>"$DEST/sampling.txt" 2>&1
+  fi
 fi
 echo "sampling.sh: $((SECONDS - started)) s in all" | tee -a "$DEST/sampling.txt"
 tar -czf "$DEST/sampling-logs.tar.gz" -C "$SCRATCH" sampling 2>/dev/null
