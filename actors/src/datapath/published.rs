@@ -18,7 +18,7 @@ use odc_transport::{Deadline, Transport};
 use serde::{Deserialize, Serialize};
 
 use super::transfer::{self, Out};
-use crate::directory::Directory;
+use crate::directory::{Directory, ShardRoute};
 use crate::error::Result;
 use crate::layout::UnitId;
 #[cfg(feature = "cuda-code")]
@@ -42,20 +42,11 @@ impl Published {
         unit: UnitId,
         deadline: Deadline,
     ) -> Result<(Vec<f32>, u64)> {
-        let routes = self.directory.routes(unit)?;
-        let len = routes.iter().map(|r| r.range().end).max().unwrap_or(0);
+        let (_, len) = self.unit(unit)?;
         let mut values = vec![0.0; len];
-        let bytes = transfer::pull(
-            transport,
-            routes,
-            unit,
-            0..len,
-            self.version,
-            len.max(1),
-            Out::F32(&mut values),
-            deadline,
-        )
-        .await?;
+        let bytes = self
+            .read_into(transport, unit, Out::F32(&mut values), deadline)
+            .await?;
         Ok((values, bytes))
     }
 
@@ -70,7 +61,6 @@ impl Published {
         memory: &dyn crate::trainer::DeviceMemory,
         deadline: Deadline,
     ) -> Result<(UnitValues, u64)> {
-        let routes = self.directory.routes(unit)?;
         if transport
             .as_any()
             .and_then(|t| t.downcast_ref::<odc_transport::cuda::CudaTransport>())
@@ -81,21 +71,45 @@ impl Published {
                 transport.backend()
             )));
         }
-        let len = routes.iter().map(|r| r.range().end).max().unwrap_or(0);
+        let (routes, len) = self.unit(unit)?;
         let dtype = transfer::published_dtype(routes, unit)?;
         let buffer = memory.allocate(len, dtype).await?;
-        let bytes = transfer::pull(
+        let bytes = self
+            .read_into(transport, unit, Out::Device(buffer.dest()), deadline)
+            .await?;
+        Ok((UnitValues::Device { buffer, dtype }, bytes))
+    }
+
+    /// Unit `unit`'s routes and its length.
+    fn unit(&self, unit: UnitId) -> Result<(&[ShardRoute], usize)> {
+        let routes = self.directory.routes(unit)?;
+        Ok((
+            routes,
+            routes.iter().map(|r| r.range().end).max().unwrap_or(0),
+        ))
+    }
+
+    /// The whole of unit `unit` at [`Published::version`] into `out`; the bytes moved.
+    async fn read_into(
+        &self,
+        transport: &dyn Transport,
+        unit: UnitId,
+        out: Out<'_>,
+        deadline: Deadline,
+    ) -> Result<u64> {
+        let (routes, len) = self.unit(unit)?;
+        let version = self.version;
+        transfer::pull(
             transport,
             routes,
             unit,
             0..len,
-            self.version,
+            version,
             len.max(1),
-            Out::Device(buffer.dest()),
+            out,
             deadline,
         )
-        .await?;
-        Ok((UnitValues::Device { buffer, dtype }, bytes))
+        .await
     }
 }
 
