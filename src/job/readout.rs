@@ -93,7 +93,7 @@ impl Job {
     ) -> Result<(
         Arc<Node>,
         odc_actors::datapath::Published,
-        std::time::Instant,
+        odc_transport::Deadline,
     )> {
         let supervisor = self.supervisor().await?;
         let timeout = self.parameters_timeout;
