@@ -186,3 +186,38 @@ async fn served_units_stay_out_of_checkpoints_and_come_back_on_resume() {
     })
     .await
 }
+
+/// The published copies are read between steps only: while a step still runs (its caller gave up
+/// at the step timeout), a read is refused with `Busy` rather than mixing two versions; once the
+/// step ended, the read returns the new version's values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_units_are_refused_while_a_step_runs() {
+    crate::within(120, async {
+        let data = minibatches(1, 4, 8, 20);
+        let hooks = Arc::new(Hooks {
+            delay: Some((0, Duration::from_millis(1500))),
+            ..Hooks::default()
+        });
+        let mut job = model_job(2, 2, DispatchMode::Static, Precision::F32, hooks)
+            .step_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let n = crate::model::units().len() as u32;
+        let before = job.published_units(0..n).await.expect("between steps");
+        let late = job.step_with(data[0].clone()).await.unwrap_err();
+        assert!(late.to_string().contains("deadline"), "{late}");
+        let busy = job.published_units(0..n).await.unwrap_err();
+        assert!(matches!(busy, odc::Error::Busy), "{busy}");
+        // Once the step is over (the trainer's delay has passed), the new version reads.
+        let after = loop {
+            match job.published_units(0..n).await {
+                Ok(values) => break values,
+                Err(odc::Error::Busy) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_ne!(before[0][..4], after[0][..4], "the step's update is read");
+        job.shutdown().await;
+    })
+    .await
+}
