@@ -23,7 +23,8 @@
 //!   region as last published into the caller's destination [`Dest`] (raw little-endian bytes, or
 //!   decoded `f32`, bf16 widened exactly) and returns the version they were published with. The
 //!   owner's actor is not involved; a read observes one whole publication, never a mix of two.
-//!   `conformance/c1_read.rs`.
+//!   A republication (`PublishedRegion::republish`) is a publication of the same contents under a
+//!   new version, without a copy of them. `conformance/c1_read.rs`.
 //! - **C2 acknowledged accumulate**: `accumulate(handle, offset, f32 bytes, tag, deadline)` resolves
 //!   only once the owner has added the values into its fp32 accumulator. `conformance/c2_accumulate.rs`.
 //! - **C3 fencing**: an accumulate whose `tag.epoch` differs from the accumulator's current epoch is

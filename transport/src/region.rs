@@ -13,6 +13,10 @@ pub trait PublishedRegion: Send + Sync {
     /// Replace the whole region's contents (encoded in the region's dtype) and its version, atomically
     /// for readers (C1).
     fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError>;
+    /// Publish the current contents again as `version`, without copying them: readers see the
+    /// same bytes with the new version, atomically (C1). What a frozen unit's shard does at every
+    /// step, so that it needs no copy of its bytes to publish them again.
+    fn republish(&self, version: u64) -> Result<(), TransportError>;
     /// The version last published.
     fn version(&self) -> u64;
 }

@@ -905,6 +905,14 @@ mod tests {
             }
             self.0.publish(version, data)
         }
+        fn republish(&self, version: u64) -> std::result::Result<(), TransportError> {
+            if !pass(&self.1) {
+                return Err(TransportError::Unsupported {
+                    what: "the gate never opened: republish ran on the runtime thread".into(),
+                });
+            }
+            self.0.republish(version)
+        }
         fn version(&self) -> u64 {
             self.0.version()
         }

@@ -17,7 +17,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use odc_transport::{codec, AccumulatorRegion, Dtype, PublishedRegion, RegionHandle, WriteGuard};
 
 use super::optimizer::{OptimizerConfig, OptimizerState};
@@ -101,11 +100,9 @@ pub(super) struct HostShard {
     master: Vec<f32>,
     served: bool,
     published: Box<dyn PublishedRegion>,
-    /// What a trainable shard has besides; `None` for a frozen one.
+    /// What a trainable shard has besides; `None` for a frozen one, whose published copy is
+    /// published again at every version as it is (no copy of its bytes is kept).
     training: Option<HostTraining>,
-    /// The published bytes of `master`: a frozen shard publishes them again at every version.
-    /// Empty for a trainable shard (its bytes change every step).
-    frozen_bytes: Bytes,
     /// fp32 copy for read-outs, registered on first use (bf16 pulls only; fp32 pulls read the
     /// published copy, which is the same bytes).
     snapshot: Option<Box<dyn PublishedRegion>>,
@@ -137,13 +134,13 @@ impl HostShard {
         let bytes = codec::encode(spec.pull_dtype, &master);
         let published =
             node.transport
-                .register_published(spec.endpoint, spec.pull_dtype, bytes.clone(), 0)?;
+                .register_published(spec.endpoint, spec.pull_dtype, bytes, 0)?;
         let served = served && optimizer.is_none();
         if served {
             master = Vec::new();
         }
-        let (training, frozen_bytes) = match optimizer {
-            None => (None, bytes),
+        let training = match optimizer {
+            None => None,
             Some(optimizer) => {
                 let accumulator =
                     node.transport
@@ -154,7 +151,7 @@ impl HostShard {
                     accumulator,
                     grad: None,
                 };
-                (Some(training), Bytes::new())
+                Some(training)
             }
         };
         Ok(Self {
@@ -163,7 +160,6 @@ impl HostShard {
             served,
             published,
             training,
-            frozen_bytes,
             snapshot: None,
             optimizer_snapshots: Vec::new(),
         })
@@ -207,7 +203,7 @@ impl ShardStore for HostShard {
     fn apply(&mut self, optimizer: &OptimizerConfig, clip: f64, version: u64) -> Result<()> {
         let Some(training) = &mut self.training else {
             // Frozen: the same bytes, now as `version`.
-            self.published.publish(version, self.frozen_bytes.clone())?;
+            self.published.republish(version)?;
             return Ok(());
         };
         let mut grad = training

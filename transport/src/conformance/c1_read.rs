@@ -12,7 +12,7 @@ use crate::{codec, Dtype, PublishedRegion, RegionKind};
 /// C1: reads of several ranges, into raw bytes and into decoded `f32`, return the elements last
 /// published (distinct per element, so an offset error shows) with their version; a handle
 /// describes its registration; a publication replaces contents and version, also for readers of a
-/// handle taken before it.
+/// handle taken before it; a republication keeps the contents under the new version.
 pub async fn read_returns_published_contents_c1(pair: Pair) {
     const LEN: usize = 37;
     let b = pair.reader.backend();
@@ -64,6 +64,15 @@ pub async fn read_returns_published_contents_c1(pair: Pair) {
             bits(&second[5..]),
             "{b}: {dtype:?} values read after publish"
         );
+
+        // Published again without bytes: the same contents as the new version.
+        region
+            .republish(9)
+            .unwrap_or_else(|e| panic!("{b}: {dtype:?} republish: {e}"));
+        assert_eq!(region.version(), 9, "{b}: version after republish");
+        let (version, got) = must_read_bytes(&pair, &handle, 0..LEN).await;
+        assert_eq!(version, 9, "{b}: {dtype:?} version read after republish");
+        assert_eq!(got, published, "{b}: {dtype:?} bytes read after republish");
     }
 }
 

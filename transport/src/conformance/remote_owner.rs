@@ -52,6 +52,10 @@ enum Cmd {
         #[serde(with = "hex")]
         data: Vec<u8>,
     },
+    Republish {
+        guard: u64,
+        version: u64,
+    },
     Version {
         guard: u64,
     },
@@ -161,6 +165,10 @@ pub async fn serve_stdio(transport: Arc<dyn Transport>) {
                 Some(Guard::Published(g)) => {
                     g.publish(version, Bytes::from(data)).map(|()| Reply::Done)
                 }
+                _ => Ok(Reply::Done),
+            },
+            Cmd::Republish { guard, version } => match guards.lock().get(&guard) {
+                Some(Guard::Published(g)) => g.republish(version).map(|()| Reply::Done),
                 _ => Ok(Reply::Done),
             },
             Cmd::Version { guard } => Ok(match guards.lock().get(&guard) {
@@ -403,6 +411,16 @@ impl PublishedRegion for RemoteGuard {
             guard: self.guard,
             version,
             data: data.to_vec(),
+        }) {
+            Reply::Done => Ok(()),
+            Reply::Failed(e) => Err(e),
+            other => panic!("{}: unexpected reply {other:?}", self.channel.backend),
+        }
+    }
+    fn republish(&self, version: u64) -> Result<(), TransportError> {
+        match self.channel.call(Cmd::Republish {
+            guard: self.guard,
+            version,
         }) {
             Reply::Done => Ok(()),
             Reply::Failed(e) => Err(e),

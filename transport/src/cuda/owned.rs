@@ -153,6 +153,11 @@ impl PublishedRegion for PublishedGuard {
         })
     }
 
+    /// The device memory as it is, as `version`: only the control segment's seqlock and version.
+    fn republish(&self, version: u64) -> Result<(), TransportError> {
+        self.writer.publish_outside(version, || Ok(()))
+    }
+
     fn version(&self) -> u64 {
         self.writer.version()
     }
@@ -339,6 +344,10 @@ impl PublishedRegion for DevicePublished {
 
     fn publish(&self, version: u64, data: Bytes) -> Result<(), TransportError> {
         self.guard.publish(version, data)
+    }
+
+    fn republish(&self, version: u64) -> Result<(), TransportError> {
+        self.guard.republish(version)
     }
 
     fn version(&self) -> u64 {

@@ -70,6 +70,11 @@ impl PublishedRegion for Guard<Published> {
         self.region.publish(version, data)
     }
 
+    fn republish(&self, version: u64) -> Result<(), TransportError> {
+        self.region.republish(version);
+        Ok(())
+    }
+
     fn version(&self) -> u64 {
         self.region.version()
     }

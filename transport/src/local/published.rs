@@ -148,6 +148,10 @@ impl Published {
         Ok(())
     }
 
+    pub(super) fn republish(&self, version: u64) {
+        self.current.write().version = version;
+    }
+
     pub(super) fn version(&self) -> u64 {
         self.current.read().version
     }

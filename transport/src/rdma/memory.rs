@@ -340,6 +340,13 @@ impl RegionMemory {
         Ok(())
     }
 
+    /// The data as it is, published as `version` (a frozen region's next publication: no copy).
+    pub(crate) fn republish(&self, version: u64) {
+        let _writer = self.writer.lock();
+        seqlock::publish(self, self.layout.chunks, version, |_| {});
+        self.version.store(version, Ordering::Release);
+    }
+
     /// Mark the region closed (readers that still reach the memory see it gone).
     pub(crate) fn close(&self) {
         let _writer = self.writer.lock();

@@ -674,6 +674,11 @@ impl PublishedRegion for PublishedGuard {
             })
     }
 
+    fn republish(&self, version: u64) -> Result<(), TransportError> {
+        self.memory.republish(version);
+        Ok(())
+    }
+
     fn version(&self) -> u64 {
         self.memory.version()
     }

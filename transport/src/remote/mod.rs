@@ -112,6 +112,9 @@ impl crate::PublishedRegion for Renamed<dyn crate::PublishedRegion> {
     fn publish(&self, version: u64, data: bytes::Bytes) -> Result<(), crate::TransportError> {
         self.inner.publish(version, data)
     }
+    fn republish(&self, version: u64) -> Result<(), crate::TransportError> {
+        self.inner.republish(version)
+    }
     fn version(&self) -> u64 {
         self.inner.version()
     }

@@ -408,6 +408,11 @@ impl PublishedRegion for SegmentGuard {
             .map_err(|e| unsupported(format!("publish of region {region}: {e}")))
     }
 
+    fn republish(&self, version: u64) -> Result<(), TransportError> {
+        self.writer.republish(version);
+        Ok(())
+    }
+
     fn version(&self) -> u64 {
         self.writer.version()
     }

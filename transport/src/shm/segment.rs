@@ -646,6 +646,19 @@ impl SegmentWriter {
         Ok(())
     }
 
+    /// Sets every chunk's version to `version`, the data as it is (a frozen region's next
+    /// publication: no copy), inside each chunk's seqlock as [`SegmentWriter::publish`] does.
+    pub(crate) fn republish(&self, version: u64) {
+        let geometry = self.geometry;
+        let mut map = self.map.lock();
+        let controls = MappedControls {
+            base: map.as_mut_ptr(),
+            geometry,
+        };
+        seqlock::publish(&controls, geometry.chunks, version, |_| {});
+        self.version.store(version, Ordering::Release);
+    }
+
     /// For a segment whose data lives elsewhere (the `cuda` backend keeps it in device memory and
     /// its segments have no data): run `write`, which replaces that data and returns once it is in
     /// place, inside chunk 0's seqlock, as [`SegmentWriter::publish`] does with its copy, and record

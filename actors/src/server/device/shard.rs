@@ -258,8 +258,8 @@ impl ShardStore for DeviceShard {
 
     fn apply(&mut self, optimizer: &OptimizerConfig, clip: f64, version: u64) -> Result<()> {
         let Some(t) = &mut self.training else {
-            // Frozen: the same values, published again as `version`.
-            self.published.publish_from(version, &self.master)?;
+            // Frozen: the same values, published again as `version` (no copy).
+            self.published.republish(version)?;
             return Ok(());
         };
         // The kept gradient is used up by this call, whatever happens (as the host store's).
