@@ -2,7 +2,7 @@
 //! protocol ([`ShardStore`]) with the values on the device and the arithmetic in
 //! [`OptimizerKernels`]. A frozen unit's shard keeps only its master weights and published copy
 //! (no accumulator, gradient buffer, optimizer buffers or kernels); `Apply` publishes the same
-//! values again as the new version, encoded on the device.
+//! bytes again as the new version (`PublishedRegion::republish`: no copy).
 
 use std::sync::Arc;
 
