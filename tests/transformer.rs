@@ -956,33 +956,44 @@ fn grpo_with_a_split_sample_equals_grpo_without() {
 /// published copies after three SGD steps (`published_weights`, as `rl_grpo` reads its policy
 /// every step) decode greedily what candle alone's weights after the same steps decode, and not
 /// what the initial weights decode: the update changed the greedy response, and the sampler saw
-/// the change.
+/// the change. The reference the job serves after the policy (`units_with_reference`, as
+/// `rl_grpo` builds it) still decodes as the initial weights.
 #[test]
 fn a_sampler_built_after_a_step_decodes_with_the_new_weights() {
     let c = config();
     let data = Arc::new(samples(18));
     let optimizer = OptimizerConfig::sgd(0.5);
-    let trained = runtime().block_on(async {
-        let mut job = job(data.clone(), optimizer, LrSchedule::Constant, None);
-        for _ in 0..STEPS {
-            job.step().await.unwrap();
-        }
-        let weights = odc::model::published_weights(
-            &mut job,
-            &c,
-            0,
-            &Device::Cpu,
-            odc::model::ComputePrecision::F32,
-        )
-        .await
-        .unwrap();
-        job.shutdown().await;
-        weights
-    });
-    let (alone, _) = candle_alone(&c, &data, optimizer, STEPS);
     let init: Vec<Vec<f32>> = (0..unit_count(&c))
         .map(|u| unit_init_values(&c, u).unwrap())
         .collect();
+    let (trained, reference) = runtime().block_on(async {
+        let units = (init.iter().enumerate())
+            .map(|(u, v)| odc::UnitSpec::with_values(odc::model::unit_name(&c, u), v.clone()))
+            .collect();
+        let (_, reference) = odc::model::units_with_reference(&c, units).unwrap();
+        let builder = odc_job(&c, &data, Placement::default(), optimizer)
+            .lr_schedule(LrSchedule::Constant)
+            .token_budget(400);
+        let mut job = reference
+            .into_iter()
+            .fold(builder, odc::JobBuilder::unit)
+            .build()
+            .unwrap();
+        for _ in 0..STEPS {
+            job.step().await.unwrap();
+        }
+        let f32 = odc::model::ComputePrecision::F32;
+        let trained = odc::model::published_weights(&mut job, &c, 0, &Device::Cpu, f32)
+            .await
+            .unwrap();
+        let first = unit_count(&c);
+        let reference = odc::model::published_weights(&mut job, &c, first, &Device::Cpu, f32)
+            .await
+            .unwrap();
+        job.shutdown().await;
+        (trained, reference)
+    });
+    let (alone, _) = candle_alone(&c, &data, optimizer, STEPS);
     let weights = |units: &[Vec<f32>]| Weights::from_units(&c, units, &Device::Cpu).unwrap();
     let greedy = |w: &Weights| {
         let prompts: Vec<&[u32]> = data[..3].iter().map(|s| &s.tokens[..24]).collect();
@@ -996,6 +1007,11 @@ fn a_sampler_built_after_a_step_decodes_with_the_new_weights() {
         after,
         greedy(&weights(&alone)),
         "the sampler's weights are not the trained ones"
+    );
+    assert_eq!(
+        greedy(&reference),
+        before,
+        "the served reference is not the starting weights"
     );
 }
 
