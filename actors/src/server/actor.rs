@@ -285,8 +285,14 @@ fn new_store(
 ) -> Result<Box<dyn ShardStore>> {
     #[cfg(all(feature = "cuda-code", target_os = "linux"))]
     if let Some(cuda) = super::device::cuda_transport(node) {
-        let shard =
-            super::device::DeviceShard::new(cuda, spec, &master, optimizer.as_ref(), admission)?;
+        let shard = super::device::DeviceShard::new(
+            cuda,
+            spec,
+            &master,
+            optimizer.as_ref(),
+            admission,
+            served,
+        )?;
         return Ok(Box::new(shard));
     }
     #[cfg(not(all(feature = "cuda-code", target_os = "linux")))]

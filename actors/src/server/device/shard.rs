@@ -33,7 +33,9 @@ struct DeviceOptimizer {
 /// One shard in device memory.
 pub(crate) struct DeviceShard {
     len: usize,
-    master: DeviceBuffer,
+    /// The fp32 master weights; `None` for a served unit's shard, whose published copy is all
+    /// it keeps (nothing reads a served unit's masters: [`crate::layout::UnitSpec::served`]).
+    master: Option<DeviceBuffer>,
     published: DevicePublished,
     /// What a trainable shard has besides; `None` for a frozen unit's shard.
     training: Option<DeviceTraining>,
@@ -66,15 +68,16 @@ impl DeviceShard {
     /// The shard of `master` moved into the device memory of `transport`, with its published
     /// copy (version 0) registered there and, for a trainable shard (`optimizer` given), that
     /// optimizer state and an accumulator (at the spec's epoch, admitting only what `admission`
-    /// admits). A frozen shard (`optimizer` `None`) allocates neither, nor a gradient buffer.
-    /// Compiles the kernels on the device's first trainable shard (NVRTC; without it:
-    /// `no NVRTC: …`).
+    /// admits). A frozen shard (`optimizer` `None`) allocates neither, nor a gradient buffer; a
+    /// `served` one (frozen) frees its masters once published. Compiles the kernels on the
+    /// device's first trainable shard (NVRTC; without it: `no NVRTC: …`).
     pub(crate) fn new(
         transport: &CudaTransport,
         spec: &ServerSpec,
         master: &[f32],
         optimizer: Option<&OptimizerState>,
         admission: WriteGuard,
+        served: bool,
     ) -> Result<Self> {
         let device = Arc::clone(transport.device());
         let len = master.len();
@@ -109,6 +112,7 @@ impl DeviceShard {
                 })
             }
         };
+        let master = (!served || training.is_some()).then_some(master);
         Ok(Self {
             len,
             master,
@@ -153,7 +157,7 @@ struct PerBuffer<T> {
 impl DeviceShard {
     /// `f` of each of its buffers.
     fn each_buffer<T>(&self, f: impl Fn(&DeviceBuffer) -> Result<T>) -> Result<PerBuffer<T>> {
-        let master = f(&self.master)?;
+        let master = f(masters(&self.master)?)?;
         let Some(t) = &self.training else {
             return Ok(PerBuffer {
                 master,
@@ -174,6 +178,13 @@ impl DeviceShard {
             buffers,
         })
     }
+}
+
+/// A shard's master weights; an error for a served unit's shard, which keeps none.
+fn masters(master: &Option<DeviceBuffer>) -> Result<&DeviceBuffer> {
+    master
+        .as_ref()
+        .ok_or_else(|| Error::Internal("a served shard keeps no master values to read out".into()))
 }
 
 /// The node's `cuda` transport, whose device a device shard lives on.
@@ -269,9 +280,10 @@ impl ShardStore for DeviceShard {
         if !kept {
             t.device.zero(&t.grad)?;
         }
-        t.step(scalars, clip, &self.master, self.len)?;
+        let master = masters(&self.master)?;
+        t.step(scalars, clip, master, self.len)?;
         t.optimizer.steps = t.optimizer.steps.saturating_add(1);
-        self.published.publish_from(version, &self.master)?;
+        self.published.publish_from(version, master)?;
         Ok(())
     }
 
@@ -291,7 +303,7 @@ impl ShardStore for DeviceShard {
         let region = if context.spec.pull_dtype == Dtype::F32 {
             self.published.handle()
         } else {
-            Self::publish_copy(&mut self.snapshot, &self.master, context)?
+            Self::publish_copy(&mut self.snapshot, masters(&self.master)?, context)?
         };
         if !optimizer {
             return Ok((region, None));

@@ -510,7 +510,8 @@ fn non_finite_gradients_give_a_non_finite_sum_and_nothing_is_applied() {
 
 /// A frozen unit's shard on the GPU: no accumulator, no optimizer state, nothing added to the
 /// sum of squares, and after steps of AdamW with weight decay its values are bit-identical to the
-/// initial ones, published at every step's version with the same bytes.
+/// initial ones, published at every step's version with the same bytes. A served unit's shard
+/// likewise, and it is left out of the snapshots (it keeps no masters).
 #[test]
 fn frozen_unit_on_the_device_keeps_no_training_state_and_never_changes() {
     if skip_without_driver("frozen_unit_on_the_device_keeps_no_training_state_and_never_changes") {
@@ -529,6 +530,7 @@ fn frozen_unit_on_the_device_keeps_no_training_state_and_never_changes() {
             let layout = ModelLayout::new(vec![
                 UnitSpec::with_values("big", initial.clone()).frozen(),
                 UnitSpec::with_values("small", values(2, SMALL, 1.0)),
+                UnitSpec::with_values("reference.big", initial.clone()).served(),
             ])
             .expect("layout");
             let device = Server::start(
@@ -550,11 +552,14 @@ fn frozen_unit_on_the_device_keeps_no_training_state_and_never_changes() {
                     "the frozen unit adds nothing: {sum_sq} vs {scaled}"
                 );
                 device.apply(1.0, 1.0, epoch + 1).await;
-                let (version, bytes) = device.read_bytes(&device.routes[0].published).await;
-                assert_eq!(version, epoch + 1, "I1: published at every step's version");
-                assert!(bytes == published, "the same published bytes");
+                for unit in [0, 2] {
+                    let (version, bytes) = device.read_bytes(&device.routes[unit].published).await;
+                    assert_eq!(version, epoch + 1, "I1: published at every step's version");
+                    assert!(bytes == published, "unit {unit}: the same published bytes");
+                }
             }
             let state = device.state().await;
+            assert_eq!(state.len(), 2, "a served unit is not the model's");
             assert_eq!(state[0].0, 0, "no optimizer steps");
             assert_eq!(state[0].1.len(), 1, "the master weights only, no buffers");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
