@@ -127,9 +127,9 @@ impl Job {
     }
 
     /// Everything a checkpoint holds, read like [`Job::parameters`]: the global step, the fp32
-    /// master values and the optimizer state of every unit (a frozen unit's: 0 steps, no
-    /// buffers). A job built with [`JobBuilder::resume`] from it continues exactly where this one
-    /// is.
+    /// master values and the optimizer state of every unit of the model (a frozen unit's: 0
+    /// steps, no buffers; served units left out). A job built with [`JobBuilder::resume`] from it
+    /// continues exactly where this one is.
     pub async fn train_state(&mut self) -> Result<TrainState> {
         let (node, snapshots, deadline) = self.snapshots(SnapshotCmd { optimizer: true }).await?;
         let timeout = self.parameters_timeout;
