@@ -68,8 +68,8 @@ impl Weights {
     }
 
     /// From each unit's flat tensor (any dtype, any device: e.g. a unit read into device memory
-    /// by [`Job::published_units_into`](crate::Job::published_units_into)), each parameter a
-    /// view of it, no copy; [`Error::UnitParams`] when a unit's length is not the model's.
+    /// by `Job::published_units_into`, feature `cuda`), each parameter a view of it, no copy;
+    /// [`Error::UnitParams`] when a unit's length is not the model's.
     pub fn from_flat(config: &ModelConfig, units: &[Tensor]) -> Result<Self> {
         config.validate()?;
         check_unit_count(config, units.len())?;
