@@ -121,7 +121,8 @@ mod names {
     pub const GROUPS: &str = "odc_grpo_groups_total";
     pub const GROUPS_TRAINED: &str = "odc_grpo_groups_trained_total";
     /// Wall seconds of each stage of the last RL step on this rank, label `stage` (verl's
-    /// `timing_s/<stage>`): `gen` (decoding), `reward`, `ref` (the reference's log-probs),
+    /// `timing_s/<stage>`): `gen` (reading the policy at the step's version, decoding), `reward`,
+    /// `ref` (reading the reference, its log-probs),
     /// `gather` (waiting for the other ranks' groups) and `update_actor` (the odc step).
     pub const TIMING: &str = "odc_grpo_timing_seconds";
 
@@ -630,7 +631,6 @@ impl Grpo {
         // The optimizer step of the newest checkpoint (none written for a step without update).
         let mut checkpointed = job.steps_done();
         for step in at.steps_done..self.args.steps {
-            let policy = self.policy(job).await?;
             let t = Instant::now();
             // The step's problems: the next ones that fit the model with their reference answer.
             let mut prompts = Vec::with_capacity(self.args.prompts);
@@ -641,7 +641,7 @@ impl Grpo {
                 }
                 at.problem += 1;
             }
-            let (groups, timings, gather) = self.sample_step(job, policy, &prompts, step).await?;
+            let (groups, timings, gather) = self.sample_step(job, &prompts, step).await?;
             let samples = StepSamples::of(groups, &mut at.next_index);
             let sample_secs = t.elapsed().as_secs_f64();
             let (reward, accuracy, kl) = samples.record(sample_secs);
@@ -696,15 +696,18 @@ impl Grpo {
     }
 
     /// This rank's share of the step's groups, then every rank's (in prompt order); this rank's
-    /// stage times, and the wait for the others' groups. The policy (and its cache) is dropped
+    /// stage times, and the wait for the others' groups. The policy is read at the step's version
+    /// first (counted in `gen`, as a rollout engine's weight sync is), and dropped with its cache
     /// once decoding is done, before the reference is read for its stage.
     async fn sample_step(
         &self,
         job: &mut Job,
-        policy: Weights,
         prompts: &[(u64, Problem)],
         step: u64,
     ) -> anyhow::Result<(Vec<Vec<Response>>, Timings, f64)> {
+        let t = Instant::now();
+        let policy = self.policy(job).await?;
+        let read = t.elapsed().as_secs_f64();
         let share = batch_share_range(prompts.len(), self.decode_batch(), self.rank, self.ranks);
         let mut sampled = sample_groups(
             &self.sampler(&policy, self.args.seed),
@@ -712,6 +715,7 @@ impl Grpo {
             self.workers,
         )?;
         drop(policy);
+        sampled.timings.gen += read;
         let t = Instant::now();
         if sampled.trains_any() {
             let reference = self.reference(job).await?;
