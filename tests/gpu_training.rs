@@ -612,11 +612,7 @@ fn the_samplers_weights_come_device_to_device() {
             let want = sequence_log_probs(&host, &tokens).expect("scored");
             (staged, got, want)
         });
-        let diff = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let diff = max_abs_diff(&[got], &[want]);
         println!(
             "sampler's weights, {transfers:?} transfers: {staged} bytes through host staging, \
              log-probs within {diff:.3e} of Job::parameters'"

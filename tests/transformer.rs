@@ -956,8 +956,8 @@ fn grpo_with_a_split_sample_equals_grpo_without() {
 /// published copies after three SGD steps (`published_weights`, as `rl_grpo` reads its policy
 /// every step) decode greedily what candle alone's weights after the same steps decode, and not
 /// what the initial weights decode: the update changed the greedy response, and the sampler saw
-/// the change. The reference the job serves after the policy (`units_with_reference`, as
-/// `rl_grpo` builds it) still decodes as the initial weights.
+/// the change. The reference the job serves after the policy (`served_reference`, as `rl_grpo`
+/// builds it) still decodes as the initial weights.
 #[test]
 fn a_sampler_built_after_a_step_decodes_with_the_new_weights() {
     let c = config();
@@ -967,10 +967,10 @@ fn a_sampler_built_after_a_step_decodes_with_the_new_weights() {
         .map(|u| unit_init_values(&c, u).unwrap())
         .collect();
     let (trained, reference) = runtime().block_on(async {
-        let units = (init.iter().enumerate())
+        let units: Vec<_> = (init.iter().enumerate())
             .map(|(u, v)| odc::UnitSpec::with_values(odc::model::unit_name(&c, u), v.clone()))
             .collect();
-        let (_, reference) = odc::model::units_with_reference(&c, units).unwrap();
+        let reference = odc::model::served_reference(&c, &units).unwrap();
         let builder = odc_job(&c, &data, Placement::default(), optimizer)
             .lr_schedule(LrSchedule::Constant)
             .token_budget(400);

@@ -28,9 +28,9 @@
 //! servers' published copies at the step's version (`odc::model::published_weights`; device to
 //! device where the transport reaches the GPU), and the reference the same way once decoding is
 //! done: the job serves it as frozen units after the policy's, sharded over the servers like
-//! them (`odc::model::units_with_reference`, `UnitSpec::served`), so no rank keeps a whole copy
-//! of it, and the policy with its cache and the reference are never held together. Printed per step: reward, accuracy (exact match), response
-//! length (mean, max), the KL to the reference (k3 per response token, over the trained groups:
+//! them (`odc::model::served_reference`, `UnitSpec::served`), so no rank keeps a whole copy
+//! of it, and the policy with its cache and the reference are never held together. Printed per
+//! step: reward, accuracy (exact match), response length (mean, max), the KL to the reference (k3 per response token, over the trained groups:
 //! the term the loss weighs by `--kl-coef`), groups trained, loss. Before and after RL,
 //! `--eval-problems` held-out
 //! problems are answered greedily and sampled `--group-size` times each with fixed seeds (a paired
@@ -90,7 +90,7 @@ use odc::launch::World;
 use odc::model::hf::HfCheckpoint;
 use odc::model::{
     batch_share_range, evaluate_prompted, group_advantages, open_device, published_weights,
-    tensor_map, transformer_job_of, unit_count, unit_name, units_with_reference, ComputePrecision,
+    served_reference, tensor_map, transformer_job_of, unit_count, unit_name, ComputePrecision,
     GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights,
     EVAL_BATCH,
 };
@@ -523,10 +523,10 @@ impl Grpo {
     ) -> anyhow::Result<Job> {
         let args = &self.args;
         // The reference is served after the policy's units, sharded as they are.
-        let (policy, reference) = units_with_reference(&self.model, init)?;
+        let reference = served_reference(&self.model, &init)?;
         let mut builder = transformer_job_of(
             &self.model,
-            policy,
+            init,
             self.responses.clone(),
             Objective::Grpo(GrpoConfig {
                 clip_eps: args.clip_eps,

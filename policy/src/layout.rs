@@ -192,6 +192,11 @@ impl UnitSpec {
     }
 }
 
+/// How many of `units` come before the first served one ([`UnitSpec::served`]): the model's.
+pub fn model_units(units: &[UnitSpec]) -> usize {
+    units.iter().take_while(|u| !u.served).count()
+}
+
 /// The optimizer state a unit starts from (a job resumed from a checkpoint): the optimizer's step
 /// count and its named per-element buffers over the whole unit (see
 /// [`OptimizerState::restore`](crate::optimizer::OptimizerState::restore)). Each shard
@@ -243,8 +248,7 @@ impl ModelLayout {
             ));
         }
         let mut names = std::collections::HashSet::new();
-        let model_units = units.iter().take_while(|u| !u.served).count();
-        if let Some(u) = units[model_units..].iter().find(|u| !u.served) {
+        if let Some(u) = units[model_units(&units)..].iter().find(|u| !u.served) {
             return Err(LayoutError::Invalid(format!(
                 "unit {} comes after a served unit: served units come last",
                 u.name
@@ -334,7 +338,7 @@ impl ModelLayout {
     /// The units of the model the job trains: every unit before the served ones
     /// ([`UnitSpec::served`]), whose values are the job's parameters and checkpoints.
     pub fn model_units(&self) -> usize {
-        self.units.iter().take_while(|u| !u.served).count()
+        model_units(&self.units)
     }
 
     pub fn len(&self) -> usize {

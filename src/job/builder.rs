@@ -605,7 +605,7 @@ pub(super) fn relay_plan(
 /// a checkpoint: they keep their initial values.
 fn resumed_layout(mut units: Vec<UnitSpec>, state: Opened) -> Result<ModelLayout> {
     let (params, optimizer) = (state.params(), state.optimizer());
-    let model_units = units.iter().take_while(|u| !u.served).count();
+    let model_units = odc_actors::layout::model_units(&units);
     if params.len() != model_units || optimizer.len() != model_units {
         return Err(Error::Config(format!(
             "the state to resume holds {} units of values and {} of optimizer state, the model \

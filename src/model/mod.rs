@@ -82,8 +82,8 @@ pub use generate::{
 pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample};
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
 pub use runtime::{
-    host_staging_bytes, published_weights, share_cpu_threads, transformer_job, transformer_job_of,
-    transformer_job_on, units_with_reference, CpuThreads, DeviceTransfers, Objective, Placement,
+    host_staging_bytes, published_weights, served_reference, share_cpu_threads, transformer_job,
+    transformer_job_of, transformer_job_on, CpuThreads, DeviceTransfers, Objective, Placement,
     Reshard, SampleStore, TransformerCompute, HOST_STAGING_BYTES,
 };
 pub use shares::{batch_share_range, map_batches_in_shares, map_in_shares, share_range};

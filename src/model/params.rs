@@ -86,6 +86,30 @@ pub fn unit_tensors(flat: &[f32], specs: &[ParamSpec], device: &Device) -> Resul
     })
 }
 
+/// Each parameter of a unit as a view of its flat tensor `flat` (rank 1, any dtype or device),
+/// in `specs` order, no copy; [`Error::UnitParams`] when `flat` is not exactly the unit.
+pub fn unit_views(flat: &Tensor, specs: &[ParamSpec]) -> Result<Vec<Tensor>> {
+    let expected = unit_numel(specs);
+    if flat.rank() != 1 || flat.elem_count() != expected {
+        return Err(Error::UnitParams {
+            what: "values",
+            expected,
+            got: flat.elem_count(),
+        });
+    }
+    let mut at = 0;
+    specs
+        .iter()
+        .map(|spec| {
+            let view = flat
+                .narrow(0, at, spec.numel())?
+                .reshape(spec.shape.as_slice())?;
+            at += spec.numel();
+            Ok(view)
+        })
+        .collect()
+}
+
 /// As [`unit_tensors`], as trainable [`Var`]s (one copy of the values each, as for a tensor): a
 /// backward through the unit's forward gives each a gradient.
 pub fn unit_vars(flat: &[f32], specs: &[ParamSpec], device: &Device) -> Result<Vec<Var>> {

@@ -95,10 +95,9 @@ impl Captured {
 /// A shard in host memory: `Vec<f32>`s, the host optimizer loops, host-encoded publications.
 pub(super) struct HostShard {
     pull_dtype: Dtype,
-    /// The fp32 master values; empty for a served shard, whose published bytes are all it keeps
+    /// The fp32 master values; `None` for a served shard, whose published bytes are all it keeps
     /// (nothing reads a served unit's masters: [`crate::layout::UnitSpec::served`]).
-    master: Vec<f32>,
-    served: bool,
+    master: Option<Vec<f32>>,
     published: Box<dyn PublishedRegion>,
     /// What a trainable shard has besides; `None` for a frozen one, whose published copy is
     /// published again at every version as it is (no copy of its bytes is kept).
@@ -126,7 +125,7 @@ impl HostShard {
     pub(super) fn new(
         node: &Node,
         spec: &ServerSpec,
-        mut master: Vec<f32>,
+        master: Vec<f32>,
         optimizer: Option<OptimizerState>,
         admission: WriteGuard,
         served: bool,
@@ -135,10 +134,6 @@ impl HostShard {
         let published =
             node.transport
                 .register_published(spec.endpoint, spec.pull_dtype, bytes, 0)?;
-        let served = served && optimizer.is_none();
-        if served {
-            master = Vec::new();
-        }
         let training = match optimizer {
             None => None,
             Some(optimizer) => {
@@ -154,10 +149,10 @@ impl HostShard {
                 Some(training)
             }
         };
+        let master = (!served || training.is_some()).then_some(master);
         Ok(Self {
             pull_dtype: spec.pull_dtype,
             master,
-            served,
             published,
             training,
             snapshot: None,
@@ -166,16 +161,13 @@ impl HostShard {
     }
 }
 
-impl HostShard {
-    /// A served shard has no master values to read out.
-    fn not_served(&self) -> Result<()> {
-        match self.served {
-            true => Err(Error::Internal(
-                "a served shard keeps no master values to read out".into(),
-            )),
-            false => Ok(()),
-        }
-    }
+/// A shard's master values; an error for a served unit's shard, which keeps none.
+fn masters(master: &mut Option<Vec<f32>>) -> Result<&mut Vec<f32>> {
+    master.as_mut().ok_or_else(no_masters)
+}
+
+fn no_masters() -> Error {
+    Error::Internal("a served shard keeps no master values to read out".into())
 }
 
 impl ShardStore for HostShard {
@@ -206,20 +198,19 @@ impl ShardStore for HostShard {
             self.published.republish(version)?;
             return Ok(());
         };
+        let master = masters(&mut self.master)?;
         let mut grad = training
             .grad
             .take()
-            .unwrap_or_else(|| vec![0.0; self.master.len()]);
+            .unwrap_or_else(|| vec![0.0; master.len()]);
         if clip != 1.0 {
             for g in &mut grad {
                 *g = (*g as f64 * clip) as f32;
             }
         }
-        training
-            .optimizer
-            .step(optimizer, &mut self.master, &grad)?;
+        training.optimizer.step(optimizer, master, &grad)?;
         self.published
-            .publish(version, codec::encode(self.pull_dtype, &self.master))?;
+            .publish(version, codec::encode(self.pull_dtype, master))?;
         Ok(())
     }
 
@@ -236,11 +227,11 @@ impl ShardStore for HostShard {
         context: &Context,
         optimizer: bool,
     ) -> Result<(RegionHandle, Option<OptimizerSnapshot>)> {
-        self.not_served()?;
+        let master = masters(&mut self.master)?;
         let region = if context.spec.pull_dtype == Dtype::F32 {
             self.published.handle()
         } else {
-            publish_copy(&mut self.snapshot, &self.master, context)?
+            publish_copy(&mut self.snapshot, master, context)?
         };
         if !optimizer {
             return Ok((region, None));
@@ -267,7 +258,7 @@ impl ShardStore for HostShard {
     }
 
     fn values(&self, _context: &Context) -> Result<StoreValues> {
-        self.not_served()?;
+        let params = self.master.clone().ok_or_else(no_masters)?;
         let (steps, buffers) = match &self.training {
             None => (0, Vec::new()),
             Some(t) => (
@@ -281,7 +272,7 @@ impl ShardStore for HostShard {
             ),
         };
         Ok(StoreValues {
-            params: self.master.clone(),
+            params,
             steps,
             buffers,
         })

@@ -817,11 +817,8 @@ async fn open_relays(
     Ok(relays)
 }
 
-/// The directory trainer `slot` pushes by: the owners' accumulators, with every shard whose
-/// owner is on another node replaced by its node's relay (relayed pushes), else the job's. Made
-/// once per node and shared by its trainers (every trainer's own copy made memory grow with
-/// trainers × servers × units: 40% of a 128-device simulation's peak).
-/// The directory of the published copies (the shards' own routes, relays aside), shared.
+/// The directory of the published copies (the shards' own routes, relays aside): the entry
+/// [`directory_of`] keeps for trainers without relays, shared.
 fn published_directory(state: &mut SupervisorState) -> Arc<Directory> {
     state
         .trainer_directories
@@ -830,6 +827,10 @@ fn published_directory(state: &mut SupervisorState) -> Arc<Directory> {
         .clone()
 }
 
+/// The directory trainer `slot` pushes by: the owners' accumulators, with every shard whose
+/// owner is on another node replaced by its node's relay (relayed pushes), else the job's. Made
+/// once per node and shared by its trainers (every trainer's own copy made memory grow with
+/// trainers × servers × units: 40% of a 128-device simulation's peak).
 fn directory_of(state: &mut SupervisorState, slot: u32) -> Arc<Directory> {
     let node = state
         .spec

@@ -39,7 +39,7 @@ use super::config::ModelConfig;
 use super::device::ComputePrecision;
 use super::error::{Error, Result};
 use super::ops::log_softmax_last_dim;
-use super::params::unit_tensors;
+use super::params::{unit_tensors, unit_views};
 use super::transformer::{
     check_unit_count, head_target_log_probs, head_tensors, unit_count, unit_params, Unit,
 };
@@ -76,28 +76,7 @@ impl Weights {
         let units = units
             .iter()
             .enumerate()
-            .map(|(u, flat)| {
-                let specs = unit_params(config, u)?;
-                let expected: usize = specs.iter().map(|s| s.numel()).sum();
-                if flat.elem_count() != expected || flat.rank() != 1 {
-                    return Err(Error::UnitParams {
-                        what: "values",
-                        expected,
-                        got: flat.elem_count(),
-                    });
-                }
-                let mut at = 0;
-                specs
-                    .iter()
-                    .map(|spec| {
-                        let t = flat
-                            .narrow(0, at, spec.numel())?
-                            .reshape(spec.shape.as_slice())?;
-                        at += spec.numel();
-                        Ok(t)
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })
+            .map(|(u, flat)| unit_views(flat, &unit_params(config, u)?))
             .collect::<Result<Vec<_>>>()?;
         Ok(Weights {
             config: config.clone(),

@@ -300,11 +300,8 @@ impl TransformerCompute {
         flat: &Tensor,
         trainable: bool,
     ) -> Result<(Vec<Tensor>, Option<Vec<Var>>)> {
-        let mut offset = 0;
         let (mut tensors, mut vars) = (Vec::new(), Vec::new());
-        for spec in &self.specs[u] {
-            let n = spec.numel();
-            let t = flat.narrow(0, offset, n)?.reshape(spec.shape.as_slice())?;
+        for t in crate::model::params::unit_views(flat, &self.specs[u])? {
             if trainable {
                 let var = Var::from_tensor(&t)?;
                 tensors.push(var.as_tensor().clone());
@@ -312,14 +309,6 @@ impl TransformerCompute {
             } else {
                 tensors.push(t.copy()?);
             }
-            offset += n;
-        }
-        if offset != flat.elem_count() {
-            return Err(Error::UnitParams {
-                what: "values",
-                expected: offset,
-                got: flat.elem_count(),
-            });
         }
         Ok((tensors, trainable.then_some(vars)))
     }

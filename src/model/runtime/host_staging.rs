@@ -1,6 +1,7 @@
 //! Proof of residence: the parameter and gradient bytes a trainer on a GPU moved through host
 //! memory, counted where they cross (the pinned staging of `staging`: a unit's upload, a
-//! gradient's download; the sampler's weights read through the host, [`super::sampler`]). A one-process job on one GPU whose transfers stay on the device
+//! gradient's download; the sampler's weights read through the host, [`super::sampler`]). A
+//! one-process job on one GPU whose transfers stay on the device
 //! ([`DeviceTransfers::Device`](super::DeviceTransfers)) counts 0; the metric is
 //! [`HOST_STAGING_BYTES`], by direction (`up`, `down`). A trainer on the CPU stages nothing: its
 //! values live in host memory.

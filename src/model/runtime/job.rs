@@ -57,25 +57,21 @@ pub fn transformer_job_on(
     transformer_job_of(config, units, samples, objective, placement)
 }
 
-/// The model's units `policy` (each starting from its own values: given, a checkpoint's, a
-/// model directory's mapped files) and a frozen copy of them to serve after them
-/// ([`UnitSpec::served`]), named `reference.<unit>`: RL's reference model, which the sampler reads
-/// as it reads the policy ([`published_weights`](super::published_weights) from
-/// [`unit_count`](crate::model::unit_count) on). The copy shares each unit's initial values (no
-/// second copy in this process's memory).
-pub fn units_with_reference(
-    config: &ModelConfig,
-    policy: Vec<UnitSpec>,
-) -> Result<(Vec<UnitSpec>, Vec<UnitSpec>)> {
+/// A frozen copy of the model's units `policy` to serve after them ([`UnitSpec::served`]),
+/// named `reference.<unit>`: RL's reference model, which the sampler reads as it reads the policy
+/// ([`published_weights`](super::published_weights) from
+/// [`unit_count`](crate::model::unit_count) on). Each copy shares its unit's initial values
+/// (given, a checkpoint's, a model directory's mapped files): no second copy in this process's
+/// memory.
+pub fn served_reference(config: &ModelConfig, policy: &[UnitSpec]) -> Result<Vec<UnitSpec>> {
     check_unit_count(config, policy.len())?;
-    let reference = policy
+    Ok(policy
         .iter()
         .map(|u| {
             let name = format!("reference.{}", u.name);
             UnitSpec::from_init(name, u.len, u.init.clone()).served()
         })
-        .collect();
-    Ok((policy, reference))
+        .collect())
 }
 
 /// [`transformer_job_on`] starting from `units` as they are — e.g. a Hugging Face checkpoint's

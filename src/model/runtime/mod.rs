@@ -29,8 +29,7 @@ pub use compute::{DeviceTransfers, Objective, Placement, SampleStore, Transforme
 pub use gang_link::TransportLink;
 pub use host_staging::{host_staging_bytes, HOST_STAGING_BYTES};
 pub use job::{
-    transformer_job, transformer_job_of, transformer_job_on, units_with_reference,
-    MICRO_BATCH_MIN_FILL,
+    served_reference, transformer_job, transformer_job_of, transformer_job_on, MICRO_BATCH_MIN_FILL,
 };
 pub use reshard::Reshard;
 pub use sampler::published_weights;
