@@ -40,6 +40,11 @@
 //!   device (0 bytes through host staging) and scores a sequence as weights made from
 //!   `Job::parameters` do (within 1e-5); a job whose servers are on the host reads them through
 //!   the host (> 0 bytes, counted).
+//! - **A gang's K/V device to device** ([`a_gangs_kv_moves_device_to_device`]): a step with
+//!   a long sample split over both trainers (`SplitPolicy::MinTokens`) on the GPU trains as the
+//!   same step unsplit (SGD, fp32, within 1e-5); on the device path the gang's messages go
+//!   device to device (`CudaTransport::send_device`) and the step moves 0 bytes through host
+//!   staging, on the host path they count (> 0).
 //! - **On demand = collective on the device** ([`collective_equals_on_demand_on_the_device`]):
 //!   the collective data path (which gathers through host memory) and the device-resident
 //!   on-demand one train alike (SGD), within 1e-5.
@@ -510,6 +515,70 @@ fn collective_equals_on_demand_on_the_device() {
     );
     assert!(worst < 1e-5, "losses differ by {worst:e}");
     assert!(diff < 1e-5, "parameters differ by {diff:e}");
+}
+
+/// A gang's K/V on the device path (see the module docs).
+#[test]
+fn a_gangs_kv_moves_device_to_device() {
+    let Some(device) = cuda() else { return };
+    // One sample of six problems (over the split threshold) among samples cut to 40 tokens, so
+    // that the step is shorter with it split.
+    let problems = samples(PER_STEP);
+    let mut long = problems[0].clone();
+    for s in problems.iter().skip(1).take(5) {
+        long.tokens.extend_from_slice(&s.tokens);
+        long.loss_mask.extend_from_slice(&s.loss_mask);
+    }
+    assert!(
+        long.tokens.len() > 1000 && long.tokens.len() <= 1280,
+        "{}",
+        long.tokens.len()
+    );
+    let mut data: Vec<Sample> = problems
+        .iter()
+        .map(|s| Sample {
+            tokens: s.tokens[..40].to_vec(),
+            loss_mask: s.loss_mask[..40].to_vec(),
+        })
+        .collect();
+    data[0] = long;
+    let data = Arc::new(data);
+    let sgd = OptimizerConfig::sgd(0.5);
+    for transfers in [DeviceTransfers::Device, DeviceTransfers::Host] {
+        let placement = Placement {
+            transfers,
+            ..fp32_on(device)
+        };
+        // A budget that takes the long sample whole.
+        let (whole, whole_params) =
+            train_with(data.clone(), sgd, placement, 1, |b| b.token_budget(1280));
+        let before = host_staging_bytes();
+        let (split, split_params) = train_with(data.clone(), sgd, placement, 1, |b| {
+            b.token_budget(1280)
+                .sequence_parallel(odc::SplitPolicy::MinTokens(500))
+        });
+        let staged = host_staging_bytes() - before;
+        let worst = worst_loss_diff(&whole, &split);
+        let diff = max_abs_diff(&split_params, &whole_params);
+        println!(
+            "a gang on the GPU, {transfers:?} transfers: gangs {:?}, {staged} bytes through host \
+             staging; split vs whole: max loss rel diff {worst:.3e}, max |Δparam| {diff:.3e}",
+            split[0].gangs
+        );
+        assert_eq!(
+            split[0].gangs,
+            vec![2],
+            "the long sample split over both trainers"
+        );
+        assert!(worst < 1e-5, "{transfers:?}: losses differ by {worst:e}");
+        assert!(diff < 1e-5, "{transfers:?}: parameters differ by {diff:e}");
+        match transfers {
+            DeviceTransfers::Device => {
+                assert_eq!(staged, 0, "the device path staged {staged} bytes")
+            }
+            DeviceTransfers::Host => assert!(staged > 0, "the host path staged nothing"),
+        }
+    }
 }
 
 /// `max |a − b| / max(1, max |b|)`.

@@ -132,7 +132,7 @@ gpu_test() {
   local rc=$? secs=$((SECONDS - started))
   local said
   # The test's line (after libtest's `test NAME ... ` when the output interleaves).
-  said=$(grep -o -E '(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers|collective vs on demand|device path resumed|fused kernels on|fused kernels in bf16)[^"]*' "$log" | head -2 | tr '\n' ' ' | cut -c1-400)
+  said=$(grep -o -E '(I3 GPU|bf16 on the GPU|SFT on CUDA|ring attention on CUDA|device transfers|collective vs on demand|device path resumed|fused kernels on|fused kernels in bf16|sampler.s weights|a gang on the GPU)[^"]*' "$log" | head -2 | tr '\n' ' ' | cut -c1-400)
   if grep -q '^skipped' "$log"; then
     row "$name" FAIL "skipped: $(grep -m1 '^skipped' "$log"); log $log"
   elif [ "$rc" -eq 0 ] && grep -q 'test result: ok. 1 passed' "$log"; then
@@ -188,6 +188,9 @@ if has gpu_training; then
   next_section
   gpu_test the_samplers_weights_come_device_to_device \
     "RL sampler's weights device to device (0 bytes staged)" sampler-weights-gpu.log &
+  next_section
+  gpu_test a_gangs_kv_moves_device_to_device \
+    "a gang's K/V device to device (split = whole; 0 bytes staged)" gang-kv-gpu.log &
   next_section
   gpu_test fused_kernels_train_as_the_cpu_reference \
     "fused kernels (ODC_FUSED_KERNELS=1): GPU vs CPU (I3)" fused-gpu.log &

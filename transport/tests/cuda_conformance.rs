@@ -88,3 +88,12 @@ async fn device_pushes_between_transports_of_one_process_c2_c3() {
     };
     cuda_common::device_pushes_c2_c3(&pair, &reader).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_messages_between_transports_of_one_process_c7() {
+    if cuda_common::skipped() {
+        return;
+    }
+    let (owner, reader) = transports().await;
+    cuda_common::device_messages_c7(&owner, &reader).await;
+}

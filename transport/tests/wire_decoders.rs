@@ -42,7 +42,7 @@ use common::alloc::during as largest_allocation;
 // Decoding with every outcome checked.
 
 /// Type bytes of the layout (`wire::message`, `wire::handshake`).
-const REQUEST_TYPES: [u8; 4] = [0x01, 0x02, 0x03, 0x04];
+const REQUEST_TYPES: [u8; 5] = [0x01, 0x02, 0x03, 0x04, 0x05];
 const RESPONSE_TYPES: [u8; 3] = [0x81, 0x82, 0x83];
 const HANDSHAKE_TYPES: [u8; 5] = [0x10, 0x11, 0x12, 0x13, 0x14];
 
@@ -232,6 +232,26 @@ fn request() -> impl Strategy<Value = Request> {
                         offset: at,
                         bytes,
                     },
+                }
+            }),
+        (
+            (any::<u64>(), target(), tag(), payload()),
+            (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<(u64, u64)>())
+        )
+            .prop_map(|((req, target, tag, data), (lo, hi, (at, bytes)))| {
+                let mut ipc_handle = [0u8; IPC_HANDLE_BYTES];
+                ipc_handle[..32].copy_from_slice(&lo);
+                ipc_handle[32..].copy_from_slice(&hi);
+                Request::SendDevice {
+                    req,
+                    target,
+                    tag,
+                    source: IpcSource {
+                        ipc_handle,
+                        offset: at,
+                        bytes,
+                    },
+                    data,
                 }
             }),
     ]

@@ -96,12 +96,30 @@ impl GangChannel {
         deadline: Deadline,
     ) -> Result<()> {
         let inbox = self.group.inbox(to)?;
-        let tag = WriteTag {
+        let sent = self
+            .transport
+            .send(&inbox, Self::tag(epoch, write_id), data, deadline)
+            .await;
+        self.sent(to, epoch, sent, deadline).await
+    }
+
+    fn tag(epoch: u64, write_id: u128) -> WriteTag {
+        WriteTag {
             epoch,
             write_id: write_id | GANG_NAMESPACE,
             token: 0,
-        };
-        match self.transport.send(&inbox, tag, data, deadline).await {
+        }
+    }
+
+    /// A send's outcome as the module docs say: a peer that is gone waits for the discard.
+    async fn sent(
+        &self,
+        to: u32,
+        epoch: u64,
+        sent: std::result::Result<(), TransportError>,
+        deadline: Deadline,
+    ) -> Result<()> {
+        match sent {
             Ok(()) => Ok(()),
             Err(
                 source
@@ -129,15 +147,20 @@ impl GangChannel {
         write_id: u128,
         deadline: Deadline,
     ) -> Result<Bytes> {
+        let recv = self.inbox.recv(Self::tag(epoch, write_id), deadline);
+        self.received(from, epoch, recv).await
+    }
+
+    /// A receive's outcome, ended at once by the attempt's discard (see the module docs).
+    async fn received<T>(
+        &self,
+        from: u32,
+        epoch: u64,
+        recv: impl std::future::Future<Output = std::result::Result<T, TransportError>>,
+    ) -> Result<T> {
         if epoch < self.group.floor() {
             return Err(Error::CollectiveAborted);
         }
-        let tag = WriteTag {
-            epoch,
-            write_id: write_id | GANG_NAMESPACE,
-            token: 0,
-        };
-        let recv = self.inbox.recv(tag, deadline);
         let aborted = self.group.aborted(epoch);
         tokio::pin!(recv, aborted);
         tokio::select! {
@@ -148,6 +171,77 @@ impl GangChannel {
                 source => Error::Gang { peer: from, source },
             }),
         }
+    }
+}
+
+/// Messages whose values stay in device memory (feature `cuda-code`, the job's transport
+/// odc-transport's `cuda` backend): a gang's K/V between the GPUs of a host with no host copy.
+/// The same fences, deadlines and discards as [`GangChannel::send`] and [`GangChannel::recv`].
+#[cfg(feature = "cuda-code")]
+impl GangChannel {
+    /// The job's transport as the `cuda` backend, if it is.
+    fn cuda(&self) -> Option<&odc_transport::cuda::CudaTransport> {
+        self.transport.as_any()?.downcast_ref()
+    }
+
+    /// Whether this channel carries device messages.
+    pub fn device_messages(&self) -> bool {
+        self.cuda().is_some()
+    }
+
+    fn no_device(&self) -> Error {
+        Error::Internal(format!(
+            "trainer {}: a device message on the {} transport",
+            self.rank,
+            self.transport.backend()
+        ))
+    }
+
+    /// [`GangChannel::send`] of a message whose values are `values` (device memory of the
+    /// transport's device, complete, in order) and whose `header` says what they are.
+    pub async fn send_device(
+        &self,
+        to: u32,
+        epoch: u64,
+        write_id: u128,
+        header: Bytes,
+        values: &[odc_transport::DeviceDest],
+        deadline: Deadline,
+    ) -> Result<()> {
+        let cuda = self.cuda().ok_or_else(|| self.no_device())?;
+        let inbox = self.group.inbox(to)?;
+        let tag = Self::tag(epoch, write_id);
+        let sent = cuda
+            .send_device(&inbox, tag, header, values, deadline)
+            .await;
+        self.sent(to, epoch, sent, deadline).await
+    }
+
+    /// [`GangChannel::recv`] of a message sent either way: its header, and its values in the
+    /// transport's device memory if it was sent by [`GangChannel::send_device`]
+    /// ([`GangChannel::copy_out`] moves them where they go).
+    pub async fn recv_device(
+        &self,
+        from: u32,
+        epoch: u64,
+        write_id: u128,
+        deadline: Deadline,
+    ) -> Result<(Bytes, Option<odc_transport::cuda::DeviceBuffer>)> {
+        let cuda = self.cuda().ok_or_else(|| self.no_device())?;
+        let recv = cuda.recv_device(self.inbox.as_ref(), Self::tag(epoch, write_id), deadline);
+        self.received(from, epoch, recv).await
+    }
+
+    /// Copy received `values` whole into `dests` (memory of the transport's device, in order,
+    /// as many bytes in all) and wait.
+    pub fn copy_out(
+        &self,
+        values: &odc_transport::cuda::DeviceBuffer,
+        dests: &[odc_transport::DeviceDest],
+        deadline: Deadline,
+    ) -> Result<()> {
+        let cuda = self.cuda().ok_or_else(|| self.no_device())?;
+        Ok(cuda.copy_out(values, dests, deadline)?)
     }
 }
 

@@ -1,6 +1,8 @@
 //! Proof of residence: the parameter and gradient bytes a trainer on a GPU moved through host
 //! memory, counted where they cross (the pinned staging of `staging`: a unit's upload, a
-//! gradient's download; the sampler's weights read through the host, [`super::sampler`]). A
+//! gradient's download; the sampler's weights read through the host, [`super::sampler`]), and
+//! a gang's K/V sent or received through host memory by a member on a GPU
+//! ([`super::gang_link`]). A
 //! one-process job on one GPU whose transfers stay on the device
 //! ([`DeviceTransfers::Device`](super::DeviceTransfers)) counts 0; the metric is
 //! [`HOST_STAGING_BYTES`], by direction (`up`, `down`). A trainer on the CPU stages nothing: its
@@ -13,7 +15,8 @@ pub const HOST_STAGING_BYTES: &str = "odc_host_staging_bytes_total";
 
 static STAGED: AtomicU64 = AtomicU64::new(0);
 
-/// Bytes of parameters and gradients that crossed host memory in this process so far.
+/// Bytes of parameters, gradients and gang messages that crossed host memory from or to a GPU in
+/// this process so far.
 pub fn host_staging_bytes() -> u64 {
     STAGED.load(Ordering::Relaxed)
 }

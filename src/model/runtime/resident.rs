@@ -116,6 +116,58 @@ impl Memory {
     }
 }
 
+impl Memory {
+    /// A flat tensor of `elements` of `dtype` on the stream, free for a transport to write
+    /// (guarantee 1), and its memory.
+    pub async fn tensor(
+        &self,
+        elements: usize,
+        dtype: Dtype,
+    ) -> odc_actors::Result<(Tensor, DeviceDest)> {
+        let (unit, event) = self.make(elements, dtype)?;
+        reached(&unit.context, &event, "a buffer's allocation").await?;
+        Ok((unit.tensor.clone(), unit.dest))
+    }
+}
+
+/// The device memory of `t`: contiguous, f32 or bf16, on a CUDA device. What the memory holds
+/// is only complete once the kernels enqueued on its stream so far have run.
+pub fn device_range(t: &Tensor) -> crate::model::error::Result<DeviceDest> {
+    let err = |what: String| crate::model::error::Error::Device(format!("cuda: {what}"));
+    let ordinal = super::compute::location_ordinal(t.device()) as u32;
+    let cuda = t
+        .device()
+        .as_cuda_device()
+        .map_err(|e| err(e.to_string()))?;
+    let stream = cuda.cuda_stream();
+    let (storage, layout) = t.storage_and_layout();
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        return Err(err("a tensor that is not contiguous".into()));
+    };
+    let Storage::Cuda(storage) = &*storage else {
+        return Err(err("a tensor that is not in CUDA memory".into()));
+    };
+    let slice_err = |e: candle_core::Error| err(format!("a tensor's memory: {e}"));
+    let (ptr, size) = match t.dtype() {
+        candle_core::DType::F32 => {
+            let slice = storage.as_cuda_slice::<f32>().map_err(slice_err)?;
+            let ptr = slice.slice(start..end).device_ptr(&stream).0;
+            (ptr, 4)
+        }
+        candle_core::DType::BF16 => {
+            let slice = storage.as_cuda_slice::<half::bf16>().map_err(slice_err)?;
+            let ptr = slice.slice(start..end).device_ptr(&stream).0;
+            (ptr, 2)
+        }
+        other => return Err(err(format!("a tensor of {other:?}, not f32 or bf16"))),
+    };
+    Ok(DeviceDest {
+        device: ordinal,
+        ptr,
+        bytes: ((end - start) * size) as u64,
+    })
+}
+
 impl DeviceMemory for Memory {
     fn allocate(&self, elements: usize, dtype: Dtype) -> Transfer<Arc<dyn DeviceUnit>> {
         let made = self.make(elements, dtype);
@@ -193,37 +245,20 @@ impl Grad {
     /// after the kernels enqueued so far (those that wrote it).
     pub fn new(flat: Tensor) -> crate::model::error::Result<Self> {
         let err = |what: String| crate::model::error::Error::Device(format!("cuda push: {what}"));
-        let ordinal = super::compute::location_ordinal(flat.device()) as u32;
-        let cuda = flat
+        if flat.dtype() != candle_core::DType::F32 {
+            return Err(err(format!("a gradient of {:?}", flat.dtype())));
+        }
+        let src = device_range(&flat)?;
+        let stream = flat
             .device()
             .as_cuda_device()
             .map_err(|e| err(e.to_string()))?
-            .clone();
-        let stream = cuda.cuda_stream();
-        let ptr = {
-            let (storage, layout) = flat.storage_and_layout();
-            let Some((start, end)) = layout.contiguous_offsets() else {
-                return Err(err("the gradient is not contiguous".into()));
-            };
-            let Storage::Cuda(storage) = &*storage else {
-                return Err(err("the gradient is not in CUDA memory".into()));
-            };
-            let slice = storage
-                .as_cuda_slice::<f32>()
-                .map_err(|e| err(format!("the gradient: {e}")))?
-                .slice(start..end);
-            let ptr = slice.device_ptr(&stream).0;
-            ptr
-        };
+            .cuda_stream();
         let done = stream
             .record_event(None)
             .map_err(|e| err(format!("cuEventRecord: {e}")))?;
         Ok(Grad {
-            src: DeviceDest {
-                device: ordinal,
-                ptr,
-                bytes: (flat.elem_count() * 4) as u64,
-            },
+            src,
             _tensor: flat,
             done: Arc::new(done),
             context: stream.context().clone(),

@@ -57,7 +57,10 @@
 //!   operations, which have none, until 60 s); a read still copying then is
 //!   [`TransportError::DeadlineExceeded`], and the copy is drained before the stream is used
 //!   again. A read that missed its deadline may still land in a device destination until then.
-//! - **C7**: inboxes are host memory in the owner's fabric, over the socket.
+//! - **C7**: inboxes are host memory in the owner's fabric, over the socket. A message whose
+//!   values are device memory (`CudaTransport::send_device`, beside the contract: a gang's K/V, a
+//!   collective's pieces) has them copied device to device into the owner's memory and held
+//!   before its header is delivered under the same fences (`messages.rs`).
 //!
 //! # Without a driver
 //! [`CudaTransport::new`], [`Device::open`] and [`device_count`] check for the driver library
@@ -77,6 +80,7 @@ mod driver;
 mod kernels;
 mod library;
 mod mapping;
+mod messages;
 mod owned;
 mod push;
 
@@ -150,8 +154,10 @@ pub struct Cuda {
     socket: JobSocket,
     /// Published regions this transport has reached, by control segment name.
     mappings: Mutex<HashMap<String, Arc<Mapping>>>,
-    /// Exportable buffers of its accumulates into other processes ([`push`]).
+    /// Exportable buffers of its accumulates and sends into other processes ([`push`]).
     push_staging: push::PushStaging,
+    /// The values of device messages into this transport's inboxes ([`messages`]).
+    messages: Arc<messages::DeviceMessages<DeviceBuffer>>,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -185,6 +191,7 @@ impl Remote<Cuda> {
             socket,
             mappings: Mutex::new(HashMap::new()),
             push_staging: push::PushStaging::default(),
+            messages: Arc::default(),
         };
         let remote = Remote::start(
             listener,
@@ -194,7 +201,10 @@ impl Remote<Cuda> {
             cuda,
             serve_split::<UnixStream>,
         );
-        let sources = push::IpcSources::new(Arc::clone(&remote.backend.device));
+        let sources = push::IpcSources::new(
+            Arc::clone(&remote.backend.device),
+            Arc::clone(&remote.backend.messages),
+        );
         // A fresh fabric: nothing set it before.
         let _ = remote.served.device_sources.set(Arc::new(sources));
         Ok(remote)
@@ -409,6 +419,146 @@ impl Remote<Cuda> {
             self.backend.push_staging.give_back(staged);
         }
         done
+    }
+
+    /// Send a message into the inbox `handle` whose values lie in device memory: `values`
+    /// (ranges of memory of this transport's device, complete: nothing still writes them, in
+    /// order) are copied device to device into the owner's device memory and held there, then
+    /// `header` (host bytes saying what the values are) is delivered under the inbox's fences
+    /// (C7), as [`Transport::send`](crate::Transport::send) delivers a message; `Ok` once held.
+    /// The receiver takes both with [`CudaTransport::recv_device`]. Into an inbox of this
+    /// transport the values are copied directly; into another transport's on this host (another
+    /// process, or this one) through an exportable staging buffer that the owner opens through
+    /// CUDA IPC (`Request::SendDevice`). A range that is not memory of this device is refused
+    /// before anything moves; a refused header drops its values (see [`messages`]).
+    pub async fn send_device(
+        &self,
+        handle: &RegionHandle,
+        tag: crate::WriteTag,
+        header: Bytes,
+        values: &[crate::DeviceDest],
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        crate::check_deadline(deadline, handle.owner, handle.id, Op::Send)?;
+        let located = self.backend.locate(&self.served, handle)?;
+        if located.memory.is_some() || handle.kind != RegionKind::Inbox {
+            return Err(TransportError::WrongKind {
+                region: handle.id,
+                expected: RegionKind::Inbox,
+                actual: handle.kind,
+            });
+        }
+        let device = &self.backend.device;
+        let mut srcs = Vec::with_capacity(values.len());
+        for value in values {
+            device.check_dest(value)?;
+            srcs.push((
+                value.ptr,
+                usize::try_from(value.bytes).unwrap_or(usize::MAX),
+            ));
+        }
+        let on_deadline = || TransportError::DeadlineExceeded {
+            owner: handle.owner,
+            region: handle.id,
+            op: Op::Send,
+        };
+        let target = located.target;
+        if self.peers.local().owns(&target) {
+            let messages = &self.backend.messages;
+            messages.check_free(target.region, &tag)?;
+            let held = push::gathered(device, &srcs, deadline, on_deadline)?;
+            messages.hold(target.region, &tag, held)?;
+            let delivered =
+                self.peers
+                    .local()
+                    .fabric
+                    .serve_send(target.owner, target.region, tag, header);
+            if delivered.is_err() {
+                messages.forget(target.region, &tag);
+            }
+            return delivered;
+        }
+        let bytes: usize = srcs.iter().map(|&(_, n)| n).sum();
+        let staged = self.backend.push_staging.take(device, bytes)?;
+        {
+            let mut lane = device.lane()?;
+            let mut at = 0u64;
+            for &(src, n) in &srcs {
+                lane.copy(staged.ptr() + at, src, n)?;
+                at += n as u64;
+            }
+            lane.finish(deadline).map_err(|w| match w {
+                Waited::Deadline => on_deadline(),
+                Waited::Failed(e) => e,
+            })?;
+        }
+        let source = staged.source(wide(bytes));
+        let done = crate::remote::ops::send_device(
+            &self.peers,
+            located.addr,
+            target,
+            tag,
+            source,
+            header,
+            deadline,
+        )
+        .await;
+        // As for a device accumulate: only an acknowledged buffer is reused.
+        if done.is_ok() {
+            self.backend.push_staging.give_back(staged);
+        }
+        done
+    }
+
+    /// Receive message `tag` of `inbox` (an inbox this transport registered), as
+    /// [`InboxRegion::recv`](crate::InboxRegion::recv) does: its header, and the values that
+    /// came with it if it was sent by [`CudaTransport::send_device`] (in this transport's device
+    /// memory; [`CudaTransport::copy_out`] moves them where the receiver wants them), or `None`
+    /// for a message sent from host memory.
+    pub async fn recv_device(
+        &self,
+        inbox: &dyn crate::InboxRegion,
+        tag: crate::WriteTag,
+        deadline: Deadline,
+    ) -> Result<(Bytes, Option<DeviceBuffer>), TransportError> {
+        let header = inbox.recv(tag, deadline).await?;
+        let values = self.backend.messages.take(inbox.handle().id, &tag);
+        Ok((header, values))
+    }
+
+    /// Copy `values` whole into `dests` (memory of this transport's device, in order, as many
+    /// bytes in all, nothing else using it) and wait, at most until `deadline`. Destinations
+    /// that do not add up to the values, or are not memory of this device, are refused before
+    /// anything is copied.
+    pub fn copy_out(
+        &self,
+        values: &DeviceBuffer,
+        dests: &[crate::DeviceDest],
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        let device = &self.backend.device;
+        let total = dests.iter().map(|d| d.bytes).sum::<u64>();
+        if total != wide(values.len()) || !values.is_on(device) {
+            return Err(TransportError::Unsupported {
+                what: format!(
+                    "cuda: copying {values:?} into {} destinations of {total} bytes on device {}",
+                    dests.len(),
+                    device.ordinal()
+                ),
+            });
+        }
+        for dest in dests {
+            device.check_dest(dest)?;
+        }
+        let mut lane = device.lane()?;
+        let mut at = 0;
+        for dest in dests {
+            let n = usize::try_from(dest.bytes).unwrap_or(usize::MAX);
+            lane.copy(dest.ptr, values.ptr() + at, n)?;
+            at += dest.bytes;
+        }
+        lane.finish(deadline)
+            .map_err(|w| w.into_error("copying a device message out"))
     }
 
     /// Register an accumulator of `len` fp32 elements at `epoch`, in memory of this transport's

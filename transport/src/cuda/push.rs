@@ -21,10 +21,11 @@ use parking_lot::Mutex;
 
 use super::driver::{Device, DeviceBuffer};
 use super::mapping::{open_ipc, IpcMapping};
+use super::messages::DeviceMessages;
 use super::owned::export;
 use crate::remote::DeviceSources;
 use crate::wire::{IpcSource, IPC_HANDLE_BYTES};
-use crate::TransportError;
+use crate::{RegionId, TransportError, WriteTag};
 
 /// The smallest staging buffer (smaller sources share a size class).
 const MIN_STAGING: usize = 1 << 20;
@@ -116,15 +117,42 @@ impl PushStaging {
 pub(super) struct IpcSources {
     device: Arc<Device>,
     open: Mutex<HashMap<[u8; IPC_HANDLE_BYTES], Arc<IpcMapping>>>,
+    /// The values of device messages into this owner's inboxes, until their receivers take them.
+    messages: Arc<DeviceMessages<DeviceBuffer>>,
 }
 
 impl IpcSources {
-    pub(super) fn new(device: Arc<Device>) -> Self {
+    pub(super) fn new(device: Arc<Device>, messages: Arc<DeviceMessages<DeviceBuffer>>) -> Self {
         IpcSources {
             device,
             open: Mutex::new(HashMap::new()),
+            messages,
         }
     }
+}
+
+/// `bytes` bytes from `srcs` (device addresses of this context and their lengths, in order)
+/// copied into a fresh buffer of `device`, waited for.
+pub(super) fn gathered(
+    device: &Arc<Device>,
+    srcs: &[(u64, usize)],
+    deadline: crate::Deadline,
+    on_deadline: impl FnOnce() -> TransportError,
+) -> Result<DeviceBuffer, TransportError> {
+    let bytes = srcs.iter().map(|&(_, n)| n).sum();
+    let buffer = device.alloc(bytes)?;
+    let mut lane = device.lane()?;
+    let mut at = 0u64;
+    for &(src, n) in srcs {
+        lane.copy(buffer.ptr() + at, src, n)?;
+        at += n as u64;
+    }
+    lane.finish(deadline).map_err(|w| match w {
+        super::driver::Waited::Deadline => on_deadline(),
+        super::driver::Waited::Failed(e) => e,
+    })?;
+    drop(lane);
+    Ok(buffer)
 }
 
 impl DeviceSources for IpcSources {
@@ -151,6 +179,32 @@ impl DeviceSources for IpcSources {
         };
         let (base, size) = mapping.range();
         within(base, size, source).map(|ptr| (ptr, mapping as Arc<_>))
+    }
+
+    fn hold(
+        &self,
+        region: RegionId,
+        tag: &WriteTag,
+        source: &IpcSource,
+    ) -> Result<(), TransportError> {
+        self.messages.check_free(region, tag)?;
+        let (ptr, _mapped) = self.open(source)?;
+        let bytes = usize::try_from(source.bytes).unwrap_or(usize::MAX);
+        let deadline = crate::deadline_in(super::driver::OWNER_WAIT);
+        let values = gathered(&self.device, &[(ptr, bytes)], deadline, || {
+            TransportError::Unsupported {
+                what: format!(
+                    "cuda: copying a device message of {bytes} bytes into inbox {region} did \
+                     not finish within {} s",
+                    super::driver::OWNER_WAIT.as_secs()
+                ),
+            }
+        })?;
+        self.messages.hold(region, tag, values)
+    }
+
+    fn forget(&self, region: RegionId, tag: &WriteTag) {
+        self.messages.forget(region, tag);
     }
 }
 

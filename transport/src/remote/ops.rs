@@ -257,6 +257,33 @@ pub(crate) async fn accumulate_device(
     .await
 }
 
+/// Put `data` into the inbox `target` at `addr`, another process of this host, with its values
+/// in `source` (the writer's device memory, which the owner copies through CUDA IPC into its own
+/// before it delivers `data`); resolves once held. The caller checked the deadline and that the
+/// owner is not this transport.
+#[cfg_attr(not(feature = "cuda-code"), allow(dead_code))]
+pub(crate) async fn send_device(
+    peers: &Peers,
+    addr: &str,
+    target: Target,
+    tag: WriteTag,
+    source: IpcSource,
+    data: Bytes,
+    deadline: Deadline,
+) -> Result<(), TransportError> {
+    let about = About::at(&target, Op::Send);
+    acknowledged(peers, addr, about, data.len(), deadline, |req| {
+        Request::SendDevice {
+            req,
+            target,
+            tag,
+            source,
+            data,
+        }
+    })
+    .await
+}
+
 /// Put `data` into the inbox `target` at `addr` (or of the reader's own transport); resolves
 /// once held. The caller checked the deadline.
 pub(crate) async fn send(

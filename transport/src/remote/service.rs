@@ -11,8 +11,8 @@ use crate::wire::gate::Permit;
 use crate::wire::handshake::{self, ClusterSecret};
 use crate::wire::{IpcSource, Request, Response, Target};
 use crate::{
-    deadline_in, AccumulatorRegion, Deadline, Descriptor, EndpointId, InboxRegion, Transport,
-    TransportError,
+    deadline_in, AccumulatorRegion, Deadline, Descriptor, EndpointId, InboxRegion, RegionId,
+    Transport, TransportError, WriteTag,
 };
 
 /// The regions one transport instance serves to peers: its fabric, and the instance number that
@@ -36,6 +36,20 @@ pub(crate) trait DeviceSources: Send + Sync {
         &self,
         source: &IpcSource,
     ) -> Result<(u64, Arc<dyn std::any::Any + Send + Sync>), TransportError>;
+
+    /// Copy `source` into this owner's device memory and hold it as the values of inbox
+    /// `region`'s message `tag` ([`Request::SendDevice`]), until the receiver takes it. A payload
+    /// already held under the same epoch and write id is [`TransportError::DuplicateWrite`], and
+    /// nothing is copied.
+    fn hold(
+        &self,
+        region: RegionId,
+        tag: &WriteTag,
+        source: &IpcSource,
+    ) -> Result<(), TransportError>;
+
+    /// Drop what [`DeviceSources::hold`] holds for `tag` (its message was refused).
+    fn forget(&self, region: RegionId, tag: &WriteTag);
 }
 
 impl std::fmt::Debug for dyn DeviceSources {
@@ -158,6 +172,36 @@ impl Served {
         )
     }
 
+    /// An inbox send whose values lie in a writer's device memory: the values copied into this
+    /// owner's device memory and held for the receiver first, then the message (`data`, what the
+    /// values are) delivered under the inbox's fences (C7); a refused message drops its values.
+    fn send_device(
+        &self,
+        target: &Target,
+        tag: WriteTag,
+        source: &IpcSource,
+        data: bytes::Bytes,
+    ) -> Result<(), TransportError> {
+        let sources = self
+            .device_sources
+            .get()
+            .ok_or_else(|| TransportError::Unsupported {
+                what: format!(
+                    "a send into inbox {} from another process's device memory: this owner has \
+                     no device",
+                    target.region
+                ),
+            })?;
+        sources.hold(target.region, &tag, source)?;
+        let delivered = self
+            .fabric
+            .serve_send(target.owner, target.region, tag, data);
+        if delivered.is_err() {
+            sources.forget(target.region, &tag);
+        }
+        delivered
+    }
+
     /// Answer one request.
     pub(crate) fn answer(&self, request: Request) -> Response {
         let req = request.req();
@@ -218,6 +262,16 @@ impl Served {
             } => self
                 .check_instance(&target)
                 .and_then(|()| self.accumulate_device(&target, offset, tag, &source))
+                .map(|()| Response::Done { req }),
+            Request::SendDevice {
+                target,
+                tag,
+                source,
+                data,
+                ..
+            } => self
+                .check_instance(&target)
+                .and_then(|()| self.send_device(&target, tag, &source, data))
                 .map(|()| Response::Done { req }),
         };
         outcome.unwrap_or_else(|error| Response::Failed { req, error })

@@ -8,6 +8,7 @@
 //! | 0x02 | `Accumulate` | req u64, target, offset u64, tag, payload… |
 //! | 0x03 | `Send` | req u64, target, tag, payload… |
 //! | 0x04 | `AccumulateDevice` | req u64, target, offset u64, tag, source offset u64, source bytes u64, IPC handle (64 bytes) |
+//! | 0x05 | `SendDevice` | req u64, target, tag, source offset u64, source bytes u64, IPC handle (64 bytes), payload… |
 //! | 0x81 | `ReadOk` | req u64, version u64, dtype u8 (0 f32, 1 bf16), payload… |
 //! | 0x82 | `Done` | req u64 |
 //! | 0x83 | `Failed` | req u64, error as JSON… |
@@ -30,6 +31,7 @@ const READ: u8 = 0x01;
 const ACCUMULATE: u8 = 0x02;
 const SEND: u8 = 0x03;
 const ACCUMULATE_DEVICE: u8 = 0x04;
+const SEND_DEVICE: u8 = 0x05;
 const READ_OK: u8 = 0x81;
 const DONE: u8 = 0x82;
 const FAILED: u8 = 0x83;
@@ -87,6 +89,17 @@ pub enum Request {
         tag: WriteTag,
         source: IpcSource,
     },
+    /// An inbox send whose values lie in the writer's device memory (`source`, opened by an
+    /// owner on the same host through CUDA IPC and copied into the owner's device memory) and
+    /// whose `data` (host bytes) says what they are (the `cuda` backend; any other owner refuses
+    /// it).
+    SendDevice {
+        req: u64,
+        target: Target,
+        tag: WriteTag,
+        source: IpcSource,
+        data: Bytes,
+    },
 }
 
 /// Bytes of a CUDA IPC memory handle.
@@ -125,7 +138,8 @@ impl Request {
             Request::Read { req, .. }
             | Request::Accumulate { req, .. }
             | Request::Send { req, .. }
-            | Request::AccumulateDevice { req, .. } => *req,
+            | Request::AccumulateDevice { req, .. }
+            | Request::SendDevice { req, .. } => *req,
         }
     }
 
@@ -204,10 +218,22 @@ impl Request {
                 put_target(&mut head, target);
                 head.put_u64_le(*offset);
                 put_tag(&mut head, tag);
-                head.put_u64_le(source.offset);
-                head.put_u64_le(source.bytes);
-                head.put_slice(&source.ipc_handle);
+                put_source(&mut head, source);
                 (head, Bytes::new())
+            }
+            Request::SendDevice {
+                req,
+                target,
+                tag,
+                source,
+                data,
+            } => {
+                head.put_u8(SEND_DEVICE);
+                head.put_u64_le(*req);
+                put_target(&mut head, target);
+                put_tag(&mut head, tag);
+                put_source(&mut head, source);
+                (head, data.clone())
             }
         }
     }
@@ -264,21 +290,23 @@ impl Request {
             ACCUMULATE_DEVICE => {
                 let (req, target) = (cur.u64("request id")?, cur.target()?);
                 let (offset, tag) = (cur.u64("offset")?, cur.tag()?);
-                let (at, bytes) = (cur.u64("source offset")?, cur.u64("source bytes")?);
-                let ipc_handle = cur.take::<IPC_HANDLE_BYTES>("IPC handle")?;
+                let source = cur.source()?;
                 cur.finish("device accumulate request")?;
                 Request::AccumulateDevice {
                     req,
                     target,
                     offset,
                     tag,
-                    source: IpcSource {
-                        ipc_handle,
-                        offset: at,
-                        bytes,
-                    },
+                    source,
                 }
             }
+            SEND_DEVICE => Request::SendDevice {
+                req: cur.u64("request id")?,
+                target: cur.target()?,
+                tag: cur.tag()?,
+                source: cur.source()?,
+                data: cur.rest(),
+            },
             code => {
                 return Err(WireError::UnknownType {
                     what: "request",
@@ -405,6 +433,12 @@ fn put_tag(head: &mut BytesMut, tag: &WriteTag) {
     head.put_u128_le(tag.token);
 }
 
+fn put_source(head: &mut BytesMut, source: &IpcSource) {
+    head.put_u64_le(source.offset);
+    head.put_u64_le(source.bytes);
+    head.put_slice(&source.ipc_handle);
+}
+
 /// Reads fields off a frame body, every read checked against what is left.
 pub(crate) struct Cursor {
     body: Bytes,
@@ -463,6 +497,15 @@ impl Cursor {
             owner: self.u32("owner")?,
             instance: self.u64("instance")?,
             region: self.u64("region")?,
+        })
+    }
+
+    fn source(&mut self) -> Result<IpcSource, WireError> {
+        let (offset, bytes) = (self.u64("source offset")?, self.u64("source bytes")?);
+        Ok(IpcSource {
+            offset,
+            bytes,
+            ipc_handle: self.take::<IPC_HANDLE_BYTES>("IPC handle")?,
         })
     }
 
@@ -567,6 +610,28 @@ mod tests {
                 target: target(),
                 tag,
                 data: Bytes::new(),
+            },
+            Request::AccumulateDevice {
+                req: 5,
+                target: target(),
+                offset: 7,
+                tag,
+                source: IpcSource {
+                    ipc_handle: [3; IPC_HANDLE_BYTES],
+                    offset: 64,
+                    bytes: 4096,
+                },
+            },
+            Request::SendDevice {
+                req: 6,
+                target: target(),
+                tag,
+                source: IpcSource {
+                    ipc_handle: [7; IPC_HANDLE_BYTES],
+                    offset: 0,
+                    bytes: 12,
+                },
+                data: Bytes::from_static(b"shapes"),
             },
         ];
         for request in requests {

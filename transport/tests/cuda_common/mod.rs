@@ -255,3 +255,132 @@ pub async fn device_pushes_c2_c3(pair: &Pair, reader: &odc_transport::cuda::Cuda
         other => panic!("a push of the old epoch gave {other:?}"),
     }
 }
+
+/// C7 for messages whose values are device memory (`CudaTransport::send_device`,
+/// `recv_device`): from another transport (staged, through the owner's socket) and from the
+/// owner itself (copied directly), the header arrives as sent and the values as the sender's
+/// ranges, in order, bit for bit; a repeated write id and a stale epoch are refused as for any
+/// message; a message sent from host memory comes with no values; a range that is not memory of
+/// the sender's device is refused. (Receiving needs the owner's transport: in this process only,
+/// so `cuda_process_conformance` does not use it.)
+#[allow(dead_code)]
+pub async fn device_messages_c7(
+    owner: &odc_transport::cuda::CudaTransport,
+    reader: &odc_transport::cuda::CudaTransport,
+) {
+    use bytes::Bytes;
+    use odc_transport::Transport;
+    let inbox = owner.register_inbox(OWNER, 0).expect("register inbox");
+    let handle = ship(&inbox.handle());
+    let n = 3000;
+    let values = ramp(Dtype::F32, n);
+    let tag = |epoch, write_id| WriteTag {
+        epoch,
+        write_id,
+        token: 0,
+    };
+    for (write_id, sender) in [(1u128, reader), (2, owner)] {
+        let device = sender.device();
+        let src = device.alloc(n * 4).expect("alloc");
+        device
+            .upload(&src, 0, &codec::encode_f32(&values))
+            .expect("upload");
+        let whole = src.dest();
+        // The second half first, then the first: the values arrive in the order given.
+        let half = (n / 2 * 4) as u64;
+        let parts = [
+            DeviceDest {
+                ptr: whole.ptr + half,
+                bytes: whole.bytes - half,
+                ..whole
+            },
+            DeviceDest {
+                bytes: half,
+                ..whole
+            },
+        ];
+        sender
+            .send_device(
+                &handle,
+                tag(0, write_id),
+                Bytes::from_static(b"kv"),
+                &parts,
+                soon(),
+            )
+            .await
+            .expect("a device message");
+        let (header, got) = owner
+            .recv_device(inbox.as_ref(), tag(0, write_id), soon())
+            .await
+            .expect("received");
+        assert_eq!(&header[..], b"kv");
+        let got = got.expect("the message's values");
+        let into = owner.device().alloc(got.len()).expect("alloc");
+        let whole = into.dest();
+        let split = [
+            DeviceDest { bytes: 12, ..whole },
+            DeviceDest {
+                ptr: whole.ptr + 12,
+                bytes: whole.bytes - 12,
+                ..whole
+            },
+        ];
+        owner.copy_out(&got, &split, soon()).expect("copied out");
+        assert!(
+            owner.copy_out(&got, &split[..1], soon()).is_err(),
+            "destinations short of the values were taken"
+        );
+        let back =
+            codec::decode_f32(&owner.device().download(&into).expect("download")).expect("fp32");
+        let want: Vec<f32> = values[n / 2..]
+            .iter()
+            .chain(&values[..n / 2])
+            .copied()
+            .collect();
+        assert!(
+            back.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+                && back.len() == n,
+            "write id {write_id}: the values differ"
+        );
+        match sender
+            .send_device(&handle, tag(0, write_id), Bytes::new(), &parts, soon())
+            .await
+        {
+            Err(TransportError::DuplicateWrite { .. }) => {}
+            other => panic!("a repeated device message gave {other:?}"),
+        }
+    }
+    inbox.advance(1);
+    let src = reader.device().alloc(16).expect("alloc");
+    match reader
+        .send_device(&handle, tag(0, 3), Bytes::new(), &[src.dest()], soon())
+        .await
+    {
+        Err(TransportError::StaleEpoch { .. }) => {}
+        other => panic!("a device message of an old epoch gave {other:?}"),
+    }
+    reader
+        .send(&handle, tag(1, 4), Bytes::from_static(b"host"), soon())
+        .await
+        .expect("a host message");
+    let (header, got) = owner
+        .recv_device(inbox.as_ref(), tag(1, 4), soon())
+        .await
+        .expect("received");
+    assert_eq!(&header[..], b"host");
+    assert!(got.is_none(), "a host message came with device values");
+    let bogus = DeviceDest {
+        ptr: 0x10,
+        bytes: 4,
+        ..src.dest()
+    };
+    assert!(
+        reader
+            .send_device(&handle, tag(1, 5), Bytes::new(), &[bogus], soon())
+            .await
+            .is_err(),
+        "a range that is not device memory was sent"
+    );
+}
