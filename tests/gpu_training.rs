@@ -46,8 +46,9 @@
 //!   device to device (`CudaTransport::send_device`) and the step moves 0 bytes through host
 //!   staging, on the host path they count (> 0).
 //! - **On demand = collective on the device** ([`collective_equals_on_demand_on_the_device`]):
-//!   the collective data path (which gathers through host memory) and the device-resident
-//!   on-demand one train alike (SGD), within 1e-5.
+//!   the collective data path (its ring all-gathers and reduce-scatters as device messages) and
+//!   the on-demand one, both in device memory, train alike (SGD), within 1e-5, and the collective
+//!   moves 0 bytes through host staging.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -504,17 +505,23 @@ fn collective_equals_on_demand_on_the_device() {
     let sgd = OptimizerConfig::sgd(0.5);
     let placement = fp32_on(device);
     let (on_demand, od_params) = train(data.clone(), sgd, placement, STEPS);
+    let before = host_staging_bytes();
     let (collective, co_params) = train_with(data, sgd, placement, STEPS, |b| {
         b.communication(odc::Communication::Collective)
     });
+    let staged = host_staging_bytes() - before;
     let worst = worst_loss_diff(&on_demand, &collective);
     let diff = max_abs_diff(&co_params, &od_params);
     println!(
         "collective vs on demand on the device (fp32, {STEPS} SGD steps): max loss rel diff \
-         {worst:.3e}, max |Δparam| {diff:.3e}"
+         {worst:.3e}, max |Δparam| {diff:.3e}; the collective staged {staged} bytes"
     );
     assert!(worst < 1e-5, "losses differ by {worst:e}");
     assert!(diff < 1e-5, "parameters differ by {diff:e}");
+    assert_eq!(
+        staged, 0,
+        "the collective staged {staged} bytes through the host"
+    );
 }
 
 /// A gang's K/V on the device path (see the module docs).

@@ -181,7 +181,7 @@ if has gpu_training; then
     "device path: a trainer killed after its pushes (I2 replay)" replay-gpu.log &
   next_section
   gpu_test collective_equals_on_demand_on_the_device \
-    "device path: on demand = collective" collective-gpu.log &
+    "device path: on demand = collective (0 bytes staged)" collective-gpu.log &
   next_section
   gpu_test a_device_job_resumes_from_its_checkpoint_exactly \
     "device path: resume from a checkpoint" resume-gpu.log &

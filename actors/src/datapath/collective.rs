@@ -24,6 +24,10 @@
 //!   nodes of each rail. Each trainer sends `nodes + g − 2` messages per collective instead of
 //!   `n − 1`, and every NIC of a node carries its own rail. `g` = 1 is the flat ring.
 //!
+//! **In device memory** (feature `cuda-code`, the `cuda` transport, one flat ring): the same
+//! rings with their pieces as device messages, from and into the trainer's device memory
+//! ([`device`]); a two-level ring there keeps the host path.
+//!
 //! Signalling is neighbour-only: a step's message is its own signal (transport C7, NCCL's send/recv),
 //! so no global barrier exists anywhere in a collective. Inboxes are registered once per trainer
 //! (persistent staging); messages are keyed by [`OpKey::message_id`] and carry the attempt's epoch.
@@ -35,6 +39,9 @@
 //!   older epoch fails at once with [`Error::CollectiveAborted`] — whether it is already waiting or
 //!   only starts after the discard — and every wait also ends at the operation's deadline, with an
 //!   error naming the peer it waited for.
+
+#[cfg(feature = "cuda-code")]
+mod device;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -283,11 +290,7 @@ impl Inner {
 
     fn send(&self, to: &RegionHandle, peer: u32, op: &Op, round: u32, data: Bytes) -> SendFut {
         let (transport, handle) = (self.transport.clone(), to.clone());
-        let tag = WriteTag {
-            epoch: op.key.epoch,
-            write_id: op.key.message_id(round),
-            token: op.token,
-        };
+        let tag = Self::tag(op, round);
         let (unit, deadline) = (op.key.unit, op.deadline);
         Box::pin(async move {
             transport
@@ -306,13 +309,29 @@ impl Inner {
         left: u32,
         sends: &mut FuturesUnordered<SendFut>,
     ) -> Result<Bytes> {
-        // Inboxes match epoch and write id only; the token is the sender's, not this trainer's.
-        let tag = WriteTag {
+        let recv = self.inbox.recv(Self::tag(op, round), op.deadline);
+        self.ring_recv(op, left, sends, recv).await
+    }
+
+    /// Step `round`'s message tag. Inboxes match epoch and write id only; the token is the
+    /// sender's, not the receiver's.
+    fn tag(op: &Op, round: u32) -> WriteTag {
+        WriteTag {
             epoch: op.key.epoch,
             write_id: op.key.message_id(round),
             token: op.token,
-        };
-        let recv = self.inbox.recv(tag, op.deadline);
+        }
+    }
+
+    /// `recv` (a receive from the left neighbour `left`), driving this trainer's own sends
+    /// meanwhile; fails at once when the epoch is aborted.
+    async fn ring_recv<T>(
+        &self,
+        op: &Op,
+        left: u32,
+        sends: &mut FuturesUnordered<SendFut>,
+        recv: impl Future<Output = std::result::Result<T, TransportError>>,
+    ) -> Result<T> {
         let aborted = self.group.aborted(op.key.epoch);
         tokio::pin!(recv, aborted);
         loop {
@@ -514,6 +533,45 @@ impl DataPath for Collective {
             let gathered = inner.all_gather(op, buffer, lease).await?;
             inner.metrics.pulled(gathered.bytes, started.elapsed());
             Ok(gathered)
+        })
+    }
+
+    #[cfg(feature = "cuda-code")]
+    fn device_gathers(&self) -> bool {
+        self.inner.device_ring()
+    }
+
+    /// The ring all-gather into device memory ([`device`]).
+    #[cfg(feature = "cuda-code")]
+    fn gather_device(
+        &self,
+        op: Op,
+        len: usize,
+        memory: Arc<dyn crate::trainer::DeviceMemory>,
+        lease: Lease,
+    ) -> Transfer<Gathered> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let started = tokio::time::Instant::now();
+            let gathered = inner.all_gather_device(op, len, memory, lease).await?;
+            inner.metrics.pulled(gathered.bytes, started.elapsed());
+            Ok(gathered)
+        })
+    }
+
+    #[cfg(feature = "cuda-code")]
+    fn device_pushes(&self) -> bool {
+        self.inner.device_ring()
+    }
+
+    /// The ring reduce-scatter from device memory ([`device`]).
+    #[cfg(feature = "cuda-code")]
+    fn push_device(&self, op: Op, grad: Arc<dyn crate::trainer::DeviceGrad>) -> Transfer<u64> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let bytes = inner.reduce_scatter_device(op, grad).await?;
+            inner.metrics.pushed(bytes);
+            Ok(bytes)
         })
     }
 

@@ -181,7 +181,7 @@ impl GangChannel {
 impl GangChannel {
     /// The job's transport as the `cuda` backend, if it is.
     fn cuda(&self) -> Option<&odc_transport::cuda::CudaTransport> {
-        self.transport.as_any()?.downcast_ref()
+        super::cuda_backend(&self.transport)
     }
 
     /// Whether this channel carries device messages.

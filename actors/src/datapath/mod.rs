@@ -11,6 +11,10 @@
 //!   neighbour-only: each ring step is a message into the right neighbour's persistent inbox
 //!   (transport C7), so a trainer waits for its left neighbour only, never for a global barrier.
 //!
+//! Both reach device memory where the job's transport is odc-transport's `cuda` backend (feature
+//! `cuda-code`; [`DataPath::gather_device`], [`DataPath::push_device`]): on demand one read per
+//! shard and one kernel add per owner, the collective its rings with device messages.
+//!
 //! What both paths cost per trainer and unit (so the A/B compares paradigms, not implementations):
 //!
 //! | | on-demand | collective |
@@ -175,6 +179,14 @@ pub trait DataPath: Send + Sync + 'static {
         let _ = grad;
         Box::pin(std::future::ready(Err(device_unsupported(op, "push"))))
     }
+}
+
+/// The job's transport as odc-transport's `cuda` backend, which reaches device memory.
+#[cfg(feature = "cuda-code")]
+pub(crate) fn cuda_backend(
+    transport: &Arc<dyn odc_transport::Transport>,
+) -> Option<&odc_transport::cuda::CudaTransport> {
+    transport.as_any()?.downcast_ref()
 }
 
 /// A device operation on a data path that has none.

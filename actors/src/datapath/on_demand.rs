@@ -87,7 +87,7 @@ impl DataPath for OnDemand {
 
     #[cfg(feature = "cuda-code")]
     fn device_gathers(&self) -> bool {
-        Self::cuda(&self.transport).is_some()
+        super::cuda_backend(&self.transport).is_some()
     }
 
     /// One buffer from `memory`, then every shard read into it device to device, one read per
@@ -132,7 +132,7 @@ impl DataPath for OnDemand {
     /// CUDA IPC) takes a push from device memory.
     #[cfg(feature = "cuda-code")]
     fn device_pushes(&self) -> bool {
-        Self::cuda(&self.transport).is_some()
+        super::cuda_backend(&self.transport).is_some()
     }
 
     /// Each shard's slice of `grad` added into its accumulator by the owner's kernel, once
@@ -146,7 +146,7 @@ impl DataPath for OnDemand {
             let routes = directory.routes(unit)?;
             transfer::check_pushable(routes, unit)?;
             grad.ready().await?;
-            let cuda = Self::cuda(&transport)
+            let cuda = super::cuda_backend(&transport)
                 .ok_or_else(|| Error::Internal("a device push without the cuda backend".into()))?;
             let src = grad.src();
             let mut bytes = 0;
@@ -215,14 +215,6 @@ impl DataPath for OnDemand {
             metrics.pushed(bytes);
             Ok(bytes)
         }))
-    }
-}
-
-#[cfg(feature = "cuda-code")]
-impl OnDemand {
-    /// The job's transport as odc-transport's `cuda` backend, which reaches device memory.
-    fn cuda(transport: &Arc<dyn Transport>) -> Option<&odc_transport::cuda::CudaTransport> {
-        transport.as_any()?.downcast_ref()
     }
 }
 

@@ -561,6 +561,69 @@ impl Remote<Cuda> {
             .map_err(|w| w.into_error("copying a device message out"))
     }
 
+    /// Copy `src` into `dst` (memory of this transport's device, the same size, not
+    /// overlapping, nothing else writing either) and wait, at most until `deadline`.
+    pub fn copy_device(
+        &self,
+        src: crate::DeviceDest,
+        dst: crate::DeviceDest,
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        self.device_pair(src, dst, 1, "copy")?;
+        let mut lane = self.backend.device.lane()?;
+        let bytes = usize::try_from(src.bytes).unwrap_or(usize::MAX);
+        lane.copy(dst.ptr, src.ptr, bytes)?;
+        lane.finish(deadline)
+            .map_err(|w| w.into_error("a device copy"))
+    }
+
+    /// Add the fp32 values at `src` into those at `dst` (memory of this transport's device, the
+    /// same size, whole fp32s; the accumulate kernel) and wait, at most until `deadline`.
+    pub fn add_device(
+        &self,
+        src: crate::DeviceDest,
+        dst: crate::DeviceDest,
+        deadline: Deadline,
+    ) -> Result<(), TransportError> {
+        self.device_pair(src, dst, 4, "add")?;
+        let device = &self.backend.device;
+        let kernels = device.kernels()?;
+        let mut lane = device.lane()?;
+        let n = usize::try_from(src.bytes / 4).unwrap_or(usize::MAX);
+        kernels.enqueue(
+            &lane.stream,
+            kernels::Elementwise::AddF32,
+            dst.ptr,
+            src.ptr,
+            n,
+        )?;
+        lane.finish(deadline)
+            .map_err(|w| w.into_error("a device add"))
+    }
+
+    /// Refuse a `what` from `src` into `dst` unless both are memory of this device of the same
+    /// size, a multiple of `unit` bytes.
+    fn device_pair(
+        &self,
+        src: crate::DeviceDest,
+        dst: crate::DeviceDest,
+        unit: u64,
+        what: &str,
+    ) -> Result<(), TransportError> {
+        if src.bytes != dst.bytes || src.bytes % unit != 0 {
+            return Err(TransportError::Unsupported {
+                what: format!(
+                    "cuda: a device {what} of {} bytes into {} bytes (whole elements of {unit} \
+                     bytes, the same size)",
+                    src.bytes, dst.bytes
+                ),
+            });
+        }
+        let device = &self.backend.device;
+        device.check_dest(&src)?;
+        device.check_dest(&dst)
+    }
+
     /// Register an accumulator of `len` fp32 elements at `epoch`, in memory of this transport's
     /// device, whose sums the owner can take into device memory
     /// ([`DeviceAccumulator::take_into`]). Writers reach it as any accumulator of this backend.
