@@ -23,8 +23,8 @@ use odc_transport::wire::gate::{MAX_UNAUTHENTICATED, REFUSED_METRIC};
 use odc_transport::wire::handshake::{self, HandshakeFrame, HANDSHAKE_FRAME_CAP, MAGIC, PROTOCOL};
 use odc_transport::wire::{read_frame, ClusterSecret};
 use odc_transport::{
-    deadline_in, AccumulatorRegion, Dest, Dtype, InboxRegion, PublishedRegion, RemoteConfig,
-    Transport, TransportError, WriteTag,
+    deadline_in, AccumulatorRegion, Descriptor, Dest, Dtype, InboxRegion, PublishedRegion,
+    RemoteConfig, Transport, TransportError, WriteTag,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -590,11 +590,11 @@ async fn an_authenticated_peer_is_answered_until_its_first_bad_frame() {
             ),
             "a typed refusal"
         );
-        write_frame(&mut write, &[0x05], &[]).await.expect("write");
+        write_frame(&mut write, &[0x06], &[]).await.expect("write");
         assert_dropped(
             &mut reader,
             &log,
-            &["dropped a connection", "unknown request type 0x05"],
+            &["dropped a connection", "unknown request type 0x06"],
         )
         .await;
     })
@@ -749,4 +749,62 @@ async fn at_most_64_connections_per_listener_are_in_the_handshake_and_extra_ones
     })
     .await
     .expect("test bound");
+}
+
+/// A device send (`Request::SendDevice`) to an owner that has no device: a typed refusal naming
+/// it, the connection kept, and nothing delivered into the inbox (the write id stays free).
+#[tokio::test]
+async fn a_device_send_to_an_owner_without_a_device_is_refused_and_delivers_nothing() {
+    against(RemoteConfig::DEFAULT_FRAME_CAP, |_log, owner| async move {
+        let handle = owner.inbox.handle();
+        let Descriptor::Tcp { instance, .. } = handle.descriptor else {
+            panic!("a tcp handle: {:?}", handle.descriptor);
+        };
+        let (mut reader, mut write) = authenticated(&owner).await;
+        let (head, payload) = odc_transport::wire::Request::SendDevice {
+            req: 6,
+            target: odc_transport::wire::Target {
+                owner: handle.owner,
+                instance,
+                region: handle.id,
+            },
+            tag: first_write(),
+            source: odc_transport::wire::IpcSource {
+                ipc_handle: [1; odc_transport::wire::IPC_HANDLE_BYTES],
+                offset: 0,
+                bytes: 8,
+            },
+            data: Bytes::from_static(b"head"),
+        }
+        .encode();
+        write_frame(&mut write, &head, &payload)
+            .await
+            .expect("write");
+        let answer = reader.next().await.expect("an answer");
+        match odc_transport::wire::Response::decode(answer) {
+            Ok(odc_transport::wire::Response::Failed {
+                req: 6,
+                error: TransportError::Unsupported { what },
+            }) => assert!(what.contains("has no device"), "{what}"),
+            other => panic!("expected a typed refusal, got {other:?}"),
+        }
+        // Nothing arrived: the same write id is free for a host send, which is received.
+        let reader_transport = tcp_reader(SECRET).await;
+        reader_transport
+            .send(
+                &handle,
+                first_write(),
+                Bytes::from_static(b"host"),
+                deadline_in(Duration::from_secs(5)),
+            )
+            .await
+            .expect("the write id is free");
+        let got = owner
+            .inbox
+            .recv(first_write(), deadline_in(Duration::from_secs(5)))
+            .await
+            .expect("received");
+        assert_eq!(&got[..], b"host");
+    })
+    .await;
 }

@@ -226,7 +226,7 @@ impl GangChannel {
         epoch: u64,
         write_id: u128,
         deadline: Deadline,
-    ) -> Result<(Bytes, Option<odc_transport::cuda::DeviceBuffer>)> {
+    ) -> Result<(Bytes, Option<odc_transport::cuda::DeviceValues>)> {
         let cuda = self.cuda().ok_or_else(|| self.no_device())?;
         let recv = cuda.recv_device(self.inbox.as_ref(), Self::tag(epoch, write_id), deadline);
         self.received(from, epoch, recv).await
@@ -236,7 +236,7 @@ impl GangChannel {
     /// as many bytes in all) and wait.
     pub fn copy_out(
         &self,
-        values: &odc_transport::cuda::DeviceBuffer,
+        values: &odc_transport::cuda::DeviceValues,
         dests: &[odc_transport::DeviceDest],
         deadline: Deadline,
     ) -> Result<()> {

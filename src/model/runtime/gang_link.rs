@@ -291,7 +291,7 @@ mod device {
     pub(super) fn receive(
         link: &TransportLink,
         header: &Bytes,
-        values: &odc_transport::cuda::DeviceBuffer,
+        values: &odc_transport::cuda::DeviceValues,
         deadline: Deadline,
     ) -> Result<Vec<Tensor>> {
         let (kind, shapes, used) = decode_head(header)?;

@@ -60,7 +60,8 @@
 //! - **C7**: inboxes are host memory in the owner's fabric, over the socket. A message whose
 //!   values are device memory (`CudaTransport::send_device`, beside the contract: a gang's K/V, a
 //!   collective's pieces) has them copied device to device into the owner's memory and held
-//!   before its header is delivered under the same fences (`messages.rs`).
+//!   before its header is delivered under the same fences (`messages.rs`). Those buffers, the
+//!   push staging and callers' scratch are reused, not allocated per transfer (`pool.rs`).
 //!
 //! # Without a driver
 //! [`CudaTransport::new`], [`Device::open`] and [`device_count`] check for the driver library
@@ -82,6 +83,7 @@ mod library;
 mod mapping;
 mod messages;
 mod owned;
+mod pool;
 mod push;
 
 use std::collections::HashMap;
@@ -101,6 +103,7 @@ pub use self::library::check_driver;
 use self::mapping::{Mapping, Unreached};
 use self::owned::{export, own_memory, DeviceSums, PublishedGuard};
 pub use self::owned::{DeviceAccumulator, DevicePublished};
+pub use self::pool::DeviceValues;
 use crate::error::wide;
 use crate::remote::{
     other_backend, serve_split, Backend, Located, Remote, RemoteConfig, Served, UnixDial,
@@ -157,7 +160,9 @@ pub struct Cuda {
     /// Exportable buffers of its accumulates and sends into other processes ([`push`]).
     push_staging: push::PushStaging,
     /// The values of device messages into this transport's inboxes ([`messages`]).
-    messages: Arc<messages::DeviceMessages<DeviceBuffer>>,
+    messages: Arc<messages::DeviceMessages<DeviceValues>>,
+    /// Device buffers for those values and for scratch ([`pool`]).
+    buffers: Arc<pool::Pool<DeviceBuffer>>,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -192,6 +197,7 @@ impl Remote<Cuda> {
             mappings: Mutex::new(HashMap::new()),
             push_staging: push::PushStaging::default(),
             messages: Arc::default(),
+            buffers: Arc::default(),
         };
         let remote = Remote::start(
             listener,
@@ -204,6 +210,7 @@ impl Remote<Cuda> {
         let sources = push::IpcSources::new(
             Arc::clone(&remote.backend.device),
             Arc::clone(&remote.backend.messages),
+            Arc::clone(&remote.backend.buffers),
         );
         // A fresh fabric: nothing set it before.
         let _ = remote.served.device_sources.set(Arc::new(sources));
@@ -466,7 +473,7 @@ impl Remote<Cuda> {
         if self.peers.local().owns(&target) {
             let messages = &self.backend.messages;
             messages.check_free(target.region, &tag)?;
-            let held = push::gathered(device, &srcs, deadline, on_deadline)?;
+            let held = push::gathered(&self.backend.buffers, device, &srcs, deadline, on_deadline)?;
             messages.hold(target.region, &tag, held)?;
             let delivered =
                 self.peers
@@ -520,7 +527,7 @@ impl Remote<Cuda> {
         inbox: &dyn crate::InboxRegion,
         tag: crate::WriteTag,
         deadline: Deadline,
-    ) -> Result<(Bytes, Option<DeviceBuffer>), TransportError> {
+    ) -> Result<(Bytes, Option<DeviceValues>), TransportError> {
         let header = inbox.recv(tag, deadline).await?;
         let values = self.backend.messages.take(inbox.handle().id, &tag);
         Ok((header, values))
@@ -532,7 +539,7 @@ impl Remote<Cuda> {
     /// anything is copied.
     pub fn copy_out(
         &self,
-        values: &DeviceBuffer,
+        values: &DeviceValues,
         dests: &[crate::DeviceDest],
         deadline: Deadline,
     ) -> Result<(), TransportError> {
@@ -559,6 +566,12 @@ impl Remote<Cuda> {
         }
         lane.finish(deadline)
             .map_err(|w| w.into_error("copying a device message out"))
+    }
+
+    /// `bytes` bytes of this transport's device memory for the caller's own use (contents
+    /// whatever they were), from the buffers it reuses; back to them when dropped.
+    pub fn scratch(&self, bytes: usize) -> Result<DeviceValues, TransportError> {
+        DeviceValues::take(&self.backend.buffers, &self.backend.device, bytes)
     }
 
     /// Copy `src` into `dst` (memory of this transport's device, the same size, not

@@ -23,12 +23,10 @@ use super::driver::{Device, DeviceBuffer};
 use super::mapping::{open_ipc, IpcMapping};
 use super::messages::DeviceMessages;
 use super::owned::export;
+use super::pool::{Capacity, DeviceValues, Pool};
 use crate::remote::DeviceSources;
 use crate::wire::{IpcSource, IPC_HANDLE_BYTES};
 use crate::{RegionId, TransportError, WriteTag};
-
-/// The smallest staging buffer (smaller sources share a size class).
-const MIN_STAGING: usize = 1 << 20;
 
 /// IPC handle → (allocation base, size).
 type Exported = HashMap<[u8; IPC_HANDLE_BYTES], (u64, usize)>;
@@ -67,49 +65,50 @@ impl Staged {
     }
 }
 
+impl Capacity for Staged {
+    fn capacity(&self) -> usize {
+        self.buffer.len()
+    }
+}
+
 /// A writer's pool of exportable staging buffers (see the [module docs](self)).
 #[derive(Default)]
 pub(super) struct PushStaging {
-    free: Mutex<Vec<Staged>>,
+    pool: Pool<Staged>,
 }
 
 impl PushStaging {
     /// A buffer of at least `bytes` bytes on `device`: a free one of the pool, else a new one
-    /// (a power of two of at least [`MIN_STAGING`]).
+    /// ([`super::pool`]'s size classes), exported.
     pub(super) fn take(
         &self,
         device: &Arc<Device>,
         bytes: usize,
     ) -> Result<Staged, TransportError> {
-        {
-            let mut free = self.free.lock();
-            if let Some(i) = free.iter().position(|s| s.buffer.len() >= bytes) {
-                return Ok(free.swap_remove(i));
-            }
-        }
-        let size = bytes.max(MIN_STAGING).next_power_of_two();
-        let buffer = device.alloc(size)?;
-        let (handle, offset) = export(device, &buffer)?;
-        let handle: [u8; IPC_HANDLE_BYTES] =
-            handle
-                .try_into()
-                .map_err(|h: Vec<u8>| TransportError::Unsupported {
-                    what: format!("cuda: an IPC handle of {} bytes", h.len()),
-                })?;
-        EXPORTED.lock().get_or_insert_with(HashMap::new).insert(
-            handle,
-            (buffer.ptr() - offset, offset as usize + buffer.len()),
-        );
-        Ok(Staged {
-            buffer,
-            handle,
-            offset,
+        self.pool.take(bytes, |size| {
+            let buffer = device.alloc(size)?;
+            let (handle, offset) = export(device, &buffer)?;
+            let handle: [u8; IPC_HANDLE_BYTES] =
+                handle
+                    .try_into()
+                    .map_err(|h: Vec<u8>| TransportError::Unsupported {
+                        what: format!("cuda: an IPC handle of {} bytes", h.len()),
+                    })?;
+            EXPORTED.lock().get_or_insert_with(HashMap::new).insert(
+                handle,
+                (buffer.ptr() - offset, offset as usize + buffer.len()),
+            );
+            Ok(Staged {
+                buffer,
+                handle,
+                offset,
+            })
         })
     }
 
     /// `staged` back to the pool (its owner acknowledged: nothing reads it any more).
     pub(super) fn give_back(&self, staged: Staged) {
-        self.free.lock().push(staged);
+        self.pool.give_back(staged);
     }
 }
 
@@ -118,33 +117,41 @@ pub(super) struct IpcSources {
     device: Arc<Device>,
     open: Mutex<HashMap<[u8; IPC_HANDLE_BYTES], Arc<IpcMapping>>>,
     /// The values of device messages into this owner's inboxes, until their receivers take them.
-    messages: Arc<DeviceMessages<DeviceBuffer>>,
+    messages: Arc<DeviceMessages<DeviceValues>>,
+    /// Where those values are copied.
+    buffers: Arc<Pool<DeviceBuffer>>,
 }
 
 impl IpcSources {
-    pub(super) fn new(device: Arc<Device>, messages: Arc<DeviceMessages<DeviceBuffer>>) -> Self {
+    pub(super) fn new(
+        device: Arc<Device>,
+        messages: Arc<DeviceMessages<DeviceValues>>,
+        buffers: Arc<Pool<DeviceBuffer>>,
+    ) -> Self {
         IpcSources {
             device,
             open: Mutex::new(HashMap::new()),
             messages,
+            buffers,
         }
     }
 }
 
-/// `bytes` bytes from `srcs` (device addresses of this context and their lengths, in order)
-/// copied into a fresh buffer of `device`, waited for.
+/// The bytes at `srcs` (device addresses of this context and their lengths, in order) copied
+/// into a buffer of `buffers` on `device`, waited for.
 pub(super) fn gathered(
+    buffers: &Arc<Pool<DeviceBuffer>>,
     device: &Arc<Device>,
     srcs: &[(u64, usize)],
     deadline: crate::Deadline,
     on_deadline: impl FnOnce() -> TransportError,
-) -> Result<DeviceBuffer, TransportError> {
+) -> Result<DeviceValues, TransportError> {
     let bytes = srcs.iter().map(|&(_, n)| n).sum();
-    let buffer = device.alloc(bytes)?;
+    let values = DeviceValues::take(buffers, device, bytes)?;
     let mut lane = device.lane()?;
     let mut at = 0u64;
     for &(src, n) in srcs {
-        lane.copy(buffer.ptr() + at, src, n)?;
+        lane.copy(values.ptr() + at, src, n)?;
         at += n as u64;
     }
     lane.finish(deadline).map_err(|w| match w {
@@ -152,7 +159,7 @@ pub(super) fn gathered(
         super::driver::Waited::Failed(e) => e,
     })?;
     drop(lane);
-    Ok(buffer)
+    Ok(values)
 }
 
 impl DeviceSources for IpcSources {
@@ -191,15 +198,19 @@ impl DeviceSources for IpcSources {
         let (ptr, _mapped) = self.open(source)?;
         let bytes = usize::try_from(source.bytes).unwrap_or(usize::MAX);
         let deadline = crate::deadline_in(super::driver::OWNER_WAIT);
-        let values = gathered(&self.device, &[(ptr, bytes)], deadline, || {
-            TransportError::Unsupported {
+        let values = gathered(
+            &self.buffers,
+            &self.device,
+            &[(ptr, bytes)],
+            deadline,
+            || TransportError::Unsupported {
                 what: format!(
                     "cuda: copying a device message of {bytes} bytes into inbox {region} did \
                      not finish within {} s",
                     super::driver::OWNER_WAIT.as_secs()
                 ),
-            }
-        })?;
+            },
+        )?;
         self.messages.hold(region, tag, values)
     }
 

@@ -9,7 +9,8 @@
 //!   ring step the left neighbour's piece is copied from its message into its place and
 //!   forwarded from there.
 //! - **Reduce-scatter**: once the gradient is [ready](DeviceGrad::ready) it is copied into a
-//!   partial-sum buffer of the transport's device; in each step one piece's partial sum goes to
+//!   partial-sum buffer of the transport's device (`CudaTransport::scratch`, reused across
+//!   operations, as the messages' buffers are); in each step one piece's partial sum goes to
 //!   the right neighbour and the left neighbour's is added into another piece (the accumulate
 //!   kernel). The own piece's full sum is then added into its owners' accumulators from device
 //!   memory (`accumulate_device`), under this trainer's micro-batch write ids and assignment
@@ -21,7 +22,7 @@
 
 use std::ops::Range;
 
-use odc_transport::cuda::{CudaTransport, DeviceBuffer};
+use odc_transport::cuda::{CudaTransport, DeviceValues};
 use odc_transport::DeviceDest;
 
 use super::*;
@@ -82,7 +83,7 @@ impl Inner {
         round: u32,
         left: u32,
         sends: &mut FuturesUnordered<SendFut>,
-    ) -> Result<DeviceBuffer> {
+    ) -> Result<DeviceValues> {
         let cuda = self.cuda()?;
         let recv = cuda.recv_device(self.inbox.as_ref(), Self::tag(op, round), op.deadline);
         let (_, values) = self.ring_recv(op, left, sends, recv).await?;
@@ -166,7 +167,7 @@ impl Inner {
         grad.ready().await?;
         let src = grad.src();
         let len = usize::try_from(src.bytes / 4).unwrap_or(usize::MAX);
-        let partial = cuda.device().alloc(len * 4)?;
+        let partial = cuda.scratch(len * 4)?;
         let whole = partial.dest();
         cuda.copy_device(src, whole, op.deadline)?;
         drop(grad);
