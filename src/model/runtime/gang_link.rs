@@ -210,7 +210,10 @@ impl GangLink for TransportLink {
             let (header, values) = got.map_err(waiting)?;
             return match values {
                 Some(values) => device::receive(self, &header, &values, deadline),
-                None => decode(&header, &self.device),
+                None => {
+                    host_staging::staged("up", header.len() as u64);
+                    decode(&header, &self.device)
+                }
             }
             .map_err(malformed);
         }
