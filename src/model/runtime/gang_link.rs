@@ -132,9 +132,7 @@ impl TransportLink {
             ))
         })
     }
-}
 
-impl TransportLink {
     /// `tensors` to trainer `rank` as message `id`, their values through host memory (counted
     /// as host staging when they leave a GPU).
     fn send_host(
