@@ -149,31 +149,8 @@ impl DataPath for OnDemand {
             let cuda = super::cuda_backend(&transport)
                 .ok_or_else(|| Error::Internal("a device push without the cuda backend".into()))?;
             let src = grad.src();
-            let mut bytes = 0;
-            for (shard, route) in routes.iter().enumerate() {
-                let Some(accumulator) = &route.accumulator else {
-                    continue;
-                };
-                let range = route.range();
-                let piece = odc_transport::DeviceDest {
-                    device: src.device,
-                    ptr: src.ptr + range.start as u64 * 4,
-                    bytes: range.len() as u64 * 4,
-                };
-                let tag = WriteTag {
-                    epoch: op.key.epoch,
-                    write_id: transfer::write_id(op.micro_batch, unit, shard as u32, 0),
-                    token: op.token,
-                };
-                cuda.accumulate_device(accumulator, 0, piece, tag, op.deadline)
-                    .await
-                    .map_err(|source| Error::Push {
-                        unit,
-                        owner: route.owner,
-                        source,
-                    })?;
-                bytes += piece.bytes;
-            }
+            let len = usize::try_from(src.bytes / 4).unwrap_or(usize::MAX);
+            let bytes = transfer::push_device(cuda, routes, &op, 0..len, src).await?;
             metrics.pushed(bytes);
             Ok(bytes)
         })

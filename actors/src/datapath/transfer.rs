@@ -256,6 +256,57 @@ pub fn micro_batch_of(write_id: u128) -> u32 {
     (write_id >> 96) as u32
 }
 
+/// Add the fp32 gradient of `op`'s unit's elements `range`, in device memory at `src`, into the
+/// accumulators of the shards overlapping it, device to device (the `cuda` backend's
+/// `accumulate_device`: one add per shard, acknowledged, under write id (`op`'s micro-batch,
+/// unit, shard, 0) and `op`'s epoch and token). Returns the bytes moved.
+#[cfg(feature = "cuda-code")]
+pub(crate) async fn push_device(
+    cuda: &odc_transport::cuda::CudaTransport,
+    routes: &[ShardRoute],
+    op: &super::Op,
+    range: Range<usize>,
+    src: odc_transport::DeviceDest,
+) -> Result<u64> {
+    let unit = op.key.unit;
+    let mut bytes = 0;
+    for (shard, route) in routes.iter().enumerate() {
+        let Some(accumulator) = &route.accumulator else {
+            continue;
+        };
+        let shard_range = route.range();
+        let both = overlap(&shard_range, &range);
+        if both.is_empty() {
+            continue;
+        }
+        let piece = odc_transport::DeviceDest {
+            device: src.device,
+            ptr: src.ptr + (both.start - range.start) as u64 * 4,
+            bytes: both.len() as u64 * 4,
+        };
+        let tag = WriteTag {
+            epoch: op.key.epoch,
+            write_id: write_id(op.micro_batch, unit, shard as u32, 0),
+            token: op.token,
+        };
+        cuda.accumulate_device(
+            accumulator,
+            both.start - shard_range.start,
+            piece,
+            tag,
+            op.deadline,
+        )
+        .await
+        .map_err(|source| Error::Push {
+            unit,
+            owner: route.owner,
+            source,
+        })?;
+        bytes += piece.bytes;
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

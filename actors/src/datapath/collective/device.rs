@@ -194,36 +194,8 @@ impl Inner {
         }
         // Piece `rank` now holds every trainer's contribution: add it into its owners.
         let owned = g.piece(len, g.node, g.lane);
-        for (shard, route) in routes.iter().enumerate() {
-            let Some(accumulator) = &route.accumulator else {
-                continue;
-            };
-            let range = route.range();
-            let both = transfer::overlap(&range, &owned);
-            if both.is_empty() {
-                continue;
-            }
-            let tag = WriteTag {
-                epoch: op.key.epoch,
-                write_id: transfer::write_id(op.micro_batch, unit, shard as u32, 0),
-                token: op.token,
-            };
-            let from = place(whole, both.clone(), 4);
-            cuda.accumulate_device(
-                accumulator,
-                both.start - range.start,
-                from,
-                tag,
-                op.deadline,
-            )
-            .await
-            .map_err(|source| Error::Push {
-                unit,
-                owner: route.owner,
-                source,
-            })?;
-            bytes += from.bytes;
-        }
+        let from = place(whole, owned.clone(), 4);
+        bytes += transfer::push_device(cuda, routes, &op, owned, from).await?;
         Ok(bytes)
     }
 }
