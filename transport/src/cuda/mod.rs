@@ -396,20 +396,12 @@ impl Remote<Cuda> {
                 tag,
             );
         }
-        let bytes = elements * 4;
-        let staged = self.backend.push_staging.take(device, bytes)?;
-        {
-            let mut lane = device.lane()?;
-            lane.copy(staged.ptr(), src.ptr, bytes)?;
-            lane.finish(deadline).map_err(|w| match w {
-                Waited::Deadline => TransportError::DeadlineExceeded {
-                    owner: handle.owner,
-                    region: handle.id,
-                    op: Op::Accumulate,
-                },
-                Waited::Failed(e) => e,
-            })?;
-        }
+        let on_deadline = || TransportError::DeadlineExceeded {
+            owner: handle.owner,
+            region: handle.id,
+            op: Op::Accumulate,
+        };
+        let staged = self.stage(&[(src.ptr, elements * 4)], deadline, on_deadline)?;
         let source = staged.source(src.bytes);
         let done = crate::remote::ops::accumulate_device(
             &self.peers,
@@ -486,19 +478,7 @@ impl Remote<Cuda> {
             return delivered;
         }
         let bytes: usize = srcs.iter().map(|&(_, n)| n).sum();
-        let staged = self.backend.push_staging.take(device, bytes)?;
-        {
-            let mut lane = device.lane()?;
-            let mut at = 0u64;
-            for &(src, n) in &srcs {
-                lane.copy(staged.ptr() + at, src, n)?;
-                at += n as u64;
-            }
-            lane.finish(deadline).map_err(|w| match w {
-                Waited::Deadline => on_deadline(),
-                Waited::Failed(e) => e,
-            })?;
-        }
+        let staged = self.stage(&srcs, deadline, on_deadline)?;
         let source = staged.source(wide(bytes));
         let done = crate::remote::ops::send_device(
             &self.peers,
@@ -515,6 +495,32 @@ impl Remote<Cuda> {
             self.backend.push_staging.give_back(staged);
         }
         done
+    }
+
+    /// The bytes at `srcs` (device addresses of this device and their lengths, in order) copied
+    /// into an exportable staging buffer for an owner in another transport to open ([`push`]),
+    /// waited for. The caller gives it back once the owner acknowledged.
+    fn stage(
+        &self,
+        srcs: &[(u64, usize)],
+        deadline: Deadline,
+        on_deadline: impl FnOnce() -> TransportError,
+    ) -> Result<push::Staged, TransportError> {
+        let device = &self.backend.device;
+        let bytes = srcs.iter().map(|&(_, n)| n).sum();
+        let staged = self.backend.push_staging.take(device, bytes)?;
+        let mut lane = device.lane()?;
+        let mut at = 0u64;
+        for &(src, n) in srcs {
+            lane.copy(staged.ptr() + at, src, n)?;
+            at += n as u64;
+        }
+        lane.finish(deadline).map_err(|w| match w {
+            Waited::Deadline => on_deadline(),
+            Waited::Failed(e) => e,
+        })?;
+        drop(lane);
+        Ok(staged)
     }
 
     /// Receive message `tag` of `inbox` (an inbox this transport registered), as

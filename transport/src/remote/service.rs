@@ -143,16 +143,8 @@ impl Served {
         tag: crate::WriteTag,
         source: &IpcSource,
     ) -> Result<(), TransportError> {
-        let sources = self
-            .device_sources
-            .get()
-            .ok_or_else(|| TransportError::Unsupported {
-                what: format!(
-                    "an accumulate into region {} from another process's device memory: this \
-                     owner has no device",
-                    target.region
-                ),
-            })?;
+        let sources =
+            self.sources_for(|| format!("an accumulate into region {}", target.region))?;
         if source.bytes % 4 != 0 {
             return Err(TransportError::BadDestination {
                 region: target.region,
@@ -172,6 +164,22 @@ impl Served {
         )
     }
 
+    /// How this owner opens a writer's device memory, or why `what` (from another process's
+    /// device memory) is refused: it has no device.
+    fn sources_for(
+        &self,
+        what: impl FnOnce() -> String,
+    ) -> Result<&Arc<dyn DeviceSources>, TransportError> {
+        self.device_sources
+            .get()
+            .ok_or_else(|| TransportError::Unsupported {
+                what: format!(
+                    "{} from another process's device memory: this owner has no device",
+                    what()
+                ),
+            })
+    }
+
     /// An inbox send whose values lie in a writer's device memory: the values copied into this
     /// owner's device memory and held for the receiver first, then the message (`data`, what the
     /// values are) delivered under the inbox's fences (C7); a refused message drops its values.
@@ -182,16 +190,7 @@ impl Served {
         source: &IpcSource,
         data: bytes::Bytes,
     ) -> Result<(), TransportError> {
-        let sources = self
-            .device_sources
-            .get()
-            .ok_or_else(|| TransportError::Unsupported {
-                what: format!(
-                    "a send into inbox {} from another process's device memory: this owner has \
-                     no device",
-                    target.region
-                ),
-            })?;
+        let sources = self.sources_for(|| format!("a send into inbox {}", target.region))?;
         sources.hold(target.region, &tag, source)?;
         let delivered = self
             .fabric
