@@ -35,6 +35,9 @@
 //!   decoding's kernel over a bf16 cache) draws responses whose per-token log-probs equal the
 //!   training forward's by candle's ops in bf16 on the same tokens within bf16's tolerance.
 //!
+//! - **The residual add and its norm** ([`the_residual_add_and_its_norm_are_one_launch_equal_to_the_two_ops`]):
+//!   one launch for both, equal to the two ops forward and backward.
+//!
 //! Each test checks that kernels ran (`fused::launches()` grew). The switch is one per process,
 //! so the tests take turns ([`LOCK`]). Without a C++ compiler each test says it is skipped
 //! (CI sets `ODC_REQUIRE_EMULATION=1`: there that fails).
@@ -460,4 +463,58 @@ fn bf16_sampling_scores_as_the_training_forward_with_the_kernels() {
     );
     assert!(launches > 0, "no fused kernel ran");
     assert!(worst < 0.1, "log-probs differ by {worst}");
+}
+
+/// The residual add fused with the norm after it (`odc::model::ops::add_rms_norm`, each block's
+/// attention residual and post-attention norm): one launch writes the stream and its norm, and
+/// both, and the gradients of the stream, the attention's output and the norm's weight through
+/// both, equal the two ops by candle's ops (fp32 within 1e-6, bf16 within 1e-2, relative).
+#[test]
+fn the_residual_add_and_its_norm_are_one_launch_equal_to_the_two_ops() {
+    let Some((_lock, emulator)) =
+        emulation("the_residual_add_and_its_norm_are_one_launch_equal_to_the_two_ops")
+    else {
+        return;
+    };
+    let (rows, cols) = (37, 96);
+    let cpu = Device::Cpu;
+    let randn = |shape: (usize, usize)| Tensor::randn(0f32, 1f32, shape, &cpu).unwrap();
+    let (x, y, w) = (randn((rows, cols)), randn((rows, cols)), randn((1, cols)));
+    let w = w.squeeze(0).unwrap().affine(0.5, 1.0).unwrap();
+    let (gh, gn) = (randn((rows, cols)), randn((rows, cols)));
+    for (dtype, bound) in [(DType::F32, 1e-6), (DType::BF16, 1e-2)] {
+        // The values and the gradients of x, y and w for `Σ h·gh + Σ n·gn`.
+        let run = || {
+            let vars = [&x, &y].map(|t| Var::from_tensor(&t.to_dtype(dtype).unwrap()).unwrap());
+            let wv = Var::from_tensor(&w).unwrap();
+            let (h, n) = odc::model::ops::add_rms_norm(&vars[0], &vars[1], &wv, 1e-6).unwrap();
+            let f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let loss = ((f32(&h) * &gh).unwrap().sum_all().unwrap()
+                + (f32(&n) * &gn).unwrap().sum_all().unwrap())
+            .unwrap();
+            let grads = loss.backward().unwrap();
+            let grad = |v: &Var| f32(grads.get(v.as_tensor()).expect("a gradient"));
+            [f32(&h), f32(&n), grad(&vars[0]), grad(&vars[1]), grad(&wv)]
+        };
+        let want = run();
+        let (got, _) = with_kernels(&emulator, run);
+        let (_, launches) = with_kernels(&emulator, || {
+            let (x, y) = (x.to_dtype(dtype).unwrap(), y.to_dtype(dtype).unwrap());
+            odc::model::ops::add_rms_norm(&x, &y, &w, 1e-6).unwrap()
+        });
+        let errors: Vec<f64> = got.iter().zip(&want).map(|(g, w)| relative(g, w)).collect();
+        let shown: Vec<String> = errors.iter().map(|e| format!("{e:.1e}")).collect();
+        eprintln!(
+            "add + rms norm, {dtype:?}: relative errors (h, n, dx, dy, dw) {}, {launches} \
+             launch forward",
+            shown.join(", ")
+        );
+        assert_eq!(
+            launches, 1,
+            "{dtype:?}: the add and the norm are one launch"
+        );
+        for (name, e) in ["h", "n", "dx", "dy", "dw"].iter().zip(&errors) {
+            assert!(*e <= bound, "{dtype:?} {name}: {e:e} over {bound:e}");
+        }
+    }
 }

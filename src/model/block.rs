@@ -26,7 +26,7 @@ use super::config::{AttentionImpl, LoraTarget, MlpImpl, ModelConfig};
 use super::error::{Error, Result};
 use super::lora::AdapterWeights;
 use super::mlp::{chunk_rows, swiglu};
-use super::ops::{rms_norm, silu};
+use super::ops::{add_rms_norm, rms_norm, silu};
 use super::params::{ParamInit, ParamSpec};
 
 /// The parameter list of block `layer`, in the order [`BlockWeights::new`] reads it.
@@ -154,8 +154,8 @@ pub fn block_forward_with(
 ) -> Result<Tensor> {
     let n = rms_norm(x, w.input_norm, config.rms_eps)?;
     let (q, k, v) = project(config, &w.attention, &n, rows, cos, sin)?;
-    let h = (x + w.attention.output(&attend(&q, &k, &v)?)?)?;
-    mlp_residual(config, w, &h, mlp)
+    let attended = w.attention.output(&attend(&q, &k, &v)?)?;
+    mlp_residual(config, w, x, &attended, mlp)
 }
 
 /// Training: `x: [T, d_model]` -> `[T, d_model]` over a packed micro-batch, with `params` in
@@ -203,20 +203,24 @@ fn block_forward_tokens(
     let n = rms_norm(x, w.input_norm, config.rms_eps)?;
     let (q, k, v) = project_tokens(config, &w.attention, &n, &batch.rope_cos, &batch.rope_sin)?;
     let attended = fused::packed_attend_tokens(&q, &k, &v, &batch.spans)?;
-    let h = (x + w.attention.output_tokens(&attended)?)?;
-    mlp_residual(config, w, &h, batch.kernels.mlp)
+    let attended = w.attention.output_tokens(&attended)?;
+    mlp_residual(config, w, x, &attended, batch.kernels.mlp)
 }
 
-/// `h + down(silu(gate n) * up n)`, `n = rms_norm(h, post_attention_layernorm)`: the block's
-/// second half, chunked ([`swiglu`]) unless `mlp` says otherwise or LoRA adapts one of the MLP's
-/// matrices (then with candle's ops, the adapters added to each projection).
+/// `h + down(silu(gate n) * up n)` with `h = x + attended` and `n = rms_norm(h,
+/// post_attention_layernorm)` (the add and the norm one fused launch where the kernels run:
+/// [`add_rms_norm`]): the block's second half, chunked ([`swiglu`]) unless `mlp` says otherwise
+/// or LoRA adapts one of the MLP's matrices (then with candle's ops, the adapters added to each
+/// projection).
 fn mlp_residual(
     config: &ModelConfig,
     w: &BlockWeights<'_>,
-    h: &Tensor,
+    x: &Tensor,
+    attended: &Tensor,
     mlp: MlpImpl,
 ) -> Result<Tensor> {
-    let n = rms_norm(h, w.post_norm, config.rms_eps)?;
+    let (h, n) = add_rms_norm(x, attended, w.post_norm, config.rms_eps)?;
+    let h = &h;
     let adapted = w.attention.adapters.is_some_and(|a| {
         [LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down]
             .iter()

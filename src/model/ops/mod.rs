@@ -77,6 +77,66 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     x.apply_op2(weight, LeanRmsNorm { eps, out })
 }
 
+/// The residual stream and the norm that follows it: `(h, rms_norm(h, weight))` with
+/// `h = x + y`. Where the fused kernels run, one launch writes both (the norm of `h` as stored);
+/// the graph records `h` as an add of `x` and `y` ([`PrecomputedAdd`]: the gradient goes to both)
+/// and the norm as [`rms_norm`]'s node on `h`, so the backward is the two ops' own. Otherwise it
+/// is the two ops.
+pub fn add_rms_norm(x: &Tensor, y: &Tensor, weight: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    if !fused::applies(x) || x.dims() != y.dims() || x.dtype() != y.dtype() {
+        let h = (x + y)?;
+        let n = rms_norm(&h, weight, eps)?;
+        return Ok((h, n));
+    }
+    let (sum, out) = fused::add_rms_norm_output(&x.detach(), &y.detach(), &weight.detach(), eps)?;
+    let h = match x.track_op() || y.track_op() {
+        true => x.apply_op2(
+            y,
+            PrecomputedAdd {
+                out: Precomputed::owned("residual add", sum),
+            },
+        )?,
+        false => sum.tensor(),
+    };
+    let n = match h.track_op() || weight.track_op() {
+        true => h.apply_op2(
+            weight,
+            LeanRmsNorm {
+                eps,
+                out: Precomputed::owned("rms norm", out),
+            },
+        )?,
+        false => out.tensor(),
+    };
+    Ok((h, n))
+}
+
+/// [`add_rms_norm`]'s sum: `x + y`, computed beforehand.
+struct PrecomputedAdd {
+    out: Precomputed,
+}
+
+impl CustomOp2 for PrecomputedAdd {
+    fn name(&self) -> &'static str {
+        "residual-add-precomputed"
+    }
+
+    precomputed_forwards!(2);
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        y: &Tensor,
+        _: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((
+            x.track_op().then(|| grad.clone()),
+            y.track_op().then(|| grad.clone()),
+        ))
+    }
+}
+
 /// [`rms_norm`]'s values (candle's ops, no graph of interest).
 fn rms_norm_values(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     if fused::applies(x) {

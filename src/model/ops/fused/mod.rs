@@ -7,7 +7,8 @@
 //! Where they run ([`applies`]): on CUDA tensors with `ODC_FUSED_KERNELS=1` (feature `cuda`,
 //! [`cuda`]), and on CPU tensors while [`emulate_on_cpu`] holds an emulator (feature `emulate`,
 //! [`emulated`]: the same CUDA C run on the CPU, what `tests/fused_kernels_on_cpu.rs` checks the
-//! model's fused path with). Then [`super::rms_norm`], [`super::rope`], the MLP's SwiGLU
+//! model's fused path with). Then [`super::rms_norm`], the residual add with the norm after it
+//! ([`super::add_rms_norm`], forward), [`super::rope`], the MLP's SwiGLU
 //! ([`crate::model::mlp::swiglu`]), the chunked head ([`crate::model::head`]), the packed
 //! attention ([`crate::model::attention`]) and decoding ([`crate::model::generate`]) compute their
 //! values and their backward with these; otherwise candle's ops as before.
@@ -113,6 +114,43 @@ pub fn rms_norm_output(x: &Tensor, w: &Tensor, eps: f64) -> Result<Output> {
     let function = format!("odc_rms_norm_fwd_{}", suffix(x.dtype()));
     k.launch(&NORM, &function, rows * 32, &args)?;
     k.output_of(out)
+}
+
+/// The residual add and the RMSNorm after it in one launch: `(a + b, rms_norm(a + b, w))`, both
+/// in `a`'s dtype (`b` cast to it), the norm taken of the sum as stored (rounded to the dtype),
+/// as the two ops compute it.
+pub fn add_rms_norm_output(
+    a: &Tensor,
+    b: &Tensor,
+    w: &Tensor,
+    eps: f64,
+) -> Result<(Output, Output)> {
+    let k = Kernels::of(a)?;
+    let cols = a.dim(D::Minus1)?;
+    let rows = a.elem_count() / cols.max(1);
+    let (sum, out) = (
+        k.output(a.dtype(), a.dims())?,
+        k.output(a.dtype(), a.dims())?,
+    );
+    let (ab, bb, wb) = (
+        k.input(a)?,
+        k.input(&b.to_dtype(a.dtype())?)?,
+        k.input(&w.to_dtype(DType::F32)?)?,
+    );
+    let args = [
+        Arg::B(&sum),
+        Arg::B(&out),
+        Arg::B(&ab),
+        Arg::B(&bb),
+        Arg::B(&wb),
+        Arg::U(rows as u64),
+        Arg::U(cols as u64),
+        Arg::F(eps as f32),
+        Arg::U((rows * 32) as u64),
+    ];
+    let function = format!("odc_add_rms_norm_fwd_{}", suffix(a.dtype()));
+    k.launch(&NORM, &function, rows * 32, &args)?;
+    Ok((k.output_of(sum)?, k.output_of(out)?))
 }
 
 /// RMSNorm's gradients for the output gradient `g`: `dx` in `x`'s dtype and `dw` in fp32.
