@@ -6,8 +6,8 @@
 #
 #   DEADLINE=480 benches/gpu/figures.sh [BIN_FOLDER]      (default target/gpu-bin, from build.sh)
 #
-# Needs on the GPU machine: the binaries build.sh packs (sft, odc, odc-bench-gpu; NAME.xz or
-# plain), python3 with torch, transformers, tokenizers and safetensors (no network), and the
+# Needs on the GPU machine: the binaries build.sh packs (sft, odc, odc-bench-gpu; bin.tar.xz,
+# NAME.xz or plain), python3 with torch, transformers, tokenizers and safetensors (no network), and the
 # GSM8K training set at $DATA (default target/gpu-data/train.jsonl).
 #
 # What runs, in this order (each command capped with `timeout` at what is left of DEADLINE
@@ -81,24 +81,10 @@ read -r -a so_args <<<"${SO_ARGS:-}"
 SMOL="${SMOL_SHAPE:-smollm2-135m}"
 QWEN="${QWEN_SHAPE:-qwen2.5-0.5b}"
 
-# The binaries: NAME.xz unpacked (xz, else Python's lzma), plain executables copied, as run.sh does.
+# The binaries, unpacked as run.sh does (benches/gpu/unpack.sh).
 BIN="$(mktemp -d "${TMPDIR:-/tmp}/odc-figures-bin.XXXXXX")"
 trap 'rm -rf "$BIN"' EXIT
-for packed in "$FOLDER"/*.xz; do
-  [ -e "$packed" ] || continue
-  name="$(basename "$packed" .xz)"
-  case "$name" in sft | odc | odc-bench-gpu) ;; *) continue ;; esac
-  if command -v xz >/dev/null 2>&1; then
-    xz -dc "$packed" >"$BIN/$name"
-  else
-    "$PYTHON" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-      "$packed" "$BIN/$name"
-  fi || echo "figures.sh: cannot unpack $packed" >&2
-  chmod +x "$BIN/$name"
-done
-for plain in "$FOLDER"/sft "$FOLDER"/odc "$FOLDER"/odc-bench-gpu; do
-  [ -f "$plain" ] && [ -x "$plain" ] && cp "$plain" "$BIN/"
-done
+PYTHON="$PYTHON" benches/gpu/unpack.sh "$FOLDER" "$BIN" || echo "figures.sh: cannot unpack $FOLDER" >&2
 has() { [ -x "$BIN/$1" ]; }
 
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"

@@ -11,7 +11,7 @@
 # score 0: nothing to train, no ref or update stage). sampling.sh runs it last. Knobs: DEADLINE
 # (240 s for both runs; 0 = none), GPU_DEVICE (cuda), PRECISION (bf16 on the GPU; the CPU runs
 # fp32), STEPS (3), CPU_STEPS (2), PROMPTS (32), GROUP (8), MAX_NEW (rl_grpo's default), LOGDIR
-# (a scratch folder). The binary is rl_grpo (rl_grpo.xz) from the folder, built by build.sh with
+# (a scratch folder). The binary is rl_grpo from the folder (unpack.sh), built by build.sh with
 # the root crate's `cuda` feature; a folder without it prints "not run".
 set -uo pipefail
 MODEL_DIR="${1:--}"
@@ -32,14 +32,9 @@ LOGDIR="${LOGDIR:-$(mktemp -d "${TMPDIR:-/tmp}/odc-grpo.XXXXXX")}"
 mkdir -p "$LOGDIR"
 started=$SECONDS
 
-bin="$LOGDIR/rl_grpo"
-if [ -f "$FOLDER/rl_grpo.xz" ]; then
-  xz -dc "$FOLDER/rl_grpo.xz" >"$bin" 2>/dev/null ||
-    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-      "$FOLDER/rl_grpo.xz" "$bin"
-elif [ -x "$FOLDER/rl_grpo" ]; then
-  cp "$FOLDER/rl_grpo" "$bin"
-fi
+"$(dirname "$0")/unpack.sh" "$FOLDER" "$LOGDIR/bin" >&2
+bin="$LOGDIR/bin/rl_grpo"
+[ -f "$bin" ] || bin="$LOGDIR/rl_grpo"
 if [ ! -s "$bin" ]; then
   echo "GRPO stages: not run (no rl_grpo in $FOLDER: benches/gpu/build.sh)"
   exit 0

@@ -8,7 +8,7 @@
 #
 # Exit status: 0 when every check passed. A check that was skipped (a test printing "skipped",
 # e.g. because no driver was found) counts as FAIL here: on this machine everything must run.
-# The binaries are stored xz-compressed (NAME.xz) and unpacked into a temporary folder first.
+# The binaries are stored compressed (bin.tar.xz) and unpacked into a temporary folder first.
 # QUICK=1 runs only the checks of part 2 (candle on CUDA), for a second run after a fix;
 # MEASURE=0 runs only the correctness checks (no transport bench, SFT, calibration, sft-overhead).
 # The correctness checks (the tests) run side by side first, each with at most CHECK_CAP seconds
@@ -30,24 +30,10 @@ if [ ! -f "$FOLDER/MANIFEST" ]; then
   echo "run.sh: no $FOLDER/MANIFEST: run benches/gpu/build.sh first (on the build machine)" >&2
   exit 2
 fi
-# Unpack NAME.xz (xz, else Python's lzma) into a temporary folder; plain files are used as they are.
+# The binaries, unpacked into a temporary folder (benches/gpu/unpack.sh).
 BIN="$(mktemp -d "${TMPDIR:-/tmp}/odc-gpu-bin.XXXXXX")"
 trap 'rm -rf "$BIN"' EXIT
-for packed in "$FOLDER"/*.xz; do
-  [ -e "$packed" ] || continue
-  name="$(basename "$packed" .xz)"
-  if command -v xz >/dev/null 2>&1; then
-    xz -dc "$packed" >"$BIN/$name"
-  else
-    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-      "$packed" "$BIN/$name"
-  fi || { echo "run.sh: cannot unpack $packed" >&2; exit 2; }
-  chmod +x "$BIN/$name"
-done
-for plain in "$FOLDER"/*; do
-  case "$plain" in *.xz | */MANIFEST | */logs) continue ;; esac
-  [ -f "$plain" ] && [ -x "$plain" ] && cp "$plain" "$BIN/"
-done
+benches/gpu/unpack.sh "$FOLDER" "$BIN" || exit 2
 export ODC_CONFORMANCE_OWNER="$BIN/odc-conformance-owner"
 # Where the GPU runs' candle kernels are JIT-compiled once per machine.
 export CUDA_CACHE_MAXSIZE=4294967296

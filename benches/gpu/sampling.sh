@@ -59,15 +59,8 @@ mkdir -p "$MODELS"
 # The odc side: odc-bench-gpu (NAME.xz or plain) on a GPU; odc-bench on the CPU.
 name=odc-bench-gpu
 [ "$DEVICE" = cpu ] && name=odc-bench
-ODC="$SCRATCH/$name"
-if [ -f "$FOLDER/$name.xz" ]; then
-  xz -dc "$FOLDER/$name.xz" >"$ODC" 2>/dev/null ||
-    "$PYTHON" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-      "$FOLDER/$name.xz" "$ODC"
-elif [ -x "$FOLDER/$name" ]; then
-  cp "$FOLDER/$name" "$ODC"
-fi
-[ -f "$ODC" ] && chmod +x "$ODC"
+PYTHON="$PYTHON" benches/gpu/unpack.sh "$FOLDER" "$SCRATCH/bin" >&2
+ODC="$SCRATCH/bin/$name"
 
 # capped CAP COMMAND... > LOG: at most CAP seconds, fewer as the deadline nears (figures.sh's rule).
 capped() {
