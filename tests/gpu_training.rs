@@ -44,7 +44,8 @@
 //!   a long sample split over both trainers (`SplitPolicy::MinTokens`) on the GPU trains as the
 //!   same step unsplit (SGD, fp32, within 1e-5); on the device path the gang's messages go
 //!   device to device (`CudaTransport::send_device`) and the step moves 0 bytes through host
-//!   staging, on the host path they count (> 0).
+//!   staging; the host path stages more than 0 (its units and the gang's messages, which the
+//!   count does not tell apart).
 //! - **On demand = collective on the device** ([`collective_equals_on_demand_on_the_device`]):
 //!   the collective data path (its ring all-gathers and reduce-scatters as device messages) and
 //!   the on-demand one, both in device memory, train alike (SGD), within 1e-5, and the collective

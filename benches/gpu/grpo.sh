@@ -34,12 +34,10 @@ started=$SECONDS
 
 "$(dirname "$0")/unpack.sh" "$FOLDER" "$LOGDIR/bin" >&2
 bin="$LOGDIR/bin/rl_grpo"
-[ -f "$bin" ] || bin="$LOGDIR/rl_grpo"
 if [ ! -s "$bin" ]; then
   echo "GRPO stages: not run (no rl_grpo in $FOLDER: benches/gpu/build.sh)"
   exit 0
 fi
-chmod +x "$bin"
 
 # run KEY DEVICE STEPS CAP [FLAGS...]: the run's output in $LOGDIR/grpo.KEY.log.
 run() {

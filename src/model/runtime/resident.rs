@@ -114,9 +114,7 @@ impl Memory {
             event,
         ))
     }
-}
 
-impl Memory {
     /// A flat tensor of `elements` of `dtype` on the stream, free for a transport to write
     /// (guarantee 1), and its memory.
     pub async fn tensor(
