@@ -18,7 +18,8 @@ import re
 import subprocess
 import sys
 
-CRATES = {"src": "odc", "actors/src": "odc-actors", "policy/src": "odc-policy",
+CRATES = {"src": "odc", "actors/src": "odc-actors", "policy/src": "odc-policy", "model/src": "odc-model",
+          "text/src": "odc-text", "kernels/src": "odc-kernels",
           "transport/src": "odc-transport", "benches/src": "odc-bench"}
 
 

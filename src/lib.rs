@@ -34,15 +34,24 @@
 //! ```
 
 pub mod checkpoint;
+#[cfg(feature = "candle")]
+pub mod compute;
 pub mod data;
 mod job;
 pub mod launch;
 pub mod metrics;
 #[cfg(feature = "candle")]
-pub mod model;
+pub mod recipe;
 pub mod sim;
-pub mod text;
 pub mod trace;
+
+/// The causal transformers odc trains (the `odc-model` crate; feature `candle`). They meet the
+/// runtime in [`compute`] only.
+#[cfg(feature = "candle")]
+pub use odc_model as model;
+/// Post-training text: problems, conversations, tokenizers, chat templates, packed samples and
+/// rewards (the `odc-text` crate).
+pub use odc_text as text;
 
 pub use async_trait::async_trait;
 pub use checkpoint::TrainState;

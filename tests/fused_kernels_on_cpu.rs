@@ -45,12 +45,13 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use candle_core::{DType, Device, Tensor, Var};
+use odc::compute::{transformer_job_on, Objective, Placement, SampleStore};
 use odc::model::config::Blocks;
 use odc::model::ops::fused;
 use odc::model::{
-    batch_log_probs, generate_batch, generate_batch_with_log_probs, model_forward,
-    transformer_job_on, unit_count, unit_init_values, ComputePrecision, ModelConfig, Objective,
-    PackedBatch, Placement, Prompt, Sample, SampleStore, Sampling, Weights,
+    batch_log_probs, generate_batch, generate_batch_with_log_probs, model_forward, unit_count,
+    unit_init_values, ComputePrecision, ModelConfig, PackedBatch, Prompt, Sample, Sampling,
+    Weights,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{LrSchedule, OptimizerConfig, Precision, SampleMeta, StepStats};

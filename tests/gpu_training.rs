@@ -55,10 +55,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use odc::compute::{
+    host_staging_bytes, published_weights, transformer_job_on, DeviceTransfers, Objective,
+    Placement, SampleStore,
+};
 use odc::model::{
-    host_staging_bytes, open_device, published_weights, sequence_log_probs, transformer_job_on,
-    unit_count, unit_init_values, ComputePrecision, DeviceSpec, DeviceTransfers, ModelConfig,
-    Objective, Placement, Sample, SampleStore, Weights,
+    open_device, sequence_log_probs, unit_count, unit_init_values, ComputePrecision, DeviceSpec,
+    ModelConfig, Sample, Weights,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{Job, LrSchedule, OptimizerConfig, Precision, SampleMeta, StepStats};
@@ -352,7 +355,7 @@ fn device_transfers_equal_host_transfers_and_stage_nothing() {
 /// The transformer's compute whose trainer dies once, right after its second micro-batch's
 /// compute pushed its gradients (before the context waited for their acknowledgements).
 struct DiesAfterPushing {
-    inner: odc::model::TransformerCompute,
+    inner: odc::compute::TransformerCompute,
     runs: Arc<std::sync::atomic::AtomicU32>,
 }
 
@@ -388,7 +391,7 @@ fn a_trainer_killed_after_its_device_pushes_replays_to_the_same_result() {
             .ok_or_else(|| format!("no sample {i}"))
     });
     let prototype =
-        odc::model::TransformerCompute::on(config(), placement, store).expect("compute");
+        odc::compute::TransformerCompute::on(config(), placement, store).expect("compute");
     let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let (killed, killed_params) = train_with(data, adamw, placement, STEPS, move |b| {
         b.compute(move |_trainer| {

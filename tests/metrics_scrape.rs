@@ -136,9 +136,8 @@ async fn metrics_endpoint_serves_odc_metrics() {
 /// is global), by differences of the counter.
 #[cfg(feature = "candle")]
 async fn unit_pulls_follow_the_resharding_setting(addr: SocketAddr) {
-    use odc::model::{
-        transformer_job_on, unit_count, ModelConfig, Objective, Placement, Reshard, Sample,
-    };
+    use odc::compute::{transformer_job_on, Objective, Placement};
+    use odc::model::{unit_count, ModelConfig, Reshard, Sample};
     let pulls = || async move {
         let body = tokio::task::spawn_blocking(move || scrape(addr))
             .await

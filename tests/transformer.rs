@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use candle_core::{Device, Var};
 use odc::checkpoint::{self, TensorMap};
+use odc::compute::{transformer_job, transformer_job_on, Objective, Placement, SampleStore};
 use odc::model::{
     as_tensors, generate_batch, group_advantages, model_forward, sequence_log_probs, tensor_map,
-    transformer_job, transformer_job_on, unit_count, unit_init_values, unit_params, unit_vars,
-    GrpoConfig, ModelConfig, Objective, PackedBatch, Placement, Prompt, Reshard, RlSample, Sample,
-    SampleStore, Sampling, Weights,
+    unit_count, unit_init_values, unit_params, unit_vars, GrpoConfig, ModelConfig, PackedBatch,
+    Prompt, Reshard, RlSample, Sample, Sampling, Weights,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{
@@ -571,7 +571,7 @@ fn on_demand_with_cp_placements_equals_candle_alone() {
 /// The transformer's compute whose first piece of gang member 1 dies before it computes: its
 /// peer is then blocked on a K/V block that never comes.
 struct KillsMemberOne {
-    inner: odc::model::TransformerCompute,
+    inner: odc::compute::TransformerCompute,
     armed: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -607,7 +607,7 @@ fn a_killed_gang_member_replays_its_gang_and_training_is_unchanged() {
         let rt = runtime();
         let (got, stats, took) = rt.block_on(async {
             let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
-            let prototype = odc::model::TransformerCompute::on(
+            let prototype = odc::compute::TransformerCompute::on(
                 c.clone(),
                 Placement::default(),
                 store(data.clone()),
@@ -970,7 +970,7 @@ fn a_sampler_built_after_a_step_decodes_with_the_new_weights() {
         let units: Vec<_> = (init.iter().enumerate())
             .map(|(u, v)| odc::UnitSpec::with_values(odc::model::unit_name(&c, u), v.clone()))
             .collect();
-        let reference = odc::model::served_reference(&c, &units).unwrap();
+        let reference = odc::compute::served_reference(&c, &units).unwrap();
         let builder = odc_job(&c, &data, Placement::default(), optimizer)
             .lr_schedule(LrSchedule::Constant)
             .token_budget(400);
@@ -983,11 +983,11 @@ fn a_sampler_built_after_a_step_decodes_with_the_new_weights() {
             job.step().await.unwrap();
         }
         let f32 = odc::model::ComputePrecision::F32;
-        let trained = odc::model::published_weights(&mut job, &c, 0, &Device::Cpu, f32)
+        let trained = odc::compute::published_weights(&mut job, &c, 0, &Device::Cpu, f32)
             .await
             .unwrap();
         let first = unit_count(&c);
-        let reference = odc::model::published_weights(&mut job, &c, first, &Device::Cpu, f32)
+        let reference = odc::compute::published_weights(&mut job, &c, first, &Device::Cpu, f32)
             .await
             .unwrap();
         job.shutdown().await;
@@ -1152,7 +1152,7 @@ fn relayed_pushes_train_as_candle_alone_and_cross_nodes_once_per_step() {
 /// The transformer's compute that dies on one trainer after its first micro-batch computed and
 /// pushed its gradients (into the relays), before the trainer reports it.
 struct KillsAfterPushing {
-    inner: odc::model::TransformerCompute,
+    inner: odc::compute::TransformerCompute,
     armed: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -1186,7 +1186,7 @@ fn a_trainer_lost_while_pushes_are_relayed_replays_and_training_is_unchanged() {
         let rt = runtime();
         let (got, stats) = rt.block_on(async {
             let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
-            let prototype = odc::model::TransformerCompute::on(
+            let prototype = odc::compute::TransformerCompute::on(
                 c.clone(),
                 Placement::default(),
                 store(data.clone()),

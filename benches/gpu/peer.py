@@ -33,7 +33,7 @@ train: PyTorch eager + transformers on the directory (AutoModelForCausalLM, SDPA
 fp32 master weights under AMP autocast bf16, fused AdamW, the samples odc's `sft --model-dir DIR
 --data TRAIN.jsonl --batch-size N` takes, in its order (examples/sft/data.rs: records 0, 1, 2, ...
 in file order, no shuffle, cycled; a record whose sample is longer than min(max_position_embeddings,
---token-budget 4096) skipped; N per step), each formatted as odc formats it (src/text/format.rs,
+--token-budget 4096) skipped; N per step), each formatted as odc formats it (text/src/format.rs,
 chat.rs, chat_sample.rs): the conversation [user: question, assistant: answer] rendered by the
 directory's chat template (Qwen2.5's adds its default system prompt), encoded once with no special
 token added, loss on the tokens inside the assistant's span (its content and its `<|im_end|>`,
@@ -104,7 +104,7 @@ def die(message):
     sys.exit(2)
 
 
-# --- GSM8K and the chat format (odc's src/text) -------------------------------------------------
+# --- GSM8K and the chat format (odc-text) -------------------------------------------------
 
 
 def load_gsm8k(path):

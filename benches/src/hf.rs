@@ -228,8 +228,9 @@ pub async fn traffic(
     len: usize,
     (trainers, servers): (usize, usize),
 ) -> anyhow::Result<Traffic> {
+    use odc::compute::{transformer_job_of, Objective, Placement, SampleStore};
     use odc::model::hf::peft;
-    use odc::model::{transformer_job_of, Objective, Placement, Sample, SampleStore};
+    use odc::model::Sample;
     use std::sync::Arc;
     let base = peft::base_config(config);
     let base_units = match init {

@@ -30,10 +30,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use odc::compute::{transformer_job_of, Objective, Placement, SampleStore, TransformerCompute};
 use odc::model::AttentionImpl;
 use odc::model::{
-    transformer_job_of, unit_count, unit_params, HeadImpl, Kernels, MlpImpl, ModelConfig,
-    Objective, Placement, Reshard, Sample, SampleStore, TransformerCompute,
+    unit_count, unit_params, HeadImpl, Kernels, MlpImpl, ModelConfig, Reshard, Sample,
 };
 use odc::{
     async_trait, Compute, ComputeOutput, MicroBatch, OptimizerConfig, Precision, SampleMeta,

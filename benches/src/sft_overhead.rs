@@ -45,10 +45,10 @@ use std::time::Instant;
 use anyhow::Context as _;
 use candle_core::{Device, Var};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+use odc::compute::{transformer_job_on, DeviceTransfers, Objective, Placement, SampleStore};
 use odc::model::{
-    model_forward, open_device, param_count, transformer_job_on, unit_count, unit_init_values,
-    unit_params, unit_vars, ComputePrecision, DeviceSpec, DeviceTransfers, ModelConfig, Objective,
-    PackedBatch, Placement, Reshard, Sample, SampleStore,
+    model_forward, open_device, param_count, unit_count, unit_init_values, unit_params, unit_vars,
+    ComputePrecision, DeviceSpec, ModelConfig, PackedBatch, Reshard, Sample,
 };
 use odc::text::{ArithTask, ByteTokenizer};
 use odc::{DispatchMode, Job, OptimizerConfig, Precision, SampleMeta};

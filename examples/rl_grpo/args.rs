@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use odc::model::Placement;
+use odc::compute::Placement;
 
 #[derive(Debug, Parser)]
 #[command(about = "GRPO on odc (see the example's docs)")]
@@ -113,18 +113,13 @@ pub(crate) struct Args {
 }
 
 impl Args {
-    /// Where the trainers compute (`--device`, `--precision`).
+    /// Where the trainers compute (`--device`, `--precision`, `--reshard-after-forward`).
     pub(crate) fn placement(&self) -> anyhow::Result<Placement> {
-        Ok(Placement {
-            device: self.device.parse()?,
-            precision: self.precision.parse()?,
-            local_rank: odc::launch::local_rank(),
-            reshard: self
-                .reshard_after_forward
-                .parse()
-                .map_err(|e| anyhow::anyhow!("--{e}"))?,
-            kernels: Default::default(),
-            transfers: Default::default(),
-        })
+        Ok(odc::recipe::placement(
+            &self.device,
+            &self.precision,
+            &self.reshard_after_forward,
+            false,
+        )?)
     }
 }

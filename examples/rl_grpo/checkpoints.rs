@@ -12,10 +12,11 @@
 //!   checkpoint's version, so none is written for it (its directory would be that step's); a
 //!   resumed run replays it: the same prompts and draws, again nothing to train.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use anyhow::{bail, Context};
-use odc::checkpoint::{self, Opened, TensorMap};
+use odc::checkpoint::{Opened, TensorMap};
+use odc::recipe::{Process, Resume};
 use serde::{Deserialize, Serialize};
 
 use crate::args::Args;
@@ -69,29 +70,12 @@ pub(crate) fn resume(
     args: &Args,
     tensors: &TensorMap,
     max_value: u64,
-    lead: bool,
+    process: &Process,
 ) -> anyhow::Result<Option<Resumed>> {
-    let found = match args.resume.as_deref() {
-        None => None,
-        Some("auto") => {
-            let newest = checkpoint::open_newest(&args.checkpoint_dir, tensors)
-                .context("--resume auto: looking for the newest checkpoint")?;
-            if newest.is_none() && lead {
-                eprintln!(
-                    "--resume auto: no checkpoint in {}: starting from scratch",
-                    args.checkpoint_dir.display()
-                );
-            }
-            newest
-        }
-        Some(dir) => {
-            let dir = PathBuf::from(dir);
-            let opened = checkpoint::open(&dir, tensors)
-                .with_context(|| format!("resuming from {}", dir.display()))?;
-            Some((dir, opened))
-        }
+    let Some(resume) = args.resume.as_deref().map(|r| Resume::parse(Path::new(r))) else {
+        return Ok(None);
     };
-    let Some((dir, opened)) = found else {
+    let Some((dir, opened)) = resume.open(&args.checkpoint_dir, tensors, process.is_lead())? else {
         return Ok(None);
     };
     let saved: Saved = serde_json::from_value(opened.extra().clone()).with_context(|| {
@@ -117,14 +101,12 @@ pub(crate) fn resume(
             mine.3
         );
     }
-    if lead {
-        println!(
-            "resuming from {} after RL step {} (problem {})",
-            dir.display(),
-            saved.rl.steps_done,
-            saved.rl.problem
-        );
-    }
+    process.say(format!(
+        "resuming from {} after RL step {} (problem {})",
+        dir.display(),
+        saved.rl.steps_done,
+        saved.rl.problem
+    ));
     Ok(Some(Resumed {
         opened,
         position: saved.rl,
@@ -144,9 +126,4 @@ pub(crate) fn extra(
         group_size: args.group_size,
         max_value,
     })?)
-}
-
-/// Whether RL step `done` (1-based) of `steps` is one to checkpoint after.
-pub(crate) fn due(args: &Args, done: u64) -> bool {
-    args.checkpoint_every > 0 && (done % args.checkpoint_every == 0 || done == args.steps)
 }

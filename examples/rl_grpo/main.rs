@@ -25,10 +25,10 @@
 //! group-normalised advantages. A group whose responses all scored alike has zero advantages and
 //! is not trained on (DAPO's dynamic sampling, without refilling); the others get the reference's
 //! log-probs and go into one odc step. The sampler reads the policy each step from the shard
-//! servers' published copies at the step's version (`odc::model::published_weights`; device to
+//! servers' published copies at the step's version (`odc::compute::published_weights`; device to
 //! device where the transport reaches the GPU), and the reference the same way once decoding is
 //! done: the job serves it as frozen units after the policy's, sharded over the servers like
-//! them (`odc::model::served_reference`, `UnitSpec::served`), so no rank keeps a whole copy
+//! them (`odc::compute::served_reference`, `UnitSpec::served`), so no rank keeps a whole copy
 //! of it, and the policy with its cache and the reference are never held together. Printed per
 //! step: reward, accuracy (exact match), response length (mean, max), the KL to the reference (k3 per response token, over the trained groups:
 //! the term the loss weighs by `--kl-coef`), groups trained, loss. Before and after RL,
@@ -83,19 +83,17 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use candle_core::Device;
 use clap::Parser;
 use odc::checkpoint;
-use odc::launch::World;
+use odc::compute::{served_reference, Objective, Placement, SampleStore};
 use odc::model::hf::HfCheckpoint;
 use odc::model::{
-    batch_share_range, evaluate_prompted, group_advantages, open_device, published_weights,
-    served_reference, tensor_map, transformer_job_of, unit_count, unit_name, ComputePrecision,
-    GrpoConfig, ModelConfig, Objective, RlSample, Sample, SampleStore, Sampling, Weights,
-    EVAL_BATCH,
+    batch_share_range, evaluate_prompted, group_advantages, tensor_map, unit_count, unit_name,
+    GrpoConfig, ModelConfig, RlSample, Sample, Sampling, Weights, EVAL_BATCH,
 };
+use odc::recipe::{adamw, checkpoint_due, Evaluator, Fleet, JobRecipe, Process};
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat, Tokenizer};
-use odc::{Job, OptimizerConfig, Precision, SampleMeta, UnitSpec};
+use odc::{Job, SampleMeta, UnitSpec};
 use serde::{Deserialize, Serialize};
 
 use args::Args;
@@ -218,39 +216,17 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let world = World::from_env().context("reading the launcher's environment")?;
     // Before any thread exists: each trainer of this process gets its share of the cores (one
     // trainer per process under `odc launch`).
-    let trainers_here = if world.world_size > 1 {
-        1
-    } else {
-        args.trainers
-    };
-    let threads = odc::model::share_cpu_threads(trainers_here);
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?
-        .block_on(run(args, world, trainers_here, threads))
+    let process = Process::start(args.trainers)?;
+    process.runtime()?.block_on(run(args, process))
 }
 
 /// The run, phase by phase: the model and its starting weights, the job, the held-out scores
 /// before RL, the RL steps, the scores after.
-async fn run(
-    args: Args,
-    world: World,
-    trainers_here: usize,
-    threads: odc::model::CpuThreads,
-) -> anyhow::Result<()> {
-    let (rank, ranks) = (world.rank as usize, world.world_size.max(1) as usize);
-    let lead = rank == 0;
-    let say = |line: String| {
-        if lead {
-            println!("{line}");
-        }
-    };
-    say(format!("rl_grpo: {threads}"));
-    if ranks > 1 && args.init.is_none() && args.model_dir.is_none() {
+async fn run(args: Args, process: Process) -> anyhow::Result<()> {
+    process.say(format!("rl_grpo: {}", process.threads));
+    if process.is_distributed() && args.init.is_none() && args.model_dir.is_none() {
         bail!(
             "under odc launch rl_grpo starts from --init (an sft checkpoint) or --model-dir: \
              the warm start is a one-process SFT (run the sft example first)"
@@ -258,25 +234,21 @@ async fn run(
     }
     // Before any job starts: the runtime's metric handles are taken when it does.
     if !args.no_metrics {
-        let mut addr = args.metrics_addr;
-        if addr.port() != 0 {
-            addr.set_port(addr.port().saturating_add(rank as u16));
-        }
-        odc::metrics::serve(addr)?;
+        process.serve_metrics(args.metrics_addr)?;
         names::describe();
-        say(format!("metrics: http://{addr}/metrics"));
     }
     check_args(&args)?;
     checkpoints::check(&args)?;
     let (format, model, checkpoint) = load_model(&args)?;
+    let say = |line: String| process.say(line);
     let (init, max_value) = initial_policy(&args, &model, checkpoint, &format, &say).await?;
-    let resumed = checkpoints::resume(&args, &tensor_map(&model)?, max_value, lead)?;
-    let grpo = Grpo::new(args, rank, ranks, trainers_here, format, model, max_value)?;
+    let resumed = checkpoints::resume(&args, &tensor_map(&model)?, max_value, &process)?;
     let (opened, position) = match resumed {
         Some(r) => (Some(r.opened), r.position),
         None => (None, Position::default()),
     };
-    let mut job = grpo.build_job(init, world, opened)?;
+    let grpo = Grpo::new(args, process, format, model, max_value)?;
+    let mut job = grpo.build_job(init, opened)?;
     // Scored on the reference (the starting weights): the same before a resumed run.
     let reference = grpo.reference(&mut job).await?;
     let before = grpo.held_out(&mut job, &reference).await?;
@@ -393,8 +365,7 @@ async fn initial_policy(
 /// What every phase of the RL run reads.
 struct Grpo {
     args: Args,
-    rank: usize,
-    ranks: usize,
+    process: Process,
     model: ModelConfig,
     format: TextFormat,
     /// Prompts and responses within a micro-batch and the model's positions.
@@ -411,9 +382,8 @@ struct Grpo {
     /// precision (bf16's matrices and cache under `--precision bf16`, as the trainers' forward
     /// the log-probs are compared with), with one thread per trainer here on the CPU, one on a
     /// GPU (its batches are the parallelism).
-    device: Device,
-    precision: ComputePrecision,
-    workers: usize,
+    evaluator: Evaluator,
+    placement: Placement,
 }
 
 /// What the RL steps measured.
@@ -445,12 +415,9 @@ struct StepSamples {
 }
 
 impl Grpo {
-    #[allow(clippy::too_many_arguments)]
     fn new(
         args: Args,
-        rank: usize,
-        ranks: usize,
-        trainers_here: usize,
+        process: Process,
         format: TextFormat,
         model: ModelConfig,
         max_value: u64,
@@ -459,10 +426,7 @@ impl Grpo {
             .max_seq_len
             .min(usize::try_from(args.token_budget).unwrap_or(usize::MAX));
         let placement = args.placement()?;
-        let (device, workers) = match placement.device.is_cuda() {
-            true => (open_device(placement.device, placement.local_rank)?, 1),
-            false => (Device::Cpu, trainers_here.max(1)),
-        };
+        let evaluator = Evaluator::new(&placement, process.trainers_here())?;
         let sampling = Sampling {
             temperature: args.temperature,
             top_p: args.top_p,
@@ -479,81 +443,72 @@ impl Grpo {
         Ok(Grpo {
             eval_prompts: (0u64..).zip(eval_set).collect(),
             args,
-            rank,
-            ranks,
+            process,
             model,
             format,
             max_len,
             max_value,
             sampling,
             responses: Arc::new(Responses::default()),
-            device,
-            precision: placement.precision,
-            workers,
+            evaluator,
+            placement,
         })
+    }
+
+    /// This rank, and the ranks of the job.
+    fn ranks(&self) -> (usize, usize) {
+        (self.process.rank() as usize, self.process.ranks() as usize)
     }
 
     /// The policy at the job's current version as the sampler computes with it (its device and
     /// precision): read from the servers' published copies, device to device where the job's
     /// transport reaches the sampler's GPU.
     async fn policy(&self, job: &mut Job) -> anyhow::Result<Weights> {
-        Ok(published_weights(job, &self.model, 0, &self.device, self.precision).await?)
+        Ok(self.evaluator.weights(job, &self.model, 0).await?)
     }
 
     /// The frozen reference (the starting weights), read as the policy is from the job's
     /// served units after the policy's ([`Grpo::build_job`]).
     async fn reference(&self, job: &mut Job) -> anyhow::Result<Weights> {
         let first = unit_count(&self.model);
-        Ok(published_weights(job, &self.model, first, &self.device, self.precision).await?)
+        Ok(self.evaluator.weights(job, &self.model, first).await?)
     }
 
     /// Prints `line` on the lead.
     fn say(&self, line: String) {
-        if self.rank == 0 {
-            println!("{line}");
-        }
+        self.process.say(line);
     }
 
-    /// The job: the policy's units from `init`, GRPO's objective, AdamW.
+    /// The job: the policy's units from `init`, GRPO's objective, AdamW, the reference served
+    /// after the policy's units (sharded as they are).
     fn build_job(
         &self,
         init: Vec<UnitSpec>,
-        world: World,
         resumed: Option<checkpoint::Opened>,
     ) -> anyhow::Result<Job> {
         let args = &self.args;
-        // The reference is served after the policy's units, sharded as they are.
         let reference = served_reference(&self.model, &init)?;
-        let mut builder = transformer_job_of(
-            &self.model,
-            init,
-            self.responses.clone(),
-            Objective::Grpo(GrpoConfig {
+        let fleet = Fleet::new(args.trainers, args.servers);
+        let recipe = JobRecipe {
+            model: &self.model,
+            units: init,
+            store: self.responses.clone(),
+            objective: Objective::Grpo(GrpoConfig {
                 clip_eps: args.clip_eps,
                 kl_coef: args.kl_coef,
             }),
-            args.placement()?,
-        )?
-        .optimizer(OptimizerConfig::AdamW {
-            lr: args.lr,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.0,
-        })
-        .clip_grad_norm(1.0)
-        .token_budget(args.token_budget)
-        .pull_precision(Precision::F32)
-        .keep_last_checkpoints(args.keep_last);
-        builder = reference.into_iter().fold(builder, odc::JobBuilder::unit);
-        builder = match self.ranks > 1 {
-            true => builder.world(world),
-            false => builder.trainers(args.trainers).servers(args.servers),
+            placement: self.placement,
+            optimizer: adamw(args.lr, 0.0),
+            clip_grad_norm: 1.0,
+            token_budget: args.token_budget,
+            keep_last: args.keep_last,
+            fleet: &fleet,
         };
-        if let Some(opened) = resumed {
-            builder = builder.resume_from(opened);
-        }
-        Ok(builder.build()?)
+        let builder = recipe.builder(&self.process.world, resumed)?;
+        Ok(reference
+            .into_iter()
+            .fold(builder, odc::JobBuilder::unit)
+            .build()?)
     }
 
     /// What sampling `policy` needs.
@@ -584,7 +539,7 @@ impl Grpo {
     fn held_out_share(&self, weights: &Weights) -> anyhow::Result<HeldOutCounts> {
         // Each rank's share in whole batches of each decoder, so that every batch is the one a
         // single process decodes (the scores do not depend on the number of ranks).
-        let (len, rank, ranks) = (self.eval_prompts.len(), self.rank, self.ranks);
+        let ((rank, ranks), len) = (self.ranks(), self.eval_prompts.len());
         let prompt = |p: &Problem| self.format.prompt(&p.question);
         let problems: Vec<Problem> = self.eval_prompts
             [batch_share_range(len, EVAL_BATCH, rank, ranks)]
@@ -596,7 +551,7 @@ impl Grpo {
             &*self.format.tokenizer(),
             &problems,
             self.args.max_new_tokens,
-            self.workers,
+            self.evaluator.workers,
             &prompt,
         )?;
         // The same draws before and after (a fixed seed per problem): a paired comparison.
@@ -604,7 +559,7 @@ impl Grpo {
         let groups = sample_groups(
             &self.sampler(weights, self.args.seed ^ HELD_OUT_SEED),
             &self.eval_prompts[sampled],
-            self.workers,
+            self.evaluator.workers,
         )?
         .groups();
         let responses: Vec<&Response> = groups.iter().flatten().collect();
@@ -679,7 +634,8 @@ impl Grpo {
             at.step_rewards.clone_from(&trained.step_rewards);
             at.last_accuracy = Some(accuracy);
             let updated = job.steps_done() != checkpointed;
-            if self.rank == 0 && updated && checkpoints::due(&self.args, at.steps_done) {
+            let due = checkpoint_due(self.args.checkpoint_every, at.steps_done, self.args.steps);
+            if self.process.is_lead() && updated && due {
                 let extra = checkpoints::extra(&self.args, self.max_value, &at)?;
                 let tensors = tensor_map(&self.model)?;
                 let dir = &self.args.checkpoint_dir;
@@ -708,23 +664,24 @@ impl Grpo {
         let t = Instant::now();
         let policy = self.policy(job).await?;
         let read = t.elapsed().as_secs_f64();
-        let share = batch_share_range(prompts.len(), self.decode_batch(), self.rank, self.ranks);
+        let (rank, ranks) = self.ranks();
+        let share = batch_share_range(prompts.len(), self.decode_batch(), rank, ranks);
         let mut sampled = sample_groups(
             &self.sampler(&policy, self.args.seed),
             &prompts[share],
-            self.workers,
+            self.evaluator.workers,
         )?;
         drop(policy);
         sampled.timings.gen += read;
         let t = Instant::now();
         if sampled.trains_any() {
             let reference = self.reference(job).await?;
-            sampled.against_reference(&reference, self.workers)?;
+            sampled.against_reference(&reference, self.evaluator.workers)?;
         }
         sampled.timings.reference = t.elapsed().as_secs_f64();
         let timings = sampled.timings;
         let mine = sampled.groups();
-        if self.ranks == 1 {
+        if ranks == 1 {
             return Ok((mine, timings, 0.0));
         }
         let t = Instant::now();
@@ -755,12 +712,12 @@ impl Grpo {
             .map
             .write()
             .map_err(|_| anyhow::anyhow!("response store poisoned"))? = samples.store;
-        if self.ranks > 1 {
+        if self.process.is_distributed() {
             job.barrier(GATHER_TIMEOUT)
                 .await
                 .context("waiting for every rank to store the responses")?;
         }
-        let s = if self.rank == 0 {
+        let s = if self.process.is_lead() {
             job.step_with(samples.metas).await
         } else {
             job.step().await

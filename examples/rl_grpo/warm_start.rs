@@ -3,9 +3,11 @@
 
 use std::sync::Arc;
 
-use odc::model::{transformer_job_on, ModelConfig, Objective, Sample, SampleStore};
+use odc::compute::{transformer_job_on, Objective, SampleStore};
+use odc::model::{ModelConfig, Sample};
+use odc::recipe::adamw;
 use odc::text::{ArithTask, Tokenizer};
-use odc::{LrSchedule, OptimizerConfig, Precision};
+use odc::{LrSchedule, Precision};
 
 use crate::args::Args;
 
@@ -38,13 +40,7 @@ pub(crate) async fn warm_start(
     )?
     .trainers(args.trainers)
     .servers(args.servers)
-    .optimizer(OptimizerConfig::AdamW {
-        lr: 3e-3,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.01,
-    })
+    .optimizer(adamw(3e-3, 0.01))
     .lr_schedule(LrSchedule::WarmupCosine {
         warmup_steps: 20.min(args.sft_steps),
         total_steps: args.sft_steps,

@@ -5,11 +5,79 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use odc::checkpoint::Opened;
+use odc::recipe::Process;
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Message, Problem, TextFormat, Tokenizer};
 use odc::SampleMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::settings::Settings;
+
+/// The data of a run: the training set, the longest sample it takes, the held-out problems.
+pub(crate) struct Data {
+    pub(crate) dataset: Dataset,
+    pub(crate) max_len: usize,
+    pub(crate) eval_set: Vec<Problem>,
+}
+
+impl Data {
+    /// The training data, the longest sample it takes, and the held-out problems that fit.
+    pub(crate) fn load(settings: &Settings, format: &TextFormat) -> anyhow::Result<Data> {
+        let dataset = match &settings.data {
+            Some(path) => Dataset::load(path)?,
+            None => Dataset::Generated(
+                ArithTask::train(settings.seed).with_max_value(settings.max_value),
+            ),
+        };
+        if matches!(dataset, Dataset::Chat(_)) && !format.is_chat() {
+            bail!(
+                "{}: chat data needs the model's chat template: give --model-dir",
+                settings
+                    .data
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
+        }
+        // Samples longer than the model's positions are skipped, and without splitting those
+        // longer than a micro-batch too (with it, the planner cuts them into pieces within the
+        // budget).
+        let splits = settings
+            .split
+            .parse::<odc::SplitPolicy>()
+            .is_ok_and(|p| p != odc::SplitPolicy::Off);
+        let max_len = if splits {
+            settings.model.max_seq_len
+        } else {
+            settings
+                .model
+                .max_seq_len
+                .min(usize::try_from(settings.token_budget).unwrap_or(usize::MAX))
+        };
+        // Held-out problems that fit, as training skips the others.
+        let wanted = settings.eval_problems;
+        let eval_set: Vec<Problem> = match (&settings.eval_data, &settings.data) {
+            (Some(path), _) => format.fitting(
+                odc::text::gsm8k::load(path).context("loading the evaluation data")?,
+                max_len,
+                wanted,
+            )?,
+            (None, Some(_)) => Vec::new(),
+            (None, None) => format.fitting(
+                ArithTask::eval(settings.seed)
+                    .with_max_value(settings.max_value)
+                    .problems(0..(wanted as u64).saturating_mul(100)),
+                max_len,
+                wanted,
+            )?,
+        };
+        Ok(Data {
+            dataset,
+            max_len,
+            eval_set,
+        })
+    }
+}
 
 /// The training data: generated problems, a file's problems or conversations in order (cycled).
 #[derive(Clone)]
@@ -102,6 +170,47 @@ pub(crate) struct Saved {
     pub(crate) data: DataPosition,
 }
 
+/// Where a resumed run's data stands, from its checkpoint's `state.json`, whose settings must be
+/// this run's (the same tokenizer and model); from the start without a checkpoint.
+pub(crate) fn resumed_at(
+    settings: &Settings,
+    resumed: Option<(PathBuf, Opened)>,
+    process: &Process,
+) -> anyhow::Result<(DataPosition, Option<Opened>)> {
+    let Some((dir, state)) = resumed else {
+        return Ok((DataPosition { next: 0 }, None));
+    };
+    let saved: Saved = serde_json::from_value(state.extra().clone())
+        .with_context(|| format!("{}: state.json has no sft settings", dir.display()))?;
+    if !same_tokenizer(&saved.settings.tokenizer, &settings.tokenizer) {
+        let name = |t: &Option<PathBuf>| match t {
+            Some(path) => path.display().to_string(),
+            None => "the byte tokenizer".into(),
+        };
+        bail!(
+            "{}: the checkpoint's tokenizer is {}, this run's {}",
+            dir.display(),
+            name(&saved.settings.tokenizer),
+            name(&settings.tokenizer)
+        );
+    }
+    if saved.settings.model != settings.model {
+        bail!(
+            "{}: the checkpoint's model is {:?}, this run's {:?}",
+            dir.display(),
+            saved.settings.model,
+            settings.model
+        );
+    }
+    process.say(format!(
+        "resuming from {} at step {} (problem {})",
+        dir.display(),
+        state.step(),
+        saved.data.next
+    ));
+    Ok((saved.data, Some(state)))
+}
+
 /// The run's text format: a model directory's tokenizer and chat template, or plain text with
 /// `--tokenizer` (else bytes). Without a model directory, the model's `vocab_size` becomes the
 /// tokenizer's size unless the `[model]` table set one, which must then hold every id.
@@ -149,7 +258,7 @@ pub(crate) fn load_format(
 }
 
 /// Whether two `tokenizer` settings are the same file (or both the byte tokenizer).
-pub(crate) fn same_tokenizer(a: &Option<PathBuf>, b: &Option<PathBuf>) -> bool {
+fn same_tokenizer(a: &Option<PathBuf>, b: &Option<PathBuf>) -> bool {
     match (a, b) {
         (None, None) => true,
         (Some(a), Some(b)) => {

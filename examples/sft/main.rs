@@ -84,79 +84,28 @@
 //! ```
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use candle_core::Device;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use odc::checkpoint::{self, TensorMap};
-use odc::launch::{parse_ranks, Roles, World};
-use odc::model::hf::peft;
-use odc::model::hf::{export_hf, ExportOptions, HfCheckpoint};
-use odc::model::{
-    evaluate_prompted, layout_units, open_device, published_weights, tensor_map,
-    transformer_job_of, ComputePrecision, DeviceTransfers, Objective, Placement, Sample,
-    SampleStore,
+use odc::checkpoint::Opened;
+use odc::compute::{Objective, Placement, SampleStore};
+use odc::model::hf::{peft, HfCheckpoint};
+use odc::model::{layout_units, tensor_map, Sample};
+use odc::recipe::{
+    self, adamw, checkpoint_due, Evaluator, Export, Fleet, JobRecipe, Process, Progress, Resume,
 };
-use odc::text::{ArithTask, Problem, TextFormat};
-use odc::trace::{phase_totals, step_spans, write_chrome_trace, TraceSpan};
-use odc::Job;
-use odc::{LrSchedule, OptimizerConfig, Precision, SplitPolicy, Timestamp, DEFAULT_STEP_TIMEOUT};
+use odc::text::TextFormat;
+use odc::trace::{phase_totals, step_spans, write_chrome_trace};
+use odc::{Job, LrSchedule, SplitPolicy, DEFAULT_STEP_TIMEOUT};
 
 mod data;
 mod settings;
 
-use data::{load_format, next_minibatch, same_tokenizer, sample_of, DataPosition, Dataset, Saved};
-use settings::{export_dtype_of, failure_policy, Opts, Settings};
-
-/// `--export-hf`: the model in Hugging Face layout, or under LoRA its adapters in PEFT's layout
-/// (the merged model with `--merge-lora`); what was written, in words.
-fn export(settings: &Settings, out: &Path, params: &[Vec<f32>]) -> anyhow::Result<String> {
-    let model = &settings.model;
-    if model.lora.is_some() && !settings.merge_lora {
-        let base = settings
-            .model_dir
-            .as_ref()
-            .map_or_else(|| "odc".to_string(), |d| d.display().to_string());
-        peft::export_peft(out, model, params, &base)
-            .with_context(|| format!("--export-hf {}", out.display()))?;
-        return Ok("PEFT adapters: adapter_config.json, adapter_model.safetensors".into());
-    }
-    let (config, units) = match &model.lora {
-        Some(_) => (peft::base_config(model), peft::merge(model, params)?),
-        None => (model.clone(), params.to_vec()),
-    };
-    let summary = export_hf(
-        out,
-        &config,
-        &units,
-        &ExportOptions {
-            dtype: export_dtype_of(&settings.export_dtype)?,
-            source: settings.model_dir.as_deref(),
-            ..ExportOptions::default()
-        },
-    )
-    .with_context(|| format!("--export-hf {}", out.display()))?;
-    Ok(format!(
-        "{}{} safetensors file(s), {:.1} MB of {} tensors, tokenizer files: {}",
-        if model.lora.is_some() {
-            "adapters merged: "
-        } else {
-            ""
-        },
-        summary.safetensors_files.len(),
-        summary.tensor_bytes as f64 / 1e6,
-        settings.export_dtype,
-        if summary.tokenizer_files.is_empty() {
-            "none".to_string()
-        } else {
-            summary.tokenizer_files.join(", ")
-        }
-    ))
-}
+use data::{load_format, next_minibatch, resumed_at, sample_of, Data, DataPosition, Saved};
+use settings::{failure_policy, Opts, Settings};
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -168,50 +117,29 @@ fn main() -> anyhow::Result<()> {
         .init();
     let (opts, resume) = Opts::parse().merged()?;
     let model_given = opts.model.is_some() || opts.model_preset.is_some();
-    let resume = match resume {
-        Some(path) if path.as_os_str() == "auto" => {
-            if opts.checkpoint_dir.is_none() {
-                bail!(
-                    "--resume auto continues from the newest checkpoint in --checkpoint-dir, \
-                     and none was given (flag or config file)"
-                );
-            }
-            Some(Resume::Newest)
-        }
-        Some(path) => Some(Resume::From(path)),
-        None => None,
-    };
+    let resume = resume.map(|path| Resume::parse(&path));
+    if resume == Some(Resume::Newest) && opts.checkpoint_dir.is_none() {
+        bail!(
+            "--resume auto continues from the newest checkpoint in --checkpoint-dir, and none was \
+             given (flag or config file)"
+        );
+    }
     let settings = opts.settings()?;
-    let world = World::from_env().context("reading the launcher's environment")?;
     // Before any thread exists: each trainer of this process gets its share of the cores (one
     // trainer per process under `odc launch`).
-    let trainers_here = if world.world_size > 1 {
-        1
-    } else {
-        settings.trainers
-    };
-    let threads = odc::model::share_cpu_threads(trainers_here);
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?
-        .block_on(run(settings, model_given, resume, world, threads))
+    let process = Process::start(settings.trainers)?;
+    process
+        .runtime()?
+        .block_on(run(settings, model_given, resume, process))
 }
 
-/// `--resume`: a checkpoint, or the newest in `--checkpoint-dir` (`auto`).
-enum Resume {
-    From(PathBuf),
-    Newest,
-}
-
-/// The run, phase by phase: set-up (the model directory, the text format, a checkpoint to resume,
-/// the data), the job, the training loop with its evaluations and checkpoints, the export.
+/// The run from top to bottom: set-up (the model directory, the text format, a checkpoint to
+/// resume, the data, the job), the steps with their evaluations and checkpoints, the end.
 async fn run(
     mut settings: Settings,
     model_given: bool,
     resume: Option<Resume>,
-    world: World,
-    threads: odc::model::CpuThreads,
+    process: Process,
 ) -> anyhow::Result<()> {
     // A model directory's weights, every tensor checked before anything else runs.
     let checkpoint = match &settings.model_dir {
@@ -221,23 +149,31 @@ async fn run(
         None => None,
     };
     let format = load_format(&mut settings, model_given)?;
-    let run = Run {
-        tensors: tensor_map(&settings.model)?,
-        settings,
-        format,
-        lead: world.rank == 0,
-        rank: world.rank,
-        world_size: world.world_size,
+    let tensors = tensor_map(&settings.model)?;
+    let resumed = match &resume {
+        Some(resume) => resume.open(&settings.checkpoint_dir, &tensors, process.is_lead())?,
+        None => None,
     };
-    let (position, resumed) = run.resume(resume)?;
-    let data = run.data()?;
-    run.serve_metrics()?;
+    let (position, resumed) = resumed_at(&settings, resumed, &process)?;
+    let data = Data::load(&settings, &format)?;
+    if !settings.no_metrics {
+        process.serve_metrics(settings.metrics_addr)?;
+    }
     let feed = Arc::new(Mutex::new(position));
-    let placement = run.placement()?;
-    let eval = run.evaluator(&placement)?;
-    let trainers = run.trainers();
-    let mut job = run.build_job(checkpoint.as_ref(), &data, placement, &feed, world, resumed)?;
-    let settings = &run.settings;
+    let placement = recipe::placement(
+        &settings.device,
+        &settings.precision,
+        &settings.reshard_after_forward,
+        settings.host_transfers,
+    )?;
+    // Evaluation (on the lead) runs while its trainers wait, on their device in their precision.
+    let evaluator = Evaluator::new(&placement, process.trainers_here())?;
+    let fleet = settings.fleet();
+    let trainers = fleet.trainers(process.ranks());
+    let mut job = build_job(
+        &settings, &format, checkpoint, &data, placement, &fleet, &feed, &process, resumed,
+    )?;
+
     let first = job.steps_done();
     if first > settings.steps {
         bail!(
@@ -246,573 +182,264 @@ async fn run(
         );
     }
     if first == settings.steps {
-        // A restarted attempt of a run whose last checkpoint is its last step: done.
-        run.say(format!(
+        // A restarted attempt of a run whose last checkpoint is its last step: done (the
+        // attempt that wrote it may have died before its export).
+        process.say(format!(
             "sft: the checkpoint is at step {first} of {}: nothing left to train",
             settings.steps
         ));
-        // The attempt that wrote it may have died before its export.
-        export_at_end(settings, &mut job, run.lead, &|l| run.say(l)).await?;
+        export_at_end(&settings, &mut job, &process).await?;
         job.shutdown().await;
         return Ok(());
     }
-    run.say(format!(
-        "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers, device {} ({}), {threads}",
+    process.say(format!(
+        "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers, device {} ({}), {}",
         odc::model::param_count(&settings.model)?,
         settings.steps,
         settings.batch_size,
         trainers,
-        if run.world_size > 1 {
-            run.world_size as usize
+        if process.is_distributed() {
+            process.ranks() as usize
         } else {
             settings.servers
         },
         settings.device,
-        settings.precision
+        settings.precision,
+        process.threads
     ));
-    let trained = run
-        .train(&mut job, &data, &eval, &feed, first, trainers)
-        .await?;
-    run.finish(job, trained, first).await
-}
 
-/// What every phase of the run reads.
-struct Run {
-    settings: Settings,
-    format: TextFormat,
-    /// The model's tensor names and shapes per unit (the checkpoints').
-    tensors: TensorMap,
-    /// Rank 0 prints, evaluates, checkpoints and exports.
-    lead: bool,
-    rank: u32,
-    world_size: u32,
-}
-
-/// The data of a run: the training set, the longest sample it takes, the held-out problems.
-struct Data {
-    dataset: Dataset,
-    max_len: usize,
-    eval_set: Vec<Problem>,
-}
-
-/// Where the lead answers the held-out problems: the trainers' device and precision, and how
-/// many threads answer at once.
-struct Evaluator {
-    device: Device,
-    precision: ComputePrecision,
-    workers: usize,
-}
-
-/// What the training loop measured.
-struct Trained {
-    started: Instant,
-    tokens: u64,
-    loss: f64,
-    accuracy: f64,
-    spans: Vec<TraceSpan>,
-}
-
-impl Run {
-    /// Prints `line` on the lead.
-    fn say(&self, line: String) {
-        if self.lead {
-            println!("{line}");
+    // The steps: a progress bar on a terminal, else a line now and then; evaluations every
+    // `--eval-every` and at the end, asynchronous checkpoints every `--checkpoint-every` and at
+    // the end.
+    let bar = progress_bar(&process, first, settings.steps)?;
+    let print = |line: String| {
+        if process.is_lead() {
+            bar.suspend(|| println!("{line}"));
         }
-    }
-
-    /// Resume: the checkpoint's state and data position; its model must be this run's. The
-    /// checkpoint is opened (mapped and verified), not read: each shard server reads its ranges.
-    fn resume(
-        &self,
-        resume: Option<Resume>,
-    ) -> anyhow::Result<(DataPosition, Option<checkpoint::Opened>)> {
-        let settings = &self.settings;
-        let resume = match resume {
-            Some(Resume::From(dir)) => {
-                let opened = checkpoint::open(&dir, &self.tensors)
-                    .with_context(|| format!("resuming from {}", dir.display()))?;
-                Some((dir, opened))
-            }
-            Some(Resume::Newest) => {
-                let newest = checkpoint::open_newest(&settings.checkpoint_dir, &self.tensors)
-                    .context("--resume auto: looking for the newest checkpoint")?;
-                if newest.is_none() && self.lead {
-                    eprintln!(
-                        "--resume auto: no checkpoint in {}: starting from scratch",
-                        settings.checkpoint_dir.display()
-                    );
-                }
-                newest
-            }
-            None => None,
-        };
-        let Some((dir, state)) = resume else {
-            return Ok((DataPosition { next: 0 }, None));
-        };
-        let saved: Saved = serde_json::from_value(state.extra().clone())
-            .with_context(|| format!("{}: state.json has no sft settings", dir.display()))?;
-        if !same_tokenizer(&saved.settings.tokenizer, &settings.tokenizer) {
-            let name = |t: &Option<PathBuf>| match t {
-                Some(path) => path.display().to_string(),
-                None => "the byte tokenizer".into(),
-            };
-            bail!(
-                "{}: the checkpoint's tokenizer is {}, this run's {}",
-                dir.display(),
-                name(&saved.settings.tokenizer),
-                name(&settings.tokenizer)
-            );
+    };
+    let mut progress = Progress::new(first, settings.steps);
+    let mut accuracy = f64::NAN;
+    let mut spans = Vec::new();
+    let mut origin = None;
+    for step in first..settings.steps {
+        let s = job.step().await.with_context(|| format!("step {step}"))?;
+        let position = *feed.lock().unwrap_or_else(|e| e.into_inner());
+        progress.record(&s);
+        metrics::gauge!("odc_sft_loss").set(s.loss);
+        metrics::gauge!("odc_sft_tokens_per_second").set(progress.rate());
+        if settings.step_stats {
+            print(format!(
+                "step-stats step={} wall_ms={:.3} tokens={} samples={} micro_batches={} loss={}",
+                step + 1,
+                s.wall.as_secs_f64() * 1e3,
+                s.tokens,
+                s.samples,
+                s.micro_batches,
+                s.loss
+            ));
         }
-        if saved.settings.model != settings.model {
-            bail!(
-                "{}: the checkpoint's model is {:?}, this run's {:?}",
-                dir.display(),
-                saved.settings.model,
-                settings.model
-            );
+        if settings.trace.is_some() {
+            let origin = *origin.get_or_insert(s.started);
+            spans.extend(step_spans(&s, origin, trainers));
         }
-        self.say(format!(
-            "resuming from {} at step {} (problem {})",
-            dir.display(),
-            state.step(),
-            saved.data.next
-        ));
-        Ok((saved.data, Some(state)))
-    }
-
-    /// The training data, the longest sample it takes, and the held-out problems that fit.
-    fn data(&self) -> anyhow::Result<Data> {
-        let settings = &self.settings;
-        let dataset = match &settings.data {
-            Some(path) => Dataset::load(path)?,
-            None => Dataset::Generated(
-                ArithTask::train(settings.seed).with_max_value(settings.max_value),
-            ),
-        };
-        if matches!(dataset, Dataset::Chat(_)) && !self.format.is_chat() {
-            bail!(
-                "{}: chat data needs the model's chat template: give --model-dir",
-                settings
-                    .data
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default()
-            );
+        let done = step + 1;
+        bar.set_position(done);
+        bar.set_message(progress.message());
+        if bar.is_hidden() && progress.line_due(done) {
+            print(progress.line(done, &s));
         }
-        // Samples longer than the model's positions are skipped, and without splitting those
-        // longer than a micro-batch too (with it, the planner cuts them into pieces within the
-        // budget).
-        let splits = settings
-            .split
-            .parse::<odc::SplitPolicy>()
-            .is_ok_and(|p| p != odc::SplitPolicy::Off);
-        let max_len = if splits {
-            settings.model.max_seq_len
-        } else {
-            settings
-                .model
-                .max_seq_len
-                .min(usize::try_from(settings.token_budget).unwrap_or(usize::MAX))
-        };
-        // Held-out problems that fit, as training skips the others.
-        let wanted = settings.eval_problems;
-        let eval_set: Vec<Problem> = match (&settings.eval_data, &settings.data) {
-            (Some(path), _) => self.format.fitting(
-                odc::text::gsm8k::load(path).context("loading the evaluation data")?,
-                max_len,
-                wanted,
-            )?,
-            (None, Some(_)) => Vec::new(),
-            (None, None) => self.format.fitting(
-                ArithTask::eval(settings.seed)
-                    .with_max_value(settings.max_value)
-                    .problems(0..(wanted as u64).saturating_mul(100)),
-                max_len,
-                wanted,
-            )?,
-        };
-        Ok(Data {
-            dataset,
-            max_len,
-            eval_set,
-        })
-    }
-
-    /// Prometheus metrics at `--metrics-addr` (its port plus the rank), unless `--no-metrics`.
-    fn serve_metrics(&self) -> anyhow::Result<()> {
-        if self.settings.no_metrics {
-            return Ok(());
-        }
-        let mut addr = self.settings.metrics_addr;
-        if addr.port() != 0 {
-            addr.set_port(addr.port().saturating_add(self.rank as u16));
-        }
-        odc::metrics::serve(addr)?;
-        self.say(format!("metrics: http://{addr}/metrics"));
-        Ok(())
-    }
-
-    /// The trainers' device, precision and resharding.
-    fn placement(&self) -> anyhow::Result<Placement> {
-        let settings = &self.settings;
-        Ok(Placement {
-            device: settings.device.parse()?,
-            precision: settings.precision.parse()?,
-            reshard: settings
-                .reshard_after_forward
-                .parse()
-                .map_err(|e| anyhow::anyhow!("--{e}"))?,
-            local_rank: odc::launch::local_rank(),
-            kernels: Default::default(),
-            transfers: match settings.host_transfers {
-                true => DeviceTransfers::Host,
-                false => DeviceTransfers::Device,
-            },
-        })
-    }
-
-    /// Evaluation (on the lead) runs while its trainers wait, on their device in their precision
-    /// (bf16's matrices and cache under `--precision bf16`), in batches of `EVAL_BATCH`
-    /// problems: one thread per trainer it holds on the CPU, one on a GPU.
-    fn evaluator(&self, placement: &Placement) -> anyhow::Result<Evaluator> {
-        if placement.device.is_cuda() {
-            return Ok(Evaluator {
-                device: open_device(placement.device, placement.local_rank)?,
-                precision: placement.precision,
-                workers: 1,
-            });
-        }
-        Ok(Evaluator {
-            device: Device::Cpu,
-            precision: placement.precision,
-            workers: if self.world_size > 1 {
-                1
-            } else {
-                self.settings.trainers
-            },
-        })
-    }
-
-    /// Trainers of the job (of every rank).
-    fn trainers(&self) -> usize {
-        match (&self.settings.trainers_on, self.world_size > 1) {
-            (Some(ranks), true) => parse_ranks(ranks).map(|r| r.len()).unwrap_or(1),
-            (None, true) => self.world_size as usize,
-            (_, false) => self.settings.trainers,
-        }
-    }
-
-    /// The job: the model's units (a model directory's, each shard server converting its own
-    /// slice from the mapped files, or the seeded initialisation), AdamW with warm-up and cosine
-    /// decay, the data read from `feed`'s position, and the processes' roles.
-    fn build_job(
-        &self,
-        checkpoint: Option<&HfCheckpoint>,
-        data: &Data,
-        placement: Placement,
-        feed: &Arc<Mutex<DataPosition>>,
-        world: World,
-        resumed: Option<checkpoint::Opened>,
-    ) -> anyhow::Result<Job> {
-        let settings = &self.settings;
-        let model = settings.model.clone();
-        let store_data = data.dataset.clone();
-        let store_format = self.format.clone();
-        let store: Arc<dyn SampleStore> = Arc::new(move |index: u64| {
-            Ok(Sample::from(&sample_of(&store_format, &store_data, index)?))
-        });
-        // Every rank opens the model directory: it must be on a filesystem they share.
-        let units = match checkpoint {
-            Some(checkpoint) => peft::adapted_units(&model, checkpoint.unit_specs())?,
-            None => layout_units(&model)?,
-        };
-        let mut builder =
-            transformer_job_of(&model, units, store, Objective::CrossEntropy, placement)?
-                .optimizer(OptimizerConfig::AdamW {
-                    lr: settings.lr,
-                    beta1: 0.9,
-                    beta2: 0.95,
-                    eps: 1e-8,
-                    weight_decay: settings.weight_decay,
-                })
-                .lr_schedule(LrSchedule::WarmupCosine {
-                    warmup_steps: settings.warmup_steps.min(settings.steps),
-                    total_steps: settings.steps,
-                    min_ratio: settings.min_lr_ratio,
-                })
-                .clip_grad_norm(settings.clip_grad_norm)
-                .micro_batch_timeout(Duration::from_secs(settings.micro_batch_timeout))
-                .step_timeout(DEFAULT_STEP_TIMEOUT.max(Duration::from_secs(
-                    settings.micro_batch_timeout.saturating_mul(6),
-                )))
-                .token_budget(settings.token_budget)
-                .sequence_parallel(
-                    settings
-                        .split
-                        .parse::<SplitPolicy>()
-                        .map_err(|e| anyhow::anyhow!("--split: {e}"))?,
-                )
-                .pull_precision(Precision::F32);
-        let data_source = data.dataset.clone();
-        let (batch, max_len) = (settings.batch_size, data.max_len);
-        let fed = feed.clone();
-        let data_format = self.format.clone();
-        builder = builder.data(move |_step: u64| {
-            let mut at = fed.lock().unwrap_or_else(|e| e.into_inner());
-            next_minibatch(&data_format, &data_source, &mut at, batch, max_len)
-        });
-        builder = builder
-            .failure_policy(failure_policy(&settings.on_trainer_failure)?)
-            .keep_last_checkpoints(settings.keep_last);
-        if self.world_size > 1 {
-            builder = builder.world(world);
-            if settings.servers_on.is_some() || settings.trainers_on.is_some() {
-                let ranks = |flag: &str, text: &Option<String>| match text {
-                    Some(text) => parse_ranks(text).map_err(|e| anyhow::anyhow!("--{flag}: {e}")),
-                    None => Ok((0..self.world_size).collect()),
-                };
-                builder = builder.roles(Roles::explicit(
-                    ranks("servers-on", &settings.servers_on)?,
-                    ranks("trainers-on", &settings.trainers_on)?,
-                ));
-            }
-        } else {
-            builder = builder
-                .trainers(settings.trainers)
-                .servers(settings.servers);
-        }
-        if let Some(node_size) = settings.relay_pushes {
-            builder = builder.relay_pushes(node_size);
-        }
-        if let Some(state) = resumed {
-            builder = builder.resume_from(state);
-        }
-        builder.build().context("building the job")
-    }
-
-    /// Steps `first..--steps`: the loss and rate (a progress bar on a terminal, else a line
-    /// every 10 steps), evaluations every `--eval-every` and at the end, asynchronous
-    /// checkpoints every `--checkpoint-every` and at the end.
-    async fn train(
-        &self,
-        job: &mut Job,
-        data: &Data,
-        eval: &Evaluator,
-        feed: &Arc<Mutex<DataPosition>>,
-        first: u64,
-        trainers: usize,
-    ) -> anyhow::Result<Trained> {
-        let settings = &self.settings;
-        let bar = if self.lead && std::io::stdout().is_terminal() {
-            let bar = ProgressBar::new(settings.steps);
-            bar.set_style(ProgressStyle::with_template(
-                "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
-            )?);
-            bar.set_position(first);
-            bar
-        } else {
-            ProgressBar::hidden()
-        };
-        let print = |line: String| {
-            if self.lead {
-                bar.suspend(|| println!("{line}"));
-            }
-        };
-        let mut trained = Trained {
-            started: Instant::now(),
-            tokens: 0,
-            loss: f64::NAN,
-            accuracy: f64::NAN,
-            spans: Vec::new(),
-        };
-        let mut origin: Option<Timestamp> = None;
-        let mut smoothed = f64::NAN;
-        for step in first..settings.steps {
-            let s = job.step().await.with_context(|| format!("step {step}"))?;
-            let position = *feed.lock().unwrap_or_else(|e| e.into_inner());
-            trained.tokens += s.tokens;
-            trained.loss = s.loss;
-            let loss = s.loss;
-            smoothed = if smoothed.is_nan() {
-                loss
-            } else {
-                0.9 * smoothed + 0.1 * loss
-            };
-            let rate = trained.tokens as f64 / trained.started.elapsed().as_secs_f64();
-            metrics::gauge!("odc_sft_loss").set(loss);
-            metrics::gauge!("odc_sft_tokens_per_second").set(rate);
-            if settings.step_stats {
-                print(format!(
-                    "step-stats step={} wall_ms={:.3} tokens={} samples={} micro_batches={} loss={}",
-                    step + 1,
-                    s.wall.as_secs_f64() * 1e3,
-                    s.tokens,
-                    s.samples,
-                    s.micro_batches,
-                    s.loss
-                ));
-            }
-            if settings.trace.is_some() {
-                let origin = *origin.get_or_insert(s.started);
-                trained.spans.extend(step_spans(&s, origin, trainers));
-            }
-            let done = step + 1;
-            bar.set_position(done);
-            bar.set_message(format!("loss {smoothed:.4}  {rate:.0} tok/s"));
-            // A terminal has the bar; a pipe or a log gets a line every 10 steps.
-            if bar.is_hidden() && (done % 10 == 0 || done == first + 1 || done == settings.steps) {
-                let split = if s.gangs.is_empty() {
-                    String::new()
-                } else {
-                    format!("  split {:?}", s.gangs)
-                };
-                print(format!(
-                    "step {done:4}/{}  loss {loss:.4}  grad-norm {:.3}  {rate:.0} tok/s  {:.0} ms/step{split}",
-                    settings.steps,
-                    s.grad_norm,
-                    s.wall.as_secs_f64() * 1e3
-                ));
-            }
-            let last = done == settings.steps;
-            let evaluate_now = !data.eval_set.is_empty()
-                && (last || (settings.eval_every > 0 && done % settings.eval_every == 0));
-            if self.lead && evaluate_now {
-                trained.accuracy = self.evaluate(job, data, eval, done, &print).await?;
-            }
-            if self.lead
-                && settings.checkpoint_every > 0
-                && (done % settings.checkpoint_every == 0 || last)
-            {
-                self.checkpoint(job, position, &print).await?;
-            }
-        }
-        if let Some(dir) = job.wait_checkpoint().await? {
-            checkpoint_written(&dir, &print);
-        }
-        bar.finish_and_clear();
-        Ok(trained)
-    }
-
-    /// Exact-match accuracy of greedy answers to the held-out problems, after step `done`.
-    async fn evaluate(
-        &self,
-        job: &mut Job,
-        data: &Data,
-        eval: &Evaluator,
-        done: u64,
-        print: &dyn Fn(String),
-    ) -> anyhow::Result<f64> {
-        let weights =
-            published_weights(job, &self.settings.model, 0, &eval.device, eval.precision).await?;
-        let t = Instant::now();
-        let prompt = |p: &Problem| self.format.prompt(&p.question);
-        let tokenizer = self.format.tokenizer();
-        let e = evaluate_prompted(
-            &weights,
-            &*tokenizer,
-            &data.eval_set,
-            self.settings.max_new_tokens,
-            eval.workers,
-            &prompt,
-        )?;
-        let accuracy = e.accuracy();
-        metrics::gauge!("odc_sft_eval_accuracy").set(accuracy);
-        print(format!(
-            "eval step {done}: accuracy {:.3} ({}/{})  mean answer {:.0} tokens  ({:.1} s)\n  e.g. {:?}",
-            accuracy,
-            e.correct,
-            e.problems,
-            e.mean_answer_tokens,
-            t.elapsed().as_secs_f64(),
-            e.example.unwrap_or_default().chars().take(120).collect::<String>()
-        ));
-        Ok(accuracy)
-    }
-
-    /// A checkpoint of the job at the data's `position`: sharded and asynchronous, every
-    /// server copies its shards now and writes them while training goes on; this rank
-    /// publishes the directory. The previous one is complete when the next starts (and at the
-    /// end).
-    async fn checkpoint(
-        &self,
-        job: &mut Job,
-        position: DataPosition,
-        print: &dyn Fn(String),
-    ) -> anyhow::Result<()> {
-        let saved = Saved {
-            settings: self.settings.clone(),
-            data: position,
-        };
-        let done = job
-            .checkpoint_async(
-                &self.settings.checkpoint_dir,
-                &self.tensors,
-                &serde_json::to_value(&saved)?,
+        let last = done == settings.steps;
+        let evaluate_now = !data.eval_set.is_empty()
+            && (last || (settings.eval_every > 0 && done % settings.eval_every == 0));
+        if process.is_lead() && evaluate_now {
+            accuracy = evaluate(
+                &settings, &format, &evaluator, &mut job, &data, done, &print,
             )
             .await?;
-        if let Some(dir) = done {
-            checkpoint_written(&dir, print);
         }
-        Ok(())
+        if process.is_lead() && checkpoint_due(settings.checkpoint_every, done, settings.steps) {
+            // Sharded and asynchronous: every server copies its shards now and writes them while
+            // training goes on; the previous checkpoint is complete when the next starts.
+            let saved = serde_json::to_value(Saved {
+                settings: settings.clone(),
+                data: position,
+            })?;
+            let dir = &settings.checkpoint_dir;
+            if let Some(written) = job.checkpoint_async(dir, &tensors, &saved).await? {
+                print(format!("checkpoint: {}", written.display()));
+            }
+        }
     }
+    if let Some(written) = job.wait_checkpoint().await? {
+        print(format!("checkpoint: {}", written.display()));
+    }
+    bar.finish_and_clear();
 
-    /// The export, the trace, the rate, and the last line.
-    async fn finish(&self, mut job: Job, trained: Trained, first: u64) -> anyhow::Result<()> {
-        let settings = &self.settings;
-        export_at_end(settings, &mut job, self.lead, &|l| self.say(l)).await?;
-        if let (Some(path), true) = (&settings.trace, self.lead) {
-            write_chrome_trace(path, &trained.spans, "odc sft")?;
-            self.say(format!("trace: {}", path.display()));
-            self.say(format!(
-                "phases (all trainers, all steps): {}",
-                phase_totals(&trained.spans)
-            ));
-        }
-        let secs = trained.started.elapsed().as_secs_f64();
-        self.say(format!(
-            "{} steps in {secs:.1} s: {:.0} tokens/s",
-            settings.steps - first,
-            trained.tokens as f64 / secs
+    // The end: the export, the trace, the rate, and the last line.
+    export_at_end(&settings, &mut job, &process).await?;
+    if let (Some(path), true) = (&settings.trace, process.is_lead()) {
+        write_chrome_trace(path, &spans, "odc sft")?;
+        process.say(format!("trace: {}", path.display()));
+        process.say(format!(
+            "phases (all trainers, all steps): {}",
+            phase_totals(&spans)
         ));
-        if settings.device != "cpu" {
-            // This process's parameter and gradient bytes through host memory (0 when they
-            // stayed on the device).
-            self.say(format!(
-                "host staging: {} bytes in {} steps",
-                odc::model::host_staging_bytes(),
-                settings.steps - first
-            ));
-        }
-        job.shutdown().await;
-        println!(
-            "final step={} loss={} eval_accuracy={}",
-            settings.steps, trained.loss, trained.accuracy
-        );
-        Ok(())
     }
+    process.say(progress.summary());
+    if settings.device != "cpu" {
+        // This process's parameter and gradient bytes through host memory (0 when they stayed
+        // on the device).
+        process.say(format!(
+            "host staging: {} bytes in {} steps",
+            odc::compute::host_staging_bytes(),
+            settings.steps - first
+        ));
+    }
+    job.shutdown().await;
+    println!(
+        "final step={} loss={} eval_accuracy={accuracy}",
+        settings.steps,
+        progress.loss()
+    );
+    Ok(())
+}
+
+/// The job: the model's units (a model directory's, each shard server converting its own slice
+/// from the mapped files, or the seeded initialisation), AdamW with warm-up and cosine decay,
+/// the data read from `feed`'s position, the fleet on its ranks, a checkpoint to resume.
+#[allow(clippy::too_many_arguments)]
+fn build_job(
+    settings: &Settings,
+    format: &TextFormat,
+    checkpoint: Option<HfCheckpoint>,
+    data: &Data,
+    placement: Placement,
+    fleet: &Fleet,
+    feed: &Arc<Mutex<DataPosition>>,
+    process: &Process,
+    resumed: Option<Opened>,
+) -> anyhow::Result<Job> {
+    let model = &settings.model;
+    let (store_format, store_data) = (format.clone(), data.dataset.clone());
+    let store: Arc<dyn SampleStore> = Arc::new(move |index: u64| {
+        Ok(Sample::from(&sample_of(&store_format, &store_data, index)?))
+    });
+    // Every rank opens the model directory: it must be on a filesystem they share.
+    let units = match &checkpoint {
+        Some(checkpoint) => peft::adapted_units(model, checkpoint.unit_specs())?,
+        None => layout_units(model)?,
+    };
+    let recipe = JobRecipe {
+        model,
+        units,
+        store,
+        objective: Objective::CrossEntropy,
+        placement,
+        optimizer: adamw(settings.lr, settings.weight_decay),
+        clip_grad_norm: settings.clip_grad_norm,
+        token_budget: settings.token_budget,
+        keep_last: settings.keep_last,
+        fleet,
+    };
+    let (data_format, dataset) = (format.clone(), data.dataset.clone());
+    let (batch, max_len, fed) = (settings.batch_size, data.max_len, feed.clone());
+    let mut builder = recipe
+        .builder(&process.world, resumed)?
+        .lr_schedule(LrSchedule::WarmupCosine {
+            warmup_steps: settings.warmup_steps.min(settings.steps),
+            total_steps: settings.steps,
+            min_ratio: settings.min_lr_ratio,
+        })
+        .micro_batch_timeout(Duration::from_secs(settings.micro_batch_timeout))
+        .step_timeout(DEFAULT_STEP_TIMEOUT.max(Duration::from_secs(
+            settings.micro_batch_timeout.saturating_mul(6),
+        )))
+        .sequence_parallel(
+            settings
+                .split
+                .parse::<SplitPolicy>()
+                .map_err(|e| anyhow::anyhow!("--split: {e}"))?,
+        )
+        .failure_policy(failure_policy(&settings.on_trainer_failure)?)
+        .data(move |_step: u64| {
+            let mut at = fed.lock().unwrap_or_else(|e| e.into_inner());
+            next_minibatch(&data_format, &dataset, &mut at, batch, max_len)
+        });
+    if let Some(node_size) = settings.relay_pushes {
+        builder = builder.relay_pushes(node_size);
+    }
+    builder.build().context("building the job")
+}
+
+/// A progress bar on the lead's terminal; hidden elsewhere (the loop then prints lines).
+fn progress_bar(process: &Process, first: u64, steps: u64) -> anyhow::Result<ProgressBar> {
+    if !(process.is_lead() && std::io::stdout().is_terminal()) {
+        return Ok(ProgressBar::hidden());
+    }
+    let bar = ProgressBar::new(steps);
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
+    )?);
+    bar.set_position(first);
+    Ok(bar)
+}
+
+/// Exact-match accuracy of greedy answers to the held-out problems, after step `done`.
+async fn evaluate(
+    settings: &Settings,
+    format: &TextFormat,
+    evaluator: &Evaluator,
+    job: &mut Job,
+    data: &Data,
+    done: u64,
+    print: &dyn Fn(String),
+) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let e = evaluator
+        .accuracy(
+            job,
+            &settings.model,
+            format,
+            &data.eval_set,
+            settings.max_new_tokens,
+        )
+        .await?;
+    let accuracy = e.accuracy();
+    metrics::gauge!("odc_sft_eval_accuracy").set(accuracy);
+    print(format!(
+        "eval step {done}: accuracy {:.3} ({}/{})  mean answer {:.0} tokens  ({:.1} s)\n  e.g. {:?}",
+        accuracy,
+        e.correct,
+        e.problems,
+        e.mean_answer_tokens,
+        t.elapsed().as_secs_f64(),
+        e.example.unwrap_or_default().chars().take(120).collect::<String>()
+    ));
+    Ok(accuracy)
 }
 
 /// `--export-hf` once the run's steps are done (the lead only).
 async fn export_at_end(
     settings: &Settings,
     job: &mut Job,
-    lead: bool,
-    say: &dyn Fn(String),
+    process: &Process,
 ) -> anyhow::Result<()> {
-    if let (Some(out), true) = (&settings.export_hf, lead) {
-        let t = Instant::now();
-        let params = job.parameters().await?;
-        let what = export(settings, out, &params)?;
-        say(format!(
-            "exported: {} ({what}; {:.1} s)",
-            out.display(),
-            t.elapsed().as_secs_f64()
-        ));
-    }
+    let (Some(out), true) = (&settings.export_hf, process.is_lead()) else {
+        return Ok(());
+    };
+    let t = Instant::now();
+    let params = job.parameters().await?;
+    let how = Export {
+        out,
+        dtype: recipe::export_dtype(&settings.export_dtype)?,
+        model_dir: settings.model_dir.as_deref(),
+        merge_lora: settings.merge_lora,
+    };
+    let what = recipe::export(&settings.model, &params, &how)?;
+    process.say(format!(
+        "exported: {} ({what}; {:.1} s)",
+        out.display(),
+        t.elapsed().as_secs_f64()
+    ));
     Ok(())
-}
-
-/// A checkpoint is complete (and `--keep-last` applied by the job, on every host): say so.
-fn checkpoint_written(dir: &std::path::Path, print: &dyn Fn(String)) {
-    print(format!("checkpoint: {}", dir.display()));
 }

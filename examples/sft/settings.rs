@@ -6,9 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use odc::launch::parse_ranks;
-use odc::model::hf::ExportDtype;
 use odc::model::{ComputePrecision, DeviceSpec, LoraConfig, LoraTarget, ModelConfig, Reshard};
+use odc::recipe::Fleet;
 use odc::{FailurePolicy, SplitPolicy};
 use serde::{Deserialize, Serialize};
 
@@ -350,7 +349,7 @@ impl Opts {
             bail!("--model-dir brings its own tokenizer: drop --tokenizer");
         }
         let export_dtype = self.export_dtype.unwrap_or_else(bf16);
-        export_dtype_of(&export_dtype)?;
+        odc::recipe::export_dtype(&export_dtype)?;
         let mut model = model;
         if let Some(rank) = self.lora_rank {
             let mut lora = LoraConfig::new(rank);
@@ -388,15 +387,7 @@ impl Opts {
             .map_err(|e| anyhow::anyhow!("--split: {e}"))?;
         let on_trainer_failure = self.on_trainer_failure.unwrap_or_else(respawn);
         failure_policy(&on_trainer_failure)?;
-        for (flag, ranks) in [
-            ("servers-on", &self.servers_on),
-            ("trainers-on", &self.trainers_on),
-        ] {
-            if let Some(text) = ranks {
-                parse_ranks(text).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))?;
-            }
-        }
-        Ok(Settings {
+        let settings = Settings {
             steps: self.steps.unwrap_or(500),
             batch_size: self.batch_size.unwrap_or(8),
             lr: self.lr.unwrap_or(3e-3),
@@ -443,15 +434,20 @@ impl Opts {
             trainers_on: self.trainers_on,
             on_trainer_failure,
             relay_pushes: self.relay_pushes,
-        })
+        };
+        settings.fleet().check()?;
+        Ok(settings)
     }
 }
 
-/// `--export-dtype`.
-pub(crate) fn export_dtype_of(name: &str) -> anyhow::Result<ExportDtype> {
-    match name {
-        "bf16" => Ok(ExportDtype::Bf16),
-        "f32" => Ok(ExportDtype::F32),
-        other => bail!("--export-dtype {other:?}: expected bf16 or f32"),
+impl Settings {
+    /// The job's trainers and shard servers, and their ranks under `odc launch`.
+    pub(crate) fn fleet(&self) -> Fleet {
+        Fleet {
+            trainers: self.trainers,
+            servers: self.servers,
+            servers_on: self.servers_on.clone(),
+            trainers_on: self.trainers_on.clone(),
+        }
     }
 }

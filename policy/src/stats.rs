@@ -78,7 +78,7 @@ pub struct MicroBatchRecord {
 }
 
 /// What one optimizer step did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepStats {
     /// Version of the parameters the step trained on (the step index).
     pub step: u64,

@@ -20,6 +20,12 @@ pub enum CheckpointError {
     Map(String),
 }
 
+impl From<odc_actors::policy::tensor_map::TensorMapError> for CheckpointError {
+    fn from(e: odc_actors::policy::tensor_map::TensorMapError) -> Self {
+        CheckpointError::Map(e.0)
+    }
+}
+
 pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.to_path_buf(),

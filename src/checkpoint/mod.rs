@@ -35,7 +35,6 @@ pub mod manifest;
 mod newest;
 mod open;
 pub mod sharded;
-mod tensors;
 mod train_state;
 
 pub use error::CheckpointError;
@@ -44,6 +43,6 @@ pub(crate) use layout::fresh_staging;
 pub use layout::{step_dir, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 pub use manifest::{Manifest, MANIFEST_FILE};
 pub use newest::{newest, retain, verify};
+pub use odc_actors::policy::tensor_map::{NamedTensor, TensorMap};
 pub use open::{open, open_newest, Opened};
-pub use tensors::{NamedTensor, TensorMap};
 pub use train_state::TrainState;

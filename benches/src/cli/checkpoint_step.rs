@@ -19,7 +19,8 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use clap::Args;
-use odc::model::{transformer_job_of, Objective, Placement, Sample, SampleStore};
+use odc::compute::{transformer_job_of, Objective, Placement, SampleStore};
+use odc::model::Sample;
 
 #[derive(Args)]
 pub(crate) struct CheckpointStepArgs {

@@ -115,9 +115,9 @@ pub(crate) async fn sft_overhead(args: SftOverheadArgs) -> anyhow::Result<()> {
         precision,
         reshard: args.reshard_after_forward,
         transfers: if args.host_transfers {
-            odc::model::DeviceTransfers::Host
+            odc::compute::DeviceTransfers::Host
         } else {
-            odc::model::DeviceTransfers::Device
+            odc::compute::DeviceTransfers::Device
         },
         data: if device.is_cuda() || args.model_dir.is_some() {
             so::Data::Synthetic {

@@ -1,0 +1,48 @@
+//! Recipes: what every training entry does around its loop, written once for the SFT and GRPO
+//! examples (and for the Python package to come), so that each entry is a straight loop that a
+//! reader follows top to bottom, as llm.c's train loop is:
+//!
+//! ```text
+//! flags → Process::start → (resume) → JobRecipe::builder … .build()
+//!       → for step in first..steps { job.step(); Progress; Evaluator; checkpoint_due }
+//!       → export
+//! ```
+//!
+//! - [`process`]: this process's part of a run: the launcher's world, the lead rank, its share
+//!   of the host's cores, the tokio runtime, metrics on the port plus the rank, lines printed
+//!   once;
+//! - [`placement`]: where the trainers compute, from the flags' words;
+//! - [`fleet`]: how many trainers and shard servers, and on which ranks;
+//! - [`job`]: [`JobRecipe`], a transformer's job with AdamW, its fleet and a checkpoint to
+//!   resume;
+//! - [`resume`]: `--resume DIR|auto`, and when a checkpoint is due;
+//! - [`evaluator`]: where the lead answers held-out problems, on the servers' published weights;
+//! - [`export`]: the trained model in Hugging Face layout, PEFT's adapters or the merged model;
+//! - [`progress`]: a run's rate, its smoothed loss and its lines.
+//!
+//! Every error is a [`RecipeError`] naming the flag, the file or the phase. Nothing here parses
+//! a command line or draws a progress bar: those are the entry's (clap and indicatif stay out of
+//! what embedding odc pulls in).
+
+pub mod error;
+pub mod evaluator;
+pub mod export;
+pub mod fleet;
+pub mod job;
+pub mod placement;
+pub mod process;
+pub mod progress;
+pub mod resume;
+
+pub use error::RecipeError;
+pub use evaluator::Evaluator;
+pub use export::{export, export_dtype, Export};
+pub use fleet::Fleet;
+pub use job::{adamw, JobRecipe};
+pub use placement::placement;
+pub use process::Process;
+pub use progress::Progress;
+pub use resume::{checkpoint_due, Resume};
+
+/// What a recipe's function returns.
+pub type Result<T> = std::result::Result<T, RecipeError>;
