@@ -2,18 +2,21 @@
 //!
 //! Parameters, gradients and optimizer state are sharded over **shard servers**; **trainers** pull
 //! the units they need on demand and push gradients point to point; a **supervisor** holds the one
-//! synchronisation per minibatch and replays a minibatch when a trainer fails. See `docs/design.md`.
+//! synchronisation per minibatch and replays a minibatch when a trainer fails. See
+//! `docs/design.md`.
 //!
 //! Users build a [`Job`] with a [`ModelLayout`](layout), a [`Compute`] (one micro-batch of their
 //! model against a [`TrainerContext`]) and a [`DataSource`], then call [`Job::run`].
 //!
 //! ```no_run
-//! use odc::{async_trait, Compute, ComputeOutput, Job, MicroBatch, SampleMeta, TrainerContext, UnitSpec};
+//! use odc::{async_trait, Compute, ComputeOutput, Job, MicroBatch, SampleMeta, TrainerContext,
+//! UnitSpec};
 //!
 //! struct Scale;
 //! #[async_trait]
 //! impl Compute for Scale {
-//!     async fn run(&mut self, ctx: &mut TrainerContext, mb: &MicroBatch) -> odc::Result<ComputeOutput> {
+//! async fn run(&mut self, ctx: &mut TrainerContext, mb: &MicroBatch) -> odc::Result<ComputeOutput>
+//! {
 //!         let w = ctx.gather(0).await?;
 //!         let grad: Vec<f32> = w.iter().map(|w| w * mb.tokens as f32).collect();
 //!         ctx.push_grad(0, &grad)?;
@@ -68,7 +71,7 @@ pub use odc_actors::policy::split::{ContextParallel, RingPrice, SplitPolicy};
 pub use odc_actors::policy::stats::{
     MicroBatchRecord, Span, SpanKind, StepStats, TrainerStepStats,
 };
-pub use odc_actors::policy::step::NonFinite;
+pub use odc_actors::policy::step::{NonFinite, StepError};
 pub use odc_actors::server::optimizer::{OptimizerConfig, OptimizerState};
 pub use odc_actors::trainer::{
     blocking, Compute, ComputeFactory, ContextConfig, Direction, MicroBatchStats, PushTicket,

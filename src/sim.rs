@@ -13,7 +13,8 @@
 //! - Every compute span is recorded in the micro-batch's timeline ([`SpanKind::Compute`]), read
 //!   from the job's clock ([`TrainerContext::now`]); busy time and utilization are measured from
 //!   those spans.
-//! - [`SpeedSchedule`]: per-device speed factors, including a device that slows down from a step on.
+//! - [`SpeedSchedule`]: per-device speed factors, including a device that slows down from a step
+//!   on.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -204,7 +205,7 @@ impl Compute for SimCompute {
 pub async fn ring_step_latency(ranks: u32, rounds: u32) -> crate::Result<Duration> {
     use odc_actors::datapath::{Collective, CollectiveGroup, DataPath, Op, OpKey, OpKind};
     use odc_actors::directory::{Directory, ShardRoute};
-    use odc_actors::trainer::buffers::UnitBuffers;
+    use odc_actors::memory::buffers::UnitBuffers;
     use odc_transport::local::LocalTransport;
     use odc_transport::{codec, Dtype, Transport};
 

@@ -5,17 +5,18 @@
 //! compute keeps its rendered message chain ([`Error::user`]).
 //!
 //! The pure cores of [`crate::policy`] have their own errors, about what they decide; this one
-//! also names what only the runtime has: transports, endpoints, actors, checkpoint files. It
-//! converts from each policy error into a flat variant of the same name and message
-//! ([`StepError`] into `Busy`, `Deadline`, `NonFinite`, ..., [`LayoutError`] into `Layout` and
-//! `UnknownUnit`), so a caller matches one enum whichever core failed. It is the step machine's
-//! error ([`Failure`]): a trainer's failed micro-batch comes back to the caller typed, as
-//! [`Error::MicroBatch`] around the trainer's own error.
+//! also names what only the runtime has: transports, endpoints, actors, checkpoint files. The
+//! step machine's decisions nest in it unchanged, [`Error::Step`] around a [`StepError`] (the
+//! minibatch is empty, no trainer is left, a step is busy, a value is not finite, ...; its
+//! message is the step error's), and a layout's error becomes `Layout` or `UnknownUnit`, so a
+//! caller matches one enum whichever core failed. A wait past its deadline and an actor that
+//! failed are step errors wherever they happen (`StepError::Deadline`, `StepError::Actor`: the
+//! machine's micro-batch and step deadlines, and the runtime's calls); the runtime's own
+//! configuration checks are [`Error::Config`], the machine's `StepError::Config`. It is the step
+//! machine's error ([`Failure`]): a trainer's failed micro-batch comes back to the caller typed,
+//! as [`Error::MicroBatch`] around the trainer's own error.
 
-use odc_policy::balancer::BalanceError;
-use odc_policy::error::place;
 use odc_policy::layout::LayoutError;
-use odc_policy::ledger::LedgerError;
 use odc_policy::optimizer::OptimizerError;
 use odc_policy::step::{Failure, StepError};
 use odc_policy::{NonFiniteAt, UnitId};
@@ -78,10 +79,9 @@ pub enum Error {
     Config(String),
     #[error("the job needs at least one {what}, got 0")]
     Zero { what: String },
-    #[error("empty minibatch at step {step}")]
-    EmptyMinibatch { step: u64 },
-    #[error("balancer: {0}")]
-    Balance(#[from] BalanceError),
+    /// A decision of the step machine (the minibatch, its plan, its trainers, its values).
+    #[error(transparent)]
+    Step(#[from] StepError),
     #[error("optimizer: {0}")]
     Optimizer(#[from] OptimizerError),
     #[error("micro-batch {micro_batch} of step {step} failed on trainer {trainer}: {source}")]
@@ -95,34 +95,6 @@ pub enum Error {
     User { message: String },
     #[error("a collective was aborted: its minibatch attempt was discarded")]
     CollectiveAborted,
-    #[error("no trainer left alive (step {step})")]
-    NoTrainers { step: u64 },
-    #[error("step {step} was replayed {replays} times and failed again; giving up")]
-    TooManyReplays { step: u64, replays: u32 },
-    #[error("a step is already running")]
-    Busy,
-    /// A wait ran past its deadline (docs/design.md I6): a hung compute, a lost peer, a stuck step.
-    #[error("step {step}: {what}{} ran past its deadline, gave up after {after_ms} ms", place(*.trainer, *.micro_batch))]
-    Deadline {
-        /// What was waited for: `"micro-batch"`, `"step"`, `"parameters"`.
-        what: String,
-        step: u64,
-        trainer: Option<u32>,
-        micro_batch: Option<u32>,
-        /// How long it had run when given up on.
-        after_ms: u64,
-    },
-    /// The ledger refused a hand-out or a completion: the supervisor's state is inconsistent. The
-    /// step fails rather than drop or double-count a micro-batch (I2).
-    #[error("step {step}: the ledger refused: {source}")]
-    Ledger { step: u64, source: LedgerError },
-    /// A gradient, a loss or the global gradient norm was not finite (NaN or ±inf). It never
-    /// reached a parameter: the step's gradients were discarded at every owner. Boxed: the
-    /// error type stays small.
-    #[error("{0}")]
-    NonFinite(Box<NonFiniteAt>),
-    #[error("actor {actor}: {reason}")]
-    Actor { actor: String, reason: String },
     /// A checkpoint file could not be written or read (the path, and why).
     #[error("{path}: {reason}")]
     Checkpoint { path: String, reason: String },
@@ -148,36 +120,6 @@ impl Error {
 /// Short for `Result<T, odc_actors::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Each decision of the step machine as the variant of the same name (same fields, same message).
-impl From<StepError> for Error {
-    fn from(e: StepError) -> Self {
-        match e {
-            StepError::Config(reason) => Error::Config(reason),
-            StepError::EmptyMinibatch { step } => Error::EmptyMinibatch { step },
-            StepError::Balance(e) => Error::Balance(e),
-            StepError::NoTrainers { step } => Error::NoTrainers { step },
-            StepError::TooManyReplays { step, replays } => Error::TooManyReplays { step, replays },
-            StepError::Busy => Error::Busy,
-            StepError::Deadline {
-                what,
-                step,
-                trainer,
-                micro_batch,
-                after_ms,
-            } => Error::Deadline {
-                what,
-                step,
-                trainer,
-                micro_batch,
-                after_ms,
-            },
-            StepError::Ledger { step, source } => Error::Ledger { step, source },
-            StepError::NonFinite(at) => Error::NonFinite(at),
-            StepError::Actor { actor, reason } => Error::Actor { actor, reason },
-        }
-    }
-}
-
 /// A layout's error as the variant of the same message.
 impl From<LayoutError> for Error {
     fn from(e: LayoutError) -> Self {
@@ -189,11 +131,12 @@ impl From<LayoutError> for Error {
 }
 
 /// What the step machine asks of the runtime's error: a trainer's non-finite report is
-/// [`Error::NonFinite`]; a failed micro-batch is [`Error::MicroBatch`] around the trainer's error.
+/// `Error::Step(StepError::NonFinite)`; a failed micro-batch is [`Error::MicroBatch`] around the
+/// trainer's error.
 impl Failure for Error {
     fn non_finite(&self) -> Option<&NonFiniteAt> {
         match self {
-            Error::NonFinite(at) => Some(at),
+            Error::Step(step) => step.non_finite(),
             _ => None,
         }
     }
@@ -211,9 +154,11 @@ impl Failure for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use odc_policy::ledger::LedgerError;
 
-    /// The step machine's errors and the layout's keep their messages as the runtime's variants
-    /// (callers and tests compare the text), and a failed micro-batch wraps the trainer's error.
+    /// The step machine's errors nest unchanged with their messages, the layout's keep theirs as
+    /// the runtime's variants (callers and tests compare the text), and a failed micro-batch
+    /// wraps the trainer's error.
     #[test]
     fn policy_errors_become_the_variant_of_the_same_message() {
         let step_errors = [
@@ -257,8 +202,9 @@ mod tests {
         ];
         for e in step_errors {
             assert_eq!(Error::from(e.clone()).to_string(), e.to_string(), "{e:?}");
+            assert_eq!(Error::from(e.clone()), Error::Step(e.clone()));
+            assert_eq!(Error::from(e.clone()).non_finite(), e.non_finite());
         }
-        assert!(matches!(Error::from(StepError::Busy), Error::Busy));
         let layout = [
             LayoutError::Invalid("a model needs at least one unit".into()),
             LayoutError::UnknownUnit { unit: 3, units: 1 },

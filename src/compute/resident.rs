@@ -4,7 +4,7 @@
 //! the same GPU (`JobBuilder::servers_on_device`) no parameter or gradient byte crosses host
 //! memory.
 //!
-//! Guarantees (the contracts of [`odc_actors::trainer::device`]):
+//! Guarantees (the contracts of [`odc_actors::memory::device`]):
 //! 1. **A gather buffer is free when handed out.** It is allocated on the trainer's stream
 //!    (candle's, stream-ordered), and handed to the transport only once an event recorded right
 //!    after the allocation completed: whatever the stream did with that memory before (a freed

@@ -34,7 +34,7 @@ fn user(e: impl std::fmt::Display) -> crate::Error {
 
 /// The model of `config` whose units are `job`'s from `first` on (0: the policy; a served
 /// reference after it), at the job's current version, on `device` in `precision` (see the
-/// [module docs](self)). Between steps only ([`crate::Error::Busy`] during one).
+/// [module docs](self)). Between steps only (`crate::Error::Step(StepError::Busy)` during one).
 pub async fn published_weights(
     job: &mut Job,
     config: &ModelConfig,

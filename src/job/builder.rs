@@ -1,5 +1,6 @@
-//! [`JobBuilder`]: what a job is made of, and the checks [`JobBuilder::build`] makes before anything
-//! starts (the supervisor's share of them is [`SupervisorSpec::validate`], which it runs again).
+//! [`JobBuilder`]: what a job is made of, and the checks [`JobBuilder::build`] makes before
+//! anything starts (the supervisor's share of them is [`SupervisorSpec::validate`], which it runs
+//! again).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -224,10 +225,10 @@ impl JobBuilder {
 
     /// Context parallelism as collective training runs it (collective mode only, the baselines
     /// of `odc-bench ab` and `sim`): [`ContextParallel::Static`] splits every sample over fixed
-    /// groups of trainers (TransformerEngine's and Megatron's CP size), [`ContextParallel::Dynamic`]
-    /// picks a group size per sample (Megatron-Core's hybrid CP); each round's micro-batches hold
-    /// several pieces, exchanged over the same ring as `sequence_parallel`'s gangs
-    /// ([`odc_actors::policy::split::plan_cp`]).
+    /// groups of trainers (TransformerEngine's and Megatron's CP size),
+    /// [`ContextParallel::Dynamic`] picks a group size per sample (Megatron-Core's hybrid CP); each
+    /// round's micro-batches hold several pieces, exchanged over the same ring as
+    /// `sequence_parallel`'s gangs ([`odc_actors::policy::split::plan_cp`]).
     pub fn context_parallel(mut self, cp: ContextParallel) -> Self {
         self.policy.context_parallel = cp;
         self
@@ -280,10 +281,10 @@ impl JobBuilder {
     /// or ±inf). Either way nothing non-finite reaches a parameter: the step's gradients are
     /// discarded at every shard server, and parameters, optimizer moments and the optimizer's
     /// step count stay as they were.
-    /// - [`NonFinite::Error`] (default): the step fails with [`Error::NonFinite`] naming where it
-    ///   was found (trainer, micro-batch, sample indices and unit, or the barrier's global norm);
-    ///   the job's step counter does not move, so [`Job::step`] next trains the same minibatch
-    ///   again ([`Job::step_with`] takes others).
+    /// - [`NonFinite::Error`] (default): the step fails with `Error::Step(StepError::NonFinite)`
+    ///   naming where it was found (trainer, micro-batch, sample indices and unit, or the barrier's
+    ///   global norm); the job's step counter does not move, so [`Job::step`] next trains the same
+    ///   minibatch again ([`Job::step_with`] takes others).
     /// - [`NonFinite::SkipStep`]: like PyTorch's GradScaler skipping `optimizer.step()`, the step
     ///   returns [`StepStats`] with `skipped` set, `odc_skipped_steps_total` counts it, and the
     ///   job goes on. A skipped step counts as a step of the job: the step counter, the data
@@ -306,23 +307,23 @@ impl JobBuilder {
         self
     }
 
-    /// Longest a micro-batch may run: past it the step fails with [`Error::Deadline`] naming the
-    /// trainer and micro-batch, and the hung trainer is killed (and respawned per the failure
-    /// policy), so the next step works. Default 600 s.
+    /// Longest a micro-batch may run: past it the step fails with
+    /// `Error::Step(StepError::Deadline)` naming the trainer and micro-batch, and the hung trainer
+    /// is killed (and respawned per the failure policy), so the next step works. Default 600 s.
     pub fn micro_batch_timeout(mut self, timeout: Duration) -> Self {
         self.policy.micro_batch_timeout = timeout;
         self
     }
 
     /// Longest [`Job::step`] / [`Job::step_with`] waits for the supervisor's answer; past it the
-    /// call fails with [`Error::Deadline`] (`what: "step"`). Default 3600 s.
+    /// call fails with `Error::Step(StepError::Deadline)` (`what: "step"`). Default 3600 s.
     pub fn step_timeout(mut self, timeout: Duration) -> Self {
         self.step_timeout = timeout;
         self
     }
 
-    /// Longest [`Job::parameters`] waits; past it [`Error::Deadline`] (`what: "parameters"`).
-    /// Default 600 s.
+    /// Longest [`Job::parameters`] waits; past it `Error::Step(StepError::Deadline)` (`what:
+    /// "parameters"`). Default 600 s.
     pub fn parameters_timeout(mut self, timeout: Duration) -> Self {
         self.parameters_timeout = timeout;
         self

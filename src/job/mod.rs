@@ -15,6 +15,7 @@ use odc_actors::policy::clock::Clock;
 use odc_actors::policy::dispatch::Communication;
 use odc_actors::policy::membership::HeartbeatConfig;
 use odc_actors::policy::stats::StepStats;
+use odc_actors::policy::step::StepError;
 use odc_actors::supervisor::{RankPlacement, Supervisor, SupervisorArgs, SupervisorMsg};
 use odc_actors::trainer::SharedComputeFactory;
 use odc_actors::{Error, Result};
@@ -101,10 +102,10 @@ impl Job {
         let Some(setup) = self.setup.take() else {
             return match (&self.node, &self.supervisor, &self.membership) {
                 (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Ok(()),
-                _ => Err(Error::Actor {
+                _ => Err(Error::Step(StepError::Actor {
                     actor: "supervisor".into(),
                     reason: "the job's actors stopped".into(),
-                }),
+                })),
             };
         };
         let Setup {
@@ -190,13 +191,12 @@ impl Job {
             node,
             placement,
         };
-        let (actor, handle) =
-            Actor::spawn(None, Supervisor, args)
-                .await
-                .map_err(|e| Error::Actor {
-                    actor: "supervisor".into(),
-                    reason: e.to_string(),
-                })?;
+        let (actor, handle) = Actor::spawn(None, Supervisor, args).await.map_err(|e| {
+            Error::Step(StepError::Actor {
+                actor: "supervisor".into(),
+                reason: e.to_string(),
+            })
+        })?;
         self.supervisor = Some((actor, handle));
         Ok(())
     }
@@ -215,8 +215,8 @@ impl Job {
 
     /// Train one minibatch of explicit samples (rank 0 of a multi-process job, or a
     /// single-process job). Waits at most the step timeout ([`JobBuilder::step_timeout`]); past
-    /// it [`Error::Deadline`] (the step may still be running in the supervisor: the next call
-    /// then gets [`Error::Busy`] until it ends).
+    /// it `Error::Step(StepError::Deadline)` (the step may still be running in the supervisor: the
+    /// next call then gets `Error::Step(StepError::Busy)` until it ends).
     pub async fn step_with(&mut self, samples: Vec<SampleMeta>) -> Result<StepStats> {
         self.start().await?;
         if !self.drives() {
@@ -374,7 +374,8 @@ impl Drop for Job {
     }
 }
 
-/// The answer of a call to the supervisor; a timeout is [`Error::Deadline`] for `what` of `step`.
+/// The answer of a call to the supervisor; a timeout is `Error::Step(StepError::Deadline)` for
+/// `what` of `step`.
 fn unwrap_call<T>(
     reply: std::result::Result<CallResult<T>, ractor::MessagingErr<SupervisorMsg>>,
     what: &str,
@@ -383,20 +384,20 @@ fn unwrap_call<T>(
 ) -> Result<T> {
     match reply {
         Ok(CallResult::Success(v)) => Ok(v),
-        Ok(CallResult::Timeout) => Err(Error::Deadline {
+        Ok(CallResult::Timeout) => Err(Error::Step(StepError::Deadline {
             what: what.into(),
             step,
             trainer: None,
             micro_batch: None,
             after_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        }),
-        Ok(CallResult::SenderError) => Err(Error::Actor {
+        })),
+        Ok(CallResult::SenderError) => Err(Error::Step(StepError::Actor {
             actor: "supervisor".into(),
             reason: format!("{what}: dropped the reply"),
-        }),
-        Err(e) => Err(Error::Actor {
+        })),
+        Err(e) => Err(Error::Step(StepError::Actor {
             actor: "supervisor".into(),
             reason: format!("{what}: {e}"),
-        }),
+        })),
     }
 }

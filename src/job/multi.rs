@@ -31,6 +31,7 @@ use odc_actors::messages::{Contribution, Gathered, HostMsg, StepOutcome};
 use odc_actors::node::Node;
 use odc_actors::policy::gather::GatherRound;
 use odc_actors::policy::stats::StepStats;
+use odc_actors::policy::step::StepError;
 use odc_actors::supervisor::SupervisorMsg;
 use odc_actors::{Error, Result};
 use ractor::{Actor, ActorRef};
@@ -68,10 +69,10 @@ const GATHER_FRAMING: u64 = 64 << 10;
 const FAILURE_ACK: Duration = Duration::from_secs(2);
 
 fn plane(reason: String) -> Error {
-    Error::Actor {
+    Error::Step(StepError::Actor {
         actor: "control plane".into(),
         reason,
-    }
+    })
 }
 
 impl MultiProcess {

@@ -9,6 +9,7 @@ use odc_actors::datapath::published;
 use odc_actors::layout::{UnitId, UnitOptimizerInit};
 use odc_actors::messages::{ShardSnapshot, SnapshotCmd};
 use odc_actors::node::Node;
+use odc_actors::policy::step::StepError;
 use odc_actors::supervisor::SupervisorMsg;
 use odc_actors::{Error, Result};
 use odc_transport::{Dest, ReadOp};
@@ -23,7 +24,7 @@ impl Job {
     /// servers publish fp32 snapshots of their shards and the job reads them with one batch of
     /// reads (no tensor bytes in control messages); any rank of a multi-process job may ask.
     /// Waits at most the parameters timeout ([`JobBuilder::parameters_timeout`]); past it
-    /// [`Error::Deadline`].
+    /// `Error::Step(StepError::Deadline)`.
     pub async fn parameters(&mut self) -> Result<Vec<Vec<f32>>> {
         let (node, snapshots, deadline) = self.snapshots(SnapshotCmd::default()).await?;
         let timeout = self.parameters_timeout;
@@ -34,9 +35,9 @@ impl Job {
     /// order: the values the trainers compute with (under bf16 pulls the masters rounded to
     /// bf16), read as a trainer's gather reads them — every shard at once, one-sided, each chunk
     /// checked against the version (I1). RL's sampler decodes with these: the policy's units, and
-    /// the reference's where the job serves it ([`UnitSpec::served`](odc_actors::layout::UnitSpec::served)).
-    /// Any rank may ask, between steps ([`Error::Busy`] during one); waits at most the parameters
-    /// timeout.
+    /// the reference's where the job serves it
+    /// ([`UnitSpec::served`](odc_actors::layout::UnitSpec::served)). Any rank may ask, between
+    /// steps (`Error::Step(StepError::Busy)` during one); waits at most the parameters timeout.
     pub async fn published_units(&mut self, units: Range<UnitId>) -> Result<Vec<Vec<f32>>> {
         let (node, published, deadline) = self.published().await?;
         let transport = node.transport.as_ref();
@@ -109,19 +110,20 @@ impl Job {
         Ok((node, published, deadline))
     }
 
-    /// `e`, or [`Error::Deadline`] naming `what` when it is the transport's deadline.
+    /// `e`, or `Error::Step(StepError::Deadline)` naming `what` when it is the transport's
+    /// deadline.
     fn past_deadline(&self, e: Error, what: &str) -> Error {
         match e {
             Error::Pull {
                 source: odc_transport::TransportError::DeadlineExceeded { .. },
                 ..
-            } => Error::Deadline {
+            } => Error::Step(StepError::Deadline {
                 what: what.into(),
                 step: self.step,
                 trainer: None,
                 micro_batch: None,
                 after_ms: u64::try_from(self.parameters_timeout.as_millis()).unwrap_or(u64::MAX),
-            },
+            }),
             e => e,
         }
     }
@@ -230,13 +232,13 @@ async fn read_tiled(
         match result {
             Ok(_) => {}
             Err(odc_transport::TransportError::DeadlineExceeded { .. }) => {
-                return Err(Error::Deadline {
+                return Err(Error::Step(StepError::Deadline {
                     what: what.into(),
                     step,
                     trainer: None,
                     micro_batch: None,
                     after_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-                })
+                }))
             }
             Err(source) => {
                 return Err(Error::Pull {

@@ -10,6 +10,8 @@
 //!   holds the trainers asked for.
 //! - Each rank serves its metrics on the given port plus its rank, so that the ranks of one host
 //!   do not collide (port 0 stays 0: the system picks one).
+//! - It installs the fault injection the multi-process tests ask a launched program for
+//!   (`odc_actors::faults::Faults::from_env`; unset, nothing is held).
 
 use std::fmt::Display;
 use std::net::SocketAddr;
@@ -34,6 +36,8 @@ impl Process {
     /// process holds when it runs alone; under a launcher it holds one.
     pub fn start(trainers: usize) -> Result<Process> {
         let world = World::from_env().map_err(RecipeError::World)?;
+        // The multi-process tests' fault injection, asked for by variables (none when unset).
+        odc_actors::faults::install(odc_actors::faults::Faults::from_env());
         Ok(Process::of(world, trainers))
     }
 

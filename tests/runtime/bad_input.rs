@@ -9,7 +9,7 @@ use odc::transport::local::LocalTransport;
 use odc::transport::{codec, Dest, Dtype, Transport, TransportError};
 use odc::{
     async_trait, Compute, ComputeOutput, Error, Job, MicroBatch, OptimizerConfig, Precision,
-    SampleMeta, TrainerContext, UnitSpec,
+    SampleMeta, StepError, TrainerContext, UnitSpec,
 };
 
 use crate::within;
@@ -116,8 +116,8 @@ async fn bad_compute_calls_are_typed_errors_and_the_job_keeps_running() {
                 assert!(!err.to_string().is_empty());
             }
             // The job still runs, and nothing of the failed steps was applied: one good step with
-            // gradient 1 per token-weighted sample... total weight 100 tokens, 4 micro-batch pushes of
-            // 1.0 → mean gradient 4/100 per element, SGD lr 1.
+            // gradient 1 per token-weighted sample... total weight 100 tokens, 4 micro-batch pushes
+            // of 1.0 → mean gradient 4/100 per element, SGD lr 1.
             mode.store(GOOD, Ordering::SeqCst);
             let stats = job
                 .step_with(samples())
@@ -144,11 +144,11 @@ async fn bad_minibatches_are_typed_errors() {
         within(30, async {
             assert!(matches!(
                 job.step_with(vec![]).await,
-                Err(Error::EmptyMinibatch { step: 0 })
+                Err(Error::Step(StepError::EmptyMinibatch { step: 0 }))
             ));
             let too_long = vec![SampleMeta::new(0, 1000)];
             let err = job.step_with(too_long).await.expect_err("over budget");
-            assert!(matches!(err, Error::Balance(_)), "{err}");
+            assert!(matches!(err, Error::Step(StepError::Balance(_))), "{err}");
             job.step_with(samples()).await.expect("still running");
         })
         .await;

@@ -1,11 +1,11 @@
-//! I1 consistency: during step v every read returns exactly version v, also for a trainer that reads
-//! late, while every other trainer already waits at the barrier.
+//! I1 consistency: during step v every read returns exactly version v, also for a trainer that
+//! reads late, while every other trainer already waits at the barrier.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use odc::transport::Dtype;
-use odc::{DispatchMode, Precision};
+use odc::{DispatchMode, Precision, StepError};
 
 use crate::model::{minibatches, reference_train, Hooks};
 use crate::{adamw, model_job, within};
@@ -41,8 +41,8 @@ async fn i1_late_reader_sees_the_step_version_not_the_next() {
         let seen = hooks.seen.lock().unwrap().clone();
         assert!(seen.len() >= data.len() * 2);
         for (step, values) in seen {
-            // Parameters of version `step` are the reference after `step` minibatches; version step+1
-            // differs from them by about the learning rate.
+            // Parameters of version `step` are the reference after `step` minibatches; version
+            // step+1 differs from them by about the learning rate.
             let want = &reference_train(&data[..step as usize], adamw(), Dtype::F32, None)[0][..4];
             let next =
                 &reference_train(&data[..step as usize + 1], adamw(), Dtype::F32, None)[0][..4];
@@ -207,12 +207,14 @@ async fn published_units_are_refused_while_a_step_runs() {
         let late = job.step_with(data[0].clone()).await.unwrap_err();
         assert!(late.to_string().contains("deadline"), "{late}");
         let busy = job.published_units(0..n).await.unwrap_err();
-        assert!(matches!(busy, odc::Error::Busy), "{busy}");
+        assert!(matches!(busy, odc::Error::Step(StepError::Busy)), "{busy}");
         // Once the step is over (the trainer's delay has passed), the new version reads.
         let after = loop {
             match job.published_units(0..n).await {
                 Ok(values) => break values,
-                Err(odc::Error::Busy) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(odc::Error::Step(StepError::Busy)) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
                 Err(e) => panic!("{e}"),
             }
         };

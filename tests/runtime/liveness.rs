@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use odc::{
     async_trait, Compute, ComputeOutput, Error, Job, MicroBatch, OptimizerConfig, SampleMeta,
-    TrainerContext, UnitSpec,
+    StepError, TrainerContext, UnitSpec,
 };
 
 use crate::within;
@@ -80,13 +80,13 @@ async fn i6_hung_compute_is_a_deadline_error_naming_trainer_and_micro_batch() {
             .expect_err("the hung micro-batch fails the step");
         let (trainer, micro_batch) = (hung.0.load(Ordering::SeqCst), hung.1.load(Ordering::SeqCst));
         match &err {
-            Error::Deadline {
+            Error::Step(StepError::Deadline {
                 what,
                 step: 0,
                 trainer: Some(t),
                 micro_batch: Some(m),
                 after_ms,
-            } if what == "micro-batch"
+            }) if what == "micro-batch"
                 && *t as usize == trainer
                 && *m as usize == micro_batch
                 && *after_ms >= 500 => {}
@@ -100,7 +100,8 @@ async fn i6_hung_compute_is_a_deadline_error_naming_trainer_and_micro_batch() {
         assert_eq!(stats.step, 0, "the failed step applied nothing");
         assert_eq!(stats.replays, 0);
         let params = within(30, job.parameters()).await.expect("parameters");
-        // SGD(0.1) on a gradient of 1 per micro-batch summed over 6, divided by 60 tokens: one step.
+        // SGD(0.1) on a gradient of 1 per micro-batch summed over 6, divided by 60 tokens: one
+        // step.
         let want = -0.1 * 6.0 / 60.0;
         assert!(
             params[0].iter().all(|&p| (p - want).abs() < 1e-6),
@@ -122,8 +123,13 @@ async fn i6_a_step_past_its_timeout_is_a_deadline_error() {
         assert!(
             matches!(
                 &err,
-                Error::Deadline { what, step: 0, trainer: None, micro_batch: None, after_ms: 300 }
-                    if what == "step"
+                Error::Step(StepError::Deadline {
+                    what,
+                    step: 0,
+                    trainer: None,
+                    micro_batch: None,
+                    after_ms: 300
+                }) if what == "step"
             ),
             "{err}"
         );

@@ -1,17 +1,21 @@
-//! A non-finite gradient never reaches a parameter (docs/design.md "Faults"). A trainer refuses a gradient
-//! with a NaN before sending it and fails a micro-batch whose loss is NaN; the barrier finds a sum
-//! that overflowed to inf although every trainer's gradient was finite. Then, per
+//! A non-finite gradient never reaches a parameter (docs/design.md "Faults"). A trainer refuses a
+//! gradient with a NaN before sending it and fails a micro-batch whose loss is NaN; the barrier
+//! finds a sum that overflowed to inf although every trainer's gradient was finite. Then, per
 //! `JobBuilder::on_non_finite`:
-//! - `Error`: the step fails with `Error::NonFinite` naming trainer, micro-batch, samples and unit;
-//!   parameters, optimizer moments and the optimizer's step count equal a run that never took the
-//!   step's data, and the job goes on;
-//! - `SkipStep`: the step is skipped (stats say so), the job goes on, and the final parameters equal
-//!   a run without the step's data (AdamW with a constant rate: the optimizer's step count shows).
+//! - `Error`: the step fails with `Error::Step(StepError::NonFinite)` naming trainer, micro-batch,
+//!   samples and unit; parameters, optimizer moments and the optimizer's step count equal a run
+//!   that never took the step's data, and the job goes on;
+//! - `SkipStep`: the step is skipped (stats say so), the job goes on, and the final parameters
+//!   equal a run without the step's data (AdamW with a constant rate: the optimizer's step count
+//!   shows).
 
 use std::sync::Arc;
 
 use odc::transport::Dtype;
-use odc::{Communication, DispatchMode, Error, Job, NonFinite, NonFiniteAt, Precision, SampleMeta};
+use odc::{
+    Communication, DispatchMode, Error, Job, NonFinite, NonFiniteAt, Precision, SampleMeta,
+    StepError,
+};
 
 use crate::model::{minibatches, reference_train, Hooks, Poison};
 use crate::params::max_abs_diff;
@@ -58,7 +62,7 @@ fn reference(data: &[Vec<SampleMeta>], steps: &[usize]) -> Vec<Vec<f32>> {
 /// `error` names what `poison` did where the hooks recorded it, at global step `BAD`.
 fn check_named(error: &Error, poison: Poison, hooks: &Hooks) {
     let poisoned = hooks.poisoned.lock().unwrap().clone();
-    let Error::NonFinite(at) = error else {
+    let Error::Step(StepError::NonFinite(at)) = error else {
         panic!("not a non-finite error: {error:?}");
     };
     let NonFiniteAt {
@@ -202,7 +206,7 @@ async fn non_finite_skip_step_discards_the_step_and_goes_on() {
                 assert_eq!(s.skipped.is_some(), i == BAD, "step {i}: {:?}", s.skipped);
             }
             let why = stats[BAD].skipped.clone().expect("skipped");
-            check_named(&Error::NonFinite(why), poison, &hooks);
+            check_named(&Error::Step(StepError::NonFinite(why)), poison, &hooks);
             if poison == Poison::GradMax {
                 assert_eq!(stats[BAD].grad_norm, f64::INFINITY);
             }

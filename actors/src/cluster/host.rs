@@ -17,11 +17,12 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::groups::{host_group, supervisor_group, wait_member};
 use super::session::Liveness;
-use crate::error::{Error, Result};
-use crate::messages::{
+use crate::cluster::messages::{
     Contribution, Gathered, HostMsg, ServerSpawn, StepOutcome, TrainerSpawn, TrainerStarted,
 };
+use crate::error::{Error, Result};
 use crate::node::Node;
+use crate::policy::step::StepError;
 use crate::server::{ServerArgs, ShardServer};
 use crate::supervisor::SupervisorMsg;
 use crate::trainer::{Trainer, TrainerArgs};
@@ -222,12 +223,14 @@ async fn spawn_server(
     };
     let (server, _) = Actor::spawn_linked(None, ShardServer, args, myself.get_cell())
         .await
-        .map_err(|e| Error::Actor {
-            actor: format!(
-                "shard server {} on rank {}",
-                spawn.spec.endpoint, state.rank
-            ),
-            reason: e.to_string(),
+        .map_err(|e| {
+            Error::Step(StepError::Actor {
+                actor: format!(
+                    "shard server {} on rank {}",
+                    spawn.spec.endpoint, state.rank
+                ),
+                reason: e.to_string(),
+            })
         })?;
     ractor::pg::join(spawn.group.clone(), vec![server.get_cell()]);
     state.children.insert(spawn.group, server.get_cell());
@@ -249,9 +252,11 @@ async fn spawn_trainer(
     };
     let (trainer, _) = Actor::spawn_linked(None, Trainer, args, myself.get_cell())
         .await
-        .map_err(|e| Error::Actor {
-            actor: format!("trainer {rank} on rank {}", state.rank),
-            reason: e.to_string(),
+        .map_err(|e| {
+            Error::Step(StepError::Actor {
+                actor: format!("trainer {rank} on rank {}", state.rank),
+                reason: e.to_string(),
+            })
         })?;
     ractor::pg::join(spawn.group.clone(), vec![trainer.get_cell()]);
     state.children.insert(spawn.group, trainer.get_cell());
@@ -267,9 +272,11 @@ async fn spawn_trainer(
 async fn find_supervisor(job: &str, rank: u32) -> Result<ActorRef<SupervisorMsg>> {
     let cell = wait_member(&supervisor_group(job), FIND_SUPERVISOR)
         .await
-        .ok_or_else(|| Error::Actor {
-            actor: format!("node host of rank {rank}"),
-            reason: format!("the supervisor was not visible within {FIND_SUPERVISOR:?}"),
+        .ok_or_else(|| {
+            Error::Step(StepError::Actor {
+                actor: format!("node host of rank {rank}"),
+                reason: format!("the supervisor was not visible within {FIND_SUPERVISOR:?}"),
+            })
         })?;
     Ok(ActorRef::from(cell))
 }

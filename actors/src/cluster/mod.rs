@@ -15,6 +15,7 @@ pub mod codec;
 mod door;
 pub mod groups;
 pub mod host;
+pub mod messages;
 pub mod session;
 mod wire;
 

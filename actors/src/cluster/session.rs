@@ -40,12 +40,13 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::door::{self, DialError, VERIFIED};
 use super::groups::{host_group, wait_member};
+use crate::cluster::messages::HostMsg;
 use crate::error::{Error, Result};
-use crate::messages::HostMsg;
 use crate::policy::clock::{Clock, SystemClock};
 use crate::policy::membership::{
     node_name, Action, HeartbeatConfig, LostReason, Origin, Roster, SessionId,
 };
+use crate::policy::step::StepError;
 
 /// Largest control-plane frame accepted from an authenticated peer: control messages carry
 /// specs, routes and step statistics, never tensor bytes. The largest is a trainer's spec, whose
@@ -189,10 +190,10 @@ pub struct ClusterNode {
 }
 
 fn plane_error(reason: String) -> Error {
-    Error::Actor {
+    Error::Step(StepError::Actor {
         actor: "control plane".into(),
         reason,
-    }
+    })
 }
 
 /// A number no other process will pick for its node name (the standard library's per-process

@@ -7,7 +7,10 @@ use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use ractor::Message;
 
 use super::codec::{call, cast, decode, reply_port, split, unknown};
-use crate::messages::{HostMsg, ServerMsg, SupervisorMsg, TrainerMsg};
+use crate::cluster::messages::HostMsg;
+use crate::server::messages::ServerMsg;
+use crate::supervisor::messages::SupervisorMsg;
+use crate::trainer::messages::TrainerMsg;
 
 impl Message for ServerMsg {
     fn serializable() -> bool {
@@ -211,17 +214,20 @@ mod tests {
 
     use odc_transport::local::LocalTransport;
     use odc_transport::Transport;
+
+    use crate::policy::step::StepError;
     use ractor::concurrency::oneshot;
     use ractor::RpcReplyPort;
 
     use super::*;
     use crate::batch::{LossWeighting, MicroBatch, SampleMeta};
+    use crate::cluster::messages::{Contribution, Gathered, InboxUpdate, StepOutcome};
     use crate::error::{Error, Result};
-    use crate::messages::{
-        ApplyCmd, Assignment, Contribution, FlushAck, FlushCmd, Gathered, InboxUpdate,
-        OpenRelaysCmd, ReduceAck, ReduceCmd, StepOutcome, TrainerReport,
-    };
     use crate::policy::clock::Timestamp;
+    use crate::server::messages::{
+        ApplyCmd, FlushAck, FlushCmd, OpenRelaysCmd, ReduceAck, ReduceCmd,
+    };
+    use crate::trainer::messages::{Assignment, TrainerReport};
 
     /// A message as a peer would receive it: serialized, then deserialized.
     fn cross<M: Message>(message: M) -> M {
@@ -303,7 +309,7 @@ mod tests {
                 ServerMsg::OpenRelays(cmd, r) if cmd.chunk_elems == 5 => Some((r, Ok(Vec::new()))),
                 _ => None,
             },
-            Ok(Vec::<crate::messages::RelayRoute>::new()),
+            Ok(Vec::<crate::server::messages::RelayRoute>::new()),
         )
         .await;
         call_across(
@@ -318,21 +324,21 @@ mod tests {
                 )
             },
             |m| match m {
-                ServerMsg::Apply(_, r) => Some((r, Err(Error::Busy))),
+                ServerMsg::Apply(_, r) => Some((r, Err(Error::Step(StepError::Busy)))),
                 _ => None,
             },
-            Err::<(), _>(Error::Busy),
+            Err::<(), _>(Error::Step(StepError::Busy)),
         )
         .await;
         call_across(
             |r| SupervisorMsg::Step(vec![SampleMeta::new(1, 2)], r),
             |m| match m {
                 SupervisorMsg::Step(samples, r) if samples == vec![SampleMeta::new(1, 2)] => {
-                    Some((r, Err(Error::EmptyMinibatch { step: 9 })))
+                    Some((r, Err(Error::Step(StepError::EmptyMinibatch { step: 9 }))))
                 }
                 _ => None,
             },
-            Err(Error::EmptyMinibatch { step: 9 }),
+            Err(Error::Step(StepError::EmptyMinibatch { step: 9 })),
         )
         .await;
         let handle = LocalTransport::new()
@@ -391,7 +397,7 @@ mod tests {
         }
         let outcome = StepOutcome {
             step: 3,
-            result: Err::<_, Error>(Error::NoTrainers { step: 3 }),
+            result: Err::<_, Error>(Error::Step(StepError::NoTrainers { step: 3 })),
         };
         match cross(HostMsg::Step(outcome.clone())) {
             HostMsg::Step(o) => assert_eq!(o, outcome),
@@ -431,7 +437,7 @@ mod tests {
             token: 0,
             started: Timestamp::from_nanos(0),
             finished: Timestamp::from_nanos(0),
-            result: Err(Error::Busy),
+            result: Err(Error::Step(StepError::Busy)),
         })
         .serialize()
         .expect("serializes")

@@ -1,17 +1,18 @@
-//! The collective data path: the FSDP baseline at its best (docs/design.md, "As built": data paths),
-//! over the same transport, servers and chunking as on-demand mode. Only the paradigm differs.
+//! The collective data path: the FSDP baseline at its best (docs/design.md, "As built": data
+//! paths), over the same transport, servers and chunking as on-demand mode. Only the paradigm
+//! differs.
 //!
-//! A unit is split into one **piece** per trainer (`shard_range(len, trainers, rank)`); with as many
-//! servers as trainers, piece `r` is exactly the shard of server `r`, the server on trainer `r`'s own
-//! device, as in FSDP where every rank owns its shard.
-//! - **All-gather**: trainer `r` reads its own piece from the owners (raw bytes in the pull dtype, so
-//!   bf16 pulls make bf16 all-gathers), decodes it into the unit buffer and sends the bytes to its
-//!   right neighbour's inbox. In each of `n − 1` steps it receives one piece from its left
-//!   neighbour, decodes it and forwards the same bytes (zero copy) to its right neighbour, except in
-//!   the last step.
+//! A unit is split into one **piece** per trainer (`shard_range(len, trainers, rank)`); with as
+//! many servers as trainers, piece `r` is exactly the shard of server `r`, the server on trainer
+//! `r`'s own device, as in FSDP where every rank owns its shard.
+//! - **All-gather**: trainer `r` reads its own piece from the owners (raw bytes in the pull dtype,
+//!   so bf16 pulls make bf16 all-gathers), decodes it into the unit buffer and sends the bytes to
+//!   its right neighbour's inbox. In each of `n − 1` steps it receives one piece from its left
+//!   neighbour, decodes it and forwards the same bytes (zero copy) to its right neighbour, except
+//!   in the last step.
 //! - **Reduce-scatter**: in step `k` trainer `r` sends its partial sum of piece `r − k − 1` to its
-//!   right neighbour and adds the partial of piece `r − k − 2` its left neighbour sent into its own;
-//!   after `n − 1` steps it holds the full sum of piece `r` and writes it into the owners'
+//!   right neighbour and adds the partial of piece `r − k − 2` its left neighbour sent into its
+//!   own; after `n − 1` steps it holds the full sum of piece `r` and writes it into the owners'
 //!   accumulators (its own device's server when servers = trainers), acknowledged, under its own
 //!   micro-batch's write ids and assignment token (the servers admit nothing else, transport C8).
 //!   The ring's own messages carry the token too, but inboxes do not check it: a peer that can
@@ -28,17 +29,18 @@
 //! rings with their pieces as device messages, from and into the trainer's device memory
 //! ([`device`]); a two-level ring there keeps the host path.
 //!
-//! Signalling is neighbour-only: a step's message is its own signal (transport C7, NCCL's send/recv),
-//! so no global barrier exists anywhere in a collective. Inboxes are registered once per trainer
-//! (persistent staging); messages are keyed by [`OpKey::message_id`] and carry the attempt's epoch.
+//! Signalling is neighbour-only: a step's message is its own signal (transport C7, NCCL's
+//! send/recv), so no global barrier exists anywhere in a collective. Inboxes are registered once
+//! per trainer (persistent staging); messages are keyed by [`OpKey::message_id`] and carry the
+//! attempt's epoch.
 //!
 //! Invariants:
-//! - Every trainer must issue the same collectives in the same order with the same micro-batch count
-//!   per step (LB-Micro plans guarantee the counts; the context assigns keys in call order).
-//! - **I6 / I2 replay**: [`CollectiveGroup::abort_before`] raises an epoch floor. An operation of an
-//!   older epoch fails at once with [`Error::CollectiveAborted`] — whether it is already waiting or
-//!   only starts after the discard — and every wait also ends at the operation's deadline, with an
-//!   error naming the peer it waited for.
+//! - Every trainer must issue the same collectives in the same order with the same micro-batch
+//!   count per step (LB-Micro plans guarantee the counts; the context assigns keys in call order).
+//! - **I6 / I2 replay**: [`CollectiveGroup::abort_before`] raises an epoch floor. An operation of
+//!   an older epoch fails at once with [`Error::CollectiveAborted`] — whether it is already waiting
+//!   or only starts after the discard — and every wait also ends at the operation's deadline, with
+//!   an error naming the peer it waited for.
 
 #[cfg(feature = "cuda-code")]
 mod device;
@@ -60,11 +62,11 @@ use super::{DataPath, Gathered, NonFiniteElement, Op, OpKey, Transfer};
 use crate::directory::Directory;
 use crate::error::{Error, Result};
 use crate::layout::{shard_range, UnitId};
+use crate::memory::buffers::Lease;
 use crate::metrics::TransferMetrics;
-use crate::trainer::buffers::Lease;
 
-/// Endpoint id of trainer `rank`'s inbox (servers use `0..servers`); `endpoint % TRAINER_ENDPOINT_BASE`
-/// is the device a trainer shares with its server.
+/// Endpoint id of trainer `rank`'s inbox (servers use `0..servers`); `endpoint %
+/// TRAINER_ENDPOINT_BASE` is the device a trainer shares with its server.
 pub const TRAINER_ENDPOINT_BASE: EndpointId = 1 << 24;
 
 /// The trainers taking part in collectives: where each one's inbox is, and the epoch floor below
@@ -440,7 +442,7 @@ impl Inner {
             sent?;
         }
         Ok(Gathered {
-            values: crate::trainer::UnitValues::Host(buffer),
+            values: crate::memory::UnitValues::Host(buffer),
             bytes,
             lease,
         })
@@ -547,7 +549,7 @@ impl DataPath for Collective {
         &self,
         op: Op,
         len: usize,
-        memory: Arc<dyn crate::trainer::DeviceMemory>,
+        memory: Arc<dyn crate::memory::DeviceMemory>,
         lease: Lease,
     ) -> Transfer<Gathered> {
         let inner = self.inner.clone();
@@ -566,7 +568,7 @@ impl DataPath for Collective {
 
     /// The ring reduce-scatter from device memory ([`device`]).
     #[cfg(feature = "cuda-code")]
-    fn push_device(&self, op: Op, grad: Arc<dyn crate::trainer::DeviceGrad>) -> Transfer<u64> {
+    fn push_device(&self, op: Op, grad: Arc<dyn crate::memory::DeviceGrad>) -> Transfer<u64> {
         let inner = self.inner.clone();
         Box::pin(async move {
             let bytes = inner.reduce_scatter_device(op, grad).await?;
@@ -621,7 +623,7 @@ mod tests {
     use super::*;
     use crate::datapath::OpKind;
     use crate::directory::ShardRoute;
-    use crate::trainer::buffers::UnitBuffers;
+    use crate::memory::buffers::UnitBuffers;
 
     type Regions = (
         Vec<Box<dyn AccumulatorRegion>>,

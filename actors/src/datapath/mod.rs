@@ -1,13 +1,13 @@
-//! Data paths: how a trainer's gathers and gradient pushes move. This is the one place the two modes
-//! differ; [`TrainerContext`](crate::trainer::TrainerContext) calls the [`DataPath`] trait and never
-//! branches on the mode.
+//! Data paths: how a trainer's gathers and gradient pushes move. This is the one place the two
+//! modes differ; [`TrainerContext`](crate::trainer::TrainerContext) calls the [`DataPath`] trait
+//! and never branches on the mode.
 //!
 //! - [`OnDemand`] (odc): a gather reads every chunk of every shard of the unit straight from its
 //!   owner's published copy (one-sided, every owner at once, one batch with one deadline); a push
 //!   writes every chunk of the gradient into its owner's accumulator. A trainer waits only on its
 //!   own transfers, never on another trainer (**I4**).
-//! - [`Collective`] (the FSDP baseline at its best, docs/design.md, "As built": data paths): a gather is
-//!   a ring all-gather among all trainers and a push a ring reduce-scatter. Signalling is
+//! - [`Collective`] (the FSDP baseline at its best, docs/design.md, "As built": data paths): a
+//!   gather is a ring all-gather among all trainers and a push a ring reduce-scatter. Signalling is
 //!   neighbour-only: each ring step is a message into the right neighbour's persistent inbox
 //!   (transport C7), so a trainer waits for its left neighbour only, never for a global barrier.
 //!
@@ -19,10 +19,13 @@
 //!
 //! | | on-demand | collective |
 //! |---|---|---|
-//! | bytes in per gather | one unit (pull dtype) | one unit (pull dtype: bf16 all-gathers when pulls are bf16) |
-//! | passes over a gathered element | 1 decode into the unit buffer | 1 decode (its own piece: 1 copy + 1 decode) |
+//! | bytes in per gather | one unit (pull dtype) | one unit (pull dtype: bf16 all-gathers when
+//! pulls are bf16) |
+//! | passes over a gathered element | 1 decode into the unit buffer | 1 decode (its own piece: 1
+//! copy + 1 decode) |
 //! | bytes out per push | one unit of fp32 | one unit of fp32 |
-//! | passes over a gradient element | 1 encode (with the finiteness check) + 1 add at the owner | 1 copy (with the finiteness check) + 1 encode + 1 add (at the neighbour or the owner) |
+//! | passes over a gradient element | 1 encode (with the finiteness check) + 1 add at the owner | 1
+//! copy (with the finiteness check) + 1 encode + 1 add (at the neighbour or the owner) |
 //! | registration per operation | none | none (inboxes are registered once per trainer) |
 //! | waits on other trainers | never | its left neighbour, once per ring step |
 //!
@@ -51,7 +54,6 @@ pub(crate) mod transfer;
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::future::BoxFuture;
 pub use odc_transport::codec::NonFiniteElement;
 use serde::{Deserialize, Serialize};
 
@@ -63,8 +65,7 @@ pub use transfer::{micro_batch_of, write_id};
 
 use crate::error::Result;
 use crate::layout::UnitId;
-use crate::trainer::buffers::Lease;
-use crate::trainer::device::{DeviceGrad, DeviceMemory, UnitValues};
+use crate::memory::{DeviceGrad, DeviceMemory, Lease, UnitValues};
 
 /// What a collective operation does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -130,8 +131,7 @@ pub struct Gathered {
     pub lease: Lease,
 }
 
-/// A transfer in progress: a future the context spawns (prefetch) or awaits.
-pub type Transfer<T> = BoxFuture<'static, Result<T>>;
+pub use crate::memory::Transfer;
 
 /// How gathers and pushes move. Implementations build the future synchronously (taking what they
 /// need from borrowed arguments) so the context can spawn it.
@@ -139,7 +139,8 @@ pub trait DataPath: Send + Sync + 'static {
     /// A micro-batch of attempt `epoch` starts (collective: the inbox forgets older epochs).
     fn begin(&self, epoch: u64);
 
-    /// Fill `buffer` (exactly the unit's length, uniquely owned) with the whole unit at `op.version`.
+    /// Fill `buffer` (exactly the unit's length, uniquely owned) with the whole unit at
+    /// `op.version`.
     fn gather(&self, op: Op, buffer: Arc<[f32]>, lease: Lease) -> Transfer<Gathered>;
 
     /// Send `grad` (the gradient of the micro-batch's summed loss w.r.t. the whole unit) to the
@@ -154,7 +155,7 @@ pub trait DataPath: Send + Sync + 'static {
     }
 
     /// [`DataPath::gather`] into a buffer of `len` elements of the published dtype from
-    /// `memory`, device to device (see [`crate::trainer::device`]).
+    /// `memory`, device to device (see [`crate::memory::device`]).
     fn gather_device(
         &self,
         op: Op,

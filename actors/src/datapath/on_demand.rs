@@ -1,19 +1,20 @@
 //! The on-demand data path (odc): point to point with the shard servers.
 //!
-//! - A gather reads every chunk of every shard of the unit from its owner's published copy, one-sided
-//!   (the owner's actor is not involved), all owners at once in one batch, decoding straight into the
-//!   unit buffer; every chunk must carry the step's version (**I1**, [`Error::VersionMismatch`]).
-//! - A push encodes the gradient once, straight from the caller's slice, into fp32 chunks tagged with
-//!   the attempt's epoch and a write id unique per (micro-batch, unit, shard, chunk), so owners refuse
-//!   late and duplicate writes (**I2**, transport C3), and with the micro-batch's assignment token,
-//!   without which owners refuse the write (transport C8); it resolves when every owner
-//!   acknowledged. The same pass checks every element is finite: a gradient with a NaN or ±inf
-//!   is refused and nothing of it is sent.
+//! - A gather reads every chunk of every shard of the unit from its owner's published copy,
+//!   one-sided (the owner's actor is not involved), all owners at once in one batch, decoding
+//!   straight into the unit buffer; every chunk must carry the step's version (**I1**,
+//!   [`Error::VersionMismatch`]).
+//! - A push encodes the gradient once, straight from the caller's slice, into fp32 chunks tagged
+//!   with the attempt's epoch and a write id unique per (micro-batch, unit, shard, chunk), so
+//!   owners refuse late and duplicate writes (**I2**, transport C3), and with the micro-batch's
+//!   assignment token, without which owners refuse the write (transport C8); it resolves when every
+//!   owner acknowledged. The same pass checks every element is finite: a gradient with a NaN or
+//!   ±inf is refused and nothing of it is sent.
 //! - **Device memory** (feature `cuda-code`, the job's transport the `cuda` backend): a gather
 //!   can land in the trainer's device memory (one device-to-device read per shard, in the
 //!   published dtype, the version checked per shard) and a push can come from it (each shard's
 //!   slice added by the owner's kernel, over CUDA IPC for another process's owner, once the
-//!   gradient is ready), with the same tags and fences ([`crate::trainer::device`]).
+//!   gradient is ready), with the same tags and fences ([`crate::memory::device`]).
 //! - Nothing here waits on another trainer (**I4**).
 
 use std::sync::Arc;
@@ -24,9 +25,9 @@ use super::transfer::{self, Out};
 use super::{DataPath, Gathered, NonFiniteElement, Op, Transfer};
 use crate::directory::Directory;
 use crate::error::{Error, Result};
+use crate::memory::buffers::Lease;
+use crate::memory::UnitValues;
 use crate::metrics::TransferMetrics;
-use crate::trainer::buffers::Lease;
-use crate::trainer::UnitValues;
 
 /// See the [module docs](self).
 pub struct OnDemand {
@@ -97,7 +98,7 @@ impl DataPath for OnDemand {
         &self,
         op: Op,
         len: usize,
-        memory: Arc<dyn crate::trainer::DeviceMemory>,
+        memory: Arc<dyn crate::memory::DeviceMemory>,
         lease: Lease,
     ) -> Transfer<Gathered> {
         let (transport, directory) = (self.transport.clone(), self.directory.clone());
@@ -138,7 +139,7 @@ impl DataPath for OnDemand {
     /// Each shard's slice of `grad` added into its accumulator by the owner's kernel, once
     /// `grad` is ready.
     #[cfg(feature = "cuda-code")]
-    fn push_device(&self, op: Op, grad: Arc<dyn crate::trainer::DeviceGrad>) -> Transfer<u64> {
+    fn push_device(&self, op: Op, grad: Arc<dyn crate::memory::DeviceGrad>) -> Transfer<u64> {
         let (transport, directory) = (self.transport.clone(), self.directory.clone());
         let metrics = self.metrics.clone();
         Box::pin(async move {

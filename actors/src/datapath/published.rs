@@ -3,7 +3,7 @@
 //! reads them where the trainers do, from the published copies, at the step's version.
 //!
 //! [`Published`] is where every shard's published copy is and the version they hold (the
-//! supervisor's answer between steps, [`crate::messages::SupervisorMsg::Published`]). A unit is
+//! supervisor's answer between steps, [`crate::supervisor::messages::SupervisorMsg::Published`]). A unit is
 //! read as a trainer's gather reads it ([`super::on_demand`]): every shard at once, one-sided,
 //! each chunk checked against the version (**I1**: one of another version fails the read with
 //! [`crate::Error::VersionMismatch`], so a sampler never mixes two steps' weights), decoded into
@@ -22,14 +22,14 @@ use crate::directory::{Directory, ShardRoute};
 use crate::error::Result;
 use crate::layout::UnitId;
 #[cfg(feature = "cuda-code")]
-use crate::trainer::UnitValues;
+use crate::memory::UnitValues;
 
 /// Where the published copies are and their version (see the [module docs](self)).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Published {
     /// The version every published chunk holds: the optimizer steps applied.
     pub version: u64,
-    #[serde(with = "crate::messages::shared_directory")]
+    #[serde(with = "crate::trainer::messages::shared_directory")]
     pub directory: Arc<Directory>,
 }
 
@@ -58,7 +58,7 @@ impl Published {
         &self,
         transport: &dyn Transport,
         unit: UnitId,
-        memory: &dyn crate::trainer::DeviceMemory,
+        memory: &dyn crate::memory::DeviceMemory,
         deadline: Deadline,
     ) -> Result<(UnitValues, u64)> {
         if transport
@@ -131,7 +131,7 @@ pub async fn read_device(
     published: &Published,
     transport: &dyn Transport,
     units: Range<UnitId>,
-    memory: &dyn crate::trainer::DeviceMemory,
+    memory: &dyn crate::memory::DeviceMemory,
     deadline: Deadline,
 ) -> Result<(Vec<UnitValues>, u64)> {
     each_unit(units, |u| {

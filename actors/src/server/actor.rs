@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use odc_transport::{WriteGuard, WriteTag};
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::optimizer::{OptimizerConfig, OptimizerState};
 use super::relay::{self, Relays, Taken};
@@ -18,9 +18,11 @@ use crate::datapath::micro_batch_of;
 use crate::directory::ShardRoute;
 use crate::error::{Error, Result};
 use crate::layout::{shard_range, UnitId};
-use crate::messages::{FlushAck, FlushCmd, WrittenShards};
 use crate::node::Node;
 use crate::policy::token::JobKey;
+use crate::server::messages::{
+    FlushAck, FlushCmd, OpenRelaysCmd, PublishShardsCmd, RelayRoute, WriteShardsCmd, WrittenShards,
+};
 
 /// How to start a shard server: its serializable spec and its process's resources.
 pub struct ServerArgs {
@@ -114,40 +116,10 @@ impl Actor for ShardServer {
     ) -> std::result::Result<(), ActorProcessingErr> {
         match msg {
             ServerMsg::Routes(reply) => {
-                let routes = state
-                    .shards
-                    .iter()
-                    .map(|shard| ShardRoute {
-                        unit: shard.unit,
-                        owner: state.spec.endpoint,
-                        start: shard.range.start as u64,
-                        end: shard.range.end as u64,
-                        published: shard.store.published(),
-                        accumulator: shard.store.accumulator(),
-                    })
-                    .collect();
-                let _ = reply.send(routes);
+                let _ = reply.send(routes(state));
             }
             ServerMsg::OpenRelays(cmd, reply) => {
-                let opened = if state.relays.is_empty() {
-                    Relays::open(
-                        state.node.transport.as_ref(),
-                        state.spec.endpoint,
-                        state.spec.epoch,
-                        admission(state.spec.key),
-                        cmd,
-                    )
-                    .map(|(relays, routes)| {
-                        state.relays = relays;
-                        routes
-                    })
-                } else {
-                    Err(Error::Config(format!(
-                        "shard server {}: its relays are already open",
-                        state.spec.endpoint
-                    )))
-                };
-                let _ = reply.send(opened);
+                let _ = reply.send(open_relays(state, cmd));
             }
             ServerMsg::Flush(cmd, reply) => flush_relays(state, cmd, reply).await?,
             ServerMsg::ExpectRelays(cmd, reply) => {
@@ -181,92 +153,9 @@ impl Actor for ShardServer {
                         .await?;
                 let _ = reply.send(result);
             }
-            ServerMsg::WriteShards(cmd, reply) => {
-                let busy = state.writing.as_ref().is_some_and(|w| w.borrow().is_none());
-                if busy {
-                    let _ = reply.send(Err(Error::Config(format!(
-                        "shard server {}: a checkpoint write is still running",
-                        state.spec.endpoint
-                    ))));
-                    return Ok(());
-                }
-                // The copy, at this version, before the reply: the next step cannot change it.
-                let copied = off_runtime(state, copy_shards).await?;
-                let values = match copied {
-                    Ok(values) => values,
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                        return Ok(());
-                    }
-                };
-                let (done, writing) = tokio::sync::watch::channel(None);
-                state.writing = Some(writing);
-                let file = format!("shard-{:05}.safetensors", state.spec.endpoint);
-                let token = format!("server-{}", state.spec.endpoint);
-                // A thread of its own at the lowest CPU priority: the write takes the cores only
-                // when the step leaves them idle.
-                let writer = std::thread::Builder::new()
-                    .name(format!("odc-ckpt-{}", state.spec.endpoint))
-                    .spawn(move || {
-                        lower_priority();
-                        if let Some(delay) = fault_delay("ODC_CHECKPOINT_WRITE_DELAY_MS") {
-                            std::thread::sleep(delay);
-                        }
-                        let dir = std::path::Path::new(&cmd.dir);
-                        // The lead's staging directory where this host shares it, else this
-                        // host's own (per-host checkpoint directories).
-                        let written = step_dir::claim(dir, &token).and_then(|dir_id| {
-                            let values = values
-                                .into_iter()
-                                .map(CapturedShard::into_values)
-                                .collect::<Result<Vec<_>>>()?;
-                            let file = shard_file::write(dir, &file, &values)?;
-                            Ok(WrittenShards { file, dir_id })
-                        });
-                        let _ = done.send(Some(written));
-                    });
-                if let Err(e) = writer {
-                    state.writing = None;
-                    let _ = reply.send(Err(Error::Internal(format!(
-                        "shard server {}: cannot start the checkpoint writer: {e}",
-                        state.spec.endpoint
-                    ))));
-                    return Ok(());
-                }
-                let _ = reply.send(Ok(()));
-            }
-            ServerMsg::ShardsWritten(reply) => match state.writing.clone() {
-                None => {
-                    let _ = reply.send(Err(Error::Config(format!(
-                        "shard server {}: no checkpoint write was started",
-                        state.spec.endpoint
-                    ))));
-                }
-                // Waited for off the mailbox: the server keeps serving the step meanwhile.
-                Some(mut writing) => {
-                    tokio::spawn(async move {
-                        let file = match writing.wait_for(Option::is_some).await {
-                            Ok(done) => done.clone().unwrap_or_else(|| {
-                                Err(Error::Internal("an empty checkpoint write".into()))
-                            }),
-                            Err(_) => Err(Error::Internal("the checkpoint writer vanished".into())),
-                        };
-                        let _ = reply.send(file);
-                    });
-                }
-            },
-            // Small synced files and a rename, off the mailbox.
-            ServerMsg::PublishShards(cmd, reply) => {
-                tokio::task::spawn_blocking(move || {
-                    let (staging, target) = (Path::new(&cmd.staging), Path::new(&cmd.target));
-                    let _ = reply.send(step_dir::publish_with(
-                        staging,
-                        target,
-                        &cmd.files,
-                        cmd.keep_last,
-                    ));
-                });
-            }
+            ServerMsg::WriteShards(cmd, reply) => write_shards(state, cmd, reply).await?,
+            ServerMsg::ShardsWritten(reply) => shards_written(state, reply),
+            ServerMsg::PublishShards(cmd, reply) => publish_shards(cmd, reply),
         }
         Ok(())
     }
@@ -455,14 +344,135 @@ fn lower_priority() {
     }
 }
 
-/// Fault injection for tests, a delay in milliseconds (at most a minute) read from `var`, so a
-/// test can kill a process at a known point: `ODC_CHECKPOINT_WRITE_DELAY_MS` holds every
-/// checkpoint write after its copy is taken, `ODC_RELAY_FLUSH_DELAY_MS` every relay flush (early
-/// or at the barrier) after its sums are taken and before they are sent. Unset (the normal
-/// case), nothing waits.
-pub(super) fn fault_delay(var: &str) -> Option<std::time::Duration> {
-    let ms = std::env::var(var).ok()?.parse::<u64>().ok()?;
-    Some(std::time::Duration::from_millis(ms.min(60_000)))
+/// Every shard's route: where trainers read its published copy and push into its accumulator.
+fn routes(state: &ServerState) -> Vec<ShardRoute> {
+    state
+        .shards
+        .iter()
+        .map(|shard| ShardRoute {
+            unit: shard.unit,
+            owner: state.spec.endpoint,
+            start: shard.range.start as u64,
+            end: shard.range.end as u64,
+            published: shard.store.published(),
+            accumulator: shard.store.accumulator(),
+        })
+        .collect()
+}
+
+/// Opens this server's relays (once, at the job's start) and returns their routes.
+fn open_relays(state: &mut ServerState, cmd: OpenRelaysCmd) -> Result<Vec<RelayRoute>> {
+    if !state.relays.is_empty() {
+        return Err(Error::Config(format!(
+            "shard server {}: its relays are already open",
+            state.spec.endpoint
+        )));
+    }
+    let (relays, routes) = Relays::open(
+        state.node.transport.as_ref(),
+        state.spec.endpoint,
+        state.spec.epoch,
+        admission(state.spec.key),
+        cmd,
+    )?;
+    state.relays = relays;
+    Ok(routes)
+}
+
+/// Copies every shard at this version, replies, then writes the copy to one file on a thread of
+/// its own at the lowest CPU priority while the job goes on (refused while a write runs).
+async fn write_shards(
+    state: &mut ServerState,
+    cmd: WriteShardsCmd,
+    reply: RpcReplyPort<Result<()>>,
+) -> std::result::Result<(), ActorProcessingErr> {
+    let busy = state.writing.as_ref().is_some_and(|w| w.borrow().is_none());
+    if busy {
+        let _ = reply.send(Err(Error::Config(format!(
+            "shard server {}: a checkpoint write is still running",
+            state.spec.endpoint
+        ))));
+        return Ok(());
+    }
+    // The copy, at this version, before the reply: the next step cannot change it.
+    let copied = off_runtime(state, copy_shards).await?;
+    let values = match copied {
+        Ok(values) => values,
+        Err(e) => {
+            let _ = reply.send(Err(e));
+            return Ok(());
+        }
+    };
+    let (done, writing) = tokio::sync::watch::channel(None);
+    state.writing = Some(writing);
+    let file = format!("shard-{:05}.safetensors", state.spec.endpoint);
+    let token = format!("server-{}", state.spec.endpoint);
+    // A thread of its own at the lowest CPU priority: the write takes the cores only
+    // when the step leaves them idle.
+    let writer = std::thread::Builder::new()
+        .name(format!("odc-ckpt-{}", state.spec.endpoint))
+        .spawn(move || {
+            lower_priority();
+            if let Some(delay) = crate::faults::installed().checkpoint_write_delay {
+                std::thread::sleep(delay);
+            }
+            let dir = std::path::Path::new(&cmd.dir);
+            // The lead's staging directory where this host shares it, else this
+            // host's own (per-host checkpoint directories).
+            let written = step_dir::claim(dir, &token).and_then(|dir_id| {
+                let values = values
+                    .into_iter()
+                    .map(CapturedShard::into_values)
+                    .collect::<Result<Vec<_>>>()?;
+                let file = shard_file::write(dir, &file, &values)?;
+                Ok(WrittenShards { file, dir_id })
+            });
+            let _ = done.send(Some(written));
+        });
+    if let Err(e) = writer {
+        state.writing = None;
+        let _ = reply.send(Err(Error::Internal(format!(
+            "shard server {}: cannot start the checkpoint writer: {e}",
+            state.spec.endpoint
+        ))));
+        return Ok(());
+    }
+    let _ = reply.send(Ok(()));
+    Ok(())
+}
+
+/// The file of the last write, once it is on disk; waited for off the mailbox, so the server
+/// keeps serving the step meanwhile.
+fn shards_written(state: &ServerState, reply: RpcReplyPort<Result<WrittenShards>>) {
+    let Some(mut writing) = state.writing.clone() else {
+        let _ = reply.send(Err(Error::Config(format!(
+            "shard server {}: no checkpoint write was started",
+            state.spec.endpoint
+        ))));
+        return;
+    };
+    tokio::spawn(async move {
+        let file = match writing.wait_for(Option::is_some).await {
+            Ok(done) => done
+                .clone()
+                .unwrap_or_else(|| Err(Error::Internal("an empty checkpoint write".into()))),
+            Err(_) => Err(Error::Internal("the checkpoint writer vanished".into())),
+        };
+        let _ = reply.send(file);
+    });
+}
+
+/// Publishes this host's part of a checkpoint: small synced files and a rename, off the mailbox.
+fn publish_shards(cmd: PublishShardsCmd, reply: RpcReplyPort<Result<()>>) {
+    tokio::task::spawn_blocking(move || {
+        let (staging, target) = (Path::new(&cmd.staging), Path::new(&cmd.target));
+        let _ = reply.send(step_dir::publish_with(
+            staging,
+            target,
+            &cmd.files,
+            cmd.keep_last,
+        ));
+    });
 }
 
 /// The shards of the model's units: what the job's parameters and checkpoints hold (a served

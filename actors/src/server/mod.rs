@@ -30,6 +30,7 @@
 mod actor;
 #[cfg(all(feature = "cuda-code", target_os = "linux"))]
 mod device;
+pub mod messages;
 /// The update rule, a pure core (`odc_policy::optimizer`).
 pub use odc_policy::optimizer;
 mod relay;
@@ -37,8 +38,8 @@ mod shard;
 pub mod shard_file;
 pub mod step_dir;
 
-pub use crate::messages::{
+pub use actor::{ServerArgs, ShardServer};
+pub use messages::{
     ApplyCmd, DiscardCmd, OptimizerSnapshot, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
     ShardSnapshot, SnapshotCmd, WriteShardsCmd,
 };
-pub use actor::{ServerArgs, ShardServer};

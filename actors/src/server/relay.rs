@@ -38,9 +38,9 @@ use tokio::sync::oneshot;
 use crate::datapath::{micro_batch_of, transfer};
 use crate::directory::ShardRoute;
 use crate::error::{Error, Result};
-use crate::messages::{ExpectRelaysCmd, OpenRelaysCmd, RelayRoute};
 use crate::policy::relay::{Combined, RelayPlan};
 use crate::policy::token::JobKey;
+use crate::server::messages::{ExpectRelaysCmd, OpenRelaysCmd, RelayRoute};
 
 /// One relay: the owner's route it flushes into, its own region and who took its sum.
 struct Relay {
@@ -305,11 +305,11 @@ pub(super) async fn flush(
     timeout: Duration,
 ) -> Result<()> {
     let endpoint = flusher.endpoint;
-    let held = super::actor::fault_delay("ODC_RELAY_FLUSH_DELAY_MS").filter(|_| !taken.is_empty());
+    let held = (crate::faults::installed().relay_flush_delay).filter(|_| !taken.is_empty());
     if let Some(delay) = held {
         tracing::warn!(
             "shard server {endpoint}: relay flush of epoch {epoch} held for {} ms \
-             (ODC_RELAY_FLUSH_DELAY_MS): its sums are taken, not yet sent",
+             (fault injection): its sums are taken, not yet sent",
             delay.as_millis()
         );
         tokio::time::sleep(delay).await;

@@ -10,7 +10,7 @@
 //! - [`publish`]: the staging directory, its files written and synced, is synced and renamed into
 //!   place (a step being replaced moved aside first, removed after), and its parent synced; the
 //!   lead does so on its host, and one server of each other host on that host
-//!   ([`PublishShardsCmd`](crate::messages::PublishShardsCmd), before the lead's).
+//!   ([`PublishShardsCmd`](crate::server::messages::PublishShardsCmd), before the lead's).
 //!
 //! Guarantees (tested below): one id per directory however many writers claim it at once, and
 //! the first claimer's; a published directory holds no `dir.id`; every failure is an

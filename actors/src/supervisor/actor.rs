@@ -32,19 +32,22 @@ use odc_transport::RegionHandle;
 use crate::directory::Directory;
 use crate::error::{Error, Result};
 use crate::layout::UnitId;
-use crate::messages::{
-    ApplyCmd, DiscardCmd, ExpectRelaysCmd, FlushCmd, OpenRelaysCmd, ReduceCmd, ServerMsg,
-    ServerOutcome, ServerSpec, SupervisorMsg, SupervisorSpec, TrainerMsg, TrainerSpec,
-};
 use crate::metrics::{self as m, TrainerMetrics};
 use crate::node::Node;
 use crate::policy::clock::Clock;
 use crate::policy::dispatch::Communication;
 use crate::policy::relay::RelayPlan;
 use crate::policy::stats::StepStats;
+use crate::policy::step::StepError;
 use crate::policy::step::{self, Reason};
 use crate::policy::token::JobKey;
+use crate::server::messages::{
+    ApplyCmd, DiscardCmd, ExpectRelaysCmd, FlushCmd, OpenRelaysCmd, ReduceCmd, ServerMsg,
+    ServerSpec,
+};
 use crate::server::{ServerArgs, ShardServer};
+use crate::supervisor::messages::{ServerOutcome, SupervisorMsg, SupervisorSpec};
+use crate::trainer::messages::{Assignment, TrainerMsg, TrainerSpec};
 use crate::trainer::{Trainer, TrainerArgs};
 
 use super::placement::{Child, RankPlacement, Remote};
@@ -238,7 +241,7 @@ impl Actor for Supervisor {
             }
             SupervisorMsg::Published(reply) => {
                 let published = match state.machine.is_running() {
-                    true => Err(Error::Busy),
+                    true => Err(Error::Step(StepError::Busy)),
                     false => Ok(crate::datapath::Published {
                         version: state.machine.version(),
                         directory: published_directory(state),
@@ -447,50 +450,12 @@ async fn execute(
     while let Some(Decision { command, reason }) = queue.pop_front() {
         tracing::debug!(command = command.name(), %reason, "supervisor decision");
         let follow = match command {
-            Command::Assign { slot, assignment } => {
-                let sent = match state.trainers.get(slot as usize).and_then(Option::as_ref) {
-                    Some(actor) => actor
-                        .cast(TrainerMsg::Run(assignment))
-                        .map_err(|e| e.to_string()),
-                    None => Err("no trainer in the slot".into()),
-                };
-                match sent {
-                    Ok(()) => Vec::new(),
-                    Err(e) => {
-                        tracing::warn!("trainer {slot} unreachable: {e}");
-                        if let Some(t) = state.trainers.get_mut(slot as usize) {
-                            *t = None;
-                        }
-                        metrics::counter!(m::TRAINER_FAILURES).increment(1);
-                        let now = state.clock.now();
-                        state.machine.on_trainer_lost(slot, e, now)
-                    }
-                }
-            }
+            Command::Assign { slot, assignment } => assign(state, slot, assignment),
             Command::ExpectRelays { epoch, per_node } => {
                 expect_relays(state, epoch, &per_node);
                 Vec::new()
             }
-            Command::Flush { epoch, next_epoch } => {
-                // A flush moves what a push does: it has the trainers' transfer timeout.
-                let timeout = state.spec.context.transfer_timeout;
-                let flush = FlushCmd {
-                    epoch,
-                    next_epoch,
-                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-                };
-                let within = timeout.saturating_add(CALL_TIMEOUT);
-                let calls = each_server_within(state, "relay flush", within, move |reply| {
-                    ServerMsg::Flush(flush, reply)
-                });
-                report_back(myself, async move {
-                    let acks = all_servers(calls).await;
-                    ServerOutcome::Flushed(
-                        acks.map(|acks| acks.into_iter().flat_map(|a| a.combined).collect()),
-                    )
-                });
-                Vec::new()
-            }
+            Command::Flush { epoch, next_epoch } => flush(state, myself, epoch, next_epoch),
             Command::Reduce { scale, next_epoch } => {
                 let cmd = ReduceCmd { scale, next_epoch };
                 let calls =
@@ -517,63 +482,14 @@ async fn execute(
                 });
                 Vec::new()
             }
-            Command::Discard { next_epoch } => {
-                if matches!(reason, Reason::TrainerLost { .. }) {
-                    metrics::counter!(m::REPLAYS).increment(1);
-                }
-                if let Some(group) = &state.node.collective {
-                    group.abort_before(next_epoch);
-                }
-                if let Some(remote) = &state.remote {
-                    remote.abort_before(next_epoch);
-                }
-                let cmd = DiscardCmd { next_epoch };
-                let calls = each_server(state, "discard", move |reply| {
-                    ServerMsg::Discard(cmd, reply)
-                });
-                report_back(myself, async move {
-                    ServerOutcome::Discarded(all_servers(calls).await.map(|_| ()))
-                });
-                Vec::new()
-            }
-            Command::Respawn { slot } => {
-                let spawned = spawn_trainer(&mut *state, myself, slot).await;
-                let now = state.clock.now();
-                match spawned {
-                    Ok(actor) => {
-                        if let Some(t) = state.trainers.get_mut(slot as usize) {
-                            *t = Some(actor);
-                        }
-                        state.machine.on_trainer_started(slot, now)
-                    }
-                    Err(e) => {
-                        let why = format!("respawn failed: {e}");
-                        tracing::warn!("trainer {slot}: {why}");
-                        state.machine.on_trainer_lost(slot, why, now)
-                    }
-                }
-            }
+            Command::Discard { next_epoch } => discard(state, myself, next_epoch, &reason),
+            Command::Respawn { slot } => respawn(state, myself, slot).await,
             Command::Kill { slot } => {
-                if let Some(actor) = state.trainers.get_mut(slot as usize).and_then(Option::take) {
-                    tracing::warn!("killing trainer {slot}: {reason}");
-                    metrics::counter!(m::TRAINER_FAILURES).increment(1);
-                    match state.remote.as_mut() {
-                        Some(remote) => remote.kill_trainer(&myself.get_cell(), slot),
-                        None => actor.kill(),
-                    }
-                }
+                kill(state, myself, slot, &reason);
                 Vec::new()
             }
             Command::Finish(result) => {
-                if let Ok(stats) = &result {
-                    if let Some(why) = &stats.skipped {
-                        tracing::warn!("step {} skipped: {why}", stats.step);
-                    }
-                    record_step(&state.metrics, stats);
-                }
-                if let Some(reply) = state.pending.take().or_else(|| request.take()) {
-                    let _ = reply.send(result);
-                }
+                finish(state, result, &mut request);
                 Vec::new()
             }
             Command::Reject(e) => {
@@ -600,6 +516,133 @@ async fn execute(
     }
     if let Some(reply) = request {
         state.pending = Some(reply);
+    }
+}
+
+/// Sends `assignment` to the trainer in `slot`; one that cannot be reached is lost.
+fn assign(state: &mut SupervisorState, slot: u32, assignment: Assignment) -> Vec<Decision> {
+    let sent = match state.trainers.get(slot as usize).and_then(Option::as_ref) {
+        Some(actor) => actor
+            .cast(TrainerMsg::Run(assignment))
+            .map_err(|e| e.to_string()),
+        None => Err("no trainer in the slot".into()),
+    };
+    let Err(e) = sent else {
+        return Vec::new();
+    };
+    tracing::warn!("trainer {slot} unreachable: {e}");
+    if let Some(t) = state.trainers.get_mut(slot as usize) {
+        *t = None;
+    }
+    metrics::counter!(m::TRAINER_FAILURES).increment(1);
+    let now = state.clock.now();
+    state.machine.on_trainer_lost(slot, e, now)
+}
+
+/// Every server flushes its relays into their owners; what they combined comes back as
+/// [`ServerOutcome::Flushed`]. A flush moves what a push does: it has the trainers' transfer
+/// timeout.
+fn flush(
+    state: &SupervisorState,
+    myself: &ActorRef<SupervisorMsg>,
+    epoch: u64,
+    next_epoch: u64,
+) -> Vec<Decision> {
+    let timeout = state.spec.context.transfer_timeout;
+    let flush = FlushCmd {
+        epoch,
+        next_epoch,
+        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    };
+    let within = timeout.saturating_add(CALL_TIMEOUT);
+    let calls = each_server_within(state, "relay flush", within, move |reply| {
+        ServerMsg::Flush(flush, reply)
+    });
+    report_back(myself, async move {
+        let acks = all_servers(calls).await;
+        ServerOutcome::Flushed(acks.map(|acks| acks.into_iter().flat_map(|a| a.combined).collect()))
+    });
+    Vec::new()
+}
+
+/// The attempt's collectives are aborted and every server drops what it accumulated, moving to
+/// `next_epoch` (a replay after a lost trainer counts in `odc_replays_total`).
+fn discard(
+    state: &SupervisorState,
+    myself: &ActorRef<SupervisorMsg>,
+    next_epoch: u64,
+    reason: &Reason,
+) -> Vec<Decision> {
+    if matches!(reason, Reason::TrainerLost { .. }) {
+        metrics::counter!(m::REPLAYS).increment(1);
+    }
+    if let Some(group) = &state.node.collective {
+        group.abort_before(next_epoch);
+    }
+    if let Some(remote) = &state.remote {
+        remote.abort_before(next_epoch);
+    }
+    let cmd = DiscardCmd { next_epoch };
+    let calls = each_server(state, "discard", move |reply| {
+        ServerMsg::Discard(cmd, reply)
+    });
+    report_back(myself, async move {
+        ServerOutcome::Discarded(all_servers(calls).await.map(|_| ()))
+    });
+    Vec::new()
+}
+
+/// A new trainer in `slot`; one that cannot be started leaves the slot lost.
+async fn respawn(
+    state: &mut SupervisorState,
+    myself: &ActorRef<SupervisorMsg>,
+    slot: u32,
+) -> Vec<Decision> {
+    let spawned = spawn_trainer(&mut *state, myself, slot).await;
+    let now = state.clock.now();
+    match spawned {
+        Ok(actor) => {
+            if let Some(t) = state.trainers.get_mut(slot as usize) {
+                *t = Some(actor);
+            }
+            state.machine.on_trainer_started(slot, now)
+        }
+        Err(e) => {
+            let why = format!("respawn failed: {e}");
+            tracing::warn!("trainer {slot}: {why}");
+            state.machine.on_trainer_lost(slot, why, now)
+        }
+    }
+}
+
+/// Kills the trainer in `slot` (a hung one), in this process or through its node's host.
+fn kill(state: &mut SupervisorState, myself: &ActorRef<SupervisorMsg>, slot: u32, reason: &Reason) {
+    let Some(actor) = state.trainers.get_mut(slot as usize).and_then(Option::take) else {
+        return;
+    };
+    tracing::warn!("killing trainer {slot}: {reason}");
+    metrics::counter!(m::TRAINER_FAILURES).increment(1);
+    match state.remote.as_mut() {
+        Some(remote) => remote.kill_trainer(&myself.get_cell(), slot),
+        None => actor.kill(),
+    }
+}
+
+/// The step ended: its metrics, and the answer to its caller (the running step's, else the
+/// request just started).
+fn finish(
+    state: &mut SupervisorState,
+    result: Result<StepStats>,
+    request: &mut Option<RpcReplyPort<Result<StepStats>>>,
+) {
+    if let Ok(stats) = &result {
+        if let Some(why) = &stats.skipped {
+            tracing::warn!("step {} skipped: {why}", stats.step);
+        }
+        record_step(&state.metrics, stats);
+    }
+    if let Some(reply) = state.pending.take().or_else(|| request.take()) {
+        let _ = reply.send(result);
     }
 }
 
@@ -745,18 +788,18 @@ where
 {
     match actor.call(msg, Some(timeout)).await {
         Ok(CallResult::Success(v)) => Ok(v),
-        Ok(CallResult::Timeout) => Err(Error::Actor {
+        Ok(CallResult::Timeout) => Err(Error::Step(StepError::Actor {
             actor: what.into(),
             reason: format!("no reply within {timeout:?}"),
-        }),
-        Ok(CallResult::SenderError) => Err(Error::Actor {
+        })),
+        Ok(CallResult::SenderError) => Err(Error::Step(StepError::Actor {
             actor: what.into(),
             reason: "dropped the reply".into(),
-        }),
-        Err(e) => Err(Error::Actor {
+        })),
+        Err(e) => Err(Error::Step(StepError::Actor {
             actor: what.into(),
             reason: e.to_string(),
-        }),
+        })),
     }
 }
 
@@ -861,8 +904,8 @@ fn directory_of(state: &mut SupervisorState, slot: u32) -> Arc<Directory> {
 /// caller reads the values over the data plane).
 fn snapshots(
     state: &SupervisorState,
-    cmd: crate::messages::SnapshotCmd,
-    reply: RpcReplyPort<Result<Vec<crate::messages::ShardSnapshot>>>,
+    cmd: crate::server::messages::SnapshotCmd,
+    reply: RpcReplyPort<Result<Vec<crate::server::messages::ShardSnapshot>>>,
 ) {
     let calls = each_server(state, "snapshot", move |reply| {
         ServerMsg::Snapshot(cmd, reply)

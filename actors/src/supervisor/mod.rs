@@ -4,9 +4,10 @@
 //! the actor ([`Supervisor`]) only translates messages into its events and executes its commands.
 
 mod actor;
+pub mod messages;
 pub mod placement;
 mod spec;
 
-pub use crate::messages::{ServerOutcome, SupervisorMsg, SupervisorSpec};
 pub use actor::{Supervisor, SupervisorArgs, SupervisorState};
+pub use messages::{ServerOutcome, SupervisorMsg, SupervisorSpec};
 pub use placement::RankPlacement;

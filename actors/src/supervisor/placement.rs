@@ -15,12 +15,12 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{ActorCell, ActorRef, RpcReplyPort};
 
+use crate::cluster::messages::{HostMsg, InboxUpdate, ServerSpawn, TrainerSpawn, TrainerStarted};
 use crate::cluster::{supervisor_group, wait_member};
 use crate::error::{Error, Result};
-use crate::messages::{
-    HostMsg, InboxUpdate, ServerMsg, ServerSpawn, ServerSpec, TrainerMsg, TrainerSpawn,
-    TrainerSpec, TrainerStarted,
-};
+use crate::policy::step::StepError;
+use crate::server::messages::{ServerMsg, ServerSpec};
+use crate::trainer::messages::{TrainerMsg, TrainerSpec};
 
 /// Where a multi-process job's actors live.
 #[derive(Debug, Clone)]
@@ -209,20 +209,20 @@ impl Remote {
         rank: u32,
     ) -> Result<ActorCell> {
         let timeout = self.placement.spawn_timeout;
-        let cell = wait_member(&group, timeout)
-            .await
-            .ok_or_else(|| Error::Actor {
+        let cell = wait_member(&group, timeout).await.ok_or_else(|| {
+            Error::Step(StepError::Actor {
                 actor: format!("{what} on rank {rank}"),
                 reason: format!("started, but not visible to the supervisor within {timeout:?}"),
-            })?;
+            })
+        })?;
         ractor::pg::monitor(group.clone(), supervisor.clone());
         // It may have stopped before the monitor was in place.
         if ractor::pg::get_members(&group).is_empty() {
             ractor::pg::demonitor(group, supervisor.get_id());
-            return Err(Error::Actor {
+            return Err(Error::Step(StepError::Actor {
                 actor: format!("{what} on rank {rank}"),
                 reason: "stopped right after starting".into(),
-            });
+            }));
         }
         self.watched.insert(group, child);
         Ok(cell)
@@ -285,9 +285,11 @@ async fn ask<T: Send + 'static>(
     rank: u32,
     timeout: Duration,
 ) -> Result<T> {
-    let failed = |reason: String| Error::Actor {
-        actor: format!("{what} on rank {rank}"),
-        reason,
+    let failed = |reason: String| {
+        Error::Step(StepError::Actor {
+            actor: format!("{what} on rank {rank}"),
+            reason,
+        })
     };
     match host.call(msg, Some(timeout)).await {
         Ok(CallResult::Success(v)) => Ok(v),

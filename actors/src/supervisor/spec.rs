@@ -2,8 +2,8 @@
 //! the supervisor when it starts (a spec can also arrive from another process).
 
 use crate::error::{Error, Result};
-use crate::messages::SupervisorSpec;
 use crate::policy::balancer::MAX_TRAINERS;
+use crate::supervisor::messages::SupervisorSpec;
 
 impl SupervisorSpec {
     /// Checks the whole spec, naming the first field out of range: at least one and at most

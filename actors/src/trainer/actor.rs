@@ -11,6 +11,7 @@ use crate::datapath::{Collective, DataPath, GangChannel, OnDemand};
 use crate::error::Error;
 use crate::node::Node;
 use crate::policy::dispatch::Communication;
+use crate::policy::step::StepError;
 use crate::supervisor::SupervisorMsg;
 use crate::NonFiniteAt;
 
@@ -108,9 +109,9 @@ impl Actor for Trainer {
         let finished_io = state.context.finish().await;
         let result = match (output, finished_io) {
             // A refused non-finite gradient decides, whatever the compute made of it.
-            (_, Err(e @ Error::NonFinite(_))) => Err(e),
+            (_, Err(e @ Error::Step(StepError::NonFinite(_)))) => Err(e),
             (Ok(output), Ok(_)) if !output.loss_sum.is_finite() => {
-                Err(Error::NonFinite(Box::new(NonFiniteAt {
+                Err(Error::Step(StepError::NonFinite(Box::new(NonFiniteAt {
                     what: "loss".into(),
                     step: mb.step,
                     trainer: Some(state.rank),
@@ -119,7 +120,7 @@ impl Actor for Trainer {
                     unit: None,
                     element: None,
                     value: output.loss_sum.to_string(),
-                })))
+                }))))
             }
             (Ok(output), Ok(stats)) => Ok(MicroBatchDone { output, stats }),
             (Err(e), _) | (_, Err(e)) => Err(e),

@@ -1,17 +1,18 @@
-//! [`TrainerContext`]: what user compute calls to move parameters and gradients. It never branches on
-//! the communication mode: transfers go through the trainer's [`DataPath`].
+//! [`TrainerContext`]: what user compute calls to move parameters and gradients. It never branches
+//! on the communication mode: transfers go through the trainer's [`DataPath`].
 //!
 //! - `gather(unit)` returns the whole unit at the micro-batch's version, pulled on demand or taken
 //!   from a prefetch, then prefetches the next `prefetch` units in forward order, or in reverse
 //!   order after [`TrainerContext::backward`].
 //! - `release(unit)` drops the context's reference to a gathered unit.
 //! - `push_grad(unit, grad)` hands the unit's gradient to the data path, which sends it
-//!   asynchronously; the returned [`PushTicket`] resolves when every owner acknowledged. The trainer
-//!   waits for all pushes before it reports the micro-batch done (ledger rule, docs/design.md "One minibatch", step 4).
+//!   asynchronously; the returned [`PushTicket`] resolves when every owner acknowledged. The
+//!   trainer waits for all pushes before it reports the micro-batch done (ledger rule,
+//!   docs/design.md "One minibatch", step 4).
 //! - A gradient with a NaN or ±inf element is never sent (the data path checks it in the pass that
-//!   encodes or copies it): `push_grad` returns [`Error::NonFinite`] naming the trainer, the
-//!   micro-batch, its samples, the unit and the first bad element, and the micro-batch fails with
-//!   that error even if the compute ignores it.
+//!   encodes or copies it): `push_grad` returns `Error::Step(StepError::NonFinite)` naming the
+//!   trainer, the micro-batch, its samples, the unit and the first bad element, and the
+//!   micro-batch fails with that error even if the compute ignores it.
 //! - A unit released and gathered again right away (the last unit of a forward pass, needed first
 //!   by the backward pass) is served from memory, without a transfer.
 //! - Across micro-batches of one step, the unit gathered last (the first one of the forward pass,
@@ -22,10 +23,10 @@
 //! - **I1 consistency**: every read carries the version it was published with; one of another
 //!   version fails the micro-batch ([`Error::VersionMismatch`]); a kept unit is reused only at the
 //!   version it was gathered at.
-//! - **I5 bounded memory**: prefetches are issued only while gathered units plus prefetches in flight
-//!   stay within `prefetch + 1`, so a compute that releases what it no longer needs never holds more
-//!   than `prefetch + 1` gathered units; [`TrainerContext::live_unit_buffers`] measures it from the
-//!   buffers themselves. Units the user gathers explicitly are always served.
+//! - **I5 bounded memory**: prefetches are issued only while gathered units plus prefetches in
+//!   flight stay within `prefetch + 1`, so a compute that releases what it no longer needs never
+//!   holds more than `prefetch + 1` gathered units; [`TrainerContext::live_unit_buffers`] measures
+//!   it from the buffers themselves. Units the user gathers explicitly are always served.
 //! - Every transfer has a deadline (`transfer_timeout`, **I6**).
 
 use std::collections::{HashMap, HashSet};
@@ -36,15 +37,16 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::buffers::UnitBuffers;
-use super::device::{DeviceGrad, DeviceMemory, UnitValues};
 use crate::batch::MicroBatch;
 use crate::datapath::{DataPath, GangChannel, Gathered, Op, OpKey, OpKind};
 use crate::error::{Error, Result};
 use crate::layout::{ModelLayout, UnitId};
+use crate::memory::buffers::UnitBuffers;
+use crate::memory::device::{DeviceGrad, DeviceMemory, UnitValues};
 use crate::metrics as m;
 use crate::policy::clock::{Clock, SystemClock, Timestamp};
 use crate::policy::stats::{Span, SpanKind};
+use crate::policy::step::StepError;
 use crate::NonFiniteAt;
 
 /// Knobs of the trainer-side data path.
@@ -446,7 +448,7 @@ impl TrainerContext {
 
     /// Send `grad` (the gradient of the micro-batch's summed loss w.r.t. the whole unit) to the
     /// unit's owners through the data path, asynchronously. A gradient with a NaN or ±inf is not
-    /// sent: [`Error::NonFinite`] (see the module docs). A frozen unit
+    /// sent: `Error::Step(StepError::NonFinite)` (see the module docs). A frozen unit
     /// ([`UnitSpec::frozen`](crate::layout::UnitSpec::frozen)) takes no gradient:
     /// [`Error::FrozenUnit`] and nothing is sent, not even a collective: in collective mode
     /// every trainer skips the unit alike.
@@ -482,7 +484,7 @@ impl TrainerContext {
     /// seen): the error naming the trainer, micro-batch and samples, which also fails the
     /// micro-batch at its end whatever the compute does with it.
     pub fn non_finite_gradient(&mut self, unit: UnitId, element: Option<u64>, value: f32) -> Error {
-        let error = Error::NonFinite(Box::new(NonFiniteAt {
+        let error = Error::Step(StepError::NonFinite(Box::new(NonFiniteAt {
             what: "gradient".into(),
             step: self.version,
             trainer: Some(self.trainer),
@@ -491,7 +493,7 @@ impl TrainerContext {
             unit: Some(unit),
             element,
             value: value.to_string(),
-        }));
+        })));
         self.non_finite.get_or_insert_with(|| error.clone());
         error
     }
@@ -647,9 +649,9 @@ mod device_tests {
     use super::*;
     use crate::datapath::Transfer;
     use crate::layout::UnitSpec;
+    use crate::memory::buffers::Lease;
+    use crate::memory::device::DeviceUnit;
     use crate::policy::batch::{LossWeighting, MicroBatch};
-    use crate::trainer::buffers::Lease;
-    use crate::trainer::device::DeviceUnit;
 
     /// A "device" buffer: host values behind a made-up address.
     struct FakeUnit {
@@ -870,7 +872,10 @@ mod device_tests {
         ctx.begin(&micro_batch(), 1, 7);
         ctx.push_grad_device(0, grad(4)).unwrap();
         let said = ctx.non_finite_gradient(0, None, f32::NAN);
-        assert!(matches!(said, Error::NonFinite(_)), "{said}");
+        assert!(
+            matches!(said, Error::Step(StepError::NonFinite(_))),
+            "{said}"
+        );
         let outcome = ctx.finish().await.unwrap_err();
         assert_eq!(outcome.to_string(), said.to_string());
     }

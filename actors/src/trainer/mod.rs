@@ -4,7 +4,7 @@
 //!   receivers (docs/design.md "One minibatch", step 4).
 //! - Nothing non-finite leaves a trainer: a gradient with a NaN or ±inf is refused by `push_grad`
 //!   (checked in the pass that encodes it) and a compute returning a non-finite loss fails its
-//!   micro-batch; both report [`Error::NonFinite`](crate::Error::NonFinite) naming the trainer,
+//!   micro-batch; both report `Error::Step(StepError::NonFinite)` naming the trainer,
 //!   micro-batch and samples (and the unit), and the supervisor fails or skips the step.
 //! - No gradient leaves a trainer for a frozen unit: `push_grad` refuses it with
 //!   [`Error::FrozenUnit`](crate::Error::FrozenUnit) and sends nothing (no bytes pushed, no
@@ -13,17 +13,16 @@
 //!   a supervision event (I2 replay).
 //! - In on-demand mode trainers never talk to each other (**I4**): the only thing a trainer waits
 //!   on is its own transfers.
-//! - Messages are plain serializable data ([`Assignment`], [`TrainerReport`]); the actor starts from
-//!   a serializable [`TrainerSpec`] plus its process's [`Node`](crate::node::Node).
+//! - Messages are plain serializable data ([`Assignment`], [`TrainerReport`]); the actor starts
+//!   from a serializable [`TrainerSpec`] plus its process's [`Node`](crate::node::Node).
 
 mod actor;
-pub mod buffers;
 mod compute;
 mod context;
-pub mod device;
+pub mod messages;
 
-pub use crate::messages::{Assignment, MicroBatchDone, TrainerMsg, TrainerReport, TrainerSpec};
+pub use crate::memory::{DeviceGrad, DeviceMemory, DeviceUnit, UnitValues};
 pub use actor::{Trainer, TrainerArgs};
 pub use compute::{blocking, Compute, ComputeFactory, SharedComputeFactory};
 pub use context::{ContextConfig, Direction, MicroBatchStats, PushTicket, TrainerContext};
-pub use device::{DeviceGrad, DeviceMemory, DeviceUnit, UnitValues};
+pub use messages::{Assignment, MicroBatchDone, TrainerMsg, TrainerReport, TrainerSpec};

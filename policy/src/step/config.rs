@@ -1,6 +1,15 @@
 //! What a job configures of its steps: deadlines, dispatch, replays, the non-finite policy.
 
-use super::*;
+use std::time::Duration;
+
+use crate::balancer::CostModel;
+use crate::batch::LossWeighting;
+use crate::dispatch::{Communication, DispatchMode};
+use crate::recovery::FailurePolicy;
+use crate::schedule::LrSchedule;
+use crate::split::{ContextParallel, RingPrice, SplitPolicy};
+
+use super::error::StepError;
 
 /// Default [`StepConfig::micro_batch_timeout`].
 pub const DEFAULT_MICRO_BATCH_TIMEOUT: Duration = Duration::from_secs(600);
@@ -17,7 +26,7 @@ pub enum NonFinite {
     #[default]
     Error,
     /// The step is skipped (GradScaler's behaviour): it returns stats with
-    /// [`StepStats::skipped`] set, and the job goes on.
+    /// [`StepStats::skipped`](crate::stats::StepStats::skipped) set, and the job goes on.
     SkipStep,
 }
 

@@ -1,7 +1,14 @@
 //! What the machine decides: a [`Command`] with the [`Reason`] it was taken for, and why a report
 //! was refused ([`ReportRefusal`]).
 
-use super::*;
+use std::time::Duration;
+
+use crate::assignment::Assignment;
+use crate::ledger::LedgerError;
+use crate::relay::FlushMismatch;
+use crate::stats::StepStats;
+
+use super::config::NonFinite;
 
 /// One decision: what to do and why (failing with `E`, the runtime's error).
 #[derive(Debug, Clone)]
@@ -14,10 +21,11 @@ pub struct Decision<E> {
 #[derive(Debug, Clone)]
 pub enum Command<E> {
     /// Send `assignment` to the trainer in `slot` (a failed send →
-    /// [`StepMachine::on_trainer_lost`]).
+    /// [`StepMachine::on_trainer_lost`](super::StepMachine::on_trainer_lost)).
     Assign { slot: u32, assignment: Assignment },
     /// Every server: take the accumulators (moving to `next_epoch`), scale, reply the sum of
-    /// squares → [`StepMachine::on_reduced`] with the sum over all servers.
+    /// squares → [`StepMachine::on_reduced`](super::StepMachine::on_reduced) with the sum over all
+    /// servers.
     Reduce { scale: f64, next_epoch: u64 },
     /// Relayed pushes on demand, once each node's micro-batches are final (a static plan at
     /// once, a dynamic one when nothing is left to hand out): how many each node's trainers run
@@ -27,28 +35,30 @@ pub enum Command<E> {
     ExpectRelays { epoch: u64, per_node: Vec<u32> },
     /// Relayed pushes only ([`crate::relay`]), before `Reduce`: every server flushes its relays
     /// of `epoch` into their owners (moving them to `next_epoch`) and replies what each relay
-    /// combined → [`StepMachine::on_flushed`] with every server's relays.
+    /// combined → [`StepMachine::on_flushed`](super::StepMachine::on_flushed) with every server's
+    /// relays.
     Flush { epoch: u64, next_epoch: u64 },
     /// Every server: clip, optimizer step at `lr_scale` times the base learning rate, publish
-    /// `version` → [`StepMachine::on_applied`].
+    /// `version` → [`StepMachine::on_applied`](super::StepMachine::on_applied).
     Apply {
         clip: f64,
         lr_scale: f64,
         version: u64,
     },
     /// Every server: drop the attempt, move to `next_epoch`; the actor also aborts collectives
-    /// below `next_epoch` → [`StepMachine::on_discarded`].
+    /// below `next_epoch` → [`StepMachine::on_discarded`](super::StepMachine::on_discarded).
     Discard { next_epoch: u64 },
-    /// Spawn a fresh trainer in `slot` → [`StepMachine::on_trainer_started`], or
-    /// [`StepMachine::on_trainer_lost`] if that fails.
+    /// Spawn a fresh trainer in `slot` →
+    /// [`StepMachine::on_trainer_started`](super::StepMachine::on_trainer_started), or
+    /// [`StepMachine::on_trainer_lost`](super::StepMachine::on_trainer_lost) if that fails.
     Respawn { slot: u32 },
     /// Kill the trainer in `slot` and forget it: the machine already counts it as lost (no
     /// `on_trainer_lost` follows for it).
     Kill { slot: u32 },
     /// Answer the running step's caller.
     Finish(Result<StepStats, E>),
-    /// Answer the caller of [`StepMachine::start`] that its request was refused; a running step
-    /// (if any) goes on.
+    /// Answer the caller of [`StepMachine::start`](super::StepMachine::start) that its request was
+    /// refused; a running step (if any) goes on.
     Reject(E),
     /// Stop the supervisor (after answering the running step, if any).
     Stop(E),
@@ -264,4 +274,9 @@ impl std::fmt::Display for Reason {
             ),
         }
     }
+}
+
+/// A decision of `command` for `reason`.
+pub(super) fn decision<E>(command: Command<E>, reason: Reason) -> Decision<E> {
+    Decision { command, reason }
 }

@@ -8,16 +8,25 @@
 //! runtime): reports and server outcomes carry it in, [`Command::Finish`] carries it out
 //! unchanged, and what the machine decides itself is a [`StepError`] made into an `E`.
 //!
+//! The files follow the events, each importing what it uses by name: `machine.rs` (the state,
+//! [`StepMachine`]), `start.rs` (a minibatch arrives), `report.rs` (a trainer reports),
+//! `trainers.rs` (a trainer is lost or started), `barrier.rs` (the servers flushed, reduced,
+//! applied or discarded), `tick.rs` (time passes, a server is lost) and `outcome.rs` (the moves
+//! they share: fail, discard, replay, finish); beside them `planning.rs` (plan and dispatch),
+//! `run.rs` (a running step's state), `decision.rs`, `config.rs` and `error.rs`.
+//!
 //! ## One step
 //! `start` plans the minibatch for the live trainers and assigns every idle trainer its first
-//! micro-batch. Phases: **Computing** → (ledger complete) [**Flushing** →] **Reducing** → **Applying** → `Finish`.
+//! micro-batch. Phases: **Computing** → (ledger complete) [**Flushing** →] **Reducing** →
+//! **Applying** → `Finish`.
 //! - *Computing*: each admitted report (see below) goes into the ledger and the reporting trainer
 //!   gets its next micro-batch: the front of its own list, or (dynamic dispatch) a steal
-//!   ([`WorkQueue::steal`]).
+//!   ([`WorkQueue::steal`](crate::dispatch::WorkQueue::steal)).
 //! - *Flushing* (relayed pushes only, [`crate::relay`]): `Flush { epoch, next_epoch }`; the
-//!   servers reply what each relay combined ([`Combined`]). Checked against the ledger
-//!   ([`RelayPlan::check_combined`]): agreeing, `Reduce`; disagreeing (a relayed gradient lost,
-//!   doubled or from the wrong node), `Discard` and replay, as for a lost trainer.
+//!   servers reply what each relay combined ([`Combined`](crate::relay::Combined)). Checked against
+//!   the ledger ([`RelayPlan::check_combined`](crate::relay::RelayPlan::check_combined)): agreeing,
+//!   `Reduce`; disagreeing (a relayed gradient lost, doubled or from the wrong node), `Discard` and
+//!   replay, as for a lost trainer.
 //! - *Reducing*: `Reduce { scale = 1 / total weight, next_epoch }`; the servers reply the sum of
 //!   squares of the scaled gradient; the norm gives the clip factor.
 //! - *Applying*: `Apply { clip, version }`; when every server applied, `Finish(Ok(stats))`.
@@ -25,18 +34,19 @@
 //! ## Non-finite gradients and losses
 //! A non-finite gradient never reaches a parameter. Two places find one: a trainer (every
 //! gradient is checked while it is encoded for its push, every loss when the compute returns;
-//! the report's error is a non-finite one ([`Failure::non_finite`]) naming trainer, micro-batch, samples and unit), and the
-//! barrier (the servers' sum of squares is NaN or inf, e.g. finite gradients whose sum overflowed
-//! in an fp32 accumulator). Either way the attempt is `Discard`ed at every owner (no `Apply`:
-//! parameters, optimizer moments and the optimizer's step count stay as they were), then per
-//! [`StepConfig::non_finite`]:
-//! - [`NonFinite::Error`]: `Finish(Err(StepError::NonFinite))` (as an `E`); the job's step counter does not move,
-//!   the next step trains at the same global step.
+//! the report's error is a non-finite one ([`Failure::non_finite`]) naming trainer, micro-batch,
+//! samples and unit), and the barrier (the servers' sum of squares is NaN or inf, e.g. finite
+//! gradients whose sum overflowed in an fp32 accumulator). Either way the attempt is `Discard`ed at
+//! every owner (no `Apply`: parameters, optimizer moments and the optimizer's step count stay as
+//! they were), then per [`StepConfig::non_finite`]:
+//! - [`NonFinite::Error`]: `Finish(Err(StepError::NonFinite))` (as an `E`); the job's step counter
+//!   does not move, the next step trains at the same global step.
 //! - [`NonFinite::SkipStep`] (PyTorch's GradScaler skipping `optimizer.step()`):
-//!   `Finish(Ok(stats))` with [`StepStats::skipped`] naming where ([`NonFiniteAt`]). A skipped step counts as a step of the
-//!   job: the global step ([`StepMachine::global_step`]), hence the learning-rate schedule's
-//!   position and the job's data position, move on, as with `scheduler.step()` called every
-//!   iteration; the parameter version and the optimizer's step count do not.
+//!   `Finish(Ok(stats))` with [`StepStats::skipped`](crate::stats::StepStats::skipped) naming where
+//!   ([`NonFiniteAt`](crate::error::NonFiniteAt)). A skipped step counts as a step of the job: the
+//!   global step ([`StepMachine::global_step`]), hence the learning-rate schedule's position and
+//!   the job's data position, move on, as with `scheduler.step()` called every iteration; the
+//!   parameter version and the optimizer's step count do not.
 //!
 //! ## Failures (the recovery rules are [`crate::recovery`]'s)
 //! - A trainer lost while *Computing*: `Discard` (every owner drops the attempt and moves to a new
@@ -53,20 +63,20 @@
 //! - A shard server lost: `Finish(Err(StepError::Actor))` naming it and `Stop`.
 //! - A server call failing: `Finish(Err)` with its error.
 //! - The ledger refusing a hand-out or a completion: the micro-batch is put back (never dropped),
-//!   `Discard`, then `Finish(Err(StepError::Ledger))`. Only the machine's own inconsistency can cause
-//!   this (a micro-batch queued twice, a ledger out of step with the slots): a peer's report never
-//!   reaches the ledger unless it was admitted.
+//!   `Discard`, then `Finish(Err(StepError::Ledger))`. Only the machine's own inconsistency can
+//!   cause this (a micro-batch queued twice, a ledger out of step with the slots): a peer's report
+//!   never reaches the ledger unless it was admitted.
 //!
 //! ## Reports are bound to assignments
-//! Every [`Assignment`] carries the token of its (epoch, micro-batch) under the job key
-//! ([`crate::token`]). A report is **admitted** only if its token is that one and its
-//! trainer is the slot running exactly that micro-batch of that epoch. Anything else is dropped
-//! with `Ignore` and a [`Reason::ReportRefused`] naming why ([`ReportRefusal`]): an unknown
-//! trainer, a wrong token (a forgery, an unknown micro-batch, another epoch), a right token in
-//! another trainer's name or from a slot no longer running it, or a duplicate of a report already
-//! counted. A dropped report changes nothing: no slot becomes idle, nothing reaches the ledger,
-//! no step fails, nothing is dispatched. These are the only refusals a peer can cause; they never
-//! fail a step.
+//! Every [`Assignment`](crate::assignment::Assignment) carries the token of its (epoch,
+//! micro-batch) under the job key ([`crate::token`]). A report is **admitted** only if its token is
+//! that one and its trainer is the slot running exactly that micro-batch of that epoch. Anything
+//! else is dropped with `Ignore` and a [`Reason::ReportRefused`] naming why ([`ReportRefusal`]): an
+//! unknown trainer, a wrong token (a forgery, an unknown micro-batch, another epoch), a right token
+//! in another trainer's name or from a slot no longer running it, or a duplicate of a report
+//! already counted. A dropped report changes nothing: no slot becomes idle, nothing reaches the
+//! ledger, no step fails, nothing is dispatched. These are the only refusals a peer can cause; they
+//! never fail a step.
 //!
 //! ## Invariants (tested in `step/tests/` and in the workspace's `tests/runtime`)
 //! - **I1 consistency**: `Apply` (publishing version v+1) is issued only after the ledger holds
@@ -105,64 +115,22 @@
 //! println!("{}", decisions[0].reason);
 //! ```
 
-use std::time::Duration;
-
-use crate::assignment::{Assignment, TrainerReport};
-use crate::balancer::{
-    plan_dynamic_filled, plan_dynamic_weighted_filled, plan_equal_count, plan_static,
-    plan_static_weighted, CostModel,
-};
-use crate::batch::{LossWeighting, MicroBatch, Piece, SampleMeta};
-use crate::clock::Timestamp;
-use crate::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
-use crate::error::NonFiniteAt;
-use crate::ledger::{Ledger, LedgerError};
-use crate::recovery::{may_replay, must_replay, slot_fate, FailurePolicy, SlotFate};
-use crate::relay::{Combined, FlushMismatch, RelayPlan};
-use crate::schedule::LrSchedule;
-use crate::split::{ContextParallel, CostModelCosts, RingPrice, SplitOptions, SplitPolicy};
-use crate::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
-use crate::straggler::SpeedEstimator;
-use crate::token::JobKey;
-
+mod barrier;
 mod config;
 mod decision;
 mod error;
 mod machine;
+mod outcome;
 mod planning;
+mod report;
 mod run;
+mod start;
 #[cfg(test)]
 mod tests;
+mod tick;
+mod trainers;
 
-use config::MAX_TICK;
 pub use config::{NonFinite, StepConfig, DEFAULT_MICRO_BATCH_TIMEOUT};
 pub use decision::{Command, Decision, Reason, ReportRefusal};
 pub use error::{Failure, StepError};
-use run::*;
-
-/// The supervisor's state and decisions (see the [module docs](self)), failing steps with `E`.
-#[derive(Debug, Clone)]
-pub struct StepMachine<E> {
-    config: StepConfig,
-    /// Signs every assignment's token and checks every report's.
-    key: JobKey,
-    slots: Vec<Slot>,
-    speeds: SpeedEstimator,
-    version: u64,
-    /// Steps skipped for non-finite gradients ([`NonFinite::SkipStep`]).
-    skipped: u64,
-    epoch: u64,
-    run: Option<Run<E>>,
-    stopped: Option<E>,
-    /// Where trainers and servers sit when pushes are relayed through the node: the barrier
-    /// flushes the relays and checks their counts first.
-    relay: Option<RelayPlan>,
-}
-
-fn decision<E>(command: Command<E>, reason: Reason) -> Decision<E> {
-    Decision { command, reason }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
+pub use machine::StepMachine;

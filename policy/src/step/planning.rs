@@ -1,7 +1,24 @@
 //! Planning an attempt for the live trainers and handing out micro-batches (static lists, or
 //! dynamic dispatch with stealing).
 
-use super::*;
+use std::time::Duration;
+
+use crate::assignment::Assignment;
+use crate::balancer::{
+    plan_dynamic_filled, plan_dynamic_weighted_filled, plan_equal_count, plan_static,
+    plan_static_weighted,
+};
+use crate::batch::{MicroBatch, Piece, SampleMeta};
+use crate::clock::Timestamp;
+use crate::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
+use crate::ledger::Ledger;
+use crate::split::{ContextParallel, CostModelCosts, SplitOptions};
+use crate::stats::TrainerStepStats;
+
+use super::decision::{decision, Command, Decision, Reason};
+use super::error::{Failure, StepError};
+use super::machine::StepMachine;
+use super::run::{Attempt, Busy, Phase, Presence};
 use crate::balancer::{Plan, PlannedMicroBatch};
 use crate::split::OnDemandPlan;
 

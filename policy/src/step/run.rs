@@ -1,7 +1,16 @@
 //! The bookkeeping of one step: the trainer slots, the current attempt (plan, queue, ledger) and
 //! what the run has measured so far.
 
-use super::*;
+use std::time::Duration;
+
+use crate::batch::{MicroBatch, SampleMeta};
+use crate::clock::Timestamp;
+use crate::dispatch::WorkQueue;
+use crate::error::NonFiniteAt;
+use crate::ledger::Ledger;
+use crate::stats::{MicroBatchRecord, StepStats, TrainerStepStats};
+
+use super::decision::Reason;
 
 /// Where a trainer slot stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,4 +150,9 @@ impl<E> Run<E> {
             early_relay_flushes: attempt.early_relay_flushes,
         }
     }
+}
+
+/// `d` in whole milliseconds (saturating).
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

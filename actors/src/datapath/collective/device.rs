@@ -27,7 +27,7 @@ use odc_transport::DeviceDest;
 
 use super::*;
 use crate::datapath::cuda_backend;
-use crate::trainer::device::{DeviceGrad, DeviceMemory, UnitValues};
+use crate::memory::device::{DeviceGrad, DeviceMemory, UnitValues};
 
 /// `piece` (elements of `size` bytes) of the buffer at `whole`.
 fn place(whole: DeviceDest, piece: Range<usize>, size: usize) -> DeviceDest {

@@ -652,7 +652,7 @@ fn device_server_resumes_from_a_host_checkpoint() {
 /// after the reply does not change the file, which holds exactly the state read out before it.
 #[test]
 fn a_checkpoint_of_device_shards_holds_them_as_they_were_when_asked() {
-    use crate::messages::WriteShardsCmd;
+    use crate::server::messages::WriteShardsCmd;
     use crate::server::shard_file::{tensor_name, PARAMS};
 
     if skip_without_driver("a_checkpoint_of_device_shards_holds_them_as_they_were_when_asked") {

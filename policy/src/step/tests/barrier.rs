@@ -1,6 +1,8 @@
 //! A step through its barrier: the command sequence, clipping, the schedule, refused starts.
 
+use super::super::decision::Reason;
 use super::*;
+use crate::schedule::LrSchedule;
 
 /// A resumed job (`first_step` 10) applies the schedule's factor of global steps 10, 11, names
 /// them in its stats, and still reads parameter version 0, 1 (I1 is about versions).

@@ -1,6 +1,8 @@
 //! Deadlines: a hung micro-batch fails the step and its trainer is killed.
 
+use super::super::decision::Reason;
 use super::*;
+use crate::recovery::FailurePolicy;
 
 #[test]
 fn deadline_on_tick_fails_the_step_kills_the_hung_trainer_and_the_next_step_works() {

@@ -1,5 +1,6 @@
 //! Dynamic dispatch: stealing from slow trainers, filled micro-batches.
 
+use super::super::decision::Reason;
 use super::*;
 
 #[test]

@@ -1,6 +1,9 @@
 //! Failures: lost trainers (replay, drop), failed micro-batches, lost servers, failed server calls, ledger refusals.
 
+use super::super::decision::Reason;
 use super::*;
+use crate::ledger::LedgerError;
+use crate::recovery::FailurePolicy;
 
 #[test]
 fn replay_after_a_trainer_failure_hands_everything_out_again() {

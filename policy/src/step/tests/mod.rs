@@ -3,10 +3,21 @@
 
 use std::collections::VecDeque;
 
-use super::*;
+use super::config::StepConfig;
+use super::error::{Failure, StepError};
+use crate::assignment::Assignment;
 use crate::assignment::MicroBatchDone;
+use crate::balancer::CostModel;
 use crate::batch::ComputeOutput;
+use crate::batch::{MicroBatch, SampleMeta};
+use crate::clock::Timestamp;
+use crate::dispatch::DispatchMode;
+use crate::error::NonFiniteAt;
+use crate::relay::{Combined, RelayPlan};
 use crate::stats::MicroBatchStats;
+use crate::stats::StepStats;
+use crate::token::JobKey;
+use std::time::Duration;
 
 /// The runtime's error as the machine sees it: its own decisions, a trainer's failure, and a
 /// failed micro-batch wrapping either (as `odc_actors::Error` does).

@@ -1,6 +1,9 @@
 //! Non-finite gradients and losses: the attempt is discarded, then the step fails or is skipped.
 
+use super::super::config::NonFinite;
+use super::super::decision::Reason;
 use super::*;
+use crate::schedule::LrSchedule;
 
 /// Start a step of `w` on `samples`, run it to its barrier and answer the reduce with
 /// `sum_sq`: the decisions that answer gave.

@@ -1,7 +1,9 @@
 //! The barrier with relayed pushes: `Flush` before `Reduce`, what the relays combined checked
 //! against the ledger, and a disagreement discarded and replayed (I2).
 
+use super::super::decision::Reason;
 use super::*;
+use crate::dispatch::Communication;
 
 /// Two nodes of two trainers, one server on each.
 fn plan() -> RelayPlan {

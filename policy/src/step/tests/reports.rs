@@ -8,6 +8,7 @@
 use proptest::collection::vec;
 use proptest::prelude::*;
 
+use super::super::decision::{Reason, ReportRefusal};
 use super::*;
 use crate::assignment::MicroBatchDone;
 use crate::batch::ComputeOutput;

@@ -1,7 +1,11 @@
 //! Sequence splitting in the step machine: a gang's pieces, one per member, pinned to their
 //! members, the split sample counted once; nothing changes where nothing is split.
 
+use super::super::decision::Reason;
 use super::*;
+use crate::batch::Piece;
+use crate::dispatch::Communication;
+use crate::split::{ContextParallel, SplitPolicy};
 
 fn split_config(split: SplitPolicy) -> StepConfig {
     StepConfig {

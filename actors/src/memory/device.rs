@@ -1,5 +1,5 @@
 //! A trainer's device memory as its transfers see it: what a compute on a GPU hands its
-//! [`TrainerContext`](super::TrainerContext) so that a gather lands in device memory and a
+//! [`TrainerContext`](crate::trainer::TrainerContext) so that a gather lands in device memory and a
 //! gradient leaves from it, without a host copy (the device-resident data path).
 //!
 //! The traits are plain: this crate never touches a device itself. The compute implements them
@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use odc_transport::{DeviceDest, Dtype};
 
-use crate::datapath::Transfer;
+use super::Transfer;
 
 /// Device memory a gather wrote, owned by the compute's device (its value is the buffer).
 pub trait DeviceUnit: Send + Sync + 'static {
