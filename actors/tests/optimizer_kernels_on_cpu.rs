@@ -1,6 +1,8 @@
-//! The GPU shard servers' barrier kernels (`src/server/device/optimizer.cu`) on this CPU, through
+//! The GPU shard servers' barrier kernels (odc-kernels' `optimizer.cu`) on this CPU: the servers'
+//! own interface to them ([`OptimizerKernels`], the lengths checked, the launches made) on
 //! `odc_kernels::emulate` (the CUDA C compiled as C++, a block's threads as fibers, every launch in
-//! two thread orders): written to be bitwise the host's loops, they must equal them bit for bit —
+//! two thread orders) instead of a GPU. Written to be bitwise the host's loops, they must equal
+//! them bit for bit —
 //! the scaling of the summed gradient, AdamW (weight decay, bias correction, clipping) and SGD
 //! in its three modes — against `odc_policy::optimizer` on fresh random values, over a length
 //! that is no multiple of a block, with every output poisoned first; the block's sum of squares
@@ -9,27 +11,24 @@
 //!
 //! Without a C++ compiler each test says it was skipped, unless `ODC_REQUIRE_EMULATION=1` (CI).
 
-use std::sync::Arc;
-
 use odc_actors::policy::optimizer::{OptimizerConfig, OptimizerState, StepScalars};
-use odc_kernels::emulate::{Arg, Emulator, HostBuffer, Module};
+use odc_actors::server::optimizer_kernels::{OptimizerKernels, SgdMomentum};
+use odc_kernels::emulate::{Emulator, HostBuffer};
 use rand::{Rng, SeedableRng};
 
-const SOURCE: &str = include_str!("../src/server/device/optimizer.cu");
 /// Elements: several grid-stride passes of a block and no round number.
 const LEN: usize = 3 * 256 + 37;
 
-/// The kernels compiled for the CPU and a seeded generator, or `None` (said) without a compiler.
-fn setup(test: &str) -> Option<(Arc<Module>, rand::rngs::StdRng)> {
+/// The kernels loaded on the CPU's emulation and a seeded generator, or `None` (said) without a
+/// compiler.
+fn setup(test: &str) -> Option<(OptimizerKernels<Emulator>, rand::rngs::StdRng)> {
     let emulator = Emulator::for_test(test)?;
-    let module = emulator
-        .compile("optimizer.cu", SOURCE)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let kernels = OptimizerKernels::new(emulator).unwrap_or_else(|e| panic!("{e}"));
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     eprintln!("{test}: seed {seed}");
-    Some((module, rand::rngs::StdRng::seed_from_u64(seed)))
+    Some((kernels, rand::rngs::StdRng::seed_from_u64(seed)))
 }
 
 fn random(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -76,30 +75,19 @@ fn clipped(grads: &[f32], clip: f64) -> Vec<f32> {
 
 #[test]
 fn the_scaled_gradient_and_its_sum_of_squares_are_the_hosts() {
-    let Some((module, mut rng)) = setup("the_scaled_gradient_and_its_sum_of_squares_are_the_hosts")
+    let Some((mut kernels, mut rng)) =
+        setup("the_scaled_gradient_and_its_sum_of_squares_are_the_hosts")
     else {
         return;
     };
     let grads = random(&mut rng, LEN, 3.0);
     let scale = 1.0 / 7.0;
     let grad = buffer(&grads);
-    let partials = HostBuffer::from_bytes(&[0xffu8; 8]);
-    // SAFETY: `odc_scale_sum_sq(float* grad, unsigned long long n, double scale, double*
-    // partials)`; grad holds LEN floats, partials one double per block (one block here).
-    unsafe {
-        let args = [
-            Arg::Buffer(&grad),
-            Arg::U64(LEN as u64),
-            Arg::F64(scale),
-            Arg::Buffer(&partials),
-        ];
-        module
-            .launch("odc_scale_sum_sq", &args)
-            .expect("odc_scale_sum_sq");
-    }
+    let sum = kernels
+        .scale_sum_sq(&grad, scale)
+        .expect("odc_scale_sum_sq");
     let want: Vec<f32> = grads.iter().map(|&g| (g as f64 * scale) as f32).collect();
     assert_bitwise("scaled gradient", &floats(&grad), &want);
-    let sum = f64::from_le_bytes(partials.to_bytes().try_into().expect("one double"));
     let host: f64 = want.iter().map(|&g| (g as f64) * (g as f64)).sum();
     let rel = ((sum - host) / host).abs();
     println!("sum of squares: kernel {sum}, host {host}, relative {rel:e}");
@@ -111,25 +99,19 @@ fn the_scaled_gradient_and_its_sum_of_squares_are_the_hosts() {
     let mut with_nan = grads.clone();
     with_nan[LEN - 3] = f32::NAN;
     let grad = buffer(&with_nan);
-    // SAFETY: as above.
-    unsafe {
-        let args = [
-            Arg::Buffer(&grad),
-            Arg::U64(LEN as u64),
-            Arg::F64(scale),
-            Arg::Buffer(&partials),
-        ];
-        module
-            .launch("odc_scale_sum_sq", &args)
-            .expect("odc_scale_sum_sq");
-    }
-    let sum = f64::from_le_bytes(partials.to_bytes().try_into().expect("one double"));
+    let sum = kernels
+        .scale_sum_sq(&grad, scale)
+        .expect("odc_scale_sum_sq");
     assert!(sum.is_nan(), "a NaN gradient summed to {sum}");
+    // A buffer that is not fp32 elements is refused before anything runs.
+    let odd = HostBuffer::from_bytes(&[0u8; 6]);
+    let e = kernels.scale_sum_sq(&odd, scale).unwrap_err().to_string();
+    assert!(e.contains("not fp32 elements"), "{e}");
 }
 
 #[test]
 fn adamw_on_the_kernel_is_the_hosts_bit_for_bit() {
-    let Some((module, mut rng)) = setup("adamw_on_the_kernel_is_the_hosts_bit_for_bit") else {
+    let Some((kernels, mut rng)) = setup("adamw_on_the_kernel_is_the_hosts_bit_for_bit") else {
         return;
     };
     let config = OptimizerConfig::AdamW {
@@ -152,29 +134,9 @@ fn adamw_on_the_kernel_is_the_hosts_bit_for_bit() {
             panic!("AdamW's scalars");
         };
         let grad = buffer(&grads);
-        // SAFETY: `odc_adamw(float* param, const float* grad, float* exp_avg, float*
-        // exp_avg_sq, unsigned long long n, double clip, float decay, float beta1, float
-        // one_minus_beta1, float beta2, float one_minus_beta2, float step_size, float
-        // bias_correction2_sqrt, float eps)`; every buffer holds LEN floats.
-        unsafe {
-            let args = [
-                Arg::Buffer(&param),
-                Arg::Buffer(&grad),
-                Arg::Buffer(&exp_avg),
-                Arg::Buffer(&exp_avg_sq),
-                Arg::U64(LEN as u64),
-                Arg::F64(clip),
-                Arg::F32(s.decay),
-                Arg::F32(s.beta1),
-                Arg::F32(s.one_minus_beta1),
-                Arg::F32(s.beta2),
-                Arg::F32(s.one_minus_beta2),
-                Arg::F32(s.step_size),
-                Arg::F32(s.bias_correction2_sqrt),
-                Arg::F32(s.eps),
-            ];
-            module.launch("odc_adamw", &args).expect("odc_adamw");
-        }
+        kernels
+            .adamw(&s, clip, &param, &grad, &exp_avg, &exp_avg_sq)
+            .expect("odc_adamw");
         state
             .step(&config, &mut host, &clipped(&grads, clip))
             .expect("the host's step");
@@ -191,7 +153,7 @@ fn adamw_on_the_kernel_is_the_hosts_bit_for_bit() {
 
 #[test]
 fn sgd_on_the_kernel_is_the_hosts_bit_for_bit_in_each_mode() {
-    let Some((module, mut rng)) = setup("sgd_on_the_kernel_is_the_hosts_bit_for_bit_in_each_mode")
+    let Some((kernels, mut rng)) = setup("sgd_on_the_kernel_is_the_hosts_bit_for_bit_in_each_mode")
     else {
         return;
     };
@@ -206,30 +168,16 @@ fn sgd_on_the_kernel_is_the_hosts_bit_for_bit_in_each_mode() {
         let (param, buf) = (buffer(&host), buffer(&[f32::NAN; LEN]));
         for (step, clip) in [(0u64, 1.0), (1, 0.5), (2, 1.0)] {
             let grads = random(&mut rng, LEN, 2.0);
-            // 0: no momentum (the buffer untouched); 1: the momentum buffer's first step; 2: after.
+            // No momentum: the buffer untouched; the momentum buffer's first step; after it.
             let mode = match (momentum == 0.0, step) {
-                (true, _) => 0,
-                (false, 0) => 1,
-                (false, _) => 2,
+                (true, _) => SgdMomentum::Off,
+                (false, 0) => SgdMomentum::First(&buf),
+                (false, _) => SgdMomentum::Next(&buf),
             };
             let grad = buffer(&grads);
-            // SAFETY: `odc_sgd(float* param, const float* grad, float* buf, unsigned long long n,
-            // double clip, float lr, float momentum, float weight_decay, int mode)`; every buffer
-            // holds LEN floats (`int` passed as the low bits of its word).
-            unsafe {
-                let args = [
-                    Arg::Buffer(&param),
-                    Arg::Buffer(&grad),
-                    Arg::Buffer(&buf),
-                    Arg::U64(LEN as u64),
-                    Arg::F64(clip),
-                    Arg::F32(0.05),
-                    Arg::F32(momentum),
-                    Arg::F32(weight_decay),
-                    Arg::U64(mode),
-                ];
-                module.launch("odc_sgd", &args).expect("odc_sgd");
-            }
+            kernels
+                .sgd(0.05, momentum, weight_decay, clip, &param, &grad, mode)
+                .expect("odc_sgd");
             state
                 .step(&config, &mut host, &clipped(&grads, clip))
                 .expect("the host's step");

@@ -20,8 +20,11 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::sync::{Arc, LazyLock, Mutex};
 
-/// Threads per block, as odc's launches make them (`odc_transport::cuda` and the model's).
-pub const BLOCK: u32 = 256;
+use crate::launch::{self, Launcher};
+use crate::Source;
+
+/// Threads per block, as odc's launches make them.
+pub use crate::BLOCK;
 
 /// The host's C++ compiler.
 #[derive(Debug, Clone)]
@@ -70,6 +73,16 @@ impl HostBuffer {
         }
     }
 
+    /// How many bytes it holds.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether it holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
     /// Its bytes now (no launch runs while this borrows the buffer: launches return first).
     pub fn to_bytes(&self) -> Vec<u8> {
         // SAFETY: launches end before they return and hold the buffer's address only while they
@@ -81,15 +94,8 @@ impl HostBuffer {
     }
 }
 
-/// One parameter of a launch: a buffer (its address), or a scalar of the kernel parameter's type
-/// (`unsigned long long`, `float`, `double`).
-#[derive(Debug, Clone, Copy)]
-pub enum Arg<'a> {
-    Buffer(&'a HostBuffer),
-    U64(u64),
-    F32(f32),
-    F64(f64),
-}
+/// One parameter of an emulated launch: [`launch::Arg`] over [`HostBuffer`]s.
+pub type Arg<'a> = launch::Arg<'a, HostBuffer>;
 
 /// The kernels' entry points of `code`: each `__global__ void NAME(PARAMS)` with its parameters'
 /// types.
@@ -150,7 +156,7 @@ static COMPILED: LazyLock<Mutex<HashMap<SourceKey, Arc<Module>>>> =
 static LAUNCH: Mutex<()> = Mutex::new(());
 
 type Caller = unsafe extern "C" fn(*const u64);
-type Launcher = unsafe extern "C" fn(Caller, *const u64, u32, i32) -> i32;
+type LaunchFn = unsafe extern "C" fn(Caller, *const u64, u32, i32) -> i32;
 
 impl Emulator {
     /// The host's C++ compiler (`$CXX`, `c++`, `g++`), if there is one.
@@ -253,6 +259,8 @@ impl Module {
                 // through this address while the launch runs.
                 Arg::Buffer(buffer) => unsafe { (*buffer.words.get()).as_mut_ptr() as u64 },
                 Arg::U64(value) => value,
+                // An `int` parameter is the low bits of its word.
+                Arg::I32(value) => u64::from(value as u32),
                 Arg::F32(value) => u64::from(value.to_bits()),
                 Arg::F64(value) => value.to_bits(),
             })
@@ -267,7 +275,7 @@ impl Module {
                 .map_err(|e| format!("{}: no {function}: {e}", self.name))?;
             let launcher = *self
                 .library
-                .get::<Launcher>(b"odc_emu_launch")
+                .get::<LaunchFn>(b"odc_emu_launch")
                 .map_err(|e| format!("{}: {e}", self.name))?;
             let _one = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());
             let buffers: Vec<&HostBuffer> = args
@@ -305,6 +313,48 @@ impl Module {
             }
             Ok(())
         }
+    }
+}
+
+/// This CPU as a [`Launcher`]: one block of [`BLOCK`] threads a launch, whose grid-stride loops
+/// cover the grid (the kernel's own `n` parameter bounds them), run twice in two thread orders.
+impl Launcher for Emulator {
+    type Buffer = HostBuffer;
+    type Module = Arc<Module>;
+    type Error = String;
+
+    fn module(&self, source: &Source) -> Result<Arc<Module>, String> {
+        self.compile(source.name, source.code)
+    }
+
+    fn upload(&self, bytes: &[u8]) -> Result<HostBuffer, String> {
+        Ok(HostBuffer::from_bytes(bytes))
+    }
+
+    fn download(&self, buffer: &HostBuffer) -> Result<Vec<u8>, String> {
+        Ok(buffer.to_bytes())
+    }
+
+    fn bytes(&self, buffer: &HostBuffer) -> usize {
+        buffer.len()
+    }
+
+    fn blocks(&self, _module: &Arc<Module>, _n: usize) -> u32 {
+        1
+    }
+
+    unsafe fn launch(
+        &self,
+        module: &Arc<Module>,
+        function: &str,
+        n: usize,
+        args: &[Arg<'_>],
+    ) -> Result<(), String> {
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract (`Launcher::launch`).
+        unsafe { module.launch(function, args) }
     }
 }
 

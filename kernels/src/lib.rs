@@ -1,5 +1,7 @@
-//! odc's fused training kernels (issue 41): their CUDA C sources, compiled at run time by NVRTC
-//! for the device at hand, and their CPU references.
+//! Every CUDA C kernel of odc, compiled at run time by NVRTC for the device at hand, and the one
+//! way to launch them ([`launch::Launcher`]): the fused training kernels (issue 41) with their CPU
+//! references, the transport's accumulate ([`ACCUMULATE`]) and the shard servers' optimizer step
+//! ([`OPTIMIZER`]).
 //!
 //! - [`SOURCES`]: one [`Source`] per kernel family — RMSNorm, also fused with the residual add
 //!   before it ([`NORM`]), SwiGLU ([`SWIGLU`]), rotary embedding ([`ROTARY`]) — each forward and
@@ -7,9 +9,11 @@
 //!   forward and backward, a plain first version; [`FLASH`]: FlashAttention-2's tiles on tensor
 //!   cores, forward and backward, bf16; both varlen as FlashAttention's interface is, queries and
 //!   keys of their own lengths, causal or not), and cross-entropy with its gradient in one
-//!   kernel for a chunk of the head's rows ([`LOSS`]), in fp32 and bf16, fp32 arithmetic. Every source starts with `common.cuh` (bf16 loads and stores rounded as the
-//!   host codec rounds, a warp's sum) and needs no header of a CUDA toolkit, so NVRTC alone
-//!   compiles it (no driver, no device).
+//!   kernel for a chunk of the head's rows ([`LOSS`]), in fp32 and bf16, fp32 arithmetic; and the
+//!   runtime's: the transport's accumulate ([`ACCUMULATE`]) and the shard servers' optimizer
+//!   ([`OPTIMIZER`]). Every training source starts with `common.cuh` (bf16 loads and stores
+//!   rounded as the host codec rounds, a warp's sum); no source needs a header of a CUDA toolkit,
+//!   so NVRTC alone compiles it (no driver, no device).
 //! - [`reference`]: the same math on the CPU in f64, what every kernel is checked against.
 //! - `tests/cases/`: every kernel on fresh random inputs into poisoned outputs against
 //!   [`reference`], run by two backends. `tests/emulated.rs` runs them on the CPU through
@@ -17,9 +21,14 @@
 //!   `cuda_on_cpu.h`, a block's threads as fibers that meet at every shuffle, `mma.sync` and
 //!   barrier, each launch in two thread orders), so CI checks a kernel's arithmetic, indexing and
 //!   written elements where no GPU is (`ODC_REQUIRE_EMULATION=1`: a missing C++ compiler fails).
-//! - Feature `nvrtc` (odc-transport's `cuda` backend, which loads NVRTC and the driver at run
-//!   time): `tests/device.rs` compiles every source for compute capabilities 8.0 and 9.0 — CI runs
-//!   it with NVRTC from NVIDIA's wheel and `ODC_REQUIRE_NVRTC=1`, so a kernel that does not compile
+//! - [`launch`]: the one way to run a kernel ([`launch::Launcher`]: modules, buffers, launches),
+//!   implemented by the emulation (`emulate::Emulator`) and by a CUDA device (odc-transport's
+//!   `cuda::DeviceLauncher`); the checks, the shard servers' optimizer step and the transport's
+//!   accumulate are written once against it.
+//! - Feature `nvrtc` (`nvrtc`: NVRTC and the driver loaded at run time through cudarc; no CUDA
+//!   install to build): `nvrtc::ptx` compiles a source, `nvrtc::Module` loads and launches it.
+//!   `tests/device.rs` compiles every source for compute capabilities 8.0 and 9.0 — CI runs it
+//!   with NVRTC from NVIDIA's wheel and `ODC_REQUIRE_NVRTC=1`, so a kernel that does not compile
 //!   fails CI — and, where a GPU is, runs the same checks on it.
 //!
 //! Launch contract (each kernel's comment says which `n`): a grid-stride loop over `n` work items
@@ -34,6 +43,9 @@
 
 #[cfg(feature = "emulate")]
 pub mod emulate;
+pub mod launch;
+#[cfg(feature = "nvrtc-code")]
+pub mod nvrtc;
 pub mod reference;
 
 /// One kernel source: its name (NVRTC's and a module's), its CUDA C, and its kernels.
@@ -130,7 +142,32 @@ pub const FLASH: Source = Source {
     ],
 };
 
-pub const SOURCES: [Source; 6] = [NORM, SWIGLU, ROTARY, ATTENTION, FLASH, LOSS];
+/// The `cuda` transport backend's elementwise kernels (odc-transport launches them): the
+/// accumulate of the transport contract (C2), `acc[i] += src[i]` fp32 into fp32 and
+/// `acc[i] += widen(src[i])` bf16 into fp32, and the fp32 → bf16 encode of a published copy, each
+/// bit for bit the host codec's.
+pub const ACCUMULATE: Source = Source {
+    name: "accumulate.cu",
+    code: include_str!("accumulate.cu"),
+    functions: &["odc_add_f32", "odc_add_bf16", "odc_encode_bf16"],
+};
+
+/// The shard servers' barrier on the GPU (odc-actors launches them): the gradient scaled with
+/// the sum of its squares per block, AdamW and SGD, each the host's fp32 operations in the
+/// host's order.
+pub const OPTIMIZER: Source = Source {
+    name: "optimizer.cu",
+    code: include_str!("optimizer.cu"),
+    functions: &["odc_scale_sum_sq", "odc_adamw", "odc_sgd"],
+};
+
+/// Threads per block of every launch (`optimizer.cu` sizes its block reduction by it).
+pub const BLOCK: u32 = 256;
+
+/// Every source, the training kernels' and the runtime's.
+pub const SOURCES: [Source; 8] = [
+    NORM, SWIGLU, ROTARY, ATTENTION, FLASH, LOSS, ACCUMULATE, OPTIMIZER,
+];
 
 #[cfg(test)]
 mod tests {

@@ -11,12 +11,9 @@
 //!   failure on a GPU machine).
 #![cfg(feature = "nvrtc")]
 
-use std::sync::Arc;
-
-use cases::{Arg, Backend};
-use odc_kernels::{Source, SOURCES};
-use odc_transport::cuda::{check_driver, ptx_of, Device, DeviceBuffer, KernelArg, Module};
-use odc_transport::TransportError;
+use odc_kernels::nvrtc::ptx;
+use odc_kernels::SOURCES;
+use odc_transport::cuda::{check_driver, Device, DeviceLauncher};
 use rand::rngs::StdRng;
 
 mod cases;
@@ -25,7 +22,7 @@ mod cases;
 fn every_kernel_compiles_with_nvrtc() {
     for source in SOURCES {
         for capability in [(8, 0), (9, 0)] {
-            match ptx_of(source.name, source.code, capability) {
+            match ptx(&source, capability) {
                 Ok(ptx) => {
                     for function in source.functions {
                         assert!(
@@ -38,7 +35,7 @@ fn every_kernel_compiles_with_nvrtc() {
                         assemble(&ptxas, source.name, &ptx, capability);
                     }
                 }
-                Err(TransportError::Unsupported { what })
+                Err(odc_kernels::nvrtc::KernelError(what))
                     if what.starts_with("no NVRTC")
                         && std::env::var_os("ODC_REQUIRE_NVRTC").is_none() =>
                 {
@@ -84,58 +81,15 @@ fn assemble(ptxas: &std::ffi::OsStr, name: &str, ptx: &str, capability: (i32, i3
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The GPU (device 0).
-struct Gpu(Arc<Device>);
-
-impl Backend for Gpu {
-    type Buffer = DeviceBuffer;
-    type Module = Arc<Module>;
-
-    fn module(&self, source: Source) -> Arc<Module> {
-        self.0
-            .module(source.name, source.code, source.functions)
-            .unwrap_or_else(|e| panic!("{}: {e}", source.name))
-    }
-
-    fn upload_bytes(&self, bytes: &[u8]) -> DeviceBuffer {
-        let buffer = self.0.alloc(bytes.len()).expect("alloc");
-        self.0.upload(&buffer, 0, bytes).expect("upload");
-        buffer
-    }
-
-    fn download_bytes(&self, buffer: &DeviceBuffer) -> Vec<u8> {
-        self.0.download(buffer).expect("download")
-    }
-
-    unsafe fn launch(
-        &self,
-        module: &Arc<Module>,
-        function: &str,
-        n: usize,
-        args: &[Arg<'_, DeviceBuffer>],
-    ) -> Result<(), String> {
-        let args: Vec<KernelArg> = args
-            .iter()
-            .map(|arg| match *arg {
-                Arg::Buffer(buffer) => KernelArg::buffer(buffer),
-                Arg::U64(value) => KernelArg::u64(value),
-                Arg::F32(value) => KernelArg::f32(value),
-            })
-            .collect();
-        // SAFETY: the caller's contract (`Backend::launch`).
-        unsafe { self.0.launch(module, function, n, &args) }.map_err(|e| e.to_string())
-    }
-}
-
 /// The device and a seeded generator, or `None` (said) without a driver.
-fn gpu(test: &str) -> Option<(Gpu, StdRng)> {
+fn gpu(test: &str) -> Option<(DeviceLauncher, StdRng)> {
     if let Err(e) = check_driver() {
         eprintln!("skipped `{test}`: {e}");
         return None;
     }
     let rng = cases::seeded(test);
     let device = Device::open(0).unwrap_or_else(|e| panic!("device 0: {e}"));
-    Some((Gpu(device), rng))
+    Some((DeviceLauncher(device), rng))
 }
 
 every_case!(gpu);

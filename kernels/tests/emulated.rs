@@ -8,61 +8,17 @@
 //! Without a C++ compiler each check says it was skipped, unless `ODC_REQUIRE_EMULATION=1` (CI),
 //! where that fails.
 
-use std::sync::Arc;
-
 use cases::{Arg, Backend};
-use odc_kernels::emulate::{self, Emulator, HostBuffer, Module, BLOCK};
+use odc_kernels::emulate::{Emulator, BLOCK};
 use odc_kernels::Source;
 use rand::rngs::StdRng;
 
 mod cases;
 
-/// The CPU, through the emulation.
-struct Cpu(Emulator);
-
-impl Backend for Cpu {
-    type Buffer = HostBuffer;
-    type Module = Arc<Module>;
-
-    fn module(&self, source: Source) -> Arc<Module> {
-        self.0
-            .compile(source.name, source.code)
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    fn upload_bytes(&self, bytes: &[u8]) -> HostBuffer {
-        HostBuffer::from_bytes(bytes)
-    }
-
-    fn download_bytes(&self, buffer: &HostBuffer) -> Vec<u8> {
-        buffer.to_bytes()
-    }
-
-    unsafe fn launch(
-        &self,
-        module: &Arc<Module>,
-        function: &str,
-        _n: usize,
-        args: &[Arg<'_, HostBuffer>],
-    ) -> Result<(), String> {
-        // The kernel's own `n` parameter bounds its grid-stride loop over the one block.
-        let args: Vec<emulate::Arg> = args
-            .iter()
-            .map(|arg| match *arg {
-                Arg::Buffer(buffer) => emulate::Arg::Buffer(buffer),
-                Arg::U64(value) => emulate::Arg::U64(value),
-                Arg::F32(value) => emulate::Arg::F32(value),
-            })
-            .collect();
-        // SAFETY: the caller's contract (`Backend::launch`).
-        unsafe { module.launch(function, &args) }
-    }
-}
-
 /// The CPU and a seeded generator, or `None` (said) without a C++ compiler.
-fn cpu(test: &str) -> Option<(Cpu, StdRng)> {
+fn cpu(test: &str) -> Option<(Emulator, StdRng)> {
     let emulator = Emulator::for_test(test)?;
-    Some((Cpu(emulator), cases::seeded(test)))
+    Some((emulator, cases::seeded(test)))
 }
 
 every_case!(cpu);

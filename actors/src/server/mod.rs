@@ -33,6 +33,7 @@ mod device;
 pub mod messages;
 /// The update rule, a pure core (`odc_policy::optimizer`).
 pub use odc_policy::optimizer;
+pub mod optimizer_kernels;
 mod relay;
 mod shard;
 pub mod shard_file;

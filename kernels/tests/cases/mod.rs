@@ -7,13 +7,15 @@
 //! `odc_kernels::reference`: `‖Δ‖ / ‖ref‖ ≤ 1e-5` in fp32 and `≤ 1e-2` in bf16 (inputs rounded to
 //! bf16 first, so the reference sees what the kernel sees).
 
-use odc_kernels::{reference, Source, ATTENTION, FLASH, LOSS, NORM, ROTARY, SWIGLU};
+pub use odc_kernels::launch::Arg;
+use odc_kernels::launch::Launcher;
+use odc_kernels::{reference, Source, ACCUMULATE, ATTENTION, FLASH, LOSS, NORM, ROTARY, SWIGLU};
 use odc_transport::{codec, Dtype};
 use rand::rngs::StdRng;
 use rand::Rng;
 
-/// Where kernels run: buffers of bytes, modules compiled from a [`Source`], launches over `n`
-/// work items (the grid-stride contract of `odc_kernels`).
+/// Where the checks run: any [`Launcher`] (the emulation on this CPU, a GPU), its failures
+/// panicking with their text (a check's failure is the test's).
 pub trait Backend {
     type Buffer;
     type Module;
@@ -49,32 +51,33 @@ pub trait Backend {
     }
 }
 
-/// One parameter of a launch: a buffer (its address) or an `unsigned long long` or a `float`.
-pub enum Arg<'a, B> {
-    Buffer(&'a B),
-    U64(u64),
-    F32(f32),
-}
+impl<L: Launcher> Backend for L {
+    type Buffer = L::Buffer;
+    type Module = L::Module;
 
-impl<'a, B> Arg<'a, B> {
-    pub fn buffer(buffer: &'a B) -> Self {
-        Arg::Buffer(buffer)
+    fn module(&self, source: Source) -> L::Module {
+        Launcher::module(self, &source).unwrap_or_else(|e| panic!("{}: {e}", source.name))
     }
-    pub fn u64(value: u64) -> Self {
-        Arg::U64(value)
+
+    fn upload_bytes(&self, bytes: &[u8]) -> L::Buffer {
+        Launcher::upload(self, bytes).unwrap_or_else(|e| panic!("upload: {e}"))
     }
-    pub fn f32(value: f32) -> Self {
-        Arg::F32(value)
+
+    fn download_bytes(&self, buffer: &L::Buffer) -> Vec<u8> {
+        Launcher::download(self, buffer).unwrap_or_else(|e| panic!("download: {e}"))
+    }
+
+    unsafe fn launch(
+        &self,
+        module: &L::Module,
+        function: &str,
+        n: usize,
+        args: &[Arg<'_, L::Buffer>],
+    ) -> Result<(), String> {
+        // SAFETY: the caller's contract (`Backend::launch`).
+        unsafe { Launcher::launch(self, module, function, n, args) }.map_err(|e| e.to_string())
     }
 }
-
-impl<B> Clone for Arg<'_, B> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<B> Copy for Arg<'_, B> {}
 
 /// A `#[test]` per check, each calling `$setup(name)` for a backend and a seeded generator (or
 /// `None`, said, where the backend cannot run) and then the check.
@@ -92,6 +95,8 @@ macro_rules! every_case {
             cross_entropy_with_its_gradient_matches_the_reference_also_in_place,
             the_logit_gradient_of_a_block_of_classes_matches_the_reference,
             decoding_attention_matches_the_reference,
+            the_accumulates_are_the_host_codecs_bit_for_bit,
+            the_bf16_encode_is_the_host_codecs_bit_for_bit,
         );
     };
     ($setup:ident: $($name:ident),* $(,)?) => {
@@ -902,4 +907,100 @@ fn check_attention<B: Backend>(
             ("dv", device.download(Dtype::F32, &dv), want_dv),
         ],
     );
+}
+
+/// Elements of the accumulate checks: several grid-stride passes of a block and no round number.
+const ACCUMULATE_LEN: usize = 3 * 256 + 29;
+
+/// `ACCUMULATE_LEN` values from bit patterns of every kind: normal, subnormal, ±0, ±∞, NaNs
+/// (quiet and signalling), exact bf16 ties (odd and even), from a splitmix64 sequence.
+fn every_kind_of_value(seed: u64) -> Vec<f32> {
+    let special = [
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        f32::from_bits(0x0000_8000),
+        f32::from_bits(0x3f80_8000),
+        f32::from_bits(0x3f81_8000),
+        f32::from_bits(0x7f7f_ffff),
+        f32::MIN_POSITIVE,
+    ];
+    let mut z = seed;
+    (0..ACCUMULATE_LEN)
+        .map(|i| {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^= x >> 31;
+            match i % 4 {
+                0 => special[(x as usize) % special.len()],
+                1 => f32::from_bits(x as u32),
+                _ => (x as u32 as f32 / u32::MAX as f32 - 0.5) * 8.0,
+            }
+        })
+        .collect()
+}
+
+/// The transport's accumulates ([`ACCUMULATE`]: fp32 and bf16 into fp32) equal the host codec's
+/// `add_f32_into` (of the decoded bf16) bit for bit, over values of every kind.
+pub fn the_accumulates_are_the_host_codecs_bit_for_bit<B: Backend>(device: &B, _rng: StdRng) {
+    let module = device.module(ACCUMULATE);
+    let acc = every_kind_of_value(1);
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let src = codec::encode(dtype, &every_kind_of_value(2));
+        let mut want = acc.clone();
+        let widened = codec::encode_f32(&codec::decode(dtype, &src).expect("decode"));
+        codec::add_f32_into(&widened, &mut want).expect("the host's add");
+        let out = device.upload_bytes(&codec::encode_f32(&acc));
+        let input = device.upload_bytes(&src);
+        let function = format!("odc_add_{}", suffix(dtype));
+        let n = ACCUMULATE_LEN as u64;
+        // SAFETY: `odc_add_*(float* acc, const T* src, unsigned long long n)`; both hold `n`
+        // elements.
+        unsafe {
+            let args = [Arg::buffer(&out), Arg::buffer(&input), Arg::u64(n)];
+            device.launch(&module, &function, ACCUMULATE_LEN, &args)
+        }
+        .unwrap_or_else(|e| panic!("{function}: {e}"));
+        assert_eq!(
+            device.download_bytes(&out),
+            codec::encode_f32(&want).to_vec(),
+            "{function}: not the host's sums bit for bit"
+        );
+    }
+}
+
+/// The transport's fp32 → bf16 encode equals the host codec's bit for bit, ties and NaNs
+/// included.
+pub fn the_bf16_encode_is_the_host_codecs_bit_for_bit<B: Backend>(device: &B, _rng: StdRng) {
+    let module = device.module(ACCUMULATE);
+    let src = every_kind_of_value(3);
+    let out = device.upload_bytes(&vec![0xa5u8; ACCUMULATE_LEN * 2]);
+    let input = device.upload_bytes(&codec::encode_f32(&src));
+    // SAFETY: `odc_encode_bf16(unsigned short* dst, const float* src, unsigned long long n)`;
+    // dst holds n bf16, src n floats.
+    unsafe {
+        let args = [
+            Arg::buffer(&out),
+            Arg::buffer(&input),
+            Arg::u64(ACCUMULATE_LEN as u64),
+        ];
+        device.launch(&module, "odc_encode_bf16", ACCUMULATE_LEN, &args)
+    }
+    .unwrap_or_else(|e| panic!("odc_encode_bf16: {e}"));
+    let want = codec::encode(Dtype::Bf16, &src);
+    let got = device.download_bytes(&out);
+    if let Some(i) = (0..ACCUMULATE_LEN).find(|&i| got[2 * i..2 * i + 2] != want[2 * i..2 * i + 2])
+    {
+        panic!(
+            "element {i} ({:#010x}) encodes to {:02x?} on the kernel, {:02x?} on the host",
+            src[i].to_bits(),
+            &got[2 * i..2 * i + 2],
+            &want[2 * i..2 * i + 2]
+        );
+    }
 }

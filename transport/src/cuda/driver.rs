@@ -21,7 +21,11 @@ use std::time::Duration;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use parking_lot::Mutex;
 
-use super::kernels::{Elementwise, Kernels, Module, Param};
+use odc_kernels::launch::{Arg, Launcher};
+use odc_kernels::nvrtc::{Module, Param};
+use odc_kernels::Source;
+
+use super::kernels::{kernel_error, Elementwise, Kernels};
 use super::library::{check_driver, failed};
 use crate::{Deadline, DeviceDest, TransportError};
 
@@ -408,23 +412,18 @@ impl Device {
             .map_err(Clone::clone)
     }
 
-    /// The kernels of `source` (named `name`; its `functions`), compiled with NVRTC for this
-    /// device on the first call with that name and cached (later calls with the same name return
-    /// the same module, whatever their source). Without NVRTC: `Unsupported`, `no NVRTC: …`; a
-    /// source that does not compile: `Unsupported` with NVRTC's log.
-    pub fn module(
-        &self,
-        name: &str,
-        source: &str,
-        functions: &[&str],
-    ) -> Result<Arc<Module>, TransportError> {
+    /// The kernels of `source`, compiled with NVRTC for this device on the first call with its
+    /// name and cached (later calls with the same name return the same module, whatever their
+    /// source). Without NVRTC: `Unsupported`, `no NVRTC: …`; a source that does not compile:
+    /// `Unsupported` with NVRTC's log.
+    pub fn module(&self, source: &Source) -> Result<Arc<Module>, TransportError> {
         let mut modules = self.modules.lock();
-        if let Some((_, module)) = modules.iter().find(|(n, _)| n == name) {
+        if let Some((_, module)) = modules.iter().find(|(n, _)| n == source.name) {
             return Ok(Arc::clone(module));
         }
         self.bind()?;
-        let module = Arc::new(Module::compile(&self.ctx, name, source, functions)?);
-        modules.push((name.to_owned(), Arc::clone(&module)));
+        let module = Arc::new(Module::compile(&self.ctx, source).map_err(kernel_error)?);
+        modules.push((source.name.to_owned(), Arc::clone(&module)));
         Ok(module)
     }
 
@@ -441,11 +440,11 @@ impl Device {
         module: &Module,
         function: &str,
         n: usize,
-        args: &[KernelArg<'_>],
+        args: &[Arg<'_, DeviceBuffer>],
     ) -> Result<(), TransportError> {
         let mut params = Vec::with_capacity(args.len());
         for arg in args {
-            params.push(match arg.0 {
+            params.push(match *arg {
                 Arg::Buffer(buffer) if !buffer.is_on(self) => {
                     return Err(TransportError::Unsupported {
                         what: format!(
@@ -456,13 +455,16 @@ impl Device {
                     })
                 }
                 Arg::Buffer(buffer) => Param::U64(buffer.ptr),
-                Arg::Value(param) => param,
+                Arg::U64(v) => Param::U64(v),
+                Arg::I32(v) => Param::I32(v),
+                Arg::F32(v) => Param::F32(v),
+                Arg::F64(v) => Param::F64(v),
             });
         }
         let mut lane = self.lane()?;
         // SAFETY: the caller's guarantee (each buffer passed by its address); the lane's stream
         // belongs to this device's context, which `lane()` bound.
-        unsafe { module.enqueue(&lane.stream, function, n, &params)? };
+        unsafe { module.enqueue(&lane.stream, function, n, &params) }.map_err(kernel_error)?;
         lane.finish_owner(&format!("kernel {function}"))
     }
 
@@ -738,45 +740,6 @@ impl Device {
     }
 }
 
-/// One argument of a kernel launch ([`Device::launch`]): a device buffer (its address) or a
-/// scalar, passed by value as the kernel's parameter of that type (`float*`/`const T*`,
-/// `unsigned long long`, `int`, `float`, `double`).
-#[derive(Debug, Clone, Copy)]
-pub struct KernelArg<'a>(Arg<'a>);
-
-#[derive(Debug, Clone, Copy)]
-enum Arg<'a> {
-    Buffer(&'a DeviceBuffer),
-    Value(Param),
-}
-
-impl<'a> KernelArg<'a> {
-    /// A pointer parameter: `buffer`'s device address.
-    pub fn buffer(buffer: &'a DeviceBuffer) -> Self {
-        Self(Arg::Buffer(buffer))
-    }
-
-    /// An `unsigned long long` parameter.
-    pub fn u64(value: u64) -> Self {
-        Self(Arg::Value(Param::U64(value)))
-    }
-
-    /// An `int` parameter.
-    pub fn i32(value: i32) -> Self {
-        Self(Arg::Value(Param::I32(value)))
-    }
-
-    /// A `float` parameter.
-    pub fn f32(value: f32) -> Self {
-        Self(Arg::Value(Param::F32(value)))
-    }
-
-    /// A `double` parameter.
-    pub fn f64(value: f64) -> Self {
-        Self(Arg::Value(Param::F64(value)))
-    }
-}
-
 /// `a == b`, a multiple of `unit`.
 fn sizes_fit(a: usize, b: usize, unit: usize) -> Result<(), TransportError> {
     if a == b && a % unit == 0 {
@@ -878,5 +841,50 @@ impl Drop for DeviceBuffer {
             }
             Err(e) => tracing::warn!("odc cuda: cannot free device memory: {e}"),
         }
+    }
+}
+
+/// A device as odc-kernels' [`Launcher`]: modules compiled by NVRTC and cached
+/// ([`Device::module`]), device buffers, launches on the device's stream, waited for
+/// ([`Device::launch`]).
+#[derive(Debug, Clone)]
+pub struct DeviceLauncher(pub Arc<Device>);
+
+impl Launcher for DeviceLauncher {
+    type Buffer = DeviceBuffer;
+    type Module = Arc<Module>;
+    type Error = TransportError;
+
+    fn module(&self, source: &Source) -> Result<Arc<Module>, TransportError> {
+        self.0.module(source)
+    }
+
+    fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer, TransportError> {
+        let buffer = self.0.alloc(bytes.len())?;
+        self.0.upload(&buffer, 0, bytes)?;
+        Ok(buffer)
+    }
+
+    fn download(&self, buffer: &DeviceBuffer) -> Result<Vec<u8>, TransportError> {
+        self.0.download(buffer)
+    }
+
+    fn bytes(&self, buffer: &DeviceBuffer) -> usize {
+        buffer.len()
+    }
+
+    fn blocks(&self, module: &Arc<Module>, n: usize) -> u32 {
+        module.blocks(n)
+    }
+
+    unsafe fn launch(
+        &self,
+        module: &Arc<Module>,
+        function: &str,
+        n: usize,
+        args: &[Arg<'_, DeviceBuffer>],
+    ) -> Result<(), TransportError> {
+        // SAFETY: the caller's contract (`Launcher::launch`).
+        unsafe { self.0.launch(module, function, n, args) }
     }
 }

@@ -13,7 +13,7 @@
 //! - **Accumulate path.** The contract's accumulate takes host bytes (`Bytes` of fp32), so they
 //!   travel like `shm`'s: over the owner's Unix socket (handshake first), then the owner copies
 //!   them host → device (pinned staging, then a device scratch buffer) and runs the NVRTC kernel
-//!   `odc_add_f32` (`kernels.cu`) into the fp32 accumulator in device memory. Fencing (epoch) and
+//!   `odc_add_f32` (odc-kernels' `accumulate.cu`) into the fp32 accumulator in device memory. Fencing (epoch) and
 //!   deduplication (write id) are the shared owner core's (`local/accumulator.rs`), whose
 //!   [`Sums`](crate::local) here is device memory; the checks and the kernel run under one lock,
 //!   so C2 and C3 hold exactly as for every backend. **From device memory**
@@ -97,8 +97,7 @@ use parking_lot::Mutex;
 use tokio::net::UnixStream;
 
 use self::driver::Waited;
-pub use self::driver::{device_count, Device, DeviceBuffer, KernelArg, STAGING_BYTES};
-pub use self::kernels::{ptx_of, Module, BLOCK};
+pub use self::driver::{device_count, Device, DeviceBuffer, DeviceLauncher, STAGING_BYTES};
 pub use self::library::check_driver;
 use self::mapping::{Mapping, Unreached};
 use self::owned::{export, own_memory, DeviceSums, PublishedGuard};
@@ -115,6 +114,8 @@ use crate::{
     codec, AccumulatorRegion, CudaMemory, Deadline, Descriptor, Dest, Dtype, EndpointId, Op,
     PublishedRegion, RegionHandle, RegionKind, TransportError,
 };
+pub use odc_kernels::launch::{Arg, Launcher};
+pub use odc_kernels::nvrtc::{Module, BLOCK};
 
 /// How a [`CudaTransport`] names its files and which device it uses.
 #[derive(Debug, Clone)]
@@ -995,17 +996,16 @@ mod tests {
     /// load, with the reason).
     #[test]
     fn kernel_source_compiles_with_nvrtc() {
-        match kernels::ptx((9, 0)) {
-            Ok(ptx) => {
-                let text = ptx.to_src();
+        match odc_kernels::nvrtc::ptx(&odc_kernels::ACCUMULATE, (9, 0)) {
+            Ok(text) => {
                 for name in ["odc_add_f32", "odc_add_bf16", "odc_encode_bf16"] {
                     assert!(text.contains(name), "the PTX has no {name}");
                 }
             }
-            Err(TransportError::Unsupported { what }) if what.starts_with("no NVRTC") => {
+            Err(odc_kernels::nvrtc::KernelError(what)) if what.starts_with("no NVRTC") => {
                 eprintln!("skipped: {what}")
             }
-            Err(e) => panic!("kernels.cu does not compile: {e}"),
+            Err(e) => panic!("accumulate.cu does not compile: {e}"),
         }
     }
 
@@ -1371,20 +1371,28 @@ extern "C" __global__ void affine(float* x, unsigned long long n, float a, doubl
 }
 "#;
         let device = device();
-        let module = device
-            .module("affine.cu", SOURCE, &["affine"])
-            .expect("module");
-        let again = device.module("affine.cu", "", &[]).expect("cached");
+        let affine = odc_kernels::Source {
+            name: "affine.cu",
+            code: SOURCE,
+            functions: &["affine"],
+        };
+        let module = device.module(&affine).expect("module");
+        let renamed = odc_kernels::Source {
+            code: "",
+            functions: &[],
+            ..affine
+        };
+        let again = device.module(&renamed).expect("cached");
         assert!(Arc::ptr_eq(&module, &again), "compiled once per name");
         let n = 5 * 256 * 1024 + 3;
         let x: Vec<f32> = (0..n).map(|i| (i % 101) as f32).collect();
         let buffer = holding(&device, &codec::encode_f32(&x));
         let args = [
-            KernelArg::buffer(&buffer),
-            KernelArg::u64(n as u64),
-            KernelArg::f32(2.0),
-            KernelArg::f64(0.5),
-            KernelArg::i32(-3),
+            Arg::buffer(&buffer),
+            Arg::u64(n as u64),
+            Arg::f32(2.0),
+            Arg::f64(0.5),
+            Arg::i32(-3),
         ];
         // SAFETY: `affine` takes (float*, unsigned long long, float, double, int) and touches
         // the `n` elements of `buffer`.

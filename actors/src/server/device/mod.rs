@@ -2,7 +2,7 @@
 //! `cuda` backend, each of its shards lives in that transport's device memory — fp32 master
 //! weights, the optimizer's buffers (AdamW's `exp_avg`, `exp_avg_sq`; SGD's momentum), the kept
 //! gradient, the accumulator trainers push into and the published copy they pull — and the barrier
-//! runs as NVRTC kernels (`optimizer.cu`, next to this file) on the device's one stream. A server
+//! runs as NVRTC kernels (odc-kernels' `optimizer.cu`) on the device's one stream. A server
 //! owns one device: its transport's.
 //!
 //! Guarantees (the same protocol as the host store, [`super::shard`]):
@@ -31,13 +31,13 @@
 //! - Every device wait is bounded (odc-transport's owner waits, 60 s), and a device failure is an
 //!   error of the call, never a panic.
 //!
-//! `kernels.rs` is the kernels' safe interface (lengths and devices checked before a launch).
+//! The kernels' safe interface (lengths checked before a launch) is
+//! [`super::optimizer_kernels`], written once for this device and the CPU's emulation.
 
 use odc_transport::cuda::CudaTransport;
 
 use crate::node::Node;
 
-mod kernels;
 mod shard;
 #[cfg(test)]
 mod tests;

@@ -7,16 +7,16 @@
 use std::sync::Arc;
 
 use odc_transport::cuda::{
-    CudaTransport, Device, DeviceAccumulator, DeviceBuffer, DevicePublished,
+    CudaTransport, Device, DeviceAccumulator, DeviceBuffer, DeviceLauncher, DevicePublished,
 };
 use odc_transport::{codec, AccumulatorRegion, Dtype, PublishedRegion, RegionHandle, WriteGuard};
 
 use super::cuda_transport;
-use super::kernels::{OptimizerKernels, SgdMomentum};
 use crate::error::{Error, Result};
 use crate::server::optimizer::{
     plan_step, OptimizerConfig, OptimizerState, StepScalars, SGD_MOMENTUM_BUFFER,
 };
+use crate::server::optimizer_kernels::{OptimizerKernels, SgdMomentum};
 use crate::server::shard::{Captured, Context, ShardStore, StoreValues};
 use crate::server::{OptimizerSnapshot, ServerSpec};
 
@@ -48,7 +48,7 @@ pub(crate) struct DeviceShard {
 /// A trainable shard's kernels, optimizer state, accumulator and kept gradient.
 struct DeviceTraining {
     device: Arc<Device>,
-    kernels: OptimizerKernels,
+    kernels: OptimizerKernels<DeviceLauncher>,
     /// The kept gradient (after `Reduce`), or the accumulator's previous buffer.
     grad: DeviceBuffer,
     /// `Reduce` kept a gradient in `grad` for `Apply`.
@@ -87,7 +87,7 @@ impl DeviceShard {
         let training = match optimizer {
             None => None,
             Some(optimizer) => {
-                let kernels = OptimizerKernels::new(&device)?;
+                let kernels = OptimizerKernels::new(DeviceLauncher(Arc::clone(&device)))?;
                 let grad = device.alloc(len * 4)?;
                 let buffers = optimizer
                     .buffers()

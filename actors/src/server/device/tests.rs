@@ -14,15 +14,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use odc_transport::cuda::{check_driver, ptx_of, CudaConfig, CudaTransport};
+use odc_transport::cuda::{check_driver, CudaConfig, CudaTransport};
 use odc_transport::local::LocalTransport;
 use odc_transport::{
-    codec, deadline_in, ClusterSecret, Dest, Dtype, RegionHandle, Transport, TransportError,
-    WriteTag,
+    codec, deadline_in, ClusterSecret, Dest, Dtype, RegionHandle, Transport, WriteTag,
 };
 use ractor::{Actor, ActorRef, RpcReplyPort};
 
-use super::kernels::{FUNCTIONS, MODULE, SOURCE};
 use crate::datapath::micro_batch_of;
 use crate::directory::ShardRoute;
 use crate::layout::{ModelLayout, UnitOptimizerInit, UnitSpec};
@@ -57,9 +55,9 @@ fn skip_without_driver(test: &str) -> bool {
 /// where NVRTC does not load).
 #[test]
 fn optimizer_kernels_compile_with_nvrtc() {
-    match ptx_of(MODULE, SOURCE, (9, 0)) {
+    match odc_kernels::nvrtc::ptx(&odc_kernels::OPTIMIZER, (9, 0)) {
         Ok(ptx) => {
-            for name in FUNCTIONS {
+            for name in odc_kernels::OPTIMIZER.functions {
                 assert!(ptx.contains(name), "the PTX has no {name}");
             }
             // No fused multiply-add: the kernels are the host's fp32 operations, one by one.
@@ -68,7 +66,7 @@ fn optimizer_kernels_compile_with_nvrtc() {
                 "the PTX fuses fp32 multiply-adds"
             );
         }
-        Err(TransportError::Unsupported { what }) if what.starts_with("no NVRTC") => {
+        Err(odc_kernels::nvrtc::KernelError(what)) if what.starts_with("no NVRTC") => {
             eprintln!("skipped `optimizer_kernels_compile_with_nvrtc`: {what}")
         }
         Err(e) => panic!("optimizer.cu does not compile: {e}"),

@@ -78,9 +78,9 @@ impl Shared {
     }
 
     fn args(&self) -> Vec<Arg<'_>> {
-        let mut args = vec![Arg::B(&self.cu_q), Arg::B(&self.cu_k)];
-        args.extend(self.numbers.iter().map(|&n| Arg::U(n)));
-        args.push(Arg::F(self.scale));
+        let mut args = vec![Arg::Buffer(&self.cu_q), Arg::Buffer(&self.cu_k)];
+        args.extend(self.numbers.iter().map(|&n| Arg::U64(n)));
+        args.push(Arg::F32(self.scale));
         args
     }
 }
@@ -113,14 +113,14 @@ pub fn attention(
         false => tokens * heads * 32,
     };
     let mut args = vec![
-        Arg::B(&out),
-        Arg::B(&lse),
-        Arg::B(&qb),
-        Arg::B(&kb),
-        Arg::B(&vb),
+        Arg::Buffer(&out),
+        Arg::Buffer(&lse),
+        Arg::Buffer(&qb),
+        Arg::Buffer(&kb),
+        Arg::Buffer(&vb),
     ];
     args.extend(shared.args());
-    args.push(Arg::U(n as u64));
+    args.push(Arg::U64(n as u64));
     match flash {
         true => kn.launch(&FLASH, "odc_flash_attention_fwd_bf16", n, &args)?,
         false => {
@@ -157,11 +157,11 @@ pub fn attention_backward(
     let delta = kn.output(DType::F32, &[tokens, heads])?;
     let rows = tokens * heads * 32;
     let prep = [
-        Arg::B(&delta),
-        Arg::B(&ob),
-        Arg::B(&db),
-        Arg::U(dim as u64),
-        Arg::U(rows as u64),
+        Arg::Buffer(&delta),
+        Arg::Buffer(&ob),
+        Arg::Buffer(&db),
+        Arg::U64(dim as u64),
+        Arg::U64(rows as u64),
     ];
     let function = format!("odc_attention_bwd_prep_{}", suffix(dtype));
     kn.launch(&ATTENTION, &function, rows, &prep)?;
@@ -200,12 +200,12 @@ pub fn attention_backward_from(
     let tail = Shared::new(&kn, varlen, q, k, scale)?;
     // The arguments both passes share after their outputs.
     let mut shared = vec![
-        Arg::B(&qb),
-        Arg::B(&kb),
-        Arg::B(&vb),
-        Arg::B(&db),
-        Arg::B(&lb),
-        Arg::B(&eb),
+        Arg::Buffer(&qb),
+        Arg::Buffer(&kb),
+        Arg::Buffer(&vb),
+        Arg::Buffer(&db),
+        Arg::Buffer(&lb),
+        Arg::Buffer(&eb),
     ];
     shared.extend(tail.args());
     // The dq and dk/dv passes: FlashAttention-2's tiles where they apply, else the plain ones.
@@ -224,16 +224,16 @@ pub fn attention_backward_from(
         ),
     };
     let dq = kn.output(dtype, &[tokens, heads, dim])?;
-    let mut args = vec![Arg::B(&dq)];
+    let mut args = vec![Arg::Buffer(&dq)];
     args.extend_from_slice(&shared);
-    args.push(Arg::U(queries as u64));
+    args.push(Arg::U64(queries as u64));
     let function = format!("{prefix}_dq_{}", suffix(dtype));
     kn.launch(source, &function, queries, &args)?;
     let dk = kn.output(DType::F32, &[key_tokens, kv_heads, dim])?;
     let dv = kn.output(DType::F32, &[key_tokens, kv_heads, dim])?;
-    let mut args = vec![Arg::B(&dk), Arg::B(&dv)];
+    let mut args = vec![Arg::Buffer(&dk), Arg::Buffer(&dv)];
     args.extend_from_slice(&shared);
-    args.push(Arg::U(keys as u64));
+    args.push(Arg::U64(keys as u64));
     let function = format!("{prefix}_dkdv_{}", suffix(dtype));
     kn.launch(source, &function, keys, &args)?;
     Ok((kn.tensor(dq)?, kn.tensor(dk)?, kn.tensor(dv)?))
@@ -264,18 +264,18 @@ pub fn decode_attention(
     let out = kn.output(q.dtype(), &[rows, heads, 1, dim])?;
     let n = rows * heads * 32;
     let args = [
-        Arg::B(&out),
-        Arg::B(&qb),
-        Arg::B(&kb),
-        Arg::B(&vb),
-        Arg::B(&pb),
-        Arg::U(heads as u64),
-        Arg::U(kv_heads as u64),
-        Arg::U(capacity as u64),
-        Arg::U(len as u64),
-        Arg::U(dim as u64),
-        Arg::F(1.0 / (dim as f32).sqrt()),
-        Arg::U(n as u64),
+        Arg::Buffer(&out),
+        Arg::Buffer(&qb),
+        Arg::Buffer(&kb),
+        Arg::Buffer(&vb),
+        Arg::Buffer(&pb),
+        Arg::U64(heads as u64),
+        Arg::U64(kv_heads as u64),
+        Arg::U64(capacity as u64),
+        Arg::U64(len as u64),
+        Arg::U64(dim as u64),
+        Arg::F32(1.0 / (dim as f32).sqrt()),
+        Arg::U64(n as u64),
     ];
     let function = format!("odc_decode_attention_{}", suffix(q.dtype()));
     kn.launch(&ATTENTION, &function, n, &args)?;

@@ -23,14 +23,9 @@ pub(super) enum Buf {
     Host(HostTensor),
 }
 
-/// One parameter of a launch: a buffer's address, an `unsigned long long`, or a `float`.
-#[derive(Clone, Copy)]
-#[cfg_attr(not(any(feature = "cuda", feature = "emulate")), allow(dead_code))]
-pub(super) enum Arg<'a> {
-    B(&'a Buf),
-    U(u64),
-    F(f32),
-}
+/// One parameter of a launch: odc-kernels' one [`launch::Arg`](odc_kernels::launch::Arg), over
+/// [`Buf`]s.
+pub(super) type Arg<'a> = odc_kernels::launch::Arg<'a, Buf>;
 
 /// A CPU tensor's elements in a buffer a kernel addresses.
 #[cfg(feature = "emulate")]

@@ -11,7 +11,6 @@ use std::sync::OnceLock;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use candle_core::{CudaDevice, CudaStorage, DType, Error, Result, Storage, Tensor};
 use odc_kernels::Source;
 
@@ -34,21 +33,11 @@ fn ptx(source: &Source) -> Result<&'static str> {
         "loss.cu" => &LOSS_PTX,
         other => return Err(Error::Msg(format!("fused kernels: no cache for {other}"))),
     };
-    cell.get_or_init(|| {
-        let options = CompileOptions {
-            options: vec![
-                "--gpu-architecture=compute_80".into(),
-                "--fmad=false".into(),
-            ],
-            name: Some(source.name.into()),
-            ..CompileOptions::default()
-        };
-        compile_ptx_with_opts(source.code, options)
-            .map(|ptx| ptx.to_src())
-            .map_err(|e| format!("NVRTC could not compile {}: {e:?}", source.name))
-    })
-    .as_deref()
-    .map_err(|e| Error::Msg(e.clone()))
+    // odc-kernels' one NVRTC compile (`--fmad=false`), for compute capability 8.0: the driver
+    // JIT-compiles it for newer devices.
+    cell.get_or_init(|| odc_kernels::nvrtc::ptx(source, (8, 0)).map_err(|e| e.0))
+        .as_deref()
+        .map_err(|e| Error::Msg(e.clone()))
 }
 
 /// `t`'s device address (contiguous fp32, bf16 or i64 on CUDA).
@@ -126,20 +115,26 @@ pub(super) fn launch(
     let mut words = Vec::with_capacity(args.len());
     for arg in args {
         words.push(match *arg {
-            Arg::B(Buf::Cuda(t)) => Word::U(address(t, device)?),
-            Arg::B(Buf::CudaOut(storage, shape)) => {
+            Arg::Buffer(Buf::Cuda(t)) => Word::U(address(t, device)?),
+            Arg::Buffer(Buf::CudaOut(storage, shape)) => {
                 Word::U(storage_address(storage, 0..shape.iter().product(), device)?)
             }
             #[allow(unreachable_patterns)]
-            Arg::B(_) => return Err(Error::Msg("fused kernels: a host buffer on CUDA".into())),
-            Arg::U(v) => Word::U(v),
-            Arg::F(v) => Word::F(v),
+            Arg::Buffer(_) => {
+                return Err(Error::Msg("fused kernels: a host buffer on CUDA".into()))
+            }
+            Arg::U64(v) => Word::U(v),
+            Arg::I32(v) => Word::I(v),
+            Arg::F32(v) => Word::F(v),
+            Arg::F64(v) => Word::D(v),
         });
     }
     for word in &words {
         match word {
             Word::U(v) => builder.arg(v),
+            Word::I(v) => builder.arg(v),
             Word::F(v) => builder.arg(v),
+            Word::D(v) => builder.arg(v),
         };
     }
     let blocks = n.div_ceil(256).clamp(1, 4096) as u32;
@@ -158,5 +153,7 @@ pub(super) fn launch(
 /// A launch parameter's value, held while the builder borrows it.
 enum Word {
     U(u64),
+    I(i32),
     F(f32),
+    D(f64),
 }

@@ -15,6 +15,7 @@ use std::sync::{Mutex, OnceLock};
 
 use candle_core::{Error, Result};
 use odc_kernels::emulate::{self, Emulator};
+use odc_kernels::launch::Launcher;
 use odc_kernels::Source;
 
 use super::buf::{Arg, Buf};
@@ -57,28 +58,32 @@ fn from_env() -> &'static Option<Emulator> {
     })
 }
 
-/// Runs `function` of `source` with `args` (compiled once per process by the emulator).
+/// Runs `function` of `source` over `n` work items with `args`, through the emulator as
+/// odc-kernels' one [`Launcher`] (the source compiled once per process).
 pub(super) fn launch(
     emulator: &Emulator,
     source: &Source,
     function: &str,
+    n: usize,
     args: &[Arg<'_>],
 ) -> Result<()> {
-    let module = emulator
-        .compile(source.name, source.code)
-        .map_err(|e| Error::Msg(format!("fused kernels on the CPU: {e}")))?;
+    let failed = |e: String| Error::Msg(format!("fused kernels on the CPU: {e}"));
+    let module = Launcher::module(emulator, source).map_err(failed)?;
     let mut words = Vec::with_capacity(args.len());
     for arg in args {
         words.push(match *arg {
-            Arg::B(Buf::Host(host)) => emulate::Arg::Buffer(&host.buffer),
+            Arg::Buffer(Buf::Host(host)) => emulate::Arg::Buffer(&host.buffer),
             #[allow(unreachable_patterns)]
-            Arg::B(_) => return Err(Error::Msg("fused kernels: a CUDA tensor on the CPU".into())),
-            Arg::U(v) => emulate::Arg::U64(v),
-            Arg::F(v) => emulate::Arg::F32(v),
+            Arg::Buffer(_) => {
+                return Err(Error::Msg("fused kernels: a CUDA tensor on the CPU".into()))
+            }
+            Arg::U64(v) => emulate::Arg::U64(v),
+            Arg::I32(v) => emulate::Arg::I32(v),
+            Arg::F32(v) => emulate::Arg::F32(v),
+            Arg::F64(v) => emulate::Arg::F64(v),
         });
     }
     // SAFETY: the ops pass `function`'s parameters in order and of their types, each buffer
     // holding every element the kernel indexes for its `n`, as on CUDA.
-    unsafe { module.launch(function, &words) }
-        .map_err(|e| Error::Msg(format!("fused kernels on the CPU: {e}")))
+    unsafe { Launcher::launch(emulator, &module, function, n, &words) }.map_err(failed)
 }

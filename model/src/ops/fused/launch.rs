@@ -112,7 +112,7 @@ impl Backend {
             Backend::Cuda(ref device) => super::cuda::launch(device, source, function, n, args),
             #[cfg(feature = "emulate")]
             Backend::Emulated(ref emulator) => {
-                super::emulated::launch(emulator, source, function, args)
+                super::emulated::launch(emulator, source, function, n, args)
             }
         }
     }

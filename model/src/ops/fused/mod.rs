@@ -105,13 +105,13 @@ pub fn rms_norm_output(x: &Tensor, w: &Tensor, eps: f64) -> Result<Output> {
     let out = k.output(x.dtype(), x.dims())?;
     let (xb, wb) = (k.input(x)?, k.input(&w.to_dtype(DType::F32)?)?);
     let args = [
-        Arg::B(&out),
-        Arg::B(&xb),
-        Arg::B(&wb),
-        Arg::U(rows as u64),
-        Arg::U(cols as u64),
-        Arg::F(eps as f32),
-        Arg::U((rows * 32) as u64),
+        Arg::Buffer(&out),
+        Arg::Buffer(&xb),
+        Arg::Buffer(&wb),
+        Arg::U64(rows as u64),
+        Arg::U64(cols as u64),
+        Arg::F32(eps as f32),
+        Arg::U64((rows * 32) as u64),
     ];
     let function = format!("odc_rms_norm_fwd_{}", suffix(x.dtype()));
     k.launch(&NORM, &function, rows * 32, &args)?;
@@ -140,15 +140,15 @@ pub fn add_rms_norm_output(
         k.input(&w.to_dtype(DType::F32)?)?,
     );
     let args = [
-        Arg::B(&sum),
-        Arg::B(&out),
-        Arg::B(&ab),
-        Arg::B(&bb),
-        Arg::B(&wb),
-        Arg::U(rows as u64),
-        Arg::U(cols as u64),
-        Arg::F(eps as f32),
-        Arg::U((rows * 32) as u64),
+        Arg::Buffer(&sum),
+        Arg::Buffer(&out),
+        Arg::Buffer(&ab),
+        Arg::Buffer(&bb),
+        Arg::Buffer(&wb),
+        Arg::U64(rows as u64),
+        Arg::U64(cols as u64),
+        Arg::F32(eps as f32),
+        Arg::U64((rows * 32) as u64),
     ];
     let function = format!("odc_add_rms_norm_fwd_{}", suffix(a.dtype()));
     k.launch(&NORM, &function, rows * 32, &args)?;
@@ -169,23 +169,23 @@ pub fn rms_norm_backward(x: &Tensor, w: &Tensor, g: &Tensor, eps: f64) -> Result
     let part = k.output(DType::F32, &[rows, cols])?;
     let dw = k.output(DType::F32, &[cols])?;
     let args = [
-        Arg::B(&dx),
-        Arg::B(&part),
-        Arg::B(&xb),
-        Arg::B(&wb),
-        Arg::B(&gb),
-        Arg::U(rows as u64),
-        Arg::U(cols as u64),
-        Arg::F(eps as f32),
-        Arg::U((rows * 32) as u64),
+        Arg::Buffer(&dx),
+        Arg::Buffer(&part),
+        Arg::Buffer(&xb),
+        Arg::Buffer(&wb),
+        Arg::Buffer(&gb),
+        Arg::U64(rows as u64),
+        Arg::U64(cols as u64),
+        Arg::F32(eps as f32),
+        Arg::U64((rows * 32) as u64),
     ];
     let function = format!("odc_rms_norm_bwd_{}", suffix(x.dtype()));
     k.launch(&NORM, &function, rows * 32, &args)?;
     let args = [
-        Arg::B(&dw),
-        Arg::B(&part),
-        Arg::U(rows as u64),
-        Arg::U(cols as u64),
+        Arg::Buffer(&dw),
+        Arg::Buffer(&part),
+        Arg::U64(rows as u64),
+        Arg::U64(cols as u64),
     ];
     k.launch(&NORM, "odc_column_sum_f32", cols, &args)?;
     Ok((k.tensor(dx)?, k.tensor(dw)?))
@@ -217,15 +217,15 @@ pub fn rope_output(
     );
     let out = k.output(x.dtype(), x.dims())?;
     let args = [
-        Arg::B(&out),
-        Arg::B(&xb),
-        Arg::B(&cb),
-        Arg::B(&sb),
-        Arg::U(positions as u64),
-        Arg::U(group.max(1) as u64),
-        Arg::U(dim as u64),
-        Arg::F(sign),
-        Arg::U(pairs as u64),
+        Arg::Buffer(&out),
+        Arg::Buffer(&xb),
+        Arg::Buffer(&cb),
+        Arg::Buffer(&sb),
+        Arg::U64(positions as u64),
+        Arg::U64(group.max(1) as u64),
+        Arg::U64(dim as u64),
+        Arg::F32(sign),
+        Arg::U64(pairs as u64),
     ];
     let function = format!("odc_rope_{}", suffix(x.dtype()));
     k.launch(&ROTARY, &function, pairs, &args)?;
@@ -238,7 +238,12 @@ pub fn swiglu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let n = a.elem_count();
     let (ab, bb) = (k.input(a)?, k.input(&b.to_dtype(a.dtype())?)?);
     let out = k.output(a.dtype(), a.dims())?;
-    let args = [Arg::B(&out), Arg::B(&ab), Arg::B(&bb), Arg::U(n as u64)];
+    let args = [
+        Arg::Buffer(&out),
+        Arg::Buffer(&ab),
+        Arg::Buffer(&bb),
+        Arg::U64(n as u64),
+    ];
     let function = format!("odc_swiglu_fwd_{}", suffix(a.dtype()));
     k.launch(&SWIGLU, &function, n, &args)?;
     k.tensor(out)
@@ -257,12 +262,12 @@ pub fn swiglu_backward(a: &Tensor, b: &Tensor, g: &Tensor) -> Result<(Tensor, Te
     let da = k.output(a.dtype(), a.dims())?;
     let db = k.output(a.dtype(), a.dims())?;
     let args = [
-        Arg::B(&da),
-        Arg::B(&db),
-        Arg::B(&ab),
-        Arg::B(&bb),
-        Arg::B(&gb),
-        Arg::U(n as u64),
+        Arg::Buffer(&da),
+        Arg::Buffer(&db),
+        Arg::Buffer(&ab),
+        Arg::Buffer(&bb),
+        Arg::Buffer(&gb),
+        Arg::U64(n as u64),
     ];
     let function = format!("odc_swiglu_bwd_{}", suffix(a.dtype()));
     k.launch(&SWIGLU, &function, n, &args)?;
@@ -286,15 +291,15 @@ pub fn target_log_probs(logits: Tensor, targets: &Tensor) -> Result<(Tensor, Ten
         k.output(DType::F32, &[rows])?,
     );
     let args = [
-        Arg::B(&out),
-        Arg::B(&lse),
-        Arg::B(&logits),
-        Arg::B(&logits),
-        Arg::B(&targets),
-        Arg::B(&weights),
-        Arg::U(rows as u64),
-        Arg::U(vocab as u64),
-        Arg::U((rows * 32) as u64),
+        Arg::Buffer(&out),
+        Arg::Buffer(&lse),
+        Arg::Buffer(&logits),
+        Arg::Buffer(&logits),
+        Arg::Buffer(&targets),
+        Arg::Buffer(&weights),
+        Arg::U64(rows as u64),
+        Arg::U64(vocab as u64),
+        Arg::U64((rows * 32) as u64),
     ];
     k.launch(&LOSS, "odc_cross_entropy_f32", rows * 32, &args)?;
     Ok((k.tensor(out)?, k.tensor(lse)?))
@@ -323,14 +328,14 @@ pub fn softmax_grad(
     let out = k.output(dtype, &[rows, cols])?;
     let n = rows * cols;
     let args = [
-        Arg::B(&out),
-        Arg::B(&lb),
-        Arg::B(&eb),
-        Arg::B(&tb),
-        Arg::B(&wb),
-        Arg::U(cols as u64),
-        Arg::U(first as u64),
-        Arg::U(n as u64),
+        Arg::Buffer(&out),
+        Arg::Buffer(&lb),
+        Arg::Buffer(&eb),
+        Arg::Buffer(&tb),
+        Arg::Buffer(&wb),
+        Arg::U64(cols as u64),
+        Arg::U64(first as u64),
+        Arg::U64(n as u64),
     ];
     let function = format!("odc_softmax_grad_{}", suffix(dtype));
     k.launch(&LOSS, &function, n, &args)?;

@@ -1,4 +1,5 @@
-// The `cuda` backend's device kernels, compiled at run time with NVRTC (`kernels.rs`).
+// The `cuda` transport backend's device kernels (odc-transport's `cuda/kernels.rs` launches them),
+// compiled at run time with NVRTC.
 // No headers: bf16 is widened and narrowed by hand (a bf16 is the upper half of an fp32), so NVRTC
 // needs no include path into a CUDA toolkit.
 //

@@ -1,10 +1,10 @@
-// The shard server's barrier on the GPU (`server/device/mod.rs`), compiled at run time with NVRTC
-// through odc-transport's `cuda::Device::module` (`--fmad=false`, IEEE division and square root,
-// no flush to zero). Each kernel is the host's code of `server/shard.rs` and
-// `server/optimizer.rs` written in the same order of fp32 operations, so each element comes out
+// The shard server's barrier on the GPU (odc-actors' `server/optimizer_kernels.rs` launches them),
+// compiled at run time with NVRTC (`--fmad=false`, IEEE division and square root, no flush to
+// zero). Each kernel is the host's code of odc-actors' `server/shard.rs` and odc-policy's
+// `optimizer.rs` written in the same order of fp32 operations, so each element comes out
 // bitwise as on the host; only the sum of squares is added in another order (per thread, then a
 // tree per block, then the blocks in order on the host). Grid-stride loops over `n` elements;
-// 256 threads a block (odc-transport's `cuda::BLOCK`, which `BLOCK` below must equal).
+// 256 threads a block (`odc_kernels::BLOCK`, which `BLOCK` below must equal).
 
 #define BLOCK 256
 
