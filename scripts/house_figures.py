@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 CRATES = {"src": "odc", "actors/src": "odc-actors", "policy/src": "odc-policy", "model/src": "odc-model",
-          "text/src": "odc-text", "kernels/src": "odc-kernels",
+          "text/src": "odc-text", "kernels/src": "odc-kernels", "checkpoint/src": "odc-checkpoint",
           "transport/src": "odc-transport", "benches/src": "odc-bench"}
 
 

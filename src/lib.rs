@@ -36,7 +36,6 @@
 //! # Ok(()) }
 //! ```
 
-pub mod checkpoint;
 #[cfg(feature = "candle")]
 pub mod compute;
 pub mod data;
@@ -48,6 +47,9 @@ pub mod recipe;
 pub mod sim;
 pub mod trace;
 
+/// Checkpoints on disk (the `odc-checkpoint` crate, below the runtime): a step directory of
+/// safetensors files with a verified manifest, sharded by the servers, opened range by range.
+pub use odc_checkpoint as checkpoint;
 /// The causal transformers odc trains (the `odc-model` crate; feature `candle`). They meet the
 /// runtime in [`compute`] only.
 #[cfg(feature = "candle")]

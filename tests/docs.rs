@@ -1,6 +1,6 @@
 //! The README and `docs/` name only what exists: every relative link (`[text](path)`) and every
 //! repository path in backticks (`` `model/src/block.rs` ``, `` `benches/gpu/run.sh` ``,
-//! `` `src/checkpoint/{files,newest}.rs` ``) resolves to a file or folder of the repository.
+//! `` `checkpoint/src/{files,newest}.rs` ``) resolves to a file or folder of the repository.
 //!
 //! A backticked word is a repository path when it starts with one of the repository's top-level
 //! entries (`src/`, `docs/`, `README.md`, …) and holds no spaces, globs or placeholders; a

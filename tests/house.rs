@@ -9,6 +9,8 @@
 //! - `odc-model` is a leaf: candle, `odc-kernels`, `odc-text` and `odc-policy`'s layout, never
 //!   the runtime (`odc-actors`, `odc-transport`, ractor, tokio) nor the root crate.
 //! - `odc-text` knows no model and no runtime.
+//! - `odc-checkpoint` (the checkpoint files) sits below the runtime: no actors, transport or
+//!   async runtime.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::process::Command;
@@ -110,6 +112,22 @@ fn text_reaches_no_model_and_no_runtime() {
             "tokio",
         ],
         "know no model and no runtime",
+    );
+}
+
+#[test]
+fn the_checkpoint_files_sit_below_the_runtime() {
+    assert_reaches_none(
+        "odc-checkpoint",
+        &[
+            "odc",
+            "odc-actors",
+            "odc-transport",
+            "ractor",
+            "tokio",
+            "candle-core",
+        ],
+        "sit below the runtime (its servers write through it)",
     );
 }
 

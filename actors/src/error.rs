@@ -16,6 +16,7 @@
 //! machine's error ([`Failure`]): a trainer's failed micro-batch comes back to the caller typed,
 //! as [`Error::MicroBatch`] around the trainer's own error.
 
+use odc_checkpoint::FileError;
 use odc_policy::layout::LayoutError;
 use odc_policy::optimizer::OptimizerError;
 use odc_policy::step::{Failure, StepError};
@@ -119,6 +120,17 @@ impl Error {
 
 /// Short for `Result<T, odc_actors::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A checkpoint file a server wrote or published (`odc-checkpoint`'s [`FileError`]) as the
+/// variant naming its path.
+impl From<FileError> for Error {
+    fn from(e: FileError) -> Self {
+        Error::Checkpoint {
+            path: e.path,
+            reason: e.reason,
+        }
+    }
+}
 
 /// A layout's error as the variant of the same message.
 impl From<LayoutError> for Error {

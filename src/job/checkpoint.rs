@@ -7,7 +7,7 @@ use odc_actors::messages::WriteShardsCmd;
 use odc_actors::supervisor::SupervisorMsg;
 use odc_actors::{Error, Result};
 
-use odc_actors::server::step_dir;
+use crate::checkpoint::step_dir;
 
 use crate::checkpoint::sharded::Publication;
 use crate::checkpoint::{CheckpointError, TensorMap};
@@ -61,7 +61,7 @@ impl Job {
     /// per-host directories (a local disk at that path on each host) each host's servers write
     /// into their own, one server of each other host publishes its part first (its shard files,
     /// `state.json` with every server's ranges, a manifest of what it holds) and this process's
-    /// `step-<N>` appears last ([`odc_actors::server::step_dir`]). Resuming
+    /// `step-<N>` appears last ([`crate::checkpoint::step_dir`]). Resuming
     /// ([`checkpoint::open`](crate::checkpoint::open), `JobBuilder::resume_from`) reads each
     /// server's ranges where they are: with any number of servers from a shared directory, with
     /// the same servers per host from per-host ones. With
@@ -80,7 +80,7 @@ impl Job {
             reason: e.to_string(),
         })?;
         // The lead's claim: a server whose host shares this directory finds it (see
-        // `odc_actors::server::step_dir`).
+        // `odc_checkpoint::step_dir`).
         let lead_id = format!(
             "lead-{}-{}",
             std::process::id(),

@@ -419,14 +419,15 @@ async fn write_shards(
             let dir = std::path::Path::new(&cmd.dir);
             // The lead's staging directory where this host shares it, else this
             // host's own (per-host checkpoint directories).
-            let written = step_dir::claim(dir, &token).and_then(|dir_id| {
+            let written = (|| -> Result<WrittenShards> {
+                let dir_id = step_dir::claim(dir, &token)?;
                 let values = values
                     .into_iter()
                     .map(CapturedShard::into_values)
                     .collect::<Result<Vec<_>>>()?;
                 let file = shard_file::write(dir, &file, &values)?;
                 Ok(WrittenShards { file, dir_id })
-            });
+            })();
             let _ = done.send(Some(written));
         });
     if let Err(e) = writer {
@@ -466,12 +467,9 @@ fn shards_written(state: &ServerState, reply: RpcReplyPort<Result<WrittenShards>
 fn publish_shards(cmd: PublishShardsCmd, reply: RpcReplyPort<Result<()>>) {
     tokio::task::spawn_blocking(move || {
         let (staging, target) = (Path::new(&cmd.staging), Path::new(&cmd.target));
-        let _ = reply.send(step_dir::publish_with(
-            staging,
-            target,
-            &cmd.files,
-            cmd.keep_last,
-        ));
+        let _ = reply.send(
+            step_dir::publish_with(staging, target, &cmd.files, cmd.keep_last).map_err(Error::from),
+        );
     });
 }
 

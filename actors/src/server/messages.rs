@@ -17,6 +17,9 @@ use crate::policy::relay::Combined;
 use crate::policy::token::JobKey;
 use crate::server::optimizer::OptimizerConfig;
 
+pub use odc_checkpoint::shard_file::WrittenShards;
+pub use odc_checkpoint::step_dir::PublishShardsCmd;
+
 /// What a shard server is.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ServerSpec {
@@ -141,27 +144,6 @@ pub struct OptimizerSnapshot {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteShardsCmd {
     pub dir: String,
-}
-
-/// What a server wrote for a checkpoint: its file, and the id of the staging directory it wrote
-/// into ([`step_dir::claim`](crate::server::step_dir::claim)): the lead's token where it shares
-/// the lead's directory.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WrittenShards {
-    pub file: crate::server::shard_file::ShardFile,
-    pub dir_id: String,
-}
-
-/// Publish this host's part of a checkpoint (per-host directories): write `files` (name and
-/// bytes: the checkpoint's state and this host's manifest) into `staging`, sync, and rename it to
-/// `target` ([`step_dir::publish_with`](crate::server::step_dir::publish_with)).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PublishShardsCmd {
-    pub staging: String,
-    pub target: String,
-    pub files: Vec<(String, Vec<u8>)>,
-    /// Then keep this host's newest `keep_last` step directories (0: all).
-    pub keep_last: usize,
 }
 
 /// What a snapshot holds besides the master values.

@@ -36,11 +36,12 @@ pub use odc_policy::optimizer;
 pub mod optimizer_kernels;
 mod relay;
 mod shard;
-pub mod shard_file;
-pub mod step_dir;
 
 pub use actor::{ServerArgs, ShardServer};
 pub use messages::{
     ApplyCmd, DiscardCmd, OptimizerSnapshot, ReduceAck, ReduceCmd, ServerMsg, ServerSpec,
     ShardSnapshot, SnapshotCmd, WriteShardsCmd,
 };
+
+/// A server's part of a sharded checkpoint: the files it writes (`odc-checkpoint`'s).
+pub use odc_checkpoint::{shard_file, step_dir};

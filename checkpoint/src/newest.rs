@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use odc_actors::server::step_dir;
+use crate::step_dir;
 
 use super::layout::FILES;
 use super::manifest::{self, Manifest};
@@ -44,7 +44,7 @@ fn steps(dir: &Path) -> Result<Option<Vec<(u64, PathBuf)>>, CheckpointError> {
 ///
 /// ```
 /// let dir = std::env::temp_dir().join(format!("odc-newest-doc-{}", std::process::id()));
-/// assert_eq!(odc::checkpoint::newest(&dir).unwrap(), None);
+/// assert_eq!(odc_checkpoint::newest(&dir).unwrap(), None);
 /// ```
 pub fn newest(dir: &Path) -> Result<Option<PathBuf>, CheckpointError> {
     Ok(newest_by(dir, verify)?.map(|(path, _)| path))
@@ -88,7 +88,7 @@ pub(super) fn newest_by<T>(
 /// an older checkpoint goes only after a newer one is complete. `keep_last = 0` keeps everything.
 pub fn retain(dir: &Path, keep_last: usize) -> Result<Vec<PathBuf>, CheckpointError> {
     step_dir::retain(dir, keep_last, |path| manifest::read(path).is_ok())
-        .map_err(|e| manifest::from_server(dir, e))
+        .map_err(CheckpointError::from)
 }
 
 #[cfg(test)]
@@ -106,7 +106,7 @@ mod tests {
         let state = TrainState {
             step,
             params: vec![(0..64).map(|i| i as f32 + step as f32).collect()],
-            optimizer: vec![odc_actors::layout::UnitOptimizerInit {
+            optimizer: vec![odc_policy::layout::UnitOptimizerInit {
                 steps: step,
                 buffers: Vec::new(),
             }],

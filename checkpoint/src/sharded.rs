@@ -1,5 +1,5 @@
 //! Sharded checkpoints: every shard server writes its own shards
-//! (`odc_actors::server::shard_file`, one `shard-<server>.safetensors` each, from wherever they
+//! (`crate::shard_file`, one `shard-<server>.safetensors` each, from wherever they
 //! live), and the lead adds only `state.json` (with the shard map) and the manifest, whose entries
 //! for the shard files are the servers' own reports: no byte of another server's shards passes
 //! through the lead ([`Publication`]). [`open`](super::open) reads them back range by range,
@@ -20,9 +20,11 @@
 
 use std::path::{Path, PathBuf};
 
-use odc_actors::messages::{PublishShardsCmd, WrittenShards};
-use odc_actors::server::shard_file::{ShardFile, ShardPiece};
-use odc_transport::EndpointId;
+use crate::shard_file::WrittenShards;
+use crate::shard_file::{ShardFile, ShardPiece};
+use crate::step_dir::PublishShardsCmd;
+/// A shard server's endpoint (odc-transport's `EndpointId`): the servers are `0..servers`.
+type EndpointId = u32;
 
 use super::error::{invalid, CheckpointError};
 use super::layout::{publish, step_dir, StateFile, FORMAT, STATE_FILE};
@@ -319,8 +321,8 @@ mod tests {
     /// file copied over (checked against its server's report), the whole state reads back.
     #[test]
     fn per_host_directories_publish_each_hosts_part() {
-        use odc_actors::server::shard_file::{self, ShardValues};
-        use odc_actors::server::step_dir as host;
+        use crate::shard_file::{self, ShardValues};
+        use crate::step_dir as host;
 
         let root = std::env::temp_dir().join(format!("odc-per-host-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
@@ -374,13 +376,13 @@ mod tests {
         let step_a = publication.finish().unwrap();
         let step_b = b.join("step-2");
         for (step, own) in [(&step_a, "shard-00000"), (&step_b, "shard-00001")] {
-            let manifest = crate::checkpoint::verify(step).unwrap();
+            let manifest = crate::verify(step).unwrap();
             let mut names: Vec<&str> = manifest.files.iter().map(|f| f.name.as_str()).collect();
             names.sort();
             assert_eq!(names, [format!("{own}.safetensors").as_str(), "state.json"]);
             assert!(!step.join(host::DIR_ID).exists());
         }
-        let opened = crate::checkpoint::open(&step_a, &map).unwrap();
+        let opened = crate::open(&step_a, &map).unwrap();
         assert_eq!(opened.params()[0].slice(0..3).unwrap(), vec![0.5, 1.5, 2.5]);
         let e = opened.params()[0].slice(2..5).unwrap_err().to_string();
         assert!(
@@ -392,10 +394,7 @@ mod tests {
             step_a.join("shard-00001.safetensors"),
         )
         .unwrap();
-        let state = crate::checkpoint::open(&step_a, &map)
-            .unwrap()
-            .read_all()
-            .unwrap();
+        let state = crate::open(&step_a, &map).unwrap().read_all().unwrap();
         assert_eq!(state.params[0], vec![0.5, 1.5, 2.5, 3.5, 4.5, 5.5]);
         assert_eq!(state.optimizer[0].buffers[0].1[4], -4.0);
         // A copied file that is not what its server wrote is refused, naming it.
@@ -404,9 +403,7 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
         std::fs::write(&copied, bytes).unwrap();
-        let e = crate::checkpoint::open(&step_a, &map)
-            .unwrap_err()
-            .to_string();
+        let e = crate::open(&step_a, &map).unwrap_err().to_string();
         assert!(e.contains("shard-00001.safetensors"), "{e}");
         std::fs::remove_dir_all(&root).unwrap();
     }

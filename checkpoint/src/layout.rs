@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use odc_actors::server::shard_file::ShardFile;
+use crate::shard_file::ShardFile;
 
 use super::error::{io, CheckpointError};
 use super::manifest::{self, FileEntry, Manifest};
@@ -48,7 +48,7 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
 pub(super) const FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
 
 /// Creates `dir` if needed and an empty [`staging_dir`] in it.
-pub(crate) fn fresh_staging(dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
+pub fn fresh_staging(dir: &Path, step: u64) -> Result<PathBuf, CheckpointError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let staging = staging_dir(dir, step);
     if staging.exists() {
@@ -75,8 +75,7 @@ pub(super) fn publish(
 ) -> Result<PathBuf, CheckpointError> {
     manifest::write_with(staging, step, known, measured)?;
     let target = step_dir(dir, step);
-    odc_actors::server::step_dir::publish(staging, &target)
-        .map_err(|e| manifest::from_server(&target, e))?;
+    crate::step_dir::publish(staging, &target)?;
     Ok(target)
 }
 

@@ -10,14 +10,25 @@
 //!   the checkpoint's manifest.
 //!
 //! Guarantees (tested below): a written file parses back to exactly the values given; a failure
-//! to write is an [`Error::Checkpoint`] naming the file.
+//! to write is an [`FileError`] naming the file.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::layout::UnitId;
+use crate::error::FileError;
+
+type Result<T> = std::result::Result<T, FileError>;
+use odc_policy::UnitId;
+
+/// What a server wrote for a checkpoint: its file, and the id of the staging directory it wrote
+/// into ([`claim`](crate::step_dir::claim)): the lead's token where it shares
+/// the lead's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrittenShards {
+    pub file: ShardFile,
+    pub dir_id: String,
+}
 
 /// The parameters' tensor in a shard file ([`tensor_name`]'s `what`).
 pub const PARAMS: &str = "params";
@@ -62,8 +73,8 @@ pub struct ShardPiece {
     pub buffers: Vec<String>,
 }
 
-fn fail(path: &Path, reason: impl std::fmt::Display) -> Error {
-    Error::Checkpoint {
+fn fail(path: &Path, reason: impl std::fmt::Display) -> FileError {
+    FileError {
         path: path.display().to_string(),
         reason: reason.to_string(),
     }
@@ -105,7 +116,7 @@ impl safetensors::View for F32View<'_> {
 }
 
 /// Size and CRC32C of the file at `path`, read in chunks of 8 MiB: what a checkpoint's manifest
-/// records of every file (`odc::checkpoint::manifest` measures with it too).
+/// records of every file ([`crate::manifest`] measures with it too).
 pub fn measure(path: &Path) -> std::io::Result<(u64, u32)> {
     use std::io::Read as _;
     let mut f = std::fs::File::open(path)?;

@@ -1,3 +1,9 @@
+//! # odc-checkpoint — the checkpoint files
+//!
+//! Below the runtime: `odc-actors`' shard servers write their part through [`shard_file`] and
+//! [`step_dir`], and the root crate's `Job` publishes, verifies and opens what they wrote
+//! (`odc::checkpoint` re-exports this crate).
+//!
 //! Checkpoints: a job's [`TrainState`] (global step, fp32 master values, optimizer state) on disk,
 //! in a directory per step that candle and Python's `safetensors` read:
 //!
@@ -24,7 +30,8 @@
 //! - **retention**: [`retain`] deletes older checkpoints only once the newer ones it keeps are
 //!   complete (`--keep-last`);
 //! - **sharded** ([`sharded`], `Job::save_checkpoint`): every shard server writes its own
-//!   `shard-<server>.safetensors`; [`open`] maps the files and reads each unit range by range
+//!   `shard-<server>.safetensors` ([`shard_file`], in a staging directory [`step_dir`] claims and
+//!   publishes); [`open`] maps the files and reads each unit range by range
 //!   from the pieces (they must tile it), so a job resumes with any number of servers and each
 //!   server reads only its own range (`JobBuilder::resume_from`); [`load`] reads it whole.
 
@@ -34,15 +41,31 @@ mod layout;
 pub mod manifest;
 mod newest;
 mod open;
+pub mod shard_file;
 pub mod sharded;
+pub mod step_dir;
 mod train_state;
 
-pub use error::CheckpointError;
+pub use error::{CheckpointError, FileError};
 pub use files::{load, save};
-pub(crate) use layout::fresh_staging;
-pub use layout::{step_dir, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
+pub use layout::{fresh_staging, step_dir, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE};
 pub use manifest::{Manifest, MANIFEST_FILE};
 pub use newest::{newest, retain, verify};
-pub use odc_actors::policy::tensor_map::{NamedTensor, TensorMap};
+pub use odc_policy::tensor_map::{NamedTensor, TensorMap};
 pub use open::{open, open_newest, Opened};
 pub use train_state::TrainState;
+
+/// Test-only helpers shared by the crate's unit tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use std::path::PathBuf;
+
+    /// A path in the temporary directory unique to this process, call and `name`.
+    pub(crate) fn temp_path(prefix: &str, name: &str) -> PathBuf {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        std::env::temp_dir().join(format!("{prefix}-{}-{nanos}-{name}", std::process::id()))
+    }
+}

@@ -1,6 +1,6 @@
 //! [`TrainState`]: what a job needs to continue exactly, in memory.
 
-use odc_actors::layout::UnitOptimizerInit;
+use odc_policy::layout::UnitOptimizerInit;
 
 /// A job's state after `step` optimizer steps: per unit its fp32 master values and optimizer state
 /// ([`Job::train_state`](crate::Job::train_state) reads it, [`JobBuilder::resume`](crate::JobBuilder::resume)

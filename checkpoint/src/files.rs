@@ -148,7 +148,7 @@ mod tests {
     use super::super::NamedTensor;
     use super::*;
     use crate::test_util::temp_path;
-    use odc_actors::layout::UnitOptimizerInit;
+    use odc_policy::layout::UnitOptimizerInit;
     use safetensors::SafeTensors;
 
     fn map() -> TensorMap {

@@ -10,22 +10,38 @@
 //! - [`publish`]: the staging directory, its files written and synced, is synced and renamed into
 //!   place (a step being replaced moved aside first, removed after), and its parent synced; the
 //!   lead does so on its host, and one server of each other host on that host
-//!   ([`PublishShardsCmd`](crate::server::messages::PublishShardsCmd), before the lead's).
+//!   ([`PublishShardsCmd`], before the lead's).
 //!
 //! Guarantees (tested below): one id per directory however many writers claim it at once, and
 //! the first claimer's; a published directory holds no `dir.id`; every failure is an
-//! [`Error::Checkpoint`] naming the path.
+//! [`FileError`] naming the path.
 
 use std::io::Write as _;
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::error::FileError;
+
+type Result<T> = std::result::Result<T, FileError>;
 
 /// The claim's file in a staging directory.
 pub const DIR_ID: &str = "dir.id";
 
-fn fail(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Checkpoint {
+/// Publish this host's part of a checkpoint (per-host directories): write `files` (name and
+/// bytes: the checkpoint's state and this host's manifest) into `staging`, sync, and rename it to
+/// `target` ([`publish_with`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishShardsCmd {
+    pub staging: String,
+    pub target: String,
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Then keep this host's newest `keep_last` step directories (0: all).
+    pub keep_last: usize,
+}
+
+fn fail(path: &Path, e: impl std::fmt::Display) -> FileError {
+    FileError {
         path: path.display().to_string(),
         reason: e.to_string(),
     }
@@ -132,7 +148,7 @@ pub fn publish_with(
 }
 
 /// A checkpoint's manifest file (written last: a step directory with one is complete;
-/// `odc::checkpoint::manifest` writes and reads it).
+/// [`crate::manifest`] writes and reads it).
 pub const MANIFEST_FILE: &str = "manifest.json";
 
 /// `N` of a directory named `step-<N>` exactly as a checkpoint's step directory is named.

@@ -27,9 +27,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::shard_file::{tensor_name, PARAMS};
 use memmap2::Mmap;
-use odc_actors::layout::{OptimizerInit, UnitInit, UnitOptimizerInit};
-use odc_actors::server::shard_file::{tensor_name, PARAMS};
+use odc_policy::layout::{OptimizerInit, UnitInit, UnitOptimizerInit};
 use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 
@@ -510,7 +510,7 @@ pub fn open_newest(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{save, NamedTensor};
+    use crate::{save, NamedTensor};
 
     fn model() -> (TensorMap, TrainState) {
         let tensors = TensorMap::new(vec![

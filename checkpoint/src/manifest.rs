@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use odc_actors::server::step_dir;
+use crate::step_dir;
 use serde::{Deserialize, Serialize};
 
 use super::error::{invalid, io, CheckpointError};
@@ -86,7 +86,7 @@ fn check(entry: &FileEntry, path: &Path, bytes: u64, crc: u32) -> Result<(), Che
 
 /// Size and CRC32C of the file at `path`, read in chunks.
 fn measure(path: &Path) -> Result<(u64, u32), CheckpointError> {
-    odc_actors::server::shard_file::measure(path).map_err(io(path))
+    crate::shard_file::measure(path).map_err(io(path))
 }
 
 /// Writes the manifest of `files` (names in `dir`, measured now) for `step`, synced to disk.
@@ -136,16 +136,7 @@ pub fn encode(dir: &Path, step: u64, files: Vec<FileEntry>) -> Result<Vec<u8>, C
 
 /// Writes `bytes` to `path` and syncs the file.
 pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    step_dir::write_synced(path, bytes).map_err(|e| from_server(path, e))
-}
-
-/// A server-side checkpoint error (`odc_actors::Error::Checkpoint` names its path) as this
-/// module's.
-pub(super) fn from_server(path: &Path, e: odc_actors::Error) -> CheckpointError {
-    match e {
-        odc_actors::Error::Checkpoint { path, reason } => invalid(Path::new(&path), reason),
-        other => invalid(path, other.to_string()),
-    }
+    Ok(step_dir::write_synced(path, bytes)?)
 }
 
 /// Reads `dir`'s manifest, checked for form (not yet against the files).
