@@ -33,7 +33,7 @@ use std::time::Instant;
 use odc::compute::{transformer_job_of, Objective, Placement, SampleStore, TransformerCompute};
 use odc::model::AttentionImpl;
 use odc::model::{
-    unit_count, unit_params, HeadImpl, Kernels, MlpImpl, ModelConfig, Reshard, Sample,
+    unit_count, unit_params, HeadImpl, Implementations, MlpImpl, ModelConfig, Reshard, Sample,
 };
 use odc::{
     async_trait, Compute, ComputeOutput, MicroBatch, OptimizerConfig, Precision, SampleMeta,
@@ -178,14 +178,14 @@ impl Path {
         }
     }
 
-    fn kernels(self) -> Kernels {
+    fn implementations(self) -> Implementations {
         match self {
-            Path::Old => Kernels {
+            Path::Old => Implementations {
                 attention: AttentionImpl::Plain,
                 mlp: MlpImpl::Full,
                 head: HeadImpl::Full,
             },
-            Path::New => Kernels::default(),
+            Path::New => Implementations::default(),
         }
     }
 }
@@ -365,7 +365,7 @@ pub async fn measure(config: &ModelConfig, tokens: usize, path: Path) -> anyhow:
         config,
         tokens,
         path.reshard(),
-        path.kernels(),
+        path.implementations(),
         Some(peaks.clone()),
     )?;
     job.step().await?;
@@ -422,7 +422,7 @@ fn job(
     config: &ModelConfig,
     tokens: usize,
     reshard: Reshard,
-    kernels: Kernels,
+    implementations: Implementations,
     peaks: Option<Arc<Mutex<Vec<u64>>>>,
 ) -> anyhow::Result<odc::Job> {
     // Sample 0 is `tokens` long; sample 1, of 16 tokens, warms the server up (its accumulators
@@ -445,7 +445,7 @@ fn job(
     });
     let placement = Placement {
         reshard,
-        kernels,
+        implementations,
         ..Placement::default()
     };
     let units: Vec<UnitSpec> = odc::model::layout_units(config)?;
@@ -489,9 +489,27 @@ fn job(
 /// medians of their step times.
 pub async fn speed(config: &ModelConfig, tokens: usize, rounds: usize) -> anyhow::Result<Speed> {
     let mut jobs = [
-        job(config, tokens, Reshard::Never, Kernels::default(), None)?,
-        job(config, tokens, Reshard::ALWAYS, Kernels::default(), None)?,
-        job(config, tokens, Reshard::Never, Kernels::default(), None)?,
+        job(
+            config,
+            tokens,
+            Reshard::Never,
+            Implementations::default(),
+            None,
+        )?,
+        job(
+            config,
+            tokens,
+            Reshard::ALWAYS,
+            Implementations::default(),
+            None,
+        )?,
+        job(
+            config,
+            tokens,
+            Reshard::Never,
+            Implementations::default(),
+            None,
+        )?,
     ];
     for j in jobs.iter_mut() {
         j.step().await?;

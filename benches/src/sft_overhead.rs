@@ -339,7 +339,7 @@ fn odc_job(settings: &Settings, data: Arc<Vec<Sample>>) -> anyhow::Result<Job> {
         precision: settings.precision,
         local_rank: 0,
         reshard: settings.reshard,
-        kernels: Default::default(),
+        implementations: Default::default(),
         transfers: settings.transfers,
     };
     Ok(transformer_job_on(

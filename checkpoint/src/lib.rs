@@ -58,14 +58,5 @@ pub use train_state::TrainState;
 /// Test-only helpers shared by the crate's unit tests.
 #[cfg(test)]
 pub(crate) mod test_util {
-    use std::path::PathBuf;
-
-    /// A path in the temporary directory unique to this process, call and `name`.
-    pub(crate) fn temp_path(prefix: &str, name: &str) -> PathBuf {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        std::env::temp_dir().join(format!("{prefix}-{}-{nanos}-{name}", std::process::id()))
-    }
+    pub(crate) use odc_policy::testing::temp_path;
 }

@@ -75,137 +75,44 @@
 
 mod args;
 mod checkpoints;
+mod groups;
+mod held_out;
+mod names;
 mod sampling;
 mod warm_start;
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use odc::checkpoint;
-use odc::compute::{served_reference, Objective, Placement, SampleStore};
+use odc::compute::{served_reference, Objective, Placement};
 use odc::model::hf::HfCheckpoint;
 use odc::model::{
-    batch_share_range, evaluate_prompted, group_advantages, tensor_map, unit_count, unit_name,
-    GrpoConfig, ModelConfig, RlSample, Sample, Sampling, Weights, EVAL_BATCH,
+    batch_share_range, evaluate_prompted, tensor_map, unit_count, unit_name, GrpoConfig,
+    ModelConfig, Sampling, Weights, EVAL_BATCH,
 };
 use odc::recipe::{adamw, checkpoint_due, Evaluator, Fleet, JobRecipe, Process};
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat, Tokenizer};
-use odc::{Job, SampleMeta, UnitSpec};
-use serde::{Deserialize, Serialize};
+use odc::{Job, UnitSpec};
 
 use args::Args;
 use checkpoints::Position;
+use groups::{Responses, StepSamples};
+use held_out::{HeldOut, HeldOutCounts};
 use sampling::{sample_groups, Response, Sampler, Timings};
 use warm_start::warm_start;
-
-/// The example's metrics (besides the runtime's `odc_*`), set after every RL step.
-mod names {
-    /// Mean reward of the step's responses.
-    pub const REWARD: &str = "odc_grpo_reward";
-    /// Fraction of the step's responses whose final number is right.
-    pub const ACCURACY: &str = "odc_grpo_accuracy_ratio";
-    /// Mean and longest response length of the step, in tokens.
-    pub const RESPONSE_TOKENS: &str = "odc_grpo_response_tokens";
-    pub const RESPONSE_TOKENS_MAX: &str = "odc_grpo_response_tokens_max";
-    /// KL to the reference per response token (k3) over the step's trained groups (NaN when
-    /// none was trained on).
-    pub const KL: &str = "odc_grpo_kl";
-    /// Response tokens sampled per second of the sampling phase.
-    pub const SAMPLING_TOKENS_PER_SECOND: &str = "odc_grpo_sampling_tokens_per_second";
-    /// Groups sampled, and those trained on (responses not all scored alike).
-    pub const GROUPS: &str = "odc_grpo_groups_total";
-    pub const GROUPS_TRAINED: &str = "odc_grpo_groups_trained_total";
-    /// Wall seconds of each stage of the last RL step on this rank, label `stage` (verl's
-    /// `timing_s/<stage>`): `gen` (reading the policy at the step's version, decoding), `reward`,
-    /// `ref` (reading the reference, its log-probs),
-    /// `gather` (waiting for the other ranks' groups) and `update_actor` (the odc step).
-    pub const TIMING: &str = "odc_grpo_timing_seconds";
-
-    pub fn describe() {
-        use metrics::{describe_counter, describe_gauge};
-        describe_gauge!(REWARD, "Mean reward of the last RL step's responses");
-        describe_gauge!(
-            ACCURACY,
-            "Fraction of the last RL step's responses that are right"
-        );
-        describe_gauge!(
-            RESPONSE_TOKENS,
-            "Mean response length of the last RL step, in tokens"
-        );
-        describe_gauge!(
-            RESPONSE_TOKENS_MAX,
-            "Longest response of the last RL step, in tokens"
-        );
-        describe_gauge!(
-            KL,
-            "KL to the reference per response token (k3), trained groups"
-        );
-        describe_gauge!(
-            SAMPLING_TOKENS_PER_SECOND,
-            "Response tokens sampled per second in the last RL step"
-        );
-        describe_gauge!(
-            TIMING,
-            "Wall seconds of each stage of the last RL step (label stage)"
-        );
-        describe_counter!(GROUPS, "Groups of responses sampled");
-        describe_counter!(GROUPS_TRAINED, "Groups trained on (their rewards differ)");
-    }
-}
 
 /// The bound of the generated problems when neither `--max-value` nor the checkpoint gives one:
 /// the SFT example's default.
 const DEFAULT_MAX_VALUE: u64 = odc::text::arith::MIN_MAX_VALUE;
 
-/// The responses of the current step, by sample index (what the trainers' compute resolves).
-#[derive(Default)]
-struct Responses {
-    map: RwLock<HashMap<u64, (Sample, RlSample)>>,
-}
-
-impl SampleStore for Responses {
-    fn sample(&self, index: u64) -> Result<Sample, String> {
-        let map = self
-            .map
-            .read()
-            .map_err(|_| "response store poisoned".to_string())?;
-        map.get(&index)
-            .map(|(s, _)| s.clone())
-            .ok_or_else(|| format!("no response {index} in this step"))
-    }
-
-    fn rl(&self, index: u64) -> Option<RlSample> {
-        self.map.read().ok()?.get(&index).map(|(_, r)| r.clone())
-    }
-}
-
 /// XORed into `--seed` for the held-out samples' RNGs (apart from the training prompts').
 const HELD_OUT_SEED: u64 = 0x4E1D0;
 
 /// Longest wait for the slowest rank's share of a step's groups (or of the held-out problems).
-const GATHER_TIMEOUT: Duration = Duration::from_secs(3600);
-
-/// One rank's share of the held-out scores (summed over the ranks).
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct HeldOutCounts {
-    problems: u64,
-    greedy_correct: u64,
-    samples: u64,
-    samples_correct: u64,
-    reward_sum: f64,
-}
-
-/// The held-out scores before or after RL.
-struct HeldOut {
-    /// Exact match of greedy answers.
-    greedy: f64,
-    /// Mean reward and exact match of `--group-size` samples per problem at `--temperature`.
-    reward: f64,
-    accuracy: f64,
-}
+pub(crate) const GATHER_TIMEOUT: Duration = Duration::from_secs(3600);
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -222,7 +129,7 @@ fn main() -> anyhow::Result<()> {
     process.runtime()?.block_on(run(args, process))
 }
 
-/// The run, phase by phase: the model and its starting weights, the job, the held-out scores
+/// The run from top to bottom: the model and its starting weights, the job, the held-out scores
 /// before RL, the RL steps, the scores after.
 async fn run(args: Args, process: Process) -> anyhow::Result<()> {
     process.say(format!("rl_grpo: {}", process.threads));
@@ -254,7 +161,67 @@ async fn run(args: Args, process: Process) -> anyhow::Result<()> {
     let before = grpo.held_out(&mut job, &reference).await?;
     drop(reference);
     grpo.say_held_out("before", &before, None);
-    let trained = grpo.train(&mut job, position).await?;
+
+    // The RL steps: sample the step's groups (each rank its share), keep the groups whose
+    // rewards differ, train on them, checkpoint.
+    let args = &grpo.args;
+    let task = ArithTask::train(args.seed.wrapping_add(1)).with_max_value(grpo.max_value);
+    let mut at = position;
+    let mut trained = Trained {
+        started: Instant::now(),
+        reward: at.step_rewards.last().copied().unwrap_or(f64::NAN),
+        accuracy: at.last_accuracy.unwrap_or(f64::NAN),
+        step_rewards: at.step_rewards.clone(),
+    };
+    // The optimizer step of the newest checkpoint (none written for a step without update).
+    let mut checkpointed = job.steps_done();
+    for step in at.steps_done..args.steps {
+        let t = Instant::now();
+        let prompts = grpo.prompts(&task, &mut at)?;
+        let (groups, timings, gather) = grpo.sample_step(&mut job, &prompts, step).await?;
+        let samples = StepSamples::of(groups, &mut at.next_index);
+        let sample_secs = t.elapsed().as_secs_f64();
+        let (reward, accuracy, kl) = samples.record(sample_secs);
+        trained.reward = reward;
+        trained.accuracy = accuracy;
+        trained.step_rewards.push(reward);
+        let lengths = &samples.lengths;
+        let mean_len = lengths.iter().sum::<usize>() as f64 / lengths.len() as f64;
+        let max_len = lengths.iter().copied().max().unwrap_or(0);
+        let kept = samples.kept;
+        let t = Instant::now();
+        let update = grpo.update(&mut job, samples, step).await?;
+        let stages = [
+            ("gen", timings.gen),
+            ("reward", timings.reward),
+            ("ref", timings.reference),
+            ("gather", gather),
+            ("update_actor", t.elapsed().as_secs_f64()),
+        ];
+        for (stage, secs) in stages {
+            metrics::gauge!(names::TIMING, "stage" => stage).set(secs);
+        }
+        let split = stages[..4]
+            .iter()
+            .map(|(stage, secs)| format!("{stage} {secs:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        grpo.say(format!(
+            "step {:3}/{}  reward {reward:.3}  accuracy {accuracy:.3}  response mean {mean_len:.0} max {max_len} tokens  kl {kl:.5}  groups trained {kept}/{}  sampling {sample_secs:.1} s ({split})  {update}",
+            step + 1,
+            args.steps,
+            prompts.len(),
+        ));
+        at.steps_done = step + 1;
+        at.step_rewards.clone_from(&trained.step_rewards);
+        at.last_accuracy = Some(accuracy);
+        grpo.checkpoint(&mut job, &at, &mut checkpointed).await?;
+    }
+    if let Some(written) = job.wait_checkpoint().await? {
+        grpo.say(format!("checkpoint: {}", written.display()));
+    }
+
+    // After RL: the held-out scores again, the report and the last line.
     let policy = grpo.policy(&mut job).await?;
     let after = grpo.held_out(&mut job, &policy).await?;
     job.shutdown().await;
@@ -396,24 +363,6 @@ struct Trained {
     accuracy: f64,
 }
 
-/// One step's sampled groups, as the trainers' samples (those of the groups whose rewards
-/// differ) and as statistics.
-#[derive(Default)]
-struct StepSamples {
-    store: HashMap<u64, (Sample, RlSample)>,
-    metas: Vec<SampleMeta>,
-    rewards: Vec<f64>,
-    correct: usize,
-    /// Each response's length in tokens.
-    lengths: Vec<usize>,
-    /// Groups sampled, and trained on.
-    sampled: usize,
-    kept: usize,
-    /// KL summed over the trained groups' response tokens, and those tokens.
-    kl_sum: f64,
-    kl_tokens: usize,
-}
-
 impl Grpo {
     fn new(
         args: Args,
@@ -532,7 +481,7 @@ impl Grpo {
     /// `weights` scored on the held-out problems, every rank its share.
     async fn held_out(&self, job: &mut Job, weights: &Weights) -> anyhow::Result<HeldOut> {
         let mine = self.held_out_share(weights)?;
-        held_out(job, mine).await
+        held_out::sum(job, mine).await
     }
 
     /// This rank's share of the held-out scores of `weights`.
@@ -572,83 +521,40 @@ impl Grpo {
         })
     }
 
-    /// The RL steps: sample the step's groups (each rank its share), keep the groups whose
-    /// rewards differ, train on them.
-    async fn train(&self, job: &mut Job, from: Position) -> anyhow::Result<Trained> {
-        let task = ArithTask::train(self.args.seed.wrapping_add(1)).with_max_value(self.max_value);
-        let mut at = from;
-        let mut trained = Trained {
-            started: Instant::now(),
-            reward: at.step_rewards.last().copied().unwrap_or(f64::NAN),
-            accuracy: at.last_accuracy.unwrap_or(f64::NAN),
-            step_rewards: at.step_rewards.clone(),
-        };
-        // The optimizer step of the newest checkpoint (none written for a step without update).
-        let mut checkpointed = job.steps_done();
-        for step in at.steps_done..self.args.steps {
-            let t = Instant::now();
-            // The step's problems: the next ones that fit the model with their reference answer.
-            let mut prompts = Vec::with_capacity(self.args.prompts);
-            while prompts.len() < self.args.prompts {
-                let p = task.problem(at.problem);
-                if self.format.problem_sample(&p)?.len() <= self.max_len {
-                    prompts.push((at.problem, p));
-                }
-                at.problem += 1;
+    /// The step's problems: the next ones of the training task that fit the model, from `at`.
+    fn prompts(&self, task: &ArithTask, at: &mut Position) -> anyhow::Result<Vec<(u64, Problem)>> {
+        let mut prompts = Vec::with_capacity(self.args.prompts);
+        while prompts.len() < self.args.prompts {
+            let p = task.problem(at.problem);
+            if self.format.problem_sample(&p)?.len() <= self.max_len {
+                prompts.push((at.problem, p));
             }
-            let (groups, timings, gather) = self.sample_step(job, &prompts, step).await?;
-            let samples = StepSamples::of(groups, &mut at.next_index);
-            let sample_secs = t.elapsed().as_secs_f64();
-            let (reward, accuracy, kl) = samples.record(sample_secs);
-            trained.reward = reward;
-            trained.accuracy = accuracy;
-            trained.step_rewards.push(reward);
-            let lengths = &samples.lengths;
-            let mean_len = lengths.iter().sum::<usize>() as f64 / lengths.len() as f64;
-            let max_len = lengths.iter().copied().max().unwrap_or(0);
-            let kept = samples.kept;
-            let t = Instant::now();
-            let update = self.update(job, samples, step).await?;
-            let stages = [
-                ("gen", timings.gen),
-                ("reward", timings.reward),
-                ("ref", timings.reference),
-                ("gather", gather),
-                ("update_actor", t.elapsed().as_secs_f64()),
-            ];
-            for (stage, secs) in stages {
-                metrics::gauge!(names::TIMING, "stage" => stage).set(secs);
-            }
-            let split = stages[..4]
-                .iter()
-                .map(|(stage, secs)| format!("{stage} {secs:.1}"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            self.say(format!(
-                "step {:3}/{}  reward {reward:.3}  accuracy {accuracy:.3}  response mean {mean_len:.0} max {max_len} tokens  kl {kl:.5}  groups trained {kept}/{}  sampling {sample_secs:.1} s ({split})  {update}",
-                step + 1,
-                self.args.steps,
-                prompts.len(),
-            ));
-            at.steps_done = step + 1;
-            at.step_rewards.clone_from(&trained.step_rewards);
-            at.last_accuracy = Some(accuracy);
-            let updated = job.steps_done() != checkpointed;
-            let due = checkpoint_due(self.args.checkpoint_every, at.steps_done, self.args.steps);
-            if self.process.is_lead() && updated && due {
-                let extra = checkpoints::extra(&self.args, self.max_value, &at)?;
-                let tensors = tensor_map(&self.model)?;
-                let dir = &self.args.checkpoint_dir;
-                if let Some(written) = job.checkpoint_async(dir, &tensors, &extra).await? {
-                    self.say(format!("checkpoint: {}", written.display()));
-                }
-                checkpointed = job.steps_done();
-            }
+            at.problem += 1;
         }
-        if let Some(written) = job.wait_checkpoint().await? {
+        Ok(prompts)
+    }
+
+    /// A checkpoint after the step that brought the run to `at` (the lead, when one is due and
+    /// the step updated the parameters); `checkpointed` is the optimizer step of the newest.
+    async fn checkpoint(
+        &self,
+        job: &mut Job,
+        at: &Position,
+        checkpointed: &mut u64,
+    ) -> anyhow::Result<()> {
+        let updated = job.steps_done() != *checkpointed;
+        let due = checkpoint_due(self.args.checkpoint_every, at.steps_done, self.args.steps);
+        if !(self.process.is_lead() && updated && due) {
+            return Ok(());
+        }
+        let extra = checkpoints::extra(&self.args, self.max_value, at)?;
+        let tensors = tensor_map(&self.model)?;
+        let dir = &self.args.checkpoint_dir;
+        if let Some(written) = job.checkpoint_async(dir, &tensors, &extra).await? {
             self.say(format!("checkpoint: {}", written.display()));
         }
-        Ok(trained)
+        *checkpointed = job.steps_done();
+        Ok(())
     }
 
     /// This rank's share of the step's groups, then every rank's (in prompt order); this rank's
@@ -768,86 +674,4 @@ impl Grpo {
             self.args.steps, trained.reward, trained.accuracy
         ));
     }
-}
-
-impl StepSamples {
-    /// The step's `groups`: every response in the statistics; a group whose responses all
-    /// scored alike has zero advantages, nothing to learn but the KL term, so it is not trained
-    /// on (DAPO's dynamic sampling, without refill). Sample indices start at `next_index`.
-    fn of(groups: Vec<Vec<Response>>, next_index: &mut u64) -> Self {
-        let mut s = StepSamples {
-            sampled: groups.len(),
-            ..StepSamples::default()
-        };
-        for group in groups {
-            s.rewards.extend(group.iter().map(|r| r.reward));
-            s.correct += group.iter().filter(|r| r.correct).count();
-            s.lengths.extend(group.iter().map(|r| r.response.len()));
-            if !sampling::trained(&group) {
-                continue;
-            }
-            let rewards: Vec<f64> = group.iter().map(|r| r.reward).collect();
-            s.kept += 1;
-            s.kl_sum += group.iter().map(|r| r.kl_sum).sum::<f64>();
-            s.kl_tokens += group.iter().map(|r| r.response.len()).sum::<usize>();
-            for (r, advantage) in group.into_iter().zip(group_advantages(&rewards)) {
-                let index = *next_index;
-                *next_index += 1;
-                s.metas.push(SampleMeta {
-                    index,
-                    tokens: r.tokens.len() as u64,
-                    loss_tokens: r.response.len() as u64,
-                });
-                let mut loss_mask = vec![false; r.tokens.len()];
-                loss_mask[r.tokens.len() - r.response.len()..].fill(true);
-                let sample = Sample {
-                    tokens: r.tokens,
-                    loss_mask,
-                };
-                let rl = RlSample {
-                    advantage: advantage as f32,
-                    ref_log_probs: r.ref_log_probs,
-                };
-                s.store.insert(index, (sample, rl));
-            }
-        }
-        s
-    }
-
-    /// Sets the step's metrics; the mean reward, the accuracy and the KL per trained response
-    /// token (NaN when no group was trained on: nothing to measure it on).
-    fn record(&self, sample_secs: f64) -> (f64, f64, f64) {
-        let n = self.rewards.len() as f64;
-        let reward = self.rewards.iter().sum::<f64>() / n;
-        let accuracy = self.correct as f64 / n;
-        let response_tokens = self.lengths.iter().sum::<usize>();
-        let mean_len = response_tokens as f64 / self.lengths.len() as f64;
-        let max_len = self.lengths.iter().copied().max().unwrap_or(0);
-        let kl = self.kl_sum / self.kl_tokens as f64;
-        metrics::gauge!(names::REWARD).set(reward);
-        metrics::gauge!(names::ACCURACY).set(accuracy);
-        metrics::gauge!(names::RESPONSE_TOKENS).set(mean_len);
-        metrics::gauge!(names::RESPONSE_TOKENS_MAX).set(max_len as f64);
-        metrics::gauge!(names::KL).set(kl);
-        metrics::gauge!(names::SAMPLING_TOKENS_PER_SECOND)
-            .set(response_tokens as f64 / sample_secs);
-        metrics::counter!(names::GROUPS).increment(self.sampled as u64);
-        metrics::counter!(names::GROUPS_TRAINED).increment(self.kept as u64);
-        (reward, accuracy, kl)
-    }
-}
-
-/// Every rank's share of the held-out scores, summed (the job's ranks in order).
-async fn held_out(job: &mut Job, mine: HeldOutCounts) -> anyhow::Result<HeldOut> {
-    let all = job
-        .all_gather(&mine, GATHER_TIMEOUT)
-        .await
-        .context("gathering the held-out scores")?;
-    let sum = |f: fn(&HeldOutCounts) -> f64| all.iter().map(f).sum::<f64>();
-    let ratio = |a: f64, b: f64| a / b.max(1.0);
-    Ok(HeldOut {
-        greedy: ratio(sum(|c| c.greedy_correct as f64), sum(|c| c.problems as f64)),
-        reward: ratio(sum(|c| c.reward_sum), sum(|c| c.samples as f64)),
-        accuracy: ratio(sum(|c| c.samples_correct as f64), sum(|c| c.samples as f64)),
-    })
 }

@@ -30,7 +30,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::gang::{GangLayout, GangLink};
 
-use super::config::{Kernels, ModelConfig};
+use super::config::{Implementations, ModelConfig};
 use super::error::{Error, Result};
 use super::ops::rope_cos_sin;
 
@@ -83,7 +83,7 @@ pub struct PackedBatch {
     /// Each sample's `(start, len)` in the pack, in order.
     pub spans: Vec<(usize, usize)>,
     /// The attention and head implementations (the lean ones unless set).
-    pub kernels: Kernels,
+    pub implementations: Implementations,
     /// `[T, head_dim / 2]` rotary cosines at each token's position.
     pub rope_cos: Tensor,
     /// `[T, head_dim / 2]` rotary sines at each token's position.
@@ -274,7 +274,7 @@ impl PackedBatch {
             targets: Tensor::from_vec(targets, t, device)?,
             target_weights: Tensor::from_vec(weights, t, device)?,
             loss_tokens,
-            kernels: Kernels::default(),
+            implementations: Implementations::default(),
             rope_cos,
             rope_sin,
             pieces: Vec::new(),

@@ -167,7 +167,7 @@ pub fn block_forward(
     x: &Tensor,
     batch: &PackedBatch,
 ) -> Result<Tensor> {
-    block_forward_using(config, params, x, batch, batch.kernels.attention)
+    block_forward_using(config, params, x, batch, batch.implementations.attention)
 }
 
 /// [`block_forward`] with the packed attention `attention` (plain or blocked).
@@ -188,7 +188,7 @@ pub fn block_forward_using(
     let rope = (&batch.rope_cos, &batch.rope_sin);
     let attend =
         &mut |q: &Tensor, k: &Tensor, v: &Tensor| packed_attend(attention, config, q, k, v, batch);
-    block_forward_with(config, &w, x, 1, rope, attend, batch.kernels.mlp)
+    block_forward_with(config, &w, x, 1, rope, attend, batch.implementations.mlp)
 }
 
 /// [`block_forward_using`] where the fused kernels take the attention: q, k and v stay tokens
@@ -204,7 +204,7 @@ fn block_forward_tokens(
     let (q, k, v) = project_tokens(config, &w.attention, &n, &batch.rope_cos, &batch.rope_sin)?;
     let attended = fused::packed_attend_tokens(&q, &k, &v, &batch.spans)?;
     let attended = w.attention.output_tokens(&attended)?;
-    mlp_residual(config, w, x, &attended, batch.kernels.mlp)
+    mlp_residual(config, w, x, &attended, batch.implementations.mlp)
 }
 
 /// `h + down(silu(gate n) * up n)` with `h = x + attended` and `n = rms_norm(h,

@@ -77,7 +77,7 @@ pub mod transformer;
 
 pub use batch::{GangPiece, PackedBatch, Sample};
 pub use config::{
-    AttentionImpl, Blocks, HeadImpl, Kernels, LoraConfig, LoraTarget, MlpImpl, ModelConfig,
+    AttentionImpl, Blocks, HeadImpl, Implementations, LoraConfig, LoraTarget, MlpImpl, ModelConfig,
     RopeScaling,
 };
 pub use device::{cuda_ordinal, open_device, ComputePrecision, DeviceSpec};

@@ -273,7 +273,7 @@ pub fn head_target_log_probs_with(
     batch: &PackedBatch,
     weight_grad: Option<&WeightGrad>,
 ) -> Result<Tensor> {
-    if batch.kernels.head == HeadImpl::Full {
+    if batch.implementations.head == HeadImpl::Full {
         if weight_grad.is_some() {
             return Err(Error::Batch(
                 "the full head has no gradient sink: use the chunked head".into(),

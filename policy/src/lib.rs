@@ -62,6 +62,8 @@ pub mod stats;
 pub mod step;
 pub mod straggler;
 pub mod tensor_map;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod token;
 
 pub use error::NonFiniteAt;

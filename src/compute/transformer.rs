@@ -68,7 +68,7 @@ use candle_core::{DType, Device, Tensor, Var};
 
 use super::gang_link::TransportLink;
 use crate::model::batch::{GangPiece, PackedBatch, Sample};
-use crate::model::config::{HeadImpl, Kernels, ModelConfig};
+use crate::model::config::{HeadImpl, Implementations, ModelConfig};
 use crate::model::device::{location_ordinal, open_device, ComputePrecision, DeviceSpec};
 use crate::model::error::{Error, Result};
 use crate::model::gang::GangLayout;
@@ -130,7 +130,7 @@ pub struct Placement {
     pub local_rank: u32,
     pub reshard: Reshard,
     /// The attention and head implementations (the memory-lean ones by default).
-    pub kernels: Kernels,
+    pub implementations: Implementations,
     /// How units and gradients move between a GPU trainer and the servers.
     pub transfers: DeviceTransfers,
 }
@@ -469,7 +469,7 @@ impl TransformerCompute {
             let matrix = match graph && unit_trainable(&self.config, 0)? {
                 // The chunked head leaves the matrix's gradient in a sink: no Var copy, no
                 // accumulation in candle's store.
-                true if batch.kernels.head == HeadImpl::Chunked => {
+                true if batch.implementations.head == HeadImpl::Chunked => {
                     tied = Some(TiedGrad::Sink(WeightGrad::default()));
                     matrix
                 }
@@ -628,7 +628,7 @@ impl Compute for TransformerCompute {
         } else {
             self.pack_with_pieces(ctx, &samples, &mb.pieces, &device)?
         };
-        batch.kernels = self.placement.kernels;
+        batch.implementations = self.placement.implementations;
         let rl = self.rl_inputs(mb, &samples, &batch, &device)?;
         let stages = stages(&self.config);
         // Unit 0's matrix (fp32, no graph): the LM head too when the embeddings are tied.

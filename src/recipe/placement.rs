@@ -21,7 +21,7 @@ pub fn placement(
             .parse::<Reshard>()
             .map_err(|e| RecipeError::Invalid(format!("--{e}")))?,
         local_rank: crate::launch::local_rank(),
-        kernels: Default::default(),
+        implementations: Default::default(),
         transfers: match host_transfers {
             true => DeviceTransfers::Host,
             false => DeviceTransfers::Device,

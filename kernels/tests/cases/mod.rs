@@ -362,7 +362,7 @@ pub fn attention_forward_and_backward_match_the_reference<B: Backend>(device: &B
     ];
     for dtype in [Dtype::F32, Dtype::Bf16] {
         for case in cases {
-            check_attention(device, &mut rng, Kernels::Plain, dtype, case);
+            check_attention(device, &mut rng, AttentionKernel::Plain, dtype, case);
         }
     }
 }
@@ -685,14 +685,14 @@ pub fn flash_attention_forward_and_backward_match_the_reference<B: Backend>(
         Shape::cross(&[150, 40], &[100, 200], true, 4, 2, 96),
     ];
     for case in cases {
-        check_attention(device, &mut rng, Kernels::Flash, Dtype::Bf16, case);
+        check_attention(device, &mut rng, AttentionKernel::Flash, Dtype::Bf16, case);
     }
 }
 
 /// Which attention kernels a check runs: `attention.cu`'s warps, or `flash.cu`'s tiles (bf16)
 /// with `attention.cu`'s `prep`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Kernels {
+enum AttentionKernel {
     Plain,
     Flash,
 }
@@ -748,7 +748,7 @@ fn offsets(lengths: &[usize]) -> Vec<usize> {
 fn check_attention<B: Backend>(
     device: &B,
     rng: &mut StdRng,
-    kernels: Kernels,
+    kernel: AttentionKernel,
     dtype: Dtype,
     shape: Shape,
 ) {
@@ -792,14 +792,14 @@ fn check_attention<B: Backend>(
     let dv = device.poisoned(Dtype::F32, key_tokens * kv_heads * dim);
     // Work items: a warp per row (plain), a block of 256 threads per 128 rows (flash).
     let rows = tokens * heads * 32;
-    let (module, prefix, queries, keys) = match kernels {
-        Kernels::Plain => (
+    let (module, prefix, queries, keys) = match kernel {
+        AttentionKernel::Plain => (
             &attention,
             "odc_attention",
             rows,
             key_tokens * kv_heads * 32,
         ),
-        Kernels::Flash => {
+        AttentionKernel::Flash => {
             flash = device.module(FLASH);
             (
                 &flash,
@@ -884,7 +884,7 @@ fn check_attention<B: Backend>(
         dim,
         f64::from(scale),
     );
-    let what = format!("attention ({kernels:?}) {dtype:?} {shape:?}");
+    let what = format!("attention ({kernel:?}) {dtype:?} {shape:?}");
     // Rows that see no key: −inf on both sides (a NaN, unwritten, fails), then left out.
     let mut got_lse = device.download(Dtype::F32, &lse);
     for (i, (got, want)) in got_lse.iter_mut().zip(&mut want_lse).enumerate() {

@@ -66,7 +66,7 @@ pub fn causal_self_attention(
 ) -> Result<Tensor> {
     let (q, k, v) = project(config, w, x, 1, &batch.rope_cos, &batch.rope_sin)?;
     w.output(&packed_attend(
-        batch.kernels.attention,
+        batch.implementations.attention,
         config,
         &q,
         &k,

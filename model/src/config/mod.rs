@@ -1,16 +1,16 @@
 //! The transformer's hyper-parameters ([`ModelConfig`]), checked by [`ModelConfig::validate`], which
 //! names the first bad field. The config is serde-serialisable so it can travel in a checkpoint.
 //! With it, the choices a model is built with: LoRA's ([`LoraConfig`], in [`lora`]) and which
-//! implementation each part of a block runs ([`Kernels`], in [`kernels`]).
+//! implementation each part of a block runs ([`Implementations`], in [`implementations`]).
 //!
 //! The bottom layer of [`crate::model`]: it imports nothing of the model but its error.
 
-pub mod kernels;
+pub mod implementations;
 pub mod lora;
 
 use serde::{Deserialize, Serialize};
 
-pub use kernels::{AttentionImpl, Blocks, HeadImpl, Kernels, MlpImpl};
+pub use implementations::{AttentionImpl, Blocks, HeadImpl, Implementations, MlpImpl};
 pub use lora::{LoraConfig, LoraTarget};
 
 use super::error::{Error, Result};

@@ -1,14 +1,14 @@
 //! Which implementation each part of a block runs: the attention ([`AttentionImpl`], with its
 //! tiles [`Blocks`]), the MLP ([`MlpImpl`]) and the head ([`HeadImpl`]), together a pack's
-//! [`Kernels`]. The defaults are the memory-lean ones; the plain ones are the references every
-//! other implementation is tested against. (A fused CUDA kernel is one more variant here.)
+//! [`Implementations`]. The defaults are the memory-lean ones; the plain ones are the references
+//! every other implementation is tested against. (A fused CUDA kernel is one more variant here.)
 
 /// Which implementations a pack's attention, MLP and head run: by default the memory-lean ones
 /// (blocked attention, chunked MLP, chunked head); the plain ones materialise `[heads, len, len]`
 /// scores, `[tokens, d_ff]` intermediates and `[tokens, vocab]` logits (the references, and the
 /// old path of `odc-bench memory`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Kernels {
+pub struct Implementations {
     pub attention: AttentionImpl,
     pub mlp: MlpImpl,
     pub head: HeadImpl,
@@ -32,7 +32,8 @@ pub enum AttentionImpl {
     Plain,
     /// [`crate::attention::blocked_packed_attend`] with these tiles (linear memory).
     Blocked(Blocks),
-    /// [`crate::attention::blocked_packed_attend`] with the device's tiles ([`Blocks::for_device`]): the default.
+    /// [`crate::attention::blocked_packed_attend`] with the device's tiles
+    /// ([`Blocks::for_device`]): the default.
     #[default]
     Auto,
 }
@@ -78,6 +79,7 @@ pub enum MlpImpl {
     /// In chunks of tokens ([`crate::mlp::swiglu`]): no `[tokens, d_ff]` tensor in the graph.
     #[default]
     Chunked,
-    /// With candle's ops ([`crate::mlp::swiglu_reference`]): the reference, and what LoRA on the MLP uses.
+    /// With candle's ops ([`crate::mlp::swiglu_reference`]): the reference, and what LoRA on the
+    /// MLP uses.
     Full,
 }
