@@ -5,6 +5,15 @@ the largest files. Reads only `.rs` files that git tracks; prints, writes nothin
     python3 scripts/house_figures.py circles [FOLDER…]   # import circles among a folder's children
     python3 scripts/house_figures.py functions [N]       # the N longest functions (default 10)
     python3 scripts/house_figures.py files [N]           # the N largest files in lines (default 10)
+    python3 scripts/house_figures.py duplicates [N]      # pairs of files sharing 6-line runs (N shown)
+
+**Duplicates.** Every tracked source file (`.rs`, `.cu`, `.cuh`, `.py`, `.sh`; not `fuzz/`) as
+its significant lines — stripped, without blank lines, comments, `use`/`import` lines and lines
+of punctuation alone. A run is 6 consecutive significant lines; two places share it *identically*
+when the lines are equal, or *by shape* when they are equal once every name, number and string is
+replaced by a placeholder (a run shared by more than 8 places is too common to count). A pair is
+two files (or two places of one file) sharing at least one run; it counts once however many runs
+they share, as identical if any run is, else as shape only.
 
 **Import circles.** For every folder, its children (each `.rs` file, and each sub-folder taken
 whole) are the nodes; an edge A → B means code in A names an item of B, through `crate::`,
@@ -264,6 +273,59 @@ def largest(n):
     return rows[:n]
 
 
+SOURCE_ENDINGS = (".rs", ".cu", ".cuh", ".py", ".sh")
+RUN = 6
+TOO_COMMON = 8
+
+
+def tracked_sources():
+    out = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True)
+    return [f for f in out.stdout.split() if f.endswith(SOURCE_ENDINGS) and not f.startswith("fuzz/")]
+
+
+def significant(path):
+    """(line number, identical form, shape form) of each significant line of `path`."""
+    rows = []
+    hash_comments = path.endswith((".py", ".sh"))
+    for no, line in enumerate(open(path, encoding="utf-8", errors="replace"), 1):
+        text = line.strip()
+        if not text or text.startswith("//") or (hash_comments and text.startswith("#")):
+            continue
+        if re.match(r"^(pub(\([^)]*\))?\s+)?use\s|^import\s|^from\s+\S+\s+import\s", text):
+            continue
+        if not re.search(r"[A-Za-z0-9]", text):
+            continue
+        shape = re.sub(r'"(\\.|[^"\\])*"', '"s"', text)
+        shape = re.sub(r"\b[A-Za-z_]\w*\b", "x", shape)
+        shape = re.sub(r"\b\d[\w.]*\b", "0", shape)
+        rows.append((no, text, shape))
+    return rows
+
+
+def duplicates():
+    """Pairs of places sharing a run: {(a, b): identical?}."""
+    runs = {0: collections.defaultdict(list), 1: collections.defaultdict(list)}
+    for f in tracked_sources():
+        rows = significant(f)
+        for i in range(len(rows) - RUN + 1):
+            window = rows[i:i + RUN]
+            for kind in (0, 1):
+                key = tuple(r[1 + kind] for r in window)
+                runs[kind][key].append((f, window[0][0], window[-1][0]))
+    pairs = {}
+    for kind in (0, 1):
+        for places in runs[kind].values():
+            if len(places) < 2 or len(places) > TOO_COMMON:
+                continue
+            for i, (fa, sa, ea) in enumerate(places):
+                for fb, sb, eb in places[i + 1:]:
+                    if fa == fb and sb <= ea:
+                        continue  # one place overlapping itself
+                    key = tuple(sorted((fa, fb)))
+                    pairs[key] = pairs.get(key, False) or kind == 0
+    return pairs
+
+
 def main(argv):
     what = argv[1] if len(argv) > 1 else "circles"
     if what == "circles":
@@ -274,6 +336,14 @@ def main(argv):
     elif what == "functions":
         for lines, at, name in functions(int(argv[2]) if len(argv) > 2 else 10):
             print(f"{lines:5} {name}  {at}")
+    elif what == "duplicates":
+        pairs = duplicates()
+        identical = sum(1 for v in pairs.values() if v)
+        print(f"{len(pairs)} pairs of places sharing {RUN}-line runs: {identical} identical, "
+              f"{len(pairs) - identical} by shape only")
+        shown = int(argv[2]) if len(argv) > 2 else 0
+        for (a, b), same in sorted(pairs.items(), key=lambda kv: (not kv[1], kv[0]))[:shown]:
+            print(f"  {'identical' if same else 'shape    '} {a} ~ {b}")
     elif what == "files":
         for lines, f in largest(int(argv[2]) if len(argv) > 2 else 10):
             print(f"{lines:5} {f}")
