@@ -123,15 +123,24 @@ pub async fn launch(config: &LaunchConfig) -> Result<i32, LaunchError> {
                 if end.stop == Some(Stop::Failed) && restart < config.max_restarts =>
             {
                 restart += 1;
-                eprintln!(
+                say(format!(
                     "odc launch: rank {rank} failed with status {status}; restarting every rank \
                      (restart {restart} of {})",
                     config.max_restarts
-                );
+                ));
             }
             _ => return Ok(end.status),
         }
     }
+}
+
+/// Writes `line` and its newline to stderr in one `write`: the ranks share the launcher's stderr,
+/// and a line the launcher wrote in pieces (`eprintln!` on the unbuffered stderr writes its
+/// arguments one by one) could be cut by a rank's line between them.
+fn say(mut line: String) {
+    use std::io::Write as _;
+    line.push('\n');
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// The ranks of one attempt.
@@ -241,7 +250,7 @@ async fn supervise(
                 let Some((rank, status)) = exit else { break };
                 done[rank as usize] = true;
                 if status != 0 {
-                    eprintln!("odc launch: rank {rank} exited with status {status}");
+                    say(format!("odc launch: rank {rank} exited with status {status}"));
                 }
                 // Children the launcher stopped do not hide the status of the one that failed.
                 let stopped_by_us = terminated
@@ -266,7 +275,7 @@ async fn supervise(
                 escalate_at = Some(tokio::time::Instant::now() + config.grace);
             }
             _ = tokio::time::sleep_until(deadline.unwrap_or(far)), if deadline.is_some() && stop.is_none() => {
-                eprintln!("odc launch: timed out; stopping every rank");
+                say("odc launch: timed out; stopping every rank".into());
                 stop = Some(Stop::TimedOut);
                 escalate_at = Some(tokio::time::Instant::now());
             }

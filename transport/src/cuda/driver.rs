@@ -25,7 +25,7 @@ use odc_kernels::launch::{Arg, Launcher};
 use odc_kernels::nvrtc::{Module, Param};
 use odc_kernels::Source;
 
-use super::kernels::{kernel_error, Elementwise, Kernels};
+use super::kernels::{kernel_error, Accumulate, Elementwise};
 use super::library::{check_driver, failed};
 use crate::{Deadline, DeviceDest, TransportError};
 
@@ -297,7 +297,7 @@ pub struct Device {
     ctx: Arc<CudaContext>,
     ordinal: u32,
     lane: Mutex<Lane>,
-    kernels: OnceLock<Result<Kernels, TransportError>>,
+    kernels: OnceLock<Result<Accumulate, TransportError>>,
     /// Owners' kernel modules, by name, compiled on first use.
     modules: Mutex<Vec<(String, Arc<Module>)>>,
     /// Primary contexts of other devices this one reads from (peer access enabled).
@@ -402,11 +402,11 @@ impl Device {
     }
 
     /// The kernels, compiled with NVRTC on first use (tens to hundreds of milliseconds).
-    pub(crate) fn kernels(&self) -> Result<&Kernels, TransportError> {
+    pub(crate) fn kernels(&self) -> Result<&Accumulate, TransportError> {
         self.kernels
             .get_or_init(|| {
                 self.bind()?;
-                Kernels::compile(&self.ctx)
+                Accumulate::compile(&self.ctx)
             })
             .as_ref()
             .map_err(Clone::clone)

@@ -48,12 +48,12 @@ impl Elementwise {
     }
 }
 
-/// The backend's kernels, compiled for one context.
-pub(crate) struct Kernels {
+/// The backend's kernels (odc-kernels' [`ACCUMULATE`] source), compiled for one context.
+pub(crate) struct Accumulate {
     module: Module,
 }
 
-impl Kernels {
+impl Accumulate {
     /// Compile [`ACCUMULATE`] for `ctx`'s device (which must be bound) and load it.
     pub(crate) fn compile(ctx: &Arc<CudaContext>) -> Result<Self, TransportError> {
         Module::compile(ctx, &ACCUMULATE)
