@@ -39,6 +39,7 @@
 #[cfg(feature = "candle")]
 pub mod compute;
 pub mod data;
+pub mod driven;
 mod job;
 pub mod launch;
 pub mod metrics;

@@ -11,6 +11,8 @@
 //! - `odc-text` knows no model and no runtime.
 //! - `odc-checkpoint` (the checkpoint files) sits below the runtime: no actors, transport or
 //!   async runtime.
+//! - The workspace's default build needs no Python: no crate reaches pyo3 with the features it
+//!   turns on (odc-python's `python`, which maturin turns on, is off).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::process::Command;
@@ -81,6 +83,17 @@ fn dependency_graph_reaches_no_actor_framework_or_async_runtime() {
         ],
         "stay pure",
     );
+}
+
+#[test]
+fn the_default_build_needs_no_python() {
+    for root in ["odc", "odc-python", "odc-bench"] {
+        assert_reaches_none(
+            root,
+            &["pyo3", "pyo3-ffi", "pyo3-build-config"],
+            "build without Python",
+        );
+    }
 }
 
 #[test]
