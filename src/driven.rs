@@ -20,6 +20,7 @@
 //!   and after the job.
 //! - Pushes are acknowledged before the micro-batch counts, as for any [`Compute`].
 
+use std::collections::VecDeque;
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,6 +48,8 @@ enum Request {
 pub struct Turn {
     /// The trainer whose micro-batch this is.
     pub trainer: u32,
+    /// The job's step the micro-batch trains (`micro_batch.step` is the parameters' version).
+    pub step: u64,
     /// The micro-batch: its step (the parameters' version), id and samples.
     pub micro_batch: MicroBatch,
     requests: mpsc::UnboundedSender<Request>,
@@ -126,14 +129,40 @@ impl Turn {
 
 /// The driver's side: the turns of every trainer of this process, one at a time.
 pub struct Driver {
-    turns: Mutex<std_mpsc::Receiver<Turn>>,
+    turns: Mutex<Turns>,
+}
+
+/// The turns handed out, and those of a later step held until its driver asks.
+struct Turns {
+    handed: std_mpsc::Receiver<Turn>,
+    held: VecDeque<Turn>,
 }
 
 impl Driver {
-    /// The next turn, or `None` when none came within `wait`.
-    pub fn next(&self, wait: Duration) -> Option<Turn> {
-        let turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
-        turns.recv_timeout(wait).ok()
+    /// The next live turn of the job's step `step`, or `None` when none came within `wait`.
+    /// A turn of a later step is held for it (on a rank other than 0 the next step's first
+    /// micro-batch may come before this step's outcome); a turn whose micro-batch has already
+    /// ended (by its deadline, or with a failed step), or of an earlier step, is dropped unseen.
+    pub fn next_of(&self, step: u64, wait: Duration) -> Option<Turn> {
+        let until = std::time::Instant::now() + wait;
+        let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
+        turns
+            .held
+            .retain(|t| !t.requests.is_closed() && t.step >= step);
+        if let Some(at) = turns.held.iter().position(|t| t.step == step) {
+            return turns.held.remove(at);
+        }
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            let turn = turns.handed.recv_timeout(left).ok()?;
+            if turn.requests.is_closed() || turn.step < step {
+                continue;
+            }
+            if turn.step == step {
+                return Some(turn);
+            }
+            turns.held.push_back(turn);
+        }
     }
 }
 
@@ -159,7 +188,10 @@ impl ComputeFactory for DrivenFactory {
 pub fn driven(wait: Duration) -> (Driver, DrivenFactory) {
     let (turns, taken) = std_mpsc::channel();
     let driver = Driver {
-        turns: Mutex::new(taken),
+        turns: Mutex::new(Turns {
+            handed: taken,
+            held: VecDeque::new(),
+        }),
     };
     (driver, DrivenFactory { turns, wait })
 }
@@ -177,6 +209,7 @@ impl Compute for Driven {
         let (requests, mut asked) = mpsc::unbounded_channel();
         let turn = Turn {
             trainer: self.trainer,
+            step: ctx.step(),
             micro_batch: mb.clone(),
             requests,
             wait: self.wait,
@@ -231,47 +264,82 @@ impl Compute for Driven {
 
 /// Runs one step of `job` on `samples` on the job's own runtime (`runtime`) while this thread
 /// drives its turns with `compute`, and returns the step's result. A turn `compute` returns an
-/// error for fails its micro-batch with that error.
+/// error for fails its micro-batch with that error. Call it from outside the runtime (it blocks).
 pub fn drive_step(
     runtime: &tokio::runtime::Handle,
-    job: &mut Job,
+    job: &Arc<tokio::sync::Mutex<Job>>,
     samples: Vec<SampleMeta>,
     driver: &Driver,
     mut compute: impl FnMut(&Turn) -> Result<f64>,
 ) -> Result<StepStats> {
-    let (done, finished) = std_mpsc::channel();
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            // Rank 0 feeds the samples; every other rank waits for rank 0's step.
-            let step = async {
-                match job.rank() {
-                    0 => job.step_with(samples).await,
-                    _ => job.step().await,
-                }
-            };
-            let _ = done.send(runtime.block_on(step));
-        });
-        loop {
-            match finished.try_recv() {
-                Ok(result) => return result,
-                Err(std_mpsc::TryRecvError::Disconnected) => {
-                    return Err(Error::Internal(
-                        "the step's thread ended without a result".into(),
-                    ))
-                }
-                Err(std_mpsc::TryRecvError::Empty) => {}
-            }
-            let Some(turn) = driver.next(Duration::from_millis(5)) else {
-                continue;
-            };
-            match compute(&turn) {
+    let locked = runtime.block_on(Arc::clone(job).lock_owned());
+    let mut running = Running::start(runtime, locked, samples);
+    loop {
+        match running.next(driver, Duration::from_millis(5)) {
+            None => {}
+            Some(Next::Done(result)) => return result,
+            Some(Next::Turn(turn)) => match compute(&turn) {
                 Ok(loss_sum) => {
                     let _ = turn.finish(loss_sum);
                 }
                 Err(e) => turn.fail(e.to_string()),
-            }
+            },
         }
-    })
+    }
+}
+
+/// A step of a job in flight on the job's runtime, its turns handed to the driver as they come:
+/// what a driver that returns to its caller between turns (a Python iterator) holds.
+pub struct Running {
+    /// The job's step it runs.
+    step: u64,
+    handle: Option<tokio::task::JoinHandle<Result<StepStats>>>,
+    runtime: tokio::runtime::Handle,
+}
+
+/// What a running step has for the driver.
+pub enum Next {
+    /// A micro-batch to compute.
+    Turn(Turn),
+    /// The step ended (its stats, or why it failed); no turn of it comes after this.
+    Done(Result<StepStats>),
+}
+
+impl Running {
+    /// Starts one step of the locked `job` on `samples` (rank 0 plans them; every other rank
+    /// waits for rank 0's step, [`Job::step_spmd`]). The job stays locked until the step ends.
+    pub fn start(
+        runtime: &tokio::runtime::Handle,
+        mut job: tokio::sync::OwnedMutexGuard<Job>,
+        samples: Vec<SampleMeta>,
+    ) -> Running {
+        let step = job.steps_done();
+        let handle = runtime.spawn(async move { job.step_spmd(samples).await });
+        Running {
+            step,
+            handle: Some(handle),
+            runtime: runtime.clone(),
+        }
+    }
+
+    /// The next turn or the step's end, waiting at most `wait`; `None` if neither came.
+    pub fn next(&mut self, driver: &Driver, wait: Duration) -> Option<Next> {
+        if let Some(turn) = driver.next_of(self.step, wait) {
+            return Some(Next::Turn(turn));
+        }
+        let finished = self.handle.as_ref().is_none_or(|h| h.is_finished());
+        if !finished {
+            return None;
+        }
+        let result = match self.handle.take() {
+            Some(handle) => match self.runtime.block_on(handle) {
+                Ok(result) => result,
+                Err(e) => Err(Error::Internal(format!("the step's task failed: {e}"))),
+            },
+            None => Err(Error::Internal("this step has already ended".into())),
+        };
+        Some(Next::Done(result))
+    }
 }
 
 #[cfg(test)]
@@ -348,40 +416,43 @@ mod tests {
         Ok(loss)
     }
 
+    /// A driven job of `builder`, shared as [`Running`] takes it.
+    fn shared(
+        rt: &tokio::runtime::Runtime,
+        builder: crate::JobBuilder,
+    ) -> Arc<tokio::sync::Mutex<Job>> {
+        let job = rt.block_on(async { builder.build() }).unwrap();
+        Arc::new(tokio::sync::Mutex::new(job))
+    }
+
+    fn shut(rt: &tokio::runtime::Runtime, job: Arc<tokio::sync::Mutex<Job>>) {
+        let job = Arc::try_unwrap(job).ok().expect("no step holds the job");
+        rt.block_on(job.into_inner().shutdown());
+    }
+
     #[test]
     fn a_driven_job_trains_as_the_same_compute_run_by_the_trainers() {
         let rt = runtime();
         let wait = Duration::from_secs(10);
-        let mut native = rt
-            .block_on(async {
-                builder(wait)
-                    .compute(|_| Box::new(Native) as Box<dyn Compute>)
-                    .build()
-            })
-            .unwrap();
+        let native = builder(wait).compute(|_| Box::new(Native) as Box<dyn Compute>);
+        let native = shared(&rt, native);
         let (driver, factory) = driven(wait);
-        let mut job = rt
-            .block_on(async { builder(wait).compute(factory).build() })
-            .unwrap();
+        let job = shared(&rt, builder(wait).compute(factory));
         for step in 0..3 {
-            let want = rt.block_on(native.step_with(samples(step))).unwrap();
-            let got = drive_step(
-                rt.handle(),
-                &mut job,
-                samples(step),
-                &driver,
-                driven_compute,
-            )
-            .unwrap();
+            let want = rt.block_on(async { native.lock().await.step_with(samples(step)).await });
+            let got = drive_step(rt.handle(), &job, samples(step), &driver, driven_compute);
             // Equal but for the order the servers summed gradients in (fp32 reassociation).
-            let (got, want) = (got.loss, want.loss);
+            let (got, want) = (got.unwrap().loss, want.unwrap().loss);
             assert!(
                 (got - want).abs() <= 1e-6 * want.abs(),
                 "step {step}: {got} vs {want}"
             );
         }
-        let want = rt.block_on(native.parameters()).unwrap();
-        let got = rt.block_on(job.parameters()).unwrap();
+        let read = |job: &Arc<tokio::sync::Mutex<Job>>| {
+            rt.block_on(async { job.lock().await.parameters().await })
+                .unwrap()
+        };
+        let (want, got) = (read(&native), read(&job));
         let diff = want[0]
             .iter()
             .zip(&got[0])
@@ -393,8 +464,8 @@ mod tests {
             got[0].iter().any(|&w| w.abs() > 1e-3),
             "the job did not train: {got:?}"
         );
-        rt.block_on(native.shutdown());
-        rt.block_on(job.shutdown());
+        shut(&rt, native);
+        shut(&rt, job);
     }
 
     #[test]
@@ -402,11 +473,9 @@ mod tests {
         let rt = runtime();
         let wait = Duration::from_secs(10);
         let (driver, factory) = driven(wait);
-        let mut job = rt
-            .block_on(async { builder(wait).compute(factory).build() })
-            .unwrap();
+        let job = shared(&rt, builder(wait).compute(factory));
         let mut kept: Vec<Arc<[f32]>> = Vec::new();
-        drive_step(rt.handle(), &mut job, samples(0), &driver, |turn| {
+        drive_step(rt.handle(), &job, samples(0), &driver, |turn| {
             let first = turn.gather(0)?;
             let again = turn.gather(0)?;
             assert!(
@@ -417,7 +486,7 @@ mod tests {
             driven_compute(turn)
         })
         .unwrap();
-        rt.block_on(job.shutdown());
+        shut(&rt, job);
         drop(rt);
         assert!(!kept.is_empty());
         assert!(kept
@@ -430,17 +499,15 @@ mod tests {
         let rt = runtime();
         let wait = Duration::from_secs(10);
         let (driver, factory) = driven(wait);
-        let mut job = rt
-            .block_on(async { builder(wait).max_replays(1).compute(factory).build() })
-            .unwrap();
-        let e = drive_step(rt.handle(), &mut job, samples(0), &driver, |turn| {
+        let job = shared(&rt, builder(wait).max_replays(1).compute(factory));
+        let e = drive_step(rt.handle(), &job, samples(0), &driver, |turn| {
             Err(Error::User {
                 message: format!("bad batch {}", turn.micro_batch.id),
             })
         })
         .unwrap_err();
         assert!(e.to_string().contains("bad batch"), "{e}");
-        rt.block_on(job.shutdown());
+        shut(&rt, job);
     }
 
     #[test]
@@ -448,20 +515,107 @@ mod tests {
         let rt = runtime();
         let wait = Duration::from_millis(300);
         let (driver, factory) = driven(wait);
-        let mut job = rt
-            .block_on(async { builder(wait).max_replays(0).compute(factory).build() })
-            .unwrap();
+        let job = shared(&rt, builder(wait).max_replays(0).compute(factory));
         // Nobody drives: the step ends with the trainers' deadline, not a hang.
         let started = std::time::Instant::now();
-        let e = rt.block_on(job.step_with(samples(0))).unwrap_err();
+        let e = rt
+            .block_on(async { job.lock().await.step_with(samples(0)).await })
+            .unwrap_err();
         assert!(started.elapsed() < wait * 20, "{:?}", started.elapsed());
         assert!(e.to_string().contains("did not finish it within"), "{e}");
-        // A turn left over from that step: its requests name that its micro-batch has ended.
-        let stale = driver
-            .next(Duration::from_secs(1))
-            .expect("the turns handed out");
-        let e = stale.gather(0).unwrap_err();
-        assert!(e.to_string().contains("has already ended"), "{e}");
-        rt.block_on(job.shutdown());
+        // The turns of that step are dead: the driver never sees them.
+        assert!(driver.next_of(0, Duration::from_millis(100)).is_none());
+        // A turn held past its deadline: its requests name that its micro-batch has ended.
+        let mut late = None;
+        let e = drive_step(rt.handle(), &job, samples(1), &driver, |turn| {
+            std::thread::sleep(wait * 3);
+            let refused = turn.gather(0).unwrap_err();
+            late.get_or_insert(refused.to_string());
+            Err(refused)
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("did not finish it within"), "{e}");
+        let late = late.expect("a turn was driven");
+        assert!(late.contains("has already ended"), "{late}");
+        shut(&rt, job);
+    }
+
+    #[test]
+    fn a_turn_of_a_later_step_waits_for_its_step_and_dead_or_earlier_ones_are_dropped() {
+        let (driver, factory) = driven(Duration::from_secs(1));
+        let mut alive = Vec::new();
+        let mut turn = |step: u64, id: u32, live: bool| {
+            let (requests, asked) = mpsc::unbounded_channel();
+            if live {
+                alive.push(asked); // dropped: a turn whose micro-batch has ended
+            }
+            let micro_batch = MicroBatch {
+                step: 0,
+                id,
+                samples: Vec::new(),
+                tokens: 0,
+                cost: 0.0,
+                weighting: odc_actors::batch::LossWeighting::Tokens,
+                pieces: Vec::new(),
+            };
+            Turn {
+                trainer: 0,
+                step,
+                micro_batch,
+                requests,
+                wait: Duration::from_secs(1),
+            }
+        };
+        let sent = [
+            turn(2, 0, true),
+            turn(1, 1, false),
+            turn(1, 2, true),
+            turn(0, 3, true),
+        ];
+        for t in sent {
+            factory.turns.send(t).unwrap();
+        }
+        let wait = Duration::from_millis(50);
+        let id = |t: Option<Turn>| t.map(|t| t.micro_batch.id);
+        // Step 1: its live turn; step 2's is held, the dead one dropped.
+        assert_eq!(id(driver.next_of(1, wait)), Some(2));
+        // Nothing more of step 1: step 0's turn is dropped, step 2's still held.
+        assert_eq!(id(driver.next_of(1, wait)), None);
+        assert_eq!(id(driver.next_of(2, wait)), Some(0));
+        assert_eq!(id(driver.next_of(2, wait)), None);
+    }
+
+    #[test]
+    fn a_turn_names_the_jobs_step_which_the_version_trails_after_a_skipped_step() {
+        let rt = runtime();
+        let wait = Duration::from_secs(10);
+        let (driver, factory) = driven(wait);
+        let skip = builder(wait).on_non_finite(crate::NonFinite::SkipStep);
+        let job = shared(&rt, skip.compute(factory));
+        let mut seen = Vec::new();
+        for step in 0..2 {
+            let stats = drive_step(rt.handle(), &job, samples(step), &driver, |turn| {
+                seen.push((turn.step, turn.micro_batch.step));
+                let w = turn.gather(0)?;
+                let (loss, mut grad) = linear(&w, &turn.micro_batch.samples);
+                if step == 0 {
+                    grad[0] = f32::NAN; // step 0 is skipped: the version stays at 0
+                }
+                turn.push(0, grad).or_else(|e| match step {
+                    0 => Ok(()), // refused as non-finite, as the context refuses it
+                    _ => Err(e),
+                })?;
+                Ok(loss)
+            })
+            .unwrap();
+            assert_eq!(stats.skipped.is_some(), step == 0, "step {step}");
+        }
+        assert!(seen.iter().any(|&s| s == (1, 0)), "{seen:?}");
+        assert!(
+            seen.iter()
+                .all(|&(step, version)| version == 0 && step <= 1),
+            "{seen:?}"
+        );
+        shut(&rt, job);
     }
 }

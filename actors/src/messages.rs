@@ -180,6 +180,7 @@ mod tests {
         round_trip(Assignment {
             micro_batch: micro_batch(),
             epoch: 5,
+            step: 9,
             token: u128::MAX - 3,
         });
         let stats = MicroBatchStats {

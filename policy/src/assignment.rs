@@ -14,6 +14,11 @@ use crate::stats::MicroBatchStats;
 pub struct Assignment {
     pub micro_batch: MicroBatch,
     pub epoch: u64,
+    /// The step of the job this micro-batch trains (what `Job::steps_done` counted when the
+    /// step began, the same on every rank): a micro-batch's `step` is the parameters' version,
+    /// which stays behind it after a skipped step or a resume.
+    #[serde(default)]
+    pub step: u64,
     /// The assignment's token ([`crate::token`]): the trainer echoes it in its report
     /// and in every gradient write of the micro-batch; nothing without it counts.
     pub token: u128,

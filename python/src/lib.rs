@@ -5,10 +5,12 @@
 //! Rust, this crate maps types one to one, and the Python package beside it (`odc/`) adds what is
 //! idiomatic there (`__repr__`, type stubs, docstrings).
 //!
-//! What it holds today: `odc.balance`, the minibatch planner the runtime runs ([`plan`]: static
-//! and dynamic dispatch, LB-Micro's equal counts, long samples split over gangs of ranks, a cost
-//! model given or fitted to a measured table), with no training attached. The trainer API and
-//! `odc.torch.shard` come next.
+//! What it holds: `odc.balance`, the minibatch planner the runtime runs ([`plan`]: static and
+//! dynamic dispatch, LB-Micro's equal counts, long samples split over gangs of ranks, a cost
+//! model given or fitted to a measured table), with no training attached; and `odc.Runtime`
+//! (`runtime.rs`), this rank's part of a job driven from a Python loop (`odc::driven`), its
+//! tensors crossing by DLPack (`dlpack.rs`) with no libtorch linked. `odc.torch.shard` comes
+//! next.
 //!
 //! Guarantees:
 //! - **No panic crosses into Python**: every failure is an exception of one hierarchy, `odc.Error`
@@ -24,7 +26,11 @@ pub mod plan;
 #[cfg(feature = "python")]
 mod balance;
 #[cfg(feature = "python")]
+mod dlpack;
+#[cfg(feature = "python")]
 mod errors;
+#[cfg(feature = "python")]
+mod runtime;
 
 #[cfg(feature = "python")]
 use pyo3::prelude::*;
@@ -34,6 +40,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _odc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     balance::register(m)?;
+    runtime::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

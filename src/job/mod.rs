@@ -263,6 +263,17 @@ impl Job {
         self.step_with(samples).await
     }
 
+    /// Train one minibatch as every rank of an SPMD program calls it: rank 0 (or a single
+    /// process) plans `samples`; every other rank ignores them and returns rank 0's outcome, as
+    /// [`Job::step`] does there.
+    pub async fn step_spmd(&mut self, samples: Vec<SampleMeta>) -> Result<StepStats> {
+        self.start().await?;
+        match self.drives() {
+            true => self.step_with(samples).await,
+            false => self.step().await,
+        }
+    }
+
     /// Every rank's `value`, in rank order, on every rank: `torch.distributed.all_gather_object`
     /// for the small objects an SPMD program shares (a rank's sampled responses, its share of an
     /// evaluation). Every rank calls it, in the same order among its other gathers; a

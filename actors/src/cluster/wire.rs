@@ -390,6 +390,7 @@ mod tests {
                 pieces: Vec::new(),
             },
             epoch: 6,
+            step: 3,
             token: 1 << 90,
         };
         match cross(TrainerMsg::Run(assignment.clone())) {

@@ -104,7 +104,9 @@ impl Actor for Trainer {
         let TrainerMsg::Run(assignment) = msg;
         let started = state.context.now();
         let mb = &assignment.micro_batch;
-        state.context.begin(mb, assignment.epoch, assignment.token);
+        state
+            .context
+            .begin(mb, assignment.epoch, assignment.token, assignment.step);
         let output = state.compute.run(&mut state.context, mb).await;
         let finished_io = state.context.finish().await;
         let result = match (output, finished_io) {

@@ -139,6 +139,8 @@ pub struct TrainerContext {
     // Per micro-batch state.
     version: u64,
     epoch: u64,
+    /// The job's step of the current micro-batch ([`TrainerContext::step`]).
+    step: u64,
     micro_batch: u32,
     /// Dataset indices of the micro-batch's samples (named by a non-finite gradient's error).
     samples: Vec<u64>,
@@ -188,6 +190,7 @@ impl TrainerContext {
             occurrences: HashMap::new(),
             version: 0,
             epoch: 0,
+            step: 0,
             micro_batch: 0,
             samples: Vec::new(),
             non_finite: None,
@@ -236,6 +239,12 @@ impl TrainerContext {
         self.trainer
     }
 
+    /// The step of the job this micro-batch trains (the same on every rank; the parameters'
+    /// version, [`TrainerContext::version`], stays behind it after skipped steps or a resume).
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
     /// Parameter version every read of this micro-batch returns (I1).
     pub fn version(&self) -> u64 {
         self.version
@@ -262,9 +271,9 @@ impl TrainerContext {
         self.buffers.live()
     }
 
-    /// Start of a micro-batch of attempt `epoch` whose assignment carries `token` (called by the
-    /// trainer actor).
-    pub(crate) fn begin(&mut self, micro_batch: &MicroBatch, epoch: u64, token: u128) {
+    /// Start of a micro-batch of attempt `epoch` of the job's step `step` whose assignment
+    /// carries `token` (called by the trainer actor).
+    pub(crate) fn begin(&mut self, micro_batch: &MicroBatch, epoch: u64, token: u128, step: u64) {
         self.cancel_prefetches();
         self.resident.clear();
         self.pushed.clear();
@@ -278,6 +287,7 @@ impl TrainerContext {
         self.seq_epoch = Some(epoch);
         self.occurrences.clear();
         self.version = micro_batch.step;
+        self.step = step;
         self.epoch = epoch;
         if let Some(gang) = &self.gang {
             gang.begin(epoch);
@@ -815,7 +825,7 @@ mod device_tests {
     async fn gathers_land_in_device_memory_once_given_and_stay_bounded_i5() {
         let path = Arc::new(FakePath::default());
         let mut ctx = context(path.clone());
-        ctx.begin(&micro_batch(), 1, 7);
+        ctx.begin(&micro_batch(), 1, 7, 0);
         assert!(!ctx.gathers_into_device(), "no device memory given yet");
         assert!(ctx.gather_values(0).await.unwrap().as_host().is_some());
         ctx.release(0).unwrap();
@@ -847,7 +857,7 @@ mod device_tests {
     async fn device_pushes_are_checked_like_host_ones() {
         let path = Arc::new(FakePath::default());
         let mut ctx = context(path.clone());
-        ctx.begin(&micro_batch(), 1, 7);
+        ctx.begin(&micro_batch(), 1, 7, 0);
         assert!(ctx.pushes_from_device());
         let short = ctx.push_grad_device(0, grad(3)).unwrap_err();
         assert!(matches!(short, Error::GradLength { .. }), "{short}");
@@ -869,7 +879,7 @@ mod device_tests {
     #[tokio::test]
     async fn a_non_finite_device_gradient_fails_the_micro_batch() {
         let mut ctx = context(Arc::new(FakePath::default()));
-        ctx.begin(&micro_batch(), 1, 7);
+        ctx.begin(&micro_batch(), 1, 7, 0);
         ctx.push_grad_device(0, grad(4)).unwrap();
         let said = ctx.non_finite_gradient(0, None, f32::NAN);
         assert!(

@@ -489,6 +489,7 @@ impl<E: Failure> StepMachine<E> {
                         token: self.key.token(self.epoch, micro_batch.id),
                         micro_batch,
                         epoch: self.epoch,
+                        step: self.global_step(),
                     },
                 },
                 reason,

@@ -1,0 +1,156 @@
+"""The trainer API: this rank's part of an odc job, driven from your own loop.
+
+``odc.init`` starts this rank's shard server and trainer (one process per rank under torchrun,
+Slurm or ``odc launch``, read from their variables; alone, the trainers and servers asked for in
+one process). Each step hands this rank its micro-batches; for each, ``gather`` a unit (a view of
+odc's buffer, no copy), compute, ``push`` its gradient, ``finish`` with the summed loss. The
+optimizer runs at the shard servers after the step's one barrier.
+
+Tensors are torch tensors when torch is imported, numpy arrays otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from . import _odc
+from .errors import InvalidArgument
+
+
+def _array(buffer: _odc.Buffer, shape: tuple[int, ...]) -> Any:
+    """A view of odc's buffer with the unit's shape: a torch tensor if torch is loaded."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.from_dlpack(buffer).view(shape)
+    import numpy
+
+    return numpy.from_dlpack(buffer).reshape(shape)
+
+
+def _detached(tensor: Any) -> Any:
+    """A torch tensor without autograd's history (DLPack refuses one that requires grad)."""
+    detach = getattr(tensor, "detach", None)
+    return detach() if callable(detach) else tensor
+
+
+class MicroBatch:
+    """One micro-batch of this rank: ``samples`` (indices into the step's lengths), ``tokens``.
+
+    Dropped without ``finish``, it fails, and the step replays it or fails naming it.
+    """
+
+    def __init__(self, turn: _odc.MicroBatchTurn, shapes: Mapping[str, tuple[int, ...]]):
+        self._turn = turn
+        self._shapes = shapes
+        self.samples: list[int] = turn.samples
+        self.tokens: int = turn.tokens
+        self.step: int = turn.step
+        self.id: int = turn.id
+
+    def _shape(self, unit: str | int) -> tuple[int, ...]:
+        names = list(self._shapes)
+        name = names[unit] if isinstance(unit, int) and 0 <= unit < len(names) else unit
+        return self._shapes.get(name, (-1,))
+
+    def gather(self, unit: str | int) -> Any:
+        """The unit's parameters for this micro-batch, shaped as given to ``init``: a view of
+        odc's buffer (no copy), valid as long as you hold it. Writing to it writes odc's copy."""
+        return _array(self._turn.gather(unit), self._shape(unit))
+
+    def push(self, unit: str | int, grad: Any) -> None:
+        """Sends ``grad`` (fp32 or bf16, on the CPU, the unit's element count), the gradient of
+        this micro-batch's summed loss with respect to the unit."""
+        self._turn.push(unit, _detached(grad))
+
+    def release(self, unit: str | int) -> None:
+        """Lets odc free the trainer's copy of a gathered unit (views you hold stay valid)."""
+        self._turn.release(unit)
+
+    def finish(self, loss_sum: float) -> None:
+        """Ends the micro-batch with its summed loss (not its mean)."""
+        self._turn.finish(float(loss_sum))
+
+    def fail(self, reason: str) -> None:
+        """Ends the micro-batch as failed."""
+        self._turn.fail(str(reason))
+
+    def __repr__(self) -> str:
+        return repr(self._turn)
+
+
+class Step:
+    """One step: iterate it for this rank's micro-batches; ``stats`` once it has ended."""
+
+    def __init__(self, step: _odc.Step, shapes: Mapping[str, tuple[int, ...]]):
+        self._step = step
+        self._shapes = shapes
+
+    def __iter__(self) -> Iterator[MicroBatch]:
+        for turn in self._step:
+            yield MicroBatch(turn, self._shapes)
+
+    @property
+    def stats(self) -> dict[str, Any] | None:
+        """loss (the minibatch's mean), tokens, samples, micro_batches, grad_norm, replays,
+        wall_s; ``None`` until the step has ended."""
+        return self._step.stats
+
+
+class Runtime:
+    """This rank's part of an odc job (see :func:`init`)."""
+
+    def __init__(self, units: Mapping[str, Any], **options: Any):
+        if not isinstance(units, Mapping) or not units:
+            raise InvalidArgument("units must be a non-empty mapping of names to tensors")
+        self._shapes = {name: tuple(int(n) for n in t.shape) for name, t in units.items()}
+        self._rt = _odc.Runtime([(n, _detached(t)) for n, t in units.items()], **options)
+
+    @property
+    def rank(self) -> int:
+        return self._rt.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._rt.world_size
+
+    @property
+    def units(self) -> list[str]:
+        return self._rt.units
+
+    def step(self, lengths: Sequence[int]) -> Step:
+        """Starts a step on a minibatch of samples with ``lengths`` tokens (every rank calls it;
+        rank 0's lengths are planned): iterate the result for this rank's micro-batches."""
+        if hasattr(lengths, "tolist"):
+            lengths = lengths.tolist()
+        return Step(self._rt.step([int(n) for n in lengths]), self._shapes)
+
+    def parameters(self) -> dict[str, Any]:
+        """Every unit's parameters after the last step, shaped as given (copies odc made)."""
+        return {name: _array(buf, self._shapes[name]) for name, buf in self._rt.parameters()}
+
+    def close(self) -> None:
+        """Stops this rank's part of the job; views handed out stay valid."""
+        self._rt.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def init(units: Mapping[str, Any], **options: Any) -> Runtime:
+    """Starts this rank's part of an odc job over ``units`` (name → initial tensor, fp32 or bf16).
+
+    Options (keyword): ``optimizer`` ("adamw" or "sgd"), ``lr``, ``betas``, ``eps``,
+    ``weight_decay``, ``momentum`` (sgd), ``clip_grad_norm``, ``frozen`` (unit names that take
+    no gradient), ``token_budget``, ``precision`` of the pulls ("fp32" or "bf16"), ``dispatch``
+    ("static" or "dynamic"), ``trainers`` and ``servers`` (in one process, without a launcher),
+    ``micro_batch_timeout`` and ``step_timeout`` in seconds.
+    """
+    return Runtime(units, **options)
+
+
+__all__ = ["MicroBatch", "Runtime", "Step", "init"]

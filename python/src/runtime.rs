@@ -1,0 +1,529 @@
+//! `odc.Runtime`: this rank's part of an odc job, driven from a Python loop — its shard server
+//! and trainer started over the transport the launcher's world asks for, each micro-batch handed
+//! to Python as a [`PyMicroBatch`] whose gathers view odc's buffers and whose pushes go to the
+//! owners, one barrier per step ([`odc::driven`]).
+//!
+//! The job is built by the same recipe as the Rust examples' (`odc::recipe`: [`Process`] reads
+//! torchrun's, Slurm's or `odc launch`'s variables; [`Fleet`] places one trainer and one shard
+//! server per rank, or the counts asked for in one process; [`odc::recipe::adamw`]'s betas unless
+//! given). Every blocking call releases the GIL; no Rust thread touches a Python object (the
+//! runtime's threads see only Rust values: the turns carry `f32`s, never Python objects).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use odc::driven::{driven, Driver, Next, Running, Turn};
+use odc::recipe::{Fleet, Process};
+use odc::{DispatchMode, Job, OptimizerConfig, Precision, SampleMeta, StepStats, UnitSpec};
+use pyo3::exceptions::PyStopIteration;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::dlpack::{host_values, Buffer};
+use crate::errors;
+
+/// How long one poll of a running step waits before Python's signals are checked.
+const POLL: Duration = Duration::from_millis(50);
+
+/// The job's units: names and lengths, in unit order.
+struct Units {
+    names: Vec<String>,
+    lens: Vec<usize>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Units {
+    /// The unit a Python value names: its name, or its index.
+    fn id(&self, unit: &Bound<'_, PyAny>) -> PyResult<usize> {
+        if let Ok(name) = unit.extract::<String>() {
+            return self.by_name.get(&name).copied().ok_or_else(|| {
+                errors::unknown_unit(format!("unit {name:?} is not one of {:?}", self.names))
+            });
+        }
+        match unit.extract::<usize>() {
+            Ok(id) if id < self.names.len() => Ok(id),
+            Ok(id) => Err(errors::unknown_unit(format!(
+                "unit {id} is out of range: the job has {} units",
+                self.names.len()
+            ))),
+            Err(_) => Err(errors::invalid(format!(
+                "a unit is named by its name (str) or its index (int), not {}",
+                unit.get_type().name()?
+            ))),
+        }
+    }
+}
+
+/// A live job and what drives it.
+struct Open {
+    runtime: tokio::runtime::Runtime,
+    job: Arc<tokio::sync::Mutex<Job>>,
+    driver: Arc<Driver>,
+}
+
+/// This rank's part of an odc job (see the [module docs](self)).
+#[pyclass(frozen, name = "Runtime", module = "odc")]
+pub(crate) struct PyRuntime {
+    open: Mutex<Option<Arc<Open>>>,
+    units: Arc<Units>,
+    #[pyo3(get)]
+    rank: u32,
+    #[pyo3(get)]
+    world_size: u32,
+}
+
+/// The optimizer the arguments name.
+fn optimizer(
+    name: &str,
+    lr: f32,
+    betas: (f32, f32),
+    eps: f32,
+    wd: f32,
+    momentum: f32,
+) -> PyResult<OptimizerConfig> {
+    let config = match name {
+        "adamw" => OptimizerConfig::AdamW {
+            lr,
+            beta1: betas.0,
+            beta2: betas.1,
+            eps,
+            weight_decay: wd,
+        },
+        "sgd" => OptimizerConfig::Sgd {
+            lr,
+            momentum,
+            weight_decay: wd,
+        },
+        other => {
+            return Err(errors::invalid(format!(
+                "optimizer {other:?}: expected \"adamw\" or \"sgd\""
+            )))
+        }
+    };
+    config
+        .validate()
+        .map_err(|e| errors::invalid(format!("optimizer: {e}")))?;
+    Ok(config)
+}
+
+fn word<T>(what: &str, text: &str, words: &[(&str, T)]) -> PyResult<T>
+where
+    T: Copy,
+{
+    words
+        .iter()
+        .find(|(w, _)| *w == text)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<&str> = words.iter().map(|(w, _)| *w).collect();
+            errors::invalid(format!("{what} {text:?}: expected one of {names:?}"))
+        })
+}
+
+fn seconds(what: &str, s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            errors::invalid(format!(
+                "{what} must be a positive number of seconds, got {s}"
+            ))
+        })
+}
+
+#[pymethods]
+impl PyRuntime {
+    #[new]
+    #[pyo3(signature = (
+        units, *, frozen = Vec::new(), optimizer = "adamw", lr = 1e-3, betas = (0.9, 0.999),
+        eps = 1e-8, weight_decay = 0.0, momentum = 0.0, clip_grad_norm = None,
+        token_budget = 65_536, precision = "fp32", dispatch = "static", trainers = 1, servers = 1,
+        micro_batch_timeout = 600.0, step_timeout = 3600.0,
+    ))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, each with its default
+    fn new(
+        py: Python<'_>,
+        units: Vec<(String, Bound<'_, PyAny>)>,
+        frozen: Vec<String>,
+        optimizer: &str,
+        lr: f32,
+        betas: (f32, f32),
+        eps: f32,
+        weight_decay: f32,
+        momentum: f32,
+        clip_grad_norm: Option<f64>,
+        token_budget: u64,
+        precision: &str,
+        dispatch: &str,
+        trainers: usize,
+        servers: usize,
+        micro_batch_timeout: f64,
+        step_timeout: f64,
+    ) -> PyResult<Self> {
+        let config = self::optimizer(optimizer, lr, betas, eps, weight_decay, momentum)?;
+        let precision = word(
+            "precision",
+            precision,
+            &[("fp32", Precision::F32), ("bf16", Precision::Bf16)],
+        )?;
+        let dispatch = word(
+            "dispatch",
+            dispatch,
+            &[
+                ("static", DispatchMode::Static),
+                ("dynamic", DispatchMode::Dynamic),
+            ],
+        )?;
+        let micro_batch_timeout = seconds("micro_batch_timeout", micro_batch_timeout)?;
+        let step_timeout = seconds("step_timeout", step_timeout)?;
+        if units.is_empty() {
+            return Err(errors::invalid("a job needs at least one unit".into()));
+        }
+        let mut specs = Vec::with_capacity(units.len());
+        let mut by_name = HashMap::new();
+        for (i, (name, tensor)) in units.iter().enumerate() {
+            if by_name.insert(name.clone(), i).is_some() {
+                return Err(errors::invalid(format!("unit {name:?} is given twice")));
+            }
+            let values = host_values(tensor, None, &format!("unit {name:?}"))?;
+            let spec = UnitSpec::with_values(name.clone(), values);
+            specs.push(if frozen.contains(name) {
+                spec.frozen()
+            } else {
+                spec
+            });
+        }
+        if let Some(name) = frozen.iter().find(|n| !by_name.contains_key(*n)) {
+            return Err(errors::unknown_unit(format!(
+                "frozen unit {name:?} is not a unit"
+            )));
+        }
+        let lens = specs.iter().map(|s| s.len).collect();
+        let names = units.into_iter().map(|(n, _)| n).collect();
+        let process = Process::start(trainers).map_err(|e| errors::invalid(e.to_string()))?;
+        let (rank, world_size) = (process.rank(), process.ranks());
+        let (driver, factory) = driven(micro_batch_timeout);
+        let open = py.detach(move || -> odc::Result<Open> {
+            let runtime = process
+                .runtime()
+                .map_err(|e| odc::Error::Config(e.to_string()))?;
+            let mut builder = Job::builder()
+                .units(specs)
+                .optimizer(config)
+                .pull_precision(precision)
+                .token_budget(token_budget)
+                .dispatch(dispatch)
+                .micro_batch_timeout(micro_batch_timeout)
+                .step_timeout(step_timeout)
+                .compute(factory);
+            if let Some(norm) = clip_grad_norm {
+                builder = builder.clip_grad_norm(norm);
+            }
+            let builder = Fleet::new(trainers, servers)
+                .apply(builder, &process.world)
+                .map_err(|e| odc::Error::Config(e.to_string()))?;
+            let job = runtime.block_on(async { builder.build() })?;
+            Ok(Open {
+                runtime,
+                job: Arc::new(tokio::sync::Mutex::new(job)),
+                driver: Arc::new(driver),
+            })
+        });
+        let open = open.map_err(errors::runtime)?;
+        Ok(PyRuntime {
+            open: Mutex::new(Some(Arc::new(open))),
+            units: Arc::new(Units {
+                names,
+                lens,
+                by_name,
+            }),
+            rank,
+            world_size,
+        })
+    }
+
+    /// The units' names, in unit order.
+    #[getter]
+    fn units(&self) -> Vec<String> {
+        self.units.names.clone()
+    }
+
+    /// Starts one step on a minibatch whose samples have `lengths` tokens (rank 0's are used;
+    /// every rank calls it, as an SPMD program does): an iterator over this rank's micro-batches.
+    fn step(&self, lengths: Vec<u64>) -> PyResult<PyStep> {
+        let open = self.open()?;
+        let Ok(job) = Arc::clone(&open.job).try_lock_owned() else {
+            return Err(errors::invalid(
+                "a step is already running: finish iterating its micro-batches first".into(),
+            ));
+        };
+        let samples = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &tokens)| SampleMeta::new(i as u64, tokens))
+            .collect();
+        let running = Running::start(open.runtime.handle(), job, samples);
+        Ok(PyStep {
+            state: Mutex::new(StepState::Running(running)),
+            open,
+            units: Arc::clone(&self.units),
+        })
+    }
+
+    /// Every unit's parameters now (after the last step's update), as buffers in unit order.
+    fn parameters(&self, py: Python<'_>) -> PyResult<Vec<(String, Buffer)>> {
+        let open = self.open()?;
+        let values = py.detach(|| {
+            open.runtime.block_on(async {
+                let mut job = open.job.lock().await;
+                job.parameters().await
+            })
+        });
+        let values = values.map_err(errors::runtime)?;
+        Ok(self
+            .units
+            .names
+            .iter()
+            .cloned()
+            .zip(values.into_iter().map(|v| Buffer::new(v.into())))
+            .collect())
+    }
+
+    /// Stops this rank's part of the job (waiting for the other ranks as `Job::shutdown` does).
+    /// Buffers handed out stay valid; every later call raises `odc.Closed`.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self.open.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(open) = taken else { return Ok(()) };
+        py.detach(move || {
+            let Ok(open) = Arc::try_unwrap(open) else {
+                return; // a step still holds it: it ends by its deadline, then the job drops
+            };
+            let Open { runtime, job, .. } = open;
+            if let Ok(job) = Arc::try_unwrap(job) {
+                runtime.block_on(job.into_inner().shutdown());
+            }
+            runtime.shutdown_timeout(Duration::from_secs(5));
+        });
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _a: Py<PyAny>,
+        _b: Py<PyAny>,
+        _c: Py<PyAny>,
+    ) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+}
+
+impl PyRuntime {
+    fn open(&self) -> PyResult<Arc<Open>> {
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| errors::closed("the runtime is closed".into()))
+    }
+}
+
+enum StepState {
+    Running(Running),
+    Done(StepStats),
+    Failed(String),
+}
+
+/// One step in flight: iterating it yields this rank's micro-batches as the runtime hands them
+/// out; it ends when the step's barrier has passed (`stats` then holds the step's figures) or
+/// raises `odc.StepError` naming why the step failed.
+#[pyclass(frozen, name = "Step", module = "odc")]
+pub(crate) struct PyStep {
+    state: Mutex<StepState>,
+    open: Arc<Open>,
+    units: Arc<Units>,
+}
+
+#[pymethods]
+impl PyStep {
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<PyMicroBatch> {
+        loop {
+            let next = py.detach(|| {
+                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                match &mut *state {
+                    StepState::Running(running) => running.next(&self.open.driver, POLL),
+                    _ => None,
+                }
+            });
+            match next {
+                Some(Next::Turn(turn)) => return Ok(self.micro_batch(turn)),
+                Some(Next::Done(result)) => {
+                    let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                    *state = match result {
+                        Ok(stats) => StepState::Done(stats),
+                        Err(e) => StepState::Failed(e.to_string()),
+                    };
+                }
+                None => {}
+            }
+            match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+                StepState::Running(_) => py.check_signals()?,
+                StepState::Done(_) => return Err(PyStopIteration::new_err(())),
+                StepState::Failed(reason) => return Err(errors::step(reason.clone())),
+            }
+        }
+    }
+
+    /// The step's figures once it has ended (`None` before): loss (the minibatch's mean),
+    /// tokens, samples, micro-batches, grad_norm (before clipping), replays, wall seconds.
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let StepState::Done(s) = &*state else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("step", s.step)?;
+        d.set_item("loss", s.loss)?;
+        d.set_item("tokens", s.tokens)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("micro_batches", s.micro_batches)?;
+        d.set_item("grad_norm", s.grad_norm)?;
+        d.set_item("replays", s.replays)?;
+        d.set_item("wall_s", s.wall.as_secs_f64())?;
+        Ok(Some(d))
+    }
+}
+
+impl PyStep {
+    fn micro_batch(&self, turn: Turn) -> PyMicroBatch {
+        PyMicroBatch {
+            samples: turn.micro_batch.samples.iter().map(|s| s.index).collect(),
+            tokens: turn.micro_batch.tokens,
+            step: turn.micro_batch.step,
+            id: turn.micro_batch.id,
+            trainer: turn.trainer,
+            turn: Mutex::new(Some(turn)),
+            units: Arc::clone(&self.units),
+        }
+    }
+}
+
+/// One micro-batch of this rank: its samples (indices into the step's lengths), and the calls
+/// that compute it: `gather` a unit, `push` its gradient, `finish` with the summed loss.
+/// Dropped unfinished, it fails (and the step replays it or fails, naming it).
+#[pyclass(frozen, name = "MicroBatchTurn", module = "odc")]
+pub(crate) struct PyMicroBatch {
+    #[pyo3(get)]
+    samples: Vec<u64>,
+    #[pyo3(get)]
+    tokens: u64,
+    #[pyo3(get)]
+    step: u64,
+    #[pyo3(get)]
+    id: u32,
+    #[pyo3(get)]
+    trainer: u32,
+    turn: Mutex<Option<Turn>>,
+    units: Arc<Units>,
+}
+
+impl PyMicroBatch {
+    /// Runs `f` on the turn without the GIL (the turn's lock is taken there too, so a thread
+    /// waiting for it never holds the GIL another needs); a finished turn is `odc.Closed`.
+    fn with_turn<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Turn) -> odc::Result<T> + Send,
+    ) -> PyResult<T> {
+        let result = py.detach(|| {
+            let guard = self.turn.lock().unwrap_or_else(|p| p.into_inner());
+            guard.as_ref().map(f)
+        });
+        match result {
+            Some(result) => result.map_err(errors::runtime),
+            None => Err(self.finished()),
+        }
+    }
+
+    /// The turn, taken (once) without the GIL.
+    fn take(&self, py: Python<'_>) -> PyResult<Turn> {
+        py.detach(|| self.turn.lock().unwrap_or_else(|p| p.into_inner()).take())
+            .ok_or_else(|| self.finished())
+    }
+
+    fn finished(&self) -> PyErr {
+        errors::closed(format!(
+            "micro-batch {} of step {} is finished",
+            self.id, self.step
+        ))
+    }
+}
+
+#[pymethods]
+impl PyMicroBatch {
+    /// The whole unit at this micro-batch's parameters: a buffer viewing odc's memory.
+    fn gather(&self, py: Python<'_>, unit: &Bound<'_, PyAny>) -> PyResult<Buffer> {
+        let id = self.units.id(unit)?;
+        self.with_turn(py, |t| t.gather(id as u32)).map(Buffer::new)
+    }
+
+    /// Sends `grad` (fp32 or bf16, host memory, the unit's element count) as the gradient of
+    /// this micro-batch's summed loss with respect to the unit.
+    fn push(
+        &self,
+        py: Python<'_>,
+        unit: &Bound<'_, PyAny>,
+        grad: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = self.units.id(unit)?;
+        let what = format!("the gradient of unit {:?}", self.units.names[id]);
+        let values = host_values(grad, Some(self.units.lens[id]), &what)?;
+        self.with_turn(py, |t| t.push(id as u32, values))
+    }
+
+    /// Drops the trainer's reference to a gathered unit (buffers handed out stay valid).
+    fn release(&self, py: Python<'_>, unit: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = self.units.id(unit)?;
+        self.with_turn(py, |t| t.release(id as u32))
+    }
+
+    /// Ends the micro-batch with its summed loss (not its mean: odc divides by the minibatch's
+    /// total tokens).
+    fn finish(&self, py: Python<'_>, loss_sum: f64) -> PyResult<()> {
+        self.take(py)?.finish(loss_sum).map_err(errors::runtime)
+    }
+
+    /// Ends the micro-batch as failed, with `reason` (a finished one stays as it ended).
+    fn fail(&self, py: Python<'_>, reason: String) {
+        if let Ok(turn) = self.take(py) {
+            turn.fail(reason);
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "MicroBatchTurn(step={}, id={}, samples={:?}, tokens={})",
+            self.step, self.id, self.samples, self.tokens
+        )
+    }
+}
+
+/// Adds the runtime's types to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyRuntime>()?;
+    m.add_class::<PyStep>()?;
+    m.add_class::<PyMicroBatch>()?;
+    m.add_class::<Buffer>()?;
+    Ok(())
+}
