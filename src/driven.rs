@@ -610,7 +610,7 @@ mod tests {
             .unwrap();
             assert_eq!(stats.skipped.is_some(), step == 0, "step {step}");
         }
-        assert!(seen.iter().any(|&s| s == (1, 0)), "{seen:?}");
+        assert!(seen.contains(&(1, 0)), "{seen:?}");
         assert!(
             seen.iter()
                 .all(|&(step, version)| version == 0 && step <= 1),
