@@ -8,8 +8,9 @@
 //! - [`Dispatch::Equal`] is LB-Micro (`plan_equal_count`): every rank the same number of
 //!   micro-batches, what a collective (FSDP) needs.
 //! - [`Split`]: long samples cut over gangs of ranks (zig-zag halves, as context parallelism cuts
-//!   them) where the splitter finds that it shortens the step, as the runtime's on-demand steps
-//!   do; each member's piece is a micro-batch of its own, first on its rank's list.
+//!   them) where the splitter finds that it shortens the step, through the runtime's own
+//!   options and lists (`odc_policy::split::{runtime_options, on_demand_lists}`); each member's
+//!   piece is a micro-batch of its own, first on its rank's list.
 //! - [`fit`]: `a·ŝ² + b·ŝ` by least squares over a measured `(tokens, cost)` table, both
 //!   coefficients non-negative (the balancer's model is monotone).
 //!
@@ -21,9 +22,9 @@ use std::ops::Range;
 use std::str::FromStr;
 
 use odc_policy::balancer::{
-    plan_dynamic, plan_equal_count, plan_static, BalanceError, CostModel, Plan, PlannedMicroBatch,
+    plan_dynamic, plan_equal_count, plan_static, BalanceError, CostModel, Plan,
 };
-use odc_policy::split::{self, CostModelCosts, SplitError, SplitOptions};
+use odc_policy::split::{self, SplitError};
 
 /// How micro-batches are handed to ranks (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,24 +118,14 @@ pub fn plan(
         return Err(PlanError::SplitWithEqual);
     }
     let devices = u32::try_from(ranks).unwrap_or(u32::MAX);
-    let per_node = match split.max_gang {
-        0 => devices,
-        n => n.min(devices),
-    }
-    .max(1);
-    let costs = CostModelCosts {
-        cost: *cost,
+    let (costs, options) = split::runtime_options(
+        *cost,
         devices,
-        per_node,
-        ring: None,
-    };
-    let options = SplitOptions {
+        split.max_gang,
+        None,
         token_budget,
-        split: true,
-        min_tokens: split.min_tokens,
-        max_gang: per_node,
-        pieces_within_budget: true,
-    };
+        split.min_tokens,
+    );
     let planned = split::plan(lengths, &costs, options)?;
     // As the runtime: splitting only where it shortens the whole-sample plan's step, or where
     // no whole-sample plan exists (a sample over the budget whose pieces fit).
@@ -142,7 +133,7 @@ pub fn plan(
         Ok(plan) if planned.gangs.is_empty() || planned.step_s >= max_cost(&plan) => {
             Ok(unsplit(plan))
         }
-        _ => assemble(lengths, cost, ranks, &planned),
+        _ => assemble(lengths, cost, &planned),
     }
 }
 
@@ -155,55 +146,29 @@ fn max_cost(plan: &Plan) -> f64 {
     plan.trainer_costs().into_iter().fold(0.0, f64::max)
 }
 
-/// The split plan as micro-batches: on each rank its gangs' pieces first (gang order, the same on
-/// every member), then its micro-batches of whole samples.
+/// The split plan as the runtime runs it on demand ([`split::on_demand_lists`]): on each rank
+/// its gangs' pieces first, then its micro-batches of whole samples.
 fn assemble(
     lengths: &[u64],
     cost: &CostModel,
-    ranks: usize,
     planned: &split::SplitPlan,
 ) -> Result<Balanced, PlanError> {
-    let mut out = Balanced {
-        plan: Plan {
-            micro_batches: Vec::new(),
-            per_trainer: vec![Vec::new(); ranks],
-        },
-        pieces: Vec::new(),
-    };
-    let mut push = |rank: usize, mb: PlannedMicroBatch, piece: Option<Piece>| {
-        out.plan.per_trainer[rank].push(out.plan.micro_batches.len());
-        out.plan.micro_batches.push(mb);
-        out.pieces.push(piece);
-    };
-    for gang in &planned.gangs {
-        let cut = split::zigzag(gang.tokens, gang.cost.k)?;
-        for (member, (&rank, chunks)) in gang.devices.iter().zip(cut).enumerate() {
-            let mb = PlannedMicroBatch {
-                samples: Vec::new(),
-                tokens: chunks.iter().map(|r| r.end - r.start).sum(),
-                cost: gang.cost.piece_s(),
-            };
-            let piece = Piece {
-                sample: gang.sample,
-                member: member as u32,
-                ranks: gang.devices.clone(),
-                chunks,
-            };
-            push(rank as usize, mb, Some(piece));
-        }
-    }
-    for (rank, assignment) in planned.devices.iter().enumerate() {
-        for samples in &assignment.micro_batches {
-            let compute = samples.iter().map(|&i| cost.cost(lengths[i])).sum();
-            let mb = PlannedMicroBatch {
-                samples: samples.clone(),
-                tokens: samples.iter().map(|&i| lengths[i]).sum(),
-                cost: cost.micro_batch(compute),
-            };
-            push(rank, mb, None);
-        }
-    }
-    Ok(out)
+    let (plan, members) = split::on_demand_lists(lengths, cost, planned)?;
+    let pieces = members
+        .into_iter()
+        .map(|m| {
+            m.map(|m| {
+                let gang = &planned.gangs[m.gang];
+                Piece {
+                    sample: gang.sample,
+                    member: m.member,
+                    ranks: gang.devices.clone(),
+                    chunks: m.chunks,
+                }
+            })
+        })
+        .collect();
+    Ok(Balanced { plan, pieces })
 }
 
 /// The cost model `a·ŝ² + b·ŝ` (`ŝ = tokens / scale`) closest to the measured `costs` of

@@ -11,12 +11,15 @@
 //! - [`plan_on_demand`]: on-demand's plan, the best of the gangs and the CP placements run
 //!   without lockstep.
 //! - [`SplitPolicy`]: the user's switch; [`CostModelCosts`]: the runtime's prices.
+//! - [`runtime_options`], [`gang_pieces`], [`on_demand_lists`]: a split plan as the runtime runs
+//!   it (its options, each gang's pieces, each trainer's list on demand).
 //!
 //! Pure: no actor, no clock, no I/O; each file's invariants are tested beside it.
 
 mod best;
 mod cost;
 mod cp;
+mod lists;
 mod plan;
 mod policy;
 mod zigzag;
@@ -29,6 +32,7 @@ mod tests;
 pub use best::{plan_on_demand, weigh_placements, OnDemandPlan, CP_MARGIN};
 pub use cost::{micro_batch_s, piece_cost, transfer_s, Link, PieceCost, SplitCosts};
 pub use cp::{plan_cp, static_cp_sizes, unlocked_step_s, ContextParallel, CpCell, CpGang, CpPlan};
+pub use lists::{gang_pieces, on_demand_lists, runtime_options, MemberPiece};
 pub use plan::{
     gang_sizes, plan, DeviceAssignment, Gang, SplitOptions, SplitPlan, DEFAULT_TOKEN_BUDGET,
 };

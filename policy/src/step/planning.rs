@@ -12,7 +12,7 @@ use crate::batch::{MicroBatch, Piece, SampleMeta};
 use crate::clock::Timestamp;
 use crate::dispatch::{Communication, DispatchMode, Outlook, WorkQueue};
 use crate::ledger::Ledger;
-use crate::split::{ContextParallel, CostModelCosts, SplitOptions};
+use crate::split::{ContextParallel, MemberPiece};
 use crate::stats::TrainerStepStats;
 
 use super::decision::{decision, Command, Decision, Reason};
@@ -158,24 +158,14 @@ impl<E: Failure> StepMachine<E> {
             return Ok(None);
         };
         let live32 = u32::try_from(live).unwrap_or(u32::MAX);
-        let per_node = match c.max_gang {
-            0 => live32,
-            n => n.min(live32),
-        }
-        .max(1);
-        let costs = CostModelCosts {
-            cost: c.cost,
-            devices: live32,
-            per_node,
-            ring: c.ring_price,
-        };
-        let options = SplitOptions {
-            token_budget: c.token_budget,
-            split: true,
+        let (costs, options) = crate::split::runtime_options(
+            c.cost,
+            live32,
+            c.max_gang,
+            c.ring_price,
+            c.token_budget,
             min_tokens,
-            max_gang: per_node,
-            pieces_within_budget: true,
-        };
+        );
         let err = |e| StepError::Config(format!("sequence splitting: {e}"));
         let split = if c.communication == Communication::OnDemand {
             // On demand the CP placements are candidates too (where the job prices the ring),
@@ -197,117 +187,97 @@ impl<E: Failure> StepMachine<E> {
         if split.gangs.is_empty() {
             return Ok(None);
         }
+        // Each member's piece as the step's: its sample, attempt and gang, the members' slots.
+        let piece = |m: &MemberPiece| {
+            let gang = &split.gangs[m.gang];
+            let slot = |&d: &u32| slots.get(d as usize).copied().unwrap_or(0) as u32;
+            Piece {
+                sample: samples[gang.sample],
+                epoch: self.epoch,
+                gang: m.gang as u32,
+                member: m.member,
+                members: gang.cost.k,
+                ranks: gang.devices.iter().map(slot).collect(),
+            }
+        };
+        if c.communication == Communication::OnDemand {
+            let (plan, members) =
+                crate::split::on_demand_lists(tokens, &c.cost, &split).map_err(err)?;
+            let pieces = members
+                .iter()
+                .map(|m| m.iter().map(piece).collect())
+                .collect();
+            return Ok(Some((split.step_s, (plan, pieces))));
+        }
         // Each gang's micro-batches, one per member: (device, micro-batch, piece).
         let mut members: Vec<Vec<(usize, PlannedMicroBatch, Piece)>> = Vec::new();
-        for (gang_id, gang) in split.gangs.iter().enumerate() {
-            let cut = crate::split::zigzag(gang.tokens, gang.cost.k)
-                .map_err(|e| StepError::Config(format!("sequence splitting: {e}")))?;
-            let ranks: Vec<u32> = gang
-                .devices
-                .iter()
-                .map(|&d| slots.get(d as usize).copied().unwrap_or(0) as u32)
-                .collect();
-            let of_gang = gang.devices.iter().zip(&cut).enumerate();
-            members.push(
-                of_gang
-                    .map(|(member, (&device, chunks))| {
-                        let mb = PlannedMicroBatch {
-                            samples: Vec::new(),
-                            tokens: chunks.iter().map(|r| r.end - r.start).sum(),
-                            cost: gang.cost.piece_s(),
-                        };
-                        let piece = Piece {
-                            sample: samples[gang.sample],
-                            epoch: self.epoch,
-                            gang: gang_id as u32,
-                            member: member as u32,
-                            members: gang.cost.k,
-                            ranks: ranks.clone(),
-                        };
-                        (device as usize, mb, piece)
-                    })
-                    .collect(),
-            );
+        for (g, gang) in split.gangs.iter().enumerate() {
+            let of_gang = crate::split::gang_pieces(g, gang).map_err(err)?;
+            let of_gang = of_gang
+                .into_iter()
+                .map(|(d, mb, m)| (d as usize, mb, piece(&m)));
+            members.push(of_gang.collect());
         }
         let mut out = Assembly::new(live);
-        if c.communication == Communication::Collective {
-            // Lockstep (every trainer runs the same number of micro-batches, round by round): each
-            // gang takes the first round where its members are free; the other trainers of a
-            // gang's round run an empty micro-batch (a collective needs every trainer); then the
-            // unsplit samples as LB-Micro.
-            let mut rounds: Vec<Vec<Option<(usize, usize)>>> = Vec::new();
-            for (g, gang) in members.iter().enumerate() {
-                let free = |round: &Vec<Option<(usize, usize)>>| {
-                    gang.iter().all(|(d, _, _)| round[*d].is_none())
-                };
-                let r = match rounds.iter().position(free) {
-                    Some(r) => r,
-                    None => {
-                        rounds.push(vec![None; live]);
-                        rounds.len() - 1
-                    }
-                };
-                for (m, (d, _, _)) in gang.iter().enumerate() {
-                    rounds[r][*d] = Some((g, m));
-                }
-            }
-            let empty = PlannedMicroBatch {
-                samples: Vec::new(),
-                tokens: 0,
-                cost: c.cost.micro_batch(0.0),
+        // Lockstep (every trainer runs the same number of micro-batches, round by round): each
+        // gang takes the first round where its members are free; the other trainers of a
+        // gang's round run an empty micro-batch (a collective needs every trainer); then the
+        // unsplit samples as LB-Micro.
+        let mut rounds: Vec<Vec<Option<(usize, usize)>>> = Vec::new();
+        for (g, gang) in members.iter().enumerate() {
+            let free = |round: &Vec<Option<(usize, usize)>>| {
+                gang.iter().all(|(d, _, _)| round[*d].is_none())
             };
-            for round in &rounds {
-                for (device, at) in round.iter().enumerate() {
-                    match at {
-                        Some((g, m)) => {
-                            let (_, mb, piece) = &members[*g][*m];
-                            out.push(device, mb.clone(), vec![piece.clone()]);
-                        }
-                        None => out.push(device, empty.clone(), Vec::new()),
+            let r = match rounds.iter().position(free) {
+                Some(r) => r,
+                None => {
+                    rounds.push(vec![None; live]);
+                    rounds.len() - 1
+                }
+            };
+            for (m, (d, _, _)) in gang.iter().enumerate() {
+                rounds[r][*d] = Some((g, m));
+            }
+        }
+        let empty = PlannedMicroBatch {
+            samples: Vec::new(),
+            tokens: 0,
+            cost: c.cost.micro_batch(0.0),
+        };
+        for round in &rounds {
+            for (device, at) in round.iter().enumerate() {
+                match at {
+                    Some((g, m)) => {
+                        let (_, mb, piece) = &members[*g][*m];
+                        out.push(device, mb.clone(), vec![piece.clone()]);
                     }
+                    None => out.push(device, empty.clone(), Vec::new()),
                 }
             }
-            let rest: Vec<usize> = (0..tokens.len())
-                .filter(|i| !split.gangs.iter().any(|g| g.sample == *i))
-                .collect();
-            if !rest.is_empty() {
-                let sub: Vec<u64> = rest.iter().map(|&i| tokens[i]).collect();
-                let whole = plan_equal_count(&sub, &c.cost, live, c.token_budget)?;
-                for (device, list) in whole.per_trainer.iter().enumerate() {
-                    for &i in list {
-                        let mb = &whole.micro_batches[i];
-                        let samples = mb.samples.iter().map(|&s| rest[s]).collect();
-                        out.push(
-                            device,
-                            PlannedMicroBatch {
-                                samples,
-                                ..mb.clone()
-                            },
-                            Vec::new(),
-                        );
-                    }
+        }
+        let rest: Vec<usize> = (0..tokens.len())
+            .filter(|i| !split.gangs.iter().any(|g| g.sample == *i))
+            .collect();
+        if !rest.is_empty() {
+            let sub: Vec<u64> = rest.iter().map(|&i| tokens[i]).collect();
+            let whole = plan_equal_count(&sub, &c.cost, live, c.token_budget)?;
+            for (device, list) in whole.per_trainer.iter().enumerate() {
+                for &i in list {
+                    let mb = &whole.micro_batches[i];
+                    let samples = mb.samples.iter().map(|&s| rest[s]).collect();
+                    out.push(
+                        device,
+                        PlannedMicroBatch {
+                            samples,
+                            ..mb.clone()
+                        },
+                        Vec::new(),
+                    );
                 }
             }
-            let plan = out.plan;
-            return Ok(Some((lockstep_s(&plan), (plan, out.pieces))));
         }
-        for gang in members {
-            for (device, mb, piece) in gang {
-                out.push(device, mb, vec![piece]);
-            }
-        }
-        for (device, assignment) in split.devices.iter().enumerate() {
-            for mb in &assignment.micro_batches {
-                let compute = mb.iter().map(|&i| c.cost.cost(tokens[i])).sum();
-                let planned = PlannedMicroBatch {
-                    samples: mb.clone(),
-                    tokens: mb.iter().map(|&i| tokens[i]).sum(),
-                    cost: c.cost.micro_batch(compute),
-                };
-                out.push(device, planned, Vec::new());
-            }
-        }
-        Ok(Some((split.step_s, (out.plan, out.pieces))))
+        let plan = out.plan;
+        Ok(Some((lockstep_s(&plan), (plan, out.pieces))))
     }
 
     /// The lockstep plan of collective training with context parallelism `cp`
@@ -322,15 +292,8 @@ impl<E: Failure> StepMachine<E> {
         let c = &self.config;
         let d = self.slots.len();
         let d32 = u32::try_from(d).unwrap_or(u32::MAX);
-        let costs = CostModelCosts {
-            cost: c.cost,
-            devices: d32,
-            per_node: match c.max_gang {
-                0 => d32,
-                n => n.min(d32),
-            },
-            ring: c.ring_price,
-        };
+        let (costs, _) =
+            crate::split::runtime_options(c.cost, d32, c.max_gang, c.ring_price, c.token_budget, 0);
         let plan = crate::split::plan_cp(tokens, &costs, cp, c.token_budget, c.max_gang)
             .map_err(|e| StepError::Config(format!("context parallelism ({cp}): {e}")))?;
         Ok((plan.step_s, self.cells(samples, tokens, &plan, true)?))
