@@ -3,7 +3,7 @@
 //! user's `pip install ./python` and `import odc` do.
 //!
 //! Environments live under `target/python/` and are reused: `tools` (maturin) and `venv` (what
-//! the tests import: pytest, numpy, and the wheel; and ruff). Each is made again when its requirements
+//! the tests import: pytest, numpy, torch, transformers, and the wheel; and ruff). Each is made again when its requirements
 //! change. Every command has a deadline and its output is shown when it fails.
 //!
 //! Without a Python 3.9+ interpreter (`ODC_PYTHON`, else `python3`), or without the package
@@ -16,8 +16,15 @@ use std::time::{Duration, Instant};
 
 /// What each environment installs; a change makes it again.
 const TOOLS: &[&str] = &["maturin>=1.9.4,<2"];
-/// (ruff: `.ci/run` lints the package's Python with it.)
-const TEST: &[&str] = &["pytest>=7", "numpy>=1.21", "ruff>=0.6"];
+/// (ruff: `.ci/run` lints the package's Python with it. torch and transformers: `odc.torch` and
+/// its parity with PyTorch, FSDP2 and `transformers`; PyPI's torch, about 5.4 GB, once.)
+const TEST: &[&str] = &[
+    "pytest>=7",
+    "numpy>=1.21",
+    "ruff>=0.6",
+    "torch>=2.4",
+    "transformers>=4.45",
+];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

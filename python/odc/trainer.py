@@ -6,12 +6,12 @@ one process). Each step hands this rank its micro-batches; for each, ``gather`` 
 odc's buffer, no copy), compute, ``push`` its gradient, ``finish`` with the summed loss. The
 optimizer runs at the shard servers after the step's one barrier.
 
-Tensors are torch tensors when torch is imported, numpy arrays otherwise.
+Gathered units and parameters are torch tensors where ``init`` was given torch tensors, numpy
+arrays otherwise.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,14 +19,25 @@ from . import _odc
 from .errors import InvalidArgument
 
 
-def _array(buffer: _odc.Buffer, shape: tuple[int, ...]) -> Any:
-    """A view of odc's buffer with the unit's shape: a torch tensor if torch is loaded."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        return torch.from_dlpack(buffer).view(shape)
-    import numpy
+class _Shapes:
+    """The units' shapes as given to ``init``, and whether they came as torch tensors."""
 
-    return numpy.from_dlpack(buffer).reshape(shape)
+    def __init__(self, units: Mapping[str, Any]):
+        self.shapes = {name: tuple(int(n) for n in t.shape) for name, t in units.items()}
+        self.torch = any(type(t).__module__.startswith("torch") for t in units.values())
+
+    def array(self, buffer: _odc.Buffer, unit: str | int) -> Any:
+        """A view of odc's buffer with the unit's shape: a torch tensor, or a numpy array."""
+        names = list(self.shapes)
+        name = names[unit] if isinstance(unit, int) and 0 <= unit < len(names) else unit
+        shape = self.shapes.get(name, (-1,))
+        if self.torch:
+            import torch
+
+            return torch.from_dlpack(buffer).view(shape)
+        import numpy
+
+        return numpy.from_dlpack(buffer).reshape(shape)
 
 
 def _detached(tensor: Any) -> Any:
@@ -35,13 +46,20 @@ def _detached(tensor: Any) -> Any:
     return detach() if callable(detach) else tensor
 
 
+def _ints(values: Sequence[int]) -> list[int]:
+    """A list of ints from a list, tuple, numpy array or torch tensor."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return [int(n) for n in values]
+
+
 class MicroBatch:
     """One micro-batch of this rank: ``samples`` (indices into the step's lengths), ``tokens``.
 
     Dropped without ``finish``, it fails, and the step replays it or fails naming it.
     """
 
-    def __init__(self, turn: _odc.MicroBatchTurn, shapes: Mapping[str, tuple[int, ...]]):
+    def __init__(self, turn: _odc.MicroBatchTurn, shapes: _Shapes):
         self._turn = turn
         self._shapes = shapes
         self.samples: list[int] = turn.samples
@@ -49,15 +67,10 @@ class MicroBatch:
         self.step: int = turn.step
         self.id: int = turn.id
 
-    def _shape(self, unit: str | int) -> tuple[int, ...]:
-        names = list(self._shapes)
-        name = names[unit] if isinstance(unit, int) and 0 <= unit < len(names) else unit
-        return self._shapes.get(name, (-1,))
-
     def gather(self, unit: str | int) -> Any:
         """The unit's parameters for this micro-batch, shaped as given to ``init``: a view of
         odc's buffer (no copy), valid as long as you hold it. Writing to it writes odc's copy."""
-        return _array(self._turn.gather(unit), self._shape(unit))
+        return self._shapes.array(self._turn.gather(unit), unit)
 
     def push(self, unit: str | int, grad: Any) -> None:
         """Sends ``grad`` (fp32 or bf16, on the CPU, the unit's element count), the gradient of
@@ -83,7 +96,7 @@ class MicroBatch:
 class Step:
     """One step: iterate it for this rank's micro-batches; ``stats`` once it has ended."""
 
-    def __init__(self, step: _odc.Step, shapes: Mapping[str, tuple[int, ...]]):
+    def __init__(self, step: _odc.Step, shapes: _Shapes):
         self._step = step
         self._shapes = shapes
 
@@ -104,7 +117,7 @@ class Runtime:
     def __init__(self, units: Mapping[str, Any], **options: Any):
         if not isinstance(units, Mapping) or not units:
             raise InvalidArgument("units must be a non-empty mapping of names to tensors")
-        self._shapes = {name: tuple(int(n) for n in t.shape) for name, t in units.items()}
+        self._shapes = _Shapes(units)
         self._rt = _odc.Runtime([(n, _detached(t)) for n, t in units.items()], **options)
 
     @property
@@ -119,16 +132,20 @@ class Runtime:
     def units(self) -> list[str]:
         return self._rt.units
 
-    def step(self, lengths: Sequence[int]) -> Step:
+    def step(self, lengths: Sequence[int], loss_tokens: Sequence[int] | None = None) -> Step:
         """Starts a step on a minibatch of samples with ``lengths`` tokens (every rank calls it;
-        rank 0's lengths are planned): iterate the result for this rank's micro-batches."""
-        if hasattr(lengths, "tolist"):
-            lengths = lengths.tolist()
-        return Step(self._rt.step([int(n) for n in lengths]), self._shapes)
+        rank 0's lengths are planned): iterate the result for this rank's micro-batches.
+
+        The servers divide the summed gradient by the minibatch's loss tokens: each sample's
+        ``loss_tokens`` (the tokens its loss sums over, such as an answer's under SFT's masking),
+        all of its tokens unless given.
+        """
+        loss = None if loss_tokens is None else _ints(loss_tokens)
+        return Step(self._rt.step(_ints(lengths), loss), self._shapes)
 
     def parameters(self) -> dict[str, Any]:
         """Every unit's parameters after the last step, shaped as given (copies odc made)."""
-        return {name: _array(buf, self._shapes[name]) for name, buf in self._rt.parameters()}
+        return {name: self._shapes.array(buf, name) for name, buf in self._rt.parameters()}
 
     def close(self) -> None:
         """Stops this rank's part of the job; views handed out stay valid."""

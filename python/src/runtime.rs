@@ -251,22 +251,21 @@ impl PyRuntime {
 
     /// Starts one step on a minibatch whose samples have `lengths` tokens (rank 0's are used;
     /// every rank calls it, as an SPMD program does): an iterator over this rank's micro-batches.
-    fn step(&self, lengths: Vec<u64>) -> PyResult<PyStep> {
+    /// `loss_tokens` (each sample's tokens that carry loss; all of them unless given) is what the
+    /// servers divide the summed gradient by, so that the step trains the minibatch's token mean.
+    #[pyo3(signature = (lengths, loss_tokens = None))]
+    fn step(&self, lengths: Vec<u64>, loss_tokens: Option<Vec<u64>>) -> PyResult<PyStep> {
+        let samples = samples(&lengths, loss_tokens.as_deref())?;
         let open = self.open()?;
         let Ok(job) = Arc::clone(&open.job).try_lock_owned() else {
             return Err(errors::invalid(
                 "a step is already running: finish iterating its micro-batches first".into(),
             ));
         };
-        let samples = lengths
-            .iter()
-            .enumerate()
-            .map(|(i, &tokens)| SampleMeta::new(i as u64, tokens))
-            .collect();
         let running = Running::start(open.runtime.handle(), job, samples);
         Ok(PyStep {
             state: Mutex::new(StepState::Running(running)),
-            open,
+            driver: Arc::clone(&open.driver),
             units: Arc::clone(&self.units),
         })
     }
@@ -297,9 +296,10 @@ impl PyRuntime {
         let Some(open) = taken else { return Ok(()) };
         py.detach(move || {
             let Ok(open) = Arc::try_unwrap(open) else {
-                return; // a step still holds it: it ends by its deadline, then the job drops
+                return; // another call is in flight: the job drops when it returns
             };
             let Open { runtime, job, .. } = open;
+            // A step still running holds the job (it ends by its deadline): no orderly shutdown.
             if let Ok(job) = Arc::try_unwrap(job) {
                 runtime.block_on(job.into_inner().shutdown());
             }
@@ -334,6 +334,35 @@ impl PyRuntime {
     }
 }
 
+/// A step's samples: each index, length and loss tokens (at most its length), checked.
+fn samples(lengths: &[u64], loss_tokens: Option<&[u64]>) -> PyResult<Vec<SampleMeta>> {
+    let Some(loss) = loss_tokens else {
+        let meta = |(i, &n): (usize, &u64)| SampleMeta::new(i as u64, n);
+        return Ok(lengths.iter().enumerate().map(meta).collect());
+    };
+    if loss.len() != lengths.len() {
+        return Err(errors::invalid(format!(
+            "loss_tokens has {} entries for {} samples",
+            loss.len(),
+            lengths.len()
+        )));
+    }
+    let mut samples = Vec::with_capacity(lengths.len());
+    for (i, (&tokens, &loss_tokens)) in lengths.iter().zip(loss).enumerate() {
+        if loss_tokens > tokens {
+            return Err(errors::invalid(format!(
+                "sample {i}: {loss_tokens} loss tokens in a sample of {tokens} tokens"
+            )));
+        }
+        samples.push(SampleMeta {
+            index: i as u64,
+            tokens,
+            loss_tokens,
+        });
+    }
+    Ok(samples)
+}
+
 enum StepState {
     Running(Running),
     Done(StepStats),
@@ -346,7 +375,9 @@ enum StepState {
 #[pyclass(frozen, name = "Step", module = "odc")]
 pub(crate) struct PyStep {
     state: Mutex<StepState>,
-    open: Arc<Open>,
+    // The driver only, not the job: a step object kept after its end never stops `close` from
+    // shutting the job down (a rank that left without it took its shard server with it).
+    driver: Arc<Driver>,
     units: Arc<Units>,
 }
 
@@ -361,7 +392,7 @@ impl PyStep {
             let next = py.detach(|| {
                 let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
                 match &mut *state {
-                    StepState::Running(running) => running.next(&self.open.driver, POLL),
+                    StepState::Running(running) => running.next(&self.driver, POLL),
                     _ => None,
                 }
             });

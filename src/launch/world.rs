@@ -5,7 +5,9 @@
 //! allocation sees all three; odc's own variables are the most specific):
 //! 1. **odc**: `ODC_RANK`, `ODC_WORLD_SIZE`, `ODC_COORDINATOR` (`host:port`; needed when the world
 //!    has more than one process).
-//! 2. **torchrun**: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`.
+//! 2. **torchrun**: `RANK`, `WORLD_SIZE`, and the coordinator at `MASTER_ADDR`, port `ODC_PORT`,
+//!    else `MASTER_PORT + 1`: torchrun's own rendezvous store listens on `MASTER_PORT` (and
+//!    `torch.distributed` joins it there), so odc takes the next port.
 //! 3. **Slurm**: `SLURM_PROCID`, `SLURM_NTASKS`, and the coordinator on the first host of
 //!    `SLURM_NODELIST` (e.g. `gpu[03-05,9]` → `gpu03`) at `ODC_PORT`, else `MASTER_PORT`, else
 //!    [`DEFAULT_PORT`].
@@ -106,7 +108,7 @@ impl World {
         } else if let Some(rank) = get("RANK") {
             let (rank, size) = rank_and_size(&get, ("RANK", &rank), "WORLD_SIZE")?;
             let coordinator = match (get("MASTER_ADDR"), get("MASTER_PORT")) {
-                (Some(addr), Some(port)) => Some(join(&addr, port_number("MASTER_PORT", &port)?)),
+                (Some(addr), Some(port)) => Some(join(&addr, torchrun_port(&get, &port)?)),
                 (None, None) => None,
                 (Some(addr), None) => {
                     return Err(bad("MASTER_ADDR", &addr, "set without MASTER_PORT"))
@@ -279,6 +281,25 @@ fn port_number(variable: &str, text: &str) -> Result<u16, WorldError> {
     }
 }
 
+/// The coordinator's port in a torchrun world: `ODC_PORT`, else the port after `MASTER_PORT`
+/// (which torchrun's rendezvous store holds).
+fn torchrun_port(
+    get: &impl Fn(&str) -> Option<String>,
+    master_port: &str,
+) -> Result<u16, WorldError> {
+    if let Some(port) = get("ODC_PORT") {
+        return port_number("ODC_PORT", &port);
+    }
+    let port = port_number("MASTER_PORT", master_port)?;
+    port.checked_add(1).ok_or_else(|| {
+        bad(
+            "MASTER_PORT",
+            master_port,
+            "odc's coordinator takes MASTER_PORT + 1, past 65535: set ODC_PORT",
+        )
+    })
+}
+
 /// `host:port`, bracketing an IPv6 literal.
 fn join(host: &str, port: u16) -> String {
     let host = host.trim();
@@ -422,7 +443,8 @@ mod tests {
             (w.rank, w.world_size, w.source),
             (3, 4, WorldSource::Torchrun)
         );
-        assert_eq!(w.coordinator.as_deref(), Some("node7:29400"));
+        // torchrun's store holds MASTER_PORT: odc's coordinator is on the next port.
+        assert_eq!(w.coordinator.as_deref(), Some("node7:29401"));
         let v6 = world(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "2"),
@@ -430,7 +452,23 @@ mod tests {
             ("MASTER_PORT", "5"),
         ])
         .expect("world");
-        assert_eq!(v6.coordinator.as_deref(), Some("[::1]:5"));
+        assert_eq!(v6.coordinator.as_deref(), Some("[::1]:6"));
+        let chosen = world(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node7"),
+            ("MASTER_PORT", "29400"),
+            ("ODC_PORT", "31000"),
+        ])
+        .expect("world");
+        assert_eq!(chosen.coordinator.as_deref(), Some("node7:31000"));
+        let last = world(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node7"),
+            ("MASTER_PORT", "65535"),
+        ]);
+        assert!(last.unwrap_err().to_string().contains("ODC_PORT"));
     }
 
     #[test]
