@@ -19,6 +19,9 @@
 //!   (`Arc<[f32]>`, no copy), which stays valid as long as the driver holds it, after the turn
 //!   and after the job.
 //! - Pushes are acknowledged before the micro-batch counts, as for any [`Compute`].
+//! - **A step's end reaches the driver when it happens**: a wait for the step's next turn ends
+//!   with the step, not at the wait's own length (a Python loop polling in 50 ms waits lost up to
+//!   50 ms a step before).
 
 use std::collections::VecDeque;
 use std::sync::mpsc as std_mpsc;
@@ -130,11 +133,27 @@ impl Turn {
 /// The driver's side: the turns of every trainer of this process, one at a time.
 pub struct Driver {
     turns: Mutex<Turns>,
+    /// A running step's task says here that it ended, so the driver's wait ends with it.
+    ended: std_mpsc::Sender<Handed>,
+}
+
+/// What reaches the driver: a turn, or the end of a step (its number).
+enum Handed {
+    Turn(Turn),
+    Ended(u64),
+}
+
+/// What one wait of the driver brought.
+enum Waited {
+    Turn(Turn),
+    /// The step asked for ended: no turn of it comes after this.
+    Ended,
+    Nothing,
 }
 
 /// The turns handed out, and those of a later step held until its driver asks.
 struct Turns {
-    handed: std_mpsc::Receiver<Turn>,
+    handed: std_mpsc::Receiver<Handed>,
     held: VecDeque<Turn>,
 }
 
@@ -144,22 +163,38 @@ impl Driver {
     /// micro-batch may come before this step's outcome); a turn whose micro-batch has already
     /// ended (by its deadline, or with a failed step), or of an earlier step, is dropped unseen.
     pub fn next_of(&self, step: u64, wait: Duration) -> Option<Turn> {
+        match self.wait_of(step, wait) {
+            Waited::Turn(turn) => Some(turn),
+            Waited::Ended | Waited::Nothing => None,
+        }
+    }
+
+    /// [`Driver::next_of`], and whether step `step` said it ended while it waited: the wait ends
+    /// then, not at `wait`.
+    fn wait_of(&self, step: u64, wait: Duration) -> Waited {
         let until = std::time::Instant::now() + wait;
         let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
         turns
             .held
             .retain(|t| !t.requests.is_closed() && t.step >= step);
         if let Some(at) = turns.held.iter().position(|t| t.step == step) {
-            return turns.held.remove(at);
+            return turns.held.remove(at).map_or(Waited::Nothing, Waited::Turn);
         }
         loop {
             let left = until.saturating_duration_since(std::time::Instant::now());
-            let turn = turns.handed.recv_timeout(left).ok()?;
+            let Ok(handed) = turns.handed.recv_timeout(left) else {
+                return Waited::Nothing;
+            };
+            let turn = match handed {
+                Handed::Ended(ended) if ended == step => return Waited::Ended,
+                Handed::Ended(_) => continue,
+                Handed::Turn(turn) => turn,
+            };
             if turn.requests.is_closed() || turn.step < step {
                 continue;
             }
             if turn.step == step {
-                return Some(turn);
+                return Waited::Turn(turn);
             }
             turns.held.push_back(turn);
         }
@@ -169,7 +204,7 @@ impl Driver {
 /// The trainers' side: makes a [`Driven`] compute for each trainer of the job.
 #[derive(Clone)]
 pub struct DrivenFactory {
-    turns: std_mpsc::Sender<Turn>,
+    turns: std_mpsc::Sender<Handed>,
     wait: Duration,
 }
 
@@ -192,6 +227,7 @@ pub fn driven(wait: Duration) -> (Driver, DrivenFactory) {
             handed: taken,
             held: VecDeque::new(),
         }),
+        ended: turns.clone(),
     };
     (driver, DrivenFactory { turns, wait })
 }
@@ -199,7 +235,7 @@ pub fn driven(wait: Duration) -> (Driver, DrivenFactory) {
 /// A trainer's compute whose micro-batches the [`Driver`] computes.
 pub struct Driven {
     trainer: u32,
-    turns: std_mpsc::Sender<Turn>,
+    turns: std_mpsc::Sender<Handed>,
     wait: Duration,
 }
 
@@ -214,12 +250,14 @@ impl Compute for Driven {
             requests,
             wait: self.wait,
         };
-        self.turns.send(turn).map_err(|_| Error::User {
-            message: format!(
-                "micro-batch {} of step {}: no driver (the runtime's driver was dropped)",
-                mb.id, mb.step
-            ),
-        })?;
+        self.turns
+            .send(Handed::Turn(turn))
+            .map_err(|_| Error::User {
+                message: format!(
+                    "micro-batch {} of step {}: no driver (the runtime's driver was dropped)",
+                    mb.id, mb.step
+                ),
+            })?;
         let mut tickets: Vec<PushTicket> = Vec::new();
         loop {
             let request = tokio::time::timeout(self.wait, asked.recv()).await;
@@ -273,7 +311,7 @@ pub fn drive_step(
     mut compute: impl FnMut(&Turn) -> Result<f64>,
 ) -> Result<StepStats> {
     let locked = runtime.block_on(Arc::clone(job).lock_owned());
-    let mut running = Running::start(runtime, locked, samples);
+    let mut running = Running::start(runtime, locked, samples, driver);
     loop {
         match running.next(driver, Duration::from_millis(5)) {
             None => {}
@@ -307,14 +345,22 @@ pub enum Next {
 
 impl Running {
     /// Starts one step of the locked `job` on `samples` (rank 0 plans them; every other rank
-    /// waits for rank 0's step, [`Job::step_spmd`]). The job stays locked until the step ends.
+    /// waits for rank 0's step, [`Job::step_spmd`]). The job stays locked until the step ends;
+    /// then `driver`'s wait for this step's next turn ends at once.
     pub fn start(
         runtime: &tokio::runtime::Handle,
         mut job: tokio::sync::OwnedMutexGuard<Job>,
         samples: Vec<SampleMeta>,
+        driver: &Driver,
     ) -> Running {
         let step = job.steps_done();
-        let handle = runtime.spawn(async move { job.step_spmd(samples).await });
+        let ended = driver.ended.clone();
+        let handle = runtime.spawn(async move {
+            let result = job.step_spmd(samples).await;
+            drop(job); // unlocked before the driver hears of the end
+            let _ = ended.send(Handed::Ended(step));
+            result
+        });
         Running {
             step,
             handle: Some(handle),
@@ -324,10 +370,13 @@ impl Running {
 
     /// The next turn or the step's end, waiting at most `wait`; `None` if neither came.
     pub fn next(&mut self, driver: &Driver, wait: Duration) -> Option<Next> {
-        if let Some(turn) = driver.next_of(self.step, wait) {
-            return Some(Next::Turn(turn));
-        }
-        let finished = self.handle.as_ref().is_none_or(|h| h.is_finished());
+        let ended = match driver.wait_of(self.step, wait) {
+            Waited::Turn(turn) => return Some(Next::Turn(turn)),
+            Waited::Ended => true,
+            Waited::Nothing => false,
+        };
+        // Said to have ended: its task is returning now (joined below, not polled for).
+        let finished = ended || self.handle.as_ref().is_none_or(|h| h.is_finished());
         if !finished {
             return None;
         }
@@ -469,6 +518,37 @@ mod tests {
     }
 
     #[test]
+    fn a_steps_end_reaches_the_driver_when_it_happens_not_at_the_end_of_its_wait() {
+        let rt = runtime();
+        let wait = Duration::from_secs(10);
+        let (driver, factory) = driven(wait);
+        let job = shared(&rt, builder(wait).compute(factory));
+        for step in 0..3 {
+            let locked = rt.block_on(Arc::clone(&job).lock_owned());
+            let mut running = Running::start(rt.handle(), locked, samples(step), &driver);
+            let mut waits = 0;
+            let ended = loop {
+                let asked = std::time::Instant::now();
+                // Each wait is as long as a whole test: only the step's end cuts it short.
+                let next = running.next(&driver, Duration::from_secs(30));
+                assert!(asked.elapsed() < Duration::from_secs(20), "a wait ran out");
+                waits += 1;
+                match next {
+                    Some(Next::Turn(turn)) => {
+                        let loss = driven_compute(&turn).unwrap();
+                        turn.finish(loss).unwrap();
+                    }
+                    Some(Next::Done(result)) => break result,
+                    None => panic!("a wait of 30 s ended with nothing"),
+                }
+            };
+            assert_eq!(ended.unwrap().step, step);
+            assert!(waits > 1, "the step had turns");
+        }
+        shut(&rt, job);
+    }
+
+    #[test]
     fn a_gathered_unit_is_the_trainers_buffer_and_outlives_the_turn_and_the_job() {
         let rt = runtime();
         let wait = Duration::from_secs(10);
@@ -573,7 +653,7 @@ mod tests {
             turn(0, 3, true),
         ];
         for t in sent {
-            factory.turns.send(t).unwrap();
+            factory.turns.send(Handed::Turn(t)).unwrap();
         }
         let wait = Duration::from_millis(50);
         let id = |t: Option<Turn>| t.map(|t| t.micro_batch.id);

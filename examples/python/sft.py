@@ -12,12 +12,14 @@ On the CPU (the GPU path of odc.torch is not built yet). Export ODC_SECRET (16 b
 the same on every rank) for odc under torchrun.
 
 odc plans each minibatch into micro-batches per rank (balanced by cost, within
-``--token-budget``), gathers each decoder block on demand and pushes its gradient as autograd
-makes it; AdamW runs at odc's shard servers after the step's one barrier. FSDP2 splits the
-minibatch as ``DistributedSampler`` does (sample ``r``, ``r + world``, ... to rank ``r``), one
-forward and backward per rank, AdamW on each rank's shard. ``--plain`` runs odc's plan for one
-rank with PyTorch's AdamW and gradient accumulation: odc's reference, and the loop odc's
-overhead is measured against. All three train the token mean of the minibatch's answer loss.
+``--token-budget``; counts may differ between ranks), gathers each decoder block on demand and
+pushes its gradient as autograd makes it; AdamW runs at odc's shard servers after the step's one
+barrier. FSDP2's collectives run in lockstep, so every rank runs the same count: odc's planner
+with equal counts (LB-Micro, ODC's FSDP baseline), or ``--fsdp2-split sampler``, one micro-batch
+of ``DistributedSampler``'s samples (``r``, ``r + world``, ...); the gradients reduce-scattered
+once per step, AdamW on each rank's shard. ``--plain`` runs odc's plan for one rank with
+PyTorch's AdamW and gradient accumulation: odc's reference, and the loop odc's overhead is
+measured against. All three train the token mean of the minibatch's answer loss.
 """
 
 from __future__ import annotations
@@ -44,9 +46,16 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--fsdp2", action="store_true", help="fully_shard instead of odc")
     mode.add_argument("--plain", action="store_true", help="PyTorch alone, one process")
+    p.add_argument(
+        "--fsdp2-split",
+        choices=["balanced", "sampler"],
+        default="balanced",
+        help="FSDP2's micro-batches: odc's planner with equal counts (LB-Micro), or one per rank "
+        "of DistributedSampler's samples",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=16, help="samples per minibatch")
-    p.add_argument("--token-budget", type=int, default=2048, help="tokens per micro-batch")
+    p.add_argument("--token-budget", type=int, default=4096, help="tokens per micro-batch")
     p.add_argument("--problems", type=int, default=512, help="generated problems")
     p.add_argument("--long-tail", type=float, default=1.0, help="0: every problem two steps")
     p.add_argument("--max-steps", type=int, default=60, help="the most steps of one problem")
@@ -59,6 +68,9 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clip", type=float, default=None, help="clip the gradient norm to this")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    p.add_argument("--checkpoint-dir", help="odc: where sharded checkpoints go")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="odc: steps between them")
+    p.add_argument("--resume", help="odc: a step-<N> directory, or auto (the newest, if any)")
     p.add_argument("--out", help="write losses, step times and the final state dict (rank 0)")
     return p.parse_args(argv)
 
@@ -196,11 +208,15 @@ def train_odc(args: argparse.Namespace, model: torch.nn.Module, data: list[Any])
         weight_decay=args.weight_decay,
         clip_grad_norm=args.clip,
         token_budget=args.token_budget,
+        checkpoint_dir=args.checkpoint_dir,
+        resume=args.resume,
         **({"trainers": 1, "servers": 1} if alone else {}),
     )
     log: dict[str, Any] = {"losses": [], "step_s": [], "micro_batches": []}
     with sharded:
-        for step in range(args.steps):
+        if sharded.resumed is not None and sharded.rank == 0:
+            print(f"resumed from {sharded.resumed.path}", flush=True)
+        for step in range(sharded.steps_done, args.steps):
             samples = minibatch(data, step, args)
             started = time.perf_counter()
             run = sharded.step([len(s[0]) for s in samples], [loss_tokens(s) for s in samples])
@@ -215,6 +231,10 @@ def train_odc(args: argparse.Namespace, model: torch.nn.Module, data: list[Any])
             log["losses"].append(run.stats["loss"])
             log["micro_batches"].append(count)
             report(sharded.rank, step, run.stats["loss"], log["step_s"][-1], count)
+            if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+                written = sharded.save_checkpoint({"step": step + 1})
+                if written is not None:
+                    print(f"checkpoint: {written}", flush=True)
         log["state"] = sharded.state_dict()
         log["rank"] = sharded.rank
     return log
@@ -236,25 +256,43 @@ def train_fsdp2(args: argparse.Namespace, model: torch.nn.Module, data: list[Any
         samples = minibatch(data, step, args)
         started = time.perf_counter()
         total = sum(loss_tokens(s) for s in samples)
-        mine = samples[rank::world]
-        # FSDP2 averages gradients over ranks: scaled by the world, the sum is the token mean.
-        loss = loss_sum(model, collate(mine))
-        (loss * world / total).backward()
+        micro_batches = fsdp2_share(args, samples, rank, world)
+        summed = torch.zeros(1)
+        for i, indices in enumerate(micro_batches):
+            # Reduce-scatter once, after the last micro-batch (FSDP2's gradient accumulation).
+            model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+            loss = loss_sum(model, collate([samples[j] for j in indices]))
+            # FSDP2 averages gradients over ranks: scaled by the world, the sum is the token mean.
+            (loss * world / total).backward()
+            summed += loss.detach()
         if args.clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         opt.zero_grad()
-        summed = loss.detach().reshape(1)
         dist.all_reduce(summed)
         log["step_s"].append(time.perf_counter() - started)
         log["losses"].append(float(summed) / total)
-        log["micro_batches"].append(1)
-        report(rank, step, log["losses"][-1], log["step_s"][-1], 1)
+        log["micro_batches"].append(len(micro_batches))
+        report(rank, step, log["losses"][-1], log["step_s"][-1], len(micro_batches))
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     log["state"] = get_model_state_dict(model, options=full)
     log["rank"] = rank
     dist.destroy_process_group()
     return log
+
+
+def fsdp2_share(args: argparse.Namespace, samples: list[Any], rank: int, world: int) -> list:
+    """This rank's micro-batches under FSDP2, the same count on every rank (its collectives run in
+    lockstep): odc's planner with ``dispatch="equal"`` (LB-Micro, balanced by cost within the
+    token budget), or with ``--fsdp2-split sampler`` the samples ``DistributedSampler`` gives this
+    rank (``rank``, ``rank + world``, ...) in one micro-batch."""
+    import odc
+
+    if args.fsdp2_split == "sampler":
+        return [list(range(rank, len(samples), world))]
+    lengths = [len(s[0]) for s in samples]
+    plan = odc.balance(lengths, ranks=world, token_budget=args.token_budget, dispatch="equal")
+    return plan.samples()[rank]
 
 
 def train_plain(args: argparse.Namespace, model: torch.nn.Module, data: list[Any]) -> dict:
@@ -302,8 +340,10 @@ def main(argv: list[str] | None = None) -> dict:
     log = train(args, model, data)
     if args.out and log["rank"] == 0:
         torch.save(log, args.out)
-    if log["rank"] == 0:
+    if log["rank"] == 0 and log["losses"]:
         print(f"final loss {log['losses'][-1]:.6f}", flush=True)
+    elif log["rank"] == 0:
+        print(f"nothing to do: the checkpoint is at step {args.steps} already", flush=True)
     return log
 
 

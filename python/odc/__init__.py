@@ -8,11 +8,20 @@ part of an odc job driven from your own loop.
 
 from ._odc import __version__
 from .balance import CostModel, MicroBatch, Piece, Plan, balance
-from .errors import BalanceError, Closed, Error, InvalidArgument, StepError, UnknownUnit
-from .trainer import Runtime, Step, init
+from .errors import (
+    BalanceError,
+    CheckpointError,
+    Closed,
+    Error,
+    InvalidArgument,
+    StepError,
+    UnknownUnit,
+)
+from .trainer import Resumed, Runtime, Step, init
 
 __all__ = [
     "BalanceError",
+    "CheckpointError",
     "Closed",
     "CostModel",
     "Error",
@@ -20,6 +29,7 @@ __all__ = [
     "MicroBatch",
     "Piece",
     "Plan",
+    "Resumed",
     "Runtime",
     "Step",
     "StepError",

@@ -36,4 +36,17 @@ class StepError(Error):
     gradient; the message names the rank, micro-batch or unit."""
 
 
-__all__ = ["BalanceError", "Closed", "Error", "InvalidArgument", "StepError", "UnknownUnit"]
+class CheckpointError(Error):
+    """A checkpoint that cannot be written, found or opened: the message names its directory and
+    what was wrong (a missing or partial step, a changed model, a failed write)."""
+
+
+__all__ = [
+    "BalanceError",
+    "CheckpointError",
+    "Closed",
+    "Error",
+    "InvalidArgument",
+    "StepError",
+    "UnknownUnit",
+]

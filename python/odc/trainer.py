@@ -12,8 +12,10 @@ arrays otherwise.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _odc
 from .errors import InvalidArgument
@@ -111,13 +113,37 @@ class Step:
         return self._step.stats
 
 
+class Resumed(NamedTuple):
+    """The checkpoint a job resumed from: its ``step-<N>`` directory, ``N`` (the job's next
+    step), and the ``extra`` saved with it."""
+
+    path: str
+    step: int
+    extra: Any
+
+
 class Runtime:
     """This rank's part of an odc job (see :func:`init`)."""
 
-    def __init__(self, units: Mapping[str, Any], **options: Any):
+    def __init__(
+        self,
+        units: Mapping[str, Any],
+        *,
+        tensors: Mapping[str, Sequence[tuple[str, Sequence[int]]]] | None = None,
+        **options: Any,
+    ):
         if not isinstance(units, Mapping) or not units:
             raise InvalidArgument("units must be a non-empty mapping of names to tensors")
         self._shapes = _Shapes(units)
+        if tensors is not None:
+            unknown = set(tensors) - set(units)
+            if unknown:
+                raise InvalidArgument(f"tensors names units that are not units: {sorted(unknown)}")
+            flat = {u: [(u, [math.prod(shape)])] for u, shape in self._shapes.shapes.items()}
+            options["tensors"] = [
+                [(str(n), [int(d) for d in shape]) for n, shape in tensors.get(u, flat[u])]
+                for u in units
+            ]
         self._rt = _odc.Runtime([(n, _detached(t)) for n, t in units.items()], **options)
 
     @property
@@ -143,6 +169,28 @@ class Runtime:
         loss = None if loss_tokens is None else _ints(loss_tokens)
         return Step(self._rt.step(_ints(lengths), loss), self._shapes)
 
+    @property
+    def steps_done(self) -> int:
+        """Steps the job has taken (a resumed job counts its checkpoint's)."""
+        return self._rt.steps_done
+
+    @property
+    def resumed(self) -> Resumed | None:
+        """The checkpoint this job resumed from, or ``None``."""
+        r = self._rt.resumed
+        return None if r is None else Resumed(r[0], r[1], json.loads(r[2]))
+
+    def save_checkpoint(self, extra: Any = None) -> str | None:
+        """Writes the job's state (every shard's fp32 masters and optimizer state) at its current
+        step into ``checkpoint_dir/step-<N>``, with ``extra`` (anything JSON takes: a data
+        loader's position, say), and returns once it is on disk. Every rank may call it; the
+        lead writes, and is told the directory, the others ``None``."""
+        try:
+            text = json.dumps(extra)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(f"extra must be JSON-serializable: {e}") from None
+        return self._rt.save_checkpoint(text)
+
     def parameters(self) -> dict[str, Any]:
         """Every unit's parameters after the last step, shaped as given (copies odc made)."""
         return {name: self._shapes.array(buf, name) for name, buf in self._rt.parameters()}
@@ -165,9 +213,13 @@ def init(units: Mapping[str, Any], **options: Any) -> Runtime:
     ``weight_decay``, ``momentum`` (sgd), ``clip_grad_norm``, ``frozen`` (unit names that take
     no gradient), ``token_budget``, ``precision`` of the pulls ("fp32" or "bf16"), ``dispatch``
     ("static" or "dynamic"), ``trainers`` and ``servers`` (in one process, without a launcher),
-    ``micro_batch_timeout`` and ``step_timeout`` in seconds.
+    ``micro_batch_timeout`` and ``step_timeout`` in seconds. Checkpoints: ``checkpoint_dir``
+    (where :meth:`Runtime.save_checkpoint` writes), ``resume`` (a ``step-<N>`` directory, or
+    ``"auto"``: the newest complete one of ``checkpoint_dir``, if any), ``keep_last_checkpoints``
+    (0: all), ``tensors`` (each unit's (name, shape) list, the names a checkpoint holds; one flat
+    tensor per unit, named after it, unless given).
     """
     return Runtime(units, **options)
 
 
-__all__ = ["MicroBatch", "Runtime", "Step", "init"]
+__all__ = ["MicroBatch", "Resumed", "Runtime", "Step", "init"]

@@ -16,6 +16,7 @@ mod class {
     pyo3::import_exception!(odc.errors, UnknownUnit);
     pyo3::import_exception!(odc.errors, Closed);
     pyo3::import_exception!(odc.errors, StepError);
+    pyo3::import_exception!(odc.errors, CheckpointError);
 }
 
 /// A balancer's refusal as `odc.BalanceError`.
@@ -51,6 +52,11 @@ pub(crate) fn step(reason: String) -> PyErr {
     class::StepError::new_err(reason)
 }
 
+/// A checkpoint not written, found or opened, as `odc.CheckpointError`.
+pub(crate) fn checkpoint(reason: String) -> PyErr {
+    class::CheckpointError::new_err(reason)
+}
+
 /// The runtime's error: what the caller gave wrong as `odc.InvalidArgument` (or
 /// `odc.UnknownUnit`), the rest as `odc.StepError`.
 pub(crate) fn runtime(e: impl Into<odc::Error>) -> PyErr {
@@ -64,6 +70,7 @@ pub(crate) fn runtime(e: impl Into<odc::Error>) -> PyErr {
         | E::NotGathered { .. }
         | E::Config(_)
         | E::Layout(_) => invalid(e.to_string()),
+        E::Checkpoint { .. } => checkpoint(e.to_string()),
         _ => step(e.to_string()),
     }
 }

@@ -26,6 +26,8 @@ pub mod plan;
 #[cfg(feature = "python")]
 mod balance;
 #[cfg(feature = "python")]
+mod checkpoint;
+#[cfg(feature = "python")]
 mod dlpack;
 #[cfg(feature = "python")]
 mod errors;

@@ -10,6 +10,7 @@
 //! runtime's threads see only Rust values: the turns carry `f32`s, never Python objects).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::checkpoint::{self, Checkpoints, Resumed, UnitTensors};
 use crate::dlpack::{host_values, Buffer};
 use crate::errors;
 
@@ -60,6 +62,7 @@ struct Open {
     runtime: tokio::runtime::Runtime,
     job: Arc<tokio::sync::Mutex<Job>>,
     driver: Arc<Driver>,
+    checkpoints: Checkpoints,
 }
 
 /// This rank's part of an odc job (see the [module docs](self)).
@@ -71,6 +74,7 @@ pub(crate) struct PyRuntime {
     rank: u32,
     #[pyo3(get)]
     world_size: u32,
+    resumed: Option<Resumed>,
 }
 
 /// The optimizer the arguments name.
@@ -139,7 +143,8 @@ impl PyRuntime {
         units, *, frozen = Vec::new(), optimizer = "adamw", lr = 1e-3, betas = (0.9, 0.999),
         eps = 1e-8, weight_decay = 0.0, momentum = 0.0, clip_grad_norm = None,
         token_budget = 65_536, precision = "fp32", dispatch = "static", trainers = 1, servers = 1,
-        micro_batch_timeout = 600.0, step_timeout = 3600.0,
+        micro_batch_timeout = 600.0, step_timeout = 3600.0, tensors = None,
+        checkpoint_dir = None, resume = None, keep_last_checkpoints = 0,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, each with its default
     fn new(
@@ -160,6 +165,10 @@ impl PyRuntime {
         servers: usize,
         micro_batch_timeout: f64,
         step_timeout: f64,
+        tensors: Option<Vec<UnitTensors>>,
+        checkpoint_dir: Option<PathBuf>,
+        resume: Option<String>,
+        keep_last_checkpoints: usize,
     ) -> PyResult<Self> {
         let config = self::optimizer(optimizer, lr, betas, eps, weight_decay, momentum)?;
         let precision = word(
@@ -199,10 +208,26 @@ impl PyRuntime {
                 "frozen unit {name:?} is not a unit"
             )));
         }
-        let lens = specs.iter().map(|s| s.len).collect();
-        let names = units.into_iter().map(|(n, _)| n).collect();
+        let lens: Vec<usize> = specs.iter().map(|s| s.len).collect();
+        let names: Vec<String> = units.into_iter().map(|(n, _)| n).collect();
+        let flat: Vec<(String, usize)> = names.iter().cloned().zip(lens.iter().copied()).collect();
         let process = Process::start(trainers).map_err(|e| errors::invalid(e.to_string()))?;
         let (rank, world_size) = (process.rank(), process.ranks());
+        let checkpoints = Checkpoints {
+            tensors: checkpoint::tensor_map(&flat, tensors)?,
+            dir: checkpoint_dir,
+            lead: process.is_lead(),
+        };
+        let opened = checkpoint::open(
+            resume.as_deref(),
+            checkpoints.dir.as_deref(),
+            &checkpoints.tensors,
+            checkpoints.lead,
+        )?;
+        let (resumed, opened) = match opened {
+            Some((resumed, opened)) => (Some(resumed), Some(opened)),
+            None => (None, None),
+        };
         let (driver, factory) = driven(micro_batch_timeout);
         let open = py.detach(move || -> odc::Result<Open> {
             let runtime = process
@@ -216,7 +241,11 @@ impl PyRuntime {
                 .dispatch(dispatch)
                 .micro_batch_timeout(micro_batch_timeout)
                 .step_timeout(step_timeout)
+                .keep_last_checkpoints(keep_last_checkpoints)
                 .compute(factory);
+            if let Some(opened) = opened {
+                builder = builder.resume_from(opened);
+            }
             if let Some(norm) = clip_grad_norm {
                 builder = builder.clip_grad_norm(norm);
             }
@@ -228,6 +257,7 @@ impl PyRuntime {
                 runtime,
                 job: Arc::new(tokio::sync::Mutex::new(job)),
                 driver: Arc::new(driver),
+                checkpoints,
             })
         });
         let open = open.map_err(errors::runtime)?;
@@ -240,6 +270,7 @@ impl PyRuntime {
             }),
             rank,
             world_size,
+            resumed,
         })
     }
 
@@ -262,7 +293,7 @@ impl PyRuntime {
                 "a step is already running: finish iterating its micro-batches first".into(),
             ));
         };
-        let running = Running::start(open.runtime.handle(), job, samples);
+        let running = Running::start(open.runtime.handle(), job, samples, &open.driver);
         Ok(PyStep {
             state: Mutex::new(StepState::Running(running)),
             driver: Arc::clone(&open.driver),
@@ -287,6 +318,43 @@ impl PyRuntime {
             .cloned()
             .zip(values.into_iter().map(|v| Buffer::new(v.into())))
             .collect())
+    }
+
+    /// Steps the job has taken (a resumed job counts the checkpoint's).
+    #[getter]
+    fn steps_done(&self, py: Python<'_>) -> PyResult<u64> {
+        let open = self.open()?;
+        Ok(py.detach(|| {
+            open.runtime
+                .block_on(async { open.job.lock().await.steps_done() })
+        }))
+    }
+
+    /// The checkpoint this job resumed from: (its directory, its step, the `extra` JSON saved
+    /// with it), or `None`.
+    #[getter]
+    fn resumed(&self) -> Option<(String, u64, String)> {
+        self.resumed
+            .as_ref()
+            .map(|r| (r.path.display().to_string(), r.step, r.extra.clone()))
+    }
+
+    /// Writes a checkpoint of the job's state at its current step into
+    /// `checkpoint_dir/step-<N>` with `extra` (JSON text), once it is on disk: its directory on
+    /// the lead rank, `None` on the others (every rank may call; only the lead writes).
+    #[pyo3(signature = (extra = "null"))]
+    fn save_checkpoint(&self, py: Python<'_>, extra: &str) -> PyResult<Option<String>> {
+        let extra: serde_json::Value = serde_json::from_str(extra)
+            .map_err(|e| errors::invalid(format!("extra is not JSON: {e}")))?;
+        let open = self.open()?;
+        let written = py.detach(|| {
+            open.runtime.block_on(async {
+                let mut job = open.job.lock().await;
+                checkpoint::save(&mut job, &open.checkpoints, &extra).await
+            })
+        });
+        let written = written.map_err(errors::runtime)?;
+        Ok(written.map(|p| p.display().to_string()))
     }
 
     /// Stops this rank's part of the job (waiting for the other ranks as `Job::shutdown` does).

@@ -235,3 +235,36 @@ def test_under_torchrun_odc_equals_pytorch_alone_and_fsdp2_over_gloo(tmp_path):
     assert_same_state(odc_run["state"], want["state"])
     assert_same_state(odc_run["state"], fsdp2["state"])
     assert want["losses"][-1] < want["losses"][0]  # it trained
+
+
+def test_the_example_resumes_from_its_checkpoint_under_the_models_own_names(tmp_path):
+    want = plain(TINY)
+    ckpt = ["--checkpoint-dir", str(tmp_path)]
+    first = [a if a != "3" else "2" for a in TINY]  # two of the three steps
+    sft.main([*first, *ckpt, "--checkpoint-every", "2"])
+    state = (tmp_path / "step-2" / "state.json").read_text()
+    assert "model.layers.0.mlp.up_proj.weight" in state and "lm_head" not in state  # tied: once
+    resumed = sft.main([*TINY, *ckpt, "--resume", "auto"])
+    assert resumed["losses"] == pytest.approx(want["losses"][2:], rel=1e-5)
+    assert_same_state(resumed["state"], want["state"])
+
+
+def test_a_gradient_after_its_units_push_is_refused_not_lost():
+    args = sft.arguments(TINY)
+    model = sft.model_from(args)
+    sample = sft.encode(sft.problems(args)[0])
+    with odc.torch.shard(model, model.model.layers, trainers=1, servers=1) as sharded:
+        run = sharded.step([len(sample[0])])
+        mb = next(iter(run))
+        with pytest.raises(odc.InvalidArgument, match="came after the unit was pushed"):
+            with mb:
+                sft.loss_sum(model, sft.collate([sample])).backward()
+                sft.loss_sum(model, sft.collate([sample])).backward()  # a second backward
+        with pytest.raises(odc.StepError):
+            list(run)
+    # A failed shard leaves the model as it was.
+    model = sft.model_from(args)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(odc.InvalidArgument, match="optimizer"):
+        odc.torch.shard(model, model.model.layers, optimizer="lion", trainers=1, servers=1)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -153,8 +153,17 @@ class ShardedModel:
         self._mb: trainer.MicroBatch | None = None
         self._full = False
         frozen = [u.name for u in units if u.frozen]
-        tensors = {name: h.initial for name, h in self._held.items()}
-        self.runtime = trainer.init(tensors, frozen=frozen, **options)
+        values = {name: h.initial for name, h in self._held.items()}
+        # A checkpoint names the model's own parameters (their names and shapes).
+        names = {
+            name: [(n, tuple(p.shape)) for n, p in h.unit.params] for name, h in self._held.items()
+        }
+        try:
+            self.runtime = trainer.init(values, frozen=frozen, tensors=names, **options)
+        except BaseException:
+            for h in self._held.values():  # the model as it was, for the caller to use
+                h.fill(h.initial)
+            raise
         for h in self._held.values():
             h.initial = None
         self._owner = {id(p): h for h in self._held.values() for p in h.params}
@@ -234,6 +243,12 @@ class ShardedModel:
 
     def _on_grad(self, param: torch.Tensor) -> None:
         h = self._owner[id(param)]
+        if h.pushed:
+            # Pushed already (after its module's backward): a gradient now would be lost.
+            raise InvalidArgument(
+                f"a gradient of unit {h.unit.name!r} came after the unit was pushed: run every "
+                "use of a module before its backward, or call backward once per micro-batch"
+            )
         h.waiting.discard(id(param))
         if not h.waiting:
             self._push(h)
@@ -284,6 +299,21 @@ class ShardedModel:
         rank 0's are planned; see :meth:`odc.Runtime.step` for ``loss_tokens``). Iterate it for
         this rank's micro-batches."""
         return Step(self, self.runtime.step(lengths, loss_tokens))
+
+    @property
+    def resumed(self) -> trainer.Resumed | None:
+        """The checkpoint the job resumed from (``resume=`` of :func:`shard`), or ``None``."""
+        return self.runtime.resumed
+
+    @property
+    def steps_done(self) -> int:
+        """Steps taken, a resumed job's checkpoint's included: the next step's number."""
+        return self.runtime.steps_done
+
+    def save_checkpoint(self, extra: Any = None) -> str | None:
+        """A sharded checkpoint of the parameters (named as the model names them) and AdamW's
+        state, into ``checkpoint_dir/step-<N>`` (see :meth:`odc.Runtime.save_checkpoint`)."""
+        return self.runtime.save_checkpoint(extra)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full state dict after the last step, keys as ``model.state_dict()``'s:
