@@ -43,7 +43,6 @@ pub mod driven;
 mod job;
 pub mod launch;
 pub mod metrics;
-#[cfg(feature = "candle")]
 pub mod recipe;
 pub mod sim;
 pub mod trace;

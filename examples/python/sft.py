@@ -277,6 +277,7 @@ def train_fsdp2(args: argparse.Namespace, model: torch.nn.Module, data: list[Any
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     log["state"] = get_model_state_dict(model, options=full)
     log["rank"] = rank
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it
     dist.destroy_process_group()
     return log
 

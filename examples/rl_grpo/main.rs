@@ -132,7 +132,9 @@ fn main() -> anyhow::Result<()> {
 /// The run from top to bottom: the model and its starting weights, the job, the held-out scores
 /// before RL, the RL steps, the scores after.
 async fn run(args: Args, process: Process) -> anyhow::Result<()> {
-    process.say(format!("rl_grpo: {}", process.threads));
+    if let Some(threads) = &process.threads {
+        process.say(format!("rl_grpo: {threads}"));
+    }
     if process.is_distributed() && args.init.is_none() && args.model_dir.is_none() {
         bail!(
             "under odc launch rl_grpo starts from --init (an sft checkpoint) or --model-dir: \

@@ -205,7 +205,11 @@ async fn run(
         },
         settings.device,
         settings.precision,
-        process.threads
+        process
+            .threads
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default()
     ));
 
     // The steps: a progress bar on a terminal, else a line now and then; evaluations every

@@ -211,7 +211,8 @@ impl PyRuntime {
         let lens: Vec<usize> = specs.iter().map(|s| s.len).collect();
         let names: Vec<String> = units.into_iter().map(|(n, _)| n).collect();
         let flat: Vec<(String, usize)> = names.iter().cloned().zip(lens.iter().copied()).collect();
-        let process = Process::start(trainers).map_err(|e| errors::invalid(e.to_string()))?;
+        // Embedded: PyTorch's threads already run, so odc sets no environment variable.
+        let process = Process::embedded(trainers).map_err(|e| errors::invalid(e.to_string()))?;
         let (rank, world_size) = (process.rank(), process.ranks());
         let checkpoints = Checkpoints {
             tensors: checkpoint::tensor_map(&flat, tensors)?,

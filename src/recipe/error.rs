@@ -19,9 +19,11 @@ pub enum RecipeError {
         source: CheckpointError,
     },
     /// The model refused (a configuration, a value, a unit); its text names what.
+    #[cfg(feature = "candle")]
     #[error(transparent)]
     Model(#[from] crate::model::Error),
     /// A model's files could not be read or written; `context` names the directory and the flag.
+    #[cfg(feature = "candle")]
     #[error("{context}")]
     ModelFiles {
         context: String,
@@ -45,6 +47,7 @@ pub enum RecipeError {
 
 impl RecipeError {
     /// A model files' error under `context`.
+    #[cfg(feature = "candle")]
     pub(crate) fn files(context: impl Into<String>) -> impl FnOnce(crate::model::Error) -> Self {
         let context = context.into();
         move |source| RecipeError::ModelFiles { context, source }

@@ -1,6 +1,6 @@
 //! Recipes: what every training entry does around its loop, written once for the SFT and GRPO
-//! examples (and for the Python package to come), so that each entry is a straight loop that a
-//! reader follows top to bottom, as llm.c's train loop is:
+//! examples and the Python package, so that each entry is a straight loop that a reader follows
+//! top to bottom, as llm.c's train loop is:
 //!
 //! ```text
 //! flags → Process::start → (resume) → JobRecipe::builder … .build()
@@ -20,25 +20,36 @@
 //! - [`export`]: the trained model in Hugging Face layout, PEFT's adapters or the merged model;
 //! - [`progress`]: a run's rate, its smoothed loss and its lines.
 //!
+//! Without the `candle` feature (the Python package, where PyTorch computes) only [`process`],
+//! [`fleet`], [`resume`] and [`progress`] are here; the rest builds odc's own model's jobs.
+//!
 //! Every error is a [`RecipeError`] naming the flag, the file or the phase. Nothing here parses
 //! a command line or draws a progress bar: those are the entry's (clap and indicatif stay out of
 //! what embedding odc pulls in).
 
 pub mod error;
+#[cfg(feature = "candle")]
 pub mod evaluator;
+#[cfg(feature = "candle")]
 pub mod export;
 pub mod fleet;
+#[cfg(feature = "candle")]
 pub mod job;
+#[cfg(feature = "candle")]
 pub mod placement;
 pub mod process;
 pub mod progress;
 pub mod resume;
 
 pub use error::RecipeError;
+#[cfg(feature = "candle")]
 pub use evaluator::Evaluator;
+#[cfg(feature = "candle")]
 pub use export::{export, export_dtype, Export};
 pub use fleet::Fleet;
+#[cfg(feature = "candle")]
 pub use job::{adamw, JobRecipe};
+#[cfg(feature = "candle")]
 pub use placement::placement;
 pub use process::Process;
 pub use progress::Progress;

@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 
 use super::{RecipeError, Result};
 use crate::launch::World;
+#[cfg(feature = "candle")]
 use crate::model::{share_cpu_threads, CpuThreads};
 
 /// This process's part of a run: its rank in the world and its share of the cores.
@@ -25,8 +26,10 @@ use crate::model::{share_cpu_threads, CpuThreads};
 pub struct Process {
     /// The launcher's world (a world of one without a launcher).
     pub world: World,
-    /// What [`share_cpu_threads`] decided for this process's trainers.
-    pub threads: CpuThreads,
+    /// What `share_cpu_threads` decided for this process's trainers (`None`: an embedded
+    /// process, whose host program sizes its own threads).
+    #[cfg(feature = "candle")]
+    pub threads: Option<CpuThreads>,
     trainers_here: usize,
 }
 
@@ -41,13 +44,33 @@ impl Process {
         Ok(Process::of(world, trainers))
     }
 
+    /// [`Process::start`] for a program that hosts odc in a process of its own (Python, with
+    /// PyTorch's threads running): it reads the world and installs the fault injection, and
+    /// sets no environment variable (setting one while other threads run is unsound), so candle's
+    /// pools keep their sizes and the host's compute keeps its own.
+    pub fn embedded(trainers: usize) -> Result<Process> {
+        let world = World::from_env().map_err(RecipeError::World)?;
+        odc_actors::faults::install(odc_actors::faults::Faults::from_env());
+        Ok(Process::placed(world, trainers))
+    }
+
     /// [`Process::start`] for a given world.
     pub fn of(world: World, trainers: usize) -> Process {
+        #[allow(unused_mut)] // without candle there are no pools to size
+        let mut process = Process::placed(world, trainers);
+        #[cfg(feature = "candle")]
+        {
+            process.threads = Some(share_cpu_threads(process.trainers_here));
+        }
+        process
+    }
+
+    fn placed(world: World, trainers: usize) -> Process {
         let trainers_here = if world.world_size > 1 { 1 } else { trainers };
-        let threads = share_cpu_threads(trainers_here);
         Process {
             world,
-            threads,
+            #[cfg(feature = "candle")]
+            threads: None,
             trainers_here,
         }
     }
