@@ -164,7 +164,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_two_ranks_under_torchruns_variables_train_what_one_process_trains(tmp_path):
+def two_ranks(script, *args):
+    """Starts `script` as the two ranks of a job under torchrun's variables: (codes, logs)."""
     port, procs = free_port(), []
     for rank in range(2):
         env = dict(
@@ -177,11 +178,9 @@ def test_two_ranks_under_torchruns_variables_train_what_one_process_trains(tmp_p
             ODC_SECRET="the secret of this test job",
             ODC_TRANSPORT="tcp",
         )
-        out = tmp_path / f"rank{rank}.npy"
-        script = HERE / "two_ranks.py"
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(script), str(out)],
+                [sys.executable, str(HERE / script), *[a.format(rank=rank) for a in args]],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -196,10 +195,25 @@ def test_two_ranks_under_torchruns_variables_train_what_one_process_trains(tmp_p
             for q in procs:
                 q.kill()
             raise
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    return [p.returncode for p in procs], logs
+
+
+def test_two_ranks_under_torchruns_variables_train_what_one_process_trains(tmp_path):
+    codes, logs = two_ranks("two_ranks.py", str(tmp_path / "rank{rank}.npy"))
+    assert codes == [0, 0], "\n".join(logs)
     got = np.load(tmp_path / "rank0.npy")
     assert np.max(np.abs(got - reference(MINIBATCHES))) <= 1e-5
     assert "rank 1 computed" in logs[1] and "micro-batches" in logs[1]
+
+
+def test_a_rank_killed_mid_step_stops_the_job_naming_what_was_lost_by_its_deadline():
+    started = time.monotonic()
+    codes, logs = two_ranks("killed_rank.py")
+    assert codes[1] == 9, logs[1]
+    # Its shard server went with it: rank 0's step fails, naming the lost server or rank.
+    assert codes[0] == 3, logs[0]
+    assert re.search(r"StepError: .*(shard server 1|rank 1|trainer 1)", logs[0]), logs[0]
+    assert time.monotonic() - started < 90
 
 
 def test_the_trainer_example_in_the_docs_runs():
