@@ -194,8 +194,17 @@ fn the_python_package_builds_into_a_wheel_that_installs_and_passes_its_tests() {
         .env("PATH", format!("{}:/usr/bin:/bin", venv.display()))
         .env("HOME", env!("CARGO_TARGET_TMPDIR"))
         .env("PYTHONDONTWRITEBYTECODE", "1");
-    match run("pytest", &mut pytest, Duration::from_secs(900)) {
-        Ok(out) => eprintln!("{out}"),
-        Err(e) => panic!("{e}"),
-    }
+    let out =
+        run("pytest", &mut pytest, Duration::from_secs(900)).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{out}");
+    // A pytest skip (torch not importable, say) is a failure where skips are (CI).
+    let summary = out
+        .lines()
+        .rev()
+        .find(|l| l.contains(" passed"))
+        .unwrap_or("");
+    assert!(
+        !(required() && summary.contains("skipped")),
+        "ODC_REQUIRE_PYTHON=1 and pytest skipped tests: {summary}\n{out}"
+    );
 }
