@@ -214,6 +214,10 @@ impl PyRuntime {
         // Embedded: PyTorch's threads already run, so odc sets no environment variable.
         let process = Process::embedded(trainers).map_err(|e| errors::invalid(e.to_string()))?;
         let (rank, world_size) = (process.rank(), process.ranks());
+        if process.is_distributed() {
+            // The secret is first used when the ranks join, at the first step: checked here.
+            odc::launch::secret(&process.world).map_err(|e| errors::invalid(e.to_string()))?;
+        }
         let checkpoints = Checkpoints {
             tensors: checkpoint::tensor_map(&flat, tensors)?,
             dir: checkpoint_dir,

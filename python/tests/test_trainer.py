@@ -206,6 +206,18 @@ def test_two_ranks_under_torchruns_variables_train_what_one_process_trains(tmp_p
     assert "rank 1 computed" in logs[1] and "micro-batches" in logs[1]
 
 
+def test_a_short_or_missing_secret_under_torchrun_is_named_by_init(monkeypatch):
+    world = dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    for name, value in world.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ODC_SECRET", "short")
+    with pytest.raises(odc.InvalidArgument, match="ODC_SECRET: the cluster secret is 5 bytes"):
+        sgd_runtime()
+    monkeypatch.delenv("ODC_SECRET")
+    with pytest.raises(odc.InvalidArgument, match="ODC_SECRET is not set"):
+        sgd_runtime()
+
+
 def test_a_rank_killed_mid_step_stops_the_job_naming_what_was_lost_by_its_deadline():
     started = time.monotonic()
     codes, logs = two_ranks("killed_rank.py")
