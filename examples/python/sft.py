@@ -212,7 +212,7 @@ def train_odc(args: argparse.Namespace, model: torch.nn.Module, data: list[Any])
         resume=args.resume,
         **({"trainers": 1, "servers": 1} if alone else {}),
     )
-    log: dict[str, Any] = {"losses": [], "step_s": [], "micro_batches": []}
+    log = new_log()
     with sharded:
         if sharded.resumed is not None and sharded.rank == 0:
             print(f"resumed from {sharded.resumed.path}", flush=True)
@@ -227,10 +227,7 @@ def train_odc(args: argparse.Namespace, model: torch.nn.Module, data: list[Any])
                     loss.backward()
                     mb.finish(loss)
                 count += 1
-            log["step_s"].append(time.perf_counter() - started)
-            log["losses"].append(run.stats["loss"])
-            log["micro_batches"].append(count)
-            report(sharded.rank, step, run.stats["loss"], log["step_s"][-1], count)
+            record(log, sharded.rank, step, run.stats["loss"], started, count)
             if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
                 written = sharded.save_checkpoint({"step": step + 1})
                 if written is not None:
@@ -251,7 +248,7 @@ def train_fsdp2(args: argparse.Namespace, model: torch.nn.Module, data: list[Any
         fully_shard(layer)
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    log: dict[str, Any] = {"losses": [], "step_s": [], "micro_batches": []}
+    log = new_log()
     for step in range(args.steps):
         samples = minibatch(data, step, args)
         started = time.perf_counter()
@@ -270,10 +267,7 @@ def train_fsdp2(args: argparse.Namespace, model: torch.nn.Module, data: list[Any
         opt.step()
         opt.zero_grad()
         dist.all_reduce(summed)
-        log["step_s"].append(time.perf_counter() - started)
-        log["losses"].append(float(summed) / total)
-        log["micro_batches"].append(len(micro_batches))
-        report(rank, step, log["losses"][-1], log["step_s"][-1], len(micro_batches))
+        record(log, rank, step, float(summed) / total, started, len(micro_batches))
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     log["state"] = get_model_state_dict(model, options=full)
     log["rank"] = rank
@@ -300,7 +294,7 @@ def train_plain(args: argparse.Namespace, model: torch.nn.Module, data: list[Any
     import odc
 
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    log: dict[str, Any] = {"losses": [], "step_s": [], "micro_batches": []}
+    log = new_log()
     for step in range(args.steps):
         samples = minibatch(data, step, args)
         started = time.perf_counter()
@@ -316,20 +310,25 @@ def train_plain(args: argparse.Namespace, model: torch.nn.Module, data: list[Any
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         opt.zero_grad()
-        log["step_s"].append(time.perf_counter() - started)
-        log["losses"].append(summed / total)
-        log["micro_batches"].append(len(micro_batches))
-        report(0, step, log["losses"][-1], log["step_s"][-1], len(micro_batches))
+        record(log, 0, step, summed / total, started, len(micro_batches))
     log["state"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     log["rank"] = 0
     return log
 
 
-def report(rank: int, step: int, loss: float, seconds: float, micro_batches: int) -> None:
+def new_log() -> dict[str, Any]:
+    """What a loop records: each step's loss, seconds and micro-batches (then state, rank)."""
+    return {"losses": [], "step_s": [], "micro_batches": []}
+
+
+def record(log: dict, rank: int, step: int, loss: float, started: float, count: int) -> None:
+    """Records a step that began at ``started`` (``perf_counter``) and prints it on rank 0."""
+    seconds = time.perf_counter() - started
+    log["losses"].append(loss)
+    log["step_s"].append(seconds)
+    log["micro_batches"].append(count)
     if rank == 0:
-        print(
-            f"step {step} loss {loss:.6f} {seconds:.3f}s micro-batches {micro_batches}", flush=True
-        )
+        print(f"step {step} loss {loss:.6f} {seconds:.3f}s micro-batches {count}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

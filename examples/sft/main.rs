@@ -192,25 +192,7 @@ async fn run(
         job.shutdown().await;
         return Ok(());
     }
-    process.say(format!(
-        "sft: {} parameters, {} steps of {} problems, {} trainers, {} servers, device {} ({}), {}",
-        odc::model::param_count(&settings.model)?,
-        settings.steps,
-        settings.batch_size,
-        trainers,
-        if process.is_distributed() {
-            process.ranks() as usize
-        } else {
-            settings.servers
-        },
-        settings.device,
-        settings.precision,
-        process
-            .threads
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default()
-    ));
+    say_setup(&settings, &process, trainers)?;
 
     // The steps: a progress bar on a terminal, else a line now and then; evaluations every
     // `--eval-every` and at the end, asynchronous checkpoints every `--checkpoint-every` and at
@@ -232,15 +214,7 @@ async fn run(
         metrics::gauge!("odc_sft_loss").set(s.loss);
         metrics::gauge!("odc_sft_tokens_per_second").set(progress.rate());
         if settings.step_stats {
-            print(format!(
-                "step-stats step={} wall_ms={:.3} tokens={} samples={} micro_batches={} loss={}",
-                step + 1,
-                s.wall.as_secs_f64() * 1e3,
-                s.tokens,
-                s.samples,
-                s.micro_batches,
-                s.loss
-            ));
+            print(step_stats_line(step + 1, &s));
         }
         if settings.trace.is_some() {
             let origin = *origin.get_or_insert(s.started);
@@ -281,12 +255,62 @@ async fn run(
 
     // The end: the export, the trace, the rate, and the last line.
     export_at_end(&settings, &mut job, &process).await?;
+    say_end(&settings, &process, &spans, &progress, first)?;
+    job.shutdown().await;
+    println!(
+        "final step={} loss={} eval_accuracy={accuracy}",
+        settings.steps,
+        progress.loss()
+    );
+    Ok(())
+}
+
+/// The run's first line: the model, the steps, the fleet, the device and the CPU threads.
+fn say_setup(settings: &Settings, process: &Process, trainers: usize) -> anyhow::Result<()> {
+    let servers = match process.is_distributed() {
+        true => process.ranks() as usize,
+        false => settings.servers,
+    };
+    let threads = process.threads.as_ref().map(ToString::to_string);
+    process.say(format!(
+        "sft: {} parameters, {} steps of {} problems, {trainers} trainers, {servers} servers, \
+         device {} ({}), {}",
+        odc::model::param_count(&settings.model)?,
+        settings.steps,
+        settings.batch_size,
+        settings.device,
+        settings.precision,
+        threads.unwrap_or_default()
+    ));
+    Ok(())
+}
+
+/// `--step-stats`' line for the step that made `done` steps.
+fn step_stats_line(done: u64, s: &odc::StepStats) -> String {
+    format!(
+        "step-stats step={done} wall_ms={:.3} tokens={} samples={} micro_batches={} loss={}",
+        s.wall.as_secs_f64() * 1e3,
+        s.tokens,
+        s.samples,
+        s.micro_batches,
+        s.loss
+    )
+}
+
+/// The run's closing lines on the lead: the trace, the rate, and on a device the host staging.
+fn say_end(
+    settings: &Settings,
+    process: &Process,
+    spans: &[odc::trace::TraceSpan],
+    progress: &Progress,
+    first: u64,
+) -> anyhow::Result<()> {
     if let (Some(path), true) = (&settings.trace, process.is_lead()) {
-        write_chrome_trace(path, &spans, "odc sft")?;
+        write_chrome_trace(path, spans, "odc sft")?;
         process.say(format!("trace: {}", path.display()));
         process.say(format!(
             "phases (all trainers, all steps): {}",
-            phase_totals(&spans)
+            phase_totals(spans)
         ));
     }
     process.say(progress.summary());
@@ -299,12 +323,6 @@ async fn run(
             settings.steps - first
         ));
     }
-    job.shutdown().await;
-    println!(
-        "final step={} loss={} eval_accuracy={accuracy}",
-        settings.steps,
-        progress.loss()
-    );
     Ok(())
 }
 

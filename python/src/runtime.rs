@@ -294,9 +294,7 @@ impl PyRuntime {
         let samples = samples(&lengths, loss_tokens.as_deref())?;
         let open = self.open()?;
         let Ok(job) = Arc::clone(&open.job).try_lock_owned() else {
-            return Err(errors::invalid(
-                "a step is already running: finish iterating its micro-batches first".into(),
-            ));
+            return Err(running("step"));
         };
         let running = Running::start(open.runtime.handle(), job, samples, &open.driver);
         Ok(PyStep {
@@ -309,12 +307,8 @@ impl PyRuntime {
     /// Every unit's parameters now (after the last step's update), as buffers in unit order.
     fn parameters(&self, py: Python<'_>) -> PyResult<Vec<(String, Buffer)>> {
         let open = self.open()?;
-        let values = py.detach(|| {
-            open.runtime.block_on(async {
-                let mut job = open.job.lock().await;
-                job.parameters().await
-            })
-        });
+        let mut job = open.idle_job("parameters")?;
+        let values = py.detach(|| open.runtime.block_on(job.parameters()));
         let values = values.map_err(errors::runtime)?;
         Ok(self
             .units
@@ -327,12 +321,10 @@ impl PyRuntime {
 
     /// Steps the job has taken (a resumed job counts the checkpoint's).
     #[getter]
-    fn steps_done(&self, py: Python<'_>) -> PyResult<u64> {
+    fn steps_done(&self) -> PyResult<u64> {
         let open = self.open()?;
-        Ok(py.detach(|| {
-            open.runtime
-                .block_on(async { open.job.lock().await.steps_done() })
-        }))
+        let done = open.idle_job("steps_done")?.steps_done();
+        Ok(done)
     }
 
     /// The checkpoint this job resumed from: (its directory, its step, the `extra` JSON saved
@@ -352,11 +344,10 @@ impl PyRuntime {
         let extra: serde_json::Value = serde_json::from_str(extra)
             .map_err(|e| errors::invalid(format!("extra is not JSON: {e}")))?;
         let open = self.open()?;
+        let mut job = open.idle_job("save_checkpoint")?;
         let written = py.detach(|| {
-            open.runtime.block_on(async {
-                let mut job = open.job.lock().await;
-                checkpoint::save(&mut job, &open.checkpoints, &extra).await
-            })
+            open.runtime
+                .block_on(checkpoint::save(&mut job, &open.checkpoints, &extra))
         });
         let written = written.map_err(errors::runtime)?;
         Ok(written.map(|p| p.display().to_string()))
@@ -394,6 +385,21 @@ impl PyRuntime {
     ) -> PyResult<bool> {
         self.close(py)?;
         Ok(false)
+    }
+}
+
+/// A call refused because a step holds the job (waiting for it would wait for this very thread,
+/// which drives the step).
+fn running(what: &str) -> PyErr {
+    errors::invalid(format!(
+        "{what}: a step is already running: finish iterating its micro-batches first"
+    ))
+}
+
+impl Open {
+    /// The job, unless a step holds it.
+    fn idle_job(&self, what: &str) -> PyResult<tokio::sync::MutexGuard<'_, Job>> {
+        self.job.try_lock().map_err(|_| running(what))
     }
 }
 

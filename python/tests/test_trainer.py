@@ -119,6 +119,10 @@ def test_bad_dtypes_shapes_units_and_a_closed_runtime_are_named():
     step = rt.step([4])
     with pytest.raises(odc.InvalidArgument, match="already running"):
         rt.step([4])
+    # Waiting for the job during a step would wait for this thread, which drives the step.
+    for call in (rt.parameters, lambda: rt.steps_done, rt.save_checkpoint):
+        with pytest.raises(odc.InvalidArgument, match="already running"):
+            call()
     mb = next(iter(step))
     with pytest.raises(odc.InvalidArgument, match="float64"):
         mb.push("w", np.zeros(UNIT, dtype=np.float64))
