@@ -19,6 +19,10 @@
 //!   (`Arc<[f32]>`, no copy), which stays valid as long as the driver holds it, after the turn
 //!   and after the job.
 //! - Pushes are acknowledged before the micro-batch counts, as for any [`Compute`].
+//! - **Device memory only where asked and reachable**: a factory given device memory
+//!   ([`DrivenFactory::with_device_memory`]) makes its trainers gather into it and push from it
+//!   when their data path reaches the device ([`Turn::on_device`] says so for each turn); a
+//!   device push where the path cannot is an error naming it, never a host copy.
 //! - **A step's end reaches the driver when it happens**: a wait for the step's next turn ends
 //!   with the step, not at the wait's own length (a Python loop polling in 50 ms waits lost up to
 //!   50 ms a step before).
@@ -31,7 +35,9 @@ use std::time::Duration;
 use odc_actors::batch::{ComputeOutput, MicroBatch, SampleMeta};
 use odc_actors::layout::UnitId;
 use odc_actors::policy::stats::StepStats;
-use odc_actors::trainer::{Compute, ComputeFactory, PushTicket, TrainerContext};
+use odc_actors::trainer::{
+    Compute, ComputeFactory, DeviceGrad, DeviceMemory, PushTicket, TrainerContext, UnitValues,
+};
 use odc_actors::{Error, Result};
 use tokio::sync::mpsc;
 
@@ -39,8 +45,9 @@ use crate::Job;
 
 /// What the driver asks of the trainer during a turn.
 enum Request {
-    Gather(UnitId, std_mpsc::Sender<Result<Arc<[f32]>>>),
+    Gather(UnitId, std_mpsc::Sender<Result<UnitValues>>),
     Push(UnitId, Vec<f32>, std_mpsc::Sender<Result<()>>),
+    PushDevice(UnitId, Arc<dyn DeviceGrad>, std_mpsc::Sender<Result<()>>),
     Release(UnitId, std_mpsc::Sender<Result<()>>),
     Finish(f64),
     Fail(String),
@@ -55,6 +62,9 @@ pub struct Turn {
     pub step: u64,
     /// The micro-batch: its step (the parameters' version), id and samples.
     pub micro_batch: MicroBatch,
+    /// Whether this turn's gathers land in device memory and its gradients may be pushed from
+    /// there ([`Turn::gather_values`], [`Turn::push_device`]).
+    pub on_device: bool,
     requests: mpsc::UnboundedSender<Request>,
     wait: Duration,
 }
@@ -91,10 +101,44 @@ impl Turn {
         }
     }
 
-    /// The whole unit at this micro-batch's version: the trainer's buffer, not a copy.
+    /// The whole unit at this micro-batch's version in host memory: the trainer's buffer, not a
+    /// copy. A unit gathered into device memory is an error here ([`Turn::gather_values`]).
     pub fn gather(&self, unit: UnitId) -> Result<Arc<[f32]>> {
+        match self.gather_values(unit)? {
+            UnitValues::Host(values) => Ok(values),
+            UnitValues::Device { .. } => Err(Error::User {
+                message: format!(
+                    "gather of unit {unit}: the unit is in device memory (this turn gathers on \
+                     the device)"
+                ),
+            }),
+        }
+    }
+
+    /// The whole unit at this micro-batch's version: host values, or (on a turn
+    /// [`on_device`](Turn::on_device)) the device buffer the transport wrote, in the published
+    /// dtype. Either is the trainer's buffer, not a copy.
+    pub fn gather_values(&self, unit: UnitId) -> Result<UnitValues> {
         self.ask(&format!("gather of unit {unit}"), |r| {
             Request::Gather(unit, r)
+        })
+    }
+
+    /// Sends `grad`, a gradient in device memory (fp32, the whole unit), to the unit's owners
+    /// device to device, once [ready](DeviceGrad::ready); returns once the trainer has taken it.
+    /// `grad` is held until its push is over. On a turn not [`on_device`](Turn::on_device) it is
+    /// an error naming why, and nothing is sent.
+    pub fn push_device(&self, unit: UnitId, grad: Arc<dyn DeviceGrad>) -> Result<()> {
+        if !self.on_device {
+            return Err(Error::User {
+                message: format!(
+                    "push to unit {unit}: a gradient in device memory, but this job's data path \
+                     does not reach the device (its transport is not `cuda`)"
+                ),
+            });
+        }
+        self.ask(&format!("push to unit {unit}"), |r| {
+            Request::PushDevice(unit, grad, r)
         })
     }
 
@@ -206,6 +250,16 @@ impl Driver {
 pub struct DrivenFactory {
     turns: std_mpsc::Sender<Handed>,
     wait: Duration,
+    memory: Option<Arc<dyn DeviceMemory>>,
+}
+
+impl DrivenFactory {
+    /// Trainers that gather into `memory` (the driver's device) and push from it wherever their
+    /// data path reaches that device (the `cuda` transport); elsewhere they keep host memory.
+    pub fn with_device_memory(mut self, memory: Arc<dyn DeviceMemory>) -> Self {
+        self.memory = Some(memory);
+        self
+    }
 }
 
 impl ComputeFactory for DrivenFactory {
@@ -214,6 +268,7 @@ impl ComputeFactory for DrivenFactory {
             trainer,
             turns: self.turns.clone(),
             wait: self.wait,
+            memory: self.memory.clone(),
         })
     }
 }
@@ -229,7 +284,12 @@ pub fn driven(wait: Duration) -> (Driver, DrivenFactory) {
         }),
         ended: turns.clone(),
     };
-    (driver, DrivenFactory { turns, wait })
+    let factory = DrivenFactory {
+        turns,
+        wait,
+        memory: None,
+    };
+    (driver, factory)
 }
 
 /// A trainer's compute whose micro-batches the [`Driver`] computes.
@@ -237,16 +297,22 @@ pub struct Driven {
     trainer: u32,
     turns: std_mpsc::Sender<Handed>,
     wait: Duration,
+    /// Device memory not yet given to the trainer's context (given once, at the first turn).
+    memory: Option<Arc<dyn DeviceMemory>>,
 }
 
 #[async_trait::async_trait]
 impl Compute for Driven {
     async fn run(&mut self, ctx: &mut TrainerContext, mb: &MicroBatch) -> Result<ComputeOutput> {
         let (requests, mut asked) = mpsc::unbounded_channel();
+        if let Some(memory) = self.memory.take() {
+            ctx.gather_into_device(memory);
+        }
         let turn = Turn {
             trainer: self.trainer,
             step: ctx.step(),
             micro_batch: mb.clone(),
+            on_device: ctx.gathers_into_device() && ctx.pushes_from_device(),
             requests,
             wait: self.wait,
         };
@@ -279,10 +345,14 @@ impl Compute for Driven {
                     })
                 }
                 Ok(Some(Request::Gather(unit, reply))) => {
-                    let _ = reply.send(ctx.gather(unit).await);
+                    let _ = reply.send(ctx.gather_values(unit).await);
                 }
                 Ok(Some(Request::Push(unit, grad, reply))) => {
                     let pushed = ctx.push_grad(unit, &grad).map(|t| tickets.push(t));
+                    let _ = reply.send(pushed);
+                }
+                Ok(Some(Request::PushDevice(unit, grad, reply))) => {
+                    let pushed = ctx.push_grad_device(unit, grad).map(|t| tickets.push(t));
                     let _ = reply.send(pushed);
                 }
                 Ok(Some(Request::Release(unit, reply))) => {
@@ -548,6 +618,57 @@ mod tests {
         shut(&rt, job);
     }
 
+    /// Device memory that must never be asked for (a host data path never allocates from it).
+    struct NoMemory;
+
+    impl DeviceMemory for NoMemory {
+        fn allocate(
+            &self,
+            _elements: usize,
+            _dtype: odc_transport::Dtype,
+        ) -> odc_actors::datapath::Transfer<Arc<dyn odc_actors::trainer::DeviceUnit>> {
+            panic!("a host data path allocated device memory")
+        }
+    }
+
+    /// A gradient "in device memory" (never read: the push is refused before any transfer).
+    struct NoGrad;
+
+    impl DeviceGrad for NoGrad {
+        fn src(&self) -> odc_transport::DeviceDest {
+            odc_transport::DeviceDest {
+                device: 0,
+                ptr: 0x1000,
+                bytes: UNIT as u64 * 4,
+            }
+        }
+
+        fn ready(&self) -> odc_actors::datapath::Transfer<()> {
+            Box::pin(std::future::ready(Ok(())))
+        }
+    }
+
+    #[test]
+    fn device_memory_over_a_host_path_keeps_host_memory_and_refuses_a_device_push() {
+        let rt = runtime();
+        let wait = Duration::from_secs(10);
+        let (driver, factory) = driven(wait);
+        let factory = factory.with_device_memory(Arc::new(NoMemory));
+        let job = shared(&rt, builder(wait).compute(factory));
+        let stats = drive_step(rt.handle(), &job, samples(0), &driver, |turn| {
+            assert!(!turn.on_device, "a local transport does not reach a device");
+            let refused = turn
+                .push_device(0, Arc::new(NoGrad))
+                .unwrap_err()
+                .to_string();
+            assert!(refused.contains("does not reach the device"), "{refused}");
+            assert!(matches!(turn.gather_values(0)?, UnitValues::Host(_)));
+            driven_compute(turn)
+        });
+        assert_eq!(stats.unwrap().step, 0);
+        shut(&rt, job);
+    }
+
     #[test]
     fn a_gathered_unit_is_the_trainers_buffer_and_outlives_the_turn_and_the_job() {
         let rt = runtime();
@@ -642,6 +763,7 @@ mod tests {
                 trainer: 0,
                 step,
                 micro_batch,
+                on_device: false,
                 requests,
                 wait: Duration::from_secs(1),
             }

@@ -76,8 +76,8 @@ pub use odc_actors::policy::stats::{
 pub use odc_actors::policy::step::{NonFinite, StepError};
 pub use odc_actors::server::optimizer::{OptimizerConfig, OptimizerState};
 pub use odc_actors::trainer::{
-    blocking, Compute, ComputeFactory, ContextConfig, Direction, MicroBatchStats, PushTicket,
-    TrainerContext,
+    blocking, Compute, ComputeFactory, ContextConfig, DeviceGrad, DeviceMemory, DeviceUnit,
+    Direction, MicroBatchStats, PushTicket, TrainerContext, UnitValues,
 };
 pub use odc_actors::{Error, NonFiniteAt, Result};
 pub use odc_transport as transport;

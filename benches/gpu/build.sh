@@ -26,6 +26,7 @@
 #   rl_grpo                    examples/rl_grpo (--device cuda; benches/gpu/grpo.sh)
 #   odc                        `odc launch` (run.sh: --transport cuda, 2 processes on one GPU)
 #   odc-bench-gpu              odc-bench with feature `gpu`: sft-overhead --device cuda, calibrate
+# Part 3, the Python package: wheels/odc-*.whl (maturin; benches/gpu/python.sh runs its GPU rows).
 # The toolchain for part 2: CUDA_ROOT (etc.) already exported, or the folder
 # ODC_CUDA_TOOLKIT (default $CARGO_TARGET_DIR/cuda-toolkit) made by
 # ../shared/gpu/make-cuda-toolkit.sh, which this script runs when the folder is missing (it
@@ -137,6 +138,18 @@ folder made by make-cuda-toolkit.sh (not found at $maker); SKIP_CANDLE=1 builds 
   add odc-bench-gpu bin "odc-bench with feature gpu: sft-overhead --device cuda, calibrate" \
     "$target_dir/$profile_dir/odc-bench"
 fi
+
+# Part 3: the Python package's wheel (abi3: any CPython >= 3.9, the GPU machine's 3.12 with its
+# torch 2.11), its GPU path included; benches/gpu/python.sh installs and runs it. maturin comes
+# from the tools environment tests/python.rs makes (or PyPI).
+maturin="$target_dir/python/tools/bin/maturin"
+if [ ! -x "$maturin" ]; then
+  python3 -m venv "$target_dir/python/tools" && "$target_dir/python/tools/bin/pip" install -q \
+    "maturin>=1.9.4,<2"
+fi
+mkdir -p "$OUT_DIR/wheels"
+"$maturin" build "${profile_flag[@]}" --manifest-path python/Cargo.toml --out "$OUT_DIR/wheels"
+echo "wheels/$(basename "$(ls "$OUT_DIR"/wheels/odc-*.whl | head -1)")	wheel	the odc Python package (benches/gpu/python.sh)" >>"$manifest"
 
 # One solid archive, one thread (a block per thread would split what the binaries share), a
 # dictionary larger than any binary: 256 MiB to unpack.

@@ -8,8 +8,10 @@ answers only. One loop, three ways:
     torchrun --nproc-per-node 2 examples/python/sft.py --fsdp2   # fully_shard, over gloo
     python examples/python/sft.py --plain                        # PyTorch alone, one process
 
-On the CPU (the GPU path of odc.torch is not built yet). Export ODC_SECRET (16 bytes or more,
-the same on every rank) for odc under torchrun.
+On the CPU by default; ``--device cuda`` (with ``--bf16`` for bf16 autocast) runs the model on
+the GPU, and odc on its GPU path: shard servers on the device, gathers into and pushes from
+device memory, no byte through the host. Export ODC_SECRET (16 bytes or more, the same on every
+rank) for odc under torchrun.
 
 odc plans each minibatch into micro-batches per rank (balanced by cost, within
 ``--token-budget``; counts may differ between ranks), gathers each decoder block on demand and
@@ -63,6 +65,11 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=0, help="0: half the heads")
+    p.add_argument("--intermediate", type=int, default=0, help="0: 4 × hidden")
+    p.add_argument("--vocab", type=int, default=VOCAB, help="embedding rows (≥ the byte vocab)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the model and odc on the GPU")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast of the forward")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--clip", type=float, default=None, help="clip the gradient norm to this")
@@ -154,13 +161,15 @@ def model_from(args: argparse.Namespace) -> torch.nn.Module:
     """A Llama made from a config: tied embeddings, grouped-query attention, seeded weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if args.vocab < VOCAB:
+        raise SystemExit(f"--vocab {args.vocab}: the byte vocabulary needs {VOCAB} rows")
     config = LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=args.vocab,
         hidden_size=args.hidden,
-        intermediate_size=4 * args.hidden,
+        intermediate_size=args.intermediate or 4 * args.hidden,
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
-        num_key_value_heads=max(1, args.heads // 2),
+        num_key_value_heads=args.kv_heads or max(1, args.heads // 2),
         max_position_embeddings=16_384,
         tie_word_embeddings=True,
         pad_token_id=PAD,
@@ -169,7 +178,7 @@ def model_from(args: argparse.Namespace) -> torch.nn.Module:
     model = LlamaForCausalLM(config)
     if args.checkpointing:
         checkpointing(model, reentrant=False)
-    return model.train()
+    return model.to(args.device).train()
 
 
 def checkpointing(model: torch.nn.Module, reentrant: bool) -> None:
@@ -182,9 +191,15 @@ def checkpointing(model: torch.nn.Module, reentrant: bool) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The summed cross-entropy of the batch's answer tokens (odc divides by the minibatch's)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+def loss_sum(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], args: argparse.Namespace
+) -> torch.Tensor:
+    """The summed cross-entropy of the batch's answer tokens (odc divides by the minibatch's),
+    on ``--device``, under bf16 autocast with ``--bf16``."""
+    batch = {k: v.to(args.device, non_blocking=True) for k, v in batch.items()}
+    kind = torch.device(args.device).type
+    with torch.autocast(kind, dtype=torch.bfloat16, enabled=args.bf16):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     return F.cross_entropy(
         logits[:, :-1].flatten(0, 1).float(),
         batch["labels"][:, 1:].flatten(),
@@ -210,6 +225,7 @@ def train_odc(args: argparse.Namespace, model: torch.nn.Module, data: list[Any])
         token_budget=args.token_budget,
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
+        device=args.device,
         **({"trainers": 1, "servers": 1} if alone else {}),
     )
     log = new_log()
@@ -223,17 +239,18 @@ def train_odc(args: argparse.Namespace, model: torch.nn.Module, data: list[Any])
             count = 0
             for mb in run:
                 with mb:
-                    loss = loss_sum(model, collate([samples[i] for i in mb.samples]))
+                    loss = loss_sum(model, collate([samples[i] for i in mb.samples]), args)
                     loss.backward()
                     mb.finish(loss)
                 count += 1
-            record(log, sharded.rank, step, run.stats["loss"], started, count)
+            record(log, sharded.rank, step, run.stats["loss"], started, count, args)
             if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
                 written = sharded.save_checkpoint({"step": step + 1})
                 if written is not None:
                     print(f"checkpoint: {written}", flush=True)
         log["state"] = sharded.state_dict()
         log["rank"] = sharded.rank
+        log["host_bytes"] = sharded.runtime.host_bytes
     return log
 
 
@@ -242,7 +259,7 @@ def train_fsdp2(args: argparse.Namespace, model: torch.nn.Module, data: list[Any
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    dist.init_process_group("gloo")
+    dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     for layer in model.model.layers:
         fully_shard(layer)
@@ -254,11 +271,11 @@ def train_fsdp2(args: argparse.Namespace, model: torch.nn.Module, data: list[Any
         started = time.perf_counter()
         total = sum(loss_tokens(s) for s in samples)
         micro_batches = fsdp2_share(args, samples, rank, world)
-        summed = torch.zeros(1)
+        summed = torch.zeros(1, device=args.device)
         for i, indices in enumerate(micro_batches):
             # Reduce-scatter once, after the last micro-batch (FSDP2's gradient accumulation).
             model.set_requires_gradient_sync(i == len(micro_batches) - 1)
-            loss = loss_sum(model, collate([samples[j] for j in indices]))
+            loss = loss_sum(model, collate([samples[j] for j in indices]), args)
             # FSDP2 averages gradients over ranks: scaled by the world, the sum is the token mean.
             (loss * world / total).backward()
             summed += loss.detach()
@@ -267,7 +284,7 @@ def train_fsdp2(args: argparse.Namespace, model: torch.nn.Module, data: list[Any
         opt.step()
         opt.zero_grad()
         dist.all_reduce(summed)
-        record(log, rank, step, float(summed) / total, started, len(micro_batches))
+        record(log, rank, step, float(summed) / total, started, len(micro_batches), args)
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     log["state"] = get_model_state_dict(model, options=full)
     log["rank"] = rank
@@ -303,14 +320,14 @@ def train_plain(args: argparse.Namespace, model: torch.nn.Module, data: list[Any
         summed = 0.0
         micro_batches = plan.samples()[0]
         for indices in micro_batches:
-            loss = loss_sum(model, collate([samples[i] for i in indices]))
+            loss = loss_sum(model, collate([samples[i] for i in indices]), args)
             (loss / total).backward()
             summed += float(loss.detach())
         if args.clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         opt.zero_grad()
-        record(log, 0, step, summed / total, started, len(micro_batches))
+        record(log, 0, step, summed / total, started, len(micro_batches), args)
     log["state"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     log["rank"] = 0
     return log
@@ -321,8 +338,13 @@ def new_log() -> dict[str, Any]:
     return {"losses": [], "step_s": [], "micro_batches": []}
 
 
-def record(log: dict, rank: int, step: int, loss: float, started: float, count: int) -> None:
-    """Records a step that began at ``started`` (``perf_counter``) and prints it on rank 0."""
+def record(
+    log: dict, rank: int, step: int, loss: float, started: float, count: int, args: Any
+) -> None:
+    """Records a step that began at ``started`` (``perf_counter``), once the device has run it,
+    and prints it on rank 0."""
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     log["losses"].append(loss)
     log["step_s"].append(seconds)
@@ -334,6 +356,11 @@ def record(log: dict, rank: int, step: int, loss: float, started: float, count: 
 def main(argv: list[str] | None = None) -> dict:
     args = arguments(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    if args.device == "cuda" and "LOCAL_RANK" in os.environ:
+        # As torchrun's GPU loops place ranks (several ranks share a device where fewer exist).
+        args.device = f"cuda:{int(os.environ['LOCAL_RANK']) % torch.cuda.device_count()}"
+    if args.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(args.device))
     data = [encode(r) for r in problems(args)]
     model = model_from(args)
     train = train_fsdp2 if args.fsdp2 else train_plain if args.plain else train_odc

@@ -7,7 +7,9 @@ odc's buffer, no copy), compute, ``push`` its gradient, ``finish`` with the summ
 optimizer runs at the shard servers after the step's one barrier.
 
 Gathered units and parameters are torch tensors where ``init`` was given torch tensors, numpy
-arrays otherwise.
+arrays otherwise. With ``device="cuda"`` (the GPU path) the shard servers hold the units on the
+GPU, a gathered unit is a CUDA tensor viewing odc's device memory, and a CUDA gradient is pushed
+from where autograd wrote it: no byte crosses host memory.
 """
 
 from __future__ import annotations
@@ -48,6 +50,22 @@ def _detached(tensor: Any) -> Any:
     return detach() if callable(detach) else tensor
 
 
+def _is_cuda(tensor: Any) -> bool:
+    return bool(getattr(tensor, "is_cuda", False))
+
+
+def _on_host(tensor: Any) -> Any:
+    """An initial value in host memory, where odc reads it once (a CUDA tensor is copied)."""
+    tensor = _detached(tensor)
+    return tensor.cpu() if _is_cuda(tensor) else tensor
+
+
+def _torch_float32() -> Any:
+    import torch
+
+    return torch.float32
+
+
 def _ints(values: Sequence[int]) -> list[int]:
     """A list of ints from a list, tuple, numpy array or torch tensor."""
     if hasattr(values, "tolist"):
@@ -68,6 +86,7 @@ class MicroBatch:
         self.tokens: int = turn.tokens
         self.step: int = turn.step
         self.id: int = turn.id
+        self.on_device: bool = turn.on_device
 
     def gather(self, unit: str | int) -> Any:
         """The unit's parameters for this micro-batch, shaped as given to ``init``: a view of
@@ -75,9 +94,13 @@ class MicroBatch:
         return self._shapes.array(self._turn.gather(unit), unit)
 
     def push(self, unit: str | int, grad: Any) -> None:
-        """Sends ``grad`` (fp32 or bf16, on the CPU, the unit's element count), the gradient of
-        this micro-batch's summed loss with respect to the unit."""
-        self._turn.push(unit, _detached(grad))
+        """Sends ``grad`` (fp32 or bf16, the unit's element count), the gradient of this
+        micro-batch's summed loss with respect to the unit: on the CPU, or on the GPU path a CUDA
+        tensor on the runtime's device (a bf16 one is sent as fp32)."""
+        grad = _detached(grad)
+        if self.on_device and _is_cuda(grad) and grad.dtype != _torch_float32():
+            grad = grad.float()
+        self._turn.push(unit, grad)
 
     def release(self, unit: str | int) -> None:
         """Lets odc free the trainer's copy of a gathered unit (views you hold stay valid)."""
@@ -144,7 +167,7 @@ class Runtime:
                 [(str(n), [int(d) for d in shape]) for n, shape in tensors.get(u, flat[u])]
                 for u in units
             ]
-        self._rt = _odc.Runtime([(n, _detached(t)) for n, t in units.items()], **options)
+        self._rt = _odc.Runtime([(n, _on_host(t)) for n, t in units.items()], **options)
 
     @property
     def rank(self) -> int:
@@ -157,6 +180,16 @@ class Runtime:
     @property
     def units(self) -> list[str]:
         return self._rt.units
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes this rank's gathers and pushes moved through host memory (0 on the GPU path)."""
+        return self._rt.host_bytes
+
+    @property
+    def device(self) -> str:
+        """Where this rank computes: ``"cpu"``, or ``"cuda:N"`` on the GPU path."""
+        return self._rt.device
 
     def step(self, lengths: Sequence[int], loss_tokens: Sequence[int] | None = None) -> Step:
         """Starts a step on a minibatch of samples with ``lengths`` tokens (every rank calls it;
@@ -217,7 +250,10 @@ def init(units: Mapping[str, Any], **options: Any) -> Runtime:
     (where :meth:`Runtime.save_checkpoint` writes), ``resume`` (a ``step-<N>`` directory, or
     ``"auto"``: the newest complete one of ``checkpoint_dir``, if any), ``keep_last_checkpoints``
     (0: all), ``tensors`` (each unit's (name, shape) list, the names a checkpoint holds; one flat
-    tensor per unit, named after it, unless given).
+    tensor per unit, named after it, unless given). ``device``: ``"cpu"`` (the default), or
+    ``"cuda"`` / ``"cuda:N"`` for the GPU path (the shard servers and transfers on the GPU, over
+    odc's cuda transport; under a launcher each rank's device is its local rank's, as
+    ``torch.cuda.set_device(local_rank)`` picks).
     """
     return Runtime(units, **options)
 

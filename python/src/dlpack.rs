@@ -5,6 +5,9 @@
 //!   `numpy.from_dlpack(buffer)` view it without a copy. The capsule's manager holds a reference
 //!   to the memory (`Arc<[f32]>`), so the view stays valid after the runtime, the micro-batch or
 //!   the buffer object is gone; the memory is freed when the last of them lets go.
+//! - With the GPU path (feature `cuda`, `crate::gpu`) a gathered unit in device memory goes out as
+//!   a `kDLCUDA` view the same way ([`export`] with what keeps it alive), and a CUDA gradient
+//!   comes in as a capsule held until its push is over ([`Capsule::consume_later`]).
 //! - [`host_values`] reads a caller's tensor (anything with `__dlpack__`) into `f32`s: on the CPU,
 //!   fp32 or bf16, contiguous, with exactly the expected element count; anything else is an
 //!   error naming what was wrong (its dtype, device, shape or strides). The capsule is consumed
@@ -25,99 +28,117 @@ use crate::errors;
 
 const CAPSULE: &CStr = c"dltensor";
 const USED: &CStr = c"used_dltensor";
-/// `kDLCPU`, `kDLCUDAHost` (pinned host memory, readable as host memory).
-const CPU: i32 = 1;
+/// `kDLCPU`, `kDLCUDA`, `kDLCUDAHost` (pinned host memory, readable as host memory).
+pub(crate) const CPU: i32 = 1;
+pub(crate) const CUDA: i32 = 2;
 const CUDA_HOST: i32 = 3;
 /// Type codes: `kDLFloat`, `kDLBfloat`.
 const FLOAT: u8 = 2;
 const BFLOAT: u8 = 4;
 
 #[repr(C)]
-#[derive(Clone, Copy)]
-struct DLDevice {
-    device_type: i32,
-    device_id: i32,
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DLDevice {
+    pub(crate) device_type: i32,
+    pub(crate) device_id: i32,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct DLDataType {
+pub(crate) struct DLDataType {
     code: u8,
     bits: u8,
     lanes: u16,
 }
 
+/// fp32 and bf16, as DLPack names them.
+pub(crate) const F32: DLDataType = DLDataType {
+    code: FLOAT,
+    bits: 32,
+    lanes: 1,
+};
+pub(crate) const BF16: DLDataType = DLDataType {
+    code: BFLOAT,
+    bits: 16,
+    lanes: 1,
+};
+
 #[repr(C)]
-struct DLTensor {
-    data: *mut c_void,
-    device: DLDevice,
+pub(crate) struct DLTensor {
+    pub(crate) data: *mut c_void,
+    pub(crate) device: DLDevice,
     ndim: i32,
-    dtype: DLDataType,
+    pub(crate) dtype: DLDataType,
     shape: *mut i64,
     strides: *mut i64,
-    byte_offset: u64,
+    pub(crate) byte_offset: u64,
 }
 
 #[repr(C)]
-struct DLManagedTensor {
+pub(crate) struct DLManagedTensor {
     dl_tensor: DLTensor,
     manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+    pub(crate) deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }
 
 /// What one exported capsule owns: the managed tensor first (its address is the whole's), its
-/// shape, and the reference that keeps the memory alive.
+/// shape, and what keeps the memory alive (`K`: the host values, or a device view).
 #[repr(C)]
-struct Exported {
+struct Exported<K> {
     managed: DLManagedTensor,
     shape: [i64; 1],
-    _values: Arc<[f32]>,
+    _keep: K,
 }
 
-unsafe extern "C" fn delete_exported(managed: *mut DLManagedTensor) {
+unsafe extern "C" fn delete_exported<K>(managed: *mut DLManagedTensor) {
     if !managed.is_null() {
-        // SAFETY: `managed` is the first field of a leaked `Box<Exported>` (see `export`), and
-        // the protocol calls the deleter once.
-        drop(unsafe { Box::from_raw(managed.cast::<Exported>()) });
+        // SAFETY: `managed` is the first field of a leaked `Box<Exported<K>>` (see `export`),
+        // and the protocol calls the deleter once.
+        drop(unsafe { Box::from_raw(managed.cast::<Exported<K>>()) });
     }
 }
 
-/// The capsule's destructor: a capsule never consumed still owns its tensor.
+/// The capsule's destructor: a capsule never consumed still owns its tensor (its own deleter
+/// frees it).
 unsafe extern "C" fn drop_capsule(capsule: *mut ffi::PyObject) {
     // SAFETY: called by Python with the capsule; the name tells whether a consumer took it.
     unsafe {
         if ffi::PyCapsule_IsValid(capsule, CAPSULE.as_ptr()) == 1 {
             let managed = ffi::PyCapsule_GetPointer(capsule, CAPSULE.as_ptr());
-            delete_exported(managed.cast());
+            let managed = managed.cast::<DLManagedTensor>();
+            if let Some(deleter) = (*managed).deleter {
+                deleter(managed);
+            }
         }
     }
 }
 
-/// A capsule holding a one-dimensional fp32 view of `values`.
-fn export(py: Python<'_>, values: &Arc<[f32]>) -> PyResult<Py<PyAny>> {
+/// A capsule holding a one-dimensional view of `len` elements of `dtype` at `data` on `device`,
+/// kept valid by `keep` until the consumer lets it go.
+pub(crate) fn export<K: Send + 'static>(
+    py: Python<'_>,
+    data: *mut c_void,
+    device: DLDevice,
+    dtype: DLDataType,
+    len: usize,
+    keep: K,
+) -> PyResult<Py<PyAny>> {
     let mut exported = Box::new(Exported {
         managed: DLManagedTensor {
             dl_tensor: DLTensor {
-                data: values.as_ptr() as *mut c_void,
-                device: DLDevice {
-                    device_type: CPU,
-                    device_id: 0,
-                },
+                data,
+                device,
                 ndim: 1,
-                dtype: DLDataType {
-                    code: FLOAT,
-                    bits: 32,
-                    lanes: 1,
-                },
+                dtype,
                 shape: std::ptr::null_mut(),
                 strides: std::ptr::null_mut(),
                 byte_offset: 0,
             },
             manager_ctx: std::ptr::null_mut(),
-            deleter: Some(delete_exported),
+            deleter: Some(delete_exported::<K>),
         },
-        shape: [values.len() as i64],
-        _values: Arc::clone(values),
+        shape: [len as i64],
+        _keep: keep,
     });
     exported.managed.dl_tensor.shape = exported.shape.as_mut_ptr();
     let raw = Box::into_raw(exported);
@@ -127,7 +148,7 @@ fn export(py: Python<'_>, values: &Arc<[f32]>) -> PyResult<Py<PyAny>> {
         (*raw).managed.manager_ctx = raw.cast();
         let capsule = ffi::PyCapsule_New(raw.cast(), CAPSULE.as_ptr(), Some(drop_capsule));
         if capsule.is_null() {
-            delete_exported(raw.cast());
+            delete_exported::<K>(raw.cast());
             return Err(PyErr::fetch(py));
         }
         Ok(Bound::from_owned_ptr(py, capsule).unbind())
@@ -169,7 +190,19 @@ impl Buffer {
                 "odc's buffer is exported without a copy (copy=True is not offered)",
             ));
         }
-        export(py, &self.values)
+        let host = DLDevice {
+            device_type: CPU,
+            device_id: 0,
+        };
+        let data = self.values.as_ptr() as *mut c_void;
+        export(
+            py,
+            data,
+            host,
+            F32,
+            self.values.len(),
+            Arc::clone(&self.values),
+        )
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
@@ -221,7 +254,12 @@ fn contiguous(t: &DLTensor, shape: &[i64]) -> bool {
     true
 }
 
-fn dtype_name(d: DLDataType) -> String {
+/// Whether `d` is fp32.
+pub(crate) fn is_f32(d: DLDataType) -> bool {
+    (d.code, d.bits, d.lanes) == (FLOAT, 32, 1)
+}
+
+pub(crate) fn dtype_name(d: DLDataType) -> String {
     let kind = match d.code {
         0 => "int",
         1 => "uint",
@@ -245,36 +283,88 @@ pub(crate) fn host_values(
     len: Option<usize>,
     what: &str,
 ) -> PyResult<Vec<f32>> {
-    if !tensor.hasattr("__dlpack__")? {
-        return Err(errors::invalid(format!(
-            "{what}: expected a tensor or an array (an object with __dlpack__), got {}",
-            tensor.get_type().name()?
-        )));
+    let capsule = Capsule::take(tensor, None, what)?;
+    let values = read(capsule.tensor(), len, what);
+    capsule.consume()?;
+    values
+}
+
+/// The DLPack device `tensor` says it is on (`__dlpack_device__`), if it says.
+pub(crate) fn device_of(tensor: &Bound<'_, PyAny>) -> PyResult<Option<(i32, i32)>> {
+    if !tensor.hasattr("__dlpack_device__")? {
+        return Ok(None);
     }
-    let capsule = tensor.call_method0("__dlpack__")?;
-    let cap = capsule.as_ptr();
-    // SAFETY: only a capsule named `dltensor` is read; its pointer is a `DLManagedTensor*`.
-    let managed = unsafe {
-        if ffi::PyCapsule_IsValid(cap, CAPSULE.as_ptr()) != 1 {
+    Ok(tensor.call_method0("__dlpack_device__")?.extract().ok())
+}
+
+/// A producer's unused `dltensor` capsule, read in place and consumed exactly once.
+pub(crate) struct Capsule<'py> {
+    capsule: Bound<'py, PyAny>,
+    managed: *mut DLManagedTensor,
+}
+
+impl<'py> Capsule<'py> {
+    /// `tensor.__dlpack__()` (with `stream=` where given: the stream the consumer reads on),
+    /// checked to be an unused `dltensor` capsule.
+    pub(crate) fn take(
+        tensor: &Bound<'py, PyAny>,
+        stream: Option<usize>,
+        what: &str,
+    ) -> PyResult<Self> {
+        if !tensor.hasattr("__dlpack__")? {
             return Err(errors::invalid(format!(
-                "{what}: __dlpack__ returned no unused `dltensor` capsule"
+                "{what}: expected a tensor or an array (an object with __dlpack__), got {}",
+                tensor.get_type().name()?
             )));
         }
-        ffi::PyCapsule_GetPointer(cap, CAPSULE.as_ptr()).cast::<DLManagedTensor>()
-    };
-    // SAFETY: valid until its deleter runs, which only `consume` below does.
-    let t = unsafe { &(*managed).dl_tensor };
-    let values = read(t, len, what)?;
-    // SAFETY: consumed as the protocol says: renamed, then the deleter called once.
-    unsafe {
-        if ffi::PyCapsule_SetName(cap, USED.as_ptr()) != 0 {
-            return Err(PyErr::fetch(tensor.py()));
-        }
-        if let Some(deleter) = (*managed).deleter {
-            deleter(managed);
-        }
+        let capsule = match stream {
+            None => tensor.call_method0("__dlpack__")?,
+            Some(stream) => {
+                let kwargs = pyo3::types::PyDict::new(tensor.py());
+                kwargs.set_item("stream", stream)?;
+                tensor.call_method("__dlpack__", (), Some(&kwargs))?
+            }
+        };
+        let cap = capsule.as_ptr();
+        // SAFETY: only a capsule named `dltensor` is read; its pointer is a `DLManagedTensor*`.
+        let managed = unsafe {
+            if ffi::PyCapsule_IsValid(cap, CAPSULE.as_ptr()) != 1 {
+                return Err(errors::invalid(format!(
+                    "{what}: __dlpack__ returned no unused `dltensor` capsule"
+                )));
+            }
+            ffi::PyCapsule_GetPointer(cap, CAPSULE.as_ptr()).cast::<DLManagedTensor>()
+        };
+        Ok(Capsule { capsule, managed })
     }
-    Ok(values)
+
+    /// The producer's tensor, valid until the capsule is consumed.
+    pub(crate) fn tensor(&self) -> &DLTensor {
+        // SAFETY: valid until its deleter runs, which only `consume` does.
+        unsafe { &(*self.managed).dl_tensor }
+    }
+
+    /// Consumed as the protocol says: renamed, then the deleter called once.
+    fn consume(self) -> PyResult<()> {
+        let managed = self.consume_later()?;
+        // SAFETY: the renamed capsule no longer deletes it; this is the one call.
+        unsafe {
+            if let Some(deleter) = (*managed).deleter {
+                deleter(managed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Renamed `used_dltensor` (the capsule no longer owns the tensor): the managed tensor,
+    /// whose deleter the caller runs once, on a thread holding the GIL.
+    pub(crate) fn consume_later(self) -> PyResult<*mut DLManagedTensor> {
+        // SAFETY: renaming a live capsule.
+        if unsafe { ffi::PyCapsule_SetName(self.capsule.as_ptr(), USED.as_ptr()) } != 0 {
+            return Err(PyErr::fetch(self.capsule.py()));
+        }
+        Ok(self.managed)
+    }
 }
 
 /// The checked copy of `t`'s elements.
@@ -282,28 +372,13 @@ fn read(t: &DLTensor, len: Option<usize>, what: &str) -> PyResult<Vec<f32>> {
     let device = t.device.device_type;
     if device != CPU && device != CUDA_HOST {
         return Err(errors::invalid(format!(
-            "{what}: the tensor is on DLPack device {device}: odc's host transports take tensors \
-             in host memory (device 1, the CPU)"
+            "{what}: the tensor is on DLPack device {device}{}: this runtime's transport is on \
+             the host and takes tensors in host memory (device 1, the CPU): call .cpu(), or \
+             start the runtime on the GPU (odc.init(device=\"cuda\"))",
+            if device == CUDA { " (CUDA)" } else { "" }
         )));
     }
-    let shape = dims(t);
-    let count: i64 = shape.iter().product();
-    if let Some(len) = len.filter(|&len| count != len as i64) {
-        return Err(errors::invalid(format!(
-            "{what}: the tensor has {count} elements (shape {shape:?}), the unit {len}"
-        )));
-    }
-    let len = usize::try_from(count).unwrap_or(0);
-    if t.data.is_null() && len > 0 {
-        return Err(errors::invalid(format!(
-            "{what}: the tensor has no data pointer"
-        )));
-    }
-    if !contiguous(t, &shape) {
-        return Err(errors::invalid(format!(
-            "{what}: the tensor of shape {shape:?} is not contiguous (call .contiguous())"
-        )));
-    }
+    let len = check_layout(t, len, what)?;
     let d = t.dtype;
     let base = t.data.cast::<u8>().wrapping_add(t.byte_offset as usize);
     match (d.code, d.bits, d.lanes) {
@@ -326,4 +401,28 @@ fn read(t: &DLTensor, len: Option<usize>, what: &str) -> PyResult<Vec<f32>> {
             dtype_name(d)
         ))),
     }
+}
+
+/// Checks `t`'s shape (`len` elements where given), data pointer and contiguity: its element
+/// count.
+pub(crate) fn check_layout(t: &DLTensor, len: Option<usize>, what: &str) -> PyResult<usize> {
+    let shape = dims(t);
+    let count: i64 = shape.iter().product();
+    if let Some(len) = len.filter(|&len| count != len as i64) {
+        return Err(errors::invalid(format!(
+            "{what}: the tensor has {count} elements (shape {shape:?}), the unit {len}"
+        )));
+    }
+    let len = usize::try_from(count).unwrap_or(0);
+    if t.data.is_null() && len > 0 {
+        return Err(errors::invalid(format!(
+            "{what}: the tensor has no data pointer"
+        )));
+    }
+    if !contiguous(t, &shape) {
+        return Err(errors::invalid(format!(
+            "{what}: the tensor of shape {shape:?} is not contiguous (call .contiguous())"
+        )));
+    }
+    Ok(len)
 }

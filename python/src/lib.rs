@@ -9,8 +9,8 @@
 //! dynamic dispatch, LB-Micro's equal counts, long samples split over gangs of ranks, a cost
 //! model given or fitted to a measured table), with no training attached; and `odc.Runtime`
 //! (`runtime.rs`), this rank's part of a job driven from a Python loop (`odc::driven`), its
-//! tensors crossing by DLPack (`dlpack.rs`) with no libtorch linked. `odc.torch.shard` comes
-//! next.
+//! tensors crossing by DLPack (`dlpack.rs`) with no libtorch linked, in host memory or, on the
+//! GPU path (`device.rs`, `gpu.rs`), in device memory of PyTorch's CUDA context.
 //!
 //! Guarantees:
 //! - **No panic crosses into Python**: every failure is an exception of one hierarchy, `odc.Error`
@@ -28,9 +28,13 @@ mod balance;
 #[cfg(feature = "python")]
 mod checkpoint;
 #[cfg(feature = "python")]
+mod device;
+#[cfg(feature = "python")]
 mod dlpack;
 #[cfg(feature = "python")]
 mod errors;
+#[cfg(feature = "python")]
+mod gpu;
 #[cfg(feature = "python")]
 mod runtime;
 

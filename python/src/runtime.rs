@@ -7,22 +7,29 @@
 //! torchrun's, Slurm's or `odc launch`'s variables; [`Fleet`] places one trainer and one shard
 //! server per rank, or the counts asked for in one process; [`odc::recipe::adamw`]'s betas unless
 //! given). Every blocking call releases the GIL; no Rust thread touches a Python object (the
-//! runtime's threads see only Rust values: the turns carry `f32`s, never Python objects).
+//! runtime's threads see only Rust values: the turns carry `f32`s or device addresses, never
+//! Python objects). With `device="cuda"` (`device.rs`) the shard servers and this rank's data
+//! path are on the GPU: gathers are device buffers, CUDA gradients are pushed from where autograd
+//! wrote them.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use odc::driven::{driven, Driver, Next, Running, Turn};
 use odc::recipe::{Fleet, Process};
-use odc::{DispatchMode, Job, OptimizerConfig, Precision, SampleMeta, StepStats, UnitSpec};
+use odc::{
+    DispatchMode, Job, OptimizerConfig, Precision, SampleMeta, StepStats, UnitSpec, UnitValues,
+};
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::checkpoint::{self, Checkpoints, Resumed, UnitTensors};
-use crate::dlpack::{host_values, Buffer};
+use crate::device::{self, OnDevice, Place};
+use crate::dlpack::{self as dl, host_values, Buffer};
 use crate::errors;
 
 /// How long one poll of a running step waits before Python's signals are checked.
@@ -33,9 +40,17 @@ struct Units {
     names: Vec<String>,
     lens: Vec<usize>,
     by_name: HashMap<String, usize>,
+    /// Bytes this rank's gathers and pushes moved through host memory (4 per fp32 element of a
+    /// host gather, 4 per element of a host push; 0 on the GPU path).
+    host_bytes: AtomicU64,
 }
 
 impl Units {
+    fn count_host(&self, elements: usize) {
+        self.host_bytes
+            .fetch_add(elements as u64 * 4, Ordering::Relaxed);
+    }
+
     /// The unit a Python value names: its name, or its index.
     fn id(&self, unit: &Bound<'_, PyAny>) -> PyResult<usize> {
         if let Ok(name) = unit.extract::<String>() {
@@ -75,6 +90,8 @@ pub(crate) struct PyRuntime {
     #[pyo3(get)]
     world_size: u32,
     resumed: Option<Resumed>,
+    /// The GPU path, where `device="cuda"` asked for it.
+    on_device: Option<Arc<OnDevice>>,
 }
 
 /// The optimizer the arguments name.
@@ -144,7 +161,7 @@ impl PyRuntime {
         eps = 1e-8, weight_decay = 0.0, momentum = 0.0, clip_grad_norm = None,
         token_budget = 65_536, precision = "fp32", dispatch = "static", trainers = 1, servers = 1,
         micro_batch_timeout = 600.0, step_timeout = 3600.0, tensors = None,
-        checkpoint_dir = None, resume = None, keep_last_checkpoints = 0,
+        checkpoint_dir = None, resume = None, keep_last_checkpoints = 0, device = "cpu",
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, each with its default
     fn new(
@@ -169,7 +186,9 @@ impl PyRuntime {
         checkpoint_dir: Option<PathBuf>,
         resume: Option<String>,
         keep_last_checkpoints: usize,
+        device: &str,
     ) -> PyResult<Self> {
+        let place = device::place(device)?;
         let config = self::optimizer(optimizer, lr, betas, eps, weight_decay, momentum)?;
         let precision = word(
             "precision",
@@ -212,7 +231,16 @@ impl PyRuntime {
         let names: Vec<String> = units.into_iter().map(|(n, _)| n).collect();
         let flat: Vec<(String, usize)> = names.iter().cloned().zip(lens.iter().copied()).collect();
         // Embedded: PyTorch's threads already run, so odc sets no environment variable.
-        let process = Process::embedded(trainers).map_err(|e| errors::invalid(e.to_string()))?;
+        let mut process =
+            Process::embedded(trainers).map_err(|e| errors::invalid(e.to_string()))?;
+        let on_device = match place {
+            Place::Host => None,
+            Place::Cuda(asked) => {
+                device::use_cuda_transport(&mut process.world)?;
+                let opened = OnDevice::open(asked, &process.world);
+                Some(opened.map_err(|e| errors::invalid(format!("device {device:?}: {e}")))?)
+            }
+        };
         let (rank, world_size) = (process.rank(), process.ranks());
         if process.is_distributed() {
             // The secret is first used when the ranks join, at the first step: checked here.
@@ -233,7 +261,11 @@ impl PyRuntime {
             Some((resumed, opened)) => (Some(resumed), Some(opened)),
             None => (None, None),
         };
-        let (driver, factory) = driven(micro_batch_timeout);
+        let (driver, mut factory) = driven(micro_batch_timeout);
+        let servers_on = on_device.as_ref().map(|d| d.ordinal());
+        if let Some(on_device) = &on_device {
+            factory = factory.with_device_memory(on_device.memory());
+        }
         let open = py.detach(move || -> odc::Result<Open> {
             let runtime = process
                 .runtime()
@@ -248,6 +280,9 @@ impl PyRuntime {
                 .step_timeout(step_timeout)
                 .keep_last_checkpoints(keep_last_checkpoints)
                 .compute(factory);
+            if !process.is_distributed() {
+                builder = builder.servers_on_device(servers_on);
+            }
             if let Some(opened) = opened {
                 builder = builder.resume_from(opened);
             }
@@ -272,11 +307,29 @@ impl PyRuntime {
                 names,
                 lens,
                 by_name,
+                host_bytes: AtomicU64::new(0),
             }),
             rank,
             world_size,
             resumed,
+            on_device,
         })
+    }
+
+    /// Bytes this rank's gathers and pushes have moved through host memory so far (0 on the
+    /// GPU path).
+    #[getter]
+    fn host_bytes(&self) -> u64 {
+        self.units.host_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Where this rank computes: `"cpu"`, or `"cuda:N"` on the GPU path.
+    #[getter]
+    fn device(&self) -> String {
+        match &self.on_device {
+            Some(d) => format!("cuda:{}", d.ordinal()),
+            None => "cpu".into(),
+        }
     }
 
     /// The units' names, in unit order.
@@ -301,6 +354,7 @@ impl PyRuntime {
             state: Mutex::new(StepState::Running(running)),
             driver: Arc::clone(&open.driver),
             units: Arc::clone(&self.units),
+            on_device: self.on_device.clone(),
         })
     }
 
@@ -358,6 +412,7 @@ impl PyRuntime {
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let taken = self.open.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(open) = taken else { return Ok(()) };
+        let on_device = self.on_device.clone();
         py.detach(move || {
             let Ok(open) = Arc::try_unwrap(open) else {
                 return; // another call is in flight: the job drops when it returns
@@ -369,6 +424,14 @@ impl PyRuntime {
             }
             runtime.shutdown_timeout(Duration::from_secs(5));
         });
+        if let Some(on_device) = on_device {
+            // After an orderly shutdown no push holds a gradient any more; one still held (a step
+            // cut short) keeps its tensor, which a copy in flight may still read.
+            let held = on_device.sweep(py);
+            if held > 0 {
+                tracing::warn!("odc: {held} pushed gradients still held at close are kept");
+            }
+        }
         Ok(())
     }
 
@@ -458,6 +521,7 @@ pub(crate) struct PyStep {
     // shutting the job down (a rank that left without it took its shard server with it).
     driver: Arc<Driver>,
     units: Arc<Units>,
+    on_device: Option<Arc<OnDevice>>,
 }
 
 #[pymethods]
@@ -467,6 +531,9 @@ impl PyStep {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<PyMicroBatch> {
+        if let Some(on_device) = &self.on_device {
+            on_device.sweep(py);
+        }
         loop {
             let next = py.detach(|| {
                 let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -523,8 +590,10 @@ impl PyStep {
             step: turn.micro_batch.step,
             id: turn.micro_batch.id,
             trainer: turn.trainer,
+            on_device: turn.on_device,
             turn: Mutex::new(Some(turn)),
             units: Arc::clone(&self.units),
+            device: self.on_device.clone(),
         }
     }
 }
@@ -544,8 +613,12 @@ pub(crate) struct PyMicroBatch {
     id: u32,
     #[pyo3(get)]
     trainer: u32,
+    /// Whether gathers are device buffers and CUDA gradients are pushed from device memory.
+    #[pyo3(get)]
+    on_device: bool,
     turn: Mutex<Option<Turn>>,
     units: Arc<Units>,
+    device: Option<Arc<OnDevice>>,
 }
 
 impl PyMicroBatch {
@@ -582,14 +655,27 @@ impl PyMicroBatch {
 
 #[pymethods]
 impl PyMicroBatch {
-    /// The whole unit at this micro-batch's parameters: a buffer viewing odc's memory.
-    fn gather(&self, py: Python<'_>, unit: &Bound<'_, PyAny>) -> PyResult<Buffer> {
+    /// The whole unit at this micro-batch's parameters: a buffer viewing odc's memory (a
+    /// `Buffer` in host memory, or on the GPU path a `DeviceBuffer`).
+    fn gather(&self, py: Python<'_>, unit: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let id = self.units.id(unit)?;
-        self.with_turn(py, |t| t.gather(id as u32)).map(Buffer::new)
+        match self.with_turn(py, |t| t.gather_values(id as u32))? {
+            UnitValues::Host(values) => {
+                self.units.count_host(values.len());
+                Ok(Py::new(py, Buffer::new(values))?.into_any())
+            }
+            UnitValues::Device { buffer, dtype } => match &self.device {
+                Some(on_device) => on_device.buffer(py, buffer, dtype),
+                None => Err(errors::runtime(odc::Error::Internal(
+                    "a unit gathered into device memory by a runtime on the host".into(),
+                ))),
+            },
+        }
     }
 
-    /// Sends `grad` (fp32 or bf16, host memory, the unit's element count) as the gradient of
-    /// this micro-batch's summed loss with respect to the unit.
+    /// Sends `grad` (the unit's element count: fp32 or bf16 in host memory, or on the GPU path
+    /// fp32 on the runtime's device) as the gradient of this micro-batch's summed loss with
+    /// respect to the unit.
     fn push(
         &self,
         py: Python<'_>,
@@ -598,7 +684,14 @@ impl PyMicroBatch {
     ) -> PyResult<()> {
         let id = self.units.id(unit)?;
         let what = format!("the gradient of unit {:?}", self.units.names[id]);
-        let values = host_values(grad, Some(self.units.lens[id]), &what)?;
+        let len = self.units.lens[id];
+        let on_cuda = matches!(dl::device_of(grad)?, Some((dl::CUDA, _)));
+        if let Some(on_device) = self.device.as_ref().filter(|_| on_cuda) {
+            let grad = on_device.grad(grad, len, &what)?;
+            return self.with_turn(py, |t| t.push_device(id as u32, grad));
+        }
+        let values = host_values(grad, Some(len), &what)?;
+        self.units.count_host(values.len());
         self.with_turn(py, |t| t.push(id as u32, values))
     }
 
@@ -635,5 +728,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyStep>()?;
     m.add_class::<PyMicroBatch>()?;
     m.add_class::<Buffer>()?;
+    m.add_class::<crate::gpu::DeviceBuffer>()?;
     Ok(())
 }

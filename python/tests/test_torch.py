@@ -89,7 +89,7 @@ def test_odc_trains_what_pytorch_alone_trains_over_two_trainers_in_one_process()
             for mb in run:
                 per[mb._mb._turn.trainer] = per.get(mb._mb._turn.trainer, 0) + 1
                 with mb:
-                    loss = sft.loss_sum(model, sft.collate([samples[i] for i in mb.samples]))
+                    loss = sft.loss_sum(model, sft.collate([samples[i] for i in mb.samples]), args)
                     loss.backward()
                     mb.finish(loss)
             counts.append(sorted(per.values()))
@@ -134,7 +134,7 @@ def run_odc(model, args, **options):
             lengths = [len(s[0]) for s in samples]
             for mb in sharded.step(lengths, [sft.loss_tokens(s) for s in samples]):
                 with mb:
-                    loss = sft.loss_sum(model, sft.collate([samples[i] for i in mb.samples]))
+                    loss = sft.loss_sum(model, sft.collate([samples[i] for i in mb.samples]), args)
                     loss.backward()
                     mb.finish(loss)
                 count += 1
@@ -177,7 +177,7 @@ def test_a_block_is_freed_after_its_forward_and_the_model_refuses_to_run_outside
             model(input_ids=torch.tensor([sample[0]]))
         for mb in sharded.step([len(sample[0])]):
             with mb:
-                loss = sft.loss_sum(model, sft.collate([sample]))
+                loss = sft.loss_sum(model, sft.collate([sample]), args)
                 assert seen == [0]  # block 0 freed before block 1 ran
                 loss.backward()
                 mb.finish(loss)
@@ -259,8 +259,8 @@ def test_a_gradient_after_its_units_push_is_refused_not_lost():
         mb = next(iter(run))
         with pytest.raises(odc.InvalidArgument, match="came after the unit was pushed"):
             with mb:
-                sft.loss_sum(model, sft.collate([sample])).backward()
-                sft.loss_sum(model, sft.collate([sample])).backward()  # a second backward
+                sft.loss_sum(model, sft.collate([sample]), args).backward()
+                sft.loss_sum(model, sft.collate([sample]), args).backward()  # a second backward
         with pytest.raises(odc.StepError):
             list(run)
     # A failed shard leaves the model as it was.

@@ -22,11 +22,8 @@
 
 use std::any::Any;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use candle_core::cuda_backend::cudarc::driver::{
-    result, sys, CudaContext, CudaEvent, CudaStream, DevicePtr,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaContext, CudaEvent, CudaStream, DevicePtr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Device, Storage, Tensor};
 use odc_actors::datapath::Transfer;
@@ -284,38 +281,9 @@ impl DeviceGrad for Grad {
     }
 }
 
-/// Polls `event` until it completed or [`WAIT`] passed, yielding to the runtime between polls
-/// (a short spin first: the event is usually a few microseconds away).
+/// Waits for `event` (polled, at most [`WAIT`]: odc-transport's one device wait).
 async fn reached(context: &CudaContext, event: &CudaEvent, what: &str) -> odc_actors::Result<()> {
-    context
-        .bind_to_thread()
-        .map_err(|e| failed("binding the context", e))?;
-    let started = Instant::now();
-    loop {
-        // SAFETY: querying a live event of this context (no other effect).
-        match unsafe { sys::cuEventQuery(event.cu_event()) } {
-            sys::CUresult::CUDA_SUCCESS => return Ok(()),
-            sys::CUresult::CUDA_ERROR_NOT_READY => {}
-            other => return Err(failed(what, result::DriverError(other))),
-        }
-        let waited = started.elapsed();
-        if waited >= WAIT {
-            return Err(odc_actors::Error::User {
-                message: format!(
-                    "cuda: {what} did not complete within {} s (the device is hung or \
-                     overloaded)",
-                    WAIT.as_secs()
-                ),
-            });
-        }
-        if waited < Duration::from_millis(2) {
-            tokio::task::yield_now().await;
-        } else {
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        }
-        // Another worker thread may poll next: bind there too.
-        context
-            .bind_to_thread()
-            .map_err(|e| failed("binding the context", e))?;
-    }
+    odc_transport::cuda::event::reached(context, event.cu_event(), what, WAIT)
+        .await
+        .map_err(|message| odc_actors::Error::User { message })
 }

@@ -51,7 +51,7 @@ impl Job {
     /// stays bf16): one device-to-device read per shard, through no host memory. Needs the `cuda`
     /// transport (a one-process job whose servers are on the GPU, or `odc launch --transport
     /// cuda`; [`Job::reads_device_memory`]); any other fails saying so.
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-data")]
     pub async fn published_units_into(
         &mut self,
         units: Range<UnitId>,
@@ -77,7 +77,7 @@ impl Job {
 
     /// Whether this process's transport reads the published copies straight into device memory
     /// ([`Job::published_units_into`]): the `cuda` backend.
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-data")]
     pub async fn reads_device_memory(&mut self) -> Result<bool> {
         self.start().await?;
         Ok(self.node.as_ref().is_some_and(|node| {

@@ -76,7 +76,7 @@ fn local_rank_from(get: impl Fn(&str) -> Option<String>) -> u32 {
 
 /// The `cuda` backend on device `local_rank() mod device_count` (without a driver: the backend's
 /// `no CUDA driver: …` error).
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-data")]
 async fn cuda_transport(world: &World) -> Result<Arc<dyn Transport>> {
     use odc_transport::cuda::{device_count, CudaConfig, CudaTransport};
     let count = device_count()?;
@@ -93,7 +93,7 @@ async fn cuda_transport(world: &World) -> Result<Arc<dyn Transport>> {
 /// A one-process job's `cuda` backend on device `ordinal` (its shard servers on that GPU,
 /// [`crate::JobBuilder::servers_on_device`]): a job name of its own (`odc-<pid>-<n>`) and a fresh
 /// secret, since nothing outside the process reaches it.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-data")]
 pub async fn device_transport(ordinal: u32) -> Result<Arc<dyn Transport>> {
     use odc_transport::cuda::{CudaConfig, CudaTransport};
     static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -104,7 +104,7 @@ pub async fn device_transport(ordinal: u32) -> Result<Arc<dyn Transport>> {
 }
 
 /// Without the `cuda` feature: the error naming it.
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(feature = "cuda-data"))]
 pub async fn device_transport(ordinal: u32) -> Result<Arc<dyn Transport>> {
     Err(Error::Config(format!(
         "shard servers on CUDA device {ordinal}: this build of odc has no CUDA backend: build \
@@ -112,7 +112,7 @@ pub async fn device_transport(ordinal: u32) -> Result<Arc<dyn Transport>> {
     )))
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(feature = "cuda-data"))]
 async fn cuda_transport(_world: &World) -> Result<Arc<dyn Transport>> {
     Err(Error::Config(
         "ODC_TRANSPORT=cuda: this build of odc has no CUDA backend: build the program with the \
@@ -193,7 +193,7 @@ mod tests {
         assert_eq!(local_rank_from(env(&[("ODC_LOCAL_RANK", "x")])), 0);
     }
 
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(feature = "cuda-data"))]
     #[test]
     fn cuda_without_the_feature_names_it() {
         let mut vars = RANK_1_OF_2.to_vec();

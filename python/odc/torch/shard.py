@@ -127,7 +127,7 @@ class _Held:
             grad = grad.float()
         for p in self.params:
             p.grad = None
-        return grad.cpu()
+        return grad
 
 
 class ShardedModel:
@@ -276,7 +276,10 @@ class ShardedModel:
             return
         grad = h.gradient()
         if grad is not None:
-            self._micro_batch().push(h.unit.name, grad)
+            mb = self._micro_batch()
+            # Over a host transport a CUDA gradient goes through host memory; on the GPU path
+            # (device="cuda") it is pushed from the device.
+            mb.push(h.unit.name, grad if mb.on_device else grad.cpu())
             h.pushed = True
 
     # -- the user's API ------------------------------------------------------------------

@@ -78,6 +78,7 @@
 //! `docs/transports.md`). Peer access between two devices (NVLink) needs a machine with two GPUs.
 
 mod driver;
+pub mod event;
 mod kernels;
 mod library;
 mod mapping;
