@@ -98,6 +98,34 @@ def test_ranks_with_one_and_three_micro_batches_finish_equal_to_the_balanced_run
     assert np.max(np.abs(got - reference(lengths))) <= 1e-5
 
 
+def test_ranks_with_one_and_five_micro_batches_under_dynamic_dispatch_finish_equal():
+    # Six samples, no two of which fit a micro-batch; dynamic dispatch hands each to whichever
+    # trainer asks next. The first is held unfinished (a slow rank), so the other trainer takes
+    # the remaining five; the held one finishes last, and the step's barrier waits for it.
+    lengths = [9] * 6
+    with sgd_runtime(token_budget=16, dispatch="dynamic") as rt:
+        step = rt.step(lengths)
+        counts, held = {}, None
+        for mb in step:
+            counts.setdefault(mb._turn.trainer, []).append(mb.id)
+            if held is None:
+                held = mb
+                continue
+            w = mb.gather("w")
+            loss, grad = loss_and_grad(w, mb.samples, lengths)
+            mb.push("w", grad)
+            mb.finish(loss)
+            if sum(map(len, counts.values())) == len(lengths):
+                w = held.gather("w")
+                loss, grad = loss_and_grad(w, held.samples, lengths)
+                held.push("w", grad)
+                held.finish(loss)
+        assert step.stats["micro_batches"] == 6
+        got = rt.parameters()["w"]
+    assert sorted(len(v) for v in counts.values()) == [1, 5], counts
+    assert np.max(np.abs(got - reference([lengths]))) <= 1e-5
+
+
 def test_a_gathered_unit_views_odcs_buffer_and_outlives_the_runtime():
     rt = sgd_runtime(trainers=1, servers=1)
     kept = []
