@@ -147,3 +147,206 @@ fn the_scan_finds_paths_links_and_brace_groups() {
     );
     assert_eq!(link_targets(text), ["docs/x.md"]);
 }
+
+/// The decimal numbers of `text` outside backticks (`1.28x` → `1.28`, `0.996–0.999` → both).
+fn decimals(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, part) in text.split('`').enumerate() {
+        if i % 2 == 1 {
+            continue; // inside backticks: a command, not a figure
+        }
+        let chars: Vec<char> = part.chars().collect();
+        let mut k = 0;
+        while k < chars.len() {
+            // A figure starts after no letter, digit or point (not `v0.19`, not `x1.5`).
+            let starts = chars[k].is_ascii_digit()
+                && (k == 0 || !(chars[k - 1].is_alphanumeric() || chars[k - 1] == '.'));
+            if !starts {
+                k += 1;
+                continue;
+            }
+            let mut end = k;
+            while end < chars.len() && chars[end].is_ascii_digit() {
+                end += 1;
+            }
+            let decimal =
+                end + 1 < chars.len() && chars[end] == '.' && chars[end + 1].is_ascii_digit();
+            if decimal {
+                end += 1;
+                while end < chars.len() && chars[end].is_ascii_digit() {
+                    end += 1;
+                }
+                let version =
+                    end + 1 < chars.len() && chars[end] == '.' && chars[end + 1].is_ascii_digit();
+                if !version {
+                    out.push(chars[k..end].iter().collect());
+                }
+            }
+            k = end;
+        }
+    }
+    out
+}
+
+/// Whether `number` stands in `text` as a number of its own (not inside a longer one).
+fn shows(text: &str, number: &str) -> bool {
+    text.match_indices(number).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + number.len()..].chars().next();
+        !before.is_some_and(|c| c.is_ascii_digit() || c == '.')
+            && !after.is_some_and(|c| c.is_ascii_digit())
+    })
+}
+
+/// The headline table's rows (`## Where the numbers are` in the README): each row's text and the
+/// `docs/` pages it links.
+fn headline_rows(readme: &str) -> Vec<(String, Vec<String>)> {
+    let start = readme
+        .find("## Where the numbers are")
+        .expect("the README's headline section");
+    let section = &readme[start..];
+    let end = section[3..].find("\n## ").map_or(section.len(), |e| e + 3);
+    section[..end]
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| question"))
+        .map(|l| (l.to_string(), link_targets(l)))
+        .collect()
+}
+
+/// The figures of `rows` that none of their pages shows, as "row: figure".
+fn figures_missing(rows: &[(String, Vec<String>)], page: impl Fn(&str) -> String) -> Vec<String> {
+    let mut missing = Vec::new();
+    for (row, pages) in rows {
+        let text: String = pages.iter().map(|p| page(p)).collect();
+        // The figures are in every cell but the last (the page links).
+        let figures = &row[..row.rfind(" | ").unwrap_or(row.len())];
+        for number in decimals(figures) {
+            if !shows(&text, &number) {
+                let what: String = row.chars().take(60).collect();
+                missing.push(format!("{what}…: {number} is not on {pages:?}"));
+            }
+        }
+    }
+    missing
+}
+
+#[test]
+fn every_headline_figure_is_on_the_page_it_links() {
+    let root = root();
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let rows = headline_rows(&readme);
+    assert!(rows.len() >= 10, "only {} headline rows found", rows.len());
+    assert!(
+        rows.iter().all(|(_, pages)| !pages.is_empty()),
+        "a headline row links no page"
+    );
+    let missing = figures_missing(&rows, |p| {
+        std::fs::read_to_string(root.join(p)).unwrap_or_default()
+    });
+    assert!(
+        missing.is_empty(),
+        "headline figures without their page:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn a_headline_figure_its_page_does_not_show_is_caught() {
+    let rows = headline_rows(
+        "## Where the numbers are\n| question | x |\n| a | 1.28x, control 1.01x (`ab --quick 2.5`) \
+         | [p](docs/p.md) |\n\n## Next\n| b | 9.99 | [q](docs/q.md) |",
+    );
+    assert_eq!(rows.len(), 1);
+    let page = |_: &str| "reads 1.28x; control 1.013".to_string();
+    let missing = figures_missing(&rows, page);
+    assert_eq!(missing.len(), 1, "{missing:?}"); // 1.01 is not 1.013; 2.5 is a command's
+    assert!(missing[0].contains("1.01 is not"), "{missing:?}");
+    assert_eq!(
+        decimals("0.996–0.999, 3 of 1,024, `x 1.5` v0.19.10"),
+        ["0.996", "0.999"]
+    );
+}
+
+/// The words of odc a page may use only if the glossary explains them (`**word**` there).
+const TERMS: &[&str] = &[
+    "I1",
+    "I2",
+    "I3",
+    "I4",
+    "I5",
+    "I6",
+    "C1",
+    "C2",
+    "C3",
+    "C4",
+    "C5",
+    "C6",
+    "C7",
+    "C8",
+    "ABBA",
+    "control",
+    "LB-Mini",
+    "LB-Micro",
+    "gang",
+    "published copy",
+    "served unit",
+    "relayed pushes",
+    "lease",
+    "HPZ",
+    "MFU",
+    "static CP",
+    "dynamic CP",
+    "achievable bound",
+    "perfect balance",
+    "virtual time",
+    "zig-zag",
+    "shard server",
+    "trainer",
+    "supervisor",
+    "unit",
+    "token budget",
+];
+
+/// Whether `text` uses `term` as a word of its own.
+fn uses(text: &str, term: &str) -> bool {
+    text.match_indices(term).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + term.len()..].chars().next();
+        let word = |c: char| c.is_alphanumeric() || c == '_';
+        !before.is_some_and(word) && !after.is_some_and(word)
+    })
+}
+
+#[test]
+fn every_term_the_docs_use_is_in_the_glossary_and_no_page_speaks_of_issue_numbers() {
+    let root = root();
+    let glossary = std::fs::read_to_string(root.join("docs/glossary.md")).expect("the glossary");
+    let mut wrong = Vec::new();
+    for doc in documents() {
+        let text = std::fs::read_to_string(&doc).expect("a readable document");
+        let name = doc
+            .strip_prefix(&root)
+            .unwrap_or(&doc)
+            .display()
+            .to_string();
+        for term in TERMS.iter().filter(|t| uses(&text, t)) {
+            let defined = glossary.contains(&format!("**{term}**"))
+                || glossary.contains(&format!("**{term} "));
+            if !defined {
+                wrong.push(format!(
+                    "{name} uses {term:?}, which docs/glossary.md does not explain"
+                ));
+            }
+        }
+        for (at, _) in text
+            .match_indices("issue ")
+            .chain(text.match_indices("Issue "))
+        {
+            if text[at + 6..].starts_with(|c: char| c.is_ascii_digit()) {
+                let line = text[..at].lines().count();
+                wrong.push(format!("{name}:{line} names an issue number"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

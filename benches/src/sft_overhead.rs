@@ -33,11 +33,8 @@
 //!   between `min_len` and `max_len` (the arithmetic problems are too short to occupy a GPU).
 //! - Each A block ends with a device synchronisation (candle's kernels are asynchronous); B's
 //!   step waits for its gradient downloads and the servers' acknowledgements anyway.
-//! - **MFU** = model FLOPs ÷ time ÷ the device's dense bf16 peak ([`H100_SXM_BF16_DENSE`],
-//!   989 TFLOP/s for an H100 SXM), with model FLOPs per sample of `s` tokens
-//!   `6·P·s + 12·L·d·s²` ([`model_flops`]: `P` the parameters that multiply, i.e. without the
-//!   embedding table, whose lookup does no arithmetic; the second term is attention's scores and
-//!   weighted values, forward and backward, counted in full as PaLM's appendix does).
+//! - **MFU** is odc's one formula ([`odc::recipe::progress::mfu`]: `6 · N · tokens/s` over the
+//!   device's dense bf16 peak, 989 TFLOP/s for an H100 SXM or H200, `N` every parameter once).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -93,22 +90,17 @@ pub enum Data {
     Synthetic { min_len: usize, max_len: usize },
 }
 
-/// The dense bf16 peak of an H100 SXM (NVIDIA's datasheet, without sparsity), FLOP/s: the MFU
-/// denominator.
-pub const H100_SXM_BF16_DENSE: f64 = 989e12;
+pub use odc::recipe::progress::H100_SXM_BF16_DENSE;
 
 /// Model FLOPs of one training step (forward and backward) over samples of these lengths:
-/// `Σ 6·P·s + 12·L·d·s²`, `P` the parameters without the embedding table (see the module docs).
+/// `6 · N · tokens` (odc's one MFU formula, [`odc::recipe::progress::mfu`]).
 pub fn model_flops(config: &ModelConfig, sample_tokens: &[usize]) -> anyhow::Result<f64> {
-    let p = (param_count(config)? - config.vocab_size * config.d_model) as f64;
-    let (l, d) = (config.n_layers as f64, config.d_model as f64);
-    Ok(sample_tokens
-        .iter()
-        .map(|&s| {
-            let s = s as f64;
-            6.0 * p * s + 12.0 * l * d * s * s
-        })
-        .sum())
+    let tokens: usize = sample_tokens.iter().sum();
+    Ok(odc::recipe::progress::mfu(
+        param_count(config)? as u64,
+        tokens as f64,
+        1.0,
+    ))
 }
 
 /// What the benchmark measured: seconds per step of each block, per side.
@@ -478,12 +470,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn model_flops_count_matmul_parameters_and_attention() {
+    fn model_flops_are_six_flops_per_parameter_and_token() {
         let c = ModelConfig::tiny();
-        // 919,424 parameters, of which the 259 × 128 embedding table does no arithmetic.
-        let p = 919_424.0 - 259.0 * 128.0;
         let one = model_flops(&c, &[100]).unwrap();
-        assert_eq!(one, 6.0 * p * 100.0 + 12.0 * 4.0 * 128.0 * 100.0 * 100.0);
+        assert_eq!(one, 6.0 * 919_424.0 * 100.0); // the tiny model's 919,424 parameters
         let two = model_flops(&c, &[100, 300]).unwrap();
         assert_eq!(two, one + model_flops(&c, &[300]).unwrap());
         assert_eq!(model_flops(&c, &[]).unwrap(), 0.0);

@@ -2,10 +2,26 @@
 //! the loss smoothed over steps (an exponential average, 0.9), and words the lines a run prints:
 //! a progress bar's message on a terminal, else a line for the first step, every tenth and the
 //! last ([`Progress::line_due`]), and the rate at the end.
+//!
+//! **MFU, one formula for every figure odc prints** ([`mfu`]): `6 · N · tokens/s` over the
+//! device's dense peak, `N` every parameter of the model once (a tied head is the embedding
+//! matrix, counted once, as the head's matmul). Attention's own FLOPs are not counted, so a run of
+//! long sequences reads lower than the hardware's use. `benches/gpu/peer.py` (the PyTorch peer)
+//! counts the same way.
 
 use std::time::{Duration, Instant};
 
 use crate::StepStats;
+
+/// The dense bf16 peak of an H100 SXM or H200 (NVIDIA's datasheets, without sparsity), FLOP/s:
+/// the MFU denominator on those cards.
+pub const H100_SXM_BF16_DENSE: f64 = 989e12;
+
+/// Model FLOPs utilisation of a model of `params` parameters training at `tokens_per_s` on a
+/// device of `peak` FLOP/s (see the [module docs](self)).
+pub fn mfu(params: u64, tokens_per_s: f64, peak: f64) -> f64 {
+    6.0 * params as f64 * tokens_per_s / peak
+}
 
 /// See the [module docs](self).
 #[derive(Debug, Clone)]
