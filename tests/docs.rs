@@ -28,6 +28,23 @@ fn documents() -> Vec<PathBuf> {
     docs
 }
 
+/// Every document, its name from the root, and its text.
+fn read_documents() -> Vec<(PathBuf, String, String)> {
+    let root = root();
+    documents()
+        .into_iter()
+        .map(|doc| {
+            let text = std::fs::read_to_string(&doc).expect("a readable document");
+            let name = doc
+                .strip_prefix(&root)
+                .unwrap_or(&doc)
+                .display()
+                .to_string();
+            (doc, name, text)
+        })
+        .collect()
+}
+
 /// The repository's top-level files and folders that paths in the docs start from.
 fn top_level() -> Vec<String> {
     std::fs::read_dir(root())
@@ -103,13 +120,7 @@ fn every_repository_path_and_link_in_the_docs_exists() {
     let top = top_level();
     let mut missing = Vec::new();
     let mut checked = 0;
-    for doc in documents() {
-        let text = std::fs::read_to_string(&doc).expect("a readable document");
-        let name = doc
-            .strip_prefix(&root)
-            .unwrap_or(&doc)
-            .display()
-            .to_string();
+    for (doc, name, text) in read_documents() {
         for path in backticked_paths(&text, &top) {
             checked += 1;
             if !root.join(path.trim_end_matches('/')).exists() {
@@ -322,13 +333,7 @@ fn every_term_the_docs_use_is_in_the_glossary_and_no_page_speaks_of_issue_number
     let root = root();
     let glossary = std::fs::read_to_string(root.join("docs/glossary.md")).expect("the glossary");
     let mut wrong = Vec::new();
-    for doc in documents() {
-        let text = std::fs::read_to_string(&doc).expect("a readable document");
-        let name = doc
-            .strip_prefix(&root)
-            .unwrap_or(&doc)
-            .display()
-            .to_string();
+    for (_, name, text) in read_documents() {
         for term in TERMS.iter().filter(|t| uses(&text, t)) {
             let defined = glossary.contains(&format!("**{term}**"))
                 || glossary.contains(&format!("**{term} "));
