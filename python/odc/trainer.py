@@ -60,12 +60,6 @@ def _on_host(tensor: Any) -> Any:
     return tensor.cpu() if _is_cuda(tensor) else tensor
 
 
-def _torch_float32() -> Any:
-    import torch
-
-    return torch.float32
-
-
 def _ints(values: Sequence[int]) -> list[int]:
     """A list of ints from a list, tuple, numpy array or torch tensor."""
     if hasattr(values, "tolist"):
@@ -98,8 +92,8 @@ class MicroBatch:
         micro-batch's summed loss with respect to the unit: on the CPU, or on the GPU path a CUDA
         tensor on the runtime's device (a bf16 one is sent as fp32)."""
         grad = _detached(grad)
-        if self.on_device and _is_cuda(grad) and grad.dtype != _torch_float32():
-            grad = grad.float()
+        if self.on_device and _is_cuda(grad):
+            grad = grad.float()  # the same tensor when it is fp32 already
         self._turn.push(unit, grad)
 
     def release(self, unit: str | int) -> None:

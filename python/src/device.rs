@@ -48,7 +48,7 @@ pub(crate) fn ordinal(asked: Option<u32>, world: &World, count: u32) -> odc::Res
     if world.world_size <= 1 {
         return Ok(asked.unwrap_or(0));
     }
-    let local = odc::launch::local_rank() % count.max(1);
+    let local = odc::launch::local_device(count);
     match asked {
         Some(n) if n != local => Err(odc::Error::Config(format!(
             "device cuda:{n}: under a launcher this rank's cuda transport is on cuda:{local} \

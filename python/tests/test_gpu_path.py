@@ -81,9 +81,9 @@ def test_a_cuda_gradient_on_a_host_runtime_is_named_not_read():
 def test_the_host_path_counts_its_host_bytes():
     rt = sgd_runtime(trainers=1, servers=1)
     assert rt.device == "cpu" and rt.host_bytes == 0
-    train(rt, [[3, 5]])
-    micro_batches = 1  # a budget of 16 tokens holds both samples
-    assert rt.host_bytes == micro_batches * 2 * UNIT * 4  # one gather and one push, fp32
+    (stats,) = train(rt, [[3, 5]])
+    # Each micro-batch gathers the unit and pushes its gradient, 4 bytes an element each.
+    assert rt.host_bytes == stats["micro_batches"] * 2 * UNIT * 4
     rt.close()
 
 

@@ -13,5 +13,5 @@ mod world;
 pub use limits::raise_fd_limit;
 pub use roles::{parse_ranks, Roles};
 pub use spawn::{launch, LaunchConfig, LaunchError, TIMED_OUT};
-pub use transport::{device_transport, job_name, local_rank, secret, transport};
+pub use transport::{device_transport, job_name, local_device, local_rank, secret, transport};
 pub use world::{first_host, World, WorldError, WorldSource, DEFAULT_PORT, MAX_WORLD};

@@ -67,6 +67,12 @@ pub fn local_rank() -> u32 {
     local_rank_from(|name| std::env::var(name).ok())
 }
 
+/// This rank's CUDA device among `count`: `local_rank() mod count` (the `cuda` transport's, and
+/// the Python package's GPU path's).
+pub fn local_device(count: u32) -> u32 {
+    local_rank() % count.max(1)
+}
+
 fn local_rank_from(get: impl Fn(&str) -> Option<String>) -> u32 {
     ["ODC_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"]
         .iter()
@@ -85,7 +91,7 @@ async fn cuda_transport(world: &World) -> Result<Arc<dyn Transport>> {
             "ODC_TRANSPORT=cuda: no CUDA driver: the driver sees no CUDA device".into(),
         ));
     }
-    let device = local_rank() % count;
+    let device = local_device(count);
     let config = CudaConfig::new(device, job_name(world), secret(world)?);
     Ok(Arc::new(CudaTransport::new(config).await?))
 }
