@@ -305,6 +305,7 @@ const TERMS: &[&str] = &[
     "lease",
     "HPZ",
     "MFU",
+    "eval loss",
     "static CP",
     "dynamic CP",
     "achievable bound",

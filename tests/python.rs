@@ -17,14 +17,33 @@ use std::time::{Duration, Instant};
 /// What each environment installs; a change makes it again.
 const TOOLS: &[&str] = &["maturin>=1.9.4,<2"];
 /// (ruff: `.ci/run` lints the package's Python with it. torch and transformers: `odc.torch` and
-/// its parity with PyTorch, FSDP2 and `transformers`; PyPI's torch, about 5.4 GB, once.)
+/// its parity with PyTorch, FSDP2 and `transformers`; PyPI's torch, about 5.4 GB, once.
+/// tensorboard: its own reader reads the event files odc's examples write.)
 const TEST: &[&str] = &[
     "pytest>=7",
     "numpy>=1.21",
     "ruff>=0.6",
     "torch>=2.4",
     "transformers>=4.45",
+    "tensorboard>=2.10",
 ];
+
+/// An event file as the examples' `--tensorboard` writes it (`odc::recipe::tensorboard`), in a
+/// fresh directory, for `python/tests/test_tensorboard.py` to read with TensorBoard's reader;
+/// the scalars it holds, as the test expects them.
+fn tensorboard_events() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tensorboard-events");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut writer = odc::recipe::tensorboard::EventWriter::create(&dir).unwrap();
+    for step in 1..=3u64 {
+        let loss = 4.0 / step as f64;
+        writer
+            .scalars(step, &[("loss", loss), ("mfu", 0.01 * step as f64)])
+            .unwrap();
+    }
+    writer.scalars(3, &[("eval_loss", 1.5)]).unwrap();
+    dir
+}
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -193,7 +212,8 @@ fn the_python_package_builds_into_a_wheel_that_installs_and_passes_its_tests() {
         .env_clear()
         .env("PATH", format!("{}:/usr/bin:/bin", venv.display()))
         .env("HOME", env!("CARGO_TARGET_TMPDIR"))
-        .env("PYTHONDONTWRITEBYTECODE", "1");
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("ODC_TENSORBOARD_EVENTS", tensorboard_events());
     let out =
         run("pytest", &mut pytest, Duration::from_secs(900)).unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{out}");

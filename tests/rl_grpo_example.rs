@@ -144,6 +144,92 @@ fn a_short_grpo_run_reports_rewards_groups_and_its_final_line() {
     );
 }
 
+/// A short run's flags: no warm start, 2 RL steps of 3 prompts, 2 responses each.
+const SHORT: [&str; 13] = [
+    "--sft-steps",
+    "0",
+    "--steps",
+    "2",
+    "--prompts",
+    "3",
+    "--group-size",
+    "2",
+    "--max-new-tokens",
+    "8",
+    "--eval-problems",
+    "0",
+    "--no-metrics",
+];
+
+/// `--reward-command`: its numbers are the rewards (every response 0.5: every group alike, none
+/// trained on), and every step's figures reach the JSONL log and TensorBoard; a command that
+/// fails, hangs past `--reward-timeout` or prints what is not a number stops the run before any
+/// update, with an error naming it.
+#[test]
+fn a_reward_command_scores_the_responses_and_its_failures_stop_the_run() {
+    let dir = std::env::temp_dir().join(format!("odc-grpo-reward-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (jsonl, tb) = (dir.join("log.jsonl"), dir.join("tb"));
+    let mut command = Command::new(harness::example("rl_grpo"));
+    command.args(SHORT).args([
+        "--reward-command",
+        "while read -r line; do echo 0.5; done",
+        "--log-jsonl",
+        jsonl.to_str().unwrap(),
+        "--tensorboard",
+        tb.to_str().unwrap(),
+    ]);
+    let out = harness::run(command, Duration::from_secs(300));
+    let stdout = harness::succeeded(&out, "GRPO with a reward command");
+    for step in ["step   1/2  reward 0.500", "step   2/2  reward 0.500"] {
+        let line = stdout.lines().find(|l| l.starts_with(step));
+        let line = line.unwrap_or_else(|| panic!("no {step:?} in {stdout}"));
+        assert!(line.contains("groups trained 0/3"), "{line}");
+    }
+    let records = odc::recipe::log::read_jsonl(&jsonl).unwrap();
+    let steps: Vec<u64> = records.iter().map(|r| r.0).collect();
+    assert_eq!(
+        steps,
+        [0, 1, 2, 2],
+        "held-out before, two steps, held-out after"
+    );
+    let reward = records[2].1.iter().find(|(n, _)| n == "reward").unwrap().1;
+    assert_eq!(reward, 0.5);
+    let files = odc::recipe::tensorboard::event_files(&tb).unwrap();
+    let events = odc::recipe::tensorboard::read_events(&files[0]).unwrap();
+    assert!(events
+        .iter()
+        .any(|e| e.step == 2 && e.scalars.contains(&("reward".to_string(), 0.5))));
+
+    for (script, named) in [
+        (
+            "echo no >&2; exit 3",
+            "exited with exit status: 3; stderr: no",
+        ),
+        ("sleep 60", "did not finish within 1s"),
+        (
+            "while read -r line; do echo high; done",
+            "printed \"high\" for response 1",
+        ),
+    ] {
+        let mut command = Command::new(harness::example("rl_grpo"));
+        command
+            .args(SHORT)
+            .args(["--reward-command", script, "--reward-timeout", "1"]);
+        let out = harness::run(command, Duration::from_secs(120));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{script}: {stdout}");
+        assert!(
+            stderr.contains("--reward-command") && stderr.contains(named),
+            "{script}: {stderr}"
+        );
+        // Stopped while scoring the first step's responses: nothing was trained.
+        assert!(!stdout.contains("step   1/2"), "{script}: {stdout}");
+    }
+}
+
 #[test]
 fn a_zero_temperature_is_refused_with_its_name() {
     let mut command = Command::new(harness::example("rl_grpo"));

@@ -77,21 +77,60 @@ fn assert_resumed_to(stdout: &str, step: u64, uninterrupted: f64) {
     );
 }
 
-/// `final step=<n> loss=<f> eval_accuracy=<f>` as (n, loss, accuracy).
+/// `final step=<n> loss=<f> eval_accuracy=<f> eval_loss=<f>` as (n, loss, accuracy).
 fn final_line(stdout: &str) -> (u64, f64, f64) {
-    let last = stdout.lines().last().expect("some output");
-    let field = |name: &str| -> String {
-        last.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{name}=")))
-            .unwrap_or_else(|| panic!("no {name}= in {last:?}"))
-            .to_string()
-    };
-    assert!(last.starts_with("final "), "last line: {last:?}");
     (
-        field("step").parse().unwrap(),
-        field("loss").parse().unwrap(),
-        field("eval_accuracy").parse().unwrap(),
+        final_field(stdout, "step").parse().unwrap(),
+        final_field(stdout, "loss").parse().unwrap(),
+        final_field(stdout, "eval_accuracy").parse().unwrap(),
     )
+}
+
+/// The value of `name=` on the final line.
+fn final_field(stdout: &str, name: &str) -> String {
+    let last = stdout.lines().last().expect("some output");
+    assert!(last.starts_with("final "), "last line: {last:?}");
+    last.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= in {last:?}"))
+        .to_string()
+}
+
+/// The run's logs hold every step's figures and each evaluation's, the same in JSONL and in
+/// TensorBoard's event file (read back by the format's reader, every checksum checked); the
+/// MFU printed beside tokens/s is the one logged.
+fn assert_logged(stdout: &str, jsonl: &Path, tensorboard: &Path, loss: f64, eval_loss: f64) {
+    let records = odc::recipe::log::read_jsonl(jsonl).unwrap();
+    let steps: Vec<u64> = records.iter().map(|r| r.0).collect();
+    // Steps 1..=6, and the evaluations after steps 3 and 6.
+    assert_eq!(steps, [1, 2, 3, 3, 4, 5, 6, 6], "{records:?}");
+    let value = |i: usize, name: &str| {
+        let found = records[i].1.iter().find(|(n, _)| n == name);
+        found
+            .unwrap_or_else(|| panic!("no {name} in {:?}", records[i]))
+            .1
+    };
+    assert_eq!(value(6, "loss"), loss);
+    assert_eq!(value(7, "eval_loss"), eval_loss);
+    let mfu = value(6, "mfu");
+    assert!(mfu > 0.0 && mfu < 1.0, "mfu {mfu}");
+    assert!(value(0, "learning_rate") > 0.0 && value(5, "tokens_per_s") > 0.0);
+    let summary = stdout.lines().find(|l| l.contains("MFU")).unwrap_or("");
+    assert!(
+        summary.contains(&format!("MFU {:.2}%", mfu * 100.0)),
+        "{stdout}"
+    );
+    let files = odc::recipe::tensorboard::event_files(tensorboard).unwrap();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let events = odc::recipe::tensorboard::read_events(&files[0]).unwrap();
+    let losses: Vec<(i64, f32)> = events
+        .iter()
+        .flat_map(|e| e.scalars.iter().map(move |(tag, v)| (e.step, tag, *v)))
+        .filter(|(_, tag, _)| *tag == "loss")
+        .map(|(step, _, v)| (step, v))
+        .collect();
+    assert_eq!(losses.len(), 6);
+    assert_eq!(losses[5], (6, loss as f32));
 }
 
 #[test]
@@ -102,10 +141,20 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     let ckpt = dir.join("ckpt");
     let ckpt_arg = ckpt.to_str().unwrap();
 
-    // The whole run, checkpointing every 3 steps.
+    // The whole run, checkpointing every 3 steps, its figures logged to JSONL and TensorBoard.
+    let (jsonl, tensorboard) = (dir.join("log.jsonl"), dir.join("tb"));
     let out = run(
         &dir,
-        &["--checkpoint-every", "3", "--checkpoint-dir", ckpt_arg],
+        &[
+            "--checkpoint-every",
+            "3",
+            "--checkpoint-dir",
+            ckpt_arg,
+            "--log-jsonl",
+            jsonl.to_str().unwrap(),
+            "--tensorboard",
+            tensorboard.to_str().unwrap(),
+        ],
     );
     let stdout = harness::succeeded(&out, "the whole run");
     let (step, loss, accuracy) = final_line(&stdout);
@@ -113,6 +162,9 @@ fn config_file_checkpoints_resume_and_a_truncated_checkpoint() {
     assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
     assert!((0.0..=1.0).contains(&accuracy), "accuracy {accuracy}");
     assert!(stdout.contains("eval step 3:"), "{stdout}");
+    let eval_loss: f64 = final_field(&stdout, "eval_loss").parse().unwrap();
+    assert!(eval_loss.is_finite() && eval_loss > 0.0, "{stdout}");
+    assert_logged(&stdout, &jsonl, &tensorboard, loss, eval_loss);
     // The header says how the cores were split over the trainers (`share_cpu_threads`).
     assert!(
         stdout.contains("CPU thread(s) per trainer") || stdout.contains("CPU threads as set by"),
@@ -362,18 +414,8 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     let model = dir.join("model");
     let config = write_model_dir(&model);
     let data = dir.join("chat.jsonl");
-    let lines: Vec<String> = odc::text::ArithTask::train(7)
-        .problems(0..40)
-        .map(|p| {
-            serde_json::json!({"messages": [
-                {"role": "system", "content": "Answer with the steps."},
-                {"role": "user", "content": p.question},
-                {"role": "assistant", "content": p.answer},
-            ]})
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&data, lines.join("\n")).unwrap();
+    let problems = odc::text::ArithTask::train(7).problems(0..40);
+    model_dir::write_chat_jsonl(&data, problems, Some("Answer with the steps."));
     let out_dir = dir.join("out");
     let sft = |args: &[&str]| {
         let mut command = Command::new(harness::example("sft"));
@@ -401,22 +443,28 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
     // The model directory trained on the chat data, then `args`.
     let on_model =
         |args: &[&str]| sft(&[&["--model-dir", model_arg, "--data", data_arg][..], args].concat());
-    let mut args = vec!["--export-hf", out_dir.to_str().unwrap()];
-    // GSM8K's test split as held-out problems, prompted with the model's template.
-    let gsm8k = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/gsm8k/test.jsonl");
-    let gsm8k_arg = gsm8k.to_string_lossy().into_owned();
-    if gsm8k.is_file() {
-        args.extend(["--eval-data", &gsm8k_arg]);
-    } else {
-        eprintln!("no evaluation in the model-directory run: {gsm8k_arg} is absent");
-    }
+    // Held-out conversations (chat JSONL, other problems): an eval loss on the assistant's
+    // turns, and no accuracy (nothing to answer).
+    let eval = dir.join("chat-eval.jsonl");
+    model_dir::write_chat_jsonl(&eval, odc::text::ArithTask::eval(7).problems(0..3), None);
+    let args = [
+        "--export-hf",
+        out_dir.to_str().unwrap(),
+        "--eval-data",
+        eval.to_str().unwrap(),
+    ];
     let stdout = harness::succeeded(&on_model(&args), "fine-tuning the model directory");
     let (step, loss, accuracy) = final_line(&stdout);
     assert_eq!(step, 4);
     assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
-    if gsm8k.is_file() {
-        assert!((0.0..=1.0).contains(&accuracy), "accuracy {accuracy}");
-    }
+    assert!(accuracy.is_nan(), "{stdout}");
+    let eval_loss: f64 = final_field(&stdout, "eval_loss").parse().unwrap();
+    assert!(eval_loss.is_finite() && eval_loss > 0.0, "{stdout}");
+    // 2 conversations (`--eval-problems 2`) of the 3.
+    assert!(
+        stdout.contains(" samples)") && stdout.contains("of 2 samples"),
+        "{stdout}"
+    );
     assert!(stdout.contains("exported: "), "{stdout}");
 
     // The export: HF names in bf16, the tokenizer files beside, the same model, moved weights.
@@ -546,4 +594,44 @@ fn sft_fine_tunes_a_model_directory_and_exports_it() {
         "{stderr}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The short run `docs/examples.md` shows (its command and final line, read from the page) ends
+/// within the page's stated tolerance of the line it prints: loss and eval loss within 0.01
+/// (the last digits depend on the CPU's vector units), accuracy within 0.05.
+#[test]
+fn the_short_run_on_the_examples_page_prints_its_line_within_the_stated_tolerance() {
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples.md"))
+            .unwrap();
+    let marker = "`cargo run --release --example sft -- ";
+    let at = page
+        .find(marker)
+        .expect("docs/examples.md shows a short sft run");
+    let rest = &page[at + marker.len()..];
+    let args: Vec<&str> = rest[..rest.find('`').unwrap()].split_whitespace().collect();
+    let shown = rest
+        .lines()
+        .find(|l| l.starts_with("final step="))
+        .expect("the short run's final line on the page");
+    assert!(
+        page.contains("within ±0.01"),
+        "the page states the tolerance this test applies"
+    );
+    let mut command = Command::new(harness::example("sft"));
+    command.args(&args).arg("--no-metrics");
+    let stdout = harness::succeeded(&harness::run(command, Duration::from_secs(600)), shown);
+    for (name, tolerance) in [
+        ("step", 0.0),
+        ("loss", 0.01),
+        ("eval_loss", 0.01),
+        ("eval_accuracy", 0.05),
+    ] {
+        let got: f64 = final_field(&stdout, name).parse().unwrap();
+        let want: f64 = final_field(shown, name).parse().unwrap();
+        assert!(
+            (got - want).abs() <= tolerance,
+            "{name}: {got} printed, the page shows {want} (tolerance {tolerance}):\n{stdout}"
+        );
+    }
 }

@@ -50,6 +50,25 @@ pub(crate) struct Args {
     /// only; see `odc::text::weighted_reward`).
     #[arg(long, default_value_t = odc::text::reward::FORMAT_WEIGHT)]
     pub(crate) format_reward: f64,
+    /// A reward of your own instead of the built-in GSM8K one: a shell command that reads one
+    /// JSON object per response and line on stdin (`{"prompt", "completion", "answer"}`) and
+    /// prints one number per line, run once per decoding batch (see
+    /// `odc::recipe::reward_command`). Accuracy stays the exact match of the final number.
+    #[arg(long)]
+    pub(crate) reward_command: Option<String>,
+    /// Seconds one run of `--reward-command` may take before it is killed and the run stops.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) reward_timeout: u64,
+    /// Append every logged figure (each RL step's, the held-out scores) to this JSONL file.
+    #[arg(long)]
+    pub(crate) log_jsonl: Option<PathBuf>,
+    /// Write every logged figure to TensorBoard event files in this directory.
+    #[arg(long)]
+    pub(crate) tensorboard: Option<PathBuf>,
+    /// The peak TFLOP/s the update's MFU is over (default: on CUDA an H100/H200's 989 bf16
+    /// dense; on the CPU the trainers' fp32 matmul rate, measured at the start).
+    #[arg(long)]
+    pub(crate) peak_tflops: Option<f64>,
     /// KL coefficient to the reference.
     #[arg(long, default_value_t = 0.01)]
     pub(crate) kl_coef: f64,

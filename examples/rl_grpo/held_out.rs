@@ -26,6 +26,17 @@ pub(crate) struct HeldOut {
     pub(crate) accuracy: f64,
 }
 
+impl HeldOut {
+    /// The scores as the run's log records them.
+    pub(crate) fn figures(&self) -> [(&'static str, f64); 3] {
+        [
+            ("held_out_greedy_accuracy", self.greedy),
+            ("held_out_reward", self.reward),
+            ("held_out_accuracy", self.accuracy),
+        ]
+    }
+}
+
 /// Every rank's share of the held-out scores, summed (the job's ranks in order).
 pub(crate) async fn sum(job: &mut Job, mine: HeldOutCounts) -> anyhow::Result<HeldOut> {
     let all = job

@@ -37,6 +37,19 @@
 //! comparison). The last line is `final step=<n> reward=<f> accuracy=<f>`. `--max-value`
 //! defaults to the `--init` checkpoint's (the SFT run's setting).
 //!
+//! `--reward-command CMD` replaces the built-in reward with the user's: `sh -c CMD` reads one
+//! JSON object per response and line (`{"prompt", "completion", "answer"}`) and prints one number
+//! per line, once per decoding batch (`odc::recipe::reward_command`); a run that exits non-zero,
+//! outlives `--reward-timeout` seconds or prints what is not a finite number stops the run with
+//! an error naming it, before anything is trained on that batch. Each update's line adds its
+//! tokens/s and the updates' MFU so far (`6 · N · tokens/s` over the update time, over the peak
+//! the `updates:` line names; `--peak-tflops` sets it, see `sft`). `--log-jsonl PATH` and
+//! `--tensorboard DIR` write every step's figures (`reward`, `accuracy`, `kl`,
+//! `response_tokens_mean`, `response_tokens_max`, `groups_trained`, `sampling_s` and the
+//! update's `loss`, `grad_norm`, `tokens_per_s`, `step_ms`, `mfu`) and the held-out scores
+//! (`held_out_greedy_accuracy`, `held_out_reward`, `held_out_accuracy`; at step 0 before RL and
+//! at the last step after).
+//!
 //! Under `odc launch` every process is one trainer and one shard server, and every rank samples
 //! its share of each step's groups (and of the held-out problems) with the current policy: the
 //! ranks list the same prompts, rank `r` of `n` takes the `r`-th contiguous share of whole
@@ -93,7 +106,9 @@ use odc::model::{
     batch_share_range, evaluate_prompted, tensor_map, unit_count, unit_name, GrpoConfig,
     ModelConfig, Sampling, Weights, EVAL_BATCH,
 };
-use odc::recipe::{adamw, checkpoint_due, Evaluator, Fleet, JobRecipe, Process};
+use odc::recipe::{
+    adamw, checkpoint_due, Evaluator, Fleet, JobRecipe, Log, Process, Progress, RewardCommand,
+};
 use odc::text::{ArithTask, ByteTokenizer, HfTokenizer, Problem, TextFormat, Tokenizer};
 use odc::{Job, UnitSpec};
 
@@ -101,7 +116,7 @@ use args::Args;
 use checkpoints::Position;
 use groups::{Responses, StepSamples};
 use held_out::{HeldOut, HeldOutCounts};
-use sampling::{sample_groups, Response, Sampler, Timings};
+use sampling::{sample_groups, Response, Reward, Sampler, Timings};
 use warm_start::warm_start;
 
 /// The bound of the generated problems when neither `--max-value` nor the checkpoint gives one:
@@ -177,6 +192,8 @@ async fn run(args: Args, process: Process) -> anyhow::Result<()> {
     };
     // The optimizer step of the newest checkpoint (none written for a step without update).
     let mut checkpointed = job.steps_done();
+    // The updates' rate and MFU, and the log (the lead's).
+    let (mut progress, mut log) = grpo.progress_and_log(at.steps_done, &before)?;
     for step in at.steps_done..args.steps {
         let t = Instant::now();
         let prompts = grpo.prompts(&task, &mut at)?;
@@ -192,7 +209,24 @@ async fn run(args: Args, process: Process) -> anyhow::Result<()> {
         let max_len = lengths.iter().copied().max().unwrap_or(0);
         let kept = samples.kept;
         let t = Instant::now();
-        let update = grpo.update(&mut job, samples, step).await?;
+        let stats = grpo.update(&mut job, samples, step).await?;
+        let update = match &stats {
+            Some(s) => {
+                progress.record(s);
+                format!(
+                    "loss {:+.4}  update {:.1} s ({} micro-batches, {:.0} tok/s{})",
+                    s.loss,
+                    s.wall.as_secs_f64(),
+                    s.micro_batches,
+                    s.tokens as f64 / s.wall.as_secs_f64().max(1e-9),
+                    progress
+                        .mfu()
+                        .map(|m| format!(", mfu {:.2}% so far", m * 100.0))
+                        .unwrap_or_default()
+                )
+            }
+            None => "no update (every group scored alike)".to_string(),
+        };
         let stages = [
             ("gen", timings.gen),
             ("reward", timings.reward),
@@ -214,6 +248,20 @@ async fn run(args: Args, process: Process) -> anyhow::Result<()> {
             args.steps,
             prompts.len(),
         ));
+        let figures = [
+            ("reward", reward),
+            ("accuracy", accuracy),
+            ("kl", kl),
+            ("response_tokens_mean", mean_len),
+            ("response_tokens_max", max_len as f64),
+            ("groups_trained", kept as f64),
+            ("sampling_s", sample_secs),
+        ];
+        let figures = match &stats {
+            Some(s) => progress.figures(s, &figures),
+            None => figures.to_vec(),
+        };
+        log.record(step + 1, &figures)?;
         at.steps_done = step + 1;
         at.step_rewards.clone_from(&trained.step_rewards);
         at.last_accuracy = Some(accuracy);
@@ -227,6 +275,10 @@ async fn run(args: Args, process: Process) -> anyhow::Result<()> {
     let policy = grpo.policy(&mut job).await?;
     let after = grpo.held_out(&mut job, &policy).await?;
     job.shutdown().await;
+    log.record(args.steps, &after.figures())?;
+    if progress.mfu().is_some() {
+        grpo.say(format!("updates: {}", progress.summary()));
+    }
     grpo.report(&trained, &before, &after);
     Ok(())
 }
@@ -353,6 +405,8 @@ struct Grpo {
     /// GPU (its batches are the parallelism).
     evaluator: Evaluator,
     placement: Placement,
+    /// The built-in reward or the user's command.
+    reward: Reward,
 }
 
 /// What the RL steps measured.
@@ -391,6 +445,8 @@ impl Grpo {
             max_len,
             args.eval_problems,
         )?;
+        let (args_reward, reward_timeout) = (args.reward_command.clone(), args.reward_timeout);
+        let format_weight = args.format_reward;
         Ok(Grpo {
             eval_prompts: (0u64..).zip(eval_set).collect(),
             args,
@@ -403,6 +459,13 @@ impl Grpo {
             responses: Arc::new(Responses::default()),
             evaluator,
             placement,
+            reward: match &args_reward {
+                Some(command) => Reward::Command(RewardCommand {
+                    command: command.clone(),
+                    timeout: Duration::from_secs(reward_timeout),
+                }),
+                None => Reward::Gsm8k { format_weight },
+            },
         })
     }
 
@@ -423,6 +486,24 @@ impl Grpo {
     async fn reference(&self, job: &mut Job) -> anyhow::Result<Weights> {
         let first = unit_count(&self.model);
         Ok(self.evaluator.weights(job, &self.model, first).await?)
+    }
+
+    /// The updates' progress (MFU over the peak, on the lead) and the run's log, its first
+    /// record the held-out scores `before` RL at step `first` (a resumed run's log goes on).
+    fn progress_and_log(&self, first: u64, before: &HeldOut) -> anyhow::Result<(Progress, Log)> {
+        let progress = Progress::new(first, self.args.steps);
+        if !self.process.is_lead() {
+            return Ok((progress, Log::default()));
+        }
+        let trainers = self.process.trainers_here();
+        let peak = odc::recipe::peak(&self.placement, self.args.peak_tflops, trainers)?;
+        let params = odc::model::param_count(&self.model)? as u64;
+        let args = &self.args;
+        let mut log = Log::open(args.log_jsonl.as_deref(), args.tensorboard.as_deref())?;
+        if first == 0 {
+            log.record(0, &before.figures())?;
+        }
+        Ok((progress.with_mfu(params, peak), log))
     }
 
     /// Prints `line` on the lead.
@@ -471,7 +552,7 @@ impl Grpo {
             group_size: self.args.group_size,
             batch: self.decode_batch(),
             seed,
-            format_weight: self.args.format_reward,
+            reward: &self.reward,
         }
     }
 
@@ -609,9 +690,9 @@ impl Grpo {
         job: &mut Job,
         samples: StepSamples,
         step: u64,
-    ) -> anyhow::Result<String> {
+    ) -> anyhow::Result<Option<odc::StepStats>> {
         if samples.metas.is_empty() {
-            return Ok("no update (every group scored alike)".to_string());
+            return Ok(None);
         }
         // Every rank holds every response (any trainer may be given any of them) before rank 0
         // steps.
@@ -631,12 +712,7 @@ impl Grpo {
             job.step().await
         }
         .with_context(|| format!("RL step {}", step + 1))?;
-        Ok(format!(
-            "loss {:+.4}  update {:.1} s ({} micro-batches)",
-            s.loss,
-            s.wall.as_secs_f64(),
-            s.micro_batches
-        ))
+        Ok(Some(s))
     }
 
     /// The held-out scores `when` ("before" or "after" RL), with those before for comparison.

@@ -11,6 +11,7 @@ use odc::model::{
     batch_log_probs, generate_batch_with_log_probs, map_in_shares, Generated, Prompt, Sampling,
     Weights,
 };
+use odc::recipe::{RewardCommand, RewardInput};
 use odc::text::{exact_match, weighted_reward, Problem, TextFormat};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -26,7 +27,41 @@ pub(crate) struct Sampler<'a> {
     /// log-probs of its trained groups in one batched forward.
     pub(crate) batch: usize,
     pub(crate) seed: u64,
-    pub(crate) format_weight: f64,
+    pub(crate) reward: &'a Reward,
+}
+
+/// How a response is rewarded.
+pub(crate) enum Reward {
+    /// The built-in GSM8K reward: 1 for the right final number, plus `format_weight` for the
+    /// `#### n` format (`odc::text::weighted_reward`).
+    Gsm8k { format_weight: f64 },
+    /// The user's `--reward-command`, one run per decoding batch.
+    Command(RewardCommand),
+}
+
+impl Reward {
+    /// The rewards of `texts`, the completions of `problems` (one per text, in order).
+    fn score(&self, problems: &[&Problem], texts: &[String]) -> anyhow::Result<Vec<f64>> {
+        match self {
+            Reward::Gsm8k { format_weight } => Ok(problems
+                .iter()
+                .zip(texts)
+                .map(|(p, text)| weighted_reward(text, &p.answer, *format_weight))
+                .collect()),
+            Reward::Command(command) => {
+                let inputs: Vec<RewardInput<'_>> = problems
+                    .iter()
+                    .zip(texts)
+                    .map(|(p, text)| RewardInput {
+                        prompt: &p.question,
+                        completion: text,
+                        answer: &p.answer,
+                    })
+                    .collect();
+                Ok(command.score(&inputs)?)
+            }
+        }
+    }
 }
 
 /// One sampled response (sent to every rank under `odc launch`).
@@ -163,20 +198,31 @@ fn decode(s: &Sampler<'_>, batch: &[(u64, Problem)]) -> anyhow::Result<Decoded> 
     })
 }
 
-/// A batch's responses as groups, each response's text scored; and the decoder's log-probs of
-/// each (group-major).
+/// A batch's responses as groups, each response's text scored (the batch's texts in one call of
+/// the reward); and the decoder's log-probs of each (group-major).
 fn score(s: &Sampler<'_>, batch: &[(u64, Problem)], decoded: Decoded) -> anyhow::Result<Scored> {
     let tokenizer = s.format.tokenizer();
+    let texts = decoded
+        .generated
+        .iter()
+        .map(|g| tokenizer.decode(&g.tokens))
+        .collect::<Result<Vec<_>, _>>()?;
+    let problems: Vec<&Problem> = batch
+        .iter()
+        .flat_map(|(_, p)| std::iter::repeat_n(p, s.group_size))
+        .collect();
+    let rewards = s
+        .reward
+        .score(&problems[..texts.len().min(problems.len())], &texts)?;
     let mut groups = Vec::with_capacity(batch.len());
     let mut policy_log_probs = Vec::with_capacity(decoded.generated.len());
-    let mut generated = decoded.generated.into_iter();
+    let mut scored = decoded.generated.into_iter().zip(texts).zip(rewards);
     for ((_, problem), prompt) in batch.iter().zip(&decoded.prompts) {
         let mut group = Vec::with_capacity(s.group_size);
-        for g in generated.by_ref().take(s.group_size) {
-            let text = tokenizer.decode(&g.tokens)?;
+        for ((g, text), reward) in scored.by_ref().take(s.group_size) {
             group.push(Response {
                 tokens: prompt.iter().chain(&g.tokens).copied().collect(),
-                reward: weighted_reward(&text, &problem.answer, s.format_weight),
+                reward,
                 correct: exact_match(&text, &problem.answer),
                 response: g.tokens,
                 ref_log_probs: Vec::new(),

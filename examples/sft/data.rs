@@ -13,18 +13,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::settings::Settings;
 
-/// The data of a run: the training set, the longest sample it takes, the held-out problems.
+/// The data of a run: the training set, the longest sample it takes, and what is held out: the
+/// problems answered for accuracy and the samples the eval loss is over.
 pub(crate) struct Data {
     pub(crate) dataset: Dataset,
     pub(crate) max_len: usize,
     pub(crate) eval_set: Vec<Problem>,
+    pub(crate) eval_samples: Vec<odc::model::Sample>,
 }
 
 impl Data {
-    /// The training data, the longest sample it takes, and the held-out problems that fit.
+    /// The training data, the longest sample it takes, and the held-out data that fits.
     pub(crate) fn load(settings: &Settings, format: &TextFormat) -> anyhow::Result<Data> {
         let dataset = match &settings.data {
-            Some(path) => Dataset::load(path)?,
+            Some(path) => Dataset::load(path, "training")?,
             None => Dataset::Generated(
                 ArithTask::train(settings.seed).with_max_value(settings.max_value),
             ),
@@ -54,29 +56,63 @@ impl Data {
                 .max_seq_len
                 .min(usize::try_from(settings.token_budget).unwrap_or(usize::MAX))
         };
-        // Held-out problems that fit, as training skips the others.
-        let wanted = settings.eval_problems;
-        let eval_set: Vec<Problem> = match (&settings.eval_data, &settings.data) {
-            (Some(path), _) => format.fitting(
-                odc::text::gsm8k::load(path).context("loading the evaluation data")?,
-                max_len,
-                wanted,
-            )?,
-            (None, Some(_)) => Vec::new(),
-            (None, None) => format.fitting(
-                ArithTask::eval(settings.seed)
-                    .with_max_value(settings.max_value)
-                    .problems(0..(wanted as u64).saturating_mul(100)),
-                max_len,
-                wanted,
-            )?,
-        };
+        let (eval_set, eval_samples) = held_out(settings, format, max_len)?;
         Ok(Data {
             dataset,
             max_len,
             eval_set,
+            eval_samples,
         })
     }
+
+    /// Whether anything is held out to evaluate on.
+    pub(crate) fn evaluates(&self) -> bool {
+        !self.eval_samples.is_empty()
+    }
+}
+
+/// What is held out, as training skips what does not fit `max_len`: the first
+/// `--eval-problems` problems (of `--eval-data`'s GSM8K JSONL, or of the generated evaluation
+/// split without `--data`) with their samples; or `--eval-data`'s first conversations that fit
+/// (chat JSONL: samples for the eval loss, no problems to answer).
+fn held_out(
+    settings: &Settings,
+    format: &TextFormat,
+    max_len: usize,
+) -> anyhow::Result<(Vec<Problem>, Vec<odc::model::Sample>)> {
+    let wanted = settings.eval_problems;
+    let problems = match (&settings.eval_data, &settings.data) {
+        (Some(path), _) => match Dataset::load(path, "evaluation")? {
+            Dataset::Chat(conversations) => {
+                let mut samples = Vec::with_capacity(wanted);
+                for (i, messages) in conversations.iter().enumerate() {
+                    if samples.len() == wanted {
+                        break;
+                    }
+                    let sample = format
+                        .chat_sample(messages)
+                        .with_context(|| format!("--eval-data {} record {i}", path.display()))?;
+                    if sample.len() <= max_len {
+                        samples.push(odc::model::Sample::from(&sample));
+                    }
+                }
+                return Ok((Vec::new(), samples));
+            }
+            Dataset::File(problems) => problems.to_vec(),
+            Dataset::Generated(_) => Vec::new(),
+        },
+        (None, Some(_)) => Vec::new(),
+        (None, None) => ArithTask::eval(settings.seed)
+            .with_max_value(settings.max_value)
+            .problems(0..(wanted as u64).saturating_mul(100))
+            .collect(),
+    };
+    let problems = format.fitting(problems, max_len, wanted)?;
+    let samples = problems
+        .iter()
+        .map(|p| Ok(odc::model::Sample::from(&format.problem_sample(p)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok((problems, samples))
 }
 
 /// The training data: generated problems, a file's problems or conversations in order (cycled).
@@ -88,12 +124,13 @@ pub(crate) enum Dataset {
 }
 
 impl Dataset {
-    /// `--data PATH`: chat JSONL when its first record has `messages`, else GSM8K JSONL.
-    pub(crate) fn load(path: &Path) -> anyhow::Result<Dataset> {
+    /// `--data PATH` (`what`: "training") or `--eval-data PATH` ("evaluation"): chat JSONL when
+    /// its first record has `messages`, else GSM8K JSONL.
+    pub(crate) fn load(path: &Path, what: &str) -> anyhow::Result<Dataset> {
         // The first non-empty line says which; the loader then reads the file once.
         use std::io::BufRead;
         let file = std::fs::File::open(path)
-            .with_context(|| format!("reading the training data {}", path.display()))?;
+            .with_context(|| format!("reading the {what} data {}", path.display()))?;
         let first = std::io::BufReader::new(file)
             .lines()
             .map_while(Result::ok)
@@ -106,7 +143,7 @@ impl Dataset {
             Dataset::Chat(Arc::new(odc::text::conversation::load(path)?))
         } else {
             Dataset::File(Arc::new(
-                odc::text::gsm8k::load(path).context("loading the training data")?,
+                odc::text::gsm8k::load(path).with_context(|| format!("loading the {what} data"))?,
             ))
         };
         let empty = match &dataset {
@@ -115,7 +152,7 @@ impl Dataset {
             Dataset::Generated(_) => false,
         };
         if empty {
-            bail!("{}: no training records", path.display());
+            bail!("{}: no {what} records", path.display());
         }
         Ok(dataset)
     }

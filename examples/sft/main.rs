@@ -3,7 +3,7 @@
 //! across processes with `odc launch`.
 //!
 //! ```text
-//! cargo run --release --example sft                                 # generated data, ~6 min on 2 cores
+//! cargo run --release --example sft                                 # generated data, 2–3½ min on 2 cores
 //! cargo run --release --example sft -- --steps 40 --eval-every 20   # shorter
 //! cargo run --release --example sft -- --data gsm8k/train.jsonl   # GSM8K: see the README
 //! cargo run --release --example sft -- --checkpoint-every 50 --checkpoint-dir ckpt
@@ -22,13 +22,20 @@
 //! Per step: AdamW at the shard servers with linear warm-up and cosine decay, the global gradient
 //! norm clipped, the loss a token mean over the minibatch's answer tokens (prompts are masked).
 //! Training and evaluation take the problems whose sample fits the model's `max_seq_len` (the
-//! longest quarter of the generated ones do not). Every `--eval-every` steps: exact-match accuracy
-//! of greedy answers on held-out problems (the evaluation split never shares a question with
-//! training), answered by one thread per trainer while the trainers wait. A progress bar shows
-//! loss, tokens/s and the ETA on a terminal; otherwise plain lines. Prometheus metrics at `--metrics-addr`
-//! (`odc_*` of the runtime plus `odc_sft_loss`, `odc_sft_tokens_per_second`,
+//! longest quarter of the generated ones do not). Every `--eval-every` steps: the eval loss
+//! (the token-mean cross-entropy on the held-out samples' answers, or on the assistant's turns
+//! of `--eval-data`'s chat JSONL) and, for problems, the exact-match accuracy of greedy answers
+//! (the evaluation split never shares a question with training), answered by one thread per
+//! trainer while the trainers wait. A progress bar shows loss, tokens/s, MFU and the ETA on a
+//! terminal; otherwise plain lines. MFU is `6 · N · tokens/s` over a peak the last lines name
+//! (`--peak-tflops`; by default on CUDA an H100/H200's bf16 dense peak, on the CPU the trainers'
+//! matmul rate measured at the start). `--log-jsonl PATH` appends every logged figure (per step:
+//! `loss`, `grad_norm`, `tokens_per_s`, `step_ms`, `mfu`, `learning_rate`; per evaluation:
+//! `eval_loss`, `eval_accuracy`) as one JSON object per line, `--tensorboard DIR` writes the same
+//! to TensorBoard event files. Prometheus metrics at `--metrics-addr` (`odc_*` of the runtime
+//! plus `odc_sft_loss`, `odc_sft_tokens_per_second`, `odc_sft_eval_loss`,
 //! `odc_sft_eval_accuracy`); `--trace PATH` writes every step's trainer timelines as a Chrome
-//! trace. The last line is `final step=<n> loss=<f> eval_accuracy=<f>`.
+//! trace. The last line is `final step=<n> loss=<f> eval_accuracy=<f> eval_loss=<f>`.
 //!
 //! CPU threads: before anything else, `odc::model::share_cpu_threads` gives each trainer of the
 //! process an equal share of the host's cores for candle's pools (unless `RAYON_NUM_THREADS` or
@@ -95,7 +102,8 @@ use odc::compute::{Objective, Placement, SampleStore};
 use odc::model::hf::{peft, HfCheckpoint};
 use odc::model::{layout_units, tensor_map, Sample};
 use odc::recipe::{
-    self, adamw, checkpoint_due, Evaluator, Export, Fleet, JobRecipe, Process, Progress, Resume,
+    self, adamw, checkpoint_due, Evaluator, Export, Fleet, JobRecipe, Log, Process, Progress,
+    Resume,
 };
 use odc::text::TextFormat;
 use odc::trace::{phase_totals, step_spans, write_chrome_trace};
@@ -168,6 +176,15 @@ async fn run(
     )?;
     // Evaluation (on the lead) runs while its trainers wait, on their device in their precision.
     let evaluator = Evaluator::new(&placement, process.trainers_here())?;
+    // The peak MFU is over (on the CPU measured now, before the job's threads start).
+    let peak = match process.is_lead() {
+        true => Some(recipe::peak(
+            &placement,
+            settings.peak_tflops,
+            process.trainers_here(),
+        )?),
+        false => None,
+    };
     let fleet = settings.fleet();
     let trainers = fleet.trainers(process.ranks());
     let mut job = build_job(
@@ -204,7 +221,17 @@ async fn run(
         }
     };
     let mut progress = Progress::new(first, settings.steps);
-    let mut accuracy = f64::NAN;
+    let mut log = Log::default();
+    if let Some(peak) = peak {
+        let params = odc::model::param_count(&settings.model)? as u64;
+        progress = progress.with_mfu(params, peak);
+        log = Log::open(
+            settings.log_jsonl.as_deref(),
+            settings.tensorboard.as_deref(),
+        )?;
+    }
+    let schedule = lr_schedule(&settings);
+    let (mut accuracy, mut eval_loss) = (f64::NAN, f64::NAN);
     let mut spans = Vec::new();
     let mut origin = None;
     for step in first..settings.steps {
@@ -221,19 +248,25 @@ async fn run(
             spans.extend(step_spans(&s, origin, trainers));
         }
         let done = step + 1;
+        let lr = f64::from(settings.lr) * schedule.factor(step);
+        log.record(done, &progress.figures(&s, &[("learning_rate", lr)]))?;
         bar.set_position(done);
         bar.set_message(progress.message());
         if bar.is_hidden() && progress.line_due(done) {
             print(progress.line(done, &s));
         }
         let last = done == settings.steps;
-        let evaluate_now = !data.eval_set.is_empty()
+        let evaluate_now = data.evaluates()
             && (last || (settings.eval_every > 0 && done % settings.eval_every == 0));
         if process.is_lead() && evaluate_now {
-            accuracy = evaluate(
+            (eval_loss, accuracy) = evaluate(
                 &settings, &format, &evaluator, &mut job, &data, done, &print,
             )
             .await?;
+            log.record(
+                done,
+                &[("eval_loss", eval_loss), ("eval_accuracy", accuracy)],
+            )?;
         }
         if process.is_lead() && checkpoint_due(settings.checkpoint_every, done, settings.steps) {
             // Sharded and asynchronous: every server copies its shards now and writes them while
@@ -258,7 +291,7 @@ async fn run(
     say_end(&settings, &process, &spans, &progress, first)?;
     job.shutdown().await;
     println!(
-        "final step={} loss={} eval_accuracy={accuracy}",
+        "final step={} loss={} eval_accuracy={accuracy} eval_loss={eval_loss}",
         settings.steps,
         progress.loss()
     );
@@ -367,11 +400,7 @@ fn build_job(
     let (batch, max_len, fed) = (settings.batch_size, data.max_len, feed.clone());
     let mut builder = recipe
         .builder(&process.world, resumed)?
-        .lr_schedule(LrSchedule::WarmupCosine {
-            warmup_steps: settings.warmup_steps.min(settings.steps),
-            total_steps: settings.steps,
-            min_ratio: settings.min_lr_ratio,
-        })
+        .lr_schedule(lr_schedule(settings))
         .micro_batch_timeout(Duration::from_secs(settings.micro_batch_timeout))
         .step_timeout(DEFAULT_STEP_TIMEOUT.max(Duration::from_secs(
             settings.micro_batch_timeout.saturating_mul(6),
@@ -393,6 +422,15 @@ fn build_job(
     builder.build().context("building the job")
 }
 
+/// Linear warm-up, then cosine decay to `--min-lr-ratio` of the peak at the last step.
+fn lr_schedule(settings: &Settings) -> LrSchedule {
+    LrSchedule::WarmupCosine {
+        warmup_steps: settings.warmup_steps.min(settings.steps),
+        total_steps: settings.steps,
+        min_ratio: settings.min_lr_ratio,
+    }
+}
+
 /// A progress bar on the lead's terminal; hidden elsewhere (the loop then prints lines).
 fn progress_bar(process: &Process, first: u64, steps: u64) -> anyhow::Result<ProgressBar> {
     if !(process.is_lead() && std::io::stdout().is_terminal()) {
@@ -406,7 +444,8 @@ fn progress_bar(process: &Process, first: u64, steps: u64) -> anyhow::Result<Pro
     Ok(bar)
 }
 
-/// Exact-match accuracy of greedy answers to the held-out problems, after step `done`.
+/// The eval loss on the held-out samples and the exact-match accuracy of greedy answers to the
+/// held-out problems (NaN where none are held out: chat data), after step `done`.
 async fn evaluate(
     settings: &Settings,
     format: &TextFormat,
@@ -415,29 +454,44 @@ async fn evaluate(
     data: &Data,
     done: u64,
     print: &dyn Fn(String),
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, f64)> {
     let t = Instant::now();
-    let e = evaluator
-        .accuracy(
-            job,
-            &settings.model,
-            format,
-            &data.eval_set,
-            settings.max_new_tokens,
-        )
+    let budget = usize::try_from(settings.token_budget).unwrap_or(usize::MAX);
+    let l = evaluator
+        .loss(job, &settings.model, &data.eval_samples, budget)
         .await?;
-    let accuracy = e.accuracy();
-    metrics::gauge!("odc_sft_eval_accuracy").set(accuracy);
-    print(format!(
-        "eval step {done}: accuracy {:.3} ({}/{})  mean answer {:.0} tokens  ({:.1} s)\n  e.g. {:?}",
-        accuracy,
-        e.correct,
-        e.problems,
-        e.mean_answer_tokens,
-        t.elapsed().as_secs_f64(),
-        e.example.unwrap_or_default().chars().take(120).collect::<String>()
-    ));
-    Ok(accuracy)
+    metrics::gauge!("odc_sft_eval_loss").set(l.loss);
+    let mut line = format!(
+        "eval step {done}: loss {:.4} ({} tokens of {} samples)",
+        l.loss, l.tokens, l.samples
+    );
+    let mut accuracy = f64::NAN;
+    if !data.eval_set.is_empty() {
+        let e = evaluator
+            .accuracy(
+                job,
+                &settings.model,
+                format,
+                &data.eval_set,
+                settings.max_new_tokens,
+            )
+            .await?;
+        accuracy = e.accuracy();
+        metrics::gauge!("odc_sft_eval_accuracy").set(accuracy);
+        line +=
+            &format!(
+            "  accuracy {accuracy:.3} ({}/{})  mean answer {:.0} tokens  ({:.1} s)\n  e.g. {:?}",
+            e.correct,
+            e.problems,
+            e.mean_answer_tokens,
+            t.elapsed().as_secs_f64(),
+            e.example.unwrap_or_default().chars().take(120).collect::<String>()
+        );
+    } else {
+        line += &format!("  ({:.1} s)", t.elapsed().as_secs_f64());
+    }
+    print(line);
+    Ok((l.loss, accuracy))
 }
 
 /// `--export-hf` once the run's steps are done (the lead only).

@@ -56,8 +56,8 @@ pub(crate) struct Opts {
     /// GSM8K-format JSONL to train on instead of generated problems.
     #[arg(long)]
     pub(crate) data: Option<PathBuf>,
-    /// GSM8K-format JSONL to evaluate on (default: the generated evaluation split, or nothing
-    /// held out when `--data` is given without it).
+    /// GSM8K JSONL (eval loss and accuracy) or chat JSONL (eval loss) to evaluate on (default:
+    /// the generated evaluation split, or nothing held out when `--data` is given without it).
     #[arg(long)]
     pub(crate) eval_data: Option<PathBuf>,
     /// Evaluate every this many steps (0: only at the end).
@@ -95,6 +95,16 @@ pub(crate) struct Opts {
     /// Write the trainers' timelines of every step to this Chrome/Perfetto trace file.
     #[arg(long)]
     pub(crate) trace: Option<PathBuf>,
+    /// Append every logged figure (each step's, each evaluation's) to this JSONL file.
+    #[arg(long)]
+    pub(crate) log_jsonl: Option<PathBuf>,
+    /// Write every logged figure to TensorBoard event files in this directory.
+    #[arg(long)]
+    pub(crate) tensorboard: Option<PathBuf>,
+    /// The peak TFLOP/s that MFU is over (default: on CUDA an H100/H200's 989 bf16 dense; on
+    /// the CPU the trainers' fp32 matmul rate, measured at the start).
+    #[arg(long)]
+    pub(crate) peak_tflops: Option<f64>,
     /// A Hugging Face `tokenizer.json` instead of the byte tokenizer; the model's `vocab_size`
     /// becomes its vocabulary size unless the `[model]` table sets one (at least that large).
     #[arg(long)]
@@ -204,6 +214,12 @@ pub(crate) struct Settings {
     #[serde(default)]
     pub(crate) step_stats: bool,
     pub(crate) trace: Option<PathBuf>,
+    #[serde(default)]
+    pub(crate) log_jsonl: Option<PathBuf>,
+    #[serde(default)]
+    pub(crate) tensorboard: Option<PathBuf>,
+    #[serde(default)]
+    pub(crate) peak_tflops: Option<f64>,
     /// `None`: the byte tokenizer (also in checkpoints written before this setting existed).
     #[serde(default)]
     pub(crate) tokenizer: Option<PathBuf>,
@@ -385,6 +401,9 @@ impl Opts {
         split
             .parse::<SplitPolicy>()
             .map_err(|e| anyhow::anyhow!("--split: {e}"))?;
+        if let Some(tflops) = self.peak_tflops {
+            odc::recipe::Peak::given(tflops).map_err(anyhow::Error::msg)?;
+        }
         let on_trainer_failure = self.on_trainer_failure.unwrap_or_else(respawn);
         failure_policy(&on_trainer_failure)?;
         let settings = Settings {
@@ -417,6 +436,9 @@ impl Opts {
             no_metrics: self.no_metrics.unwrap_or(false),
             step_stats: self.step_stats.unwrap_or(false),
             trace: self.trace,
+            log_jsonl: self.log_jsonl,
+            tensorboard: self.tensorboard,
+            peak_tflops: self.peak_tflops,
             tokenizer: self.tokenizer,
             max_value: self.max_value.unwrap_or(DEFAULT_MAX_VALUE),
             model,

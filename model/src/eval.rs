@@ -1,14 +1,24 @@
-//! Exact-match accuracy of greedy answers on held-out problems (GSM8K's metric): the model
-//! continues each problem's prompt ([`prompt_tokens`]) greedily until EOS or a token limit, and an
-//! answer counts when its number after `####` equals the reference's. Problems are answered in
-//! batches of [`EVAL_BATCH`] (one batched decode each, [`generate_batch`]).
+//! Evaluation on held-out data, two ways:
+//! - exact-match accuracy of greedy answers on held-out problems (GSM8K's metric): the model
+//!   continues each problem's prompt ([`prompt_tokens`]) greedily until EOS or a token limit, and
+//!   an answer counts when its number after `####` equals the reference's. Problems are answered
+//!   in batches of [`EVAL_BATCH`] (one batched decode each, [`generate_batch`]);
+//! - the eval loss ([`eval_loss`], `transformers`' `eval_loss`): the token mean of the
+//!   next-token cross-entropy over held-out samples' loss tokens (the answers, the assistant's
+//!   turns), as training computes it, with no gradient. Samples are packed in order into packs of
+//!   at most a token budget, each pack's loss summed in f64 in pack order, so the figure does not
+//!   depend on the number of workers.
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use candle_core::DType;
+
+use super::batch::{PackedBatch, Sample};
 use super::error::Result;
 use super::generate::{generate_batch, Prompt, Sampling, Weights};
-use super::shares::map_batches_in_shares;
+use super::shares::{map_batches_in_shares, map_in_shares};
+use super::transformer::model_loss;
 use odc_text::{exact_match, prompt_tokens, Problem, TextError, Tokenizer};
 
 /// Problems answered together in one batched decode: the batches are cut from the whole list, so
@@ -108,9 +118,61 @@ pub fn evaluate_prompted(
     })
 }
 
+/// What [`eval_loss`] measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalLoss {
+    /// The token-mean cross-entropy (NaN when no sample has a loss token).
+    pub loss: f64,
+    /// The loss tokens it is over, and the samples.
+    pub tokens: usize,
+    pub samples: usize,
+}
+
+/// The eval loss of `weights` on `samples` (see the [module docs](self)): packs of at most
+/// `token_budget` tokens (a longer sample alone), `workers` threads at once.
+pub fn eval_loss(
+    weights: &Weights,
+    samples: &[Sample],
+    token_budget: usize,
+    workers: usize,
+) -> Result<EvalLoss> {
+    let mut packs: Vec<&[Sample]> = Vec::new();
+    let (mut start, mut tokens) = (0, 0);
+    for (i, s) in samples.iter().enumerate() {
+        if i > start && tokens + s.tokens.len() > token_budget {
+            packs.push(&samples[start..i]);
+            (start, tokens) = (i, 0);
+        }
+        tokens += s.tokens.len();
+    }
+    if start < samples.len() {
+        packs.push(&samples[start..]);
+    }
+    let config = weights.config();
+    let device = weights.units()[0][0].device().clone();
+    let sums = map_in_shares(&packs, workers, |pack| -> Result<(f64, usize)> {
+        let batch = PackedBatch::pack(config, pack, &device)?;
+        let out = model_loss(config, weights.units(), &batch)?;
+        let sum = out.loss_sum.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        Ok((sum, batch.loss_tokens))
+    })?;
+    let (sum, tokens) = sums
+        .iter()
+        .fold((0.0, 0), |(s, t), (sum, n)| (s + sum, t + n));
+    Ok(EvalLoss {
+        loss: match tokens {
+            0 => f64::NAN,
+            n => sum / n as f64,
+        },
+        tokens,
+        samples: samples.len(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::{PackedBatch, Sample};
     use crate::{unit_count, unit_init_values, ModelConfig};
     use odc_text::{ArithTask, ByteTokenizer};
 
@@ -137,5 +199,46 @@ mod tests {
         assert!(one.example.is_some());
         let none = evaluate(&weights, &ByteTokenizer, &[], 12, 2).unwrap();
         assert_eq!((none.problems, none.accuracy()), (0, 0.0));
+    }
+
+    #[test]
+    fn the_eval_loss_is_the_token_mean_of_the_whole_models_loss_whatever_the_packs() {
+        let config = ModelConfig::tiny();
+        let params: Vec<Vec<f32>> = (0..unit_count(&config))
+            .map(|u| unit_init_values(&config, u).unwrap())
+            .collect();
+        let device = candle_core::Device::Cpu;
+        let weights = Weights::from_units(&config, &params, &device).unwrap();
+        let samples: Vec<Sample> = (0..7u32)
+            .map(|i| {
+                let tokens: Vec<u32> = (0..9 + 3 * i).map(|t| (t * 7 + i) % 200).collect();
+                // The loss on the second half only, as an answer's.
+                let n = tokens.len();
+                Sample {
+                    loss_mask: (0..n).map(|t| t >= n / 2).collect(),
+                    tokens,
+                }
+            })
+            .collect();
+        // The reference: each sample alone through the model with its logits (`model_forward`).
+        let units: Vec<Vec<candle_core::Tensor>> = weights.units().to_vec();
+        let (mut sum, mut tokens) = (0.0, 0);
+        for s in &samples {
+            let batch = PackedBatch::pack(&config, std::slice::from_ref(s), &device).unwrap();
+            let out = crate::model_forward(&config, &units, &batch).unwrap();
+            sum += f64::from(out.loss_sum.to_scalar::<f32>().unwrap());
+            tokens += batch.loss_tokens;
+        }
+        let want = sum / tokens as f64;
+        for (budget, workers) in [(1, 1), (40, 2), (1000, 3)] {
+            let got = eval_loss(&weights, &samples, budget, workers).unwrap();
+            assert_eq!((got.tokens, got.samples), (tokens, 7));
+            assert!(
+                (got.loss - want).abs() < 1e-5,
+                "{budget}: {} vs {want}",
+                got.loss
+            );
+        }
+        assert!(eval_loss(&weights, &[], 100, 2).unwrap().loss.is_nan());
     }
 }

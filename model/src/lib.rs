@@ -82,7 +82,7 @@ pub use config::{
 };
 pub use device::{cuda_ordinal, open_device, ComputePrecision, DeviceSpec};
 pub use error::{Error, Result};
-pub use eval::{evaluate, evaluate_prompted, Evaluation, EVAL_BATCH};
+pub use eval::{eval_loss, evaluate, evaluate_prompted, EvalLoss, Evaluation, EVAL_BATCH};
 pub use generate::{
     batch_log_probs, forward_cached, forward_cached_rows, generate, generate_batch,
     generate_batch_measured, generate_batch_with_log_probs, generate_group,
@@ -93,10 +93,10 @@ pub use grpo::{group_advantages, grpo_loss_sum, rl_targets, GrpoConfig, RlSample
 pub use params::{as_tensors, unit_tensors, unit_vars, ParamInit, ParamSpec};
 pub use reshard::Reshard;
 pub use shares::{batch_share_range, map_batches_in_shares, map_in_shares, share_range};
-pub use threads::{share_cpu_threads, CpuThreads};
+pub use threads::{matmul_rate, share_cpu_threads, CpuThreads};
 pub use transformer::{
     head_forward_with, head_log_probs, head_logits, head_target_log_probs,
-    head_target_log_probs_with, head_tensors, layout_units, model_forward, param_count, tensor_map,
-    unit_count, unit_forward, unit_init_values, unit_name, unit_params, HeadOutput, Unit,
-    UnitOutput,
+    head_target_log_probs_with, head_tensors, layout_units, model_forward, model_loss, param_count,
+    tensor_map, unit_count, unit_forward, unit_init_values, unit_name, unit_params, HeadOutput,
+    Unit, UnitOutput,
 };

@@ -12,6 +12,43 @@
 //! sets process environment variables, so call it at the very start of `main`, before any thread
 //! (a tokio runtime, a candle op) exists.
 
+/// The fp32 matmul rate, FLOP/s, that `workers` threads reach together on this host's CPU with
+/// candle's pools as set: each thread multiplies 512×512 matrices for 100 ms, three times after
+/// one warm-up product, and the best of the three is the rate (the least disturbed by whatever
+/// else runs). The peak a CPU run's MFU is over, as a GPU's is over its datasheet's.
+pub fn matmul_rate(workers: usize) -> crate::Result<f64> {
+    use candle_core::{Device, Tensor};
+    const N: usize = 512;
+    let a = Tensor::randn(0f32, 1.0, (N, N), &Device::Cpu)?;
+    a.matmul(&a)?;
+    let window = std::time::Duration::from_millis(100);
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let products = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..workers.max(1))
+                .map(|_| {
+                    scope.spawn(|| -> crate::Result<u64> {
+                        let mut n = 0;
+                        while started.elapsed() < window {
+                            a.matmul(&a)?;
+                            n += 1;
+                        }
+                        Ok(n)
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().unwrap_or(Ok(0)))
+                .sum::<crate::Result<u64>>()
+        })?;
+        let flops = products as f64 * 2.0 * (N * N * N) as f64;
+        best = best.max(flops / started.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
 /// What [`share_cpu_threads`] decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuThreads {

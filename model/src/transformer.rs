@@ -354,6 +354,26 @@ pub fn model_forward(
     units: &[Vec<Tensor>],
     batch: &PackedBatch,
 ) -> Result<HeadOutput> {
+    chained(config, units, batch, true)
+}
+
+/// [`model_forward`] without the logits (`[T, vocab]` never made): the loss alone, as
+/// evaluation needs it.
+pub fn model_loss(
+    config: &ModelConfig,
+    units: &[Vec<Tensor>],
+    batch: &PackedBatch,
+) -> Result<HeadOutput> {
+    chained(config, units, batch, false)
+}
+
+/// The units chained; the logits too when `logits`.
+fn chained(
+    config: &ModelConfig,
+    units: &[Vec<Tensor>],
+    batch: &PackedBatch,
+    logits: bool,
+) -> Result<HeadOutput> {
     let count = unit_count(config);
     check_unit_count(config, units.len())?;
     let mut hidden: Option<Tensor> = None;
@@ -375,7 +395,7 @@ pub fn model_forward(
         match unit_forward(config, first, &params, hidden.as_ref(), batch)? {
             UnitOutput::Hidden(h) => hidden = Some(h),
             UnitOutput::Head(mut out) => {
-                if let Some(x) = &hidden {
+                if let (Some(x), true) = (&hidden, logits) {
                     out.logits = Some(head_logits(config, &params, x)?);
                 }
                 return Ok(out);

@@ -30,6 +30,10 @@ pub enum RecipeError {
         #[source]
         source: crate::model::Error,
     },
+    /// A user's reward command failed, hung or printed what is not a reward; the text names the
+    /// command and what it did.
+    #[error("{0}")]
+    Reward(String),
     /// The launcher's environment holds a value odc cannot use.
     #[error("reading the launcher's environment")]
     World(#[source] WorldError),

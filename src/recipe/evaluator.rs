@@ -8,13 +8,16 @@
 //!   trainer of this process, each a share of the problems in whole batches of
 //!   [`EVAL_BATCH`](crate::model::EVAL_BATCH), so the answers do not depend on the count.
 //! - Answers are greedy and end at the tokenizer's stop ids or `max_new_tokens`.
+//! - The eval loss ([`Evaluator::loss`]) is over the same weights, packs of at most the job's
+//!   token budget, and does not depend on the number of threads either.
 
 use candle_core::Device;
 
 use super::Result;
 use crate::compute::{published_weights, Placement};
 use crate::model::{
-    evaluate_prompted, open_device, ComputePrecision, Evaluation, ModelConfig, Weights,
+    eval_loss, evaluate_prompted, open_device, ComputePrecision, EvalLoss, Evaluation, ModelConfig,
+    Sample, Weights,
 };
 use crate::text::{Problem, TextFormat};
 use crate::Job;
@@ -73,5 +76,18 @@ impl Evaluator {
             self.workers,
             &prompt,
         )?)
+    }
+
+    /// The eval loss of the job's current weights of `model` on `samples`, in packs of at most
+    /// `token_budget` tokens.
+    pub async fn loss(
+        &self,
+        job: &mut Job,
+        model: &ModelConfig,
+        samples: &[Sample],
+        token_budget: usize,
+    ) -> Result<EvalLoss> {
+        let weights = self.weights(job, model, 0).await?;
+        Ok(eval_loss(&weights, samples, token_budget, self.workers)?)
     }
 }

@@ -74,3 +74,26 @@ pub fn write_model_dir(dir: &Path) -> odc::model::ModelConfig {
     std::fs::remove_dir(&weights).unwrap();
     config
 }
+
+/// `problems` as chat JSONL, one conversation per line (`{"messages": [system, user,
+/// assistant]}`, the system turn only when given): the question as the user's turn, the answer
+/// as the assistant's.
+#[allow(dead_code)] // Not every test that includes this file writes chat data.
+pub fn write_chat_jsonl(
+    path: &Path,
+    problems: impl Iterator<Item = odc::text::Problem>,
+    system: Option<&str>,
+) {
+    let lines: Vec<String> = problems
+        .map(|p| {
+            let mut messages = Vec::new();
+            if let Some(system) = system {
+                messages.push(serde_json::json!({"role": "system", "content": system}));
+            }
+            messages.push(serde_json::json!({"role": "user", "content": p.question}));
+            messages.push(serde_json::json!({"role": "assistant", "content": p.answer}));
+            serde_json::json!({ "messages": messages }).to_string()
+        })
+        .collect();
+    std::fs::write(path, lines.join("\n")).unwrap();
+}

@@ -35,17 +35,7 @@ fn a_model_directory_trains_across_processes_as_in_one() {
     let model = dir.join("model");
     fixture::write_model_dir(&model);
     let data = dir.join("chat.jsonl");
-    let lines: Vec<String> = odc::text::ArithTask::train(3)
-        .problems(0..24)
-        .map(|p| {
-            serde_json::json!({"messages": [
-                {"role": "user", "content": p.question},
-                {"role": "assistant", "content": p.answer},
-            ]})
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&data, lines.join("\n")).unwrap();
+    fixture::write_chat_jsonl(&data, odc::text::ArithTask::train(3).problems(0..24), None);
     let args = |out: &Path| -> Vec<String> {
         [
             "--model-dir",

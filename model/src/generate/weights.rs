@@ -74,6 +74,11 @@ impl Weights {
         &self.config
     }
 
+    /// Each unit's tensors, in [`unit_params`] order (what [`crate::model_forward`] takes).
+    pub fn units(&self) -> &[Vec<Tensor>] {
+        &self.units
+    }
+
     /// Block `layer`'s tensors as its forward takes them (its adapters' after them, under LoRA).
     pub(super) fn block_tensors(&self, layer: usize) -> Vec<Tensor> {
         let mut tensors = self.units[Unit::Block(layer).index(&self.config)].clone();
