@@ -307,6 +307,7 @@ const TERMS: &[&str] = &[
     "MFU",
     "eval loss",
     "static CP",
+    "TE CP",
     "dynamic CP",
     "achievable bound",
     "perfect balance",

@@ -71,6 +71,12 @@ pub(crate) struct SimArgs {
     /// Skip the runtime rows (only the long-sequence table, from the models).
     #[arg(long)]
     pub(crate) no_runtime: bool,
+    /// The long-sequence table's tokens per trainer and micro-batch, the memory a trainer has
+    /// (default: the workload's longest sample, rounded up to a power of two, at least 16,384):
+    /// below the longest sample FSDP without CP cannot run it and TE-style CP picks the
+    /// smallest group that fits.
+    #[arg(long, value_parser = super::token_budget)]
+    pub(crate) token_budget: Option<u64>,
     /// Write the runtime rows as JSON (and PATH.split.json: the long-sequence table).
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
@@ -243,7 +249,9 @@ pub(crate) async fn sim(args: SimArgs) -> anyhow::Result<()> {
     let devices: Vec<u32> = args.devices.iter().map(|&d| d as u32).collect();
     let mut rows = Vec::new();
     for w in workloads.iter().filter(|w| w.name() != "balanced") {
-        let budget = ab::default_token_budget(w);
+        let budget = args
+            .token_budget
+            .unwrap_or_else(|| ab::default_token_budget(w));
         rows.extend(split_rows(
             w,
             &devices,
@@ -256,7 +264,7 @@ pub(crate) async fn sim(args: SimArgs) -> anyhow::Result<()> {
     print!("{}", split_table(&rows));
     println!();
     println!(
-        "Against collectives that split too (modelled, lockstep rounds, the same prices): FSDP with LB-Micro, static CP (the best of 2, 4, …, 64: every sample over a fixed group), dynamic CP (a group size per sample); each baseline's step over on-demand's split step"
+        "Against collectives that split too (modelled, lockstep rounds, the same prices): FSDP with LB-Micro, static CP as TransformerEngine's users run it (TE CP: one size for the job, the smallest whose pieces fit the longest sample in the token budget; * where its groups span nodes), the best static CP of 2, 4, …, 64 per row (a bound: every sample over a fixed group), dynamic CP (a group size per sample); each baseline's step over on-demand's split step"
     );
     print!("{}", baseline_table(&rows));
     if !runtime.is_empty() {

@@ -346,6 +346,7 @@ mod tests {
             widest_split: Some(2),
             fsdp_s: None,
             static_cp: None,
+            te_cp: None,
             dynamic_cp_s: None,
         }
     }

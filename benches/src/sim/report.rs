@@ -20,6 +20,9 @@ use crate::report::BenchRow;
 use crate::workload::Workload;
 use odc_policy::split::{static_cp_sizes, ContextParallel, OnDemandPlan};
 
+/// GPUs per node of the rows' topology ([`Topology::h100_devices`]: nodes of 8).
+const NODE_GPUS: u32 = 8;
+
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SplitRow {
@@ -51,6 +54,11 @@ pub struct SplitRow {
     pub fsdp_s: Option<f64>,
     pub static_cp: Option<(u32, f64)>,
     pub dynamic_cp_s: Option<f64>,
+    /// Static CP as TransformerEngine's users run it ([`te_cp_size`]): one CP size, the smallest
+    /// whose pieces fit the longest sample in the token budget (1: no CP, the FSDP step), with its
+    /// step; `None` where none of 1 to 64 fits. (`static_cp`, the best size per row, stays beside
+    /// it as a bound.)
+    pub te_cp: Option<(u32, f64)>,
 }
 
 impl SplitRow {
@@ -82,6 +90,20 @@ impl SplitRow {
         .fold(f64::INFINITY, f64::min);
         best.is_finite().then(|| ratio(best, self.split_s))
     }
+}
+
+/// The CP size a TransformerEngine (or Megatron `--context-parallel-size`) user fixes for a job
+/// of `devices` trainers whose longest sample has `longest` tokens: the smallest of 1 (no CP),
+/// 2, 4, …, 64 that divides the trainers and whose zig-zag pieces (`2⌈s / 2c⌉` tokens a member;
+/// the whole sample at 1) fit the per-trainer `token_budget`, the memory a trainer has for
+/// activations. Chosen once from memory, never by trying sizes against a step time. `None` when
+/// no size fits.
+pub fn te_cp_size(devices: u32, longest: u64, token_budget: u64) -> Option<u32> {
+    if longest <= token_budget {
+        return Some(1);
+    }
+    static_cp_sizes(devices, devices)
+        .find(|&c| 2 * longest.div_ceil(2 * u64::from(c)) <= token_budget)
 }
 
 /// `x / y`, 1.0 when both are zero.
@@ -136,6 +158,14 @@ pub fn split_rows(
             let static_cp = static_cp_sizes(d, d)
                 .filter_map(|c| cp(ContextParallel::Static(c)).map(|s| (c, s)))
                 .min_by(|a, b| a.1.total_cmp(&b.1));
+            let longest = lengths.iter().copied().max().unwrap_or(0);
+            let te_cp = te_cp_size(d, longest, token_budget).and_then(|c| {
+                let cp_size = match c {
+                    1 => ContextParallel::Off,
+                    c => ContextParallel::Static(c),
+                };
+                cp(cp_size).map(|s| (c, s))
+            });
             Ok(SplitRow {
                 workload: workload.name(),
                 devices: d,
@@ -152,6 +182,7 @@ pub fn split_rows(
                 fsdp_s: cp(ContextParallel::Off),
                 static_cp,
                 dynamic_cp_s: cp(ContextParallel::Dynamic),
+                te_cp,
             })
         })
         .collect()
@@ -185,12 +216,13 @@ pub fn split_table(rows: &[SplitRow]) -> String {
 }
 
 /// The rows against the collective baselines, as a Markdown table: on-demand's split step (the
-/// planner's, no lockstep) beside FSDP (LB-Micro), the best static CP size and dynamic CP (lockstep
-/// rounds), and each baseline's step over the split step.
+/// planner's, no lockstep) beside FSDP (LB-Micro), TransformerEngine-style static CP (one size,
+/// sized by memory; `*` where its groups span nodes), the best static CP size (a bound) and
+/// dynamic CP (lockstep rounds), and each baseline's step over the split step.
 pub fn baseline_table(rows: &[SplitRow]) -> String {
     let mut out = String::from(
-        "| workload | devices | split (s) | on-demand plan | fsdp (s) | static CP (s) | dynamic CP (s) | vs fsdp | vs static CP | vs dynamic CP | vs best | gangs only (s) | gangs vs best |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| workload | devices | split (s) | on-demand plan | fsdp (s) | TE CP (s) | best static CP (s) | dynamic CP (s) | vs fsdp | vs TE CP | vs best static CP | vs dynamic CP | vs best | gangs only (s) | gangs vs best |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let secs = |x: Option<f64>| x.map_or_else(|| "–".into(), |s| format!("{s:.2}"));
     let over = |x: Option<f64>, split: f64| {
@@ -198,17 +230,28 @@ pub fn baseline_table(rows: &[SplitRow]) -> String {
     };
     for r in rows {
         let stat = r.static_cp.map(|(_, s)| s);
+        let te = r.te_cp.map(|(_, s)| s);
+        let te_cell = r.te_cp.map_or_else(
+            || "–".into(),
+            |(c, s)| match c {
+                1 => format!("{s:.2} (no CP)"),
+                c if c > r.devices.min(NODE_GPUS) => format!("{s:.2} (cp{c}*)"),
+                c => format!("{s:.2} (cp{c})"),
+            },
+        );
         out.push_str(&format!(
-            "| {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} |\n",
+            "| {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} |\n",
             r.workload,
             r.devices,
             r.split_s,
             r.placement,
             secs(r.fsdp_s),
+            te_cell,
             r.static_cp
                 .map_or_else(|| "–".into(), |(c, s)| format!("{s:.2} (cp{c})")),
             secs(r.dynamic_cp_s),
             over(r.fsdp_s, r.split_s),
+            over(te, r.split_s),
             over(stat, r.split_s),
             over(r.dynamic_cp_s, r.split_s),
             r.over_best_collective()
@@ -395,6 +438,44 @@ mod tests {
             "{table}"
         );
         assert_eq!(joined_table(&[]).lines().count(), 2);
+    }
+
+    #[test]
+    fn te_style_cp_is_the_smallest_size_that_fits_the_longest_sample() {
+        // 4,096 tokens a trainer: 10,000 tokens need pieces of at most 4,096, so cp4 (2 × 1,250
+        // a member), not cp2 (2 × 2,500 = 5,000).
+        assert_eq!(te_cp_size(64, 10_000, 4096), Some(4));
+        assert_eq!(te_cp_size(64, 8_192, 4096), Some(2));
+        // What fits one trainer runs without CP.
+        assert_eq!(te_cp_size(64, 4_096, 4096), Some(1));
+        // A size must divide the trainers: 24 takes 2, 4, 8, not 16.
+        assert_eq!(te_cp_size(24, 60_000, 4096), None);
+        assert_eq!(te_cp_size(64, 60_000, 4096), Some(16));
+        assert_eq!(te_cp_size(64, 600_000, 4096), None);
+        // In a row, its step is static CP's at that size, never below the best size's bound.
+        let rows = split_rows(
+            &Workload::LongAlign,
+            &[64],
+            1,
+            0,
+            &seven_b(),
+            DEFAULT_TOKEN_BUDGET,
+        )
+        .unwrap();
+        let r = &rows[0];
+        let longest = Workload::LongAlign.sample(64, 0).into_iter().max().unwrap();
+        let (c, te) = r.te_cp.expect("a size fits LongAlign-like lengths");
+        assert_eq!(Some(c), te_cp_size(64, longest, DEFAULT_TOKEN_BUDGET));
+        let (_, best) = r.static_cp.unwrap();
+        let best = best.min(r.fsdp_s.unwrap_or(f64::INFINITY));
+        assert!(te >= best - 1e-12, "{r:?}");
+        let table = baseline_table(&rows);
+        let cell = match c {
+            1 => "(no CP)".to_string(),
+            c => format!("(cp{c}"),
+        };
+        assert!(table.contains(&cell), "{table}");
+        assert_eq!(table.lines().next().unwrap().matches('|').count(), 16);
     }
 
     /// Prints the table for the heavy-tailed workloads:
