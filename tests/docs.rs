@@ -308,6 +308,8 @@ const TERMS: &[&str] = &[
     "eval loss",
     "static CP",
     "TE CP",
+    "lockstep",
+    "straggler",
     "dynamic CP",
     "achievable bound",
     "perfect balance",

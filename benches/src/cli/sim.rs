@@ -77,6 +77,15 @@ pub(crate) struct SimArgs {
     /// smallest group that fits.
     #[arg(long, value_parser = super::token_budget)]
     pub(crate) token_budget: Option<u64>,
+    /// Costs the planner cannot see, for a third table (`odc_bench::sim::noise`): `calibrated`
+    /// (the pack estimate's measured errors, 5% per-layer jitter, one straggler at 0.8x per 64
+    /// devices), `SAMPLE,LAYER` log-σs (e.g. `0.1,0.05`), or `off` (the table at zero noise: the
+    /// planned steps, a control). Without it, no third table.
+    #[arg(long, value_parser = noise_arg)]
+    pub(crate) noise: Option<NoiseArg>,
+    /// One device in N at 0.8x under `--noise` (default 64 with `calibrated`, else 0: none).
+    #[arg(long)]
+    pub(crate) straggler_every: Option<u32>,
     /// Write the runtime rows as JSON (and PATH.split.json: the long-sequence table).
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
@@ -189,6 +198,44 @@ pub(crate) fn gpus_per_node(s: &str) -> Result<u32, String> {
     }
 }
 
+/// `--noise`'s log-σs and the straggler spacing it implies (64 for `calibrated`, else none).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct NoiseArg {
+    sample_sigma: f64,
+    layer_sigma: f64,
+    straggler_every: u32,
+}
+
+/// `--noise`: `off`, `calibrated`, or two log-σs `SAMPLE,LAYER`, each in [0, 1].
+fn noise_arg(s: &str) -> Result<NoiseArg, String> {
+    use odc_bench::sim::noise::Noise;
+    let n = match s.trim() {
+        "off" | "none" => Some(Noise::none()),
+        "calibrated" => Some(Noise::calibrated(0)),
+        _ => None,
+    };
+    if let Some(n) = n {
+        return Ok(NoiseArg {
+            sample_sigma: n.sample_sigma,
+            layer_sigma: n.layer_sigma,
+            straggler_every: n.straggler_every,
+        });
+    }
+    let parts: Vec<Result<f64, _>> = s.split(',').map(|p| p.trim().parse::<f64>()).collect();
+    let sigma = 0.0..=1.0;
+    match parts.as_slice() {
+        [Ok(a), Ok(b)] if sigma.contains(a) && sigma.contains(b) => Ok(NoiseArg {
+            sample_sigma: *a,
+            layer_sigma: *b,
+            straggler_every: 0,
+        }),
+        _ => Err(format!(
+            "--noise is `off`, `calibrated` or two log-sigmas in [0, 1] as `SAMPLE,LAYER` (e.g. \
+             `0.1,0.05`), not `{s}`"
+        )),
+    }
+}
+
 /// `odc-bench sim`: the `ab` matrix on the virtual clock with an H100 profile's cost, then the
 /// long-sequence table of `odc_bench::sim::report`.
 pub(crate) async fn sim(args: SimArgs) -> anyhow::Result<()> {
@@ -267,6 +314,39 @@ pub(crate) async fn sim(args: SimArgs) -> anyhow::Result<()> {
         "Against collectives that split too (modelled, lockstep rounds, the same prices): FSDP with LB-Micro, static CP as TransformerEngine's users run it (TE CP: one size for the job, the smallest whose pieces fit the longest sample in the token budget; * where its groups span nodes), the best static CP of 2, 4, …, 64 per row (a bound: every sample over a fixed group), dynamic CP (a group size per sample); each baseline's step over on-demand's split step"
     );
     print!("{}", baseline_table(&rows));
+    if let Some(arg) = args.noise {
+        let (sample_sigma, layer_sigma) = (arg.sample_sigma, arg.layer_sigma);
+        let noise = odc_bench::sim::noise::Noise {
+            seed: args.seed,
+            sample_sigma,
+            layer_sigma,
+            straggler_every: args.straggler_every.unwrap_or(arg.straggler_every),
+        };
+        println!();
+        println!(
+            "Under costs the planner cannot see (modelled; every plan made with the estimates, the run paying per-sample errors of log-sigma {sample_sigma}, per-layer jitter of log-sigma {layer_sigma}, {}; the same draws for every side): lockstep sides wait for the slowest device at every layer, on demand only for its gangs' members",
+            match noise.straggler_every {
+                0 => "no straggler".to_string(),
+                n => format!("one device in {n} at 0.8x"),
+            }
+        );
+        let mut noisy = Vec::new();
+        for w in workloads.iter().filter(|w| w.name() != "balanced") {
+            let budget = args
+                .token_budget
+                .unwrap_or_else(|| ab::default_token_budget(w));
+            noisy.extend(odc_bench::sim::report::noise_rows(
+                w,
+                &devices,
+                args.minibatch_per_device,
+                args.seed,
+                &profile,
+                budget,
+                &noise,
+            )?);
+        }
+        print!("{}", odc_bench::sim::report::noise_table(&noisy));
+    }
     if !runtime.is_empty() {
         println!();
         println!(

@@ -11,6 +11,8 @@
 //!   (what [`crate::links`] puts under a virtual-time job);
 //! - [`split`]: the long-sequence planning policy (context-parallel splitting of the sequences one
 //!   device cannot finish in the balanced step) and its bounds;
+//! - [`noise`]: costs the planner cannot see (estimate errors, kernel jitter, stragglers), and
+//!   each side's step as the run pays them, lockstep or on demand;
 //! - [`report`]: step time with and without splitting against perfect balance, per workload and
 //!   device count, and that table joined to the runtime's rows;
 //! - [`plot`]: `odc-bench sim --plot`, speedup against devices (runtime rows and the split table).
@@ -19,6 +21,7 @@
 //! its arguments (no clocks, no global state, no hash-map iteration order in any output); bad input
 //! from a file or a user is a typed error naming what was wrong, never a panic.
 
+pub mod noise;
 pub mod plot;
 pub mod ports;
 pub mod profile;

@@ -13,12 +13,13 @@
 //! minibatch of the same workload, device count and seed. Rendering never panics: a value that is
 //! not finite shows as `n/a`, a row the other side lacks as `–`.
 
+use super::noise::{self, Dispatch, Noise};
 use super::profile::DeviceProfile;
-use super::split::{plan, plan_cp, plan_on_demand, SplitError, SplitOptions};
+use super::split::{plan, plan_cp, plan_on_demand, Modelled, SplitError, SplitOptions, SplitPlan};
 use super::topology::Topology;
 use crate::report::BenchRow;
 use crate::workload::Workload;
-use odc_policy::split::{static_cp_sizes, ContextParallel, OnDemandPlan};
+use odc_policy::split::{static_cp_sizes, ContextParallel, CpPlan, OnDemandPlan};
 
 /// GPUs per node of the rows' topology ([`Topology::h100_devices`]: nodes of 8).
 const NODE_GPUS: u32 = 8;
@@ -80,15 +81,12 @@ impl SplitRow {
     /// The best collective baseline's step (the shortest of FSDP, static and dynamic CP) over
     /// the split step: on-demand with splitting against the best CP collective.
     pub fn over_best_collective(&self) -> Option<f64> {
-        let best = [
+        let steps = [
             self.fsdp_s,
             self.static_cp.map(|(_, s)| s),
             self.dynamic_cp_s,
-        ]
-        .into_iter()
-        .flatten()
-        .fold(f64::INFINITY, f64::min);
-        best.is_finite().then(|| ratio(best, self.split_s))
+        ];
+        over_best(&steps, self.split_s)
     }
 }
 
@@ -104,6 +102,196 @@ pub fn te_cp_size(devices: u32, longest: u64, token_budget: u64) -> Option<u32> 
     }
     static_cp_sizes(devices, devices)
         .find(|&c| 2 * longest.div_ceil(2 * u64::from(c)) <= token_budget)
+}
+
+/// The collective baselines' plans of one row (`None` where one cannot place the samples): FSDP
+/// with LB-Micro, TE CP ([`te_cp_size`]), the best static CP size by its planned step, dynamic
+/// CP.
+#[derive(Debug, Clone)]
+pub struct Baselines {
+    pub fsdp: Option<CpPlan>,
+    pub te: Option<(u32, CpPlan)>,
+    pub best_static: Option<(u32, CpPlan)>,
+    pub dynamic: Option<CpPlan>,
+}
+
+impl Baselines {
+    /// Every baseline planned for `lengths` on `topology` within `token_budget`.
+    pub fn plan(
+        lengths: &[u64],
+        profile: &DeviceProfile,
+        topology: &Topology,
+        token_budget: u64,
+    ) -> Baselines {
+        let cp = |cp| plan_cp(lengths, profile, topology, cp, token_budget).ok();
+        let sized = |c: u32| match c {
+            1 => ContextParallel::Off,
+            c => ContextParallel::Static(c),
+        };
+        let d = topology.devices();
+        let best_static = static_cp_sizes(d, d)
+            .filter_map(|c| cp(sized(c)).map(|p| (c, p)))
+            .min_by(|a, b| a.1.step_s.total_cmp(&b.1.step_s));
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let te = te_cp_size(d, longest, token_budget).and_then(|c| cp(sized(c)).map(|p| (c, p)));
+        Baselines {
+            fsdp: cp(ContextParallel::Off),
+            te,
+            best_static,
+            dynamic: cp(ContextParallel::Dynamic),
+        }
+    }
+}
+
+/// One row under noise: each side's step as the run pays it ([`super::noise`]), every plan made
+/// with the estimates; the baselines' sizes are the planned rows' (TE CP's by memory, the best
+/// static size by its planned step).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct NoiseRow {
+    pub workload: String,
+    pub devices: u32,
+    pub noise: Noise,
+    /// Perfect balance of the actual costs over the devices' speeds.
+    pub perfect_s: f64,
+    /// On demand: its plan (`gangs`, or the CP placement it runs unlocked) and its actual step,
+    /// the gangs' whole samples handed out by dynamic dispatch ([`noise::Dispatch::Dynamic`]).
+    pub placement: String,
+    pub on_demand_s: f64,
+    /// The gangs' plan whatever on demand chose, with the plan's lists and with dynamic dispatch.
+    pub gangs_static_s: f64,
+    pub gangs_dynamic_s: f64,
+    pub fsdp_s: Option<f64>,
+    pub te_cp: Option<(u32, f64)>,
+    pub best_static_cp: Option<(u32, f64)>,
+    pub dynamic_cp_s: Option<f64>,
+}
+
+impl NoiseRow {
+    /// Perfect balance over on demand's step.
+    pub fn efficiency(&self) -> f64 {
+        ratio(self.perfect_s, self.on_demand_s)
+    }
+
+    /// The best baseline's step over on demand's.
+    pub fn over_best(&self) -> Option<f64> {
+        let steps = [
+            self.fsdp_s,
+            self.te_cp.map(|(_, s)| s),
+            self.best_static_cp.map(|(_, s)| s),
+            self.dynamic_cp_s,
+        ];
+        over_best(&steps, self.on_demand_s)
+    }
+}
+
+/// The rows of [`split_rows`]' minibatches run under `noise` (see [`NoiseRow`]).
+pub fn noise_rows(
+    workload: &Workload,
+    devices: &[u32],
+    samples_per_device: usize,
+    seed: u64,
+    profile: &DeviceProfile,
+    token_budget: u64,
+    noise: &Noise,
+) -> Result<Vec<NoiseRow>, SplitError> {
+    devices
+        .iter()
+        .map(|&d| {
+            let topology = Topology::h100_devices(d)?;
+            let lengths = workload.sample(samples_per_device * d as usize, seed);
+            let costs = Modelled {
+                profile,
+                topology: &topology,
+            };
+            let options = SplitOptions {
+                token_budget,
+                ..SplitOptions::default()
+            };
+            let gangs = plan(&lengths, profile, &topology, options)?;
+            let run_gangs =
+                |p: &SplitPlan, dispatch| noise::gangs_s(p, &lengths, &costs, noise, dispatch);
+            let gangs_static_s = run_gangs(&gangs, Dispatch::Static);
+            let gangs_dynamic_s = run_gangs(&gangs, Dispatch::Dynamic);
+            let chosen = plan_on_demand(gangs, &lengths, profile, &topology, options)?;
+            let (placement, on_demand_s) = match &chosen {
+                OnDemandPlan::Gangs(p) => ("gangs".into(), run_gangs(p, Dispatch::Dynamic)),
+                OnDemandPlan::Rounds { cp, plan, .. } => {
+                    (cp.name(), noise::unlocked_s(plan, &lengths, &costs, noise))
+                }
+            };
+            let b = Baselines::plan(&lengths, profile, &topology, token_budget);
+            let run = |p: &CpPlan| noise::lockstep_s(p, &lengths, &costs, noise);
+            let sized = |p: &Option<(u32, CpPlan)>| p.as_ref().map(|(c, p)| (*c, run(p)));
+            let (over, under): (Vec<u64>, Vec<u64>) =
+                lengths.iter().partition(|&&s| s > token_budget);
+            let fewest = over.len() as u64 + under.iter().sum::<u64>().div_ceil(token_budget);
+            Ok(NoiseRow {
+                workload: workload.name(),
+                devices: d,
+                noise: *noise,
+                perfect_s: noise::perfect_s(&lengths, fewest, &costs, noise),
+                placement,
+                on_demand_s,
+                gangs_static_s,
+                gangs_dynamic_s,
+                fsdp_s: b.fsdp.as_ref().map(run),
+                te_cp: sized(&b.te),
+                best_static_cp: sized(&b.best_static),
+                dynamic_cp_s: b.dynamic.as_ref().map(run),
+            })
+        })
+        .collect()
+}
+
+/// The noise rows as a Markdown table: on demand's actual step and its share of perfect balance,
+/// each baseline's actual step and its ratio over on demand's.
+pub fn noise_table(rows: &[NoiseRow]) -> String {
+    let mut out = String::from(
+        "| workload | devices | on demand (s) | its plan | perfect/on demand | gangs, static lists (s) | gangs, dynamic (s) | fsdp (s) | TE CP (s) | best static CP (s) | dynamic CP (s) | vs fsdp | vs TE CP | vs best static CP | vs dynamic CP | vs best |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let secs = |x: Option<f64>| x.map_or_else(|| "–".into(), |s| format!("{s:.2}"));
+    let sized = |x: Option<(u32, f64)>| {
+        x.map_or_else(
+            || "–".into(),
+            |(c, s)| match c {
+                1 => format!("{s:.2} (no CP)"),
+                c => format!("{s:.2} (cp{c})"),
+            },
+        )
+    };
+    let over =
+        |x: Option<f64>, on: f64| x.map_or_else(|| "–".into(), |s| format!("{:.2}x", ratio(s, on)));
+    for r in rows {
+        let on = r.on_demand_s;
+        out.push_str(&format!(
+            "| {} | {} | {:.2} | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.workload,
+            r.devices,
+            on,
+            r.placement,
+            r.efficiency(),
+            r.gangs_static_s,
+            r.gangs_dynamic_s,
+            secs(r.fsdp_s),
+            sized(r.te_cp),
+            sized(r.best_static_cp),
+            secs(r.dynamic_cp_s),
+            over(r.fsdp_s, on),
+            over(r.te_cp.map(|x| x.1), on),
+            over(r.best_static_cp.map(|x| x.1), on),
+            over(r.dynamic_cp_s, on),
+            r.over_best()
+                .map_or_else(|| "–".into(), |x| format!("{x:.2}x")),
+        ));
+    }
+    out
+}
+
+/// The shortest of the baselines' `steps` (those that ran) over `ours`.
+fn over_best(steps: &[Option<f64>], ours: f64) -> Option<f64> {
+    let best = steps.iter().flatten().fold(f64::INFINITY, |a, &b| a.min(b));
+    best.is_finite().then(|| ratio(best, ours))
 }
 
 /// `x / y`, 1.0 when both are zero.
@@ -150,22 +338,8 @@ pub fn split_rows(
                     plan.gangs.iter().map(|g| (g.tokens, g.cost.k)).collect(),
                 ),
             };
-            let cp = |cp| {
-                plan_cp(&lengths, profile, &topology, cp, token_budget)
-                    .ok()
-                    .map(|p| p.step_s)
-            };
-            let static_cp = static_cp_sizes(d, d)
-                .filter_map(|c| cp(ContextParallel::Static(c)).map(|s| (c, s)))
-                .min_by(|a, b| a.1.total_cmp(&b.1));
-            let longest = lengths.iter().copied().max().unwrap_or(0);
-            let te_cp = te_cp_size(d, longest, token_budget).and_then(|c| {
-                let cp_size = match c {
-                    1 => ContextParallel::Off,
-                    c => ContextParallel::Static(c),
-                };
-                cp(cp_size).map(|s| (c, s))
-            });
+            let b = Baselines::plan(&lengths, profile, &topology, token_budget);
+            let sized = |p: &Option<(u32, CpPlan)>| p.as_ref().map(|(c, p)| (*c, p.step_s));
             Ok(SplitRow {
                 workload: workload.name(),
                 devices: d,
@@ -179,10 +353,10 @@ pub fn split_rows(
                 splits: pieces.len(),
                 shortest_split_tokens: pieces.iter().map(|p| p.0).min(),
                 widest_split: pieces.iter().map(|p| p.1).max(),
-                fsdp_s: cp(ContextParallel::Off),
-                static_cp,
-                dynamic_cp_s: cp(ContextParallel::Dynamic),
-                te_cp,
+                fsdp_s: b.fsdp.as_ref().map(|p| p.step_s),
+                static_cp: sized(&b.best_static),
+                dynamic_cp_s: b.dynamic.as_ref().map(|p| p.step_s),
+                te_cp: sized(&b.te),
             })
         })
         .collect()
@@ -476,6 +650,35 @@ mod tests {
         };
         assert!(table.contains(&cell), "{table}");
         assert_eq!(table.lines().next().unwrap().matches('|').count(), 16);
+    }
+
+    #[test]
+    fn without_noise_the_noise_rows_are_the_planned_rows() {
+        let profile = seven_b();
+        let planned = split_rows(&Workload::Rl, &[64], 4, 0, &profile, 65_536).unwrap();
+        let noisy =
+            noise_rows(&Workload::Rl, &[64], 4, 0, &profile, 65_536, &Noise::none()).unwrap();
+        let (p, n) = (&planned[0], &noisy[0]);
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.max(1.0);
+        assert!(close(n.on_demand_s, p.split_s), "{n:?} vs {p:?}");
+        assert_eq!(n.placement, p.placement);
+        assert!(close(n.fsdp_s.unwrap(), p.fsdp_s.unwrap()));
+        assert!(close(n.dynamic_cp_s.unwrap(), p.dynamic_cp_s.unwrap()));
+        assert_eq!(n.best_static_cp.unwrap().0, p.static_cp.unwrap().0);
+        assert!(close(n.best_static_cp.unwrap().1, p.static_cp.unwrap().1));
+        assert!(
+            close(n.perfect_s, p.perfect_s),
+            "{} vs {}",
+            n.perfect_s,
+            p.perfect_s
+        );
+        let table = noise_table(&noisy);
+        assert_eq!(table.lines().count(), 3);
+        // Under noise the same seed gives the same row.
+        let calibrated = Noise::calibrated(5);
+        let a = noise_rows(&Workload::Rl, &[64], 4, 0, &profile, 65_536, &calibrated).unwrap();
+        let b = noise_rows(&Workload::Rl, &[64], 4, 0, &profile, 65_536, &calibrated).unwrap();
+        assert_eq!(a, b);
     }
 
     /// Prints the table for the heavy-tailed workloads:
