@@ -211,9 +211,7 @@ fn score(s: &Sampler<'_>, batch: &[(u64, Problem)], decoded: Decoded) -> anyhow:
         .iter()
         .flat_map(|(_, p)| std::iter::repeat_n(p, s.group_size))
         .collect();
-    let rewards = s
-        .reward
-        .score(&problems[..texts.len().min(problems.len())], &texts)?;
+    let rewards = s.reward.score(&problems, &texts)?;
     let mut groups = Vec::with_capacity(batch.len());
     let mut policy_log_probs = Vec::with_capacity(decoded.generated.len());
     let mut scored = decoded.generated.into_iter().zip(texts).zip(rewards);

@@ -220,16 +220,7 @@ async fn run(
             bar.suspend(|| println!("{line}"));
         }
     };
-    let mut progress = Progress::new(first, settings.steps);
-    let mut log = Log::default();
-    if let Some(peak) = peak {
-        let params = odc::model::param_count(&settings.model)? as u64;
-        progress = progress.with_mfu(params, peak);
-        log = Log::open(
-            settings.log_jsonl.as_deref(),
-            settings.tensorboard.as_deref(),
-        )?;
-    }
+    let (mut progress, mut log) = reporting(&settings, first, peak)?;
     let schedule = lr_schedule(&settings);
     let (mut accuracy, mut eval_loss) = (f64::NAN, f64::NAN);
     let mut spans = Vec::new();
@@ -296,6 +287,25 @@ async fn run(
         progress.loss()
     );
     Ok(())
+}
+
+/// The run's progress and its log: with MFU over `peak` and the files of `--log-jsonl` and
+/// `--tensorboard` on the lead (which alone has a peak), plain and silent elsewhere.
+fn reporting(
+    settings: &Settings,
+    first: u64,
+    peak: Option<odc::recipe::Peak>,
+) -> anyhow::Result<(Progress, Log)> {
+    let progress = Progress::new(first, settings.steps);
+    let Some(peak) = peak else {
+        return Ok((progress, Log::default()));
+    };
+    let params = odc::model::param_count(&settings.model)? as u64;
+    let log = Log::open(
+        settings.log_jsonl.as_deref(),
+        settings.tensorboard.as_deref(),
+    )?;
+    Ok((progress.with_mfu(params, peak), log))
 }
 
 /// The run's first line: the model, the steps, the fleet, the device and the CPU threads.
