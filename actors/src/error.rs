@@ -44,20 +44,20 @@ pub enum Error {
     DuplicatePush { unit: UnitId, micro_batch: u32 },
     #[error("unit {unit} is not gathered, so it cannot be released")]
     NotGathered { unit: UnitId },
-    #[error("read of unit {unit} from server {owner} returned version {got} during step version {expected} (I1)")]
+    #[error("read of unit {unit} from shard server {owner} returned version {got} during step version {expected} (I1)")]
     VersionMismatch {
         unit: UnitId,
         owner: EndpointId,
         expected: u64,
         got: u64,
     },
-    #[error("pull of unit {unit} from server {owner} failed: {source}")]
+    #[error("pull of unit {unit} from shard server {owner} failed: {source}")]
     Pull {
         unit: UnitId,
         owner: EndpointId,
         source: TransportError,
     },
-    #[error("gradient push of unit {unit} to server {owner} failed: {source}")]
+    #[error("gradient push of unit {unit} to shard server {owner} failed: {source}")]
     Push {
         unit: UnitId,
         owner: EndpointId,
