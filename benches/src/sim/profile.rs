@@ -8,10 +8,18 @@
 //! per micro-batch (launch-bound small micro-batches, PAPERS.md "Measured on an H100").
 //!
 //! - **Interpolation**: piecewise linear in log–log space between the measured points (a power law
-//!   between neighbours), so the measured points are reproduced exactly. The points are first made
-//!   non-decreasing from the right (`T_i ← min(T_i, T_{i+1}, …)`): a measured point above a longer
-//!   one is launch-bound noise (the 1.5B layer's 1,024-token point, 4.62 ms, above its 2,048-token
-//!   point, 3.87 ms), and a cost that falls with length would let a planner profit from nonsense.
+//!   between neighbours), so the points kept are reproduced exactly. Two rules choose them:
+//!   - the points are made non-decreasing from the right (`T_i ← min(T_i, T_{i+1}, …)`): a
+//!     measured point above a longer one is launch-bound noise (the 1.5B layer's 1,024-token
+//!     point, 4.62 ms, above its 2,048-token point, 3.87 ms), and a cost that falls with length
+//!     would let a planner profit from nonsense;
+//!   - then a point above the chord of its neighbours is dropped (the lower convex hull): a cost
+//!     made of a fixed floor, a per-token part and a quadratic attention part is convex in the
+//!     tokens, so such a point is a measurement's noise (a kernel choice or a clock ramp), not the
+//!     layer's cost. Two are dropped: the 7B's 2,048-token point (8.36 ms, 2.11x its 1,024-token
+//!     point for twice the tokens, where the 4,096-token point is only 1.36x more; the chord of
+//!     its neighbours reads 6.43 ms, the curve 6.71 ms), which made 2K pieces of a split cost as
+//!     much as 3K ones; and the 1.5B's 4,096-token point (5.28 ms against its chord's 4.83).
 //! - **Below the first point**: linear from `c` at zero tokens to the first point.
 //! - **Above the last point**: the last point scaled by the fit `g(ŝ) = a·ŝ² + b·ŝ` (ŝ = s/32000),
 //!   `T(s) = T_last · g(ŝ) / g(ŝ_last)`: continuous, and quadratic in the limit, as attention is.
@@ -193,6 +201,7 @@ impl UnitCurve {
         for i in (0..points.len().saturating_sub(1)).rev() {
             points[i].1 = points[i].1.min(points[i + 1].1);
         }
+        let points = lower_convex_hull(points);
         let finite_or_zero = |x: f64| if x.is_finite() { x.max(0.0) } else { 0.0 };
         Ok(UnitCurve {
             name: format!("{model}/{unit}"),
@@ -251,6 +260,26 @@ impl UnitCurve {
     }
 }
 
+/// The points on or below the chord of every pair of their neighbours (the lower convex hull,
+/// points on a chord kept), `points` ascending in tokens.
+fn lower_convex_hull(points: Vec<(u64, f64)>) -> Vec<(u64, f64)> {
+    let mut hull: Vec<(u64, f64)> = Vec::with_capacity(points.len());
+    for p in points {
+        while let [.., o, a] = hull[..] {
+            // `a` above the chord from `o` to `p`: the turn o → a → p is clockwise.
+            let (ax, ay) = ((a.0 - o.0) as f64, a.1 - o.1);
+            let (px, py) = ((p.0 - o.0) as f64, p.1 - o.1);
+            let cross = ax * py - ay * px;
+            if cross >= -1e-12 * px * (p.1.abs() + a.1.abs()) {
+                break;
+            }
+            hull.pop();
+        }
+        hull.push(p);
+    }
+    hull
+}
+
 /// A device profile: the model's unit curves and its block's bytes (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceProfile {
@@ -264,6 +293,63 @@ pub struct DeviceProfile {
     pub layer_params: u64,
     /// bf16 K and V bytes of one token in one block (ring attention's traffic).
     pub kv_bytes_per_token: u64,
+    /// What one ring step of one block costs its member beside the hop ([`RingStep`]).
+    pub ring_step: RingStep,
+}
+
+/// What one ring step of one block costs the member on its compute stream, forward and backward
+/// together, beside the hop: the block kernels' launches and the merges of each block's partial
+/// result (PAPERS.md, "FlashAttention-2 and its merge rule").
+///
+/// - **Merges**: forward, the output's log-sum-exp merge (the fp32 accumulator read and written,
+///   the bf16 block output read: 10 bytes per element of `d_model`); backward, dQ accumulated the
+///   same way (10 bytes per element of `d_model`) and dK, dV (10 bytes per element of K and V,
+///   `5 × kv_bytes_per_token`). At the device's measured copy rate, read and write counted.
+/// - **Launches**: four kernels a step (the block's attention and its merge forward, the block's
+///   attention backward and the accumulation), each `launch_s`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RingStep {
+    /// Bytes the merges of one step move per token of the member's chunk.
+    pub merge_bytes_per_token: u64,
+    /// Device memory bytes per second, read and write counted.
+    pub memory_bytes_per_s: f64,
+    /// Kernels launched per step, and the seconds of each.
+    pub launches: u32,
+    pub launch_s: f64,
+}
+
+/// An H100's device-to-device copy, read and write counted: 1.50 TB/s copied = 3.0 TB/s moved
+/// (measured, PAPERS.md "Measured on an H100").
+pub const H100_MEMORY_BYTES_PER_S: f64 = 3.0e12;
+
+/// One kernel launch on the compute stream, **assumed** (no launch measurement exists yet): 5 µs.
+pub const ASSUMED_LAUNCH_S: f64 = 5e-6;
+
+impl RingStep {
+    /// The step of a block of `d_model` whose K and V are `kv_bytes_per_token` per token, on an
+    /// H100 (its measured copy rate, the assumed launch).
+    pub fn h100(d_model: u64, kv_bytes_per_token: u64) -> Self {
+        RingStep {
+            merge_bytes_per_token: 20 * d_model + 5 * kv_bytes_per_token,
+            memory_bytes_per_s: H100_MEMORY_BYTES_PER_S,
+            launches: 4,
+            launch_s: ASSUMED_LAUNCH_S,
+        }
+    }
+
+    /// Seconds of one step for a member holding `chunk_tokens`.
+    ///
+    /// ```
+    /// use odc_bench::sim::profile::RingStep;
+    /// // The 7B block (d 3584, 4 K/V heads of 128): 81,920 bytes per token; 4K tokens: 112 µs of
+    /// // merges and 20 µs of launches.
+    /// let step = RingStep::h100(3584, 2048);
+    /// assert!((step.seconds(4096) - (4096.0 * 81_920.0 / 3.0e12 + 20e-6)).abs() < 1e-12);
+    /// ```
+    pub fn seconds(&self, chunk_tokens: u64) -> f64 {
+        f64::from(self.launches) * self.launch_s
+            + chunk_tokens as f64 * self.merge_bytes_per_token as f64 / self.memory_bytes_per_s
+    }
 }
 
 impl DeviceProfile {
@@ -279,10 +365,19 @@ impl DeviceProfile {
         if layers == 0 {
             return Err(ProfileError::NoLayers);
         }
-        let (name, ms, fit, params, kv_heads) = match shape {
-            ModelShape::B7 => ("7b", H100_7B_MS, (46.95, 76.70, 1.9), 233_100_000, 4),
-            ModelShape::B1_5 => ("1.5b", H100_1_5B_MS, (18.10, 21.46, 3.0), 46_800_000, 2),
+        let (name, ms, fit, params, d_model, kv_heads) = match shape {
+            ModelShape::B7 => ("7b", H100_7B_MS, (46.95, 76.70, 1.9), 233_100_000, 3584, 4),
+            ModelShape::B1_5 => (
+                "1.5b",
+                H100_1_5B_MS,
+                (18.10, 21.46, 3.0),
+                46_800_000,
+                1536,
+                2,
+            ),
         };
+        // K and V, `kv_heads` heads of 128, bf16.
+        let kv_bytes_per_token = 2 * kv_heads * 128 * 2;
         let points: Vec<(usize, f64)> = H100_TOKENS
             .iter()
             .zip(ms)
@@ -293,8 +388,8 @@ impl DeviceProfile {
             layers,
             units: vec![UnitCurve::new(name, "block", layers, &points, fit)?],
             layer_params: params,
-            // K and V, `kv_heads` heads of 128, bf16.
-            kv_bytes_per_token: 2 * kv_heads * 128 * 2,
+            kv_bytes_per_token,
+            ring_step: RingStep::h100(d_model, kv_bytes_per_token),
         })
     }
 
@@ -367,6 +462,7 @@ impl DeviceProfile {
             units,
             layer_params: block.params as u64,
             kv_bytes_per_token: 2 * block.d_model as u64 * 2,
+            ring_step: RingStep::h100(block.d_model as u64, 2 * block.d_model as u64 * 2),
         })
     }
 
@@ -453,17 +549,24 @@ mod tests {
             (ModelShape::B1_5, H100_1_5B_MS),
         ] {
             let p = DeviceProfile::builtin(shape, 1).unwrap();
-            assert_eq!(p.block().points.len(), H100_TOKENS.len());
+            // Each drops one point above its neighbours' chord (the 7B's 2,048, the 1.5B's
+            // 4,096), priced below its measurement by the power law between its neighbours.
+            let dropped = if shape == ModelShape::B7 { 1 } else { 2 };
+            assert_eq!(p.block().points.len(), H100_TOKENS.len() - 1);
             for (i, (&s, &want)) in H100_TOKENS.iter().zip(&ms).enumerate() {
                 let got = p.micro_batch_s(&[s]) * 1e3;
                 // The 1.5B 1,024-token point (launch-bound, above the 2,048 point) is lowered to
-                // the 2,048 point's time; every other point is exact.
-                let want = if shape == ModelShape::B1_5 && i == 0 {
-                    ms[1]
-                } else {
-                    want
+                // the 2,048 point's time; every other point kept is exact.
+                let want = match (shape, i) {
+                    (ModelShape::B1_5, 0) => ms[1],
+                    (_, i) if i == dropped => (ms[i - 1] * ms[i + 1]).sqrt(),
+                    _ => want,
                 };
                 assert!(close(got, want, 1e-9), "{shape:?} {s}: {got} vs {want}");
+                assert!(
+                    got <= ms[i] + 1e-9,
+                    "{shape:?} {s}: never above its measurement"
+                );
             }
         }
     }
@@ -493,6 +596,19 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_point_above_its_neighbours_chord_is_dropped_and_one_on_it_kept() {
+        let pts = |v: &[(u64, f64)]| v.to_vec();
+        // 2 above the chord of 1 and 3 (2.0): dropped; 4 on the chord of 3 and 5: kept.
+        let got = lower_convex_hull(pts(&[(1, 1.0), (2, 2.5), (3, 3.0), (4, 4.0), (5, 5.0)]));
+        assert_eq!(got, pts(&[(1, 1.0), (3, 3.0), (4, 4.0), (5, 5.0)]));
+        // Two in a row above the chord of their outer neighbours.
+        let got = lower_convex_hull(pts(&[(1, 1.0), (2, 3.0), (3, 3.2), (4, 4.0)]));
+        assert_eq!(got, pts(&[(1, 1.0), (4, 4.0)]));
+        let convex = pts(&[(1, 1.0), (2, 1.5), (4, 3.0), (8, 8.0)]);
+        assert_eq!(lower_convex_hull(convex.clone()), convex);
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! - **Ring hops**: NVLink and the intra-node ring step latency inside a node; the NIC and the
 //!   inter-node latency as soon as a gang spans nodes (a ring over nodes is bound by its cross-node
 //!   hop). `kv_bytes_per_token` per token and layer.
+//! - **Ring steps' own cost**: each step's launches and merges on the member's compute stream
+//!   ([`super::profile::RingStep`]), not hidden by the hop.
 //! - Not modelled: the linear layers' remapping (Zeppelin's remapping layer: the token-balanced
 //!   layout is what the `2k`-chunk cut already gives), gradient pushes (the egress direction of the
 //!   same ports; at bf16 gradients half the pull bytes), the pulls' and the ring's share of one
@@ -118,6 +120,9 @@ impl SplitCosts for Modelled<'_> {
             bytes_per_s: link.bytes_per_s,
             latency_s,
         }
+    }
+    fn ring_step_overhead_s(&self, chunk_tokens: u64) -> f64 {
+        self.profile.ring_step.seconds(chunk_tokens)
     }
     fn pull_s(&self) -> f64 {
         pull_s(self.profile, self.topology)
@@ -317,13 +322,39 @@ mod tests {
         let topo = Topology::h100_devices(64).unwrap();
         let inside = context_parallel_cost(&profile, &topo, 65_536, 8);
         assert!(!inside.inter_node);
-        assert_eq!(inside.comm_exposed_s, 0.0);
+        // The hops hide; what shows is each step's own launches and merges.
+        let steps = 28.0 * 7.0 * profile.ring_step.seconds(8192);
+        assert!((inside.comm_exposed_s - steps).abs() < 1e-12, "{inside:?}");
         // Across nodes, short chunks: the NIC shows.
         let across = context_parallel_cost(&profile, &topo, 16_384, 64);
         assert!(across.inter_node);
         assert!(across.comm_exposed_s > 0.0, "{across:?}");
         // Never cheaper per rank than a sample of the chunk's length.
         assert!(across.compute_s >= profile.micro_batch_s(&[256]) - 1e-12);
+    }
+
+    #[test]
+    fn a_ring_step_costs_its_launches_and_merges_a_larger_share_of_shorter_pieces() {
+        let profile = seven_b();
+        let topo = Topology::h100_devices(8).unwrap();
+        let share = |tokens| {
+            let c = context_parallel_cost(&profile, &topo, tokens, 8);
+            c.comm_exposed_s / c.compute_s
+        };
+        let mut free = profile.clone();
+        free.ring_step.launches = 0;
+        free.ring_step.merge_bytes_per_token = 0;
+        assert_eq!(
+            context_parallel_cost(&free, &topo, 65_536, 8).comm_exposed_s,
+            0.0
+        );
+        assert!(
+            share(8192) > share(65_536),
+            "{} vs {}",
+            share(8192),
+            share(65_536)
+        );
+        assert!(share(65_536) > 0.0);
     }
 
     #[test]

@@ -17,8 +17,15 @@
 //!   ([`SplitCosts::ring_link`]: inside a node, or across nodes as soon as the gang spans nodes),
 //!   each overlapped with the attention of the block in hand, `attention(s) / (3k²)` (the layer's
 //!   forward attention is a third of its forward and backward). The backward moves K/V and dK/dV,
-//!   twice the bytes against twice the compute. Exposed per layer:
-//!   `3(k − 1) · max(0, hop − attention(s) / (3k²))`.
+//!   twice the bytes against twice the compute. Each step also costs its member compute-stream
+//!   time the hop cannot hide ([`SplitCosts::ring_step_overhead_s`]: the block kernels' launches
+//!   and the merge of each block's partial result — the log-sum-exp merge of the output forward,
+//!   the dQ, dK and dV accumulation backward). Exposed per layer:
+//!   `3(k − 1) · max(0, hop − attention(s) / (3k²)) + (k − 1) · overhead(⌈s/k⌉)`.
+//! - **Peer wait.** With every cost known the zig-zag members are even and never wait for each
+//!   other; the wait for a late member is a cost the planner cannot see, paid where the run's
+//!   noise is modelled (`odc-bench`'s `sim::noise`: a gang's members wait for each other layer by
+//!   layer).
 //! - **Transfers.** Every member pulls the parameters of every layer it computes (each member
 //!   computes every layer on its chunks) and pushes its gradient share: a piece occupies its
 //!   member for `max(compute, pulls, pushes) + exposed exchange`, like any micro-batch
@@ -62,6 +69,13 @@ pub trait SplitCosts {
     fn kv_bytes_per_token(&self) -> u64;
     /// One ring hop, inside a node or across nodes.
     fn ring_link(&self, inter_node: bool) -> Link;
+    /// Compute-stream seconds of one ring step of one layer, forward and backward together, for
+    /// a member holding `chunk_tokens`, that the hop does not hide: the block kernels' launches
+    /// and the merge of the block's partial result (see the module docs). Zero where not priced.
+    fn ring_step_overhead_s(&self, chunk_tokens: u64) -> f64 {
+        let _ = chunk_tokens;
+        0.0
+    }
     /// Seconds one micro-batch's parameter pulls occupy a trainer's ingress (overlapped with its
     /// compute by prefetching).
     fn pull_s(&self) -> f64;
@@ -100,7 +114,7 @@ pub struct PieceCost {
     pub compute_s: f64,
     /// Transfers per member ([`transfer_s`]).
     pub transfer_s: f64,
-    /// Ring exchange not hidden behind attention.
+    /// Ring exchange not hidden behind attention, and the ring steps' own launches and merges.
     pub comm_exposed_s: f64,
 }
 
@@ -121,7 +135,8 @@ pub fn piece_cost<C: SplitCosts + ?Sized>(costs: &C, tokens: u64, k: u32) -> Pie
     let link = costs.ring_link(inter_node);
     let hop = link.message_s(chunk.saturating_mul(costs.kv_bytes_per_token()));
     let hidden = costs.layer_attention_s(tokens) / (3.0 * kf * kf);
-    let per_layer = 3.0 * (kf - 1.0) * (hop - hidden).max(0.0);
+    let overhead = costs.ring_step_overhead_s(chunk).max(0.0);
+    let per_layer = (kf - 1.0) * (3.0 * (hop - hidden).max(0.0) + overhead);
     PieceCost {
         k,
         inter_node,

@@ -19,6 +19,8 @@ pub(super) struct Toy {
     pub(super) inter: Link,
     pub(super) pull: f64,
     pub(super) push: f64,
+    /// Seconds of each ring step's own launches and merges.
+    pub(super) step: f64,
 }
 
 impl Toy {
@@ -42,6 +44,7 @@ impl Toy {
             },
             pull: 0.0,
             push: 0.0,
+            step: 0.0,
         }
     }
 }
@@ -66,6 +69,9 @@ impl SplitCosts for Toy {
     }
     fn attention_layers(&self) -> u32 {
         self.layers
+    }
+    fn ring_step_overhead_s(&self, _chunk_tokens: u64) -> f64 {
+        self.step
     }
     fn kv_bytes_per_token(&self) -> u64 {
         self.kv_bytes
@@ -185,6 +191,25 @@ fn ring_exchange_hides_behind_attention_for_long_samples_on_fast_links() {
     assert!(across.comm_exposed_s > 0.0, "{across:?}");
     // Never cheaper per member than a sample of the chunk's length.
     assert!(across.compute_s >= costs.fixed_s() + costs.sample_s(128) - 1e-12);
+}
+
+#[test]
+fn every_ring_step_adds_its_own_cost_beside_the_hidden_hop() {
+    let free = Toy::h100(64);
+    let priced = Toy {
+        step: 1e-4,
+        ..free.clone()
+    };
+    for k in [2, 4, 8] {
+        let (f, p) = (
+            piece_cost(&free, 131_072, k),
+            piece_cost(&priced, 131_072, k),
+        );
+        assert_eq!(f.comm_exposed_s, 0.0, "k={k}: the hop hides");
+        let want = 28.0 * f64::from(k - 1) * 1e-4;
+        assert!((p.comm_exposed_s - want).abs() < 1e-12, "k={k}: {p:?}");
+        assert_eq!(p.compute_s, f.compute_s);
+    }
 }
 
 #[test]
