@@ -62,7 +62,7 @@ pub use async_trait::async_trait;
 pub use checkpoint::TrainState;
 pub use data::DataSource;
 pub use job::{Job, JobBuilder, Precision, DEFAULT_STEP_TIMEOUT};
-pub use odc_actors::batch::{ComputeOutput, LossWeighting, MicroBatch, SampleMeta};
+pub use odc_actors::batch::{ComputeOutput, LossWeighting, MicroBatch, Piece, SampleMeta};
 pub use odc_actors::layout::{self, ModelLayout, UnitId, UnitInit, UnitSpec};
 pub use odc_actors::policy::balancer::CostModel;
 pub use odc_actors::policy::clock::{Clock, SystemClock, Timestamp};

@@ -15,8 +15,18 @@
 //!   those spans.
 //! - [`SpeedSchedule`]: per-device speed factors, including a device that slows down from a step
 //!   on.
+//! - [`Noise`] (none by default): what the cost model does not see, the same draws as
+//!   `odc-bench sim`'s analytic rows. A sample's cost (a piece's too) takes its sample's factor;
+//!   each unit of a micro-batch a factor of its device, its slot (the trainer's `n`-th micro-batch
+//!   of the step) and the unit; a straggler computes at its speed.
+//! - **A gang's members meet at every unit**, forward and backward, as their K/V ring paces them
+//!   (`Rings`): a member ends a unit when the last of its gang does. The ring's bytes are not
+//!   emulated (in one process the exchange itself is nearly free). A member that does not come
+//!   within [`SimDevice::ring_deadline`] fails the micro-batch, naming the first member missing
+//!   (I6).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The first endpoint id of a trainer's collective inbox (`TRAINER_ENDPOINT_BASE + rank`): a
@@ -26,10 +36,14 @@ use odc_actors::policy::balancer::CostModel;
 pub use odc_transport::throttle::Pace;
 
 use crate::{
-    async_trait, Compute, ComputeOutput, MicroBatch, SpanKind, TrainerContext, UnitId, UnitSpec,
+    async_trait, Compute, ComputeOutput, MicroBatch, Piece, SampleMeta, SpanKind, TrainerContext,
+    UnitId, UnitSpec,
 };
 
 pub mod clock;
+pub mod noise;
+
+pub use noise::Noise;
 
 /// A change of one device's speed from a step on.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -89,6 +103,10 @@ pub struct SimDevice {
     pub speeds: SpeedSchedule,
     /// How compute waits spend time (wall or virtual).
     pub pace: Pace,
+    /// Costs the cost model does not see (none by default).
+    pub noise: Noise,
+    /// How long a gang member waits at a unit for the others (I6).
+    pub ring_deadline: Duration,
 }
 
 impl Default for SimDevice {
@@ -100,6 +118,8 @@ impl Default for SimDevice {
             seconds_per_cost: 0.004,
             speeds: SpeedSchedule::uniform(),
             pace: Pace::Wall,
+            noise: Noise::none(),
+            ring_deadline: Duration::from_secs(60),
         }
     }
 }
@@ -117,16 +137,96 @@ impl SimDevice {
         tokens.iter().map(|&t| self.cost.cost(t)).sum::<f64>() * self.seconds_per_cost
     }
 
-    /// A compute factory for this device.
+    /// Modelled compute seconds of `sample` at speed 1.0 as the run pays it (its noise factor).
+    fn paid_seconds(&self, sample: &SampleMeta) -> f64 {
+        self.seconds(&[sample.tokens]) * self.noise.sample_factor(sample.index)
+    }
+
+    /// A compute factory for this device: one job's trainers, whose gangs meet in one place.
     pub fn factory(self: &Arc<Self>) -> impl Fn(u32) -> Box<dyn Compute> + Send + Sync + 'static {
         let device = self.clone();
         let grad: Arc<[f32]> = vec![1e-3f32; self.unit_elems].into();
+        let rings = Arc::new(Rings::default());
         move |trainer| {
             Box::new(SimCompute {
                 trainer,
                 device: device.clone(),
                 grad: grad.clone(),
+                rings: rings.clone(),
+                slot: (u64::MAX, 0),
             }) as Box<dyn Compute>
+        }
+    }
+}
+
+/// One meeting of a gang: its attempt's epoch, its number, the unit, and whether backward.
+type RingKey = (u64, u32, UnitId, bool);
+
+/// Where gang members meet, unit by unit (see the module docs).
+#[derive(Default)]
+struct Rings {
+    meetings: Mutex<HashMap<RingKey, Meeting>>,
+}
+
+/// The members arrived so far, and the signal that all have.
+struct Meeting {
+    arrived: Vec<bool>,
+    all: tokio::sync::watch::Sender<bool>,
+}
+
+impl Rings {
+    /// Waits until every member of `piece`'s gang has reached `unit` (forward or `backward`).
+    async fn meet(
+        &self,
+        piece: &Piece,
+        unit: UnitId,
+        backward: bool,
+        deadline: Duration,
+    ) -> crate::Result<()> {
+        let key = (piece.epoch, piece.gang, unit, backward);
+        let mut all = {
+            let mut meetings = self.meetings.lock().unwrap_or_else(|e| e.into_inner());
+            let meeting = meetings.entry(key).or_insert_with(|| Meeting {
+                arrived: vec![false; piece.members.max(1) as usize],
+                all: tokio::sync::watch::channel(false).0,
+            });
+            if let Some(seat) = meeting.arrived.get_mut(piece.member as usize) {
+                *seat = true;
+            }
+            if meeting.arrived.iter().all(|&a| a) {
+                if let Some(done) = meetings.remove(&key) {
+                    done.all.send_replace(true);
+                }
+                return Ok(());
+            }
+            meeting.all.subscribe()
+        };
+        let met =
+            tokio::time::timeout(deadline, async { all.wait_for(|&done| done).await.is_ok() })
+                .await;
+        match met {
+            Ok(true) => Ok(()),
+            _ => Err(self.missing(key, piece)),
+        }
+    }
+
+    /// The error of a meeting whose members did not all come: the first one missing.
+    /// The meeting is closed: the others waiting fail with it, and a member coming late waits
+    /// for a new one, and fails by its own deadline.
+    fn missing(&self, key: RingKey, piece: &Piece) -> crate::Error {
+        let mut meetings = self.meetings.lock().unwrap_or_else(|e| e.into_inner());
+        let member = meetings
+            .remove(&key)
+            .and_then(|m| m.arrived.iter().position(|&a| !a))
+            .unwrap_or(0);
+        let peer = piece.ranks.get(member).copied().unwrap_or(member as u32);
+        crate::Error::Gang {
+            peer,
+            source: odc_transport::TransportError::DeadlineExceeded {
+                owner: TRAINER_ENDPOINT_BASE + peer,
+                region: 0,
+                op: odc_transport::Op::Recv,
+            },
         }
     }
 }
@@ -136,6 +236,29 @@ pub struct SimCompute {
     trainer: u32,
     device: Arc<SimDevice>,
     grad: Arc<[f32]>,
+    rings: Arc<Rings>,
+    /// The step of the last micro-batch and how many it has run in it.
+    slot: (u64, usize),
+}
+
+impl SimCompute {
+    /// This micro-batch's slot: its number among the trainer's micro-batches of `step`.
+    fn next_slot(&mut self, step: u64) -> usize {
+        if self.slot.0 != step {
+            self.slot = (step, 0);
+        }
+        self.slot.1 += 1;
+        self.slot.1 - 1
+    }
+
+    /// Meets every gang of `mb`'s pieces at `unit`, in the pieces' (ascending) order.
+    async fn meet(&self, mb: &MicroBatch, unit: UnitId, backward: bool) -> crate::Result<()> {
+        for piece in &mb.pieces {
+            let deadline = self.device.ring_deadline;
+            self.rings.meet(piece, unit, backward, deadline).await?;
+        }
+        Ok(())
+    }
 }
 
 /// Wait `seconds` of modelled compute at `pace` and record the span. `debt` carries what earlier
@@ -160,26 +283,30 @@ impl Compute for SimCompute {
         ctx: &mut TrainerContext,
         mb: &MicroBatch,
     ) -> crate::Result<ComputeOutput> {
-        let dev = &self.device;
-        let tokens: Vec<u64> = mb.samples.iter().map(|s| s.tokens).collect();
+        let dev = self.device.clone();
+        let whole: f64 = mb.samples.iter().map(|s| dev.paid_seconds(s)).sum();
         // A gang's piece: its member's share of the sample, a `k`-th of its linear work and of
-        // its causal attention (the zig-zag cut). The members are not synchronised here: the
-        // ring's waits are not emulated (in one process the exchange itself is nearly free).
+        // its causal attention (the zig-zag cut).
         let piece: f64 = mb
             .pieces
             .iter()
-            .map(|p| dev.seconds(&[p.sample.tokens]) / f64::from(p.members.max(1)))
+            .map(|p| dev.paid_seconds(&p.sample) / f64::from(p.members.max(1)))
             .sum();
-        let total =
-            (dev.seconds(&tokens) + piece) / dev.speeds.speed(self.trainer as usize, mb.step);
+        let speed =
+            dev.speeds.speed(self.trainer as usize, mb.step) * dev.noise.speed(self.trainer);
+        let total = (whole + piece) / speed;
         let units = dev.units.max(1) as UnitId;
-        let forward = total / 3.0 / f64::from(units);
+        let slot = self.next_slot(mb.step);
+        let forward = |u: UnitId| {
+            total / 3.0 / f64::from(units) * dev.noise.layer_factor(self.trainer, slot, u)
+        };
         let mut debt = 0.0;
         // Forward in order; the last unit stays gathered for the backward pass, which starts with
         // it (as autograd keeps it), then walks back down, pushing each unit's gradient.
         for u in 0..units {
             ctx.gather(u).await?;
-            work(ctx, dev.pace, forward, &mut debt).await;
+            work(ctx, dev.pace, forward(u), &mut debt).await;
+            self.meet(mb, u, false).await?;
             if u + 1 < units {
                 ctx.release(u)?;
             }
@@ -187,7 +314,8 @@ impl Compute for SimCompute {
         ctx.backward();
         for u in (0..units).rev() {
             ctx.gather(u).await?;
-            work(ctx, dev.pace, 2.0 * forward, &mut debt).await;
+            work(ctx, dev.pace, 2.0 * forward(u), &mut debt).await;
+            self.meet(mb, u, true).await?;
             ctx.push_grad(u, &self.grad)?;
             ctx.release(u)?;
         }
@@ -280,6 +408,56 @@ pub async fn ring_step_latency(ranks: u32, rounds: u32) -> crate::Result<Duratio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The members of a gang end a unit when the last of them reaches it; a member that never
+    /// comes fails the others by the deadline, naming its trainer, and leaves no meeting behind.
+    #[cfg(feature = "virtual-time")]
+    #[test]
+    fn gang_members_meet_at_each_unit_and_a_missing_one_fails_by_the_deadline() {
+        let runtime = clock::virtual_runtime().unwrap();
+        runtime.block_on(async {
+            let rings = Arc::new(Rings::default());
+            let piece = |member| Piece {
+                sample: SampleMeta::new(0, 100),
+                epoch: 1,
+                gang: 0,
+                member,
+                members: 2,
+                ranks: vec![4, 7],
+            };
+            let deadline = Duration::from_secs(60);
+            let started = tokio::time::Instant::now();
+            let early = {
+                let rings = rings.clone();
+                tokio::spawn(async move {
+                    rings.meet(&piece(0), 3, false, deadline).await?;
+                    Ok::<_, crate::Error>(started.elapsed())
+                })
+            };
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            rings.meet(&piece(1), 3, false, deadline).await.unwrap();
+            assert_eq!(early.await.unwrap().unwrap(), Duration::from_secs(5));
+            assert!(rings.meetings.lock().unwrap().is_empty());
+            let err = rings.meet(&piece(0), 4, true, deadline).await.unwrap_err();
+            assert_eq!(started.elapsed(), Duration::from_secs(65));
+            assert!(matches!(err, crate::Error::Gang { peer: 7, .. }), "{err}");
+            assert!(rings.meetings.lock().unwrap().is_empty());
+        });
+    }
+
+    #[test]
+    fn a_sample_costs_its_noise_factor_and_nothing_without_noise() {
+        let quiet = SimDevice::default();
+        let noisy = SimDevice {
+            noise: Noise::calibrated(1),
+            ..SimDevice::default()
+        };
+        let sample = SampleMeta::new(42, 8192);
+        assert_eq!(quiet.paid_seconds(&sample), quiet.seconds(&[8192]));
+        let factor = Noise::calibrated(1).sample_factor(42);
+        assert_ne!(factor, 1.0);
+        assert_eq!(noisy.paid_seconds(&sample), quiet.seconds(&[8192]) * factor);
+    }
 
     #[test]
     fn speed_schedule_applies_the_last_change() {

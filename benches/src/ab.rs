@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use odc::sim::clock::{self, ClockMode};
 use odc::sim::TRAINER_ENDPOINT_BASE;
-use odc::sim::{SimDevice, SpeedSchedule};
+use odc::sim::{Noise, SimDevice, SpeedSchedule};
 use odc::trace::TraceSpan;
 use odc::transport::local::LocalTransport;
 use odc::transport::throttle::Throttled;
@@ -454,6 +454,13 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
     let k = f64::from(mode.dilation());
     let device = Arc::new(SimDevice {
         speeds: case.speeds.clone(),
+        // A balanced control checks the harness (equal work, equal time), so it pays no noise.
+        noise: if case.is_control() {
+            Noise::none()
+        } else {
+            settings.device.noise
+        },
+        ring_deadline: mode.stretch(MICRO_BATCH_TIMEOUT),
         ..settings.device.clone()
     });
     // What runs: the device stretched by the dilation, at the clock's pace.
@@ -991,6 +998,60 @@ mod tests {
             )
         };
         assert_eq!(key(&a), key(&b), "two runs, identical figures");
+    }
+
+    /// Costs the planner cannot see are paid by a row's device, the same draws every run, and
+    /// never by a balanced control; gangs whose members' costs differ still meet and finish.
+    #[tokio::test]
+    async fn noise_is_paid_by_rows_not_by_controls_and_repeats_exactly() {
+        let quiet = Settings {
+            steps: 2,
+            clock: ClockMode::Virtual,
+            split: SplitPolicy::Auto,
+            ..Settings::default()
+        };
+        let mut noisy = quiet.clone();
+        noisy.device.noise = Noise {
+            straggler_every: 2,
+            ..Noise::calibrated(3)
+        };
+        let row = Case {
+            name: "longalign".into(),
+            workload: Workload::LongAlign,
+            devices: 4,
+            minibatch_per_device: 1,
+            speeds: SpeedSchedule::uniform(),
+        };
+        let control = Case::control(4, 2, 16_384);
+        let side = Side::on_demand(DispatchMode::Static, false);
+        let runs = async {
+            let mut out = Vec::new();
+            for (case, settings) in [
+                (&row, &quiet),
+                (&row, &noisy),
+                (&row, &noisy),
+                (&control, &quiet),
+                (&control, &noisy),
+            ] {
+                out.push(run(case, side, settings, false).await.expect("runs"));
+            }
+            out
+        };
+        let m = tokio::time::timeout(Duration::from_secs(120), runs)
+            .await
+            .expect("virtual runs finish in seconds");
+        assert_ne!(
+            m[0].wall.to_bits(),
+            m[1].wall.to_bits(),
+            "the row pays the noise"
+        );
+        assert_eq!(m[1].wall.to_bits(), m[2].wall.to_bits(), "the same draws");
+        assert_eq!(
+            m[3].wall.to_bits(),
+            m[4].wall.to_bits(),
+            "a control pays none"
+        );
+        assert_eq!(m[0].tokens, m[1].tokens);
     }
 
     /// Fewer shard servers change nothing modelled without a link model (communication is free

@@ -110,6 +110,15 @@ pub(crate) struct AbArgs {
     /// Skip the straggler scenario.
     #[arg(long)]
     pub(crate) no_straggler: bool,
+    /// Costs the planner cannot see, paid by the simulated device of every row but the balanced
+    /// controls (`odc::sim::Noise`, the draws of `sim --noise`): `calibrated` (per-sample
+    /// log-σ 0.116, per-layer 0.05, one device in 64 at 0.8x), `SAMPLE,LAYER` log-σs, or `off`.
+    /// The plans are made with the estimates.
+    #[arg(long, value_parser = super::noise_arg)]
+    pub(crate) noise: Option<NoiseArg>,
+    /// One device in N at 0.8x under `--noise` (default 64 with `calibrated`, else 0: none).
+    #[arg(long)]
+    pub(crate) straggler_every: Option<u32>,
     /// Skip the balanced control rows (rows then carry a control only where the matrix has its
     /// own balanced rows).
     #[arg(long)]
@@ -372,6 +381,9 @@ fn settings(args: &AbArgs) -> Settings {
     settings.device.units = args.units;
     if let Some((cost, _)) = &args.cost {
         settings.device.cost = *cost;
+    }
+    if let Some(noise) = args.noise {
+        settings.device.noise = noise.noise(args.seed, args.straggler_every);
     }
     settings
 }

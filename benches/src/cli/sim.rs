@@ -77,11 +77,12 @@ pub(crate) struct SimArgs {
     /// smallest group that fits.
     #[arg(long, value_parser = super::token_budget)]
     pub(crate) token_budget: Option<u64>,
-    /// Costs the planner cannot see, for a third table (`odc_bench::sim::noise`): `calibrated`
-    /// (the pack estimate's measured errors, 5% per-layer jitter, one straggler at 0.8x per 64
-    /// devices), `SAMPLE,LAYER` log-σs (e.g. `0.1,0.05`), or `off` (the table at zero noise: the
-    /// planned steps, a control). Without it, no third table.
-    #[arg(long, value_parser = noise_arg)]
+    /// Costs the planner cannot see, for a third table (`odc_bench::sim::noise`) and paid by the
+    /// runtime rows' simulated device (not by their balanced controls): `calibrated` (the pack
+    /// estimate's measured errors, 5% per-layer jitter, one straggler at 0.8x per 64 devices),
+    /// `SAMPLE,LAYER` log-σs (e.g. `0.1,0.05`), or `off` (the table at zero noise: the planned
+    /// steps, a control). Without it, no third table.
+    #[arg(long, value_parser = super::noise_arg)]
     pub(crate) noise: Option<NoiseArg>,
     /// One device in N at 0.8x under `--noise` (default 64 with `calibrated`, else 0: none).
     #[arg(long)]
@@ -198,44 +199,6 @@ pub(crate) fn gpus_per_node(s: &str) -> Result<u32, String> {
     }
 }
 
-/// `--noise`'s log-σs and the straggler spacing it implies (64 for `calibrated`, else none).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct NoiseArg {
-    sample_sigma: f64,
-    layer_sigma: f64,
-    straggler_every: u32,
-}
-
-/// `--noise`: `off`, `calibrated`, or two log-σs `SAMPLE,LAYER`, each in [0, 1].
-fn noise_arg(s: &str) -> Result<NoiseArg, String> {
-    use odc_bench::sim::noise::Noise;
-    let n = match s.trim() {
-        "off" | "none" => Some(Noise::none()),
-        "calibrated" => Some(Noise::calibrated(0)),
-        _ => None,
-    };
-    if let Some(n) = n {
-        return Ok(NoiseArg {
-            sample_sigma: n.sample_sigma,
-            layer_sigma: n.layer_sigma,
-            straggler_every: n.straggler_every,
-        });
-    }
-    let parts: Vec<Result<f64, _>> = s.split(',').map(|p| p.trim().parse::<f64>()).collect();
-    let sigma = 0.0..=1.0;
-    match parts.as_slice() {
-        [Ok(a), Ok(b)] if sigma.contains(a) && sigma.contains(b) => Ok(NoiseArg {
-            sample_sigma: *a,
-            layer_sigma: *b,
-            straggler_every: 0,
-        }),
-        _ => Err(format!(
-            "--noise is `off`, `calibrated` or two log-sigmas in [0, 1] as `SAMPLE,LAYER` (e.g. \
-             `0.1,0.05`), not `{s}`"
-        )),
-    }
-}
-
 /// `odc-bench sim`: the `ab` matrix on the virtual clock with an H100 profile's cost, then the
 /// long-sequence table of `odc_bench::sim::report`.
 pub(crate) async fn sim(args: SimArgs) -> anyhow::Result<()> {
@@ -315,13 +278,8 @@ pub(crate) async fn sim(args: SimArgs) -> anyhow::Result<()> {
     );
     print!("{}", baseline_table(&rows));
     if let Some(arg) = args.noise {
-        let (sample_sigma, layer_sigma) = (arg.sample_sigma, arg.layer_sigma);
-        let noise = odc_bench::sim::noise::Noise {
-            seed: args.seed,
-            sample_sigma,
-            layer_sigma,
-            straggler_every: args.straggler_every.unwrap_or(arg.straggler_every),
-        };
+        let noise = arg.noise(args.seed, args.straggler_every);
+        let (sample_sigma, layer_sigma) = (noise.sample_sigma, noise.layer_sigma);
         println!();
         println!(
             "Under costs the planner cannot see (modelled; every plan made with the estimates, the run paying per-sample errors of log-sigma {sample_sigma}, per-layer jitter of log-sigma {layer_sigma}, {}; the same draws for every side): lockstep sides wait for the slowest device at every layer, on demand only for its gangs' members",
@@ -405,5 +363,7 @@ pub(crate) fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>
         bytes_scale: 1.0,
         split: args.split,
         baselines: args.baselines.clone(),
+        noise: args.noise,
+        straggler_every: args.straggler_every,
     }
 }
