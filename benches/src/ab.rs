@@ -1015,13 +1015,7 @@ mod tests {
             straggler_every: 2,
             ..Noise::calibrated(3)
         };
-        let row = Case {
-            name: "longalign".into(),
-            workload: Workload::LongAlign,
-            devices: 4,
-            minibatch_per_device: 1,
-            speeds: SpeedSchedule::uniform(),
-        };
+        let row = case(Workload::LongAlign, 4, 1);
         let control = Case::control(4, 2, 16_384);
         let side = Side::on_demand(DispatchMode::Static, false);
         let runs = async {

@@ -135,7 +135,7 @@ pub fn piece_cost<C: SplitCosts + ?Sized>(costs: &C, tokens: u64, k: u32) -> Pie
     let link = costs.ring_link(inter_node);
     let hop = link.message_s(chunk.saturating_mul(costs.kv_bytes_per_token()));
     let hidden = costs.layer_attention_s(tokens) / (3.0 * kf * kf);
-    let overhead = costs.ring_step_overhead_s(chunk).max(0.0);
+    let overhead = costs.ring_step_overhead_s(chunk);
     let per_layer = (kf - 1.0) * (3.0 * (hop - hidden).max(0.0) + overhead);
     PieceCost {
         k,

@@ -360,6 +360,14 @@ fn bad_inputs_are_errors_naming_what_was_wrong() {
     };
     let e = plan(&[1], &nan, SplitOptions::default()).unwrap_err();
     assert!(e.to_string().starts_with("pull_s is NaN"), "{e}");
+    // A ring step's own cost that is no number is named, not clamped away.
+    let nan_step = Toy {
+        step: f64::NAN,
+        ..Toy::h100(8)
+    };
+    let e =
+        super::plan_cp(&[65_536], &nan_step, ContextParallel::Static(2), 65_536, 0).unwrap_err();
+    assert!(e.to_string().contains("ring exchange"), "{e}");
     let empty = plan(&[], &Toy::h100(8), SplitOptions::default()).unwrap();
     assert_eq!((empty.step_s, empty.perfect_s), (0.0, 0.0));
 }
