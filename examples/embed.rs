@@ -98,9 +98,14 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Relay gradient pushes through the node: ranks (in one process: trainer slots) in nodes
-    /// of this many (`JobBuilder::relay_pushes`).
-    #[arg(long)]
+    /// of this many (`JobBuilder::relay_pushes`). Default: relayed through each host where the
+    /// world spans hosts (`LOCAL_WORLD_SIZE` below the world size), else straight.
+    #[arg(long, conflicts_with = "direct_pushes")]
     relay_pushes: Option<u32>,
+    /// Push every gradient straight to its owner, also where the world spans hosts
+    /// (`JobBuilder::direct_pushes`).
+    #[arg(long)]
+    direct_pushes: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -319,6 +324,9 @@ async fn main() -> anyhow::Result<()> {
     if let Some(node_size) = args.relay_pushes {
         builder = builder.relay_pushes(node_size);
     }
+    if args.direct_pushes {
+        builder = builder.direct_pushes();
+    }
     let mut job = builder.build().context("building the job")?;
     let started = Instant::now();
     let mut tokens = 0;
@@ -333,9 +341,9 @@ async fn main() -> anyhow::Result<()> {
         let busy: f64 = s.trainers.iter().map(|t| t.busy.as_secs_f64()).sum();
         let utilization = busy / (s.trainers.len() as f64 * s.wall.as_secs_f64());
         // Relayed pushes: how many relays flushed before the barrier (static plans).
-        let early = match args.relay_pushes {
-            Some(_) => format!("  early relay flushes {}", s.early_relay_flushes),
-            None => String::new(),
+        let early = match args.direct_pushes {
+            false => format!("  early relay flushes {}", s.early_relay_flushes),
+            true => String::new(),
         };
         println!(
             "step {:3}  loss {:.4}  tokens {:6}  micro-batches {:3}  replays {}  wall {:6.1} ms  utilization {:.2}{early}",

@@ -2,9 +2,10 @@
 //! environment that has no Rust toolchain on its PATH, and its pytest suite run there — what a
 //! user's `pip install ./python` and `import odc` do.
 //!
-//! Environments live under `target/python/` and are reused: `tools` (maturin) and `venv` (what
-//! the tests import: pytest, numpy, torch, transformers, and the wheel; and ruff). Each is made again when its requirements
-//! change. Every command has a deadline and its output is shown when it fails.
+//! Environments live under `target/python/` and are reused: `tools` (maturin,
+//! `python/env/tools.txt`) and `venv` (what the tests import: pytest, numpy, torch, transformers,
+//! and the wheel; and ruff: `python/env/test.txt`). `python/env/make.py` makes each, again when
+//! its requirements change. Every command has a deadline and its output is shown when it fails.
 //!
 //! Without a Python 3.9+ interpreter (`ODC_PYTHON`, else `python3`), or without the package
 //! registry to install from, the test says that it skipped and why; with `ODC_REQUIRE_PYTHON=1`
@@ -13,20 +14,6 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// What each environment installs; a change makes it again.
-const TOOLS: &[&str] = &["maturin>=1.9.4,<2"];
-/// (ruff: `.ci/run` lints the package's Python with it. torch and transformers: `odc.torch` and
-/// its parity with PyTorch, FSDP2 and `transformers`; PyPI's torch, about 5.4 GB, once.
-/// tensorboard: its own reader reads the event files odc's examples write.)
-const TEST: &[&str] = &[
-    "pytest>=7",
-    "numpy>=1.21",
-    "ruff>=0.6",
-    "torch>=2.4",
-    "transformers>=4.45",
-    "tensorboard>=2.10",
-];
 
 /// An event file as the examples' `--tensorboard` writes it (`odc::recipe::tensorboard`), in a
 /// fresh directory, for `python/tests/test_tensorboard.py` to read with TensorBoard's reader;
@@ -120,26 +107,20 @@ fn interpreter() -> Result<String, String> {
     }
 }
 
-/// A virtual environment at `dir` with `packages`, made (again) unless it has exactly them.
-fn environment(python: &str, dir: &Path, packages: &[&str]) -> Result<PathBuf, String> {
-    let stamp = dir.join("odc-requirements.txt");
-    let wanted = packages.join("\n");
-    let bin = dir.join("bin");
-    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) && bin.join("python").exists() {
-        return Ok(bin);
-    }
-    let _ = std::fs::remove_dir_all(dir);
+/// A virtual environment at `dir` with the requirements of `python/env/<file>`, made (again)
+/// unless it has exactly them, by `python/env/make.py` (which `.ci/run` also runs, ahead).
+fn environment(python: &str, dir: &Path, file: &str) -> Result<PathBuf, String> {
     let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-    let mut venv = Command::new(python);
-    venv.args(["-m", "venv"]).arg(dir);
-    run(&format!("{name}-venv"), &mut venv, Duration::from_secs(120))?;
-    let mut pip = Command::new(bin.join("python"));
-    pip.args(["-m", "pip", "install", "--disable-pip-version-check", "-q"])
-        .args(packages);
-    run(&format!("{name}-pip"), &mut pip, Duration::from_secs(900))
-        .map_err(|e| format!("cannot install {packages:?} from the package registry: {e}"))?;
-    std::fs::write(&stamp, wanted).map_err(|e| e.to_string())?;
-    Ok(bin)
+    let env = root().join("python").join("env");
+    let mut make = Command::new(python);
+    make.arg(env.join("make.py")).arg(dir).arg(env.join(file));
+    match run(&format!("{name}-env"), &mut make, Duration::from_secs(1200)) {
+        Ok(_) => Ok(dir.join("bin")),
+        Err(e) if e.contains("exited with exit status: 3") => Err(format!(
+            "cannot install python/env/{file} from the package registry: {e}"
+        )),
+        Err(e) => Err(e),
+    }
 }
 
 /// The wheel maturin builds from `python/` (the workspace's target directory, the dev profile).
@@ -175,8 +156,8 @@ fn the_python_package_builds_into_a_wheel_that_installs_and_passes_its_tests() {
         Err(reason) => return skip(&reason),
     };
     let dir = target().join("python");
-    let envs = environment(&python, &dir.join("tools"), TOOLS)
-        .and_then(|tools| Ok((tools, environment(&python, &dir.join("venv"), TEST)?)));
+    let envs = environment(&python, &dir.join("tools"), "tools.txt")
+        .and_then(|tools| Ok((tools, environment(&python, &dir.join("venv"), "test.txt")?)));
     let (tools, venv) = match envs {
         Ok(envs) => envs,
         // A machine without the registry cannot make the environments: a skip, named.

@@ -429,6 +429,9 @@ fn build_job(
     if let Some(node_size) = settings.relay_pushes {
         builder = builder.relay_pushes(node_size);
     }
+    if settings.direct_pushes {
+        builder = builder.direct_pushes();
+    }
     builder.build().context("building the job")
 }
 

@@ -180,9 +180,14 @@ pub(crate) struct Opts {
     pub(crate) on_trainer_failure: Option<String>,
     /// Relay gradient pushes through nodes of this many devices (`JobBuilder::relay_pushes`):
     /// under `odc launch` rank r is on node r / N, as torchrun numbers them; each node's pushes
-    /// for another node's shards cross once per step. Default: off.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    /// for another node's shards cross once per step. Default: relayed through each host where
+    /// the world spans hosts (`LOCAL_WORLD_SIZE` below the world size), else straight.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096), conflicts_with = "direct_pushes")]
     pub(crate) relay_pushes: Option<u32>,
+    /// Push every gradient straight to its owner, also where the world spans hosts
+    /// (`JobBuilder::direct_pushes`).
+    #[arg(long)]
+    pub(crate) direct_pushes: bool,
 }
 
 /// The settings with defaults filled in.
@@ -262,6 +267,10 @@ pub(crate) struct Settings {
     /// Off in checkpoints written before this setting existed.
     #[serde(default)]
     pub(crate) relay_pushes: Option<u32>,
+    /// Off (the default: relayed where the world spans hosts) in checkpoints written before
+    /// this setting existed.
+    #[serde(default)]
+    pub(crate) direct_pushes: bool,
 }
 
 fn respawn() -> String {
@@ -456,6 +465,7 @@ impl Opts {
             trainers_on: self.trainers_on,
             on_trainer_failure,
             relay_pushes: self.relay_pushes,
+            direct_pushes: self.direct_pushes,
         };
         settings.fleet().check()?;
         Ok(settings)

@@ -247,7 +247,10 @@ def init(units: Mapping[str, Any], **options: Any) -> Runtime:
     tensor per unit, named after it, unless given). ``device``: ``"cpu"`` (the default), or
     ``"cuda"`` / ``"cuda:N"`` for the GPU path (the shard servers and transfers on the GPU, over
     odc's cuda transport; under a launcher each rank's device is its local rank's, as
-    ``torch.cuda.set_device(local_rank)`` picks).
+    ``torch.cuda.set_device(local_rank)`` picks). ``direct_pushes``: push every gradient
+    straight to its owner; by default a job whose ranks span hosts of at least 2 (torchrun's
+    ``LOCAL_WORLD_SIZE`` below ``WORLD_SIZE``) relays each host's pushes through its own shard
+    servers, so they cross the network once per step.
     """
     return Runtime(units, **options)
 

@@ -162,6 +162,7 @@ impl PyRuntime {
         token_budget = 65_536, precision = "fp32", dispatch = "static", trainers = 1, servers = 1,
         micro_batch_timeout = 600.0, step_timeout = 3600.0, tensors = None,
         checkpoint_dir = None, resume = None, keep_last_checkpoints = 0, device = "cpu",
+        direct_pushes = false,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, each with its default
     fn new(
@@ -187,6 +188,7 @@ impl PyRuntime {
         resume: Option<String>,
         keep_last_checkpoints: usize,
         device: &str,
+        direct_pushes: bool,
     ) -> PyResult<Self> {
         let place = device::place(device)?;
         let config = self::optimizer(optimizer, lr, betas, eps, weight_decay, momentum)?;
@@ -288,6 +290,9 @@ impl PyRuntime {
             }
             if let Some(norm) = clip_grad_norm {
                 builder = builder.clip_grad_norm(norm);
+            }
+            if direct_pushes {
+                builder = builder.direct_pushes();
             }
             let builder = Fleet::new(trainers, servers)
                 .apply(builder, &process.world)
@@ -562,7 +567,8 @@ impl PyStep {
     }
 
     /// The step's figures once it has ended (`None` before): loss (the minibatch's mean),
-    /// tokens, samples, micro-batches, grad_norm (before clipping), replays, wall seconds.
+    /// tokens, samples, micro-batches, grad_norm (before clipping), replays, wall seconds, and
+    /// early_relay_flushes (relays flushed before the barrier, where pushes are relayed).
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -578,6 +584,7 @@ impl PyStep {
         d.set_item("grad_norm", s.grad_norm)?;
         d.set_item("replays", s.replays)?;
         d.set_item("wall_s", s.wall.as_secs_f64())?;
+        d.set_item("early_relay_flushes", s.early_relay_flushes)?;
         Ok(Some(d))
     }
 }

@@ -196,15 +196,18 @@ def free_port():
         return s.getsockname()[1]
 
 
-def two_ranks(script, *args):
-    """Starts `script` as the two ranks of a job under torchrun's variables: (codes, logs)."""
+def two_ranks(script, *args, world=2, per_host=None):
+    """Starts `script` as the ranks of a job under torchrun's variables (`world` ranks,
+    `per_host` a host: torchrun's LOCAL_WORLD_SIZE, where given): (codes, logs)."""
     port, procs = free_port(), []
-    for rank in range(2):
+    for rank in range(world):
+        host = {} if per_host is None else dict(LOCAL_WORLD_SIZE=str(per_host))
         env = dict(
             os.environ,
+            **host,
             RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank if per_host is None else rank % per_host),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             ODC_SECRET="the secret of this test job",
@@ -236,6 +239,19 @@ def test_two_ranks_under_torchruns_variables_train_what_one_process_trains(tmp_p
     got = np.load(tmp_path / "rank0.npy")
     assert np.max(np.abs(got - reference(MINIBATCHES))) <= 1e-5
     assert "rank 1 computed" in logs[1] and "micro-batches" in logs[1]
+
+
+def test_four_ranks_on_two_hosts_relay_their_pushes_by_default_and_train_the_same(tmp_path):
+    flushes = {}
+    for mode in ["relayed", "direct"]:
+        args = [str(tmp_path / f"{mode}{{rank}}.npy")] + (["direct"] if mode == "direct" else [])
+        codes, logs = two_ranks("two_ranks.py", *args, world=4, per_host=2)
+        assert codes == [0, 0, 0, 0], "\n".join(logs)
+        got = np.load(tmp_path / f"{mode}0.npy")
+        assert np.max(np.abs(got - reference(MINIBATCHES))) <= 1e-5, mode
+        flushes[mode] = sum(int(log.split("early relay flushes ")[1].split()[0]) for log in logs)
+    # Static plans: each host's relays flush once its writes are in, before the barrier.
+    assert flushes["relayed"] > 0 and flushes["direct"] == 0, flushes
 
 
 def test_a_short_or_missing_secret_under_torchrun_is_named_by_init(monkeypatch):

@@ -78,7 +78,7 @@ pub struct JobBuilder {
     transport: Option<Arc<dyn Transport>>,
     trainer_transport: Option<TrainerTransport>,
     server_transport: Option<TrainerTransport>,
-    relay_node_size: Option<u32>,
+    pushes: Pushes,
     servers_on_device: Option<u32>,
     collective_node_size: u32,
     world: Option<World>,
@@ -107,7 +107,7 @@ impl Default for JobBuilder {
             transport: None,
             trainer_transport: None,
             server_transport: None,
-            relay_node_size: None,
+            pushes: Pushes::Auto,
             servers_on_device: None,
             collective_node_size: 1,
             world: None,
@@ -408,10 +408,22 @@ impl JobBuilder {
     /// `i / node_size`, and the shard servers spread evenly over the trainers' devices (in a
     /// multi-process job: on their ranks' nodes). A trainer pushes the shards whose owner is on
     /// another node into its node's relay for that owner, and each relay crosses to its owner
-    /// once per step, at the barrier. Default: off (every push straight to its owner). Not built
-    /// for the `cuda` transport (starting the job says so).
+    /// once per step, at the barrier. Not built for the `cuda` transport (starting the job says
+    /// so). Relays cost memory: each server of a node of `g` holds about `1/g` of the model's
+    /// fp32 gradient in relays. Default: relayed through each host where a multi-process world
+    /// spans hosts of at least 2 processes each ([`World::hosts`]; not for `ODC_TRANSPORT=cuda`),
+    /// straight to the owner otherwise (one host has no off-node owner; one process a host
+    /// would pay a whole gradient's copy to sum only its own micro-batches).
+    /// [`JobBuilder::direct_pushes`] turns the default off.
     pub fn relay_pushes(mut self, node_size: u32) -> Self {
-        self.relay_node_size = Some(node_size);
+        self.pushes = Pushes::Relayed(node_size);
+        self
+    }
+
+    /// Push every gradient straight to its owner, also where the world spans hosts (see
+    /// [`JobBuilder::relay_pushes`] for the default).
+    pub fn direct_pushes(mut self) -> Self {
+        self.pushes = Pushes::Direct;
         self
     }
 
@@ -509,6 +521,17 @@ impl JobBuilder {
         self.heartbeat.validate().map_err(Error::Config)?;
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         self.policy.first_step = self.resume.as_ref().map_or(0, |s| s.step());
+        let relay_node_size = self.pushes.node_size(world.as_ref());
+        if let (Pushes::Auto, Some(per_host), Some(w)) = (self.pushes, relay_node_size, &world) {
+            if w.is_coordinator() {
+                tracing::info!(
+                    "gradient pushes relayed through each host's shard servers: the world spans \
+                     {} hosts of {per_host} processes (JobBuilder::direct_pushes, \
+                     --direct-pushes: straight to each owner)",
+                    w.hosts()
+                );
+            }
+        }
         // The checks the supervisor makes again when it starts: one validation for both.
         let spec = SupervisorSpec {
             trainers: count(trainers),
@@ -517,7 +540,7 @@ impl JobBuilder {
             pull_dtype: self.precision.dtype(),
             context: self.context,
             step: self.policy,
-            relay: match self.relay_node_size {
+            relay: match relay_node_size {
                 None => None,
                 Some(size) => Some(relay_plan(roles.as_ref(), trainers, servers, size)?),
             },
@@ -573,6 +596,35 @@ impl JobBuilder {
             checkpoint: None,
             keep_last: self.keep_last,
         })
+    }
+}
+
+/// How trainers push gradients whose owner sits on another node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pushes {
+    /// Relayed through each host where the world spans hosts, else straight (see
+    /// [`JobBuilder::relay_pushes`]).
+    Auto,
+    Direct,
+    /// Relayed through nodes of this many devices.
+    Relayed(u32),
+}
+
+impl Pushes {
+    /// The node size pushes are relayed through, `None`: straight to the owners. `world` is a
+    /// multi-process job's.
+    pub(super) fn node_size(self, world: Option<&World>) -> Option<u32> {
+        match self {
+            Pushes::Direct => None,
+            Pushes::Relayed(size) => Some(size),
+            Pushes::Auto => {
+                let w = world?;
+                let spans_hosts = w.hosts() > 1 && w.transport.as_deref() != Some("cuda");
+                // One process a host: a relay would gain only its own micro-batches' sum, for
+                // a second fp32 copy of the gradient on every server.
+                w.local_world_size.filter(|&n| spans_hosts && n >= 2)
+            }
+        }
     }
 }
 

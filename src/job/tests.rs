@@ -45,6 +45,7 @@ fn world(coordinator: Option<&str>) -> World {
         job: None,
         transport: None,
         bind: None,
+        local_world_size: None,
     }
 }
 
@@ -176,5 +177,61 @@ fn relayed_pushes_place_slots_in_one_process_and_ranks_in_a_world() {
         world.relay(0, 1),
         Some(0),
         "host 0 relays server 1's shards on server 0"
+    );
+}
+
+#[test]
+fn pushes_are_relayed_by_default_only_where_the_world_spans_hosts() {
+    use super::builder::Pushes;
+    let spanning = World {
+        world_size: 4,
+        local_world_size: Some(2),
+        ..world(Some("127.0.0.1:29500"))
+    };
+    assert_eq!(Pushes::Auto.node_size(Some(&spanning)), Some(2));
+    assert_eq!(Pushes::Direct.node_size(Some(&spanning)), None);
+    assert_eq!(Pushes::Relayed(4).node_size(Some(&spanning)), Some(4));
+    let one_host = World {
+        local_world_size: Some(4),
+        ..spanning.clone()
+    };
+    assert_eq!(Pushes::Auto.node_size(Some(&one_host)), None, "one host");
+    let one_a_host = World {
+        local_world_size: Some(1),
+        ..spanning.clone()
+    };
+    assert_eq!(Pushes::Auto.node_size(Some(&one_a_host)), None, "1 a host");
+    assert_eq!(Pushes::Relayed(1).node_size(Some(&one_a_host)), Some(1));
+    let unknown = World {
+        local_world_size: None,
+        ..spanning.clone()
+    };
+    assert_eq!(
+        Pushes::Auto.node_size(Some(&unknown)),
+        None,
+        "hosts unknown"
+    );
+    let cuda = World {
+        transport: Some("cuda".into()),
+        ..spanning.clone()
+    };
+    assert_eq!(Pushes::Auto.node_size(Some(&cuda)), None, "cuda: one host");
+    assert_eq!(Pushes::Auto.node_size(None), None, "one process");
+    // The built job's plan: ranks 0-1 on host 0, 2-3 on host 1, a server on each rank.
+    let job = valid().world(spanning.clone()).build().expect("builds");
+    let relay = job.setup.as_ref().and_then(|s| s.spec.relay.clone());
+    assert_eq!(
+        relay.map(|r| r.server_nodes),
+        Some(vec![0, 0, 1, 1]),
+        "relayed by default"
+    );
+    let direct = valid()
+        .world(spanning)
+        .direct_pushes()
+        .build()
+        .expect("builds");
+    assert_eq!(
+        direct.setup.as_ref().and_then(|s| s.spec.relay.clone()),
+        None
     );
 }

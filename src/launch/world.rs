@@ -14,8 +14,10 @@
 //! 4. Nothing set: one process, rank 0 of 1.
 //!
 //! Also read when present: `ODC_SECRET` (the cluster secret), `ODC_JOB` (the job id, used to
-//! name shared-memory files), `ODC_TRANSPORT` (`local`, `shm`, `tcp`) and `ODC_BIND` (the IP
-//! address this process's listeners bind, see [`World::bind_ip`]).
+//! name shared-memory files), `ODC_TRANSPORT` (`local`, `shm`, `tcp`), `ODC_BIND` (the IP
+//! address this process's listeners bind, see [`World::bind_ip`]) and the processes per host
+//! (`ODC_LOCAL_WORLD_SIZE`, torchrun's `LOCAL_WORLD_SIZE` or Slurm's `SLURM_NTASKS_PER_NODE`:
+//! [`World::hosts`], which decides whether a job relays its pushes by default).
 //!
 //! Every value is checked: a rank that is not a number, a rank not below the world size, a world
 //! of 0 or of more than [`MAX_WORLD`] processes, a coordinator without a port are errors naming
@@ -70,6 +72,9 @@ pub struct World {
     pub transport: Option<String>,
     /// `ODC_BIND`, if set: the address listeners bind ([`World::bind_ip`]).
     pub bind: Option<IpAddr>,
+    /// Processes per host, if the launcher says ([`local_world_size`]): ranks `n·L .. (n+1)·L`
+    /// on host `n`, as torchrun and Slurm's block distribution number them.
+    pub local_world_size: Option<u32>,
 }
 
 /// A launcher variable with a value odc cannot use.
@@ -168,7 +173,17 @@ impl World {
                 })?),
                 None => None,
             },
+            local_world_size: local_world_size(&get)?,
         })
+    }
+
+    /// The hosts the world spans: `⌈world size / local world size⌉`, 1 where the local world
+    /// size is unknown.
+    pub fn hosts(&self) -> u32 {
+        match self.local_world_size {
+            Some(local) if local > 0 => self.world_size.div_ceil(local),
+            _ => 1,
+        }
     }
 
     /// Whether this process is rank 0 (hosts the supervisor).
@@ -229,6 +244,28 @@ impl World {
 }
 
 /// The variable that names the coordinator for a launcher.
+/// Processes per host: `ODC_LOCAL_WORLD_SIZE` (`odc launch`), else torchrun's
+/// `LOCAL_WORLD_SIZE`, else Slurm's `SLURM_NTASKS_PER_NODE` where it is one number (a list such
+/// as `2(x3),1` says nothing about an even split, and is not used). Unset: unknown. 0 or not a
+/// number is an error naming the variable.
+fn local_world_size(get: &impl Fn(&str) -> Option<String>) -> Result<Option<u32>, WorldError> {
+    for name in ["ODC_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"] {
+        if let Some(text) = get(name) {
+            return match text.trim().parse::<u32>() {
+                Ok(n) if n > 0 => Ok(Some(n)),
+                _ => Err(bad(
+                    name,
+                    &text,
+                    "expected the number of processes per host, at least 1",
+                )),
+            };
+        }
+    }
+    Ok(get("SLURM_NTASKS_PER_NODE")
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        .filter(|&n| n > 0))
+}
+
 fn coordinator_variable(source: WorldSource) -> &'static str {
     match source {
         WorldSource::Odc | WorldSource::Single => "ODC_COORDINATOR",
@@ -401,6 +438,47 @@ mod tests {
             (0, 1, WorldSource::Single)
         );
         assert_eq!(w.coordinator, None);
+    }
+
+    #[test]
+    fn processes_per_host_come_from_odc_torchrun_or_slurm_and_are_checked() {
+        let base = [
+            ("RANK", "3"),
+            ("WORLD_SIZE", "16"),
+            ("MASTER_ADDR", "n0"),
+            ("MASTER_PORT", "1"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut vars = base.to_vec();
+            vars.extend_from_slice(extra);
+            world(&vars)
+        };
+        let unknown = with(&[]).expect("world");
+        assert_eq!((unknown.local_world_size, unknown.hosts()), (None, 1));
+        let torchrun = with(&[("LOCAL_WORLD_SIZE", "4")]).expect("world");
+        assert_eq!((torchrun.local_world_size, torchrun.hosts()), (Some(4), 4));
+        let odc = with(&[("ODC_LOCAL_WORLD_SIZE", "8"), ("LOCAL_WORLD_SIZE", "4")]).expect("world");
+        assert_eq!(
+            (odc.local_world_size, odc.hosts()),
+            (Some(8), 2),
+            "odc's variable wins"
+        );
+        let slurm = with(&[("SLURM_NTASKS_PER_NODE", "5")]).expect("world");
+        assert_eq!(
+            (slurm.local_world_size, slurm.hosts()),
+            (Some(5), 4),
+            "the last host holds 1"
+        );
+        let uneven = with(&[("SLURM_NTASKS_PER_NODE", "2(x3),1")]).expect("world");
+        assert_eq!(
+            uneven.local_world_size, None,
+            "a Slurm list is no even split"
+        );
+        for bad in ["0", "x", "-1"] {
+            let vars = [("LOCAL_WORLD_SIZE", bad)];
+            let err = with(&vars).expect_err(bad);
+            assert_eq!(err.variable, "LOCAL_WORLD_SIZE", "{err}");
+        }
     }
 
     #[test]

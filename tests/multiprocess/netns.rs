@@ -83,6 +83,7 @@ impl Drop for Net {
     }
 }
 
+/// Each rank sees `LOCAL_WORLD_SIZE=1`: one process a host pushes straight by default.
 #[test]
 fn four_processes_in_their_own_network_namespaces_train_to_the_single_process_parameters() {
     let world = 4;
@@ -123,6 +124,8 @@ impl Net {
                     .arg(embed());
                 let secret = "netns-secret-of-this-job";
                 rank_env(&mut cmd, rank, world, coordinator, secret, job, "tcp");
+                let per_host = (0..world).filter(|&r| ns_of(r) == ns_of(rank)).count();
+                cmd.env("LOCAL_WORLD_SIZE", per_host.to_string());
                 cmd.args(common_args())
                     .args(extra)
                     .arg("--save-params")
@@ -162,7 +165,8 @@ impl Net {
 }
 
 /// Four ranks over `tcp` on a pair of namespaces standing for two hosts (ranks 0 and 1 on one,
-/// 2 and 3 on the other): with pushes relayed through the node (`--relay-pushes 2`), training
+/// 2 and 3 on the other, `LOCAL_WORLD_SIZE=2` as torchrun sets it): with pushes relayed through
+/// the node (the default of a world that spans hosts; `--direct-pushes` the other side), training
 /// equals one process's as without, and the bytes on the link between the two hosts fall by
 /// about the node size (each host's relays cross it once per step instead of every
 /// micro-batch's off-host pushes; the pulls and the control plane cross as before).
@@ -183,7 +187,9 @@ fn relayed_pushes_over_a_namespace_pair_train_equal_and_cross_between_hosts_less
         let coordinator = format!("{}:{}", net.addr(0), 29_520 + u32::from(relay));
         let job = format!("nsr{}{relay}", net.tag);
         let before = net.link_bytes(0) + net.link_bytes(1);
-        let extra: &[&str] = if relay { &["--relay-pushes", "2"] } else { &[] };
+        // Relayed by default: each rank's launcher says 2 processes a host (torchrun's
+        // LOCAL_WORLD_SIZE, set by `run`), below the world of 4.
+        let extra: &[&str] = if relay { &[] } else { &["--direct-pushes"] };
         let all_finals = net.run(world, |rank| rank / 2, &coordinator, &job, extra, &path);
         assert_eq!(all_finals.len(), 4, "{all_finals:?}");
         assert!(all_finals.iter().all(|f| f == &all_finals[0]));
