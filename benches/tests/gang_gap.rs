@@ -1,4 +1,4 @@
-//! Why on-demand's own gang planner trails dynamic CP (issue 59, item 4; `docs/splitting.md`,
+//! Why on-demand's own gang planner trails dynamic CP (`docs/splitting.md`,
 //! "Why the gangs trail dynamic CP"): the same planners on the modelled 7B cluster at 64
 //! devices, once as priced and once with a micro-batch's fixed cost and its transfers free.
 //!
