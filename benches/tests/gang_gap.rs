@@ -35,11 +35,7 @@ impl SplitCosts for Priced<'_> {
         self.cluster.devices_per_node()
     }
     fn fixed_s(&self) -> f64 {
-        if self.free {
-            0.0
-        } else {
-            self.cluster.fixed_s()
-        }
+        self.unless_free(self.cluster.fixed_s())
     }
     fn sample_s(&self, tokens: u64) -> f64 {
         self.cluster.sample_s(tokens)
@@ -60,10 +56,17 @@ impl SplitCosts for Priced<'_> {
         self.cluster.ring_step_overhead_s(chunk_tokens)
     }
     fn pull_s(&self) -> f64 {
+        self.unless_free(self.cluster.pull_s())
+    }
+}
+
+impl Priced<'_> {
+    /// A per-micro-batch price: `seconds`, or nothing where micro-batches are free.
+    fn unless_free(&self, seconds: f64) -> f64 {
         if self.free {
             0.0
         } else {
-            self.cluster.pull_s()
+            seconds
         }
     }
 }

@@ -243,7 +243,6 @@ impl World {
     }
 }
 
-/// The variable that names the coordinator for a launcher.
 /// Processes per host: `ODC_LOCAL_WORLD_SIZE` (`odc launch`), else torchrun's
 /// `LOCAL_WORLD_SIZE`, else Slurm's `SLURM_NTASKS_PER_NODE` where it is one number (a list such
 /// as `2(x3),1` says nothing about an even split, and is not used). Unset: unknown. 0 or not a
@@ -266,6 +265,7 @@ fn local_world_size(get: &impl Fn(&str) -> Option<String>) -> Result<Option<u32>
         .filter(|&n| n > 0))
 }
 
+/// The variable that names the coordinator for a launcher.
 fn coordinator_variable(source: WorldSource) -> &'static str {
     match source {
         WorldSource::Odc | WorldSource::Single => "ODC_COORDINATOR",
