@@ -69,7 +69,7 @@ pub use odc_actors::policy::clock::{Clock, SystemClock, Timestamp};
 pub use odc_actors::policy::dispatch::{Communication, DispatchMode};
 pub use odc_actors::policy::recovery::FailurePolicy;
 pub use odc_actors::policy::schedule::LrSchedule;
-pub use odc_actors::policy::split::{ContextParallel, RingPrice, SplitPolicy};
+pub use odc_actors::policy::split::{ContextParallel, Link, RingPrice, SplitPolicy};
 pub use odc_actors::policy::stats::{
     MicroBatchRecord, Span, SpanKind, StepStats, TrainerStepStats,
 };

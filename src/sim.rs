@@ -20,10 +20,16 @@
 //!   each unit of a micro-batch a factor of its device, its slot (the trainer's `n`-th micro-batch
 //!   of the step) and the unit; a straggler computes at its speed.
 //! - **A gang's members meet at every unit**, forward and backward, as their K/V ring paces them
-//!   (`Rings`): a member ends a unit when the last of its gang does. The ring's bytes are not
-//!   emulated (in one process the exchange itself is nearly free). A member that does not come
+//!   (`Rings`): a member ends a unit when the last of its gang does. A member that does not come
 //!   within [`SimDevice::ring_deadline`] fails the micro-batch, naming the first member missing
 //!   (I6).
+//! - **A gang's ring costs what the planner prices** ([`SimDevice::ring`], none by default): each
+//!   member pays its piece's exposed exchange and ring steps
+//!   ([`odc_actors::policy::split::piece_cost_on`], the planner's one formula, on the inter-node
+//!   link where the gang's ranks sit on more than one node of [`RingPrice::node_size`]), a third
+//!   of it forward and two thirds backward, spread evenly over the units. It waits without
+//!   computing: no compute span. The bytes themselves are not moved (in one process the exchange
+//!   is nearly free); their time is paid.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +39,7 @@ use std::time::{Duration, Instant};
 /// modelled cluster tells trainers' endpoints from shard servers' by it.
 pub use odc_actors::datapath::collective::TRAINER_ENDPOINT_BASE;
 use odc_actors::policy::balancer::CostModel;
+use odc_actors::policy::split::{piece_cost_on, CostModelCosts, RingPrice};
 pub use odc_transport::throttle::Pace;
 
 use crate::{
@@ -107,6 +114,8 @@ pub struct SimDevice {
     pub noise: Noise,
     /// How long a gang member waits at a unit for the others (I6).
     pub ring_deadline: Duration,
+    /// The price of a gang's ring in cost units, paid by its members (none: free).
+    pub ring: Option<RingPrice>,
 }
 
 impl Default for SimDevice {
@@ -120,6 +129,7 @@ impl Default for SimDevice {
             pace: Pace::Wall,
             noise: Noise::none(),
             ring_deadline: Duration::from_secs(60),
+            ring: None,
         }
     }
 }
@@ -138,8 +148,33 @@ impl SimDevice {
     }
 
     /// Modelled compute seconds of `sample` at speed 1.0 as the run pays it (its noise factor).
-    fn paid_seconds(&self, sample: &SampleMeta) -> f64 {
+    pub fn paid_seconds(&self, sample: &SampleMeta) -> f64 {
         self.seconds(&[sample.tokens]) * self.noise.sample_factor(sample.index)
+    }
+
+    /// Modelled seconds at speed 1.0 that `piece`'s ring costs its member beside compute (see
+    /// the module docs): 0 without a [`SimDevice::ring`].
+    pub fn ring_seconds(&self, piece: &Piece) -> f64 {
+        let Some(ring) = self.ring else {
+            return 0.0;
+        };
+        let node = |rank: &u32| match ring.node_size {
+            0 => 0,
+            n => rank / n,
+        };
+        let inter_node = piece
+            .ranks
+            .first()
+            .is_some_and(|first| piece.ranks.iter().any(|r| node(r) != node(first)));
+        let k = piece.members.max(1);
+        let costs = CostModelCosts {
+            cost: self.cost,
+            devices: k,
+            per_node: k,
+            ring: Some(ring),
+        };
+        piece_cost_on(&costs, piece.sample.tokens, k, inter_node).comm_exposed_s
+            * self.seconds_per_cost
     }
 
     /// A compute factory for this device: one job's trainers, whose gangs meet in one place.
@@ -265,15 +300,28 @@ impl SimCompute {
 /// waits of the micro-batch overshot (sleeps wake late), so the micro-batch's compute adds up to
 /// the model.
 async fn work(ctx: &mut TrainerContext, pace: Pace, seconds: f64, debt: &mut f64) {
+    if let Some((start, end)) = spend(ctx, pace, seconds, debt).await {
+        ctx.record_span(SpanKind::Compute, start, end);
+    }
+}
+
+/// Wait `seconds` at `pace` (what earlier waits overshot, `debt`, taken off), returning the span
+/// waited; `None` for nothing to wait.
+async fn spend(
+    ctx: &mut TrainerContext,
+    pace: Pace,
+    seconds: f64,
+    debt: &mut f64,
+) -> Option<(crate::Timestamp, crate::Timestamp)> {
     if seconds <= 0.0 {
-        return;
+        return None;
     }
     let start = ctx.now();
     let d = Duration::from_secs_f64((seconds - *debt).max(0.0));
     pace.wait_until(odc_transport::now() + d).await;
     let end = ctx.now();
     *debt += end.saturating_duration_since(start).as_secs_f64() - seconds;
-    ctx.record_span(SpanKind::Compute, start, end);
+    Some((start, end))
 }
 
 #[async_trait]
@@ -300,12 +348,16 @@ impl Compute for SimCompute {
         let forward = |u: UnitId| {
             total / 3.0 / f64::from(units) * dev.noise.layer_factor(self.trainer, slot, u)
         };
+        // The ring's share of one unit forward (backward pays twice it).
+        let ring =
+            mb.pieces.iter().map(|p| dev.ring_seconds(p)).sum::<f64>() / 3.0 / f64::from(units);
         let mut debt = 0.0;
         // Forward in order; the last unit stays gathered for the backward pass, which starts with
         // it (as autograd keeps it), then walks back down, pushing each unit's gradient.
         for u in 0..units {
             ctx.gather(u).await?;
             work(ctx, dev.pace, forward(u), &mut debt).await;
+            spend(ctx, dev.pace, ring, &mut debt).await;
             self.meet(mb, u, false).await?;
             if u + 1 < units {
                 ctx.release(u)?;
@@ -315,6 +367,7 @@ impl Compute for SimCompute {
         for u in (0..units).rev() {
             ctx.gather(u).await?;
             work(ctx, dev.pace, 2.0 * forward(u), &mut debt).await;
+            spend(ctx, dev.pace, 2.0 * ring, &mut debt).await;
             self.meet(mb, u, true).await?;
             ctx.push_grad(u, &self.grad)?;
             ctx.release(u)?;

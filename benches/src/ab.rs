@@ -11,7 +11,8 @@
 //! - **Bounds** ([`step_bounds`]), from the samples and speeds alone, per step: the perfect-balance
 //!   bound spreads the total modelled compute over the joint device capacity (as if samples could
 //!   be split); the achievable bound takes the larger of that and the costliest single sample on
-//!   the fastest device. Tokens over the summed per-step times give `bound_tokens_per_s ≥
+//!   the fastest device. Both are of the costs paid: under noise, each sample's noisy cost over
+//!   the speeds with the noise's stragglers (the planner's estimates would understate them). Tokens over the summed per-step times give `bound_tokens_per_s ≥
 //!   achievable_bound_tokens_per_s`.
 //! - **Balanced control** ([`plan`], [`Controls`]): every (devices, minibatch per device,
 //!   dispatch) of a matrix also runs the `balanced` workload, first; with nothing to balance its
@@ -324,25 +325,35 @@ fn min_span(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 /// that and the costliest single sample's modelled time on the fastest device: no schedule can
 /// finish the step sooner, since a sample runs on one device.
 ///
+/// The costs are those `device` pays: each sample's [`SimDevice::paid_seconds`], each device at
+/// its scheduled speed times its noise's ([`odc::sim::Noise::speed`]).
+///
 /// ```
 /// use odc::sim::{SimDevice, SpeedSchedule};
+/// use odc::SampleMeta;
 /// use odc_bench::ab::step_bounds;
 /// let d = SimDevice::default();
 /// let one = d.seconds(&[32_000]);
+/// let samples = |n: u64| (0..n).map(|i| SampleMeta::new(i, 32_000)).collect::<Vec<_>>();
 /// // Two equal samples on two devices: both bounds are one sample's time.
-/// let (even, achievable) = step_bounds(&d, &[32_000, 32_000], 2, 0);
+/// let (even, achievable) = step_bounds(&d, &samples(2), 2, 0);
 /// assert!((even - one).abs() < 1e-12 && (achievable - one).abs() < 1e-12);
 /// // One sample on two devices cannot be split.
-/// let (even, achievable) = step_bounds(&d, &[32_000], 2, 0);
+/// let (even, achievable) = step_bounds(&d, &samples(1), 2, 0);
 /// assert!((even - one / 2.0).abs() < 1e-12 && (achievable - one).abs() < 1e-12);
 /// ```
-pub fn step_bounds(device: &SimDevice, tokens: &[u64], devices: usize, step: u64) -> (f64, f64) {
-    let seconds: Vec<f64> = tokens.iter().map(|&t| device.seconds(&[t])).collect();
+pub fn step_bounds(
+    device: &SimDevice,
+    samples: &[SampleMeta],
+    devices: usize,
+    step: u64,
+) -> (f64, f64) {
+    let seconds: Vec<f64> = samples.iter().map(|s| device.paid_seconds(s)).collect();
     let total: f64 = seconds.iter().sum();
-    let capacity = device.speeds.capacity(devices, step);
-    let fastest = (0..devices)
-        .map(|t| device.speeds.speed(t, step))
-        .fold(0.0, f64::max);
+    // Device counts are at most odc's limit on trainers, far below u32::MAX.
+    let speed = |t: usize| device.speeds.speed(t, step) * device.noise.speed(t as u32);
+    let capacity: f64 = (0..devices).map(speed).sum();
+    let fastest = (0..devices).map(speed).fold(0.0, f64::max);
     let costliest = seconds.iter().copied().fold(0.0, f64::max);
     let even = if capacity > 0.0 {
         total / capacity
@@ -454,12 +465,14 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
     let k = f64::from(mode.dilation());
     let device = Arc::new(SimDevice {
         speeds: case.speeds.clone(),
-        // A balanced control checks the harness (equal work, equal time), so it pays no noise.
+        // A balanced control checks the harness (equal work, equal time), so it pays no noise
+        // and its ring is free (a static CP baseline splits even its short samples).
         noise: if case.is_control() {
             Noise::none()
         } else {
             settings.device.noise
         },
+        ring: settings.device.ring.filter(|_| !case.is_control()),
         ring_deadline: mode.stretch(MICRO_BATCH_TIMEOUT),
         ..settings.device.clone()
     });
@@ -522,9 +535,9 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
             Communication::Collective => side.context_parallel,
         })
         .token_budget(token_budget(case, settings))
-        // The emulated device computes a piece as its sample's cost over the gang's size and
-        // does not emulate the ring's waits: its ring is free, and priced so.
-        .ring_price(odc::RingPrice::free())
+        // The planner prices a gang's ring as the simulated device pays it (free where the
+        // device has no ring price).
+        .ring_price(device.ring.unwrap_or_else(odc::RingPrice::free))
         .pull_precision(settings.pull_precision)
         .prefetch(settings.prefetch as u32)
         .chunk_elems(settings.chunk_elems as u64)
@@ -540,7 +553,7 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
     let mut m = Measure::default();
     for step in 0..settings.steps {
         let samples = minibatch(case, settings.seed, step);
-        let tokens: Vec<u64> = samples.iter().map(|s| s.tokens).collect();
+        let (even, achievable) = step_bounds(&device, &samples, case.devices, step);
         let step_began = std::time::Instant::now();
         let stats = job.step_with(samples).await?;
         // The wall cost of a step (the first one starts the actors): how far a clock scales.
@@ -565,7 +578,6 @@ async fn run_here(case: &Case, side: Side, settings: &Settings, trace: bool) -> 
             .sum::<u64>();
         m.wall += seconds(stats.wall);
         m.micro_batches += u64::from(stats.micro_batches);
-        let (even, achievable) = step_bounds(&device, &tokens, case.devices, step);
         m.bound += even;
         m.achievable += achievable;
         // The simulated device splits a micro-batch into 3 × units spans; forward per unit is a
@@ -931,7 +943,10 @@ mod tests {
             ..SimDevice::default()
         };
         let tokens = [65_536, 1_000, 2_000, 3_000, 30_000];
-        let (even, achievable) = step_bounds(&d, &tokens, 4, 0);
+        let samples: Vec<SampleMeta> = (0..5)
+            .map(|i| SampleMeta::new(i, tokens[i as usize]))
+            .collect();
+        let (even, achievable) = step_bounds(&d, &samples, 4, 0);
         assert!(achievable >= even);
         assert!(
             (achievable - d.seconds(&[65_536])).abs() < 1e-12,
@@ -939,7 +954,26 @@ mod tests {
         );
         assert!((even - d.seconds(&tokens) / 3.5).abs() < 1e-12);
         assert_eq!(step_bounds(&d, &[], 4, 0), (0.0, 0.0));
-        assert_eq!(step_bounds(&d, &tokens, 0, 0), (0.0, 0.0));
+        assert_eq!(step_bounds(&d, &samples, 0, 0), (0.0, 0.0));
+    }
+
+    /// Under noise the bounds are of what the device pays: the samples' noisy costs over the
+    /// speeds with the noise's straggler.
+    #[test]
+    fn bounds_under_noise_are_of_the_costs_paid() {
+        let noise = odc::sim::Noise {
+            straggler_every: 4,
+            ..odc::sim::Noise::calibrated(3)
+        };
+        let d = SimDevice {
+            noise,
+            ..SimDevice::default()
+        };
+        let samples: Vec<SampleMeta> = (0..8).map(|i| SampleMeta::new(i, 8_192)).collect();
+        let paid: f64 = samples.iter().map(|s| d.paid_seconds(s)).sum();
+        assert_ne!(paid, d.seconds(&[8_192; 8]));
+        let (even, _) = step_bounds(&d, &samples, 8, 0);
+        assert!((even - paid / (6.0 + 2.0 * 0.8)).abs() < 1e-12, "{even}");
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod non_finite;
 /// Comparing two parameter sets.
 #[path = "../common/params.rs"]
 mod params;
+mod ring;
 mod sharded_checkpoint;
 mod straggler;
 

@@ -125,7 +125,8 @@ pub(crate) struct AbArgs {
     pub(crate) no_control: bool,
     /// Sequence splitting on the on-demand side: off (default), auto, or N (auto for samples of
     /// at least N tokens). The collective side splits only as `--baselines` says; a piece is
-    /// emulated as its sample's compute over the gang's size (the ring's waits are not).
+    /// emulated as its sample's compute over the gang's size, its members meeting at every unit;
+    /// its ring is free here (`odc-bench sim` on a modelled cluster prices it and pays it).
     #[arg(long, default_value = "off", value_parser = split_policy)]
     pub(crate) split: odc::SplitPolicy,
     /// The collective baselines, each with rows (and balanced controls) of its own: `fsdp`
@@ -163,6 +164,10 @@ pub(crate) struct AbArgs {
     /// a device profile's fit); `None`: ODC's 7B fit at `--time-scale-ms`.
     #[arg(skip)]
     pub(crate) cost: Option<(odc::CostModel, String)>,
+    /// The price of a gang's ring in those cost units, paid by the simulated device and known to
+    /// the planner (`odc-bench sim` on a modelled cluster: the profile's); `None`: free.
+    #[arg(skip)]
+    pub(crate) ring: Option<odc::RingPrice>,
     #[command(flatten)]
     pub(crate) cluster: ClusterArgs,
     /// With `--links h100`: modelled bytes per emulated byte (a unit of `--unit-elems` stands for
@@ -382,6 +387,7 @@ fn settings(args: &AbArgs) -> Settings {
     if let Some((cost, _)) = &args.cost {
         settings.device.cost = *cost;
     }
+    settings.device.ring = args.ring;
     if let Some(noise) = args.noise {
         settings.device.noise = noise.noise(args.seed, args.straggler_every);
     }

@@ -248,6 +248,15 @@ pub(crate) async fn sim(args: SimArgs) -> anyhow::Result<()> {
             .get_or_insert(PrecisionArg::Bf16);
         let modelled_unit = profile.layer_params as f64 * f64::from(profile.layers);
         ab_args.bytes_scale = modelled_unit / (ab_args.units * ab_args.unit_elems) as f64;
+        // On the modelled cluster a gang's ring costs what the long-sequence table charges it.
+        if ab_args.cluster.links == Some(LinksArg::H100) {
+            let topology = odc_bench::sim::topology::Topology::h100(1, args.cluster.gpus_per_node)?;
+            ab_args.ring = Some(odc_bench::sim::split::ring_price(
+                &profile,
+                &topology,
+                ab_args.time_scale_ms / 1e3,
+            ));
+        }
         ab(ab_args).await?.rows
     };
 
@@ -359,6 +368,7 @@ pub(crate) fn sim_ab_args(args: &SimArgs, cost: Option<(odc::CostModel, String)>
             }
         }),
         cost,
+        ring: None,
         cluster: args.cluster.clone(),
         bytes_scale: 1.0,
         split: args.split,

@@ -139,6 +139,34 @@ pub fn context_parallel_cost(
     piece_cost(&Modelled { profile, topology }, tokens, k)
 }
 
+/// The modelled cluster's ring as a job's [`odc::RingPrice`], in cost units of
+/// `seconds_per_cost` seconds (the runtime rows': `odc-bench sim` gives its job the profile's
+/// block fit, so that its planner and its simulated device price a gang's ring as this model
+/// does): the same layers, K/V bytes, hops, node size and ring steps.
+pub fn ring_price(
+    profile: &DeviceProfile,
+    topology: &Topology,
+    seconds_per_cost: f64,
+) -> odc::RingPrice {
+    let m = Modelled { profile, topology };
+    let in_cost = |l: Link| Link {
+        bytes_per_s: l.bytes_per_s * seconds_per_cost,
+        latency_s: l.latency_s / seconds_per_cost,
+    };
+    let step = profile.ring_step;
+    odc::RingPrice {
+        layers: m.attention_layers(),
+        kv_bytes_per_token: m.kv_bytes_per_token(),
+        intra: in_cost(m.ring_link(false)),
+        inter: in_cost(m.ring_link(true)),
+        node_size: topology.gpus_per_node,
+        step_s: f64::from(step.launches) * step.launch_s / seconds_per_cost,
+        step_per_token_s: step.merge_bytes_per_token as f64
+            / step.memory_bytes_per_s
+            / seconds_per_cost,
+    }
+}
+
 /// The modelled cluster's prices, once `topology` is checked.
 fn modelled<'a>(
     profile: &'a DeviceProfile,
@@ -201,6 +229,39 @@ mod tests {
     use super::*;
     use crate::sim::profile::ModelShape;
     use crate::workload::Workload;
+
+    /// The runtime rows' ring price, in cost units, charges what the modelled cluster does
+    /// wherever the hop hides behind attention (the two differ only in the attention they hide
+    /// behind: the block fit's quadratic term against the profile's curve) and on the NIC
+    /// beyond a node.
+    #[test]
+    fn the_runtime_rows_ring_prices_as_the_modelled_cluster() {
+        let profile = seven_b();
+        let topology = Topology::h100(8, 8).unwrap();
+        let spc = 28e-3;
+        let block = profile.block();
+        let costs = odc_policy::split::CostModelCosts {
+            cost: odc::CostModel::quadratic(block.a_s * 1e3, block.b_s * 1e3),
+            devices: 64,
+            per_node: 8,
+            ring: Some(ring_price(&profile, &topology, spc)),
+        };
+        let modelled = Modelled {
+            profile: &profile,
+            topology: &topology,
+        };
+        for (tokens, k) in [(65_536, 8), (131_072, 4), (16_384, 16), (262_144, 32)] {
+            let runtime = piece_cost(&costs, tokens, k);
+            let model = piece_cost(&modelled, tokens, k);
+            assert_eq!(runtime.inter_node, model.inter_node, "{tokens} over {k}");
+            let (got, want) = (runtime.comm_exposed_s * spc, model.comm_exposed_s);
+            assert!(want > 0.0, "{tokens} over {k}: {model:?}");
+            assert!(
+                (got - want).abs() <= 0.02 * want,
+                "{tokens} over {k}: runtime {got} s, model {want} s"
+            );
+        }
+    }
 
     fn seven_b() -> DeviceProfile {
         DeviceProfile::builtin(ModelShape::B7, 28).unwrap()

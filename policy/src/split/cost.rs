@@ -125,13 +125,24 @@ impl PieceCost {
     }
 }
 
-/// The cost of a sample of `tokens` over a gang of `k ≥ 2` (see the module docs).
+/// The cost of a sample of `tokens` over a gang of `k ≥ 2` (see the module docs), the gang
+/// spanning nodes where it is larger than one.
 pub fn piece_cost<C: SplitCosts + ?Sized>(costs: &C, tokens: u64, k: u32) -> PieceCost {
+    piece_cost_on(costs, tokens, k, k > costs.devices_per_node())
+}
+
+/// [`piece_cost`] of a gang whose placement is known: `inter_node` where its members sit on more
+/// than one node (what a run pays; the planner prices a gang by its size).
+pub fn piece_cost_on<C: SplitCosts + ?Sized>(
+    costs: &C,
+    tokens: u64,
+    k: u32,
+    inter_node: bool,
+) -> PieceCost {
     let k = k.max(1);
     let kf = f64::from(k);
     let chunk = tokens.div_ceil(u64::from(k));
     let compute_s = (costs.sample_s(tokens) / kf).max(costs.sample_s(chunk)) + costs.fixed_s();
-    let inter_node = k > costs.devices_per_node();
     let link = costs.ring_link(inter_node);
     let hop = link.message_s(chunk.saturating_mul(costs.kv_bytes_per_token()));
     let hidden = costs.layer_attention_s(tokens) / (3.0 * kf * kf);

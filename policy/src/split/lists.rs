@@ -14,8 +14,9 @@ use super::{zigzag, CostModelCosts, Gang, RingPrice, SplitError, SplitOptions, S
 use crate::balancer::{CostModel, Plan, PlannedMicroBatch};
 
 /// The runtime's prices and options for a step of `devices` trainers: gangs of at most
-/// `max_gang` trainers (0: any) counted as one node, the ring priced as `ring` says, samples of
-/// at least `min_tokens` split, every piece within `token_budget`.
+/// `max_gang` trainers (0: any), the ring priced as `ring` says, samples of at least `min_tokens`
+/// split, every piece within `token_budget`. A gang counts as within one node up to the ring's
+/// [`RingPrice::node_size`] trainers, or, where it names none, up to the gang limit.
 pub fn runtime_options(
     cost: CostModel,
     devices: u32,
@@ -24,11 +25,15 @@ pub fn runtime_options(
     token_budget: u64,
     min_tokens: u64,
 ) -> (CostModelCosts, SplitOptions) {
-    let per_node = match max_gang {
+    let max_gang = match max_gang {
         0 => devices,
         n => n.min(devices),
     }
     .max(1);
+    let per_node = match ring.map_or(0, |r| r.node_size) {
+        0 => max_gang,
+        n => n.min(devices).max(1),
+    };
     let costs = CostModelCosts {
         cost,
         devices,
@@ -39,7 +44,7 @@ pub fn runtime_options(
         token_budget,
         split: true,
         min_tokens,
-        max_gang: per_node,
+        max_gang,
         pieces_within_budget: true,
     };
     (costs, options)
@@ -167,5 +172,41 @@ mod tests {
         assert_eq!(costs.per_node, 3);
         let (costs, _) = runtime_options(CostModel::default(), 3, 16, None, 1_000, 0);
         assert_eq!(costs.per_node, 3);
+    }
+
+    /// A ring that names its node size prices gangs larger than a node on its inter-node link;
+    /// the gang limit stays the job's.
+    #[test]
+    fn a_rings_node_size_sets_which_gangs_cross_nodes() {
+        use crate::split::piece_cost;
+        let ring = RingPrice {
+            node_size: 8,
+            kv_bytes_per_token: 1_000,
+            inter: crate::split::Link {
+                bytes_per_s: 1e6,
+                latency_s: 1e-3,
+            },
+            ..RingPrice::free()
+        };
+        let (costs, options) = runtime_options(CostModel::default(), 64, 0, Some(ring), 1 << 20, 0);
+        assert_eq!((costs.per_node, options.max_gang), (8, 64));
+        assert!(!piece_cost(&costs, 65_536, 8).inter_node);
+        let across = piece_cost(&costs, 65_536, 16);
+        assert!(
+            across.inter_node && across.comm_exposed_s > 0.0,
+            "{across:?}"
+        );
+        let (costs, _) = runtime_options(CostModel::default(), 4, 0, Some(ring), 1 << 20, 0);
+        assert_eq!(costs.per_node, 4);
+        // Each of a layer's k − 1 steps pays its launches and its merges, per chunk token.
+        let stepped = RingPrice {
+            step_s: 0.01,
+            step_per_token_s: 1e-6,
+            ..ring
+        };
+        let (costs, _) = runtime_options(CostModel::default(), 64, 0, Some(stepped), 1 << 20, 0);
+        let inside = piece_cost(&costs, 65_536, 8);
+        let want = 7.0 * (0.01 + 8_192.0 * 1e-6);
+        assert!((inside.comm_exposed_s - want).abs() < 1e-12, "{inside:?}");
     }
 }

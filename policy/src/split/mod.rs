@@ -30,7 +30,7 @@ mod cp_tests;
 mod tests;
 
 pub use best::{plan_on_demand, weigh_placements, OnDemandPlan, CP_MARGIN};
-pub use cost::{micro_batch_s, piece_cost, transfer_s, Link, PieceCost, SplitCosts};
+pub use cost::{micro_batch_s, piece_cost, piece_cost_on, transfer_s, Link, PieceCost, SplitCosts};
 pub use cp::{plan_cp, static_cp_sizes, unlocked_step_s, ContextParallel, CpCell, CpGang, CpPlan};
 pub use lists::{gang_pieces, on_demand_lists, runtime_options, MemberPiece};
 pub use plan::{

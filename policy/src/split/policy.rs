@@ -44,8 +44,9 @@ impl std::str::FromStr for SplitPolicy {
     }
 }
 
-/// The price of a gang's K/V ring in a job: what each attention layer's exchange sends per token
-/// and over which links. A job that sets none prices no ring (its on-demand steps then plan gangs
+/// The price of a gang's K/V ring in a job: what each attention layer's exchange sends per token,
+/// over which links, and what each ring step costs beside them, in the job's cost units (seconds
+/// where its cost model is in seconds). A job that sets none prices no ring (its on-demand steps then plan gangs
 /// only, [`super::plan_on_demand`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RingPrice {
@@ -56,6 +57,18 @@ pub struct RingPrice {
     /// One ring hop inside a node, and across nodes.
     pub intra: Link,
     pub inter: Link,
+    /// Trainers per node: a gang of at most this many pays `intra`, a larger one `inter` (0:
+    /// every gang counts as within one node).
+    #[serde(default)]
+    pub node_size: u32,
+    /// What one ring step of one layer costs its member on the compute stream beside the hop,
+    /// forward and backward together ([`SplitCosts::ring_step_overhead_s`]): `step_s` for the
+    /// block kernels' launches, `step_per_token_s` per token of the member's chunk for the merges
+    /// of the block's partial result.
+    #[serde(default)]
+    pub step_s: f64,
+    #[serde(default)]
+    pub step_per_token_s: f64,
 }
 
 impl RingPrice {
@@ -70,15 +83,23 @@ impl RingPrice {
             kv_bytes_per_token: 0,
             intra: link,
             inter: link,
+            node_size: 0,
+            step_s: 0.0,
+            step_per_token_s: 0.0,
         }
+    }
+
+    /// Compute-stream seconds of one ring step of one layer for a member holding `chunk_tokens`.
+    pub fn step_overhead_s(&self, chunk_tokens: u64) -> f64 {
+        self.step_s + chunk_tokens as f64 * self.step_per_token_s
     }
 }
 
 /// The runtime's prices: the job's cost model for compute (its quadratic part is attention) and
 /// for a micro-batch's transfers ([`CostModel::transfer`], pulls and pushes together: a piece, like
 /// any micro-batch, lasts at least that long); gangs of up to `per_node` trainers count as within
-/// one node; the ring as the job's [`RingPrice`] says (none: not priced). A per-micro-batch fixed
-/// compute is not priced.
+/// one node; the ring, its steps' launches and merges as the job's [`RingPrice`] says (none: not
+/// priced). A per-micro-batch fixed compute is not priced.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModelCosts {
     pub cost: CostModel,
@@ -116,6 +137,9 @@ impl SplitCosts for CostModelCosts {
             Some(r) => r.intra,
             None => RingPrice::free().intra,
         }
+    }
+    fn ring_step_overhead_s(&self, chunk_tokens: u64) -> f64 {
+        self.ring.map_or(0.0, |r| r.step_overhead_s(chunk_tokens))
     }
     fn pull_s(&self) -> f64 {
         self.cost.transfer
