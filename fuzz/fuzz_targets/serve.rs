@@ -13,6 +13,9 @@
 //!   it is), so reads, accumulates and sends reach the fabric's checks; with bit 2 set, a body too short for its request's fields is first padded
 //!   with zeros until it has them;
 //! - odd, bit 1 set: the handshake, then the rest as a raw stream (length prefixes of any size).
+//! - After the handshake what the client sends is sealed with the connection's keys
+//!   (`wire::sealed`), as the owner expects, so every byte reaches its decoders; with bit 3 set
+//!   it is sent unsealed instead, and the owner's sealed reader must refuse it.
 //!
 //! Regions are registered afresh for every input, so inputs do not depend on each other.
 //!
@@ -27,6 +30,10 @@
 //! `cargo +nightly fuzz run serve fuzz/artifacts/serve/<file>`.
 
 #![no_main]
+
+/// A connection's halves, sealed or not.
+type BoxRead = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+type BoxWrite = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 
 #[path = "common/mod.rs"]
 mod common;
@@ -132,6 +139,8 @@ fn readdress(request: Request, targets: &[Option<Target>; 4]) -> Request {
             tag,
             data,
         },
+        // Device payloads: a tcp owner refuses them, wherever they are addressed.
+        other @ (Request::AccumulateDevice { .. } | Request::SendDevice { .. }) => other,
     }
 }
 
@@ -197,8 +206,8 @@ async fn session(owner: &Owner, mode: u8, input: &[u8]) {
     let (read, mut write) = stream.into_split();
     let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
     let authenticated = mode & 1 == 1;
-    if authenticated {
-        handshake::dial(
+    let (mut reader, mut write): (FrameReader<BoxRead>, BoxWrite) = if authenticated {
+        let keys = handshake::dial(
             &mut reader,
             &mut write,
             &owner.secret,
@@ -206,8 +215,24 @@ async fn session(owner: &Owner, mode: u8, input: &[u8]) {
         )
         .await
         .expect("the handshake with the right secret succeeds");
-        reader.set_cap(FRAME_CAP);
-    }
+        if mode & 8 == 8 {
+            // Unsealed bytes after the handshake: the owner's sealed reader must refuse them.
+            (
+                FrameReader::new(Box::new(reader.into_inner()), FRAME_CAP),
+                Box::new(write),
+            )
+        } else {
+            // The owner seals its frames; so does this client, so its bytes reach the decoders.
+            let (read, write) = keys.seal(reader.into_inner(), write);
+            (FrameReader::new(Box::new(read), FRAME_CAP), Box::new(write))
+        }
+    } else {
+        let reader = FrameReader::new(
+            Box::new(reader.into_inner()) as BoxRead,
+            HANDSHAKE_FRAME_CAP,
+        );
+        (reader, Box::new(write))
+    };
     let send = async {
         // A write error means the owner already dropped the connection: fine.
         if !authenticated || mode & 2 == 2 {

@@ -46,6 +46,7 @@ fn world(coordinator: Option<&str>) -> World {
         transport: None,
         bind: None,
         local_world_size: None,
+        insecure_frames: false,
     }
 }
 

@@ -135,13 +135,27 @@ fn tcp_config(world: &World) -> Result<TcpConfig> {
     let advertise = world
         .advertise_ip()
         .map_err(|e| Error::Config(e.to_string()))?;
+    metrics::gauge!(INSECURE_FRAMES_METRIC).set(if world.insecure_frames { 1.0 } else { 0.0 });
+    if world.insecure_frames {
+        tracing::warn!(
+            "ODC_INSECURE_FRAMES: rank {}'s frames between hosts are not authenticated (a byte              changed on the path goes unnoticed); unset it to seal them",
+            world.rank
+        );
+    }
     Ok(TcpConfig {
         bind: SocketAddr::new(bind, 0).to_string(),
         advertise_host: Some(advertise.to_string()),
         secret: secret(world)?,
-        remote: RemoteConfig::default(),
+        remote: RemoteConfig {
+            sealed_frames: !world.insecure_frames,
+            ..RemoteConfig::default()
+        },
     })
 }
+
+/// 1 where this process's data-plane frames between hosts travel unsealed
+/// (`ODC_INSECURE_FRAMES=1`), else 0.
+pub const INSECURE_FRAMES_METRIC: &str = "odc_insecure_frames";
 
 #[cfg(test)]
 mod tests {
@@ -175,6 +189,26 @@ mod tests {
             (config.bind.as_str(), config.advertise_host.as_deref()),
             ("[::1]:0", Some("::1"))
         );
+    }
+
+    /// Frames between hosts are sealed unless the job says `ODC_INSECURE_FRAMES=1`.
+    #[test]
+    fn tcp_seals_its_frames_unless_the_job_turns_it_off() {
+        let sealed = tcp_config(&world(&RANK_1_OF_2)).expect("config");
+        assert!(sealed.remote.sealed_frames);
+        let mut vars = RANK_1_OF_2.to_vec();
+        vars.push(("ODC_INSECURE_FRAMES", "1"));
+        let insecure = tcp_config(&world(&vars)).expect("config");
+        assert!(!insecure.remote.sealed_frames);
+        let mut vars = RANK_1_OF_2.to_vec();
+        vars.push(("ODC_INSECURE_FRAMES", "maybe"));
+        let err = World::from_vars(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+        .expect_err("not a yes or no");
+        assert!(err.to_string().contains("ODC_INSECURE_FRAMES"), "{err}");
     }
 
     #[test]

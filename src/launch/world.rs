@@ -75,6 +75,10 @@ pub struct World {
     /// Processes per host, if the launcher says ([`local_world_size`]): ranks `n·L .. (n+1)·L`
     /// on host `n`, as torchrun and Slurm's block distribution number them.
     pub local_world_size: Option<u32>,
+    /// `ODC_INSECURE_FRAMES=1`: frames between hosts travel unsealed (`odc_transport::wire::sealed`
+    /// off: no per-frame authentication), for clusters that want the bytes back. Every process
+    /// of the job must agree; it is logged and counted (`odc_insecure_frames`).
+    pub insecure_frames: bool,
 }
 
 /// A launcher variable with a value odc cannot use.
@@ -174,6 +178,7 @@ impl World {
                 None => None,
             },
             local_world_size: local_world_size(&get)?,
+            insecure_frames: flag(&get, "ODC_INSECURE_FRAMES")?,
         })
     }
 
@@ -263,6 +268,19 @@ fn local_world_size(get: &impl Fn(&str) -> Option<String>) -> Result<Option<u32>
     Ok(get("SLURM_NTASKS_PER_NODE")
         .and_then(|t| t.trim().parse::<u32>().ok())
         .filter(|&n| n > 0))
+}
+
+/// A yes-or-no variable: `1`/`true`/`yes` or `0`/`false`/`no` (unset: no); anything else is an
+/// error naming it.
+fn flag(get: &impl Fn(&str) -> Option<String>, name: &str) -> Result<bool, WorldError> {
+    match get(name) {
+        None => Ok(false),
+        Some(text) => match text.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" => Ok(true),
+            "0" | "false" | "no" => Ok(false),
+            _ => Err(bad(name, &text, "expected 1 or 0 (true or false)")),
+        },
+    }
 }
 
 /// The variable that names the coordinator for a launcher.

@@ -20,6 +20,7 @@ use bytes::Bytes;
 use odc_transport::tcp::{TcpConfig, TcpTransport};
 use odc_transport::wire::frame::{write_frame, FrameReader};
 use odc_transport::wire::handshake::{self, HANDSHAKE_FRAME_CAP};
+use odc_transport::wire::sealed::SealedWrite;
 use odc_transport::wire::{ClusterSecret, Request, Response};
 use odc_transport::{
     deadline_in, Descriptor, Dest, Dtype, RegionHandle, RegionKind, RemoteConfig, Transport,
@@ -144,13 +145,14 @@ async fn serve(
     let (read, mut write) = stream.into_split();
     let mut frames = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
     let secret = ClusterSecret::new(SECRET).expect("secret");
-    if handshake::accept(&mut frames, &mut write, &secret, deadline_in(TEST_BOUND))
-        .await
-        .is_err()
-    {
+    let Ok(keys) =
+        handshake::accept(&mut frames, &mut write, &secret, deadline_in(TEST_BOUND)).await
+    else {
         return;
-    }
-    frames.set_cap(1 << 20);
+    };
+    // The reader seals its frames; so does this owner, as a real one does.
+    let (read, mut write) = keys.seal(frames.into_inner(), write);
+    let mut frames = FrameReader::new(read, 1 << 20);
     while let Ok(body) = frames.next().await {
         let (req, part, reply) = match Request::decode(body) {
             Ok(Request::Read { req, part, .. }) => {
@@ -169,7 +171,12 @@ async fn serve(
 }
 
 /// Write `reply` to request `req` for the bytes `part`; false once the connection should end.
-async fn answer(write: &mut OwnedWriteHalf, req: u64, part: &[u8], reply: Reply) -> bool {
+async fn answer(
+    write: &mut SealedWrite<OwnedWriteHalf>,
+    req: u64,
+    part: &[u8],
+    reply: Reply,
+) -> bool {
     let (head, _) = Response::ReadOk {
         req,
         version: 1,

@@ -21,12 +21,13 @@ use odc_transport::tcp::{TcpConfig, TcpTransport};
 use odc_transport::wire::frame::{write_frame, FrameError, FrameReader};
 use odc_transport::wire::gate::{MAX_UNAUTHENTICATED, REFUSED_METRIC};
 use odc_transport::wire::handshake::{self, HandshakeFrame, HANDSHAKE_FRAME_CAP, MAGIC, PROTOCOL};
+use odc_transport::wire::sealed::{SealedRead, SealedWrite};
 use odc_transport::wire::{read_frame, ClusterSecret};
 use odc_transport::{
     deadline_in, AccumulatorRegion, Descriptor, Dest, Dtype, InboxRegion, PublishedRegion,
     RemoteConfig, Transport, TransportError, WriteTag,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
@@ -265,11 +266,19 @@ async fn challenged(owner: &Owner, nonce: u8) -> (FrameReader<OwnedReadHalf>, Ow
     (reader, write)
 }
 
-/// Connect and complete the handshake by hand, as a peer that knows the secret.
-async fn authenticated(owner: &Owner) -> (FrameReader<OwnedReadHalf>, OwnedWriteHalf) {
+/// The halves of an authenticated connection: its frames sealed, as the owner expects them.
+type Sealed = (
+    FrameReader<SealedRead<OwnedReadHalf>>,
+    SealedWrite<OwnedWriteHalf>,
+);
+
+/// Connect and complete the handshake by hand, as a peer that knows the secret; what it writes
+/// then is sealed with the connection's keys, so the owner's decoders see every byte as sent
+/// (and a write reaches the owner on `flush`).
+async fn authenticated(owner: &Owner) -> Sealed {
     let (read, mut write) = connect(owner).await.into_split();
     let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
-    handshake::dial(
+    let keys = handshake::dial(
         &mut reader,
         &mut write,
         &ClusterSecret::new(SECRET).expect("secret"),
@@ -277,13 +286,26 @@ async fn authenticated(owner: &Owner) -> (FrameReader<OwnedReadHalf>, OwnedWrite
     )
     .await
     .expect("the handshake with the right secret succeeds");
-    reader.set_cap(RemoteConfig::DEFAULT_FRAME_CAP);
-    (reader, write)
+    let (read, write) = keys.seal(reader.into_inner(), write);
+    (
+        FrameReader::new(read, RemoteConfig::DEFAULT_FRAME_CAP),
+        write,
+    )
+}
+
+/// Write `bytes` and send them at once.
+async fn send(write: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) {
+    write.write_all(bytes).await.expect("write");
+    write.flush().await.expect("flush");
 }
 
 /// The owner dropped the connection of `reader` with no (further) answer, just the end of the
 /// stream, and logged why in a line with every one of `parts`.
-async fn assert_dropped(reader: &mut FrameReader<OwnedReadHalf>, log: &Log, parts: &[&str]) {
+async fn assert_dropped<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    log: &Log,
+    parts: &[&str],
+) {
     let next = tokio::time::timeout(DROP_BOUND, reader.next())
         .await
         .expect("the owner drops the connection in time");
@@ -552,7 +574,7 @@ async fn authenticated_peers_sending_bad_frames_are_dropped_and_the_job_unaffect
         ];
         for (bytes, reason) in cases {
             let (mut reader, mut write) = authenticated(&owner).await;
-            write.write_all(bytes).await.expect("write");
+            send(&mut write, bytes).await;
             assert_dropped(&mut reader, &log, &["dropped a connection", reason]).await;
             assert_served(&well_behaved, &owner).await;
         }
@@ -608,15 +630,16 @@ async fn an_authenticated_peer_is_answered_until_its_first_bad_frame() {
 /// frame, allocations tracked from just before the announcement.
 async fn announced_60_mib(
     owner: &Owner,
-) -> (TcpTransport, FrameReader<OwnedReadHalf>, OwnedWriteHalf) {
+) -> (
+    TcpTransport,
+    FrameReader<SealedRead<OwnedReadHalf>>,
+    SealedWrite<OwnedWriteHalf>,
+) {
     let well_behaved = tcp_reader(SECRET).await;
     assert_served(&well_behaved, owner).await;
     let (reader, mut write) = authenticated(owner).await;
     track_allocations();
-    write
-        .write_all(&(60u32 << 20).to_be_bytes())
-        .await
-        .expect("write");
+    send(&mut write, &(60u32 << 20).to_be_bytes()).await;
     (well_behaved, reader, write)
 }
 
@@ -625,7 +648,7 @@ async fn a_stalled_60_mib_frame_costs_at_most_the_cap_and_is_dropped_when_the_pe
     let cap = RemoteConfig::DEFAULT_FRAME_CAP;
     against(cap, |log, owner| async move {
         let (well_behaved, mut reader, mut write) = announced_60_mib(&owner).await;
-        write.write_all(&[0x02; 100]).await.expect("write");
+        send(&mut write, &[0x02; 100]).await;
         // The peer stalls; the owner keeps serving everyone else.
         for _ in 0..3 {
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use odc_transport::wire::gate::UnauthenticatedGate;
 use odc_transport::wire::handshake::{self, HandshakeError};
+use odc_transport::wire::sealed::SessionKeys;
 use odc_transport::{ClusterSecret, Deadline};
 use ractor::ActorRef;
 use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServerMessage};
@@ -31,14 +32,18 @@ pub const HANDSHAKE_TIMEOUT: Duration = odc_transport::RemoteConfig::MAX_HANDSHA
 pub(crate) const VERIFIED: &str = "odc-verified ";
 
 /// A stream whose peer proved the cluster secret; nothing past the handshake was read from it.
+/// Its bytes travel sealed under the connection's keys (`odc_transport::wire::sealed`): a
+/// control message changed, replayed, reordered or dropped on the path fails the session.
 struct Verified {
     stream: TcpStream,
+    keys: SessionKeys,
     peer: String,
 }
 
 impl ClusterBidiStream for Verified {
     fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
         let (read, write) = self.stream.into_split();
+        let (read, write) = self.keys.seal(read, write);
         (Box::new(read), Box::new(write))
     }
 
@@ -79,11 +84,12 @@ pub(crate) async fn dial(
         })?
         .map_err(DialError::Connect)?;
     let _ = stream.set_nodelay(true);
-    let stream = handshake::authenticate_dialer(stream, secret, deadline)
+    let (stream, keys) = handshake::authenticate_dialer(stream, secret, deadline)
         .await
         .map_err(DialError::Handshake)?;
     let verified = Verified {
         stream,
+        keys,
         peer: addr.to_string(),
     };
     ractor_cluster::client_connect_external(server, Box::new(verified))
@@ -127,9 +133,10 @@ pub(crate) async fn serve(
             let verified = handshake::authenticate_listener(stream, &secret, deadline).await;
             drop(permit);
             match verified {
-                Ok(stream) => {
+                Ok((stream, keys)) => {
                     let verified = Verified {
                         stream,
+                        keys,
                         peer: peer.to_string(),
                     };
                     let opened = NodeServerMessage::ConnectionOpenedExternal {

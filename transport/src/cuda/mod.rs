@@ -204,7 +204,11 @@ impl Remote<Cuda> {
         let remote = Remote::start(
             listener,
             UnixDial,
-            config.remote,
+            // One host: its Unix socket and the job's own files need no sealed frames.
+            RemoteConfig {
+                sealed_frames: false,
+                ..config.remote
+            },
             config.secret,
             cuda,
             serve_split::<UnixStream>,

@@ -104,6 +104,7 @@ use crate::remote::{
 };
 use crate::wire::frame::FrameReader;
 use crate::wire::handshake::{self, HANDSHAKE_FRAME_CAP};
+use crate::wire::sealed::{SealedRead, SealedWrite};
 use crate::wire::{write_frame, ClusterSecret, Target};
 use crate::{
     Deadline, Descriptor, Dest, Dtype, EndpointId, Op, PublishedRegion, RdmaMemory, RegionHandle,
@@ -161,7 +162,10 @@ impl RdmaConfig {
 struct Link {
     channel: Mutex<Box<dyn Channel>>,
     broken: AtomicBool,
-    _exchange: Mutex<(FrameReader<tokio::net::tcp::OwnedReadHalf>, OwnedWriteHalf)>,
+    _exchange: Mutex<(
+        FrameReader<SealedRead<tokio::net::tcp::OwnedReadHalf>>,
+        SealedWrite<OwnedWriteHalf>,
+    )>,
 }
 
 /// The owner's published regions, by id (its own reads go straight to the memory).
@@ -544,9 +548,12 @@ async fn exchange(
         .map_err(|e| format!("cannot send the preamble: {e}"))?;
     let (read, mut write) = stream.into_split();
     let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
-    handshake::dial(&mut reader, &mut write, secret, deadline)
+    let keys = handshake::dial(&mut reader, &mut write, secret, deadline)
         .await
         .map_err(|e| format!("handshake: {e}"))?;
+    // The exchange's frames are sealed, as every connection that leaves the host.
+    let (read, mut write) = keys.seal(reader.into_inner(), write);
+    let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
     let endpoint = nic.endpoint()?;
     write_frame(&mut write, &endpoint.info().encode(), &[])
         .await
@@ -584,9 +591,11 @@ async fn serve_exchange(mut stream: TcpStream, nic: Arc<dyn Nic>, accepted: Acce
         return;
     }
     let (read, mut write) = stream.into_split();
-    let Some((mut reader, _, peer)) = accepted.authenticate(read, &mut write).await else {
+    let Some((read, keys, _, peer)) = accepted.authenticate(read, &mut write).await else {
         return;
     };
+    let (read, mut write) = keys.seal(read, write);
+    let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
     let theirs = match tokio::time::timeout_at(deadline.into(), reader.next()).await {
         Ok(Ok(body)) => QpInfo::decode(&body),
         Ok(Err(e)) => Err(format!("no queue-pair info: {e}")),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::dial::{BoxWrite, Dial};
+use super::dial::{BoxRead, BoxWrite, Dial};
 use super::payload::{Answer, Payload, Shared, Stream};
 use super::{RemoteConfig, Served};
 use crate::wire::frame::{write_frame, FrameReader};
@@ -202,10 +202,17 @@ impl Peers {
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
         let mut reader = FrameReader::new(read, handshake::HANDSHAKE_FRAME_CAP);
-        handshake::dial(&mut reader, &mut write, &self.local.secret, deadline)
+        let keys = handshake::dial(&mut reader, &mut write, &self.local.secret, deadline)
             .await
             .map_err(|e| e.to_string())?;
-        reader.set_cap(self.local.config.frame_cap);
+        let config = &self.local.config;
+        let (read, write): (BoxRead, BoxWrite) = if config.sealed_frames {
+            let (read, write) = keys.seal(reader.into_inner(), write);
+            (Box::new(read), Box::new(write))
+        } else {
+            (reader.into_inner(), write)
+        };
+        let reader = FrameReader::new(read, config.frame_cap);
         let shared = Arc::new(Shared::default());
         let task = tokio::spawn(read_responses(Stream::new(reader), Arc::clone(&shared)));
         Ok(Connection {

@@ -60,6 +60,12 @@ pub struct RemoteConfig {
     pub handshake_timeout: Duration,
     /// Messages an inbox holds at most.
     pub inbox_capacity: usize,
+    /// Seal every frame after the handshake ([`crate::wire::sealed`]: AES-256-GCM records under
+    /// the connection's own keys). On by default; the one-host backends (`shm`, `cuda`) turn it
+    /// off for their Unix sockets, and a job may turn it off with `ODC_INSECURE_FRAMES=1`
+    /// (logged, and counted in `odc_insecure_frames`). Both ends of a connection must agree: a
+    /// sealed end refuses plain frames as forged.
+    pub sealed_frames: bool,
 }
 
 impl RemoteConfig {
@@ -76,6 +82,7 @@ impl Default for RemoteConfig {
             read_part_bytes: 4 << 20,
             handshake_timeout: Self::MAX_HANDSHAKE_TIMEOUT,
             inbox_capacity: crate::local::LocalTransport::DEFAULT_INBOX_CAPACITY,
+            sealed_frames: true,
         }
     }
 }

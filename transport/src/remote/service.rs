@@ -9,6 +9,7 @@ use crate::local::LocalTransport;
 use crate::wire::frame::{write_frame, FrameError, FrameReader};
 use crate::wire::gate::Permit;
 use crate::wire::handshake::{self, ClusterSecret};
+use crate::wire::sealed::SessionKeys;
 use crate::wire::{IpcSource, Request, Response, Target};
 use crate::{
     deadline_in, AccumulatorRegion, Deadline, Descriptor, EndpointId, InboxRegion, RegionId,
@@ -298,7 +299,7 @@ impl Accepted {
         self,
         reader: R,
         writer: &mut W,
-    ) -> Option<(FrameReader<R>, Arc<Served>, String)>
+    ) -> Option<(R, SessionKeys, Arc<Served>, String)>
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
@@ -308,7 +309,7 @@ impl Accepted {
             handshake::accept(&mut frames, writer, &self.served.secret, self.deadline).await;
         drop(self.permit);
         match result {
-            Ok(()) => Some((frames, self.served, self.peer)),
+            Ok(keys) => Some((frames.into_inner(), keys, self.served, self.peer)),
             Err(e) => {
                 tracing::warn!(peer = %self.peer, "odc transport: refused a connection: {e}");
                 None
@@ -324,10 +325,26 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let Some((mut reader, served, peer)) = accepted.authenticate(reader, &mut writer).await else {
+    let Some((reader, keys, served, peer)) = accepted.authenticate(reader, &mut writer).await
+    else {
         return;
     };
-    reader.set_cap(served.config.frame_cap);
+    let cap = served.config.frame_cap;
+    if served.config.sealed_frames {
+        let (reader, writer) = keys.seal(reader, writer);
+        serve_frames(FrameReader::new(reader, cap), writer, &served, &peer).await;
+    } else {
+        serve_frames(FrameReader::new(reader, cap), writer, &served, &peer).await;
+    }
+}
+
+/// Answer an authenticated connection's requests, in order, until it closes or breaks the
+/// protocol.
+async fn serve_frames<R, W>(mut reader: FrameReader<R>, mut writer: W, served: &Served, peer: &str)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     loop {
         let body = match reader.next().await {
             Ok(body) => body,

@@ -136,7 +136,11 @@ impl Remote<Shm> {
         Ok(Remote::start(
             listener,
             UnixDial,
-            config.remote,
+            // One host: its Unix socket and the job's own files need no sealed frames.
+            RemoteConfig {
+                sealed_frames: false,
+                ..config.remote
+            },
             config.secret,
             shm,
             serve_split::<UnixStream>,

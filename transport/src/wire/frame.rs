@@ -62,6 +62,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// The stream, for another layer to take over once the frames read so far were read with
+    /// [`FrameReader::next_exact`] (the handshake's): then nothing past them is buffered. Bytes
+    /// buffered otherwise would be lost, so that is a bug (checked in debug builds).
+    pub fn into_inner(self) -> R {
+        debug_assert_eq!(self.buffered(), 0, "bytes read past the frames taken");
+        self.inner
+    }
+
     /// The largest body accepted from now on.
     pub fn set_cap(&mut self, cap: usize) {
         self.cap = cap;

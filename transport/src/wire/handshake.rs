@@ -32,8 +32,13 @@
 //!    anything the other has not asked for: the dialer sends nothing after its `Proof` until it
 //!    has the `Welcome`, the listener nothing after the `Welcome` until the dialer speaks.)
 //!
-//! Not protected: the traffic after the handshake (no encryption, no MAC per frame), and a peer
-//! that relays a handshake between two others (a man in the middle on the network path).
+//! 5. **Each connection gets its keys.** Both sides derive one key per direction from the secret
+//!    and both nonces ([`SessionKeys`]); the frames after the handshake are sealed with them
+//!    ([`super::sealed`]) wherever the connection leaves the host.
+//!
+//! Not protected here: a peer that relays a handshake between two others gets no keys (it holds no
+//! secret), so what it relays afterwards fails the frames' tags; that is [`super::sealed`]'s
+//! guarantee, not this file's.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -64,6 +69,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::frame::{write_frame, FrameError, FrameReader};
 use super::message::Cursor;
+use super::sealed::{SessionKeys, Side};
 use super::WireError;
 use crate::Deadline;
 
@@ -130,6 +136,11 @@ impl ClusterSecret {
     /// The secret as text, to hand to a child process (`ODC_SECRET`).
     pub fn expose(&self) -> String {
         String::from_utf8_lossy(&self.0).into_owned()
+    }
+
+    /// The secret's bytes (the key derivation's input, [`super::sealed`]).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
     }
 
     /// HMAC(secret, label ‖ first ‖ second).
@@ -343,13 +354,14 @@ async fn receive<R: AsyncRead + Unpin>(
 
 /// The dialer's side: prove the secret over both nonces, then check the listener's proof. Sets
 /// `reader`'s cap to the handshake cap; after `Ok` the caller raises it (or hands the stream on:
-/// nothing past the `Welcome` has been read). Every wait ends by `deadline`.
+/// nothing past the `Welcome` has been read). Every wait ends by `deadline`. The connection's
+/// keys for its sealed frames ([`super::sealed`]) come back.
 pub async fn dial<R, W>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
     secret: &ClusterSecret,
     deadline: Deadline,
-) -> Result<(), HandshakeError>
+) -> Result<SessionKeys, HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -374,7 +386,8 @@ where
         HandshakeFrame::Welcome { mac } => secret
             .mac(LISTENER, &theirs, &mine)
             .verify_slice(&mac)
-            .map_err(|_| HandshakeError::WrongSecret("its welcome MAC does not match")),
+            .map_err(|_| HandshakeError::WrongSecret("its welcome MAC does not match"))
+            .map(|()| SessionKeys::derive(secret, &mine, &theirs, Side::Dialer)),
         HandshakeFrame::Refused { reason } => Err(HandshakeError::Refused(reason)),
         other => Err(unexpected("Welcome", &other)),
     }
@@ -384,13 +397,13 @@ where
 /// the `Welcome`. On a proof that does not match or a protocol it does not speak it tells the
 /// dialer why (`Refused`, no MAC) before the caller closes the connection. Sets `reader`'s cap to
 /// the handshake cap; after `Ok` nothing past the `Proof` has been read. Every wait ends by
-/// `deadline`.
+/// `deadline`. The connection's keys for its sealed frames ([`super::sealed`]) come back.
 pub async fn accept<R, W>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
     secret: &ClusterSecret,
     deadline: Deadline,
-) -> Result<(), HandshakeError>
+) -> Result<SessionKeys, HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -412,7 +425,7 @@ async fn accept_inner<R, W>(
     writer: &mut W,
     secret: &ClusterSecret,
     deadline: Deadline,
-) -> Result<(), HandshakeError>
+) -> Result<SessionKeys, HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -455,17 +468,18 @@ where
         },
         deadline,
     )
-    .await
+    .await?;
+    Ok(SessionKeys::derive(secret, &theirs, &mine, Side::Listener))
 }
 
 /// Authenticate a freshly dialed `stream` (a `tokio::net::TcpStream`, a Unix stream, ...) as the
-/// dialer, and give it back for another protocol to take over: no byte past the handshake has
-/// been read from it. On an error the stream is dropped (closed).
+/// dialer, and give it back for another protocol to take over, with its keys: no byte past the
+/// handshake has been read from it. On an error the stream is dropped (closed).
 pub async fn authenticate_dialer<S>(
     stream: S,
     secret: &ClusterSecret,
     deadline: Deadline,
-) -> Result<S, HandshakeError>
+) -> Result<(S, SessionKeys), HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -473,13 +487,14 @@ where
 }
 
 /// Authenticate a freshly accepted `stream` as the listener (a dialer without the secret gets no
-/// MAC), and give it back for another protocol to take over: no byte past the handshake has been
-/// read from it. On an error the stream is dropped (closed); the error says why (log it).
+/// MAC), and give it back for another protocol to take over, with its keys: no byte past the
+/// handshake has been read from it. On an error the stream is dropped (closed); the error says
+/// why (log it).
 pub async fn authenticate_listener<S>(
     stream: S,
     secret: &ClusterSecret,
     deadline: Deadline,
-) -> Result<S, HandshakeError>
+) -> Result<(S, SessionKeys), HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -491,20 +506,20 @@ async fn authenticate<S>(
     secret: &ClusterSecret,
     deadline: Deadline,
     dialer: bool,
-) -> Result<S, HandshakeError>
+) -> Result<(S, SessionKeys), HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (read, mut write) = tokio::io::split(&mut stream);
     let mut reader = FrameReader::new(read, HANDSHAKE_FRAME_CAP);
-    if dialer {
-        dial(&mut reader, &mut write, secret, deadline).await?;
+    let keys = if dialer {
+        dial(&mut reader, &mut write, secret, deadline).await?
     } else {
-        accept(&mut reader, &mut write, secret, deadline).await?;
-    }
+        accept(&mut reader, &mut write, secret, deadline).await?
+    };
     debug_assert_eq!(reader.buffered(), 0, "the handshake reads nothing past it");
     drop((reader, write));
-    Ok(stream)
+    Ok((stream, keys))
 }
 
 #[cfg(test)]
@@ -726,7 +741,7 @@ mod tests {
             });
             bytes.extend_from_slice(b"next protocol");
             listener.write_all(&bytes).await.expect("write");
-            let mut stream = dialing.await.expect("dialer task").expect("welcomed");
+            let (mut stream, _keys) = dialing.await.expect("dialer task").expect("welcomed");
             let mut after = [0u8; 13];
             stream
                 .read_exact(&mut after)
@@ -752,7 +767,7 @@ mod tests {
             let mut bytes = raw(&HandshakeFrame::Proof { mac: proof.into() });
             bytes.extend_from_slice(b"first request");
             dialer.write_all(&bytes).await.expect("write");
-            let mut stream = accepting.await.expect("listener task").expect("accepted");
+            let (mut stream, _keys) = accepting.await.expect("listener task").expect("accepted");
             let mut after = [0u8; 13];
             stream
                 .read_exact(&mut after)

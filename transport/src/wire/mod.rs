@@ -9,6 +9,9 @@
 //! - [`handshake`]: a mutual challenge–response on the cluster secret (HMAC-SHA256 over both
 //!   nonces, a different label per direction), under a deadline, before any other frame. The
 //!   dialer proves first; the listener proves only to a dialer that did.
+//! - [`sealed`]: after the handshake, on every connection that leaves the host, the stream in
+//!   AES-256-GCM records under per-connection, per-direction HKDF-SHA256 keys with counter nonces:
+//!   an altered, replayed, reordered or dropped record is refused before a byte of it is read.
 //! - [`gate`]: at most [`gate::MAX_UNAUTHENTICATED`] connections per listener in the handshake at
 //!   once; more are closed at once and counted.
 //! - [`message`]: the requests and responses, a hand-written little-endian layout whose decoder
@@ -24,6 +27,7 @@ pub mod frame;
 pub mod gate;
 pub mod handshake;
 pub mod message;
+pub mod sealed;
 
 pub use frame::{read_frame, write_frame, FrameReader};
 pub use handshake::{ClusterSecret, HandshakeError, SecretError};
