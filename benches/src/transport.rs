@@ -266,6 +266,8 @@ pub struct Settings {
     pub tcp_part_bytes: usize,
     /// `shm`: bytes per seqlock chunk ([`ShmConfig::chunk_bytes`]).
     pub shm_chunk_bytes: usize,
+    /// `tcp`: frames sealed after the handshake ([`RemoteConfig::sealed_frames`], the default).
+    pub sealed_frames: bool,
     /// The `odc-bench` executable that hosts the owner children.
     pub exe: PathBuf,
 }
@@ -280,6 +282,7 @@ impl Settings {
             measure: Duration::from_millis(if quick { 5 } else { 150 }),
             tcp_part_bytes: RemoteConfig::default().read_part_bytes,
             shm_chunk_bytes: 256 * KIB,
+            sealed_frames: true,
             exe,
         }
     }
@@ -397,6 +400,8 @@ pub struct OwnerSettings {
     pub job: String,
     pub tcp_part_bytes: usize,
     pub shm_chunk_bytes: usize,
+    /// `tcp`: frames sealed after the handshake.
+    pub sealed_frames: bool,
     /// `cuda`: the device (ordinal) the regions live on.
     pub cuda_device: u32,
 }
@@ -433,7 +438,7 @@ pub async fn serve_owner(settings: OwnerSettings) -> anyhow::Result<()> {
         }
         OwnerKind::Tcp => {
             let transport = TcpTransport::bind(TcpConfig {
-                remote: remote_config(settings.tcp_part_bytes),
+                remote: remote_config(settings.tcp_part_bytes, settings.sealed_frames),
                 ..TcpConfig::loopback(secret()?)
             })
             .await
@@ -502,9 +507,10 @@ async fn serve_raw(mut stream: TcpStream, data: std::sync::Arc<Vec<u8>>) {
     }
 }
 
-fn remote_config(read_part_bytes: usize) -> RemoteConfig {
+fn remote_config(read_part_bytes: usize, sealed_frames: bool) -> RemoteConfig {
     RemoteConfig {
         read_part_bytes,
+        sealed_frames,
         ..RemoteConfig::default()
     }
 }
@@ -590,6 +596,7 @@ impl OwnerProcess {
             .args(["--job", &settings.job])
             .args(["--tcp-part-bytes", &settings.tcp_part_bytes.to_string()])
             .args(["--shm-chunk-bytes", &settings.shm_chunk_bytes.to_string()])
+            .args((!settings.sealed_frames).then_some("--insecure-frames"))
             .args(["--cuda-device", &settings.cuda_device.to_string()])
             .env(SECRET_ENV, secret.expose())
             .stdin(Stdio::piped())
@@ -1019,6 +1026,7 @@ impl Owners<'_> {
             job: self.job.clone(),
             tcp_part_bytes: self.settings.tcp_part_bytes,
             shm_chunk_bytes: self.settings.shm_chunk_bytes,
+            sealed_frames: self.settings.sealed_frames,
             cuda_device: 0,
         };
         OwnerProcess::start(&self.settings.exe, &owner_settings, &self.secret)
@@ -1125,7 +1133,7 @@ async fn run_tcp(
         .with_context(|| format!("connecting to the raw-tcp owner at {addr}"))?;
     stream.set_nodelay(true)?;
     let reader = TcpTransport::bind(TcpConfig {
-        remote: remote_config(settings.tcp_part_bytes),
+        remote: remote_config(settings.tcp_part_bytes, settings.sealed_frames),
         ..TcpConfig::loopback(owners.secret.clone())
     })
     .await

@@ -99,6 +99,10 @@ pub(crate) struct TransportArgs {
     /// shm: bytes per seqlock chunk of a segment (default 256 KiB).
     #[arg(long, value_parser = shm_chunk_bytes)]
     pub(crate) shm_chunk_bytes: Option<usize>,
+    /// tcp: frames unsealed after the handshake (`ODC_INSECURE_FRAMES`'s data plane: no per-frame
+    /// authentication), to set against the default sealed frames.
+    #[arg(long)]
+    pub(crate) insecure_frames: bool,
     /// cuda: sizes of the cuda rows (comma separated; default 1MiB,64MiB,1GiB; at most 4 GiB).
     #[arg(long, value_delimiter = ',', value_parser = cuda_size)]
     pub(crate) cuda_sizes: Vec<usize>,
@@ -125,6 +129,9 @@ pub(crate) struct OwnerArgs {
     pub(crate) tcp_part_bytes: usize,
     #[arg(long, value_parser = shm_chunk_bytes, default_value_t = 256 << 10)]
     pub(crate) shm_chunk_bytes: usize,
+    /// tcp: frames unsealed after the handshake.
+    #[arg(long)]
+    pub(crate) insecure_frames: bool,
     /// cuda: the device the regions live on.
     #[arg(long, default_value_t = 0)]
     pub(crate) cuda_device: u32,
@@ -172,6 +179,7 @@ pub(crate) async fn transport(args: TransportArgs) -> anyhow::Result<()> {
     if let Some(ms) = args.measure_ms {
         settings.measure = std::time::Duration::from_millis(ms);
     }
+    settings.sealed_frames = !args.insecure_frames;
     if let Some(b) = args.tcp_part_bytes {
         settings.tcp_part_bytes = b;
     }
@@ -314,6 +322,7 @@ pub(crate) async fn transport_owner(args: OwnerArgs) -> anyhow::Result<()> {
         sizes: args.bytes,
         job: args.job,
         tcp_part_bytes: args.tcp_part_bytes,
+        sealed_frames: !args.insecure_frames,
         shm_chunk_bytes: args.shm_chunk_bytes,
         cuda_device: args.cuda_device,
     })
