@@ -242,6 +242,8 @@ pub async fn run(
             job: job.clone(),
             tcp_part_bytes: 4 * MIB,
             shm_chunk_bytes: 256 << 10,
+            // The cuda owner's socket is a Unix one (one host): never sealed.
+            sealed_frames: false,
             cuda_device: settings.device,
         },
         &secret,
