@@ -50,6 +50,11 @@ enum Command {
         /// from its own checkpoints.
         #[arg(long, default_value_t = 0)]
         max_restarts: u32,
+        /// Send the data plane's frames between hosts unsealed (ODC_INSECURE_FRAMES=1 for every
+        /// rank: no per-frame authentication; each rank logs it). For clusters that want the
+        /// bytes back on a network they trust.
+        #[arg(long)]
+        insecure_frames: bool,
         /// The program and its arguments (after `--`).
         #[arg(required = true, last = true)]
         command: Vec<String>,
@@ -74,6 +79,7 @@ fn main() -> ExitCode {
         grace_secs,
         timeout_secs,
         max_restarts,
+        insecure_frames,
         command,
     } = cli.command;
     let config = match (|| -> Result<LaunchConfig, String> {
@@ -93,6 +99,7 @@ fn main() -> ExitCode {
                 .map(|t| seconds("timeout-secs", t))
                 .transpose()?,
             max_restarts,
+            insecure_frames,
         })
     })() {
         Ok(config) => config,

@@ -69,6 +69,32 @@ fn every_rank_gets_its_environment_and_the_worst_status_is_returned() {
         .all(|l| field(l, "coord=") == field(lines[0], "coord=")));
 }
 
+/// `--insecure-frames` gives every rank `ODC_INSECURE_FRAMES=1`; without it the launcher sets
+/// nothing (a rank's own environment decides, sealed by default).
+#[test]
+fn insecure_frames_are_asked_for_every_rank_only_with_the_flag() {
+    let ranks = |insecure: bool| {
+        let mut command = launch();
+        command.args(["--nprocs", "2", "--transport", "tcp"]);
+        if insecure {
+            command.arg("--insecure-frames");
+        }
+        command
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "echo frames=${ODC_INSECURE_FRAMES:-unset}",
+            ])
+            .env_remove("ODC_INSECURE_FRAMES");
+        let out = finished(&mut command);
+        assert_eq!(out.status.code(), Some(0));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(ranks(true).matches("frames=1").count(), 2);
+    assert_eq!(ranks(false).matches("frames=unset").count(), 2);
+}
+
 #[test]
 fn a_failed_rank_stops_the_others_after_the_grace_period() {
     let started = Instant::now();

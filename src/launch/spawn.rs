@@ -3,7 +3,8 @@
 //! Each of the `nprocs` children gets `ODC_RANK`, `ODC_WORLD_SIZE`, `ODC_LOCAL_RANK`,
 //! `ODC_LOCAL_WORLD_SIZE`, `ODC_COORDINATOR` (a free loopback port for rank 0), `ODC_SECRET` (fresh
 //! and random per launch), `ODC_JOB` (unique per launch; names shared-memory files) and
-//! `ODC_TRANSPORT`, and inherits stdin/stdout/stderr. The launcher then waits:
+//! `ODC_TRANSPORT` (and `ODC_INSECURE_FRAMES=1` with `--insecure-frames`), and inherits
+//! stdin/stdout/stderr. The launcher then waits:
 //! - when every child has exited, it returns the **worst** exit status among them (a child killed
 //!   by a signal counts as 128 + the signal, as shells report it);
 //! - when one child fails, the others get `grace` to finish on their own (they usually notice the
@@ -48,6 +49,8 @@ pub struct LaunchConfig {
     pub timeout: Option<Duration>,
     /// Start the whole group again after a failed attempt, at most this many times.
     pub max_restarts: u32,
+    /// `ODC_INSECURE_FRAMES=1` for every child: data-plane frames unsealed.
+    pub insecure_frames: bool,
 }
 
 /// The launch could not start.
@@ -162,7 +165,11 @@ fn start(
     let (tx, exits) = mpsc::unbounded_channel::<(u32, i32)>();
     let mut pids = Vec::new();
     for rank in 0..config.nprocs {
-        let mut child = Command::new(&config.program)
+        let mut command = Command::new(&config.program);
+        if config.insecure_frames {
+            command.env("ODC_INSECURE_FRAMES", "1");
+        }
+        let mut child = command
             .args(&config.args)
             .env("ODC_RANK", rank.to_string())
             .env("ODC_WORLD_SIZE", config.nprocs.to_string())
