@@ -111,8 +111,18 @@ async fn forward(mut from: OwnedReadHalf, to: &mut OwnedWriteHalf, attack: Attac
     }
 }
 
-/// A proxy in front of `owner_addr` for one connection, attacking it as said; its address.
+/// A proxy in front of `owner_addr` for one connection, attacking the reader's records as said
+/// and passing the owner's; its address.
 async fn proxy(owner_addr: String, attack: Attack, at: usize) -> String {
+    proxy_both(owner_addr, (attack, at), (Attack::None, 0)).await
+}
+
+/// A proxy attacking the reader's records as `up` says and the owner's as `down` says.
+async fn proxy_both(
+    owner_addr: String,
+    (attack, at): (Attack, usize),
+    down: (Attack, usize),
+) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     tokio::spawn(async move {
@@ -123,9 +133,8 @@ async fn proxy(owner_addr: String, attack: Attack, at: usize) -> String {
         let (reader_read, reader_write) = reader.into_split();
         let (owner_read, mut owner_write) = owner.into_split();
         let back = tokio::spawn(async move {
-            let mut owner_read = owner_read;
             let mut reader_write = reader_write;
-            let _ = tokio::io::copy(&mut owner_read, &mut reader_write).await;
+            forward(owner_read, &mut reader_write, down.0, down.1).await;
         });
         forward(reader_read, &mut owner_write, attack, at).await;
         let _ = owner_write.shutdown().await;
@@ -217,4 +226,60 @@ async fn each_on_path_change_is_refused_and_nothing_it_carried_is_applied() {
             "{attack:?}: the owner names the forgery; its log:\n{log}"
         );
     }
+}
+
+/// The owner's answer changed on the path: the reader refuses it, naming the owner and the
+/// forgery, and the next read (a new connection, untouched) reads the region as published.
+#[tokio::test]
+async fn a_forged_answer_fails_the_read_naming_the_owner() {
+    let secret = || ClusterSecret::new(SECRET).expect("secret");
+    let owner = TcpTransport::bind(TcpConfig::loopback(secret()))
+        .await
+        .expect("owner");
+    let reader = TcpTransport::bind(TcpConfig::loopback(secret()))
+        .await
+        .expect("reader");
+    let values: Vec<u8> = (0..LEN as u32)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    let published = owner
+        .register_published(
+            OWNER,
+            odc_transport::Dtype::F32,
+            Bytes::from(values.clone()),
+            1,
+        )
+        .expect("published");
+    let via = proxy_both(
+        owner.addr().to_string(),
+        (Attack::None, 0),
+        (Attack::Flip, 0),
+    )
+    .await;
+    let mut into = vec![0u8; LEN * 4];
+    let read = reader
+        .read(
+            &through(published.handle(), &via),
+            0..LEN,
+            odc_transport::Dest::Bytes(&mut into),
+            deadline_in(WRITE_BOUND),
+        )
+        .await;
+    match read {
+        Err(TransportError::Unreachable { owner: o, reason }) => {
+            assert_eq!(o, OWNER);
+            assert!(reason.contains("forged frame"), "{reason}");
+        }
+        other => panic!("expected the forged answer refused, got {other:?}"),
+    }
+    let direct = reader
+        .read(
+            &published.handle(),
+            0..LEN,
+            odc_transport::Dest::Bytes(&mut into),
+            deadline_in(WRITE_BOUND),
+        )
+        .await;
+    assert_eq!(direct.expect("an untouched read"), 1);
+    assert_eq!(into, values);
 }
