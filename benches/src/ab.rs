@@ -12,7 +12,8 @@
 //!   bound spreads the total modelled compute over the joint device capacity (as if samples could
 //!   be split); the achievable bound takes the larger of that and the costliest single sample on
 //!   the fastest device. Both are of the costs paid: under noise, each sample's noisy cost over
-//!   the speeds with the noise's stragglers (the planner's estimates would understate them). Tokens over the summed per-step times give `bound_tokens_per_s ≥
+//!   the speeds with the noise's stragglers (the planner's estimates would understate them).
+//!   Tokens over the summed per-step times give `bound_tokens_per_s ≥
 //!   achievable_bound_tokens_per_s`.
 //! - **Balanced control** ([`plan`], [`Controls`]): every (devices, minibatch per device,
 //!   dispatch) of a matrix also runs the `balanced` workload, first; with nothing to balance its

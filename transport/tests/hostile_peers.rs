@@ -13,7 +13,7 @@
 mod common;
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -45,62 +45,9 @@ use common::alloc::{largest as largest_allocation, start as track_allocations};
 // ---------------------------------------------------------------------------------------------
 // The log, captured.
 
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<u8>>>);
-
-impl Log {
-    /// Capture this thread's `tracing` events until the guard is dropped.
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
-        let log = Log::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(log.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
-            .finish();
-        (log.clone(), tracing::subscriber::set_default(subscriber))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("log lock")).into_owned()
-    }
-
-    /// Wait (a little) for a line containing every one of `parts`: the owner logs as it drops a
-    /// connection, which may be just after the peer notices.
-    async fn expect_line(&self, parts: &[&str]) {
-        let start = Instant::now();
-        loop {
-            let text = self.text();
-            if text
-                .lines()
-                .any(|line| parts.iter().all(|part| line.contains(part)))
-            {
-                return;
-            }
-            assert!(
-                start.elapsed() < DROP_BOUND,
-                "no log line with {parts:?}; the log:\n{text}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-impl std::io::Write for Log {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
-    type Writer = Log;
-    fn make_writer(&'a self) -> Log {
-        self.clone()
-    }
-}
+#[path = "common/log.rs"]
+mod log;
+use log::Log;
 
 // ---------------------------------------------------------------------------------------------
 // An owner with one region of each kind, and well-behaved readers.
